@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Installs every Debian package Tessera's build and tests need, from a bare bookworm machine.
+# Idempotent: when everything is already installed it returns at once without touching apt.
+# Must run as root (or with sudo available) the first time.
+set -euo pipefail
+
+packages=(
+  build-essential g++ cmake ninja-build pkg-config git ca-certificates
+  libsimgrid-dev
+  libtorch-dev libgloo-dev
+  libeigen3-dev libcxxopts-dev nlohmann-json3-dev doctest-dev
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  status=$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)
+  [[ "$status" == "install ok installed" ]] || missing+=("$p")
+done
+
+if [[ ${#missing[@]} -eq 0 ]]; then
+  echo "setup: all ${#packages[@]} packages present"
+  exit 0
+fi
+
+echo "setup: installing ${missing[*]}"
+sudo_cmd=()
+if [[ $(id -u) -ne 0 ]]; then
+  command -v sudo >/dev/null || { echo "setup: need root to install packages" >&2; exit 1; }
+  sudo_cmd=(sudo)
+fi
+export DEBIAN_FRONTEND=noninteractive
+"${sudo_cmd[@]}" apt-get update -q
+"${sudo_cmd[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"
+echo "setup: done"

@@ -1,0 +1,98 @@
+// ParallelPlan: how a model is laid out on the ranks, per module, and how it is scheduled.
+// Placements (../shared/DESIGN.md): homogeneous (one layout; encoders in the LLM's first
+// pipeline stage with its TP/CP/DP), colocated (every module spans all ranks with its own
+// grid), non_colocated (modules own disjoint rank spans that tile the world).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "shared/cluster_spec.hpp"
+#include "shared/model_spec.hpp"
+#include "shared/workload_spec.hpp"
+
+namespace tessera {
+
+enum class Placement { kHomogeneous, kColocated, kNonColocated };
+enum class Schedule { kGpipe, k1F1B, kInterleaved1F1B, kGraph1F1B, kThreePhase, kDip };
+enum class MicrobatchPolicy { kArrival, kSorted, kEntrain };
+enum class CpSplit { kUniform, kZigzag, kMakespan };
+enum class StageSplit { kFrozenAware, kUniform };
+enum class Recompute { kNone, kSelective, kFull };
+
+extern const EnumTable<Placement> kPlacements;
+extern const EnumTable<Schedule> kSchedules;
+
+// Consecutive ranks [first, first + count).
+struct RankSpan {
+  int64_t first = 0;
+  int64_t count = 0;
+  bool operator==(const RankSpan&) const = default;
+};
+
+// One module's parallel grid. Megatron order: rank = tp + TP·(cp + CP·(dp + DP·pp)).
+struct ModuleLayout {
+  int64_t tp = 1;   // tensor parallel
+  int64_t cp = 1;   // context parallel
+  int64_t pp = 1;   // pipeline stages
+  int64_t dp = 1;   // data parallel replicas
+  int64_t ep = 1;   // expert parallel, carved out of cp·dp (MoE layers only)
+  int64_t vpp = 1;  // virtual pipeline chunks per stage (interleaved 1F1B)
+  std::optional<RankSpan> ranks;     // non_colocated: Default: consecutive in plan order
+  std::vector<int64_t> stage_layers; // layers per (virtual) stage, pp·vpp entries. Default: even
+
+  int64_t size() const { return tp * cp * pp * dp; }
+  bool operator==(const ModuleLayout&) const = default;
+};
+
+struct ParallelPlan {
+  Placement placement = Placement::kHomogeneous;
+  ModuleLayout layout;  // homogeneous
+  // colocated / non_colocated, in plan order. A projector without an entry runs with the
+  // module that feeds it (same ranks, that module's last stage).
+  std::vector<std::pair<std::string, ModuleLayout>> modules;
+  int64_t micro_batch_size = 1;   // samples per micro-batch
+  int64_t num_micro_batches = 0;  // Default (0): global_batch / (micro_batch_size · LLM dp)
+  Schedule schedule = Schedule::k1F1B;
+  MicrobatchPolicy microbatching = MicrobatchPolicy::kArrival;
+  CpSplit cp_split = CpSplit::kUniform;
+  StageSplit stage_split = StageSplit::kFrozenAware;
+  Recompute recompute = Recompute::kNone;
+  bool sequence_parallel = false;
+  bool distributed_optimizer = false;
+
+  bool operator==(const ParallelPlan&) const = default;
+};
+
+ParallelPlan read_plan(const Json& json, const std::string& file, const std::string& path,
+                       Diagnostics& diag);
+Json to_json(const ParallelPlan& plan);
+Json to_json(const ModuleLayout& layout);
+
+// A module with its resolved layout and rank span.
+struct PlacedModule {
+  const ModuleSpec* module = nullptr;
+  ModuleLayout layout;
+  int64_t first_rank = 0;
+  std::string host;  // module whose ranks this one borrows ("" = its own layout)
+};
+
+// Resolves every module of `model` to a layout and span. Problems (unknown module, missing
+// layout) go to `diag` under `path`. Homogeneous: all modules get plan.layout.
+std::vector<PlacedModule> place_modules(const ParallelPlan& plan, const ModelSpec& model,
+                                        const std::string& file, const std::string& path,
+                                        Diagnostics& diag);
+// Ranks the plan uses. REQUIRES: plan validated.
+int64_t world_size(const ParallelPlan& plan, const ModelSpec& model);
+// Micro-batches per iteration (explicit or derived). REQUIRES: plan validated.
+int64_t micro_batches(const ParallelPlan& plan, const ModelSpec& model, const WorkloadSpec& workload);
+
+// Every rule a plan must satisfy against its model, workload and cluster.
+void validate_plan(const ParallelPlan& plan, const ModelSpec& model, const WorkloadSpec& workload,
+                   const ClusterSpec& cluster, const std::string& file, const std::string& path,
+                   Diagnostics& diag);
+
+}  // namespace tessera

@@ -1,0 +1,160 @@
+#include "shared/scenario.hpp"
+
+#include <filesystem>
+
+namespace tessera {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string directory_of(const std::string& file) {
+  const fs::path parent = fs::path(file).parent_path();
+  return parent.empty() ? "." : parent.string();
+}
+
+// A part given inline or as a path. Calls `read(json, file, path)` with the right origin.
+template <class T, class Reader>
+std::optional<T> read_part(ObjectReader& r, std::string_view key, std::string& ref, bool required,
+                           Reader read) {
+  const Json* v = r.find(key);
+  if (v == nullptr) {
+    if (required) r.missing(key);
+    return std::nullopt;
+  }
+  if (v->is_string()) {
+    ref = v->get<std::string>();
+    const fs::path p(ref);
+    const std::string target = p.is_absolute() ? ref : (fs::path(directory_of(r.file())) / p).string();
+    std::error_code ec;
+    if (!fs::is_regular_file(target, ec)) {
+      r.error(key, "file not found: '" + ref + "' (looked for " + target + ")");
+      return std::nullopt;
+    }
+    const auto json = read_json_file(target, r.diagnostics());
+    if (!json) return std::nullopt;
+    return read(*json, target, std::string{});
+  }
+  return read(*v, r.file(), r.path_of(key));
+}
+
+// Which modalities a workload can draw, and a path to blame.
+struct MediaUse {
+  Modality modality;
+  const char* name;
+};
+
+}  // namespace
+
+std::optional<Scenario> read_scenario(const Json& json, const std::string& file, Diagnostics& diag) {
+  const std::size_t before = diag.errors().size();
+  Scenario s;
+  s.file = file;
+  ObjectReader r(json, file, "", diag);
+  if (!r.valid()) return std::nullopt;
+  r.optional("name", s.name);
+  r.optional("description", s.description);
+  Diagnostics& d = diag;
+  if (auto m = read_part<ModelSpec>(r, "model", s.model_ref, true, [&](const Json& j, const std::string& f,
+                                                                       const std::string& p) {
+        return read_model(j, f, p, d);
+      }))
+    s.model = *m;
+  if (auto w = read_part<WorkloadSpec>(r, "workload", s.workload_ref, true,
+                                       [&](const Json& j, const std::string& f, const std::string& p) {
+                                         return read_workload(j, f, p, directory_of(f), d);
+                                       }))
+    s.workload = *w;
+  if (auto c = read_part<ClusterSpec>(r, "cluster", s.cluster_ref, true,
+                                      [&](const Json& j, const std::string& f, const std::string& p) {
+                                        return read_cluster(j, f, p, d);
+                                      }))
+    s.cluster = *c;
+  s.plan = read_part<ParallelPlan>(r, "plan", s.plan_ref, false,
+                                   [&](const Json& j, const std::string& f, const std::string& p) {
+                                     return read_plan(j, f, p, d);
+                                   });
+  if (const Json* v = r.find("search")) s.search = read_search_space(*v, file, "search", diag);
+  r.finish();
+  if (s.name.empty()) s.name = fs::path(file).stem().string();
+  // Cross-part rules only make sense when every part read cleanly.
+  if (diag.errors().size() == before) validate_scenario(s, diag);
+  if (diag.errors().size() != before) return std::nullopt;
+  return s;
+}
+
+std::optional<Scenario> load_scenario(const std::string& file, Diagnostics& diag) {
+  const auto json = read_json_file(file, diag);
+  if (!json) return std::nullopt;
+  return read_scenario(*json, file, diag);
+}
+
+void validate_scenario(const Scenario& s, Diagnostics& diag) {
+  if (find_llm(s.model) == nullptr)
+    diag.error(s.file, "model", "model " + s.model.name + " has no llm module to train");
+
+  // Every modality the workload can produce needs an encoder.
+  const std::string workload_file = s.workload_ref.empty() ? s.file : s.workload_ref;
+  const std::string workload_path = s.workload_ref.empty() ? "workload" : "";
+  const std::pair<const std::optional<MediaDistribution>*, MediaUse> uses[] = {
+      {&s.workload.image, {Modality::kImage, "image"}},
+      {&s.workload.audio, {Modality::kAudio, "audio"}},
+      {&s.workload.video, {Modality::kVideo, "video"}}};
+  for (const auto& [dist, use] : uses) {
+    if (*dist && dist_upper_bound((*dist)->count) > 0 && encoder_for(s.model, use.modality) == nullptr)
+      diag.error(workload_file, join_path(join_path(workload_path, "samples"), use.name),
+                 "workload draws " + std::string(use.name) + " but model " + s.model.name +
+                     " has no " + use.name + " encoder");
+  }
+  for (std::size_t i = 0; i < s.workload.manifest_samples.size(); ++i) {
+    const Sample& sample = s.workload.manifest_samples[i];
+    for (const auto& [has, use] :
+         {std::pair{!sample.images.empty(), MediaUse{Modality::kImage, "image"}},
+          std::pair{!sample.audio_seconds.empty(), MediaUse{Modality::kAudio, "audio"}},
+          std::pair{!sample.videos.empty(), MediaUse{Modality::kVideo, "video"}}}) {
+      if (has && encoder_for(s.model, use.modality) == nullptr) {
+        diag.error(s.workload.manifest, "line " + std::to_string(i + 1),
+                   "sample has " + std::string(use.name) + " but model " + s.model.name + " has no " +
+                       use.name + " encoder");
+        return;
+      }
+    }
+  }
+  if (s.plan) {
+    const std::string plan_file = s.plan_ref.empty() ? s.file : s.plan_ref;
+    validate_plan(*s.plan, s.model, s.workload, s.cluster, plan_file, s.plan_ref.empty() ? "plan" : "",
+                  diag);
+  }
+}
+
+Json to_json(const Scenario& s) {
+  Json j;
+  j["name"] = s.name;
+  if (!s.description.empty()) j["description"] = s.description;
+  j["model"] = s.model_ref.empty() ? to_json(s.model) : Json(s.model_ref);
+  j["workload"] = s.workload_ref.empty() ? to_json(s.workload) : Json(s.workload_ref);
+  j["cluster"] = s.cluster_ref.empty() ? to_json(s.cluster) : Json(s.cluster_ref);
+  if (s.plan) j["plan"] = s.plan_ref.empty() ? to_json(*s.plan) : Json(s.plan_ref);
+  if (s.search) j["search"] = to_json(*s.search);
+  return j;
+}
+
+std::optional<ModelSpec> load_model(const std::string& file, Diagnostics& diag) {
+  const std::size_t before = diag.errors().size();
+  const auto json = read_json_file(file, diag);
+  if (!json) return std::nullopt;
+  ModelSpec m = read_model(*json, file, "", diag);
+  if (diag.errors().size() != before) return std::nullopt;
+  return m;
+}
+
+std::optional<ClusterSpec> load_cluster(const std::string& file, Diagnostics& diag) {
+  const std::size_t before = diag.errors().size();
+  const auto json = read_json_file(file, diag);
+  if (!json) return std::nullopt;
+  ClusterSpec c = read_cluster(*json, file, "", diag);
+  if (diag.errors().size() != before) return std::nullopt;
+  return c;
+}
+
+}  // namespace tessera

@@ -1,0 +1,46 @@
+// Scenario: model + workload + cluster [+ plan] [+ search space], the input of every command.
+// Each part is inline JSON or a path to a JSON file, resolved relative to the scenario file;
+// problems are reported against the file that holds them.
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include "shared/cluster_spec.hpp"
+#include "shared/model_spec.hpp"
+#include "shared/parallel_plan.hpp"
+#include "shared/search_space.hpp"
+#include "shared/workload_spec.hpp"
+
+namespace tessera {
+
+struct Scenario {
+  std::string file;  // where it was loaded from ("" when built in memory)
+  std::string name;
+  std::string description;
+  ModelSpec model;
+  WorkloadSpec workload;
+  ClusterSpec cluster;
+  std::optional<ParallelPlan> plan;
+  std::optional<SearchSpace> search;
+  // For each part given as a path: that path as written ("" = inline). Kept for the round trip.
+  std::string model_ref, workload_ref, cluster_ref, plan_ref;
+};
+
+// Loads and validates a scenario file. nullopt when any problem was found (all in `diag`).
+std::optional<Scenario> load_scenario(const std::string& file, Diagnostics& diag);
+// The same from JSON already parsed; `file` names it in messages and anchors relative paths.
+std::optional<Scenario> read_scenario(const Json& json, const std::string& file, Diagnostics& diag);
+
+// Cross-part rules: the model can train (has an llm), the workload's media have encoders,
+// the plan fits model, workload and cluster.
+void validate_scenario(const Scenario& scenario, Diagnostics& diag);
+
+// Parts given by path are written back as paths; inline parts inline.
+Json to_json(const Scenario& scenario);
+
+// Loaders for files that hold one part only (a model.json, a cluster.json ...).
+std::optional<ModelSpec> load_model(const std::string& file, Diagnostics& diag);
+std::optional<ClusterSpec> load_cluster(const std::string& file, Diagnostics& diag);
+
+}  // namespace tessera

@@ -1,0 +1,30 @@
+// SearchSpace: the plans a sweep may consider (used by `tessera sweep`). Every list is a set of
+// candidate values; an empty `gpus` means the scenario cluster's device count.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "shared/parallel_plan.hpp"
+
+namespace tessera {
+
+struct SearchSpace {
+  std::vector<Placement> placements = {Placement::kHomogeneous, Placement::kColocated,
+                                       Placement::kNonColocated};
+  std::vector<int64_t> gpus;
+  std::vector<int64_t> tp = {1, 2, 4, 8};
+  std::vector<int64_t> cp = {1, 2};
+  std::vector<int64_t> pp = {1, 2, 4, 8};
+  std::vector<int64_t> vpp = {1, 2};
+  std::vector<int64_t> micro_batch_sizes = {1, 2, 4};
+  int64_t top_k = 16;  // best plans by the analytic estimate that get a full simulation
+
+  bool operator==(const SearchSpace&) const = default;
+};
+
+SearchSpace read_search_space(const Json& json, const std::string& file, const std::string& path,
+                              Diagnostics& diag);
+Json to_json(const SearchSpace& space);
+
+}  // namespace tessera

@@ -1,0 +1,76 @@
+// WorkloadSpec: what the training data looks like — batch size, sequence length, and where
+// samples come from (parametric distributions per modality, or a JSONL manifest).
+// Sample/Batch are the drawn data; draw_batch() is deterministic for (seed, iteration).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "shared/distribution.hpp"
+#include "shared/model_spec.hpp"
+
+namespace tessera {
+
+// Media items of one kind per sample: how many, and their size.
+struct MediaDistribution {
+  Distribution count;           // items per sample
+  Distribution width;           // image/video pixels
+  Distribution height;          // image/video pixels
+  Distribution frames;          // video frames per clip
+  Distribution seconds;         // audio clip length
+  bool operator==(const MediaDistribution&) const = default;
+};
+
+struct ImageItem {
+  int64_t width = 0;
+  int64_t height = 0;
+  bool operator==(const ImageItem&) const = default;
+};
+struct VideoItem {
+  int64_t frames = 0;
+  int64_t width = 0;
+  int64_t height = 0;
+  bool operator==(const VideoItem&) const = default;
+};
+
+// One training sample: its text and its raw media. Token counts depend on the model's encoders
+// and are computed by sample_tokens() (batch.hpp).
+struct Sample {
+  int64_t text_tokens = 0;
+  std::vector<ImageItem> images;
+  std::vector<double> audio_seconds;
+  std::vector<VideoItem> videos;
+  bool operator==(const Sample&) const = default;
+};
+
+struct WorkloadSpec {
+  int64_t global_batch = 0;  // samples per iteration
+  int64_t max_seq_len = 0;   // LLM sequence length cap (tokens)
+  bool packing = false;      // samples packed back to back into max_seq_len sequences
+  uint64_t seed = 0;
+  // Parametric source. Absent media kinds draw nothing.
+  Distribution text_tokens;
+  std::optional<MediaDistribution> image;
+  std::optional<MediaDistribution> audio;
+  std::optional<MediaDistribution> video;
+  // Manifest source: a JSONL file, one sample per line (docs/FORMATS.md). When set, the
+  // parametric fields are unused. `manifest` is as written; `manifest_samples` is its content.
+  std::string manifest;
+  std::vector<Sample> manifest_samples;
+
+  bool operator==(const WorkloadSpec&) const = default;
+};
+
+// Reads a workload; `base_dir` resolves a relative manifest path.
+WorkloadSpec read_workload(const Json& json, const std::string& file, const std::string& path,
+                           const std::string& base_dir, Diagnostics& diag);
+Json to_json(const WorkloadSpec& workload);
+
+// Parses one manifest line (JSON object) into a Sample.
+bool read_sample(const Json& json, const std::string& file, const std::string& path, Sample& out,
+                 Diagnostics& diag);
+Json to_json(const Sample& sample);
+
+}  // namespace tessera

@@ -1,0 +1,112 @@
+#include "sim/child_process.hpp"
+
+#include <cerrno>
+#include <chrono>
+#include <csignal>
+#include <cstring>
+#include <exception>
+
+#include <poll.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+namespace tessera::sim {
+
+namespace {
+
+void write_all(int fd, const std::string& data) {
+  std::size_t done = 0;
+  while (done < data.size()) {
+    const ssize_t n = ::write(fd, data.data() + done, data.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;
+    done += static_cast<std::size_t>(n);
+  }
+}
+
+}  // namespace
+
+ChildResult run_in_child(const std::function<std::string()>& body, double timeout_s) {
+  ChildResult result;
+  int out_pipe[2];
+  int err_pipe[2];
+  if (::pipe(out_pipe) != 0 || ::pipe(err_pipe) != 0) {
+    result.error = std::string("pipe: ") + std::strerror(errno);
+    return result;
+  }
+  const pid_t pid = ::fork();
+  if (pid < 0) {
+    result.error = std::string("fork: ") + std::strerror(errno);
+    return result;
+  }
+  if (pid == 0) {
+    ::close(out_pipe[0]);
+    ::close(err_pipe[0]);
+    int status = 0;
+    try {
+      write_all(out_pipe[1], body());
+    } catch (const std::exception& e) {
+      write_all(err_pipe[1], e.what());
+      status = 1;
+    } catch (...) {
+      write_all(err_pipe[1], "unknown exception");
+      status = 1;
+    }
+    ::_exit(status);  // no atexit handlers, no flushing of the parent's buffers twice
+  }
+  ::close(out_pipe[1]);
+  ::close(err_pipe[1]);
+
+  // Drain both pipes until the child closes them or the deadline passes.
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::duration<double>(timeout_s > 0 ? timeout_s : 1e9);
+  std::string error_text;
+  pollfd fds[2] = {{out_pipe[0], POLLIN, 0}, {err_pipe[0], POLLIN, 0}};
+  int open_fds = 2;
+  char buffer[65536];
+  while (open_fds > 0) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) {
+      result.timed_out = true;
+      ::kill(pid, SIGKILL);
+      break;
+    }
+    const int ready = ::poll(fds, 2, static_cast<int>(std::min<int64_t>(left.count(), 1000)));
+    if (ready < 0 && errno != EINTR) break;
+    for (int i = 0; i < 2; ++i) {
+      if (fds[i].fd < 0 || (fds[i].revents & (POLLIN | POLLHUP)) == 0) continue;
+      const ssize_t n = ::read(fds[i].fd, buffer, sizeof buffer);
+      if (n > 0) {
+        (i == 0 ? result.output : error_text).append(buffer, static_cast<std::size_t>(n));
+      } else if (n == 0 || errno != EINTR) {
+        ::close(fds[i].fd);
+        fds[i].fd = -1;
+        --open_fds;
+      }
+    }
+  }
+  for (const pollfd& p : fds)
+    if (p.fd >= 0) ::close(p.fd);
+
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (WIFEXITED(status)) {
+    result.exit_code = WEXITSTATUS(status);
+    result.ok = result.exit_code == 0 && !result.timed_out;
+  } else if (WIFSIGNALED(status)) {
+    result.signal = WTERMSIG(status);
+  }
+  if (result.timed_out) {
+    result.error = "timed out after " + std::to_string(timeout_s) + " s";
+  } else if (result.signal != 0) {
+    result.error = std::string("killed by signal ") + std::to_string(result.signal) + " (" +
+                   ::strsignal(result.signal) + ")";
+  } else if (!result.ok) {
+    result.error = error_text.empty() ? "exited with status " + std::to_string(result.exit_code) : error_text;
+  }
+  return result;
+}
+
+}  // namespace tessera::sim

@@ -1,0 +1,178 @@
+#include "sim/commands.hpp"
+
+#include <filesystem>
+#include <memory>
+#include <ostream>
+#include <sstream>
+
+#include <cxxopts.hpp>
+
+#include "shared/hf_import.hpp"
+#include "shared/model_math.hpp"
+#include "shared/scenario.hpp"
+#include "shared/scenario_report.hpp"
+
+namespace tessera::sim {
+
+namespace {
+
+constexpr int kOk = 0;
+constexpr int kBadInput = 2;
+
+// cxxopts wants argc/argv; keep the strings alive for it.
+struct Argv {
+  std::vector<std::string> storage;
+  std::vector<char*> pointers;
+  explicit Argv(const std::string& program, const Args& args) : storage{program} {
+    storage.insert(storage.end(), args.begin(), args.end());
+    for (std::string& s : storage) pointers.push_back(s.data());
+  }
+  int argc() const { return static_cast<int>(pointers.size()); }
+  char** argv() { return pointers.data(); }
+};
+
+// Parses flags; on --help prints usage and sets `exit_code` to 0, on a bad flag prints the
+// problem and sets it to 2. Returns nullopt in both cases.
+std::optional<cxxopts::ParseResult> parse(cxxopts::Options& options, const Args& args,
+                                          std::ostream& out, std::ostream& err, int& exit_code) {
+  options.add_options()("h,help", "show this help");
+  Argv argv(options.program(), args);
+  try {
+    auto result = options.parse(argv.argc(), argv.argv());
+    if (result.count("help")) {
+      out << options.help() << "\n";
+      exit_code = kOk;
+      return std::nullopt;
+    }
+    return result;
+  } catch (const cxxopts::exceptions::exception& e) {
+    err << options.program() << ": " << e.what() << "\n" << "try '" << options.program() << " --help'\n";
+    exit_code = kBadInput;
+    return std::nullopt;
+  }
+}
+
+bool one_positional(const cxxopts::ParseResult& result, const std::string& program, const char* what,
+                    std::ostream& err, std::string& value) {
+  if (!result.count("input")) {
+    err << program << ": missing " << what << "\ntry '" << program << " --help'\n";
+    return false;
+  }
+  value = result["input"].as<std::string>();
+  return true;
+}
+
+int report_problems(const Diagnostics& diag, std::ostream& err) {
+  err << diag.format();
+  err << diag.errors().size() << (diag.errors().size() == 1 ? " problem" : " problems") << " found\n";
+  return kBadInput;
+}
+
+}  // namespace
+
+int run_validate(const Args& args, std::ostream& out, std::ostream& err) {
+  cxxopts::Options options("tessera validate",
+                           "Checks a scenario file (and the model, workload, cluster and plan files "
+                           "it names) and reports every problem with its file and JSON path.");
+  options.add_options()("input", "scenario.json", cxxopts::value<std::string>());
+  options.parse_positional({"input"});
+  options.positional_help("<scenario.json>");
+  int code = kOk;
+  const auto result = parse(options, args, out, err, code);
+  std::string file;
+  if (!result) return code;
+  if (!one_positional(*result, options.program(), "scenario file", err, file)) return kBadInput;
+  Diagnostics diag;
+  const auto scenario = load_scenario(file, diag);
+  if (!scenario) return report_problems(diag, err);
+  out << "ok: " << scenario->name << ": model " << scenario->model.name << " ("
+      << human_count(static_cast<double>(model_parameters(scenario->model))) << " parameters), cluster "
+      << scenario->cluster.name;
+  if (scenario->plan)
+    out << ", plan " << enum_name(scenario->plan->placement, kPlacements) << " on "
+        << world_size(*scenario->plan, scenario->model) << " ranks";
+  out << "\n";
+  return kOk;
+}
+
+int run_show(const Args& args, std::ostream& out, std::ostream& err) {
+  cxxopts::Options options("tessera show",
+                           "Summarises a scenario: modules with parameters and FLOPs per token, "
+                           "token statistics over drawn batches, the cluster, the plan and its "
+                           "rank groups.");
+  options.add_options()("input", "scenario.json", cxxopts::value<std::string>())(
+      "batches", "batches drawn for token statistics", cxxopts::value<int64_t>()->default_value("4"))(
+      "groups", "rank groups listed per kind", cxxopts::value<int64_t>()->default_value("4"));
+  options.parse_positional({"input"});
+  options.positional_help("<scenario.json>");
+  int code = kOk;
+  const auto result = parse(options, args, out, err, code);
+  std::string file;
+  if (!result) return code;
+  if (!one_positional(*result, options.program(), "scenario file", err, file)) return kBadInput;
+  ReportOptions report;
+  report.batches = (*result)["batches"].as<int64_t>();
+  report.max_groups = (*result)["groups"].as<int64_t>();
+  if (report.batches < 1 || report.max_groups < 1) {
+    err << options.program() << ": --batches and --groups must be >= 1\n";
+    return kBadInput;
+  }
+  Diagnostics diag;
+  const auto scenario = load_scenario(file, diag);
+  if (!scenario) return report_problems(diag, err);
+  out << scenario_report(*scenario, report);
+  return kOk;
+}
+
+int run_import_hf(const Args& args, std::ostream& out, std::ostream& err) {
+  std::string supported;
+  for (const std::string& t : supported_hf_model_types()) supported += (supported.empty() ? "" : ", ") + t;
+  cxxopts::Options options("tessera import-hf",
+                           "Converts a HuggingFace config.json into a Tessera model file. "
+                           "Supported model_type: " + supported + ".");
+  options.add_options()("input", "config.json", cxxopts::value<std::string>())(
+      "freeze", "modules to mark frozen, comma separated (vision,llm,...)",
+      cxxopts::value<std::vector<std::string>>())(
+      "name", "model name (default: _name_or_path, else the folder name)", cxxopts::value<std::string>())(
+      "o,output", "write the model here (atomically) instead of standard output",
+      cxxopts::value<std::string>());
+  options.parse_positional({"input"});
+  options.positional_help("<config.json>");
+  int code = kOk;
+  const auto result = parse(options, args, out, err, code);
+  std::string file;
+  if (!result) return code;
+  if (!one_positional(*result, options.program(), "config.json", err, file)) return kBadInput;
+  HfImportOptions import;
+  if (result->count("freeze")) import.freeze = (*result)["freeze"].as<std::vector<std::string>>();
+  Diagnostics diag;
+  const auto json = read_json_file(file, diag);
+  if (!json) return report_problems(diag, err);
+  auto model = import_hf_config(*json, file, import, diag);
+  if (!model) return report_problems(diag, err);
+  if (result->count("name")) model->name = (*result)["name"].as<std::string>();
+  const std::string text = to_json(*model).dump(2) + "\n";
+  if (!result->count("output")) {
+    out << text;
+    return kOk;
+  }
+  const std::string target = (*result)["output"].as<std::string>();
+  const std::string problem = write_file_atomically(target, text);
+  if (!problem.empty()) {
+    err << options.program() << ": " << problem << "\n";
+    return 1;
+  }
+  out << "wrote " << target << "\n" << model_report(*model);
+  return kOk;
+}
+
+const std::vector<Command>& commands() {
+  static const std::vector<Command> table = {
+      {"validate", "check a scenario and report every problem", run_validate},
+      {"show", "summarise a scenario: modules, tokens, cluster, plan and rank groups", run_show},
+      {"import-hf", "convert a HuggingFace config.json into a model file", run_import_hf},
+  };
+  return table;
+}
+
+}  // namespace tessera::sim
