@@ -97,7 +97,11 @@ bool read_distribution(const Json& value, const std::string& file, const std::st
   } else {
     ObjectReader r(value, file, path, diag);
     if (!r.valid()) return false;
-    r.required_enum("dist", d.kind, kDistKinds);
+    if (!r.required_enum("dist", d.kind, kDistKinds)) {
+      r.has({"value", "min", "max", "mean", "std", "median", "sigma", "values", "weights"});
+      r.finish();
+      return false;
+    }
     switch (d.kind) {
       case DistKind::kConstant: r.required("value", d.value); break;
       case DistKind::kUniform: {

@@ -89,9 +89,9 @@ Patching read_patching(ObjectReader& r) {
   r.required_enum("resize", p.resize, kResizeModes);
   switch (p.resize) {
     case ResizeMode::kFixed:
-      if (positive(r, "image_size", p.image_size, true) && p.image_size % p.patch_size != 0)
-        r.error("image_size", std::to_string(p.image_size) + " is not a multiple of patch_size=" +
-                                  std::to_string(p.patch_size));
+      // Not necessarily a multiple of patch_size: the patch convolution floors (SigLIP 384/14).
+      if (positive(r, "image_size", p.image_size, true) && p.image_size < p.patch_size)
+        r.error("image_size", "smaller than patch_size=" + std::to_string(p.patch_size));
       break;
     case ResizeMode::kDynamic:
       positive(r, "min_pixels", p.min_pixels, true);
@@ -99,9 +99,8 @@ Patching read_patching(ObjectReader& r) {
       if (p.max_pixels < p.min_pixels) r.error("max_pixels", "must be >= min_pixels");
       break;
     case ResizeMode::kTiles:
-      if (positive(r, "tile_size", p.tile_size, true) && p.tile_size % p.patch_size != 0)
-        r.error("tile_size", std::to_string(p.tile_size) + " is not a multiple of patch_size=" +
-                                 std::to_string(p.patch_size));
+      if (positive(r, "tile_size", p.tile_size, true) && p.tile_size < p.patch_size)
+        r.error("tile_size", "smaller than patch_size=" + std::to_string(p.patch_size));
       positive(r, "max_tiles", p.max_tiles, true);
       r.optional("thumbnail", p.thumbnail);
       break;

@@ -36,15 +36,18 @@ ModuleLayout read_layout(const Json& json, const std::string& file, const std::s
   ObjectReader r(json, file, path, diag);
   if (!r.valid()) return l;
   // Short names, with Megatron-LM's argument names accepted as aliases.
-  const std::pair<std::initializer_list<std::string_view>, int64_t*> degrees[] = {
-      {{"tp", "tensor_model_parallel_size"}, &l.tp},
-      {{"cp", "context_parallel_size"}, &l.cp},
-      {{"pp", "pipeline_model_parallel_size"}, &l.pp},
-      {{"dp", "data_parallel_size"}, &l.dp},
-      {{"ep", "expert_model_parallel_size"}, &l.ep},
-      {{"vpp", "virtual_pipeline_model_parallel_size"}, &l.vpp}};
-  for (const auto& [names, field] : degrees)
-    if (r.optional(names, *field)) r.check_positive(r.found_name(), *field);
+  struct Degree {
+    std::string_view name, megatron_name;
+    int64_t* field;
+  };
+  const Degree degrees[] = {{"tp", "tensor_model_parallel_size", &l.tp},
+                            {"cp", "context_parallel_size", &l.cp},
+                            {"pp", "pipeline_model_parallel_size", &l.pp},
+                            {"dp", "data_parallel_size", &l.dp},
+                            {"ep", "expert_model_parallel_size", &l.ep},
+                            {"vpp", "virtual_pipeline_model_parallel_size", &l.vpp}};
+  for (const Degree& d : degrees)
+    if (r.optional({d.name, d.megatron_name}, *d.field)) r.check_positive(r.found_name(), *d.field);
   if (const Json* span = r.find("ranks")) {
     std::vector<int64_t> bounds;
     if (read_value(*span, file, r.path_of("ranks"), bounds, diag)) {

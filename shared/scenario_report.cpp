@@ -71,6 +71,16 @@ std::string human_count(double n) {
   return format("%.3g", n);
 }
 
+std::string human_si(double n) {
+  const double a = std::fabs(n);
+  if (a >= 1e15) return format("%.3g P", n / 1e15);
+  if (a >= 1e12) return format("%.3g T", n / 1e12);
+  if (a >= 1e9) return format("%.3g G", n / 1e9);
+  if (a >= 1e6) return format("%.3g M", n / 1e6);
+  if (a >= 1e3) return format("%.3g K", n / 1e3);
+  return format("%.3g ", n);
+}
+
 std::string human_bytes(double bytes) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
   int u = 0;
@@ -92,7 +102,7 @@ std::string model_report(const ModelSpec& model) {
     out << "  " << pad(m->name, 18) << pad(enum_name(m->role, kModuleRoles), 10)
         << pad(enum_name(m->modality, kModalities), 9) << pad(m->frozen ? "frozen" : "trains", 9)
         << pad(human_count(static_cast<double>(module_parameters(*m))), 10)
-        << pad(human_count(forward_flops_per_token(*m, 1024)), 20) << arch_summary(*m);
+        << pad(human_si(forward_flops_per_token(*m, 1024)), 20) << arch_summary(*m);
     if (!m->inputs.empty()) {
       out << "  <- ";
       for (std::size_t i = 0; i < m->inputs.size(); ++i) out << (i ? ", " : "") << m->inputs[i];
@@ -153,17 +163,17 @@ std::string scenario_report(const Scenario& s, const ReportOptions& options) {
   const ClusterSpec& c = s.cluster;
   out << "\ncluster " << c.name << ": ";
   if (c.kind == ClusterKind::kCpuLocal) {
-    out << "this machine, " << c.cores << " cores x " << human_count(c.flops_per_core) << "FLOP/s\n";
+    out << "this machine, " << c.cores << " cores x " << human_si(c.flops_per_core) << "FLOP/s\n";
   } else {
     out << c.nodes << " nodes x " << c.devices_per_node << " " << c.device.name << " = "
         << device_count(c) << " devices\n";
-    out << "  device: " << human_count(peak_flops(c, s.model.dtype)) << "FLOP/s "
+    out << "  device: " << human_si(peak_flops(c, s.model.dtype)) << "FLOP/s "
         << enum_name(s.model.dtype, kDTypes) << ", " << human_bytes(static_cast<double>(c.device.memory_bytes))
-        << ", " << human_count(c.device.memory_bandwidth_bytes_per_s) << "B/s HBM\n";
-    out << "  intra-node " << human_count(c.intra_node.bandwidth_bytes_per_s) << "B/s, "
+        << ", " << human_si(c.device.memory_bandwidth_bytes_per_s) << "B/s HBM\n";
+    out << "  intra-node " << human_si(c.intra_node.bandwidth_bytes_per_s) << "B/s, "
         << format("%.3g", c.intra_node.latency_s * 1e6) << " us";
     if (c.nodes > 1)
-      out << "; inter-node " << human_count(c.inter_node.link.bandwidth_bytes_per_s) << "B/s per device, "
+      out << "; inter-node " << human_si(c.inter_node.link.bandwidth_bytes_per_s) << "B/s per device, "
           << format("%.3g", c.inter_node.link.latency_s * 1e6) << " us, oversubscription "
           << c.inter_node.oversubscription;
     out << "\n";

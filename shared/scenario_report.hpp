@@ -17,8 +17,11 @@ struct ReportOptions {
 std::string scenario_report(const Scenario& scenario, const ReportOptions& options);
 std::string model_report(const ModelSpec& model);
 
-// 7.06e9 -> "7.06 B"; 85899345920 bytes -> "80.0 GiB"; 4.5e11 -> "450 G".
+// 7.06e9 -> "7.06 B" (counts of things: parameters, tokens).
 std::string human_count(double n);
+// 4.5e11 -> "450 G" (SI prefix for rates: FLOP/s, B/s).
+std::string human_si(double n);
+// 85899345920 -> "80 GiB".
 std::string human_bytes(double bytes);
 
 }  // namespace tessera

@@ -1,0 +1,143 @@
+// Runs the real `tessera` binary the way a user does and checks exit codes and messages.
+#include <doctest/doctest.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::string kTessera = TESSERA_CLI;
+const std::string kSource = TESSERA_SOURCE_DIR;
+const std::string kBad = kSource + "/tests/data/bad/";
+
+struct Run {
+  int code = -1;
+  std::string output;  // stdout and stderr together
+};
+
+Run run(const std::string& args) {
+  Run r;
+  const std::string command = kTessera + " " + args + " 2>&1";
+  FILE* pipe = ::popen(command.c_str(), "r");
+  REQUIRE(pipe != nullptr);
+  std::array<char, 4096> buffer{};
+  std::size_t n = 0;
+  while ((n = std::fread(buffer.data(), 1, buffer.size(), pipe)) > 0) r.output.append(buffer.data(), n);
+  const int status = ::pclose(pipe);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+fs::path scratch() {
+  const fs::path dir = fs::temp_directory_path() / ("tessera-cli-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  return dir;
+}
+
+}  // namespace
+
+TEST_CASE("validate and show accept the default scenario") {
+  const Run v = run("validate " + kSource + "/scenarios/default.json");
+  CHECK(v.code == 0);
+  CHECK(v.output.find("ok: default") == 0);
+  const Run s = run("show " + kSource + "/scenarios/default.json");
+  CHECK(s.code == 0);
+  CHECK(s.output.find("model llava-1.5-7b") != std::string::npos);
+  CHECK(s.output.find("LLM sequence") != std::string::npos);
+  CHECK(s.output.find("tp 16 x 4: [0,1,2,3]") != std::string::npos);
+}
+
+TEST_CASE("every subcommand has --help") {
+  for (const char* c : {"validate", "show", "import-hf"}) {
+    const Run r = run(std::string(c) + " --help");
+    CHECK(r.code == 0);
+    CHECK(r.output.find("Usage:") != std::string::npos);
+  }
+  CHECK(run("--help").code == 0);
+  CHECK(run("").code == 2);
+  CHECK(run("frobnicate").code == 2);
+}
+
+// Bad input: exit 2, a message naming the file and JSON path, nothing written.
+TEST_CASE("bad inputs exit 2 with a message naming the file and the JSON path") {
+  struct Case {
+    const char* args;
+    const char* expected;  // a part of the message
+  };
+  const Case cases[] = {
+      {"validate BAD/malformed.json", "malformed.json: invalid JSON at line 4, column"},
+      {"validate BAD/wrong-type.json", "wrong-type.json: workload.global_batch: expected an integer, got string"},
+      {"validate BAD/unknown-key.json", "unknown-key.json: workload.max_seq_length: unknown key (did you mean 'max_seq_len'?)"},
+      {"validate BAD/missing-file.json", "missing-file.json: cluster: file not found: 'no-such-cluster.json'"},
+      {"validate BAD/no-such-scenario.json", "no-such-scenario.json: file not found"},
+      {"validate BAD/zero-batch.json", "zero-batch.json: workload.global_batch: must be > 0, got 0"},
+      {"validate BAD/negative-layers.json", "negative-layers.json: model.modules[2].transformer.layers: must be > 0, got -4"},
+      {"validate BAD/tp-heads.json", "tp-heads.json: plan.layout.tp: 3 does not divide"},
+      {"validate BAD/world-mismatch.json", "world-mismatch.json: plan.layout: plan uses 4 ranks, cluster cpu-local-2"},
+      {"validate BAD/spans-overlap.json", "spans-overlap.json: plan.modules.llm.ranks: span [1, 3) overlaps another module"},
+      {"validate BAD/unknown-enum.json", "unknown-enum.json: plan.schedule: unknown value '1f1c' (did you mean '1f1b'?)"},
+      {"validate BAD/modality.json", "modality.json: workload.samples.audio: workload draws audio but model tiny has no audio encoder"},
+      {"validate BAD/not-object.json", "not-object.json: expected an object, got array"},
+      {"validate BAD/bad-distribution.json", "bad-distribution.json: workload.samples.text_tokens.max: must be >= min"},
+      {"validate BAD/empty.json", "empty.json: invalid JSON at line 1, column 1"},
+      {"validate BAD/stage-layers.json", "stage-layers.json: plan.layout.stage_layers: has 3 entries, expected pp*vpp=2"},
+      {"validate BAD/batch.json", "batch.json: plan.num_micro_batches: micro_batch_size*num_micro_batches*dp = 1*3*2 != global_batch=8"},
+      {"import-hf BAD/hf-unknown-type.json", "hf-unknown-type.json: model_type: unsupported model_type 'bert'"},
+      {"import-hf BAD/hf-wrong-type.json", "hf-wrong-type.json: vision_config.depth: expected an integer, got string"},
+      {"show BAD/tp-heads.json", "tp-heads.json: plan.layout.tp"},
+      {"show", "missing scenario file"},
+      {"show --batches=0 SRC/scenarios/default.json", "--batches and --groups must be >= 1"},
+      {"validate --frobnicate x.json", "Option ‘frobnicate’ does not exist"},
+  };
+  for (const Case& c : cases) {
+    std::string args = c.args;
+    for (const auto& [from, to] : {std::pair<std::string, std::string>{"BAD/", kBad}, {"SRC/", kSource + "/"}}) {
+      for (std::size_t at = args.find(from); at != std::string::npos; at = args.find(from))
+        args.replace(at, from.size(), to);
+    }
+    const Run r = run(args);
+    INFO(args << "\n" << r.output);
+    CHECK(r.code == 2);
+    CHECK(r.output.find(c.expected) != std::string::npos);
+  }
+}
+
+TEST_CASE("a file with several problems lists all of them") {
+  const Run r = run("validate " + kBad + "many-problems.json");
+  CHECK(r.code == 2);
+  CHECK(r.output.find("4 problems found") != std::string::npos);
+}
+
+TEST_CASE("import-hf writes a loadable model atomically, and writes nothing on bad input") {
+  const fs::path dir = scratch();
+  const std::string out = (dir / "llava.json").string();
+  const Run ok = run("import-hf " + kSource + "/tests/data/hf/llava-1.5-7b-hf.json --freeze vision -o " + out);
+  INFO(ok.output);
+  CHECK(ok.code == 0);
+  CHECK(fs::exists(out));
+  std::ifstream in(out);
+  std::stringstream text;
+  text << in.rdbuf();
+  CHECK(text.str().find("\"frozen\": true") != std::string::npos);
+
+  const std::string bad_out = (dir / "never.json").string();
+  const Run bad = run("import-hf " + kBad + "hf-unknown-type.json -o " + bad_out);
+  CHECK(bad.code == 2);
+  CHECK_FALSE(fs::exists(bad_out));
+  const Run bad_freeze = run("import-hf " + kSource + "/tests/data/hf/llava-1.5-7b-hf.json --freeze visoin -o " + bad_out);
+  CHECK(bad_freeze.code == 2);
+  CHECK_FALSE(fs::exists(bad_out));
+  // Nothing else was left behind (no temporary files).
+  int files = 0;
+  for ([[maybe_unused]] const auto& e : fs::directory_iterator(dir)) ++files;
+  CHECK(files == 1);
+  fs::remove_all(dir);
+}

@@ -1,0 +1,120 @@
+#include <doctest/doctest.h>
+
+#include <cmath>
+
+#include "shared/hf_import.hpp"
+#include "shared/model_math.hpp"
+
+using namespace tessera;
+
+namespace {
+
+const std::string kHf = std::string(TESSERA_SOURCE_DIR) + "/tests/data/hf/";
+
+ModelSpec import(const std::string& name, std::vector<std::string> freeze = {}) {
+  Diagnostics diag;
+  const auto json = read_json_file(kHf + name, diag);
+  REQUIRE(json.has_value());
+  const auto model = import_hf_config(*json, kHf + name, HfImportOptions{std::move(freeze)}, diag);
+  INFO(diag.format());
+  REQUIRE(model.has_value());
+  return *model;
+}
+
+double params(const ModelSpec& m) { return static_cast<double>(model_parameters(m)); }
+const ModuleSpec& module(const ModelSpec& m, const char* name) {
+  const ModuleSpec* p = find_module(m, name);
+  REQUIRE(p != nullptr);
+  return *p;
+}
+
+}  // namespace
+
+TEST_CASE("Qwen2-VL (flat shape): encoder width is embed_dim, not vision_config.hidden_size") {
+  const ModelSpec m = import("qwen2-vl-7b-instruct.json");
+  CHECK(m.name == "Qwen/Qwen2-VL-7B-Instruct");
+  CHECK(module(m, "vision").transformer->hidden == 1280);
+  CHECK(module(m, "vision").transformer->ffn == 5120);
+  CHECK(module(m, "llm").transformer->kv_heads == 4);
+  CHECK(module(m, "vision_projector").projector->in == 5120);
+  CHECK(std::fabs(params(m) - 8.29e9) / 8.29e9 < 0.02);
+}
+
+TEST_CASE("Qwen2.5-VL: hidden_size is the encoder width, out_hidden_size the LLM width") {
+  const ModelSpec m = import("qwen2.5-vl-7b-instruct.json");
+  CHECK(module(m, "vision").transformer->hidden == 1280);
+  CHECK(module(m, "vision").transformer->gated_ffn);
+  CHECK(module(m, "vision_projector").projector->out == 3584);
+  CHECK(std::fabs(params(m) - 8.29e9) / 8.29e9 < 0.02);
+}
+
+TEST_CASE("LLaVA-1.5 (sparse text_config falls back to Llama defaults)") {
+  const ModelSpec m = import("llava-1.5-7b-hf.json", {"vision"});
+  CHECK(module(m, "llm").transformer->hidden == 4096);
+  CHECK(module(m, "llm").transformer->vocab == 32064);
+  CHECK(module(m, "vision").frozen);
+  CHECK_FALSE(module(m, "llm").frozen);
+  CHECK(image_tokens(module(m, "vision"), 800, 600).llm_tokens == 576);
+  CHECK(std::fabs(params(m) - 7.06e9) / 7.06e9 < 0.02);
+}
+
+TEST_CASE("LLaVA-NeXT: anyres tiles from image_grid_pinpoints, Mistral defaults") {
+  const ModelSpec m = import("llava-v1.6-mistral-7b-hf.json");
+  CHECK(module(m, "vision").patching->resize == ResizeMode::kTiles);
+  CHECK(module(m, "vision").patching->max_tiles == 4);
+  CHECK(module(m, "llm").transformer->kv_heads == 8);
+  CHECK(std::fabs(params(m) - 7.57e9) / 7.57e9 < 0.02);
+}
+
+TEST_CASE("InternVL, remote-code shape (llm_config) and hf shape (text_config)") {
+  const ModelSpec a = import("internvl2-8b.json");
+  CHECK(image_tokens(module(a, "vision"), 448, 448).llm_tokens == 256);
+  CHECK(module(a, "vision_projector").projector->in == 4096);
+  CHECK(std::fabs(params(a) - 8.08e9) / 8.08e9 < 0.02);
+  const ModelSpec b = import("internvl3-1b-hf.json");
+  CHECK(module(b, "vision").patching->tile_size == 448);  // [448, 448] accepted
+  CHECK(module(b, "llm").transformer->tied_embeddings);
+  CHECK(module(b, "llm").transformer->hidden == 896);
+}
+
+TEST_CASE("Mllama: attention_heads, global layers and cross-attention") {
+  const ModelSpec m = import("llama-3.2-11b-vision.json");
+  CHECK(module(m, "vision").transformer->heads == 16);
+  CHECK(module(m, "vision").transformer->layers == 40);
+  CHECK(module(m, "llm").transformer->cross_attention_layers == 8);
+  CHECK(std::fabs(params(m) - 10.67e9) / 10.67e9 < 0.02);
+}
+
+TEST_CASE("Whisper, SigLIP and CLIP import as encoders") {
+  const ModelSpec w = import("whisper-large-v3.json");
+  REQUIRE(w.modules.size() == 1);
+  CHECK(w.modules[0].modality == Modality::kAudio);
+  CHECK(audio_tokens(w.modules[0], 30).encoder_tokens == 1500);
+  CHECK(std::fabs(params(w) - 0.637e9) / 0.637e9 < 0.02);
+  const ModelSpec s = import("siglip-so400m-patch14-384.json");
+  CHECK(image_tokens(s.modules[0], 500, 500).encoder_tokens == 729);  // no CLS
+  const ModelSpec c = import("clip-vit-large-patch14-336.json");
+  CHECK(image_tokens(c.modules[0], 500, 500).encoder_tokens == 577);
+  CHECK(std::fabs(params(c) - 0.304e9) / 0.304e9 < 0.02);
+}
+
+TEST_CASE("import errors: unknown model_type lists what is supported; bad --freeze; wrong types") {
+  Diagnostics diag;
+  const auto gpt2 = read_json_file(kHf + "gpt2.json", diag);
+  REQUIRE(gpt2.has_value());
+  CHECK_FALSE(import_hf_config(*gpt2, "gpt2.json", {}, diag).has_value());
+  CHECK(diag.format().find("model_type: unsupported model_type 'gpt2'; supported: qwen2_vl") != std::string::npos);
+
+  Diagnostics d2;
+  const auto llava = read_json_file(kHf + "llava-1.5-7b-hf.json", d2);
+  CHECK_FALSE(import_hf_config(*llava, "c.json", HfImportOptions{{"vison"}}, d2).has_value());
+  CHECK(d2.format().find("--freeze vison: no such module; modules are vision vision_projector llm") !=
+        std::string::npos);
+
+  Diagnostics d3;
+  Json broken = *llava;
+  broken["vision_config"]["num_hidden_layers"] = "24";
+  CHECK_FALSE(import_hf_config(broken, "c.json", {}, d3).has_value());
+  CHECK(d3.format().find("c.json: vision_config.num_hidden_layers: expected an integer, got string") !=
+        std::string::npos);
+}

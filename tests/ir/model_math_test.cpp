@@ -1,0 +1,129 @@
+#include <doctest/doctest.h>
+
+#include "shared/model_math.hpp"
+
+using namespace tessera;
+
+namespace {
+
+TransformerArch llama(int64_t layers, int64_t hidden, int64_t heads, int64_t kv, int64_t ffn, int64_t vocab,
+                      bool tied) {
+  TransformerArch a;
+  a.layers = layers;
+  a.hidden = hidden;
+  a.heads = heads;
+  a.kv_heads = kv;
+  a.head_dim = hidden / heads;
+  a.ffn = ffn;
+  a.gated_ffn = true;
+  a.vocab = vocab;
+  a.tied_embeddings = tied;
+  return a;
+}
+
+ModuleSpec module_of(const TransformerArch& a, ModuleRole role = ModuleRole::kLlm) {
+  ModuleSpec m;
+  m.name = "m";
+  m.role = role;
+  m.transformer = a;
+  return m;
+}
+
+}  // namespace
+
+TEST_CASE("parameter counts equal the published safetensors counts of Llama 3 models") {
+  CHECK(module_parameters(module_of(llama(16, 2048, 32, 8, 8192, 128256, true))) == 1'235'814'400);
+  CHECK(module_parameters(module_of(llama(32, 4096, 32, 8, 14336, 128256, false))) == 8'030'261'248);
+  CHECK(module_parameters(module_of(llama(80, 8192, 64, 8, 28672, 128256, false))) == 70'553'706'496);
+}
+
+TEST_CASE("forward FLOPs match Korthikanti's 72·l·h²·(1 + s/6h + V/12lh) per token for training") {
+  TransformerArch gpt;
+  gpt.layers = 24;
+  gpt.hidden = 4096;
+  gpt.heads = 32;
+  gpt.kv_heads = 32;
+  gpt.head_dim = 128;
+  gpt.ffn = 4 * 4096;
+  gpt.vocab = 51200;
+  const double s = 2048, l = 24, h = 4096, V = 51200;
+  const double expected = 72 * l * h * h * (1 + s / (6 * h) + V / (12 * l * h));
+  CHECK(3 * forward_flops_per_token(module_of(gpt), s) == doctest::Approx(expected).epsilon(1e-12));
+}
+
+TEST_CASE("activation bytes match Korthikanti Table 2") {
+  TransformerArch a;
+  a.layers = 1;
+  a.hidden = 4096;
+  a.heads = 32;
+  a.kv_heads = 32;
+  a.head_dim = 128;
+  a.ffn = 4 * 4096;
+  const double s = 2048, h = 4096, heads = 32;
+  ActivationOptions o;
+  o.flash_attention = false;
+  o.dropout = true;
+  CHECK(activation_bytes_per_token_per_layer(a, s, o) == doctest::Approx(34 * h + 5 * heads * s));
+  o.tp = 8;
+  CHECK(activation_bytes_per_token_per_layer(a, s, o) ==
+        doctest::Approx(h * (10 + 24.0 / 8) + 5 * heads * s / 8));
+  o.sequence_parallel = true;
+  CHECK(activation_bytes_per_token_per_layer(a, s, o) == doctest::Approx((34 * h + 5 * heads * s) / 8));
+  // Flash attention drops the s·s score terms: only the 34·h part (plus 4 bytes of LSE per head).
+  o = ActivationOptions{};
+  o.dropout = true;
+  CHECK(activation_bytes_per_token_per_layer(a, s, o) == doctest::Approx(34 * h + 4 * heads));
+}
+
+TEST_CASE("tokens per image, video and audio clip") {
+  ModuleSpec clip;
+  clip.role = ModuleRole::kEncoder;
+  clip.patching = Patching{};
+  clip.patching->patch_size = 14;
+  clip.patching->image_size = 336;
+  clip.patching->class_token = true;
+  const MediaTokens llava = image_tokens(clip, 1920, 1080);
+  CHECK(llava.llm_tokens == 576);      // LLaVA-1.5
+  CHECK(llava.encoder_tokens == 577);  // + CLS
+
+  ModuleSpec qwen;
+  qwen.role = ModuleRole::kEncoder;
+  qwen.patching = Patching{};
+  qwen.patching->spatial_merge = 2;
+  qwen.patching->temporal_patch = 2;
+  qwen.patching->resize = ResizeMode::kDynamic;
+  qwen.patching->min_pixels = 3136;
+  qwen.patching->max_pixels = 12845056;
+  CHECK(image_tokens(qwen, 448, 448).llm_tokens == 256);
+  // 1000 x 700 -> 1008 x 700 (multiples of 28) -> 72 x 50 patches -> 900 tokens after 2x2 merge.
+  CHECK(image_tokens(qwen, 1000, 700).encoder_tokens == 3600);
+  CHECK(image_tokens(qwen, 1000, 700).llm_tokens == 900);
+  CHECK(video_tokens(qwen, 16, 448, 448).llm_tokens == 8 * 256);
+  // A huge image is scaled down under max_pixels.
+  CHECK(image_tokens(qwen, 8000, 8000).encoder_tokens * 14 * 14 <= 12845056);
+
+  ModuleSpec intern;
+  intern.role = ModuleRole::kEncoder;
+  intern.patching = Patching{};
+  intern.patching->spatial_merge = 2;
+  intern.patching->resize = ResizeMode::kTiles;
+  intern.patching->tile_size = 448;
+  intern.patching->max_tiles = 12;
+  intern.patching->thumbnail = true;
+  intern.patching->class_token = true;
+  CHECK(image_tokens(intern, 448, 448).llm_tokens == 256);  // one tile, no thumbnail
+  const MediaTokens wide = image_tokens(intern, 800, 600);  // 4:3 -> 4x3 tiles + thumbnail
+  CHECK(wide.pieces == 13);
+  CHECK(wide.llm_tokens == 13 * 256);
+  CHECK(wide.encoder_tokens == 13 * 1025);
+
+  ModuleSpec whisper;
+  whisper.role = ModuleRole::kEncoder;
+  whisper.audio = AudioFrontEnd{};
+  CHECK(audio_tokens(whisper, 10).encoder_tokens == 1500);  // padded to 30 s
+  whisper.audio->pooling = 2;
+  CHECK(audio_tokens(whisper, 10).llm_tokens == 750);  // Qwen2-Audio
+  CHECK(audio_tokens(whisper, 45).encoder_tokens == 3000);
+  whisper.audio->pad_to_max = false;
+  CHECK(audio_tokens(whisper, 10).encoder_tokens == 500);
+}

@@ -1,0 +1,63 @@
+#include <doctest/doctest.h>
+
+#include "shared/model_spec.hpp"
+
+using namespace tessera;
+
+static std::string errors_of(const char* text) {
+  Diagnostics diag;
+  read_model(Json::parse(text), "m.json", "", diag);
+  return diag.format();
+}
+
+TEST_CASE("a valid model reads and round-trips through JSON") {
+  const char* text = R"({"name": "t", "modules": [
+    {"name": "vision", "role": "encoder", "modality": "image", "frozen": true,
+     "transformer": {"layers": 2, "hidden": 64, "heads": 4, "ffn": 256, "linear_bias": true, "norm": "layernorm"},
+     "patching": {"patch_size": 8, "resize": "fixed", "image_size": 32}},
+    {"name": "proj", "role": "projector", "inputs": ["vision"], "projector": {"in": 64, "out": 128}},
+    {"name": "llm", "role": "llm", "inputs": ["proj"],
+     "transformer": {"layers": 2, "hidden": 128, "heads": 4, "kv_heads": 2, "ffn": 344, "gated_ffn": true, "vocab": 100}}]})";
+  Diagnostics diag;
+  const ModelSpec m = read_model(Json::parse(text), "m.json", "", diag);
+  REQUIRE(diag.ok());
+  CHECK(m.modules[2].transformer->head_dim == 32);
+  CHECK(m.modules[1].projector->hidden == 128);  // defaults to out
+  const ModelSpec again = read_model(to_json(m), "", "", diag);
+  CHECK(diag.ok());
+  CHECK(again == m);
+}
+
+TEST_CASE("model validation reports every problem with its path") {
+  const std::string e = errors_of(R"({"name": "t", "modules": [
+    {"name": "llm", "role": "llm", "inputs": ["projj"],
+     "transformer": {"layers": 2, "hidden": 100, "heads": 3, "ffn": 0, "vocab": 10}},
+    {"name": "llm", "role": "llm", "transformer": {"layers": 2, "hidden": 64, "heads": 4, "kv_heads": 3, "ffn": 8, "vocab": 10}},
+    {"name": "proj", "role": "projector", "inputs": ["llm"], "projector": {"in": 30, "out": 64}}]})");
+  CHECK(e.find("modules[0].transformer.ffn: must be > 0, got 0") != std::string::npos);
+  CHECK(e.find("modules[0].transformer.heads: 3 does not divide hidden=100") != std::string::npos);
+  CHECK(e.find("modules[1].transformer.kv_heads: 3 does not divide heads=4") != std::string::npos);
+  CHECK(e.find("modules[1].name: duplicate module name 'llm'") != std::string::npos);
+  CHECK(e.find("more than one module has role llm") != std::string::npos);
+  CHECK(e.find("modules[0].inputs[0]: unknown module 'projj'") != std::string::npos);
+}
+
+TEST_CASE("cycles and mismatched projector widths are caught") {
+  const std::string e = errors_of(R"({"name": "t", "modules": [
+    {"name": "a", "role": "projector", "inputs": ["b"], "projector": {"in": 8, "out": 8}},
+    {"name": "b", "role": "projector", "inputs": ["a"], "projector": {"in": 8, "out": 8}},
+    {"name": "llm", "role": "llm", "inputs": ["a"], "transformer": {"layers": 1, "hidden": 16, "heads": 2, "ffn": 8, "vocab": 4}}]})");
+  CHECK(e.find("form a cycle") != std::string::npos);
+  CHECK(e.find("modules[0].projector.out: 8 does not match llm.hidden=16") != std::string::npos);
+}
+
+TEST_CASE("role rules") {
+  const std::string e = errors_of(R"({"name": "t", "modules": [
+    {"name": "enc", "role": "encoder", "modality": "image",
+     "transformer": {"layers": 1, "hidden": 16, "heads": 2, "ffn": 8}},
+    {"name": "llm", "role": "llm", "inputs": ["enc"], "transformer": {"layers": 1, "hidden": 16, "heads": 2, "ffn": 8}},
+    {"name": "p", "role": "projector", "inputs": ["enc"], "patching": {"resize": "fixed", "image_size": 28}, "projector": {"in": 16, "out": 16}}]})");
+  CHECK(e.find("modules[0]: an image/video encoder needs patching") != std::string::npos);
+  CHECK(e.find("modules[1].transformer.vocab: an llm needs vocab > 0") != std::string::npos);
+  CHECK(e.find("modules[2].patching: only encoders have patching") != std::string::npos);
+}

@@ -1,0 +1,114 @@
+#include <doctest/doctest.h>
+
+#include "shared/rank_groups.hpp"
+#include "shared/scenario.hpp"
+
+using namespace tessera;
+
+namespace {
+
+const char* kModel = R"({"name": "vlm", "modules": [
+  {"name": "vision", "role": "encoder", "modality": "image", "frozen": true,
+   "transformer": {"layers": 4, "hidden": 64, "heads": 4, "ffn": 256, "linear_bias": true, "norm": "layernorm"},
+   "patching": {"patch_size": 8, "resize": "fixed", "image_size": 32}},
+  {"name": "proj", "role": "projector", "inputs": ["vision"], "projector": {"in": 64, "out": 128}},
+  {"name": "llm", "role": "llm", "inputs": ["proj"],
+   "transformer": {"layers": 8, "hidden": 128, "heads": 8, "kv_heads": 2, "ffn": 344, "gated_ffn": true, "vocab": 100}}]})";
+const char* kCluster = R"({"name": "c16", "nodes": 2, "devices_per_node": 8,
+  "device": {"name": "gpu", "peak_flops": {"bf16": 1e15}, "memory_bytes": 80e9, "memory_bandwidth_bytes_per_s": 3e12},
+  "intra_node": {"bandwidth_bytes_per_s": 4.5e11, "latency_s": 3e-6},
+  "inter_node": {"bandwidth_bytes_per_s": 5e10, "latency_s": 5e-6}})";
+const char* kWorkload = R"({"global_batch": 32, "max_seq_len": 1024, "samples": {"text_tokens": 100}})";
+
+// Validates `plan` against the fixtures; returns all messages, one per line.
+std::string check(const char* plan, ParallelPlan* out = nullptr) {
+  Diagnostics diag;
+  const ModelSpec model = read_model(Json::parse(kModel), "model.json", "", diag);
+  const ClusterSpec cluster = read_cluster(Json::parse(kCluster), "cluster.json", "", diag);
+  const WorkloadSpec workload = read_workload(Json::parse(kWorkload), "w.json", "", ".", diag);
+  REQUIRE(diag.ok());
+  const ParallelPlan p = read_plan(Json::parse(plan), "s.json", "plan", diag);
+  if (diag.ok()) validate_plan(p, model, workload, cluster, "s.json", "plan", diag);
+  if (out != nullptr) *out = p;
+  return diag.format();
+}
+
+}  // namespace
+
+TEST_CASE("valid plans of each placement") {
+  CHECK(check(R"({"placement": "homogeneous", "layout": {"tp": 2, "pp": 2, "dp": 4}})") == "");
+  CHECK(check(R"({"placement": "colocated", "schedule": "three_phase",
+                  "modules": {"vision": {"dp": 16}, "llm": {"tp": 2, "pp": 2, "dp": 4}}})") == "");
+  ParallelPlan p;
+  CHECK(check(R"({"placement": "non_colocated", "schedule": "graph_1f1b", "micro_batch_size": 2,
+                  "modules": {"vision": {"dp": 4}, "llm": {"tp": 2, "pp": 3, "dp": 2, "stage_layers": [2, 3, 3]}}})",
+              &p) == "");
+  Diagnostics diag;
+  const ModelSpec model = read_model(Json::parse(kModel), "", "", diag);
+  CHECK(world_size(p, model) == 16);
+  // The projector has no entry: it runs on the vision ranks.
+  const std::vector<ModuleGroups> groups = rank_groups(p, model);
+  REQUIRE(groups.size() == 3);
+  CHECK(groups[1].module == "llm");
+  CHECK(groups[1].first_rank == 4);
+  CHECK(groups[2].module == "proj");
+  CHECK(groups[2].dp == std::vector<Group>{{0, 1, 2, 3}});
+}
+
+TEST_CASE("Megatron argument names are accepted as aliases") {
+  ParallelPlan p;
+  CHECK(check(R"({"placement": "homogeneous", "recompute_granularity": "selective", "use_distributed_optimizer": true,
+                  "layout": {"tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 2, "data_parallel_size": 4}})",
+              &p) == "");
+  CHECK(p.layout.tp == 2);
+  CHECK(p.recompute == Recompute::kSelective);
+  CHECK(p.distributed_optimizer);
+  Diagnostics diag;
+  CHECK(read_plan(to_json(p), "", "", diag) == p);
+}
+
+TEST_CASE("homogeneous encoders live in the first pipeline stage") {
+  ParallelPlan p;
+  REQUIRE(check(R"({"placement": "homogeneous", "layout": {"tp": 2, "pp": 2, "dp": 4}})", &p) == "");
+  Diagnostics diag;
+  const ModelSpec model = read_model(Json::parse(kModel), "", "", diag);
+  const auto groups = rank_groups(p, model);
+  CHECK(groups[0].module == "vision");
+  CHECK(groups[0].size == 8);
+  CHECK(groups[0].tp == std::vector<Group>{{0, 1}, {2, 3}, {4, 5}, {6, 7}});
+  CHECK(groups[2].pp.size() == 8);
+}
+
+TEST_CASE("invalid plans: every rule names its path") {
+  auto has = [](const std::string& all, const char* part) {
+    INFO(all);
+    CHECK(all.find(part) != std::string::npos);
+  };
+  has(check(R"({"placement": "homogeneous", "layout": {"tp": 3, "dp": 16}})"),
+      "s.json: plan.layout.tp: 3 does not divide vision heads=4");
+  has(check(R"({"placement": "homogeneous", "layout": {"tp": 1, "pp": 16}})"),
+      "plan.layout.pp: llm has 8 layers, fewer than pp*vpp=16");
+  has(check(R"({"placement": "homogeneous", "layout": {"tp": 2, "dp": 4}})"),
+      "plan.layout: plan uses 8 ranks, cluster c16 has 16 devices");
+  has(check(R"({"placement": "homogeneous", "layout": {"dp": 16, "ep": 2}})"), "ep=2 but llm has no experts");
+  has(check(R"({"placement": "homogeneous", "layout": {"tp": 2, "pp": 2, "dp": 4, "stage_layers": [3, 4]}})"),
+      "plan.layout.stage_layers: sums to 7, llm has 8 layers");
+  has(check(R"({"placement": "homogeneous", "micro_batch_size": 3, "layout": {"tp": 2, "pp": 2, "dp": 4}})"),
+      "plan.micro_batch_size: micro_batch_size*dp = 12 does not divide global_batch=32");
+  has(check(R"({"placement": "homogeneous", "schedule": "three_phase", "layout": {"tp": 2, "pp": 2, "dp": 4}})"),
+      "three_phase is the colocated schedule");
+  has(check(R"({"placement": "homogeneous", "layout": {"tp": 2, "pp": 2, "dp": 4, "vpp": 2}})"),
+      "vpp > 1 needs schedule interleaved_1f1b");
+  has(check(R"({"placement": "colocated", "modules": {"vision": {"dp": 8}, "llm": {"tp": 2, "dp": 8}}})"),
+      "colocated modules span all ranks");
+  has(check(R"({"placement": "non_colocated", "modules": {"vision": {"dp": 4}, "llm": {"tp": 2, "dp": 3, "pp": 2}}})"),
+      "boundary vision -> llm: dp 4 and 3 must divide one another");
+  has(check(R"({"placement": "non_colocated", "modules": {"vision": {"dp": 4, "ranks": [0, 4]}, "llm": {"tp": 2, "dp": 4, "pp": 2, "ranks": [2, 18]}}})"),
+      "overlaps another module");
+  has(check(R"({"placement": "non_colocated", "modules": {"visoin": {"dp": 4}, "llm": {"tp": 2, "dp": 6}}})"),
+      "plan.modules.visoin: no module 'visoin' in model vlm (did you mean 'vision'?)");
+  has(check(R"({"placement": "non_colocated", "modules": {"llm": {"tp": 2, "dp": 8}}})"),
+      "module 'vision' has no layout");
+  has(check(R"({"placement": "homogeneous", "modules": {}})"), "plan.modules: a homogeneous plan has one 'layout'");
+  has(check(R"({"placement": "homogeneous", "layout": {"tp": 0, "dp": 16}})"), "plan.layout.tp: must be > 0, got 0");
+}

@@ -1,0 +1,94 @@
+#include <doctest/doctest.h>
+
+#include <set>
+
+#include "shared/rank_groups.hpp"
+
+using namespace tessera;
+
+namespace {
+
+ModuleLayout grid(int64_t tp, int64_t cp, int64_t pp, int64_t dp, int64_t ep = 1) {
+  ModuleLayout l;
+  l.tp = tp;
+  l.cp = cp;
+  l.pp = pp;
+  l.dp = dp;
+  l.ep = ep;
+  return l;
+}
+
+// Every rank of [first, first + size) appears in exactly one group, and all groups have `n` ranks.
+void check_partition(const std::vector<Group>& groups, int64_t first, int64_t size, int64_t n) {
+  std::vector<int> seen(static_cast<std::size_t>(size), 0);
+  for (const Group& g : groups) {
+    REQUIRE(static_cast<int64_t>(g.size()) == n);
+    for (int64_t r : g) {
+      REQUIRE(r >= first);
+      REQUIRE(r < first + size);
+      ++seen[static_cast<std::size_t>(r - first)];
+    }
+  }
+  for (int count : seen) REQUIRE(count == 1);
+}
+
+}  // namespace
+
+TEST_CASE("Megatron's documented example: 16 ranks, tp=2, pp=4, dp=2") {
+  const ModuleGroups g = layout_groups(grid(2, 1, 4, 2), 0);
+  CHECK(g.tp == std::vector<Group>{{0, 1}, {2, 3}, {4, 5}, {6, 7}, {8, 9}, {10, 11}, {12, 13}, {14, 15}});
+  CHECK(g.pp == std::vector<Group>{{0, 4, 8, 12}, {1, 5, 9, 13}, {2, 6, 10, 14}, {3, 7, 11, 15}});
+  CHECK(g.dp == std::vector<Group>{{0, 2}, {1, 3}, {4, 6}, {5, 7}, {8, 10}, {9, 11}, {12, 14}, {13, 15}});
+  CHECK(g.stages.front() == Group{0, 1, 2, 3});
+}
+
+TEST_CASE("tp=2, cp=2, dp=2: context groups sit between tensor and data groups") {
+  const ModuleGroups g = layout_groups(grid(2, 2, 1, 2), 0);
+  CHECK(g.tp == std::vector<Group>{{0, 1}, {2, 3}, {4, 5}, {6, 7}});
+  CHECK(g.cp == std::vector<Group>{{0, 2}, {1, 3}, {4, 6}, {5, 7}});
+  CHECK(g.dp == std::vector<Group>{{0, 4}, {1, 5}, {2, 6}, {3, 7}});
+}
+
+TEST_CASE("expert groups are carved out of cp*dp, and a span offsets every group") {
+  const ModuleGroups g = layout_groups(grid(1, 1, 1, 4, 2), 16);
+  CHECK(g.ep == std::vector<Group>{{16, 17}, {18, 19}});
+  CHECK(g.edp == std::vector<Group>{{16, 18}, {17, 19}});
+  CHECK(g.dp == std::vector<Group>{{16, 17, 18, 19}});
+}
+
+TEST_CASE("every kind of group partitions the span, up to 4096 ranks") {
+  int layouts = 0;
+  for (int64_t tp : {1, 2, 4, 8})
+    for (int64_t cp : {1, 2, 4})
+      for (int64_t pp : {1, 2, 4, 8, 16})
+        for (int64_t dp : {1, 2, 3, 8, 32}) {
+          if (tp * cp * pp * dp > 4096) continue;
+          for (int64_t ep : {1, 2, 8}) {
+            if ((cp * dp) % ep != 0) continue;
+            const ModuleLayout l = grid(tp, cp, pp, dp, ep);
+            const int64_t first = (tp * dp) % 5;  // any offset
+            const ModuleGroups g = layout_groups(l, first);
+            check_partition(g.tp, first, l.size(), tp);
+            check_partition(g.cp, first, l.size(), cp);
+            check_partition(g.dp, first, l.size(), dp);
+            check_partition(g.pp, first, l.size(), pp);
+            check_partition(g.ep, first, l.size(), ep);
+            check_partition(g.edp, first, l.size(), cp * dp / ep);
+            check_partition(g.stages, first, l.size(), tp * cp * dp);
+            // A TP group and a DP group meet in at most one rank; an EP group lies inside one
+            // pipeline stage and one TP column.
+            const std::set<int64_t> tp0(g.tp[0].begin(), g.tp[0].end());
+            int shared = 0;
+            for (int64_t r : g.dp[0]) shared += static_cast<int>(tp0.count(r));
+            REQUIRE(shared <= 1);
+            const int64_t stage_size = tp * cp * dp;
+            for (const Group& e : g.ep)
+              for (int64_t r : e) {
+                REQUIRE((r - first) / stage_size == (e[0] - first) / stage_size);
+                REQUIRE((r - first) % tp == (e[0] - first) % tp);
+              }
+            ++layouts;
+          }
+        }
+  CHECK(layouts > 300);
+}

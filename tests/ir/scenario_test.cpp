@@ -1,0 +1,98 @@
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+#include <unistd.h>
+
+#include "shared/batch.hpp"
+#include "shared/model_math.hpp"
+#include "shared/scenario.hpp"
+#include "shared/scenario_report.hpp"
+
+using namespace tessera;
+namespace fs = std::filesystem;
+
+static const std::string kScenarios = std::string(TESSERA_SOURCE_DIR) + "/scenarios";
+
+TEST_CASE("every library model matches its published parameter count within 2%") {
+  int checked = 0;
+  for (const auto& entry : fs::directory_iterator(kScenarios + "/models")) {
+    Diagnostics diag;
+    const auto model = load_model(entry.path().string(), diag);
+    INFO(entry.path().string() << "\n" << diag.format());
+    REQUIRE(model.has_value());
+    REQUIRE(model->reference.has_value());
+    const double ours = static_cast<double>(model_parameters(*model));
+    const double published = model->reference->params;
+    INFO(model->name << ": ours " << ours << ", published " << published);
+    CHECK(std::fabs(ours - published) / published < 0.02);
+    ++checked;
+  }
+  CHECK(checked == 14);  // LLaVA-1.5 7B/13B, Qwen2-VL-7B, Qwen2-Audio-7B, Llama-3.2-11B-Vision, 9 pairs
+}
+
+TEST_CASE("every library scenario and cluster loads, and each part round-trips through JSON") {
+  int checked = 0;
+  for (const auto& entry : fs::directory_iterator(kScenarios)) {
+    if (entry.path().extension() != ".json") continue;
+    Diagnostics diag;
+    const auto s = load_scenario(entry.path().string(), diag);
+    INFO(entry.path().string() << "\n" << diag.format());
+    REQUIRE(s.has_value());
+    CHECK(read_model(to_json(s->model), "", "", diag) == s->model);
+    CHECK(read_cluster(to_json(s->cluster), "", "", diag) == s->cluster);
+    const WorkloadSpec w = read_workload(to_json(s->workload), "", "", kScenarios, diag);
+    CHECK(w == s->workload);
+    if (s->plan) CHECK(read_plan(to_json(*s->plan), "", "", diag) == *s->plan);
+    CHECK(diag.ok());
+    // The whole scenario, written with its paths, reads back identically.
+    const auto again = read_scenario(to_json(*s), entry.path().string(), diag);
+    REQUIRE(again.has_value());
+    CHECK(again->model == s->model);
+    CHECK(again->plan == s->plan);
+    CHECK(again->search == s->search);
+    // And the report renders.
+    CHECK(!scenario_report(*s, ReportOptions{}).empty());
+    ++checked;
+  }
+  CHECK(checked >= 7);
+  for (const auto& entry : fs::directory_iterator(kScenarios + "/clusters")) {
+    Diagnostics diag;
+    INFO(entry.path().string());
+    CHECK(load_cluster(entry.path().string(), diag).has_value());
+  }
+}
+
+TEST_CASE("the default scenario: LLaVA-1.5-7B on 64 H100s with a variable multi-image workload") {
+  Diagnostics diag;
+  const auto s = load_scenario(kScenarios + "/default.json", diag);
+  REQUIRE(s.has_value());
+  CHECK(s->model.name == "llava-1.5-7b");
+  CHECK(device_count(s->cluster) == 64);
+  REQUIRE(s->workload.image.has_value());
+  CHECK(dist_upper_bound(s->workload.image->count) > dist_lower_bound(s->workload.image->count));
+}
+
+TEST_CASE("paths in a scenario resolve relative to the scenario file, and errors name the part's file") {
+  const fs::path dir = fs::temp_directory_path() / ("tessera-scenario-" + std::to_string(::getpid()));
+  fs::create_directories(dir / "parts");
+  {
+    std::ofstream(dir / "parts" / "cluster.json") << R"({"name": "c", "nodes": 1, "devices_per_node": 2,
+      "device": {"name": "g", "peak_flops": {"bf16": 1e15}, "memory_bytes": 8e10, "memory_bandwith_bytes_per_s": 3e12},
+      "intra_node": {"bandwidth_bytes_per_s": 4.5e11, "latency_s": 3e-6}})";
+    std::ofstream(dir / "s.json") << R"({"model": ")" << kScenarios << R"(/models/llava-1.5-7b.json",
+      "workload": {"global_batch": 8, "max_seq_len": 4096, "samples": {"text_tokens": 10}},
+      "cluster": "parts/cluster.json"})";
+  }
+  Diagnostics diag;
+  CHECK_FALSE(load_scenario((dir / "s.json").string(), diag).has_value());
+  const std::string text = diag.format();
+  INFO(text);
+  CHECK(text.find((dir / "parts" / "cluster.json").string() +
+                  ": device.memory_bandwith_bytes_per_s: unknown key (did you mean "
+                  "'memory_bandwidth_bytes_per_s'?)") != std::string::npos);
+  CHECK(text.find("device.memory_bandwidth_bytes_per_s: required key is missing") != std::string::npos);
+  fs::remove_all(dir);
+}
