@@ -1,0 +1,21 @@
+// Rendezvous and process groups: a c10d TCPStore at the master address and a Gloo (CPU) process
+// group over it. NCCL groups for CUDA devices join here with the GPU build (issue 11).
+#pragma once
+
+#include <chrono>
+
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+
+#include "exec/launcher.hpp"
+
+namespace tessera::exec {
+
+struct GroupOptions {
+  std::chrono::milliseconds timeout{std::chrono::seconds(60)};  // rendezvous and every collective
+};
+
+// Joins the job described by `env`: rank 0 hosts the TCPStore. Every collective of the
+// returned group fails with an exception after `timeout` instead of hanging.
+c10::intrusive_ptr<c10d::ProcessGroup> connect_gloo(const WorkerEnv& env, const GroupOptions& options);
+
+}  // namespace tessera::exec
