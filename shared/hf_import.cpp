@@ -110,17 +110,34 @@ ModuleSpec llm_module(const HfReader& r, const std::string& model_type) {
   return m;
 }
 
+// The bias-everywhere encoder stack shared by ViT, InternViT and Whisper towers.
+TransformerArch encoder_arch(int64_t layers, int64_t hidden, int64_t heads, int64_t ffn, NormKind norm) {
+  TransformerArch a;
+  a.layers = layers;
+  a.hidden = hidden;
+  a.heads = heads;
+  a.kv_heads = heads;
+  a.head_dim = heads > 0 ? hidden / heads : 0;
+  a.ffn = ffn;
+  a.linear_bias = true;
+  a.norm = norm;
+  return a;
+}
+
+ModuleSpec encoder_module(const std::string& name, Modality modality, const TransformerArch& arch) {
+  ModuleSpec m;
+  m.name = name;
+  m.role = ModuleRole::kEncoder;
+  m.modality = modality;
+  m.transformer = arch;
+  return m;
+}
+
 // CLIP / SigLIP vision towers (fixed square input).
 ModuleSpec vit_module(const HfReader& v, bool siglip) {
-  TransformerArch a;
-  a.hidden = v.get("hidden_size", siglip ? 768 : 768);
-  a.ffn = v.get("intermediate_size", 3072);
-  a.layers = v.get("num_hidden_layers", 12);
-  a.heads = v.get("num_attention_heads", 12);
-  a.kv_heads = a.heads;
-  a.head_dim = a.heads > 0 ? a.hidden / a.heads : 0;
-  a.linear_bias = true;
-  a.norm = NormKind::kLayerNorm;
+  TransformerArch a = encoder_arch(v.get("num_hidden_layers", 12), v.get("hidden_size", 768),
+                                   v.get("num_attention_heads", 12), v.get("intermediate_size", 3072),
+                                   NormKind::kLayerNorm);
   Patching p;
   p.patch_size = v.get("patch_size", siglip ? 16 : 32);
   p.in_channels = v.get("num_channels", 3);
@@ -129,11 +146,7 @@ ModuleSpec vit_module(const HfReader& v, bool siglip) {
   p.class_token = !siglip;
   const int64_t grid = p.patch_size > 0 ? p.image_size / p.patch_size : 0;
   a.positions = grid * grid + (p.class_token ? 1 : 0);
-  ModuleSpec m;
-  m.name = "vision";
-  m.role = ModuleRole::kEncoder;
-  m.modality = Modality::kImage;
-  m.transformer = a;
+  ModuleSpec m = encoder_module("vision", Modality::kImage, a);
   m.patching = p;
   return m;
 }
@@ -167,24 +180,21 @@ ModelSpec import_qwen_vl(const HfReader& root, bool qwen25) {
   const HfReader text = root.has("text_config") ? root.sub("text_config") : root;
   ModuleSpec llm = llm_module(text, qwen25 ? "qwen2_5_vl" : "qwen2_vl");
   const HfReader v = root.sub("vision_config");
+  const int64_t layers = v.get("depth", 32);
+  const int64_t heads = v.get("num_heads", 16);
   TransformerArch a;
-  a.layers = v.get("depth", 32);
-  a.heads = v.get("num_heads", 16);
   if (qwen25) {
     // Qwen2.5-VL: hidden_size is the encoder width, out_hidden_size the LLM width.
-    a.hidden = v.get("hidden_size", 1280);
-    a.ffn = v.get("intermediate_size", 3420);
+    a = encoder_arch(layers, v.get("hidden_size", 1280), heads, v.get("intermediate_size", 3420),
+                     NormKind::kRmsNorm);
     a.gated_ffn = true;
-    a.norm = NormKind::kRmsNorm;
   } else {
     // Qwen2-VL trap: vision_config.hidden_size is the LLM width; the encoder width is embed_dim.
-    a.hidden = v.get("embed_dim", 1280);
-    a.ffn = static_cast<int64_t>(std::llround(static_cast<double>(a.hidden) * v.get_double("mlp_ratio", 4.0)));
-    a.norm = NormKind::kLayerNorm;
+    const int64_t width = v.get("embed_dim", 1280);
+    const double ratio = v.get_double("mlp_ratio", 4.0);
+    a = encoder_arch(layers, width, heads, static_cast<int64_t>(std::llround(static_cast<double>(width) * ratio)),
+                     NormKind::kLayerNorm);
   }
-  a.kv_heads = a.heads;
-  a.head_dim = a.heads > 0 ? a.hidden / a.heads : 0;
-  a.linear_bias = true;
   Patching p;
   p.patch_size = v.get("patch_size", 14);
   p.in_channels = v.has("in_chans") ? v.get("in_chans", 3) : v.get("in_channels", 3);
@@ -193,11 +203,7 @@ ModelSpec import_qwen_vl(const HfReader& root, bool qwen25) {
   p.resize = ResizeMode::kDynamic;
   p.min_pixels = 56 * 56;          // preprocessor_config.json defaults
   p.max_pixels = 28 * 28 * 16384;
-  ModuleSpec vision;
-  vision.name = "vision";
-  vision.role = ModuleRole::kEncoder;
-  vision.modality = Modality::kImage;
-  vision.transformer = a;
+  ModuleSpec vision = encoder_module("vision", Modality::kImage, a);
   vision.patching = p;
   const int64_t out = qwen25 ? v.get("out_hidden_size", llm.transformer->hidden) : llm.transformer->hidden;
   if (out != llm.transformer->hidden)
@@ -241,15 +247,10 @@ ModelSpec import_internvl(const HfReader& root, bool remote_code) {
   std::string llm_type = text.get_string("model_type", "qwen2");
   ModuleSpec llm = llm_module(text, llm_type);
   const HfReader v = root.sub("vision_config");
-  TransformerArch a;
-  a.hidden = v.get("hidden_size", 1024);
-  a.ffn = v.get("intermediate_size", 4096);
-  a.layers = v.get("num_hidden_layers", 24);
-  a.heads = v.get("num_attention_heads", 16);
-  a.kv_heads = a.heads;
-  a.head_dim = a.heads > 0 ? a.hidden / a.heads : 0;
-  a.linear_bias = true;
-  a.norm = v.get_string("norm_type", "layer_norm") == "rms_norm" ? NormKind::kRmsNorm : NormKind::kLayerNorm;
+  TransformerArch a = encoder_arch(
+      v.get("num_hidden_layers", 24), v.get("hidden_size", 1024), v.get("num_attention_heads", 16),
+      v.get("intermediate_size", 4096),
+      v.get_string("norm_type", "layer_norm") == "rms_norm" ? NormKind::kRmsNorm : NormKind::kLayerNorm);
   Patching p;
   p.patch_size = v.get("patch_size", 14);
   p.tile_size = root.has("force_image_size") ? root.get("force_image_size", 448) : v.get("image_size", 448);
@@ -262,11 +263,7 @@ ModelSpec import_internvl(const HfReader& root, bool remote_code) {
   if (p.spatial_merge < 1) root.error("downsample_ratio", "must be in (0, 1]");
   const int64_t grid = p.patch_size > 0 ? p.tile_size / p.patch_size : 0;
   a.positions = grid * grid + 1;
-  ModuleSpec vision;
-  vision.name = "vision";
-  vision.role = ModuleRole::kEncoder;
-  vision.modality = Modality::kImage;
-  vision.transformer = a;
+  ModuleSpec vision = encoder_module("vision", Modality::kImage, a);
   vision.patching = p;
   const int64_t h = llm.transformer->hidden;
   const int64_t merged = a.hidden * p.spatial_merge * p.spatial_merge;
@@ -281,16 +278,11 @@ ModelSpec import_mllama(const HfReader& root) {
     else text.error("cross_attention_layers", "expected an array of layer indices");
   }
   const HfReader v = root.sub("vision_config");
-  TransformerArch a;
-  a.hidden = v.get("hidden_size", 1280);
-  a.ffn = v.get("intermediate_size", 5120);
-  // Mllama's vision tower: a local transformer plus a global one of the same width.
-  a.layers = v.get("num_hidden_layers", 32) + v.get("num_global_layers", 8);
-  a.heads = v.get("attention_heads", 16);  // Mllama trap: not num_attention_heads
-  a.kv_heads = a.heads;
-  a.head_dim = a.heads > 0 ? a.hidden / a.heads : 0;
-  a.linear_bias = true;
-  a.norm = NormKind::kLayerNorm;
+  // Mllama's vision tower: a local transformer plus a global one of the same width; its head
+  // count is `attention_heads`, not num_attention_heads.
+  TransformerArch a = encoder_arch(v.get("num_hidden_layers", 32) + v.get("num_global_layers", 8),
+                                   v.get("hidden_size", 1280), v.get("attention_heads", 16),
+                                   v.get("intermediate_size", 5120), NormKind::kLayerNorm);
   Patching p;
   p.patch_size = v.get("patch_size", 14);
   p.tile_size = v.get("image_size", 560);
@@ -299,11 +291,7 @@ ModelSpec import_mllama(const HfReader& root) {
   p.class_token = true;
   const int64_t grid = p.patch_size > 0 ? p.tile_size / p.patch_size : 0;
   a.positions = grid * grid + 1;
-  ModuleSpec vision;
-  vision.name = "vision";
-  vision.role = ModuleRole::kEncoder;
-  vision.modality = Modality::kImage;
-  vision.transformer = a;
+  ModuleSpec vision = encoder_module("vision", Modality::kImage, a);
   vision.patching = p;
   const int64_t out = v.get("vision_output_dim", 7680);
   return vlm(vision, projector_module("vision_projector", "vision", out, llm.transformer->hidden,
@@ -312,24 +300,14 @@ ModelSpec import_mllama(const HfReader& root) {
 }
 
 ModelSpec import_whisper(const HfReader& r) {
-  TransformerArch a;
-  a.hidden = r.get("d_model", 1280);
-  a.layers = r.get("encoder_layers", 32);
-  a.heads = r.get("encoder_attention_heads", 20);
-  a.ffn = r.get("encoder_ffn_dim", 5120);
-  a.kv_heads = a.heads;
-  a.head_dim = a.heads > 0 ? a.hidden / a.heads : 0;
-  a.linear_bias = true;
-  a.norm = NormKind::kLayerNorm;
+  TransformerArch a = encoder_arch(r.get("encoder_layers", 32), r.get("d_model", 1280),
+                                   r.get("encoder_attention_heads", 20), r.get("encoder_ffn_dim", 5120),
+                                   NormKind::kLayerNorm);
   a.positions = r.get("max_source_positions", 1500);
   AudioFrontEnd fe;
   fe.mel_bins = r.get("num_mel_bins", 80);
   fe.max_seconds = static_cast<double>(a.positions * fe.downsampling) / static_cast<double>(fe.frames_per_second);
-  ModuleSpec audio;
-  audio.name = "audio";
-  audio.role = ModuleRole::kEncoder;
-  audio.modality = Modality::kAudio;
-  audio.transformer = a;
+  ModuleSpec audio = encoder_module("audio", Modality::kAudio, a);
   audio.audio = fe;
   ModelSpec model;
   model.modules = {audio};

@@ -61,25 +61,23 @@ std::string list_groups(const std::vector<Group>& groups, int64_t max) {
 
 }  // namespace
 
-std::string human_count(double n) {
-  const double a = std::fabs(n);
-  if (a >= 1e15) return format("%.3g P", n / 1e15);
-  if (a >= 1e12) return format("%.3g T", n / 1e12);
-  if (a >= 1e9) return format("%.3g B", n / 1e9);
-  if (a >= 1e6) return format("%.3g M", n / 1e6);
-  if (a >= 1e3) return format("%.3g K", n / 1e3);
-  return format("%.3g", n);
-}
+namespace {
 
-std::string human_si(double n) {
-  const double a = std::fabs(n);
-  if (a >= 1e15) return format("%.3g P", n / 1e15);
-  if (a >= 1e12) return format("%.3g T", n / 1e12);
-  if (a >= 1e9) return format("%.3g G", n / 1e9);
-  if (a >= 1e6) return format("%.3g M", n / 1e6);
-  if (a >= 1e3) return format("%.3g K", n / 1e3);
+// n scaled to K/M/<giga>/T/P with three significant digits.
+std::string with_prefix(double n, const char* giga) {
+  const struct {
+    double scale;
+    const char* name;
+  } prefixes[] = {{1e15, "P"}, {1e12, "T"}, {1e9, giga}, {1e6, "M"}, {1e3, "K"}};
+  for (const auto& p : prefixes)
+    if (std::fabs(n) >= p.scale) return format("%.3g ", n / p.scale) + p.name;
   return format("%.3g ", n);
 }
+
+}  // namespace
+
+std::string human_count(double n) { return with_prefix(n, "B"); }
+std::string human_si(double n) { return with_prefix(n, "G"); }
 
 std::string human_bytes(double bytes) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};

@@ -21,12 +21,21 @@ TransformerArch llama(int64_t layers, int64_t hidden, int64_t heads, int64_t kv,
   return a;
 }
 
+// Megatron's GPT shape used by Korthikanti et al.: ffn = 4h, no gating, no GQA.
+TransformerArch gpt(int64_t layers, int64_t hidden, int64_t heads, int64_t vocab) {
+  TransformerArch a;
+  a.layers = layers;
+  a.hidden = hidden;
+  a.heads = heads;
+  a.kv_heads = heads;
+  a.head_dim = hidden / heads;
+  a.ffn = 4 * hidden;
+  a.vocab = vocab;
+  return a;
+}
+
 ModuleSpec module_of(const TransformerArch& a, ModuleRole role = ModuleRole::kLlm) {
-  ModuleSpec m;
-  m.name = "m";
-  m.role = role;
-  m.transformer = a;
-  return m;
+  return ModuleSpec{.name = "m", .role = role, .transformer = a};
 }
 
 }  // namespace
@@ -38,27 +47,14 @@ TEST_CASE("parameter counts equal the published safetensors counts of Llama 3 mo
 }
 
 TEST_CASE("forward FLOPs match Korthikanti's 72·l·h²·(1 + s/6h + V/12lh) per token for training") {
-  TransformerArch gpt;
-  gpt.layers = 24;
-  gpt.hidden = 4096;
-  gpt.heads = 32;
-  gpt.kv_heads = 32;
-  gpt.head_dim = 128;
-  gpt.ffn = 4 * 4096;
-  gpt.vocab = 51200;
+  const TransformerArch a = gpt(24, 4096, 32, 51200);
   const double s = 2048, l = 24, h = 4096, V = 51200;
   const double expected = 72 * l * h * h * (1 + s / (6 * h) + V / (12 * l * h));
-  CHECK(3 * forward_flops_per_token(module_of(gpt), s) == doctest::Approx(expected).epsilon(1e-12));
+  CHECK(3 * forward_flops_per_token(module_of(a), s) == doctest::Approx(expected).epsilon(1e-12));
 }
 
 TEST_CASE("activation bytes match Korthikanti Table 2") {
-  TransformerArch a;
-  a.layers = 1;
-  a.hidden = 4096;
-  a.heads = 32;
-  a.kv_heads = 32;
-  a.head_dim = 128;
-  a.ffn = 4 * 4096;
+  const TransformerArch a = gpt(1, 4096, 32, 0);
   const double s = 2048, h = 4096, heads = 32;
   ActivationOptions o;
   o.flash_attention = false;
