@@ -35,7 +35,11 @@ TransformerArch gpt(int64_t layers, int64_t hidden, int64_t heads, int64_t vocab
 }
 
 ModuleSpec module_of(const TransformerArch& a, ModuleRole role = ModuleRole::kLlm) {
-  return ModuleSpec{.name = "m", .role = role, .transformer = a};
+  ModuleSpec m;
+  m.name = std::string{"m"};  // move-assign: GCC 12 misreports -Wrestrict on operator=(const char*)
+  m.role = role;
+  m.transformer = a;
+  return m;
 }
 
 }  // namespace
