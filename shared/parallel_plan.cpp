@@ -221,7 +221,6 @@ int64_t micro_batches(const ParallelPlan& plan, const ModelSpec& model, const Wo
 void validate_plan(const ParallelPlan& plan, const ModelSpec& model, const WorkloadSpec& w,
                    const ClusterSpec& cluster, const std::string& file, const std::string& path,
                    Diagnostics& diag) {
-  const std::size_t errors_before = diag.errors().size();
   const std::vector<PlacedModule> placed = place_modules(plan, model, file, path, diag);
   const ModuleSpec* llm = find_llm(model);
   auto err = [&](const PlacedModule& p, std::string_view key, const std::string& message) {
@@ -290,7 +289,7 @@ void validate_plan(const ParallelPlan& plan, const ModelSpec& model, const Workl
       err(p, "ranks", "span has " + std::to_string(p.layout.ranks->count) + " ranks, tp*cp*pp*dp=" +
                           std::to_string(l.size()));
   }
-  if (!diag.ok() && diag.errors().size() != errors_before && placed.empty()) return;
+  if (placed.empty()) return;
 
   // World: spans coincide (colocated) or tile [0, world) (non_colocated).
   int64_t world = 0;

@@ -191,7 +191,7 @@ std::string scenario_report(const Scenario& s, const ReportOptions& options) {
       if (g.ep.front().size() > 1) out << "    ep " << list_groups(g.ep, options.max_groups) << "\n";
     }
   } else {
-    out << "\nplan: none (tessera sweep searches for one)\n";
+    out << "\nplan: none given\n";
   }
   return out.str();
 }
