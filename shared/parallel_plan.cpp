@@ -234,6 +234,8 @@ void validate_plan(const ParallelPlan& plan, const ModelSpec& model, const Workl
   // Per-module grid rules.
   for (const PlacedModule& p : placed) {
     if (!p.host.empty()) continue;  // borrowed layout, checked with its host
+    // Homogeneous: one layout, checked once (against every module below).
+    if (plan.placement == Placement::kHomogeneous && p.module != llm && llm != nullptr) continue;
     const ModuleLayout& l = p.layout;
     for (const PlacedModule& q : placed) {
       // Homogeneous: every module shares the one layout, so each must accept its TP.

@@ -7,6 +7,7 @@
 
 #include <cxxopts.hpp>
 
+#include "shared/estimate.hpp"
 #include "shared/hf_import.hpp"
 #include "shared/model_math.hpp"
 #include "shared/scenario.hpp"
@@ -60,6 +61,29 @@ bool one_positional(const cxxopts::ParseResult& result, const std::string& progr
   }
   value = result["input"].as<std::string>();
   return true;
+}
+
+// The scenario, with --plan replacing its plan; nullopt after reporting problems.
+std::optional<Scenario> scenario_with_plan(const cxxopts::ParseResult& args, const std::string& file,
+                                           Diagnostics& diag) {
+  auto scenario = load_scenario(file, diag);
+  if (!scenario) return std::nullopt;
+  if (args.count("plan")) {
+    const std::string plan_file = args["plan"].as<std::string>();
+    const auto json = read_json_file(plan_file, diag);
+    if (!json) return std::nullopt;
+    const std::size_t before = diag.errors().size();
+    scenario->plan = read_plan(*json, plan_file, "", diag);
+    scenario->plan_ref = plan_file;
+    if (diag.errors().size() == before)
+      validate_plan(*scenario->plan, scenario->model, scenario->workload, scenario->cluster, plan_file, "", diag);
+    if (diag.errors().size() != before) return std::nullopt;
+  }
+  if (!scenario->plan) {
+    diag.error(file, "plan", "no plan: give one in the scenario or with --plan");
+    return std::nullopt;
+  }
+  return scenario;
 }
 
 int report_problems(const Diagnostics& diag, std::ostream& err) {
@@ -166,11 +190,106 @@ int run_import_hf(const Args& args, std::ostream& out, std::ostream& err) {
   return kOk;
 }
 
+int run_lower(const Args& args, std::ostream& out, std::ostream& err) {
+  cxxopts::Options options("tessera lower",
+                           "Prints the per-rank op lists (the Program) of one training iteration: what the "
+                           "simulator predicts and the executor runs. A dry run.");
+  options.add_options()("input", "scenario.json", cxxopts::value<std::string>())(
+      "plan", "plan file replacing the scenario's plan", cxxopts::value<std::string>())(
+      "rank", "only this rank (default: all)", cxxopts::value<int>()->default_value("-1"))(
+      "iteration", "which iteration's batch to draw", cxxopts::value<int64_t>()->default_value("0"))(
+      "json", "machine-readable output");
+  options.parse_positional({"input"});
+  options.positional_help("<scenario.json>");
+  int code = kOk;
+  const auto result = parse(options, args, out, err, code);
+  std::string file;
+  if (!result) return code;
+  if (!one_positional(*result, options.program(), "scenario file", err, file)) return kBadInput;
+  const int rank = (*result)["rank"].as<int>();
+  const int64_t iteration = (*result)["iteration"].as<int64_t>();
+  if (iteration < 0) {
+    err << options.program() << ": --iteration must be >= 0\n";
+    return kBadInput;
+  }
+  Diagnostics diag;
+  const auto scenario = scenario_with_plan(*result, file, diag);
+  if (!scenario) return report_problems(diag, err);
+  const int64_t world = world_size(*scenario->plan, scenario->model);
+  if (rank >= world) {
+    err << options.program() << ": --rank " << rank << " out of range: the plan has " << world << " ranks\n";
+    return kBadInput;
+  }
+  const Lowered lowered = lower(scenario->model, scenario->cluster, *scenario->plan, scenario->workload,
+                                draw_batch(scenario->workload, iteration));
+  if (!lowered.error.empty()) {
+    err << options.program() << ": " << lowered.error << "\n";
+    return kBadInput;
+  }
+  const Program& p = lowered.program;
+  const auto problems = check_program(p);
+  for (const std::string& problem : problems) err << "program check: " << problem << "\n";
+  if ((*result).count("json")) {
+    out << program_to_json(p, rank).dump(1) << "\n";
+  } else {
+    for (const std::string& note : lowered.notes) out << "note: " << note << "\n";
+    for (int32_t r = 0; r < p.world; ++r) {
+      if (rank >= 0 && r != rank) continue;
+      const auto& ops = p.ranks[static_cast<std::size_t>(r)];
+      out << "rank " << r << ": " << ops.size() << " ops\n";
+      for (int32_t i = 0; i < static_cast<int32_t>(ops.size()); ++i) {
+        const Op& op = ops[static_cast<std::size_t>(i)];
+        char line[256];
+        std::snprintf(line, sizeof line, "  %5d  %-44s", i, op_name(p, op).c_str());
+        out << line;
+        if (op.kind == OpKind::kCompute) out << " tokens " << op.tokens << "  " << human_si(op.flops) << "FLOP";
+        else out << " " << human_bytes(op.bytes);
+        if (op.kind == OpKind::kCollective) out << " over " << p.groups[static_cast<std::size_t>(op.group)].size() << " ranks";
+        out << "\n";
+      }
+    }
+  }
+  return problems.empty() ? kOk : 1;
+}
+
+int run_estimate(const Args& args, std::ostream& out, std::ostream& err) {
+  cxxopts::Options options("tessera estimate",
+                           "Predicts one iteration of a plan with the analytic cost model and the exact "
+                           "in-order evaluator (no network contention): step time, throughput, TFLOP/s per "
+                           "device, MFU, pipeline bubble and peak memory, or why the plan does not fit.");
+  options.add_options()("input", "scenario.json", cxxopts::value<std::string>())(
+      "plan", "plan file replacing the scenario's plan", cxxopts::value<std::string>())(
+      "iteration", "which iteration's batch to draw", cxxopts::value<int64_t>()->default_value("0"));
+  options.parse_positional({"input"});
+  options.positional_help("<scenario.json>");
+  int code = kOk;
+  const auto result = parse(options, args, out, err, code);
+  std::string file;
+  if (!result) return code;
+  if (!one_positional(*result, options.program(), "scenario file", err, file)) return kBadInput;
+  const int64_t iteration = (*result)["iteration"].as<int64_t>();
+  if (iteration < 0) {
+    err << options.program() << ": --iteration must be >= 0\n";
+    return kBadInput;
+  }
+  Diagnostics diag;
+  const auto scenario = scenario_with_plan(*result, file, diag);
+  if (!scenario) return report_problems(diag, err);
+  const Estimate e = estimate(*scenario, *scenario->plan, iteration, default_cost_params(scenario->cluster));
+  out << "scenario " << scenario->name << ": " << enum_name(scenario->plan->placement, kPlacements) << " plan on "
+      << world_size(*scenario->plan, scenario->model) << " ranks, iteration " << iteration << "\n";
+  out << format_estimate(e, *scenario);
+  if (e.step_s <= 0 && e.reason.find("not lowered yet") != std::string::npos) return kBadInput;
+  return e.step_s > 0 ? kOk : 1;
+}
+
 const std::vector<Command>& commands() {
   static const std::vector<Command> table = {
       {"validate", "check a scenario and report every problem", run_validate},
       {"show", "summarise a scenario: modules, tokens, cluster, plan and rank groups", run_show},
       {"import-hf", "convert a HuggingFace config.json into a model file", run_import_hf},
+      {"lower", "print the per-rank op lists of one iteration (dry run)", run_lower},
+      {"estimate", "predict step time, throughput, MFU and memory of a plan", run_estimate},
   };
   return table;
 }

@@ -13,6 +13,8 @@ using Args = std::vector<std::string>;  // the arguments after the subcommand na
 int run_validate(const Args& args, std::ostream& out, std::ostream& err);
 int run_show(const Args& args, std::ostream& out, std::ostream& err);
 int run_import_hf(const Args& args, std::ostream& out, std::ostream& err);
+int run_lower(const Args& args, std::ostream& out, std::ostream& err);
+int run_estimate(const Args& args, std::ostream& out, std::ostream& err);
 
 struct Command {
   const char* name;

@@ -1,0 +1,30 @@
+// evaluate(): executes a Program with the cost model and no network contention. Each stream of
+// a rank is a serial resource; a receive completes when its send does (pre-posted receives);
+// a collective starts when its last member reaches it. Exact for the model it implements, and
+// the reference the SimGrid simulator must match with contention switched off.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "shared/cost_model.hpp"
+#include "shared/program.hpp"
+
+namespace tessera {
+
+struct OpTime {
+  double start_s = -1;
+  double finish_s = -1;
+};
+
+struct Timeline {
+  std::vector<std::vector<OpTime>> ops;  // [rank][op]
+  double step_s = 0;
+  std::vector<double> compute_busy_s;    // per rank: time its compute stream was busy
+  std::vector<double> peak_activation_bytes;  // per rank, from stash/release along the compute stream
+  std::string error;  // non-empty when the program cannot finish (a deadlock), naming stuck ops
+};
+
+Timeline evaluate(const Program& program, const CostModel& cost);
+
+}  // namespace tessera

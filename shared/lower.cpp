@@ -1,0 +1,1065 @@
+#include "shared/lower.hpp"
+
+#include <algorithm>
+#include <functional>
+#include <map>
+#include <numeric>
+
+#include "shared/check.hpp"
+#include "shared/cost_model.hpp"
+#include "shared/microbatch.hpp"
+#include "shared/model_math.hpp"
+#include "shared/schedule.hpp"
+
+namespace tessera {
+
+std::vector<GradientFlow> gradient_flow(const ModelSpec& model) {
+  std::vector<GradientFlow> flow(model.modules.size());
+  std::map<std::string, std::size_t> index;
+  for (std::size_t i = 0; i < model.modules.size(); ++i) index[model.modules[i].name] = i;
+  // trainable upstream: some module on a path into this one (itself excluded) trains.
+  std::function<bool(std::size_t)> trains_upstream_or_self = [&](std::size_t i) {
+    const ModuleSpec& m = model.modules[i];
+    if (!m.frozen) return true;
+    return std::any_of(m.inputs.begin(), m.inputs.end(),
+                       [&](const std::string& in) { return trains_upstream_or_self(index.at(in)); });
+  };
+  for (std::size_t i = 0; i < model.modules.size(); ++i) {
+    const ModuleSpec& m = model.modules[i];
+    flow[i].trainable = !m.frozen;
+    flow[i].needs_input_grad = std::any_of(m.inputs.begin(), m.inputs.end(),
+                                           [&](const std::string& in) { return trains_upstream_or_self(index.at(in)); });
+  }
+  return flow;
+}
+
+namespace {
+
+// Coordinates of a rank in a module grid (Megatron order tp-cp-dp-pp).
+struct Coord {
+  int64_t t = 0, c = 0, d = 0, p = 0;
+};
+
+struct ModuleInfo {
+  int index = 0;
+  const ModuleSpec* spec = nullptr;
+  ModuleLayout layout;
+  int64_t first = 0;
+  int host = -1;  // module whose ranks (last stage) this one borrows; -1: its own
+  GradientFlow flow;
+  std::vector<std::pair<int64_t, int64_t>> chunk_layers;  // virtual stage k = chunk*pp + stage -> [begin, end)
+
+  int64_t rank(const Coord& x) const {
+    return first + x.t + layout.tp * (x.c + layout.cp * (x.d + layout.dp * x.p));
+  }
+  bool owns(int64_t r) const { return r >= first && r < first + layout.size(); }
+  Coord coord(int64_t r) const {
+    const int64_t local = r - first;
+    return {local % layout.tp, (local / layout.tp) % layout.cp, (local / (layout.tp * layout.cp)) % layout.dp,
+            local / (layout.tp * layout.cp * layout.dp)};
+  }
+  int64_t chunks() const { return layout.pp * layout.vpp; }
+};
+
+class Lowering {
+ public:
+  Lowering(const ModelSpec& model, const ClusterSpec& cluster, const ParallelPlan& plan, const WorkloadSpec& workload,
+           const Batch& batch, Lowered& out)
+      : model_(model), cluster_(cluster), plan_(plan), workload_(workload), batch_(batch), out_(out), p_(out.program) {}
+
+  void run();
+
+ private:
+  // --- set-up --------------------------------------------------------------------------
+  void place();
+  void assign_samples();
+  const std::vector<const Sample*>& samples_of(int module, int64_t replica, int32_t mb);
+  const ModuleWork& work_of(int module, std::span<const Sample* const> samples);
+
+  // --- groups --------------------------------------------------------------------------
+  int32_t group(RankList members);
+  int32_t tp_group(const ModuleInfo& m, Coord x) {
+    RankList g;
+    for (x.t = 0; x.t < m.layout.tp; ++x.t) g.push_back(m.rank(x));
+    return group(g);
+  }
+  int32_t cp_group(const ModuleInfo& m, Coord x) {
+    RankList g;
+    for (x.c = 0; x.c < m.layout.cp; ++x.c) g.push_back(m.rank(x));
+    return group(g);
+  }
+  int32_t tpcp_group(const ModuleInfo& m, Coord x) {
+    RankList g;
+    for (x.c = 0; x.c < m.layout.cp; ++x.c)
+      for (x.t = 0; x.t < m.layout.tp; ++x.t) g.push_back(m.rank(x));
+    return group(g);
+  }
+  // Gradients are reduced over data and context replicas (Megatron's dp-cp group).
+  int32_t dpcp_group(const ModuleInfo& m, Coord x) {
+    RankList g;
+    for (x.d = 0; x.d < m.layout.dp; ++x.d)
+      for (x.c = 0; x.c < m.layout.cp; ++x.c) g.push_back(m.rank(x));
+    std::sort(g.begin(), g.end());
+    return group(g);
+  }
+  int32_t ep_group(const ModuleInfo& m, const Coord& x) {
+    const int64_t ep = m.layout.ep, j = x.c + m.layout.cp * x.d;  // index within cp*dp
+    const int64_t e_base = j - j % ep;
+    RankList g;
+    for (int64_t e = 0; e < ep; ++e) {
+      const int64_t jj = e_base + e;
+      g.push_back(m.rank({x.t, jj % m.layout.cp, jj / m.layout.cp, x.p}));
+    }
+    return group(g);
+  }
+
+  // --- ops -----------------------------------------------------------------------------
+  int32_t emit(int64_t rank, Op op) {
+    auto& ops = p_.ranks[static_cast<std::size_t>(rank)];
+    ops.push_back(std::move(op));
+    return static_cast<int32_t>(ops.size() - 1);
+  }
+  // The op at `last` frees the activations its forward (found under `key`) stashed.
+  template <class Map, class Key>
+  void release(int64_t rank, int32_t last, const Map& forwards, const Key& key) {
+    const auto it = forwards.find(key);
+    if (it == forwards.end() || last < 0) return;
+    auto& ops = p_.ranks[static_cast<std::size_t>(rank)];
+    ops[static_cast<std::size_t>(last)].release_bytes = ops[static_cast<std::size_t>(it->second)].stash_bytes;
+  }
+  int32_t last_compute(int64_t rank) const {
+    const auto& ops = p_.ranks[static_cast<std::size_t>(rank)];
+    for (int32_t i = static_cast<int32_t>(ops.size()) - 1; i >= 0; --i)
+      if (ops[static_cast<std::size_t>(i)].stream == StreamKind::kCompute) return i;
+    return -1;
+  }
+  // A Compute op of `m` on `rank` for layers [a, b) of micro-batch `mb` (-1: whole local batch).
+  Op compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t mb, int64_t replica, Phase phase,
+             std::span<const Sample* const> samples);
+  int64_t tag(int kind, int a, int b, int64_t k, int dir, int32_t mb, int32_t sub) const {
+    return ((((static_cast<int64_t>(kind) * 256 + a) * 256 + b) * 4096 + k) * 2 + dir) * (int64_t{1} << 20) +
+           static_cast<int64_t>(mb) * 64 + sub;
+  }
+
+  // --- placements ------------------------------------------------------------------------
+  void lower_pipelines();  // homogeneous and non_colocated
+  void lower_colocated();
+  void gradient_reduction(int64_t rank, const std::vector<int>& modules);  // also accounts memory
+  void account_memory(int64_t rank, const std::vector<int>& modules);
+  const ModuleInfo& grid_of(const ModuleInfo& m) const;
+  double parameters_on(const ModuleInfo& m, const Coord& x) const;
+  std::vector<ScheduleItem> order_for(const ModuleInfo& m, int64_t stage, bool has_backward) const;
+  int64_t graph_position(int module) const;
+  int64_t graph_depth() const;
+
+  // Boundary messages between a producer host module and a consumer host module.
+  double boundary_bytes(int producer_last, int consumer, std::span<const Sample* const> samples);
+
+  const ModelSpec& model_;
+  const ClusterSpec& cluster_;
+  const ParallelPlan& plan_;
+  const WorkloadSpec& workload_;
+  const Batch& batch_;
+  Lowered& out_;
+  Program& p_;
+
+  std::vector<ModuleInfo> modules_;
+  int llm_ = -1;
+  int64_t microbatches_ = 1;
+  MicrobatchAssignment llm_assignment_;  // [llm replica][mb] -> sample indices
+  std::map<RankList, int32_t> group_ids_;
+  std::map<std::tuple<int64_t, int64_t, int32_t>, std::vector<const Sample*>> sample_sets_;
+  std::map<std::tuple<int, const void*, std::size_t>, ModuleWork> work_cache_;
+  std::vector<GradientFlow> flow_;
+};
+
+int32_t Lowering::group(RankList members) {
+  const auto [it, inserted] = group_ids_.emplace(members, static_cast<int32_t>(p_.groups.size()));
+  if (inserted) p_.groups.push_back(std::move(members));
+  return it->second;
+}
+
+void Lowering::place() {
+  Diagnostics diag;
+  const std::vector<PlacedModule> placed = place_modules(plan_, model_, "", "", diag);
+  TESSERA_CHECK(diag.ok(), "lower() needs a validated plan: " + diag.format());
+  flow_ = gradient_flow(model_);
+  modules_.resize(model_.modules.size());
+  for (const PlacedModule& pm : placed) {
+    const int i = static_cast<int>(pm.module - model_.modules.data());
+    ModuleInfo& m = modules_[static_cast<std::size_t>(i)];
+    m.index = i;
+    m.spec = pm.module;
+    m.layout = pm.layout;
+    m.first = pm.first_rank;
+    m.flow = flow_[static_cast<std::size_t>(i)];
+    if (m.spec->role == ModuleRole::kLlm) llm_ = i;
+  }
+  for (const PlacedModule& pm : placed)
+    if (!pm.host.empty()) {
+      const int i = static_cast<int>(pm.module - model_.modules.data());
+      modules_[static_cast<std::size_t>(i)].host = static_cast<int>(find_module(model_, pm.host) - model_.modules.data());
+    }
+  TESSERA_CHECK(llm_ >= 0, "lower() needs an llm module");
+  for (ModuleInfo& m : modules_) {
+    // Layers of each virtual stage: explicit, or as even as possible (earlier stages take the
+    // remainder). In a homogeneous plan only the LLM is split; encoders sit whole in stage 0.
+    const bool split = plan_.placement != Placement::kHomogeneous || m.index == llm_;
+    const int64_t layers = m.spec->transformer ? m.spec->transformer->layers : 0;
+    const int64_t chunks = split ? m.chunks() : 1;
+    int64_t begin = 0;
+    for (int64_t k = 0; k < chunks; ++k) {
+      const int64_t n = !m.layout.stage_layers.empty() && split ? m.layout.stage_layers[static_cast<std::size_t>(k)]
+                                                                : layers / chunks + (k < layers % chunks ? 1 : 0);
+      m.chunk_layers.emplace_back(begin, begin + n);
+      begin += n;
+    }
+  }
+  p_.world = static_cast<int32_t>(world_size(plan_, model_));
+  p_.ranks.assign(static_cast<std::size_t>(p_.world), {});
+  p_.memory.assign(static_cast<std::size_t>(p_.world), {});
+  for (const ModuleSpec& m : model_.modules) p_.modules.push_back(m.name);
+  microbatches_ = micro_batches(plan_, model_, workload_);
+  if (plan_.stage_split == StageSplit::kFrozenAware && plan_.placement != Placement::kHomogeneous)
+    out_.notes.push_back("stage_split frozen_aware: layers are split evenly until the frozen-aware partition lands (issue 9)");
+  if (plan_.cp_split != CpSplit::kUniform)
+    out_.notes.push_back("cp_split: context-parallel work is split evenly across CP ranks until token-balanced CP lands (issue 9)");
+}
+
+void Lowering::assign_samples() {
+  const ModuleInfo& llm = modules_[static_cast<std::size_t>(llm_)];
+  llm_assignment_ = assign_microbatches(batch_, model_, llm.layout.dp, microbatches_, plan_.microbatching,
+                                        workload_.max_seq_len);
+  p_.samples = static_cast<int64_t>(batch_.samples.size());
+  std::vector<const Sample*> all;
+  for (const Sample& s : batch_.samples) all.push_back(&s);
+  p_.llm_tokens = module_work(model_, *llm.spec, all, workload_.max_seq_len).tokens;
+}
+
+// The samples a replica of `module` handles in micro-batch `mb` (-1: all its micro-batches),
+// related to the LLM's assignment by the ratio of data-parallel degrees: with k times more
+// replicas each takes every k-th sample of an LLM replica's batch (fan-in); with k times fewer
+// each takes k LLM replicas' micro-batches (fan-out).
+const std::vector<const Sample*>& Lowering::samples_of(int module, int64_t replica, int32_t mb) {
+  const ModuleInfo& m = modules_[static_cast<std::size_t>(module)];
+  const int64_t dp_llm = modules_[static_cast<std::size_t>(llm_)].layout.dp;
+  const int64_t dp = m.host >= 0 ? modules_[static_cast<std::size_t>(m.host)].layout.dp : m.layout.dp;
+  const auto key = std::make_tuple(dp, replica, mb);
+  if (const auto it = sample_sets_.find(key); it != sample_sets_.end()) return it->second;
+  std::vector<const Sample*>& out = sample_sets_[key];
+  // Sample j of an LLM replica's local batch (counting through its micro-batches in order)
+  // belongs to part j mod parts: with fewer samples per micro-batch than parts, consecutive
+  // micro-batches still land on different replicas.
+  auto take = [&](int64_t llm_replica, int64_t part, int64_t parts) {
+    const auto& replica_mbs = llm_assignment_[static_cast<std::size_t>(llm_replica)];
+    int64_t position = 0;
+    for (int32_t b = 0; b < static_cast<int32_t>(microbatches_); ++b) {
+      const auto& ids = replica_mbs[static_cast<std::size_t>(b)];
+      const bool wanted = mb < 0 || b == mb;
+      for (int32_t id : ids) {
+        if (wanted && position % parts == part) out.push_back(&batch_.samples[static_cast<std::size_t>(id)]);
+        ++position;
+      }
+      if (mb >= 0 && b >= mb) break;
+    }
+  };
+  if (dp >= dp_llm) {
+    const int64_t k = dp / dp_llm;
+    take(replica / k, replica % k, k);
+  } else {
+    const int64_t k = dp_llm / dp;
+    for (int64_t d = replica * k; d < (replica + 1) * k; ++d) take(d, 0, 1);
+  }
+  return out;
+}
+
+const ModuleWork& Lowering::work_of(int module, std::span<const Sample* const> samples) {
+  // Sample sets come from samples_of(), whose vectors live as long as the lowering, so their
+  // address identifies them (empty sets all have zero work).
+  const auto key = std::make_tuple(module, static_cast<const void*>(samples.data()), samples.size());
+  if (const auto it = work_cache_.find(key); it != work_cache_.end()) return it->second;
+  return work_cache_[key] = module_work(model_, *modules_[static_cast<std::size_t>(module)].spec, samples,
+                                        workload_.max_seq_len);
+}
+
+Op Lowering::compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t mb, int64_t replica, Phase phase,
+                     std::span<const Sample* const> samples) {
+  const ModuleSpec& spec = *m.spec;
+  const ModuleInfo& grid = m.host >= 0 ? modules_[static_cast<std::size_t>(m.host)] : m;
+  // Homogeneous encoders share the LLM's grid.
+  const ModuleInfo& layout_owner =
+      plan_.placement == Placement::kHomogeneous ? modules_[static_cast<std::size_t>(llm_)] : grid;
+  const ModuleLayout& l = layout_owner.layout;
+  const Coord x = layout_owner.coord(rank);
+  const ModuleWork& work = work_of(m.index, samples);
+  const double shard = static_cast<double>(l.tp * l.cp);
+  const double tokens_local = static_cast<double>(work.tokens) / static_cast<double>(l.cp);
+  const double dtype = static_cast<double>(dtype_bytes(model_.dtype));
+  const auto [layer_begin, layer_end] = m.chunk_layers[static_cast<std::size_t>(k_chunk)];
+  const int64_t layers = layer_end - layer_begin;
+  const bool first_chunk = layer_begin == 0;
+  const bool last_chunk = !spec.transformer || layer_end == spec.transformer->layers;
+
+  Op op;
+  op.kind = OpKind::kCompute;
+  op.stream = StreamKind::kCompute;
+  op.phase = phase;
+  op.module = static_cast<int16_t>(m.index);
+  op.stage = static_cast<int16_t>(plan_.placement == Placement::kHomogeneous ? x.p : grid.coord(rank).p);
+  op.chunk = static_cast<int16_t>(k_chunk / std::max<int64_t>(1, m.layout.pp));
+  if (plan_.placement == Placement::kHomogeneous && m.index != llm_) op.chunk = 0;
+  op.microbatch = mb;
+  op.layers = static_cast<int32_t>(layers);
+  op.tokens = static_cast<int64_t>(tokens_local);
+  (void)replica;
+
+  double linear = 0, attention = 0, weights = 0;  // FLOPs of one forward on this rank
+  if (spec.transformer) {
+    const TransformerArch& a = *spec.transformer;
+    linear = static_cast<double>(layers) * 2.0 * static_cast<double>(active_layer_matmul_parameters(a)) *
+             static_cast<double>(work.tokens) / shard;
+    attention = static_cast<double>(layers) * 4.0 * static_cast<double>(a.heads * a.head_dim) * work.attention_pairs / shard;
+    weights = static_cast<double>(layers * layer_parameters(a)) / static_cast<double>(l.tp);
+    if (last_chunk && a.vocab > 0) {
+      linear += 2.0 * static_cast<double>(a.hidden * a.vocab) * static_cast<double>(work.tokens) / shard;
+      weights += static_cast<double>(a.hidden * a.vocab) / static_cast<double>(l.tp);
+    }
+    if (first_chunk && (spec.patching || spec.audio)) {
+      // Patch / conv front end, counted per encoder token.
+      ModuleSpec front = spec;
+      front.transformer->layers = 0;
+      front.transformer->vocab = 0;
+      linear += forward_flops_per_token(front, 0) * static_cast<double>(work.tokens) / shard;
+      weights += static_cast<double>(embedding_parameters(front)) / static_cast<double>(l.tp);
+    }
+    // Nested collectives of the layer stack.
+    const double act = tokens_local * static_cast<double>(a.hidden) * dtype;
+    if (phase != Phase::kW && l.tp > 1) {
+      const int32_t g = tp_group(layout_owner, x);
+      if (plan_.sequence_parallel) {
+        op.nested.push_back({CollectiveKind::kAllGather, Purpose::kTp, g, static_cast<int32_t>(2 * layers), act});
+        op.nested.push_back({CollectiveKind::kReduceScatter, Purpose::kTp, g, static_cast<int32_t>(2 * layers), act});
+      } else {
+        op.nested.push_back({CollectiveKind::kAllReduce, Purpose::kTp, g, static_cast<int32_t>(2 * layers), act});
+      }
+    }
+    if (phase != Phase::kW && l.cp > 1 && layers > 0) {
+      // K/V of the whole sequence gathered per layer (ring exchange has the same volume);
+      // backward reduce-scatters their gradients.
+      const double kv = static_cast<double>(work.tokens) * 2.0 * static_cast<double>(a.kv_heads * a.head_dim) * dtype /
+                        static_cast<double>(l.tp);
+      op.nested.push_back({phase == Phase::kB ? CollectiveKind::kReduceScatter : CollectiveKind::kAllGather, Purpose::kCp,
+                           cp_group(layout_owner, x), static_cast<int32_t>(layers), kv});
+    }
+    if (phase != Phase::kW && a.experts > 0 && l.ep > 1 && layers > 0) {
+      const double routed = tokens_local * static_cast<double>(a.top_k * a.hidden) * dtype / static_cast<double>(l.tp);
+      op.nested.push_back({CollectiveKind::kAllToAll, Purpose::kEp, ep_group(layout_owner, x), static_cast<int32_t>(2 * layers), routed});
+    }
+  }
+  if (spec.projector) {
+    const ProjectorArch& pr = *spec.projector;
+    const double w = static_cast<double>(pr.layers == 1 ? pr.in * pr.out : pr.in * pr.hidden + pr.hidden * pr.out);
+    linear += 2.0 * w * static_cast<double>(work.tokens) / shard;
+    weights += static_cast<double>(projector_parameters(pr)) / static_cast<double>(l.tp);
+    if (phase != Phase::kW && l.tp > 1)
+      op.nested.push_back({CollectiveKind::kAllReduce, Purpose::kTp, tp_group(layout_owner, x), 1,
+                           tokens_local * static_cast<double>(pr.out) * dtype});
+  }
+  switch (phase) {
+    case Phase::kF:
+    case Phase::kR: op.flops = linear + attention; break;
+    case Phase::kB: op.flops = linear + 2.0 * attention; break;  // input grads; attention backward ~2x
+    case Phase::kW: op.flops = linear; break;                    // weight grads
+  }
+  op.bytes = weights * dtype;
+  if (phase == Phase::kF && m.flow.backward()) {
+    // Activations kept for backward (flash attention: no s x s scores).
+    double stash = 0;
+    if (spec.transformer && layers > 0) {
+      ActivationOptions o;
+      o.tp = l.tp;
+      o.sequence_parallel = plan_.sequence_parallel;
+      o.bytes_per_value = dtype_bytes(model_.dtype);
+      const double seq = work.samples > 0 ? static_cast<double>(work.tokens) / static_cast<double>(work.samples) : 0;
+      const double per_token = plan_.recompute == Recompute::kFull
+                                   ? static_cast<double>(spec.transformer->hidden) * dtype / (plan_.sequence_parallel ? static_cast<double>(l.tp) : 1.0)
+                                   : activation_bytes_per_token_per_layer(*spec.transformer, seq, o);
+      stash += per_token * tokens_local * static_cast<double>(layers);
+    }
+    if (spec.projector)
+      stash += tokens_local * static_cast<double>(spec.projector->in + spec.projector->hidden) * dtype / static_cast<double>(l.tp);
+    op.stash_bytes = stash;
+  }
+  return op;
+}
+
+int64_t Lowering::graph_position(int module) const {
+  // Longest path, in pipeline stages, from any source to the first stage of `module`.
+  const ModuleSpec& spec = *modules_[static_cast<std::size_t>(module)].spec;
+  int64_t best = 0;
+  for (const std::string& in : spec.inputs) {
+    const int i = static_cast<int>(find_module(model_, in) - model_.modules.data());
+    const ModuleInfo& producer = modules_[static_cast<std::size_t>(i)];
+    const int64_t own = producer.host >= 0 ? 0 : producer.layout.pp;
+    best = std::max(best, graph_position(i) + own);
+  }
+  return best;
+}
+
+int64_t Lowering::graph_depth() const {
+  int64_t depth = 0;
+  for (const ModuleInfo& m : modules_)
+    if (m.host < 0) depth = std::max(depth, graph_position(m.index) + m.layout.pp);
+  return depth;
+}
+
+std::vector<ScheduleItem> Lowering::order_for(const ModuleInfo& m, int64_t stage, bool has_backward) const {
+  const int32_t mbs = static_cast<int32_t>(microbatches_);
+  if (!has_backward) return forward_only_order(mbs);
+  if (m.layout.vpp > 1) return interleaved_order(mbs, static_cast<int32_t>(m.layout.pp), static_cast<int32_t>(stage),
+                                                 static_cast<int32_t>(m.layout.vpp));
+  if (plan_.schedule == Schedule::kGpipe) return gpipe_order(mbs);
+  if (plan_.placement == Placement::kNonColocated) {
+    const int64_t position = graph_position(m.index) + stage;
+    return one_f_one_b_order(mbs, static_cast<int32_t>(graph_depth() - position - 1));
+  }
+  return one_f_one_b_order(mbs, static_cast<int32_t>(m.layout.pp - stage - 1));
+}
+
+double Lowering::boundary_bytes(int producer_last, int consumer, std::span<const Sample* const> samples) {
+  const ModuleSpec& p = *modules_[static_cast<std::size_t>(producer_last)].spec;
+  const ModuleSpec& c = *modules_[static_cast<std::size_t>(consumer)].spec;
+  const ModuleWork& w = work_of(producer_last, samples);
+  const int64_t width = c.transformer ? c.transformer->hidden : (p.projector ? p.projector->out : 0);
+  return static_cast<double>(w.output_tokens * width * dtype_bytes(model_.dtype));
+}
+
+const ModuleInfo& Lowering::grid_of(const ModuleInfo& m) const {
+  if (plan_.placement == Placement::kHomogeneous) return modules_[static_cast<std::size_t>(llm_)];
+  return m.host >= 0 ? modules_[static_cast<std::size_t>(m.host)] : m;
+}
+
+double Lowering::parameters_on(const ModuleInfo& m, const Coord& x) const {
+  const ModuleInfo& owner = grid_of(m);
+  double params = 0;
+  const bool split = plan_.placement != Placement::kHomogeneous || m.index == llm_;
+  for (int64_t chunk = 0; chunk < (split ? m.layout.vpp : 1); ++chunk) {
+    const int64_t k = split ? chunk * m.layout.pp + x.p : 0;
+    const auto [a, b] = m.chunk_layers[static_cast<std::size_t>(k)];
+    if (const auto& t = m.spec->transformer) {
+      const int64_t head = t->vocab > 0 && !t->tied_embeddings ? t->hidden * t->vocab : 0;
+      params += static_cast<double>((b - a) * layer_parameters(*t));
+      if (a == 0) params += static_cast<double>(embedding_parameters(*m.spec) - head);  // input side
+      if (b == t->layers) params += static_cast<double>(head);                          // output head
+    }
+    if (m.spec->projector) params += static_cast<double>(projector_parameters(*m.spec->projector));
+  }
+  return params / static_cast<double>(owner.layout.tp);
+}
+
+void Lowering::account_memory(int64_t rank, const std::vector<int>& module_list) {
+  RankMemory& mem = p_.memory[static_cast<std::size_t>(rank)];
+  for (int i : module_list) {
+    const ModuleInfo& m = modules_[static_cast<std::size_t>(i)];
+    const ModuleInfo& owner = grid_of(m);
+    const Coord x = owner.coord(rank);
+    const double params = parameters_on(m, x);
+    const int64_t shards = plan_.distributed_optimizer ? owner.layout.dp * owner.layout.cp : 1;
+    const RankMemory add = parameter_memory(params, m.flow.trainable, shards, model_.dtype);
+    mem.weight_bytes += add.weight_bytes;
+    mem.gradient_bytes += add.gradient_bytes;
+    mem.optimizer_bytes += add.optimizer_bytes;
+  }
+}
+
+void Lowering::gradient_reduction(int64_t rank, const std::vector<int>& module_list) {
+  account_memory(rank, module_list);
+  for (int i : module_list) {
+    const ModuleInfo& m = modules_[static_cast<std::size_t>(i)];
+    if (!m.flow.trainable) continue;
+    const ModuleInfo& owner = grid_of(m);
+    const Coord x = owner.coord(rank);
+    const double params = parameters_on(m, x);
+    const double grad_bytes = params * static_cast<double>(dtype_bytes(model_.dtype));
+    const int32_t g = dpcp_group(owner, x);
+    const int64_t shards = static_cast<int64_t>(p_.groups[static_cast<std::size_t>(g)].size());
+    Op c;
+    c.kind = OpKind::kCollective;
+    c.stream = StreamKind::kCollective;
+    c.purpose = Purpose::kDp;
+    c.module = static_cast<int16_t>(i);
+    c.stage = static_cast<int16_t>(x.p);
+    c.group = g;
+    c.bytes = grad_bytes;
+    c.collective = plan_.distributed_optimizer ? CollectiveKind::kReduceScatter : CollectiveKind::kAllReduce;
+    const int32_t dep = last_compute(rank);
+    if (dep >= 0) c.deps = {dep};
+    // A group of one has nothing to reduce.
+    const int32_t reduce = shards > 1 ? emit(rank, c) : dep;
+    Op step;
+    step.kind = OpKind::kOptimizerStep;
+    step.stream = StreamKind::kCompute;
+    step.module = c.module;
+    step.stage = c.stage;
+    // Adam reads and writes fp32 master weights and two moments, reads the gradient and writes
+    // the 16-bit weight: ~ (12 + 12 + 4 + 2) bytes per parameter it owns.
+    step.bytes = params * 30.0 / static_cast<double>(plan_.distributed_optimizer ? shards : 1);
+    if (reduce >= 0) step.deps = {reduce};
+    const int32_t stepped = emit(rank, step);
+    if (plan_.distributed_optimizer && shards > 1) {
+      Op gather = c;
+      gather.collective = CollectiveKind::kAllGather;
+      gather.deps = {stepped};
+      emit(rank, gather);
+    }
+  }
+}
+
+void Lowering::lower_pipelines() {
+  const bool homogeneous = plan_.placement == Placement::kHomogeneous;
+  const ModuleInfo& llm = modules_[static_cast<std::size_t>(llm_)];
+  // Modules that own ranks: the LLM alone (homogeneous) or every module without a host.
+  std::vector<int> owners;
+  for (const ModuleInfo& m : modules_)
+    if (homogeneous ? m.index == llm_ : m.host < 0) owners.push_back(m.index);
+  // Homogeneous: every other module runs in the LLM's first stage, in topological order.
+  std::vector<int> prefix;
+  if (homogeneous)
+    for (const ModuleSpec* s : topological_order(model_))
+      if (s != llm.spec && s->role != ModuleRole::kGenerator) prefix.push_back(static_cast<int>(s - model_.modules.data()));
+  std::vector<int> homogeneous_suffix;  // a generator after the LLM runs in its last stage
+  if (homogeneous)
+    for (const ModuleSpec* s : topological_order(model_))
+      if (s->role == ModuleRole::kGenerator) homogeneous_suffix.push_back(static_cast<int>(s - model_.modules.data()));
+
+  for (int owner_index : owners) {
+    const ModuleInfo& owner = modules_[static_cast<std::size_t>(owner_index)];
+    // Modules borrowing the owner's last stage (non-colocated projectors), in topological order.
+    std::vector<int> suffix = homogeneous ? homogeneous_suffix : std::vector<int>{};
+    if (!homogeneous)
+      for (const ModuleSpec* s : topological_order(model_)) {
+        const ModuleInfo& m = modules_[static_cast<std::size_t>(s - model_.modules.data())];
+        if (m.host == owner_index) suffix.push_back(m.index);
+      }
+    // Host modules feeding this one (through borrowed projectors) and consuming from it.
+    auto host_of = [&](const std::string& name) {
+      const ModuleInfo& m = modules_[static_cast<std::size_t>(find_module(model_, name) - model_.modules.data())];
+      return m.host >= 0 ? m.host : m.index;
+    };
+    std::vector<std::pair<int, int>> producers;  // (producer host, producer's last module)
+    if (!homogeneous)
+      for (const std::string& in : owner.spec->inputs) producers.emplace_back(host_of(in), static_cast<int>(find_module(model_, in) - model_.modules.data()));
+    std::vector<int> consumers;  // consumer hosts of the owner's (or its suffix's) output
+    int last_module = suffix.empty() ? owner_index : suffix.back();
+    if (!homogeneous)
+      for (const ModuleSpec& s : model_.modules)
+        for (const std::string& in : s.inputs)
+          if (in == model_.modules[static_cast<std::size_t>(last_module)].name) consumers.push_back(host_of(s.name));
+
+    const bool owner_backward = owner.flow.backward();
+    bool suffix_backward = false, prefix_backward = false;
+    for (int i : suffix) suffix_backward |= modules_[static_cast<std::size_t>(i)].flow.backward();
+    for (int i : prefix) prefix_backward |= modules_[static_cast<std::size_t>(i)].flow.backward();
+
+    const int64_t pp = owner.layout.pp, vpp = owner.layout.vpp;
+    for (int64_t rank = owner.first; rank < owner.first + owner.layout.size(); ++rank) {
+      const Coord x = owner.coord(rank);
+      const bool first_stage = x.p == 0, last_stage = x.p == pp - 1;
+      const bool has_backward = owner_backward || (last_stage && suffix_backward) || (first_stage && prefix_backward);
+      const bool leader = x.t == 0 && x.c == 0;
+      // Per (mb, chunk): index of the F compute ops (for the backward's R/B dependencies).
+      std::map<std::pair<int32_t, int32_t>, int32_t> forward_done;
+      std::map<std::tuple<int32_t, int32_t, int>, int32_t> forward_of;  // (mb, chunk, module) -> F op
+      for (const ScheduleItem& item : order_for(owner, x.p, has_backward)) {
+        const int32_t mb = item.microbatch;
+        const int64_t k = item.chunk * pp + x.p;  // virtual stage
+        const bool first_virtual = k == 0, last_virtual = k == owner.chunks() - 1;
+        const auto& samples = samples_of(owner_index, x.d, mb);
+        Op about;
+        about.module = static_cast<int16_t>(owner_index);
+        about.stage = static_cast<int16_t>(x.p);
+        about.chunk = static_cast<int16_t>(item.chunk);
+        about.microbatch = mb;
+        const double act_bytes = [&] {
+          const ModuleWork& w = work_of(owner_index, samples);
+          const int64_t width = owner.spec->transformer ? owner.spec->transformer->hidden : 0;
+          return static_cast<double>(w.tokens * width * dtype_bytes(model_.dtype)) /
+                 static_cast<double>(owner.layout.cp * (plan_.sequence_parallel ? owner.layout.tp : 1));
+        }();
+        std::vector<int32_t> deps;
+        if (!item.backward) {
+          // --- inputs
+          if (first_virtual) {
+            for (const auto& [producer_host, producer_last] : producers) {
+              const ModuleInfo& prod = modules_[static_cast<std::size_t>(producer_host)];
+              const int64_t dp_p = prod.layout.dp, dp_c = owner.layout.dp;
+              std::vector<int32_t> received;
+              if (leader) {
+                // Producer replicas whose samples meet this consumer replica's micro-batch.
+                const int64_t lo = dp_p >= dp_c ? x.d * (dp_p / dp_c) : x.d / (dp_c / dp_p);
+                const int64_t hi = dp_p >= dp_c ? lo + dp_p / dp_c : lo + 1;
+                for (int64_t e = lo; e < hi; ++e) {
+                  const int64_t from = prod.rank({0, 0, e, prod.layout.pp - 1});
+                  const auto& mine = dp_p >= dp_c ? samples_of(producer_host, e, mb) : samples;
+                  Op recv = about;
+                  recv.kind = OpKind::kRecv;
+                  recv.stream = StreamKind::kP2p;
+                  recv.purpose = Purpose::kBoundary;
+                  recv.module = static_cast<int16_t>(producer_last);
+                  recv.peer = static_cast<int32_t>(from);
+                  recv.bytes = boundary_bytes(producer_last, owner_index, mine);
+                  recv.tag = tag(1, producer_last, owner_index, x.d, 0, mb, static_cast<int32_t>(e - lo));
+                  received.push_back(emit(rank, recv));
+                }
+              }
+              const int32_t bcast_group = tpcp_group(owner, x);
+              if (p_.groups[static_cast<std::size_t>(bcast_group)].size() > 1) {
+                Op b;
+                b.kind = OpKind::kCollective;
+                b.stream = StreamKind::kCollective;
+                b.collective = CollectiveKind::kBroadcast;
+                b.purpose = Purpose::kBoundary;
+                b.module = static_cast<int16_t>(producer_last);
+                b.microbatch = mb;
+                b.group = bcast_group;
+                b.bytes = boundary_bytes(producer_last, owner_index, samples);
+                b.deps = received;
+                deps.push_back(emit(rank, b));
+              } else {
+                deps.insert(deps.end(), received.begin(), received.end());
+              }
+            }
+          } else {
+            const int64_t prev_k = k - 1;
+            const int64_t from = owner.rank({x.t, x.c, x.d, prev_k % pp});
+            // Sends were emitted by the earlier stage when it ran this item (see below).
+            Op recv = about;
+            recv.kind = OpKind::kRecv;
+            recv.stream = StreamKind::kP2p;
+            recv.peer = static_cast<int32_t>(from);
+            recv.bytes = act_bytes;
+            recv.tag = tag(0, owner_index, 0, prev_k, 0, mb, 0);
+            deps.push_back(emit(rank, recv));
+          }
+          // --- compute
+          int32_t last = -1;
+          auto run = [&](const ModuleInfo& m, int64_t chunk_index, Phase phase, std::span<const Sample* const> s) {
+            Op op = compute(m, rank, static_cast<int32_t>(chunk_index), mb, x.d, phase, s);
+            op.deps = deps;
+            last = emit(rank, op);
+            deps = {last};
+            forward_of[{mb, item.chunk, m.index}] = last;
+          };
+          if (first_virtual)
+            for (int i : prefix) run(modules_[static_cast<std::size_t>(i)], 0, Phase::kF, samples);
+          run(owner, k, Phase::kF, samples);
+          if (last_virtual)
+            for (int i : suffix) run(modules_[static_cast<std::size_t>(i)], 0, Phase::kF, samples);
+          forward_done[{mb, item.chunk}] = last;
+          // --- outputs
+          if (!last_virtual) {
+            const int64_t next_k = k + 1;
+            const int64_t to = owner.rank({x.t, x.c, x.d, next_k % pp});
+            Op send = about;
+            send.kind = OpKind::kSend;
+            send.stream = StreamKind::kP2p;
+            send.peer = static_cast<int32_t>(to);
+            send.bytes = act_bytes;
+            send.tag = tag(0, owner_index, 0, k, 0, mb, 0);
+            send.deps = {last};
+            emit(rank, send);
+          } else if (leader) {
+            for (int consumer_host : consumers) {
+              const ModuleInfo& cons = modules_[static_cast<std::size_t>(consumer_host)];
+              const int64_t dp_p = owner.layout.dp, dp_c = cons.layout.dp;
+              const int64_t lo = dp_p >= dp_c ? x.d / (dp_p / dp_c) : x.d * (dp_c / dp_p);
+              const int64_t hi = dp_p >= dp_c ? lo + 1 : lo + dp_c / dp_p;
+              for (int64_t d = lo; d < hi; ++d) {
+                const auto& theirs = dp_p >= dp_c ? samples : samples_of(consumer_host, d, mb);
+                const int32_t sub = static_cast<int32_t>(dp_p >= dp_c ? x.d - d * (dp_p / dp_c) : 0);
+                Op send = about;
+                send.kind = OpKind::kSend;
+                send.stream = StreamKind::kP2p;
+                send.purpose = Purpose::kBoundary;
+                send.module = static_cast<int16_t>(last_module);
+                send.peer = static_cast<int32_t>(cons.rank({0, 0, d, 0}));
+                send.bytes = boundary_bytes(last_module, consumer_host, theirs);
+                send.tag = tag(1, last_module, consumer_host, d, 0, mb, sub);
+                send.deps = {last};
+                emit(rank, send);
+              }
+            }
+          }
+          continue;
+        }
+
+        // ---------------- backward ----------------
+        if (!last_virtual) {
+          const int64_t from = owner.rank({x.t, x.c, x.d, (k + 1) % pp});
+          Op recv = about;
+          recv.kind = OpKind::kRecv;
+          recv.stream = StreamKind::kP2p;
+          recv.phase = Phase::kB;
+          recv.peer = static_cast<int32_t>(from);
+          recv.bytes = act_bytes;
+          recv.tag = tag(0, owner_index, 0, k + 1, 1, mb, 0);
+          deps.push_back(emit(rank, recv));
+        } else {
+          // Gradients from consumers that send them back (the LLM's loss needs none).
+          for (int consumer_host : consumers) {
+            const ModuleInfo& cons = modules_[static_cast<std::size_t>(consumer_host)];
+            if (!cons.flow.backward() || !(suffix_backward || owner_backward)) continue;
+            const int64_t dp_p = owner.layout.dp, dp_c = cons.layout.dp;
+            std::vector<int32_t> received;
+            if (leader) {
+              const int64_t lo = dp_p >= dp_c ? x.d / (dp_p / dp_c) : x.d * (dp_c / dp_p);
+              const int64_t hi = dp_p >= dp_c ? lo + 1 : lo + dp_c / dp_p;
+              for (int64_t d = lo; d < hi; ++d) {
+                const auto& theirs = dp_p >= dp_c ? samples : samples_of(consumer_host, d, mb);
+                const int32_t sub = static_cast<int32_t>(dp_p >= dp_c ? x.d - d * (dp_p / dp_c) : 0);
+                Op recv = about;
+                recv.kind = OpKind::kRecv;
+                recv.stream = StreamKind::kP2p;
+                recv.phase = Phase::kB;
+                recv.purpose = Purpose::kBoundary;
+                recv.module = static_cast<int16_t>(last_module);
+                recv.peer = static_cast<int32_t>(cons.rank({0, 0, d, 0}));
+                recv.bytes = boundary_bytes(last_module, consumer_host, theirs);
+                recv.tag = tag(1, last_module, consumer_host, d, 1, mb, sub);
+                received.push_back(emit(rank, recv));
+              }
+            }
+            const int32_t g = tpcp_group(owner, x);
+            if (p_.groups[static_cast<std::size_t>(g)].size() > 1) {
+              Op b;
+              b.kind = OpKind::kCollective;
+              b.stream = StreamKind::kCollective;
+              b.collective = CollectiveKind::kBroadcast;
+              b.purpose = Purpose::kBoundary;
+              b.phase = Phase::kB;
+              b.module = static_cast<int16_t>(last_module);
+              b.microbatch = mb;
+              b.group = g;
+              b.bytes = boundary_bytes(last_module, consumer_host, samples);
+              b.deps = received;
+              deps.push_back(emit(rank, b));
+            } else {
+              deps.insert(deps.end(), received.begin(), received.end());
+            }
+          }
+        }
+        const int32_t fwd = forward_done.at({mb, item.chunk});
+        deps.push_back(fwd);
+        int32_t last = -1;
+        auto run_back = [&](const ModuleInfo& m, int64_t chunk_index, std::span<const Sample* const> s) {
+          if (!m.flow.backward()) return;
+          if (plan_.recompute == Recompute::kFull && m.spec->transformer) {
+            Op r = compute(m, rank, static_cast<int32_t>(chunk_index), mb, x.d, Phase::kR, s);
+            r.deps = deps;
+            last = emit(rank, r);
+            deps = {last};
+          }
+          Op b = compute(m, rank, static_cast<int32_t>(chunk_index), mb, x.d, Phase::kB, s);
+          b.deps = deps;
+          last = emit(rank, b);
+          deps = {last};
+          if (m.flow.trainable) {
+            Op w = compute(m, rank, static_cast<int32_t>(chunk_index), mb, x.d, Phase::kW, s);
+            w.deps = deps;
+            last = emit(rank, w);
+            deps = {last};
+          }
+          release(rank, last, forward_of, std::make_tuple(mb, item.chunk, m.index));
+        };
+        if (last_virtual)
+          for (auto it = suffix.rbegin(); it != suffix.rend(); ++it) run_back(modules_[static_cast<std::size_t>(*it)], 0, samples);
+        run_back(owner, k, samples);
+        if (first_virtual)
+          for (auto it = prefix.rbegin(); it != prefix.rend(); ++it) run_back(modules_[static_cast<std::size_t>(*it)], 0, samples);
+        if (last < 0) continue;
+        // --- gradient outputs
+        if (!first_virtual && owner_backward) {
+          const int64_t to = owner.rank({x.t, x.c, x.d, (k - 1) % pp});
+          Op send = about;
+          send.kind = OpKind::kSend;
+          send.stream = StreamKind::kP2p;
+          send.phase = Phase::kB;
+          send.peer = static_cast<int32_t>(to);
+          send.bytes = act_bytes;
+          send.tag = tag(0, owner_index, 0, k, 1, mb, 0);
+          send.deps = {last};
+          emit(rank, send);
+        } else if (first_virtual && owner.flow.needs_input_grad) {
+          for (const auto& [producer_host, producer_last] : producers) {
+            const ModuleInfo& prod = modules_[static_cast<std::size_t>(producer_host)];
+            bool producer_needs = prod.flow.backward();
+            for (const ModuleInfo& m : modules_)
+              if (m.host == producer_host) producer_needs |= m.flow.backward();
+            if (!producer_needs) continue;
+            int32_t dep = last;
+            if (owner.layout.cp > 1) {
+              // Each CP rank holds the gradient of its tokens: sum over CP before sending.
+              Op sum;
+              sum.kind = OpKind::kCollective;
+              sum.stream = StreamKind::kCollective;
+              sum.collective = CollectiveKind::kAllReduce;
+              sum.purpose = Purpose::kBoundary;
+              sum.phase = Phase::kB;
+              sum.module = static_cast<int16_t>(producer_last);
+              sum.microbatch = mb;
+              sum.group = cp_group(owner, x);
+              sum.bytes = boundary_bytes(producer_last, owner_index, samples);
+              sum.deps = {last};
+              dep = emit(rank, sum);
+            }
+            if (!leader) continue;
+            const int64_t dp_p = prod.layout.dp, dp_c = owner.layout.dp;
+            const int64_t lo = dp_p >= dp_c ? x.d * (dp_p / dp_c) : x.d / (dp_c / dp_p);
+            const int64_t hi = dp_p >= dp_c ? lo + dp_p / dp_c : lo + 1;
+            for (int64_t e = lo; e < hi; ++e) {
+              const auto& mine = dp_p >= dp_c ? samples_of(producer_host, e, mb) : samples;
+              Op send = about;
+              send.kind = OpKind::kSend;
+              send.stream = StreamKind::kP2p;
+              send.phase = Phase::kB;
+              send.purpose = Purpose::kBoundary;
+              send.module = static_cast<int16_t>(producer_last);
+              send.peer = static_cast<int32_t>(prod.rank({0, 0, e, prod.layout.pp - 1}));
+              send.bytes = boundary_bytes(producer_last, owner_index, mine);
+              send.tag = tag(1, producer_last, owner_index, x.d, 1, mb, static_cast<int32_t>(e - lo));
+              send.deps = {dep};
+              emit(rank, send);
+            }
+          }
+        }
+      }
+      // --- gradient reduction and optimizer, once per iteration
+      std::vector<int> here{owner_index};
+      if (x.p == 0) here.insert(here.end(), prefix.begin(), prefix.end());
+      if (x.p == pp - 1) here.insert(here.end(), suffix.begin(), suffix.end());
+      (void)vpp;
+      gradient_reduction(rank, here);
+    }
+  }
+}
+
+void Lowering::lower_colocated() {
+  const ModuleInfo& llm = modules_[static_cast<std::size_t>(llm_)];
+  std::vector<int> encoders;  // everything before the LLM, topological
+  std::vector<int> after;     // generators
+  for (const ModuleSpec* s : topological_order(model_)) {
+    const int i = static_cast<int>(s - model_.modules.data());
+    if (i == llm_) continue;
+    (s->role == ModuleRole::kGenerator ? after : encoders).push_back(i);
+  }
+  out_.notes.push_back("colocated boundary: the regroup all-gathers over the encoder replicas that share one LLM replica's batch; "
+                       "encoder and LLM grids are assumed aligned otherwise (Megatron MIMO's colocated layout)");
+  const double dtype = static_cast<double>(dtype_bytes(model_.dtype));
+  for (int64_t rank = 0; rank < p_.world; ++rank) {
+    // Phase 1: every encoder's forward over its whole local batch, then the boundary regroup.
+    std::vector<int32_t> boundary_done;
+    std::map<int, int32_t> encoder_forward;  // module -> its F op
+    std::vector<std::pair<int, int32_t>> boundary_groups;  // (projector/encoder output module, group)
+    for (int i : encoders) {
+      const ModuleInfo& m = modules_[static_cast<std::size_t>(i)];
+      const ModuleInfo& grid = m.host >= 0 ? modules_[static_cast<std::size_t>(m.host)] : m;
+      const Coord x = grid.coord(rank);
+      const auto& samples = samples_of(i, x.d, -1);
+      Op f = compute(m, rank, 0, -1, x.d, Phase::kF, samples);
+      for (const std::string& in : m.spec->inputs) {
+        const auto it = encoder_forward.find(static_cast<int>(find_module(model_, in) - model_.modules.data()));
+        if (it != encoder_forward.end()) f.deps.push_back(it->second);
+      }
+      encoder_forward[i] = emit(rank, f);
+      // Outputs feeding the LLM cross the boundary.
+      const bool feeds_llm = std::find(llm.spec->inputs.begin(), llm.spec->inputs.end(), m.spec->name) != llm.spec->inputs.end();
+      if (!feeds_llm) continue;
+      const int64_t dp_e = grid.layout.dp, dp_l = llm.layout.dp;
+      if (dp_e > dp_l) {
+        // Fan-in: all-gather along the batch over the k encoder replicas of one LLM replica.
+        const int64_t k = dp_e / dp_l, base = x.d - x.d % k;
+        RankList members;
+        for (int64_t e = base; e < base + k; ++e) members.push_back(grid.rank({x.t, x.c, e, x.p}));
+        const int32_t g = group(members);
+        Op gather;
+        gather.kind = OpKind::kCollective;
+        gather.stream = StreamKind::kCollective;
+        gather.collective = CollectiveKind::kAllGather;
+        gather.purpose = Purpose::kBoundary;
+        gather.module = static_cast<int16_t>(i);
+        gather.group = g;
+        gather.bytes = boundary_bytes(i, llm_, samples_of(llm_, x.d / k, -1));
+        gather.deps = {encoder_forward[i]};
+        boundary_done.push_back(emit(rank, gather));
+        boundary_groups.emplace_back(i, g);
+      } else {
+        boundary_done.push_back(encoder_forward[i]);  // identity or fan-out: keep this rank's slice
+      }
+    }
+    // Phase 2: the LLM pipeline over detached encoder outputs.
+    const Coord y = llm.coord(rank);
+    const int64_t pp = llm.layout.pp;
+    const bool has_backward = llm.flow.backward();
+    std::map<std::pair<int32_t, int32_t>, int32_t> forward_done;
+    for (const ScheduleItem& item : order_for(llm, y.p, has_backward)) {
+      const int32_t mb = item.microbatch;
+      const int64_t k = item.chunk * pp + y.p;
+      const auto& samples = samples_of(llm_, y.d, mb);
+      const ModuleWork& w = work_of(llm_, samples);
+      const double act_bytes = static_cast<double>(w.tokens * llm.spec->transformer->hidden) * dtype /
+                               static_cast<double>(llm.layout.cp * (plan_.sequence_parallel ? llm.layout.tp : 1));
+      Op about;
+      about.module = static_cast<int16_t>(llm_);
+      about.stage = static_cast<int16_t>(y.p);
+      about.chunk = static_cast<int16_t>(item.chunk);
+      about.microbatch = mb;
+      std::vector<int32_t> deps;
+      if (!item.backward) {
+        if (k == 0) {
+          deps = boundary_done;
+        } else {
+          Op recv = about;
+          recv.kind = OpKind::kRecv;
+          recv.stream = StreamKind::kP2p;
+          recv.peer = static_cast<int32_t>(llm.rank({y.t, y.c, y.d, (k - 1) % pp}));
+          recv.bytes = act_bytes;
+          recv.tag = tag(0, llm_, 0, k - 1, 0, mb, 0);
+          deps.push_back(emit(rank, recv));
+        }
+        Op f = compute(llm, rank, static_cast<int32_t>(k), mb, y.d, Phase::kF, samples);
+        f.deps = deps;
+        const int32_t done = emit(rank, f);
+        forward_done[{mb, item.chunk}] = done;
+        if (k < llm.chunks() - 1) {
+          Op send = about;
+          send.kind = OpKind::kSend;
+          send.stream = StreamKind::kP2p;
+          send.peer = static_cast<int32_t>(llm.rank({y.t, y.c, y.d, (k + 1) % pp}));
+          send.bytes = act_bytes;
+          send.tag = tag(0, llm_, 0, k, 0, mb, 0);
+          send.deps = {done};
+          emit(rank, send);
+        }
+        continue;
+      }
+      if (k < llm.chunks() - 1) {
+        Op recv = about;
+        recv.kind = OpKind::kRecv;
+        recv.stream = StreamKind::kP2p;
+        recv.phase = Phase::kB;
+        recv.peer = static_cast<int32_t>(llm.rank({y.t, y.c, y.d, (k + 1) % pp}));
+        recv.bytes = act_bytes;
+        recv.tag = tag(0, llm_, 0, k + 1, 1, mb, 0);
+        deps.push_back(emit(rank, recv));
+      }
+      deps.push_back(forward_done.at({mb, item.chunk}));
+      int32_t last = -1;
+      for (Phase phase : {Phase::kR, Phase::kB, Phase::kW}) {
+        if (phase == Phase::kR && plan_.recompute != Recompute::kFull) continue;
+        if (phase == Phase::kW && !llm.flow.trainable) continue;
+        Op op = compute(llm, rank, static_cast<int32_t>(k), mb, y.d, phase, samples);
+        op.deps = deps;
+        last = emit(rank, op);
+        deps = {last};
+      }
+      release(rank, last, forward_done, std::make_pair(mb, item.chunk));
+      if (k > 0) {
+        Op send = about;
+        send.kind = OpKind::kSend;
+        send.stream = StreamKind::kP2p;
+        send.phase = Phase::kB;
+        send.peer = static_cast<int32_t>(llm.rank({y.t, y.c, y.d, (k - 1) % pp}));
+        send.bytes = act_bytes;
+        send.tag = tag(0, llm_, 0, k, 1, mb, 0);
+        send.deps = {last};
+        emit(rank, send);
+      }
+    }
+    // Phase 3: encoder-output gradients regrouped to every rank, one encoder backward for the
+    // whole batch, then one gradient reduction for all modules.
+    std::vector<int32_t> grads_ready;
+    for (const auto& [i, g] : boundary_groups) {
+      if (g < 0 || !modules_[static_cast<std::size_t>(i)].flow.backward() || !llm.flow.needs_input_grad) continue;
+      const ModuleInfo& m = modules_[static_cast<std::size_t>(i)];
+      const ModuleInfo& grid = m.host >= 0 ? modules_[static_cast<std::size_t>(m.host)] : m;
+      const int64_t k = grid.layout.dp / llm.layout.dp;
+      Op gather;
+      gather.kind = OpKind::kCollective;
+      gather.stream = StreamKind::kCollective;
+      gather.collective = CollectiveKind::kAllGather;
+      gather.purpose = Purpose::kBoundary;
+      gather.phase = Phase::kB;
+      gather.module = static_cast<int16_t>(i);
+      gather.group = g;
+      gather.bytes = boundary_bytes(i, llm_, samples_of(llm_, grid.coord(rank).d / k, -1));
+      const int32_t dep = last_compute(rank);
+      if (dep >= 0) gather.deps = {dep};
+      grads_ready.push_back(emit(rank, gather));
+    }
+    std::vector<int32_t> deps = grads_ready;
+    for (auto it = encoders.rbegin(); it != encoders.rend(); ++it) {
+      const ModuleInfo& m = modules_[static_cast<std::size_t>(*it)];
+      if (!m.flow.backward()) continue;
+      const ModuleInfo& grid = m.host >= 0 ? modules_[static_cast<std::size_t>(m.host)] : m;
+      const Coord x = grid.coord(rank);
+      const auto& samples = samples_of(*it, x.d, -1);
+      for (Phase phase : {Phase::kR, Phase::kB, Phase::kW}) {
+        if (phase == Phase::kR && plan_.recompute != Recompute::kFull) continue;
+        if (phase == Phase::kW && !m.flow.trainable) continue;
+        Op op = compute(m, rank, 0, -1, x.d, phase, samples);
+        op.deps = deps;
+        op.deps.push_back(encoder_forward[*it]);
+        deps = {emit(rank, op)};
+      }
+      release(rank, deps.front(), encoder_forward, *it);
+    }
+    std::vector<int> all{llm_};
+    all.insert(all.end(), encoders.begin(), encoders.end());
+    gradient_reduction(rank, all);
+  }
+}
+
+void Lowering::run() {
+  place();
+  if (plan_.schedule == Schedule::kDip) {
+    out_.error = "schedule dip (modality-aware segments) is not lowered yet (issue 10)";
+    return;
+  }
+  if (plan_.microbatching == MicrobatchPolicy::kEntrain) {
+    out_.error = "microbatching entrain is not lowered yet (issue 10)";
+    return;
+  }
+  const int64_t dp_llm = modules_[static_cast<std::size_t>(llm_)].layout.dp;
+  for (const ModuleInfo& m : modules_) {
+    const int64_t dp = m.host >= 0 ? modules_[static_cast<std::size_t>(m.host)].layout.dp : m.layout.dp;
+    if (dp % dp_llm != 0 && dp_llm % dp != 0) {
+      out_.error = "module " + m.spec->name + ": dp " + std::to_string(dp) + " and the LLM's dp " + std::to_string(dp_llm) +
+                   " must divide one another";
+      return;
+    }
+  }
+  if (plan_.placement == Placement::kColocated &&
+      std::any_of(model_.modules.begin(), model_.modules.end(), [](const ModuleSpec& m) { return m.role == ModuleRole::kGenerator; })) {
+    out_.error = "a colocated plan with a generator module is not lowered yet";
+    return;
+  }
+  assign_samples();
+  if (plan_.placement == Placement::kColocated) lower_colocated();
+  else lower_pipelines();
+  // Model FLOPs of the iteration (recompute excluded), summed over ranks.
+  for (const auto& ops : p_.ranks)
+    for (const Op& op : ops)
+      if (op.kind == OpKind::kCompute && op.phase != Phase::kR) p_.model_flops += op.flops;
+}
+
+}  // namespace
+
+Lowered lower(const ModelSpec& model, const ClusterSpec& cluster, const ParallelPlan& plan, const WorkloadSpec& workload,
+              const Batch& batch) {
+  Lowered out;
+  out.program.iteration = batch.iteration;
+  Lowering(model, cluster, plan, workload, batch, out).run();
+  return out;
+}
+
+}  // namespace tessera

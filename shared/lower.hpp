@@ -1,0 +1,38 @@
+// lower(): one training iteration of a plan, as a per-rank Program (program.hpp).
+// Placements: homogeneous (encoders in the LLM's first pipeline stage), colocated (three-phase:
+// encoders on all ranks, boundary regroup, LLM pipeline, encoder backward), non_colocated
+// (module pipelines on disjoint spans, leader send/recv + broadcast at boundaries, graph-aware
+// 1F1B). What runs follows from the model: frozen modules get no weight-gradient ops, no DP
+// reduction, no optimizer step; backward ops nothing consumes are not emitted.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "shared/batch.hpp"
+#include "shared/cluster_spec.hpp"
+#include "shared/parallel_plan.hpp"
+#include "shared/program.hpp"
+
+namespace tessera {
+
+struct Lowered {
+  Program program;
+  std::vector<std::string> notes;  // approximations a user should know about
+  std::string error;               // non-empty: the plan uses an option lower() cannot express yet
+};
+
+// Per module: does it train, and does a gradient have to flow through it (some trainable
+// module upstream)? Derived from the model DAG, never from a switch.
+struct GradientFlow {
+  bool trainable = false;
+  bool needs_input_grad = false;
+  bool backward() const { return trainable || needs_input_grad; }
+};
+std::vector<GradientFlow> gradient_flow(const ModelSpec& model);
+
+// REQUIRES: plan validated against model, workload and cluster; batch drawn from workload.
+Lowered lower(const ModelSpec& model, const ClusterSpec& cluster, const ParallelPlan& plan,
+              const WorkloadSpec& workload, const Batch& batch);
+
+}  // namespace tessera

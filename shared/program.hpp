@@ -1,0 +1,100 @@
+// Program: the lowered form of one training iteration, one ordered op list per rank — the
+// contract between the simulator and the executor (../shared/DESIGN.md). lower() builds it,
+// check_program() verifies it, evaluate() and the SimGrid simulator execute it, the executor
+// interprets it with real tensors.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "shared/json_reader.hpp"
+
+namespace tessera {
+
+enum class OpKind : uint8_t { kCompute, kSend, kRecv, kCollective, kOptimizerStep };
+// F forward, B backward for inputs, W backward for weights, R recompute of the forward.
+enum class Phase : uint8_t { kF, kB, kW, kR };
+// Streams overlap as on a GPU; ops on one stream run in order. Receives are pre-posted (like
+// NCCL/Megatron's irecv) and occupy no stream: they complete when their message arrives.
+enum class StreamKind : uint8_t { kCompute, kCollective, kP2p };
+enum class CollectiveKind : uint8_t { kAllReduce, kAllGather, kReduceScatter, kAllToAll, kBroadcast };
+enum class Purpose : uint8_t { kTp, kCp, kDp, kEp, kBoundary, kPp };
+
+// A collective run `count` times inside a Compute op's layers (TP all-reduces, CP K/V exchange,
+// EP all-to-all): on the critical path of the op.
+struct NestedCollective {
+  CollectiveKind kind = CollectiveKind::kAllReduce;
+  Purpose purpose = Purpose::kTp;
+  int32_t group = -1;  // Program::groups index
+  int32_t count = 0;
+  double bytes = 0;    // per call, per rank (NCCL-tests "size")
+};
+
+struct Op {
+  OpKind kind = OpKind::kCompute;
+  StreamKind stream = StreamKind::kCompute;
+  Phase phase = Phase::kF;
+  CollectiveKind collective = CollectiveKind::kAllReduce;  // kCollective
+  Purpose purpose = Purpose::kPp;                          // kCollective, kSend, kRecv
+  int16_t module = -1;     // Program::modules index; -1 for none
+  int16_t stage = 0;       // pipeline stage of the module
+  int16_t chunk = 0;       // virtual pipeline chunk
+  int32_t microbatch = -1; // -1: the whole local batch
+  int32_t sub_microbatch = 0;
+  int32_t layers = 0;      // compute: transformer layers in this op
+  int64_t tokens = 0;      // compute: tokens processed on this rank
+  double flops = 0;        // compute: model FLOPs on this rank (recompute: the repeated forward)
+  double bytes = 0;        // compute/optimizer: memory traffic; send/recv/collective: message bytes
+  double stash_bytes = 0;    // F: activation bytes kept for the backward
+  double release_bytes = 0;  // last backward op of a (module, chunk, micro-batch): bytes it frees
+  int32_t peer = -1;       // send/recv: the other rank
+  int32_t group = -1;      // collective: Program::groups index
+  int64_t tag = 0;         // send/recv: matches a send to its receive between two ranks
+  std::vector<int32_t> deps;  // earlier ops of this rank that must finish before this one starts
+  std::vector<NestedCollective> nested;
+};
+
+using RankList = std::vector<int64_t>;
+
+// What a rank holds in memory: parameter state from the plan, activations from the schedule.
+struct RankMemory {
+  double weight_bytes = 0;
+  double gradient_bytes = 0;
+  double optimizer_bytes = 0;
+  double activation_bytes = 0;  // peak of activations kept for backward (evaluate() fills it)
+  double total() const { return weight_bytes + gradient_bytes + optimizer_bytes + activation_bytes; }
+};
+
+struct Program {
+  int64_t iteration = 0;
+  int32_t world = 0;
+  std::vector<std::string> modules;  // module names, indexed by Op::module
+  std::vector<RankList> groups;      // collective groups, indexed by Op::group / NestedCollective
+  std::vector<std::vector<Op>> ranks;  // ops per rank, in issue order
+  std::vector<RankMemory> memory;      // parameter state per rank (activation_bytes left 0)
+  // What the iteration computes, for metrics.
+  int64_t samples = 0;
+  int64_t llm_tokens = 0;   // tokens in the LLM sequences of the global batch
+  double model_flops = 0;   // F+B+W FLOPs of the iteration, all ranks (recompute excluded)
+};
+
+// Readable, stable name: "llm.s1.mb3.F", "llm.s0.c1.mb3.B", "send:llm.s1.mb3.F>r17",
+// "dp:allreduce:llm.s1", "optimizer:llm.s0".
+std::string op_name(const Program& program, const Op& op);
+// Op id: "it<iteration>.r<rank>.<index>".
+std::string op_id(const Program& program, int32_t rank, int32_t index);
+
+// Structural checks: dependencies point to earlier ops of the same rank; every send has exactly
+// one receive with the same bytes and vice versa; every collective group's members enter the
+// group's collectives in the same order with the same kind and size (no deadlock); nested
+// collectives name valid groups. Returns one message per problem (empty = valid).
+std::vector<std::string> check_program(const Program& program);
+
+// Machine-readable op list of one rank (or all when rank < 0).
+Json program_to_json(const Program& program, int32_t rank);
+std::string phase_name(Phase phase);
+std::string collective_name(CollectiveKind kind);
+std::string purpose_name(Purpose purpose);
+
+}  // namespace tessera

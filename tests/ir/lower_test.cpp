@@ -1,0 +1,311 @@
+// lower() and evaluate(): textbook schedules on uniform work, every placement passes the
+// Program checks, frozen-aware emission, memory and metrics.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <set>
+
+#include "shared/estimate.hpp"
+#include "shared/evaluator.hpp"
+#include "shared/lower.hpp"
+#include "shared/schedule.hpp"
+
+using namespace tessera;
+
+namespace {
+
+// A text-only GPT-like model (no media) so every micro-batch does identical work.
+const char* kTextModel = R"({"name": "gpt", "modules": [
+  {"name": "llm", "role": "llm", "transformer": {"layers": 8, "hidden": 256, "heads": 8, "ffn": 1024, "vocab": 1000}}]})";
+const char* kVlm = R"({"name": "vlm", "modules": [
+  {"name": "vision", "role": "encoder", "modality": "image", "frozen": true,
+   "transformer": {"layers": 4, "hidden": 128, "heads": 4, "ffn": 512, "linear_bias": true, "norm": "layernorm"},
+   "patching": {"patch_size": 8, "resize": "fixed", "image_size": 64}},
+  {"name": "proj", "role": "projector", "inputs": ["vision"], "projector": {"in": 128, "out": 256}},
+  {"name": "llm", "role": "llm", "inputs": ["proj"],
+   "transformer": {"layers": 8, "hidden": 256, "heads": 8, "kv_heads": 4, "ffn": 688, "gated_ffn": true, "vocab": 1000}}]})";
+const char* kValm = R"({"name": "valm", "modules": [
+  {"name": "vision", "role": "encoder", "modality": "image",
+   "transformer": {"layers": 4, "hidden": 128, "heads": 4, "ffn": 512, "linear_bias": true, "norm": "layernorm"},
+   "patching": {"patch_size": 8, "resize": "fixed", "image_size": 64}},
+  {"name": "vproj", "role": "projector", "inputs": ["vision"], "projector": {"in": 128, "out": 256}},
+  {"name": "audio", "role": "encoder", "modality": "audio", "frozen": true,
+   "transformer": {"layers": 2, "hidden": 128, "heads": 4, "ffn": 512, "linear_bias": true, "norm": "layernorm", "positions": 100},
+   "audio": {"mel_bins": 16, "max_seconds": 2}},
+  {"name": "aproj", "role": "projector", "inputs": ["audio"], "projector": {"in": 128, "out": 256}},
+  {"name": "llm", "role": "llm", "inputs": ["vproj", "aproj"],
+   "transformer": {"layers": 8, "hidden": 256, "heads": 8, "ffn": 1024, "vocab": 1000}}]})";
+
+ClusterSpec cluster(int64_t devices) {
+  Diagnostics diag;
+  const std::string text = R"({"name": "c", "nodes": 1, "devices_per_node": )" + std::to_string(devices) + R"(,
+    "device": {"name": "g", "peak_flops": {"bf16": 1e14}, "memory_bytes": 8e10, "memory_bandwidth_bytes_per_s": 2e12},
+    "intra_node": {"bandwidth_bytes_per_s": 1e11, "latency_s": 1e-6}})";
+  return read_cluster(Json::parse(text), "", "", diag);
+}
+
+struct Case {
+  ModelSpec model;
+  WorkloadSpec workload;
+  ClusterSpec cluster;
+  ParallelPlan plan;
+};
+
+Case make(const char* model, const char* workload, const char* plan) {
+  Diagnostics diag;
+  Case c;
+  c.model = read_model(Json::parse(model), "m", "", diag);
+  c.workload = read_workload(Json::parse(workload), "w", "", ".", diag);
+  c.plan = read_plan(Json::parse(plan), "p", "", diag);
+  REQUIRE(diag.ok());
+  c.cluster = cluster(world_size(c.plan, c.model));
+  validate_plan(c.plan, c.model, c.workload, c.cluster, "p", "", diag);
+  INFO(diag.format());
+  REQUIRE(diag.ok());
+  return c;
+}
+
+// Costs with no overheads and free communication: pure compute, so schedules show exactly.
+CostModel ideal(const Case& c) {
+  CostParams params;
+  params.overhead_per_layer_s = 0;
+  params.overhead_per_op_s = 0;
+  params.default_efficiency = 1;
+  ClusterSpec fast = c.cluster;
+  fast.intra_node = {1e30, 0};
+  fast.device.memory_bandwidth_bytes_per_s = 1e30;
+  std::vector<ModuleRole> roles;
+  for (const ModuleSpec& m : c.model.modules) roles.push_back(m.role);
+  return CostModel(fast, c.model.dtype, params, roles);
+}
+
+Program lowered(const Case& c, int64_t iteration = 0) {
+  Lowered l = lower(c.model, c.cluster, c.plan, c.workload, draw_batch(c.workload, iteration));
+  REQUIRE(l.error.empty());
+  const auto problems = check_program(l.program);
+  INFO((problems.empty() ? std::string() : problems.front()));
+  CHECK(problems.empty());
+  return std::move(l.program);
+}
+
+const char* kUniformText = R"({"global_batch": 16, "max_seq_len": 512, "samples": {"text_tokens": 256}})";
+
+}  // namespace
+
+TEST_CASE("schedule tables") {
+  CHECK(one_f_one_b_order(4, 2) == std::vector<ScheduleItem>{{0, 0, false}, {1, 0, false}, {2, 0, false}, {0, 0, true},
+                                                               {3, 0, false}, {1, 0, true}, {2, 0, true}, {3, 0, true}});
+  CHECK(gpipe_order(2) == std::vector<ScheduleItem>{{0, 0, false}, {1, 0, false}, {1, 0, true}, {0, 0, true}});
+  // Interleaved, 2 stages x 2 chunks, 4 micro-batches: Megatron's order on stage 0.
+  const auto inter = interleaved_order(4, 2, 0, 2);
+  REQUIRE(inter.size() == 16);
+  CHECK(inter[0] == ScheduleItem{0, 0, false});
+  CHECK(inter[1] == ScheduleItem{1, 0, false});
+  CHECK(inter[2] == ScheduleItem{0, 1, false});
+  CHECK(inter[3] == ScheduleItem{1, 1, false});
+  CHECK(inter[4] == ScheduleItem{2, 0, false});
+  CHECK(inter[5] == ScheduleItem{0, 1, true});  // first backward: the last chunk of micro-batch 0
+}
+
+TEST_CASE("uniform 1F1B: the bubble is (p-1)/m exactly, and GPipe takes as long") {
+  for (const auto& [pp, m] : {std::pair{2, 8}, std::pair{4, 8}, std::pair{4, 16}}) {
+    const std::string workload = R"({"global_batch": )" + std::to_string(m) + R"(, "max_seq_len": 512, "samples": {"text_tokens": 256}})";
+    const std::string plan_json = R"({"placement": "homogeneous", "layout": {"pp": )" + std::to_string(pp) +
+                                  R"(}, "num_micro_batches": )" + std::to_string(m) + "}";
+    Case c = make(kTextModel, workload.c_str(), plan_json.c_str());
+    // Equal layers and no output head work difference: give every stage the same FLOPs.
+    c.model.modules[0].transformer->vocab = 1;
+    const Program p = lowered(c);
+    const Timeline t = evaluate(p, ideal(c));
+    REQUIRE(t.error.empty());
+    for (std::size_t r = 0; r < t.compute_busy_s.size(); ++r) {
+      INFO("pp " << pp << " m " << m << " rank " << r);
+      CHECK((t.step_s - t.compute_busy_s[r]) / t.compute_busy_s[r] == doctest::Approx(double(pp - 1) / m).epsilon(1e-3));
+    }
+    Case g = c;
+    g.plan.schedule = Schedule::kGpipe;
+    const Timeline tg = evaluate(lowered(g), ideal(g));
+    CHECK(tg.step_s == doctest::Approx(t.step_s).epsilon(1e-9));
+    // ... but GPipe holds every micro-batch's activations, 1F1B at most pp on stage 0.
+    CHECK(tg.peak_activation_bytes[0] == doctest::Approx(t.peak_activation_bytes[0] * m / pp));
+  }
+}
+
+TEST_CASE("interleaved 1F1B shrinks the bubble to (p-1)/(v·m)") {
+  Case c = make(kTextModel, R"({"global_batch": 8, "max_seq_len": 512, "samples": {"text_tokens": 256}})",
+                R"({"placement": "homogeneous", "schedule": "interleaved_1f1b", "layout": {"pp": 2, "vpp": 2}, "num_micro_batches": 8})");
+  c.model.modules[0].transformer->vocab = 1;
+  const Timeline t = evaluate(lowered(c), ideal(c));
+  REQUIRE(t.error.empty());
+  CHECK((t.step_s - t.compute_busy_s[0]) / t.compute_busy_s[0] == doctest::Approx(1.0 / (2 * 8)).epsilon(1e-3));
+}
+
+TEST_CASE("every placement and schedule lowers, passes the Program checks and evaluates") {
+  const char* image_workload = R"({"global_batch": 16, "max_seq_len": 1024, "seed": 3, "samples": {
+    "text_tokens": {"dist": "uniform", "min": 32, "max": 300},
+    "image": {"count": {"dist": "choice", "values": [0, 1, 2]}, "width": 64, "height": 64}}})";
+  const char* av_workload = R"({"global_batch": 16, "max_seq_len": 1024, "seed": 4, "samples": {
+    "text_tokens": {"dist": "uniform", "min": 32, "max": 300},
+    "image": {"count": {"dist": "choice", "values": [0, 1]}, "width": 64, "height": 64},
+    "audio": {"count": {"dist": "choice", "values": [0, 1]}, "seconds": 1.5}}})";
+  const std::vector<std::pair<const char*, const char*>> plans = {
+      {kVlm, R"({"placement": "homogeneous", "layout": {"tp": 2, "pp": 2, "dp": 2}, "sequence_parallel": true})"},
+      {kVlm, R"({"placement": "homogeneous", "schedule": "gpipe", "layout": {"pp": 4, "cp": 2}, "recompute": "full"})"},
+      {kVlm, R"({"placement": "homogeneous", "schedule": "interleaved_1f1b", "layout": {"pp": 2, "vpp": 2, "dp": 2}, "num_micro_batches": 8})"},
+      {kVlm, R"({"placement": "colocated", "schedule": "three_phase", "modules": {"vision": {"dp": 8}, "llm": {"tp": 2, "pp": 2, "dp": 2}}})"},
+      {kVlm, R"({"placement": "colocated", "modules": {"vision": {"tp": 2, "dp": 4}, "llm": {"tp": 2, "dp": 4}}, "distributed_optimizer": true})"},
+      {kVlm, R"({"placement": "non_colocated", "schedule": "graph_1f1b", "modules": {"vision": {"dp": 4}, "llm": {"tp": 2, "pp": 2, "dp": 2}}})"},
+      {kVlm, R"({"placement": "non_colocated", "schedule": "graph_1f1b", "modules": {"vision": {"dp": 2, "pp": 2}, "llm": {"tp": 2, "cp": 2, "dp": 4}}})"},
+      {kValm, R"({"placement": "non_colocated", "schedule": "graph_1f1b", "modules": {"vision": {"dp": 2}, "audio": {"dp": 2}, "llm": {"tp": 2, "pp": 2, "dp": 2}}})"},
+      {kValm, R"({"placement": "colocated", "modules": {"vision": {"dp": 8}, "audio": {"dp": 4, "tp": 2}, "llm": {"tp": 2, "pp": 2, "dp": 2}}})"},
+      {kValm, R"({"placement": "homogeneous", "layout": {"tp": 2, "pp": 2, "dp": 2}})"},
+  };
+  for (const auto& [model, plan] : plans) {
+    INFO(plan);
+    Case c = make(model, model == kValm ? av_workload : image_workload, plan);
+    for (int64_t iteration : {0, 1}) {
+      const Program p = lowered(c, iteration);
+      const Timeline t = evaluate(p, ideal(c));
+      CHECK(t.error.empty());
+      CHECK(t.step_s > 0);
+      CHECK(p.model_flops > 0);
+    }
+  }
+}
+
+TEST_CASE("frozen modules: no weight gradients, no reduction, no optimizer; forward-only when nothing upstream trains") {
+  Case c = make(kVlm, R"({"global_batch": 4, "max_seq_len": 1024, "samples": {"text_tokens": 64, "image": {"count": 1, "width": 64, "height": 64}}})",
+                R"({"placement": "non_colocated", "schedule": "graph_1f1b", "modules": {"vision": {"dp": 2, "pp": 2}, "llm": {"pp": 2, "dp": 2}}})");
+  const Program p = lowered(c);
+  // Ranks 0-3: the frozen ViT in two stages; its first stage runs forward only.
+  for (const Op& op : p.ranks[0]) {
+    CHECK(op.phase == Phase::kF);
+    CHECK(op.purpose != Purpose::kDp);
+    CHECK(op.kind != OpKind::kOptimizerStep);
+  }
+  // Its last stage carries the trainable projector: backward and weight gradients for it only.
+  std::set<std::string> modules_with_w;
+  for (const Op& op : p.ranks[2])
+    if (op.kind == OpKind::kCompute && op.phase != Phase::kF) modules_with_w.insert(p.modules[static_cast<std::size_t>(op.module)]);
+  CHECK(modules_with_w == std::set<std::string>{"proj"});
+  // Freezing the LLM too: the projector still trains, so the LLM passes gradients (B) without W.
+  c.model.modules[2].frozen = true;
+  const Program q = lowered(c);
+  bool llm_b = false, llm_w = false;
+  for (const Op& op : q.ranks[4]) {
+    if (op.module != 2 || op.kind != OpKind::kCompute) continue;
+    llm_b |= op.phase == Phase::kB;
+    llm_w |= op.phase == Phase::kW;
+  }
+  CHECK(llm_b);
+  CHECK_FALSE(llm_w);
+  // And with everything frozen but the LLM, the LLM's first stage sends nothing back.
+  c.model.modules[1].frozen = true;
+  c.model.modules[2].frozen = false;
+  for (const Op& op : lowered(c).ranks[4]) CHECK_FALSE((op.kind == OpKind::kSend && op.purpose == Purpose::kBoundary && op.phase == Phase::kB));
+}
+
+TEST_CASE("graph-aware 1F1B on a two-module DAG matches the hand-drawn timeline") {
+  // ViT (1 stage, trainable) -> LLM (2 stages); every op takes the same time u.
+  // Depth 3: the ViT warms up 2 micro-batches, LLM stage 0 one, LLM stage 1 none.
+  Case v = make(kVlm, R"({"global_batch": 4, "max_seq_len": 1024, "samples": {"text_tokens": 0, "image": {"count": 1, "width": 64, "height": 64}}})",
+                R"({"placement": "non_colocated", "schedule": "graph_1f1b", "modules": {"vision": {"dp": 1}, "llm": {"pp": 2, "dp": 1}}, "num_micro_batches": 4})");
+  v.model.modules[0].frozen = false;
+  const Program p = lowered(v);
+  // Order on the ViT rank: F0 F1 F2 B0 F3 B1 B2 B3 (warm-up 2).
+  std::vector<std::pair<int, Phase>> order;
+  for (const Op& op : p.ranks[0])
+    if (op.kind == OpKind::kCompute && op.module == 0 && op.phase != Phase::kW) order.emplace_back(op.microbatch, op.phase);
+  CHECK(order == std::vector<std::pair<int, Phase>>{{0, Phase::kF}, {1, Phase::kF}, {2, Phase::kF}, {0, Phase::kB},
+                                                    {3, Phase::kF}, {1, Phase::kB}, {2, Phase::kB}, {3, Phase::kB}});
+  const Timeline t = evaluate(p, ideal(v));
+  CHECK(t.error.empty());
+}
+
+TEST_CASE("three-phase colocated: encoder forward for the whole batch first, one encoder backward last") {
+  Case c = make(kVlm, R"({"global_batch": 8, "max_seq_len": 1024, "samples": {"text_tokens": 64, "image": {"count": 1, "width": 64, "height": 64}}})",
+                R"({"placement": "colocated", "schedule": "three_phase", "modules": {"vision": {"dp": 4}, "llm": {"pp": 2, "dp": 2}}})");
+  c.model.modules[0].frozen = false;
+  const Program p = lowered(c);
+  const auto& ops = p.ranks[0];
+  // Phase 1: ViT F over the whole local batch, projector F, boundary all-gather (fan-in 2).
+  CHECK(op_name(p, ops[0]) == "vision.s0.F");
+  CHECK(op_name(p, ops[1]) == "proj.s0.F");
+  CHECK(op_name(p, ops[2]) == "boundary:allgather:proj.s0.F");
+  CHECK(p.groups[static_cast<std::size_t>(ops[2].group)] == RankList{0, 1});
+  // Phase 3: after the last LLM op, the gradient gather, then projector and ViT backward, then
+  // the reductions.
+  std::vector<std::string> tail;
+  for (std::size_t i = ops.size() - 12; i < ops.size(); ++i) tail.push_back(op_name(p, ops[i]));
+  const auto at = std::find(tail.begin(), tail.end(), "boundary:allgather:proj.s0.B");
+  REQUIRE(at != tail.end());
+  CHECK(*(at + 1) == "proj.s0.B");
+  CHECK(*(at + 3) == "vision.s0.B");
+  CHECK(*(at + 4) == "vision.s0.W");
+}
+
+TEST_CASE("program checks catch broken programs") {
+  Case c = make(kTextModel, kUniformText, R"({"placement": "homogeneous", "layout": {"pp": 2}})");
+  Program p = lower(c.model, c.cluster, c.plan, c.workload, draw_batch(c.workload, 0)).program;
+  REQUIRE(check_program(p).empty());
+  Program missing = p;
+  for (auto it = missing.ranks[1].begin(); it != missing.ranks[1].end(); ++it)
+    if (it->kind == OpKind::kRecv) {
+      missing.ranks[1].erase(it);
+      break;
+    }
+  CHECK_FALSE(check_program(missing).empty());
+  Program forward_dep = p;
+  forward_dep.ranks[0][0].deps = {5};
+  CHECK(check_program(forward_dep).front().find("not an earlier op") != std::string::npos);
+  // A collective only rank 0 enters: its group never completes.
+  Program reordered = p;
+  Op lone;
+  lone.kind = OpKind::kCollective;
+  lone.stream = StreamKind::kCollective;
+  reordered.groups.push_back({0, 1});
+  lone.group = static_cast<int32_t>(reordered.groups.size() - 1);
+  lone.bytes = 8;
+  reordered.ranks[0].push_back(lone);
+  CHECK(check_program(reordered).front().find("1 of 2 members") != std::string::npos);
+  // The evaluator reports the deadlock instead of hanging.
+  const Timeline t = evaluate(reordered, ideal(c));
+  CHECK(t.error.find("cannot finish") != std::string::npos);
+}
+
+TEST_CASE("cost model: ring all-reduce and p2p times") {
+  ClusterSpec cl = cluster(8);
+  cl.nodes = 2;
+  cl.devices_per_node = 4;
+  cl.inter_node = {{2.5e10, 5e-6}, Topology::kFatTree, 1.0};
+  CostParams params;
+  params.bandwidth_efficiency = 1;
+  const CostModel cost(cl, DType::kBf16, params, {});
+  // 4 ranks in one node: 2(n-1) latency steps + 2(n-1)/n * S / B.
+  const double bytes = 1e9;
+  CHECK(cost.collective_s(CollectiveKind::kAllReduce, {0, 1, 2, 3}, bytes) ==
+        doctest::Approx(6 * 1e-6 + 1.5 * bytes / 1e11));
+  // Across nodes the NIC bandwidth and latency apply.
+  CHECK(cost.collective_s(CollectiveKind::kAllReduce, {0, 4}, bytes) == doctest::Approx(2 * 5e-6 + 1.0 * bytes / 2.5e10));
+  CHECK(cost.collective_s(CollectiveKind::kAllGather, {0, 1, 2, 3}, bytes) == doctest::Approx(3e-6 + 0.75 * bytes / 1e11));
+  CHECK(cost.p2p_s(0, 5, 1e6) == doctest::Approx(5e-6 + 1e6 / 2.5e10));
+  CHECK(cost.collective_s(CollectiveKind::kAllReduce, {3}, bytes) == 0);
+}
+
+TEST_CASE("regression: fan-in with fewer samples per micro-batch than encoder replicas spreads the samples") {
+  // 8 ViT replicas feed 1 LLM replica whose micro-batches hold 1 sample each: every ViT replica
+  // must encode exactly one sample (a contiguous slice per micro-batch gave all 8 to the last).
+  for (const char* plan : {R"({"placement": "colocated", "modules": {"vision": {"dp": 8}, "llm": {"pp": 8}}, "micro_batch_size": 1})",
+                           R"({"placement": "non_colocated", "modules": {"vision": {"dp": 8}, "llm": {"pp": 8}}, "micro_batch_size": 1})"}) {
+    INFO(plan);
+    Case c = make(kVlm, R"({"global_batch": 8, "max_seq_len": 1024, "samples": {"text_tokens": 16, "image": {"count": 1, "width": 64, "height": 64}}})",
+                  plan);
+    const Program p = lowered(c);
+    for (int64_t r = 0; r < 8; ++r) {
+      int64_t tokens = 0;
+      for (const Op& op : p.ranks[static_cast<std::size_t>(r)])
+        if (op.kind == OpKind::kCompute && op.module == 0 && op.phase == Phase::kF) tokens += op.tokens;
+      CHECK(tokens == 64);  // one 64x64 image = 8x8 patches
+    }
+  }
+}
