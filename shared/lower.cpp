@@ -1059,6 +1059,13 @@ Lowered lower(const ModelSpec& model, const ClusterSpec& cluster, const Parallel
   Lowered out;
   out.program.iteration = batch.iteration;
   Lowering(model, cluster, plan, workload, batch, out).run();
+#ifndef NDEBUG
+  // Debug builds verify every Program they produce; tests call check_program() directly.
+  if (out.error.empty()) {
+    const auto problems = check_program(out.program);
+    TESSERA_CHECK(problems.empty(), problems.empty() ? std::string() : problems.front());
+  }
+#endif
   return out;
 }
 

@@ -55,8 +55,41 @@ TEST_CASE("validate and show accept the default scenario") {
   CHECK(s.output.find("tp 16 x 4: [0,1,2,3]") != std::string::npos);
 }
 
+TEST_CASE("lower prints the per-rank op lists; estimate prints a prediction") {
+  const Run l = run("lower " + kSource + "/scenarios/default.json --rank 32");
+  INFO(l.output);
+  CHECK(l.code == 0);
+  CHECK(l.output.find("rank 32: ") == 0);
+  CHECK(l.output.find("recv:llm.s1.mb0.F<r0") != std::string::npos);
+  CHECK(l.output.find("rank 0:") == std::string::npos);
+  const Run j = run("lower " + kSource + "/scenarios/cpu-tiny.json --json --rank 1");
+  CHECK(j.code == 0);
+  CHECK(j.output.find("\"name\": \"llm.s1.mb0.F\"") != std::string::npos);
+  const Run e = run("estimate " + kSource + "/scenarios/default.json");
+  CHECK(e.code == 0);
+  CHECK(e.output.find("step time") != std::string::npos);
+  CHECK(e.output.find("MFU") != std::string::npos);
+  // An infeasible plan is a prediction, not an error: exit 0 with the reason and the numbers.
+  const Run big = run("estimate " + kSource + "/scenarios/qwen2-vl-7b-video.json");
+  CHECK(big.code == 0);
+  CHECK(big.output.find("infeasible: rank") != std::string::npos);
+}
+
+TEST_CASE("lower and estimate: bad input exits 2") {
+  CHECK(run("estimate " + kSource + "/scenarios/llama-3.2-11b-vision.json").output.find("plan: no plan") != std::string::npos);
+  CHECK(run("estimate " + kSource + "/scenarios/llama-3.2-11b-vision.json").code == 2);
+  const Run rank = run("lower " + kSource + "/scenarios/cpu-tiny.json --rank 9");
+  CHECK(rank.code == 2);
+  CHECK(rank.output.find("--rank 9 out of range: the plan has 2 ranks") != std::string::npos);
+  const Run plan = run("estimate " + kSource + "/scenarios/default.json --plan " + kBad + "unknown-enum.json");
+  CHECK(plan.code == 2);
+  const Run missing = run("estimate " + kSource + "/scenarios/default.json --plan /nonexistent/plan.json");
+  CHECK(missing.code == 2);
+  CHECK(missing.output.find("/nonexistent/plan.json: file not found") != std::string::npos);
+}
+
 TEST_CASE("every subcommand has --help") {
-  for (const char* c : {"validate", "show", "import-hf"}) {
+  for (const char* c : {"validate", "show", "import-hf", "lower", "estimate"}) {
     const Run r = run(std::string(c) + " --help");
     CHECK(r.code == 0);
     CHECK(r.output.find("Usage:") != std::string::npos);

@@ -309,3 +309,88 @@ TEST_CASE("regression: fan-in with fewer samples per micro-batch than encoder re
     }
   }
 }
+
+TEST_CASE("LLaVA-1.5-7B: FLOPs of one sample (one 336px image, 100 text tokens) by hand") {
+  Diagnostics diag;
+  const auto model = load_model(std::string(TESSERA_SOURCE_DIR) + "/scenarios/models/llava-1.5-7b.json", diag);
+  REQUIRE(model.has_value());
+  Case c;
+  c.model = *model;
+  c.workload = read_workload(Json::parse(R"({"global_batch": 1, "max_seq_len": 4096,
+    "samples": {"text_tokens": 100, "image": {"count": 1, "width": 336, "height": 336}}})"), "w", "", ".", diag);
+  c.plan = read_plan(Json::parse(R"({"placement": "homogeneous", "layout": {}})"), "p", "", diag);
+  c.cluster = cluster(1);
+  REQUIRE(diag.ok());
+  const Program p = lowered(c);
+  double vit_f = 0, proj = 0, llm = 0, vit_backward = 0;
+  for (const Op& op : p.ranks[0]) {
+    if (op.kind != OpKind::kCompute) continue;
+    if (op.module == 0) (op.phase == Phase::kF ? vit_f : vit_backward) += op.flops;
+    if (op.module == 1) proj += op.flops;
+    if (op.module == 2) llm += op.flops;
+  }
+  // ViT-L/14-336, frozen with nothing trainable before it: forward only. 577 tokens (CLS),
+  // bidirectional attention over the image: per layer 2·(4h² + 2·h·4h)·577 + 4·h·577².
+  const double h = 1024, vit_tokens = 577;
+  const double vit_layer = 2 * (4 * h * h + 2 * h * 4096) * vit_tokens + 4 * h * vit_tokens * vit_tokens;
+  const double patch = 2 * 3 * 14 * 14 * h * vit_tokens;
+  CHECK(vit_f == doctest::Approx(24 * vit_layer + patch).epsilon(1e-12));
+  CHECK(vit_backward == 0);
+  // Projector 1024 -> 4096 -> 4096 on 576 tokens, trainable: F + B + W = 3 forwards.
+  CHECK(proj == doctest::Approx(3 * 2 * (1024 * 4096.0 + 4096 * 4096.0) * 576).epsilon(1e-12));
+  // Vicuna-7B on 676 tokens under the multimodal mask: 576² image pairs (bidirectional) +
+  // 100·576 text-to-image + 100·101/2 causal text pairs.
+  const double H = 4096, tokens = 676, pairs = 576.0 * 576 + 100.0 * 576 + 100.0 * 101 / 2;
+  const double linear = 32 * 2 * (4 * H * H + 3 * H * 11008) * tokens + 2 * H * 32064 * tokens;
+  const double attention = 32 * 4 * H * pairs;
+  // F = linear + attention, B = linear + 2·attention, W = linear.
+  CHECK(llm == doctest::Approx(3 * linear + 3 * attention).epsilon(1e-12));
+  CHECK(p.llm_tokens == 676);
+}
+
+TEST_CASE("graph-aware 1F1B and three-phase timelines, hand-drawn with free communication") {
+  // ViT -> LLM stage 0 -> LLM stage 1: LLM stage 1 starts micro-batch 0 the moment ViT F0 and
+  // LLM s0 F0 are done, and the ViT's first backward waits for LLM s0's B0.
+  Case v = make(kVlm, R"({"global_batch": 4, "max_seq_len": 1024, "samples": {"text_tokens": 32, "image": {"count": 1, "width": 64, "height": 64}}})",
+                R"({"placement": "non_colocated", "schedule": "graph_1f1b", "modules": {"vision": {"dp": 1}, "llm": {"pp": 2, "dp": 1}}, "num_micro_batches": 4})");
+  v.model.modules[0].frozen = false;
+  const Program p = lowered(v);
+  const Timeline t = evaluate(p, ideal(v));
+  REQUIRE(t.error.empty());
+  auto find = [&](int32_t rank, const std::string& name) {
+    const auto& ops = p.ranks[static_cast<std::size_t>(rank)];
+    for (std::size_t i = 0; i < ops.size(); ++i)
+      if (op_name(p, ops[i]) == name) return t.ops[static_cast<std::size_t>(rank)][i];
+    FAIL("no op " << name << " on rank " << rank);
+    return OpTime{};
+  };
+  const OpTime proj_f0 = find(0, "proj.s0.mb0.F");
+  const OpTime s0_f0 = find(1, "llm.s0.mb0.F");
+  CHECK(s0_f0.start_s == doctest::Approx(proj_f0.finish_s));
+  CHECK(find(2, "llm.s1.mb0.F").start_s == doctest::Approx(s0_f0.finish_s));
+  CHECK(find(0, "proj.s0.mb0.B").start_s >= find(1, "llm.s0.mb0.B").finish_s);
+  CHECK(find(0, "vision.s0.mb0.B").start_s == doctest::Approx(find(0, "proj.s0.mb0.W").finish_s));
+
+  // Three-phase colocated: the LLM starts after the boundary gather; the ViT backward waits for
+  // the last LLM backward of its rank and the gradient gather.
+  Case c = make(kVlm, R"({"global_batch": 4, "max_seq_len": 1024, "samples": {"text_tokens": 32, "image": {"count": 1, "width": 64, "height": 64}}})",
+                R"({"placement": "colocated", "schedule": "three_phase", "modules": {"vision": {"dp": 2}, "llm": {"pp": 2}}})");
+  c.model.modules[0].frozen = false;
+  const Program q = lowered(c);
+  const Timeline u = evaluate(q, ideal(c));
+  REQUIRE(u.error.empty());
+  auto at = [&](int32_t rank, const std::string& name) {
+    const auto& ops = q.ranks[static_cast<std::size_t>(rank)];
+    for (std::size_t i = 0; i < ops.size(); ++i)
+      if (op_name(q, ops[i]) == name) return u.ops[static_cast<std::size_t>(rank)][i];
+    FAIL("no op " << name << " on rank " << rank);
+    return OpTime{};
+  };
+  const OpTime gather = at(0, "boundary:allgather:proj.s0.F");
+  CHECK(at(0, "llm.s0.mb0.F").start_s == doctest::Approx(gather.finish_s));
+  CHECK(gather.start_s == doctest::Approx(std::max(at(0, "proj.s0.F").finish_s, at(1, "proj.s0.F").finish_s)));
+  const OpTime back = at(0, "boundary:allgather:proj.s0.B");
+  CHECK(back.start_s >= at(0, "llm.s0.mb3.W").finish_s);
+  CHECK(back.start_s >= at(1, "llm.s1.mb3.W").finish_s);  // rank 1 holds LLM stage 1
+  CHECK(at(0, "proj.s0.B").start_s == doctest::Approx(back.finish_s));
+}
