@@ -67,7 +67,7 @@ Estimate estimate(const Scenario& s, const ParallelPlan& plan, int64_t iteration
     e.reason = "rank " + std::to_string(e.peak_rank) + " needs " + human_bytes(m.total()) + " > " +
                human_bytes(e.capacity_bytes) + " (weights " + human_bytes(m.weight_bytes) + ", gradients " +
                human_bytes(m.gradient_bytes) + ", optimizer " + human_bytes(m.optimizer_bytes) + ", activations " +
-               human_bytes(m.activation_bytes) + ")";
+               human_bytes(m.activation_bytes) + ", boundary " + human_bytes(m.boundary_bytes) + ")";
   }
   return e;
 }
@@ -82,13 +82,13 @@ std::string format_estimate(const Estimate& e, const Scenario& s) {
                 "throughput       %.4g samples/s, %.4g tokens/s\n"
                 "model TFLOP/s    %.4g per device (MFU %.1f%% of %s dense %s)\n"
                 "idle / busy      %.3f (pipeline bubble + load imbalance, mean over ranks)\n"
-                "peak memory      %s on rank %lld (weights %s, gradients %s, optimizer %s, activations %s) of %s\n",
+                "peak memory      %s on rank %lld (weights %s, gradients %s, optimizer %s, activations %s, boundary %s) of %s\n",
                 e.step_s, e.samples_per_s, e.tokens_per_s, e.tflops_per_device, 100 * e.mfu,
                 (human_si(peak_flops(s.cluster, s.model.dtype)) + "FLOP/s").c_str(), enum_name(s.model.dtype, kDTypes).c_str(),
                 e.bubble, human_bytes(e.peak_memory.total()).c_str(), static_cast<long long>(e.peak_rank),
                 human_bytes(e.peak_memory.weight_bytes).c_str(), human_bytes(e.peak_memory.gradient_bytes).c_str(),
                 human_bytes(e.peak_memory.optimizer_bytes).c_str(), human_bytes(e.peak_memory.activation_bytes).c_str(),
-                human_bytes(e.capacity_bytes).c_str());
+                human_bytes(e.peak_memory.boundary_bytes).c_str(), human_bytes(e.capacity_bytes).c_str());
   out += line;
   if (!e.feasible) out += "infeasible: " + e.reason + "\n";
   std::snprintf(line, sizeof line, "(%lld ops lowered in %.3f s, evaluated in %.3f s)\n", static_cast<long long>(e.ops),

@@ -570,6 +570,10 @@ void Lowering::lower_pipelines() {
       // Per (mb, chunk): index of the F compute ops (for the backward's R/B dependencies).
       std::map<std::pair<int32_t, int32_t>, int32_t> forward_done;
       std::map<std::tuple<int32_t, int32_t, int>, int32_t> forward_of;  // (mb, chunk, module) -> F op
+      // Received encoder outputs live from their forward until their backward (or the forward,
+      // when no gradient flows back): peak in-flight count times the largest micro-batch.
+      double largest_input = 0;
+      int32_t in_flight = 0, peak_in_flight = 0;
       for (const ScheduleItem& item : order_for(owner, x.p, has_backward)) {
         const int32_t mb = item.microbatch;
         const int64_t k = item.chunk * pp + x.p;  // virtual stage
@@ -589,6 +593,13 @@ void Lowering::lower_pipelines() {
         std::vector<int32_t> deps;
         if (!item.backward) {
           // --- inputs
+          if (first_virtual && !producers.empty()) {
+            double input = 0;
+            for (const auto& [producer_host, producer_last] : producers) input += boundary_bytes(producer_last, owner_index, samples);
+            largest_input = std::max(largest_input, input);
+            peak_in_flight = std::max(peak_in_flight, ++in_flight);
+            if (!owner.flow.needs_input_grad) --in_flight;
+          }
           if (first_virtual) {
             for (const auto& [producer_host, producer_last] : producers) {
               const ModuleInfo& prod = modules_[static_cast<std::size_t>(producer_host)];
@@ -748,6 +759,7 @@ void Lowering::lower_pipelines() {
             }
           }
         }
+        if (first_virtual && !producers.empty() && owner.flow.needs_input_grad) --in_flight;
         const int32_t fwd = forward_done.at({mb, item.chunk});
         deps.push_back(fwd);
         int32_t last = -1;
@@ -833,6 +845,7 @@ void Lowering::lower_pipelines() {
           }
         }
       }
+      p_.memory[static_cast<std::size_t>(rank)].boundary_bytes += largest_input * peak_in_flight;
       // --- gradient reduction and optimizer, once per iteration
       std::vector<int> here{owner_index};
       if (x.p == 0) here.insert(here.end(), prefix.begin(), prefix.end());
@@ -846,11 +859,11 @@ void Lowering::lower_pipelines() {
 void Lowering::lower_colocated() {
   const ModuleInfo& llm = modules_[static_cast<std::size_t>(llm_)];
   std::vector<int> encoders;  // everything before the LLM, topological
-  std::vector<int> after;     // generators
+  std::vector<int> suffix;    // generators, in the LLM's last stage
   for (const ModuleSpec* s : topological_order(model_)) {
     const int i = static_cast<int>(s - model_.modules.data());
     if (i == llm_) continue;
-    (s->role == ModuleRole::kGenerator ? after : encoders).push_back(i);
+    (s->role == ModuleRole::kGenerator ? suffix : encoders).push_back(i);
   }
   out_.notes.push_back("colocated boundary: the regroup all-gathers over the encoder replicas that share one LLM replica's batch; "
                        "encoder and LLM grids are assumed aligned otherwise (Megatron MIMO's colocated layout)");
@@ -875,6 +888,9 @@ void Lowering::lower_colocated() {
       const bool feeds_llm = std::find(llm.spec->inputs.begin(), llm.spec->inputs.end(), m.spec->name) != llm.spec->inputs.end();
       if (!feeds_llm) continue;
       const int64_t dp_e = grid.layout.dp, dp_l = llm.layout.dp;
+      // The (gathered) encoder outputs stay in memory from phase 1 until the LLM has run.
+      p_.memory[static_cast<std::size_t>(rank)].boundary_bytes +=
+          boundary_bytes(i, llm_, dp_e > dp_l ? samples_of(llm_, x.d / (dp_e / dp_l), -1) : samples_of(i, x.d, -1));
       if (dp_e > dp_l) {
         // Fan-in: all-gather along the batch over the k encoder replicas of one LLM replica.
         const int64_t k = dp_e / dp_l, base = x.d - x.d % k;
@@ -899,8 +915,11 @@ void Lowering::lower_colocated() {
     // Phase 2: the LLM pipeline over detached encoder outputs.
     const Coord y = llm.coord(rank);
     const int64_t pp = llm.layout.pp;
-    const bool has_backward = llm.flow.backward();
+    bool suffix_backward = false;
+    for (int i : suffix) suffix_backward |= modules_[static_cast<std::size_t>(i)].flow.backward();
+    const bool has_backward = llm.flow.backward() || (y.p == pp - 1 && suffix_backward);
     std::map<std::pair<int32_t, int32_t>, int32_t> forward_done;
+    std::map<std::pair<int32_t, int>, int32_t> suffix_forward;  // (mb, generator) -> F op
     for (const ScheduleItem& item : order_for(llm, y.p, has_backward)) {
       const int32_t mb = item.microbatch;
       const int64_t k = item.chunk * pp + y.p;
@@ -928,8 +947,15 @@ void Lowering::lower_colocated() {
         }
         Op f = compute(llm, rank, static_cast<int32_t>(k), mb, y.d, Phase::kF, samples);
         f.deps = deps;
-        const int32_t done = emit(rank, f);
+        int32_t done = emit(rank, f);
         forward_done[{mb, item.chunk}] = done;
+        if (k == llm.chunks() - 1)
+          for (int i : suffix) {
+            Op g = compute(modules_[static_cast<std::size_t>(i)], rank, 0, mb, y.d, Phase::kF, samples);
+            g.deps = {done};
+            done = emit(rank, g);
+            suffix_forward[{mb, i}] = done;
+          }
         if (k < llm.chunks() - 1) {
           Op send = about;
           send.kind = OpKind::kSend;
@@ -954,7 +980,21 @@ void Lowering::lower_colocated() {
       }
       deps.push_back(forward_done.at({mb, item.chunk}));
       int32_t last = -1;
+      if (k == llm.chunks() - 1)
+        for (auto it = suffix.rbegin(); it != suffix.rend(); ++it) {
+          const ModuleInfo& g = modules_[static_cast<std::size_t>(*it)];
+          for (Phase phase : {Phase::kR, Phase::kB, Phase::kW}) {
+            if (phase == Phase::kR && plan_.recompute != Recompute::kFull) continue;
+            if (phase == Phase::kW && !g.flow.trainable) continue;
+            Op op = compute(g, rank, 0, mb, y.d, phase, samples);
+            op.deps = deps;
+            last = emit(rank, op);
+            deps = {last};
+          }
+          release(rank, last, suffix_forward, std::make_pair(mb, *it));
+        }
       for (Phase phase : {Phase::kR, Phase::kB, Phase::kW}) {
+        if (!llm.flow.backward()) break;
         if (phase == Phase::kR && plan_.recompute != Recompute::kFull) continue;
         if (phase == Phase::kW && !llm.flow.trainable) continue;
         Op op = compute(llm, rank, static_cast<int32_t>(k), mb, y.d, phase, samples);
@@ -962,8 +1002,8 @@ void Lowering::lower_colocated() {
         last = emit(rank, op);
         deps = {last};
       }
-      release(rank, last, forward_done, std::make_pair(mb, item.chunk));
-      if (k > 0) {
+      if (llm.flow.backward()) release(rank, last, forward_done, std::make_pair(mb, item.chunk));
+      if (k > 0 && llm.flow.backward()) {
         Op send = about;
         send.kind = OpKind::kSend;
         send.stream = StreamKind::kP2p;
@@ -1015,6 +1055,7 @@ void Lowering::lower_colocated() {
     }
     std::vector<int> all{llm_};
     all.insert(all.end(), encoders.begin(), encoders.end());
+    if (y.p == llm.layout.pp - 1) all.insert(all.end(), suffix.begin(), suffix.end());
     gradient_reduction(rank, all);
   }
 }
@@ -1038,11 +1079,13 @@ void Lowering::run() {
       return;
     }
   }
-  if (plan_.placement == Placement::kColocated &&
-      std::any_of(model_.modules.begin(), model_.modules.end(), [](const ModuleSpec& m) { return m.role == ModuleRole::kGenerator; })) {
-    out_.error = "a colocated plan with a generator module is not lowered yet";
-    return;
-  }
+  if (plan_.placement == Placement::kColocated)
+    for (const ModuleInfo& m : modules_)
+      if (m.spec->role == ModuleRole::kGenerator && m.host < 0) {
+        out_.error = "colocated: give generator '" + m.spec->name +
+                     "' no layout of its own; it then runs in the LLM's last pipeline stage";
+        return;
+      }
   assign_samples();
   if (plan_.placement == Placement::kColocated) lower_colocated();
   else lower_pipelines();

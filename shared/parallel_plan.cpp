@@ -180,12 +180,13 @@ std::vector<PlacedModule> place_modules(const ParallelPlan& plan, const ModelSpe
     }
     placed.push_back({m, layout, first, ""});
   }
-  // Modules without an entry: a projector borrows its producer's ranks; others are an error.
+  // Modules without an entry: a projector borrows its producer's ranks (its last stage), a
+  // generator the LLM's; others are an error.
   for (const ModuleSpec* m : topological_order(model)) {
     const bool has_entry = std::any_of(plan.modules.begin(), plan.modules.end(),
                                        [&](const auto& e) { return e.first == m->name; });
     if (has_entry) continue;
-    if (m->role == ModuleRole::kProjector && !m->inputs.empty()) {
+    if ((m->role == ModuleRole::kProjector || m->role == ModuleRole::kGenerator) && !m->inputs.empty()) {
       const PlacedModule* host = host_of(placed, m->inputs.front());
       if (host != nullptr) {
         placed.push_back({m, host->layout, host->first_rank, host->module->name});
@@ -193,7 +194,7 @@ std::vector<PlacedModule> place_modules(const ParallelPlan& plan, const ModelSpe
       }
     }
     diag.error(file, join_path(path, "modules"),
-               "module '" + m->name + "' has no layout (only a projector may run with its input)");
+               "module '" + m->name + "' has no layout (only a projector or generator may run with its input)");
   }
   return placed;
 }

@@ -51,8 +51,8 @@ struct ModuleLayout {
 struct ParallelPlan {
   Placement placement = Placement::kHomogeneous;
   ModuleLayout layout;  // homogeneous
-  // colocated / non_colocated, in plan order. A projector without an entry runs with the
-  // module that feeds it (same ranks, that module's last stage).
+  // colocated / non_colocated, in plan order. A projector or generator without an entry runs
+  // with the module that feeds it (same ranks, that module's last stage).
   std::vector<std::pair<std::string, ModuleLayout>> modules;
   int64_t micro_batch_size = 1;   // samples per micro-batch
   int64_t num_micro_batches = 0;  // Default (0): global_batch / (micro_batch_size · LLM dp)

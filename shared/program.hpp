@@ -63,7 +63,10 @@ struct RankMemory {
   double gradient_bytes = 0;
   double optimizer_bytes = 0;
   double activation_bytes = 0;  // peak of activations kept for backward (evaluate() fills it)
-  double total() const { return weight_bytes + gradient_bytes + optimizer_bytes + activation_bytes; }
+  double boundary_bytes = 0;    // encoder outputs held at a module boundary (received, gathered)
+  double total() const {
+    return weight_bytes + gradient_bytes + optimizer_bytes + activation_bytes + boundary_bytes;
+  }
 };
 
 struct Program {
