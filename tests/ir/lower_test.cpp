@@ -8,6 +8,7 @@
 #include "shared/estimate.hpp"
 #include "shared/evaluator.hpp"
 #include "shared/lower.hpp"
+#include "shared/model_math.hpp"
 #include "shared/schedule.hpp"
 
 using namespace tessera;
