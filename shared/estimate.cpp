@@ -40,31 +40,14 @@ Estimate estimate(const Scenario& s, const ParallelPlan& plan, int64_t iteration
     e.reason = timeline.error;
     return e;
   }
-  e.step_s = timeline.step_s;
-  e.samples_per_s = static_cast<double>(p.samples) / e.step_s;
-  e.tokens_per_s = static_cast<double>(p.llm_tokens) / e.step_s;
-  e.tflops_per_device = p.model_flops / e.step_s / static_cast<double>(p.world) / 1e12;
-  e.mfu = e.tflops_per_device * 1e12 / peak_flops(s.cluster, s.model.dtype);
-  double bubble = 0;
-  for (double busy : timeline.compute_busy_s) bubble += busy > 0 ? (e.step_s - busy) / busy : 0;
-  e.bubble = bubble / static_cast<double>(p.world);
-
-  e.capacity_bytes = static_cast<double>(s.cluster.device.memory_bytes);
-  if (s.cluster.kind == ClusterKind::kCpuLocal) e.capacity_bytes /= static_cast<double>(p.world);  // ranks share RAM
-  double worst = -1;
-  for (std::size_t r = 0; r < p.memory.size(); ++r) {
-    RankMemory m = p.memory[r];
-    m.activation_bytes = timeline.peak_activation_bytes[r];
-    if (m.total() > worst) {
-      worst = m.total();
-      e.peak_rank = static_cast<int64_t>(r);
-      e.peak_memory = m;
-    }
-  }
+  e.metrics = compute_metrics(p, timeline, s.model, s.cluster, batch);
+  e.peak_memory = e.metrics.memory[static_cast<std::size_t>(e.metrics.peak_rank)];
+  e.capacity_bytes = memory_capacity_bytes(s.cluster, p.world);
+  const double worst = e.peak_memory.total();
   e.feasible = worst <= e.capacity_bytes;
   if (!e.feasible) {
     const RankMemory& m = e.peak_memory;
-    e.reason = "rank " + std::to_string(e.peak_rank) + " needs " + human_bytes(m.total()) + " > " +
+    e.reason = "rank " + std::to_string(e.metrics.peak_rank) + " needs " + human_bytes(m.total()) + " > " +
                human_bytes(e.capacity_bytes) + " (weights " + human_bytes(m.weight_bytes) + ", gradients " +
                human_bytes(m.gradient_bytes) + ", optimizer " + human_bytes(m.optimizer_bytes) + ", activations " +
                human_bytes(m.activation_bytes) + ", boundary " + human_bytes(m.boundary_bytes) + ")";
@@ -72,29 +55,56 @@ Estimate estimate(const Scenario& s, const ParallelPlan& plan, int64_t iteration
   return e;
 }
 
-std::string format_estimate(const Estimate& e, const Scenario& s) {
+double memory_capacity_bytes(const ClusterSpec& cluster, int64_t world) {
+  const double device = static_cast<double>(cluster.device.memory_bytes);
+  // cpu-local ranks share the machine's memory.
+  return cluster.kind == ClusterKind::kCpuLocal ? device / static_cast<double>(std::max<int64_t>(1, world)) : device;
+}
+
+std::string format_metrics(const IterationMetrics& m, const ClusterSpec& cluster, DType dtype, double capacity_bytes) {
   char line[512];
   std::string out;
-  for (const std::string& note : e.notes) out += "note: " + note + "\n";
-  if (e.step_s <= 0) return out + "infeasible: " + e.reason + "\n";
+  const RankMemory& mem = m.memory[static_cast<std::size_t>(m.peak_rank)];
   std::snprintf(line, sizeof line,
                 "step time        %.4g s\n"
-                "throughput       %.4g samples/s, %.4g tokens/s\n"
+                "throughput       %.4g samples/s, %.4g tokens/s (text %.4g, image %.4g, audio %.4g, video %.4g)\n"
                 "model TFLOP/s    %.4g per device (MFU %.1f%% of %s dense %s)\n"
                 "idle / busy      %.3f (pipeline bubble + load imbalance, mean over ranks)\n"
+                "exposed comm     %.4g s per rank (mean)\n"
                 "peak memory      %s on rank %lld (weights %s, gradients %s, optimizer %s, activations %s, boundary %s) of %s\n",
-                e.step_s, e.samples_per_s, e.tokens_per_s, e.tflops_per_device, 100 * e.mfu,
-                (human_si(peak_flops(s.cluster, s.model.dtype)) + "FLOP/s").c_str(), enum_name(s.model.dtype, kDTypes).c_str(),
-                e.bubble, human_bytes(e.peak_memory.total()).c_str(), static_cast<long long>(e.peak_rank),
-                human_bytes(e.peak_memory.weight_bytes).c_str(), human_bytes(e.peak_memory.gradient_bytes).c_str(),
-                human_bytes(e.peak_memory.optimizer_bytes).c_str(), human_bytes(e.peak_memory.activation_bytes).c_str(),
-                human_bytes(e.peak_memory.boundary_bytes).c_str(), human_bytes(e.capacity_bytes).c_str());
+                m.step_s, m.samples_per_s, m.tokens_per_s, m.text_tokens_per_s, m.image_tokens_per_s, m.audio_tokens_per_s,
+                m.video_tokens_per_s, m.tflops_per_device, 100 * m.mfu, (human_si(peak_flops(cluster, dtype)) + "FLOP/s").c_str(),
+                enum_name(dtype, kDTypes).c_str(), m.bubble_mean, m.exposed_comm_mean_s, human_bytes(mem.total()).c_str(),
+                static_cast<long long>(m.peak_rank), human_bytes(mem.weight_bytes).c_str(), human_bytes(mem.gradient_bytes).c_str(),
+                human_bytes(mem.optimizer_bytes).c_str(), human_bytes(mem.activation_bytes).c_str(),
+                human_bytes(mem.boundary_bytes).c_str(), human_bytes(capacity_bytes).c_str());
   out += line;
+  out += "busy per module ";
+  for (const auto& [module, seconds] : m.module_busy_s) {
+    std::snprintf(line, sizeof line, " %s %.4g s", module.c_str(), seconds);
+    out += line;
+  }
+  out += " (summed over ranks)\ncritical path   ";
+  double total = 0;
+  for (const Contributor& c : m.critical_path) total += c.seconds;
+  for (std::size_t i = 0; i < m.critical_path.size() && i < 5; ++i) {
+    std::snprintf(line, sizeof line, " %s %.0f%%", m.critical_path[i].what.c_str(),
+                  total > 0 ? 100 * m.critical_path[i].seconds / total : 0.0);
+    out += (i ? "," : "") + std::string(line);
+  }
+  return out + "\n";
+}
+
+std::string format_estimate(const Estimate& e, const Scenario& s) {
+  std::string out;
+  for (const std::string& note : e.notes) out += "note: " + note + "\n";
+  if (e.metrics.step_s <= 0) return out + "infeasible: " + e.reason + "\n";
+  out += format_metrics(e.metrics, s.cluster, s.model.dtype, e.capacity_bytes);
   if (!e.feasible) out += "infeasible: " + e.reason + "\n";
+  char line[256];
   std::snprintf(line, sizeof line, "(%lld ops lowered in %.3f s, evaluated in %.3f s)\n", static_cast<long long>(e.ops),
                 e.lower_s, e.evaluate_s);
-  out += line;
-  return out;
+  return out + line;
 }
 
 }  // namespace tessera

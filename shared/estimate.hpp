@@ -8,6 +8,7 @@
 
 #include "shared/cost_model.hpp"
 #include "shared/lower.hpp"
+#include "shared/metrics.hpp"
 #include "shared/scenario.hpp"
 
 namespace tessera {
@@ -16,14 +17,8 @@ struct Estimate {
   bool feasible = false;
   std::string reason;  // why not feasible ("rank 3 needs 91.2 GiB > 79.6 GiB: ...") or a lowering error
   std::vector<std::string> notes;
-  double step_s = 0;
-  double samples_per_s = 0;
-  double tokens_per_s = 0;          // LLM sequence tokens
-  double tflops_per_device = 0;     // model FLOPs (F+B+W, no recompute) per second per device
-  double mfu = 0;                   // tflops_per_device / peak
-  double bubble = 0;                // mean over ranks of idle / busy compute time (bubble + imbalance)
-  int64_t peak_rank = 0;
-  RankMemory peak_memory;
+  IterationMetrics metrics;         // step_s == 0 when the iteration was not executed
+  RankMemory peak_memory;           // metrics.memory[metrics.peak_rank]
   double capacity_bytes = 0;
   int64_t ops = 0;
   double lower_s = 0, evaluate_s = 0;  // wall time of the two steps
@@ -32,5 +27,9 @@ struct Estimate {
 // REQUIRES: scenario validated, with a plan.
 Estimate estimate(const Scenario& scenario, const ParallelPlan& plan, int64_t iteration, const CostParams& params);
 std::string format_estimate(const Estimate& e, const Scenario& scenario);
+// The metrics block shared by `tessera estimate` and `tessera simulate`.
+std::string format_metrics(const IterationMetrics& m, const ClusterSpec& cluster, DType dtype, double capacity_bytes);
+// Memory one rank may use: the device's, or this machine's share for cpu-local ranks.
+double memory_capacity_bytes(const ClusterSpec& cluster, int64_t world);
 
 }  // namespace tessera

@@ -279,8 +279,8 @@ int run_estimate(const Args& args, std::ostream& out, std::ostream& err) {
   out << "scenario " << scenario->name << ": " << enum_name(scenario->plan->placement, kPlacements) << " plan on "
       << world_size(*scenario->plan, scenario->model) << " ranks, iteration " << iteration << "\n";
   out << format_estimate(e, *scenario);
-  if (e.step_s <= 0 && e.reason.find("not lowered yet") != std::string::npos) return kBadInput;
-  return e.step_s > 0 ? kOk : 1;
+  if (e.metrics.step_s <= 0 && e.reason.find("not lowered yet") != std::string::npos) return kBadInput;
+  return e.metrics.step_s > 0 ? kOk : 1;
 }
 
 const std::vector<Command>& commands() {

@@ -1,0 +1,184 @@
+#include "shared/metrics.hpp"
+
+#include <algorithm>
+#include <map>
+#include <tuple>
+
+namespace tessera {
+
+namespace {
+
+std::string kind_of(const Program& p, const Op& op) {
+  const std::string module = op.module >= 0 ? p.modules[static_cast<std::size_t>(op.module)] : "model";
+  switch (op.kind) {
+    case OpKind::kCompute: return module + " " + phase_name(op.phase);
+    case OpKind::kSend:
+    case OpKind::kRecv: return purpose_name(op.purpose) + " send/recv";
+    case OpKind::kCollective: return purpose_name(op.purpose) + " " + collective_name(op.collective);
+    case OpKind::kOptimizerStep: return "optimizer";
+  }
+  return "?";
+}
+
+bool is_comm(const Op& op) { return op.kind == OpKind::kRecv || op.kind == OpKind::kCollective || op.kind == OpKind::kSend; }
+
+}  // namespace
+
+std::vector<Contributor> critical_path(const Program& p, const Timeline& t) {
+  // Previous op on the same stream, per rank.
+  std::map<std::string, double> by_kind;
+  std::map<std::tuple<int64_t, int64_t, int64_t>, std::pair<int32_t, int32_t>> send_of;  // (src,dst,tag) -> send
+  std::vector<std::vector<int32_t>> previous(p.ranks.size());
+  std::map<std::pair<int32_t, int32_t>, std::vector<std::pair<int32_t, int32_t>>> instance_members;
+  std::vector<std::vector<int32_t>> instance_of(p.ranks.size());
+  for (std::size_t r = 0; r < p.ranks.size(); ++r) {
+    const auto& ops = p.ranks[r];
+    previous[r].assign(ops.size(), -1);
+    instance_of[r].assign(ops.size(), -1);
+    int32_t last[3] = {-1, -1, -1};
+    std::map<int32_t, int32_t> seen;
+    for (int32_t i = 0; i < static_cast<int32_t>(ops.size()); ++i) {
+      const Op& op = ops[static_cast<std::size_t>(i)];
+      if (op.kind == OpKind::kSend) send_of[{static_cast<int64_t>(r), op.peer, op.tag}] = {static_cast<int32_t>(r), i};
+      if (op.kind == OpKind::kRecv) continue;
+      const int s = static_cast<int>(op.stream);
+      previous[r][static_cast<std::size_t>(i)] = last[s];
+      last[s] = i;
+      if (op.kind == OpKind::kCollective) {
+        const int32_t k = seen[op.group]++;
+        instance_members[{op.group, k}].emplace_back(static_cast<int32_t>(r), i);
+        instance_of[r][static_cast<std::size_t>(i)] = k;
+      }
+    }
+  }
+  // Start at the op that finished last.
+  int32_t rank = 0, index = -1;
+  double latest = -1;
+  for (std::size_t r = 0; r < t.ops.size(); ++r)
+    for (std::size_t i = 0; i < t.ops[r].size(); ++i)
+      if (t.ops[r][i].finish_s > latest) {
+        latest = t.ops[r][i].finish_s;
+        rank = static_cast<int32_t>(r);
+        index = static_cast<int32_t>(i);
+      }
+  const double eps = 1e-12;
+  std::size_t steps = 0;
+  while (index >= 0 && steps++ < 10'000'000) {
+    const Op& op = p.ranks[static_cast<std::size_t>(rank)][static_cast<std::size_t>(index)];
+    const OpTime& time = t.ops[static_cast<std::size_t>(rank)][static_cast<std::size_t>(index)];
+    by_kind[kind_of(p, op)] += time.finish_s - time.start_s;
+    // What it waited for: the candidate that finished exactly at (or latest before) its start.
+    int32_t next_rank = -1, next_index = -1;
+    double best = -1;
+    auto consider = [&](int32_t r, int32_t i) {
+      if (i < 0) return;
+      const double f = t.ops[static_cast<std::size_t>(r)][static_cast<std::size_t>(i)].finish_s;
+      if (f <= time.start_s + eps && f > best) {
+        best = f;
+        next_rank = r;
+        next_index = i;
+      }
+    };
+    for (int32_t d : op.deps) consider(rank, d);
+    consider(rank, previous[static_cast<std::size_t>(rank)][static_cast<std::size_t>(index)]);
+    if (op.kind == OpKind::kRecv) {
+      const auto it = send_of.find({op.peer, rank, op.tag});
+      if (it != send_of.end()) {
+        // The receive spans the transfer: continue from whatever the send waited for.
+        next_rank = it->second.first;
+        next_index = it->second.second;
+        by_kind[kind_of(p, op)] -= time.finish_s - time.start_s;  // counted at the send
+      }
+    }
+    if (op.kind == OpKind::kCollective) {
+      const auto& members = instance_members[{op.group, instance_of[static_cast<std::size_t>(rank)][static_cast<std::size_t>(index)]}];
+      for (const auto& [mr, mi] : members) {
+        for (int32_t d : p.ranks[static_cast<std::size_t>(mr)][static_cast<std::size_t>(mi)].deps) consider(mr, d);
+        consider(mr, previous[static_cast<std::size_t>(mr)][static_cast<std::size_t>(mi)]);
+      }
+    }
+    if (next_index < 0 || (next_rank == rank && next_index == index)) break;
+    rank = next_rank;
+    index = next_index;
+  }
+  std::vector<Contributor> out;
+  for (const auto& [what, seconds] : by_kind)
+    if (seconds > 0) out.push_back({what, seconds});
+  std::sort(out.begin(), out.end(), [](const Contributor& a, const Contributor& b) { return a.seconds > b.seconds; });
+  return out;
+}
+
+IterationMetrics compute_metrics(const Program& p, const Timeline& t, const ModelSpec& model, const ClusterSpec& cluster,
+                                 const Batch& batch) {
+  IterationMetrics m;
+  m.step_s = t.step_s;
+  m.samples_per_s = static_cast<double>(p.samples) / m.step_s;
+  m.tokens_per_s = static_cast<double>(p.llm_tokens) / m.step_s;
+  double text = 0, image = 0, audio = 0, video = 0;
+  for (const Sample& s : batch.samples) {
+    const SampleTokens st = sample_tokens(model, s);
+    text += static_cast<double>(st.text);
+    image += static_cast<double>(st.image_llm);
+    audio += static_cast<double>(st.audio_llm);
+    video += static_cast<double>(st.video_llm);
+  }
+  m.text_tokens_per_s = text / m.step_s;
+  m.image_tokens_per_s = image / m.step_s;
+  m.audio_tokens_per_s = audio / m.step_s;
+  m.video_tokens_per_s = video / m.step_s;
+  m.tflops_per_device = p.model_flops / m.step_s / static_cast<double>(p.world) / 1e12;
+  m.mfu = m.tflops_per_device * 1e12 / peak_flops(cluster, model.dtype);
+
+  const std::size_t world = p.ranks.size();
+  m.bubble.assign(world, 0);
+  m.exposed_comm_s.assign(world, 0);
+  m.memory = p.memory;
+  std::vector<double> module_busy(p.modules.size(), 0);
+  double worst = -1;
+  for (std::size_t r = 0; r < world; ++r) {
+    const auto& ops = p.ranks[r];
+    double busy = 0, free_at = 0, live = 0, peak = 0;
+    for (std::size_t i = 0; i < ops.size(); ++i) {
+      const Op& op = ops[i];
+      if (op.stream != StreamKind::kCompute || op.kind == OpKind::kRecv) continue;
+      const OpTime& time = t.ops[r][i];
+      const double duration = time.finish_s - time.start_s;
+      busy += duration;
+      if (op.module >= 0 && op.kind == OpKind::kCompute) module_busy[static_cast<std::size_t>(op.module)] += duration;
+      // Waiting attributable to communication: the part of the wait after the compute-side
+      // inputs were ready that a communication op was still running.
+      double compute_ready = free_at, comm_ready = 0, comm_duration = 0;
+      for (int32_t d : op.deps) {
+        const OpTime& dt = t.ops[r][static_cast<std::size_t>(d)];
+        if (is_comm(ops[static_cast<std::size_t>(d)])) {
+          if (dt.finish_s > comm_ready) {
+            comm_ready = dt.finish_s;
+            comm_duration = dt.finish_s - dt.start_s;
+          }
+        } else {
+          compute_ready = std::max(compute_ready, dt.finish_s);
+        }
+      }
+      if (comm_ready > compute_ready) m.exposed_comm_s[r] += std::min(comm_ready - compute_ready, comm_duration);
+      free_at = time.finish_s;
+      live += op.stash_bytes;
+      peak = std::max(peak, live);
+      live -= op.release_bytes;
+    }
+    m.bubble[r] = busy > 0 ? (m.step_s - busy) / busy : 0;
+    m.memory[r].activation_bytes = peak;
+    if (m.memory[r].total() > worst) {
+      worst = m.memory[r].total();
+      m.peak_rank = static_cast<int64_t>(r);
+    }
+  }
+  for (std::size_t r = 0; r < world; ++r) {
+    m.bubble_mean += m.bubble[r] / static_cast<double>(world);
+    m.exposed_comm_mean_s += m.exposed_comm_s[r] / static_cast<double>(world);
+  }
+  for (std::size_t i = 0; i < p.modules.size(); ++i) m.module_busy_s.emplace_back(p.modules[i], module_busy[i]);
+  m.critical_path = critical_path(p, t);
+  return m;
+}
+
+}  // namespace tessera

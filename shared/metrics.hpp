@@ -1,0 +1,49 @@
+// Metrics of one executed iteration — from a Program and the Timeline of its execution, whoever
+// produced it (the in-order evaluator, the SimGrid simulator, or a recorded run).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "shared/batch.hpp"
+#include "shared/cluster_spec.hpp"
+#include "shared/evaluator.hpp"
+#include "shared/program.hpp"
+
+namespace tessera {
+
+struct Contributor {
+  std::string what;  // "llm F", "llm B", "pp send", "dp allreduce", ...
+  double seconds = 0;
+};
+
+struct IterationMetrics {
+  double step_s = 0;
+  double samples_per_s = 0;
+  double tokens_per_s = 0;   // LLM sequence tokens
+  double text_tokens_per_s = 0, image_tokens_per_s = 0, audio_tokens_per_s = 0, video_tokens_per_s = 0;
+  double tflops_per_device = 0;  // model FLOPs (F+B+W, no recompute) per second per device
+  double mfu = 0;
+  std::vector<double> bubble;          // per rank: idle / busy of its compute stream
+  double bubble_mean = 0;
+  // per rank: compute-stream time lost waiting on sends, receives and stream collectives (nested
+  // TP/CP/EP collectives count as part of their compute op)
+  std::vector<double> exposed_comm_s;
+  double exposed_comm_mean_s = 0;
+  std::vector<std::pair<std::string, double>> module_busy_s;  // per module, summed over ranks
+  std::vector<RankMemory> memory;      // per rank, activations from the timeline's stash walk
+  int64_t peak_rank = 0;
+  std::vector<Contributor> critical_path;  // largest contributors first
+};
+
+// REQUIRES: timeline.error empty; timeline produced from `program`.
+IterationMetrics compute_metrics(const Program& program, const Timeline& timeline, const ModelSpec& model,
+                                 const ClusterSpec& cluster, const Batch& batch);
+
+// The critical path: walk back from the op that finished last through whatever it waited for
+// (a dependency, the previous op of its stream, the send of a receive, the last member of a
+// collective) and sum the time per kind of op.
+std::vector<Contributor> critical_path(const Program& program, const Timeline& timeline);
+
+}  // namespace tessera
