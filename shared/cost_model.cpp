@@ -70,6 +70,13 @@ double CostModel::efficiency(const Op& op) const {
 }
 
 double CostModel::compute_s(const Program& program, const Op& op) const {
+  double seconds = compute_only_s(program, op);
+  for (const NestedCollective& n : op.nested)
+    seconds += n.count * collective_s(n.kind, program.groups[static_cast<std::size_t>(n.group)], n.bytes);
+  return seconds;
+}
+
+double CostModel::compute_only_s(const Program& program, const Op& op) const {
   if (op.kind == OpKind::kOptimizerStep)
     return params_.overhead_per_op_s + op.bytes / cluster_.device.memory_bandwidth_bytes_per_s;
   TESSERA_CHECK(op.kind == OpKind::kCompute);
@@ -79,8 +86,6 @@ double CostModel::compute_s(const Program& program, const Op& op) const {
     peak *= static_cast<double>(cluster_.cores) / static_cast<double>(program.world);
   double seconds = params_.overhead_per_op_s + static_cast<double>(op.layers) * params_.overhead_per_layer_s;
   if (op.flops > 0) seconds += op.flops / (peak * efficiency(op));
-  for (const NestedCollective& n : op.nested)
-    seconds += n.count * collective_s(n.kind, program.groups[static_cast<std::size_t>(n.group)], n.bytes);
   return seconds;
 }
 

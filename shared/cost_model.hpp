@@ -36,6 +36,8 @@ class CostModel {
 
   // Seconds of a Compute op, nested collectives included; or of an optimizer step.
   double compute_s(const Program& program, const Op& op) const;
+  // The same without the nested collectives (a simulator runs those itself).
+  double compute_only_s(const Program& program, const Op& op) const;
   // Seconds of one collective of `bytes` (NCCL-tests size) over `group`.
   double collective_s(CollectiveKind kind, const RankList& group, double bytes) const;
   // Seconds for a point-to-point message between two ranks.

@@ -35,14 +35,19 @@ Timeline evaluate(const Program& p, const CostModel& cost) {
   std::map<std::tuple<int64_t, int64_t, int64_t>, std::pair<int64_t, int32_t>> receive_of;
   // Collective instances: the k-th collective of a group on each member is instance (group, k).
   std::vector<std::vector<int32_t>> instance(world);
-  std::map<std::pair<int32_t, int32_t>, int32_t> instance_ids;
+  // Nested collectives (inside compute ops) are instances too, in a sequence of their own:
+  // nested_first[r][i] indexes nested_ids for op i's first nested collective.
+  std::vector<std::vector<int32_t>> nested_first(world);
+  std::vector<int32_t> nested_ids;
+  std::map<std::tuple<int32_t, int32_t, bool>, int32_t> instance_ids;
   std::vector<std::vector<std::pair<int64_t, int32_t>>> members;  // instance -> (rank, op)
   std::size_t total = 0;
   for (std::size_t r = 0; r < world; ++r) {
     const auto& ops = p.ranks[r];
     t.ops[r].assign(ops.size(), OpTime{});
     instance[r].assign(ops.size(), -1);
-    std::map<int32_t, int32_t> seen;
+    nested_first[r].assign(ops.size(), -1);
+    std::map<int32_t, int32_t> seen, seen_nested;
     for (int32_t i = 0; i < static_cast<int32_t>(ops.size()); ++i) {
       const Op& op = ops[static_cast<std::size_t>(i)];
       if (op.kind == OpKind::kRecv) {
@@ -52,10 +57,18 @@ Timeline evaluate(const Program& p, const CostModel& cost) {
       }
       if (op.kind == OpKind::kCollective) {
         const int32_t k = seen[op.group]++;
-        const auto [it, added] = instance_ids.emplace(std::make_pair(op.group, k), static_cast<int32_t>(members.size()));
+        const auto [it, added] = instance_ids.emplace(std::make_tuple(op.group, k, false), static_cast<int32_t>(members.size()));
         if (added) members.emplace_back();
         members[static_cast<std::size_t>(it->second)].emplace_back(static_cast<int64_t>(r), i);
         instance[r][static_cast<std::size_t>(i)] = it->second;
+      }
+      for (std::size_t n = 0; n < op.nested.size(); ++n) {
+        const int32_t g = op.nested[n].group;
+        const int32_t k = seen_nested[g]++;
+        const auto [it, added] = instance_ids.emplace(std::make_tuple(g, k, true), static_cast<int32_t>(members.size()));
+        if (added) members.emplace_back();
+        if (n == 0) nested_first[r][static_cast<std::size_t>(i)] = static_cast<int32_t>(nested_ids.size());
+        nested_ids.push_back(it->second);
       }
     }
     total += ops.size();
@@ -66,6 +79,15 @@ Timeline evaluate(const Program& p, const CostModel& cost) {
   std::vector<std::array<double, kStreams>> free_at(world, {0, 0, 0});
   std::vector<std::vector<char>> arrived_here(world);
   for (std::size_t r = 0; r < world; ++r) arrived_here[r].assign(p.ranks[r].size(), 0);
+  // A compute op with nested collectives runs in phases: its compute part, then each nested
+  // collective once all of that collective's members reached it.
+  std::vector<std::vector<int32_t>> phase(world);   // next nested index; -1 = not started
+  std::vector<std::vector<double>> phase_end(world);
+  std::vector<char> nested_arrived(nested_ids.size(), 0);
+  for (std::size_t r = 0; r < world; ++r) {
+    phase[r].assign(p.ranks[r].size(), -1);
+    phase_end[r].assign(p.ranks[r].size(), 0);
+  }
   std::size_t done = 0;
 
   auto deps_ready = [&](std::size_t r, const Op& op, double& when) {
@@ -103,6 +125,7 @@ Timeline evaluate(const Program& p, const CostModel& cost) {
               const int32_t inst = instance[r][static_cast<std::size_t>(i)];
               if (!arrived_here[r][static_cast<std::size_t>(i)]) {
                 arrived_here[r][static_cast<std::size_t>(i)] = 1;
+                progress = true;
                 ++arrived[static_cast<std::size_t>(inst)];
                 ready_at[static_cast<std::size_t>(inst)] = std::max(ready_at[static_cast<std::size_t>(inst)], start);
               }
@@ -120,8 +143,41 @@ Timeline evaluate(const Program& p, const CostModel& cost) {
               continue;  // this member's cursor moves on at the top of the loop
             }
             double duration = 0;
-            if (op.kind == OpKind::kSend) duration = cost.p2p_s(static_cast<int64_t>(r), op.peer, op.bytes);
-            else duration = cost.compute_s(p, op);
+            if (op.kind == OpKind::kSend) {
+              duration = cost.p2p_s(static_cast<int64_t>(r), op.peer, op.bytes);
+            } else if (op.nested.empty()) {
+              duration = cost.compute_s(p, op);
+            } else {
+              auto& next = phase[r][static_cast<std::size_t>(i)];
+              double& at = phase_end[r][static_cast<std::size_t>(i)];
+              if (next < 0) {
+                time.start_s = start;  // provisional; finish_s stays < 0 until done
+                at = start + cost.compute_only_s(p, op);
+                next = 0;
+              }
+              bool blocked = false;
+              while (next < static_cast<int32_t>(op.nested.size())) {
+                const auto slot = static_cast<std::size_t>(nested_first[r][static_cast<std::size_t>(i)] + next);
+                const int32_t inst = nested_ids[slot];
+                const NestedCollective& nc = op.nested[static_cast<std::size_t>(next)];
+                const RankList& group = p.groups[static_cast<std::size_t>(nc.group)];
+                if (!nested_arrived[slot]) {
+                  nested_arrived[slot] = 1;
+                  progress = true;  // an arrival changes state even when nothing completes
+                  ++arrived[static_cast<std::size_t>(inst)];
+                  ready_at[static_cast<std::size_t>(inst)] = std::max(ready_at[static_cast<std::size_t>(inst)], at);
+                }
+                if (arrived[static_cast<std::size_t>(inst)] < static_cast<int32_t>(group.size())) {
+                  blocked = true;
+                  break;
+                }
+                at = ready_at[static_cast<std::size_t>(inst)] + nc.count * cost.collective_s(nc.kind, group, nc.bytes);
+                ++next;
+              }
+              if (blocked) break;
+              start = time.start_s;
+              duration = at - start;
+            }
             time = {start, start + duration};
             ++done;
             free_at[r][static_cast<std::size_t>(s)] = time.finish_s;

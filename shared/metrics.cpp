@@ -24,6 +24,21 @@ bool is_comm(const Op& op) { return op.kind == OpKind::kRecv || op.kind == OpKin
 
 }  // namespace
 
+std::vector<RankMemory> memory_per_rank(const Program& p) {
+  std::vector<RankMemory> memory = p.memory;
+  for (std::size_t r = 0; r < p.ranks.size(); ++r) {
+    double live = 0, peak = 0;
+    for (const Op& op : p.ranks[r]) {
+      if (op.stream != StreamKind::kCompute || op.kind == OpKind::kRecv) continue;
+      live += op.stash_bytes;
+      peak = std::max(peak, live);
+      live -= op.release_bytes;
+    }
+    memory[r].activation_bytes = peak;
+  }
+  return memory;
+}
+
 std::vector<Contributor> critical_path(const Program& p, const Timeline& t) {
   // Previous op on the same stream, per rank.
   std::map<std::string, double> by_kind;
@@ -132,12 +147,12 @@ IterationMetrics compute_metrics(const Program& p, const Timeline& t, const Mode
   const std::size_t world = p.ranks.size();
   m.bubble.assign(world, 0);
   m.exposed_comm_s.assign(world, 0);
-  m.memory = p.memory;
+  m.memory = memory_per_rank(p);
   std::vector<double> module_busy(p.modules.size(), 0);
   double worst = -1;
   for (std::size_t r = 0; r < world; ++r) {
     const auto& ops = p.ranks[r];
-    double busy = 0, free_at = 0, live = 0, peak = 0;
+    double busy = 0, free_at = 0;
     for (std::size_t i = 0; i < ops.size(); ++i) {
       const Op& op = ops[i];
       if (op.stream != StreamKind::kCompute || op.kind == OpKind::kRecv) continue;
@@ -161,12 +176,8 @@ IterationMetrics compute_metrics(const Program& p, const Timeline& t, const Mode
       }
       if (comm_ready > compute_ready) m.exposed_comm_s[r] += std::min(comm_ready - compute_ready, comm_duration);
       free_at = time.finish_s;
-      live += op.stash_bytes;
-      peak = std::max(peak, live);
-      live -= op.release_bytes;
     }
     m.bubble[r] = busy > 0 ? (m.step_s - busy) / busy : 0;
-    m.memory[r].activation_bytes = peak;
     if (m.memory[r].total() > worst) {
       worst = m.memory[r].total();
       m.peak_rank = static_cast<int64_t>(r);

@@ -37,6 +37,10 @@ struct IterationMetrics {
   std::vector<Contributor> critical_path;  // largest contributors first
 };
 
+// Memory per rank: the program's parameter state plus the peak of activations stashed along each
+// rank's compute stream (which runs in program order, so no timeline is needed).
+std::vector<RankMemory> memory_per_rank(const Program& program);
+
 // REQUIRES: timeline.error empty; timeline produced from `program`.
 IterationMetrics compute_metrics(const Program& program, const Timeline& timeline, const ModelSpec& model,
                                  const ClusterSpec& cluster, const Batch& batch);

@@ -3,6 +3,7 @@
 #include <cerrno>
 #include <chrono>
 #include <csignal>
+#include <cstdio>
 #include <cstring>
 #include <exception>
 
@@ -34,12 +35,18 @@ ChildResult run_in_child(const std::function<std::string()>& body, double timeou
     result.error = std::string("pipe: ") + std::strerror(errno);
     return result;
   }
+  // Buffered output would otherwise be written twice: by the parent and by the child.
+  std::fflush(nullptr);
   const pid_t pid = ::fork();
   if (pid < 0) {
     result.error = std::string("fork: ") + std::strerror(errno);
     return result;
   }
   if (pid == 0) {
+    // A crash in the child must end it plainly (the parent reports it), not run handlers it
+    // inherited (a test framework's, say).
+    for (int sig : {SIGSEGV, SIGABRT, SIGFPE, SIGILL, SIGBUS, SIGTERM, SIGINT})
+      std::signal(sig, SIG_DFL);
     ::close(out_pipe[0]);
     ::close(err_pipe[0]);
     int status = 0;

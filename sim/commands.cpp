@@ -12,6 +12,7 @@
 #include "shared/model_math.hpp"
 #include "shared/scenario.hpp"
 #include "shared/scenario_report.hpp"
+#include "sim/simulator.hpp"
 
 namespace tessera::sim {
 
@@ -283,13 +284,62 @@ int run_estimate(const Args& args, std::ostream& out, std::ostream& err) {
   return e.metrics.step_s > 0 ? kOk : 1;
 }
 
+int run_simulate(const Args& args, std::ostream& out, std::ostream& err) {
+  cxxopts::Options options("tessera simulate",
+                           "Predicts a plan by executing its per-rank Programs as a SimGrid discrete-event "
+                           "simulation with network contention, over several iterations with different "
+                           "drawn batches. Plans that do not fit in memory are reported, not simulated.");
+  options.add_options()("input", "scenario.json", cxxopts::value<std::string>())(
+      "plan", "plan file replacing the scenario's plan", cxxopts::value<std::string>())(
+      "iterations", "iterations to simulate", cxxopts::value<int64_t>()->default_value("3"))(
+      "first-iteration", "first iteration's batch", cxxopts::value<int64_t>()->default_value("0"))(
+      "contention", "on: flows share links; off: timed transfers (equals estimate)",
+      cxxopts::value<std::string>()->default_value("on"))(
+      "trace", "write one Chrome-trace JSON per rank into this folder", cxxopts::value<std::string>())(
+      "timeout", "seconds allowed per simulated iteration", cxxopts::value<double>()->default_value("600"))(
+      "json", "machine-readable output");
+  options.parse_positional({"input"});
+  options.positional_help("<scenario.json>");
+  int code = kOk;
+  const auto result = parse(options, args, out, err, code);
+  std::string file;
+  if (!result) return code;
+  if (!one_positional(*result, options.program(), "scenario file", err, file)) return kBadInput;
+  SimulateOptions sim;
+  sim.iterations = (*result)["iterations"].as<int64_t>();
+  sim.first_iteration = (*result)["first-iteration"].as<int64_t>();
+  sim.timeout_s = (*result)["timeout"].as<double>();
+  const std::string contention = (*result)["contention"].as<std::string>();
+  if (sim.iterations < 1 || sim.first_iteration < 0 || sim.timeout_s <= 0 || (contention != "on" && contention != "off")) {
+    err << options.program() << ": --iterations >= 1, --first-iteration >= 0, --timeout > 0, --contention on|off\n";
+    return kBadInput;
+  }
+  sim.contention = contention == "on";
+  if (result->count("trace")) sim.trace_dir = (*result)["trace"].as<std::string>();
+  Diagnostics diag;
+  const auto scenario = scenario_with_plan(*result, file, diag);
+  if (!scenario) return report_problems(diag, err);
+  const SimulationResult r = simulate(*scenario, *scenario->plan, sim);
+  if ((*result).count("json")) {
+    out << simulation_to_json(r).dump(1) << "\n";
+  } else {
+    out << "scenario " << scenario->name << ": " << enum_name(scenario->plan->placement, kPlacements) << " plan on "
+        << world_size(*scenario->plan, scenario->model) << " ranks, SimGrid, contention " << contention << "\n";
+    out << format_simulation(r, *scenario);
+  }
+  if (!r.feasible) return r.reason.rfind("infeasible", 0) == 0 ? kOk : (r.reason.find("not lowered yet") != std::string::npos ? kBadInput : 1);
+  if (!r.trace_error.empty()) return 1;
+  return kOk;
+}
+
 const std::vector<Command>& commands() {
   static const std::vector<Command> table = {
       {"validate", "check a scenario and report every problem", run_validate},
       {"show", "summarise a scenario: modules, tokens, cluster, plan and rank groups", run_show},
       {"import-hf", "convert a HuggingFace config.json into a model file", run_import_hf},
       {"lower", "print the per-rank op lists of one iteration (dry run)", run_lower},
-      {"estimate", "predict step time, throughput, MFU and memory of a plan", run_estimate},
+      {"estimate", "predict step time, throughput, MFU and memory of a plan (analytic)", run_estimate},
+      {"simulate", "simulate a plan on SimGrid with network contention", run_simulate},
   };
   return table;
 }

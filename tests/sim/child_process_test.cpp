@@ -6,7 +6,7 @@
 #include <unistd.h>
 
 #include "sim/child_process.hpp"
-#include "sim/simgrid_adapter.hpp"
+#include "sim/simgrid/adapter.hpp"
 
 using namespace tessera::sim;
 

@@ -1,0 +1,322 @@
+#include <algorithm>
+#include <map>
+#include <memory>
+#include <tuple>
+#include <unordered_map>
+
+#include <simgrid/s4u.hpp>
+
+#include "shared/check.hpp"
+#include "sim/simgrid/adapter.hpp"
+#include "sim/simgrid/platform.hpp"
+#include "sim/twins.hpp"
+
+namespace sg4 = simgrid::s4u;
+
+namespace tessera::sim {
+
+namespace {
+
+constexpr double kHostSpeed = 1e9;  // platform.cpp sizes hosts in these units
+
+// Everything the actors share. SimGrid actors are cooperative threads of one process, so plain
+// data is safe; waiting uses a mutex and condition variable per class (no lost wake-ups).
+//
+// Twins (twins.hpp): ranks that provably run the same ops at the same times — TP and uniform-CP
+// shards. One actor runs a whole class; every twin's transfers still become flows, so links
+// carry all of the traffic.
+class Run {
+ public:
+  Run(const Program& p, const CostModel& cost, const RunOptions& options, std::vector<sg4::Host*> hosts)
+      : p_(p), cost_(cost), options_(options), hosts_(std::move(hosts)), twins_(find_twins(p)) {
+    const std::size_t world = p.ranks.size();
+    times_.resize(world);
+    instance_of_.resize(world);
+    receive_index_.resize(world);
+    std::map<std::tuple<int64_t, int64_t, int64_t>, int32_t> receives;
+    std::map<std::tuple<int32_t, int32_t, bool>, int32_t> ids;
+    auto instance = [&](int32_t group, int32_t sequence, bool nested) {
+      const auto [it, added] = ids.emplace(std::make_tuple(group, sequence, nested), static_cast<int32_t>(instances_.size()));
+      if (added) instances_.push_back({group, 0, 0, {}});
+      return it->second;
+    };
+    for (std::size_t r = 0; r < world; ++r) {
+      times_[r].assign(p.ranks[r].size(), OpTime{});
+      instance_of_[r].assign(p.ranks[r].size(), -1);
+      std::map<int32_t, int32_t> seen, seen_nested;
+      for (int32_t i = 0; i < static_cast<int32_t>(p.ranks[r].size()); ++i) {
+        const Op& op = p.ranks[r][static_cast<std::size_t>(i)];
+        if (op.kind == OpKind::kRecv) receives[{op.peer, static_cast<int64_t>(r), op.tag}] = i;
+        if (op.kind == OpKind::kCollective) instance_of_[r][static_cast<std::size_t>(i)] = instance(op.group, seen[op.group]++, false);
+        // Nested collectives are matched among the members' compute ops in their own sequence;
+        // an op stores its first index into nested_ids_, the others follow.
+        for (std::size_t n = 0; n < op.nested.size(); ++n) {
+          const int32_t inst = instance(op.nested[n].group, seen_nested[op.nested[n].group]++, true);
+          if (n == 0) instance_of_[r][static_cast<std::size_t>(i)] = static_cast<int32_t>(nested_ids_.size());
+          nested_ids_.push_back(inst);
+        }
+      }
+    }
+    for (std::size_t r = 0; r < world; ++r) {
+      receive_index_[r].assign(p.ranks[r].size(), -1);
+      for (int32_t i = 0; i < static_cast<int32_t>(p.ranks[r].size()); ++i) {
+        const Op& op = p.ranks[r][static_cast<std::size_t>(i)];
+        if (op.kind != OpKind::kSend) continue;
+        const auto it = receives.find({static_cast<int64_t>(r), op.peer, op.tag});
+        if (it != receives.end()) receive_index_[r][static_cast<std::size_t>(i)] = it->second;
+      }
+    }
+    // An instance completes when every class that owns one of its members has arrived.
+    for (Instance& in : instances_) {
+      std::vector<int32_t> classes;
+      for (int64_t m : p.groups[static_cast<std::size_t>(in.group)]) classes.push_back(twins_.leader[static_cast<std::size_t>(m)]);
+      std::sort(classes.begin(), classes.end());
+      in.needed = static_cast<int32_t>(std::unique(classes.begin(), classes.end()) - classes.begin());
+    }
+    done_.assign(instances_.size(), -1);
+    sync_.resize(world);
+    for (std::size_t r = 0; r < world; ++r)
+      if (twins_.leader[r] == static_cast<int32_t>(r)) {
+        sync_[r].mutex = sg4::Mutex::create();
+        sync_[r].cv = sg4::ConditionVariable::create();
+      }
+  }
+
+  void start() {
+    for (std::size_t r = 0; r < p_.ranks.size(); ++r) {
+      if (twins_.leader[r] != static_cast<int32_t>(r)) continue;
+      for (StreamKind s : {StreamKind::kCompute, StreamKind::kCollective, StreamKind::kP2p}) {
+        std::vector<int32_t> ops;
+        for (int32_t i = 0; i < static_cast<int32_t>(p_.ranks[r].size()); ++i) {
+          const Op& op = p_.ranks[r][static_cast<std::size_t>(i)];
+          if (op.stream == s && op.kind != OpKind::kRecv) ops.push_back(i);
+        }
+        if (ops.empty()) continue;
+        const auto rank = static_cast<int32_t>(r);
+        sg4::Actor::create("r" + std::to_string(r) + "-" + std::to_string(static_cast<int>(s)), hosts_[r],
+                           [this, rank, ops] { stream(rank, ops); });
+      }
+    }
+  }
+
+  Timeline timeline() {
+    Timeline t;
+    t.ops = times_;
+    t.compute_busy_s.assign(p_.ranks.size(), 0);
+    t.peak_activation_bytes.assign(p_.ranks.size(), 0);
+    std::string stuck;
+    int shown = 0;
+    for (std::size_t r = 0; r < p_.ranks.size(); ++r)
+      for (std::size_t i = 0; i < p_.ranks[r].size(); ++i) {
+        const OpTime& o = times_[r][i];
+        if (o.finish_s < 0) {
+          if (shown++ < 5)
+            stuck += (stuck.empty() ? "" : "; ") + op_id(p_, static_cast<int32_t>(r), static_cast<int32_t>(i)) + " " +
+                     op_name(p_, p_.ranks[r][i]);
+          continue;
+        }
+        t.step_s = std::max(t.step_s, o.finish_s);
+        if (p_.ranks[r][i].stream == StreamKind::kCompute && p_.ranks[r][i].kind != OpKind::kRecv)
+          t.compute_busy_s[r] += o.finish_s - o.start_s;
+      }
+    if (shown > 0) t.error = "the program cannot finish: ops never ran, e.g. " + stuck;
+    t.activities = activities_;
+    t.actors = actors_;
+    return t;
+  }
+
+ private:
+  struct Sync {
+    sg4::MutexPtr mutex;
+    sg4::ConditionVariablePtr cv;
+    int32_t waiters = 0;  // actors blocked on cv; signalling is skipped when none
+  };
+  struct Instance {
+    int32_t group = -1;
+    int32_t arrived = 0;
+    int32_t needed = 0;  // distinct twin classes among the members
+    std::vector<std::tuple<int32_t, int32_t, int32_t>> members;  // (class leader, op, nested index or -1)
+  };
+
+  const std::vector<int32_t>& offsets(int32_t leader) const { return twins_.offsets[static_cast<std::size_t>(leader)]; }
+
+  void wake(int32_t rank) {
+    Sync& s = sync_[static_cast<std::size_t>(twins_.leader[static_cast<std::size_t>(rank)])];
+    if (s.waiters == 0) return;
+    std::unique_lock lock(*s.mutex);
+    s.cv->notify_all();
+  }
+
+  // Sets the times of op `i` on `rank` and on all of its twins.
+  void finish_class(int32_t leader, int32_t i, double start, double end) {
+    for (int32_t d : offsets(leader)) times_[static_cast<std::size_t>(leader + d)][static_cast<std::size_t>(i)] = {start, end};
+    wake(leader);
+  }
+
+  template <class Ready>
+  void block(int32_t leader, Ready ready) {
+    if (ready()) return;
+    Sync& s = sync_[static_cast<std::size_t>(leader)];
+    std::unique_lock lock(*s.mutex);
+    ++s.waiters;
+    while (!ready()) s.cv->wait(lock);
+    --s.waiters;
+  }
+
+  void sleep(double seconds) {
+    if (seconds <= 0) return;
+    ++activities_;
+    sg4::this_actor::sleep_for(seconds);
+  }
+
+  // The ring flows of one collective over `group`, `count` calls back to back. Returns the
+  // extra latency steps to wait after the flows (beyond each flow's own route latency).
+  double launch_ring(CollectiveKind kind, const RankList& group, double bytes, int32_t count,
+                     std::vector<sg4::CommPtr>& flows) {
+    const double volume = count * bus_factor(kind, static_cast<int64_t>(group.size())) * bytes;
+    for (std::size_t i = 0; i < group.size(); ++i) {
+      flows.push_back(sg4::Comm::sendto_async(hosts_[static_cast<std::size_t>(group[i])],
+                                              hosts_[static_cast<std::size_t>(group[(i + 1) % group.size()])],
+                                              static_cast<uint64_t>(volume)));
+      ++activities_;
+    }
+    const double alpha = cost_.same_node(group) ? cost_.cluster().intra_node.latency_s : cost_.cluster().inter_node.link.latency_s;
+    const double steps = kind == CollectiveKind::kAllReduce ? 2.0 * static_cast<double>(group.size() - 1)
+                         : kind == CollectiveKind::kBroadcast ? 1.0
+                                                              : static_cast<double>(group.size() - 1);
+    return count * steps * alpha - alpha;
+  }
+
+  // The class of `leader` reaches collective op `i` (nested index `n`, or -1 for a stream
+  // collective): it arrives at the instance of every twin, and the class that completes an
+  // instance runs it. Returns when all of this class's instances are done.
+  void collective(int32_t leader, int32_t i, int32_t n) {
+    const Op& op = p_.ranks[static_cast<std::size_t>(leader)][static_cast<std::size_t>(i)];
+    std::vector<int32_t> mine;  // distinct instances of this class's ranks
+    for (int32_t d : offsets(leader)) {
+      const int32_t base = instance_of_[static_cast<std::size_t>(leader + d)][static_cast<std::size_t>(i)];
+      const int32_t inst = n < 0 ? base : nested_ids_[static_cast<std::size_t>(base + n)];
+      if (std::find(mine.begin(), mine.end(), inst) == mine.end()) mine.push_back(inst);
+    }
+    const double now = sg4::Engine::get_clock();
+    std::vector<int32_t> complete;
+    for (int32_t inst : mine) {
+      Instance& in = instances_[static_cast<std::size_t>(inst)];
+      in.members.emplace_back(leader, i, n);
+      if (++in.arrived == in.needed) complete.push_back(inst);
+    }
+    if (!complete.empty()) {
+      // This class is the last to arrive at these instances: run them together.
+      const auto kind = n < 0 ? op.collective : op.nested[static_cast<std::size_t>(n)].kind;
+      const double bytes = n < 0 ? op.bytes : op.nested[static_cast<std::size_t>(n)].bytes;
+      const int32_t count = n < 0 ? 1 : op.nested[static_cast<std::size_t>(n)].count;
+      const RankList& first_group = p_.groups[static_cast<std::size_t>(instances_[static_cast<std::size_t>(complete.front())].group)];
+      if (!options_.contention || first_group.size() < 2 || bytes <= 0) {
+        sleep(count * cost_.collective_s(kind, first_group, bytes));
+      } else {
+        std::vector<sg4::CommPtr> flows;
+        double extra = 0;
+        for (int32_t inst : complete)
+          extra = std::max(extra, launch_ring(kind, p_.groups[static_cast<std::size_t>(instances_[static_cast<std::size_t>(inst)].group)],
+                                              bytes, count, flows));
+        sg4::Comm::wait_all(flows);
+        sleep(extra);
+      }
+      const double end = sg4::Engine::get_clock();
+      for (int32_t inst : complete) {
+        done_[static_cast<std::size_t>(inst)] = end;
+        for (const auto& [ml, mi, mn] : instances_[static_cast<std::size_t>(inst)].members) {
+          if (mn < 0) finish_class(ml, mi, now, end);
+          else wake(ml);
+        }
+      }
+    }
+    block(leader, [&] {
+      return std::all_of(mine.begin(), mine.end(), [&](int32_t inst) { return done_[static_cast<std::size_t>(inst)] >= 0; });
+    });
+  }
+
+  void stream(int32_t leader, const std::vector<int32_t>& ops) {
+    ++actors_;
+    const auto& list = p_.ranks[static_cast<std::size_t>(leader)];
+    const auto& t = times_[static_cast<std::size_t>(leader)];
+    for (int32_t i : ops) {
+      const Op& op = list[static_cast<std::size_t>(i)];
+      for (int32_t d : op.deps) block(leader, [&] { return t[static_cast<std::size_t>(d)].finish_s >= 0; });
+      const double start = sg4::Engine::get_clock();
+      switch (op.kind) {
+        case OpKind::kCompute:
+        case OpKind::kOptimizerStep: {
+          const double seconds = cost_.compute_only_s(p_, op);
+          if (options_.contention && cost_.cluster().kind == ClusterKind::kCpuLocal && twins_.offsets[static_cast<std::size_t>(leader)].size() == 1) {
+            ++activities_;
+            sg4::this_actor::execute(seconds * kHostSpeed);  // ranks share the machine's cores
+          } else {
+            sleep(seconds);
+          }
+          for (std::size_t n = 0; n < op.nested.size(); ++n) collective(leader, i, static_cast<int32_t>(n));
+          finish_class(leader, i, start, sg4::Engine::get_clock());
+          break;
+        }
+        case OpKind::kSend: {
+          // Every twin sends its own message to its own peer.
+          if (options_.contention) {
+            std::vector<sg4::CommPtr> flows;
+            for (int32_t d : offsets(leader)) {
+              const Op& twin = p_.ranks[static_cast<std::size_t>(leader + d)][static_cast<std::size_t>(i)];
+              flows.push_back(sg4::Comm::sendto_async(hosts_[static_cast<std::size_t>(leader + d)],
+                                                      hosts_[static_cast<std::size_t>(twin.peer)], static_cast<uint64_t>(twin.bytes)));
+              ++activities_;
+            }
+            sg4::Comm::wait_all(flows);
+          } else {
+            sleep(cost_.p2p_s(leader, op.peer, op.bytes));
+          }
+          const double end = sg4::Engine::get_clock();
+          for (int32_t d : offsets(leader)) {
+            const int32_t rank = leader + d;
+            const Op& twin = p_.ranks[static_cast<std::size_t>(rank)][static_cast<std::size_t>(i)];
+            const int32_t receive = receive_index_[static_cast<std::size_t>(rank)][static_cast<std::size_t>(i)];
+            if (receive >= 0) {
+              times_[static_cast<std::size_t>(twin.peer)][static_cast<std::size_t>(receive)] = {start, end};
+              wake(twin.peer);
+            }
+          }
+          finish_class(leader, i, start, end);
+          break;
+        }
+        case OpKind::kCollective: collective(leader, i, -1); break;
+        case OpKind::kRecv: break;
+      }
+    }
+  }
+
+  const Program& p_;
+  const CostModel& cost_;
+  RunOptions options_;
+  std::vector<sg4::Host*> hosts_;
+  Twins twins_;
+  std::vector<std::vector<OpTime>> times_;
+  std::vector<Sync> sync_;                           // per class leader
+  std::vector<std::vector<int32_t>> receive_index_;  // [rank][send op] -> receive op on the peer
+  std::vector<Instance> instances_;
+  std::vector<double> done_;
+  // [rank][op]: a collective's instance, or a compute op's first index into nested_ids_.
+  std::vector<std::vector<int32_t>> instance_of_;
+  std::vector<int32_t> nested_ids_;
+  int64_t activities_ = 0;
+  int64_t actors_ = 0;
+};
+
+}  // namespace
+
+Timeline run_program(const Program& program, const CostModel& cost, const RunOptions& options) {
+  auto engine = make_engine();
+  auto hosts = build_platform(cost.cluster(), cost.params().bandwidth_efficiency, program.world);
+  Run run(program, cost, options, std::move(hosts));
+  run.start();
+  engine->run();
+  return run.timeline();
+}
+
+}  // namespace tessera::sim

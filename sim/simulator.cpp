@@ -1,0 +1,200 @@
+#include "sim/simulator.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+
+#include "shared/scenario_report.hpp"
+#include "shared/trace_writer.hpp"
+#include "sim/child_process.hpp"
+
+namespace tessera::sim {
+
+namespace {
+
+double quantile(std::vector<double> v, double q) {
+  std::sort(v.begin(), v.end());
+  const double pos = q * static_cast<double>(v.size() - 1);
+  const auto lo = static_cast<std::size_t>(std::floor(pos));
+  const std::size_t hi = std::min(lo + 1, v.size() - 1);
+  return v[lo] + (v[hi] - v[lo]) * (pos - static_cast<double>(lo));
+}
+
+}  // namespace
+
+// Counters, then every op's start and finish, then the error text.
+std::string serialize_timeline(const Timeline& t) {
+  std::string out;
+  out.append(reinterpret_cast<const char*>(&t.activities), sizeof t.activities);
+  out.append(reinterpret_cast<const char*>(&t.actors), sizeof t.actors);
+  for (const auto& ops : t.ops)
+    for (const OpTime& o : ops) out.append(reinterpret_cast<const char*>(&o), sizeof o);
+  return out + t.error;
+}
+
+Timeline deserialize_timeline(const std::string& bytes, const Program& p) {
+  Timeline t;
+  std::size_t at = 2 * sizeof(int64_t);
+  if (bytes.size() < at) {
+    t.error = "simulation returned no timeline";
+    return t;
+  }
+  std::memcpy(&t.activities, bytes.data(), sizeof t.activities);
+  std::memcpy(&t.actors, bytes.data() + sizeof t.activities, sizeof t.actors);
+  t.ops.resize(p.ranks.size());
+  t.compute_busy_s.assign(p.ranks.size(), 0);
+  t.peak_activation_bytes.assign(p.ranks.size(), 0);
+  for (std::size_t r = 0; r < p.ranks.size(); ++r) {
+    t.ops[r].resize(p.ranks[r].size());
+    for (std::size_t i = 0; i < p.ranks[r].size(); ++i) {
+      if (at + sizeof(OpTime) > bytes.size()) {
+        t.error = "simulation returned a truncated timeline";
+        return t;
+      }
+      std::memcpy(&t.ops[r][i], bytes.data() + at, sizeof(OpTime));
+      at += sizeof(OpTime);
+      const OpTime& o = t.ops[r][i];
+      t.step_s = std::max(t.step_s, o.finish_s);
+      if (p.ranks[r][i].stream == StreamKind::kCompute && p.ranks[r][i].kind != OpKind::kRecv)
+        t.compute_busy_s[r] += o.finish_s - o.start_s;
+    }
+  }
+  t.error = bytes.substr(at);
+  return t;
+}
+
+SimulationResult simulate(const Scenario& s, const ParallelPlan& plan, const SimulateOptions& options) {
+  SimulationResult result;
+  std::vector<ModuleRole> roles;
+  for (const ModuleSpec& m : s.model.modules) roles.push_back(m.role);
+  const CostModel cost(s.cluster, s.model.dtype, default_cost_params(s.cluster), roles);
+  std::vector<Program> programs;
+  std::vector<Timeline> timelines;
+  for (int64_t k = 0; k < options.iterations; ++k) {
+    const auto started = std::chrono::steady_clock::now();
+    const int64_t iteration = options.first_iteration + k;
+    const Batch batch = draw_batch(s.workload, iteration);
+    Lowered lowered = lower(s.model, s.cluster, plan, s.workload, batch);
+    if (!lowered.error.empty()) {
+      result.reason = lowered.error;
+      return result;
+    }
+    if (k == 0) result.notes = lowered.notes;
+    const Program& p = lowered.program;
+    // Memory first: a plan that does not fit is reported, not simulated.
+    const std::vector<RankMemory> memory = memory_per_rank(p);
+    result.capacity_bytes = memory_capacity_bytes(s.cluster, p.world);
+    const auto worst = std::max_element(memory.begin(), memory.end(),
+                                        [](const RankMemory& a, const RankMemory& b) { return a.total() < b.total(); });
+    if (worst->total() > result.capacity_bytes) {
+      result.reason = "infeasible: rank " + std::to_string(worst - memory.begin()) + " needs " + human_bytes(worst->total()) +
+                      " > " + human_bytes(result.capacity_bytes) + " (weights " + human_bytes(worst->weight_bytes) +
+                      ", gradients " + human_bytes(worst->gradient_bytes) + ", optimizer " +
+                      human_bytes(worst->optimizer_bytes) + ", activations " + human_bytes(worst->activation_bytes) +
+                      ", boundary " + human_bytes(worst->boundary_bytes) + ") in iteration " + std::to_string(iteration);
+      return result;
+    }
+    const RunOptions run{options.contention};
+    const ChildResult child = run_in_child([&] { return serialize_timeline(run_program(p, cost, run)); }, options.timeout_s);
+    if (!child.ok) {
+      result.reason = "simulation of iteration " + std::to_string(iteration) + " failed: " + child.error;
+      return result;
+    }
+    Timeline t = deserialize_timeline(child.output, p);
+    if (!t.error.empty()) {
+      result.reason = "iteration " + std::to_string(iteration) + ": " + t.error;
+      return result;
+    }
+    SimulatedIteration it;
+    it.iteration = iteration;
+    it.metrics = compute_metrics(p, t, s.model, s.cluster, batch);
+    for (const auto& ops : p.ranks) it.ops += static_cast<int64_t>(ops.size());
+    it.activities = t.activities;
+    it.actors = t.actors;
+    it.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    result.iterations.push_back(std::move(it));
+    if (!options.trace_dir.empty()) {
+      programs.push_back(std::move(lowered.program));
+      timelines.push_back(std::move(t));
+    }
+  }
+  result.feasible = true;
+  std::vector<double> steps;
+  for (const SimulatedIteration& it : result.iterations) steps.push_back(it.metrics.step_s);
+  double sum = 0;
+  for (double x : steps) sum += x;
+  result.step_mean_s = sum / static_cast<double>(steps.size());
+  result.step_p50_s = quantile(steps, 0.5);
+  result.step_p95_s = quantile(steps, 0.95);
+  if (!options.trace_dir.empty()) {
+    std::vector<TraceIteration> traced;
+    double offset = 0;
+    for (std::size_t k = 0; k < programs.size(); ++k) {
+      traced.push_back({&programs[k], &timelines[k], offset});
+      offset += timelines[k].step_s;
+    }
+    result.trace_error = write_chrome_traces(options.trace_dir, traced, "sim");
+  }
+  return result;
+}
+
+std::string format_simulation(const SimulationResult& r, const Scenario& s) {
+  std::string out;
+  for (const std::string& note : r.notes) out += "note: " + note + "\n";
+  if (!r.feasible) return out + r.reason + "\n";
+  char line[256];
+  out += "iteration   step (s)   samples/s   TFLOP/s/dev   MFU     idle/busy   ops       activities  actors   wall (s)\n";
+  for (const SimulatedIteration& it : r.iterations) {
+    std::snprintf(line, sizeof line, "%-11lld %-10.4g %-11.4g %-13.4g %-7.1f %-11.3f %-9lld %-11lld %-8lld %.3f\n",
+                  static_cast<long long>(it.iteration), it.metrics.step_s, it.metrics.samples_per_s,
+                  it.metrics.tflops_per_device, 100 * it.metrics.mfu, it.metrics.bubble_mean,
+                  static_cast<long long>(it.ops), static_cast<long long>(it.activities), static_cast<long long>(it.actors),
+                  it.wall_s);
+    out += line;
+  }
+  std::snprintf(line, sizeof line, "step time over %zu iterations: mean %.4g s, p50 %.4g s, p95 %.4g s\n\n",
+                r.iterations.size(), r.step_mean_s, r.step_p50_s, r.step_p95_s);
+  out += line;
+  // The iteration closest to the median, in full.
+  const SimulatedIteration* median = &r.iterations.front();
+  for (const SimulatedIteration& it : r.iterations)
+    if (std::fabs(it.metrics.step_s - r.step_p50_s) < std::fabs(median->metrics.step_s - r.step_p50_s)) median = &it;
+  out += "iteration " + std::to_string(median->iteration) + " (median):\n";
+  out += format_metrics(median->metrics, s.cluster, s.model.dtype, r.capacity_bytes);
+  if (!r.trace_error.empty()) out += "trace: " + r.trace_error + "\n";
+  return out;
+}
+
+Json simulation_to_json(const SimulationResult& r) {
+  Json j;
+  j["feasible"] = r.feasible;
+  if (!r.reason.empty()) j["reason"] = r.reason;
+  j["notes"] = r.notes;
+  j["step_mean_s"] = r.step_mean_s;
+  j["step_p50_s"] = r.step_p50_s;
+  j["step_p95_s"] = r.step_p95_s;
+  Json iterations = Json::array();
+  for (const SimulatedIteration& it : r.iterations) {
+    const IterationMetrics& m = it.metrics;
+    Json busy = Json::object();
+    for (const auto& [module, seconds] : m.module_busy_s) busy[module] = seconds;
+    Json path = Json::array();
+    for (const Contributor& c : m.critical_path) path.push_back({{"what", c.what}, {"seconds", c.seconds}});
+    Json memory = Json::array();
+    for (const RankMemory& mem : m.memory) memory.push_back(mem.total());
+    iterations.push_back({{"iteration", it.iteration}, {"step_s", m.step_s}, {"samples_per_s", m.samples_per_s},
+                          {"tokens_per_s", m.tokens_per_s}, {"text_tokens_per_s", m.text_tokens_per_s},
+                          {"image_tokens_per_s", m.image_tokens_per_s}, {"audio_tokens_per_s", m.audio_tokens_per_s},
+                          {"video_tokens_per_s", m.video_tokens_per_s}, {"tflops_per_device", m.tflops_per_device},
+                          {"mfu", m.mfu}, {"bubble_per_rank", m.bubble}, {"exposed_comm_s_per_rank", m.exposed_comm_s},
+                          {"module_busy_s", busy}, {"peak_memory_bytes_per_rank", memory}, {"peak_rank", m.peak_rank},
+                          {"critical_path", path}, {"ops", it.ops}, {"activities", it.activities},
+                          {"actors", it.actors}, {"wall_s", it.wall_s}});
+  }
+  j["iterations"] = iterations;
+  return j;
+}
+
+}  // namespace tessera::sim

@@ -1,0 +1,54 @@
+// simulate(): the library entry of `tessera simulate`. Draws each iteration's batch, lowers the
+// plan, rejects plans that do not fit in memory (reported, not simulated), and executes each
+// iteration as a SimGrid simulation in its own forked child (one engine per process).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "shared/estimate.hpp"
+#include "shared/metrics.hpp"
+#include "shared/scenario.hpp"
+#include "sim/simgrid/adapter.hpp"
+
+namespace tessera::sim {
+
+struct SimulateOptions {
+  int64_t first_iteration = 0;
+  int64_t iterations = 3;
+  bool contention = true;
+  double timeout_s = 600;   // per simulated iteration
+  std::string trace_dir;    // non-empty: write one Chrome trace per rank there
+};
+
+struct SimulatedIteration {
+  int64_t iteration = 0;
+  IterationMetrics metrics;
+  int64_t ops = 0;
+  int64_t activities = 0;  // SimGrid activities (flows, sleeps, executions)
+  int64_t actors = 0;      // actors that ran (one per twin class and stream)
+  double wall_s = 0;  // wall time of the simulation (child process included)
+};
+
+struct SimulationResult {
+  bool feasible = false;
+  std::string reason;  // infeasible (memory), or why a simulation failed
+  std::vector<std::string> notes;
+  std::vector<SimulatedIteration> iterations;
+  double capacity_bytes = 0;
+  double step_mean_s = 0, step_p50_s = 0, step_p95_s = 0;
+  std::string trace_error;
+};
+
+// A Timeline as bytes for the trip out of a child process, and back.
+std::string serialize_timeline(const Timeline& timeline);
+Timeline deserialize_timeline(const std::string& bytes, const Program& program);
+
+// REQUIRES: scenario validated, plan validated against it.
+SimulationResult simulate(const Scenario& scenario, const ParallelPlan& plan, const SimulateOptions& options);
+
+std::string format_simulation(const SimulationResult& r, const Scenario& scenario);
+Json simulation_to_json(const SimulationResult& r);
+
+}  // namespace tessera::sim

@@ -1,0 +1,247 @@
+// The SimGrid simulator against the in-order evaluator, contention, infeasible plans, traces.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include <unistd.h>
+
+#include "shared/evaluator.hpp"
+#include "shared/lower.hpp"
+#include "sim/child_process.hpp"
+#include "sim/simulator.hpp"
+#include "sim/twins.hpp"
+
+using namespace tessera;
+using namespace tessera::sim;
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::string kSource = TESSERA_SOURCE_DIR;
+
+const char* kVlm = R"({"name": "vlm", "modules": [
+  {"name": "vision", "role": "encoder", "modality": "image",
+   "transformer": {"layers": 4, "hidden": 128, "heads": 4, "ffn": 512, "linear_bias": true, "norm": "layernorm"},
+   "patching": {"patch_size": 8, "resize": "fixed", "image_size": 64}},
+  {"name": "proj", "role": "projector", "inputs": ["vision"], "projector": {"in": 128, "out": 256}},
+  {"name": "llm", "role": "llm", "inputs": ["proj"],
+   "transformer": {"layers": 8, "hidden": 256, "heads": 8, "kv_heads": 4, "ffn": 688, "gated_ffn": true, "vocab": 1000}}]})";
+const char* kValm = R"({"name": "valm", "modules": [
+  {"name": "vision", "role": "encoder", "modality": "image", "frozen": true,
+   "transformer": {"layers": 4, "hidden": 128, "heads": 4, "ffn": 512, "linear_bias": true, "norm": "layernorm"},
+   "patching": {"patch_size": 8, "resize": "fixed", "image_size": 64}},
+  {"name": "vproj", "role": "projector", "inputs": ["vision"], "projector": {"in": 128, "out": 256}},
+  {"name": "audio", "role": "encoder", "modality": "audio",
+   "transformer": {"layers": 2, "hidden": 128, "heads": 4, "ffn": 512, "linear_bias": true, "norm": "layernorm", "positions": 100},
+   "audio": {"mel_bins": 16, "max_seconds": 2}},
+  {"name": "aproj", "role": "projector", "inputs": ["audio"], "projector": {"in": 128, "out": 256}},
+  {"name": "llm", "role": "llm", "inputs": ["vproj", "aproj"],
+   "transformer": {"layers": 8, "hidden": 256, "heads": 8, "ffn": 1024, "vocab": 1000}}]})";
+const char* kWorkload = R"({"global_batch": 16, "max_seq_len": 1024, "seed": 5, "samples": {
+  "text_tokens": {"dist": "uniform", "min": 32, "max": 300},
+  "image": {"count": {"dist": "choice", "values": [0, 1, 2]}, "width": 64, "height": 64},
+  "audio": {"count": {"dist": "choice", "values": [0, 1]}, "seconds": 1.5}}})";
+
+ClusterSpec cluster(int64_t nodes, int64_t per_node, double nic = 5e10, double oversubscription = 1) {
+  Diagnostics diag;
+  const std::string text = R"({"name": "c", "nodes": )" + std::to_string(nodes) + R"(, "devices_per_node": )" +
+                           std::to_string(per_node) + R"(,
+    "device": {"name": "g", "peak_flops": {"bf16": 1e14}, "memory_bytes": 8e10, "memory_bandwidth_bytes_per_s": 2e12},
+    "intra_node": {"bandwidth_bytes_per_s": 2e11, "latency_s": 2e-6},
+    "inter_node": {"bandwidth_bytes_per_s": )" + std::to_string(nic) + R"(, "latency_s": 5e-6, "oversubscription": )" +
+                           std::to_string(oversubscription) + "}}";
+  ClusterSpec c = read_cluster(Json::parse(text), "", "", diag);
+  REQUIRE(diag.ok());
+  return c;
+}
+
+CostModel cost_for(const ClusterSpec& c, const ModelSpec* model = nullptr) {
+  std::vector<ModuleRole> roles;
+  if (model != nullptr)
+    for (const ModuleSpec& m : model->modules) roles.push_back(m.role);
+  return CostModel(c, DType::kBf16, default_cost_params(c), roles);
+}
+
+Timeline simulated(const Program& p, const CostModel& cost, bool contention) {
+  const ChildResult child = run_in_child([&] { return serialize_timeline(run_program(p, cost, RunOptions{contention})); }, 120);
+  INFO(child.error);
+  REQUIRE(child.ok);
+  Timeline t = deserialize_timeline(child.output, p);
+  INFO(t.error);
+  REQUIRE(t.error.empty());
+  return t;
+}
+
+// A program where the ranks of each listed group all-reduce `bytes` once, at time 0.
+Program allreduces(int32_t world, const std::vector<RankList>& groups, double bytes) {
+  Program p;
+  p.world = world;
+  p.modules = {"m"};
+  p.ranks.resize(static_cast<std::size_t>(world));
+  p.memory.resize(static_cast<std::size_t>(world));
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    p.groups.push_back(groups[g]);
+    for (int64_t r : groups[g]) {
+      Op op;
+      op.kind = OpKind::kCollective;
+      op.stream = StreamKind::kCollective;
+      op.collective = CollectiveKind::kAllReduce;
+      op.purpose = Purpose::kDp;
+      op.group = static_cast<int32_t>(g);
+      op.bytes = bytes;
+      p.ranks[static_cast<std::size_t>(r)].push_back(op);
+    }
+  }
+  return p;
+}
+
+}  // namespace
+
+TEST_CASE("without contention the simulation equals the in-order evaluator, op by op, for every placement") {
+  const std::vector<std::pair<const char*, const char*>> plans = {
+      {kVlm, R"({"placement": "homogeneous", "layout": {"tp": 2, "pp": 2, "dp": 2}, "sequence_parallel": true})"},
+      {kVlm, R"({"placement": "homogeneous", "schedule": "gpipe", "layout": {"pp": 4, "cp": 2}, "recompute": "full"})"},
+      {kVlm, R"({"placement": "homogeneous", "schedule": "interleaved_1f1b", "layout": {"pp": 2, "vpp": 2, "dp": 2, "tp": 2}, "num_micro_batches": 8})"},
+      {kVlm, R"({"placement": "colocated", "schedule": "three_phase", "modules": {"vision": {"dp": 8}, "llm": {"tp": 2, "pp": 2, "dp": 2}}})"},
+      {kVlm, R"({"placement": "colocated", "modules": {"vision": {"tp": 2, "dp": 4}, "llm": {"tp": 2, "dp": 4}}, "distributed_optimizer": true})"},
+      {kVlm, R"({"placement": "non_colocated", "schedule": "graph_1f1b", "modules": {"vision": {"dp": 4}, "llm": {"tp": 2, "pp": 2, "dp": 1}}})"},
+      {kVlm, R"({"placement": "non_colocated", "schedule": "graph_1f1b", "modules": {"vision": {"dp": 2, "pp": 2}, "llm": {"tp": 2, "cp": 2, "dp": 1}}})"},
+      {kValm, R"({"placement": "non_colocated", "schedule": "graph_1f1b", "modules": {"vision": {"dp": 2}, "audio": {"dp": 2}, "llm": {"tp": 2, "pp": 2, "dp": 1}}})"},
+      {kValm, R"({"placement": "colocated", "modules": {"vision": {"dp": 8}, "audio": {"dp": 4, "tp": 2}, "llm": {"tp": 2, "pp": 2, "dp": 2}}})"},
+  };
+  for (const auto& [model_text, plan_text] : plans) {
+    INFO(std::string(plan_text));
+    Diagnostics diag;
+    const ModelSpec model = read_model(Json::parse(model_text), "", "", diag);
+    Json workload_json = Json::parse(kWorkload);
+    if (model_text == kVlm) workload_json["samples"].erase("audio");
+    const WorkloadSpec workload = read_workload(workload_json, "", "", ".", diag);
+    const ParallelPlan plan = read_plan(Json::parse(plan_text), "", "", diag);
+    const ClusterSpec c = cluster(2, 4);
+    validate_plan(plan, model, workload, c, "", "", diag);
+    REQUIRE(diag.ok());
+    const Lowered l = lower(model, c, plan, workload, draw_batch(workload, 1));
+    REQUIRE(l.error.empty());
+    const CostModel cost = cost_for(c, &model);
+    const Timeline expected = evaluate(l.program, cost);
+    REQUIRE(expected.error.empty());
+    const Timeline got = simulated(l.program, cost, false);
+    CHECK(got.step_s == doctest::Approx(expected.step_s).epsilon(1e-6));
+    int mismatches = 0;
+    for (std::size_t r = 0; r < expected.ops.size(); ++r)
+      for (std::size_t i = 0; i < expected.ops[r].size(); ++i) {
+        const double tolerance = 1e-6 * expected.step_s;
+        if (std::fabs(got.ops[r][i].start_s - expected.ops[r][i].start_s) > tolerance ||
+            std::fabs(got.ops[r][i].finish_s - expected.ops[r][i].finish_s) > tolerance) {
+          if (mismatches++ < 3)
+            MESSAGE(op_name(l.program, l.program.ranks[r][i]) << " on rank " << r << ": simulated ["
+                    << got.ops[r][i].start_s << ", " << got.ops[r][i].finish_s << "], evaluated ["
+                    << expected.ops[r][i].start_s << ", " << expected.ops[r][i].finish_s << "]");
+        }
+      }
+    CHECK(mismatches == 0);
+  }
+}
+
+TEST_CASE("contention: two DP groups through the same node uplink take longer than one") {
+  // Two nodes of two devices; oversubscription 2 leaves each node one NIC's worth of uplink.
+  const ClusterSpec c = cluster(2, 2, 5e10, 2);
+  const CostModel cost = cost_for(c);
+  const double bytes = 1e9;
+  const Program one = allreduces(4, {{0, 2}}, bytes);
+  const Program two = allreduces(4, {{0, 2}, {1, 3}}, bytes);
+  const double t1 = simulated(one, cost, true).step_s;
+  const double t2 = simulated(two, cost, true).step_s;
+  // A lone all-reduce of 2 ranks: α-steps + 2(n-1)/n·S/B = 2·5e-6 + 1e9 / (5e10·0.85).
+  CHECK(t1 == doctest::Approx(2 * 5e-6 + bytes / (5e10 * 0.85)).epsilon(1e-6));
+  CHECK(t2 > 1.8 * t1);
+  // Without contention the two groups do not see each other.
+  CHECK(simulated(two, cost, false).step_s == doctest::Approx(simulated(one, cost, false).step_s));
+}
+
+TEST_CASE("contention: doubling NIC bandwidth shortens an inter-node-bound plan, not an NVLink-bound one") {
+  const double bytes = 1e9;
+  const Program across = allreduces(4, {{0, 2}}, bytes);  // crosses nodes
+  const Program inside = allreduces(4, {{0, 1}}, bytes);  // stays on NVLink
+  const CostModel slow = cost_for(cluster(2, 2, 5e10));
+  const CostModel fast = cost_for(cluster(2, 2, 10e10));
+  const double across_slow = simulated(across, slow, true).step_s, across_fast = simulated(across, fast, true).step_s;
+  const double inside_slow = simulated(inside, slow, true).step_s, inside_fast = simulated(inside, fast, true).step_s;
+  CHECK(across_fast < 0.55 * across_slow);
+  CHECK(inside_fast == doctest::Approx(inside_slow).epsilon(1e-9));
+}
+
+TEST_CASE("twins: TP shards collapse, data-parallel replicas with different data do not") {
+  Diagnostics diag;
+  const ModelSpec model = read_model(Json::parse(kVlm), "", "", diag);
+  Json workload_json = Json::parse(kWorkload);
+  workload_json["samples"].erase("audio");
+  const WorkloadSpec workload = read_workload(workload_json, "", "", ".", diag);
+  const ParallelPlan plan = read_plan(Json::parse(R"({"placement": "homogeneous", "layout": {"tp": 2, "pp": 2, "dp": 2}})"), "", "", diag);
+  REQUIRE(diag.ok());
+  const Lowered l = lower(model, cluster(2, 4), plan, workload, draw_batch(workload, 0));
+  const Twins t = find_twins(l.program);
+  CHECK(t.classes == 4);  // 8 ranks, TP pairs
+  for (int32_t r = 0; r < 8; ++r) CHECK(t.leader[static_cast<std::size_t>(r)] == r - r % 2);
+}
+
+TEST_CASE("tessera simulate: infeasible plans are reported, not simulated") {
+  Diagnostics diag;
+  const auto s = load_scenario(kSource + "/scenarios/qwen2-vl-7b-video.json", diag);
+  REQUIRE(s.has_value());
+  SimulateOptions options;
+  options.iterations = 1;
+  const SimulationResult r = simulate(*s, *s->plan, options);
+  CHECK_FALSE(r.feasible);
+  CHECK(r.reason.rfind("infeasible: rank", 0) == 0);
+  CHECK(r.iterations.empty());
+}
+
+TEST_CASE("traces: one valid Chrome-trace JSON per rank, slices nest per thread, flows pair up") {
+  Diagnostics diag;
+  const auto s = load_scenario(kSource + "/scenarios/cpu-tiny.json", diag);
+  REQUIRE(s.has_value());
+  const fs::path dir = fs::temp_directory_path() / ("tessera-trace-" + std::to_string(::getpid()));
+  SimulateOptions options;
+  options.iterations = 2;
+  options.trace_dir = dir.string();
+  const SimulationResult r = simulate(*s, *s->plan, options);
+  REQUIRE(r.feasible);
+  CHECK(r.trace_error.empty());
+  std::map<int64_t, int> flows;  // id -> starts minus finishes
+  for (int rank = 0; rank < 2; ++rank) {
+    std::ifstream in(dir / ("rank" + std::to_string(rank) + ".json"));
+    REQUIRE(in.good());
+    std::stringstream text;
+    text << in.rdbuf();
+    const Json doc = Json::parse(text.str());
+    CHECK(doc["distributedInfo"]["rank"] == rank);
+    std::map<int, std::vector<std::pair<double, double>>> slices;  // tid -> (ts, end)
+    int steps = 0;
+    for (const Json& e : doc["traceEvents"]) {
+      if (e["ph"] == "X") {
+        slices[e["tid"].get<int>()].emplace_back(e["ts"].get<double>(), e["ts"].get<double>() + e["dur"].get<double>());
+        if (e["name"].get<std::string>().rfind("ProfilerStep#", 0) == 0) ++steps;
+      }
+      if (e["ph"] == "s") ++flows[e["id"].get<int64_t>()];
+      if (e["ph"] == "f") --flows[e["id"].get<int64_t>()];
+    }
+    CHECK(steps == 2);
+    for (auto& [tid, list] : slices) {
+      std::sort(list.begin(), list.end(), [](auto a, auto b) { return a.first != b.first ? a.first < b.first : a.second > b.second; });
+      std::vector<double> open;  // ends of enclosing slices
+      for (const auto& [start, end] : list) {
+        while (!open.empty() && open.back() <= start + 1e-6) open.pop_back();
+        if (!open.empty()) CHECK(end <= open.back() + 1e-6);  // nested, never overlapping
+        open.push_back(end);
+      }
+    }
+  }
+  for (const auto& [id, balance] : flows) CHECK(balance == 0);
+  CHECK(!flows.empty());
+  fs::remove_all(dir);
+}
