@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Benchmarks that print figures (never pass/fail). Usage: scripts/bench.sh [lower|comm|cli|all]
+# Benchmarks that print figures (never pass/fail). Usage: scripts/bench.sh [lower|sim|comm|cli|all]
 #   lower  lowering + evaluation of one iteration of a 1024-rank plan with 64 micro-batches
+#   sim    tessera simulate, one iteration of the default plan at 64, 1024 and 8192 devices
 #   comm   the Gloo all-reduce of tessera-train across message sizes (2 ranks on loopback)
 #   cli    tessera validate/show on the scenario library
 set -euo pipefail
@@ -25,6 +26,18 @@ if [[ $what == lower || $what == all ]]; then
       gsub(/[(),]/, ""); ops = $1; lower = $5; eval = $9;
       printf "run: %d ops, lower %.3f s, evaluate %.3f s, together %.3f s (%.2f M ops/s); whole command %s s\n",
              ops, lower, eval, lower + eval, ops / (lower + eval) / 1e6, wall }'
+  done
+fi
+
+if [[ $what == sim || $what == all ]]; then
+  echo "== simulate: default LLaVA-1.5-7B plan, TP4 x PP2, 1F1B, 32 micro-batches, one iteration =="
+  for scenario in default default-1024 default-8192; do
+    out=$( { /usr/bin/time -f "%e %M" "$tessera" simulate "scenarios/$scenario.json" --iterations 1 >/tmp/tessera-bench-sim.txt; } 2>&1 )
+    read -r wall rss <<<"$out"
+    # the per-iteration row: iteration step samples/s TFLOP/s MFU idle ops activities actors wall
+    awk -v name="$scenario" -v wall="$wall" -v rss="$rss" '$1 == "0" && NF == 10 {
+      printf "%-14s %8d ops %8d activities %6d actors  simulation %6.3f s  command %6.2f s  %.0f activities/s  peak RSS %.0f MiB\n",
+             name, $7, $8, $9, $10, wall, $8 / $10, rss / 1024 }' /tmp/tessera-bench-sim.txt
   done
 fi
 

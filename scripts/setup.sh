@@ -5,7 +5,7 @@
 set -euo pipefail
 
 packages=(
-  build-essential g++ cmake ninja-build pkg-config git ca-certificates
+  build-essential g++ cmake ninja-build pkg-config git ca-certificates time
   libsimgrid-dev
   libtorch-dev libgloo-dev
   libeigen3-dev libcxxopts-dev nlohmann-json3-dev doctest-dev

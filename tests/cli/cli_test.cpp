@@ -75,6 +75,30 @@ TEST_CASE("lower prints the per-rank op lists; estimate prints a prediction") {
   CHECK(big.output.find("infeasible: rank") != std::string::npos);
 }
 
+TEST_CASE("simulate prints the metrics and writes a Chrome trace per rank") {
+  const fs::path dir = scratch() / "trace";
+  const Run r = run("simulate " + kSource + "/scenarios/default.json --iterations 2 --trace " + dir.string());
+  INFO(r.output);
+  CHECK(r.code == 0);
+  for (const char* part : {"step time over 2 iterations", "MFU", "critical path", "busy per module", "exposed comm"})
+    CHECK(r.output.find(part) != std::string::npos);
+  int files = 0;
+  for ([[maybe_unused]] const auto& e : fs::directory_iterator(dir)) ++files;
+  CHECK(files == 64);
+  std::ifstream in(dir / "rank0.json");
+  std::stringstream text;
+  text << in.rdbuf();
+  CHECK(text.str().find("\"traceEvents\"") != std::string::npos);
+  const Run json = run("simulate " + kSource + "/scenarios/cpu-tiny.json --iterations 1 --json --contention off");
+  CHECK(json.code == 0);
+  CHECK(json.output.find("\"step_p95_s\"") != std::string::npos);
+  const Run infeasible = run("simulate " + kSource + "/scenarios/qwen2-vl-7b-video.json --iterations 1");
+  CHECK(infeasible.code == 0);
+  CHECK(infeasible.output.find("infeasible: rank") != std::string::npos);
+  CHECK(run("simulate " + kSource + "/scenarios/cpu-tiny.json --contention maybe").code == 2);
+  fs::remove_all(dir.parent_path());
+}
+
 TEST_CASE("lower and estimate: bad input exits 2") {
   CHECK(run("estimate " + kSource + "/scenarios/llama-3.2-11b-vision.json").output.find("plan: no plan") != std::string::npos);
   CHECK(run("estimate " + kSource + "/scenarios/llama-3.2-11b-vision.json").code == 2);
@@ -89,7 +113,7 @@ TEST_CASE("lower and estimate: bad input exits 2") {
 }
 
 TEST_CASE("every subcommand has --help") {
-  for (const char* c : {"validate", "show", "import-hf", "lower", "estimate"}) {
+  for (const char* c : {"validate", "show", "import-hf", "lower", "estimate", "simulate"}) {
     const Run r = run(std::string(c) + " --help");
     CHECK(r.code == 0);
     CHECK(r.output.find("Usage:") != std::string::npos);

@@ -2,6 +2,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -244,4 +245,38 @@ TEST_CASE("traces: one valid Chrome-trace JSON per rank, slices nest per thread,
   for (const auto& [id, balance] : flows) CHECK(balance == 0);
   CHECK(!flows.empty());
   fs::remove_all(dir);
+}
+
+TEST_CASE("golden simulator outputs for small scenarios with fixed seeds") {
+  // A change of any prediction shows here; regenerate with scripts/golden.sh when intended.
+  const bool update = std::getenv("TESSERA_UPDATE_GOLDEN") != nullptr;
+  for (const char* name : {"cpu-tiny", "qwen2-audio-7b", "llava-1.5-13b-captioning", "default"}) {
+    INFO(name);
+    Diagnostics diag;
+    const auto s = load_scenario(kSource + "/scenarios/" + name + ".json", diag);
+    REQUIRE(s.has_value());
+    SimulateOptions options;
+    options.iterations = 2;
+    const SimulationResult r = simulate(*s, *s->plan, options);
+    REQUIRE(r.feasible);
+    Json got = Json::array();
+    for (const SimulatedIteration& it : r.iterations)
+      got.push_back({{"iteration", it.iteration}, {"step_s", it.metrics.step_s}, {"samples_per_s", it.metrics.samples_per_s},
+                     {"tokens_per_s", it.metrics.tokens_per_s}, {"tflops_per_device", it.metrics.tflops_per_device},
+                     {"mfu", it.metrics.mfu}});
+    const std::string file = kSource + "/tests/data/golden/" + name + ".json";
+    if (update) {
+      std::ofstream(file) << Json{{"scenario", name}, {"iterations", got}}.dump(1) << "\n";
+      continue;
+    }
+    Diagnostics read;
+    const auto expected = read_json_file(file, read);
+    REQUIRE(expected.has_value());
+    REQUIRE((*expected)["iterations"].size() == got.size());
+    for (std::size_t i = 0; i < got.size(); ++i)
+      for (const char* key : {"step_s", "samples_per_s", "tokens_per_s", "tflops_per_device", "mfu"}) {
+        INFO("iteration " << i << " " << key);
+        CHECK(got[i][key].get<double>() == doctest::Approx((*expected)["iterations"][i][key].get<double>()).epsilon(1e-9));
+      }
+  }
 }
