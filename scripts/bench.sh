@@ -31,13 +31,16 @@ fi
 
 if [[ $what == sim || $what == all ]]; then
   echo "== simulate: default LLaVA-1.5-7B plan, TP4 x PP2, 1F1B, 32 micro-batches, one iteration =="
-  for scenario in default default-1024 default-8192; do
-    out=$( { /usr/bin/time -f "%e %M" "$tessera" simulate "scenarios/$scenario.json" --iterations 1 >/tmp/tessera-bench-sim.txt; } 2>&1 )
-    read -r wall rss <<<"$out"
-    # the per-iteration row: iteration step samples/s TFLOP/s MFU idle ops activities actors wall
-    awk -v name="$scenario" -v wall="$wall" -v rss="$rss" '$1 == "0" && NF == 10 {
-      printf "%-14s %8d ops %8d activities %6d actors  simulation %6.3f s  command %6.2f s  %.0f activities/s  peak RSS %.0f MiB\n",
-             name, $7, $8, $9, $10, wall, $8 / $10, rss / 1024 }' /tmp/tessera-bench-sim.txt
+  for nested in flows timed; do
+    for scenario in default default-1024 default-8192; do
+      out=$( { /usr/bin/time -f "%e %M" "$tessera" simulate "scenarios/$scenario.json" --iterations 1 --nested "$nested" \
+               >/tmp/tessera-bench-sim.txt; } 2>&1 )
+      read -r wall rss <<<"$out"
+      # the per-iteration row: iteration step samples/s TFLOP/s MFU idle ops activities actors wall
+      awk -v name="$scenario" -v nested="$nested" -v wall="$wall" -v rss="$rss" '$1 == "0" && NF == 10 {
+        printf "%-13s nested %-5s step %.4f s  %8d ops %8d activities %5d actors  simulation %6.3f s  command %6.2f s  %7.0f activities/s  peak RSS %4.0f MiB\n",
+               name, nested, $2, $7, $8, $9, $10, wall, $8 / $10, rss / 1024 }' /tmp/tessera-bench-sim.txt
+    done
   done
 fi
 

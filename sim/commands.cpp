@@ -295,6 +295,8 @@ int run_simulate(const Args& args, std::ostream& out, std::ostream& err) {
       "first-iteration", "first iteration's batch", cxxopts::value<int64_t>()->default_value("0"))(
       "contention", "on: flows share links; off: timed transfers (equals estimate)",
       cxxopts::value<std::string>()->default_value("on"))(
+      "nested", "nested TP/CP/EP collectives as ring flows over their links (flows) or as synchronized timed "
+                "activities (timed: faster, no link sharing)", cxxopts::value<std::string>()->default_value("flows"))(
       "trace", "write one Chrome-trace JSON per rank into this folder", cxxopts::value<std::string>())(
       "timeout", "seconds allowed per simulated iteration", cxxopts::value<double>()->default_value("600"))(
       "json", "machine-readable output");
@@ -310,11 +312,15 @@ int run_simulate(const Args& args, std::ostream& out, std::ostream& err) {
   sim.first_iteration = (*result)["first-iteration"].as<int64_t>();
   sim.timeout_s = (*result)["timeout"].as<double>();
   const std::string contention = (*result)["contention"].as<std::string>();
-  if (sim.iterations < 1 || sim.first_iteration < 0 || sim.timeout_s <= 0 || (contention != "on" && contention != "off")) {
-    err << options.program() << ": --iterations >= 1, --first-iteration >= 0, --timeout > 0, --contention on|off\n";
+  const std::string nested = (*result)["nested"].as<std::string>();
+  if (sim.iterations < 1 || sim.first_iteration < 0 || sim.timeout_s <= 0 || (contention != "on" && contention != "off") ||
+      (nested != "flows" && nested != "timed")) {
+    err << options.program() << ": --iterations >= 1, --first-iteration >= 0, --timeout > 0, --contention on|off, "
+        << "--nested flows|timed\n";
     return kBadInput;
   }
   sim.contention = contention == "on";
+  sim.nested_flows = nested == "flows";
   if (result->count("trace")) sim.trace_dir = (*result)["trace"].as<std::string>();
   Diagnostics diag;
   const auto scenario = scenario_with_plan(*result, file, diag);
@@ -324,7 +330,8 @@ int run_simulate(const Args& args, std::ostream& out, std::ostream& err) {
     out << simulation_to_json(r).dump(1) << "\n";
   } else {
     out << "scenario " << scenario->name << ": " << enum_name(scenario->plan->placement, kPlacements) << " plan on "
-        << world_size(*scenario->plan, scenario->model) << " ranks, SimGrid, contention " << contention << "\n";
+        << world_size(*scenario->plan, scenario->model) << " ranks, SimGrid, contention " << contention
+        << (sim.contention ? ", nested collectives " + nested : "") << "\n";
     out << format_simulation(r, *scenario);
   }
   if (!r.feasible) return r.reason.rfind("infeasible", 0) == 0 ? kOk : (r.reason.find("not lowered yet") != std::string::npos ? kBadInput : 1);

@@ -96,7 +96,7 @@ SimulationResult simulate(const Scenario& s, const ParallelPlan& plan, const Sim
                       ", boundary " + human_bytes(worst->boundary_bytes) + ") in iteration " + std::to_string(iteration);
       return result;
     }
-    const RunOptions run{options.contention};
+    const RunOptions run{options.contention, options.nested_flows};
     const ChildResult child = run_in_child([&] { return serialize_timeline(run_program(p, cost, run)); }, options.timeout_s);
     if (!child.ok) {
       result.reason = "simulation of iteration " + std::to_string(iteration) + " failed: " + child.error;

@@ -18,6 +18,7 @@ struct SimulateOptions {
   int64_t first_iteration = 0;
   int64_t iterations = 3;
   bool contention = true;
+  bool nested_flows = true;  // see RunOptions::nested_flows
   double timeout_s = 600;   // per simulated iteration
   std::string trace_dir;    // non-empty: write one Chrome trace per rank there
 };

@@ -19,6 +19,10 @@ struct RunOptions {
   // NVLink), collectives are ring flows between their members. Off: every transfer and
   // collective is a timed activity of its α–β cost, which must reproduce evaluate() exactly.
   bool contention = true;
+  // With contention on, nested TP/CP/EP collectives (inside compute ops) run as ring flows over
+  // their members' links (true), or as timed activities synchronized among their members
+  // (false: faster, but they no longer share links with other traffic).
+  bool nested_flows = true;
 };
 
 // Executes `program` as a discrete-event simulation on the platform built from `cluster`

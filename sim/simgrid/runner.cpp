@@ -74,6 +74,15 @@ class Run {
       in.needed = static_cast<int32_t>(std::unique(classes.begin(), classes.end()) - classes.begin());
     }
     done_.assign(instances_.size(), -1);
+    // Ops that an op on another stream depends on.
+    watched_.resize(world);
+    for (std::size_t r = 0; r < world; ++r) {
+      const auto& ops = p.ranks[r];
+      watched_[r].assign(ops.size(), 0);
+      for (const Op& op : ops)
+        for (int32_t d : op.deps)
+          if (ops[static_cast<std::size_t>(d)].stream != op.stream || op.kind == OpKind::kRecv) watched_[r][static_cast<std::size_t>(d)] = 1;
+    }
     sync_.resize(world);
     for (std::size_t r = 0; r < world; ++r)
       if (twins_.leader[r] == static_cast<int32_t>(r)) {
@@ -169,17 +178,47 @@ class Run {
     sg4::this_actor::sleep_for(seconds);
   }
 
+  struct Flow {
+    sg4::Host* from;
+    sg4::Host* to;
+    uint64_t bytes;
+  };
+
+  // Runs `flows` concurrently and returns when all arrived. SimGrid 3.32 keeps an actor's
+  // activities in a list that it searches linearly on every completion, so one actor waiting on
+  // thousands of flows costs quadratic time: large batches go to helper actors of <= 64 flows.
+  void run_flows(const std::vector<Flow>& flows) {
+    activities_ += static_cast<int64_t>(flows.size());
+    constexpr std::size_t kBatch = 64;
+    auto run_batch = [](const Flow* begin, const Flow* end) {
+      std::vector<sg4::CommPtr> comms;
+      for (const Flow* f = begin; f != end; ++f) comms.push_back(sg4::Comm::sendto_async(f->from, f->to, f->bytes));
+      sg4::Comm::wait_all(comms);
+    };
+    if (flows.size() <= kBatch) {
+      run_batch(flows.data(), flows.data() + flows.size());
+      return;
+    }
+    const std::size_t batches = (flows.size() + kBatch - 1) / kBatch;
+    auto barrier = sg4::Barrier::create(static_cast<unsigned>(batches + 1));
+    for (std::size_t b = 0; b < batches; ++b) {
+      const Flow* begin = flows.data() + b * kBatch;
+      const Flow* end = flows.data() + std::min(flows.size(), (b + 1) * kBatch);
+      sg4::Actor::create("flows", begin->from, [run_batch, begin, end, barrier] {
+        run_batch(begin, end);
+        barrier->wait();
+      });
+    }
+    barrier->wait();
+  }
+
   // The ring flows of one collective over `group`, `count` calls back to back. Returns the
   // extra latency steps to wait after the flows (beyond each flow's own route latency).
-  double launch_ring(CollectiveKind kind, const RankList& group, double bytes, int32_t count,
-                     std::vector<sg4::CommPtr>& flows) {
+  double launch_ring(CollectiveKind kind, const RankList& group, double bytes, int32_t count, std::vector<Flow>& flows) {
     const double volume = count * bus_factor(kind, static_cast<int64_t>(group.size())) * bytes;
-    for (std::size_t i = 0; i < group.size(); ++i) {
-      flows.push_back(sg4::Comm::sendto_async(hosts_[static_cast<std::size_t>(group[i])],
-                                              hosts_[static_cast<std::size_t>(group[(i + 1) % group.size()])],
-                                              static_cast<uint64_t>(volume)));
-      ++activities_;
-    }
+    for (std::size_t i = 0; i < group.size(); ++i)
+      flows.push_back({hosts_[static_cast<std::size_t>(group[i])], hosts_[static_cast<std::size_t>(group[(i + 1) % group.size()])],
+                       static_cast<uint64_t>(volume)});
     const double alpha = cost_.same_node(group) ? cost_.cluster().intra_node.latency_s : cost_.cluster().inter_node.link.latency_s;
     const double steps = kind == CollectiveKind::kAllReduce ? 2.0 * static_cast<double>(group.size() - 1)
                          : kind == CollectiveKind::kBroadcast ? 1.0
@@ -211,15 +250,16 @@ class Run {
       const double bytes = n < 0 ? op.bytes : op.nested[static_cast<std::size_t>(n)].bytes;
       const int32_t count = n < 0 ? 1 : op.nested[static_cast<std::size_t>(n)].count;
       const RankList& first_group = p_.groups[static_cast<std::size_t>(instances_[static_cast<std::size_t>(complete.front())].group)];
-      if (!options_.contention || first_group.size() < 2 || bytes <= 0) {
+      const bool flows_wanted = options_.contention && (n < 0 || options_.nested_flows);
+      if (!flows_wanted || first_group.size() < 2 || bytes <= 0) {
         sleep(count * cost_.collective_s(kind, first_group, bytes));
       } else {
-        std::vector<sg4::CommPtr> flows;
+        std::vector<Flow> flows;
         double extra = 0;
         for (int32_t inst : complete)
           extra = std::max(extra, launch_ring(kind, p_.groups[static_cast<std::size_t>(instances_[static_cast<std::size_t>(inst)].group)],
                                               bytes, count, flows));
-        sg4::Comm::wait_all(flows);
+        run_flows(flows);
         sleep(extra);
       }
       const double end = sg4::Engine::get_clock();
@@ -236,14 +276,67 @@ class Run {
     });
   }
 
+  // Seconds op `i` of class `leader` takes when it can run without waiting for anyone: its
+  // compute part plus the nested collectives its class runs alone (every member of their
+  // groups is a twin) as timed activities. Negative when the op must go through the general
+  // path (nested flows, or nested collectives shared with other classes, or shared cores).
+  double solo_seconds(int32_t leader, int32_t i) const {
+    const Op& op = p_.ranks[static_cast<std::size_t>(leader)][static_cast<std::size_t>(i)];
+    if (op.kind != OpKind::kCompute && op.kind != OpKind::kOptimizerStep) return -1;
+    if (options_.contention && cost_.cluster().kind == ClusterKind::kCpuLocal) return -1;
+    double seconds = cost_.compute_only_s(p_, op);
+    if (op.nested.empty()) return seconds;
+    if (options_.contention && options_.nested_flows) return -1;
+    for (std::size_t n = 0; n < op.nested.size(); ++n) {
+      for (int32_t d : offsets(leader)) {
+        const int32_t base = instance_of_[static_cast<std::size_t>(leader + d)][static_cast<std::size_t>(i)];
+        if (instances_[static_cast<std::size_t>(nested_ids_[static_cast<std::size_t>(base) + n])].needed != 1) return -1;
+      }
+      const NestedCollective& nc = op.nested[n];
+      seconds += nc.count * cost_.collective_s(nc.kind, p_.groups[static_cast<std::size_t>(nc.group)], nc.bytes);
+    }
+    return seconds;
+  }
+
   void stream(int32_t leader, const std::vector<int32_t>& ops) {
     ++actors_;
     const auto& list = p_.ranks[static_cast<std::size_t>(leader)];
     const auto& t = times_[static_cast<std::size_t>(leader)];
-    for (int32_t i : ops) {
+    for (std::size_t k = 0; k < ops.size(); ++k) {
+      const int32_t i = ops[k];
       const Op& op = list[static_cast<std::size_t>(i)];
       for (int32_t d : op.deps) block(leader, [&] { return t[static_cast<std::size_t>(d)].finish_s >= 0; });
       const double start = sg4::Engine::get_clock();
+      // A run of compute ops that need nobody else, each of whose inputs is complete (or inside
+      // the run), is one timed activity; every op still gets its own start and finish.
+      if (const double first = solo_seconds(leader, i); first >= 0) {
+        std::vector<std::pair<int32_t, double>> run{{i, first}};
+        double total = first;
+        // A run ends at an op another stream waits for: that stream must see it finish on time.
+        while (k + 1 < ops.size() && !watched_[static_cast<std::size_t>(leader)][static_cast<std::size_t>(run.back().first)]) {
+          const int32_t next = ops[k + 1];
+          const double seconds = solo_seconds(leader, next);
+          if (seconds < 0) break;
+          const auto& deps = list[static_cast<std::size_t>(next)].deps;
+          const bool ready = std::all_of(deps.begin(), deps.end(), [&](int32_t d) {
+            return t[static_cast<std::size_t>(d)].finish_s >= 0 ||
+                   std::any_of(run.begin(), run.end(), [d](const auto& e) { return e.first == d; });
+          });
+          if (!ready) break;
+          run.emplace_back(next, seconds);
+          total += seconds;
+          ++k;
+        }
+        sleep(total);
+        double at = start;
+        for (const auto& [index, seconds] : run) {
+          for (int32_t d : offsets(leader))
+            times_[static_cast<std::size_t>(leader + d)][static_cast<std::size_t>(index)] = {at, at + seconds};
+          at += seconds;
+        }
+        wake(leader);
+        continue;
+      }
       switch (op.kind) {
         case OpKind::kCompute:
         case OpKind::kOptimizerStep: {
@@ -261,14 +354,13 @@ class Run {
         case OpKind::kSend: {
           // Every twin sends its own message to its own peer.
           if (options_.contention) {
-            std::vector<sg4::CommPtr> flows;
+            std::vector<Flow> flows;
             for (int32_t d : offsets(leader)) {
               const Op& twin = p_.ranks[static_cast<std::size_t>(leader + d)][static_cast<std::size_t>(i)];
-              flows.push_back(sg4::Comm::sendto_async(hosts_[static_cast<std::size_t>(leader + d)],
-                                                      hosts_[static_cast<std::size_t>(twin.peer)], static_cast<uint64_t>(twin.bytes)));
-              ++activities_;
+              flows.push_back({hosts_[static_cast<std::size_t>(leader + d)], hosts_[static_cast<std::size_t>(twin.peer)],
+                               static_cast<uint64_t>(twin.bytes)});
             }
-            sg4::Comm::wait_all(flows);
+            run_flows(flows);
           } else {
             sleep(cost_.p2p_s(leader, op.peer, op.bytes));
           }
@@ -304,6 +396,7 @@ class Run {
   // [rank][op]: a collective's instance, or a compute op's first index into nested_ids_.
   std::vector<std::vector<int32_t>> instance_of_;
   std::vector<int32_t> nested_ids_;
+  std::vector<std::vector<char>> watched_;  // [rank][op]: another stream depends on it
   int64_t activities_ = 0;
   int64_t actors_ = 0;
 };

@@ -280,3 +280,20 @@ TEST_CASE("golden simulator outputs for small scenarios with fixed seeds") {
       }
   }
 }
+
+TEST_CASE("--nested timed equals ring flows when nothing else shares the NVLink links") {
+  // The default plan's TP groups sit inside a node and only their own collectives use those
+  // links while they run, so timing them instead of flowing them changes nothing.
+  Diagnostics diag;
+  const auto s = load_scenario(kSource + "/scenarios/default.json", diag);
+  REQUIRE(s.has_value());
+  SimulateOptions options;
+  options.iterations = 1;
+  const SimulationResult flows = simulate(*s, *s->plan, options);
+  options.nested_flows = false;
+  const SimulationResult timed = simulate(*s, *s->plan, options);
+  REQUIRE(flows.feasible);
+  REQUIRE(timed.feasible);
+  CHECK(timed.iterations[0].metrics.step_s == doctest::Approx(flows.iterations[0].metrics.step_s).epsilon(1e-9));
+  CHECK(timed.iterations[0].activities < flows.iterations[0].activities / 2);
+}
