@@ -61,6 +61,18 @@ struct ModuleInfo {
   int64_t chunks() const { return layout.pp * layout.vpp; }
 };
 
+// A send or receive on the p2p stream, about `about`'s module, stage, chunk and micro-batch.
+Op p2p_op(const Op& about, OpKind kind, Phase phase, int64_t peer, double bytes, int64_t tag) {
+  Op op = about;
+  op.kind = kind;
+  op.stream = StreamKind::kP2p;
+  op.phase = phase;
+  op.peer = static_cast<int32_t>(peer);
+  op.bytes = bytes;
+  op.tag = tag;
+  return op;
+}
+
 class Lowering {
  public:
   Lowering(const ModelSpec& model, const ClusterSpec& cluster, const ParallelPlan& plan, const WorkloadSpec& workload,
@@ -612,14 +624,10 @@ void Lowering::lower_pipelines() {
                 for (int64_t e = lo; e < hi; ++e) {
                   const int64_t from = prod.rank({0, 0, e, prod.layout.pp - 1});
                   const auto& mine = dp_p >= dp_c ? samples_of(producer_host, e, mb) : samples;
-                  Op recv = about;
-                  recv.kind = OpKind::kRecv;
-                  recv.stream = StreamKind::kP2p;
+                  Op recv = p2p_op(about, OpKind::kRecv, Phase::kF, from, boundary_bytes(producer_last, owner_index, mine),
+                                tag(1, producer_last, owner_index, x.d, 0, mb, static_cast<int32_t>(e - lo)));
                   recv.purpose = Purpose::kBoundary;
                   recv.module = static_cast<int16_t>(producer_last);
-                  recv.peer = static_cast<int32_t>(from);
-                  recv.bytes = boundary_bytes(producer_last, owner_index, mine);
-                  recv.tag = tag(1, producer_last, owner_index, x.d, 0, mb, static_cast<int32_t>(e - lo));
                   received.push_back(emit(rank, recv));
                 }
               }
@@ -644,12 +652,8 @@ void Lowering::lower_pipelines() {
             const int64_t prev_k = k - 1;
             const int64_t from = owner.rank({x.t, x.c, x.d, prev_k % pp});
             // Sends were emitted by the earlier stage when it ran this item (see below).
-            Op recv = about;
-            recv.kind = OpKind::kRecv;
-            recv.stream = StreamKind::kP2p;
-            recv.peer = static_cast<int32_t>(from);
-            recv.bytes = act_bytes;
-            recv.tag = tag(0, owner_index, 0, prev_k, 0, mb, 0);
+            Op recv = p2p_op(about, OpKind::kRecv, Phase::kF, from, act_bytes,
+                          tag(0, owner_index, 0, prev_k, 0, mb, 0));
             deps.push_back(emit(rank, recv));
           }
           // --- compute
@@ -671,12 +675,8 @@ void Lowering::lower_pipelines() {
           if (!last_virtual) {
             const int64_t next_k = k + 1;
             const int64_t to = owner.rank({x.t, x.c, x.d, next_k % pp});
-            Op send = about;
-            send.kind = OpKind::kSend;
-            send.stream = StreamKind::kP2p;
-            send.peer = static_cast<int32_t>(to);
-            send.bytes = act_bytes;
-            send.tag = tag(0, owner_index, 0, k, 0, mb, 0);
+            Op send = p2p_op(about, OpKind::kSend, Phase::kF, to, act_bytes,
+                          tag(0, owner_index, 0, k, 0, mb, 0));
             send.deps = {last};
             emit(rank, send);
           } else if (leader) {
@@ -688,14 +688,10 @@ void Lowering::lower_pipelines() {
               for (int64_t d = lo; d < hi; ++d) {
                 const auto& theirs = dp_p >= dp_c ? samples : samples_of(consumer_host, d, mb);
                 const int32_t sub = static_cast<int32_t>(dp_p >= dp_c ? x.d - d * (dp_p / dp_c) : 0);
-                Op send = about;
-                send.kind = OpKind::kSend;
-                send.stream = StreamKind::kP2p;
+                Op send = p2p_op(about, OpKind::kSend, Phase::kF, cons.rank({0, 0, d, 0}), boundary_bytes(last_module, consumer_host, theirs),
+                              tag(1, last_module, consumer_host, d, 0, mb, sub));
                 send.purpose = Purpose::kBoundary;
                 send.module = static_cast<int16_t>(last_module);
-                send.peer = static_cast<int32_t>(cons.rank({0, 0, d, 0}));
-                send.bytes = boundary_bytes(last_module, consumer_host, theirs);
-                send.tag = tag(1, last_module, consumer_host, d, 0, mb, sub);
                 send.deps = {last};
                 emit(rank, send);
               }
@@ -707,13 +703,8 @@ void Lowering::lower_pipelines() {
         // ---------------- backward ----------------
         if (!last_virtual) {
           const int64_t from = owner.rank({x.t, x.c, x.d, (k + 1) % pp});
-          Op recv = about;
-          recv.kind = OpKind::kRecv;
-          recv.stream = StreamKind::kP2p;
-          recv.phase = Phase::kB;
-          recv.peer = static_cast<int32_t>(from);
-          recv.bytes = act_bytes;
-          recv.tag = tag(0, owner_index, 0, k + 1, 1, mb, 0);
+          Op recv = p2p_op(about, OpKind::kRecv, Phase::kB, from, act_bytes,
+                        tag(0, owner_index, 0, k + 1, 1, mb, 0));
           deps.push_back(emit(rank, recv));
         } else {
           // Gradients from consumers that send them back (the LLM's loss needs none).
@@ -728,15 +719,10 @@ void Lowering::lower_pipelines() {
               for (int64_t d = lo; d < hi; ++d) {
                 const auto& theirs = dp_p >= dp_c ? samples : samples_of(consumer_host, d, mb);
                 const int32_t sub = static_cast<int32_t>(dp_p >= dp_c ? x.d - d * (dp_p / dp_c) : 0);
-                Op recv = about;
-                recv.kind = OpKind::kRecv;
-                recv.stream = StreamKind::kP2p;
-                recv.phase = Phase::kB;
+                Op recv = p2p_op(about, OpKind::kRecv, Phase::kB, cons.rank({0, 0, d, 0}), boundary_bytes(last_module, consumer_host, theirs),
+                              tag(1, last_module, consumer_host, d, 1, mb, sub));
                 recv.purpose = Purpose::kBoundary;
                 recv.module = static_cast<int16_t>(last_module);
-                recv.peer = static_cast<int32_t>(cons.rank({0, 0, d, 0}));
-                recv.bytes = boundary_bytes(last_module, consumer_host, theirs);
-                recv.tag = tag(1, last_module, consumer_host, d, 1, mb, sub);
                 received.push_back(emit(rank, recv));
               }
             }
@@ -792,13 +778,8 @@ void Lowering::lower_pipelines() {
         // --- gradient outputs
         if (!first_virtual && owner_backward) {
           const int64_t to = owner.rank({x.t, x.c, x.d, (k - 1) % pp});
-          Op send = about;
-          send.kind = OpKind::kSend;
-          send.stream = StreamKind::kP2p;
-          send.phase = Phase::kB;
-          send.peer = static_cast<int32_t>(to);
-          send.bytes = act_bytes;
-          send.tag = tag(0, owner_index, 0, k, 1, mb, 0);
+          Op send = p2p_op(about, OpKind::kSend, Phase::kB, to, act_bytes,
+                        tag(0, owner_index, 0, k, 1, mb, 0));
           send.deps = {last};
           emit(rank, send);
         } else if (first_virtual && owner.flow.needs_input_grad) {
@@ -830,15 +811,10 @@ void Lowering::lower_pipelines() {
             const int64_t hi = dp_p >= dp_c ? lo + dp_p / dp_c : lo + 1;
             for (int64_t e = lo; e < hi; ++e) {
               const auto& mine = dp_p >= dp_c ? samples_of(producer_host, e, mb) : samples;
-              Op send = about;
-              send.kind = OpKind::kSend;
-              send.stream = StreamKind::kP2p;
-              send.phase = Phase::kB;
+              Op send = p2p_op(about, OpKind::kSend, Phase::kB, prod.rank({0, 0, e, prod.layout.pp - 1}), boundary_bytes(producer_last, owner_index, mine),
+                            tag(1, producer_last, owner_index, x.d, 1, mb, static_cast<int32_t>(e - lo)));
               send.purpose = Purpose::kBoundary;
               send.module = static_cast<int16_t>(producer_last);
-              send.peer = static_cast<int32_t>(prod.rank({0, 0, e, prod.layout.pp - 1}));
-              send.bytes = boundary_bytes(producer_last, owner_index, mine);
-              send.tag = tag(1, producer_last, owner_index, x.d, 1, mb, static_cast<int32_t>(e - lo));
               send.deps = {dep};
               emit(rank, send);
             }
@@ -937,12 +913,8 @@ void Lowering::lower_colocated() {
         if (k == 0) {
           deps = boundary_done;
         } else {
-          Op recv = about;
-          recv.kind = OpKind::kRecv;
-          recv.stream = StreamKind::kP2p;
-          recv.peer = static_cast<int32_t>(llm.rank({y.t, y.c, y.d, (k - 1) % pp}));
-          recv.bytes = act_bytes;
-          recv.tag = tag(0, llm_, 0, k - 1, 0, mb, 0);
+          Op recv = p2p_op(about, OpKind::kRecv, Phase::kF, llm.rank({y.t, y.c, y.d, (k - 1) % pp}), act_bytes,
+                        tag(0, llm_, 0, k - 1, 0, mb, 0));
           deps.push_back(emit(rank, recv));
         }
         Op f = compute(llm, rank, static_cast<int32_t>(k), mb, y.d, Phase::kF, samples);
@@ -957,25 +929,16 @@ void Lowering::lower_colocated() {
             suffix_forward[{mb, i}] = done;
           }
         if (k < llm.chunks() - 1) {
-          Op send = about;
-          send.kind = OpKind::kSend;
-          send.stream = StreamKind::kP2p;
-          send.peer = static_cast<int32_t>(llm.rank({y.t, y.c, y.d, (k + 1) % pp}));
-          send.bytes = act_bytes;
-          send.tag = tag(0, llm_, 0, k, 0, mb, 0);
+          Op send = p2p_op(about, OpKind::kSend, Phase::kF, llm.rank({y.t, y.c, y.d, (k + 1) % pp}), act_bytes,
+                        tag(0, llm_, 0, k, 0, mb, 0));
           send.deps = {done};
           emit(rank, send);
         }
         continue;
       }
       if (k < llm.chunks() - 1) {
-        Op recv = about;
-        recv.kind = OpKind::kRecv;
-        recv.stream = StreamKind::kP2p;
-        recv.phase = Phase::kB;
-        recv.peer = static_cast<int32_t>(llm.rank({y.t, y.c, y.d, (k + 1) % pp}));
-        recv.bytes = act_bytes;
-        recv.tag = tag(0, llm_, 0, k + 1, 1, mb, 0);
+        Op recv = p2p_op(about, OpKind::kRecv, Phase::kB, llm.rank({y.t, y.c, y.d, (k + 1) % pp}), act_bytes,
+                      tag(0, llm_, 0, k + 1, 1, mb, 0));
         deps.push_back(emit(rank, recv));
       }
       deps.push_back(forward_done.at({mb, item.chunk}));
@@ -1004,13 +967,8 @@ void Lowering::lower_colocated() {
       }
       if (llm.flow.backward()) release(rank, last, forward_done, std::make_pair(mb, item.chunk));
       if (k > 0 && llm.flow.backward()) {
-        Op send = about;
-        send.kind = OpKind::kSend;
-        send.stream = StreamKind::kP2p;
-        send.phase = Phase::kB;
-        send.peer = static_cast<int32_t>(llm.rank({y.t, y.c, y.d, (k - 1) % pp}));
-        send.bytes = act_bytes;
-        send.tag = tag(0, llm_, 0, k, 1, mb, 0);
+        Op send = p2p_op(about, OpKind::kSend, Phase::kB, llm.rank({y.t, y.c, y.d, (k - 1) % pp}), act_bytes,
+                      tag(0, llm_, 0, k, 1, mb, 0));
         send.deps = {last};
         emit(rank, send);
       }

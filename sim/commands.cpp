@@ -54,14 +54,23 @@ std::optional<cxxopts::ParseResult> parse(cxxopts::Options& options, const Args&
   }
 }
 
-bool one_positional(const cxxopts::ParseResult& result, const std::string& program, const char* what,
-                    std::ostream& err, std::string& value) {
-  if (!result.count("input")) {
-    err << program << ": missing " << what << "\ntry '" << program << " --help'\n";
-    return false;
+// Adds the positional input file (`what`, shown as `usage`), parses, and returns the result
+// with `file` set; nullopt (with `code` set) on --help or a bad command line.
+std::optional<cxxopts::ParseResult> parse_with_input(cxxopts::Options& options, const char* what, const char* usage,
+                                                     const Args& args, std::ostream& out, std::ostream& err,
+                                                     std::string& file, int& code) {
+  options.add_options()("input", what, cxxopts::value<std::string>());
+  options.parse_positional({"input"});
+  options.positional_help(usage);
+  auto result = parse(options, args, out, err, code);
+  if (!result) return std::nullopt;
+  if (!result->count("input")) {
+    err << options.program() << ": missing " << what << "\ntry '" << options.program() << " --help'\n";
+    code = kBadInput;
+    return std::nullopt;
   }
-  value = result["input"].as<std::string>();
-  return true;
+  file = (*result)["input"].as<std::string>();
+  return result;
 }
 
 // The scenario, with --plan replacing its plan; nullopt after reporting problems.
@@ -99,14 +108,10 @@ int run_validate(const Args& args, std::ostream& out, std::ostream& err) {
   cxxopts::Options options("tessera validate",
                            "Checks a scenario file (and the model, workload, cluster and plan files "
                            "it names) and reports every problem with its file and JSON path.");
-  options.add_options()("input", "scenario.json", cxxopts::value<std::string>());
-  options.parse_positional({"input"});
-  options.positional_help("<scenario.json>");
   int code = kOk;
-  const auto result = parse(options, args, out, err, code);
   std::string file;
+  const auto result = parse_with_input(options, "scenario file", "<scenario.json>", args, out, err, file, code);
   if (!result) return code;
-  if (!one_positional(*result, options.program(), "scenario file", err, file)) return kBadInput;
   Diagnostics diag;
   const auto scenario = load_scenario(file, diag);
   if (!scenario) return report_problems(diag, err);
@@ -125,16 +130,13 @@ int run_show(const Args& args, std::ostream& out, std::ostream& err) {
                            "Summarises a scenario: modules with parameters and FLOPs per token, "
                            "token statistics over drawn batches, the cluster, the plan and its "
                            "rank groups.");
-  options.add_options()("input", "scenario.json", cxxopts::value<std::string>())(
+  options.add_options()(
       "batches", "batches drawn for token statistics", cxxopts::value<int64_t>()->default_value("4"))(
       "groups", "rank groups listed per kind", cxxopts::value<int64_t>()->default_value("4"));
-  options.parse_positional({"input"});
-  options.positional_help("<scenario.json>");
   int code = kOk;
-  const auto result = parse(options, args, out, err, code);
   std::string file;
+  const auto result = parse_with_input(options, "scenario file", "<scenario.json>", args, out, err, file, code);
   if (!result) return code;
-  if (!one_positional(*result, options.program(), "scenario file", err, file)) return kBadInput;
   ReportOptions report;
   report.batches = (*result)["batches"].as<int64_t>();
   report.max_groups = (*result)["groups"].as<int64_t>();
@@ -155,19 +157,16 @@ int run_import_hf(const Args& args, std::ostream& out, std::ostream& err) {
   cxxopts::Options options("tessera import-hf",
                            "Converts a HuggingFace config.json into a Tessera model file. "
                            "Supported model_type: " + supported + ".");
-  options.add_options()("input", "config.json", cxxopts::value<std::string>())(
+  options.add_options()(
       "freeze", "modules to mark frozen, comma separated (vision,llm,...)",
       cxxopts::value<std::vector<std::string>>())(
       "name", "model name (default: _name_or_path, else the folder name)", cxxopts::value<std::string>())(
       "o,output", "write the model here (atomically) instead of standard output",
       cxxopts::value<std::string>());
-  options.parse_positional({"input"});
-  options.positional_help("<config.json>");
   int code = kOk;
-  const auto result = parse(options, args, out, err, code);
   std::string file;
+  const auto result = parse_with_input(options, "config.json", "<config.json>", args, out, err, file, code);
   if (!result) return code;
-  if (!one_positional(*result, options.program(), "config.json", err, file)) return kBadInput;
   HfImportOptions import;
   if (result->count("freeze")) import.freeze = (*result)["freeze"].as<std::vector<std::string>>();
   Diagnostics diag;
@@ -195,18 +194,15 @@ int run_lower(const Args& args, std::ostream& out, std::ostream& err) {
   cxxopts::Options options("tessera lower",
                            "Prints the per-rank op lists (the Program) of one training iteration: what the "
                            "simulator predicts and the executor runs. A dry run.");
-  options.add_options()("input", "scenario.json", cxxopts::value<std::string>())(
+  options.add_options()(
       "plan", "plan file replacing the scenario's plan", cxxopts::value<std::string>())(
       "rank", "only this rank (default: all)", cxxopts::value<int>()->default_value("-1"))(
       "iteration", "which iteration's batch to draw", cxxopts::value<int64_t>()->default_value("0"))(
       "json", "machine-readable output");
-  options.parse_positional({"input"});
-  options.positional_help("<scenario.json>");
   int code = kOk;
-  const auto result = parse(options, args, out, err, code);
   std::string file;
+  const auto result = parse_with_input(options, "scenario file", "<scenario.json>", args, out, err, file, code);
   if (!result) return code;
-  if (!one_positional(*result, options.program(), "scenario file", err, file)) return kBadInput;
   const int rank = (*result)["rank"].as<int>();
   const int64_t iteration = (*result)["iteration"].as<int64_t>();
   if (iteration < 0) {
@@ -258,16 +254,13 @@ int run_estimate(const Args& args, std::ostream& out, std::ostream& err) {
                            "Predicts one iteration of a plan with the analytic cost model and the exact "
                            "in-order evaluator (no network contention): step time, throughput, TFLOP/s per "
                            "device, MFU, pipeline bubble and peak memory, or why the plan does not fit.");
-  options.add_options()("input", "scenario.json", cxxopts::value<std::string>())(
+  options.add_options()(
       "plan", "plan file replacing the scenario's plan", cxxopts::value<std::string>())(
       "iteration", "which iteration's batch to draw", cxxopts::value<int64_t>()->default_value("0"));
-  options.parse_positional({"input"});
-  options.positional_help("<scenario.json>");
   int code = kOk;
-  const auto result = parse(options, args, out, err, code);
   std::string file;
+  const auto result = parse_with_input(options, "scenario file", "<scenario.json>", args, out, err, file, code);
   if (!result) return code;
-  if (!one_positional(*result, options.program(), "scenario file", err, file)) return kBadInput;
   const int64_t iteration = (*result)["iteration"].as<int64_t>();
   if (iteration < 0) {
     err << options.program() << ": --iteration must be >= 0\n";
@@ -289,7 +282,7 @@ int run_simulate(const Args& args, std::ostream& out, std::ostream& err) {
                            "Predicts a plan by executing its per-rank Programs as a SimGrid discrete-event "
                            "simulation with network contention, over several iterations with different "
                            "drawn batches. Plans that do not fit in memory are reported, not simulated.");
-  options.add_options()("input", "scenario.json", cxxopts::value<std::string>())(
+  options.add_options()(
       "plan", "plan file replacing the scenario's plan", cxxopts::value<std::string>())(
       "iterations", "iterations to simulate", cxxopts::value<int64_t>()->default_value("3"))(
       "first-iteration", "first iteration's batch", cxxopts::value<int64_t>()->default_value("0"))(
@@ -300,13 +293,10 @@ int run_simulate(const Args& args, std::ostream& out, std::ostream& err) {
       "trace", "write one Chrome-trace JSON per rank into this folder", cxxopts::value<std::string>())(
       "timeout", "seconds allowed per simulated iteration", cxxopts::value<double>()->default_value("600"))(
       "json", "machine-readable output");
-  options.parse_positional({"input"});
-  options.positional_help("<scenario.json>");
   int code = kOk;
-  const auto result = parse(options, args, out, err, code);
   std::string file;
+  const auto result = parse_with_input(options, "scenario file", "<scenario.json>", args, out, err, file, code);
   if (!result) return code;
-  if (!one_positional(*result, options.program(), "scenario file", err, file)) return kBadInput;
   SimulateOptions sim;
   sim.iterations = (*result)["iterations"].as<int64_t>();
   sim.first_iteration = (*result)["first-iteration"].as<int64_t>();
