@@ -15,16 +15,18 @@ CommCheckResult run_comm_check(c10d::ProcessGroup& group, int64_t bytes, int ite
   const float expected = static_cast<float>(n) * static_cast<float>(n + 1) / 2.0F;
   std::vector<double> times;
   for (int i = 0; i <= iterations; ++i) {  // iteration 0 warms up
-    std::vector<at::Tensor> tensors{torch::full({elements}, static_cast<float>(group.getRank() + 1))};
+    std::vector<at::Tensor> tensors{
+        torch::full({elements}, static_cast<float>(group.getRank() + 1))};
     const auto start = std::chrono::steady_clock::now();
     group.allreduce(tensors)->wait();
-    const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const double t =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (i > 0) times.push_back(t);
     const float lo = tensors[0].min().item<float>();
     const float hi = tensors[0].max().item<float>();
     if (lo != expected || hi != expected) {
-      result.problem = "all-reduce gave values in [" + std::to_string(lo) + ", " + std::to_string(hi) +
-                       "], expected " + std::to_string(expected);
+      result.problem = "all-reduce gave values in [" + std::to_string(lo) + ", " +
+                       std::to_string(hi) + "], expected " + std::to_string(expected);
       return result;
     }
   }

@@ -10,11 +10,11 @@
 namespace tessera::exec {
 
 struct CommCheckResult {
-  bool correct = false;   // every element equals the sum of the ranks' contributions
-  double seconds = 0;     // median time of one all-reduce
+  bool correct = false;  // every element equals the sum of the ranks' contributions
+  double seconds = 0;    // median time of one all-reduce
   double algorithm_bandwidth_bytes_per_s = 0;
   double bus_bandwidth_bytes_per_s = 0;
-  std::string problem;    // what was wrong when !correct
+  std::string problem;  // what was wrong when !correct
 };
 
 // All-reduces a float32 tensor of `bytes` bytes `iterations` times (after one warm-up); rank r

@@ -55,7 +55,8 @@ void drain(Child& c) {
 
 std::string describe_exit(int status) {
   if (WIFSIGNALED(status))
-    return std::string("killed by signal ") + std::to_string(WTERMSIG(status)) + " (" + ::strsignal(WTERMSIG(status)) + ")";
+    return std::string("killed by signal ") + std::to_string(WTERMSIG(status)) + " (" +
+           ::strsignal(WTERMSIG(status)) + ")";
   return "exited with status " + std::to_string(WEXITSTATUS(status));
 }
 
@@ -68,8 +69,10 @@ void stop_all(std::vector<Child>& children, double grace_s) {
     for (Child& c : children) {
       if (!c.running) continue;
       int status = 0;
-      if (::waitpid(c.pid, &status, WNOHANG) == c.pid) c.running = false;
-      else any = true;
+      if (::waitpid(c.pid, &status, WNOHANG) == c.pid)
+        c.running = false;
+      else
+        any = true;
     }
     if (!any) return;
     if (std::chrono::steady_clock::now() > deadline) break;
@@ -91,15 +94,21 @@ std::optional<WorkerEnv> worker_env_from_environment(std::string& problem) {
   const char* world = std::getenv("WORLD_SIZE");
   if (rank == nullptr && world == nullptr) return std::nullopt;
   WorkerEnv env;
-  if (!parse_int(rank, env.rank)) problem = "RANK must be a non-negative integer";
-  else if (!parse_int(world, env.world_size) || env.world_size < 1) problem = "WORLD_SIZE must be a positive integer";
-  else if (env.rank >= env.world_size) problem = "RANK must be < WORLD_SIZE";
+  if (!parse_int(rank, env.rank))
+    problem = "RANK must be a non-negative integer";
+  else if (!parse_int(world, env.world_size) || env.world_size < 1)
+    problem = "WORLD_SIZE must be a positive integer";
+  else if (env.rank >= env.world_size)
+    problem = "RANK must be < WORLD_SIZE";
   const char* local = std::getenv("LOCAL_RANK");
   env.local_rank = env.rank;
-  if (local != nullptr && !parse_int(local, env.local_rank)) problem = "LOCAL_RANK must be a non-negative integer";
-  if (const char* addr = std::getenv("MASTER_ADDR"); addr != nullptr && *addr != '\0') env.master_addr = addr;
+  if (local != nullptr && !parse_int(local, env.local_rank))
+    problem = "LOCAL_RANK must be a non-negative integer";
+  if (const char* addr = std::getenv("MASTER_ADDR"); addr != nullptr && *addr != '\0')
+    env.master_addr = addr;
   const char* port = std::getenv("MASTER_PORT");
-  if (port == nullptr || !parse_int(port, env.master_port) || env.master_port < 1 || env.master_port > 65535)
+  if (port == nullptr || !parse_int(port, env.master_port) || env.master_port < 1 ||
+      env.master_port > 65535)
     problem = problem.empty() ? "MASTER_PORT must be a port number when RANK is set" : problem;
   return env;
 }
@@ -121,9 +130,11 @@ int free_port() {
   return ntohs(addr.sin_port);
 }
 
-LaunchResult launch(const LaunchOptions& options, const std::function<int(const WorkerEnv&)>& worker) {
+LaunchResult launch(const LaunchOptions& options,
+                    const std::function<int(const WorkerEnv&)>& worker) {
   LaunchResult result;
-  if (options.nproc < 1 || options.nnodes < 1 || options.node_rank < 0 || options.node_rank >= options.nnodes) {
+  if (options.nproc < 1 || options.nnodes < 1 || options.node_rank < 0 ||
+      options.node_rank >= options.nnodes) {
     result.message = "invalid launch: nproc, nnodes >= 1 and 0 <= node_rank < nnodes";
     return result;
   }
@@ -182,7 +193,8 @@ LaunchResult launch(const LaunchOptions& options, const std::function<int(const 
     children.push_back({pid, env.rank, fds[0], true, ""});
   }
 
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(options.timeout_s);
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::duration<double>(options.timeout_s);
   int running = options.nproc;
   while (running > 0) {
     for (Child& c : children) {
@@ -196,7 +208,8 @@ LaunchResult launch(const LaunchOptions& options, const std::function<int(const 
       drain(c);
       if (WIFEXITED(status) && WEXITSTATUS(status) == 0) continue;
       result.failed_rank = c.rank;
-      result.message = "rank " + std::to_string(c.rank) + ": " + (c.error.empty() ? describe_exit(status) : c.error);
+      result.message = "rank " + std::to_string(c.rank) + ": " +
+                       (c.error.empty() ? describe_exit(status) : c.error);
       stop_all(children, options.stop_grace_s);
       for (Child& other : children) ::close(other.error_fd);
       return result;

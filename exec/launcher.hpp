@@ -12,9 +12,9 @@ namespace tessera::exec {
 
 // What a worker knows about its place in the job (torchrun's environment variables).
 struct WorkerEnv {
-  int rank = 0;        // RANK
-  int local_rank = 0;  // LOCAL_RANK
-  int world_size = 1;  // WORLD_SIZE
+  int rank = 0;                           // RANK
+  int local_rank = 0;                     // LOCAL_RANK
+  int world_size = 1;                     // WORLD_SIZE
   std::string master_addr = "127.0.0.1";  // MASTER_ADDR
   int master_port = 0;                    // MASTER_PORT
 };
@@ -28,9 +28,9 @@ struct LaunchOptions {
   int nnodes = 1;     // nodes in the job
   int node_rank = 0;  // this node's index: its workers are ranks node_rank*nproc ...
   std::string master_addr = "127.0.0.1";
-  int master_port = 0;           // 0: pick a free port (single node only)
-  double timeout_s = 600;        // whole job; the launcher kills everything past it
-  double stop_grace_s = 5;       // SIGTERM, then SIGKILL after this long
+  int master_port = 0;      // 0: pick a free port (single node only)
+  double timeout_s = 600;   // whole job; the launcher kills everything past it
+  double stop_grace_s = 5;  // SIGTERM, then SIGKILL after this long
 };
 
 struct LaunchResult {
@@ -41,7 +41,8 @@ struct LaunchResult {
 
 // Runs `worker` in one child process per local rank; a worker's return value is its exit
 // status, and an exception becomes a failure carrying its message.
-LaunchResult launch(const LaunchOptions& options, const std::function<int(const WorkerEnv&)>& worker);
+LaunchResult launch(const LaunchOptions& options,
+                    const std::function<int(const WorkerEnv&)>& worker);
 
 // A TCP port on 127.0.0.1 that was free a moment ago.
 int free_port();

@@ -16,19 +16,22 @@ namespace {
 using namespace tessera::exec;
 
 int comm_check(int argc, char** argv) {
-  cxxopts::Options options("tessera-train comm-check",
-                           "Starts one worker per rank (or joins as one, when RANK/WORLD_SIZE/MASTER_ADDR/"
-                           "MASTER_PORT are set by an external launcher), forms a Gloo process group "
-                           "over a TCPStore and verifies and times an all-reduce.");
+  cxxopts::Options options(
+      "tessera-train comm-check",
+      "Starts one worker per rank (or joins as one, when RANK/WORLD_SIZE/MASTER_ADDR/"
+      "MASTER_PORT are set by an external launcher), forms a Gloo process group "
+      "over a TCPStore and verifies and times an all-reduce.");
   options.add_options()("nproc", "workers on this node", cxxopts::value<int>()->default_value("2"))(
       "nnodes", "nodes in the job", cxxopts::value<int>()->default_value("1"))(
       "node-rank", "this node's index", cxxopts::value<int>()->default_value("0"))(
-      "master", "ADDR:PORT of rank 0 (default: a free port on loopback)", cxxopts::value<std::string>())(
-      "bytes", "all-reduce size in bytes", cxxopts::value<int64_t>()->default_value("4194304"))(
+      "master", "ADDR:PORT of rank 0 (default: a free port on loopback)",
+      cxxopts::value<std::string>())("bytes", "all-reduce size in bytes",
+                                     cxxopts::value<int64_t>()->default_value("4194304"))(
       "iters", "timed all-reduces", cxxopts::value<int>()->default_value("10"))(
-      "timeout", "seconds before a collective (and the job) gives up", cxxopts::value<double>()->default_value("60"))(
-      "fail-rank", "make this rank fail (tests the launcher)", cxxopts::value<int>()->default_value("-1"))(
-      "h,help", "show this help");
+      "timeout", "seconds before a collective (and the job) gives up",
+      cxxopts::value<double>()->default_value("60"))(
+      "fail-rank", "make this rank fail (tests the launcher)",
+      cxxopts::value<int>()->default_value("-1"))("h,help", "show this help");
   cxxopts::ParseResult args;
   try {
     args = options.parse(argc, argv);
@@ -57,9 +60,11 @@ int comm_check(int argc, char** argv) {
     const CommCheckResult r = run_comm_check(*group, bytes, iters);
     if (!r.correct) throw std::runtime_error(r.problem);
     if (env.rank == 0)
-      std::printf("all-reduce of %lld bytes over %d ranks (gloo): %.3f ms, algbw %.3f GB/s, busbw %.3f GB/s\n",
-                  static_cast<long long>(bytes), env.world_size, r.seconds * 1e3,
-                  r.algorithm_bandwidth_bytes_per_s / 1e9, r.bus_bandwidth_bytes_per_s / 1e9);
+      std::printf(
+          "all-reduce of %lld bytes over %d ranks (gloo): %.3f ms, algbw %.3f GB/s, busbw %.3f "
+          "GB/s\n",
+          static_cast<long long>(bytes), env.world_size, r.seconds * 1e3,
+          r.algorithm_bandwidth_bytes_per_s / 1e9, r.bus_bandwidth_bytes_per_s / 1e9);
     std::fflush(stdout);
     return 0;
   };

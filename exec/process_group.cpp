@@ -5,7 +5,8 @@
 
 namespace tessera::exec {
 
-c10::intrusive_ptr<c10d::ProcessGroup> connect_gloo(const WorkerEnv& env, const GroupOptions& options) {
+c10::intrusive_ptr<c10d::ProcessGroup> connect_gloo(const WorkerEnv& env,
+                                                    const GroupOptions& options) {
   c10d::TCPStoreOptions store_options;
   store_options.port = static_cast<std::uint16_t>(env.master_port);
   store_options.isServer = env.rank == 0;

@@ -16,6 +16,7 @@ struct GroupOptions {
 
 // Joins the job described by `env`: rank 0 hosts the TCPStore. Every collective of the
 // returned group fails with an exception after `timeout` instead of hanging.
-c10::intrusive_ptr<c10d::ProcessGroup> connect_gloo(const WorkerEnv& env, const GroupOptions& options);
+c10::intrusive_ptr<c10d::ProcessGroup> connect_gloo(const WorkerEnv& env,
+                                                    const GroupOptions& options);
 
 }  // namespace tessera::exec

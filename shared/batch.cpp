@@ -58,8 +58,8 @@ Batch draw_batch(const WorkloadSpec& w, int64_t iteration) {
   }
   for (int64_t i = 0; i < w.global_batch; ++i) {
     // One stream per sample: a sample does not change when the batch size does.
-    Rng rng(mix64(w.seed) ^ mix64(static_cast<uint64_t>(iteration) * 0x100000001b3ULL +
-                                  static_cast<uint64_t>(i)));
+    Rng rng(mix64(w.seed) ^
+            mix64(static_cast<uint64_t>(iteration) * 0x100000001b3ULL + static_cast<uint64_t>(i)));
     batch.samples.push_back(draw_sample(w, rng));
   }
   return batch;
@@ -115,7 +115,8 @@ Stats summarize(std::vector<double> values) {
   s.max = values.back();
   s.mean = std::accumulate(values.begin(), values.end(), 0.0) / static_cast<double>(values.size());
   auto quantile = [&](double q) {
-    const std::size_t k = static_cast<std::size_t>(q * static_cast<double>(values.size() - 1) + 0.5);
+    const std::size_t k =
+        static_cast<std::size_t>(q * static_cast<double>(values.size() - 1) + 0.5);
     return values[std::min(k, values.size() - 1)];
   };
   s.p50 = quantile(0.5);

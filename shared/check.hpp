@@ -24,7 +24,7 @@ class InternalError : public std::logic_error {
 
 }  // namespace tessera
 
-#define TESSERA_CHECK(cond, ...)                                                        \
-  do {                                                                                  \
+#define TESSERA_CHECK(cond, ...)                                                               \
+  do {                                                                                         \
     if (!(cond)) ::tessera::check_failed(#cond, __FILE__, __LINE__, std::string{__VA_ARGS__}); \
   } while (0)

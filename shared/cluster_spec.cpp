@@ -40,7 +40,8 @@ ClusterSpec read_cluster(const Json& json, const std::string& file, const std::s
   r.optional_enum("kind", c.kind, kClusterKinds);
   if (c.kind == ClusterKind::kCpuLocal) {
     if (r.required("cores", c.cores)) r.check_positive("cores", c.cores);
-    if (r.required("flops_per_core", c.flops_per_core)) r.check_positive("flops_per_core", c.flops_per_core);
+    if (r.required("flops_per_core", c.flops_per_core))
+      r.check_positive("flops_per_core", c.flops_per_core);
     c.nodes = 1;
     c.devices_per_node = 1;
     for (const char* key : {"nodes", "devices_per_node", "inter_node"})
@@ -60,7 +61,8 @@ ClusterSpec read_cluster(const Json& json, const std::string& file, const std::s
       ObjectReader pr(*peaks, file, dr.path_of("peak_flops"), diag);
       for (const auto& [name, dtype] : kDTypes) {
         double value = 0;
-        if (pr.optional(name, value) && pr.check_positive(name, value)) c.device.peak_flops[dtype] = value;
+        if (pr.optional(name, value) && pr.check_positive(name, value))
+          c.device.peak_flops[dtype] = value;
       }
       pr.finish();
       if (pr.valid() && c.device.peak_flops.empty())
@@ -68,7 +70,8 @@ ClusterSpec read_cluster(const Json& json, const std::string& file, const std::s
     } else if (c.kind == ClusterKind::kGpu) {
       dr.missing("peak_flops");
     }
-    if (dr.required("memory_bytes", c.device.memory_bytes)) dr.check_positive("memory_bytes", c.device.memory_bytes);
+    if (dr.required("memory_bytes", c.device.memory_bytes))
+      dr.check_positive("memory_bytes", c.device.memory_bytes);
     if (dr.required("memory_bandwidth_bytes_per_s", c.device.memory_bandwidth_bytes_per_s))
       dr.check_positive("memory_bandwidth_bytes_per_s", c.device.memory_bandwidth_bytes_per_s);
     dr.finish();
@@ -129,7 +132,8 @@ int64_t device_count(const ClusterSpec& c) {
 double peak_flops(const ClusterSpec& c, DType dtype) {
   if (c.kind == ClusterKind::kCpuLocal) return c.flops_per_core;
   if (auto it = c.device.peak_flops.find(dtype); it != c.device.peak_flops.end()) return it->second;
-  if (auto it = c.device.peak_flops.find(DType::kFp32); it != c.device.peak_flops.end()) return it->second;
+  if (auto it = c.device.peak_flops.find(DType::kFp32); it != c.device.peak_flops.end())
+    return it->second;
   return 0;
 }
 

@@ -21,22 +21,27 @@ double bus_factor(CollectiveKind kind, int64_t n) {
   if (n <= 1) return 0;
   const double ring = static_cast<double>(n - 1) / static_cast<double>(n);
   switch (kind) {
-    case CollectiveKind::kAllReduce: return 2 * ring;
+    case CollectiveKind::kAllReduce:
+      return 2 * ring;
     case CollectiveKind::kAllGather:
     case CollectiveKind::kReduceScatter:
-    case CollectiveKind::kAllToAll: return ring;
-    case CollectiveKind::kBroadcast: return 1;
+    case CollectiveKind::kAllToAll:
+      return ring;
+    case CollectiveKind::kBroadcast:
+      return 1;
   }
   return 1;
 }
 
-CostModel::CostModel(const ClusterSpec& cluster, DType dtype, CostParams params, const std::vector<ModuleRole>& roles)
+CostModel::CostModel(const ClusterSpec& cluster, DType dtype, CostParams params,
+                     const std::vector<ModuleRole>& roles)
     : cluster_(cluster), dtype_(dtype), params_(std::move(params)), roles_(roles) {}
 
 bool CostModel::same_node(const RankList& group) const {
   if (cluster_.kind == ClusterKind::kCpuLocal || group.empty()) return true;
   const int64_t node = group.front() / cluster_.devices_per_node;
-  return std::all_of(group.begin(), group.end(), [&](int64_t r) { return r / cluster_.devices_per_node == node; });
+  return std::all_of(group.begin(), group.end(),
+                     [&](int64_t r) { return r / cluster_.devices_per_node == node; });
 }
 
 double CostModel::collective_s(CollectiveKind kind, const RankList& group, double bytes) const {
@@ -47,7 +52,7 @@ double CostModel::collective_s(CollectiveKind kind, const RankList& group, doubl
   double bandwidth = link.bandwidth_bytes_per_s * params_.bandwidth_efficiency;
   if (!local) bandwidth /= std::max(1.0, cluster_.inter_node.oversubscription);
   // Ring algorithms take n-1 latency steps (all-reduce: 2(n-1)); broadcast pipelines.
-  const double steps = kind == CollectiveKind::kAllReduce ? 2.0 * static_cast<double>(n - 1)
+  const double steps = kind == CollectiveKind::kAllReduce   ? 2.0 * static_cast<double>(n - 1)
                        : kind == CollectiveKind::kBroadcast ? 1.0
                                                             : static_cast<double>(n - 1);
   return steps * link.latency_s + bus_factor(kind, n) * bytes / bandwidth;
@@ -63,7 +68,8 @@ double CostModel::p2p_s(int64_t from, int64_t to, double bytes) const {
 
 double CostModel::efficiency(const Op& op) const {
   if (op.module >= 0 && static_cast<std::size_t>(op.module) < roles_.size()) {
-    const auto it = params_.efficiency.find({roles_[static_cast<std::size_t>(op.module)], op.phase});
+    const auto it =
+        params_.efficiency.find({roles_[static_cast<std::size_t>(op.module)], op.phase});
     if (it != params_.efficiency.end()) return it->second;
   }
   return params_.default_efficiency;
@@ -72,7 +78,8 @@ double CostModel::efficiency(const Op& op) const {
 double CostModel::compute_s(const Program& program, const Op& op) const {
   double seconds = compute_only_s(program, op);
   for (const NestedCollective& n : op.nested)
-    seconds += n.count * collective_s(n.kind, program.groups[static_cast<std::size_t>(n.group)], n.bytes);
+    seconds +=
+        n.count * collective_s(n.kind, program.groups[static_cast<std::size_t>(n.group)], n.bytes);
   return seconds;
 }
 
@@ -84,17 +91,20 @@ double CostModel::compute_only_s(const Program& program, const Op& op) const {
   double peak = peak_flops(cluster_, dtype_);
   if (cluster_.kind == ClusterKind::kCpuLocal && program.world > cluster_.cores)
     peak *= static_cast<double>(cluster_.cores) / static_cast<double>(program.world);
-  double seconds = params_.overhead_per_op_s + static_cast<double>(op.layers) * params_.overhead_per_layer_s;
+  double seconds =
+      params_.overhead_per_op_s + static_cast<double>(op.layers) * params_.overhead_per_layer_s;
   if (op.flops > 0) seconds += op.flops / (peak * efficiency(op));
   return seconds;
 }
 
-RankMemory parameter_memory(double parameters, bool trainable, int64_t optimizer_shards, DType dtype) {
+RankMemory parameter_memory(double parameters, bool trainable, int64_t optimizer_shards,
+                            DType dtype) {
   RankMemory m;
   m.weight_bytes = parameters * static_cast<double>(dtype_bytes(dtype));
   if (trainable) {
     m.gradient_bytes = parameters * 4.0;
-    m.optimizer_bytes = parameters * 12.0 / static_cast<double>(std::max<int64_t>(1, optimizer_shards));
+    m.optimizer_bytes =
+        parameters * 12.0 / static_cast<double>(std::max<int64_t>(1, optimizer_shards));
   }
   return m;
 }

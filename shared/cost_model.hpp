@@ -32,7 +32,8 @@ CostParams default_cost_params(const ClusterSpec& cluster);
 class CostModel {
  public:
   // REQUIRES: the program's groups and ranks were built for `cluster`.
-  CostModel(const ClusterSpec& cluster, DType dtype, CostParams params, const std::vector<ModuleRole>& module_roles);
+  CostModel(const ClusterSpec& cluster, DType dtype, CostParams params,
+            const std::vector<ModuleRole>& module_roles);
 
   // Seconds of a Compute op, nested collectives included; or of an optimizer step.
   double compute_s(const Program& program, const Op& op) const;
@@ -62,6 +63,7 @@ double bus_factor(CollectiveKind kind, int64_t n);
 // Mixed-precision Adam per parameter: 16-bit weight; trainable ones add a 4-byte gradient and
 // 12 bytes of fp32 master weight and moments (divided over `optimizer_shards` ranks with a
 // distributed optimizer) — 18 bytes, or 6 + 12/dp (ALGORITHMS.md §6).
-RankMemory parameter_memory(double parameters, bool trainable, int64_t optimizer_shards, DType dtype);
+RankMemory parameter_memory(double parameters, bool trainable, int64_t optimizer_shards,
+                            DType dtype);
 
 }  // namespace tessera

@@ -27,10 +27,14 @@ double clamp_to(const Distribution& d, double x) {
 
 double sample(const Distribution& d, Rng& rng) {
   switch (d.kind) {
-    case DistKind::kConstant: return d.value;
-    case DistKind::kUniform: return *d.min + (*d.max - *d.min) * rng.uniform();
-    case DistKind::kNormal: return clamp_to(d, d.mean + d.std * rng.normal());
-    case DistKind::kLogNormal: return clamp_to(d, d.median * std::exp(d.sigma * rng.normal()));
+    case DistKind::kConstant:
+      return d.value;
+    case DistKind::kUniform:
+      return *d.min + (*d.max - *d.min) * rng.uniform();
+    case DistKind::kNormal:
+      return clamp_to(d, d.mean + d.std * rng.normal());
+    case DistKind::kLogNormal:
+      return clamp_to(d, d.median * std::exp(d.sigma * rng.normal()));
     case DistKind::kChoice: {
       const double total = d.weights.empty()
                                ? static_cast<double>(d.values.size())
@@ -54,27 +58,38 @@ int64_t sample_int(const Distribution& d, Rng& rng) {
 
 double dist_lower_bound(const Distribution& d) {
   switch (d.kind) {
-    case DistKind::kConstant: return d.value;
-    case DistKind::kChoice: return *std::min_element(d.values.begin(), d.values.end());
-    case DistKind::kLogNormal: return d.min.value_or(0.0);
-    default: return d.min.value_or(-HUGE_VAL);
+    case DistKind::kConstant:
+      return d.value;
+    case DistKind::kChoice:
+      return *std::min_element(d.values.begin(), d.values.end());
+    case DistKind::kLogNormal:
+      return d.min.value_or(0.0);
+    default:
+      return d.min.value_or(-HUGE_VAL);
   }
 }
 
 double dist_upper_bound(const Distribution& d) {
   switch (d.kind) {
-    case DistKind::kConstant: return d.value;
-    case DistKind::kChoice: return *std::max_element(d.values.begin(), d.values.end());
-    default: return d.max.value_or(HUGE_VAL);
+    case DistKind::kConstant:
+      return d.value;
+    case DistKind::kChoice:
+      return *std::max_element(d.values.begin(), d.values.end());
+    default:
+      return d.max.value_or(HUGE_VAL);
   }
 }
 
 double dist_mean(const Distribution& d) {
   switch (d.kind) {
-    case DistKind::kConstant: return d.value;
-    case DistKind::kUniform: return 0.5 * (*d.min + *d.max);
-    case DistKind::kNormal: return d.mean;
-    case DistKind::kLogNormal: return d.median * std::exp(0.5 * d.sigma * d.sigma);
+    case DistKind::kConstant:
+      return d.value;
+    case DistKind::kUniform:
+      return 0.5 * (*d.min + *d.max);
+    case DistKind::kNormal:
+      return d.mean;
+    case DistKind::kLogNormal:
+      return d.median * std::exp(0.5 * d.sigma * d.sigma);
     case DistKind::kChoice: {
       double sum = 0, total = 0;
       for (std::size_t i = 0; i < d.values.size(); ++i) {
@@ -103,7 +118,9 @@ bool read_distribution(const Json& value, const std::string& file, const std::st
       return false;
     }
     switch (d.kind) {
-      case DistKind::kConstant: r.required("value", d.value); break;
+      case DistKind::kConstant:
+        r.required("value", d.value);
+        break;
       case DistKind::kUniform: {
         double lo = 0, hi = 0;
         if (r.required("min", lo) && r.required("max", hi)) {
@@ -173,7 +190,8 @@ Json to_json(const Distribution& d) {
       j["values"] = d.values;
       if (!d.weights.empty()) j["weights"] = d.weights;
       break;
-    default: break;
+    default:
+      break;
   }
   if (d.min) j["min"] = *d.min;
   if (d.max) j["max"] = *d.max;
@@ -183,10 +201,18 @@ Json to_json(const Distribution& d) {
 std::string describe(const Distribution& d) {
   std::ostringstream out;
   switch (d.kind) {
-    case DistKind::kConstant: out << d.value; break;
-    case DistKind::kUniform: out << "uniform[" << *d.min << ", " << *d.max << "]"; break;
-    case DistKind::kNormal: out << "normal(" << d.mean << ", " << d.std << ")"; break;
-    case DistKind::kLogNormal: out << "lognormal(median " << d.median << ", s " << d.sigma << ")"; break;
+    case DistKind::kConstant:
+      out << d.value;
+      break;
+    case DistKind::kUniform:
+      out << "uniform[" << *d.min << ", " << *d.max << "]";
+      break;
+    case DistKind::kNormal:
+      out << "normal(" << d.mean << ", " << d.std << ")";
+      break;
+    case DistKind::kLogNormal:
+      out << "lognormal(median " << d.median << ", s " << d.sigma << ")";
+      break;
     case DistKind::kChoice: {
       out << "choice{";
       for (std::size_t i = 0; i < d.values.size(); ++i) out << (i ? "," : "") << d.values[i];

@@ -20,11 +20,11 @@ enum class DistKind { kConstant, kUniform, kNormal, kLogNormal, kChoice };
 
 struct Distribution {
   DistKind kind = DistKind::kConstant;
-  double value = 0;   // constant
-  double mean = 0;    // normal
-  double std = 0;     // normal
-  double median = 0;  // lognormal: exp(mu)
-  double sigma = 0;   // lognormal: standard deviation of log
+  double value = 0;           // constant
+  double mean = 0;            // normal
+  double std = 0;             // normal
+  double median = 0;          // lognormal: exp(mu)
+  double sigma = 0;           // lognormal: standard deviation of log
   std::optional<double> min;  // uniform (required), normal/lognormal (clamp)
   std::optional<double> max;
   std::vector<double> values;   // choice

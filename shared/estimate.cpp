@@ -17,7 +17,8 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 
 }  // namespace
 
-Estimate estimate(const Scenario& s, const ParallelPlan& plan, int64_t iteration, const CostParams& params) {
+Estimate estimate(const Scenario& s, const ParallelPlan& plan, int64_t iteration,
+                  const CostParams& params) {
   Estimate e;
   const auto t0 = std::chrono::steady_clock::now();
   const Batch batch = draw_batch(s.workload, iteration);
@@ -47,10 +48,11 @@ Estimate estimate(const Scenario& s, const ParallelPlan& plan, int64_t iteration
   e.feasible = worst <= e.capacity_bytes;
   if (!e.feasible) {
     const RankMemory& m = e.peak_memory;
-    e.reason = "rank " + std::to_string(e.metrics.peak_rank) + " needs " + human_bytes(m.total()) + " > " +
-               human_bytes(e.capacity_bytes) + " (weights " + human_bytes(m.weight_bytes) + ", gradients " +
-               human_bytes(m.gradient_bytes) + ", optimizer " + human_bytes(m.optimizer_bytes) + ", activations " +
-               human_bytes(m.activation_bytes) + ", boundary " + human_bytes(m.boundary_bytes) + ")";
+    e.reason = "rank " + std::to_string(e.metrics.peak_rank) + " needs " + human_bytes(m.total()) +
+               " > " + human_bytes(e.capacity_bytes) + " (weights " + human_bytes(m.weight_bytes) +
+               ", gradients " + human_bytes(m.gradient_bytes) + ", optimizer " +
+               human_bytes(m.optimizer_bytes) + ", activations " + human_bytes(m.activation_bytes) +
+               ", boundary " + human_bytes(m.boundary_bytes) + ")";
   }
   return e;
 }
@@ -58,24 +60,32 @@ Estimate estimate(const Scenario& s, const ParallelPlan& plan, int64_t iteration
 double memory_capacity_bytes(const ClusterSpec& cluster, int64_t world) {
   const double device = static_cast<double>(cluster.device.memory_bytes);
   // cpu-local ranks share the machine's memory.
-  return cluster.kind == ClusterKind::kCpuLocal ? device / static_cast<double>(std::max<int64_t>(1, world)) : device;
+  return cluster.kind == ClusterKind::kCpuLocal
+             ? device / static_cast<double>(std::max<int64_t>(1, world))
+             : device;
 }
 
-std::string format_metrics(const IterationMetrics& m, const ClusterSpec& cluster, DType dtype, double capacity_bytes) {
+std::string format_metrics(const IterationMetrics& m, const ClusterSpec& cluster, DType dtype,
+                           double capacity_bytes) {
   char line[512];
   std::string out;
   const RankMemory& mem = m.memory[static_cast<std::size_t>(m.peak_rank)];
   std::snprintf(line, sizeof line,
                 "step time        %.4g s\n"
-                "throughput       %.4g samples/s, %.4g tokens/s (text %.4g, image %.4g, audio %.4g, video %.4g)\n"
+                "throughput       %.4g samples/s, %.4g tokens/s (text %.4g, image %.4g, audio "
+                "%.4g, video %.4g)\n"
                 "model TFLOP/s    %.4g per device (MFU %.1f%% of %s dense %s)\n"
                 "idle / busy      %.3f (pipeline bubble + load imbalance, mean over ranks)\n"
                 "exposed comm     %.4g s per rank (mean)\n"
-                "peak memory      %s on rank %lld (weights %s, gradients %s, optimizer %s, activations %s, boundary %s) of %s\n",
-                m.step_s, m.samples_per_s, m.tokens_per_s, m.text_tokens_per_s, m.image_tokens_per_s, m.audio_tokens_per_s,
-                m.video_tokens_per_s, m.tflops_per_device, 100 * m.mfu, (human_si(peak_flops(cluster, dtype)) + "FLOP/s").c_str(),
-                enum_name(dtype, kDTypes).c_str(), m.bubble_mean, m.exposed_comm_mean_s, human_bytes(mem.total()).c_str(),
-                static_cast<long long>(m.peak_rank), human_bytes(mem.weight_bytes).c_str(), human_bytes(mem.gradient_bytes).c_str(),
+                "peak memory      %s on rank %lld (weights %s, gradients %s, optimizer %s, "
+                "activations %s, boundary %s) of %s\n",
+                m.step_s, m.samples_per_s, m.tokens_per_s, m.text_tokens_per_s,
+                m.image_tokens_per_s, m.audio_tokens_per_s, m.video_tokens_per_s,
+                m.tflops_per_device, 100 * m.mfu,
+                (human_si(peak_flops(cluster, dtype)) + "FLOP/s").c_str(),
+                enum_name(dtype, kDTypes).c_str(), m.bubble_mean, m.exposed_comm_mean_s,
+                human_bytes(mem.total()).c_str(), static_cast<long long>(m.peak_rank),
+                human_bytes(mem.weight_bytes).c_str(), human_bytes(mem.gradient_bytes).c_str(),
                 human_bytes(mem.optimizer_bytes).c_str(), human_bytes(mem.activation_bytes).c_str(),
                 human_bytes(mem.boundary_bytes).c_str(), human_bytes(capacity_bytes).c_str());
   out += line;
@@ -102,8 +112,8 @@ std::string format_estimate(const Estimate& e, const Scenario& s) {
   out += format_metrics(e.metrics, s.cluster, s.model.dtype, e.capacity_bytes);
   if (!e.feasible) out += "infeasible: " + e.reason + "\n";
   char line[256];
-  std::snprintf(line, sizeof line, "(%lld ops lowered in %.3f s, evaluated in %.3f s)\n", static_cast<long long>(e.ops),
-                e.lower_s, e.evaluate_s);
+  std::snprintf(line, sizeof line, "(%lld ops lowered in %.3f s, evaluated in %.3f s)\n",
+                static_cast<long long>(e.ops), e.lower_s, e.evaluate_s);
   return out + line;
 }
 

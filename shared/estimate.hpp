@@ -15,20 +15,23 @@ namespace tessera {
 
 struct Estimate {
   bool feasible = false;
-  std::string reason;  // why not feasible ("rank 3 needs 91.2 GiB > 79.6 GiB: ...") or a lowering error
+  std::string
+      reason;  // why not feasible ("rank 3 needs 91.2 GiB > 79.6 GiB: ...") or a lowering error
   std::vector<std::string> notes;
-  IterationMetrics metrics;         // step_s == 0 when the iteration was not executed
-  RankMemory peak_memory;           // metrics.memory[metrics.peak_rank]
+  IterationMetrics metrics;  // step_s == 0 when the iteration was not executed
+  RankMemory peak_memory;    // metrics.memory[metrics.peak_rank]
   double capacity_bytes = 0;
   int64_t ops = 0;
   double lower_s = 0, evaluate_s = 0;  // wall time of the two steps
 };
 
 // REQUIRES: scenario validated, with a plan.
-Estimate estimate(const Scenario& scenario, const ParallelPlan& plan, int64_t iteration, const CostParams& params);
+Estimate estimate(const Scenario& scenario, const ParallelPlan& plan, int64_t iteration,
+                  const CostParams& params);
 std::string format_estimate(const Estimate& e, const Scenario& scenario);
 // The metrics block shared by `tessera estimate` and `tessera simulate`.
-std::string format_metrics(const IterationMetrics& m, const ClusterSpec& cluster, DType dtype, double capacity_bytes);
+std::string format_metrics(const IterationMetrics& m, const ClusterSpec& cluster, DType dtype,
+                           double capacity_bytes);
 // Memory one rank may use: the device's, or this machine's share for cpu-local ranks.
 double memory_capacity_bytes(const ClusterSpec& cluster, int64_t world);
 

@@ -13,9 +13,12 @@ constexpr int kStreams = 3;
 
 int stream_index(const Op& op) {
   switch (op.stream) {
-    case StreamKind::kCompute: return 0;
-    case StreamKind::kCollective: return 1;
-    case StreamKind::kP2p: return 2;
+    case StreamKind::kCompute:
+      return 0;
+    case StreamKind::kCollective:
+      return 1;
+    case StreamKind::kP2p:
+      return 2;
   }
   return 0;
 }
@@ -57,7 +60,8 @@ Timeline evaluate(const Program& p, const CostModel& cost) {
       }
       if (op.kind == OpKind::kCollective) {
         const int32_t k = seen[op.group]++;
-        const auto [it, added] = instance_ids.emplace(std::make_tuple(op.group, k, false), static_cast<int32_t>(members.size()));
+        const auto [it, added] = instance_ids.emplace(std::make_tuple(op.group, k, false),
+                                                      static_cast<int32_t>(members.size()));
         if (added) members.emplace_back();
         members[static_cast<std::size_t>(it->second)].emplace_back(static_cast<int64_t>(r), i);
         instance[r][static_cast<std::size_t>(i)] = it->second;
@@ -65,9 +69,11 @@ Timeline evaluate(const Program& p, const CostModel& cost) {
       for (std::size_t n = 0; n < op.nested.size(); ++n) {
         const int32_t g = op.nested[n].group;
         const int32_t k = seen_nested[g]++;
-        const auto [it, added] = instance_ids.emplace(std::make_tuple(g, k, true), static_cast<int32_t>(members.size()));
+        const auto [it, added] =
+            instance_ids.emplace(std::make_tuple(g, k, true), static_cast<int32_t>(members.size()));
         if (added) members.emplace_back();
-        if (n == 0) nested_first[r][static_cast<std::size_t>(i)] = static_cast<int32_t>(nested_ids.size());
+        if (n == 0)
+          nested_first[r][static_cast<std::size_t>(i)] = static_cast<int32_t>(nested_ids.size());
         nested_ids.push_back(it->second);
       }
     }
@@ -81,7 +87,7 @@ Timeline evaluate(const Program& p, const CostModel& cost) {
   for (std::size_t r = 0; r < world; ++r) arrived_here[r].assign(p.ranks[r].size(), 0);
   // A compute op with nested collectives runs in phases: its compute part, then each nested
   // collective once all of that collective's members reached it.
-  std::vector<std::vector<int32_t>> phase(world);   // next nested index; -1 = not started
+  std::vector<std::vector<int32_t>> phase(world);  // next nested index; -1 = not started
   std::vector<std::vector<double>> phase_end(world);
   std::vector<char> nested_arrived(nested_ids.size(), 0);
   for (std::size_t r = 0; r < world; ++r) {
@@ -114,7 +120,8 @@ Timeline evaluate(const Program& p, const CostModel& cost) {
             const Op& op = p.ranks[r][static_cast<std::size_t>(i)];
             OpTime& time = t.ops[r][static_cast<std::size_t>(i)];
             if (time.finish_s >= 0) {  // completed by its collective's last member
-              free_at[r][static_cast<std::size_t>(s)] = std::max(free_at[r][static_cast<std::size_t>(s)], time.finish_s);
+              free_at[r][static_cast<std::size_t>(s)] =
+                  std::max(free_at[r][static_cast<std::size_t>(s)], time.finish_s);
               ++c;
               advanced = true;
               continue;
@@ -127,14 +134,18 @@ Timeline evaluate(const Program& p, const CostModel& cost) {
                 arrived_here[r][static_cast<std::size_t>(i)] = 1;
                 progress = true;
                 ++arrived[static_cast<std::size_t>(inst)];
-                ready_at[static_cast<std::size_t>(inst)] = std::max(ready_at[static_cast<std::size_t>(inst)], start);
+                ready_at[static_cast<std::size_t>(inst)] =
+                    std::max(ready_at[static_cast<std::size_t>(inst)], start);
               }
               const auto& who = members[static_cast<std::size_t>(inst)];
               // Every member of the group must arrive, not just those whose programs enter it.
-              const auto group_size = static_cast<int32_t>(p.groups[static_cast<std::size_t>(op.group)].size());
+              const auto group_size =
+                  static_cast<int32_t>(p.groups[static_cast<std::size_t>(op.group)].size());
               if (arrived[static_cast<std::size_t>(inst)] < group_size) break;
               const double begin = ready_at[static_cast<std::size_t>(inst)];
-              const double end = begin + cost.collective_s(op.collective, p.groups[static_cast<std::size_t>(op.group)], op.bytes);
+              const double end =
+                  begin + cost.collective_s(op.collective,
+                                            p.groups[static_cast<std::size_t>(op.group)], op.bytes);
               for (const auto& [mr, mi] : who) {
                 t.ops[static_cast<std::size_t>(mr)][static_cast<std::size_t>(mi)] = {begin, end};
                 ++done;
@@ -157,7 +168,8 @@ Timeline evaluate(const Program& p, const CostModel& cost) {
               }
               bool blocked = false;
               while (next < static_cast<int32_t>(op.nested.size())) {
-                const auto slot = static_cast<std::size_t>(nested_first[r][static_cast<std::size_t>(i)] + next);
+                const auto slot =
+                    static_cast<std::size_t>(nested_first[r][static_cast<std::size_t>(i)] + next);
                 const int32_t inst = nested_ids[slot];
                 const NestedCollective& nc = op.nested[static_cast<std::size_t>(next)];
                 const RankList& group = p.groups[static_cast<std::size_t>(nc.group)];
@@ -165,13 +177,15 @@ Timeline evaluate(const Program& p, const CostModel& cost) {
                   nested_arrived[slot] = 1;
                   progress = true;  // an arrival changes state even when nothing completes
                   ++arrived[static_cast<std::size_t>(inst)];
-                  ready_at[static_cast<std::size_t>(inst)] = std::max(ready_at[static_cast<std::size_t>(inst)], at);
+                  ready_at[static_cast<std::size_t>(inst)] =
+                      std::max(ready_at[static_cast<std::size_t>(inst)], at);
                 }
                 if (arrived[static_cast<std::size_t>(inst)] < static_cast<int32_t>(group.size())) {
                   blocked = true;
                   break;
                 }
-                at = ready_at[static_cast<std::size_t>(inst)] + nc.count * cost.collective_s(nc.kind, group, nc.bytes);
+                at = ready_at[static_cast<std::size_t>(inst)] +
+                     nc.count * cost.collective_s(nc.kind, group, nc.bytes);
                 ++next;
               }
               if (blocked) break;
@@ -185,7 +199,8 @@ Timeline evaluate(const Program& p, const CostModel& cost) {
             if (op.kind == OpKind::kSend) {
               const auto it = receive_of.find({static_cast<int64_t>(r), op.peer, op.tag});
               if (it != receive_of.end()) {
-                t.ops[static_cast<std::size_t>(it->second.first)][static_cast<std::size_t>(it->second.second)] = {start, time.finish_s};
+                t.ops[static_cast<std::size_t>(it->second.first)]
+                     [static_cast<std::size_t>(it->second.second)] = {start, time.finish_s};
                 ++done;
               }
             }
@@ -209,7 +224,8 @@ Timeline evaluate(const Program& p, const CostModel& cost) {
           ++shown;
         }
       }
-    t.error = "the program cannot finish: " + std::to_string(total - done) + " ops never run; stuck at " + stuck;
+    t.error = "the program cannot finish: " + std::to_string(total - done) +
+              " ops never run; stuck at " + stuck;
     return t;
   }
   for (std::size_t r = 0; r < world; ++r) {

@@ -20,8 +20,9 @@ struct OpTime {
 struct Timeline {
   std::vector<std::vector<OpTime>> ops;  // [rank][op]
   double step_s = 0;
-  std::vector<double> compute_busy_s;    // per rank: time its compute stream was busy
-  std::vector<double> peak_activation_bytes;  // per rank, from stash/release along the compute stream
+  std::vector<double> compute_busy_s;  // per rank: time its compute stream was busy
+  std::vector<double>
+      peak_activation_bytes;  // per rank, from stash/release along the compute stream
   std::string error;  // non-empty when the program cannot finish (a deadlock), naming stuck ops
   int64_t activities = 0;  // simulator only: SimGrid activities started (flows, sleeps, executions)
   int64_t actors = 0;      // simulator only: actors run

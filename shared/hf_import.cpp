@@ -13,8 +13,12 @@ class HfReader {
   HfReader(const Json* json, std::string file, std::string path, Diagnostics& diag)
       : json_(json), file_(std::move(file)), path_(std::move(path)), diag_(&diag) {}
 
-  bool has(std::string_view key) const { return json_ != nullptr && json_->contains(key) && !(*json_)[std::string(key)].is_null(); }
-  const Json* raw(std::string_view key) const { return has(key) ? &(*json_)[std::string(key)] : nullptr; }
+  bool has(std::string_view key) const {
+    return json_ != nullptr && json_->contains(key) && !(*json_)[std::string(key)].is_null();
+  }
+  const Json* raw(std::string_view key) const {
+    return has(key) ? &(*json_)[std::string(key)] : nullptr;
+  }
 
   // An integer (or a [n, n] pair, as newer configs write image sizes) with a default.
   int64_t get(std::string_view key, int64_t fallback) const {
@@ -98,7 +102,8 @@ ModuleSpec llm_module(const HfReader& r, const std::string& model_type) {
                r.get_bool("attention_bias", false) || d.qkv_bias;
   a.norm = NormKind::kRmsNorm;
   if (r.has("num_local_experts") || r.has("num_experts")) {
-    a.experts = r.has("num_local_experts") ? r.get("num_local_experts", 0) : r.get("num_experts", 0);
+    a.experts =
+        r.has("num_local_experts") ? r.get("num_local_experts", 0) : r.get("num_experts", 0);
     a.top_k = r.get("num_experts_per_tok", 2);
     a.moe_ffn = r.get("moe_intermediate_size", a.ffn);
   }
@@ -111,7 +116,8 @@ ModuleSpec llm_module(const HfReader& r, const std::string& model_type) {
 }
 
 // The bias-everywhere encoder stack shared by ViT, InternViT and Whisper towers.
-TransformerArch encoder_arch(int64_t layers, int64_t hidden, int64_t heads, int64_t ffn, NormKind norm) {
+TransformerArch encoder_arch(int64_t layers, int64_t hidden, int64_t heads, int64_t ffn,
+                             NormKind norm) {
   TransformerArch a;
   a.layers = layers;
   a.hidden = hidden;
@@ -136,8 +142,8 @@ ModuleSpec encoder_module(const std::string& name, Modality modality, const Tran
 // CLIP / SigLIP vision towers (fixed square input).
 ModuleSpec vit_module(const HfReader& v, bool siglip) {
   TransformerArch a = encoder_arch(v.get("num_hidden_layers", 12), v.get("hidden_size", 768),
-                                   v.get("num_attention_heads", 12), v.get("intermediate_size", 3072),
-                                   NormKind::kLayerNorm);
+                                   v.get("num_attention_heads", 12),
+                                   v.get("intermediate_size", 3072), NormKind::kLayerNorm);
   Patching p;
   p.patch_size = v.get("patch_size", siglip ? 16 : 32);
   p.in_channels = v.get("num_channels", 3);
@@ -192,7 +198,8 @@ ModelSpec import_qwen_vl(const HfReader& root, bool qwen25) {
     // Qwen2-VL trap: vision_config.hidden_size is the LLM width; the encoder width is embed_dim.
     const int64_t width = v.get("embed_dim", 1280);
     const double ratio = v.get_double("mlp_ratio", 4.0);
-    a = encoder_arch(layers, width, heads, static_cast<int64_t>(std::llround(static_cast<double>(width) * ratio)),
+    a = encoder_arch(layers, width, heads,
+                     static_cast<int64_t>(std::llround(static_cast<double>(width) * ratio)),
                      NormKind::kLayerNorm);
   }
   Patching p;
@@ -201,16 +208,19 @@ ModelSpec import_qwen_vl(const HfReader& root, bool qwen25) {
   p.spatial_merge = v.get("spatial_merge_size", 2);
   p.temporal_patch = v.get("temporal_patch_size", 2);
   p.resize = ResizeMode::kDynamic;
-  p.min_pixels = 56 * 56;          // preprocessor_config.json defaults
+  p.min_pixels = 56 * 56;  // preprocessor_config.json defaults
   p.max_pixels = 28 * 28 * 16384;
   ModuleSpec vision = encoder_module("vision", Modality::kImage, a);
   vision.patching = p;
-  const int64_t out = qwen25 ? v.get("out_hidden_size", llm.transformer->hidden) : llm.transformer->hidden;
+  const int64_t out =
+      qwen25 ? v.get("out_hidden_size", llm.transformer->hidden) : llm.transformer->hidden;
   if (out != llm.transformer->hidden)
     v.error(qwen25 ? "out_hidden_size" : "hidden_size",
-            std::to_string(out) + " does not match the LLM hidden_size " + std::to_string(llm.transformer->hidden));
+            std::to_string(out) + " does not match the LLM hidden_size " +
+                std::to_string(llm.transformer->hidden));
   const int64_t merged = a.hidden * p.spatial_merge * p.spatial_merge;
-  return vlm(vision, projector_module("vision_projector", "vision", merged, merged, out, 2, true), llm);
+  return vlm(vision, projector_module("vision_projector", "vision", merged, merged, out, 2, true),
+             llm);
 }
 
 ModelSpec import_llava(const HfReader& root, bool next) {
@@ -229,17 +239,19 @@ ModelSpec import_llava(const HfReader& root, bool next) {
     int64_t max_tiles = 4;
     if (const Json* pins = root.raw("image_grid_pinpoints"); pins != nullptr && pins->is_array()) {
       for (const Json& pin : *pins)
-        if (pin.is_array() && pin.size() == 2 && pin[0].is_number_integer() && pin[1].is_number_integer() &&
-            p.tile_size > 0)
+        if (pin.is_array() && pin.size() == 2 && pin[0].is_number_integer() &&
+            pin[1].is_number_integer() && p.tile_size > 0)
           max_tiles = std::max<int64_t>(max_tiles, (pin[0].get<int64_t>() / p.tile_size) *
-                                                        (pin[1].get<int64_t>() / p.tile_size));
+                                                       (pin[1].get<int64_t>() / p.tile_size));
     }
     p.max_tiles = max_tiles;
     p.image_size = 0;
   }
   const int64_t h = llm.transformer->hidden;
-  return vlm(vision, projector_module("vision_projector", "vision", vision.transformer->hidden, h, h, 2, false),
-             llm);
+  return vlm(
+      vision,
+      projector_module("vision_projector", "vision", vision.transformer->hidden, h, h, 2, false),
+      llm);
 }
 
 ModelSpec import_internvl(const HfReader& root, bool remote_code) {
@@ -247,13 +259,15 @@ ModelSpec import_internvl(const HfReader& root, bool remote_code) {
   std::string llm_type = text.get_string("model_type", "qwen2");
   ModuleSpec llm = llm_module(text, llm_type);
   const HfReader v = root.sub("vision_config");
-  TransformerArch a = encoder_arch(
-      v.get("num_hidden_layers", 24), v.get("hidden_size", 1024), v.get("num_attention_heads", 16),
-      v.get("intermediate_size", 4096),
-      v.get_string("norm_type", "layer_norm") == "rms_norm" ? NormKind::kRmsNorm : NormKind::kLayerNorm);
+  TransformerArch a =
+      encoder_arch(v.get("num_hidden_layers", 24), v.get("hidden_size", 1024),
+                   v.get("num_attention_heads", 16), v.get("intermediate_size", 4096),
+                   v.get_string("norm_type", "layer_norm") == "rms_norm" ? NormKind::kRmsNorm
+                                                                         : NormKind::kLayerNorm);
   Patching p;
   p.patch_size = v.get("patch_size", 14);
-  p.tile_size = root.has("force_image_size") ? root.get("force_image_size", 448) : v.get("image_size", 448);
+  p.tile_size =
+      root.has("force_image_size") ? root.get("force_image_size", 448) : v.get("image_size", 448);
   p.resize = ResizeMode::kTiles;
   p.max_tiles = root.get("max_dynamic_patch", 12);
   p.thumbnail = root.get_bool("use_thumbnail", true);
@@ -274,8 +288,10 @@ ModelSpec import_mllama(const HfReader& root) {
   const HfReader text = root.sub("text_config");
   ModuleSpec llm = llm_module(text, "llama");
   if (const Json* cross = text.raw("cross_attention_layers"); cross != nullptr) {
-    if (cross->is_array()) llm.transformer->cross_attention_layers = static_cast<int64_t>(cross->size());
-    else text.error("cross_attention_layers", "expected an array of layer indices");
+    if (cross->is_array())
+      llm.transformer->cross_attention_layers = static_cast<int64_t>(cross->size());
+    else
+      text.error("cross_attention_layers", "expected an array of layer indices");
   }
   const HfReader v = root.sub("vision_config");
   // Mllama's vision tower: a local transformer plus a global one of the same width; its head
@@ -294,19 +310,21 @@ ModelSpec import_mllama(const HfReader& root) {
   ModuleSpec vision = encoder_module("vision", Modality::kImage, a);
   vision.patching = p;
   const int64_t out = v.get("vision_output_dim", 7680);
-  return vlm(vision, projector_module("vision_projector", "vision", out, llm.transformer->hidden,
-                                              llm.transformer->hidden, 1, false),
+  return vlm(vision,
+             projector_module("vision_projector", "vision", out, llm.transformer->hidden,
+                              llm.transformer->hidden, 1, false),
              llm);
 }
 
 ModelSpec import_whisper(const HfReader& r) {
   TransformerArch a = encoder_arch(r.get("encoder_layers", 32), r.get("d_model", 1280),
-                                   r.get("encoder_attention_heads", 20), r.get("encoder_ffn_dim", 5120),
-                                   NormKind::kLayerNorm);
+                                   r.get("encoder_attention_heads", 20),
+                                   r.get("encoder_ffn_dim", 5120), NormKind::kLayerNorm);
   a.positions = r.get("max_source_positions", 1500);
   AudioFrontEnd fe;
   fe.mel_bins = r.get("num_mel_bins", 80);
-  fe.max_seconds = static_cast<double>(a.positions * fe.downsampling) / static_cast<double>(fe.frames_per_second);
+  fe.max_seconds = static_cast<double>(a.positions * fe.downsampling) /
+                   static_cast<double>(fe.frames_per_second);
   ModuleSpec audio = encoder_module("audio", Modality::kAudio, a);
   audio.audio = fe;
   ModelSpec model;
@@ -318,8 +336,9 @@ ModelSpec import_whisper(const HfReader& r) {
 
 const std::vector<std::string>& supported_hf_model_types() {
   static const std::vector<std::string> types = {
-      "qwen2_vl", "qwen2_5_vl", "llava",   "llava_next", "internvl_chat", "internvl",
-      "mllama",   "whisper",    "siglip",  "siglip_vision_model", "clip", "clip_vision_model"};
+      "qwen2_vl", "qwen2_5_vl",       "llava",   "llava_next", "internvl_chat",
+      "internvl", "mllama",           "whisper", "siglip",     "siglip_vision_model",
+      "clip",     "clip_vision_model"};
   return types;
 }
 

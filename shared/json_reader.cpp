@@ -42,8 +42,9 @@ std::optional<Json> parse_json_text(std::string_view text, const std::string& fi
     // keep only the explanation after the last ": " of that prefix.
     const std::size_t cut = what.find("syntax error");
     if (cut != std::string::npos) what = what.substr(cut);
-    diag.error(file, "", "invalid JSON at line " + std::to_string(line) + ", column " +
-                             std::to_string(column) + ": " + what);
+    diag.error(file, "",
+               "invalid JSON at line " + std::to_string(line) + ", column " +
+                   std::to_string(column) + ": " + what);
     return std::nullopt;
   }
 }
@@ -96,15 +97,23 @@ std::string write_file_atomically(const std::string& file, std::string_view text
 
 std::string json_type_name(const Json& value) {
   switch (value.type()) {
-    case Json::value_t::null: return "null";
-    case Json::value_t::boolean: return "boolean";
+    case Json::value_t::null:
+      return "null";
+    case Json::value_t::boolean:
+      return "boolean";
     case Json::value_t::number_integer:
-    case Json::value_t::number_unsigned: return "integer";
-    case Json::value_t::number_float: return "number";
-    case Json::value_t::string: return "string";
-    case Json::value_t::array: return "array";
-    case Json::value_t::object: return "object";
-    default: return "value";
+    case Json::value_t::number_unsigned:
+      return "integer";
+    case Json::value_t::number_float:
+      return "number";
+    case Json::value_t::string:
+      return "string";
+    case Json::value_t::array:
+      return "array";
+    case Json::value_t::object:
+      return "object";
+    default:
+      return "value";
   }
 }
 
@@ -201,8 +210,7 @@ std::string unknown_value_message(const std::string& value, const std::vector<st
   return message;
 }
 
-ObjectReader::ObjectReader(const Json& value, std::string file, std::string path,
-                           Diagnostics& diag)
+ObjectReader::ObjectReader(const Json& value, std::string file, std::string path, Diagnostics& diag)
     : file_(std::move(file)), path_(std::move(path)), diag_(&diag) {
   if (value.is_object()) {
     object_ = &value;

@@ -21,14 +21,16 @@ std::vector<GradientFlow> gradient_flow(const ModelSpec& model) {
   std::function<bool(std::size_t)> trains_upstream_or_self = [&](std::size_t i) {
     const ModuleSpec& m = model.modules[i];
     if (!m.frozen) return true;
-    return std::any_of(m.inputs.begin(), m.inputs.end(),
-                       [&](const std::string& in) { return trains_upstream_or_self(index.at(in)); });
+    return std::any_of(m.inputs.begin(), m.inputs.end(), [&](const std::string& in) {
+      return trains_upstream_or_self(index.at(in));
+    });
   };
   for (std::size_t i = 0; i < model.modules.size(); ++i) {
     const ModuleSpec& m = model.modules[i];
     flow[i].trainable = !m.frozen;
-    flow[i].needs_input_grad = std::any_of(m.inputs.begin(), m.inputs.end(),
-                                           [&](const std::string& in) { return trains_upstream_or_self(index.at(in)); });
+    flow[i].needs_input_grad =
+        std::any_of(m.inputs.begin(), m.inputs.end(),
+                    [&](const std::string& in) { return trains_upstream_or_self(index.at(in)); });
   }
   return flow;
 }
@@ -47,7 +49,8 @@ struct ModuleInfo {
   int64_t first = 0;
   int host = -1;  // module whose ranks (last stage) this one borrows; -1: its own
   GradientFlow flow;
-  std::vector<std::pair<int64_t, int64_t>> chunk_layers;  // virtual stage k = chunk*pp + stage -> [begin, end)
+  std::vector<std::pair<int64_t, int64_t>>
+      chunk_layers;  // virtual stage k = chunk*pp + stage -> [begin, end)
 
   int64_t rank(const Coord& x) const {
     return first + x.t + layout.tp * (x.c + layout.cp * (x.d + layout.dp * x.p));
@@ -55,7 +58,8 @@ struct ModuleInfo {
   bool owns(int64_t r) const { return r >= first && r < first + layout.size(); }
   Coord coord(int64_t r) const {
     const int64_t local = r - first;
-    return {local % layout.tp, (local / layout.tp) % layout.cp, (local / (layout.tp * layout.cp)) % layout.dp,
+    return {local % layout.tp, (local / layout.tp) % layout.cp,
+            (local / (layout.tp * layout.cp)) % layout.dp,
             local / (layout.tp * layout.cp * layout.dp)};
   }
   int64_t chunks() const { return layout.pp * layout.vpp; }
@@ -75,9 +79,15 @@ Op p2p_op(const Op& about, OpKind kind, Phase phase, int64_t peer, double bytes,
 
 class Lowering {
  public:
-  Lowering(const ModelSpec& model, const ClusterSpec& cluster, const ParallelPlan& plan, const WorkloadSpec& workload,
-           const Batch& batch, Lowered& out)
-      : model_(model), cluster_(cluster), plan_(plan), workload_(workload), batch_(batch), out_(out), p_(out.program) {}
+  Lowering(const ModelSpec& model, const ClusterSpec& cluster, const ParallelPlan& plan,
+           const WorkloadSpec& workload, const Batch& batch, Lowered& out)
+      : model_(model),
+        cluster_(cluster),
+        plan_(plan),
+        workload_(workload),
+        batch_(batch),
+        out_(out),
+        p_(out.program) {}
 
   void run();
 
@@ -137,7 +147,8 @@ class Lowering {
     const auto it = forwards.find(key);
     if (it == forwards.end() || last < 0) return;
     auto& ops = p_.ranks[static_cast<std::size_t>(rank)];
-    ops[static_cast<std::size_t>(last)].release_bytes = ops[static_cast<std::size_t>(it->second)].stash_bytes;
+    ops[static_cast<std::size_t>(last)].release_bytes =
+        ops[static_cast<std::size_t>(it->second)].stash_bytes;
   }
   int32_t last_compute(int64_t rank) const {
     const auto& ops = p_.ranks[static_cast<std::size_t>(rank)];
@@ -146,10 +157,11 @@ class Lowering {
     return -1;
   }
   // A Compute op of `m` on `rank` for layers [a, b) of micro-batch `mb` (-1: whole local batch).
-  Op compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t mb, int64_t replica, Phase phase,
-             std::span<const Sample* const> samples);
+  Op compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t mb, int64_t replica,
+             Phase phase, std::span<const Sample* const> samples);
   int64_t tag(int kind, int a, int b, int64_t k, int dir, int32_t mb, int32_t sub) const {
-    return ((((static_cast<int64_t>(kind) * 256 + a) * 256 + b) * 4096 + k) * 2 + dir) * (int64_t{1} << 20) +
+    return ((((static_cast<int64_t>(kind) * 256 + a) * 256 + b) * 4096 + k) * 2 + dir) *
+               (int64_t{1} << 20) +
            static_cast<int64_t>(mb) * 64 + sub;
   }
 
@@ -210,7 +222,8 @@ void Lowering::place() {
   for (const PlacedModule& pm : placed)
     if (!pm.host.empty()) {
       const int i = static_cast<int>(pm.module - model_.modules.data());
-      modules_[static_cast<std::size_t>(i)].host = static_cast<int>(find_module(model_, pm.host) - model_.modules.data());
+      modules_[static_cast<std::size_t>(i)].host =
+          static_cast<int>(find_module(model_, pm.host) - model_.modules.data());
     }
   TESSERA_CHECK(llm_ >= 0, "lower() needs an llm module");
   for (ModuleInfo& m : modules_) {
@@ -221,8 +234,9 @@ void Lowering::place() {
     const int64_t chunks = split ? m.chunks() : 1;
     int64_t begin = 0;
     for (int64_t k = 0; k < chunks; ++k) {
-      const int64_t n = !m.layout.stage_layers.empty() && split ? m.layout.stage_layers[static_cast<std::size_t>(k)]
-                                                                : layers / chunks + (k < layers % chunks ? 1 : 0);
+      const int64_t n = !m.layout.stage_layers.empty() && split
+                            ? m.layout.stage_layers[static_cast<std::size_t>(k)]
+                            : layers / chunks + (k < layers % chunks ? 1 : 0);
       m.chunk_layers.emplace_back(begin, begin + n);
       begin += n;
     }
@@ -233,15 +247,19 @@ void Lowering::place() {
   for (const ModuleSpec& m : model_.modules) p_.modules.push_back(m.name);
   microbatches_ = micro_batches(plan_, model_, workload_);
   if (plan_.stage_split == StageSplit::kFrozenAware && plan_.placement != Placement::kHomogeneous)
-    out_.notes.push_back("stage_split frozen_aware: layers are split evenly until the frozen-aware partition lands (issue 9)");
+    out_.notes.push_back(
+        "stage_split frozen_aware: layers are split evenly until the frozen-aware partition lands "
+        "(issue 9)");
   if (plan_.cp_split != CpSplit::kUniform)
-    out_.notes.push_back("cp_split: context-parallel work is split evenly across CP ranks until token-balanced CP lands (issue 9)");
+    out_.notes.push_back(
+        "cp_split: context-parallel work is split evenly across CP ranks until token-balanced CP "
+        "lands (issue 9)");
 }
 
 void Lowering::assign_samples() {
   const ModuleInfo& llm = modules_[static_cast<std::size_t>(llm_)];
-  llm_assignment_ = assign_microbatches(batch_, model_, llm.layout.dp, microbatches_, plan_.microbatching,
-                                        workload_.max_seq_len);
+  llm_assignment_ = assign_microbatches(batch_, model_, llm.layout.dp, microbatches_,
+                                        plan_.microbatching, workload_.max_seq_len);
   p_.samples = static_cast<int64_t>(batch_.samples.size());
   std::vector<const Sample*> all;
   for (const Sample& s : batch_.samples) all.push_back(&s);
@@ -255,7 +273,8 @@ void Lowering::assign_samples() {
 const std::vector<const Sample*>& Lowering::samples_of(int module, int64_t replica, int32_t mb) {
   const ModuleInfo& m = modules_[static_cast<std::size_t>(module)];
   const int64_t dp_llm = modules_[static_cast<std::size_t>(llm_)].layout.dp;
-  const int64_t dp = m.host >= 0 ? modules_[static_cast<std::size_t>(m.host)].layout.dp : m.layout.dp;
+  const int64_t dp =
+      m.host >= 0 ? modules_[static_cast<std::size_t>(m.host)].layout.dp : m.layout.dp;
   const auto key = std::make_tuple(dp, replica, mb);
   if (const auto it = sample_sets_.find(key); it != sample_sets_.end()) return it->second;
   std::vector<const Sample*>& out = sample_sets_[key];
@@ -269,7 +288,8 @@ const std::vector<const Sample*>& Lowering::samples_of(int module, int64_t repli
       const auto& ids = replica_mbs[static_cast<std::size_t>(b)];
       const bool wanted = mb < 0 || b == mb;
       for (int32_t id : ids) {
-        if (wanted && position % parts == part) out.push_back(&batch_.samples[static_cast<std::size_t>(id)]);
+        if (wanted && position % parts == part)
+          out.push_back(&batch_.samples[static_cast<std::size_t>(id)]);
         ++position;
       }
       if (mb >= 0 && b >= mb) break;
@@ -288,14 +308,15 @@ const std::vector<const Sample*>& Lowering::samples_of(int module, int64_t repli
 const ModuleWork& Lowering::work_of(int module, std::span<const Sample* const> samples) {
   // Sample sets come from samples_of(), whose vectors live as long as the lowering, so their
   // address identifies them (empty sets all have zero work).
-  const auto key = std::make_tuple(module, static_cast<const void*>(samples.data()), samples.size());
+  const auto key =
+      std::make_tuple(module, static_cast<const void*>(samples.data()), samples.size());
   if (const auto it = work_cache_.find(key); it != work_cache_.end()) return it->second;
-  return work_cache_[key] = module_work(model_, *modules_[static_cast<std::size_t>(module)].spec, samples,
-                                        workload_.max_seq_len);
+  return work_cache_[key] = module_work(model_, *modules_[static_cast<std::size_t>(module)].spec,
+                                        samples, workload_.max_seq_len);
 }
 
-Op Lowering::compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t mb, int64_t replica, Phase phase,
-                     std::span<const Sample* const> samples) {
+Op Lowering::compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t mb,
+                     int64_t replica, Phase phase, std::span<const Sample* const> samples) {
   const ModuleSpec& spec = *m.spec;
   const ModuleInfo& grid = m.host >= 0 ? modules_[static_cast<std::size_t>(m.host)] : m;
   // Homogeneous encoders share the LLM's grid.
@@ -317,7 +338,8 @@ Op Lowering::compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t
   op.stream = StreamKind::kCompute;
   op.phase = phase;
   op.module = static_cast<int16_t>(m.index);
-  op.stage = static_cast<int16_t>(plan_.placement == Placement::kHomogeneous ? x.p : grid.coord(rank).p);
+  op.stage =
+      static_cast<int16_t>(plan_.placement == Placement::kHomogeneous ? x.p : grid.coord(rank).p);
   op.chunk = static_cast<int16_t>(k_chunk / std::max<int64_t>(1, m.layout.pp));
   if (plan_.placement == Placement::kHomogeneous && m.index != llm_) op.chunk = 0;
   op.microbatch = mb;
@@ -328,12 +350,15 @@ Op Lowering::compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t
   double linear = 0, attention = 0, weights = 0;  // FLOPs of one forward on this rank
   if (spec.transformer) {
     const TransformerArch& a = *spec.transformer;
-    linear = static_cast<double>(layers) * 2.0 * static_cast<double>(active_layer_matmul_parameters(a)) *
+    linear = static_cast<double>(layers) * 2.0 *
+             static_cast<double>(active_layer_matmul_parameters(a)) *
              static_cast<double>(work.tokens) / shard;
-    attention = static_cast<double>(layers) * 4.0 * static_cast<double>(a.heads * a.head_dim) * work.attention_pairs / shard;
+    attention = static_cast<double>(layers) * 4.0 * static_cast<double>(a.heads * a.head_dim) *
+                work.attention_pairs / shard;
     weights = static_cast<double>(layers * layer_parameters(a)) / static_cast<double>(l.tp);
     if (last_chunk && a.vocab > 0) {
-      linear += 2.0 * static_cast<double>(a.hidden * a.vocab) * static_cast<double>(work.tokens) / shard;
+      linear +=
+          2.0 * static_cast<double>(a.hidden * a.vocab) * static_cast<double>(work.tokens) / shard;
       weights += static_cast<double>(a.hidden * a.vocab) / static_cast<double>(l.tp);
     }
     if (first_chunk && (spec.patching || spec.audio)) {
@@ -349,28 +374,36 @@ Op Lowering::compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t
     if (phase != Phase::kW && l.tp > 1) {
       const int32_t g = tp_group(layout_owner, x);
       if (plan_.sequence_parallel) {
-        op.nested.push_back({CollectiveKind::kAllGather, Purpose::kTp, g, static_cast<int32_t>(2 * layers), act});
-        op.nested.push_back({CollectiveKind::kReduceScatter, Purpose::kTp, g, static_cast<int32_t>(2 * layers), act});
+        op.nested.push_back(
+            {CollectiveKind::kAllGather, Purpose::kTp, g, static_cast<int32_t>(2 * layers), act});
+        op.nested.push_back({CollectiveKind::kReduceScatter, Purpose::kTp, g,
+                             static_cast<int32_t>(2 * layers), act});
       } else {
-        op.nested.push_back({CollectiveKind::kAllReduce, Purpose::kTp, g, static_cast<int32_t>(2 * layers), act});
+        op.nested.push_back(
+            {CollectiveKind::kAllReduce, Purpose::kTp, g, static_cast<int32_t>(2 * layers), act});
       }
     }
     if (phase != Phase::kW && l.cp > 1 && layers > 0) {
       // K/V of the whole sequence gathered per layer (ring exchange has the same volume);
       // backward reduce-scatters their gradients.
-      const double kv = static_cast<double>(work.tokens) * 2.0 * static_cast<double>(a.kv_heads * a.head_dim) * dtype /
+      const double kv = static_cast<double>(work.tokens) * 2.0 *
+                        static_cast<double>(a.kv_heads * a.head_dim) * dtype /
                         static_cast<double>(l.tp);
-      op.nested.push_back({phase == Phase::kB ? CollectiveKind::kReduceScatter : CollectiveKind::kAllGather, Purpose::kCp,
-                           cp_group(layout_owner, x), static_cast<int32_t>(layers), kv});
+      op.nested.push_back(
+          {phase == Phase::kB ? CollectiveKind::kReduceScatter : CollectiveKind::kAllGather,
+           Purpose::kCp, cp_group(layout_owner, x), static_cast<int32_t>(layers), kv});
     }
     if (phase != Phase::kW && a.experts > 0 && l.ep > 1 && layers > 0) {
-      const double routed = tokens_local * static_cast<double>(a.top_k * a.hidden) * dtype / static_cast<double>(l.tp);
-      op.nested.push_back({CollectiveKind::kAllToAll, Purpose::kEp, ep_group(layout_owner, x), static_cast<int32_t>(2 * layers), routed});
+      const double routed = tokens_local * static_cast<double>(a.top_k * a.hidden) * dtype /
+                            static_cast<double>(l.tp);
+      op.nested.push_back({CollectiveKind::kAllToAll, Purpose::kEp, ep_group(layout_owner, x),
+                           static_cast<int32_t>(2 * layers), routed});
     }
   }
   if (spec.projector) {
     const ProjectorArch& pr = *spec.projector;
-    const double w = static_cast<double>(pr.layers == 1 ? pr.in * pr.out : pr.in * pr.hidden + pr.hidden * pr.out);
+    const double w = static_cast<double>(pr.layers == 1 ? pr.in * pr.out
+                                                        : pr.in * pr.hidden + pr.hidden * pr.out);
     linear += 2.0 * w * static_cast<double>(work.tokens) / shard;
     weights += static_cast<double>(projector_parameters(pr)) / static_cast<double>(l.tp);
     if (phase != Phase::kW && l.tp > 1)
@@ -379,9 +412,15 @@ Op Lowering::compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t
   }
   switch (phase) {
     case Phase::kF:
-    case Phase::kR: op.flops = linear + attention; break;
-    case Phase::kB: op.flops = linear + 2.0 * attention; break;  // input grads; attention backward ~2x
-    case Phase::kW: op.flops = linear; break;                    // weight grads
+    case Phase::kR:
+      op.flops = linear + attention;
+      break;
+    case Phase::kB:
+      op.flops = linear + 2.0 * attention;
+      break;  // input grads; attention backward ~2x
+    case Phase::kW:
+      op.flops = linear;
+      break;  // weight grads
   }
   op.bytes = weights * dtype;
   if (phase == Phase::kF && m.flow.backward()) {
@@ -392,14 +431,19 @@ Op Lowering::compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t
       o.tp = l.tp;
       o.sequence_parallel = plan_.sequence_parallel;
       o.bytes_per_value = dtype_bytes(model_.dtype);
-      const double seq = work.samples > 0 ? static_cast<double>(work.tokens) / static_cast<double>(work.samples) : 0;
-      const double per_token = plan_.recompute == Recompute::kFull
-                                   ? static_cast<double>(spec.transformer->hidden) * dtype / (plan_.sequence_parallel ? static_cast<double>(l.tp) : 1.0)
-                                   : activation_bytes_per_token_per_layer(*spec.transformer, seq, o);
+      const double seq = work.samples > 0
+                             ? static_cast<double>(work.tokens) / static_cast<double>(work.samples)
+                             : 0;
+      const double per_token =
+          plan_.recompute == Recompute::kFull
+              ? static_cast<double>(spec.transformer->hidden) * dtype /
+                    (plan_.sequence_parallel ? static_cast<double>(l.tp) : 1.0)
+              : activation_bytes_per_token_per_layer(*spec.transformer, seq, o);
       stash += per_token * tokens_local * static_cast<double>(layers);
     }
     if (spec.projector)
-      stash += tokens_local * static_cast<double>(spec.projector->in + spec.projector->hidden) * dtype / static_cast<double>(l.tp);
+      stash += tokens_local * static_cast<double>(spec.projector->in + spec.projector->hidden) *
+               dtype / static_cast<double>(l.tp);
     op.stash_bytes = stash;
   }
   return op;
@@ -425,11 +469,13 @@ int64_t Lowering::graph_depth() const {
   return depth;
 }
 
-std::vector<ScheduleItem> Lowering::order_for(const ModuleInfo& m, int64_t stage, bool has_backward) const {
+std::vector<ScheduleItem> Lowering::order_for(const ModuleInfo& m, int64_t stage,
+                                              bool has_backward) const {
   const int32_t mbs = static_cast<int32_t>(microbatches_);
   if (!has_backward) return forward_only_order(mbs);
-  if (m.layout.vpp > 1) return interleaved_order(mbs, static_cast<int32_t>(m.layout.pp), static_cast<int32_t>(stage),
-                                                 static_cast<int32_t>(m.layout.vpp));
+  if (m.layout.vpp > 1)
+    return interleaved_order(mbs, static_cast<int32_t>(m.layout.pp), static_cast<int32_t>(stage),
+                             static_cast<int32_t>(m.layout.vpp));
   if (plan_.schedule == Schedule::kGpipe) return gpipe_order(mbs);
   if (plan_.placement == Placement::kNonColocated) {
     const int64_t position = graph_position(m.index) + stage;
@@ -438,11 +484,13 @@ std::vector<ScheduleItem> Lowering::order_for(const ModuleInfo& m, int64_t stage
   return one_f_one_b_order(mbs, static_cast<int32_t>(m.layout.pp - stage - 1));
 }
 
-double Lowering::boundary_bytes(int producer_last, int consumer, std::span<const Sample* const> samples) {
+double Lowering::boundary_bytes(int producer_last, int consumer,
+                                std::span<const Sample* const> samples) {
   const ModuleSpec& p = *modules_[static_cast<std::size_t>(producer_last)].spec;
   const ModuleSpec& c = *modules_[static_cast<std::size_t>(consumer)].spec;
   const ModuleWork& w = work_of(producer_last, samples);
-  const int64_t width = c.transformer ? c.transformer->hidden : (p.projector ? p.projector->out : 0);
+  const int64_t width =
+      c.transformer ? c.transformer->hidden : (p.projector ? p.projector->out : 0);
   return static_cast<double>(w.output_tokens * width * dtype_bytes(model_.dtype));
 }
 
@@ -461,8 +509,9 @@ double Lowering::parameters_on(const ModuleInfo& m, const Coord& x) const {
     if (const auto& t = m.spec->transformer) {
       const int64_t head = t->vocab > 0 && !t->tied_embeddings ? t->hidden * t->vocab : 0;
       params += static_cast<double>((b - a) * layer_parameters(*t));
-      if (a == 0) params += static_cast<double>(embedding_parameters(*m.spec) - head);  // input side
-      if (b == t->layers) params += static_cast<double>(head);                          // output head
+      if (a == 0)
+        params += static_cast<double>(embedding_parameters(*m.spec) - head);  // input side
+      if (b == t->layers) params += static_cast<double>(head);                // output head
     }
     if (m.spec->projector) params += static_cast<double>(projector_parameters(*m.spec->projector));
   }
@@ -503,7 +552,8 @@ void Lowering::gradient_reduction(int64_t rank, const std::vector<int>& module_l
     c.stage = static_cast<int16_t>(x.p);
     c.group = g;
     c.bytes = grad_bytes;
-    c.collective = plan_.distributed_optimizer ? CollectiveKind::kReduceScatter : CollectiveKind::kAllReduce;
+    c.collective =
+        plan_.distributed_optimizer ? CollectiveKind::kReduceScatter : CollectiveKind::kAllReduce;
     const int32_t dep = last_compute(rank);
     if (dep >= 0) c.deps = {dep};
     // A group of one has nothing to reduce.
@@ -538,11 +588,13 @@ void Lowering::lower_pipelines() {
   std::vector<int> prefix;
   if (homogeneous)
     for (const ModuleSpec* s : topological_order(model_))
-      if (s != llm.spec && s->role != ModuleRole::kGenerator) prefix.push_back(static_cast<int>(s - model_.modules.data()));
+      if (s != llm.spec && s->role != ModuleRole::kGenerator)
+        prefix.push_back(static_cast<int>(s - model_.modules.data()));
   std::vector<int> homogeneous_suffix;  // a generator after the LLM runs in its last stage
   if (homogeneous)
     for (const ModuleSpec* s : topological_order(model_))
-      if (s->role == ModuleRole::kGenerator) homogeneous_suffix.push_back(static_cast<int>(s - model_.modules.data()));
+      if (s->role == ModuleRole::kGenerator)
+        homogeneous_suffix.push_back(static_cast<int>(s - model_.modules.data()));
 
   for (int owner_index : owners) {
     const ModuleInfo& owner = modules_[static_cast<std::size_t>(owner_index)];
@@ -555,18 +607,22 @@ void Lowering::lower_pipelines() {
       }
     // Host modules feeding this one (through borrowed projectors) and consuming from it.
     auto host_of = [&](const std::string& name) {
-      const ModuleInfo& m = modules_[static_cast<std::size_t>(find_module(model_, name) - model_.modules.data())];
+      const ModuleInfo& m =
+          modules_[static_cast<std::size_t>(find_module(model_, name) - model_.modules.data())];
       return m.host >= 0 ? m.host : m.index;
     };
     std::vector<std::pair<int, int>> producers;  // (producer host, producer's last module)
     if (!homogeneous)
-      for (const std::string& in : owner.spec->inputs) producers.emplace_back(host_of(in), static_cast<int>(find_module(model_, in) - model_.modules.data()));
+      for (const std::string& in : owner.spec->inputs)
+        producers.emplace_back(host_of(in),
+                               static_cast<int>(find_module(model_, in) - model_.modules.data()));
     std::vector<int> consumers;  // consumer hosts of the owner's (or its suffix's) output
     int last_module = suffix.empty() ? owner_index : suffix.back();
     if (!homogeneous)
       for (const ModuleSpec& s : model_.modules)
         for (const std::string& in : s.inputs)
-          if (in == model_.modules[static_cast<std::size_t>(last_module)].name) consumers.push_back(host_of(s.name));
+          if (in == model_.modules[static_cast<std::size_t>(last_module)].name)
+            consumers.push_back(host_of(s.name));
 
     const bool owner_backward = owner.flow.backward();
     bool suffix_backward = false, prefix_backward = false;
@@ -577,11 +633,13 @@ void Lowering::lower_pipelines() {
     for (int64_t rank = owner.first; rank < owner.first + owner.layout.size(); ++rank) {
       const Coord x = owner.coord(rank);
       const bool first_stage = x.p == 0, last_stage = x.p == pp - 1;
-      const bool has_backward = owner_backward || (last_stage && suffix_backward) || (first_stage && prefix_backward);
+      const bool has_backward =
+          owner_backward || (last_stage && suffix_backward) || (first_stage && prefix_backward);
       const bool leader = x.t == 0 && x.c == 0;
       // Per (mb, chunk): index of the F compute ops (for the backward's R/B dependencies).
       std::map<std::pair<int32_t, int32_t>, int32_t> forward_done;
-      std::map<std::tuple<int32_t, int32_t, int>, int32_t> forward_of;  // (mb, chunk, module) -> F op
+      std::map<std::tuple<int32_t, int32_t, int>, int32_t>
+          forward_of;  // (mb, chunk, module) -> F op
       // Received encoder outputs live from their forward until their backward (or the forward,
       // when no gradient flows back): peak in-flight count times the largest micro-batch.
       double largest_input = 0;
@@ -600,14 +658,16 @@ void Lowering::lower_pipelines() {
           const ModuleWork& w = work_of(owner_index, samples);
           const int64_t width = owner.spec->transformer ? owner.spec->transformer->hidden : 0;
           return static_cast<double>(w.tokens * width * dtype_bytes(model_.dtype)) /
-                 static_cast<double>(owner.layout.cp * (plan_.sequence_parallel ? owner.layout.tp : 1));
+                 static_cast<double>(owner.layout.cp *
+                                     (plan_.sequence_parallel ? owner.layout.tp : 1));
         }();
         std::vector<int32_t> deps;
         if (!item.backward) {
           // --- inputs
           if (first_virtual && !producers.empty()) {
             double input = 0;
-            for (const auto& [producer_host, producer_last] : producers) input += boundary_bytes(producer_last, owner_index, samples);
+            for (const auto& [producer_host, producer_last] : producers)
+              input += boundary_bytes(producer_last, owner_index, samples);
             largest_input = std::max(largest_input, input);
             peak_in_flight = std::max(peak_in_flight, ++in_flight);
             if (!owner.flow.needs_input_grad) --in_flight;
@@ -624,8 +684,10 @@ void Lowering::lower_pipelines() {
                 for (int64_t e = lo; e < hi; ++e) {
                   const int64_t from = prod.rank({0, 0, e, prod.layout.pp - 1});
                   const auto& mine = dp_p >= dp_c ? samples_of(producer_host, e, mb) : samples;
-                  Op recv = p2p_op(about, OpKind::kRecv, Phase::kF, from, boundary_bytes(producer_last, owner_index, mine),
-                                tag(1, producer_last, owner_index, x.d, 0, mb, static_cast<int32_t>(e - lo)));
+                  Op recv = p2p_op(
+                      about, OpKind::kRecv, Phase::kF, from,
+                      boundary_bytes(producer_last, owner_index, mine),
+                      tag(1, producer_last, owner_index, x.d, 0, mb, static_cast<int32_t>(e - lo)));
                   recv.purpose = Purpose::kBoundary;
                   recv.module = static_cast<int16_t>(producer_last);
                   received.push_back(emit(rank, recv));
@@ -653,12 +715,13 @@ void Lowering::lower_pipelines() {
             const int64_t from = owner.rank({x.t, x.c, x.d, prev_k % pp});
             // Sends were emitted by the earlier stage when it ran this item (see below).
             Op recv = p2p_op(about, OpKind::kRecv, Phase::kF, from, act_bytes,
-                          tag(0, owner_index, 0, prev_k, 0, mb, 0));
+                             tag(0, owner_index, 0, prev_k, 0, mb, 0));
             deps.push_back(emit(rank, recv));
           }
           // --- compute
           int32_t last = -1;
-          auto run = [&](const ModuleInfo& m, int64_t chunk_index, Phase phase, std::span<const Sample* const> s) {
+          auto run = [&](const ModuleInfo& m, int64_t chunk_index, Phase phase,
+                         std::span<const Sample* const> s) {
             Op op = compute(m, rank, static_cast<int32_t>(chunk_index), mb, x.d, phase, s);
             op.deps = deps;
             last = emit(rank, op);
@@ -676,7 +739,7 @@ void Lowering::lower_pipelines() {
             const int64_t next_k = k + 1;
             const int64_t to = owner.rank({x.t, x.c, x.d, next_k % pp});
             Op send = p2p_op(about, OpKind::kSend, Phase::kF, to, act_bytes,
-                          tag(0, owner_index, 0, k, 0, mb, 0));
+                             tag(0, owner_index, 0, k, 0, mb, 0));
             send.deps = {last};
             emit(rank, send);
           } else if (leader) {
@@ -687,9 +750,11 @@ void Lowering::lower_pipelines() {
               const int64_t hi = dp_p >= dp_c ? lo + 1 : lo + dp_c / dp_p;
               for (int64_t d = lo; d < hi; ++d) {
                 const auto& theirs = dp_p >= dp_c ? samples : samples_of(consumer_host, d, mb);
-                const int32_t sub = static_cast<int32_t>(dp_p >= dp_c ? x.d - d * (dp_p / dp_c) : 0);
-                Op send = p2p_op(about, OpKind::kSend, Phase::kF, cons.rank({0, 0, d, 0}), boundary_bytes(last_module, consumer_host, theirs),
-                              tag(1, last_module, consumer_host, d, 0, mb, sub));
+                const int32_t sub =
+                    static_cast<int32_t>(dp_p >= dp_c ? x.d - d * (dp_p / dp_c) : 0);
+                Op send = p2p_op(about, OpKind::kSend, Phase::kF, cons.rank({0, 0, d, 0}),
+                                 boundary_bytes(last_module, consumer_host, theirs),
+                                 tag(1, last_module, consumer_host, d, 0, mb, sub));
                 send.purpose = Purpose::kBoundary;
                 send.module = static_cast<int16_t>(last_module);
                 send.deps = {last};
@@ -704,7 +769,7 @@ void Lowering::lower_pipelines() {
         if (!last_virtual) {
           const int64_t from = owner.rank({x.t, x.c, x.d, (k + 1) % pp});
           Op recv = p2p_op(about, OpKind::kRecv, Phase::kB, from, act_bytes,
-                        tag(0, owner_index, 0, k + 1, 1, mb, 0));
+                           tag(0, owner_index, 0, k + 1, 1, mb, 0));
           deps.push_back(emit(rank, recv));
         } else {
           // Gradients from consumers that send them back (the LLM's loss needs none).
@@ -718,9 +783,11 @@ void Lowering::lower_pipelines() {
               const int64_t hi = dp_p >= dp_c ? lo + 1 : lo + dp_c / dp_p;
               for (int64_t d = lo; d < hi; ++d) {
                 const auto& theirs = dp_p >= dp_c ? samples : samples_of(consumer_host, d, mb);
-                const int32_t sub = static_cast<int32_t>(dp_p >= dp_c ? x.d - d * (dp_p / dp_c) : 0);
-                Op recv = p2p_op(about, OpKind::kRecv, Phase::kB, cons.rank({0, 0, d, 0}), boundary_bytes(last_module, consumer_host, theirs),
-                              tag(1, last_module, consumer_host, d, 1, mb, sub));
+                const int32_t sub =
+                    static_cast<int32_t>(dp_p >= dp_c ? x.d - d * (dp_p / dp_c) : 0);
+                Op recv = p2p_op(about, OpKind::kRecv, Phase::kB, cons.rank({0, 0, d, 0}),
+                                 boundary_bytes(last_module, consumer_host, theirs),
+                                 tag(1, last_module, consumer_host, d, 1, mb, sub));
                 recv.purpose = Purpose::kBoundary;
                 recv.module = static_cast<int16_t>(last_module);
                 received.push_back(emit(rank, recv));
@@ -749,7 +816,8 @@ void Lowering::lower_pipelines() {
         const int32_t fwd = forward_done.at({mb, item.chunk});
         deps.push_back(fwd);
         int32_t last = -1;
-        auto run_back = [&](const ModuleInfo& m, int64_t chunk_index, std::span<const Sample* const> s) {
+        auto run_back = [&](const ModuleInfo& m, int64_t chunk_index,
+                            std::span<const Sample* const> s) {
           if (!m.flow.backward()) return;
           if (plan_.recompute == Recompute::kFull && m.spec->transformer) {
             Op r = compute(m, rank, static_cast<int32_t>(chunk_index), mb, x.d, Phase::kR, s);
@@ -770,16 +838,18 @@ void Lowering::lower_pipelines() {
           release(rank, last, forward_of, std::make_tuple(mb, item.chunk, m.index));
         };
         if (last_virtual)
-          for (auto it = suffix.rbegin(); it != suffix.rend(); ++it) run_back(modules_[static_cast<std::size_t>(*it)], 0, samples);
+          for (auto it = suffix.rbegin(); it != suffix.rend(); ++it)
+            run_back(modules_[static_cast<std::size_t>(*it)], 0, samples);
         run_back(owner, k, samples);
         if (first_virtual)
-          for (auto it = prefix.rbegin(); it != prefix.rend(); ++it) run_back(modules_[static_cast<std::size_t>(*it)], 0, samples);
+          for (auto it = prefix.rbegin(); it != prefix.rend(); ++it)
+            run_back(modules_[static_cast<std::size_t>(*it)], 0, samples);
         if (last < 0) continue;
         // --- gradient outputs
         if (!first_virtual && owner_backward) {
           const int64_t to = owner.rank({x.t, x.c, x.d, (k - 1) % pp});
           Op send = p2p_op(about, OpKind::kSend, Phase::kB, to, act_bytes,
-                        tag(0, owner_index, 0, k, 1, mb, 0));
+                           tag(0, owner_index, 0, k, 1, mb, 0));
           send.deps = {last};
           emit(rank, send);
         } else if (first_virtual && owner.flow.needs_input_grad) {
@@ -811,8 +881,10 @@ void Lowering::lower_pipelines() {
             const int64_t hi = dp_p >= dp_c ? lo + dp_p / dp_c : lo + 1;
             for (int64_t e = lo; e < hi; ++e) {
               const auto& mine = dp_p >= dp_c ? samples_of(producer_host, e, mb) : samples;
-              Op send = p2p_op(about, OpKind::kSend, Phase::kB, prod.rank({0, 0, e, prod.layout.pp - 1}), boundary_bytes(producer_last, owner_index, mine),
-                            tag(1, producer_last, owner_index, x.d, 1, mb, static_cast<int32_t>(e - lo)));
+              Op send = p2p_op(
+                  about, OpKind::kSend, Phase::kB, prod.rank({0, 0, e, prod.layout.pp - 1}),
+                  boundary_bytes(producer_last, owner_index, mine),
+                  tag(1, producer_last, owner_index, x.d, 1, mb, static_cast<int32_t>(e - lo)));
               send.purpose = Purpose::kBoundary;
               send.module = static_cast<int16_t>(producer_last);
               send.deps = {dep};
@@ -841,14 +913,17 @@ void Lowering::lower_colocated() {
     if (i == llm_) continue;
     (s->role == ModuleRole::kGenerator ? suffix : encoders).push_back(i);
   }
-  out_.notes.push_back("colocated boundary: the regroup all-gathers over the encoder replicas that share one LLM replica's batch; "
-                       "encoder and LLM grids are assumed aligned otherwise (Megatron MIMO's colocated layout)");
+  out_.notes.push_back(
+      "colocated boundary: the regroup all-gathers over the encoder replicas that share one LLM "
+      "replica's batch; "
+      "encoder and LLM grids are assumed aligned otherwise (Megatron MIMO's colocated layout)");
   const double dtype = static_cast<double>(dtype_bytes(model_.dtype));
   for (int64_t rank = 0; rank < p_.world; ++rank) {
     // Phase 1: every encoder's forward over its whole local batch, then the boundary regroup.
     std::vector<int32_t> boundary_done;
     std::map<int, int32_t> encoder_forward;  // module -> its F op
-    std::vector<std::pair<int, int32_t>> boundary_groups;  // (projector/encoder output module, group)
+    std::vector<std::pair<int, int32_t>>
+        boundary_groups;  // (projector/encoder output module, group)
     for (int i : encoders) {
       const ModuleInfo& m = modules_[static_cast<std::size_t>(i)];
       const ModuleInfo& grid = m.host >= 0 ? modules_[static_cast<std::size_t>(m.host)] : m;
@@ -856,17 +931,20 @@ void Lowering::lower_colocated() {
       const auto& samples = samples_of(i, x.d, -1);
       Op f = compute(m, rank, 0, -1, x.d, Phase::kF, samples);
       for (const std::string& in : m.spec->inputs) {
-        const auto it = encoder_forward.find(static_cast<int>(find_module(model_, in) - model_.modules.data()));
+        const auto it =
+            encoder_forward.find(static_cast<int>(find_module(model_, in) - model_.modules.data()));
         if (it != encoder_forward.end()) f.deps.push_back(it->second);
       }
       encoder_forward[i] = emit(rank, f);
       // Outputs feeding the LLM cross the boundary.
-      const bool feeds_llm = std::find(llm.spec->inputs.begin(), llm.spec->inputs.end(), m.spec->name) != llm.spec->inputs.end();
+      const bool feeds_llm = std::find(llm.spec->inputs.begin(), llm.spec->inputs.end(),
+                                       m.spec->name) != llm.spec->inputs.end();
       if (!feeds_llm) continue;
       const int64_t dp_e = grid.layout.dp, dp_l = llm.layout.dp;
       // The (gathered) encoder outputs stay in memory from phase 1 until the LLM has run.
-      p_.memory[static_cast<std::size_t>(rank)].boundary_bytes +=
-          boundary_bytes(i, llm_, dp_e > dp_l ? samples_of(llm_, x.d / (dp_e / dp_l), -1) : samples_of(i, x.d, -1));
+      p_.memory[static_cast<std::size_t>(rank)].boundary_bytes += boundary_bytes(
+          i, llm_,
+          dp_e > dp_l ? samples_of(llm_, x.d / (dp_e / dp_l), -1) : samples_of(i, x.d, -1));
       if (dp_e > dp_l) {
         // Fan-in: all-gather along the batch over the k encoder replicas of one LLM replica.
         const int64_t k = dp_e / dp_l, base = x.d - x.d % k;
@@ -901,8 +979,9 @@ void Lowering::lower_colocated() {
       const int64_t k = item.chunk * pp + y.p;
       const auto& samples = samples_of(llm_, y.d, mb);
       const ModuleWork& w = work_of(llm_, samples);
-      const double act_bytes = static_cast<double>(w.tokens * llm.spec->transformer->hidden) * dtype /
-                               static_cast<double>(llm.layout.cp * (plan_.sequence_parallel ? llm.layout.tp : 1));
+      const double act_bytes =
+          static_cast<double>(w.tokens * llm.spec->transformer->hidden) * dtype /
+          static_cast<double>(llm.layout.cp * (plan_.sequence_parallel ? llm.layout.tp : 1));
       Op about;
       about.module = static_cast<int16_t>(llm_);
       about.stage = static_cast<int16_t>(y.p);
@@ -913,8 +992,8 @@ void Lowering::lower_colocated() {
         if (k == 0) {
           deps = boundary_done;
         } else {
-          Op recv = p2p_op(about, OpKind::kRecv, Phase::kF, llm.rank({y.t, y.c, y.d, (k - 1) % pp}), act_bytes,
-                        tag(0, llm_, 0, k - 1, 0, mb, 0));
+          Op recv = p2p_op(about, OpKind::kRecv, Phase::kF, llm.rank({y.t, y.c, y.d, (k - 1) % pp}),
+                           act_bytes, tag(0, llm_, 0, k - 1, 0, mb, 0));
           deps.push_back(emit(rank, recv));
         }
         Op f = compute(llm, rank, static_cast<int32_t>(k), mb, y.d, Phase::kF, samples);
@@ -923,22 +1002,23 @@ void Lowering::lower_colocated() {
         forward_done[{mb, item.chunk}] = done;
         if (k == llm.chunks() - 1)
           for (int i : suffix) {
-            Op g = compute(modules_[static_cast<std::size_t>(i)], rank, 0, mb, y.d, Phase::kF, samples);
+            Op g = compute(modules_[static_cast<std::size_t>(i)], rank, 0, mb, y.d, Phase::kF,
+                           samples);
             g.deps = {done};
             done = emit(rank, g);
             suffix_forward[{mb, i}] = done;
           }
         if (k < llm.chunks() - 1) {
-          Op send = p2p_op(about, OpKind::kSend, Phase::kF, llm.rank({y.t, y.c, y.d, (k + 1) % pp}), act_bytes,
-                        tag(0, llm_, 0, k, 0, mb, 0));
+          Op send = p2p_op(about, OpKind::kSend, Phase::kF, llm.rank({y.t, y.c, y.d, (k + 1) % pp}),
+                           act_bytes, tag(0, llm_, 0, k, 0, mb, 0));
           send.deps = {done};
           emit(rank, send);
         }
         continue;
       }
       if (k < llm.chunks() - 1) {
-        Op recv = p2p_op(about, OpKind::kRecv, Phase::kB, llm.rank({y.t, y.c, y.d, (k + 1) % pp}), act_bytes,
-                      tag(0, llm_, 0, k + 1, 1, mb, 0));
+        Op recv = p2p_op(about, OpKind::kRecv, Phase::kB, llm.rank({y.t, y.c, y.d, (k + 1) % pp}),
+                         act_bytes, tag(0, llm_, 0, k + 1, 1, mb, 0));
         deps.push_back(emit(rank, recv));
       }
       deps.push_back(forward_done.at({mb, item.chunk}));
@@ -967,8 +1047,8 @@ void Lowering::lower_colocated() {
       }
       if (llm.flow.backward()) release(rank, last, forward_done, std::make_pair(mb, item.chunk));
       if (k > 0 && llm.flow.backward()) {
-        Op send = p2p_op(about, OpKind::kSend, Phase::kB, llm.rank({y.t, y.c, y.d, (k - 1) % pp}), act_bytes,
-                      tag(0, llm_, 0, k, 1, mb, 0));
+        Op send = p2p_op(about, OpKind::kSend, Phase::kB, llm.rank({y.t, y.c, y.d, (k - 1) % pp}),
+                         act_bytes, tag(0, llm_, 0, k, 1, mb, 0));
         send.deps = {last};
         emit(rank, send);
       }
@@ -977,7 +1057,9 @@ void Lowering::lower_colocated() {
     // whole batch, then one gradient reduction for all modules.
     std::vector<int32_t> grads_ready;
     for (const auto& [i, g] : boundary_groups) {
-      if (g < 0 || !modules_[static_cast<std::size_t>(i)].flow.backward() || !llm.flow.needs_input_grad) continue;
+      if (g < 0 || !modules_[static_cast<std::size_t>(i)].flow.backward() ||
+          !llm.flow.needs_input_grad)
+        continue;
       const ModuleInfo& m = modules_[static_cast<std::size_t>(i)];
       const ModuleInfo& grid = m.host >= 0 ? modules_[static_cast<std::size_t>(m.host)] : m;
       const int64_t k = grid.layout.dp / llm.layout.dp;
@@ -1030,10 +1112,11 @@ void Lowering::run() {
   }
   const int64_t dp_llm = modules_[static_cast<std::size_t>(llm_)].layout.dp;
   for (const ModuleInfo& m : modules_) {
-    const int64_t dp = m.host >= 0 ? modules_[static_cast<std::size_t>(m.host)].layout.dp : m.layout.dp;
+    const int64_t dp =
+        m.host >= 0 ? modules_[static_cast<std::size_t>(m.host)].layout.dp : m.layout.dp;
     if (dp % dp_llm != 0 && dp_llm % dp != 0) {
-      out_.error = "module " + m.spec->name + ": dp " + std::to_string(dp) + " and the LLM's dp " + std::to_string(dp_llm) +
-                   " must divide one another";
+      out_.error = "module " + m.spec->name + ": dp " + std::to_string(dp) + " and the LLM's dp " +
+                   std::to_string(dp_llm) + " must divide one another";
       return;
     }
   }
@@ -1045,8 +1128,10 @@ void Lowering::run() {
         return;
       }
   assign_samples();
-  if (plan_.placement == Placement::kColocated) lower_colocated();
-  else lower_pipelines();
+  if (plan_.placement == Placement::kColocated)
+    lower_colocated();
+  else
+    lower_pipelines();
   // Model FLOPs of the iteration (recompute excluded), summed over ranks.
   for (const auto& ops : p_.ranks)
     for (const Op& op : ops)
@@ -1055,8 +1140,8 @@ void Lowering::run() {
 
 }  // namespace
 
-Lowered lower(const ModelSpec& model, const ClusterSpec& cluster, const ParallelPlan& plan, const WorkloadSpec& workload,
-              const Batch& batch) {
+Lowered lower(const ModelSpec& model, const ClusterSpec& cluster, const ParallelPlan& plan,
+              const WorkloadSpec& workload, const Batch& batch) {
   Lowered out;
   out.program.iteration = batch.iteration;
   Lowering(model, cluster, plan, workload, batch, out).run();

@@ -9,18 +9,25 @@ namespace tessera {
 namespace {
 
 std::string kind_of(const Program& p, const Op& op) {
-  const std::string module = op.module >= 0 ? p.modules[static_cast<std::size_t>(op.module)] : "model";
+  const std::string module =
+      op.module >= 0 ? p.modules[static_cast<std::size_t>(op.module)] : "model";
   switch (op.kind) {
-    case OpKind::kCompute: return module + " " + phase_name(op.phase);
+    case OpKind::kCompute:
+      return module + " " + phase_name(op.phase);
     case OpKind::kSend:
-    case OpKind::kRecv: return purpose_name(op.purpose) + " send/recv";
-    case OpKind::kCollective: return purpose_name(op.purpose) + " " + collective_name(op.collective);
-    case OpKind::kOptimizerStep: return "optimizer";
+    case OpKind::kRecv:
+      return purpose_name(op.purpose) + " send/recv";
+    case OpKind::kCollective:
+      return purpose_name(op.purpose) + " " + collective_name(op.collective);
+    case OpKind::kOptimizerStep:
+      return "optimizer";
   }
   return "?";
 }
 
-bool is_comm(const Op& op) { return op.kind == OpKind::kRecv || op.kind == OpKind::kCollective || op.kind == OpKind::kSend; }
+bool is_comm(const Op& op) {
+  return op.kind == OpKind::kRecv || op.kind == OpKind::kCollective || op.kind == OpKind::kSend;
+}
 
 }  // namespace
 
@@ -42,7 +49,8 @@ std::vector<RankMemory> memory_per_rank(const Program& p) {
 std::vector<Contributor> critical_path(const Program& p, const Timeline& t) {
   // Previous op on the same stream, per rank.
   std::map<std::string, double> by_kind;
-  std::map<std::tuple<int64_t, int64_t, int64_t>, std::pair<int32_t, int32_t>> send_of;  // (src,dst,tag) -> send
+  std::map<std::tuple<int64_t, int64_t, int64_t>, std::pair<int32_t, int32_t>>
+      send_of;  // (src,dst,tag) -> send
   std::vector<std::vector<int32_t>> previous(p.ranks.size());
   std::map<std::pair<int32_t, int32_t>, std::vector<std::pair<int32_t, int32_t>>> instance_members;
   std::vector<std::vector<int32_t>> instance_of(p.ranks.size());
@@ -54,7 +62,8 @@ std::vector<Contributor> critical_path(const Program& p, const Timeline& t) {
     std::map<int32_t, int32_t> seen;
     for (int32_t i = 0; i < static_cast<int32_t>(ops.size()); ++i) {
       const Op& op = ops[static_cast<std::size_t>(i)];
-      if (op.kind == OpKind::kSend) send_of[{static_cast<int64_t>(r), op.peer, op.tag}] = {static_cast<int32_t>(r), i};
+      if (op.kind == OpKind::kSend)
+        send_of[{static_cast<int64_t>(r), op.peer, op.tag}] = {static_cast<int32_t>(r), i};
       if (op.kind == OpKind::kRecv) continue;
       const int s = static_cast<int>(op.stream);
       previous[r][static_cast<std::size_t>(i)] = last[s];
@@ -106,9 +115,11 @@ std::vector<Contributor> critical_path(const Program& p, const Timeline& t) {
       }
     }
     if (op.kind == OpKind::kCollective) {
-      const auto& members = instance_members[{op.group, instance_of[static_cast<std::size_t>(rank)][static_cast<std::size_t>(index)]}];
+      const auto& members = instance_members[{
+          op.group, instance_of[static_cast<std::size_t>(rank)][static_cast<std::size_t>(index)]}];
       for (const auto& [mr, mi] : members) {
-        for (int32_t d : p.ranks[static_cast<std::size_t>(mr)][static_cast<std::size_t>(mi)].deps) consider(mr, d);
+        for (int32_t d : p.ranks[static_cast<std::size_t>(mr)][static_cast<std::size_t>(mi)].deps)
+          consider(mr, d);
         consider(mr, previous[static_cast<std::size_t>(mr)][static_cast<std::size_t>(mi)]);
       }
     }
@@ -119,12 +130,13 @@ std::vector<Contributor> critical_path(const Program& p, const Timeline& t) {
   std::vector<Contributor> out;
   for (const auto& [what, seconds] : by_kind)
     if (seconds > 0) out.push_back({what, seconds});
-  std::sort(out.begin(), out.end(), [](const Contributor& a, const Contributor& b) { return a.seconds > b.seconds; });
+  std::sort(out.begin(), out.end(),
+            [](const Contributor& a, const Contributor& b) { return a.seconds > b.seconds; });
   return out;
 }
 
-IterationMetrics compute_metrics(const Program& p, const Timeline& t, const ModelSpec& model, const ClusterSpec& cluster,
-                                 const Batch& batch) {
+IterationMetrics compute_metrics(const Program& p, const Timeline& t, const ModelSpec& model,
+                                 const ClusterSpec& cluster, const Batch& batch) {
   IterationMetrics m;
   m.step_s = t.step_s;
   m.samples_per_s = static_cast<double>(p.samples) / m.step_s;
@@ -159,7 +171,8 @@ IterationMetrics compute_metrics(const Program& p, const Timeline& t, const Mode
       const OpTime& time = t.ops[r][i];
       const double duration = time.finish_s - time.start_s;
       busy += duration;
-      if (op.module >= 0 && op.kind == OpKind::kCompute) module_busy[static_cast<std::size_t>(op.module)] += duration;
+      if (op.module >= 0 && op.kind == OpKind::kCompute)
+        module_busy[static_cast<std::size_t>(op.module)] += duration;
       // Waiting attributable to communication: the part of the wait after the compute-side
       // inputs were ready that a communication op was still running.
       double compute_ready = free_at, comm_ready = 0, comm_duration = 0;
@@ -174,7 +187,8 @@ IterationMetrics compute_metrics(const Program& p, const Timeline& t, const Mode
           compute_ready = std::max(compute_ready, dt.finish_s);
         }
       }
-      if (comm_ready > compute_ready) m.exposed_comm_s[r] += std::min(comm_ready - compute_ready, comm_duration);
+      if (comm_ready > compute_ready)
+        m.exposed_comm_s[r] += std::min(comm_ready - compute_ready, comm_duration);
       free_at = time.finish_s;
     }
     m.bubble[r] = busy > 0 ? (m.step_s - busy) / busy : 0;
@@ -187,7 +201,8 @@ IterationMetrics compute_metrics(const Program& p, const Timeline& t, const Mode
     m.bubble_mean += m.bubble[r] / static_cast<double>(world);
     m.exposed_comm_mean_s += m.exposed_comm_s[r] / static_cast<double>(world);
   }
-  for (std::size_t i = 0; i < p.modules.size(); ++i) m.module_busy_s.emplace_back(p.modules[i], module_busy[i]);
+  for (std::size_t i = 0; i < p.modules.size(); ++i)
+    m.module_busy_s.emplace_back(p.modules[i], module_busy[i]);
   m.critical_path = critical_path(p, t);
   return m;
 }

@@ -21,18 +21,19 @@ struct Contributor {
 struct IterationMetrics {
   double step_s = 0;
   double samples_per_s = 0;
-  double tokens_per_s = 0;   // LLM sequence tokens
-  double text_tokens_per_s = 0, image_tokens_per_s = 0, audio_tokens_per_s = 0, video_tokens_per_s = 0;
+  double tokens_per_s = 0;  // LLM sequence tokens
+  double text_tokens_per_s = 0, image_tokens_per_s = 0, audio_tokens_per_s = 0,
+         video_tokens_per_s = 0;
   double tflops_per_device = 0;  // model FLOPs (F+B+W, no recompute) per second per device
   double mfu = 0;
-  std::vector<double> bubble;          // per rank: idle / busy of its compute stream
+  std::vector<double> bubble;  // per rank: idle / busy of its compute stream
   double bubble_mean = 0;
   // per rank: compute-stream time lost waiting on sends, receives and stream collectives (nested
   // TP/CP/EP collectives count as part of their compute op)
   std::vector<double> exposed_comm_s;
   double exposed_comm_mean_s = 0;
   std::vector<std::pair<std::string, double>> module_busy_s;  // per module, summed over ranks
-  std::vector<RankMemory> memory;      // per rank, activations from the timeline's stash walk
+  std::vector<RankMemory> memory;  // per rank, activations from the timeline's stash walk
   int64_t peak_rank = 0;
   std::vector<Contributor> critical_path;  // largest contributors first
 };
@@ -42,8 +43,9 @@ struct IterationMetrics {
 std::vector<RankMemory> memory_per_rank(const Program& program);
 
 // REQUIRES: timeline.error empty; timeline produced from `program`.
-IterationMetrics compute_metrics(const Program& program, const Timeline& timeline, const ModelSpec& model,
-                                 const ClusterSpec& cluster, const Batch& batch);
+IterationMetrics compute_metrics(const Program& program, const Timeline& timeline,
+                                 const ModelSpec& model, const ClusterSpec& cluster,
+                                 const Batch& batch);
 
 // The critical path: walk back from the op that finished last through whatever it waited for
 // (a dependency, the previous op of its stream, the send of a receive, the last member of a

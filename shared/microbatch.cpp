@@ -41,7 +41,8 @@ std::vector<Item> items_for(const ModelSpec& model, const ModuleSpec& encoder, c
       const MediaTokens t = video_tokens(encoder, v.frames, v.width, v.height);
       // Native-resolution encoders attend over the whole clip; fixed/tiled ones per frame.
       const bool whole = encoder.patching->resize == ResizeMode::kDynamic;
-      items.push_back({whole ? t.encoder_tokens : t.encoder_tokens / t.pieces, whole ? 1 : t.pieces, t.llm_tokens});
+      items.push_back({whole ? t.encoder_tokens : t.encoder_tokens / t.pieces, whole ? 1 : t.pieces,
+                       t.llm_tokens});
     }
   if (encoder_for(model, Modality::kAudio) == &encoder)
     for (double seconds : s.audio_seconds) {
@@ -53,19 +54,21 @@ std::vector<Item> items_for(const ModelSpec& model, const ModuleSpec& encoder, c
 
 }  // namespace
 
-ModuleWork module_work(const ModelSpec& model, const ModuleSpec& m, std::span<const Sample* const> samples,
-                       int64_t max_seq_len) {
+ModuleWork module_work(const ModelSpec& model, const ModuleSpec& m,
+                       std::span<const Sample* const> samples, int64_t max_seq_len) {
   ModuleWork w;
   w.samples = static_cast<int64_t>(samples.size());
   const ModuleSpec* encoder = source_encoder(model, m);
   const ModuleSpec* llm = find_llm(model);
-  const bool cross = llm != nullptr && llm->transformer && llm->transformer->cross_attention_layers > 0;
+  const bool cross =
+      llm != nullptr && llm->transformer && llm->transformer->cross_attention_layers > 0;
   for (const Sample* s : samples) {
     if (encoder != nullptr) {
       for (const Item& item : items_for(model, *encoder, *s)) {
         if (m.role == ModuleRole::kEncoder) {
           w.tokens += item.piece_tokens * item.pieces;
-          w.attention_pairs += static_cast<double>(item.pieces) * static_cast<double>(item.piece_tokens) *
+          w.attention_pairs += static_cast<double>(item.pieces) *
+                               static_cast<double>(item.piece_tokens) *
                                static_cast<double>(item.piece_tokens);
         } else {
           w.tokens += item.llm_tokens;
@@ -76,7 +79,8 @@ ModuleWork module_work(const ModelSpec& model, const ModuleSpec& m, std::span<co
     }
     // LLM or generator: the sample's sequence, media first, truncated at max_seq_len.
     const SampleTokens t = sample_tokens(model, *s);
-    const int64_t media = (m.role == ModuleRole::kLlm && !cross) ? std::min(t.llm_sequence - t.text, max_seq_len) : 0;
+    const int64_t media =
+        (m.role == ModuleRole::kLlm && !cross) ? std::min(t.llm_sequence - t.text, max_seq_len) : 0;
     const int64_t text = std::min(t.text, max_seq_len - media);
     w.tokens += media + text;
     w.output_tokens += media + text;
@@ -103,8 +107,9 @@ ModuleWork module_work(const ModelSpec& model, const ModuleSpec& m, std::span<co
   return w;
 }
 
-MicrobatchAssignment assign_microbatches(const Batch& batch, const ModelSpec& model, int64_t replicas,
-                                         int64_t microbatches, MicrobatchPolicy policy, int64_t max_seq_len) {
+MicrobatchAssignment assign_microbatches(const Batch& batch, const ModelSpec& model,
+                                         int64_t replicas, int64_t microbatches,
+                                         MicrobatchPolicy policy, int64_t max_seq_len) {
   TESSERA_CHECK(replicas >= 1 && microbatches >= 1);
   TESSERA_CHECK(policy != MicrobatchPolicy::kEntrain, "entrain assignment is not lowered yet");
   const int64_t n = static_cast<int64_t>(batch.samples.size());
@@ -118,9 +123,11 @@ MicrobatchAssignment assign_microbatches(const Batch& batch, const ModelSpec& mo
       std::vector<int64_t> length(static_cast<std::size_t>(n));
       for (int32_t i : block)
         length[static_cast<std::size_t>(i)] =
-            std::min(sample_tokens(model, batch.samples[static_cast<std::size_t>(i)]).llm_sequence, max_seq_len);
-      std::stable_sort(block.begin(), block.end(),
-                       [&](int32_t a, int32_t b) { return length[static_cast<std::size_t>(a)] < length[static_cast<std::size_t>(b)]; });
+            std::min(sample_tokens(model, batch.samples[static_cast<std::size_t>(i)]).llm_sequence,
+                     max_seq_len);
+      std::stable_sort(block.begin(), block.end(), [&](int32_t a, int32_t b) {
+        return length[static_cast<std::size_t>(a)] < length[static_cast<std::size_t>(b)];
+      });
     }
     auto& replica = out[static_cast<std::size_t>(d)];
     replica.resize(static_cast<std::size_t>(microbatches));

@@ -15,20 +15,21 @@ namespace tessera {
 
 struct ModuleWork {
   int64_t samples = 0;
-  int64_t tokens = 0;            // tokens the module processes (its own sequence)
-  double attention_pairs = 0;    // (query, key) pairs its attention computes, summed over samples
-  int64_t output_tokens = 0;     // tokens it hands on (projector/encoder: to the LLM)
+  int64_t tokens = 0;          // tokens the module processes (its own sequence)
+  double attention_pairs = 0;  // (query, key) pairs its attention computes, summed over samples
+  int64_t output_tokens = 0;   // tokens it hands on (projector/encoder: to the LLM)
 };
 
 // REQUIRES: samples only carry media the model has encoders for (validate_scenario).
-ModuleWork module_work(const ModelSpec& model, const ModuleSpec& module, std::span<const Sample* const> samples,
-                       int64_t max_seq_len);
+ModuleWork module_work(const ModelSpec& model, const ModuleSpec& module,
+                       std::span<const Sample* const> samples, int64_t max_seq_len);
 
 // samples of [replica][micro-batch], as indices into Batch::samples. Arrival order deals the
 // batch to replicas in contiguous blocks and cuts each block into micro-batches; sorted order
 // first sorts each replica's block by LLM sequence length, so micro-batches hold similar lengths.
 using MicrobatchAssignment = std::vector<std::vector<std::vector<int32_t>>>;
-MicrobatchAssignment assign_microbatches(const Batch& batch, const ModelSpec& model, int64_t replicas,
-                                         int64_t microbatches, MicrobatchPolicy policy, int64_t max_seq_len);
+MicrobatchAssignment assign_microbatches(const Batch& batch, const ModelSpec& model,
+                                         int64_t replicas, int64_t microbatches,
+                                         MicrobatchPolicy policy, int64_t max_seq_len);
 
 }  // namespace tessera

@@ -21,7 +21,9 @@ int64_t mlp_parameters(const TransformerArch& a, int64_t ffn) {
   return n;
 }
 
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+int64_t ceil_div(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
+}
 
 // Qwen2-VL's smart_resize: both sides a multiple of `factor`, area within [min, max] pixels.
 // Python rounds half to even; std::nearbyint does the same in the default rounding mode.
@@ -105,8 +107,9 @@ int64_t active_layer_matmul_parameters(const TransformerArch& a) {
   const int64_t kv = a.kv_heads * a.head_dim;
   const int64_t attention = a.hidden * q + 2 * a.hidden * kv + q * a.hidden;
   const int64_t matrices = a.gated_ffn ? 3 : 2;
-  const int64_t mlp = a.experts > 0 ? a.top_k * matrices * a.hidden * a.moe_ffn + a.hidden * a.experts
-                                    : matrices * a.hidden * a.ffn;
+  const int64_t mlp = a.experts > 0
+                          ? a.top_k * matrices * a.hidden * a.moe_ffn + a.hidden * a.experts
+                          : matrices * a.hidden * a.ffn;
   return attention + mlp;
 }
 
@@ -181,7 +184,8 @@ double forward_flops_per_token(const ModuleSpec& m, double attended_tokens) {
   }
   if (m.projector) {
     const ProjectorArch& p = *m.projector;
-    flops += 2.0 * static_cast<double>(p.layers == 1 ? p.in * p.out : p.in * p.hidden + p.hidden * p.out);
+    flops += 2.0 *
+             static_cast<double>(p.layers == 1 ? p.in * p.out : p.in * p.hidden + p.hidden * p.out);
   }
   return flops;
 }
@@ -220,10 +224,11 @@ MediaTokens image_tokens(const ModuleSpec& encoder, int64_t width, int64_t heigh
   TESSERA_CHECK(width > 0 && height > 0);
   const Patching& p = *encoder.patching;
   switch (p.resize) {
-    case ResizeMode::kFixed: return square_piece(p, p.image_size);
+    case ResizeMode::kFixed:
+      return square_piece(p, p.image_size);
     case ResizeMode::kDynamic: {
-      const auto [h, w] = smart_resize(height, width, p.patch_size * p.spatial_merge,
-                                       p.min_pixels, p.max_pixels);
+      const auto [h, w] =
+          smart_resize(height, width, p.patch_size * p.spatial_merge, p.min_pixels, p.max_pixels);
       // A still image is repeated to fill one temporal patch: the token count is per image.
       const int64_t patches = (h / p.patch_size) * (w / p.patch_size);
       return {patches, patches / (p.spatial_merge * p.spatial_merge), 1};
@@ -238,8 +243,7 @@ MediaTokens image_tokens(const ModuleSpec& encoder, int64_t width, int64_t heigh
   TESSERA_CHECK(false, "unhandled resize mode");
 }
 
-MediaTokens video_tokens(const ModuleSpec& encoder, int64_t frames, int64_t width,
-                         int64_t height) {
+MediaTokens video_tokens(const ModuleSpec& encoder, int64_t frames, int64_t width, int64_t height) {
   TESSERA_CHECK(encoder.patching.has_value() && frames > 0);
   const Patching& p = *encoder.patching;
   const int64_t steps = ceil_div(frames, p.temporal_patch);
@@ -255,13 +259,15 @@ MediaTokens video_tokens(const ModuleSpec& encoder, int64_t frames, int64_t widt
 MediaTokens audio_tokens(const ModuleSpec& encoder, double seconds) {
   TESSERA_CHECK(encoder.audio.has_value() && seconds >= 0);
   const AudioFrontEnd& a = *encoder.audio;
-  const int64_t windows = std::max<int64_t>(1, static_cast<int64_t>(std::ceil(seconds / a.max_seconds)));
+  const int64_t windows =
+      std::max<int64_t>(1, static_cast<int64_t>(std::ceil(seconds / a.max_seconds)));
   MediaTokens total{0, 0, windows};
   double left = seconds;
   for (int64_t w = 0; w < windows; ++w) {
     const double span = a.pad_to_max ? a.max_seconds : std::min(left, a.max_seconds);
     left -= a.max_seconds;
-    const int64_t frames = static_cast<int64_t>(std::ceil(span * static_cast<double>(a.frames_per_second)));
+    const int64_t frames =
+        static_cast<int64_t>(std::ceil(span * static_cast<double>(a.frames_per_second)));
     const int64_t tokens = ceil_div(frames, a.downsampling);
     total.encoder_tokens += tokens;
     total.llm_tokens += ceil_div(tokens, a.pooling);

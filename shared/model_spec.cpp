@@ -24,8 +24,9 @@ namespace {
 
 const EnumTable<NormKind> kNorms = {{"rmsnorm", NormKind::kRmsNorm},
                                     {"layernorm", NormKind::kLayerNorm}};
-const EnumTable<ResizeMode> kResizeModes = {
-    {"fixed", ResizeMode::kFixed}, {"dynamic", ResizeMode::kDynamic}, {"tiles", ResizeMode::kTiles}};
+const EnumTable<ResizeMode> kResizeModes = {{"fixed", ResizeMode::kFixed},
+                                            {"dynamic", ResizeMode::kDynamic},
+                                            {"tiles", ResizeMode::kTiles}};
 
 // Reads an integer that must be > 0 when present.
 bool positive(ObjectReader& r, std::string_view key, int64_t& out, bool required) {
@@ -57,8 +58,8 @@ TransformerArch read_transformer(ObjectReader& r) {
   // Semantic checks that need several fields.
   if (a.kv_heads == 0) a.kv_heads = a.heads;
   if (a.heads > 0 && a.kv_heads > 0 && a.heads % a.kv_heads != 0)
-    r.error("kv_heads", std::to_string(a.kv_heads) + " does not divide heads=" +
-                            std::to_string(a.heads));
+    r.error("kv_heads",
+            std::to_string(a.kv_heads) + " does not divide heads=" + std::to_string(a.heads));
   if (a.head_dim == 0 && a.heads > 0 && a.hidden > 0) {
     if (a.hidden % a.heads != 0)
       r.error("heads", std::to_string(a.heads) + " does not divide hidden=" +
@@ -107,13 +108,14 @@ Patching read_patching(ObjectReader& r) {
   }
   // Fields of the other resize modes get a targeted message instead of "unknown key".
   const std::string mode = enum_name(p.resize, kResizeModes);
-  for (const char* key : {"image_size", "min_pixels", "max_pixels", "tile_size", "max_tiles",
-                          "thumbnail"}) {
-    const bool used = (p.resize == ResizeMode::kFixed && key == std::string_view("image_size")) ||
-                      (p.resize == ResizeMode::kDynamic && std::string_view(key).ends_with("_pixels")) ||
-                      (p.resize == ResizeMode::kTiles &&
-                       (std::string_view(key).starts_with("tile") || key == std::string_view("max_tiles") ||
-                        key == std::string_view("thumbnail")));
+  for (const char* key :
+       {"image_size", "min_pixels", "max_pixels", "tile_size", "max_tiles", "thumbnail"}) {
+    const bool used =
+        (p.resize == ResizeMode::kFixed && key == std::string_view("image_size")) ||
+        (p.resize == ResizeMode::kDynamic && std::string_view(key).ends_with("_pixels")) ||
+        (p.resize == ResizeMode::kTiles &&
+         (std::string_view(key).starts_with("tile") || key == std::string_view("max_tiles") ||
+          key == std::string_view("thumbnail")));
     if (!used && r.has(key)) r.error(key, "not used with resize=" + mode);
   }
   const int64_t side = p.resize == ResizeMode::kFixed ? p.image_size : p.tile_size;
@@ -214,7 +216,9 @@ Json to_json(const Patching& p) {
   j["class_token"] = p.class_token;
   j["resize"] = enum_name(p.resize, kResizeModes);
   switch (p.resize) {
-    case ResizeMode::kFixed: j["image_size"] = p.image_size; break;
+    case ResizeMode::kFixed:
+      j["image_size"] = p.image_size;
+      break;
     case ResizeMode::kDynamic:
       j["min_pixels"] = p.min_pixels;
       j["max_pixels"] = p.max_pixels;
@@ -244,9 +248,12 @@ Json to_json(const ProjectorArch& p) {
 int64_t dtype_bytes(DType dtype) {
   switch (dtype) {
     case DType::kBf16:
-    case DType::kFp16: return 2;
-    case DType::kFp32: return 4;
-    case DType::kFp8: return 1;
+    case DType::kFp16:
+      return 2;
+    case DType::kFp32:
+      return 4;
+    case DType::kFp8:
+      return 1;
   }
   return 2;
 }
@@ -412,8 +419,8 @@ void validate_model(const ModelSpec& model, const std::string& file, const std::
   };
   for (std::size_t i = 0; i < model.modules.size(); ++i)
     if (colour[i] == 0 && !visit(i)) {
-      diag.error(file, join_path(path, "modules"), "module inputs form a cycle through '" +
-                                                       model.modules[i].name + "'");
+      diag.error(file, join_path(path, "modules"),
+                 "module inputs form a cycle through '" + model.modules[i].name + "'");
       break;
     }
 }

@@ -32,11 +32,11 @@ struct TransformerArch {
   int64_t layers = 0;
   int64_t hidden = 0;
   int64_t heads = 0;
-  int64_t kv_heads = 0;   // grouped-query attention. Default: heads
-  int64_t head_dim = 0;   // Default: hidden / heads
-  int64_t ffn = 0;        // MLP inner width
-  bool gated_ffn = false; // SwiGLU-style: gate, up, down (3 matrices) instead of 2
-  int64_t vocab = 0;      // LLM/generator: token embedding rows and output head. 0: none
+  int64_t kv_heads = 0;          // grouped-query attention. Default: heads
+  int64_t head_dim = 0;          // Default: hidden / heads
+  int64_t ffn = 0;               // MLP inner width
+  bool gated_ffn = false;        // SwiGLU-style: gate, up, down (3 matrices) instead of 2
+  int64_t vocab = 0;             // LLM/generator: token embedding rows and output head. 0: none
   bool tied_embeddings = false;  // output head shares the embedding matrix
   bool linear_bias = false;      // every linear has a bias (ViT, CLIP, Whisper)
   bool qkv_bias = false;         // only q, k, v have a bias (Qwen2)
@@ -60,12 +60,12 @@ struct Patching {
   int64_t temporal_patch = 1;  // video frames merged into one patch (Qwen2-VL 2)
   bool class_token = false;    // encoder prepends a CLS token per image/tile; never sent to the LLM
   ResizeMode resize = ResizeMode::kFixed;
-  int64_t image_size = 0;      // kFixed: side in pixels
-  int64_t min_pixels = 0;      // kDynamic
-  int64_t max_pixels = 0;      // kDynamic
-  int64_t tile_size = 0;       // kTiles: side of one tile in pixels
-  int64_t max_tiles = 0;       // kTiles
-  bool thumbnail = false;      // kTiles: a downscaled whole image is added when tiles > 1
+  int64_t image_size = 0;  // kFixed: side in pixels
+  int64_t min_pixels = 0;  // kDynamic
+  int64_t max_pixels = 0;  // kDynamic
+  int64_t tile_size = 0;   // kTiles: side of one tile in pixels
+  int64_t max_tiles = 0;   // kTiles
+  bool thumbnail = false;  // kTiles: a downscaled whole image is added when tiles > 1
 
   bool operator==(const Patching&) const = default;
 };
@@ -117,7 +117,7 @@ struct ReferenceSize {
 
 struct ModelSpec {
   std::string name;
-  DType dtype = DType::kBf16;  // training precision of weights and activations
+  DType dtype = DType::kBf16;       // training precision of weights and activations
   std::vector<ModuleSpec> modules;  // in any order; inputs define the DAG
   std::optional<ReferenceSize> reference;
 

@@ -60,12 +60,14 @@ ModuleLayout read_layout(const Json& json, const std::string& file, const std::s
   if (r.optional("stage_layers", l.stage_layers))
     for (std::size_t i = 0; i < l.stage_layers.size(); ++i)
       if (l.stage_layers[i] < 1)
-        diag.error(file, index_path(r.path_of("stage_layers"), i), "a stage needs at least 1 layer");
+        diag.error(file, index_path(r.path_of("stage_layers"), i),
+                   "a stage needs at least 1 layer");
   r.finish();
   return l;
 }
 
-std::string layout_path(const ParallelPlan& plan, const std::string& path, const std::string& name) {
+std::string layout_path(const ParallelPlan& plan, const std::string& path,
+                        const std::string& name) {
   return plan.placement == Placement::kHomogeneous ? join_path(path, "layout")
                                                    : join_path(join_path(path, "modules"), name);
 }
@@ -90,17 +92,21 @@ ParallelPlan read_plan(const Json& json, const std::string& file, const std::str
   const bool has_modules = r.has("modules");
   if (p.placement == Placement::kHomogeneous) {
     if (has_modules) r.error("modules", "a homogeneous plan has one 'layout' for the whole model");
-    if (has_layout) p.layout = read_layout(*r.find("layout"), file, r.path_of("layout"), diag);
-    else r.missing("layout");
+    if (has_layout)
+      p.layout = read_layout(*r.find("layout"), file, r.path_of("layout"), diag);
+    else
+      r.missing("layout");
   } else {
-    if (has_layout) r.error("layout", "a colocated or non_colocated plan gives 'modules', one layout each");
+    if (has_layout)
+      r.error("layout", "a colocated or non_colocated plan gives 'modules', one layout each");
     if (const Json* modules = r.find("modules")) {
       if (!modules->is_object() || modules->empty()) {
         r.error("modules", "expected an object {module name: layout}");
       } else {
         for (const auto& item : modules->items())
-          p.modules.emplace_back(item.key(), read_layout(item.value(), file,
-                                                         join_path(r.path_of("modules"), item.key()), diag));
+          p.modules.emplace_back(
+              item.key(),
+              read_layout(item.value(), file, join_path(r.path_of("modules"), item.key()), diag));
       }
     } else {
       r.missing("modules");
@@ -186,7 +192,8 @@ std::vector<PlacedModule> place_modules(const ParallelPlan& plan, const ModelSpe
     const bool has_entry = std::any_of(plan.modules.begin(), plan.modules.end(),
                                        [&](const auto& e) { return e.first == m->name; });
     if (has_entry) continue;
-    if ((m->role == ModuleRole::kProjector || m->role == ModuleRole::kGenerator) && !m->inputs.empty()) {
+    if ((m->role == ModuleRole::kProjector || m->role == ModuleRole::kGenerator) &&
+        !m->inputs.empty()) {
       const PlacedModule* host = host_of(placed, m->inputs.front());
       if (host != nullptr) {
         placed.push_back({m, host->layout, host->first_rank, host->module->name});
@@ -194,7 +201,8 @@ std::vector<PlacedModule> place_modules(const ParallelPlan& plan, const ModelSpe
       }
     }
     diag.error(file, join_path(path, "modules"),
-               "module '" + m->name + "' has no layout (only a projector or generator may run with its input)");
+               "module '" + m->name +
+                   "' has no layout (only a projector or generator may run with its input)");
   }
   return placed;
 }
@@ -240,19 +248,26 @@ void validate_plan(const ParallelPlan& plan, const ModelSpec& model, const Workl
     const ModuleLayout& l = p.layout;
     for (const PlacedModule& q : placed) {
       // Homogeneous: every module shares the one layout, so each must accept its TP.
-      if (plan.placement != Placement::kHomogeneous && q.module != p.module && q.host != p.module->name) continue;
+      if (plan.placement != Placement::kHomogeneous && q.module != p.module &&
+          q.host != p.module->name)
+        continue;
       const TransformerArch* a = q.module->transformer ? &*q.module->transformer : nullptr;
       if (a == nullptr || q.module->role == ModuleRole::kProjector) continue;
       const std::string who = q.module->name;
       if (a->heads % l.tp != 0)
-        err(p, "tp", std::to_string(l.tp) + " does not divide " + who + " heads=" + std::to_string(a->heads));
+        err(p, "tp",
+            std::to_string(l.tp) + " does not divide " + who +
+                " heads=" + std::to_string(a->heads));
       if (a->kv_heads % l.tp != 0 && l.tp % a->kv_heads != 0)
-        err(p, "tp", std::to_string(l.tp) + " and " + who + " kv_heads=" + std::to_string(a->kv_heads) +
-                         " must divide one another");
+        err(p, "tp",
+            std::to_string(l.tp) + " and " + who + " kv_heads=" + std::to_string(a->kv_heads) +
+                " must divide one another");
       if (l.ep > 1 && a->experts == 0 && q.module == p.module)
         err(p, "ep", "ep=" + std::to_string(l.ep) + " but " + who + " has no experts");
       if (a->experts > 0 && a->experts % l.ep != 0)
-        err(p, "ep", std::to_string(l.ep) + " does not divide " + who + " experts=" + std::to_string(a->experts));
+        err(p, "ep",
+            std::to_string(l.ep) + " does not divide " + who +
+                " experts=" + std::to_string(a->experts));
     }
     if ((l.cp * l.dp) % l.ep != 0)
       err(p, "ep", std::to_string(l.ep) + " does not divide cp*dp=" + std::to_string(l.cp * l.dp));
@@ -262,16 +277,20 @@ void validate_plan(const ParallelPlan& plan, const ModelSpec& model, const Workl
       const int64_t layers = staged->transformer->layers;
       const int64_t chunks = l.pp * l.vpp;
       if (layers < chunks)
-        err(p, "pp", staged->name + " has " + std::to_string(layers) + " layers, fewer than pp*vpp=" +
-                         std::to_string(chunks));
+        err(p, "pp",
+            staged->name + " has " + std::to_string(layers) +
+                " layers, fewer than pp*vpp=" + std::to_string(chunks));
       if (!l.stage_layers.empty()) {
         if (static_cast<int64_t>(l.stage_layers.size()) != chunks)
-          err(p, "stage_layers", "has " + std::to_string(l.stage_layers.size()) + " entries, expected pp*vpp=" +
-                                     std::to_string(chunks));
-        const int64_t sum = std::accumulate(l.stage_layers.begin(), l.stage_layers.end(), int64_t{0});
+          err(p, "stage_layers",
+              "has " + std::to_string(l.stage_layers.size()) +
+                  " entries, expected pp*vpp=" + std::to_string(chunks));
+        const int64_t sum =
+            std::accumulate(l.stage_layers.begin(), l.stage_layers.end(), int64_t{0});
         if (sum != layers)
-          err(p, "stage_layers", "sums to " + std::to_string(sum) + ", " + staged->name + " has " +
-                                     std::to_string(layers) + " layers");
+          err(p, "stage_layers",
+              "sums to " + std::to_string(sum) + ", " + staged->name + " has " +
+                  std::to_string(layers) + " layers");
       }
     } else if (l.pp > 1 || !l.stage_layers.empty()) {
       err(p, "pp", p.module->name + " has no layer stack to pipeline");
@@ -282,15 +301,18 @@ void validate_plan(const ParallelPlan& plan, const ModelSpec& model, const Workl
     // Context parallelism splits the sequence into cp pieces (2·cp for zig-zag).
     const int64_t pieces = plan.cp_split == CpSplit::kZigzag ? 2 * l.cp : l.cp;
     if (l.cp > 1 && w.max_seq_len > 0 && w.max_seq_len % pieces != 0)
-      err(p, "cp", "max_seq_len=" + std::to_string(w.max_seq_len) + " is not divisible into " +
-                       std::to_string(pieces) + " pieces");
+      err(p, "cp",
+          "max_seq_len=" + std::to_string(w.max_seq_len) + " is not divisible into " +
+              std::to_string(pieces) + " pieces");
     if (w.global_batch > 0 && w.global_batch % l.dp != 0)
-      err(p, "dp", std::to_string(l.dp) + " does not divide global_batch=" + std::to_string(w.global_batch));
+      err(p, "dp",
+          std::to_string(l.dp) + " does not divide global_batch=" + std::to_string(w.global_batch));
     if (p.layout.ranks && plan.placement != Placement::kNonColocated)
       err(p, "ranks", "only non_colocated modules have their own rank span");
     if (p.layout.ranks && p.layout.ranks->count != l.size())
-      err(p, "ranks", "span has " + std::to_string(p.layout.ranks->count) + " ranks, tp*cp*pp*dp=" +
-                          std::to_string(l.size()));
+      err(p, "ranks",
+          "span has " + std::to_string(p.layout.ranks->count) +
+              " ranks, tp*cp*pp*dp=" + std::to_string(l.size()));
   }
   if (placed.empty()) return;
 
@@ -305,8 +327,9 @@ void validate_plan(const ParallelPlan& plan, const ModelSpec& model, const Workl
     for (const PlacedModule* p : owners) world = std::max(world, p->layout.size());
     for (const PlacedModule* p : owners)
       if (p->layout.size() != world)
-        err(*p, "dp", "colocated modules span all ranks: tp*cp*pp*dp=" + std::to_string(p->layout.size()) +
-                          ", but another module spans " + std::to_string(world));
+        err(*p, "dp",
+            "colocated modules span all ranks: tp*cp*pp*dp=" + std::to_string(p->layout.size()) +
+                ", but another module spans " + std::to_string(world));
   } else {
     std::vector<const PlacedModule*> sorted = owners;
     std::sort(sorted.begin(), sorted.end(),
@@ -314,11 +337,12 @@ void validate_plan(const ParallelPlan& plan, const ModelSpec& model, const Workl
     int64_t expected = 0;
     for (const PlacedModule* p : sorted) {
       if (p->first_rank != expected)
-        err(*p, "ranks", p->first_rank < expected
-                             ? "span [" + std::to_string(p->first_rank) + ", " +
-                                   std::to_string(p->first_rank + p->layout.size()) + ") overlaps another module"
-                             : "ranks [" + std::to_string(expected) + ", " + std::to_string(p->first_rank) +
-                                   ") belong to no module");
+        err(*p, "ranks",
+            p->first_rank < expected
+                ? "span [" + std::to_string(p->first_rank) + ", " +
+                      std::to_string(p->first_rank + p->layout.size()) + ") overlaps another module"
+                : "ranks [" + std::to_string(expected) + ", " + std::to_string(p->first_rank) +
+                      ") belong to no module");
       expected = std::max(expected, p->first_rank + p->layout.size());
     }
     world = expected;
@@ -337,16 +361,19 @@ void validate_plan(const ParallelPlan& plan, const ModelSpec& model, const Workl
     const int64_t per_step = plan.micro_batch_size * llm_place->layout.dp;
     if (plan.num_micro_batches > 0) {
       if (per_step * plan.num_micro_batches != w.global_batch)
-        top("num_micro_batches", "micro_batch_size*num_micro_batches*dp = " + std::to_string(plan.micro_batch_size) +
-                                     "*" + std::to_string(plan.num_micro_batches) + "*" +
-                                     std::to_string(llm_place->layout.dp) + " != global_batch=" +
-                                     std::to_string(w.global_batch));
+        top("num_micro_batches",
+            "micro_batch_size*num_micro_batches*dp = " + std::to_string(plan.micro_batch_size) +
+                "*" + std::to_string(plan.num_micro_batches) + "*" +
+                std::to_string(llm_place->layout.dp) +
+                " != global_batch=" + std::to_string(w.global_batch));
     } else if (w.global_batch % per_step != 0) {
-      top("micro_batch_size", "micro_batch_size*dp = " + std::to_string(per_step) +
-                                  " does not divide global_batch=" + std::to_string(w.global_batch));
+      top("micro_batch_size",
+          "micro_batch_size*dp = " + std::to_string(per_step) +
+              " does not divide global_batch=" + std::to_string(w.global_batch));
     }
-    const int64_t m = plan.num_micro_batches > 0 ? plan.num_micro_batches
-                                                 : std::max<int64_t>(1, w.global_batch / std::max<int64_t>(1, per_step));
+    const int64_t m = plan.num_micro_batches > 0
+                          ? plan.num_micro_batches
+                          : std::max<int64_t>(1, w.global_batch / std::max<int64_t>(1, per_step));
     if (plan.schedule == Schedule::kInterleaved1F1B && m % llm_place->layout.pp != 0)
       top("num_micro_batches", "interleaved 1F1B needs micro-batches (" + std::to_string(m) +
                                    ") divisible by pp=" + std::to_string(llm_place->layout.pp));
@@ -360,8 +387,9 @@ void validate_plan(const ParallelPlan& plan, const ModelSpec& model, const Workl
       if (producer == nullptr || consumer == nullptr || producer == consumer) continue;
       const int64_t a = producer->layout.dp, b = consumer->layout.dp;
       if (a % b != 0 && b % a != 0)
-        err(*consumer, "dp", "boundary " + producer->module->name + " -> " + consumer->module->name + ": dp " +
-                                 std::to_string(a) + " and " + std::to_string(b) + " must divide one another");
+        err(*consumer, "dp",
+            "boundary " + producer->module->name + " -> " + consumer->module->name + ": dp " +
+                std::to_string(a) + " and " + std::to_string(b) + " must divide one another");
     }
   }
 

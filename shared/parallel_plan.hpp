@@ -35,14 +35,14 @@ struct RankSpan {
 
 // One module's parallel grid. Megatron order: rank = tp + TP·(cp + CP·(dp + DP·pp)).
 struct ModuleLayout {
-  int64_t tp = 1;   // tensor parallel
-  int64_t cp = 1;   // context parallel
-  int64_t pp = 1;   // pipeline stages
-  int64_t dp = 1;   // data parallel replicas
-  int64_t ep = 1;   // expert parallel, carved out of cp·dp (MoE layers only)
-  int64_t vpp = 1;  // virtual pipeline chunks per stage (interleaved 1F1B)
-  std::optional<RankSpan> ranks;     // non_colocated: Default: consecutive in plan order
-  std::vector<int64_t> stage_layers; // layers per (virtual) stage, pp·vpp entries. Default: even
+  int64_t tp = 1;                     // tensor parallel
+  int64_t cp = 1;                     // context parallel
+  int64_t pp = 1;                     // pipeline stages
+  int64_t dp = 1;                     // data parallel replicas
+  int64_t ep = 1;                     // expert parallel, carved out of cp·dp (MoE layers only)
+  int64_t vpp = 1;                    // virtual pipeline chunks per stage (interleaved 1F1B)
+  std::optional<RankSpan> ranks;      // non_colocated: Default: consecutive in plan order
+  std::vector<int64_t> stage_layers;  // layers per (virtual) stage, pp·vpp entries. Default: even
 
   int64_t size() const { return tp * cp * pp * dp; }
   bool operator==(const ModuleLayout&) const = default;
@@ -88,7 +88,8 @@ std::vector<PlacedModule> place_modules(const ParallelPlan& plan, const ModelSpe
 // Ranks the plan uses. REQUIRES: plan validated.
 int64_t world_size(const ParallelPlan& plan, const ModelSpec& model);
 // Micro-batches per iteration (explicit or derived). REQUIRES: plan validated.
-int64_t micro_batches(const ParallelPlan& plan, const ModelSpec& model, const WorkloadSpec& workload);
+int64_t micro_batches(const ParallelPlan& plan, const ModelSpec& model,
+                      const WorkloadSpec& workload);
 
 // Every rule a plan must satisfy against its model, workload and cluster.
 void validate_plan(const ParallelPlan& plan, const ModelSpec& model, const WorkloadSpec& workload,

@@ -8,33 +8,48 @@ namespace tessera {
 
 std::string phase_name(Phase phase) {
   switch (phase) {
-    case Phase::kF: return "F";
-    case Phase::kB: return "B";
-    case Phase::kW: return "W";
-    case Phase::kR: return "R";
+    case Phase::kF:
+      return "F";
+    case Phase::kB:
+      return "B";
+    case Phase::kW:
+      return "W";
+    case Phase::kR:
+      return "R";
   }
   return "?";
 }
 
 std::string collective_name(CollectiveKind kind) {
   switch (kind) {
-    case CollectiveKind::kAllReduce: return "allreduce";
-    case CollectiveKind::kAllGather: return "allgather";
-    case CollectiveKind::kReduceScatter: return "reducescatter";
-    case CollectiveKind::kAllToAll: return "alltoall";
-    case CollectiveKind::kBroadcast: return "broadcast";
+    case CollectiveKind::kAllReduce:
+      return "allreduce";
+    case CollectiveKind::kAllGather:
+      return "allgather";
+    case CollectiveKind::kReduceScatter:
+      return "reducescatter";
+    case CollectiveKind::kAllToAll:
+      return "alltoall";
+    case CollectiveKind::kBroadcast:
+      return "broadcast";
   }
   return "?";
 }
 
 std::string purpose_name(Purpose purpose) {
   switch (purpose) {
-    case Purpose::kTp: return "tp";
-    case Purpose::kCp: return "cp";
-    case Purpose::kDp: return "dp";
-    case Purpose::kEp: return "ep";
-    case Purpose::kBoundary: return "boundary";
-    case Purpose::kPp: return "pp";
+    case Purpose::kTp:
+      return "tp";
+    case Purpose::kCp:
+      return "cp";
+    case Purpose::kDp:
+      return "dp";
+    case Purpose::kEp:
+      return "ep";
+    case Purpose::kBoundary:
+      return "boundary";
+    case Purpose::kPp:
+      return "pp";
   }
   return "?";
 }
@@ -42,7 +57,8 @@ std::string purpose_name(Purpose purpose) {
 namespace {
 
 std::string where(const Program& p, const Op& op) {
-  std::string s = op.module >= 0 ? p.modules[static_cast<std::size_t>(op.module)] : std::string("model");
+  std::string s =
+      op.module >= 0 ? p.modules[static_cast<std::size_t>(op.module)] : std::string("model");
   s += ".s" + std::to_string(op.stage);
   if (op.chunk > 0) s += ".c" + std::to_string(op.chunk);
   if (op.microbatch >= 0) s += ".mb" + std::to_string(op.microbatch);
@@ -54,26 +70,34 @@ std::string where(const Program& p, const Op& op) {
 
 std::string op_name(const Program& p, const Op& op) {
   switch (op.kind) {
-    case OpKind::kCompute: return where(p, op) + "." + phase_name(op.phase);
-    case OpKind::kSend: return "send:" + where(p, op) + "." + phase_name(op.phase) + ">r" + std::to_string(op.peer);
-    case OpKind::kRecv: return "recv:" + where(p, op) + "." + phase_name(op.phase) + "<r" + std::to_string(op.peer);
+    case OpKind::kCompute:
+      return where(p, op) + "." + phase_name(op.phase);
+    case OpKind::kSend:
+      return "send:" + where(p, op) + "." + phase_name(op.phase) + ">r" + std::to_string(op.peer);
+    case OpKind::kRecv:
+      return "recv:" + where(p, op) + "." + phase_name(op.phase) + "<r" + std::to_string(op.peer);
     case OpKind::kCollective:
       return purpose_name(op.purpose) + ":" + collective_name(op.collective) + ":" + where(p, op) +
              (op.purpose == Purpose::kBoundary ? "." + phase_name(op.phase) : "");
-    case OpKind::kOptimizerStep: return "optimizer:" + where(p, op);
+    case OpKind::kOptimizerStep:
+      return "optimizer:" + where(p, op);
   }
   return "?";
 }
 
 std::string op_id(const Program& p, int32_t rank, int32_t index) {
-  return "it" + std::to_string(p.iteration) + ".r" + std::to_string(rank) + "." + std::to_string(index);
+  return "it" + std::to_string(p.iteration) + ".r" + std::to_string(rank) + "." +
+         std::to_string(index);
 }
 
 std::vector<std::string> check_program(const Program& p) {
   std::vector<std::string> problems;
   auto complain = [&](int32_t rank, int32_t index, const std::string& what) {
     if (problems.size() < 100)
-      problems.push_back(op_id(p, rank, index) + " (" + op_name(p, p.ranks[static_cast<std::size_t>(rank)][static_cast<std::size_t>(index)]) + "): " + what);
+      problems.push_back(
+          op_id(p, rank, index) + " (" +
+          op_name(p, p.ranks[static_cast<std::size_t>(rank)][static_cast<std::size_t>(index)]) +
+          "): " + what);
   };
   // (src, dst, tag) -> count and bytes of sends and receives.
   std::map<std::tuple<int32_t, int32_t, int64_t>, std::pair<int, double>> sends, recvs;
@@ -85,7 +109,8 @@ std::vector<std::string> check_program(const Program& p) {
     for (int32_t i = 0; i < static_cast<int32_t>(ops.size()); ++i) {
       const Op& op = ops[static_cast<std::size_t>(i)];
       for (int32_t d : op.deps)
-        if (d < 0 || d >= i) complain(r, i, "depends on op " + std::to_string(d) + ", not an earlier op of this rank");
+        if (d < 0 || d >= i)
+          complain(r, i, "depends on op " + std::to_string(d) + ", not an earlier op of this rank");
       for (const NestedCollective& n : op.nested)
         if (n.group < 0 || n.group >= groups) complain(r, i, "nested collective names no group");
       switch (op.kind) {
@@ -95,7 +120,8 @@ std::vector<std::string> check_program(const Program& p) {
             complain(r, i, "invalid peer " + std::to_string(op.peer));
             break;
           }
-          auto key = op.kind == OpKind::kSend ? std::make_tuple(r, op.peer, op.tag) : std::make_tuple(op.peer, r, op.tag);
+          auto key = op.kind == OpKind::kSend ? std::make_tuple(r, op.peer, op.tag)
+                                              : std::make_tuple(op.peer, r, op.tag);
           auto& entry = (op.kind == OpKind::kSend ? sends : recvs)[key];
           ++entry.first;
           entry.second = op.bytes;
@@ -112,28 +138,37 @@ std::vector<std::string> check_program(const Program& p) {
           entered[op.group][r].emplace_back(static_cast<int>(op.collective), op.bytes);
           break;
         }
-        default: break;
+        default:
+          break;
       }
     }
   }
   for (const auto& [key, s] : sends) {
     const auto it = recvs.find(key);
     const auto [src, dst, tag] = key;
-    const std::string pair = "r" + std::to_string(src) + "->r" + std::to_string(dst) + " tag " + std::to_string(tag);
-    if (it == recvs.end()) problems.push_back("send " + pair + " has no receive");
-    else if (it->second.first != s.first) problems.push_back("send " + pair + " posted " + std::to_string(s.first) + " times, received " + std::to_string(it->second.first));
-    else if (it->second.second != s.second) problems.push_back("send " + pair + " sends " + std::to_string(s.second) + " bytes, the receive expects " + std::to_string(it->second.second));
+    const std::string pair =
+        "r" + std::to_string(src) + "->r" + std::to_string(dst) + " tag " + std::to_string(tag);
+    if (it == recvs.end())
+      problems.push_back("send " + pair + " has no receive");
+    else if (it->second.first != s.first)
+      problems.push_back("send " + pair + " posted " + std::to_string(s.first) +
+                         " times, received " + std::to_string(it->second.first));
+    else if (it->second.second != s.second)
+      problems.push_back("send " + pair + " sends " + std::to_string(s.second) +
+                         " bytes, the receive expects " + std::to_string(it->second.second));
   }
   for (const auto& [key, r] : recvs)
     if (!sends.contains(key)) {
       const auto [src, dst, tag] = key;
-      problems.push_back("receive r" + std::to_string(src) + "->r" + std::to_string(dst) + " tag " + std::to_string(tag) + " has no send");
+      problems.push_back("receive r" + std::to_string(src) + "->r" + std::to_string(dst) + " tag " +
+                         std::to_string(tag) + " has no send");
     }
   for (const auto& [group, members] : entered) {
     const RankList& expected = p.groups[static_cast<std::size_t>(group)];
     if (members.size() != expected.size()) {
-      problems.push_back("group " + std::to_string(group) + ": " + std::to_string(members.size()) + " of " +
-                         std::to_string(expected.size()) + " members enter its collectives");
+      problems.push_back("group " + std::to_string(group) + ": " + std::to_string(members.size()) +
+                         " of " + std::to_string(expected.size()) +
+                         " members enter its collectives");
       continue;
     }
     const auto& first = members.begin()->second;
@@ -162,7 +197,9 @@ Json program_to_json(const Program& p, int32_t rank) {
       Json j;
       j["id"] = op_id(p, r, i);
       j["name"] = op_name(p, op);
-      j["stream"] = op.stream == StreamKind::kCompute ? "compute" : op.stream == StreamKind::kCollective ? "collective" : "p2p";
+      j["stream"] = op.stream == StreamKind::kCompute      ? "compute"
+                    : op.stream == StreamKind::kCollective ? "collective"
+                                                           : "p2p";
       if (op.kind == OpKind::kCompute) {
         j["layers"] = op.layers;
         j["tokens"] = op.tokens;
@@ -171,8 +208,11 @@ Json program_to_json(const Program& p, int32_t rank) {
         if (!op.nested.empty()) {
           Json nested = Json::array();
           for (const NestedCollective& n : op.nested)
-            nested.push_back({{"kind", collective_name(n.kind)}, {"purpose", purpose_name(n.purpose)},
-                              {"group", p.groups[static_cast<std::size_t>(n.group)]}, {"count", n.count}, {"bytes", n.bytes}});
+            nested.push_back({{"kind", collective_name(n.kind)},
+                              {"purpose", purpose_name(n.purpose)},
+                              {"group", p.groups[static_cast<std::size_t>(n.group)]},
+                              {"count", n.count},
+                              {"bytes", n.bytes}});
           j["nested"] = nested;
         }
       } else if (op.kind == OpKind::kCollective) {

@@ -18,7 +18,13 @@ enum class Phase : uint8_t { kF, kB, kW, kR };
 // Streams overlap as on a GPU; ops on one stream run in order. Receives are pre-posted (like
 // NCCL/Megatron's irecv) and occupy no stream: they complete when their message arrives.
 enum class StreamKind : uint8_t { kCompute, kCollective, kP2p };
-enum class CollectiveKind : uint8_t { kAllReduce, kAllGather, kReduceScatter, kAllToAll, kBroadcast };
+enum class CollectiveKind : uint8_t {
+  kAllReduce,
+  kAllGather,
+  kReduceScatter,
+  kAllToAll,
+  kBroadcast
+};
 enum class Purpose : uint8_t { kTp, kCp, kDp, kEp, kBoundary, kPp };
 
 // A collective run `count` times inside a Compute op's layers (TP all-reduces, CP K/V exchange,
@@ -28,7 +34,7 @@ struct NestedCollective {
   Purpose purpose = Purpose::kTp;
   int32_t group = -1;  // Program::groups index
   int32_t count = 0;
-  double bytes = 0;    // per call, per rank (NCCL-tests "size")
+  double bytes = 0;  // per call, per rank (NCCL-tests "size")
 };
 
 struct Op {
@@ -37,20 +43,20 @@ struct Op {
   Phase phase = Phase::kF;
   CollectiveKind collective = CollectiveKind::kAllReduce;  // kCollective
   Purpose purpose = Purpose::kPp;                          // kCollective, kSend, kRecv
-  int16_t module = -1;     // Program::modules index; -1 for none
-  int16_t stage = 0;       // pipeline stage of the module
-  int16_t chunk = 0;       // virtual pipeline chunk
-  int32_t microbatch = -1; // -1: the whole local batch
+  int16_t module = -1;                                     // Program::modules index; -1 for none
+  int16_t stage = 0;                                       // pipeline stage of the module
+  int16_t chunk = 0;                                       // virtual pipeline chunk
+  int32_t microbatch = -1;                                 // -1: the whole local batch
   int32_t sub_microbatch = 0;
   int32_t layers = 0;      // compute: transformer layers in this op
   int64_t tokens = 0;      // compute: tokens processed on this rank
   double flops = 0;        // compute: model FLOPs on this rank (recompute: the repeated forward)
   double bytes = 0;        // compute/optimizer: memory traffic; send/recv/collective: message bytes
-  double stash_bytes = 0;    // F: activation bytes kept for the backward
-  double release_bytes = 0;  // last backward op of a (module, chunk, micro-batch): bytes it frees
-  int32_t peer = -1;       // send/recv: the other rank
-  int32_t group = -1;      // collective: Program::groups index
-  int64_t tag = 0;         // send/recv: matches a send to its receive between two ranks
+  double stash_bytes = 0;  // F: activation bytes kept for the backward
+  double release_bytes = 0;   // last backward op of a (module, chunk, micro-batch): bytes it frees
+  int32_t peer = -1;          // send/recv: the other rank
+  int32_t group = -1;         // collective: Program::groups index
+  int64_t tag = 0;            // send/recv: matches a send to its receive between two ranks
   std::vector<int32_t> deps;  // earlier ops of this rank that must finish before this one starts
   std::vector<NestedCollective> nested;
 };
@@ -72,14 +78,14 @@ struct RankMemory {
 struct Program {
   int64_t iteration = 0;
   int32_t world = 0;
-  std::vector<std::string> modules;  // module names, indexed by Op::module
-  std::vector<RankList> groups;      // collective groups, indexed by Op::group / NestedCollective
+  std::vector<std::string> modules;    // module names, indexed by Op::module
+  std::vector<RankList> groups;        // collective groups, indexed by Op::group / NestedCollective
   std::vector<std::vector<Op>> ranks;  // ops per rank, in issue order
   std::vector<RankMemory> memory;      // parameter state per rank (activation_bytes left 0)
   // What the iteration computes, for metrics.
   int64_t samples = 0;
-  int64_t llm_tokens = 0;   // tokens in the LLM sequences of the global batch
-  double model_flops = 0;   // F+B+W FLOPs of the iteration, all ranks (recompute excluded)
+  int64_t llm_tokens = 0;  // tokens in the LLM sequences of the global batch
+  double model_flops = 0;  // F+B+W FLOPs of the iteration, all ranks (recompute excluded)
 };
 
 // Readable, stable name: "llm.s1.mb3.F", "llm.s0.c1.mb3.B", "send:llm.s1.mb3.F>r17",

@@ -22,7 +22,9 @@ Rng::Rng(uint64_t seed) {
   }
 }
 
-static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+static uint64_t rotl(uint64_t x, int k) {
+  return (x << k) | (x >> (64 - k));
+}
 
 uint64_t Rng::next() {
   const uint64_t result = rotl(s_[1] * 5, 7) * 9;
@@ -36,7 +38,9 @@ uint64_t Rng::next() {
   return result;
 }
 
-double Rng::uniform() { return static_cast<double>(next() >> 11) * 0x1.0p-53; }
+double Rng::uniform() {
+  return static_cast<double>(next() >> 11) * 0x1.0p-53;
+}
 
 double Rng::normal() {
   const double u1 = 1.0 - uniform();  // (0, 1]: log is finite

@@ -11,8 +11,12 @@ ModuleGroups layout_groups(const ModuleLayout& l, int64_t first) {
   g.first_rank = first;
   g.size = l.size();
   const int64_t TP = l.tp, CP = l.cp, DP = l.dp, PP = l.pp, EP = l.ep, EDP = l.cp * l.dp / l.ep;
-  auto dense = [&](int64_t t, int64_t c, int64_t d, int64_t p) { return first + t + TP * (c + CP * (d + DP * p)); };
-  auto expert = [&](int64_t t, int64_t e, int64_t d, int64_t p) { return first + t + TP * (e + EP * (d + EDP * p)); };
+  auto dense = [&](int64_t t, int64_t c, int64_t d, int64_t p) {
+    return first + t + TP * (c + CP * (d + DP * p));
+  };
+  auto expert = [&](int64_t t, int64_t e, int64_t d, int64_t p) {
+    return first + t + TP * (e + EP * (d + EDP * p));
+  };
 
   for (int64_t p = 0; p < PP; ++p)
     for (int64_t d = 0; d < DP; ++d)

@@ -25,7 +25,8 @@ std::optional<T> read_part(ObjectReader& r, std::string_view key, std::string& r
   if (v->is_string()) {
     ref = v->get<std::string>();
     const fs::path p(ref);
-    const std::string target = p.is_absolute() ? ref : (fs::path(directory_of(r.file())) / p).string();
+    const std::string target =
+        p.is_absolute() ? ref : (fs::path(directory_of(r.file())) / p).string();
     std::error_code ec;
     if (!fs::is_regular_file(target, ec)) {
       r.error(key, "file not found: '" + ref + "' (looked for " + target + ")");
@@ -46,7 +47,8 @@ struct MediaUse {
 
 }  // namespace
 
-std::optional<Scenario> read_scenario(const Json& json, const std::string& file, Diagnostics& diag) {
+std::optional<Scenario> read_scenario(const Json& json, const std::string& file,
+                                      Diagnostics& diag) {
   const std::size_t before = diag.errors().size();
   Scenario s;
   s.file = file;
@@ -55,20 +57,22 @@ std::optional<Scenario> read_scenario(const Json& json, const std::string& file,
   r.optional("name", s.name);
   r.optional("description", s.description);
   Diagnostics& d = diag;
-  if (auto m = read_part<ModelSpec>(r, "model", s.model_ref, true, [&](const Json& j, const std::string& f,
-                                                                       const std::string& p) {
-        return read_model(j, f, p, d);
-      }))
+  if (auto m = read_part<ModelSpec>(r, "model", s.model_ref, true,
+                                    [&](const Json& j, const std::string& f, const std::string& p) {
+                                      return read_model(j, f, p, d);
+                                    }))
     s.model = *m;
-  if (auto w = read_part<WorkloadSpec>(r, "workload", s.workload_ref, true,
-                                       [&](const Json& j, const std::string& f, const std::string& p) {
-                                         return read_workload(j, f, p, directory_of(f), d);
-                                       }))
+  if (auto w =
+          read_part<WorkloadSpec>(r, "workload", s.workload_ref, true,
+                                  [&](const Json& j, const std::string& f, const std::string& p) {
+                                    return read_workload(j, f, p, directory_of(f), d);
+                                  }))
     s.workload = *w;
-  if (auto c = read_part<ClusterSpec>(r, "cluster", s.cluster_ref, true,
-                                      [&](const Json& j, const std::string& f, const std::string& p) {
-                                        return read_cluster(j, f, p, d);
-                                      }))
+  if (auto c =
+          read_part<ClusterSpec>(r, "cluster", s.cluster_ref, true,
+                                 [&](const Json& j, const std::string& f, const std::string& p) {
+                                   return read_cluster(j, f, p, d);
+                                 }))
     s.cluster = *c;
   s.plan = read_part<ParallelPlan>(r, "plan", s.plan_ref, false,
                                    [&](const Json& j, const std::string& f, const std::string& p) {
@@ -101,7 +105,8 @@ void validate_scenario(const Scenario& s, Diagnostics& diag) {
       {&s.workload.audio, {Modality::kAudio, "audio"}},
       {&s.workload.video, {Modality::kVideo, "video"}}};
   for (const auto& [dist, use] : uses) {
-    if (*dist && dist_upper_bound((*dist)->count) > 0 && encoder_for(s.model, use.modality) == nullptr)
+    if (*dist && dist_upper_bound((*dist)->count) > 0 &&
+        encoder_for(s.model, use.modality) == nullptr)
       diag.error(workload_file, join_path(join_path(workload_path, "samples"), use.name),
                  "workload draws " + std::string(use.name) + " but model " + s.model.name +
                      " has no " + use.name + " encoder");
@@ -114,16 +119,16 @@ void validate_scenario(const Scenario& s, Diagnostics& diag) {
           std::pair{!sample.videos.empty(), MediaUse{Modality::kVideo, "video"}}}) {
       if (has && encoder_for(s.model, use.modality) == nullptr) {
         diag.error(s.workload.manifest, "line " + std::to_string(i + 1),
-                   "sample has " + std::string(use.name) + " but model " + s.model.name + " has no " +
-                       use.name + " encoder");
+                   "sample has " + std::string(use.name) + " but model " + s.model.name +
+                       " has no " + use.name + " encoder");
         return;
       }
     }
   }
   if (s.plan) {
     const std::string plan_file = s.plan_ref.empty() ? s.file : s.plan_ref;
-    validate_plan(*s.plan, s.model, s.workload, s.cluster, plan_file, s.plan_ref.empty() ? "plan" : "",
-                  diag);
+    validate_plan(*s.plan, s.model, s.workload, s.cluster, plan_file,
+                  s.plan_ref.empty() ? "plan" : "", diag);
   }
 }
 

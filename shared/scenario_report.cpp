@@ -76,8 +76,12 @@ std::string with_prefix(double n, const char* giga) {
 
 }  // namespace
 
-std::string human_count(double n) { return with_prefix(n, "B"); }
-std::string human_si(double n) { return with_prefix(n, "G"); }
+std::string human_count(double n) {
+  return with_prefix(n, "B");
+}
+std::string human_si(double n) {
+  return with_prefix(n, "G");
+}
 
 std::string human_bytes(double bytes) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
@@ -91,8 +95,8 @@ std::string human_bytes(double bytes) {
 
 std::string model_report(const ModelSpec& model) {
   std::ostringstream out;
-  out << "model " << model.name << " (" << enum_name(model.dtype, kDTypes) << "): "
-      << human_count(static_cast<double>(model_parameters(model))) << " parameters, "
+  out << "model " << model.name << " (" << enum_name(model.dtype, kDTypes)
+      << "): " << human_count(static_cast<double>(model_parameters(model))) << " parameters, "
       << human_count(static_cast<double>(trainable_parameters(model))) << " trainable\n";
   out << "  " << pad("module", 18) << pad("role", 10) << pad("modality", 9) << pad("state", 9)
       << pad("params", 10) << pad("fwd FLOP/token @1k", 20) << "architecture\n";
@@ -123,7 +127,8 @@ std::string scenario_report(const Scenario& s, const ReportOptions& options) {
   const WorkloadSpec& w = s.workload;
   out << "\nworkload: global batch " << w.global_batch << ", max sequence " << w.max_seq_len
       << (w.packing ? ", packed" : "") << ", seed " << w.seed;
-  if (!w.manifest.empty()) out << ", manifest " << w.manifest << " (" << w.manifest_samples.size() << " samples)";
+  if (!w.manifest.empty())
+    out << ", manifest " << w.manifest << " (" << w.manifest_samples.size() << " samples)";
   out << "\n";
   std::vector<double> text, image, audio, video, sequence, encoder;
   int64_t truncated = 0;
@@ -139,16 +144,16 @@ std::string scenario_report(const Scenario& s, const ReportOptions& options) {
       if (t.llm_sequence > w.max_seq_len) ++truncated;
     }
   }
-  out << "  tokens per sample over " << options.batches << " batches ("
-      << text.size() << " samples):\n";
-  out << "    " << pad("", 22) << pad("mean", 10) << pad("p50", 10) << pad("p90", 10) << pad("min", 10)
-      << "max\n";
+  out << "  tokens per sample over " << options.batches << " batches (" << text.size()
+      << " samples):\n";
+  out << "    " << pad("", 22) << pad("mean", 10) << pad("p50", 10) << pad("p90", 10)
+      << pad("min", 10) << "max\n";
   auto row = [&](const std::string& name, std::vector<double> values) {
     const Stats st = summarize(std::move(values));
     if (st.max == 0 && name != "text") return;
-    out << "    " << pad(name, 22) << pad(format("%.0f", st.mean), 10) << pad(format("%.0f", st.p50), 10)
-        << pad(format("%.0f", st.p90), 10) << pad(format("%.0f", st.min), 10) << format("%.0f", st.max)
-        << "\n";
+    out << "    " << pad(name, 22) << pad(format("%.0f", st.mean), 10)
+        << pad(format("%.0f", st.p50), 10) << pad(format("%.0f", st.p90), 10)
+        << pad(format("%.0f", st.min), 10) << format("%.0f", st.max) << "\n";
   };
   row("text", text);
   row("image (to LLM)", image);
@@ -166,29 +171,33 @@ std::string scenario_report(const Scenario& s, const ReportOptions& options) {
     out << c.nodes << " nodes x " << c.devices_per_node << " " << c.device.name << " = "
         << device_count(c) << " devices\n";
     out << "  device: " << human_si(peak_flops(c, s.model.dtype)) << "FLOP/s "
-        << enum_name(s.model.dtype, kDTypes) << ", " << human_bytes(static_cast<double>(c.device.memory_bytes))
-        << ", " << human_si(c.device.memory_bandwidth_bytes_per_s) << "B/s HBM\n";
+        << enum_name(s.model.dtype, kDTypes) << ", "
+        << human_bytes(static_cast<double>(c.device.memory_bytes)) << ", "
+        << human_si(c.device.memory_bandwidth_bytes_per_s) << "B/s HBM\n";
     out << "  intra-node " << human_si(c.intra_node.bandwidth_bytes_per_s) << "B/s, "
         << format("%.3g", c.intra_node.latency_s * 1e6) << " us";
     if (c.nodes > 1)
-      out << "; inter-node " << human_si(c.inter_node.link.bandwidth_bytes_per_s) << "B/s per device, "
-          << format("%.3g", c.inter_node.link.latency_s * 1e6) << " us, oversubscription "
-          << c.inter_node.oversubscription;
+      out << "; inter-node " << human_si(c.inter_node.link.bandwidth_bytes_per_s)
+          << "B/s per device, " << format("%.3g", c.inter_node.link.latency_s * 1e6)
+          << " us, oversubscription " << c.inter_node.oversubscription;
     out << "\n";
   }
 
   if (s.plan) {
     const ParallelPlan& p = *s.plan;
     out << "\nplan: " << enum_name(p.placement, kPlacements) << ", " << world_size(p, s.model)
-        << " ranks, schedule " << enum_name(p.schedule, kSchedules) << ", micro-batch " << p.micro_batch_size
-        << " x " << micro_batches(p, s.model, w) << "\n";
+        << " ranks, schedule " << enum_name(p.schedule, kSchedules) << ", micro-batch "
+        << p.micro_batch_size << " x " << micro_batches(p, s.model, w) << "\n";
     for (const ModuleGroups& g : rank_groups(p, s.model)) {
-      out << "  " << g.module << ": ranks [" << g.first_rank << ", " << g.first_rank + g.size << ")\n";
+      out << "  " << g.module << ": ranks [" << g.first_rank << ", " << g.first_rank + g.size
+          << ")\n";
       out << "    tp " << list_groups(g.tp, options.max_groups) << "\n";
-      if (g.cp.front().size() > 1) out << "    cp " << list_groups(g.cp, options.max_groups) << "\n";
+      if (g.cp.front().size() > 1)
+        out << "    cp " << list_groups(g.cp, options.max_groups) << "\n";
       out << "    dp " << list_groups(g.dp, options.max_groups) << "\n";
       out << "    pp " << list_groups(g.pp, options.max_groups) << "\n";
-      if (g.ep.front().size() > 1) out << "    ep " << list_groups(g.ep, options.max_groups) << "\n";
+      if (g.ep.front().size() > 1)
+        out << "    ep " << list_groups(g.ep, options.max_groups) << "\n";
     }
   } else {
     out << "\nplan: none given\n";

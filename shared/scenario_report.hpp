@@ -10,8 +10,8 @@
 namespace tessera {
 
 struct ReportOptions {
-  int64_t batches = 4;        // batches drawn for token statistics
-  int64_t max_groups = 4;     // groups listed per kind before "..."
+  int64_t batches = 4;     // batches drawn for token statistics
+  int64_t max_groups = 4;  // groups listed per kind before "..."
 };
 
 std::string scenario_report(const Scenario& scenario, const ReportOptions& options);

@@ -9,7 +9,7 @@ namespace tessera {
 
 struct ScheduleItem {
   int32_t microbatch = 0;
-  int32_t chunk = 0;      // virtual pipeline chunk (interleaved 1F1B)
+  int32_t chunk = 0;  // virtual pipeline chunk (interleaved 1F1B)
   bool backward = false;
   bool operator==(const ScheduleItem&) const = default;
 };
@@ -22,7 +22,8 @@ std::vector<ScheduleItem> gpipe_order(int32_t microbatches);
 std::vector<ScheduleItem> one_f_one_b_order(int32_t microbatches, int32_t warmup);
 // Megatron's interleaved 1F1B with `chunks` virtual stages per rank.
 // REQUIRES: microbatches % stages == 0.
-std::vector<ScheduleItem> interleaved_order(int32_t microbatches, int32_t stages, int32_t stage, int32_t chunks);
+std::vector<ScheduleItem> interleaved_order(int32_t microbatches, int32_t stages, int32_t stage,
+                                            int32_t chunks);
 // A stage with no backward (a frozen module with nothing trainable before it): forwards only.
 std::vector<ScheduleItem> forward_only_order(int32_t microbatches);
 

@@ -22,7 +22,8 @@ struct TraceIteration {
 // Writes DIR/rank<r>.json for every rank (atomically: temporary file, then rename). `backend`
 // names the communication library in slice names ("nccl", "gloo", or "sim"). Returns an error
 // message, or "" on success.
-std::string write_chrome_traces(const std::string& dir, const std::vector<TraceIteration>& iterations,
+std::string write_chrome_traces(const std::string& dir,
+                                const std::vector<TraceIteration>& iterations,
                                 const std::string& backend);
 
 }  // namespace tessera

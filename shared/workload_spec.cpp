@@ -72,7 +72,8 @@ void load_manifest(WorkloadSpec& w, const std::string& manifest_path, ObjectRead
       return;
     }
   }
-  if (w.manifest_samples.empty() && diag.ok()) r.error("manifest", "'" + manifest_path + "' has no samples");
+  if (w.manifest_samples.empty() && diag.ok())
+    r.error("manifest", "'" + manifest_path + "' has no samples");
 }
 
 }  // namespace
@@ -83,7 +84,8 @@ bool read_sample(const Json& json, const std::string& file, const std::string& p
   ObjectReader r(json, file, path, diag);
   if (!r.valid()) return false;
   Sample s;
-  if (r.required("text_tokens", s.text_tokens)) r.check_at_least<int64_t>("text_tokens", s.text_tokens, 0);
+  if (r.required("text_tokens", s.text_tokens))
+    r.check_at_least<int64_t>("text_tokens", s.text_tokens, 0);
   if (const Json* images = r.find("images")) {
     std::vector<std::vector<int64_t>> sizes;
     if (read_value(*images, file, r.path_of("images"), sizes, diag)) {
@@ -98,13 +100,15 @@ bool read_sample(const Json& json, const std::string& file, const std::string& p
   }
   if (r.optional("audio_seconds", s.audio_seconds))
     for (std::size_t i = 0; i < s.audio_seconds.size(); ++i)
-      if (s.audio_seconds[i] < 0) diag.error(file, index_path(r.path_of("audio_seconds"), i), "must be >= 0");
+      if (s.audio_seconds[i] < 0)
+        diag.error(file, index_path(r.path_of("audio_seconds"), i), "must be >= 0");
   if (const Json* videos = r.find("videos")) {
     std::vector<std::vector<int64_t>> clips;
     if (read_value(*videos, file, r.path_of("videos"), clips, diag)) {
       for (std::size_t i = 0; i < clips.size(); ++i) {
         if (clips[i].size() != 3 || clips[i][0] < 1 || clips[i][1] < 1 || clips[i][2] < 1) {
-          diag.error(file, index_path(r.path_of("videos"), i), "expected [frames, width, height] >= 1");
+          diag.error(file, index_path(r.path_of("videos"), i),
+                     "expected [frames, width, height] >= 1");
           continue;
         }
         s.videos.push_back({clips[i][0], clips[i][1], clips[i][2]});
@@ -161,7 +165,8 @@ WorkloadSpec read_workload(const Json& json, const std::string& file, const std:
   }
   if (has_manifest && !w.manifest.empty()) {
     const std::filesystem::path p(w.manifest);
-    load_manifest(w, p.is_absolute() ? w.manifest : (std::filesystem::path(base_dir) / p).string(), r);
+    load_manifest(w, p.is_absolute() ? w.manifest : (std::filesystem::path(base_dir) / p).string(),
+                  r);
   }
   r.finish();
   return w;

@@ -15,11 +15,11 @@ namespace tessera {
 
 // Media items of one kind per sample: how many, and their size.
 struct MediaDistribution {
-  Distribution count;           // items per sample
-  Distribution width;           // image/video pixels
-  Distribution height;          // image/video pixels
-  Distribution frames;          // video frames per clip
-  Distribution seconds;         // audio clip length
+  Distribution count;    // items per sample
+  Distribution width;    // image/video pixels
+  Distribution height;   // image/video pixels
+  Distribution frames;   // video frames per clip
+  Distribution seconds;  // audio clip length
   bool operator==(const MediaDistribution&) const = default;
 };
 

@@ -111,7 +111,8 @@ ChildResult run_in_child(const std::function<std::string()>& body, double timeou
     result.error = std::string("killed by signal ") + std::to_string(result.signal) + " (" +
                    ::strsignal(result.signal) + ")";
   } else if (!result.ok) {
-    result.error = error_text.empty() ? "exited with status " + std::to_string(result.exit_code) : error_text;
+    result.error =
+        error_text.empty() ? "exited with status " + std::to_string(result.exit_code) : error_text;
   }
   return result;
 }

@@ -9,12 +9,12 @@
 namespace tessera::sim {
 
 struct ChildResult {
-  bool ok = false;          // exited with status 0
-  int exit_code = -1;       // exit status, or -1 when killed by a signal
-  int signal = 0;           // the signal that ended it, or 0
-  bool timed_out = false;   // killed after `timeout_s`
-  std::string output;       // bytes the child wrote to its result channel
-  std::string error;        // why it failed, for people ("killed by signal 11", ...)
+  bool ok = false;         // exited with status 0
+  int exit_code = -1;      // exit status, or -1 when killed by a signal
+  int signal = 0;          // the signal that ended it, or 0
+  bool timed_out = false;  // killed after `timeout_s`
+  std::string output;      // bytes the child wrote to its result channel
+  std::string error;       // why it failed, for people ("killed by signal 11", ...)
 };
 
 // `body` runs in the child and returns its result bytes; a thrown exception becomes a failed

@@ -48,7 +48,8 @@ std::optional<cxxopts::ParseResult> parse(cxxopts::Options& options, const Args&
     }
     return result;
   } catch (const cxxopts::exceptions::exception& e) {
-    err << options.program() << ": " << e.what() << "\n" << "try '" << options.program() << " --help'\n";
+    err << options.program() << ": " << e.what() << "\n"
+        << "try '" << options.program() << " --help'\n";
     exit_code = kBadInput;
     return std::nullopt;
   }
@@ -56,8 +57,9 @@ std::optional<cxxopts::ParseResult> parse(cxxopts::Options& options, const Args&
 
 // Adds the positional input file (`what`, shown as `usage`), parses, and returns the result
 // with `file` set; nullopt (with `code` set) on --help or a bad command line.
-std::optional<cxxopts::ParseResult> parse_with_input(cxxopts::Options& options, const char* what, const char* usage,
-                                                     const Args& args, std::ostream& out, std::ostream& err,
+std::optional<cxxopts::ParseResult> parse_with_input(cxxopts::Options& options, const char* what,
+                                                     const char* usage, const Args& args,
+                                                     std::ostream& out, std::ostream& err,
                                                      std::string& file, int& code) {
   options.add_options()("input", what, cxxopts::value<std::string>());
   options.parse_positional({"input"});
@@ -65,7 +67,8 @@ std::optional<cxxopts::ParseResult> parse_with_input(cxxopts::Options& options, 
   auto result = parse(options, args, out, err, code);
   if (!result) return std::nullopt;
   if (!result->count("input")) {
-    err << options.program() << ": missing " << what << "\ntry '" << options.program() << " --help'\n";
+    err << options.program() << ": missing " << what << "\ntry '" << options.program()
+        << " --help'\n";
     code = kBadInput;
     return std::nullopt;
   }
@@ -74,8 +77,8 @@ std::optional<cxxopts::ParseResult> parse_with_input(cxxopts::Options& options, 
 }
 
 // The scenario, with --plan replacing its plan; nullopt after reporting problems.
-std::optional<Scenario> scenario_with_plan(const cxxopts::ParseResult& args, const std::string& file,
-                                           Diagnostics& diag) {
+std::optional<Scenario> scenario_with_plan(const cxxopts::ParseResult& args,
+                                           const std::string& file, Diagnostics& diag) {
   auto scenario = load_scenario(file, diag);
   if (!scenario) return std::nullopt;
   if (args.count("plan")) {
@@ -86,7 +89,8 @@ std::optional<Scenario> scenario_with_plan(const cxxopts::ParseResult& args, con
     scenario->plan = read_plan(*json, plan_file, "", diag);
     scenario->plan_ref = plan_file;
     if (diag.errors().size() == before)
-      validate_plan(*scenario->plan, scenario->model, scenario->workload, scenario->cluster, plan_file, "", diag);
+      validate_plan(*scenario->plan, scenario->model, scenario->workload, scenario->cluster,
+                    plan_file, "", diag);
     if (diag.errors().size() != before) return std::nullopt;
   }
   if (!scenario->plan) {
@@ -98,26 +102,29 @@ std::optional<Scenario> scenario_with_plan(const cxxopts::ParseResult& args, con
 
 int report_problems(const Diagnostics& diag, std::ostream& err) {
   err << diag.format();
-  err << diag.errors().size() << (diag.errors().size() == 1 ? " problem" : " problems") << " found\n";
+  err << diag.errors().size() << (diag.errors().size() == 1 ? " problem" : " problems")
+      << " found\n";
   return kBadInput;
 }
 
 }  // namespace
 
 int run_validate(const Args& args, std::ostream& out, std::ostream& err) {
-  cxxopts::Options options("tessera validate",
-                           "Checks a scenario file (and the model, workload, cluster and plan files "
-                           "it names) and reports every problem with its file and JSON path.");
+  cxxopts::Options options(
+      "tessera validate",
+      "Checks a scenario file (and the model, workload, cluster and plan files "
+      "it names) and reports every problem with its file and JSON path.");
   int code = kOk;
   std::string file;
-  const auto result = parse_with_input(options, "scenario file", "<scenario.json>", args, out, err, file, code);
+  const auto result =
+      parse_with_input(options, "scenario file", "<scenario.json>", args, out, err, file, code);
   if (!result) return code;
   Diagnostics diag;
   const auto scenario = load_scenario(file, diag);
   if (!scenario) return report_problems(diag, err);
   out << "ok: " << scenario->name << ": model " << scenario->model.name << " ("
-      << human_count(static_cast<double>(model_parameters(scenario->model))) << " parameters), cluster "
-      << scenario->cluster.name;
+      << human_count(static_cast<double>(model_parameters(scenario->model)))
+      << " parameters), cluster " << scenario->cluster.name;
   if (scenario->plan)
     out << ", plan " << enum_name(scenario->plan->placement, kPlacements) << " on "
         << world_size(*scenario->plan, scenario->model) << " ranks";
@@ -130,12 +137,13 @@ int run_show(const Args& args, std::ostream& out, std::ostream& err) {
                            "Summarises a scenario: modules with parameters and FLOPs per token, "
                            "token statistics over drawn batches, the cluster, the plan and its "
                            "rank groups.");
-  options.add_options()(
-      "batches", "batches drawn for token statistics", cxxopts::value<int64_t>()->default_value("4"))(
+  options.add_options()("batches", "batches drawn for token statistics",
+                        cxxopts::value<int64_t>()->default_value("4"))(
       "groups", "rank groups listed per kind", cxxopts::value<int64_t>()->default_value("4"));
   int code = kOk;
   std::string file;
-  const auto result = parse_with_input(options, "scenario file", "<scenario.json>", args, out, err, file, code);
+  const auto result =
+      parse_with_input(options, "scenario file", "<scenario.json>", args, out, err, file, code);
   if (!result) return code;
   ReportOptions report;
   report.batches = (*result)["batches"].as<int64_t>();
@@ -153,19 +161,22 @@ int run_show(const Args& args, std::ostream& out, std::ostream& err) {
 
 int run_import_hf(const Args& args, std::ostream& out, std::ostream& err) {
   std::string supported;
-  for (const std::string& t : supported_hf_model_types()) supported += (supported.empty() ? "" : ", ") + t;
+  for (const std::string& t : supported_hf_model_types())
+    supported += (supported.empty() ? "" : ", ") + t;
   cxxopts::Options options("tessera import-hf",
                            "Converts a HuggingFace config.json into a Tessera model file. "
-                           "Supported model_type: " + supported + ".");
-  options.add_options()(
-      "freeze", "modules to mark frozen, comma separated (vision,llm,...)",
-      cxxopts::value<std::vector<std::string>>())(
-      "name", "model name (default: _name_or_path, else the folder name)", cxxopts::value<std::string>())(
-      "o,output", "write the model here (atomically) instead of standard output",
-      cxxopts::value<std::string>());
+                           "Supported model_type: " +
+                               supported + ".");
+  options.add_options()("freeze", "modules to mark frozen, comma separated (vision,llm,...)",
+                        cxxopts::value<std::vector<std::string>>())(
+      "name", "model name (default: _name_or_path, else the folder name)",
+      cxxopts::value<std::string>())("o,output",
+                                     "write the model here (atomically) instead of standard output",
+                                     cxxopts::value<std::string>());
   int code = kOk;
   std::string file;
-  const auto result = parse_with_input(options, "config.json", "<config.json>", args, out, err, file, code);
+  const auto result =
+      parse_with_input(options, "config.json", "<config.json>", args, out, err, file, code);
   if (!result) return code;
   HfImportOptions import;
   if (result->count("freeze")) import.freeze = (*result)["freeze"].as<std::vector<std::string>>();
@@ -191,17 +202,19 @@ int run_import_hf(const Args& args, std::ostream& out, std::ostream& err) {
 }
 
 int run_lower(const Args& args, std::ostream& out, std::ostream& err) {
-  cxxopts::Options options("tessera lower",
-                           "Prints the per-rank op lists (the Program) of one training iteration: what the "
-                           "simulator predicts and the executor runs. A dry run.");
-  options.add_options()(
-      "plan", "plan file replacing the scenario's plan", cxxopts::value<std::string>())(
-      "rank", "only this rank (default: all)", cxxopts::value<int>()->default_value("-1"))(
-      "iteration", "which iteration's batch to draw", cxxopts::value<int64_t>()->default_value("0"))(
-      "json", "machine-readable output");
+  cxxopts::Options options(
+      "tessera lower",
+      "Prints the per-rank op lists (the Program) of one training iteration: what the "
+      "simulator predicts and the executor runs. A dry run.");
+  options.add_options()("plan", "plan file replacing the scenario's plan",
+                        cxxopts::value<std::string>())("rank", "only this rank (default: all)",
+                                                       cxxopts::value<int>()->default_value("-1"))(
+      "iteration", "which iteration's batch to draw",
+      cxxopts::value<int64_t>()->default_value("0"))("json", "machine-readable output");
   int code = kOk;
   std::string file;
-  const auto result = parse_with_input(options, "scenario file", "<scenario.json>", args, out, err, file, code);
+  const auto result =
+      parse_with_input(options, "scenario file", "<scenario.json>", args, out, err, file, code);
   if (!result) return code;
   const int rank = (*result)["rank"].as<int>();
   const int64_t iteration = (*result)["iteration"].as<int64_t>();
@@ -214,11 +227,12 @@ int run_lower(const Args& args, std::ostream& out, std::ostream& err) {
   if (!scenario) return report_problems(diag, err);
   const int64_t world = world_size(*scenario->plan, scenario->model);
   if (rank >= world) {
-    err << options.program() << ": --rank " << rank << " out of range: the plan has " << world << " ranks\n";
+    err << options.program() << ": --rank " << rank << " out of range: the plan has " << world
+        << " ranks\n";
     return kBadInput;
   }
-  const Lowered lowered = lower(scenario->model, scenario->cluster, *scenario->plan, scenario->workload,
-                                draw_batch(scenario->workload, iteration));
+  const Lowered lowered = lower(scenario->model, scenario->cluster, *scenario->plan,
+                                scenario->workload, draw_batch(scenario->workload, iteration));
   if (!lowered.error.empty()) {
     err << options.program() << ": " << lowered.error << "\n";
     return kBadInput;
@@ -239,9 +253,12 @@ int run_lower(const Args& args, std::ostream& out, std::ostream& err) {
         char line[256];
         std::snprintf(line, sizeof line, "  %5d  %-44s", i, op_name(p, op).c_str());
         out << line;
-        if (op.kind == OpKind::kCompute) out << " tokens " << op.tokens << "  " << human_si(op.flops) << "FLOP";
-        else out << " " << human_bytes(op.bytes);
-        if (op.kind == OpKind::kCollective) out << " over " << p.groups[static_cast<std::size_t>(op.group)].size() << " ranks";
+        if (op.kind == OpKind::kCompute)
+          out << " tokens " << op.tokens << "  " << human_si(op.flops) << "FLOP";
+        else
+          out << " " << human_bytes(op.bytes);
+        if (op.kind == OpKind::kCollective)
+          out << " over " << p.groups[static_cast<std::size_t>(op.group)].size() << " ranks";
         out << "\n";
       }
     }
@@ -250,16 +267,19 @@ int run_lower(const Args& args, std::ostream& out, std::ostream& err) {
 }
 
 int run_estimate(const Args& args, std::ostream& out, std::ostream& err) {
-  cxxopts::Options options("tessera estimate",
-                           "Predicts one iteration of a plan with the analytic cost model and the exact "
-                           "in-order evaluator (no network contention): step time, throughput, TFLOP/s per "
-                           "device, MFU, pipeline bubble and peak memory, or why the plan does not fit.");
-  options.add_options()(
-      "plan", "plan file replacing the scenario's plan", cxxopts::value<std::string>())(
-      "iteration", "which iteration's batch to draw", cxxopts::value<int64_t>()->default_value("0"));
+  cxxopts::Options options(
+      "tessera estimate",
+      "Predicts one iteration of a plan with the analytic cost model and the exact "
+      "in-order evaluator (no network contention): step time, throughput, TFLOP/s per "
+      "device, MFU, pipeline bubble and peak memory, or why the plan does not fit.");
+  options.add_options()("plan", "plan file replacing the scenario's plan",
+                        cxxopts::value<std::string>())(
+      "iteration", "which iteration's batch to draw",
+      cxxopts::value<int64_t>()->default_value("0"));
   int code = kOk;
   std::string file;
-  const auto result = parse_with_input(options, "scenario file", "<scenario.json>", args, out, err, file, code);
+  const auto result =
+      parse_with_input(options, "scenario file", "<scenario.json>", args, out, err, file, code);
   if (!result) return code;
   const int64_t iteration = (*result)["iteration"].as<int64_t>();
   if (iteration < 0) {
@@ -269,33 +289,41 @@ int run_estimate(const Args& args, std::ostream& out, std::ostream& err) {
   Diagnostics diag;
   const auto scenario = scenario_with_plan(*result, file, diag);
   if (!scenario) return report_problems(diag, err);
-  const Estimate e = estimate(*scenario, *scenario->plan, iteration, default_cost_params(scenario->cluster));
-  out << "scenario " << scenario->name << ": " << enum_name(scenario->plan->placement, kPlacements) << " plan on "
-      << world_size(*scenario->plan, scenario->model) << " ranks, iteration " << iteration << "\n";
+  const Estimate e =
+      estimate(*scenario, *scenario->plan, iteration, default_cost_params(scenario->cluster));
+  out << "scenario " << scenario->name << ": " << enum_name(scenario->plan->placement, kPlacements)
+      << " plan on " << world_size(*scenario->plan, scenario->model) << " ranks, iteration "
+      << iteration << "\n";
   out << format_estimate(e, *scenario);
-  if (e.metrics.step_s <= 0 && e.reason.find("not lowered yet") != std::string::npos) return kBadInput;
+  if (e.metrics.step_s <= 0 && e.reason.find("not lowered yet") != std::string::npos)
+    return kBadInput;
   return e.metrics.step_s > 0 ? kOk : 1;
 }
 
 int run_simulate(const Args& args, std::ostream& out, std::ostream& err) {
-  cxxopts::Options options("tessera simulate",
-                           "Predicts a plan by executing its per-rank Programs as a SimGrid discrete-event "
-                           "simulation with network contention, over several iterations with different "
-                           "drawn batches. Plans that do not fit in memory are reported, not simulated.");
-  options.add_options()(
-      "plan", "plan file replacing the scenario's plan", cxxopts::value<std::string>())(
+  cxxopts::Options options(
+      "tessera simulate",
+      "Predicts a plan by executing its per-rank Programs as a SimGrid discrete-event "
+      "simulation with network contention, over several iterations with different "
+      "drawn batches. Plans that do not fit in memory are reported, not simulated.");
+  options.add_options()("plan", "plan file replacing the scenario's plan",
+                        cxxopts::value<std::string>())(
       "iterations", "iterations to simulate", cxxopts::value<int64_t>()->default_value("3"))(
       "first-iteration", "first iteration's batch", cxxopts::value<int64_t>()->default_value("0"))(
       "contention", "on: flows share links; off: timed transfers (equals estimate)",
       cxxopts::value<std::string>()->default_value("on"))(
-      "nested", "nested TP/CP/EP collectives as ring flows over their links (flows) or as synchronized timed "
-                "activities (timed: faster, no link sharing)", cxxopts::value<std::string>()->default_value("flows"))(
-      "trace", "write one Chrome-trace JSON per rank into this folder", cxxopts::value<std::string>())(
-      "timeout", "seconds allowed per simulated iteration", cxxopts::value<double>()->default_value("600"))(
+      "nested",
+      "nested TP/CP/EP collectives as ring flows over their links (flows) or as synchronized timed "
+      "activities (timed: faster, no link sharing)",
+      cxxopts::value<std::string>()->default_value("flows"))(
+      "trace", "write one Chrome-trace JSON per rank into this folder",
+      cxxopts::value<std::string>())("timeout", "seconds allowed per simulated iteration",
+                                     cxxopts::value<double>()->default_value("600"))(
       "json", "machine-readable output");
   int code = kOk;
   std::string file;
-  const auto result = parse_with_input(options, "scenario file", "<scenario.json>", args, out, err, file, code);
+  const auto result =
+      parse_with_input(options, "scenario file", "<scenario.json>", args, out, err, file, code);
   if (!result) return code;
   SimulateOptions sim;
   sim.iterations = (*result)["iterations"].as<int64_t>();
@@ -303,9 +331,10 @@ int run_simulate(const Args& args, std::ostream& out, std::ostream& err) {
   sim.timeout_s = (*result)["timeout"].as<double>();
   const std::string contention = (*result)["contention"].as<std::string>();
   const std::string nested = (*result)["nested"].as<std::string>();
-  if (sim.iterations < 1 || sim.first_iteration < 0 || sim.timeout_s <= 0 || (contention != "on" && contention != "off") ||
-      (nested != "flows" && nested != "timed")) {
-    err << options.program() << ": --iterations >= 1, --first-iteration >= 0, --timeout > 0, --contention on|off, "
+  if (sim.iterations < 1 || sim.first_iteration < 0 || sim.timeout_s <= 0 ||
+      (contention != "on" && contention != "off") || (nested != "flows" && nested != "timed")) {
+    err << options.program()
+        << ": --iterations >= 1, --first-iteration >= 0, --timeout > 0, --contention on|off, "
         << "--nested flows|timed\n";
     return kBadInput;
   }
@@ -319,12 +348,16 @@ int run_simulate(const Args& args, std::ostream& out, std::ostream& err) {
   if ((*result).count("json")) {
     out << simulation_to_json(r).dump(1) << "\n";
   } else {
-    out << "scenario " << scenario->name << ": " << enum_name(scenario->plan->placement, kPlacements) << " plan on "
-        << world_size(*scenario->plan, scenario->model) << " ranks, SimGrid, contention " << contention
-        << (sim.contention ? ", nested collectives " + nested : "") << "\n";
+    out << "scenario " << scenario->name << ": "
+        << enum_name(scenario->plan->placement, kPlacements) << " plan on "
+        << world_size(*scenario->plan, scenario->model) << " ranks, SimGrid, contention "
+        << contention << (sim.contention ? ", nested collectives " + nested : "") << "\n";
     out << format_simulation(r, *scenario);
   }
-  if (!r.feasible) return r.reason.rfind("infeasible", 0) == 0 ? kOk : (r.reason.find("not lowered yet") != std::string::npos ? kBadInput : 1);
+  if (!r.feasible)
+    return r.reason.rfind("infeasible", 0) == 0
+               ? kOk
+               : (r.reason.find("not lowered yet") != std::string::npos ? kBadInput : 1);
   if (!r.trace_error.empty()) return 1;
   return kOk;
 }
@@ -335,7 +368,8 @@ const std::vector<Command>& commands() {
       {"show", "summarise a scenario: modules, tokens, cluster, plan and rank groups", run_show},
       {"import-hf", "convert a HuggingFace config.json into a model file", run_import_hf},
       {"lower", "print the per-rank op lists of one iteration (dry run)", run_lower},
-      {"estimate", "predict step time, throughput, MFU and memory of a plan (analytic)", run_estimate},
+      {"estimate", "predict step time, throughput, MFU and memory of a plan (analytic)",
+       run_estimate},
       {"simulate", "simulate a plan on SimGrid with network contention", run_simulate},
   };
   return table;

@@ -9,7 +9,8 @@
 namespace {
 
 void usage(std::ostream& out) {
-  out << "usage: tessera <command> [options]   (tessera <command> --help for details)\n\ncommands:\n";
+  out << "usage: tessera <command> [options]   (tessera <command> --help for "
+         "details)\n\ncommands:\n";
   for (const auto& c : tessera::sim::commands()) {
     std::string name = c.name;
     name.resize(12, ' ');

@@ -65,7 +65,8 @@ Timeline deserialize_timeline(const std::string& bytes, const Program& p) {
   return t;
 }
 
-SimulationResult simulate(const Scenario& s, const ParallelPlan& plan, const SimulateOptions& options) {
+SimulationResult simulate(const Scenario& s, const ParallelPlan& plan,
+                          const SimulateOptions& options) {
   SimulationResult result;
   std::vector<ModuleRole> roles;
   for (const ModuleSpec& m : s.model.modules) roles.push_back(m.role);
@@ -86,20 +87,25 @@ SimulationResult simulate(const Scenario& s, const ParallelPlan& plan, const Sim
     // Memory first: a plan that does not fit is reported, not simulated.
     const std::vector<RankMemory> memory = memory_per_rank(p);
     result.capacity_bytes = memory_capacity_bytes(s.cluster, p.world);
-    const auto worst = std::max_element(memory.begin(), memory.end(),
-                                        [](const RankMemory& a, const RankMemory& b) { return a.total() < b.total(); });
+    const auto worst = std::max_element(
+        memory.begin(), memory.end(),
+        [](const RankMemory& a, const RankMemory& b) { return a.total() < b.total(); });
     if (worst->total() > result.capacity_bytes) {
-      result.reason = "infeasible: rank " + std::to_string(worst - memory.begin()) + " needs " + human_bytes(worst->total()) +
-                      " > " + human_bytes(result.capacity_bytes) + " (weights " + human_bytes(worst->weight_bytes) +
-                      ", gradients " + human_bytes(worst->gradient_bytes) + ", optimizer " +
-                      human_bytes(worst->optimizer_bytes) + ", activations " + human_bytes(worst->activation_bytes) +
-                      ", boundary " + human_bytes(worst->boundary_bytes) + ") in iteration " + std::to_string(iteration);
+      result.reason =
+          "infeasible: rank " + std::to_string(worst - memory.begin()) + " needs " +
+          human_bytes(worst->total()) + " > " + human_bytes(result.capacity_bytes) + " (weights " +
+          human_bytes(worst->weight_bytes) + ", gradients " + human_bytes(worst->gradient_bytes) +
+          ", optimizer " + human_bytes(worst->optimizer_bytes) + ", activations " +
+          human_bytes(worst->activation_bytes) + ", boundary " +
+          human_bytes(worst->boundary_bytes) + ") in iteration " + std::to_string(iteration);
       return result;
     }
     const RunOptions run{options.contention, options.nested_flows};
-    const ChildResult child = run_in_child([&] { return serialize_timeline(run_program(p, cost, run)); }, options.timeout_s);
+    const ChildResult child = run_in_child(
+        [&] { return serialize_timeline(run_program(p, cost, run)); }, options.timeout_s);
     if (!child.ok) {
-      result.reason = "simulation of iteration " + std::to_string(iteration) + " failed: " + child.error;
+      result.reason =
+          "simulation of iteration " + std::to_string(iteration) + " failed: " + child.error;
       return result;
     }
     Timeline t = deserialize_timeline(child.output, p);
@@ -145,22 +151,28 @@ std::string format_simulation(const SimulationResult& r, const Scenario& s) {
   for (const std::string& note : r.notes) out += "note: " + note + "\n";
   if (!r.feasible) return out + r.reason + "\n";
   char line[256];
-  out += "iteration   step (s)   samples/s   TFLOP/s/dev   MFU     idle/busy   ops       activities  actors   wall (s)\n";
+  out +=
+      "iteration   step (s)   samples/s   TFLOP/s/dev   MFU     idle/busy   ops       activities  "
+      "actors   wall (s)\n";
   for (const SimulatedIteration& it : r.iterations) {
-    std::snprintf(line, sizeof line, "%-11lld %-10.4g %-11.4g %-13.4g %-7.1f %-11.3f %-9lld %-11lld %-8lld %.3f\n",
+    std::snprintf(line, sizeof line,
+                  "%-11lld %-10.4g %-11.4g %-13.4g %-7.1f %-11.3f %-9lld %-11lld %-8lld %.3f\n",
                   static_cast<long long>(it.iteration), it.metrics.step_s, it.metrics.samples_per_s,
                   it.metrics.tflops_per_device, 100 * it.metrics.mfu, it.metrics.bubble_mean,
-                  static_cast<long long>(it.ops), static_cast<long long>(it.activities), static_cast<long long>(it.actors),
-                  it.wall_s);
+                  static_cast<long long>(it.ops), static_cast<long long>(it.activities),
+                  static_cast<long long>(it.actors), it.wall_s);
     out += line;
   }
-  std::snprintf(line, sizeof line, "step time over %zu iterations: mean %.4g s, p50 %.4g s, p95 %.4g s\n\n",
+  std::snprintf(line, sizeof line,
+                "step time over %zu iterations: mean %.4g s, p50 %.4g s, p95 %.4g s\n\n",
                 r.iterations.size(), r.step_mean_s, r.step_p50_s, r.step_p95_s);
   out += line;
   // The iteration closest to the median, in full.
   const SimulatedIteration* median = &r.iterations.front();
   for (const SimulatedIteration& it : r.iterations)
-    if (std::fabs(it.metrics.step_s - r.step_p50_s) < std::fabs(median->metrics.step_s - r.step_p50_s)) median = &it;
+    if (std::fabs(it.metrics.step_s - r.step_p50_s) <
+        std::fabs(median->metrics.step_s - r.step_p50_s))
+      median = &it;
   out += "iteration " + std::to_string(median->iteration) + " (median):\n";
   out += format_metrics(median->metrics, s.cluster, s.model.dtype, r.capacity_bytes);
   if (!r.trace_error.empty()) out += "trace: " + r.trace_error + "\n";
@@ -181,17 +193,30 @@ Json simulation_to_json(const SimulationResult& r) {
     Json busy = Json::object();
     for (const auto& [module, seconds] : m.module_busy_s) busy[module] = seconds;
     Json path = Json::array();
-    for (const Contributor& c : m.critical_path) path.push_back({{"what", c.what}, {"seconds", c.seconds}});
+    for (const Contributor& c : m.critical_path)
+      path.push_back({{"what", c.what}, {"seconds", c.seconds}});
     Json memory = Json::array();
     for (const RankMemory& mem : m.memory) memory.push_back(mem.total());
-    iterations.push_back({{"iteration", it.iteration}, {"step_s", m.step_s}, {"samples_per_s", m.samples_per_s},
-                          {"tokens_per_s", m.tokens_per_s}, {"text_tokens_per_s", m.text_tokens_per_s},
-                          {"image_tokens_per_s", m.image_tokens_per_s}, {"audio_tokens_per_s", m.audio_tokens_per_s},
-                          {"video_tokens_per_s", m.video_tokens_per_s}, {"tflops_per_device", m.tflops_per_device},
-                          {"mfu", m.mfu}, {"bubble_per_rank", m.bubble}, {"exposed_comm_s_per_rank", m.exposed_comm_s},
-                          {"module_busy_s", busy}, {"peak_memory_bytes_per_rank", memory}, {"peak_rank", m.peak_rank},
-                          {"critical_path", path}, {"ops", it.ops}, {"activities", it.activities},
-                          {"actors", it.actors}, {"wall_s", it.wall_s}});
+    iterations.push_back({{"iteration", it.iteration},
+                          {"step_s", m.step_s},
+                          {"samples_per_s", m.samples_per_s},
+                          {"tokens_per_s", m.tokens_per_s},
+                          {"text_tokens_per_s", m.text_tokens_per_s},
+                          {"image_tokens_per_s", m.image_tokens_per_s},
+                          {"audio_tokens_per_s", m.audio_tokens_per_s},
+                          {"video_tokens_per_s", m.video_tokens_per_s},
+                          {"tflops_per_device", m.tflops_per_device},
+                          {"mfu", m.mfu},
+                          {"bubble_per_rank", m.bubble},
+                          {"exposed_comm_s_per_rank", m.exposed_comm_s},
+                          {"module_busy_s", busy},
+                          {"peak_memory_bytes_per_rank", memory},
+                          {"peak_rank", m.peak_rank},
+                          {"critical_path", path},
+                          {"ops", it.ops},
+                          {"activities", it.activities},
+                          {"actors", it.actors},
+                          {"wall_s", it.wall_s}});
   }
   j["iterations"] = iterations;
   return j;

@@ -19,8 +19,8 @@ struct SimulateOptions {
   int64_t iterations = 3;
   bool contention = true;
   bool nested_flows = true;  // see RunOptions::nested_flows
-  double timeout_s = 600;   // per simulated iteration
-  std::string trace_dir;    // non-empty: write one Chrome trace per rank there
+  double timeout_s = 600;    // per simulated iteration
+  std::string trace_dir;     // non-empty: write one Chrome trace per rank there
 };
 
 struct SimulatedIteration {
@@ -29,7 +29,7 @@ struct SimulatedIteration {
   int64_t ops = 0;
   int64_t activities = 0;  // SimGrid activities (flows, sleeps, executions)
   int64_t actors = 0;      // actors that ran (one per twin class and stream)
-  double wall_s = 0;  // wall time of the simulation (child process included)
+  double wall_s = 0;       // wall time of the simulation (child process included)
 };
 
 struct SimulationResult {
@@ -47,7 +47,8 @@ std::string serialize_timeline(const Timeline& timeline);
 Timeline deserialize_timeline(const std::string& bytes, const Program& program);
 
 // REQUIRES: scenario validated, plan validated against it.
-SimulationResult simulate(const Scenario& scenario, const ParallelPlan& plan, const SimulateOptions& options);
+SimulationResult simulate(const Scenario& scenario, const ParallelPlan& plan,
+                          const SimulateOptions& options);
 
 std::string format_simulation(const SimulationResult& r, const Scenario& scenario);
 Json simulation_to_json(const SimulationResult& r);

@@ -14,8 +14,9 @@
 namespace tessera::sim {
 
 struct Twins {
-  std::vector<int32_t> leader;                // per rank: the rank that runs its class
-  std::vector<std::vector<int32_t>> offsets;  // per leader: δ of every member, 0 first; empty otherwise
+  std::vector<int32_t> leader;  // per rank: the rank that runs its class
+  std::vector<std::vector<int32_t>>
+      offsets;  // per leader: δ of every member, 0 first; empty otherwise
   int32_t classes = 0;
 };
 

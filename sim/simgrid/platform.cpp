@@ -14,7 +14,8 @@ namespace {
 // Unit host speed: executions are sized in seconds (the cost model owns efficiency).
 constexpr double kHostSpeed = 1e9;
 
-const sg4::Link* make_link(sg4::NetZone* zone, const std::string& name, double bandwidth, double latency) {
+const sg4::Link* make_link(sg4::NetZone* zone, const std::string& name, double bandwidth,
+                           double latency) {
   return zone->create_link(name, bandwidth)->set_latency(latency)->seal();
 }
 
@@ -32,14 +33,19 @@ std::unique_ptr<sg4::Engine> make_engine() {
   return engine;
 }
 
-std::vector<sg4::Host*> build_platform(const ClusterSpec& cluster, double efficiency, int64_t world) {
+std::vector<sg4::Host*> build_platform(const ClusterSpec& cluster, double efficiency,
+                                       int64_t world) {
   std::vector<sg4::Host*> hosts;
   if (cluster.kind == ClusterKind::kCpuLocal) {
     auto* zone = sg4::create_full_zone("cpu-local");
-    sg4::Host* host = zone->create_host("cpu", kHostSpeed)->set_core_count(static_cast<int>(cluster.cores))->seal();
-    const sg4::Link* loopback = make_link(zone, "loopback", cluster.intra_node.bandwidth_bytes_per_s * efficiency,
-                                          cluster.intra_node.latency_s);
-    zone->add_route(host->get_netpoint(), host->get_netpoint(), nullptr, nullptr, {sg4::LinkInRoute(loopback)}, false);
+    sg4::Host* host = zone->create_host("cpu", kHostSpeed)
+                          ->set_core_count(static_cast<int>(cluster.cores))
+                          ->seal();
+    const sg4::Link* loopback =
+        make_link(zone, "loopback", cluster.intra_node.bandwidth_bytes_per_s * efficiency,
+                  cluster.intra_node.latency_s);
+    zone->add_route(host->get_netpoint(), host->get_netpoint(), nullptr, nullptr,
+                    {sg4::LinkInRoute(loopback)}, false);
     zone->seal();
     hosts.assign(static_cast<std::size_t>(world), host);
     return hosts;
@@ -52,8 +58,12 @@ std::vector<sg4::Host*> build_platform(const ClusterSpec& cluster, double effici
     for (int64_t d = 0; d < per_node; ++d) {
       const std::string name = "node0-gpu" + std::to_string(d);
       hosts.push_back(zone->create_host(name, kHostSpeed)->seal());
-      up.push_back(make_link(zone, name + "-nv-up", cluster.intra_node.bandwidth_bytes_per_s * efficiency, cluster.intra_node.latency_s / 2));
-      down.push_back(make_link(zone, name + "-nv-down", cluster.intra_node.bandwidth_bytes_per_s * efficiency, cluster.intra_node.latency_s / 2));
+      up.push_back(make_link(zone, name + "-nv-up",
+                             cluster.intra_node.bandwidth_bytes_per_s * efficiency,
+                             cluster.intra_node.latency_s / 2));
+      down.push_back(make_link(zone, name + "-nv-down",
+                               cluster.intra_node.bandwidth_bytes_per_s * efficiency,
+                               cluster.intra_node.latency_s / 2));
     }
     for (std::size_t a = 0; a < hosts.size(); ++a)
       for (std::size_t b = 0; b < hosts.size(); ++b)
@@ -61,13 +71,15 @@ std::vector<sg4::Host*> build_platform(const ClusterSpec& cluster, double effici
           zone->add_route(hosts[a]->get_netpoint(), hosts[b]->get_netpoint(), nullptr, nullptr,
                           {sg4::LinkInRoute(up[a]), sg4::LinkInRoute(down[b])}, false);
     zone->seal();
-    TESSERA_CHECK(static_cast<int64_t>(hosts.size()) >= world, "the plan has more ranks than the cluster has devices");
+    TESSERA_CHECK(static_cast<int64_t>(hosts.size()) >= world,
+                  "the plan has more ranks than the cluster has devices");
     hosts.resize(static_cast<std::size_t>(world));
     return hosts;
   }
   const double nvlink = cluster.intra_node.bandwidth_bytes_per_s * efficiency;
   const double nic = cluster.inter_node.link.bandwidth_bytes_per_s * efficiency;
-  const double uplink = nic * static_cast<double>(per_node) / std::max(1.0, cluster.inter_node.oversubscription);
+  const double uplink =
+      nic * static_cast<double>(per_node) / std::max(1.0, cluster.inter_node.oversubscription);
   auto* root = sg4::create_star_zone("cluster");
   for (int64_t n = 0; n < cluster.nodes; ++n) {
     const std::string node = "node" + std::to_string(n);
@@ -80,17 +92,22 @@ std::vector<sg4::Host*> build_platform(const ClusterSpec& cluster, double effici
       const std::string name = node + "-gpu" + std::to_string(d);
       local.push_back(zone->create_host(name, kHostSpeed)->seal());
       nv_up.push_back(make_link(zone, name + "-nv-up", nvlink, cluster.intra_node.latency_s / 2));
-      nv_down.push_back(make_link(zone, name + "-nv-down", nvlink, cluster.intra_node.latency_s / 2));
-      nic_up.push_back(make_link(zone, name + "-nic-up", nic, cluster.inter_node.link.latency_s / 2));
-      nic_down.push_back(make_link(zone, name + "-nic-down", nic, cluster.inter_node.link.latency_s / 2));
+      nv_down.push_back(
+          make_link(zone, name + "-nv-down", nvlink, cluster.intra_node.latency_s / 2));
+      nic_up.push_back(
+          make_link(zone, name + "-nic-up", nic, cluster.inter_node.link.latency_s / 2));
+      nic_down.push_back(
+          make_link(zone, name + "-nic-down", nic, cluster.inter_node.link.latency_s / 2));
     }
     for (std::size_t a = 0; a < local.size(); ++a) {
       for (std::size_t b = 0; b < local.size(); ++b)
         if (a != b)
           zone->add_route(local[a]->get_netpoint(), local[b]->get_netpoint(), nullptr, nullptr,
                           {sg4::LinkInRoute(nv_up[a]), sg4::LinkInRoute(nv_down[b])}, false);
-      zone->add_route(local[a]->get_netpoint(), gateway, nullptr, nullptr, {sg4::LinkInRoute(nic_up[a])}, false);
-      zone->add_route(gateway, local[a]->get_netpoint(), nullptr, nullptr, {sg4::LinkInRoute(nic_down[a])}, false);
+      zone->add_route(local[a]->get_netpoint(), gateway, nullptr, nullptr,
+                      {sg4::LinkInRoute(nic_up[a])}, false);
+      zone->add_route(gateway, local[a]->get_netpoint(), nullptr, nullptr,
+                      {sg4::LinkInRoute(nic_down[a])}, false);
     }
     zone->seal();
     // The node's uplink into the fabric, one split-duplex link (star zone: UP leaves, DOWN enters).
@@ -100,7 +117,8 @@ std::vector<sg4::Host*> build_platform(const ClusterSpec& cluster, double effici
     hosts.insert(hosts.end(), local.begin(), local.end());
   }
   root->seal();
-  TESSERA_CHECK(static_cast<int64_t>(hosts.size()) >= world, "the plan has more ranks than the cluster has devices");
+  TESSERA_CHECK(static_cast<int64_t>(hosts.size()) >= world,
+                "the plan has more ranks than the cluster has devices");
   hosts.resize(static_cast<std::size_t>(world));
   return hosts;
 }
@@ -112,7 +130,8 @@ double simulate_lone_transfer_s(double bandwidth_bytes_per_s, double latency_s, 
   sg4::Host* a = zone->create_host("a", kHostSpeed);
   sg4::Host* b = zone->create_host("b", kHostSpeed);
   const sg4::Link* link = make_link(zone, "link", bandwidth_bytes_per_s, latency_s);
-  zone->add_route(a->get_netpoint(), b->get_netpoint(), nullptr, nullptr, {sg4::LinkInRoute(link)}, true);
+  zone->add_route(a->get_netpoint(), b->get_netpoint(), nullptr, nullptr, {sg4::LinkInRoute(link)},
+                  true);
   zone->seal();
   double arrived_s = -1;
   sg4::Actor::create("sender", a, [&arrived_s, a, b, bytes] {

@@ -20,6 +20,7 @@ std::unique_ptr<simgrid::s4u::Engine> make_engine();
 // capacity is devices x NIC bandwidth / oversubscription. cpu-local: one host with `cores` cores
 // and a shared loopback link. Bandwidths are multiplied by `bandwidth_efficiency`.
 // Returns the host of every rank (cpu-local: the same host `world` times).
-std::vector<simgrid::s4u::Host*> build_platform(const ClusterSpec& cluster, double bandwidth_efficiency, int64_t world);
+std::vector<simgrid::s4u::Host*> build_platform(const ClusterSpec& cluster,
+                                                double bandwidth_efficiency, int64_t world);
 
 }  // namespace tessera::sim

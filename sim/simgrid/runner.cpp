@@ -27,7 +27,8 @@ constexpr double kHostSpeed = 1e9;  // platform.cpp sizes hosts in these units
 // carry all of the traffic.
 class Run {
  public:
-  Run(const Program& p, const CostModel& cost, const RunOptions& options, std::vector<sg4::Host*> hosts)
+  Run(const Program& p, const CostModel& cost, const RunOptions& options,
+      std::vector<sg4::Host*> hosts)
       : p_(p), cost_(cost), options_(options), hosts_(std::move(hosts)), twins_(find_twins(p)) {
     const std::size_t world = p.ranks.size();
     times_.resize(world);
@@ -36,7 +37,8 @@ class Run {
     std::map<std::tuple<int64_t, int64_t, int64_t>, int32_t> receives;
     std::map<std::tuple<int32_t, int32_t, bool>, int32_t> ids;
     auto instance = [&](int32_t group, int32_t sequence, bool nested) {
-      const auto [it, added] = ids.emplace(std::make_tuple(group, sequence, nested), static_cast<int32_t>(instances_.size()));
+      const auto [it, added] = ids.emplace(std::make_tuple(group, sequence, nested),
+                                           static_cast<int32_t>(instances_.size()));
       if (added) instances_.push_back({group, 0, 0, {}});
       return it->second;
     };
@@ -47,12 +49,16 @@ class Run {
       for (int32_t i = 0; i < static_cast<int32_t>(p.ranks[r].size()); ++i) {
         const Op& op = p.ranks[r][static_cast<std::size_t>(i)];
         if (op.kind == OpKind::kRecv) receives[{op.peer, static_cast<int64_t>(r), op.tag}] = i;
-        if (op.kind == OpKind::kCollective) instance_of_[r][static_cast<std::size_t>(i)] = instance(op.group, seen[op.group]++, false);
+        if (op.kind == OpKind::kCollective)
+          instance_of_[r][static_cast<std::size_t>(i)] =
+              instance(op.group, seen[op.group]++, false);
         // Nested collectives are matched among the members' compute ops in their own sequence;
         // an op stores its first index into nested_ids_, the others follow.
         for (std::size_t n = 0; n < op.nested.size(); ++n) {
-          const int32_t inst = instance(op.nested[n].group, seen_nested[op.nested[n].group]++, true);
-          if (n == 0) instance_of_[r][static_cast<std::size_t>(i)] = static_cast<int32_t>(nested_ids_.size());
+          const int32_t inst =
+              instance(op.nested[n].group, seen_nested[op.nested[n].group]++, true);
+          if (n == 0)
+            instance_of_[r][static_cast<std::size_t>(i)] = static_cast<int32_t>(nested_ids_.size());
           nested_ids_.push_back(inst);
         }
       }
@@ -69,9 +75,11 @@ class Run {
     // An instance completes when every class that owns one of its members has arrived.
     for (Instance& in : instances_) {
       std::vector<int32_t> classes;
-      for (int64_t m : p.groups[static_cast<std::size_t>(in.group)]) classes.push_back(twins_.leader[static_cast<std::size_t>(m)]);
+      for (int64_t m : p.groups[static_cast<std::size_t>(in.group)])
+        classes.push_back(twins_.leader[static_cast<std::size_t>(m)]);
       std::sort(classes.begin(), classes.end());
-      in.needed = static_cast<int32_t>(std::unique(classes.begin(), classes.end()) - classes.begin());
+      in.needed =
+          static_cast<int32_t>(std::unique(classes.begin(), classes.end()) - classes.begin());
     }
     done_.assign(instances_.size(), -1);
     // Ops that an op on another stream depends on.
@@ -81,7 +89,8 @@ class Run {
       watched_[r].assign(ops.size(), 0);
       for (const Op& op : ops)
         for (int32_t d : op.deps)
-          if (ops[static_cast<std::size_t>(d)].stream != op.stream || op.kind == OpKind::kRecv) watched_[r][static_cast<std::size_t>(d)] = 1;
+          if (ops[static_cast<std::size_t>(d)].stream != op.stream || op.kind == OpKind::kRecv)
+            watched_[r][static_cast<std::size_t>(d)] = 1;
     }
     sync_.resize(world);
     for (std::size_t r = 0; r < world; ++r)
@@ -102,8 +111,8 @@ class Run {
         }
         if (ops.empty()) continue;
         const auto rank = static_cast<int32_t>(r);
-        sg4::Actor::create("r" + std::to_string(r) + "-" + std::to_string(static_cast<int>(s)), hosts_[r],
-                           [this, rank, ops] { stream(rank, ops); });
+        sg4::Actor::create("r" + std::to_string(r) + "-" + std::to_string(static_cast<int>(s)),
+                           hosts_[r], [this, rank, ops] { stream(rank, ops); });
       }
     }
   }
@@ -120,7 +129,8 @@ class Run {
         const OpTime& o = times_[r][i];
         if (o.finish_s < 0) {
           if (shown++ < 5)
-            stuck += (stuck.empty() ? "" : "; ") + op_id(p_, static_cast<int32_t>(r), static_cast<int32_t>(i)) + " " +
+            stuck += (stuck.empty() ? "" : "; ") +
+                     op_id(p_, static_cast<int32_t>(r), static_cast<int32_t>(i)) + " " +
                      op_name(p_, p_.ranks[r][i]);
           continue;
         }
@@ -144,10 +154,13 @@ class Run {
     int32_t group = -1;
     int32_t arrived = 0;
     int32_t needed = 0;  // distinct twin classes among the members
-    std::vector<std::tuple<int32_t, int32_t, int32_t>> members;  // (class leader, op, nested index or -1)
+    std::vector<std::tuple<int32_t, int32_t, int32_t>>
+        members;  // (class leader, op, nested index or -1)
   };
 
-  const std::vector<int32_t>& offsets(int32_t leader) const { return twins_.offsets[static_cast<std::size_t>(leader)]; }
+  const std::vector<int32_t>& offsets(int32_t leader) const {
+    return twins_.offsets[static_cast<std::size_t>(leader)];
+  }
 
   void wake(int32_t rank) {
     Sync& s = sync_[static_cast<std::size_t>(twins_.leader[static_cast<std::size_t>(rank)])];
@@ -158,7 +171,8 @@ class Run {
 
   // Sets the times of op `i` on `rank` and on all of its twins.
   void finish_class(int32_t leader, int32_t i, double start, double end) {
-    for (int32_t d : offsets(leader)) times_[static_cast<std::size_t>(leader + d)][static_cast<std::size_t>(i)] = {start, end};
+    for (int32_t d : offsets(leader))
+      times_[static_cast<std::size_t>(leader + d)][static_cast<std::size_t>(i)] = {start, end};
     wake(leader);
   }
 
@@ -192,7 +206,8 @@ class Run {
     constexpr std::size_t kBatch = 64;
     auto run_batch = [](const Flow* begin, const Flow* end) {
       std::vector<sg4::CommPtr> comms;
-      for (const Flow* f = begin; f != end; ++f) comms.push_back(sg4::Comm::sendto_async(f->from, f->to, f->bytes));
+      for (const Flow* f = begin; f != end; ++f)
+        comms.push_back(sg4::Comm::sendto_async(f->from, f->to, f->bytes));
       sg4::Comm::wait_all(comms);
     };
     if (flows.size() <= kBatch) {
@@ -214,15 +229,19 @@ class Run {
 
   // The ring flows of one collective over `group`, `count` calls back to back. Returns the
   // extra latency steps to wait after the flows (beyond each flow's own route latency).
-  double launch_ring(CollectiveKind kind, const RankList& group, double bytes, int32_t count, std::vector<Flow>& flows) {
+  double launch_ring(CollectiveKind kind, const RankList& group, double bytes, int32_t count,
+                     std::vector<Flow>& flows) {
     const double volume = count * bus_factor(kind, static_cast<int64_t>(group.size())) * bytes;
     for (std::size_t i = 0; i < group.size(); ++i)
-      flows.push_back({hosts_[static_cast<std::size_t>(group[i])], hosts_[static_cast<std::size_t>(group[(i + 1) % group.size()])],
+      flows.push_back({hosts_[static_cast<std::size_t>(group[i])],
+                       hosts_[static_cast<std::size_t>(group[(i + 1) % group.size()])],
                        static_cast<uint64_t>(volume)});
-    const double alpha = cost_.same_node(group) ? cost_.cluster().intra_node.latency_s : cost_.cluster().inter_node.link.latency_s;
-    const double steps = kind == CollectiveKind::kAllReduce ? 2.0 * static_cast<double>(group.size() - 1)
-                         : kind == CollectiveKind::kBroadcast ? 1.0
-                                                              : static_cast<double>(group.size() - 1);
+    const double alpha = cost_.same_node(group) ? cost_.cluster().intra_node.latency_s
+                                                : cost_.cluster().inter_node.link.latency_s;
+    const double steps =
+        kind == CollectiveKind::kAllReduce   ? 2.0 * static_cast<double>(group.size() - 1)
+        : kind == CollectiveKind::kBroadcast ? 1.0
+                                             : static_cast<double>(group.size() - 1);
     return count * steps * alpha - alpha;
   }
 
@@ -233,7 +252,8 @@ class Run {
     const Op& op = p_.ranks[static_cast<std::size_t>(leader)][static_cast<std::size_t>(i)];
     std::vector<int32_t> mine;  // distinct instances of this class's ranks
     for (int32_t d : offsets(leader)) {
-      const int32_t base = instance_of_[static_cast<std::size_t>(leader + d)][static_cast<std::size_t>(i)];
+      const int32_t base =
+          instance_of_[static_cast<std::size_t>(leader + d)][static_cast<std::size_t>(i)];
       const int32_t inst = n < 0 ? base : nested_ids_[static_cast<std::size_t>(base + n)];
       if (std::find(mine.begin(), mine.end(), inst) == mine.end()) mine.push_back(inst);
     }
@@ -249,7 +269,8 @@ class Run {
       const auto kind = n < 0 ? op.collective : op.nested[static_cast<std::size_t>(n)].kind;
       const double bytes = n < 0 ? op.bytes : op.nested[static_cast<std::size_t>(n)].bytes;
       const int32_t count = n < 0 ? 1 : op.nested[static_cast<std::size_t>(n)].count;
-      const RankList& first_group = p_.groups[static_cast<std::size_t>(instances_[static_cast<std::size_t>(complete.front())].group)];
+      const RankList& first_group = p_.groups[static_cast<std::size_t>(
+          instances_[static_cast<std::size_t>(complete.front())].group)];
       const bool flows_wanted = options_.contention && (n < 0 || options_.nested_flows);
       if (!flows_wanted || first_group.size() < 2 || bytes <= 0) {
         sleep(count * cost_.collective_s(kind, first_group, bytes));
@@ -257,8 +278,11 @@ class Run {
         std::vector<Flow> flows;
         double extra = 0;
         for (int32_t inst : complete)
-          extra = std::max(extra, launch_ring(kind, p_.groups[static_cast<std::size_t>(instances_[static_cast<std::size_t>(inst)].group)],
-                                              bytes, count, flows));
+          extra =
+              std::max(extra, launch_ring(kind,
+                                          p_.groups[static_cast<std::size_t>(
+                                              instances_[static_cast<std::size_t>(inst)].group)],
+                                          bytes, count, flows));
         run_flows(flows);
         sleep(extra);
       }
@@ -266,13 +290,16 @@ class Run {
       for (int32_t inst : complete) {
         done_[static_cast<std::size_t>(inst)] = end;
         for (const auto& [ml, mi, mn] : instances_[static_cast<std::size_t>(inst)].members) {
-          if (mn < 0) finish_class(ml, mi, now, end);
-          else wake(ml);
+          if (mn < 0)
+            finish_class(ml, mi, now, end);
+          else
+            wake(ml);
         }
       }
     }
     block(leader, [&] {
-      return std::all_of(mine.begin(), mine.end(), [&](int32_t inst) { return done_[static_cast<std::size_t>(inst)] >= 0; });
+      return std::all_of(mine.begin(), mine.end(),
+                         [&](int32_t inst) { return done_[static_cast<std::size_t>(inst)] >= 0; });
     });
   }
 
@@ -289,11 +316,15 @@ class Run {
     if (options_.contention && options_.nested_flows) return -1;
     for (std::size_t n = 0; n < op.nested.size(); ++n) {
       for (int32_t d : offsets(leader)) {
-        const int32_t base = instance_of_[static_cast<std::size_t>(leader + d)][static_cast<std::size_t>(i)];
-        if (instances_[static_cast<std::size_t>(nested_ids_[static_cast<std::size_t>(base) + n])].needed != 1) return -1;
+        const int32_t base =
+            instance_of_[static_cast<std::size_t>(leader + d)][static_cast<std::size_t>(i)];
+        if (instances_[static_cast<std::size_t>(nested_ids_[static_cast<std::size_t>(base) + n])]
+                .needed != 1)
+          return -1;
       }
       const NestedCollective& nc = op.nested[n];
-      seconds += nc.count * cost_.collective_s(nc.kind, p_.groups[static_cast<std::size_t>(nc.group)], nc.bytes);
+      seconds += nc.count * cost_.collective_s(
+                                nc.kind, p_.groups[static_cast<std::size_t>(nc.group)], nc.bytes);
     }
     return seconds;
   }
@@ -305,7 +336,8 @@ class Run {
     for (std::size_t k = 0; k < ops.size(); ++k) {
       const int32_t i = ops[k];
       const Op& op = list[static_cast<std::size_t>(i)];
-      for (int32_t d : op.deps) block(leader, [&] { return t[static_cast<std::size_t>(d)].finish_s >= 0; });
+      for (int32_t d : op.deps)
+        block(leader, [&] { return t[static_cast<std::size_t>(d)].finish_s >= 0; });
       const double start = sg4::Engine::get_clock();
       // A run of compute ops that need nobody else, each of whose inputs is complete (or inside
       // the run), is one timed activity; every op still gets its own start and finish.
@@ -313,7 +345,8 @@ class Run {
         std::vector<std::pair<int32_t, double>> run{{i, first}};
         double total = first;
         // A run ends at an op another stream waits for: that stream must see it finish on time.
-        while (k + 1 < ops.size() && !watched_[static_cast<std::size_t>(leader)][static_cast<std::size_t>(run.back().first)]) {
+        while (k + 1 < ops.size() && !watched_[static_cast<std::size_t>(leader)]
+                                              [static_cast<std::size_t>(run.back().first)]) {
           const int32_t next = ops[k + 1];
           const double seconds = solo_seconds(leader, next);
           if (seconds < 0) break;
@@ -331,7 +364,8 @@ class Run {
         double at = start;
         for (const auto& [index, seconds] : run) {
           for (int32_t d : offsets(leader))
-            times_[static_cast<std::size_t>(leader + d)][static_cast<std::size_t>(index)] = {at, at + seconds};
+            times_[static_cast<std::size_t>(leader + d)][static_cast<std::size_t>(index)] = {
+                at, at + seconds};
           at += seconds;
         }
         wake(leader);
@@ -341,13 +375,15 @@ class Run {
         case OpKind::kCompute:
         case OpKind::kOptimizerStep: {
           const double seconds = cost_.compute_only_s(p_, op);
-          if (options_.contention && cost_.cluster().kind == ClusterKind::kCpuLocal && twins_.offsets[static_cast<std::size_t>(leader)].size() == 1) {
+          if (options_.contention && cost_.cluster().kind == ClusterKind::kCpuLocal &&
+              twins_.offsets[static_cast<std::size_t>(leader)].size() == 1) {
             ++activities_;
             sg4::this_actor::execute(seconds * kHostSpeed);  // ranks share the machine's cores
           } else {
             sleep(seconds);
           }
-          for (std::size_t n = 0; n < op.nested.size(); ++n) collective(leader, i, static_cast<int32_t>(n));
+          for (std::size_t n = 0; n < op.nested.size(); ++n)
+            collective(leader, i, static_cast<int32_t>(n));
           finish_class(leader, i, start, sg4::Engine::get_clock());
           break;
         }
@@ -356,8 +392,10 @@ class Run {
           if (options_.contention) {
             std::vector<Flow> flows;
             for (int32_t d : offsets(leader)) {
-              const Op& twin = p_.ranks[static_cast<std::size_t>(leader + d)][static_cast<std::size_t>(i)];
-              flows.push_back({hosts_[static_cast<std::size_t>(leader + d)], hosts_[static_cast<std::size_t>(twin.peer)],
+              const Op& twin =
+                  p_.ranks[static_cast<std::size_t>(leader + d)][static_cast<std::size_t>(i)];
+              flows.push_back({hosts_[static_cast<std::size_t>(leader + d)],
+                               hosts_[static_cast<std::size_t>(twin.peer)],
                                static_cast<uint64_t>(twin.bytes)});
             }
             run_flows(flows);
@@ -368,17 +406,22 @@ class Run {
           for (int32_t d : offsets(leader)) {
             const int32_t rank = leader + d;
             const Op& twin = p_.ranks[static_cast<std::size_t>(rank)][static_cast<std::size_t>(i)];
-            const int32_t receive = receive_index_[static_cast<std::size_t>(rank)][static_cast<std::size_t>(i)];
+            const int32_t receive =
+                receive_index_[static_cast<std::size_t>(rank)][static_cast<std::size_t>(i)];
             if (receive >= 0) {
-              times_[static_cast<std::size_t>(twin.peer)][static_cast<std::size_t>(receive)] = {start, end};
+              times_[static_cast<std::size_t>(twin.peer)][static_cast<std::size_t>(receive)] = {
+                  start, end};
               wake(twin.peer);
             }
           }
           finish_class(leader, i, start, end);
           break;
         }
-        case OpKind::kCollective: collective(leader, i, -1); break;
-        case OpKind::kRecv: break;
+        case OpKind::kCollective:
+          collective(leader, i, -1);
+          break;
+        case OpKind::kRecv:
+          break;
       }
     }
   }

@@ -30,7 +30,8 @@ Run run(const std::string& args) {
   REQUIRE(pipe != nullptr);
   std::array<char, 4096> buffer{};
   std::size_t n = 0;
-  while ((n = std::fread(buffer.data(), 1, buffer.size(), pipe)) > 0) r.output.append(buffer.data(), n);
+  while ((n = std::fread(buffer.data(), 1, buffer.size(), pipe)) > 0)
+    r.output.append(buffer.data(), n);
   const int status = ::pclose(pipe);
   r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return r;
@@ -77,10 +78,12 @@ TEST_CASE("lower prints the per-rank op lists; estimate prints a prediction") {
 
 TEST_CASE("simulate prints the metrics and writes a Chrome trace per rank") {
   const fs::path dir = scratch() / "trace";
-  const Run r = run("simulate " + kSource + "/scenarios/default.json --iterations 2 --trace " + dir.string());
+  const Run r =
+      run("simulate " + kSource + "/scenarios/default.json --iterations 2 --trace " + dir.string());
   INFO(r.output);
   CHECK(r.code == 0);
-  for (const char* part : {"step time over 2 iterations", "MFU", "critical path", "busy per module", "exposed comm"})
+  for (const char* part :
+       {"step time over 2 iterations", "MFU", "critical path", "busy per module", "exposed comm"})
     CHECK(r.output.find(part) != std::string::npos);
   int files = 0;
   for ([[maybe_unused]] const auto& e : fs::directory_iterator(dir)) ++files;
@@ -89,10 +92,12 @@ TEST_CASE("simulate prints the metrics and writes a Chrome trace per rank") {
   std::stringstream text;
   text << in.rdbuf();
   CHECK(text.str().find("\"traceEvents\"") != std::string::npos);
-  const Run json = run("simulate " + kSource + "/scenarios/cpu-tiny.json --iterations 1 --json --contention off");
+  const Run json = run("simulate " + kSource +
+                       "/scenarios/cpu-tiny.json --iterations 1 --json --contention off");
   CHECK(json.code == 0);
   CHECK(json.output.find("\"step_p95_s\"") != std::string::npos);
-  const Run infeasible = run("simulate " + kSource + "/scenarios/qwen2-vl-7b-video.json --iterations 1");
+  const Run infeasible =
+      run("simulate " + kSource + "/scenarios/qwen2-vl-7b-video.json --iterations 1");
   CHECK(infeasible.code == 0);
   CHECK(infeasible.output.find("infeasible: rank") != std::string::npos);
   CHECK(run("simulate " + kSource + "/scenarios/cpu-tiny.json --contention maybe").code == 2);
@@ -100,14 +105,17 @@ TEST_CASE("simulate prints the metrics and writes a Chrome trace per rank") {
 }
 
 TEST_CASE("lower and estimate: bad input exits 2") {
-  CHECK(run("estimate " + kSource + "/scenarios/llama-3.2-11b-vision.json").output.find("plan: no plan") != std::string::npos);
+  CHECK(run("estimate " + kSource + "/scenarios/llama-3.2-11b-vision.json")
+            .output.find("plan: no plan") != std::string::npos);
   CHECK(run("estimate " + kSource + "/scenarios/llama-3.2-11b-vision.json").code == 2);
   const Run rank = run("lower " + kSource + "/scenarios/cpu-tiny.json --rank 9");
   CHECK(rank.code == 2);
   CHECK(rank.output.find("--rank 9 out of range: the plan has 2 ranks") != std::string::npos);
-  const Run plan = run("estimate " + kSource + "/scenarios/default.json --plan " + kBad + "unknown-enum.json");
+  const Run plan =
+      run("estimate " + kSource + "/scenarios/default.json --plan " + kBad + "unknown-enum.json");
   CHECK(plan.code == 2);
-  const Run missing = run("estimate " + kSource + "/scenarios/default.json --plan /nonexistent/plan.json");
+  const Run missing =
+      run("estimate " + kSource + "/scenarios/default.json --plan /nonexistent/plan.json");
   CHECK(missing.code == 2);
   CHECK(missing.output.find("/nonexistent/plan.json: file not found") != std::string::npos);
 }
@@ -131,24 +139,40 @@ TEST_CASE("bad inputs exit 2 with a message naming the file and the JSON path") 
   };
   const Case cases[] = {
       {"validate BAD/malformed.json", "malformed.json: invalid JSON at line 4, column"},
-      {"validate BAD/wrong-type.json", "wrong-type.json: workload.global_batch: expected an integer, got string"},
-      {"validate BAD/unknown-key.json", "unknown-key.json: workload.max_seq_length: unknown key (did you mean 'max_seq_len'?)"},
-      {"validate BAD/missing-file.json", "missing-file.json: cluster: file not found: 'no-such-cluster.json'"},
+      {"validate BAD/wrong-type.json",
+       "wrong-type.json: workload.global_batch: expected an integer, got string"},
+      {"validate BAD/unknown-key.json",
+       "unknown-key.json: workload.max_seq_length: unknown key (did you mean 'max_seq_len'?)"},
+      {"validate BAD/missing-file.json",
+       "missing-file.json: cluster: file not found: 'no-such-cluster.json'"},
       {"validate BAD/no-such-scenario.json", "no-such-scenario.json: file not found"},
-      {"validate BAD/zero-batch.json", "zero-batch.json: workload.global_batch: must be > 0, got 0"},
-      {"validate BAD/negative-layers.json", "negative-layers.json: model.modules[2].transformer.layers: must be > 0, got -4"},
+      {"validate BAD/zero-batch.json",
+       "zero-batch.json: workload.global_batch: must be > 0, got 0"},
+      {"validate BAD/negative-layers.json",
+       "negative-layers.json: model.modules[2].transformer.layers: must be > 0, got -4"},
       {"validate BAD/tp-heads.json", "tp-heads.json: plan.layout.tp: 3 does not divide"},
-      {"validate BAD/world-mismatch.json", "world-mismatch.json: plan.layout: plan uses 4 ranks, cluster cpu-local-2"},
-      {"validate BAD/spans-overlap.json", "spans-overlap.json: plan.modules.llm.ranks: span [1, 3) overlaps another module"},
-      {"validate BAD/unknown-enum.json", "unknown-enum.json: plan.schedule: unknown value '1f1c' (did you mean '1f1b'?)"},
-      {"validate BAD/modality.json", "modality.json: workload.samples.audio: workload draws audio but model tiny has no audio encoder"},
+      {"validate BAD/world-mismatch.json",
+       "world-mismatch.json: plan.layout: plan uses 4 ranks, cluster cpu-local-2"},
+      {"validate BAD/spans-overlap.json",
+       "spans-overlap.json: plan.modules.llm.ranks: span [1, 3) overlaps another module"},
+      {"validate BAD/unknown-enum.json",
+       "unknown-enum.json: plan.schedule: unknown value '1f1c' (did you mean '1f1b'?)"},
+      {"validate BAD/modality.json",
+       "modality.json: workload.samples.audio: workload draws audio but model tiny has no audio "
+       "encoder"},
       {"validate BAD/not-object.json", "not-object.json: expected an object, got array"},
-      {"validate BAD/bad-distribution.json", "bad-distribution.json: workload.samples.text_tokens.max: must be >= min"},
+      {"validate BAD/bad-distribution.json",
+       "bad-distribution.json: workload.samples.text_tokens.max: must be >= min"},
       {"validate BAD/empty.json", "empty.json: invalid JSON at line 1, column 1"},
-      {"validate BAD/stage-layers.json", "stage-layers.json: plan.layout.stage_layers: has 3 entries, expected pp*vpp=2"},
-      {"validate BAD/batch.json", "batch.json: plan.num_micro_batches: micro_batch_size*num_micro_batches*dp = 1*3*2 != global_batch=8"},
-      {"import-hf BAD/hf-unknown-type.json", "hf-unknown-type.json: model_type: unsupported model_type 'bert'"},
-      {"import-hf BAD/hf-wrong-type.json", "hf-wrong-type.json: vision_config.depth: expected an integer, got string"},
+      {"validate BAD/stage-layers.json",
+       "stage-layers.json: plan.layout.stage_layers: has 3 entries, expected pp*vpp=2"},
+      {"validate BAD/batch.json",
+       "batch.json: plan.num_micro_batches: micro_batch_size*num_micro_batches*dp = 1*3*2 != "
+       "global_batch=8"},
+      {"import-hf BAD/hf-unknown-type.json",
+       "hf-unknown-type.json: model_type: unsupported model_type 'bert'"},
+      {"import-hf BAD/hf-wrong-type.json",
+       "hf-wrong-type.json: vision_config.depth: expected an integer, got string"},
       {"show BAD/tp-heads.json", "tp-heads.json: plan.layout.tp"},
       {"show", "missing scenario file"},
       {"show --batches=0 SRC/scenarios/default.json", "--batches and --groups must be >= 1"},
@@ -156,7 +180,8 @@ TEST_CASE("bad inputs exit 2 with a message naming the file and the JSON path") 
   };
   for (const Case& c : cases) {
     std::string args = c.args;
-    for (const auto& [from, to] : {std::pair<std::string, std::string>{"BAD/", kBad}, {"SRC/", kSource + "/"}}) {
+    for (const auto& [from, to] :
+         {std::pair<std::string, std::string>{"BAD/", kBad}, {"SRC/", kSource + "/"}}) {
       for (std::size_t at = args.find(from); at != std::string::npos; at = args.find(from))
         args.replace(at, from.size(), to);
     }
@@ -176,7 +201,8 @@ TEST_CASE("a file with several problems lists all of them") {
 TEST_CASE("import-hf writes a loadable model atomically, and writes nothing on bad input") {
   const fs::path dir = scratch();
   const std::string out = (dir / "llava.json").string();
-  const Run ok = run("import-hf " + kSource + "/tests/data/hf/llava-1.5-7b-hf.json --freeze vision -o " + out);
+  const Run ok =
+      run("import-hf " + kSource + "/tests/data/hf/llava-1.5-7b-hf.json --freeze vision -o " + out);
   INFO(ok.output);
   CHECK(ok.code == 0);
   CHECK(fs::exists(out));
@@ -189,7 +215,8 @@ TEST_CASE("import-hf writes a loadable model atomically, and writes nothing on b
   const Run bad = run("import-hf " + kBad + "hf-unknown-type.json -o " + bad_out);
   CHECK(bad.code == 2);
   CHECK_FALSE(fs::exists(bad_out));
-  const Run bad_freeze = run("import-hf " + kSource + "/tests/data/hf/llava-1.5-7b-hf.json --freeze visoin -o " + bad_out);
+  const Run bad_freeze = run("import-hf " + kSource +
+                             "/tests/data/hf/llava-1.5-7b-hf.json --freeze visoin -o " + bad_out);
   CHECK(bad_freeze.code == 2);
   CHECK_FALSE(fs::exists(bad_out));
   // Nothing else was left behind (no temporary files).

@@ -46,7 +46,8 @@ TEST_CASE("two processes form a Gloo group over a TCPStore on loopback and all-r
     std::vector<at::Tensor> t{torch::arange(4, torch::kFloat32) * (env.rank + 1)};
     group->allreduce(t)->wait();
     // ranks contribute x and 2x: the sum is 3x
-    if (!torch::equal(t[0], torch::arange(4, torch::kFloat32) * 3)) throw std::runtime_error("wrong sum");
+    if (!torch::equal(t[0], torch::arange(4, torch::kFloat32) * 3))
+      throw std::runtime_error("wrong sum");
     return 0;
   });
   INFO(result.message);
@@ -68,7 +69,8 @@ TEST_CASE("a failing worker stops the job quickly and is named") {
     group->allreduce(t)->wait();
     return 0;
   });
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   CHECK_FALSE(result.ok);
   CHECK(result.failed_rank == 1);
   CHECK(result.message == "rank 1: out of memory on purpose");
@@ -99,9 +101,11 @@ TEST_CASE("tessera-train comm-check: launcher, torchrun-style workers and two no
 
   // Two "nodes" of two workers each, as torchrun's --nnodes/--node-rank would start them.
   const int port = free_port();
-  const std::string common = "comm-check --nproc 2 --nnodes 2 --bytes 4096 --iters 2 --master 127.0.0.1:" +
-                             std::to_string(port);
-  FILE* node1 = ::popen((std::string(TESSERA_TRAIN) + " " + common + " --node-rank 1 2>&1").c_str(), "r");
+  const std::string common =
+      "comm-check --nproc 2 --nnodes 2 --bytes 4096 --iters 2 --master 127.0.0.1:" +
+      std::to_string(port);
+  FILE* node1 =
+      ::popen((std::string(TESSERA_TRAIN) + " " + common + " --node-rank 1 2>&1").c_str(), "r");
   REQUIRE(node1 != nullptr);
   const Run node0 = run(common + " --node-rank 0");
   char buffer[4096];
@@ -138,6 +142,7 @@ TEST_CASE("torchrun environment variables") {
   ::setenv("RANK", "4", 1);
   worker_env_from_environment(problem);
   CHECK(problem == "RANK must be < WORLD_SIZE");
-  for (const char* v : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"}) ::unsetenv(v);
+  for (const char* v : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"})
+    ::unsetenv(v);
   CHECK_FALSE(worker_env_from_environment(problem).has_value());
 }

@@ -25,8 +25,10 @@ TEST_CASE("Rng is deterministic and uniform_int stays in range") {
 
 TEST_CASE("distributions: draws respect bounds, means match") {
   Diagnostics diag;
-  const Distribution ln = parse(R"({"dist":"lognormal","median":300,"sigma":0.7,"min":16,"max":8192})", diag);
-  const Distribution ch = parse(R"({"dist":"choice","values":[0,1,8],"weights":[0.5,0.25,0.25]})", diag);
+  const Distribution ln =
+      parse(R"({"dist":"lognormal","median":300,"sigma":0.7,"min":16,"max":8192})", diag);
+  const Distribution ch =
+      parse(R"({"dist":"choice","values":[0,1,8],"weights":[0.5,0.25,0.25]})", diag);
   REQUIRE(diag.ok());
   Rng rng(7);
   double sum = 0;

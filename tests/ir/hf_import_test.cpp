@@ -21,7 +21,9 @@ ModelSpec import(const std::string& name, std::vector<std::string> freeze = {}) 
   return *model;
 }
 
-double params(const ModelSpec& m) { return static_cast<double>(model_parameters(m)); }
+double params(const ModelSpec& m) {
+  return static_cast<double>(model_parameters(m));
+}
 const ModuleSpec& module(const ModelSpec& m, const char* name) {
   const ModuleSpec* p = find_module(m, name);
   REQUIRE(p != nullptr);
@@ -103,18 +105,21 @@ TEST_CASE("import errors: unknown model_type lists what is supported; bad --free
   const auto gpt2 = read_json_file(kHf + "gpt2.json", diag);
   REQUIRE(gpt2.has_value());
   CHECK_FALSE(import_hf_config(*gpt2, "gpt2.json", {}, diag).has_value());
-  CHECK(diag.format().find("model_type: unsupported model_type 'gpt2'; supported: qwen2_vl") != std::string::npos);
+  CHECK(diag.format().find("model_type: unsupported model_type 'gpt2'; supported: qwen2_vl") !=
+        std::string::npos);
 
   Diagnostics d2;
   const auto llava = read_json_file(kHf + "llava-1.5-7b-hf.json", d2);
   CHECK_FALSE(import_hf_config(*llava, "c.json", HfImportOptions{{"vison"}}, d2).has_value());
-  CHECK(d2.format().find("--freeze vison: no such module; modules are vision vision_projector llm") !=
-        std::string::npos);
+  CHECK(
+      d2.format().find("--freeze vison: no such module; modules are vision vision_projector llm") !=
+      std::string::npos);
 
   Diagnostics d3;
   Json broken = *llava;
   broken["vision_config"]["num_hidden_layers"] = "24";
   CHECK_FALSE(import_hf_config(broken, "c.json", {}, d3).has_value());
-  CHECK(d3.format().find("c.json: vision_config.num_hidden_layers: expected an integer, got string") !=
+  CHECK(d3.format().find(
+            "c.json: vision_config.num_hidden_layers: expected an integer, got string") !=
         std::string::npos);
 }

@@ -70,7 +70,8 @@ TEST_CASE("enum values list the valid spellings and suggest one") {
   const EnumTable<int> table = {{"gpipe", 0}, {"1f1b", 1}};
   int value = -1;
   CHECK_FALSE(read_enum(Json("1f1c"), "p.json", "plan.schedule", value, table, diag));
-  CHECK(diag.errors()[0].message == "unknown value '1f1c' (did you mean '1f1b'?); valid: gpipe, 1f1b");
+  CHECK(diag.errors()[0].message ==
+        "unknown value '1f1c' (did you mean '1f1b'?); valid: gpipe, 1f1b");
 }
 
 TEST_CASE("edit distance and closest match") {

@@ -39,7 +39,8 @@ const char* kValm = R"({"name": "valm", "modules": [
 
 ClusterSpec cluster(int64_t devices) {
   Diagnostics diag;
-  const std::string text = R"({"name": "c", "nodes": 1, "devices_per_node": )" + std::to_string(devices) + R"(,
+  const std::string text =
+      R"({"name": "c", "nodes": 1, "devices_per_node": )" + std::to_string(devices) + R"(,
     "device": {"name": "g", "peak_flops": {"bf16": 1e14}, "memory_bytes": 8e10, "memory_bandwidth_bytes_per_s": 2e12},
     "intra_node": {"bandwidth_bytes_per_s": 1e11, "latency_s": 1e-6}})";
   return read_cluster(Json::parse(text), "", "", diag);
@@ -89,14 +90,22 @@ Program lowered(const Case& c, int64_t iteration = 0) {
   return std::move(l.program);
 }
 
-const char* kUniformText = R"({"global_batch": 16, "max_seq_len": 512, "samples": {"text_tokens": 256}})";
+const char* kUniformText =
+    R"({"global_batch": 16, "max_seq_len": 512, "samples": {"text_tokens": 256}})";
 
 }  // namespace
 
 TEST_CASE("schedule tables") {
-  CHECK(one_f_one_b_order(4, 2) == std::vector<ScheduleItem>{{0, 0, false}, {1, 0, false}, {2, 0, false}, {0, 0, true},
-                                                               {3, 0, false}, {1, 0, true}, {2, 0, true}, {3, 0, true}});
-  CHECK(gpipe_order(2) == std::vector<ScheduleItem>{{0, 0, false}, {1, 0, false}, {1, 0, true}, {0, 0, true}});
+  CHECK(one_f_one_b_order(4, 2) == std::vector<ScheduleItem>{{0, 0, false},
+                                                             {1, 0, false},
+                                                             {2, 0, false},
+                                                             {0, 0, true},
+                                                             {3, 0, false},
+                                                             {1, 0, true},
+                                                             {2, 0, true},
+                                                             {3, 0, true}});
+  CHECK(gpipe_order(2) ==
+        std::vector<ScheduleItem>{{0, 0, false}, {1, 0, false}, {1, 0, true}, {0, 0, true}});
   // Interleaved, 2 stages x 2 chunks, 4 micro-batches: Megatron's order on stage 0.
   const auto inter = interleaved_order(4, 2, 0, 2);
   REQUIRE(inter.size() == 16);
@@ -110,9 +119,11 @@ TEST_CASE("schedule tables") {
 
 TEST_CASE("uniform 1F1B: the bubble is (p-1)/m exactly, and GPipe takes as long") {
   for (const auto& [pp, m] : {std::pair{2, 8}, std::pair{4, 8}, std::pair{4, 16}}) {
-    const std::string workload = R"({"global_batch": )" + std::to_string(m) + R"(, "max_seq_len": 512, "samples": {"text_tokens": 256}})";
-    const std::string plan_json = R"({"placement": "homogeneous", "layout": {"pp": )" + std::to_string(pp) +
-                                  R"(}, "num_micro_batches": )" + std::to_string(m) + "}";
+    const std::string workload = R"({"global_batch": )" + std::to_string(m) +
+                                 R"(, "max_seq_len": 512, "samples": {"text_tokens": 256}})";
+    const std::string plan_json = R"({"placement": "homogeneous", "layout": {"pp": )" +
+                                  std::to_string(pp) + R"(}, "num_micro_batches": )" +
+                                  std::to_string(m) + "}";
     Case c = make(kTextModel, workload.c_str(), plan_json.c_str());
     // Equal layers and no output head work difference: give every stage the same FLOPs.
     c.model.modules[0].transformer->vocab = 1;
@@ -121,7 +132,8 @@ TEST_CASE("uniform 1F1B: the bubble is (p-1)/m exactly, and GPipe takes as long"
     REQUIRE(t.error.empty());
     for (std::size_t r = 0; r < t.compute_busy_s.size(); ++r) {
       INFO("pp " << pp << " m " << m << " rank " << r);
-      CHECK((t.step_s - t.compute_busy_s[r]) / t.compute_busy_s[r] == doctest::Approx(double(pp - 1) / m).epsilon(1e-3));
+      CHECK((t.step_s - t.compute_busy_s[r]) / t.compute_busy_s[r] ==
+            doctest::Approx(double(pp - 1) / m).epsilon(1e-3));
     }
     Case g = c;
     g.plan.schedule = Schedule::kGpipe;
@@ -133,12 +145,14 @@ TEST_CASE("uniform 1F1B: the bubble is (p-1)/m exactly, and GPipe takes as long"
 }
 
 TEST_CASE("interleaved 1F1B shrinks the bubble to (p-1)/(v·m)") {
-  Case c = make(kTextModel, R"({"global_batch": 8, "max_seq_len": 512, "samples": {"text_tokens": 256}})",
-                R"({"placement": "homogeneous", "schedule": "interleaved_1f1b", "layout": {"pp": 2, "vpp": 2}, "num_micro_batches": 8})");
+  Case c = make(
+      kTextModel, R"({"global_batch": 8, "max_seq_len": 512, "samples": {"text_tokens": 256}})",
+      R"({"placement": "homogeneous", "schedule": "interleaved_1f1b", "layout": {"pp": 2, "vpp": 2}, "num_micro_batches": 8})");
   c.model.modules[0].transformer->vocab = 1;
   const Timeline t = evaluate(lowered(c), ideal(c));
   REQUIRE(t.error.empty());
-  CHECK((t.step_s - t.compute_busy_s[0]) / t.compute_busy_s[0] == doctest::Approx(1.0 / (2 * 8)).epsilon(1e-3));
+  CHECK((t.step_s - t.compute_busy_s[0]) / t.compute_busy_s[0] ==
+        doctest::Approx(1.0 / (2 * 8)).epsilon(1e-3));
 }
 
 TEST_CASE("every placement and schedule lowers, passes the Program checks and evaluates") {
@@ -150,15 +164,24 @@ TEST_CASE("every placement and schedule lowers, passes the Program checks and ev
     "image": {"count": {"dist": "choice", "values": [0, 1]}, "width": 64, "height": 64},
     "audio": {"count": {"dist": "choice", "values": [0, 1]}, "seconds": 1.5}}})";
   const std::vector<std::pair<const char*, const char*>> plans = {
-      {kVlm, R"({"placement": "homogeneous", "layout": {"tp": 2, "pp": 2, "dp": 2}, "sequence_parallel": true})"},
-      {kVlm, R"({"placement": "homogeneous", "schedule": "gpipe", "layout": {"pp": 4, "cp": 2}, "recompute": "full"})"},
-      {kVlm, R"({"placement": "homogeneous", "schedule": "interleaved_1f1b", "layout": {"pp": 2, "vpp": 2, "dp": 2}, "num_micro_batches": 8})"},
-      {kVlm, R"({"placement": "colocated", "schedule": "three_phase", "modules": {"vision": {"dp": 8}, "llm": {"tp": 2, "pp": 2, "dp": 2}}})"},
-      {kVlm, R"({"placement": "colocated", "modules": {"vision": {"tp": 2, "dp": 4}, "llm": {"tp": 2, "dp": 4}}, "distributed_optimizer": true})"},
-      {kVlm, R"({"placement": "non_colocated", "schedule": "graph_1f1b", "modules": {"vision": {"dp": 4}, "llm": {"tp": 2, "pp": 2, "dp": 2}}})"},
-      {kVlm, R"({"placement": "non_colocated", "schedule": "graph_1f1b", "modules": {"vision": {"dp": 2, "pp": 2}, "llm": {"tp": 2, "cp": 2, "dp": 4}}})"},
-      {kValm, R"({"placement": "non_colocated", "schedule": "graph_1f1b", "modules": {"vision": {"dp": 2}, "audio": {"dp": 2}, "llm": {"tp": 2, "pp": 2, "dp": 2}}})"},
-      {kValm, R"({"placement": "colocated", "modules": {"vision": {"dp": 8}, "audio": {"dp": 4, "tp": 2}, "llm": {"tp": 2, "pp": 2, "dp": 2}}})"},
+      {kVlm,
+       R"({"placement": "homogeneous", "layout": {"tp": 2, "pp": 2, "dp": 2}, "sequence_parallel": true})"},
+      {kVlm,
+       R"({"placement": "homogeneous", "schedule": "gpipe", "layout": {"pp": 4, "cp": 2}, "recompute": "full"})"},
+      {kVlm,
+       R"({"placement": "homogeneous", "schedule": "interleaved_1f1b", "layout": {"pp": 2, "vpp": 2, "dp": 2}, "num_micro_batches": 8})"},
+      {kVlm,
+       R"({"placement": "colocated", "schedule": "three_phase", "modules": {"vision": {"dp": 8}, "llm": {"tp": 2, "pp": 2, "dp": 2}}})"},
+      {kVlm,
+       R"({"placement": "colocated", "modules": {"vision": {"tp": 2, "dp": 4}, "llm": {"tp": 2, "dp": 4}}, "distributed_optimizer": true})"},
+      {kVlm,
+       R"({"placement": "non_colocated", "schedule": "graph_1f1b", "modules": {"vision": {"dp": 4}, "llm": {"tp": 2, "pp": 2, "dp": 2}}})"},
+      {kVlm,
+       R"({"placement": "non_colocated", "schedule": "graph_1f1b", "modules": {"vision": {"dp": 2, "pp": 2}, "llm": {"tp": 2, "cp": 2, "dp": 4}}})"},
+      {kValm,
+       R"({"placement": "non_colocated", "schedule": "graph_1f1b", "modules": {"vision": {"dp": 2}, "audio": {"dp": 2}, "llm": {"tp": 2, "pp": 2, "dp": 2}}})"},
+      {kValm,
+       R"({"placement": "colocated", "modules": {"vision": {"dp": 8}, "audio": {"dp": 4, "tp": 2}, "llm": {"tp": 2, "pp": 2, "dp": 2}}})"},
       {kValm, R"({"placement": "homogeneous", "layout": {"tp": 2, "pp": 2, "dp": 2}})"},
   };
   for (const auto& [model, plan] : plans) {
@@ -174,9 +197,13 @@ TEST_CASE("every placement and schedule lowers, passes the Program checks and ev
   }
 }
 
-TEST_CASE("frozen modules: no weight gradients, no reduction, no optimizer; forward-only when nothing upstream trains") {
-  Case c = make(kVlm, R"({"global_batch": 4, "max_seq_len": 1024, "samples": {"text_tokens": 64, "image": {"count": 1, "width": 64, "height": 64}}})",
-                R"({"placement": "non_colocated", "schedule": "graph_1f1b", "modules": {"vision": {"dp": 2, "pp": 2}, "llm": {"pp": 2, "dp": 2}}})");
+TEST_CASE(
+    "frozen modules: no weight gradients, no reduction, no optimizer; forward-only when nothing "
+    "upstream trains") {
+  Case c = make(
+      kVlm,
+      R"({"global_batch": 4, "max_seq_len": 1024, "samples": {"text_tokens": 64, "image": {"count": 1, "width": 64, "height": 64}}})",
+      R"({"placement": "non_colocated", "schedule": "graph_1f1b", "modules": {"vision": {"dp": 2, "pp": 2}, "llm": {"pp": 2, "dp": 2}}})");
   const Program p = lowered(c);
   // Ranks 0-3: the frozen ViT in two stages; its first stage runs forward only.
   for (const Op& op : p.ranks[0]) {
@@ -187,7 +214,8 @@ TEST_CASE("frozen modules: no weight gradients, no reduction, no optimizer; forw
   // Its last stage carries the trainable projector: backward and weight gradients for it only.
   std::set<std::string> modules_with_w;
   for (const Op& op : p.ranks[2])
-    if (op.kind == OpKind::kCompute && op.phase != Phase::kF) modules_with_w.insert(p.modules[static_cast<std::size_t>(op.module)]);
+    if (op.kind == OpKind::kCompute && op.phase != Phase::kF)
+      modules_with_w.insert(p.modules[static_cast<std::size_t>(op.module)]);
   CHECK(modules_with_w == std::set<std::string>{"proj"});
   // Freezing the LLM too: the projector still trains, so the LLM passes gradients (B) without W.
   c.model.modules[2].frozen = true;
@@ -203,29 +231,43 @@ TEST_CASE("frozen modules: no weight gradients, no reduction, no optimizer; forw
   // And with everything frozen but the LLM, the LLM's first stage sends nothing back.
   c.model.modules[1].frozen = true;
   c.model.modules[2].frozen = false;
-  for (const Op& op : lowered(c).ranks[4]) CHECK_FALSE((op.kind == OpKind::kSend && op.purpose == Purpose::kBoundary && op.phase == Phase::kB));
+  for (const Op& op : lowered(c).ranks[4])
+    CHECK_FALSE(
+        (op.kind == OpKind::kSend && op.purpose == Purpose::kBoundary && op.phase == Phase::kB));
 }
 
 TEST_CASE("graph-aware 1F1B on a two-module DAG matches the hand-drawn timeline") {
   // ViT (1 stage, trainable) -> LLM (2 stages); every op takes the same time u.
   // Depth 3: the ViT warms up 2 micro-batches, LLM stage 0 one, LLM stage 1 none.
-  Case v = make(kVlm, R"({"global_batch": 4, "max_seq_len": 1024, "samples": {"text_tokens": 0, "image": {"count": 1, "width": 64, "height": 64}}})",
-                R"({"placement": "non_colocated", "schedule": "graph_1f1b", "modules": {"vision": {"dp": 1}, "llm": {"pp": 2, "dp": 1}}, "num_micro_batches": 4})");
+  Case v = make(
+      kVlm,
+      R"({"global_batch": 4, "max_seq_len": 1024, "samples": {"text_tokens": 0, "image": {"count": 1, "width": 64, "height": 64}}})",
+      R"({"placement": "non_colocated", "schedule": "graph_1f1b", "modules": {"vision": {"dp": 1}, "llm": {"pp": 2, "dp": 1}}, "num_micro_batches": 4})");
   v.model.modules[0].frozen = false;
   const Program p = lowered(v);
   // Order on the ViT rank: F0 F1 F2 B0 F3 B1 B2 B3 (warm-up 2).
   std::vector<std::pair<int, Phase>> order;
   for (const Op& op : p.ranks[0])
-    if (op.kind == OpKind::kCompute && op.module == 0 && op.phase != Phase::kW) order.emplace_back(op.microbatch, op.phase);
-  CHECK(order == std::vector<std::pair<int, Phase>>{{0, Phase::kF}, {1, Phase::kF}, {2, Phase::kF}, {0, Phase::kB},
-                                                    {3, Phase::kF}, {1, Phase::kB}, {2, Phase::kB}, {3, Phase::kB}});
+    if (op.kind == OpKind::kCompute && op.module == 0 && op.phase != Phase::kW)
+      order.emplace_back(op.microbatch, op.phase);
+  CHECK(order == std::vector<std::pair<int, Phase>>{{0, Phase::kF},
+                                                    {1, Phase::kF},
+                                                    {2, Phase::kF},
+                                                    {0, Phase::kB},
+                                                    {3, Phase::kF},
+                                                    {1, Phase::kB},
+                                                    {2, Phase::kB},
+                                                    {3, Phase::kB}});
   const Timeline t = evaluate(p, ideal(v));
   CHECK(t.error.empty());
 }
 
-TEST_CASE("three-phase colocated: encoder forward for the whole batch first, one encoder backward last") {
-  Case c = make(kVlm, R"({"global_batch": 8, "max_seq_len": 1024, "samples": {"text_tokens": 64, "image": {"count": 1, "width": 64, "height": 64}}})",
-                R"({"placement": "colocated", "schedule": "three_phase", "modules": {"vision": {"dp": 4}, "llm": {"pp": 2, "dp": 2}}})");
+TEST_CASE(
+    "three-phase colocated: encoder forward for the whole batch first, one encoder backward last") {
+  Case c = make(
+      kVlm,
+      R"({"global_batch": 8, "max_seq_len": 1024, "samples": {"text_tokens": 64, "image": {"count": 1, "width": 64, "height": 64}}})",
+      R"({"placement": "colocated", "schedule": "three_phase", "modules": {"vision": {"dp": 4}, "llm": {"pp": 2, "dp": 2}}})");
   c.model.modules[0].frozen = false;
   const Program p = lowered(c);
   const auto& ops = p.ranks[0];
@@ -287,25 +329,34 @@ TEST_CASE("cost model: ring all-reduce and p2p times") {
   CHECK(cost.collective_s(CollectiveKind::kAllReduce, {0, 1, 2, 3}, bytes) ==
         doctest::Approx(6 * 1e-6 + 1.5 * bytes / 1e11));
   // Across nodes the NIC bandwidth and latency apply.
-  CHECK(cost.collective_s(CollectiveKind::kAllReduce, {0, 4}, bytes) == doctest::Approx(2 * 5e-6 + 1.0 * bytes / 2.5e10));
-  CHECK(cost.collective_s(CollectiveKind::kAllGather, {0, 1, 2, 3}, bytes) == doctest::Approx(3e-6 + 0.75 * bytes / 1e11));
+  CHECK(cost.collective_s(CollectiveKind::kAllReduce, {0, 4}, bytes) ==
+        doctest::Approx(2 * 5e-6 + 1.0 * bytes / 2.5e10));
+  CHECK(cost.collective_s(CollectiveKind::kAllGather, {0, 1, 2, 3}, bytes) ==
+        doctest::Approx(3e-6 + 0.75 * bytes / 1e11));
   CHECK(cost.p2p_s(0, 5, 1e6) == doctest::Approx(5e-6 + 1e6 / 2.5e10));
   CHECK(cost.collective_s(CollectiveKind::kAllReduce, {3}, bytes) == 0);
 }
 
-TEST_CASE("regression: fan-in with fewer samples per micro-batch than encoder replicas spreads the samples") {
+TEST_CASE(
+    "regression: fan-in with fewer samples per micro-batch than encoder replicas spreads the "
+    "samples") {
   // 8 ViT replicas feed 1 LLM replica whose micro-batches hold 1 sample each: every ViT replica
   // must encode exactly one sample (a contiguous slice per micro-batch gave all 8 to the last).
-  for (const char* plan : {R"({"placement": "colocated", "modules": {"vision": {"dp": 8}, "llm": {"pp": 8}}, "micro_batch_size": 1})",
-                           R"({"placement": "non_colocated", "modules": {"vision": {"dp": 8}, "llm": {"pp": 8}}, "micro_batch_size": 1})"}) {
+  for (
+      const char* plan :
+      {R"({"placement": "colocated", "modules": {"vision": {"dp": 8}, "llm": {"pp": 8}}, "micro_batch_size": 1})",
+       R"({"placement": "non_colocated", "modules": {"vision": {"dp": 8}, "llm": {"pp": 8}}, "micro_batch_size": 1})"}) {
     INFO(plan);
-    Case c = make(kVlm, R"({"global_batch": 8, "max_seq_len": 1024, "samples": {"text_tokens": 16, "image": {"count": 1, "width": 64, "height": 64}}})",
-                  plan);
+    Case c = make(
+        kVlm,
+        R"({"global_batch": 8, "max_seq_len": 1024, "samples": {"text_tokens": 16, "image": {"count": 1, "width": 64, "height": 64}}})",
+        plan);
     const Program p = lowered(c);
     for (int64_t r = 0; r < 8; ++r) {
       int64_t tokens = 0;
       for (const Op& op : p.ranks[static_cast<std::size_t>(r)])
-        if (op.kind == OpKind::kCompute && op.module == 0 && op.phase == Phase::kF) tokens += op.tokens;
+        if (op.kind == OpKind::kCompute && op.module == 0 && op.phase == Phase::kF)
+          tokens += op.tokens;
       CHECK(tokens == 64);  // one 64x64 image = 8x8 patches
     }
   }
@@ -313,12 +364,14 @@ TEST_CASE("regression: fan-in with fewer samples per micro-batch than encoder re
 
 TEST_CASE("LLaVA-1.5-7B: FLOPs of one sample (one 336px image, 100 text tokens) by hand") {
   Diagnostics diag;
-  const auto model = load_model(std::string(TESSERA_SOURCE_DIR) + "/scenarios/models/llava-1.5-7b.json", diag);
+  const auto model =
+      load_model(std::string(TESSERA_SOURCE_DIR) + "/scenarios/models/llava-1.5-7b.json", diag);
   REQUIRE(model.has_value());
   Case c;
   c.model = *model;
   c.workload = read_workload(Json::parse(R"({"global_batch": 1, "max_seq_len": 4096,
-    "samples": {"text_tokens": 100, "image": {"count": 1, "width": 336, "height": 336}}})"), "w", "", ".", diag);
+    "samples": {"text_tokens": 100, "image": {"count": 1, "width": 336, "height": 336}}})"),
+                             "w", "", ".", diag);
   c.plan = read_plan(Json::parse(R"({"placement": "homogeneous", "layout": {}})"), "p", "", diag);
   c.cluster = cluster(1);
   REQUIRE(diag.ok());
@@ -333,7 +386,8 @@ TEST_CASE("LLaVA-1.5-7B: FLOPs of one sample (one 336px image, 100 text tokens) 
   // ViT-L/14-336, frozen with nothing trainable before it: forward only. 577 tokens (CLS),
   // bidirectional attention over the image: per layer 2·(4h² + 2·h·4h)·577 + 4·h·577².
   const double h = 1024, vit_tokens = 577;
-  const double vit_layer = 2 * (4 * h * h + 2 * h * 4096) * vit_tokens + 4 * h * vit_tokens * vit_tokens;
+  const double vit_layer =
+      2 * (4 * h * h + 2 * h * 4096) * vit_tokens + 4 * h * vit_tokens * vit_tokens;
   const double patch = 2 * 3 * 14 * 14 * h * vit_tokens;
   CHECK(vit_f == doctest::Approx(24 * vit_layer + patch).epsilon(1e-12));
   CHECK(vit_backward == 0);
@@ -352,8 +406,10 @@ TEST_CASE("LLaVA-1.5-7B: FLOPs of one sample (one 336px image, 100 text tokens) 
 TEST_CASE("graph-aware 1F1B and three-phase timelines, hand-drawn with free communication") {
   // ViT -> LLM stage 0 -> LLM stage 1: LLM stage 1 starts micro-batch 0 the moment ViT F0 and
   // LLM s0 F0 are done, and the ViT's first backward waits for LLM s0's B0.
-  Case v = make(kVlm, R"({"global_batch": 4, "max_seq_len": 1024, "samples": {"text_tokens": 32, "image": {"count": 1, "width": 64, "height": 64}}})",
-                R"({"placement": "non_colocated", "schedule": "graph_1f1b", "modules": {"vision": {"dp": 1}, "llm": {"pp": 2, "dp": 1}}, "num_micro_batches": 4})");
+  Case v = make(
+      kVlm,
+      R"({"global_batch": 4, "max_seq_len": 1024, "samples": {"text_tokens": 32, "image": {"count": 1, "width": 64, "height": 64}}})",
+      R"({"placement": "non_colocated", "schedule": "graph_1f1b", "modules": {"vision": {"dp": 1}, "llm": {"pp": 2, "dp": 1}}, "num_micro_batches": 4})");
   v.model.modules[0].frozen = false;
   const Program p = lowered(v);
   const Timeline t = evaluate(p, ideal(v));
@@ -374,8 +430,10 @@ TEST_CASE("graph-aware 1F1B and three-phase timelines, hand-drawn with free comm
 
   // Three-phase colocated: the LLM starts after the boundary gather; the ViT backward waits for
   // the last LLM backward of its rank and the gradient gather.
-  Case c = make(kVlm, R"({"global_batch": 4, "max_seq_len": 1024, "samples": {"text_tokens": 32, "image": {"count": 1, "width": 64, "height": 64}}})",
-                R"({"placement": "colocated", "schedule": "three_phase", "modules": {"vision": {"dp": 2}, "llm": {"pp": 2}}})");
+  Case c = make(
+      kVlm,
+      R"({"global_batch": 4, "max_seq_len": 1024, "samples": {"text_tokens": 32, "image": {"count": 1, "width": 64, "height": 64}}})",
+      R"({"placement": "colocated", "schedule": "three_phase", "modules": {"vision": {"dp": 2}, "llm": {"pp": 2}}})");
   c.model.modules[0].frozen = false;
   const Program q = lowered(c);
   const Timeline u = evaluate(q, ideal(c));
@@ -389,7 +447,8 @@ TEST_CASE("graph-aware 1F1B and three-phase timelines, hand-drawn with free comm
   };
   const OpTime gather = at(0, "boundary:allgather:proj.s0.F");
   CHECK(at(0, "llm.s0.mb0.F").start_s == doctest::Approx(gather.finish_s));
-  CHECK(gather.start_s == doctest::Approx(std::max(at(0, "proj.s0.F").finish_s, at(1, "proj.s0.F").finish_s)));
+  CHECK(gather.start_s ==
+        doctest::Approx(std::max(at(0, "proj.s0.F").finish_s, at(1, "proj.s0.F").finish_s)));
   const OpTime back = at(0, "boundary:allgather:proj.s0.B");
   CHECK(back.start_s >= at(0, "llm.s0.mb3.W").finish_s);
   CHECK(back.start_s >= at(1, "llm.s1.mb3.W").finish_s);  // rank 1 holds LLM stage 1
@@ -406,11 +465,14 @@ TEST_CASE("a generator after the LLM lowers in every placement") {
      "transformer": {"layers": 4, "hidden": 256, "heads": 8, "ffn": 1024, "vocab": 1000}},
     {"name": "decoder", "role": "generator", "modality": "image", "inputs": ["llm"],
      "transformer": {"layers": 2, "hidden": 256, "heads": 8, "ffn": 1024}}]})";
-  const char* workload = R"({"global_batch": 8, "max_seq_len": 512, "samples": {"text_tokens": 40, "image": {"count": 1, "width": 64, "height": 64}}})";
-  for (const char* plan : {R"({"placement": "homogeneous", "layout": {"pp": 2, "dp": 2}})",
-                           R"({"placement": "colocated", "modules": {"vision": {"dp": 4}, "llm": {"pp": 2, "dp": 2}}})",
-                           R"({"placement": "non_colocated", "modules": {"vision": {"dp": 2}, "llm": {"pp": 2, "dp": 2}, "decoder": {"dp": 2}}})",
-                           R"({"placement": "non_colocated", "modules": {"vision": {"dp": 2}, "llm": {"pp": 2, "dp": 2}}})"}) {
+  const char* workload =
+      R"({"global_batch": 8, "max_seq_len": 512, "samples": {"text_tokens": 40, "image": {"count": 1, "width": 64, "height": 64}}})";
+  for (
+      const char* plan :
+      {R"({"placement": "homogeneous", "layout": {"pp": 2, "dp": 2}})",
+       R"({"placement": "colocated", "modules": {"vision": {"dp": 4}, "llm": {"pp": 2, "dp": 2}}})",
+       R"({"placement": "non_colocated", "modules": {"vision": {"dp": 2}, "llm": {"pp": 2, "dp": 2}, "decoder": {"dp": 2}}})",
+       R"({"placement": "non_colocated", "modules": {"vision": {"dp": 2}, "llm": {"pp": 2, "dp": 2}}})"}) {
     INFO(plan);
     Case c = make(model, workload, plan);
     const Program p = lowered(c);
@@ -431,7 +493,9 @@ TEST_CASE("a generator after the LLM lowers in every placement") {
   }
 }
 
-TEST_CASE("memory model: mixed-precision Adam holds 18 bytes per trainable parameter, 6 + 12/dp sharded") {
+TEST_CASE(
+    "memory model: mixed-precision Adam holds 18 bytes per trainable parameter, 6 + 12/dp "
+    "sharded") {
   const RankMemory full = parameter_memory(1e9, true, 1, DType::kBf16);
   CHECK(full.total() == doctest::Approx(18e9));
   const RankMemory sharded = parameter_memory(1e9, true, 8, DType::kBf16);
@@ -440,7 +504,9 @@ TEST_CASE("memory model: mixed-precision Adam holds 18 bytes per trainable param
   CHECK(frozen.total() == doctest::Approx(2e9));
 
   // Lowered: a distributed optimizer divides only the optimizer state by the dp·cp group.
-  Case c = make(kTextModel, kUniformText, R"({"placement": "homogeneous", "layout": {"dp": 4}, "distributed_optimizer": true})");
+  Case c =
+      make(kTextModel, kUniformText,
+           R"({"placement": "homogeneous", "layout": {"dp": 4}, "distributed_optimizer": true})");
   const Program p = lowered(c);
   const double params = static_cast<double>(model_parameters(c.model));
   CHECK(p.memory[0].weight_bytes == doctest::Approx(2 * params));

@@ -6,8 +6,8 @@ using namespace tessera;
 
 namespace {
 
-TransformerArch llama(int64_t layers, int64_t hidden, int64_t heads, int64_t kv, int64_t ffn, int64_t vocab,
-                      bool tied) {
+TransformerArch llama(int64_t layers, int64_t hidden, int64_t heads, int64_t kv, int64_t ffn,
+                      int64_t vocab, bool tied) {
   TransformerArch a;
   a.layers = layers;
   a.hidden = hidden;
@@ -46,8 +46,10 @@ ModuleSpec module_of(const TransformerArch& a, ModuleRole role = ModuleRole::kLl
 
 TEST_CASE("parameter counts equal the published safetensors counts of Llama 3 models") {
   CHECK(module_parameters(module_of(llama(16, 2048, 32, 8, 8192, 128256, true))) == 1'235'814'400);
-  CHECK(module_parameters(module_of(llama(32, 4096, 32, 8, 14336, 128256, false))) == 8'030'261'248);
-  CHECK(module_parameters(module_of(llama(80, 8192, 64, 8, 28672, 128256, false))) == 70'553'706'496);
+  CHECK(module_parameters(module_of(llama(32, 4096, 32, 8, 14336, 128256, false))) ==
+        8'030'261'248);
+  CHECK(module_parameters(module_of(llama(80, 8192, 64, 8, 28672, 128256, false))) ==
+        70'553'706'496);
 }
 
 TEST_CASE("forward FLOPs match Korthikanti's 72·l·h²·(1 + s/6h + V/12lh) per token for training") {
@@ -68,7 +70,8 @@ TEST_CASE("activation bytes match Korthikanti Table 2") {
   CHECK(activation_bytes_per_token_per_layer(a, s, o) ==
         doctest::Approx(h * (10 + 24.0 / 8) + 5 * heads * s / 8));
   o.sequence_parallel = true;
-  CHECK(activation_bytes_per_token_per_layer(a, s, o) == doctest::Approx((34 * h + 5 * heads * s) / 8));
+  CHECK(activation_bytes_per_token_per_layer(a, s, o) ==
+        doctest::Approx((34 * h + 5 * heads * s) / 8));
   // Flash attention drops the s·s score terms: only the 34·h part (plus 4 bytes of LSE per head).
   o = ActivationOptions{};
   o.dropout = true;

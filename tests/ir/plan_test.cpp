@@ -18,7 +18,8 @@ const char* kCluster = R"({"name": "c16", "nodes": 2, "devices_per_node": 8,
   "device": {"name": "gpu", "peak_flops": {"bf16": 1e15}, "memory_bytes": 80e9, "memory_bandwidth_bytes_per_s": 3e12},
   "intra_node": {"bandwidth_bytes_per_s": 4.5e11, "latency_s": 3e-6},
   "inter_node": {"bandwidth_bytes_per_s": 5e10, "latency_s": 5e-6}})";
-const char* kWorkload = R"({"global_batch": 32, "max_seq_len": 1024, "samples": {"text_tokens": 100}})";
+const char* kWorkload =
+    R"({"global_batch": 32, "max_seq_len": 1024, "samples": {"text_tokens": 100}})";
 
 // Validates `plan` against the fixtures; returns all messages, one per line.
 std::string check(const char* plan, ParallelPlan* out = nullptr) {
@@ -57,9 +58,11 @@ TEST_CASE("valid plans of each placement") {
 
 TEST_CASE("Megatron argument names are accepted as aliases") {
   ParallelPlan p;
-  CHECK(check(R"({"placement": "homogeneous", "recompute_granularity": "selective", "use_distributed_optimizer": true,
+  CHECK(
+      check(
+          R"({"placement": "homogeneous", "recompute_granularity": "selective", "use_distributed_optimizer": true,
                   "layout": {"tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 2, "data_parallel_size": 4}})",
-              &p) == "");
+          &p) == "");
   CHECK(p.layout.tp == 2);
   CHECK(p.recompute == Recompute::kSelective);
   CHECK(p.distributed_optimizer);
@@ -69,7 +72,8 @@ TEST_CASE("Megatron argument names are accepted as aliases") {
 
 TEST_CASE("homogeneous encoders live in the first pipeline stage") {
   ParallelPlan p;
-  REQUIRE(check(R"({"placement": "homogeneous", "layout": {"tp": 2, "pp": 2, "dp": 4}})", &p) == "");
+  REQUIRE(check(R"({"placement": "homogeneous", "layout": {"tp": 2, "pp": 2, "dp": 4}})", &p) ==
+          "");
   Diagnostics diag;
   const ModelSpec model = read_model(Json::parse(kModel), "", "", diag);
   const auto groups = rank_groups(p, model);
@@ -90,25 +94,35 @@ TEST_CASE("invalid plans: every rule names its path") {
       "plan.layout.pp: llm has 8 layers, fewer than pp*vpp=16");
   has(check(R"({"placement": "homogeneous", "layout": {"tp": 2, "dp": 4}})"),
       "plan.layout: plan uses 8 ranks, cluster c16 has 16 devices");
-  has(check(R"({"placement": "homogeneous", "layout": {"dp": 16, "ep": 2}})"), "ep=2 but llm has no experts");
-  has(check(R"({"placement": "homogeneous", "layout": {"tp": 2, "pp": 2, "dp": 4, "stage_layers": [3, 4]}})"),
+  has(check(R"({"placement": "homogeneous", "layout": {"dp": 16, "ep": 2}})"),
+      "ep=2 but llm has no experts");
+  has(check(
+          R"({"placement": "homogeneous", "layout": {"tp": 2, "pp": 2, "dp": 4, "stage_layers": [3, 4]}})"),
       "plan.layout.stage_layers: sums to 7, llm has 8 layers");
-  has(check(R"({"placement": "homogeneous", "micro_batch_size": 3, "layout": {"tp": 2, "pp": 2, "dp": 4}})"),
+  has(check(
+          R"({"placement": "homogeneous", "micro_batch_size": 3, "layout": {"tp": 2, "pp": 2, "dp": 4}})"),
       "plan.micro_batch_size: micro_batch_size*dp = 12 does not divide global_batch=32");
-  has(check(R"({"placement": "homogeneous", "schedule": "three_phase", "layout": {"tp": 2, "pp": 2, "dp": 4}})"),
+  has(check(
+          R"({"placement": "homogeneous", "schedule": "three_phase", "layout": {"tp": 2, "pp": 2, "dp": 4}})"),
       "three_phase is the colocated schedule");
   has(check(R"({"placement": "homogeneous", "layout": {"tp": 2, "pp": 2, "dp": 4, "vpp": 2}})"),
       "vpp > 1 needs schedule interleaved_1f1b");
-  has(check(R"({"placement": "colocated", "modules": {"vision": {"dp": 8}, "llm": {"tp": 2, "dp": 8}}})"),
+  has(check(
+          R"({"placement": "colocated", "modules": {"vision": {"dp": 8}, "llm": {"tp": 2, "dp": 8}}})"),
       "colocated modules span all ranks");
-  has(check(R"({"placement": "non_colocated", "modules": {"vision": {"dp": 4}, "llm": {"tp": 2, "dp": 3, "pp": 2}}})"),
+  has(check(
+          R"({"placement": "non_colocated", "modules": {"vision": {"dp": 4}, "llm": {"tp": 2, "dp": 3, "pp": 2}}})"),
       "boundary vision -> llm: dp 4 and 3 must divide one another");
-  has(check(R"({"placement": "non_colocated", "modules": {"vision": {"dp": 4, "ranks": [0, 4]}, "llm": {"tp": 2, "dp": 4, "pp": 2, "ranks": [2, 18]}}})"),
+  has(check(
+          R"({"placement": "non_colocated", "modules": {"vision": {"dp": 4, "ranks": [0, 4]}, "llm": {"tp": 2, "dp": 4, "pp": 2, "ranks": [2, 18]}}})"),
       "overlaps another module");
-  has(check(R"({"placement": "non_colocated", "modules": {"visoin": {"dp": 4}, "llm": {"tp": 2, "dp": 6}}})"),
+  has(check(
+          R"({"placement": "non_colocated", "modules": {"visoin": {"dp": 4}, "llm": {"tp": 2, "dp": 6}}})"),
       "plan.modules.visoin: no module 'visoin' in model vlm (did you mean 'vision'?)");
   has(check(R"({"placement": "non_colocated", "modules": {"llm": {"tp": 2, "dp": 8}}})"),
       "module 'vision' has no layout");
-  has(check(R"({"placement": "homogeneous", "modules": {}})"), "plan.modules: a homogeneous plan has one 'layout'");
-  has(check(R"({"placement": "homogeneous", "layout": {"tp": 0, "dp": 16}})"), "plan.layout.tp: must be > 0, got 0");
+  has(check(R"({"placement": "homogeneous", "modules": {}})"),
+      "plan.modules: a homogeneous plan has one 'layout'");
+  has(check(R"({"placement": "homogeneous", "layout": {"tp": 0, "dp": 16}})"),
+      "plan.layout.tp: must be > 0, got 0");
 }

@@ -36,9 +36,11 @@ void check_partition(const std::vector<Group>& groups, int64_t first, int64_t si
 
 TEST_CASE("Megatron's documented example: 16 ranks, tp=2, pp=4, dp=2") {
   const ModuleGroups g = layout_groups(grid(2, 1, 4, 2), 0);
-  CHECK(g.tp == std::vector<Group>{{0, 1}, {2, 3}, {4, 5}, {6, 7}, {8, 9}, {10, 11}, {12, 13}, {14, 15}});
+  CHECK(g.tp ==
+        std::vector<Group>{{0, 1}, {2, 3}, {4, 5}, {6, 7}, {8, 9}, {10, 11}, {12, 13}, {14, 15}});
   CHECK(g.pp == std::vector<Group>{{0, 4, 8, 12}, {1, 5, 9, 13}, {2, 6, 10, 14}, {3, 7, 11, 15}});
-  CHECK(g.dp == std::vector<Group>{{0, 2}, {1, 3}, {4, 6}, {5, 7}, {8, 10}, {9, 11}, {12, 14}, {13, 15}});
+  CHECK(g.dp ==
+        std::vector<Group>{{0, 2}, {1, 3}, {4, 6}, {5, 7}, {8, 10}, {9, 11}, {12, 14}, {13, 15}});
   CHECK(g.stages.front() == Group{0, 1, 2, 3});
 }
 

@@ -30,7 +30,8 @@ TEST_CASE("every library model matches its published parameter count within 2%")
     CHECK(std::fabs(ours - published) / published < 0.02);
     ++checked;
   }
-  CHECK(checked == 14);  // LLaVA-1.5 7B/13B, Qwen2-VL-7B, Qwen2-Audio-7B, Llama-3.2-11B-Vision, 9 pairs
+  CHECK(checked ==
+        14);  // LLaVA-1.5 7B/13B, Qwen2-VL-7B, Qwen2-Audio-7B, Llama-3.2-11B-Vision, 9 pairs
 }
 
 TEST_CASE("every library scenario and cluster loads, and each part round-trips through JSON") {
@@ -75,14 +76,18 @@ TEST_CASE("the default scenario: LLaVA-1.5-7B on 64 H100s with a variable multi-
   CHECK(dist_upper_bound(s->workload.image->count) > dist_lower_bound(s->workload.image->count));
 }
 
-TEST_CASE("paths in a scenario resolve relative to the scenario file, and errors name the part's file") {
-  const fs::path dir = fs::temp_directory_path() / ("tessera-scenario-" + std::to_string(::getpid()));
+TEST_CASE(
+    "paths in a scenario resolve relative to the scenario file, and errors name the part's file") {
+  const fs::path dir =
+      fs::temp_directory_path() / ("tessera-scenario-" + std::to_string(::getpid()));
   fs::create_directories(dir / "parts");
   {
-    std::ofstream(dir / "parts" / "cluster.json") << R"({"name": "c", "nodes": 1, "devices_per_node": 2,
+    std::ofstream(dir / "parts" / "cluster.json")
+        << R"({"name": "c", "nodes": 1, "devices_per_node": 2,
       "device": {"name": "g", "peak_flops": {"bf16": 1e15}, "memory_bytes": 8e10, "memory_bandwith_bytes_per_s": 3e12},
       "intra_node": {"bandwidth_bytes_per_s": 4.5e11, "latency_s": 3e-6}})";
-    std::ofstream(dir / "s.json") << R"({"model": ")" << kScenarios << R"(/models/llava-1.5-7b.json",
+    std::ofstream(dir / "s.json") << R"({"model": ")" << kScenarios
+                                  << R"(/models/llava-1.5-7b.json",
       "workload": {"global_batch": 8, "max_seq_len": 4096, "samples": {"text_tokens": 10}},
       "cluster": "parts/cluster.json"})";
   }
@@ -93,6 +98,7 @@ TEST_CASE("paths in a scenario resolve relative to the scenario file, and errors
   CHECK(text.find((dir / "parts" / "cluster.json").string() +
                   ": device.memory_bandwith_bytes_per_s: unknown key (did you mean "
                   "'memory_bandwidth_bytes_per_s'?)") != std::string::npos);
-  CHECK(text.find("device.memory_bandwidth_bytes_per_s: required key is missing") != std::string::npos);
+  CHECK(text.find("device.memory_bandwidth_bytes_per_s: required key is missing") !=
+        std::string::npos);
   fs::remove_all(dir);
 }

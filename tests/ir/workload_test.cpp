@@ -34,7 +34,8 @@ TEST_CASE("draw_batch is deterministic per (seed, iteration) and varies across i
   for (const Sample& s : a.samples) {
     CHECK((s.text_tokens >= 8 && s.text_tokens <= 2048));
     CHECK((s.images.size() == 0 || s.images.size() == 1 || s.images.size() == 4));
-    for (const ImageItem& i : s.images) CHECK((i.width >= 224 && i.width <= 1024 && i.height == 448));
+    for (const ImageItem& i : s.images)
+      CHECK((i.width >= 224 && i.width <= 1024 && i.height == 448));
     CHECK(s.audio_seconds.size() == 1);
   }
   // A sample does not depend on the batch size: the first samples agree.
@@ -46,17 +47,22 @@ TEST_CASE("draw_batch is deterministic per (seed, iteration) and varies across i
   CHECK(a.samples[0].text_tokens == draw_batch(w, 3).samples[0].text_tokens);
 }
 
-TEST_CASE("manifest workloads read JSONL, shuffle per epoch and cover every sample once per epoch") {
-  const fs::path dir = fs::temp_directory_path() / ("tessera-manifest-" + std::to_string(::getpid()));
+TEST_CASE(
+    "manifest workloads read JSONL, shuffle per epoch and cover every sample once per epoch") {
+  const fs::path dir =
+      fs::temp_directory_path() / ("tessera-manifest-" + std::to_string(::getpid()));
   fs::create_directories(dir);
   {
     std::ofstream out(dir / "samples.jsonl");
-    for (int i = 0; i < 10; ++i) out << R"({"text_tokens": )" << (100 + i) << R"(, "images": [[336, 336]]})" << "\n";
+    for (int i = 0; i < 10; ++i)
+      out << R"({"text_tokens": )" << (100 + i) << R"(, "images": [[336, 336]]})"
+          << "\n";
     out << "\n";  // blank lines are skipped
   }
   Diagnostics diag;
-  const WorkloadSpec w = parse(R"({"global_batch": 5, "max_seq_len": 512, "manifest": "samples.jsonl"})", diag,
-                               dir.string());
+  const WorkloadSpec w =
+      parse(R"({"global_batch": 5, "max_seq_len": 512, "manifest": "samples.jsonl"})", diag,
+            dir.string());
   REQUIRE(diag.ok());
   REQUIRE(w.manifest_samples.size() == 10);
   std::vector<int64_t> epoch;
@@ -77,13 +83,15 @@ TEST_CASE("manifest workloads read JSONL, shuffle per epoch and cover every samp
 
 TEST_CASE("workload errors") {
   Diagnostics diag;
-  parse(R"({"global_batch": 0, "max_seq_len": -5, "samples": {"text_tokens": 10, "imag": {}}})", diag);
+  parse(R"({"global_batch": 0, "max_seq_len": -5, "samples": {"text_tokens": 10, "imag": {}}})",
+        diag);
   parse(R"({"global_batch": 4, "max_seq_len": 8})", diag);
   const std::string text = diag.format();
   INFO(text);
   CHECK(text.find("workload.global_batch: must be > 0, got 0") != std::string::npos);
   CHECK(text.find("workload.max_seq_len: must be > 0, got -5") != std::string::npos);
-  CHECK(text.find("workload.samples.imag: unknown key (did you mean 'image'?)") != std::string::npos);
+  CHECK(text.find("workload.samples.imag: unknown key (did you mean 'image'?)") !=
+        std::string::npos);
   CHECK(text.find("required: samples (distributions) or manifest") != std::string::npos);
 }
 

@@ -47,13 +47,15 @@ const char* kWorkload = R"({"global_batch": 16, "max_seq_len": 1024, "seed": 5, 
   "image": {"count": {"dist": "choice", "values": [0, 1, 2]}, "width": 64, "height": 64},
   "audio": {"count": {"dist": "choice", "values": [0, 1]}, "seconds": 1.5}}})";
 
-ClusterSpec cluster(int64_t nodes, int64_t per_node, double nic = 5e10, double oversubscription = 1) {
+ClusterSpec cluster(int64_t nodes, int64_t per_node, double nic = 5e10,
+                    double oversubscription = 1) {
   Diagnostics diag;
-  const std::string text = R"({"name": "c", "nodes": )" + std::to_string(nodes) + R"(, "devices_per_node": )" +
-                           std::to_string(per_node) + R"(,
+  const std::string text = R"({"name": "c", "nodes": )" + std::to_string(nodes) +
+                           R"(, "devices_per_node": )" + std::to_string(per_node) + R"(,
     "device": {"name": "g", "peak_flops": {"bf16": 1e14}, "memory_bytes": 8e10, "memory_bandwidth_bytes_per_s": 2e12},
     "intra_node": {"bandwidth_bytes_per_s": 2e11, "latency_s": 2e-6},
-    "inter_node": {"bandwidth_bytes_per_s": )" + std::to_string(nic) + R"(, "latency_s": 5e-6, "oversubscription": )" +
+    "inter_node": {"bandwidth_bytes_per_s": )" +
+                           std::to_string(nic) + R"(, "latency_s": 5e-6, "oversubscription": )" +
                            std::to_string(oversubscription) + "}}";
   ClusterSpec c = read_cluster(Json::parse(text), "", "", diag);
   REQUIRE(diag.ok());
@@ -68,7 +70,8 @@ CostModel cost_for(const ClusterSpec& c, const ModelSpec* model = nullptr) {
 }
 
 Timeline simulated(const Program& p, const CostModel& cost, bool contention) {
-  const ChildResult child = run_in_child([&] { return serialize_timeline(run_program(p, cost, RunOptions{contention})); }, 120);
+  const ChildResult child = run_in_child(
+      [&] { return serialize_timeline(run_program(p, cost, RunOptions{contention})); }, 120);
   INFO(child.error);
   REQUIRE(child.ok);
   Timeline t = deserialize_timeline(child.output, p);
@@ -102,17 +105,28 @@ Program allreduces(int32_t world, const std::vector<RankList>& groups, double by
 
 }  // namespace
 
-TEST_CASE("without contention the simulation equals the in-order evaluator, op by op, for every placement") {
+TEST_CASE(
+    "without contention the simulation equals the in-order evaluator, op by op, for every "
+    "placement") {
   const std::vector<std::pair<const char*, const char*>> plans = {
-      {kVlm, R"({"placement": "homogeneous", "layout": {"tp": 2, "pp": 2, "dp": 2}, "sequence_parallel": true})"},
-      {kVlm, R"({"placement": "homogeneous", "schedule": "gpipe", "layout": {"pp": 4, "cp": 2}, "recompute": "full"})"},
-      {kVlm, R"({"placement": "homogeneous", "schedule": "interleaved_1f1b", "layout": {"pp": 2, "vpp": 2, "dp": 2, "tp": 2}, "num_micro_batches": 8})"},
-      {kVlm, R"({"placement": "colocated", "schedule": "three_phase", "modules": {"vision": {"dp": 8}, "llm": {"tp": 2, "pp": 2, "dp": 2}}})"},
-      {kVlm, R"({"placement": "colocated", "modules": {"vision": {"tp": 2, "dp": 4}, "llm": {"tp": 2, "dp": 4}}, "distributed_optimizer": true})"},
-      {kVlm, R"({"placement": "non_colocated", "schedule": "graph_1f1b", "modules": {"vision": {"dp": 4}, "llm": {"tp": 2, "pp": 2, "dp": 1}}})"},
-      {kVlm, R"({"placement": "non_colocated", "schedule": "graph_1f1b", "modules": {"vision": {"dp": 2, "pp": 2}, "llm": {"tp": 2, "cp": 2, "dp": 1}}})"},
-      {kValm, R"({"placement": "non_colocated", "schedule": "graph_1f1b", "modules": {"vision": {"dp": 2}, "audio": {"dp": 2}, "llm": {"tp": 2, "pp": 2, "dp": 1}}})"},
-      {kValm, R"({"placement": "colocated", "modules": {"vision": {"dp": 8}, "audio": {"dp": 4, "tp": 2}, "llm": {"tp": 2, "pp": 2, "dp": 2}}})"},
+      {kVlm,
+       R"({"placement": "homogeneous", "layout": {"tp": 2, "pp": 2, "dp": 2}, "sequence_parallel": true})"},
+      {kVlm,
+       R"({"placement": "homogeneous", "schedule": "gpipe", "layout": {"pp": 4, "cp": 2}, "recompute": "full"})"},
+      {kVlm,
+       R"({"placement": "homogeneous", "schedule": "interleaved_1f1b", "layout": {"pp": 2, "vpp": 2, "dp": 2, "tp": 2}, "num_micro_batches": 8})"},
+      {kVlm,
+       R"({"placement": "colocated", "schedule": "three_phase", "modules": {"vision": {"dp": 8}, "llm": {"tp": 2, "pp": 2, "dp": 2}}})"},
+      {kVlm,
+       R"({"placement": "colocated", "modules": {"vision": {"tp": 2, "dp": 4}, "llm": {"tp": 2, "dp": 4}}, "distributed_optimizer": true})"},
+      {kVlm,
+       R"({"placement": "non_colocated", "schedule": "graph_1f1b", "modules": {"vision": {"dp": 4}, "llm": {"tp": 2, "pp": 2, "dp": 1}}})"},
+      {kVlm,
+       R"({"placement": "non_colocated", "schedule": "graph_1f1b", "modules": {"vision": {"dp": 2, "pp": 2}, "llm": {"tp": 2, "cp": 2, "dp": 1}}})"},
+      {kValm,
+       R"({"placement": "non_colocated", "schedule": "graph_1f1b", "modules": {"vision": {"dp": 2}, "audio": {"dp": 2}, "llm": {"tp": 2, "pp": 2, "dp": 1}}})"},
+      {kValm,
+       R"({"placement": "colocated", "modules": {"vision": {"dp": 8}, "audio": {"dp": 4, "tp": 2}, "llm": {"tp": 2, "pp": 2, "dp": 2}}})"},
   };
   for (const auto& [model_text, plan_text] : plans) {
     INFO(std::string(plan_text));
@@ -139,9 +153,10 @@ TEST_CASE("without contention the simulation equals the in-order evaluator, op b
         if (std::fabs(got.ops[r][i].start_s - expected.ops[r][i].start_s) > tolerance ||
             std::fabs(got.ops[r][i].finish_s - expected.ops[r][i].finish_s) > tolerance) {
           if (mismatches++ < 3)
-            MESSAGE(op_name(l.program, l.program.ranks[r][i]) << " on rank " << r << ": simulated ["
-                    << got.ops[r][i].start_s << ", " << got.ops[r][i].finish_s << "], evaluated ["
-                    << expected.ops[r][i].start_s << ", " << expected.ops[r][i].finish_s << "]");
+            MESSAGE(op_name(l.program, l.program.ranks[r][i])
+                    << " on rank " << r << ": simulated [" << got.ops[r][i].start_s << ", "
+                    << got.ops[r][i].finish_s << "], evaluated [" << expected.ops[r][i].start_s
+                    << ", " << expected.ops[r][i].finish_s << "]");
         }
       }
     CHECK(mismatches == 0);
@@ -164,14 +179,18 @@ TEST_CASE("contention: two DP groups through the same node uplink take longer th
   CHECK(simulated(two, cost, false).step_s == doctest::Approx(simulated(one, cost, false).step_s));
 }
 
-TEST_CASE("contention: doubling NIC bandwidth shortens an inter-node-bound plan, not an NVLink-bound one") {
+TEST_CASE(
+    "contention: doubling NIC bandwidth shortens an inter-node-bound plan, not an NVLink-bound "
+    "one") {
   const double bytes = 1e9;
   const Program across = allreduces(4, {{0, 2}}, bytes);  // crosses nodes
   const Program inside = allreduces(4, {{0, 1}}, bytes);  // stays on NVLink
   const CostModel slow = cost_for(cluster(2, 2, 5e10));
   const CostModel fast = cost_for(cluster(2, 2, 10e10));
-  const double across_slow = simulated(across, slow, true).step_s, across_fast = simulated(across, fast, true).step_s;
-  const double inside_slow = simulated(inside, slow, true).step_s, inside_fast = simulated(inside, fast, true).step_s;
+  const double across_slow = simulated(across, slow, true).step_s,
+               across_fast = simulated(across, fast, true).step_s;
+  const double inside_slow = simulated(inside, slow, true).step_s,
+               inside_fast = simulated(inside, fast, true).step_s;
   CHECK(across_fast < 0.55 * across_slow);
   CHECK(inside_fast == doctest::Approx(inside_slow).epsilon(1e-9));
 }
@@ -182,7 +201,9 @@ TEST_CASE("twins: TP shards collapse, data-parallel replicas with different data
   Json workload_json = Json::parse(kWorkload);
   workload_json["samples"].erase("audio");
   const WorkloadSpec workload = read_workload(workload_json, "", "", ".", diag);
-  const ParallelPlan plan = read_plan(Json::parse(R"({"placement": "homogeneous", "layout": {"tp": 2, "pp": 2, "dp": 2}})"), "", "", diag);
+  const ParallelPlan plan = read_plan(
+      Json::parse(R"({"placement": "homogeneous", "layout": {"tp": 2, "pp": 2, "dp": 2}})"), "", "",
+      diag);
   REQUIRE(diag.ok());
   const Lowered l = lower(model, cluster(2, 4), plan, workload, draw_batch(workload, 0));
   const Twins t = find_twins(l.program);
@@ -225,7 +246,8 @@ TEST_CASE("traces: one valid Chrome-trace JSON per rank, slices nest per thread,
     int steps = 0;
     for (const Json& e : doc["traceEvents"]) {
       if (e["ph"] == "X") {
-        slices[e["tid"].get<int>()].emplace_back(e["ts"].get<double>(), e["ts"].get<double>() + e["dur"].get<double>());
+        slices[e["tid"].get<int>()].emplace_back(e["ts"].get<double>(),
+                                                 e["ts"].get<double>() + e["dur"].get<double>());
         if (e["name"].get<std::string>().rfind("ProfilerStep#", 0) == 0) ++steps;
       }
       if (e["ph"] == "s") ++flows[e["id"].get<int64_t>()];
@@ -233,7 +255,9 @@ TEST_CASE("traces: one valid Chrome-trace JSON per rank, slices nest per thread,
     }
     CHECK(steps == 2);
     for (auto& [tid, list] : slices) {
-      std::sort(list.begin(), list.end(), [](auto a, auto b) { return a.first != b.first ? a.first < b.first : a.second > b.second; });
+      std::sort(list.begin(), list.end(), [](auto a, auto b) {
+        return a.first != b.first ? a.first < b.first : a.second > b.second;
+      });
       std::vector<double> open;  // ends of enclosing slices
       for (const auto& [start, end] : list) {
         while (!open.empty() && open.back() <= start + 1e-6) open.pop_back();
@@ -261,8 +285,11 @@ TEST_CASE("golden simulator outputs for small scenarios with fixed seeds") {
     REQUIRE(r.feasible);
     Json got = Json::array();
     for (const SimulatedIteration& it : r.iterations)
-      got.push_back({{"iteration", it.iteration}, {"step_s", it.metrics.step_s}, {"samples_per_s", it.metrics.samples_per_s},
-                     {"tokens_per_s", it.metrics.tokens_per_s}, {"tflops_per_device", it.metrics.tflops_per_device},
+      got.push_back({{"iteration", it.iteration},
+                     {"step_s", it.metrics.step_s},
+                     {"samples_per_s", it.metrics.samples_per_s},
+                     {"tokens_per_s", it.metrics.tokens_per_s},
+                     {"tflops_per_device", it.metrics.tflops_per_device},
                      {"mfu", it.metrics.mfu}});
     const std::string file = kSource + "/tests/data/golden/" + name + ".json";
     if (update) {
@@ -274,9 +301,11 @@ TEST_CASE("golden simulator outputs for small scenarios with fixed seeds") {
     REQUIRE(expected.has_value());
     REQUIRE((*expected)["iterations"].size() == got.size());
     for (std::size_t i = 0; i < got.size(); ++i)
-      for (const char* key : {"step_s", "samples_per_s", "tokens_per_s", "tflops_per_device", "mfu"}) {
+      for (const char* key :
+           {"step_s", "samples_per_s", "tokens_per_s", "tflops_per_device", "mfu"}) {
         INFO("iteration " << i << " " << key);
-        CHECK(got[i][key].get<double>() == doctest::Approx((*expected)["iterations"][i][key].get<double>()).epsilon(1e-9));
+        CHECK(got[i][key].get<double>() ==
+              doctest::Approx((*expected)["iterations"][i][key].get<double>()).epsilon(1e-9));
       }
   }
 }
@@ -294,6 +323,7 @@ TEST_CASE("--nested timed equals ring flows when nothing else shares the NVLink 
   const SimulationResult timed = simulate(*s, *s->plan, options);
   REQUIRE(flows.feasible);
   REQUIRE(timed.feasible);
-  CHECK(timed.iterations[0].metrics.step_s == doctest::Approx(flows.iterations[0].metrics.step_s).epsilon(1e-9));
+  CHECK(timed.iterations[0].metrics.step_s ==
+        doctest::Approx(flows.iterations[0].metrics.step_s).epsilon(1e-9));
   CHECK(timed.iterations[0].activities < flows.iterations[0].activities / 2);
 }
