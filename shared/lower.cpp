@@ -175,6 +175,7 @@ class Lowering {
   std::vector<ScheduleItem> order_for(const ModuleInfo& m, int64_t stage, bool has_backward) const;
   int64_t graph_position(int module) const;
   int64_t graph_depth() const;
+  bool feeds_interleaved(int module) const;  // some module downstream runs interleaved 1F1B
 
   // Boundary messages between a producer host module and a consumer host module.
   double boundary_bytes(int producer_last, int consumer, std::span<const Sample* const> samples);
@@ -462,6 +463,23 @@ int64_t Lowering::graph_position(int module) const {
   return best;
 }
 
+bool Lowering::feeds_interleaved(int module) const {
+  const std::string& name = modules_[static_cast<std::size_t>(module)].spec->name;
+  for (const ModuleInfo& consumer : modules_) {
+    const auto& inputs = consumer.spec->inputs;
+    const bool fed = std::find(inputs.begin(), inputs.end(), name) != inputs.end() ||
+                     std::any_of(modules_.begin(), modules_.end(), [&](const ModuleInfo& borrowed) {
+                       return borrowed.host == module &&
+                              std::find(inputs.begin(), inputs.end(), borrowed.spec->name) != inputs.end();
+                     });
+    if (!fed || consumer.index == module) continue;
+    const ModuleInfo& owner = consumer.host >= 0 ? modules_[static_cast<std::size_t>(consumer.host)] : consumer;
+    if (owner.index == module) continue;  // a projector on this module's own ranks
+    if (owner.layout.vpp > 1 || feeds_interleaved(owner.index)) return true;
+  }
+  return false;
+}
+
 int64_t Lowering::graph_depth() const {
   int64_t depth = 0;
   for (const ModuleInfo& m : modules_)
@@ -478,6 +496,10 @@ std::vector<ScheduleItem> Lowering::order_for(const ModuleInfo& m, int64_t stage
                              static_cast<int32_t>(m.layout.vpp));
   if (plan_.schedule == Schedule::kGpipe) return gpipe_order(mbs);
   if (plan_.placement == Placement::kNonColocated) {
+    // An interleaved consumer takes several micro-batches per stage before its first backward,
+    // more than the graph-aware warm-up lets a producer run ahead (a circular wait): stages
+    // upstream of an interleaved module run every forward first.
+    if (feeds_interleaved(m.index)) return one_f_one_b_order(mbs, mbs);
     const int64_t position = graph_position(m.index) + stage;
     return one_f_one_b_order(mbs, static_cast<int32_t>(graph_depth() - position - 1));
   }

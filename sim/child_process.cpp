@@ -5,7 +5,10 @@
 #include <csignal>
 #include <cstdio>
 #include <cstring>
+#include <atomic>
 #include <exception>
+#include <mutex>
+#include <thread>
 
 #include <poll.h>
 #include <sys/wait.h>
@@ -115,6 +118,23 @@ ChildResult run_in_child(const std::function<std::string()>& body, double timeou
         error_text.empty() ? "exited with status " + std::to_string(result.exit_code) : error_text;
   }
   return result;
+}
+
+void run_children(const std::vector<std::function<std::string()>>& tasks, int jobs, double timeout_s,
+                  const std::function<void(std::size_t, const ChildResult&)>& done) {
+  // Each pool thread forks and supervises one child at a time; children never share memory.
+  std::atomic<std::size_t> next{0};
+  std::mutex report;
+  auto worker = [&] {
+    for (std::size_t i = next++; i < tasks.size(); i = next++) {
+      const ChildResult result = run_in_child(tasks[i], timeout_s);
+      const std::lock_guard lock(report);
+      done(i, result);
+    }
+  };
+  std::vector<std::thread> pool;
+  for (int j = 0; j < std::max(1, jobs); ++j) pool.emplace_back(worker);
+  for (std::thread& t : pool) t.join();
 }
 
 }  // namespace tessera::sim

@@ -5,6 +5,7 @@
 
 #include <functional>
 #include <string>
+#include <vector>
 
 namespace tessera::sim {
 
@@ -20,5 +21,10 @@ struct ChildResult {
 // `body` runs in the child and returns its result bytes; a thrown exception becomes a failed
 // result carrying its message. `timeout_s` <= 0 means no limit.
 ChildResult run_in_child(const std::function<std::string()>& body, double timeout_s);
+
+// Runs every task in its own child, at most `jobs` at a time, and calls `done(index, result)`
+// in the parent as each one finishes (calls are serialized, in completion order).
+void run_children(const std::vector<std::function<std::string()>>& tasks, int jobs, double timeout_s,
+                  const std::function<void(std::size_t, const ChildResult&)>& done);
 
 }  // namespace tessera::sim

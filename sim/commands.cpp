@@ -4,6 +4,7 @@
 #include <memory>
 #include <ostream>
 #include <sstream>
+#include <thread>
 
 #include <cxxopts.hpp>
 
@@ -13,6 +14,7 @@
 #include "shared/scenario.hpp"
 #include "shared/scenario_report.hpp"
 #include "sim/simulator.hpp"
+#include "sim/sweep.hpp"
 
 namespace tessera::sim {
 
@@ -362,6 +364,62 @@ int run_simulate(const Args& args, std::ostream& out, std::ostream& err) {
   return kOk;
 }
 
+int run_sweep(const Args& args, std::ostream& out, std::ostream& err) {
+  cxxopts::Options options("tessera sweep",
+                           "What-if search: enumerates homogeneous, colocated and non-colocated plans for each "
+                           "GPU count, rejects the invalid ones (counted by reason), ranks the rest with the "
+                           "analytic estimate, simulates the best K on SimGrid in parallel and streams every "
+                           "result to DIR/results.jsonl; --resume continues an interrupted sweep.");
+  options.add_options()("gpus", "GPU counts to search (default: the scenario's search space, else its cluster)",
+                        cxxopts::value<std::vector<int64_t>>())(
+      "placements", "homogeneous,colocated,non_colocated (default: the search space's)",
+      cxxopts::value<std::vector<std::string>>())("top", "plans simulated per GPU count (default: the search space's top_k)",
+                                                  cxxopts::value<int64_t>())(
+      "j,jobs", "simulations in parallel", cxxopts::value<int>()->default_value(std::to_string(std::max(1u, std::thread::hardware_concurrency()))))(
+      "out", "output folder (default: out/sweep-<scenario>)", cxxopts::value<std::string>())(
+      "resume", "keep the results already in the output folder and simulate only the missing plans")(
+      "iterations", "simulated iterations per plan", cxxopts::value<int64_t>()->default_value("1"))(
+      "nested", "nested collectives as ring flows or timed activities", cxxopts::value<std::string>()->default_value("timed"))(
+      "rows", "rows of the table", cxxopts::value<int64_t>()->default_value("10"));
+  int code = kOk;
+  std::string file;
+  const auto result = parse_with_input(options, "scenario file", "<scenario.json>", args, out, err, file, code);
+  if (!result) return code;
+  SweepOptions sweep;
+  if (result->count("gpus")) sweep.gpus = (*result)["gpus"].as<std::vector<int64_t>>();
+  for (int64_t g : sweep.gpus)
+    if (g < 1) {
+      err << options.program() << ": --gpus must be >= 1\n";
+      return kBadInput;
+    }
+  if (result->count("placements"))
+    for (const std::string& name : (*result)["placements"].as<std::vector<std::string>>()) {
+      Placement p{};
+      Diagnostics diag;
+      if (!read_enum(Json(name), "--placements", "", p, kPlacements, diag)) return report_problems(diag, err);
+      sweep.placements.push_back(p);
+    }
+  if (result->count("top")) sweep.top_k = (*result)["top"].as<int64_t>();
+  sweep.jobs = (*result)["jobs"].as<int>();
+  sweep.resume = result->count("resume") > 0;
+  sweep.iterations = (*result)["iterations"].as<int64_t>();
+  const std::string nested = (*result)["nested"].as<std::string>();
+  const int64_t rows = (*result)["rows"].as<int64_t>();
+  if ((result->count("top") && sweep.top_k < 1) || sweep.jobs < 1 || sweep.iterations < 1 || rows < 1 ||
+      (nested != "flows" && nested != "timed")) {
+    err << options.program() << ": --top, --jobs, --iterations, --rows >= 1 and --nested flows|timed\n";
+    return kBadInput;
+  }
+  sweep.nested_flows = nested == "flows";
+  Diagnostics diag;
+  const auto scenario = load_scenario(file, diag);
+  if (!scenario) return report_problems(diag, err);
+  sweep.out_dir = result->count("out") ? (*result)["out"].as<std::string>() : "out/sweep-" + scenario->name;
+  const SweepResult r = run_sweep(*scenario, sweep, [&](const std::string& line) { err << line << "\n"; });
+  out << format_sweep(r, *scenario, static_cast<std::size_t>(rows));
+  return kOk;
+}
+
 const std::vector<Command>& commands() {
   static const std::vector<Command> table = {
       {"validate", "check a scenario and report every problem", run_validate},
@@ -371,6 +429,7 @@ const std::vector<Command>& commands() {
       {"estimate", "predict step time, throughput, MFU and memory of a plan (analytic)",
        run_estimate},
       {"simulate", "simulate a plan on SimGrid with network contention", run_simulate},
+      {"sweep", "search plans: enumerate, prune, estimate, simulate the best, rank", run_sweep},
   };
   return table;
 }

@@ -16,6 +16,7 @@ int run_import_hf(const Args& args, std::ostream& out, std::ostream& err);
 int run_lower(const Args& args, std::ostream& out, std::ostream& err);
 int run_estimate(const Args& args, std::ostream& out, std::ostream& err);
 int run_simulate(const Args& args, std::ostream& out, std::ostream& err);
+int run_sweep(const Args& args, std::ostream& out, std::ostream& err);
 
 struct Command {
   const char* name;

@@ -1,0 +1,170 @@
+#include "shared/plan_search.hpp"
+
+#include <algorithm>
+
+namespace tessera {
+
+namespace {
+
+ModuleLayout layout(int64_t tp, int64_t cp, int64_t pp, int64_t dp, int64_t vpp) {
+  ModuleLayout l;
+  l.tp = tp;
+  l.cp = cp;
+  l.pp = pp;
+  l.dp = dp;
+  l.vpp = vpp;
+  return l;
+}
+
+// The LLM-side grids of the space on `gpus` devices: (tp, cp, pp, vpp, micro-batch size).
+struct LlmChoice {
+  int64_t tp, cp, pp, dp, vpp, mbs;
+};
+std::vector<LlmChoice> llm_choices(const SearchSpace& space, int64_t gpus) {
+  std::vector<LlmChoice> out;
+  for (int64_t tp : space.tp)
+    for (int64_t cp : space.cp)
+      for (int64_t pp : space.pp) {
+        if (gpus % (tp * cp * pp) != 0) continue;  // the grid does not tile the devices
+        for (int64_t vpp : space.vpp) {
+          if (vpp > 1 && pp == 1) continue;  // virtual stages need a pipeline
+          for (int64_t mbs : space.micro_batch_sizes) out.push_back({tp, cp, pp, gpus / (tp * cp * pp), vpp, mbs});
+        }
+      }
+  return out;
+}
+
+void base_options(ParallelPlan& p, const LlmChoice& c) {
+  p.micro_batch_size = c.mbs;
+  p.sequence_parallel = c.tp > 1;
+  p.distributed_optimizer = true;
+  p.stage_split = StageSplit::kUniform;
+}
+
+}  // namespace
+
+ClusterSpec cluster_with_devices(const ClusterSpec& cluster, int64_t gpus) {
+  ClusterSpec c = cluster;
+  if (c.kind == ClusterKind::kCpuLocal) return c;
+  if (gpus <= c.devices_per_node) {
+    c.nodes = 1;
+    c.devices_per_node = gpus;
+  } else {
+    c.nodes = (gpus + c.devices_per_node - 1) / c.devices_per_node;
+  }
+  return c;
+}
+
+std::string rejection_reason(const std::string& m) {
+  const std::pair<const char*, const char*> rules[] = {
+      {"kv_heads", "kv_heads vs tp"},
+      {"heads=", "heads % tp"},
+      {"experts", "experts % ep"},
+      {"fewer than pp*vpp", "layers < pp*vpp"},
+      {"not divisible into", "sequence % cp"},
+      {"global_batch", "batch divisibility"},
+      {"interleaved 1F1B needs", "micro-batches % pp"},
+      {"must divide one another", "boundary dp"},
+      {"ranks, cluster", "world != devices"},
+      {"needs", "memory"},
+  };
+  for (const auto& [needle, reason] : rules)
+    if (m.find(needle) != std::string::npos) return reason;
+  return m.substr(0, 40);
+}
+
+Enumeration enumerate_plans(const Scenario& s, const SearchSpace& space, int64_t gpus) {
+  Enumeration e;
+  const ClusterSpec cluster = cluster_with_devices(s.cluster, gpus);
+  const ModuleSpec* llm = find_llm(s.model);
+  std::vector<const ModuleSpec*> encoders;
+  for (const ModuleSpec& m : s.model.modules)
+    if (m.role == ModuleRole::kEncoder) encoders.push_back(&m);
+  auto consider = [&](ParallelPlan plan) {
+    ++e.considered;
+    Diagnostics diag;
+    validate_plan(plan, s.model, s.workload, cluster, "", "", diag);
+    if (!diag.ok()) {
+      ++e.rejected[rejection_reason(diag.errors().front().message)];
+      return;
+    }
+    const Json key = {{"gpus", gpus}, {"plan", to_json(plan)}};
+    e.valid.push_back({key.dump(), gpus, std::move(plan)});
+  };
+  for (Placement placement : space.placements) {
+    for (const LlmChoice& c : llm_choices(space, gpus)) {
+      const Schedule pipeline = c.vpp > 1 ? Schedule::kInterleaved1F1B : Schedule::k1F1B;
+      if (placement == Placement::kHomogeneous) {
+        ParallelPlan p;
+        p.placement = placement;
+        p.layout = layout(c.tp, c.cp, c.pp, c.dp, c.vpp);
+        p.schedule = pipeline;
+        base_options(p, c);
+        consider(p);
+      } else if (placement == Placement::kColocated && !encoders.empty()) {
+        // Every encoder on all devices with its own TP (and DP = the rest); the LLM grid c.
+        for (int64_t tp_e : space.tp) {
+          if (gpus % tp_e != 0 || c.vpp > 1) continue;
+          ParallelPlan p;
+          p.placement = placement;
+          for (const ModuleSpec* enc : encoders) p.modules.emplace_back(enc->name, layout(tp_e, 1, 1, gpus / tp_e, 1));
+          p.modules.emplace_back(llm->name, layout(c.tp, c.cp, c.pp, c.dp, 1));
+          p.schedule = Schedule::kThreePhase;
+          base_options(p, c);
+          consider(p);
+        }
+      }
+    }
+    if (placement != Placement::kNonColocated || encoders.empty()) continue;
+    // Non-colocated: the encoders share 1/16 .. 1/2 of the devices equally, each with its own
+    // TP; the LLM takes the rest with any grid of the space.
+    for (int64_t fraction : {16, 8, 4, 2}) {
+      const int64_t share = gpus / fraction / static_cast<int64_t>(encoders.size());
+      if (share < 1 || share * fraction * static_cast<int64_t>(encoders.size()) != gpus) continue;
+      const int64_t rest = gpus - share * static_cast<int64_t>(encoders.size());
+      for (int64_t tp_e : space.tp) {
+        if (share % tp_e != 0) continue;
+        for (const LlmChoice& c : llm_choices(space, rest)) {
+          ParallelPlan p;
+          p.placement = placement;
+          int64_t first = 0;
+          for (const ModuleSpec* enc : encoders) {
+            ModuleLayout l = layout(tp_e, 1, 1, share / tp_e, 1);
+            l.ranks = RankSpan{first, share};
+            first += share;
+            p.modules.emplace_back(enc->name, l);
+          }
+          ModuleLayout l = layout(c.tp, c.cp, c.pp, c.dp, c.vpp);
+          l.ranks = RankSpan{first, rest};
+          p.modules.emplace_back(llm->name, l);
+          p.schedule = c.vpp > 1 ? Schedule::kInterleaved1F1B : Schedule::kGraph1F1B;
+          base_options(p, c);
+          consider(p);
+        }
+      }
+    }
+  }
+  return e;
+}
+
+std::vector<RankedCandidate> rank_candidates(const Scenario& s, std::vector<Candidate> candidates, int64_t iteration,
+                                             std::map<std::string, int64_t>& rejected) {
+  std::vector<RankedCandidate> ranked;
+  for (Candidate& c : candidates) {
+    Scenario sized = s;
+    sized.cluster = cluster_with_devices(s.cluster, c.gpus);
+    Estimate e = estimate(sized, c.plan, iteration, default_cost_params(sized.cluster));
+    if (e.metrics.step_s <= 0 || !e.feasible) {
+      ++rejected[e.metrics.step_s <= 0 ? rejection_reason(e.reason) : "memory"];
+      continue;
+    }
+    ranked.push_back({std::move(c), std::move(e)});
+  }
+  std::stable_sort(ranked.begin(), ranked.end(), [](const RankedCandidate& a, const RankedCandidate& b) {
+    if (a.estimate.metrics.step_s != b.estimate.metrics.step_s) return a.estimate.metrics.step_s < b.estimate.metrics.step_s;
+    return a.candidate.key < b.candidate.key;
+  });
+  return ranked;
+}
+
+}  // namespace tessera

@@ -1,0 +1,49 @@
+// Plan search: enumerate candidate plans per placement family from a SearchSpace, reject the
+// invalid ones with a counted reason, and rank the rest with the analytic estimate.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "shared/estimate.hpp"
+#include "shared/scenario.hpp"
+#include "shared/search_space.hpp"
+
+namespace tessera {
+
+struct Candidate {
+  std::string key;  // stable id: the canonical JSON of (gpus, plan)
+  int64_t gpus = 0;
+  ParallelPlan plan;
+};
+
+struct Enumeration {
+  std::vector<Candidate> valid;                 // in enumeration order
+  std::map<std::string, int64_t> rejected;      // reason -> count
+  int64_t considered = 0;
+};
+
+// The scenario's cluster resized to `gpus` devices (whole nodes; fewer than a node's devices
+// make one smaller node). REQUIRES: gpus >= 1.
+ClusterSpec cluster_with_devices(const ClusterSpec& cluster, int64_t gpus);
+
+// Every candidate of the space for `gpus` devices, validated against the scenario. Memory is
+// not checked here (rank_candidates does, since it needs the lowered program).
+Enumeration enumerate_plans(const Scenario& scenario, const SearchSpace& space, int64_t gpus);
+
+// A short name for why a plan was rejected, from its first validation message.
+std::string rejection_reason(const std::string& message);
+
+struct RankedCandidate {
+  Candidate candidate;
+  Estimate estimate;
+};
+
+// Estimates every candidate (iteration `iteration`'s batch), moves plans that do not fit in
+// memory into `rejected` ("memory"), and sorts the rest by step time (then key).
+std::vector<RankedCandidate> rank_candidates(const Scenario& scenario, std::vector<Candidate> candidates,
+                                             int64_t iteration, std::map<std::string, int64_t>& rejected);
+
+}  // namespace tessera

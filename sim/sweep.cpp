@@ -1,0 +1,273 @@
+#include "sim/sweep.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "shared/scenario_report.hpp"
+#include "sim/child_process.hpp"
+#include "sim/simulator.hpp"
+
+namespace tessera::sim {
+
+namespace {
+
+Json row_to_json(const SweepRow& r) {
+  return Json{{"key", r.key},
+              {"gpus", r.gpus},
+              {"plan", to_json(r.plan)},
+              {"estimate_step_s", r.estimate_step_s},
+              {"ok", r.ok},
+              {"failure", r.failure},
+              {"step_s", r.step_s},
+              {"tokens_per_s", r.tokens_per_s},
+              {"tflops_per_device", r.tflops_per_device},
+              {"mfu", r.mfu},
+              {"bubble", r.bubble},
+              {"peak_memory_bytes", r.peak_memory_bytes}};
+}
+
+bool row_from_json(const Json& j, SweepRow& r) {
+  try {
+    r.key = j.at("key").get<std::string>();
+    r.gpus = j.at("gpus").get<int64_t>();
+    Diagnostics diag;
+    r.plan = read_plan(j.at("plan"), "", "", diag);
+    if (!diag.ok()) return false;
+    r.estimate_step_s = j.at("estimate_step_s").get<double>();
+    r.ok = j.at("ok").get<bool>();
+    r.failure = j.at("failure").get<std::string>();
+    for (const auto& [field, name] : {std::pair{&r.step_s, "step_s"}, std::pair{&r.tokens_per_s, "tokens_per_s"},
+                                      std::pair{&r.tflops_per_device, "tflops_per_device"}, std::pair{&r.mfu, "mfu"},
+                                      std::pair{&r.bubble, "bubble"}, std::pair{&r.peak_memory_bytes, "peak_memory_bytes"}})
+      *field = j.at(name).get<double>();
+    return true;
+  } catch (const Json::exception&) {
+    return false;
+  }
+}
+
+// Best first: successful rows by simulated step time, then failures; ties by key.
+void sort_rows(std::vector<SweepRow>& rows) {
+  std::sort(rows.begin(), rows.end(), [](const SweepRow& a, const SweepRow& b) {
+    if (a.ok != b.ok) return a.ok;
+    if (a.ok && a.step_s != b.step_s) return a.step_s < b.step_s;
+    return a.key < b.key;
+  });
+}
+
+}  // namespace
+
+std::string describe_layout(const ParallelPlan& plan, const ModelSpec& model) {
+  auto one = [](const std::string& name, const ModuleLayout& l) {
+    std::string s = name + " t" + std::to_string(l.tp);
+    if (l.cp > 1) s += " c" + std::to_string(l.cp);
+    if (l.pp > 1) s += " p" + std::to_string(l.pp);
+    if (l.vpp > 1) s += " v" + std::to_string(l.vpp);
+    if (l.ep > 1) s += " e" + std::to_string(l.ep);
+    return s + " d" + std::to_string(l.dp);
+  };
+  if (plan.placement == Placement::kHomogeneous) {
+    const ModuleSpec* llm = find_llm(model);
+    return one(llm != nullptr ? llm->name : "all", plan.layout);
+  }
+  std::string out;
+  for (auto it = plan.modules.rbegin(); it != plan.modules.rend(); ++it)
+    out += (out.empty() ? "" : " | ") + one(it->first, it->second);
+  return out;
+}
+
+SweepResult run_sweep(const Scenario& s, const SweepOptions& options, const std::function<void(const std::string&)>& progress) {
+  SweepResult result;
+  result.out_dir = options.out_dir;
+  SearchSpace space = s.search.value_or(SearchSpace{});
+  if (!options.placements.empty()) space.placements = options.placements;
+  std::vector<int64_t> gpus = options.gpus;
+  if (gpus.empty()) gpus = space.gpus;
+  if (gpus.empty()) gpus = {std::max<int64_t>(1, device_count(s.cluster))};
+  const int64_t top_k = options.top_k > 0 ? options.top_k : space.top_k;
+
+  // Enumerate and rank, per GPU count; the best K of each count get simulated.
+  std::vector<RankedCandidate> chosen;
+  for (int64_t g : gpus) {
+    Enumeration e = enumerate_plans(s, space, g);
+    result.considered += e.considered;
+    result.valid += static_cast<int64_t>(e.valid.size());
+    for (const auto& [reason, count] : e.rejected) result.rejected[reason] += count;
+    std::vector<RankedCandidate> ranked = rank_candidates(s, std::move(e.valid), 0, result.rejected);
+    result.ranked += static_cast<int64_t>(ranked.size());
+    for (std::size_t i = 0; i < ranked.size() && static_cast<int64_t>(i) < top_k; ++i) chosen.push_back(std::move(ranked[i]));
+  }
+
+  namespace fs = std::filesystem;
+  fs::create_directories(options.out_dir);
+  const fs::path jsonl = fs::path(options.out_dir) / "results.jsonl";
+  // Resume: rows already written stay; only the missing plans are simulated.
+  std::set<std::string> done;
+  if (options.resume && fs::exists(jsonl)) {
+    std::ifstream in(jsonl);
+    std::string line;
+    while (std::getline(in, line)) {
+      SweepRow row;
+      Json j;
+      try {
+        j = Json::parse(line);
+      } catch (const Json::exception&) {
+        continue;  // a line cut short by an interruption
+      }
+      if (row_from_json(j, row) && !done.contains(row.key)) {
+        done.insert(row.key);
+        result.rows.push_back(row);
+      }
+    }
+  } else if (fs::exists(jsonl)) {
+    fs::remove(jsonl);
+  }
+  // Rewrite the kept rows whole, dropping any partial line, before appending.
+  {
+    std::ofstream out(jsonl, std::ios::trunc);
+    for (const SweepRow& r : result.rows) out << row_to_json(r).dump() << "\n";
+  }
+  std::vector<const RankedCandidate*> todo;
+  for (const RankedCandidate& c : chosen)
+    if (!done.contains(c.candidate.key)) todo.push_back(&c);
+
+  std::vector<std::function<std::string()>> tasks;
+  for (const RankedCandidate* c : todo)
+    tasks.push_back([&s, c, &options] {
+      Scenario sized = s;
+      sized.cluster = cluster_with_devices(s.cluster, c->candidate.gpus);
+      SimulateOptions sim;
+      sim.iterations = options.iterations;
+      sim.nested_flows = options.nested_flows;
+      sim.timeout_s = options.timeout_s;
+      // Already inside a child: run each iteration's engine in a grandchild as usual.
+      const SimulationResult r = simulate(sized, c->candidate.plan, sim);
+      Json j = {{"feasible", r.feasible}, {"reason", r.reason}};
+      if (r.feasible) {
+        double tokens = 0, tflops = 0, mfu = 0, bubble = 0, memory = 0;
+        for (const SimulatedIteration& it : r.iterations) {
+          tokens += it.metrics.tokens_per_s;
+          tflops += it.metrics.tflops_per_device;
+          mfu += it.metrics.mfu;
+          bubble += it.metrics.bubble_mean;
+          memory = std::max(memory, it.metrics.memory[static_cast<std::size_t>(it.metrics.peak_rank)].total());
+        }
+        const double n = static_cast<double>(r.iterations.size());
+        j.update({{"step_s", r.step_mean_s}, {"tokens_per_s", tokens / n}, {"tflops_per_device", tflops / n},
+                  {"mfu", mfu / n}, {"bubble", bubble / n}, {"peak_memory_bytes", memory}});
+      }
+      return j.dump();
+    });
+  std::ofstream out(jsonl, std::ios::app);
+  std::size_t finished = 0;
+  run_children(tasks, options.jobs, options.timeout_s * static_cast<double>(options.iterations) + 60,
+               [&](std::size_t i, const ChildResult& child) {
+                 const RankedCandidate& c = *todo[i];
+                 SweepRow row;
+                 row.key = c.candidate.key;
+                 row.gpus = c.candidate.gpus;
+                 row.plan = c.candidate.plan;
+                 row.estimate_step_s = c.estimate.metrics.step_s;
+                 if (!child.ok) {
+                   row.failure = child.error;
+                 } else {
+                   const Json j = Json::parse(child.output);
+                   if (!j.at("feasible").get<bool>()) {
+                     row.failure = j.at("reason").get<std::string>();
+                   } else {
+                     row.ok = true;
+                     row.step_s = j.at("step_s").get<double>();
+                     row.tokens_per_s = j.at("tokens_per_s").get<double>();
+                     row.tflops_per_device = j.at("tflops_per_device").get<double>();
+                     row.mfu = j.at("mfu").get<double>();
+                     row.bubble = j.at("bubble").get<double>();
+                     row.peak_memory_bytes = j.at("peak_memory_bytes").get<double>();
+                   }
+                 }
+                 out << row_to_json(row).dump() << "\n";
+                 out.flush();  // streamed: an interruption loses at most the running simulations
+                 result.rows.push_back(row);
+                 char line[256];
+                 std::snprintf(line, sizeof line, "[%zu/%zu] %s: %s", ++finished, todo.size(),
+                               describe_layout(row.plan, s.model).c_str(),
+                               row.ok ? ("step " + std::to_string(row.step_s) + " s").c_str() : ("failed: " + row.failure).c_str());
+                 progress(line);
+               });
+  sort_rows(result.rows);
+
+  // CSV and summary.
+  std::ofstream csv(fs::path(options.out_dir) / "results.csv", std::ios::trunc);
+  csv << "rank,gpus,placement,layout,micro_batch_size,global_batch,schedule,step_s,tokens_per_s,tflops_per_device,mfu,"
+         "bubble,peak_memory_gib,estimate_step_s,status\n";
+  for (std::size_t i = 0; i < result.rows.size(); ++i) {
+    const SweepRow& r = result.rows[i];
+    csv << i + 1 << "," << r.gpus << "," << enum_name(r.plan.placement, kPlacements) << ",\"" << describe_layout(r.plan, s.model)
+        << "\"," << r.plan.micro_batch_size << "," << s.workload.global_batch << "," << enum_name(r.plan.schedule, kSchedules)
+        << "," << r.step_s << "," << r.tokens_per_s << "," << r.tflops_per_device << "," << r.mfu << "," << r.bubble << ","
+        << r.peak_memory_bytes / (1024.0 * 1024 * 1024) << "," << r.estimate_step_s << ","
+        << (r.ok ? "ok" : "\"failed: " + r.failure + "\"") << "\n";
+  }
+  Json summary;
+  summary["scenario"] = s.name;
+  summary["considered"] = result.considered;
+  summary["valid"] = result.valid;
+  summary["ranked"] = result.ranked;
+  summary["rejected"] = result.rejected;
+  Json rows = Json::array();
+  for (const SweepRow& r : result.rows) rows.push_back(row_to_json(r));
+  summary["results"] = rows;
+  std::ofstream(fs::path(options.out_dir) / "summary.json", std::ios::trunc) << summary.dump(1) << "\n";
+  return result;
+}
+
+std::string format_sweep(const SweepResult& r, const Scenario& s, std::size_t shown) {
+  std::ostringstream out;
+  out << r.considered << " plans considered, " << r.valid << " valid, " << r.ranked << " fit in memory and were estimated";
+  int64_t rejected = 0;
+  for (const auto& [reason, count] : r.rejected) rejected += count;
+  out << "; " << rejected << " rejected:";
+  for (const auto& [reason, count] : r.rejected) out << " " << count << " " << reason << ",";
+  out.seekp(-1, std::ios_base::end);
+  out << "\n\n";
+  char line[512];
+  std::snprintf(line, sizeof line, "%-4s %-5s %-14s %-40s %-4s %-5s %-9s %-11s %-9s %-6s %-9s %-7s\n", "#", "GPUs", "placement",
+                "layout", "MBS", "GBS", "step (s)", "tokens/s", "TFLOP/s", "MFU", "memory", "idle %");
+  out << line;
+  for (std::size_t i = 0; i < r.rows.size() && i < shown; ++i) {
+    const SweepRow& row = r.rows[i];
+    if (!row.ok) {
+      std::snprintf(line, sizeof line, "%-4zu %-5lld %-14s %-40s failed: %s\n", i + 1, static_cast<long long>(row.gpus),
+                    enum_name(row.plan.placement, kPlacements).c_str(), describe_layout(row.plan, s.model).c_str(),
+                    row.failure.c_str());
+    } else {
+      std::snprintf(line, sizeof line, "%-4zu %-5lld %-14s %-40s %-4lld %-5lld %-9.4g %-11.4g %-9.4g %-6.1f %-9s %-7.1f\n", i + 1,
+                    static_cast<long long>(row.gpus), enum_name(row.plan.placement, kPlacements).c_str(),
+                    describe_layout(row.plan, s.model).c_str(), static_cast<long long>(row.plan.micro_batch_size),
+                    static_cast<long long>(s.workload.global_batch), row.step_s, row.tokens_per_s, row.tflops_per_device,
+                    100 * row.mfu, human_bytes(row.peak_memory_bytes).c_str(), 100 * row.bubble);
+    }
+    out << line;
+  }
+  // The best homogeneous plan beside the best heterogeneous one.
+  const SweepRow* homogeneous = nullptr;
+  const SweepRow* heterogeneous = nullptr;
+  for (const SweepRow& row : r.rows) {
+    if (!row.ok) continue;
+    if (row.plan.placement == Placement::kHomogeneous && homogeneous == nullptr) homogeneous = &row;
+    if (row.plan.placement != Placement::kHomogeneous && heterogeneous == nullptr) heterogeneous = &row;
+  }
+  if (homogeneous != nullptr && heterogeneous != nullptr) {
+    std::snprintf(line, sizeof line, "\nbest heterogeneous (%s, %s) vs best homogeneous (%s): %.2fx tokens/s\n",
+                  enum_name(heterogeneous->plan.placement, kPlacements).c_str(), describe_layout(heterogeneous->plan, s.model).c_str(),
+                  describe_layout(homogeneous->plan, s.model).c_str(), heterogeneous->tokens_per_s / homogeneous->tokens_per_s);
+    out << line;
+  }
+  out << "\nresults: " << r.out_dir << "/results.jsonl, results.csv, summary.json\n";
+  return out.str();
+}
+
+}  // namespace tessera::sim

@@ -1,0 +1,56 @@
+// tessera sweep: enumerate plans for each GPU count, rank them with the analytic estimate,
+// simulate the best K on SimGrid in parallel child processes, and stream every result to
+// DIR/results.jsonl as it finishes (so --resume loses nothing), then write results.csv and
+// summary.json.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <iosfwd>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "shared/plan_search.hpp"
+#include "shared/scenario.hpp"
+
+namespace tessera::sim {
+
+struct SweepOptions {
+  std::vector<int64_t> gpus;          // Default: the search space's, else the cluster's devices
+  std::vector<Placement> placements;  // Default: the search space's
+  int64_t top_k = -1;                 // Default: the search space's top_k
+  int jobs = 2;
+  std::string out_dir;
+  bool resume = false;
+  int64_t iterations = 1;  // simulated iterations per plan
+  bool nested_flows = false;
+  double timeout_s = 600;  // per simulated plan
+};
+
+struct SweepRow {
+  std::string key;
+  int64_t gpus = 0;
+  ParallelPlan plan;
+  double estimate_step_s = 0;
+  bool ok = false;
+  std::string failure;  // why the simulation failed
+  double step_s = 0, tokens_per_s = 0, tflops_per_device = 0, mfu = 0, bubble = 0, peak_memory_bytes = 0;
+};
+
+struct SweepResult {
+  std::vector<SweepRow> rows;  // every simulated plan, best first
+  std::map<std::string, int64_t> rejected;
+  int64_t considered = 0, valid = 0, ranked = 0;
+  std::string out_dir;
+};
+
+// `progress` receives one line per finished simulation. REQUIRES: scenario validated.
+SweepResult run_sweep(const Scenario& scenario, const SweepOptions& options,
+                      const std::function<void(const std::string&)>& progress);
+
+// "llm t4 p2 d8 | vision t1 d64" — the layout of a plan, module by module.
+std::string describe_layout(const ParallelPlan& plan, const ModelSpec& model);
+std::string format_sweep(const SweepResult& result, const Scenario& scenario, std::size_t rows);
+
+}  // namespace tessera::sim
