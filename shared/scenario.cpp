@@ -144,6 +144,62 @@ Json to_json(const Scenario& s) {
   return j;
 }
 
+Json inline_scenario_json(const Scenario& s) {
+  Json j = to_json(s);
+  j["model"] = to_json(s.model);
+  Json workload = to_json(s.workload);
+  if (!s.workload.manifest.empty()) {
+    // The manifest path is relative to the file that named it; make it absolute.
+    const fs::path named = s.workload_ref.empty() ? fs::path(s.file) : fs::path(directory_of(s.file)) / s.workload_ref;
+    const fs::path manifest(s.workload.manifest);
+    workload["manifest"] = manifest.is_absolute() ? manifest.string()
+                                                  : fs::absolute(fs::path(directory_of(named.string())) / manifest).string();
+  }
+  j["workload"] = workload;
+  j["cluster"] = to_json(s.cluster);
+  if (s.plan) j["plan"] = to_json(*s.plan);
+  return j;
+}
+
+std::string set_json_path(Json& root, const std::string& path, const Json& value) {
+  Json* at = &root;
+  std::size_t begin = 0;
+  while (begin <= path.size()) {
+    const std::size_t dot = path.find('.', begin);
+    std::string part = path.substr(begin, dot == std::string::npos ? std::string::npos : dot - begin);
+    const bool last = dot == std::string::npos;
+    // "modules[2]" -> key "modules", index 2 (several indices allowed).
+    std::vector<std::size_t> indices;
+    while (!part.empty() && part.back() == ']') {
+      const std::size_t open = part.rfind('[');
+      if (open == std::string::npos) return "malformed index in '" + path + "'";
+      try {
+        indices.insert(indices.begin(), std::stoul(part.substr(open + 1, part.size() - open - 2)));
+      } catch (const std::exception&) {
+        return "malformed index in '" + path + "'";
+      }
+      part = part.substr(0, open);
+    }
+    if (!at->is_object()) return "'" + path + "': '" + part + "' is not inside an object";
+    if (last && indices.empty()) {
+      (*at)[part] = value;
+      return "";
+    }
+    if (!at->contains(part)) return "'" + path + "': no key '" + part + "'";
+    at = &(*at)[part];
+    for (std::size_t i : indices) {
+      if (!at->is_array() || i >= at->size()) return "'" + path + "': index " + std::to_string(i) + " out of range";
+      at = &(*at)[i];
+    }
+    if (last) {
+      *at = value;
+      return "";
+    }
+    begin = dot + 1;
+  }
+  return "empty path";
+}
+
 std::optional<ModelSpec> load_model(const std::string& file, Diagnostics& diag) {
   const std::size_t before = diag.errors().size();
   const auto json = read_json_file(file, diag);

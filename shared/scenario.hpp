@@ -39,6 +39,15 @@ void validate_scenario(const Scenario& scenario, Diagnostics& diag);
 // Parts given by path are written back as paths; inline parts inline.
 Json to_json(const Scenario& scenario);
 
+// The scenario as one self-contained JSON document: every part inline (a manifest path made
+// absolute), so a field of any part can be changed and the result read back.
+Json inline_scenario_json(const Scenario& scenario);
+
+// Sets `value` at a dotted JSON path ("cluster.inter_node.bandwidth_bytes_per_s",
+// "model.modules[0].frozen"). Intermediate objects must exist; the last key may be new.
+// Returns an error message, or "".
+std::string set_json_path(Json& root, const std::string& path, const Json& value);
+
 // Loaders for files that hold one part only (a model.json, a cluster.json ...).
 std::optional<ModelSpec> load_model(const std::string& file, Diagnostics& diag);
 std::optional<ClusterSpec> load_cluster(const std::string& file, Diagnostics& diag);

@@ -1,10 +1,12 @@
 #include "sim/commands.hpp"
 
+#include <chrono>
 #include <filesystem>
 #include <memory>
 #include <ostream>
 #include <sstream>
 #include <thread>
+#include <unistd.h>
 
 #include <cxxopts.hpp>
 
@@ -84,11 +86,34 @@ std::optional<Scenario> scenario_with_plan(const cxxopts::ParseResult& args,
   auto scenario = load_scenario(file, diag);
   if (!scenario) return std::nullopt;
   if (args.count("plan")) {
-    const std::string plan_file = args["plan"].as<std::string>();
-    const auto json = read_json_file(plan_file, diag);
-    if (!json) return std::nullopt;
+    std::string plan_file = args["plan"].as<std::string>();
     const std::size_t before = diag.errors().size();
-    scenario->plan = read_plan(*json, plan_file, "", diag);
+    const std::size_t hash = plan_file.rfind('#');
+    if (hash != std::string::npos) {
+      // results.jsonl#R: the plan ranked R by a sweep.
+      const std::string rank_text = plan_file.substr(hash + 1);
+      plan_file = plan_file.substr(0, hash);
+      int64_t rank = 0;
+      try {
+        rank = std::stoll(rank_text);
+      } catch (const std::exception&) {
+      }
+      if (!std::filesystem::is_regular_file(plan_file)) {
+        diag.error(plan_file, "", "file not found");
+        return std::nullopt;
+      }
+      const std::vector<SweepRow> rows = load_sweep_rows(plan_file);
+      if (rank < 1 || rank > static_cast<int64_t>(rows.size()) || !rows[static_cast<std::size_t>(rank - 1)].ok) {
+        diag.error(plan_file, "#" + rank_text, "no successful row ranked " + rank_text + " (the file has " +
+                                                   std::to_string(rows.size()) + " rows)");
+        return std::nullopt;
+      }
+      scenario->plan = rows[static_cast<std::size_t>(rank - 1)].plan;
+    } else {
+      const auto json = read_json_file(plan_file, diag);
+      if (!json) return std::nullopt;
+      scenario->plan = read_plan(*json, plan_file, "", diag);
+    }
     scenario->plan_ref = plan_file;
     if (diag.errors().size() == before)
       validate_plan(*scenario->plan, scenario->model, scenario->workload, scenario->cluster,
@@ -380,7 +405,10 @@ int run_sweep(const Args& args, std::ostream& out, std::ostream& err) {
       "resume", "keep the results already in the output folder and simulate only the missing plans")(
       "iterations", "simulated iterations per plan", cxxopts::value<int64_t>()->default_value("1"))(
       "nested", "nested collectives as ring flows or timed activities", cxxopts::value<std::string>()->default_value("timed"))(
-      "rows", "rows of the table", cxxopts::value<int64_t>()->default_value("10"));
+      "rows", "rows of the table", cxxopts::value<int64_t>()->default_value("10"))(
+      "set", "sweep a scenario field: json.path=v1,v2,... (repeat for a grid)", cxxopts::value<std::vector<std::string>>())(
+      "emit-plan", "print the plan ranked R as JSON on standard output (the table goes to standard error)",
+      cxxopts::value<int64_t>());
   int code = kOk;
   std::string file;
   const auto result = parse_with_input(options, "scenario file", "<scenario.json>", args, out, err, file, code);
@@ -414,9 +442,63 @@ int run_sweep(const Args& args, std::ostream& out, std::ostream& err) {
   Diagnostics diag;
   const auto scenario = load_scenario(file, diag);
   if (!scenario) return report_problems(diag, err);
+  // --set path=v1,v2: each value is JSON when it parses (numbers, true, "text"), else a string.
+  std::vector<std::string> set_texts;
+  if (result->count("set"))
+    for (const std::string& piece : (*result)["set"].as<std::vector<std::string>>()) {
+      // cxxopts splits vector options on commas: a piece without '=' continues the previous one.
+      if (piece.find('=') == std::string::npos && !set_texts.empty()) set_texts.back() += "," + piece;
+      else set_texts.push_back(piece);
+    }
+  for (const std::string& set : set_texts) {
+    const std::size_t eq = set.find('=');
+    if (eq == std::string::npos || eq == 0 || eq + 1 == set.size()) {
+      err << options.program() << ": --set needs json.path=v1,v2,..., got '" << set << "'\n";
+      return kBadInput;
+    }
+    SetAxis axis{set.substr(0, eq), {}};
+    std::stringstream values(set.substr(eq + 1));
+    for (std::string v; std::getline(values, v, ',');) {
+      try {
+        axis.values.push_back(Json::parse(v));
+      } catch (const Json::exception&) {
+        axis.values.push_back(Json(v));
+      }
+    }
+    sweep.sets.push_back(axis);
+  }
+  for (const Json& point : grid_points(sweep.sets)) scenario_at(*scenario, point, diag);
+  if (!diag.ok()) return report_problems(diag, err);
   sweep.out_dir = result->count("out") ? (*result)["out"].as<std::string>() : "out/sweep-" + scenario->name;
-  const SweepResult r = run_sweep(*scenario, sweep, [&](const std::string& line) { err << line << "\n"; });
-  out << format_sweep(r, *scenario, static_cast<std::size_t>(rows));
+  const bool emit = result->count("emit-plan") > 0;
+  const int64_t emit_rank = emit ? (*result)["emit-plan"].as<int64_t>() : 0;
+  // Progress: a bar with ETA on a terminal, a line every 10% otherwise.
+  const bool terminal = ::isatty(2) != 0;
+  const auto started = std::chrono::steady_clock::now();
+  std::size_t last_decile = 0;
+  const SweepResult r = run_sweep(*scenario, sweep, [&](std::size_t done, std::size_t total, const std::string& line) {
+    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    const double eta = done > 0 ? elapsed * static_cast<double>(total - done) / static_cast<double>(done) : 0;
+    char text[160];
+    if (terminal) {
+      const int width = 30, filled = static_cast<int>(width * done / std::max<std::size_t>(1, total));
+      std::snprintf(text, sizeof text, "\r[%s%s] %zu/%zu simulated, ETA %.0f s  ", std::string(static_cast<std::size_t>(filled), '#').c_str(),
+                    std::string(static_cast<std::size_t>(width - filled), '.').c_str(), done, total, eta);
+      err << text << (done == total ? "\n" : "") << std::flush;
+    } else if (done * 10 / std::max<std::size_t>(1, total) > last_decile || done == total) {
+      last_decile = done * 10 / std::max<std::size_t>(1, total);
+      std::snprintf(text, sizeof text, "%zu/%zu simulated, %.0f s elapsed, ETA %.0f s; last: ", done, total, elapsed, eta);
+      err << text << line << "\n";
+    }
+  });
+  (emit ? err : out) << format_sweep(r, *scenario, static_cast<std::size_t>(rows));
+  if (emit) {
+    if (emit_rank < 1 || emit_rank > static_cast<int64_t>(r.rows.size()) || !r.rows[static_cast<std::size_t>(emit_rank - 1)].ok) {
+      err << options.program() << ": --emit-plan " << emit_rank << ": no successful plan with that rank\n";
+      return kBadInput;
+    }
+    out << to_json(r.rows[static_cast<std::size_t>(emit_rank - 1)].plan).dump(2) << "\n";
+  }
   return kOk;
 }
 

@@ -4,9 +4,11 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <set>
 #include <sstream>
 
+#include "shared/check.hpp"
 #include "shared/scenario_report.hpp"
 #include "sim/child_process.hpp"
 #include "sim/simulator.hpp"
@@ -17,7 +19,9 @@ namespace {
 
 Json row_to_json(const SweepRow& r) {
   return Json{{"key", r.key},
+              {"point", r.point},
               {"gpus", r.gpus},
+              {"global_batch", r.global_batch},
               {"plan", to_json(r.plan)},
               {"estimate_step_s", r.estimate_step_s},
               {"ok", r.ok},
@@ -33,7 +37,9 @@ Json row_to_json(const SweepRow& r) {
 bool row_from_json(const Json& j, SweepRow& r) {
   try {
     r.key = j.at("key").get<std::string>();
+    r.point = j.value("point", Json::object());
     r.gpus = j.at("gpus").get<int64_t>();
+    r.global_batch = j.at("global_batch").get<int64_t>();
     Diagnostics diag;
     r.plan = read_plan(j.at("plan"), "", "", diag);
     if (!diag.ok()) return false;
@@ -50,9 +56,12 @@ bool row_from_json(const Json& j, SweepRow& r) {
   }
 }
 
-// Best first: successful rows by simulated step time, then failures; ties by key.
+// Grouped by grid point; within one, successful rows by simulated step time, then failures;
+// ties by key.
 void sort_rows(std::vector<SweepRow>& rows) {
   std::sort(rows.begin(), rows.end(), [](const SweepRow& a, const SweepRow& b) {
+    const std::string pa = a.point.dump(), pb = b.point.dump();
+    if (pa != pb) return pa < pb;
     if (a.ok != b.ok) return a.ok;
     if (a.ok && a.step_s != b.step_s) return a.step_s < b.step_s;
     return a.key < b.key;
@@ -60,6 +69,60 @@ void sort_rows(std::vector<SweepRow>& rows) {
 }
 
 }  // namespace
+
+std::vector<Json> grid_points(const std::vector<SetAxis>& axes) {
+  std::vector<Json> points{Json::object()};
+  for (const SetAxis& axis : axes) {
+    std::vector<Json> next;
+    for (const Json& point : points)
+      for (const Json& value : axis.values) {
+        Json p = point;
+        p[axis.path] = value;
+        next.push_back(p);
+      }
+    points = std::move(next);
+  }
+  return points;
+}
+
+std::optional<Scenario> scenario_at(const Scenario& s, const Json& point, Diagnostics& diag) {
+  if (point.empty()) return s;
+  Json j = inline_scenario_json(s);
+  for (const auto& item : point.items()) {
+    const std::string problem = set_json_path(j, item.key(), item.value());
+    if (!problem.empty()) {
+      diag.error("--set", item.key(), problem);
+      return std::nullopt;
+    }
+  }
+  Diagnostics local;
+  auto at = read_scenario(j, s.file, local);
+  if (!at) {
+    for (const Diagnostic& d : local.errors())
+      diag.error("--set " + point.dump(), d.path, d.message);
+    return std::nullopt;
+  }
+  return at;
+}
+
+std::vector<SweepRow> load_sweep_rows(const std::string& jsonl) {
+  std::vector<SweepRow> rows;
+  std::set<std::string> seen;
+  std::ifstream in(jsonl);
+  std::string line;
+  while (std::getline(in, line)) {
+    Json j;
+    try {
+      j = Json::parse(line);
+    } catch (const Json::exception&) {
+      continue;  // a line cut short by an interruption
+    }
+    SweepRow row;
+    if (row_from_json(j, row) && seen.insert(row.key).second) rows.push_back(row);
+  }
+  sort_rows(rows);
+  return rows;
+}
 
 std::string describe_layout(const ParallelPlan& plan, const ModelSpec& model) {
   auto one = [](const std::string& name, const ModuleLayout& l) {
@@ -80,49 +143,50 @@ std::string describe_layout(const ParallelPlan& plan, const ModelSpec& model) {
   return out;
 }
 
-SweepResult run_sweep(const Scenario& s, const SweepOptions& options, const std::function<void(const std::string&)>& progress) {
+SweepResult run_sweep(const Scenario& base, const SweepOptions& options,
+                      const std::function<void(std::size_t, std::size_t, const std::string&)>& progress) {
   SweepResult result;
   result.out_dir = options.out_dir;
-  SearchSpace space = s.search.value_or(SearchSpace{});
-  if (!options.placements.empty()) space.placements = options.placements;
-  std::vector<int64_t> gpus = options.gpus;
-  if (gpus.empty()) gpus = space.gpus;
-  if (gpus.empty()) gpus = {std::max<int64_t>(1, device_count(s.cluster))};
-  const int64_t top_k = options.top_k > 0 ? options.top_k : space.top_k;
-
-  // Enumerate and rank, per GPU count; the best K of each count get simulated.
-  std::vector<RankedCandidate> chosen;
-  for (int64_t g : gpus) {
-    Enumeration e = enumerate_plans(s, space, g);
-    result.considered += e.considered;
-    result.valid += static_cast<int64_t>(e.valid.size());
-    for (const auto& [reason, count] : e.rejected) result.rejected[reason] += count;
-    std::vector<RankedCandidate> ranked = rank_candidates(s, std::move(e.valid), 0, result.rejected);
-    result.ranked += static_cast<int64_t>(ranked.size());
-    for (std::size_t i = 0; i < ranked.size() && static_cast<int64_t>(i) < top_k; ++i) chosen.push_back(std::move(ranked[i]));
+  // Enumerate and rank per grid point and GPU count; the best K of each get simulated.
+  struct Chosen {
+    RankedCandidate ranked;
+    Json point;
+    std::shared_ptr<const Scenario> scenario;
+  };
+  std::vector<Chosen> chosen;
+  for (const Json& point : grid_points(options.sets)) {
+    Diagnostics diag;
+    const auto at = scenario_at(base, point, diag);
+    TESSERA_CHECK(at.has_value(), "run_sweep needs valid grid points: " + diag.format());
+    auto s = std::make_shared<const Scenario>(*at);
+    SearchSpace space = s->search.value_or(SearchSpace{});
+    if (!options.placements.empty()) space.placements = options.placements;
+    std::vector<int64_t> gpus = options.gpus;
+    if (gpus.empty()) gpus = space.gpus;
+    if (gpus.empty()) gpus = {std::max<int64_t>(1, device_count(s->cluster))};
+    const int64_t top_k = options.top_k > 0 ? options.top_k : space.top_k;
+    for (int64_t g : gpus) {
+      Enumeration e = enumerate_plans(*s, space, g);
+      result.considered += e.considered;
+      result.valid += static_cast<int64_t>(e.valid.size());
+      for (const auto& [reason, count] : e.rejected) result.rejected[reason] += count;
+      std::vector<RankedCandidate> ranked = rank_candidates(*s, std::move(e.valid), 0, result.rejected);
+      result.ranked += static_cast<int64_t>(ranked.size());
+      for (std::size_t i = 0; i < ranked.size() && static_cast<int64_t>(i) < top_k; ++i) {
+        if (!point.empty()) ranked[i].candidate.key = Json{{"point", point}, {"candidate", Json::parse(ranked[i].candidate.key)}}.dump();
+        chosen.push_back({std::move(ranked[i]), point, s});
+      }
+    }
   }
-
+  const Scenario& s = base;
   namespace fs = std::filesystem;
   fs::create_directories(options.out_dir);
   const fs::path jsonl = fs::path(options.out_dir) / "results.jsonl";
   // Resume: rows already written stay; only the missing plans are simulated.
   std::set<std::string> done;
   if (options.resume && fs::exists(jsonl)) {
-    std::ifstream in(jsonl);
-    std::string line;
-    while (std::getline(in, line)) {
-      SweepRow row;
-      Json j;
-      try {
-        j = Json::parse(line);
-      } catch (const Json::exception&) {
-        continue;  // a line cut short by an interruption
-      }
-      if (row_from_json(j, row) && !done.contains(row.key)) {
-        done.insert(row.key);
-        result.rows.push_back(row);
-      }
-    }
+    result.rows = load_sweep_rows(jsonl.string());
+    for (const SweepRow& r : result.rows) done.insert(r.key);
   } else if (fs::exists(jsonl)) {
     fs::remove(jsonl);
   }
@@ -131,21 +195,22 @@ SweepResult run_sweep(const Scenario& s, const SweepOptions& options, const std:
     std::ofstream out(jsonl, std::ios::trunc);
     for (const SweepRow& r : result.rows) out << row_to_json(r).dump() << "\n";
   }
-  std::vector<const RankedCandidate*> todo;
-  for (const RankedCandidate& c : chosen)
-    if (!done.contains(c.candidate.key)) todo.push_back(&c);
+  std::vector<const Chosen*> todo;
+  for (const Chosen& c : chosen)
+    if (!done.contains(c.ranked.candidate.key)) todo.push_back(&c);
 
   std::vector<std::function<std::string()>> tasks;
-  for (const RankedCandidate* c : todo)
-    tasks.push_back([&s, c, &options] {
-      Scenario sized = s;
-      sized.cluster = cluster_with_devices(s.cluster, c->candidate.gpus);
+  for (const Chosen* chosen_one : todo)
+    tasks.push_back([chosen_one, &options] {
+      const Candidate* c = &chosen_one->ranked.candidate;
+      Scenario sized = *chosen_one->scenario;
+      sized.cluster = cluster_with_devices(sized.cluster, c->gpus);
       SimulateOptions sim;
       sim.iterations = options.iterations;
       sim.nested_flows = options.nested_flows;
       sim.timeout_s = options.timeout_s;
       // Already inside a child: run each iteration's engine in a grandchild as usual.
-      const SimulationResult r = simulate(sized, c->candidate.plan, sim);
+      const SimulationResult r = simulate(sized, c->plan, sim);
       Json j = {{"feasible", r.feasible}, {"reason", r.reason}};
       if (r.feasible) {
         double tokens = 0, tflops = 0, mfu = 0, bubble = 0, memory = 0;
@@ -166,10 +231,12 @@ SweepResult run_sweep(const Scenario& s, const SweepOptions& options, const std:
   std::size_t finished = 0;
   run_children(tasks, options.jobs, options.timeout_s * static_cast<double>(options.iterations) + 60,
                [&](std::size_t i, const ChildResult& child) {
-                 const RankedCandidate& c = *todo[i];
+                 const RankedCandidate& c = todo[i]->ranked;
                  SweepRow row;
                  row.key = c.candidate.key;
+                 row.point = todo[i]->point;
                  row.gpus = c.candidate.gpus;
+                 row.global_batch = todo[i]->scenario->workload.global_batch;
                  row.plan = c.candidate.plan;
                  row.estimate_step_s = c.estimate.metrics.step_s;
                  if (!child.ok) {
@@ -191,21 +258,21 @@ SweepResult run_sweep(const Scenario& s, const SweepOptions& options, const std:
                  out << row_to_json(row).dump() << "\n";
                  out.flush();  // streamed: an interruption loses at most the running simulations
                  result.rows.push_back(row);
-                 char line[256];
-                 std::snprintf(line, sizeof line, "[%zu/%zu] %s: %s", ++finished, todo.size(),
-                               describe_layout(row.plan, s.model).c_str(),
-                               row.ok ? ("step " + std::to_string(row.step_s) + " s").c_str() : ("failed: " + row.failure).c_str());
-                 progress(line);
+                 const std::string line = describe_layout(row.plan, s.model) +
+                                          (row.ok ? ": step " + std::to_string(row.step_s) + " s" : ": failed: " + row.failure);
+                 progress(++finished, todo.size(), line);
                });
   sort_rows(result.rows);
 
   // CSV and summary.
   std::ofstream csv(fs::path(options.out_dir) / "results.csv", std::ios::trunc);
-  csv << "rank,gpus,placement,layout,micro_batch_size,global_batch,schedule,step_s,tokens_per_s,tflops_per_device,mfu,"
+  csv << "rank,point,gpus,placement,layout,micro_batch_size,global_batch,schedule,step_s,tokens_per_s,tflops_per_device,mfu,"
          "bubble,peak_memory_gib,estimate_step_s,status\n";
   for (std::size_t i = 0; i < result.rows.size(); ++i) {
     const SweepRow& r = result.rows[i];
-    csv << i + 1 << "," << r.gpus << "," << enum_name(r.plan.placement, kPlacements) << ",\"" << describe_layout(r.plan, s.model)
+    std::string point = r.point.empty() ? "" : r.point.dump();
+    for (std::size_t q = point.find('"'); q != std::string::npos; q = point.find('"', q + 2)) point.insert(q, "\"");
+    csv << i + 1 << ",\"" << point << "\"," << r.gpus << "," << enum_name(r.plan.placement, kPlacements) << ",\"" << describe_layout(r.plan, s.model)
         << "\"," << r.plan.micro_batch_size << "," << s.workload.global_batch << "," << enum_name(r.plan.schedule, kSchedules)
         << "," << r.step_s << "," << r.tokens_per_s << "," << r.tflops_per_device << "," << r.mfu << "," << r.bubble << ","
         << r.peak_memory_bytes / (1024.0 * 1024 * 1024) << "," << r.estimate_step_s << ","
@@ -234,11 +301,17 @@ std::string format_sweep(const SweepResult& r, const Scenario& s, std::size_t sh
   out.seekp(-1, std::ios_base::end);
   out << "\n\n";
   char line[512];
+  const bool points = std::any_of(r.rows.begin(), r.rows.end(), [](const SweepRow& row) { return !row.point.empty(); });
   std::snprintf(line, sizeof line, "%-4s %-5s %-14s %-40s %-4s %-5s %-9s %-11s %-9s %-6s %-9s %-7s\n", "#", "GPUs", "placement",
                 "layout", "MBS", "GBS", "step (s)", "tokens/s", "TFLOP/s", "MFU", "memory", "idle %");
   out << line;
   for (std::size_t i = 0; i < r.rows.size() && i < shown; ++i) {
     const SweepRow& row = r.rows[i];
+    if (points && (i == 0 || row.point != r.rows[i - 1].point)) {
+      std::string where;
+      for (const auto& item : row.point.items()) where += (where.empty() ? "" : ", ") + item.key() + "=" + item.value().dump();
+      out << "at " << where << ":\n";
+    }
     if (!row.ok) {
       std::snprintf(line, sizeof line, "%-4zu %-5lld %-14s %-40s failed: %s\n", i + 1, static_cast<long long>(row.gpus),
                     enum_name(row.plan.placement, kPlacements).c_str(), describe_layout(row.plan, s.model).c_str(),
@@ -247,7 +320,7 @@ std::string format_sweep(const SweepResult& r, const Scenario& s, std::size_t sh
       std::snprintf(line, sizeof line, "%-4zu %-5lld %-14s %-40s %-4lld %-5lld %-9.4g %-11.4g %-9.4g %-6.1f %-9s %-7.1f\n", i + 1,
                     static_cast<long long>(row.gpus), enum_name(row.plan.placement, kPlacements).c_str(),
                     describe_layout(row.plan, s.model).c_str(), static_cast<long long>(row.plan.micro_batch_size),
-                    static_cast<long long>(s.workload.global_batch), row.step_s, row.tokens_per_s, row.tflops_per_device,
+                    static_cast<long long>(row.global_batch), row.step_s, row.tokens_per_s, row.tflops_per_device,
                     100 * row.mfu, human_bytes(row.peak_memory_bytes).c_str(), 100 * row.bubble);
     }
     out << line;

@@ -8,6 +8,7 @@
 #include <functional>
 #include <iosfwd>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -16,7 +17,21 @@
 
 namespace tessera::sim {
 
+// One --set: a JSON path of the (inlined) scenario and the values to try there.
+struct SetAxis {
+  std::string path;
+  std::vector<Json> values;
+};
+
+// The grid of --set values: every combination, as {path: value} objects (one empty point when
+// there are no axes).
+std::vector<Json> grid_points(const std::vector<SetAxis>& axes);
+
+// The scenario at one grid point; problems (a bad path, an invalid value) go to `diag`.
+std::optional<Scenario> scenario_at(const Scenario& scenario, const Json& point, Diagnostics& diag);
+
 struct SweepOptions {
+  std::vector<SetAxis> sets;
   std::vector<int64_t> gpus;          // Default: the search space's, else the cluster's devices
   std::vector<Placement> placements;  // Default: the search space's
   int64_t top_k = -1;                 // Default: the search space's top_k
@@ -30,7 +45,9 @@ struct SweepOptions {
 
 struct SweepRow {
   std::string key;
+  Json point = Json::object();  // the --set values of this row
   int64_t gpus = 0;
+  int64_t global_batch = 0;
   ParallelPlan plan;
   double estimate_step_s = 0;
   bool ok = false;
@@ -39,15 +56,20 @@ struct SweepRow {
 };
 
 struct SweepResult {
-  std::vector<SweepRow> rows;  // every simulated plan, best first
+  std::vector<SweepRow> rows;  // every simulated plan, grouped by grid point, best first
   std::map<std::string, int64_t> rejected;
   int64_t considered = 0, valid = 0, ranked = 0;
   std::string out_dir;
 };
 
-// `progress` receives one line per finished simulation. REQUIRES: scenario validated.
+// `progress(done, total, line)` is called as each simulation finishes.
+// REQUIRES: scenario validated; every grid point valid (check with scenario_at first).
 SweepResult run_sweep(const Scenario& scenario, const SweepOptions& options,
-                      const std::function<void(const std::string&)>& progress);
+                      const std::function<void(std::size_t, std::size_t, const std::string&)>& progress);
+
+// The rows of a results.jsonl, best first (as a finished sweep orders them). Unreadable lines
+// (an interrupted write) are skipped.
+std::vector<SweepRow> load_sweep_rows(const std::string& jsonl);
 
 // "llm t4 p2 d8 | vision t1 d64" — the layout of a plan, module by module.
 std::string describe_layout(const ParallelPlan& plan, const ModelSpec& model);

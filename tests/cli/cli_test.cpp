@@ -25,7 +25,8 @@ struct Run {
 
 Run run(const std::string& args) {
   Run r;
-  const std::string command = kTessera + " " + args + " 2>&1";
+  // stdout and stderr together, unless the arguments redirect stderr themselves
+  const std::string command = kTessera + " " + args + (args.find("2>") == std::string::npos ? " 2>&1" : "");
   FILE* pipe = ::popen(command.c_str(), "r");
   REQUIRE(pipe != nullptr);
   std::array<char, 4096> buffer{};
@@ -104,6 +105,38 @@ TEST_CASE("simulate prints the metrics and writes a Chrome trace per rank") {
   fs::remove_all(dir.parent_path());
 }
 
+TEST_CASE("sweep: --set grids, --emit-plan, and results.jsonl#R handed to simulate") {
+  const fs::path dir = scratch() / "sweep";
+  const std::string sweep = "sweep " + kSource + "/scenarios/cpu-tiny.json --gpus 2 --top 2 -j 2 --out " + dir.string();
+  const Run r = run(sweep + " --set workload.global_batch=4,8 --emit-plan 1 2>/dev/null");
+  INFO(r.output);
+  CHECK(r.code == 0);
+  // stdout is exactly the plan, as JSON
+  CHECK(r.output.rfind("{", 0) == 0);
+  CHECK(r.output.find("\"placement\"") != std::string::npos);
+  CHECK(fs::exists(dir / "results.jsonl"));
+  CHECK(fs::exists(dir / "results.csv"));
+  const Run table = run(sweep + " --set workload.global_batch=4,8 --resume");
+  CHECK(table.code == 0);
+  CHECK(table.output.find("at workload.global_batch=4:") != std::string::npos);
+  CHECK(table.output.find("at workload.global_batch=8:") != std::string::npos);
+  const Run handed = run("simulate " + kSource + "/scenarios/cpu-tiny.json --iterations 1 --plan " + (dir / "results.jsonl").string() + "#2");
+  INFO(handed.output);
+  CHECK(handed.code == 0);
+  CHECK(handed.output.find("step time over 1 iterations") != std::string::npos);
+  const Run missing = run("simulate " + kSource + "/scenarios/cpu-tiny.json --plan " + (dir / "results.jsonl").string() + "#99");
+  CHECK(missing.code == 2);
+  CHECK(missing.output.find("no successful row ranked 99") != std::string::npos);
+  const Run bad_path = run(sweep + " --set model.modules[7].frozen=true");
+  CHECK(bad_path.code == 2);
+  CHECK(bad_path.output.find("index 7 out of range") != std::string::npos);
+  const Run bad_value = run(sweep + " --set workload.global_batch=0");
+  CHECK(bad_value.code == 2);
+  CHECK(bad_value.output.find("workload.global_batch: must be > 0, got 0") != std::string::npos);
+  CHECK(run(sweep + " --set nope").code == 2);
+  fs::remove_all(dir.parent_path());
+}
+
 TEST_CASE("lower and estimate: bad input exits 2") {
   CHECK(run("estimate " + kSource + "/scenarios/llama-3.2-11b-vision.json")
             .output.find("plan: no plan") != std::string::npos);
@@ -121,7 +154,7 @@ TEST_CASE("lower and estimate: bad input exits 2") {
 }
 
 TEST_CASE("every subcommand has --help") {
-  for (const char* c : {"validate", "show", "import-hf", "lower", "estimate", "simulate"}) {
+  for (const char* c : {"validate", "show", "import-hf", "lower", "estimate", "simulate", "sweep"}) {
     const Run r = run(std::string(c) + " --help");
     CHECK(r.code == 0);
     CHECK(r.output.find("Usage:") != std::string::npos);

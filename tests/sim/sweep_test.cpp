@@ -38,6 +38,8 @@ Scenario tiny(const char* search) {
   return *s;
 }
 
+const auto quiet = [](std::size_t, std::size_t, const std::string&) {};
+
 fs::path scratch(const char* name) {
   const fs::path dir = fs::temp_directory_path() / ("tessera-sweep-" + std::to_string(::getpid()) + "-" + name);
   fs::remove_all(dir);
@@ -87,10 +89,10 @@ TEST_CASE("sweep: -j 1 and -j 2 agree; a resumed sweep equals an uninterrupted o
   SweepOptions options;
   options.jobs = 1;
   options.out_dir = scratch("j1").string();
-  const SweepResult one = run_sweep(s, options, [](const std::string&) {});
+  const SweepResult one = run_sweep(s, options, quiet);
   options.jobs = 2;
   options.out_dir = scratch("j2").string();
-  const SweepResult two = run_sweep(s, options, [](const std::string&) {});
+  const SweepResult two = run_sweep(s, options, quiet);
   REQUIRE(one.rows.size() == 4);
   CHECK(keys_and_steps(one) == keys_and_steps(two));
   for (const SweepRow& row : one.rows) CHECK(row.ok);
@@ -108,7 +110,7 @@ TEST_CASE("sweep: -j 1 and -j 2 agree; a resumed sweep equals an uninterrupted o
   }
   options.out_dir = dir.string();
   options.resume = true;
-  const SweepResult resumed = run_sweep(s, options, [](const std::string&) {});
+  const SweepResult resumed = run_sweep(s, options, quiet);
   CHECK(keys_and_steps(resumed) == keys_and_steps(one));
   // No row is lost or duplicated in the file either.
   std::ifstream in(dir / "results.jsonl");
@@ -124,7 +126,7 @@ TEST_CASE("sweep: a failing simulation yields a failed row and the sweep complet
   SweepOptions options;
   options.out_dir = scratch("fail").string();
   options.timeout_s = 1e-9;  // every simulated iteration overruns its limit
-  const SweepResult r = run_sweep(s, options, [](const std::string&) {});
+  const SweepResult r = run_sweep(s, options, quiet);
   REQUIRE(r.rows.size() == 2);
   for (const SweepRow& row : r.rows) {
     CHECK_FALSE(row.ok);
