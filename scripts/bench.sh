@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Benchmarks that print figures (never pass/fail). Usage: scripts/bench.sh [lower|sim|comm|cli|all]
+# Benchmarks that print figures (never pass/fail). Usage: scripts/bench.sh [lower|sim|sweep|comm|cli|all]
 #   lower  lowering + evaluation of one iteration of a 1024-rank plan with 64 micro-batches
 #   sim    tessera simulate, one iteration of the default plan at 64, 1024 and 8192 devices
+#   sweep  the default sweep with -j 1 and -j 2, and a headless-Chromium screenshot of its report
+#          (needs the Debian package chromium; skipped without it)
 #   comm   the Gloo all-reduce of tessera-train across message sizes (2 ranks on loopback)
 #   cli    tessera validate/show on the scenario library
 set -euo pipefail
@@ -42,6 +44,29 @@ if [[ $what == sim || $what == all ]]; then
                name, nested, $2, $7, $8, $9, $10, wall, $8 / $10, rss / 1024 }' /tmp/tessera-bench-sim.txt
     done
   done
+fi
+
+if [[ $what == sweep || $what == all ]]; then
+  echo "== sweep: scenarios/default.json, all three families, top 50 simulated =="
+  for jobs in 1 2; do
+    start=$(date +%s.%N)
+    "$tessera" sweep scenarios/default.json --top 50 -j "$jobs" --out "out/bench-sweep-j$jobs" >"out/bench-sweep-j$jobs.txt" 2>/dev/null
+    end=$(date +%s.%N)
+    considered=$(awk '/plans considered/ {print $1; exit}' "out/bench-sweep-j$jobs.txt")
+    valid=$(awk '/plans considered/ {print $4; exit}' "out/bench-sweep-j$jobs.txt")
+    awk -v j="$jobs" -v s="$start" -v e="$end" -v c="$considered" -v v="$valid" 'BEGIN {
+      printf "-j %s: %s considered, %s valid, 50 simulated in %.1f s (%.0f candidates/s overall)\n", j, c, v, e - s, c / (e - s) }'
+  done
+  cmp <(cut -d, -f1-14 out/bench-sweep-j1/results.csv) <(cut -d, -f1-14 out/bench-sweep-j2/results.csv) \
+    && echo "-j 1 and -j 2 rank identically"
+  if command -v chromium >/dev/null; then
+    chromium --headless --no-sandbox --disable-gpu --disable-quic --no-first-run --disable-background-networking \
+      --disable-component-update --disable-sync --user-data-dir="$(mktemp -d)" --window-size=1300,1500 \
+      --screenshot="$PWD/out/bench-sweep-report.png" "file://$PWD/out/bench-sweep-j2/report.html" >/dev/null 2>&1
+    echo "report screenshot: out/bench-sweep-report.png ($(stat -c %s out/bench-sweep-report.png) bytes)"
+  else
+    echo "chromium not installed: report screenshot skipped"
+  fi
 fi
 
 if [[ $what == comm || $what == all ]]; then

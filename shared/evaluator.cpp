@@ -90,6 +90,7 @@ Timeline evaluate(const Program& p, const CostModel& cost) {
   std::vector<std::vector<int32_t>> phase(world);  // next nested index; -1 = not started
   std::vector<std::vector<double>> phase_end(world);
   std::vector<char> nested_arrived(nested_ids.size(), 0);
+  std::vector<char> nested_woken(members.size(), 0);
   for (std::size_t r = 0; r < world; ++r) {
     phase[r].assign(p.ranks[r].size(), -1);
     phase_end[r].assign(p.ranks[r].size(), 0);
@@ -105,10 +106,22 @@ Timeline evaluate(const Program& p, const CostModel& cost) {
     return true;
   };
 
-  bool progress = true;
-  while (progress && done < total) {
-    progress = false;
-    for (std::size_t r = 0; r < world; ++r) {
+  // Worklist: a rank is visited again only when something it may wait for completes on another
+  // rank (a send to it, a collective it is in), so evaluation is linear in the ops.
+  std::vector<std::size_t> work(world);
+  std::vector<char> queued(world, 1);
+  for (std::size_t r = 0; r < world; ++r) work[r] = world - 1 - r;  // pop from the back: rank 0 first
+  auto enqueue = [&](std::size_t r) {
+    if (!queued[r]) {
+      queued[r] = 1;
+      work.push_back(r);
+    }
+  };
+  while (!work.empty()) {
+    const std::size_t r = work.back();
+    work.pop_back();
+    queued[r] = 0;
+    {
       bool advanced = true;
       while (advanced) {
         advanced = false;
@@ -132,7 +145,6 @@ Timeline evaluate(const Program& p, const CostModel& cost) {
               const int32_t inst = instance[r][static_cast<std::size_t>(i)];
               if (!arrived_here[r][static_cast<std::size_t>(i)]) {
                 arrived_here[r][static_cast<std::size_t>(i)] = 1;
-                progress = true;
                 ++arrived[static_cast<std::size_t>(inst)];
                 ready_at[static_cast<std::size_t>(inst)] =
                     std::max(ready_at[static_cast<std::size_t>(inst)], start);
@@ -149,8 +161,9 @@ Timeline evaluate(const Program& p, const CostModel& cost) {
               for (const auto& [mr, mi] : who) {
                 t.ops[static_cast<std::size_t>(mr)][static_cast<std::size_t>(mi)] = {begin, end};
                 ++done;
+                enqueue(static_cast<std::size_t>(mr));
               }
-              progress = advanced = true;
+              advanced = true;
               continue;  // this member's cursor moves on at the top of the loop
             }
             double duration = 0;
@@ -175,7 +188,6 @@ Timeline evaluate(const Program& p, const CostModel& cost) {
                 const RankList& group = p.groups[static_cast<std::size_t>(nc.group)];
                 if (!nested_arrived[slot]) {
                   nested_arrived[slot] = 1;
-                  progress = true;  // an arrival changes state even when nothing completes
                   ++arrived[static_cast<std::size_t>(inst)];
                   ready_at[static_cast<std::size_t>(inst)] =
                       std::max(ready_at[static_cast<std::size_t>(inst)], at);
@@ -183,6 +195,11 @@ Timeline evaluate(const Program& p, const CostModel& cost) {
                 if (arrived[static_cast<std::size_t>(inst)] < static_cast<int32_t>(group.size())) {
                   blocked = true;
                   break;
+                }
+                if (arrived[static_cast<std::size_t>(inst)] == static_cast<int32_t>(group.size()) &&
+                    !nested_woken[static_cast<std::size_t>(inst)]) {
+                  nested_woken[static_cast<std::size_t>(inst)] = 1;  // the last arrival wakes the others
+                  for (int64_t m : group) enqueue(static_cast<std::size_t>(m));
                 }
                 at = ready_at[static_cast<std::size_t>(inst)] +
                      nc.count * cost.collective_s(nc.kind, group, nc.bytes);
@@ -202,10 +219,11 @@ Timeline evaluate(const Program& p, const CostModel& cost) {
                 t.ops[static_cast<std::size_t>(it->second.first)]
                      [static_cast<std::size_t>(it->second.second)] = {start, time.finish_s};
                 ++done;
+                enqueue(static_cast<std::size_t>(it->second.first));  // the receiver may now go on
               }
             }
             ++c;
-            progress = advanced = true;
+            advanced = true;
           }
         }
       }

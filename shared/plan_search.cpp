@@ -1,6 +1,7 @@
 #include "shared/plan_search.hpp"
 
 #include <algorithm>
+#include <thread>
 
 namespace tessera {
 
@@ -148,17 +149,29 @@ Enumeration enumerate_plans(const Scenario& s, const SearchSpace& space, int64_t
 }
 
 std::vector<RankedCandidate> rank_candidates(const Scenario& s, std::vector<Candidate> candidates, int64_t iteration,
-                                             std::map<std::string, int64_t>& rejected) {
+                                             std::map<std::string, int64_t>& rejected, int threads) {
+  // Estimates are pure: each thread takes every n-th candidate; results are kept by index.
+  std::vector<Estimate> estimates(candidates.size());
+  auto work = [&](std::size_t first, std::size_t stride) {
+    for (std::size_t i = first; i < candidates.size(); i += stride) {
+      Scenario sized = s;
+      sized.cluster = cluster_with_devices(s.cluster, candidates[i].gpus);
+      estimates[i] = estimate(sized, candidates[i].plan, iteration, default_cost_params(sized.cluster));
+    }
+  };
+  const auto n = static_cast<std::size_t>(std::max(1, threads));
+  std::vector<std::thread> pool;
+  for (std::size_t t = 1; t < n; ++t) pool.emplace_back(work, t, n);
+  work(0, n);
+  for (std::thread& t : pool) t.join();
   std::vector<RankedCandidate> ranked;
-  for (Candidate& c : candidates) {
-    Scenario sized = s;
-    sized.cluster = cluster_with_devices(s.cluster, c.gpus);
-    Estimate e = estimate(sized, c.plan, iteration, default_cost_params(sized.cluster));
+  for (std::size_t i = 0; i < candidates.size(); ++i) {
+    Estimate& e = estimates[i];
     if (e.metrics.step_s <= 0 || !e.feasible) {
       ++rejected[e.metrics.step_s <= 0 ? rejection_reason(e.reason) : "memory"];
       continue;
     }
-    ranked.push_back({std::move(c), std::move(e)});
+    ranked.push_back({std::move(candidates[i]), std::move(e)});
   }
   std::stable_sort(ranked.begin(), ranked.end(), [](const RankedCandidate& a, const RankedCandidate& b) {
     if (a.estimate.metrics.step_s != b.estimate.metrics.step_s) return a.estimate.metrics.step_s < b.estimate.metrics.step_s;

@@ -41,9 +41,11 @@ struct RankedCandidate {
   Estimate estimate;
 };
 
-// Estimates every candidate (iteration `iteration`'s batch), moves plans that do not fit in
-// memory into `rejected` ("memory"), and sorts the rest by step time (then key).
+// Estimates every candidate (iteration `iteration`'s batch) on `threads` threads, moves plans
+// that do not fit in memory into `rejected` ("memory"), and sorts the rest by step time (then
+// key). The result does not depend on `threads`.
 std::vector<RankedCandidate> rank_candidates(const Scenario& scenario, std::vector<Candidate> candidates,
-                                             int64_t iteration, std::map<std::string, int64_t>& rejected);
+                                             int64_t iteration, std::map<std::string, int64_t>& rejected,
+                                             int threads = 1);
 
 }  // namespace tessera

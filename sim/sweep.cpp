@@ -12,6 +12,7 @@
 #include "shared/scenario_report.hpp"
 #include "sim/child_process.hpp"
 #include "sim/simulator.hpp"
+#include "sim/sweep_report.hpp"
 
 namespace tessera::sim {
 
@@ -31,7 +32,9 @@ Json row_to_json(const SweepRow& r) {
               {"tflops_per_device", r.tflops_per_device},
               {"mfu", r.mfu},
               {"bubble", r.bubble},
-              {"peak_memory_bytes", r.peak_memory_bytes}};
+              {"peak_memory_bytes", r.peak_memory_bytes},
+              {"compute_s", r.compute_s},
+              {"exposed_comm_s", r.exposed_comm_s}};
 }
 
 bool row_from_json(const Json& j, SweepRow& r) {
@@ -48,7 +51,8 @@ bool row_from_json(const Json& j, SweepRow& r) {
     r.failure = j.at("failure").get<std::string>();
     for (const auto& [field, name] : {std::pair{&r.step_s, "step_s"}, std::pair{&r.tokens_per_s, "tokens_per_s"},
                                       std::pair{&r.tflops_per_device, "tflops_per_device"}, std::pair{&r.mfu, "mfu"},
-                                      std::pair{&r.bubble, "bubble"}, std::pair{&r.peak_memory_bytes, "peak_memory_bytes"}})
+                                      std::pair{&r.bubble, "bubble"}, std::pair{&r.peak_memory_bytes, "peak_memory_bytes"},
+                                      std::pair{&r.compute_s, "compute_s"}, std::pair{&r.exposed_comm_s, "exposed_comm_s"}})
       *field = j.at(name).get<double>();
     return true;
   } catch (const Json::exception&) {
@@ -170,8 +174,16 @@ SweepResult run_sweep(const Scenario& base, const SweepOptions& options,
       result.considered += e.considered;
       result.valid += static_cast<int64_t>(e.valid.size());
       for (const auto& [reason, count] : e.rejected) result.rejected[reason] += count;
-      std::vector<RankedCandidate> ranked = rank_candidates(*s, std::move(e.valid), 0, result.rejected);
+      std::vector<RankedCandidate> ranked = rank_candidates(*s, std::move(e.valid), 0, result.rejected, options.jobs);
       result.ranked += static_cast<int64_t>(ranked.size());
+      const ModuleSpec* llm = find_llm(s->model);
+      for (const RankedCandidate& rc : ranked) {
+        const ParallelPlan& p = rc.candidate.plan;
+        ModuleLayout l = p.layout;
+        for (const auto& [name, layout] : p.modules)
+          if (llm != nullptr && name == llm->name) l = layout;
+        result.estimated.push_back({point, g, p.placement, l.tp, l.pp, rc.estimate.metrics.tokens_per_s});
+      }
       for (std::size_t i = 0; i < ranked.size() && static_cast<int64_t>(i) < top_k; ++i) {
         if (!point.empty()) ranked[i].candidate.key = Json{{"point", point}, {"candidate", Json::parse(ranked[i].candidate.key)}}.dump();
         chosen.push_back({std::move(ranked[i]), point, s});
@@ -213,8 +225,11 @@ SweepResult run_sweep(const Scenario& base, const SweepOptions& options,
       const SimulationResult r = simulate(sized, c->plan, sim);
       Json j = {{"feasible", r.feasible}, {"reason", r.reason}};
       if (r.feasible) {
-        double tokens = 0, tflops = 0, mfu = 0, bubble = 0, memory = 0;
+        double tokens = 0, tflops = 0, mfu = 0, bubble = 0, memory = 0, compute = 0, exposed = 0;
         for (const SimulatedIteration& it : r.iterations) {
+          const auto& b = it.metrics.bubble;
+          for (double x : b) compute += it.metrics.step_s / (1 + x) / static_cast<double>(b.size());
+          exposed += it.metrics.exposed_comm_mean_s;
           tokens += it.metrics.tokens_per_s;
           tflops += it.metrics.tflops_per_device;
           mfu += it.metrics.mfu;
@@ -223,7 +238,8 @@ SweepResult run_sweep(const Scenario& base, const SweepOptions& options,
         }
         const double n = static_cast<double>(r.iterations.size());
         j.update({{"step_s", r.step_mean_s}, {"tokens_per_s", tokens / n}, {"tflops_per_device", tflops / n},
-                  {"mfu", mfu / n}, {"bubble", bubble / n}, {"peak_memory_bytes", memory}});
+                  {"mfu", mfu / n}, {"bubble", bubble / n}, {"peak_memory_bytes", memory}, {"compute_s", compute / n},
+                  {"exposed_comm_s", exposed / n}});
       }
       return j.dump();
     });
@@ -253,6 +269,8 @@ SweepResult run_sweep(const Scenario& base, const SweepOptions& options,
                      row.mfu = j.at("mfu").get<double>();
                      row.bubble = j.at("bubble").get<double>();
                      row.peak_memory_bytes = j.at("peak_memory_bytes").get<double>();
+                     row.compute_s = j.at("compute_s").get<double>();
+                     row.exposed_comm_s = j.at("exposed_comm_s").get<double>();
                    }
                  }
                  out << row_to_json(row).dump() << "\n";
@@ -288,6 +306,7 @@ SweepResult run_sweep(const Scenario& base, const SweepOptions& options,
   for (const SweepRow& r : result.rows) rows.push_back(row_to_json(r));
   summary["results"] = rows;
   std::ofstream(fs::path(options.out_dir) / "summary.json", std::ios::trunc) << summary.dump(1) << "\n";
+  std::ofstream(fs::path(options.out_dir) / "report.html", std::ios::trunc) << sweep_report_html(result, s);
   return result;
 }
 
@@ -339,7 +358,7 @@ std::string format_sweep(const SweepResult& r, const Scenario& s, std::size_t sh
                   describe_layout(homogeneous->plan, s.model).c_str(), heterogeneous->tokens_per_s / homogeneous->tokens_per_s);
     out << line;
   }
-  out << "\nresults: " << r.out_dir << "/results.jsonl, results.csv, summary.json\n";
+  out << "\nreport: " << r.out_dir << "/report.html (also results.jsonl, results.csv, summary.json)\n";
   return out.str();
 }
 

@@ -53,12 +53,24 @@ struct SweepRow {
   bool ok = false;
   std::string failure;  // why the simulation failed
   double step_s = 0, tokens_per_s = 0, tflops_per_device = 0, mfu = 0, bubble = 0, peak_memory_bytes = 0;
+  double compute_s = 0;       // mean over ranks of compute-stream busy time per step
+  double exposed_comm_s = 0;  // mean over ranks of compute time lost waiting on communication
+};
+
+// One estimated candidate, for the report's heat map.
+struct EstimatedPlan {
+  Json point;
+  int64_t gpus = 0;
+  Placement placement = Placement::kHomogeneous;
+  int64_t llm_tp = 1, llm_pp = 1;
+  double tokens_per_s = 0;
 };
 
 struct SweepResult {
   std::vector<SweepRow> rows;  // every simulated plan, grouped by grid point, best first
   std::map<std::string, int64_t> rejected;
   int64_t considered = 0, valid = 0, ranked = 0;
+  std::vector<EstimatedPlan> estimated;  // every plan that was estimated
   std::string out_dir;
 };
 

@@ -116,6 +116,7 @@ TEST_CASE("sweep: --set grids, --emit-plan, and results.jsonl#R handed to simula
   CHECK(r.output.find("\"placement\"") != std::string::npos);
   CHECK(fs::exists(dir / "results.jsonl"));
   CHECK(fs::exists(dir / "results.csv"));
+  CHECK(fs::exists(dir / "report.html"));
   const Run table = run(sweep + " --set workload.global_batch=4,8 --resume");
   CHECK(table.code == 0);
   CHECK(table.output.find("at workload.global_batch=4:") != std::string::npos);
