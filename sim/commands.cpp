@@ -408,7 +408,9 @@ int run_sweep(const Args& args, std::ostream& out, std::ostream& err) {
       "rows", "rows of the table", cxxopts::value<int64_t>()->default_value("10"))(
       "set", "sweep a scenario field: json.path=v1,v2,... (repeat for a grid)", cxxopts::value<std::vector<std::string>>())(
       "emit-plan", "print the plan ranked R as JSON on standard output (the table goes to standard error)",
-      cxxopts::value<int64_t>());
+      cxxopts::value<int64_t>())("shard", "i/n: evaluate the i-th of n deterministic shares of the candidates "
+                                          "(combine the shards' folders with tessera merge)",
+                                 cxxopts::value<std::string>());
   int code = kOk;
   std::string file;
   const auto result = parse_with_input(options, "scenario file", "<scenario.json>", args, out, err, file, code);
@@ -470,6 +472,22 @@ int run_sweep(const Args& args, std::ostream& out, std::ostream& err) {
   for (const Json& point : grid_points(sweep.sets)) scenario_at(*scenario, point, diag);
   if (!diag.ok()) return report_problems(diag, err);
   sweep.out_dir = result->count("out") ? (*result)["out"].as<std::string>() : "out/sweep-" + scenario->name;
+  sweep.scenario_file = std::filesystem::absolute(file).string();
+  if (result->count("shard")) {
+    const std::string shard = (*result)["shard"].as<std::string>();
+    const std::size_t slash = shard.find('/');
+    try {
+      if (slash == std::string::npos) throw std::invalid_argument("no slash");
+      sweep.shard_index = std::stoll(shard.substr(0, slash));
+      sweep.shard_count = std::stoll(shard.substr(slash + 1));
+    } catch (const std::exception&) {
+      sweep.shard_count = 0;
+    }
+    if (sweep.shard_count < 1 || sweep.shard_index < 1 || sweep.shard_index > sweep.shard_count) {
+      err << options.program() << ": --shard needs i/n with 1 <= i <= n, got '" << shard << "'\n";
+      return kBadInput;
+    }
+  }
   const bool emit = result->count("emit-plan") > 0;
   const int64_t emit_rank = emit ? (*result)["emit-plan"].as<int64_t>() : 0;
   // Progress: a bar with ETA on a terminal, a line every 10% otherwise.
@@ -502,6 +520,34 @@ int run_sweep(const Args& args, std::ostream& out, std::ostream& err) {
   return kOk;
 }
 
+int run_merge(const Args& args, std::ostream& out, std::ostream& err) {
+  cxxopts::Options options("tessera merge",
+                           "Combines the output folders of `tessera sweep --shard i/n` runs into one ranking, "
+                           "identical to an unsharded sweep, and writes its results and report.");
+  options.add_options()("dirs", "shard output folders", cxxopts::value<std::vector<std::string>>())(
+      "out", "output folder", cxxopts::value<std::string>()->default_value("out/sweep-merged"))(
+      "rows", "rows of the table", cxxopts::value<int64_t>()->default_value("10"));
+  options.parse_positional({"dirs"});
+  options.positional_help("<shard dir>...");
+  int code = kOk;
+  const auto result = parse(options, args, out, err, code);
+  if (!result) return code;
+  if (!result->count("dirs")) {
+    err << options.program() << ": give the shard folders\n";
+    return kBadInput;
+  }
+  SweepResult merged;
+  std::optional<Scenario> scenario;
+  const std::string problem =
+      merge_sweeps((*result)["dirs"].as<std::vector<std::string>>(), (*result)["out"].as<std::string>(), merged, scenario);
+  if (!problem.empty()) {
+    err << options.program() << ": " << problem << "\n";
+    return kBadInput;
+  }
+  out << format_sweep(merged, *scenario, static_cast<std::size_t>((*result)["rows"].as<int64_t>()));
+  return kOk;
+}
+
 const std::vector<Command>& commands() {
   static const std::vector<Command> table = {
       {"validate", "check a scenario and report every problem", run_validate},
@@ -512,6 +558,7 @@ const std::vector<Command>& commands() {
        run_estimate},
       {"simulate", "simulate a plan on SimGrid with network contention", run_simulate},
       {"sweep", "search plans: enumerate, prune, estimate, simulate the best, rank", run_sweep},
+      {"merge", "combine sharded sweeps into one ranking and report", run_merge},
   };
   return table;
 }

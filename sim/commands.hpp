@@ -17,6 +17,7 @@ int run_lower(const Args& args, std::ostream& out, std::ostream& err);
 int run_estimate(const Args& args, std::ostream& out, std::ostream& err);
 int run_simulate(const Args& args, std::ostream& out, std::ostream& err);
 int run_sweep(const Args& args, std::ostream& out, std::ostream& err);
+int run_merge(const Args& args, std::ostream& out, std::ostream& err);
 
 struct Command {
   const char* name;

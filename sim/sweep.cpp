@@ -72,6 +72,17 @@ void sort_rows(std::vector<SweepRow>& rows) {
   });
 }
 
+uint64_t fnv1a(const std::string& text) {
+  uint64_t h = 1469598103934665603ULL;
+  for (unsigned char c : text) h = (h ^ c) * 1099511628211ULL;
+  return h;
+}
+
+Json estimated_to_json(const EstimatedPlan& e) {
+  return Json{{"point", e.point}, {"gpus", e.gpus}, {"placement", enum_name(e.placement, kPlacements)},
+              {"llm_tp", e.llm_tp}, {"llm_pp", e.llm_pp}, {"tokens_per_s", e.tokens_per_s}};
+}
+
 }  // namespace
 
 std::vector<Json> grid_points(const std::vector<SetAxis>& axes) {
@@ -169,12 +180,24 @@ SweepResult run_sweep(const Scenario& base, const SweepOptions& options,
     if (gpus.empty()) gpus = space.gpus;
     if (gpus.empty()) gpus = {std::max<int64_t>(1, device_count(s->cluster))};
     const int64_t top_k = options.top_k > 0 ? options.top_k : space.top_k;
+    result.top_k = top_k;
     for (int64_t g : gpus) {
       Enumeration e = enumerate_plans(*s, space, g);
-      result.considered += e.considered;
+      if (options.shard_count > 1) {
+        const std::string prefix = point.empty() ? "" : point.dump();
+        std::erase_if(e.valid, [&](const Candidate& c) {
+          return static_cast<int64_t>(fnv1a(prefix + c.key) % static_cast<uint64_t>(options.shard_count)) !=
+                 options.shard_index - 1;
+        });
+      }
+      if (options.shard_index == 1) {
+        result.considered += e.considered;
+        for (const auto& [reason, count] : e.rejected) result.rejected[reason] += count;
+      }
       result.valid += static_cast<int64_t>(e.valid.size());
-      for (const auto& [reason, count] : e.rejected) result.rejected[reason] += count;
-      std::vector<RankedCandidate> ranked = rank_candidates(*s, std::move(e.valid), 0, result.rejected, options.jobs);
+      std::map<std::string, int64_t> rejected_here;
+      std::vector<RankedCandidate> ranked = rank_candidates(*s, std::move(e.valid), 0, rejected_here, options.jobs);
+      for (const auto& [reason, count] : rejected_here) result.rejected[reason] += count;
       result.ranked += static_cast<int64_t>(ranked.size());
       const ModuleSpec* llm = find_llm(s->model);
       for (const RankedCandidate& rc : ranked) {
@@ -281,33 +304,104 @@ SweepResult run_sweep(const Scenario& base, const SweepOptions& options,
                  progress(++finished, todo.size(), line);
                });
   sort_rows(result.rows);
+  write_sweep_outputs(result, s, options.scenario_file);
+  return result;
+}
 
+void write_sweep_outputs(const SweepResult& result, const Scenario& scenario, const std::string& scenario_file) {
+  namespace fs = std::filesystem;
+  const std::string& dir = result.out_dir;
+  fs::create_directories(dir);
+  {
+    std::ofstream out(fs::path(dir) / "results.jsonl", std::ios::trunc);
+    for (const SweepRow& r : result.rows) out << row_to_json(r).dump() << "\n";
+  }
   // CSV and summary.
-  std::ofstream csv(fs::path(options.out_dir) / "results.csv", std::ios::trunc);
+  std::ofstream csv(fs::path(dir) / "results.csv", std::ios::trunc);
   csv << "rank,point,gpus,placement,layout,micro_batch_size,global_batch,schedule,step_s,tokens_per_s,tflops_per_device,mfu,"
          "bubble,peak_memory_gib,estimate_step_s,status\n";
   for (std::size_t i = 0; i < result.rows.size(); ++i) {
     const SweepRow& r = result.rows[i];
     std::string point = r.point.empty() ? "" : r.point.dump();
     for (std::size_t q = point.find('"'); q != std::string::npos; q = point.find('"', q + 2)) point.insert(q, "\"");
-    csv << i + 1 << ",\"" << point << "\"," << r.gpus << "," << enum_name(r.plan.placement, kPlacements) << ",\"" << describe_layout(r.plan, s.model)
-        << "\"," << r.plan.micro_batch_size << "," << s.workload.global_batch << "," << enum_name(r.plan.schedule, kSchedules)
+    csv << i + 1 << ",\"" << point << "\"," << r.gpus << "," << enum_name(r.plan.placement, kPlacements) << ",\"" << describe_layout(r.plan, scenario.model)
+        << "\"," << r.plan.micro_batch_size << "," << r.global_batch << "," << enum_name(r.plan.schedule, kSchedules)
         << "," << r.step_s << "," << r.tokens_per_s << "," << r.tflops_per_device << "," << r.mfu << "," << r.bubble << ","
         << r.peak_memory_bytes / (1024.0 * 1024 * 1024) << "," << r.estimate_step_s << ","
         << (r.ok ? "ok" : "\"failed: " + r.failure + "\"") << "\n";
   }
   Json summary;
-  summary["scenario"] = s.name;
+  summary["scenario"] = scenario.name;
   summary["considered"] = result.considered;
   summary["valid"] = result.valid;
   summary["ranked"] = result.ranked;
   summary["rejected"] = result.rejected;
+  summary["top_k"] = result.top_k;
+  summary["scenario_file"] = scenario_file;
+  Json estimated = Json::array();
+  for (const EstimatedPlan& e : result.estimated) estimated.push_back(estimated_to_json(e));
+  summary["estimated"] = estimated;
   Json rows = Json::array();
   for (const SweepRow& r : result.rows) rows.push_back(row_to_json(r));
   summary["results"] = rows;
-  std::ofstream(fs::path(options.out_dir) / "summary.json", std::ios::trunc) << summary.dump(1) << "\n";
-  std::ofstream(fs::path(options.out_dir) / "report.html", std::ios::trunc) << sweep_report_html(result, s);
-  return result;
+  std::ofstream(fs::path(dir) / "summary.json", std::ios::trunc) << summary.dump(1) << "\n";
+  std::ofstream(fs::path(dir) / "report.html", std::ios::trunc) << sweep_report_html(result, scenario);
+}
+
+std::string merge_sweeps(const std::vector<std::string>& dirs, const std::string& out_dir, SweepResult& merged,
+                         std::optional<Scenario>& scenario) {
+  namespace fs = std::filesystem;
+  merged = SweepResult{};
+  merged.out_dir = out_dir;
+  std::vector<SweepRow> rows;
+  std::set<std::string> seen;
+  std::string scenario_file;
+  for (const std::string& dir : dirs) {
+    const std::string file = (fs::path(dir) / "summary.json").string();
+    Diagnostics diag;
+    const auto summary = read_json_file(file, diag);
+    if (!summary) return diag.format();
+    try {
+      merged.considered += summary->at("considered").get<int64_t>();
+      merged.valid += summary->at("valid").get<int64_t>();
+      merged.ranked += summary->at("ranked").get<int64_t>();
+      for (const auto& item : summary->at("rejected").items()) merged.rejected[item.key()] += item.value().get<int64_t>();
+      merged.top_k = summary->at("top_k").get<int64_t>();
+      scenario_file = summary->at("scenario_file").get<std::string>();
+      for (const Json& e : summary->at("estimated")) {
+        EstimatedPlan p;
+        p.point = e.at("point");
+        p.gpus = e.at("gpus").get<int64_t>();
+        Diagnostics ignored;
+        read_enum(e.at("placement"), "", "", p.placement, kPlacements, ignored);
+        p.llm_tp = e.at("llm_tp").get<int64_t>();
+        p.llm_pp = e.at("llm_pp").get<int64_t>();
+        p.tokens_per_s = e.at("tokens_per_s").get<double>();
+        merged.estimated.push_back(p);
+      }
+    } catch (const Json::exception& e) {
+      return file + ": not a sweep summary (" + e.what() + ")";
+    }
+    for (SweepRow& row : load_sweep_rows((fs::path(dir) / "results.jsonl").string()))
+      if (seen.insert(row.key).second) rows.push_back(std::move(row));
+  }
+  // Each shard simulated its own best K by estimate, so the best K overall are among them:
+  // keep, per (grid point, GPU count), the K best estimates — exactly what one run simulates.
+  std::map<std::pair<std::string, int64_t>, std::vector<SweepRow>> groups;
+  for (SweepRow& row : rows) groups[{row.point.dump(), row.gpus}].push_back(std::move(row));
+  for (auto& [key, group] : groups) {
+    std::sort(group.begin(), group.end(), [](const SweepRow& a, const SweepRow& b) {
+      return a.estimate_step_s != b.estimate_step_s ? a.estimate_step_s < b.estimate_step_s : a.key < b.key;
+    });
+    if (static_cast<int64_t>(group.size()) > merged.top_k) group.resize(static_cast<std::size_t>(merged.top_k));
+    for (SweepRow& row : group) merged.rows.push_back(std::move(row));
+  }
+  sort_rows(merged.rows);
+  Diagnostics diag;
+  scenario = load_scenario(scenario_file, diag);
+  if (!scenario) return "the sweep's scenario cannot be loaded: " + diag.format();
+  write_sweep_outputs(merged, *scenario, scenario_file);
+  return "";
 }
 
 std::string format_sweep(const SweepResult& r, const Scenario& s, std::size_t shown) {

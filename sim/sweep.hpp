@@ -41,6 +41,10 @@ struct SweepOptions {
   int64_t iterations = 1;  // simulated iterations per plan
   bool nested_flows = false;
   double timeout_s = 600;  // per simulated plan
+  // --shard i/n: this run estimates and simulates only the valid candidates whose key hashes to
+  // i-1 modulo n (shard 1 also counts the considered and rejected plans).
+  int64_t shard_index = 1, shard_count = 1;
+  std::string scenario_file;  // recorded in summary.json for `tessera merge`
 };
 
 struct SweepRow {
@@ -71,8 +75,17 @@ struct SweepResult {
   std::map<std::string, int64_t> rejected;
   int64_t considered = 0, valid = 0, ranked = 0;
   std::vector<EstimatedPlan> estimated;  // every plan that was estimated
+  int64_t top_k = 0;
   std::string out_dir;
 };
+
+// Writes results.jsonl (whole), results.csv, summary.json and report.html for `result`.
+void write_sweep_outputs(const SweepResult& result, const Scenario& scenario, const std::string& scenario_file);
+
+// Combines the summary.json of shard runs into the ranking an unsharded run gives, written to
+// `out_dir`. Returns an error message naming the file, or "".
+std::string merge_sweeps(const std::vector<std::string>& dirs, const std::string& out_dir, SweepResult& merged,
+                         std::optional<Scenario>& scenario);
 
 // `progress(done, total, line)` is called as each simulation finishes.
 // REQUIRES: scenario validated; every grid point valid (check with scenario_at first).

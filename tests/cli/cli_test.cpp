@@ -135,6 +135,16 @@ TEST_CASE("sweep: --set grids, --emit-plan, and results.jsonl#R handed to simula
   CHECK(bad_value.code == 2);
   CHECK(bad_value.output.find("workload.global_batch: must be > 0, got 0") != std::string::npos);
   CHECK(run(sweep + " --set nope").code == 2);
+  // Shards and merge.
+  for (const char* shard : {"1/2", "2/2"})
+    CHECK(run(sweep + std::string(" --shard ") + shard + " --out " + (dir.parent_path() / shard).string() + "x").code == 0);
+  const Run merged = run("merge " + (dir.parent_path() / "1").string() + "x " + (dir.parent_path() / "2").string() + "x --out " +
+                         (dir.parent_path() / "merged").string());
+  INFO(merged.output);
+  CHECK(merged.code == 0);
+  CHECK(merged.output.find("report:") != std::string::npos);
+  CHECK(run(sweep + " --shard 3/2").code == 2);
+  CHECK(run("merge /nonexistent/shard").code == 2);
   fs::remove_all(dir.parent_path());
 }
 
@@ -155,7 +165,7 @@ TEST_CASE("lower and estimate: bad input exits 2") {
 }
 
 TEST_CASE("every subcommand has --help") {
-  for (const char* c : {"validate", "show", "import-hf", "lower", "estimate", "simulate", "sweep"}) {
+  for (const char* c : {"validate", "show", "import-hf", "lower", "estimate", "simulate", "sweep", "merge"}) {
     const Run r = run(std::string(c) + " --help");
     CHECK(r.code == 0);
     CHECK(r.output.find("Usage:") != std::string::npos);

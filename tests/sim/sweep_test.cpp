@@ -135,3 +135,34 @@ TEST_CASE("sweep: a failing simulation yields a failed row and the sweep complet
   CHECK(fs::exists(fs::path(options.out_dir) / "results.csv"));
   fs::remove_all(options.out_dir);
 }
+
+TEST_CASE("sweep shards merge into exactly the unsharded ranking") {
+  const Scenario s = tiny(R"({"tp": [1, 2], "cp": [1], "pp": [1, 2], "vpp": [1], "micro_batch_sizes": [1, 2], "top_k": 3})");
+  SweepOptions options;
+  options.out_dir = scratch("whole").string();
+  options.scenario_file = "unused";
+  const SweepResult whole = run_sweep(s, options, quiet);
+  std::vector<std::string> dirs;
+  for (int64_t i = 1; i <= 3; ++i) {
+    SweepOptions shard = options;
+    shard.shard_index = i;
+    shard.shard_count = 3;
+    shard.out_dir = scratch(("shard" + std::to_string(i)).c_str()).string();
+    // merge reloads the scenario from the path a shard records: write one.
+    shard.scenario_file = (fs::path(shard.out_dir).parent_path() / ("tiny-" + std::to_string(::getpid()) + ".json")).string();
+    std::ofstream(shard.scenario_file) << inline_scenario_json(s).dump();
+    run_sweep(s, shard, quiet);
+    dirs.push_back(shard.out_dir);
+  }
+  SweepResult merged;
+  std::optional<Scenario> reloaded;
+  const std::string problem = merge_sweeps(dirs, scratch("merged").string(), merged, reloaded);
+  INFO(problem);
+  REQUIRE(problem.empty());
+  CHECK(keys_and_steps(merged) == keys_and_steps(whole));
+  CHECK(merged.considered == whole.considered);
+  CHECK(merged.valid == whole.valid);
+  CHECK(merged.rejected == whole.rejected);
+  for (const char* name : {"whole", "shard1", "shard2", "shard3", "merged"}) fs::remove_all(scratch(name));
+}
+
