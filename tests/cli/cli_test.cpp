@@ -136,10 +136,10 @@ TEST_CASE("sweep: --set grids, --emit-plan, and results.jsonl#R handed to simula
   CHECK(bad_value.output.find("workload.global_batch: must be > 0, got 0") != std::string::npos);
   CHECK(run(sweep + " --set nope").code == 2);
   // Shards and merge.
-  for (const char* shard : {"1/2", "2/2"})
-    CHECK(run(sweep + std::string(" --shard ") + shard + " --out " + (dir.parent_path() / shard).string() + "x").code == 0);
-  const Run merged = run("merge " + (dir.parent_path() / "1").string() + "x " + (dir.parent_path() / "2").string() + "x --out " +
-                         (dir.parent_path() / "merged").string());
+  const fs::path s1 = dir.parent_path() / "shard1", s2 = dir.parent_path() / "shard2";
+  CHECK(run(sweep + " --shard 1/2 --out " + s1.string()).code == 0);
+  CHECK(run(sweep + " --shard 2/2 --out " + s2.string()).code == 0);
+  const Run merged = run("merge " + s1.string() + " " + s2.string() + " --out " + (dir.parent_path() / "merged").string());
   INFO(merged.output);
   CHECK(merged.code == 0);
   CHECK(merged.output.find("report:") != std::string::npos);
