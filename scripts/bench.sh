@@ -52,10 +52,8 @@ if [[ $what == sweep || $what == all ]]; then
     start=$(date +%s.%N)
     "$tessera" sweep scenarios/default.json --top 50 -j "$jobs" --out "out/bench-sweep-j$jobs" >"out/bench-sweep-j$jobs.txt" 2>/dev/null
     end=$(date +%s.%N)
-    considered=$(awk '/plans considered/ {print $1; exit}' "out/bench-sweep-j$jobs.txt")
-    valid=$(awk '/plans considered/ {print $4; exit}' "out/bench-sweep-j$jobs.txt")
-    awk -v j="$jobs" -v s="$start" -v e="$end" -v c="$considered" -v v="$valid" 'BEGIN {
-      printf "-j %s: %s considered, %s valid, 50 simulated in %.1f s (%.0f candidates/s overall)\n", j, c, v, e - s, c / (e - s) }'
+    awk -v j="$jobs" -v s="$start" -v e="$end" '/^timing:/ { sub(/^timing: /, ""); printf "-j %s: %.1f s wall; %s\n", j, e - s, $0 }' \
+      "out/bench-sweep-j$jobs.txt"
   done
   cmp <(cut -d, -f1-14 out/bench-sweep-j1/results.csv) <(cut -d, -f1-14 out/bench-sweep-j2/results.csv) \
     && echo "-j 1 and -j 2 rank identically"

@@ -27,8 +27,12 @@ const EnumTable<CpSplit> kCpSplits = {
     {"uniform", CpSplit::kUniform}, {"zigzag", CpSplit::kZigzag}, {"makespan", CpSplit::kMakespan}};
 const EnumTable<StageSplit> kStageSplits = {{"frozen_aware", StageSplit::kFrozenAware},
                                             {"uniform", StageSplit::kUniform}};
-const EnumTable<Recompute> kRecompute = {
+}  // namespace
+
+const EnumTable<Recompute> kRecomputes = {
     {"none", Recompute::kNone}, {"selective", Recompute::kSelective}, {"full", Recompute::kFull}};
+
+namespace {
 
 ModuleLayout read_layout(const Json& json, const std::string& file, const std::string& path,
                          Diagnostics& diag) {
@@ -121,7 +125,7 @@ ParallelPlan read_plan(const Json& json, const std::string& file, const std::str
   r.optional_enum("cp_split", p.cp_split, kCpSplits);
   r.optional_enum("stage_split", p.stage_split, kStageSplits);
   if (const Json* v = r.find({"recompute", "recompute_granularity"}))
-    read_enum(*v, file, r.path_of(r.found_name()), p.recompute, kRecompute, diag);
+    read_enum(*v, file, r.path_of(r.found_name()), p.recompute, kRecomputes, diag);
   r.optional("sequence_parallel", p.sequence_parallel);
   r.optional({"distributed_optimizer", "use_distributed_optimizer"}, p.distributed_optimizer);
   r.finish();
@@ -151,7 +155,7 @@ Json to_json(const ParallelPlan& p) {
   j["microbatching"] = enum_name(p.microbatching, kMicrobatching);
   j["cp_split"] = enum_name(p.cp_split, kCpSplits);
   j["stage_split"] = enum_name(p.stage_split, kStageSplits);
-  j["recompute"] = enum_name(p.recompute, kRecompute);
+  j["recompute"] = enum_name(p.recompute, kRecomputes);
   j["sequence_parallel"] = p.sequence_parallel;
   j["distributed_optimizer"] = p.distributed_optimizer;
   return j;

@@ -25,6 +25,7 @@ enum class Recompute { kNone, kSelective, kFull };
 
 extern const EnumTable<Placement> kPlacements;
 extern const EnumTable<Schedule> kSchedules;
+extern const EnumTable<Recompute> kRecomputes;
 
 // Consecutive ranks [first, first + count).
 struct RankSpan {

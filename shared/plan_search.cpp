@@ -20,6 +20,7 @@ ModuleLayout layout(int64_t tp, int64_t cp, int64_t pp, int64_t dp, int64_t vpp)
 // The LLM-side grids of the space on `gpus` devices: (tp, cp, pp, vpp, micro-batch size).
 struct LlmChoice {
   int64_t tp, cp, pp, dp, vpp, mbs;
+  Recompute recompute;
 };
 std::vector<LlmChoice> llm_choices(const SearchSpace& space, int64_t gpus) {
   std::vector<LlmChoice> out;
@@ -29,7 +30,8 @@ std::vector<LlmChoice> llm_choices(const SearchSpace& space, int64_t gpus) {
         if (gpus % (tp * cp * pp) != 0) continue;  // the grid does not tile the devices
         for (int64_t vpp : space.vpp) {
           if (vpp > 1 && pp == 1) continue;  // virtual stages need a pipeline
-          for (int64_t mbs : space.micro_batch_sizes) out.push_back({tp, cp, pp, gpus / (tp * cp * pp), vpp, mbs});
+          for (int64_t mbs : space.micro_batch_sizes)
+            for (Recompute recompute : space.recompute) out.push_back({tp, cp, pp, gpus / (tp * cp * pp), vpp, mbs, recompute});
         }
       }
   return out;
@@ -37,6 +39,7 @@ std::vector<LlmChoice> llm_choices(const SearchSpace& space, int64_t gpus) {
 
 void base_options(ParallelPlan& p, const LlmChoice& c) {
   p.micro_batch_size = c.mbs;
+  p.recompute = c.recompute;
   p.sequence_parallel = c.tp > 1;
   p.distributed_optimizer = true;
   p.stage_split = StageSplit::kUniform;

@@ -28,6 +28,17 @@ SearchSpace read_search_space(const Json& json, const std::string& file, const s
     for (std::size_t i = 0; i < list->size(); ++i)
       if ((*list)[i] < 1) diag.error(file, index_path(r.path_of(key), i), "must be >= 1");
   }
+  if (const Json* v = r.find("recompute")) {
+    if (!v->is_array() || v->empty()) {
+      r.error("recompute", "expected a non-empty array of none, selective, full");
+    } else {
+      s.recompute.clear();
+      for (std::size_t i = 0; i < v->size(); ++i) {
+        Recompute x{};
+        if (read_enum((*v)[i], file, index_path(r.path_of("recompute"), i), x, kRecomputes, diag)) s.recompute.push_back(x);
+      }
+    }
+  }
   if (r.optional("top_k", s.top_k)) r.check_positive("top_k", s.top_k);
   r.finish();
   return s;
@@ -44,6 +55,9 @@ Json to_json(const SearchSpace& s) {
   j["pp"] = s.pp;
   j["vpp"] = s.vpp;
   j["micro_batch_sizes"] = s.micro_batch_sizes;
+  Json recompute = Json::array();
+  for (Recompute x : s.recompute) recompute.push_back(enum_name(x, kRecomputes));
+  j["recompute"] = recompute;
   j["top_k"] = s.top_k;
   return j;
 }

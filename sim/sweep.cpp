@@ -1,6 +1,7 @@
 #include "sim/sweep.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -70,6 +71,10 @@ void sort_rows(std::vector<SweepRow>& rows) {
     if (a.ok && a.step_s != b.step_s) return a.step_s < b.step_s;
     return a.key < b.key;
   });
+}
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
 uint64_t fnv1a(const std::string& text) {
@@ -182,6 +187,7 @@ SweepResult run_sweep(const Scenario& base, const SweepOptions& options,
     const int64_t top_k = options.top_k > 0 ? options.top_k : space.top_k;
     result.top_k = top_k;
     for (int64_t g : gpus) {
+      auto phase = std::chrono::steady_clock::now();
       Enumeration e = enumerate_plans(*s, space, g);
       if (options.shard_count > 1) {
         const std::string prefix = point.empty() ? "" : point.dump();
@@ -195,8 +201,11 @@ SweepResult run_sweep(const Scenario& base, const SweepOptions& options,
         for (const auto& [reason, count] : e.rejected) result.rejected[reason] += count;
       }
       result.valid += static_cast<int64_t>(e.valid.size());
+      result.enumerate_s += seconds_since(phase);
+      phase = std::chrono::steady_clock::now();
       std::map<std::string, int64_t> rejected_here;
       std::vector<RankedCandidate> ranked = rank_candidates(*s, std::move(e.valid), 0, rejected_here, options.jobs);
+      result.estimate_s += seconds_since(phase);
       for (const auto& [reason, count] : rejected_here) result.rejected[reason] += count;
       result.ranked += static_cast<int64_t>(ranked.size());
       const ModuleSpec* llm = find_llm(s->model);
@@ -268,6 +277,8 @@ SweepResult run_sweep(const Scenario& base, const SweepOptions& options,
     });
   std::ofstream out(jsonl, std::ios::app);
   std::size_t finished = 0;
+  const auto simulation_start = std::chrono::steady_clock::now();
+  result.simulated = static_cast<int64_t>(tasks.size());
   run_children(tasks, options.jobs, options.timeout_s * static_cast<double>(options.iterations) + 60,
                [&](std::size_t i, const ChildResult& child) {
                  const RankedCandidate& c = todo[i]->ranked;
@@ -303,6 +314,7 @@ SweepResult run_sweep(const Scenario& base, const SweepOptions& options,
                                           (row.ok ? ": step " + std::to_string(row.step_s) + " s" : ": failed: " + row.failure);
                  progress(++finished, todo.size(), line);
                });
+  result.simulate_s = seconds_since(simulation_start);
   sort_rows(result.rows);
   write_sweep_outputs(result, s, options.scenario_file);
   return result;
@@ -450,6 +462,16 @@ std::string format_sweep(const SweepResult& r, const Scenario& s, std::size_t sh
     std::snprintf(line, sizeof line, "\nbest heterogeneous (%s, %s) vs best homogeneous (%s): %.2fx tokens/s\n",
                   enum_name(heterogeneous->plan.placement, kPlacements).c_str(), describe_layout(heterogeneous->plan, s.model).c_str(),
                   describe_layout(homogeneous->plan, s.model).c_str(), heterogeneous->tokens_per_s / homogeneous->tokens_per_s);
+    out << line;
+  }
+  if (r.enumerate_s + r.estimate_s + r.simulate_s > 0) {
+    auto rate = [](double n, double seconds) { return seconds > 0 ? n / seconds : 0.0; };
+    std::snprintf(line, sizeof line,
+                  "\ntiming: enumerated and validated %lld in %.2f s (%.0f/s), estimated %lld in %.2f s (%.0f/s), "
+                  "simulated %lld in %.2f s (%.1f/s)\n",
+                  static_cast<long long>(r.considered), r.enumerate_s, rate(static_cast<double>(r.considered), r.enumerate_s),
+                  static_cast<long long>(r.valid), r.estimate_s, rate(static_cast<double>(r.valid), r.estimate_s),
+                  static_cast<long long>(r.simulated), r.simulate_s, rate(static_cast<double>(r.simulated), r.simulate_s));
     out << line;
   }
   out << "\nreport: " << r.out_dir << "/report.html (also results.jsonl, results.csv, summary.json)\n";

@@ -77,6 +77,8 @@ struct SweepResult {
   std::vector<EstimatedPlan> estimated;  // every plan that was estimated
   int64_t top_k = 0;
   std::string out_dir;
+  double enumerate_s = 0, estimate_s = 0, simulate_s = 0;  // wall time of the three phases
+  int64_t simulated = 0;                                   // simulations run by this invocation
 };
 
 // Writes results.jsonl (whole), results.csv, summary.json and report.html for `result`.

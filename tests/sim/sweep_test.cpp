@@ -55,24 +55,26 @@ std::vector<std::pair<std::string, double>> keys_and_steps(const SweepResult& r)
 }  // namespace
 
 TEST_CASE("enumeration of a small case equals the brute-force list, and every emitted plan validates") {
-  const Scenario s = tiny(R"({"placements": ["homogeneous"], "tp": [1, 2, 4], "cp": [1], "pp": [1, 2], "vpp": [1], "micro_batch_sizes": [1, 2]})");
+  const Scenario s = tiny(R"({"placements": ["homogeneous"], "tp": [1, 2, 4], "cp": [1], "pp": [1, 2], "vpp": [1],
+                               "micro_batch_sizes": [1, 2], "recompute": ["none", "full"]})");
   const Enumeration e = enumerate_plans(s, *s.search, 4);
-  // Brute force: every (tp, pp, mbs) whose tp*pp divides 4, dp = 4 / (tp*pp).
+  // Brute force: every (tp, pp, mbs, recompute) whose tp*pp divides 4, dp = 4 / (tp*pp).
   int64_t expected = 0;
-  std::set<std::tuple<int64_t, int64_t, int64_t>> grids;
+  std::set<std::tuple<int64_t, int64_t, int64_t, Recompute>> grids;
   for (int64_t tp : {1, 2, 4})
     for (int64_t pp : {1, 2})
       for (int64_t mbs : {1, 2})
-        if (4 % (tp * pp) == 0) {
-          ++expected;
-          grids.emplace(tp, pp, mbs);
-        }
+        for (Recompute r : {Recompute::kNone, Recompute::kFull})
+          if (4 % (tp * pp) == 0) {
+            ++expected;
+            grids.emplace(tp, pp, mbs, r);
+          }
   CHECK(e.considered == expected);
   int64_t rejected = 0;
   for (const auto& [reason, count] : e.rejected) rejected += count;
   CHECK(static_cast<int64_t>(e.valid.size()) + rejected == expected);
   for (const Candidate& c : e.valid) {
-    CHECK(grids.contains({c.plan.layout.tp, c.plan.layout.pp, c.plan.micro_batch_size}));
+    CHECK(grids.contains({c.plan.layout.tp, c.plan.layout.pp, c.plan.micro_batch_size, c.plan.recompute}));
     Diagnostics diag;
     validate_plan(c.plan, s.model, s.workload, cluster_with_devices(s.cluster, 4), "", "", diag);
     CHECK(diag.ok());
