@@ -176,19 +176,24 @@ IterationMetrics compute_metrics(const Program& p, const Timeline& t, const Mode
       // Waiting attributable to communication: the part of the wait after the compute-side
       // inputs were ready that a communication op was still running.
       double compute_ready = free_at, comm_ready = 0, comm_duration = 0;
+      bool boundary = false;
       for (int32_t d : op.deps) {
         const OpTime& dt = t.ops[r][static_cast<std::size_t>(d)];
         if (is_comm(ops[static_cast<std::size_t>(d)])) {
           if (dt.finish_s > comm_ready) {
             comm_ready = dt.finish_s;
             comm_duration = dt.finish_s - dt.start_s;
+            boundary = ops[static_cast<std::size_t>(d)].purpose == Purpose::kBoundary;
           }
         } else {
           compute_ready = std::max(compute_ready, dt.finish_s);
         }
       }
-      if (comm_ready > compute_ready)
-        m.exposed_comm_s[r] += std::min(comm_ready - compute_ready, comm_duration);
+      if (comm_ready > compute_ready) {
+        const double exposed = std::min(comm_ready - compute_ready, comm_duration);
+        m.exposed_comm_s[r] += exposed;
+        if (boundary) m.exposed_boundary_mean_s += exposed / static_cast<double>(world);
+      }
       free_at = time.finish_s;
     }
     m.bubble[r] = busy > 0 ? (m.step_s - busy) / busy : 0;

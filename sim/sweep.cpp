@@ -35,7 +35,8 @@ Json row_to_json(const SweepRow& r) {
               {"bubble", r.bubble},
               {"peak_memory_bytes", r.peak_memory_bytes},
               {"compute_s", r.compute_s},
-              {"exposed_comm_s", r.exposed_comm_s}};
+              {"exposed_comm_s", r.exposed_comm_s},
+              {"exposed_boundary_s", r.exposed_boundary_s}};
 }
 
 bool row_from_json(const Json& j, SweepRow& r) {
@@ -53,7 +54,8 @@ bool row_from_json(const Json& j, SweepRow& r) {
     for (const auto& [field, name] : {std::pair{&r.step_s, "step_s"}, std::pair{&r.tokens_per_s, "tokens_per_s"},
                                       std::pair{&r.tflops_per_device, "tflops_per_device"}, std::pair{&r.mfu, "mfu"},
                                       std::pair{&r.bubble, "bubble"}, std::pair{&r.peak_memory_bytes, "peak_memory_bytes"},
-                                      std::pair{&r.compute_s, "compute_s"}, std::pair{&r.exposed_comm_s, "exposed_comm_s"}})
+                                      std::pair{&r.compute_s, "compute_s"}, std::pair{&r.exposed_comm_s, "exposed_comm_s"},
+                                      std::pair{&r.exposed_boundary_s, "exposed_boundary_s"}})
       *field = j.at(name).get<double>();
     return true;
   } catch (const Json::exception&) {
@@ -257,11 +259,12 @@ SweepResult run_sweep(const Scenario& base, const SweepOptions& options,
       const SimulationResult r = simulate(sized, c->plan, sim);
       Json j = {{"feasible", r.feasible}, {"reason", r.reason}};
       if (r.feasible) {
-        double tokens = 0, tflops = 0, mfu = 0, bubble = 0, memory = 0, compute = 0, exposed = 0;
+        double tokens = 0, tflops = 0, mfu = 0, bubble = 0, memory = 0, compute = 0, exposed = 0, boundary = 0;
         for (const SimulatedIteration& it : r.iterations) {
           const auto& b = it.metrics.bubble;
           for (double x : b) compute += it.metrics.step_s / (1 + x) / static_cast<double>(b.size());
           exposed += it.metrics.exposed_comm_mean_s;
+          boundary += it.metrics.exposed_boundary_mean_s;
           tokens += it.metrics.tokens_per_s;
           tflops += it.metrics.tflops_per_device;
           mfu += it.metrics.mfu;
@@ -271,7 +274,7 @@ SweepResult run_sweep(const Scenario& base, const SweepOptions& options,
         const double n = static_cast<double>(r.iterations.size());
         j.update({{"step_s", r.step_mean_s}, {"tokens_per_s", tokens / n}, {"tflops_per_device", tflops / n},
                   {"mfu", mfu / n}, {"bubble", bubble / n}, {"peak_memory_bytes", memory}, {"compute_s", compute / n},
-                  {"exposed_comm_s", exposed / n}});
+                  {"exposed_comm_s", exposed / n}, {"exposed_boundary_s", boundary / n}});
       }
       return j.dump();
     });
@@ -305,6 +308,7 @@ SweepResult run_sweep(const Scenario& base, const SweepOptions& options,
                      row.peak_memory_bytes = j.at("peak_memory_bytes").get<double>();
                      row.compute_s = j.at("compute_s").get<double>();
                      row.exposed_comm_s = j.at("exposed_comm_s").get<double>();
+                     row.exposed_boundary_s = j.at("exposed_boundary_s").get<double>();
                    }
                  }
                  out << row_to_json(row).dump() << "\n";

@@ -124,7 +124,8 @@ std::string heat_map(const std::vector<EstimatedPlan>& estimated) {
   return svg.str();
 }
 
-// Step time of the top plans split into compute, exposed communication and other idle time.
+// Step time of the top plans split into compute, exposed communication, boundary transfers
+// and other idle time (pipeline bubble and load imbalance).
 std::string breakdown(const std::vector<const SweepRow*>& rows, const ModelSpec& model) {
   if (rows.empty()) return "";
   double longest = 0;
@@ -132,18 +133,19 @@ std::string breakdown(const std::vector<const SweepRow*>& rows, const ModelSpec&
   const double bar = 22, left = 260, width = 420, top = 40;
   const double h = top + bar * 1.5 * static_cast<double>(rows.size()) + 40;
   std::ostringstream svg;
-  svg << "<svg xmlns='http://www.w3.org/2000/svg' width='" << left + width + 40 << "' height='" << h << "'>";
+  svg << "<svg xmlns='http://www.w3.org/2000/svg' width='" << left + 640 << "' height='" << h << "'>";
   svg << "<text x='" << (left + width) / 2 << "' y='20' text-anchor='middle' font-weight='bold'>Step time of the top plans (mean over ranks)</text>";
-  const char* names[] = {"compute", "exposed communication", "bubble and imbalance"};
-  const char* colors[] = {"#4c78a8", "#e45756", "#bab0ac"};
+  const char* names[] = {"compute", "exposed communication", "boundary", "bubble and imbalance"};
+  const char* colors[] = {"#4c78a8", "#e45756", "#f58518", "#bab0ac"};
   for (std::size_t i = 0; i < rows.size(); ++i) {
     const SweepRow& r = *rows[i];
     const double y = top + bar * 1.5 * static_cast<double>(i);
-    const double parts[] = {r.compute_s, r.exposed_comm_s, std::max(0.0, r.step_s - r.compute_s - r.exposed_comm_s)};
+    const double parts[] = {r.compute_s, r.exposed_comm_s - r.exposed_boundary_s, r.exposed_boundary_s,
+                            std::max(0.0, r.step_s - r.compute_s - r.exposed_comm_s)};
     svg << "<text x='" << left - 6 << "' y='" << y + bar * 0.7 << "' text-anchor='end' font-size='11'>" << i + 1 << ". "
         << esc(describe_layout(r.plan, model)) << "</text>";
     double x = left;
-    for (int k = 0; k < 3; ++k) {
+    for (int k = 0; k < 4; ++k) {
       const double len = width * parts[k] / longest;
       svg << "<rect x='" << x << "' y='" << y << "' width='" << std::max(0.0, len) << "' height='" << bar << "' fill='" << colors[k]
           << "'><title>" << names[k] << " " << num(parts[k]) << " s</title></rect>";
@@ -151,7 +153,7 @@ std::string breakdown(const std::vector<const SweepRow*>& rows, const ModelSpec&
     }
     svg << "<text x='" << x + 4 << "' y='" << y + bar * 0.7 << "' font-size='11'>" << num(r.step_s) << " s</text>";
   }
-  for (int k = 0; k < 3; ++k)
+  for (int k = 0; k < 4; ++k)
     svg << "<rect x='" << left + 150.0 * k << "' y='" << h - 25 << "' width='12' height='12' fill='" << colors[k] << "'/><text x='"
         << left + 150.0 * k + 16 << "' y='" << h - 15 << "' font-size='11'>" << names[k] << "</text>";
   svg << "</svg>";
