@@ -110,7 +110,8 @@ Timeline evaluate(const Program& p, const CostModel& cost) {
   // rank (a send to it, a collective it is in), so evaluation is linear in the ops.
   std::vector<std::size_t> work(world);
   std::vector<char> queued(world, 1);
-  for (std::size_t r = 0; r < world; ++r) work[r] = world - 1 - r;  // pop from the back: rank 0 first
+  for (std::size_t r = 0; r < world; ++r)
+    work[r] = world - 1 - r;  // pop from the back: rank 0 first
   auto enqueue = [&](std::size_t r) {
     if (!queued[r]) {
       queued[r] = 1;
@@ -198,7 +199,8 @@ Timeline evaluate(const Program& p, const CostModel& cost) {
                 }
                 if (arrived[static_cast<std::size_t>(inst)] == static_cast<int32_t>(group.size()) &&
                     !nested_woken[static_cast<std::size_t>(inst)]) {
-                  nested_woken[static_cast<std::size_t>(inst)] = 1;  // the last arrival wakes the others
+                  nested_woken[static_cast<std::size_t>(inst)] =
+                      1;  // the last arrival wakes the others
                   for (int64_t m : group) enqueue(static_cast<std::size_t>(m));
                 }
                 at = ready_at[static_cast<std::size_t>(inst)] +

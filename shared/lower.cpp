@@ -157,8 +157,8 @@ class Lowering {
     return -1;
   }
   // A Compute op of `m` on `rank` for layers [a, b) of micro-batch `mb` (-1: whole local batch).
-  Op compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t mb, int64_t replica,
-             Phase phase, std::span<const Sample* const> samples);
+  Op compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t mb, Phase phase,
+             std::span<const Sample* const> samples);
   int64_t tag(int kind, int a, int b, int64_t k, int dir, int32_t mb, int32_t sub) const {
     return ((((static_cast<int64_t>(kind) * 256 + a) * 256 + b) * 4096 + k) * 2 + dir) *
                (int64_t{1} << 20) +
@@ -179,6 +179,29 @@ class Lowering {
 
   // Boundary messages between a producer host module and a consumer host module.
   double boundary_bytes(int producer_last, int consumer, std::span<const Sample* const> samples);
+  // What a boundary leader received reaches the rest of its TP x CP group by a broadcast (or
+  // directly when the leader is alone); appends what this rank's compute must wait for.
+  void share_boundary(int64_t rank, const ModuleInfo& owner, const Coord& x, Phase phase,
+                      int module, int32_t mb, double bytes, const std::vector<int32_t>& received,
+                      std::vector<int32_t>& deps) {
+    const int32_t g = tpcp_group(owner, x);
+    if (p_.groups[static_cast<std::size_t>(g)].size() == 1) {
+      deps.insert(deps.end(), received.begin(), received.end());
+      return;
+    }
+    Op b;
+    b.kind = OpKind::kCollective;
+    b.stream = StreamKind::kCollective;
+    b.collective = CollectiveKind::kBroadcast;
+    b.purpose = Purpose::kBoundary;
+    b.phase = phase;
+    b.module = static_cast<int16_t>(module);
+    b.microbatch = mb;
+    b.group = g;
+    b.bytes = bytes;
+    b.deps = received;
+    deps.push_back(emit(rank, b));
+  }
 
   const ModelSpec& model_;
   const ClusterSpec& cluster_;
@@ -316,8 +339,8 @@ const ModuleWork& Lowering::work_of(int module, std::span<const Sample* const> s
                                         samples, workload_.max_seq_len);
 }
 
-Op Lowering::compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t mb,
-                     int64_t replica, Phase phase, std::span<const Sample* const> samples) {
+Op Lowering::compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t mb, Phase phase,
+                     std::span<const Sample* const> samples) {
   const ModuleSpec& spec = *m.spec;
   const ModuleInfo& grid = m.host >= 0 ? modules_[static_cast<std::size_t>(m.host)] : m;
   // Homogeneous encoders share the LLM's grid.
@@ -346,7 +369,6 @@ Op Lowering::compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t
   op.microbatch = mb;
   op.layers = static_cast<int32_t>(layers);
   op.tokens = static_cast<int64_t>(tokens_local);
-  (void)replica;
 
   double linear = 0, attention = 0, weights = 0;  // FLOPs of one forward on this rank
   if (spec.transformer) {
@@ -467,13 +489,15 @@ bool Lowering::feeds_interleaved(int module) const {
   const std::string& name = modules_[static_cast<std::size_t>(module)].spec->name;
   for (const ModuleInfo& consumer : modules_) {
     const auto& inputs = consumer.spec->inputs;
-    const bool fed = std::find(inputs.begin(), inputs.end(), name) != inputs.end() ||
-                     std::any_of(modules_.begin(), modules_.end(), [&](const ModuleInfo& borrowed) {
-                       return borrowed.host == module &&
-                              std::find(inputs.begin(), inputs.end(), borrowed.spec->name) != inputs.end();
-                     });
+    const bool fed =
+        std::find(inputs.begin(), inputs.end(), name) != inputs.end() ||
+        std::any_of(modules_.begin(), modules_.end(), [&](const ModuleInfo& borrowed) {
+          return borrowed.host == module &&
+                 std::find(inputs.begin(), inputs.end(), borrowed.spec->name) != inputs.end();
+        });
     if (!fed || consumer.index == module) continue;
-    const ModuleInfo& owner = consumer.host >= 0 ? modules_[static_cast<std::size_t>(consumer.host)] : consumer;
+    const ModuleInfo& owner =
+        consumer.host >= 0 ? modules_[static_cast<std::size_t>(consumer.host)] : consumer;
     if (owner.index == module) continue;  // a projector on this module's own ranks
     if (owner.layout.vpp > 1 || feeds_interleaved(owner.index)) return true;
   }
@@ -715,22 +739,8 @@ void Lowering::lower_pipelines() {
                   received.push_back(emit(rank, recv));
                 }
               }
-              const int32_t bcast_group = tpcp_group(owner, x);
-              if (p_.groups[static_cast<std::size_t>(bcast_group)].size() > 1) {
-                Op b;
-                b.kind = OpKind::kCollective;
-                b.stream = StreamKind::kCollective;
-                b.collective = CollectiveKind::kBroadcast;
-                b.purpose = Purpose::kBoundary;
-                b.module = static_cast<int16_t>(producer_last);
-                b.microbatch = mb;
-                b.group = bcast_group;
-                b.bytes = boundary_bytes(producer_last, owner_index, samples);
-                b.deps = received;
-                deps.push_back(emit(rank, b));
-              } else {
-                deps.insert(deps.end(), received.begin(), received.end());
-              }
+              share_boundary(rank, owner, x, Phase::kF, producer_last, mb,
+                             boundary_bytes(producer_last, owner_index, samples), received, deps);
             }
           } else {
             const int64_t prev_k = k - 1;
@@ -744,7 +754,7 @@ void Lowering::lower_pipelines() {
           int32_t last = -1;
           auto run = [&](const ModuleInfo& m, int64_t chunk_index, Phase phase,
                          std::span<const Sample* const> s) {
-            Op op = compute(m, rank, static_cast<int32_t>(chunk_index), mb, x.d, phase, s);
+            Op op = compute(m, rank, static_cast<int32_t>(chunk_index), mb, phase, s);
             op.deps = deps;
             last = emit(rank, op);
             deps = {last};
@@ -815,23 +825,8 @@ void Lowering::lower_pipelines() {
                 received.push_back(emit(rank, recv));
               }
             }
-            const int32_t g = tpcp_group(owner, x);
-            if (p_.groups[static_cast<std::size_t>(g)].size() > 1) {
-              Op b;
-              b.kind = OpKind::kCollective;
-              b.stream = StreamKind::kCollective;
-              b.collective = CollectiveKind::kBroadcast;
-              b.purpose = Purpose::kBoundary;
-              b.phase = Phase::kB;
-              b.module = static_cast<int16_t>(last_module);
-              b.microbatch = mb;
-              b.group = g;
-              b.bytes = boundary_bytes(last_module, consumer_host, samples);
-              b.deps = received;
-              deps.push_back(emit(rank, b));
-            } else {
-              deps.insert(deps.end(), received.begin(), received.end());
-            }
+            share_boundary(rank, owner, x, Phase::kB, last_module, mb,
+                           boundary_bytes(last_module, consumer_host, samples), received, deps);
           }
         }
         if (first_virtual && !producers.empty() && owner.flow.needs_input_grad) --in_flight;
@@ -842,17 +837,17 @@ void Lowering::lower_pipelines() {
                             std::span<const Sample* const> s) {
           if (!m.flow.backward()) return;
           if (plan_.recompute == Recompute::kFull && m.spec->transformer) {
-            Op r = compute(m, rank, static_cast<int32_t>(chunk_index), mb, x.d, Phase::kR, s);
+            Op r = compute(m, rank, static_cast<int32_t>(chunk_index), mb, Phase::kR, s);
             r.deps = deps;
             last = emit(rank, r);
             deps = {last};
           }
-          Op b = compute(m, rank, static_cast<int32_t>(chunk_index), mb, x.d, Phase::kB, s);
+          Op b = compute(m, rank, static_cast<int32_t>(chunk_index), mb, Phase::kB, s);
           b.deps = deps;
           last = emit(rank, b);
           deps = {last};
           if (m.flow.trainable) {
-            Op w = compute(m, rank, static_cast<int32_t>(chunk_index), mb, x.d, Phase::kW, s);
+            Op w = compute(m, rank, static_cast<int32_t>(chunk_index), mb, Phase::kW, s);
             w.deps = deps;
             last = emit(rank, w);
             deps = {last};
@@ -951,7 +946,7 @@ void Lowering::lower_colocated() {
       const ModuleInfo& grid = m.host >= 0 ? modules_[static_cast<std::size_t>(m.host)] : m;
       const Coord x = grid.coord(rank);
       const auto& samples = samples_of(i, x.d, -1);
-      Op f = compute(m, rank, 0, -1, x.d, Phase::kF, samples);
+      Op f = compute(m, rank, 0, -1, Phase::kF, samples);
       for (const std::string& in : m.spec->inputs) {
         const auto it =
             encoder_forward.find(static_cast<int>(find_module(model_, in) - model_.modules.data()));
@@ -1018,14 +1013,13 @@ void Lowering::lower_colocated() {
                            act_bytes, tag(0, llm_, 0, k - 1, 0, mb, 0));
           deps.push_back(emit(rank, recv));
         }
-        Op f = compute(llm, rank, static_cast<int32_t>(k), mb, y.d, Phase::kF, samples);
+        Op f = compute(llm, rank, static_cast<int32_t>(k), mb, Phase::kF, samples);
         f.deps = deps;
         int32_t done = emit(rank, f);
         forward_done[{mb, item.chunk}] = done;
         if (k == llm.chunks() - 1)
           for (int i : suffix) {
-            Op g = compute(modules_[static_cast<std::size_t>(i)], rank, 0, mb, y.d, Phase::kF,
-                           samples);
+            Op g = compute(modules_[static_cast<std::size_t>(i)], rank, 0, mb, Phase::kF, samples);
             g.deps = {done};
             done = emit(rank, g);
             suffix_forward[{mb, i}] = done;
@@ -1051,7 +1045,7 @@ void Lowering::lower_colocated() {
           for (Phase phase : {Phase::kR, Phase::kB, Phase::kW}) {
             if (phase == Phase::kR && plan_.recompute != Recompute::kFull) continue;
             if (phase == Phase::kW && !g.flow.trainable) continue;
-            Op op = compute(g, rank, 0, mb, y.d, phase, samples);
+            Op op = compute(g, rank, 0, mb, phase, samples);
             op.deps = deps;
             last = emit(rank, op);
             deps = {last};
@@ -1062,7 +1056,7 @@ void Lowering::lower_colocated() {
         if (!llm.flow.backward()) break;
         if (phase == Phase::kR && plan_.recompute != Recompute::kFull) continue;
         if (phase == Phase::kW && !llm.flow.trainable) continue;
-        Op op = compute(llm, rank, static_cast<int32_t>(k), mb, y.d, phase, samples);
+        Op op = compute(llm, rank, static_cast<int32_t>(k), mb, phase, samples);
         op.deps = deps;
         last = emit(rank, op);
         deps = {last};
@@ -1108,7 +1102,7 @@ void Lowering::lower_colocated() {
       for (Phase phase : {Phase::kR, Phase::kB, Phase::kW}) {
         if (phase == Phase::kR && plan_.recompute != Recompute::kFull) continue;
         if (phase == Phase::kW && !m.flow.trainable) continue;
-        Op op = compute(m, rank, 0, -1, x.d, phase, samples);
+        Op op = compute(m, rank, 0, -1, phase, samples);
         op.deps = deps;
         op.deps.push_back(encoder_forward[*it]);
         deps = {emit(rank, op)};

@@ -32,7 +32,8 @@ struct IterationMetrics {
   // TP/CP/EP collectives count as part of their compute op)
   std::vector<double> exposed_comm_s;
   double exposed_comm_mean_s = 0;
-  double exposed_boundary_mean_s = 0;  // the part of exposed_comm waiting on module-boundary transfers
+  double exposed_boundary_mean_s =
+      0;  // the part of exposed_comm waiting on module-boundary transfers
   std::vector<std::pair<std::string, double>> module_busy_s;  // per module, summed over ranks
   std::vector<RankMemory> memory;  // per rank, activations from the timeline's stash walk
   int64_t peak_rank = 0;

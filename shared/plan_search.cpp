@@ -31,7 +31,8 @@ std::vector<LlmChoice> llm_choices(const SearchSpace& space, int64_t gpus) {
         for (int64_t vpp : space.vpp) {
           if (vpp > 1 && pp == 1) continue;  // virtual stages need a pipeline
           for (int64_t mbs : space.micro_batch_sizes)
-            for (Recompute recompute : space.recompute) out.push_back({tp, cp, pp, gpus / (tp * cp * pp), vpp, mbs, recompute});
+            for (Recompute recompute : space.recompute)
+              out.push_back({tp, cp, pp, gpus / (tp * cp * pp), vpp, mbs, recompute});
         }
       }
   return out;
@@ -111,7 +112,8 @@ Enumeration enumerate_plans(const Scenario& s, const SearchSpace& space, int64_t
           if (gpus % tp_e != 0 || c.vpp > 1) continue;
           ParallelPlan p;
           p.placement = placement;
-          for (const ModuleSpec* enc : encoders) p.modules.emplace_back(enc->name, layout(tp_e, 1, 1, gpus / tp_e, 1));
+          for (const ModuleSpec* enc : encoders)
+            p.modules.emplace_back(enc->name, layout(tp_e, 1, 1, gpus / tp_e, 1));
           p.modules.emplace_back(llm->name, layout(c.tp, c.cp, c.pp, c.dp, 1));
           p.schedule = Schedule::kThreePhase;
           base_options(p, c);
@@ -151,15 +153,18 @@ Enumeration enumerate_plans(const Scenario& s, const SearchSpace& space, int64_t
   return e;
 }
 
-std::vector<RankedCandidate> rank_candidates(const Scenario& s, std::vector<Candidate> candidates, int64_t iteration,
-                                             std::map<std::string, int64_t>& rejected, int threads) {
+std::vector<RankedCandidate> rank_candidates(const Scenario& s, std::vector<Candidate> candidates,
+                                             int64_t iteration,
+                                             std::map<std::string, int64_t>& rejected,
+                                             int threads) {
   // Estimates are pure: each thread takes every n-th candidate; results are kept by index.
   std::vector<Estimate> estimates(candidates.size());
   auto work = [&](std::size_t first, std::size_t stride) {
     for (std::size_t i = first; i < candidates.size(); i += stride) {
       Scenario sized = s;
       sized.cluster = cluster_with_devices(s.cluster, candidates[i].gpus);
-      estimates[i] = estimate(sized, candidates[i].plan, iteration, default_cost_params(sized.cluster));
+      estimates[i] =
+          estimate(sized, candidates[i].plan, iteration, default_cost_params(sized.cluster));
     }
   };
   const auto n = static_cast<std::size_t>(std::max(1, threads));
@@ -176,10 +181,12 @@ std::vector<RankedCandidate> rank_candidates(const Scenario& s, std::vector<Cand
     }
     ranked.push_back({std::move(candidates[i]), std::move(e)});
   }
-  std::stable_sort(ranked.begin(), ranked.end(), [](const RankedCandidate& a, const RankedCandidate& b) {
-    if (a.estimate.metrics.step_s != b.estimate.metrics.step_s) return a.estimate.metrics.step_s < b.estimate.metrics.step_s;
-    return a.candidate.key < b.candidate.key;
-  });
+  std::stable_sort(ranked.begin(), ranked.end(),
+                   [](const RankedCandidate& a, const RankedCandidate& b) {
+                     if (a.estimate.metrics.step_s != b.estimate.metrics.step_s)
+                       return a.estimate.metrics.step_s < b.estimate.metrics.step_s;
+                     return a.candidate.key < b.candidate.key;
+                   });
   return ranked;
 }
 

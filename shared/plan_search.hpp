@@ -20,8 +20,8 @@ struct Candidate {
 };
 
 struct Enumeration {
-  std::vector<Candidate> valid;                 // in enumeration order
-  std::map<std::string, int64_t> rejected;      // reason -> count
+  std::vector<Candidate> valid;             // in enumeration order
+  std::map<std::string, int64_t> rejected;  // reason -> count
   int64_t considered = 0;
 };
 
@@ -44,8 +44,9 @@ struct RankedCandidate {
 // Estimates every candidate (iteration `iteration`'s batch) on `threads` threads, moves plans
 // that do not fit in memory into `rejected` ("memory"), and sorts the rest by step time (then
 // key). The result does not depend on `threads`.
-std::vector<RankedCandidate> rank_candidates(const Scenario& scenario, std::vector<Candidate> candidates,
-                                             int64_t iteration, std::map<std::string, int64_t>& rejected,
+std::vector<RankedCandidate> rank_candidates(const Scenario& scenario,
+                                             std::vector<Candidate> candidates, int64_t iteration,
+                                             std::map<std::string, int64_t>& rejected,
                                              int threads = 1);
 
 }  // namespace tessera

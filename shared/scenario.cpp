@@ -150,10 +150,13 @@ Json inline_scenario_json(const Scenario& s) {
   Json workload = to_json(s.workload);
   if (!s.workload.manifest.empty()) {
     // The manifest path is relative to the file that named it; make it absolute.
-    const fs::path named = s.workload_ref.empty() ? fs::path(s.file) : fs::path(directory_of(s.file)) / s.workload_ref;
+    const fs::path named =
+        s.workload_ref.empty() ? fs::path(s.file) : fs::path(directory_of(s.file)) / s.workload_ref;
     const fs::path manifest(s.workload.manifest);
-    workload["manifest"] = manifest.is_absolute() ? manifest.string()
-                                                  : fs::absolute(fs::path(directory_of(named.string())) / manifest).string();
+    workload["manifest"] =
+        manifest.is_absolute()
+            ? manifest.string()
+            : fs::absolute(fs::path(directory_of(named.string())) / manifest).string();
   }
   j["workload"] = workload;
   j["cluster"] = to_json(s.cluster);
@@ -166,7 +169,8 @@ std::string set_json_path(Json& root, const std::string& path, const Json& value
   std::size_t begin = 0;
   while (begin <= path.size()) {
     const std::size_t dot = path.find('.', begin);
-    std::string part = path.substr(begin, dot == std::string::npos ? std::string::npos : dot - begin);
+    std::string part =
+        path.substr(begin, dot == std::string::npos ? std::string::npos : dot - begin);
     const bool last = dot == std::string::npos;
     // "modules[2]" -> key "modules", index 2 (several indices allowed).
     std::vector<std::size_t> indices;
@@ -188,7 +192,8 @@ std::string set_json_path(Json& root, const std::string& path, const Json& value
     if (!at->contains(part)) return "'" + path + "': no key '" + part + "'";
     at = &(*at)[part];
     for (std::size_t i : indices) {
-      if (!at->is_array() || i >= at->size()) return "'" + path + "': index " + std::to_string(i) + " out of range";
+      if (!at->is_array() || i >= at->size())
+        return "'" + path + "': index " + std::to_string(i) + " out of range";
       at = &(*at)[i];
     }
     if (last) {

@@ -35,7 +35,8 @@ SearchSpace read_search_space(const Json& json, const std::string& file, const s
       s.recompute.clear();
       for (std::size_t i = 0; i < v->size(); ++i) {
         Recompute x{};
-        if (read_enum((*v)[i], file, index_path(r.path_of("recompute"), i), x, kRecomputes, diag)) s.recompute.push_back(x);
+        if (read_enum((*v)[i], file, index_path(r.path_of("recompute"), i), x, kRecomputes, diag))
+          s.recompute.push_back(x);
       }
     }
   }

@@ -1,11 +1,11 @@
 #include "sim/child_process.hpp"
 
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstring>
-#include <atomic>
 #include <exception>
 #include <mutex>
 #include <thread>
@@ -120,7 +120,8 @@ ChildResult run_in_child(const std::function<std::string()>& body, double timeou
   return result;
 }
 
-void run_children(const std::vector<std::function<std::string()>>& tasks, int jobs, double timeout_s,
+void run_children(const std::vector<std::function<std::string()>>& tasks, int jobs,
+                  double timeout_s,
                   const std::function<void(std::size_t, const ChildResult&)>& done) {
   // Each pool thread forks and supervises one child at a time; children never share memory.
   std::atomic<std::size_t> next{0};

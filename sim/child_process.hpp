@@ -24,7 +24,8 @@ ChildResult run_in_child(const std::function<std::string()>& body, double timeou
 
 // Runs every task in its own child, at most `jobs` at a time, and calls `done(index, result)`
 // in the parent as each one finishes (calls are serialized, in completion order).
-void run_children(const std::vector<std::function<std::string()>>& tasks, int jobs, double timeout_s,
+void run_children(const std::vector<std::function<std::string()>>& tasks, int jobs,
+                  double timeout_s,
                   const std::function<void(std::size_t, const ChildResult&)>& done);
 
 }  // namespace tessera::sim

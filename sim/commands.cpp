@@ -1,12 +1,12 @@
 #include "sim/commands.hpp"
 
+#include <unistd.h>
 #include <chrono>
 #include <filesystem>
 #include <memory>
 #include <ostream>
 #include <sstream>
 #include <thread>
-#include <unistd.h>
 
 #include <cxxopts.hpp>
 
@@ -103,9 +103,11 @@ std::optional<Scenario> scenario_with_plan(const cxxopts::ParseResult& args,
         return std::nullopt;
       }
       const std::vector<SweepRow> rows = load_sweep_rows(plan_file);
-      if (rank < 1 || rank > static_cast<int64_t>(rows.size()) || !rows[static_cast<std::size_t>(rank - 1)].ok) {
-        diag.error(plan_file, "#" + rank_text, "no successful row ranked " + rank_text + " (the file has " +
-                                                   std::to_string(rows.size()) + " rows)");
+      if (rank < 1 || rank > static_cast<int64_t>(rows.size()) ||
+          !rows[static_cast<std::size_t>(rank - 1)].ok) {
+        diag.error(plan_file, "#" + rank_text,
+                   "no successful row ranked " + rank_text + " (the file has " +
+                       std::to_string(rows.size()) + " rows)");
         return std::nullopt;
       }
       scenario->plan = rows[static_cast<std::size_t>(rank - 1)].plan;
@@ -390,30 +392,41 @@ int run_simulate(const Args& args, std::ostream& out, std::ostream& err) {
 }
 
 int run_sweep(const Args& args, std::ostream& out, std::ostream& err) {
-  cxxopts::Options options("tessera sweep",
-                           "What-if search: enumerates homogeneous, colocated and non-colocated plans for each "
-                           "GPU count, rejects the invalid ones (counted by reason), ranks the rest with the "
-                           "analytic estimate, simulates the best K on SimGrid in parallel and streams every "
-                           "result to DIR/results.jsonl; --resume continues an interrupted sweep.");
-  options.add_options()("gpus", "GPU counts to search (default: the scenario's search space, else its cluster)",
-                        cxxopts::value<std::vector<int64_t>>())(
+  cxxopts::Options options(
+      "tessera sweep",
+      "What-if search: enumerates homogeneous, colocated and non-colocated plans for each "
+      "GPU count, rejects the invalid ones (counted by reason), ranks the rest with the "
+      "analytic estimate, simulates the best K on SimGrid in parallel and streams every "
+      "result to DIR/results.jsonl; --resume continues an interrupted sweep.");
+  options.add_options()(
+      "gpus", "GPU counts to search (default: the scenario's search space, else its cluster)",
+      cxxopts::value<std::vector<int64_t>>())(
       "placements", "homogeneous,colocated,non_colocated (default: the search space's)",
-      cxxopts::value<std::vector<std::string>>())("top", "plans simulated per GPU count (default: the search space's top_k)",
-                                                  cxxopts::value<int64_t>())(
-      "j,jobs", "simulations in parallel", cxxopts::value<int>()->default_value(std::to_string(std::max(1u, std::thread::hardware_concurrency()))))(
+      cxxopts::value<std::vector<std::string>>())(
+      "top", "plans simulated per GPU count (default: the search space's top_k)",
+      cxxopts::value<int64_t>())("j,jobs", "simulations in parallel",
+                                 cxxopts::value<int>()->default_value(std::to_string(
+                                     std::max(1u, std::thread::hardware_concurrency()))))(
       "out", "output folder (default: out/sweep-<scenario>)", cxxopts::value<std::string>())(
-      "resume", "keep the results already in the output folder and simulate only the missing plans")(
+      "resume",
+      "keep the results already in the output folder and simulate only the missing plans")(
       "iterations", "simulated iterations per plan", cxxopts::value<int64_t>()->default_value("1"))(
-      "nested", "nested collectives as ring flows or timed activities", cxxopts::value<std::string>()->default_value("timed"))(
+      "nested", "nested collectives as ring flows or timed activities",
+      cxxopts::value<std::string>()->default_value("timed"))(
       "rows", "rows of the table", cxxopts::value<int64_t>()->default_value("10"))(
-      "set", "sweep a scenario field: json.path=v1,v2,... (repeat for a grid)", cxxopts::value<std::vector<std::string>>())(
-      "emit-plan", "print the plan ranked R as JSON on standard output (the table goes to standard error)",
-      cxxopts::value<int64_t>())("shard", "i/n: evaluate the i-th of n deterministic shares of the candidates "
-                                          "(combine the shards' folders with tessera merge)",
-                                 cxxopts::value<std::string>());
+      "set", "sweep a scenario field: json.path=v1,v2,... (repeat for a grid)",
+      cxxopts::value<std::vector<std::string>>())(
+      "emit-plan",
+      "print the plan ranked R as JSON on standard output (the table goes to standard error)",
+      cxxopts::value<int64_t>())(
+      "shard",
+      "i/n: evaluate the i-th of n deterministic shares of the candidates "
+      "(combine the shards' folders with tessera merge)",
+      cxxopts::value<std::string>());
   int code = kOk;
   std::string file;
-  const auto result = parse_with_input(options, "scenario file", "<scenario.json>", args, out, err, file, code);
+  const auto result =
+      parse_with_input(options, "scenario file", "<scenario.json>", args, out, err, file, code);
   if (!result) return code;
   SweepOptions sweep;
   if (result->count("gpus")) sweep.gpus = (*result)["gpus"].as<std::vector<int64_t>>();
@@ -426,7 +439,8 @@ int run_sweep(const Args& args, std::ostream& out, std::ostream& err) {
     for (const std::string& name : (*result)["placements"].as<std::vector<std::string>>()) {
       Placement p{};
       Diagnostics diag;
-      if (!read_enum(Json(name), "--placements", "", p, kPlacements, diag)) return report_problems(diag, err);
+      if (!read_enum(Json(name), "--placements", "", p, kPlacements, diag))
+        return report_problems(diag, err);
       sweep.placements.push_back(p);
     }
   if (result->count("top")) sweep.top_k = (*result)["top"].as<int64_t>();
@@ -435,9 +449,10 @@ int run_sweep(const Args& args, std::ostream& out, std::ostream& err) {
   sweep.iterations = (*result)["iterations"].as<int64_t>();
   const std::string nested = (*result)["nested"].as<std::string>();
   const int64_t rows = (*result)["rows"].as<int64_t>();
-  if ((result->count("top") && sweep.top_k < 1) || sweep.jobs < 1 || sweep.iterations < 1 || rows < 1 ||
-      (nested != "flows" && nested != "timed")) {
-    err << options.program() << ": --top, --jobs, --iterations, --rows >= 1 and --nested flows|timed\n";
+  if ((result->count("top") && sweep.top_k < 1) || sweep.jobs < 1 || sweep.iterations < 1 ||
+      rows < 1 || (nested != "flows" && nested != "timed")) {
+    err << options.program()
+        << ": --top, --jobs, --iterations, --rows >= 1 and --nested flows|timed\n";
     return kBadInput;
   }
   sweep.nested_flows = nested == "flows";
@@ -449,8 +464,10 @@ int run_sweep(const Args& args, std::ostream& out, std::ostream& err) {
   if (result->count("set"))
     for (const std::string& piece : (*result)["set"].as<std::vector<std::string>>()) {
       // cxxopts splits vector options on commas: a piece without '=' continues the previous one.
-      if (piece.find('=') == std::string::npos && !set_texts.empty()) set_texts.back() += "," + piece;
-      else set_texts.push_back(piece);
+      if (piece.find('=') == std::string::npos && !set_texts.empty())
+        set_texts.back() += "," + piece;
+      else
+        set_texts.push_back(piece);
     }
   for (const std::string& set : set_texts) {
     const std::size_t eq = set.find('=');
@@ -471,7 +488,8 @@ int run_sweep(const Args& args, std::ostream& out, std::ostream& err) {
   }
   for (const Json& point : grid_points(sweep.sets)) scenario_at(*scenario, point, diag);
   if (!diag.ok()) return report_problems(diag, err);
-  sweep.out_dir = result->count("out") ? (*result)["out"].as<std::string>() : "out/sweep-" + scenario->name;
+  sweep.out_dir =
+      result->count("out") ? (*result)["out"].as<std::string>() : "out/sweep-" + scenario->name;
   sweep.scenario_file = std::filesystem::absolute(file).string();
   if (result->count("shard")) {
     const std::string shard = (*result)["shard"].as<std::string>();
@@ -494,25 +512,35 @@ int run_sweep(const Args& args, std::ostream& out, std::ostream& err) {
   const bool terminal = ::isatty(2) != 0;
   const auto started = std::chrono::steady_clock::now();
   std::size_t last_decile = 0;
-  const SweepResult r = run_sweep(*scenario, sweep, [&](std::size_t done, std::size_t total, const std::string& line) {
-    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-    const double eta = done > 0 ? elapsed * static_cast<double>(total - done) / static_cast<double>(done) : 0;
-    char text[160];
-    if (terminal) {
-      const int width = 30, filled = static_cast<int>(width * done / std::max<std::size_t>(1, total));
-      std::snprintf(text, sizeof text, "\r[%s%s] %zu/%zu simulated, ETA %.0f s  ", std::string(static_cast<std::size_t>(filled), '#').c_str(),
-                    std::string(static_cast<std::size_t>(width - filled), '.').c_str(), done, total, eta);
-      err << text << (done == total ? "\n" : "") << std::flush;
-    } else if (done * 10 / std::max<std::size_t>(1, total) > last_decile || done == total) {
-      last_decile = done * 10 / std::max<std::size_t>(1, total);
-      std::snprintf(text, sizeof text, "%zu/%zu simulated, %.0f s elapsed, ETA %.0f s; last: ", done, total, elapsed, eta);
-      err << text << line << "\n";
-    }
-  });
+  const SweepResult r = run_sweep(
+      *scenario, sweep, [&](std::size_t done, std::size_t total, const std::string& line) {
+        const double elapsed =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+        const double eta =
+            done > 0 ? elapsed * static_cast<double>(total - done) / static_cast<double>(done) : 0;
+        char text[160];
+        if (terminal) {
+          const int width = 30,
+                    filled = static_cast<int>(width * done / std::max<std::size_t>(1, total));
+          std::snprintf(text, sizeof text, "\r[%s%s] %zu/%zu simulated, ETA %.0f s  ",
+                        std::string(static_cast<std::size_t>(filled), '#').c_str(),
+                        std::string(static_cast<std::size_t>(width - filled), '.').c_str(), done,
+                        total, eta);
+          err << text << (done == total ? "\n" : "") << std::flush;
+        } else if (done * 10 / std::max<std::size_t>(1, total) > last_decile || done == total) {
+          last_decile = done * 10 / std::max<std::size_t>(1, total);
+          std::snprintf(text, sizeof text,
+                        "%zu/%zu simulated, %.0f s elapsed, ETA %.0f s; last: ", done, total,
+                        elapsed, eta);
+          err << text << line << "\n";
+        }
+      });
   (emit ? err : out) << format_sweep(r, *scenario, static_cast<std::size_t>(rows));
   if (emit) {
-    if (emit_rank < 1 || emit_rank > static_cast<int64_t>(r.rows.size()) || !r.rows[static_cast<std::size_t>(emit_rank - 1)].ok) {
-      err << options.program() << ": --emit-plan " << emit_rank << ": no successful plan with that rank\n";
+    if (emit_rank < 1 || emit_rank > static_cast<int64_t>(r.rows.size()) ||
+        !r.rows[static_cast<std::size_t>(emit_rank - 1)].ok) {
+      err << options.program() << ": --emit-plan " << emit_rank
+          << ": no successful plan with that rank\n";
       return kBadInput;
     }
     out << to_json(r.rows[static_cast<std::size_t>(emit_rank - 1)].plan).dump(2) << "\n";
@@ -521,9 +549,10 @@ int run_sweep(const Args& args, std::ostream& out, std::ostream& err) {
 }
 
 int run_merge(const Args& args, std::ostream& out, std::ostream& err) {
-  cxxopts::Options options("tessera merge",
-                           "Combines the output folders of `tessera sweep --shard i/n` runs into one ranking, "
-                           "identical to an unsharded sweep, and writes its results and report.");
+  cxxopts::Options options(
+      "tessera merge",
+      "Combines the output folders of `tessera sweep --shard i/n` runs into one ranking, "
+      "identical to an unsharded sweep, and writes its results and report.");
   options.add_options()("dirs", "shard output folders", cxxopts::value<std::vector<std::string>>())(
       "out", "output folder", cxxopts::value<std::string>()->default_value("out/sweep-merged"))(
       "rows", "rows of the table", cxxopts::value<int64_t>()->default_value("10"));
@@ -538,8 +567,8 @@ int run_merge(const Args& args, std::ostream& out, std::ostream& err) {
   }
   SweepResult merged;
   std::optional<Scenario> scenario;
-  const std::string problem =
-      merge_sweeps((*result)["dirs"].as<std::vector<std::string>>(), (*result)["out"].as<std::string>(), merged, scenario);
+  const std::string problem = merge_sweeps((*result)["dirs"].as<std::vector<std::string>>(),
+                                           (*result)["out"].as<std::string>(), merged, scenario);
   if (!problem.empty()) {
     err << options.program() << ": " << problem << "\n";
     return kBadInput;

@@ -51,11 +51,12 @@ bool row_from_json(const Json& j, SweepRow& r) {
     r.estimate_step_s = j.at("estimate_step_s").get<double>();
     r.ok = j.at("ok").get<bool>();
     r.failure = j.at("failure").get<std::string>();
-    for (const auto& [field, name] : {std::pair{&r.step_s, "step_s"}, std::pair{&r.tokens_per_s, "tokens_per_s"},
-                                      std::pair{&r.tflops_per_device, "tflops_per_device"}, std::pair{&r.mfu, "mfu"},
-                                      std::pair{&r.bubble, "bubble"}, std::pair{&r.peak_memory_bytes, "peak_memory_bytes"},
-                                      std::pair{&r.compute_s, "compute_s"}, std::pair{&r.exposed_comm_s, "exposed_comm_s"},
-                                      std::pair{&r.exposed_boundary_s, "exposed_boundary_s"}})
+    for (const auto& [field, name] :
+         {std::pair{&r.step_s, "step_s"}, std::pair{&r.tokens_per_s, "tokens_per_s"},
+          std::pair{&r.tflops_per_device, "tflops_per_device"}, std::pair{&r.mfu, "mfu"},
+          std::pair{&r.bubble, "bubble"}, std::pair{&r.peak_memory_bytes, "peak_memory_bytes"},
+          std::pair{&r.compute_s, "compute_s"}, std::pair{&r.exposed_comm_s, "exposed_comm_s"},
+          std::pair{&r.exposed_boundary_s, "exposed_boundary_s"}})
       *field = j.at(name).get<double>();
     return true;
   } catch (const Json::exception&) {
@@ -86,8 +87,12 @@ uint64_t fnv1a(const std::string& text) {
 }
 
 Json estimated_to_json(const EstimatedPlan& e) {
-  return Json{{"point", e.point}, {"gpus", e.gpus}, {"placement", enum_name(e.placement, kPlacements)},
-              {"llm_tp", e.llm_tp}, {"llm_pp", e.llm_pp}, {"tokens_per_s", e.tokens_per_s}};
+  return Json{{"point", e.point},
+              {"gpus", e.gpus},
+              {"placement", enum_name(e.placement, kPlacements)},
+              {"llm_tp", e.llm_tp},
+              {"llm_pp", e.llm_pp},
+              {"tokens_per_s", e.tokens_per_s}};
 }
 
 }  // namespace
@@ -165,8 +170,9 @@ std::string describe_layout(const ParallelPlan& plan, const ModelSpec& model) {
   return out;
 }
 
-SweepResult run_sweep(const Scenario& base, const SweepOptions& options,
-                      const std::function<void(std::size_t, std::size_t, const std::string&)>& progress) {
+SweepResult run_sweep(
+    const Scenario& base, const SweepOptions& options,
+    const std::function<void(std::size_t, std::size_t, const std::string&)>& progress) {
   SweepResult result;
   result.out_dir = options.out_dir;
   // Enumerate and rank per grid point and GPU count; the best K of each get simulated.
@@ -194,7 +200,8 @@ SweepResult run_sweep(const Scenario& base, const SweepOptions& options,
       if (options.shard_count > 1) {
         const std::string prefix = point.empty() ? "" : point.dump();
         std::erase_if(e.valid, [&](const Candidate& c) {
-          return static_cast<int64_t>(fnv1a(prefix + c.key) % static_cast<uint64_t>(options.shard_count)) !=
+          return static_cast<int64_t>(fnv1a(prefix + c.key) %
+                                      static_cast<uint64_t>(options.shard_count)) !=
                  options.shard_index - 1;
         });
       }
@@ -206,7 +213,8 @@ SweepResult run_sweep(const Scenario& base, const SweepOptions& options,
       result.enumerate_s += seconds_since(phase);
       phase = std::chrono::steady_clock::now();
       std::map<std::string, int64_t> rejected_here;
-      std::vector<RankedCandidate> ranked = rank_candidates(*s, std::move(e.valid), 0, rejected_here, options.jobs);
+      std::vector<RankedCandidate> ranked =
+          rank_candidates(*s, std::move(e.valid), 0, rejected_here, options.jobs);
       result.estimate_s += seconds_since(phase);
       for (const auto& [reason, count] : rejected_here) result.rejected[reason] += count;
       result.ranked += static_cast<int64_t>(ranked.size());
@@ -216,10 +224,13 @@ SweepResult run_sweep(const Scenario& base, const SweepOptions& options,
         ModuleLayout l = p.layout;
         for (const auto& [name, layout] : p.modules)
           if (llm != nullptr && name == llm->name) l = layout;
-        result.estimated.push_back({point, g, p.placement, l.tp, l.pp, rc.estimate.metrics.tokens_per_s});
+        result.estimated.push_back(
+            {point, g, p.placement, l.tp, l.pp, rc.estimate.metrics.tokens_per_s});
       }
       for (std::size_t i = 0; i < ranked.size() && static_cast<int64_t>(i) < top_k; ++i) {
-        if (!point.empty()) ranked[i].candidate.key = Json{{"point", point}, {"candidate", Json::parse(ranked[i].candidate.key)}}.dump();
+        if (!point.empty())
+          ranked[i].candidate.key =
+              Json{{"point", point}, {"candidate", Json::parse(ranked[i].candidate.key)}}.dump();
         chosen.push_back({std::move(ranked[i]), point, s});
       }
     }
@@ -259,7 +270,8 @@ SweepResult run_sweep(const Scenario& base, const SweepOptions& options,
       const SimulationResult r = simulate(sized, c->plan, sim);
       Json j = {{"feasible", r.feasible}, {"reason", r.reason}};
       if (r.feasible) {
-        double tokens = 0, tflops = 0, mfu = 0, bubble = 0, memory = 0, compute = 0, exposed = 0, boundary = 0;
+        double tokens = 0, tflops = 0, mfu = 0, bubble = 0, memory = 0, compute = 0, exposed = 0,
+               boundary = 0;
         for (const SimulatedIteration& it : r.iterations) {
           const auto& b = it.metrics.bubble;
           for (double x : b) compute += it.metrics.step_s / (1 + x) / static_cast<double>(b.size());
@@ -269,12 +281,19 @@ SweepResult run_sweep(const Scenario& base, const SweepOptions& options,
           tflops += it.metrics.tflops_per_device;
           mfu += it.metrics.mfu;
           bubble += it.metrics.bubble_mean;
-          memory = std::max(memory, it.metrics.memory[static_cast<std::size_t>(it.metrics.peak_rank)].total());
+          memory = std::max(
+              memory, it.metrics.memory[static_cast<std::size_t>(it.metrics.peak_rank)].total());
         }
         const double n = static_cast<double>(r.iterations.size());
-        j.update({{"step_s", r.step_mean_s}, {"tokens_per_s", tokens / n}, {"tflops_per_device", tflops / n},
-                  {"mfu", mfu / n}, {"bubble", bubble / n}, {"peak_memory_bytes", memory}, {"compute_s", compute / n},
-                  {"exposed_comm_s", exposed / n}, {"exposed_boundary_s", boundary / n}});
+        j.update({{"step_s", r.step_mean_s},
+                  {"tokens_per_s", tokens / n},
+                  {"tflops_per_device", tflops / n},
+                  {"mfu", mfu / n},
+                  {"bubble", bubble / n},
+                  {"peak_memory_bytes", memory},
+                  {"compute_s", compute / n},
+                  {"exposed_comm_s", exposed / n},
+                  {"exposed_boundary_s", boundary / n}});
       }
       return j.dump();
     });
@@ -282,49 +301,52 @@ SweepResult run_sweep(const Scenario& base, const SweepOptions& options,
   std::size_t finished = 0;
   const auto simulation_start = std::chrono::steady_clock::now();
   result.simulated = static_cast<int64_t>(tasks.size());
-  run_children(tasks, options.jobs, options.timeout_s * static_cast<double>(options.iterations) + 60,
-               [&](std::size_t i, const ChildResult& child) {
-                 const RankedCandidate& c = todo[i]->ranked;
-                 SweepRow row;
-                 row.key = c.candidate.key;
-                 row.point = todo[i]->point;
-                 row.gpus = c.candidate.gpus;
-                 row.global_batch = todo[i]->scenario->workload.global_batch;
-                 row.plan = c.candidate.plan;
-                 row.estimate_step_s = c.estimate.metrics.step_s;
-                 if (!child.ok) {
-                   row.failure = child.error;
-                 } else {
-                   const Json j = Json::parse(child.output);
-                   if (!j.at("feasible").get<bool>()) {
-                     row.failure = j.at("reason").get<std::string>();
-                   } else {
-                     row.ok = true;
-                     row.step_s = j.at("step_s").get<double>();
-                     row.tokens_per_s = j.at("tokens_per_s").get<double>();
-                     row.tflops_per_device = j.at("tflops_per_device").get<double>();
-                     row.mfu = j.at("mfu").get<double>();
-                     row.bubble = j.at("bubble").get<double>();
-                     row.peak_memory_bytes = j.at("peak_memory_bytes").get<double>();
-                     row.compute_s = j.at("compute_s").get<double>();
-                     row.exposed_comm_s = j.at("exposed_comm_s").get<double>();
-                     row.exposed_boundary_s = j.at("exposed_boundary_s").get<double>();
-                   }
-                 }
-                 out << row_to_json(row).dump() << "\n";
-                 out.flush();  // streamed: an interruption loses at most the running simulations
-                 result.rows.push_back(row);
-                 const std::string line = describe_layout(row.plan, s.model) +
-                                          (row.ok ? ": step " + std::to_string(row.step_s) + " s" : ": failed: " + row.failure);
-                 progress(++finished, todo.size(), line);
-               });
+  run_children(
+      tasks, options.jobs, options.timeout_s * static_cast<double>(options.iterations) + 60,
+      [&](std::size_t i, const ChildResult& child) {
+        const RankedCandidate& c = todo[i]->ranked;
+        SweepRow row;
+        row.key = c.candidate.key;
+        row.point = todo[i]->point;
+        row.gpus = c.candidate.gpus;
+        row.global_batch = todo[i]->scenario->workload.global_batch;
+        row.plan = c.candidate.plan;
+        row.estimate_step_s = c.estimate.metrics.step_s;
+        if (!child.ok) {
+          row.failure = child.error;
+        } else {
+          const Json j = Json::parse(child.output);
+          if (!j.at("feasible").get<bool>()) {
+            row.failure = j.at("reason").get<std::string>();
+          } else {
+            row.ok = true;
+            row.step_s = j.at("step_s").get<double>();
+            row.tokens_per_s = j.at("tokens_per_s").get<double>();
+            row.tflops_per_device = j.at("tflops_per_device").get<double>();
+            row.mfu = j.at("mfu").get<double>();
+            row.bubble = j.at("bubble").get<double>();
+            row.peak_memory_bytes = j.at("peak_memory_bytes").get<double>();
+            row.compute_s = j.at("compute_s").get<double>();
+            row.exposed_comm_s = j.at("exposed_comm_s").get<double>();
+            row.exposed_boundary_s = j.at("exposed_boundary_s").get<double>();
+          }
+        }
+        out << row_to_json(row).dump() << "\n";
+        out.flush();  // streamed: an interruption loses at most the running simulations
+        result.rows.push_back(row);
+        const std::string line =
+            describe_layout(row.plan, s.model) +
+            (row.ok ? ": step " + std::to_string(row.step_s) + " s" : ": failed: " + row.failure);
+        progress(++finished, todo.size(), line);
+      });
   result.simulate_s = seconds_since(simulation_start);
   sort_rows(result.rows);
   write_sweep_outputs(result, s, options.scenario_file);
   return result;
 }
 
-void write_sweep_outputs(const SweepResult& result, const Scenario& scenario, const std::string& scenario_file) {
+void write_sweep_outputs(const SweepResult& result, const Scenario& scenario,
+                         const std::string& scenario_file) {
   namespace fs = std::filesystem;
   const std::string& dir = result.out_dir;
   fs::create_directories(dir);
@@ -334,15 +356,19 @@ void write_sweep_outputs(const SweepResult& result, const Scenario& scenario, co
   }
   // CSV and summary.
   std::ofstream csv(fs::path(dir) / "results.csv", std::ios::trunc);
-  csv << "rank,point,gpus,placement,layout,micro_batch_size,global_batch,schedule,step_s,tokens_per_s,tflops_per_device,mfu,"
+  csv << "rank,point,gpus,placement,layout,micro_batch_size,global_batch,schedule,step_s,tokens_"
+         "per_s,tflops_per_device,mfu,"
          "bubble,peak_memory_gib,estimate_step_s,status\n";
   for (std::size_t i = 0; i < result.rows.size(); ++i) {
     const SweepRow& r = result.rows[i];
     std::string point = r.point.empty() ? "" : r.point.dump();
-    for (std::size_t q = point.find('"'); q != std::string::npos; q = point.find('"', q + 2)) point.insert(q, "\"");
-    csv << i + 1 << ",\"" << point << "\"," << r.gpus << "," << enum_name(r.plan.placement, kPlacements) << ",\"" << describe_layout(r.plan, scenario.model)
-        << "\"," << r.plan.micro_batch_size << "," << r.global_batch << "," << enum_name(r.plan.schedule, kSchedules)
-        << "," << r.step_s << "," << r.tokens_per_s << "," << r.tflops_per_device << "," << r.mfu << "," << r.bubble << ","
+    for (std::size_t q = point.find('"'); q != std::string::npos; q = point.find('"', q + 2))
+      point.insert(q, "\"");
+    csv << i + 1 << ",\"" << point << "\"," << r.gpus << ","
+        << enum_name(r.plan.placement, kPlacements) << ",\""
+        << describe_layout(r.plan, scenario.model) << "\"," << r.plan.micro_batch_size << ","
+        << r.global_batch << "," << enum_name(r.plan.schedule, kSchedules) << "," << r.step_s << ","
+        << r.tokens_per_s << "," << r.tflops_per_device << "," << r.mfu << "," << r.bubble << ","
         << r.peak_memory_bytes / (1024.0 * 1024 * 1024) << "," << r.estimate_step_s << ","
         << (r.ok ? "ok" : "\"failed: " + r.failure + "\"") << "\n";
   }
@@ -361,11 +387,12 @@ void write_sweep_outputs(const SweepResult& result, const Scenario& scenario, co
   for (const SweepRow& r : result.rows) rows.push_back(row_to_json(r));
   summary["results"] = rows;
   std::ofstream(fs::path(dir) / "summary.json", std::ios::trunc) << summary.dump(1) << "\n";
-  std::ofstream(fs::path(dir) / "report.html", std::ios::trunc) << sweep_report_html(result, scenario);
+  std::ofstream(fs::path(dir) / "report.html", std::ios::trunc)
+      << sweep_report_html(result, scenario);
 }
 
-std::string merge_sweeps(const std::vector<std::string>& dirs, const std::string& out_dir, SweepResult& merged,
-                         std::optional<Scenario>& scenario) {
+std::string merge_sweeps(const std::vector<std::string>& dirs, const std::string& out_dir,
+                         SweepResult& merged, std::optional<Scenario>& scenario) {
   namespace fs = std::filesystem;
   merged = SweepResult{};
   merged.out_dir = out_dir;
@@ -381,7 +408,8 @@ std::string merge_sweeps(const std::vector<std::string>& dirs, const std::string
       merged.considered += summary->at("considered").get<int64_t>();
       merged.valid += summary->at("valid").get<int64_t>();
       merged.ranked += summary->at("ranked").get<int64_t>();
-      for (const auto& item : summary->at("rejected").items()) merged.rejected[item.key()] += item.value().get<int64_t>();
+      for (const auto& item : summary->at("rejected").items())
+        merged.rejected[item.key()] += item.value().get<int64_t>();
       merged.top_k = summary->at("top_k").get<int64_t>();
       scenario_file = summary->at("scenario_file").get<std::string>();
       for (const Json& e : summary->at("estimated")) {
@@ -407,9 +435,11 @@ std::string merge_sweeps(const std::vector<std::string>& dirs, const std::string
   for (SweepRow& row : rows) groups[{row.point.dump(), row.gpus}].push_back(std::move(row));
   for (auto& [key, group] : groups) {
     std::sort(group.begin(), group.end(), [](const SweepRow& a, const SweepRow& b) {
-      return a.estimate_step_s != b.estimate_step_s ? a.estimate_step_s < b.estimate_step_s : a.key < b.key;
+      return a.estimate_step_s != b.estimate_step_s ? a.estimate_step_s < b.estimate_step_s
+                                                    : a.key < b.key;
     });
-    if (static_cast<int64_t>(group.size()) > merged.top_k) group.resize(static_cast<std::size_t>(merged.top_k));
+    if (static_cast<int64_t>(group.size()) > merged.top_k)
+      group.resize(static_cast<std::size_t>(merged.top_k));
     for (SweepRow& row : group) merged.rows.push_back(std::move(row));
   }
   sort_rows(merged.rows);
@@ -422,7 +452,8 @@ std::string merge_sweeps(const std::vector<std::string>& dirs, const std::string
 
 std::string format_sweep(const SweepResult& r, const Scenario& s, std::size_t shown) {
   std::ostringstream out;
-  out << r.considered << " plans considered, " << r.valid << " valid, " << r.ranked << " fit in memory and were estimated";
+  out << r.considered << " plans considered, " << r.valid << " valid, " << r.ranked
+      << " fit in memory and were estimated";
   int64_t rejected = 0;
   for (const auto& [reason, count] : r.rejected) rejected += count;
   out << "; " << rejected << " rejected:";
@@ -430,27 +461,37 @@ std::string format_sweep(const SweepResult& r, const Scenario& s, std::size_t sh
   out.seekp(-1, std::ios_base::end);
   out << "\n\n";
   char line[512];
-  const bool points = std::any_of(r.rows.begin(), r.rows.end(), [](const SweepRow& row) { return !row.point.empty(); });
-  std::snprintf(line, sizeof line, "%-4s %-5s %-14s %-40s %-4s %-5s %-9s %-11s %-9s %-6s %-9s %-7s\n", "#", "GPUs", "placement",
-                "layout", "MBS", "GBS", "step (s)", "tokens/s", "TFLOP/s", "MFU", "memory", "idle %");
+  const bool points = std::any_of(r.rows.begin(), r.rows.end(),
+                                  [](const SweepRow& row) { return !row.point.empty(); });
+  std::snprintf(line, sizeof line,
+                "%-4s %-5s %-14s %-40s %-4s %-5s %-9s %-11s %-9s %-6s %-9s %-7s\n", "#", "GPUs",
+                "placement", "layout", "MBS", "GBS", "step (s)", "tokens/s", "TFLOP/s", "MFU",
+                "memory", "idle %");
   out << line;
   for (std::size_t i = 0; i < r.rows.size() && i < shown; ++i) {
     const SweepRow& row = r.rows[i];
     if (points && (i == 0 || row.point != r.rows[i - 1].point)) {
       std::string where;
-      for (const auto& item : row.point.items()) where += (where.empty() ? "" : ", ") + item.key() + "=" + item.value().dump();
+      for (const auto& item : row.point.items())
+        where += (where.empty() ? "" : ", ") + item.key() + "=" + item.value().dump();
       out << "at " << where << ":\n";
     }
     if (!row.ok) {
-      std::snprintf(line, sizeof line, "%-4zu %-5lld %-14s %-40s failed: %s\n", i + 1, static_cast<long long>(row.gpus),
-                    enum_name(row.plan.placement, kPlacements).c_str(), describe_layout(row.plan, s.model).c_str(),
-                    row.failure.c_str());
+      std::snprintf(line, sizeof line, "%-4zu %-5lld %-14s %-40s failed: %s\n", i + 1,
+                    static_cast<long long>(row.gpus),
+                    enum_name(row.plan.placement, kPlacements).c_str(),
+                    describe_layout(row.plan, s.model).c_str(), row.failure.c_str());
     } else {
-      std::snprintf(line, sizeof line, "%-4zu %-5lld %-14s %-40s %-4lld %-5lld %-9.4g %-11.4g %-9.4g %-6.1f %-9s %-7.1f\n", i + 1,
-                    static_cast<long long>(row.gpus), enum_name(row.plan.placement, kPlacements).c_str(),
-                    describe_layout(row.plan, s.model).c_str(), static_cast<long long>(row.plan.micro_batch_size),
-                    static_cast<long long>(row.global_batch), row.step_s, row.tokens_per_s, row.tflops_per_device,
-                    100 * row.mfu, human_bytes(row.peak_memory_bytes).c_str(), 100 * row.bubble);
+      std::snprintf(
+          line, sizeof line,
+          "%-4zu %-5lld %-14s %-40s %-4lld %-5lld %-9.4g %-11.4g %-9.4g %-6.1f %-9s %-7.1f\n",
+          i + 1, static_cast<long long>(row.gpus),
+          enum_name(row.plan.placement, kPlacements).c_str(),
+          describe_layout(row.plan, s.model).c_str(),
+          static_cast<long long>(row.plan.micro_batch_size),
+          static_cast<long long>(row.global_batch), row.step_s, row.tokens_per_s,
+          row.tflops_per_device, 100 * row.mfu, human_bytes(row.peak_memory_bytes).c_str(),
+          100 * row.bubble);
     }
     out << line;
   }
@@ -460,25 +501,34 @@ std::string format_sweep(const SweepResult& r, const Scenario& s, std::size_t sh
   for (const SweepRow& row : r.rows) {
     if (!row.ok) continue;
     if (row.plan.placement == Placement::kHomogeneous && homogeneous == nullptr) homogeneous = &row;
-    if (row.plan.placement != Placement::kHomogeneous && heterogeneous == nullptr) heterogeneous = &row;
+    if (row.plan.placement != Placement::kHomogeneous && heterogeneous == nullptr)
+      heterogeneous = &row;
   }
   if (homogeneous != nullptr && heterogeneous != nullptr) {
-    std::snprintf(line, sizeof line, "\nbest heterogeneous (%s, %s) vs best homogeneous (%s): %.2fx tokens/s\n",
-                  enum_name(heterogeneous->plan.placement, kPlacements).c_str(), describe_layout(heterogeneous->plan, s.model).c_str(),
-                  describe_layout(homogeneous->plan, s.model).c_str(), heterogeneous->tokens_per_s / homogeneous->tokens_per_s);
+    std::snprintf(line, sizeof line,
+                  "\nbest heterogeneous (%s, %s) vs best homogeneous (%s): %.2fx tokens/s\n",
+                  enum_name(heterogeneous->plan.placement, kPlacements).c_str(),
+                  describe_layout(heterogeneous->plan, s.model).c_str(),
+                  describe_layout(homogeneous->plan, s.model).c_str(),
+                  heterogeneous->tokens_per_s / homogeneous->tokens_per_s);
     out << line;
   }
   if (r.enumerate_s + r.estimate_s + r.simulate_s > 0) {
     auto rate = [](double n, double seconds) { return seconds > 0 ? n / seconds : 0.0; };
     std::snprintf(line, sizeof line,
-                  "\ntiming: enumerated and validated %lld in %.2f s (%.0f/s), estimated %lld in %.2f s (%.0f/s), "
+                  "\ntiming: enumerated and validated %lld in %.2f s (%.0f/s), estimated %lld in "
+                  "%.2f s (%.0f/s), "
                   "simulated %lld in %.2f s (%.1f/s)\n",
-                  static_cast<long long>(r.considered), r.enumerate_s, rate(static_cast<double>(r.considered), r.enumerate_s),
-                  static_cast<long long>(r.valid), r.estimate_s, rate(static_cast<double>(r.valid), r.estimate_s),
-                  static_cast<long long>(r.simulated), r.simulate_s, rate(static_cast<double>(r.simulated), r.simulate_s));
+                  static_cast<long long>(r.considered), r.enumerate_s,
+                  rate(static_cast<double>(r.considered), r.enumerate_s),
+                  static_cast<long long>(r.valid), r.estimate_s,
+                  rate(static_cast<double>(r.valid), r.estimate_s),
+                  static_cast<long long>(r.simulated), r.simulate_s,
+                  rate(static_cast<double>(r.simulated), r.simulate_s));
     out << line;
   }
-  out << "\nreport: " << r.out_dir << "/report.html (also results.jsonl, results.csv, summary.json)\n";
+  out << "\nreport: " << r.out_dir
+      << "/report.html (also results.jsonl, results.csv, summary.json)\n";
   return out.str();
 }
 

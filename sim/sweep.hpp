@@ -56,9 +56,10 @@ struct SweepRow {
   double estimate_step_s = 0;
   bool ok = false;
   std::string failure;  // why the simulation failed
-  double step_s = 0, tokens_per_s = 0, tflops_per_device = 0, mfu = 0, bubble = 0, peak_memory_bytes = 0;
-  double compute_s = 0;       // mean over ranks of compute-stream busy time per step
-  double exposed_comm_s = 0;  // mean over ranks of compute time lost waiting on communication
+  double step_s = 0, tokens_per_s = 0, tflops_per_device = 0, mfu = 0, bubble = 0,
+         peak_memory_bytes = 0;
+  double compute_s = 0;           // mean over ranks of compute-stream busy time per step
+  double exposed_comm_s = 0;      // mean over ranks of compute time lost waiting on communication
   double exposed_boundary_s = 0;  // the part of exposed_comm_s spent on module-boundary transfers
 };
 
@@ -83,17 +84,19 @@ struct SweepResult {
 };
 
 // Writes results.jsonl (whole), results.csv, summary.json and report.html for `result`.
-void write_sweep_outputs(const SweepResult& result, const Scenario& scenario, const std::string& scenario_file);
+void write_sweep_outputs(const SweepResult& result, const Scenario& scenario,
+                         const std::string& scenario_file);
 
 // Combines the summary.json of shard runs into the ranking an unsharded run gives, written to
 // `out_dir`. Returns an error message naming the file, or "".
-std::string merge_sweeps(const std::vector<std::string>& dirs, const std::string& out_dir, SweepResult& merged,
-                         std::optional<Scenario>& scenario);
+std::string merge_sweeps(const std::vector<std::string>& dirs, const std::string& out_dir,
+                         SweepResult& merged, std::optional<Scenario>& scenario);
 
 // `progress(done, total, line)` is called as each simulation finishes.
 // REQUIRES: scenario validated; every grid point valid (check with scenario_at first).
-SweepResult run_sweep(const Scenario& scenario, const SweepOptions& options,
-                      const std::function<void(std::size_t, std::size_t, const std::string&)>& progress);
+SweepResult run_sweep(
+    const Scenario& scenario, const SweepOptions& options,
+    const std::function<void(std::size_t, std::size_t, const std::string&)>& progress);
 
 // The rows of a results.jsonl, best first (as a finished sweep orders them). Unreadable lines
 // (an interrupted write) are skipped.

@@ -17,11 +17,16 @@ namespace {
 std::string esc(const std::string& text) {
   std::string out;
   for (char c : text) {
-    if (c == '<') out += "&lt;";
-    else if (c == '>') out += "&gt;";
-    else if (c == '&') out += "&amp;";
-    else if (c == '"') out += "&quot;";
-    else out += c;
+    if (c == '<')
+      out += "&lt;";
+    else if (c == '>')
+      out += "&gt;";
+    else if (c == '&')
+      out += "&amp;";
+    else if (c == '"')
+      out += "&quot;";
+    else
+      out += c;
   }
   return out;
 }
@@ -35,7 +40,8 @@ std::string num(double v, const char* fmt = "%.3g") {
 const char* kColors[] = {"#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b"};
 
 // A line chart of one value per (series, x label); missing points leave gaps.
-std::string line_chart(const std::string& title, const std::string& y_label, const std::vector<std::string>& xs,
+std::string line_chart(const std::string& title, const std::string& y_label,
+                       const std::vector<std::string>& xs,
                        const std::map<std::string, std::vector<std::optional<double>>>& series) {
   const double w = 640, h = 320, left = 80, right = 160, top = 40, bottom = 50;
   double y_max = 0;
@@ -43,34 +49,50 @@ std::string line_chart(const std::string& title, const std::string& y_label, con
     for (const auto& v : values)
       if (v) y_max = std::max(y_max, *v);
   if (y_max <= 0) y_max = 1;
-  auto x_at = [&](std::size_t i) { return left + (xs.size() == 1 ? (w - left - right) / 2 : (w - left - right) * static_cast<double>(i) / static_cast<double>(xs.size() - 1)); };
+  auto x_at = [&](std::size_t i) {
+    return left + (xs.size() == 1 ? (w - left - right) / 2
+                                  : (w - left - right) * static_cast<double>(i) /
+                                        static_cast<double>(xs.size() - 1));
+  };
   auto y_at = [&](double v) { return top + (h - top - bottom) * (1 - v / (y_max * 1.1)); };
   std::ostringstream svg;
   svg << "<svg xmlns='http://www.w3.org/2000/svg' width='" << w << "' height='" << h << "'>";
-  svg << "<text x='" << w / 2 << "' y='20' text-anchor='middle' font-weight='bold'>" << esc(title) << "</text>";
-  svg << "<line x1='" << left << "' y1='" << h - bottom << "' x2='" << w - right << "' y2='" << h - bottom << "' stroke='#333'/>";
-  svg << "<line x1='" << left << "' y1='" << top << "' x2='" << left << "' y2='" << h - bottom << "' stroke='#333'/>";
+  svg << "<text x='" << w / 2 << "' y='20' text-anchor='middle' font-weight='bold'>" << esc(title)
+      << "</text>";
+  svg << "<line x1='" << left << "' y1='" << h - bottom << "' x2='" << w - right << "' y2='"
+      << h - bottom << "' stroke='#333'/>";
+  svg << "<line x1='" << left << "' y1='" << top << "' x2='" << left << "' y2='" << h - bottom
+      << "' stroke='#333'/>";
   for (int t = 0; t <= 4; ++t) {
     const double v = y_max * 1.1 * t / 4;
-    svg << "<text x='" << left - 6 << "' y='" << y_at(v) + 4 << "' text-anchor='end' font-size='11'>" << human_si(v) << "</text>";
-    svg << "<line x1='" << left << "' y1='" << y_at(v) << "' x2='" << w - right << "' y2='" << y_at(v) << "' stroke='#eee'/>";
+    svg << "<text x='" << left - 6 << "' y='" << y_at(v) + 4
+        << "' text-anchor='end' font-size='11'>" << human_si(v) << "</text>";
+    svg << "<line x1='" << left << "' y1='" << y_at(v) << "' x2='" << w - right << "' y2='"
+        << y_at(v) << "' stroke='#eee'/>";
   }
   for (std::size_t i = 0; i < xs.size(); ++i)
-    svg << "<text x='" << x_at(i) << "' y='" << h - bottom + 18 << "' text-anchor='middle' font-size='11'>" << esc(xs[i]) << "</text>";
-  svg << "<text x='20' y='" << (top + h - bottom) / 2 << "' transform='rotate(-90 20 " << (top + h - bottom) / 2
-      << ")' text-anchor='middle' font-size='12'>" << esc(y_label) << "</text>";
+    svg << "<text x='" << x_at(i) << "' y='" << h - bottom + 18
+        << "' text-anchor='middle' font-size='11'>" << esc(xs[i]) << "</text>";
+  svg << "<text x='20' y='" << (top + h - bottom) / 2 << "' transform='rotate(-90 20 "
+      << (top + h - bottom) / 2 << ")' text-anchor='middle' font-size='12'>" << esc(y_label)
+      << "</text>";
   int k = 0;
   for (const auto& [name, values] : series) {
     const char* color = kColors[k % 6];
     std::string path;
     for (std::size_t i = 0; i < values.size(); ++i) {
       if (!values[i]) continue;
-      path += (path.empty() ? "M" : " L") + num(x_at(i), "%.1f") + " " + num(y_at(*values[i]), "%.1f");
-      svg << "<circle cx='" << x_at(i) << "' cy='" << y_at(*values[i]) << "' r='4' fill='" << color << "'/>";
+      path +=
+          (path.empty() ? "M" : " L") + num(x_at(i), "%.1f") + " " + num(y_at(*values[i]), "%.1f");
+      svg << "<circle cx='" << x_at(i) << "' cy='" << y_at(*values[i]) << "' r='4' fill='" << color
+          << "'/>";
     }
-    if (!path.empty()) svg << "<path d='" << path << "' stroke='" << color << "' fill='none' stroke-width='2'/>";
-    svg << "<rect x='" << w - right + 15 << "' y='" << top + 20 * k << "' width='12' height='12' fill='" << color << "'/>";
-    svg << "<text x='" << w - right + 32 << "' y='" << top + 20 * k + 11 << "' font-size='12'>" << esc(name) << "</text>";
+    if (!path.empty())
+      svg << "<path d='" << path << "' stroke='" << color << "' fill='none' stroke-width='2'/>";
+    svg << "<rect x='" << w - right + 15 << "' y='" << top + 20 * k
+        << "' width='12' height='12' fill='" << color << "'/>";
+    svg << "<text x='" << w - right + 32 << "' y='" << top + 20 * k + 11 << "' font-size='12'>"
+        << esc(name) << "</text>";
     ++k;
   }
   svg << "</svg>";
@@ -96,25 +118,32 @@ std::string heat_map(const std::vector<EstimatedPlan>& estimated) {
   const double h = top + cell * static_cast<double>(pps.size()) + 40;
   std::ostringstream svg;
   svg << "<svg xmlns='http://www.w3.org/2000/svg' width='" << w << "' height='" << h << "'>";
-  svg << "<text x='" << w / 2 << "' y='20' text-anchor='middle' font-weight='bold'>LLM TP x PP: best estimated tokens/s (homogeneous)</text>";
+  svg << "<text x='" << w / 2
+      << "' y='20' text-anchor='middle' font-weight='bold'>LLM TP x PP: best estimated tokens/s "
+         "(homogeneous)</text>";
   int col = 0;
   for (int64_t tp : tps) {
-    svg << "<text x='" << left + cell * (col + 0.5) << "' y='" << top - 8 << "' text-anchor='middle' font-size='12'>TP " << tp << "</text>";
+    svg << "<text x='" << left + cell * (col + 0.5) << "' y='" << top - 8
+        << "' text-anchor='middle' font-size='12'>TP " << tp << "</text>";
     int row = 0;
     for (int64_t pp : pps) {
       const auto it = best.find({tp, pp});
       const double x = left + cell * col, y = top + cell * row;
-      if (col == 0) svg << "<text x='" << left - 8 << "' y='" << y + cell / 2 + 4 << "' text-anchor='end' font-size='12'>PP " << pp << "</text>";
+      if (col == 0)
+        svg << "<text x='" << left - 8 << "' y='" << y + cell / 2 + 4
+            << "' text-anchor='end' font-size='12'>PP " << pp << "</text>";
       if (it == best.end()) {
-        svg << "<rect x='" << x << "' y='" << y << "' width='" << cell - 2 << "' height='" << cell - 2 << "' fill='#f4f4f4'/>";
+        svg << "<rect x='" << x << "' y='" << y << "' width='" << cell - 2 << "' height='"
+            << cell - 2 << "' fill='#f4f4f4'/>";
       } else {
         const double f = it->second / top_value;  // 0..1
         const int g = static_cast<int>(255 - 155 * f), r = static_cast<int>(240 - 200 * f);
         char color[16];
         std::snprintf(color, sizeof color, "#%02x%02x%02x", r, g, std::max(0, r - 20));
-        svg << "<rect x='" << x << "' y='" << y << "' width='" << cell - 2 << "' height='" << cell - 2 << "' fill='" << color << "'/>";
-        svg << "<text x='" << x + cell / 2 << "' y='" << y + cell / 2 + 4 << "' text-anchor='middle' font-size='11'>"
-            << human_si(it->second) << "</text>";
+        svg << "<rect x='" << x << "' y='" << y << "' width='" << cell - 2 << "' height='"
+            << cell - 2 << "' fill='" << color << "'/>";
+        svg << "<text x='" << x + cell / 2 << "' y='" << y + cell / 2 + 4
+            << "' text-anchor='middle' font-size='11'>" << human_si(it->second) << "</text>";
       }
       ++row;
     }
@@ -133,29 +162,37 @@ std::string breakdown(const std::vector<const SweepRow*>& rows, const ModelSpec&
   const double bar = 22, left = 260, width = 420, top = 40;
   const double h = top + bar * 1.5 * static_cast<double>(rows.size()) + 40;
   std::ostringstream svg;
-  svg << "<svg xmlns='http://www.w3.org/2000/svg' width='" << left + 640 << "' height='" << h << "'>";
-  svg << "<text x='" << (left + width) / 2 << "' y='20' text-anchor='middle' font-weight='bold'>Step time of the top plans (mean over ranks)</text>";
+  svg << "<svg xmlns='http://www.w3.org/2000/svg' width='" << left + 640 << "' height='" << h
+      << "'>";
+  svg << "<text x='" << (left + width) / 2
+      << "' y='20' text-anchor='middle' font-weight='bold'>Step time of the top plans (mean over "
+         "ranks)</text>";
   const char* names[] = {"compute", "exposed communication", "boundary", "bubble and imbalance"};
   const char* colors[] = {"#4c78a8", "#e45756", "#f58518", "#bab0ac"};
   for (std::size_t i = 0; i < rows.size(); ++i) {
     const SweepRow& r = *rows[i];
     const double y = top + bar * 1.5 * static_cast<double>(i);
-    const double parts[] = {r.compute_s, r.exposed_comm_s - r.exposed_boundary_s, r.exposed_boundary_s,
+    const double parts[] = {r.compute_s, r.exposed_comm_s - r.exposed_boundary_s,
+                            r.exposed_boundary_s,
                             std::max(0.0, r.step_s - r.compute_s - r.exposed_comm_s)};
-    svg << "<text x='" << left - 6 << "' y='" << y + bar * 0.7 << "' text-anchor='end' font-size='11'>" << i + 1 << ". "
+    svg << "<text x='" << left - 6 << "' y='" << y + bar * 0.7
+        << "' text-anchor='end' font-size='11'>" << i + 1 << ". "
         << esc(describe_layout(r.plan, model)) << "</text>";
     double x = left;
     for (int k = 0; k < 4; ++k) {
       const double len = width * parts[k] / longest;
-      svg << "<rect x='" << x << "' y='" << y << "' width='" << std::max(0.0, len) << "' height='" << bar << "' fill='" << colors[k]
-          << "'><title>" << names[k] << " " << num(parts[k]) << " s</title></rect>";
+      svg << "<rect x='" << x << "' y='" << y << "' width='" << std::max(0.0, len) << "' height='"
+          << bar << "' fill='" << colors[k] << "'><title>" << names[k] << " " << num(parts[k])
+          << " s</title></rect>";
       x += len;
     }
-    svg << "<text x='" << x + 4 << "' y='" << y + bar * 0.7 << "' font-size='11'>" << num(r.step_s) << " s</text>";
+    svg << "<text x='" << x + 4 << "' y='" << y + bar * 0.7 << "' font-size='11'>" << num(r.step_s)
+        << " s</text>";
   }
   for (int k = 0; k < 4; ++k)
-    svg << "<rect x='" << left + 150.0 * k << "' y='" << h - 25 << "' width='12' height='12' fill='" << colors[k] << "'/><text x='"
-        << left + 150.0 * k + 16 << "' y='" << h - 15 << "' font-size='11'>" << names[k] << "</text>";
+    svg << "<rect x='" << left + 150.0 * k << "' y='" << h - 25 << "' width='12' height='12' fill='"
+        << colors[k] << "'/><text x='" << left + 150.0 * k + 16 << "' y='" << h - 15
+        << "' font-size='11'>" << names[k] << "</text>";
   svg << "</svg>";
   return svg.str();
 }
@@ -164,16 +201,19 @@ std::string breakdown(const std::vector<const SweepRow*>& rows, const ModelSpec&
 
 std::string sweep_report_html(const SweepResult& r, const Scenario& s) {
   std::ostringstream html;
-  html << "<!DOCTYPE html><html><head><meta charset='utf-8'><title>Tessera sweep: " << esc(s.name) << "</title><style>"
-       << "body{font-family:sans-serif;margin:24px;color:#222}table{border-collapse:collapse;font-size:13px}"
+  html << "<!DOCTYPE html><html><head><meta charset='utf-8'><title>Tessera sweep: " << esc(s.name)
+       << "</title><style>"
+       << "body{font-family:sans-serif;margin:24px;color:#222}table{border-collapse:collapse;font-"
+          "size:13px}"
        << "td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}th{background:#f0f0f0}"
-       << "td.l{text-align:left}.charts{display:flex;flex-wrap:wrap;gap:24px;margin:16px 0}</style></head><body>";
+       << "td.l{text-align:left}.charts{display:flex;flex-wrap:wrap;gap:24px;margin:16px "
+          "0}</style></head><body>";
   html << "<h1>Tessera sweep: " << esc(s.name) << "</h1>";
   if (!s.description.empty()) html << "<p>" << esc(s.description) << "</p>";
   int64_t rejected = 0;
   for (const auto& [reason, count] : r.rejected) rejected += count;
-  html << "<p>" << r.considered << " plans considered, " << r.valid << " valid, " << r.ranked << " estimated, "
-       << r.rows.size() << " simulated; " << rejected << " rejected (";
+  html << "<p>" << r.considered << " plans considered, " << r.valid << " valid, " << r.ranked
+       << " estimated, " << r.rows.size() << " simulated; " << rejected << " rejected (";
   bool first = true;
   for (const auto& [reason, count] : r.rejected) {
     html << (first ? "" : ", ") << count << " " << esc(reason);
@@ -185,7 +225,8 @@ std::string sweep_report_html(const SweepResult& r, const Scenario& s) {
   // grid point when the sweep has a --set axis.
   std::vector<std::string> xs;
   std::map<std::string, std::map<std::string, double>> best;  // family -> x -> tokens/s
-  const bool by_point = std::any_of(r.rows.begin(), r.rows.end(), [](const SweepRow& row) { return !row.point.empty(); });
+  const bool by_point = std::any_of(r.rows.begin(), r.rows.end(),
+                                    [](const SweepRow& row) { return !row.point.empty(); });
   for (const SweepRow& row : r.rows) {
     if (!row.ok) continue;
     std::string x;
@@ -200,37 +241,48 @@ std::string sweep_report_html(const SweepResult& r, const Scenario& s) {
     b = std::max(b, row.tokens_per_s);
   }
   if (!by_point)
-    std::sort(xs.begin(), xs.end(), [](const std::string& a, const std::string& b) { return std::stoll(a) < std::stoll(b); });
+    std::sort(xs.begin(), xs.end(), [](const std::string& a, const std::string& b) {
+      return std::stoll(a) < std::stoll(b);
+    });
   std::map<std::string, std::vector<std::optional<double>>> series;
   for (const auto& [family, values] : best)
     for (const std::string& x : xs) {
       const auto it = values.find(x);
-      series[family].push_back(it == values.end() ? std::nullopt : std::optional<double>(it->second));
+      series[family].push_back(it == values.end() ? std::nullopt
+                                                  : std::optional<double>(it->second));
     }
   std::string axis = "GPU count";
   if (by_point)
     for (const auto& item : r.rows.front().point.items()) axis = item.key();
-  html << "<div class='charts'>" << line_chart("Best simulated throughput per placement vs " + axis, "tokens/s", xs, series);
+  html << "<div class='charts'>"
+       << line_chart("Best simulated throughput per placement vs " + axis, "tokens/s", xs, series);
   html << heat_map(r.estimated) << "</div>";
   std::vector<const SweepRow*> top;
   for (const SweepRow& row : r.rows)
     if (row.ok && top.size() < 10) top.push_back(&row);
   html << "<div class='charts'>" << breakdown(top, s.model) << "</div>";
 
-  html << "<h2>Simulated plans</h2><table><tr><th>#</th><th>point</th><th>GPUs</th><th>placement</th><th>layout</th><th>MBS</th><th>GBS</th>"
-       << "<th>schedule</th><th>step (s)</th><th>tokens/s</th><th>TFLOP/s/GPU</th><th>MFU</th><th>peak memory</th><th>idle %</th></tr>";
+  html << "<h2>Simulated "
+          "plans</h2><table><tr><th>#</th><th>point</th><th>GPUs</th><th>placement</th><th>layout</"
+          "th><th>MBS</th><th>GBS</th>"
+       << "<th>schedule</th><th>step "
+          "(s)</th><th>tokens/s</th><th>TFLOP/s/GPU</th><th>MFU</th><th>peak memory</th><th>idle "
+          "%</th></tr>";
   for (std::size_t i = 0; i < r.rows.size(); ++i) {
     const SweepRow& row = r.rows[i];
     std::string point;
-    for (const auto& item : row.point.items()) point += (point.empty() ? "" : ", ") + item.key() + "=" + item.value().dump();
-    html << "<tr><td>" << i + 1 << "</td><td class='l'>" << esc(point) << "</td><td>" << row.gpus << "</td><td class='l'>"
-         << enum_name(row.plan.placement, kPlacements) << "</td><td class='l'>" << esc(describe_layout(row.plan, s.model))
-         << "</td><td>" << row.plan.micro_batch_size << "</td><td>" << row.global_batch << "</td><td class='l'>"
+    for (const auto& item : row.point.items())
+      point += (point.empty() ? "" : ", ") + item.key() + "=" + item.value().dump();
+    html << "<tr><td>" << i + 1 << "</td><td class='l'>" << esc(point) << "</td><td>" << row.gpus
+         << "</td><td class='l'>" << enum_name(row.plan.placement, kPlacements)
+         << "</td><td class='l'>" << esc(describe_layout(row.plan, s.model)) << "</td><td>"
+         << row.plan.micro_batch_size << "</td><td>" << row.global_batch << "</td><td class='l'>"
          << enum_name(row.plan.schedule, kSchedules) << "</td>";
     if (row.ok) {
-      html << "<td>" << num(row.step_s, "%.4g") << "</td><td>" << num(row.tokens_per_s, "%.4g") << "</td><td>"
-           << num(row.tflops_per_device, "%.4g") << "</td><td>" << num(100 * row.mfu, "%.1f") << "%</td><td>"
-           << human_bytes(row.peak_memory_bytes) << "</td><td>" << num(100 * row.bubble, "%.1f") << "</td></tr>";
+      html << "<td>" << num(row.step_s, "%.4g") << "</td><td>" << num(row.tokens_per_s, "%.4g")
+           << "</td><td>" << num(row.tflops_per_device, "%.4g") << "</td><td>"
+           << num(100 * row.mfu, "%.1f") << "%</td><td>" << human_bytes(row.peak_memory_bytes)
+           << "</td><td>" << num(100 * row.bubble, "%.1f") << "</td></tr>";
     } else {
       html << "<td class='l' colspan='6'>failed: " << esc(row.failure) << "</td></tr>";
     }

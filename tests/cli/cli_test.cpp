@@ -26,7 +26,8 @@ struct Run {
 Run run(const std::string& args) {
   Run r;
   // stdout and stderr together, unless the arguments redirect stderr themselves
-  const std::string command = kTessera + " " + args + (args.find("2>") == std::string::npos ? " 2>&1" : "");
+  const std::string command =
+      kTessera + " " + args + (args.find("2>") == std::string::npos ? " 2>&1" : "");
   FILE* pipe = ::popen(command.c_str(), "r");
   REQUIRE(pipe != nullptr);
   std::array<char, 4096> buffer{};
@@ -107,7 +108,8 @@ TEST_CASE("simulate prints the metrics and writes a Chrome trace per rank") {
 
 TEST_CASE("sweep: --set grids, --emit-plan, and results.jsonl#R handed to simulate") {
   const fs::path dir = scratch() / "sweep";
-  const std::string sweep = "sweep " + kSource + "/scenarios/cpu-tiny.json --gpus 2 --top 2 -j 2 --out " + dir.string();
+  const std::string sweep =
+      "sweep " + kSource + "/scenarios/cpu-tiny.json --gpus 2 --top 2 -j 2 --out " + dir.string();
   const Run r = run(sweep + " --set workload.global_batch=4,8 --emit-plan 1 2>/dev/null");
   INFO(r.output);
   CHECK(r.code == 0);
@@ -121,11 +123,13 @@ TEST_CASE("sweep: --set grids, --emit-plan, and results.jsonl#R handed to simula
   CHECK(table.code == 0);
   CHECK(table.output.find("at workload.global_batch=4:") != std::string::npos);
   CHECK(table.output.find("at workload.global_batch=8:") != std::string::npos);
-  const Run handed = run("simulate " + kSource + "/scenarios/cpu-tiny.json --iterations 1 --plan " + (dir / "results.jsonl").string() + "#2");
+  const Run handed = run("simulate " + kSource + "/scenarios/cpu-tiny.json --iterations 1 --plan " +
+                         (dir / "results.jsonl").string() + "#2");
   INFO(handed.output);
   CHECK(handed.code == 0);
   CHECK(handed.output.find("step time over 1 iterations") != std::string::npos);
-  const Run missing = run("simulate " + kSource + "/scenarios/cpu-tiny.json --plan " + (dir / "results.jsonl").string() + "#99");
+  const Run missing = run("simulate " + kSource + "/scenarios/cpu-tiny.json --plan " +
+                          (dir / "results.jsonl").string() + "#99");
   CHECK(missing.code == 2);
   CHECK(missing.output.find("no successful row ranked 99") != std::string::npos);
   const Run bad_path = run(sweep + " --set model.modules[7].frozen=true");
@@ -139,7 +143,8 @@ TEST_CASE("sweep: --set grids, --emit-plan, and results.jsonl#R handed to simula
   const fs::path s1 = dir.parent_path() / "shard1", s2 = dir.parent_path() / "shard2";
   CHECK(run(sweep + " --shard 1/2 --out " + s1.string()).code == 0);
   CHECK(run(sweep + " --shard 2/2 --out " + s2.string()).code == 0);
-  const Run merged = run("merge " + s1.string() + " " + s2.string() + " --out " + (dir.parent_path() / "merged").string());
+  const Run merged = run("merge " + s1.string() + " " + s2.string() + " --out " +
+                         (dir.parent_path() / "merged").string());
   INFO(merged.output);
   CHECK(merged.code == 0);
   CHECK(merged.output.find("report:") != std::string::npos);
@@ -165,7 +170,8 @@ TEST_CASE("lower and estimate: bad input exits 2") {
 }
 
 TEST_CASE("every subcommand has --help") {
-  for (const char* c : {"validate", "show", "import-hf", "lower", "estimate", "simulate", "sweep", "merge"}) {
+  for (const char* c :
+       {"validate", "show", "import-hf", "lower", "estimate", "simulate", "sweep", "merge"}) {
     const Run r = run(std::string(c) + " --help");
     CHECK(r.code == 0);
     CHECK(r.output.find("Usage:") != std::string::npos);

@@ -517,11 +517,12 @@ TEST_CASE(
 TEST_CASE("regression: a non-colocated producer of an interleaved LLM does not deadlock") {
   // The graph-aware warm-up let the ViT run 2 forwards ahead, but the interleaved LLM's first
   // stage needs 3 micro-batches before its first backward: a circular wait.
-  Case c = make(kVlm, R"({"global_batch": 16, "max_seq_len": 1024, "samples": {"text_tokens": 32, "image": {"count": 1, "width": 64, "height": 64}}})",
-                R"({"placement": "non_colocated", "schedule": "interleaved_1f1b", "micro_batch_size": 1,
+  Case c = make(
+      kVlm,
+      R"({"global_batch": 16, "max_seq_len": 1024, "samples": {"text_tokens": 32, "image": {"count": 1, "width": 64, "height": 64}}})",
+      R"({"placement": "non_colocated", "schedule": "interleaved_1f1b", "micro_batch_size": 1,
                     "modules": {"vision": {"dp": 4}, "llm": {"pp": 2, "vpp": 2, "dp": 2}}})");
   c.model.modules[0].frozen = false;
   const Timeline t = evaluate(lowered(c), ideal(c));
   CHECK(t.error.empty());
 }
-

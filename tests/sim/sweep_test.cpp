@@ -30,7 +30,8 @@ Scenario tiny(const char* search) {
     "cluster": {"name": "c4", "nodes": 1, "devices_per_node": 4,
       "device": {"name": "g", "peak_flops": {"bf16": 1e14}, "memory_bytes": 8e10, "memory_bandwidth_bytes_per_s": 2e12},
       "intra_node": {"bandwidth_bytes_per_s": 2e11, "latency_s": 2e-6}},
-    "search": )") + search + "}";
+    "search": )") + search +
+                           "}";
   Diagnostics diag;
   auto s = read_scenario(Json::parse(text), "tiny.json", diag);
   INFO(diag.format());
@@ -41,7 +42,8 @@ Scenario tiny(const char* search) {
 const auto quiet = [](std::size_t, std::size_t, const std::string&) {};
 
 fs::path scratch(const char* name) {
-  const fs::path dir = fs::temp_directory_path() / ("tessera-sweep-" + std::to_string(::getpid()) + "-" + name);
+  const fs::path dir =
+      fs::temp_directory_path() / ("tessera-sweep-" + std::to_string(::getpid()) + "-" + name);
   fs::remove_all(dir);
   return dir;
 }
@@ -54,8 +56,10 @@ std::vector<std::pair<std::string, double>> keys_and_steps(const SweepResult& r)
 
 }  // namespace
 
-TEST_CASE("enumeration of a small case equals the brute-force list, and every emitted plan validates") {
-  const Scenario s = tiny(R"({"placements": ["homogeneous"], "tp": [1, 2, 4], "cp": [1], "pp": [1, 2], "vpp": [1],
+TEST_CASE(
+    "enumeration of a small case equals the brute-force list, and every emitted plan validates") {
+  const Scenario s =
+      tiny(R"({"placements": ["homogeneous"], "tp": [1, 2, 4], "cp": [1], "pp": [1, 2], "vpp": [1],
                                "micro_batch_sizes": [1, 2], "recompute": ["none", "full"]})");
   const Enumeration e = enumerate_plans(s, *s.search, 4);
   // Brute force: every (tp, pp, mbs, recompute) whose tp*pp divides 4, dp = 4 / (tp*pp).
@@ -74,20 +78,24 @@ TEST_CASE("enumeration of a small case equals the brute-force list, and every em
   for (const auto& [reason, count] : e.rejected) rejected += count;
   CHECK(static_cast<int64_t>(e.valid.size()) + rejected == expected);
   for (const Candidate& c : e.valid) {
-    CHECK(grids.contains({c.plan.layout.tp, c.plan.layout.pp, c.plan.micro_batch_size, c.plan.recompute}));
+    CHECK(grids.contains(
+        {c.plan.layout.tp, c.plan.layout.pp, c.plan.micro_batch_size, c.plan.recompute}));
     Diagnostics diag;
     validate_plan(c.plan, s.model, s.workload, cluster_with_devices(s.cluster, 4), "", "", diag);
     CHECK(diag.ok());
   }
   // Every family appears when asked for.
-  const Scenario all = tiny(R"({"tp": [1, 2], "cp": [1], "pp": [1, 2], "vpp": [1], "micro_batch_sizes": [1]})");
+  const Scenario all =
+      tiny(R"({"tp": [1, 2], "cp": [1], "pp": [1, 2], "vpp": [1], "micro_batch_sizes": [1]})");
   std::set<Placement> families;
-  for (const Candidate& c : enumerate_plans(all, *all.search, 4).valid) families.insert(c.plan.placement);
+  for (const Candidate& c : enumerate_plans(all, *all.search, 4).valid)
+    families.insert(c.plan.placement);
   CHECK(families.size() == 3);
 }
 
 TEST_CASE("sweep: -j 1 and -j 2 agree; a resumed sweep equals an uninterrupted one") {
-  const Scenario s = tiny(R"({"tp": [1, 2], "cp": [1], "pp": [1, 2], "vpp": [1], "micro_batch_sizes": [1], "top_k": 4})");
+  const Scenario s = tiny(
+      R"({"tp": [1, 2], "cp": [1], "pp": [1, 2], "vpp": [1], "micro_batch_sizes": [1], "top_k": 4})");
   SweepOptions options;
   options.jobs = 1;
   options.out_dir = scratch("j1").string();
@@ -124,7 +132,8 @@ TEST_CASE("sweep: -j 1 and -j 2 agree; a resumed sweep equals an uninterrupted o
 }
 
 TEST_CASE("sweep: a failing simulation yields a failed row and the sweep completes") {
-  const Scenario s = tiny(R"({"placements": ["homogeneous"], "tp": [1, 2], "cp": [1], "pp": [1], "vpp": [1], "micro_batch_sizes": [1], "top_k": 2})");
+  const Scenario s = tiny(
+      R"({"placements": ["homogeneous"], "tp": [1, 2], "cp": [1], "pp": [1], "vpp": [1], "micro_batch_sizes": [1], "top_k": 2})");
   SweepOptions options;
   options.out_dir = scratch("fail").string();
   options.timeout_s = 1e-9;  // every simulated iteration overruns its limit
@@ -139,7 +148,8 @@ TEST_CASE("sweep: a failing simulation yields a failed row and the sweep complet
 }
 
 TEST_CASE("sweep shards merge into exactly the unsharded ranking") {
-  const Scenario s = tiny(R"({"tp": [1, 2], "cp": [1], "pp": [1, 2], "vpp": [1], "micro_batch_sizes": [1, 2], "top_k": 3})");
+  const Scenario s = tiny(
+      R"({"tp": [1, 2], "cp": [1], "pp": [1, 2], "vpp": [1], "micro_batch_sizes": [1, 2], "top_k": 3})");
   SweepOptions options;
   options.out_dir = scratch("whole").string();
   options.scenario_file = "unused";
@@ -151,7 +161,9 @@ TEST_CASE("sweep shards merge into exactly the unsharded ranking") {
     shard.shard_count = 3;
     shard.out_dir = scratch(("shard" + std::to_string(i)).c_str()).string();
     // merge reloads the scenario from the path a shard records: write one.
-    shard.scenario_file = (fs::path(shard.out_dir).parent_path() / ("tiny-" + std::to_string(::getpid()) + ".json")).string();
+    shard.scenario_file =
+        (fs::path(shard.out_dir).parent_path() / ("tiny-" + std::to_string(::getpid()) + ".json"))
+            .string();
     std::ofstream(shard.scenario_file) << inline_scenario_json(s).dump();
     run_sweep(s, shard, quiet);
     dirs.push_back(shard.out_dir);
@@ -165,6 +177,6 @@ TEST_CASE("sweep shards merge into exactly the unsharded ranking") {
   CHECK(merged.considered == whole.considered);
   CHECK(merged.valid == whole.valid);
   CHECK(merged.rejected == whole.rejected);
-  for (const char* name : {"whole", "shard1", "shard2", "shard3", "merged"}) fs::remove_all(scratch(name));
+  for (const char* name : {"whole", "shard1", "shard2", "shard3", "merged"})
+    fs::remove_all(scratch(name));
 }
-
