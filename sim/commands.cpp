@@ -129,6 +129,13 @@ std::optional<Scenario> scenario_with_plan(const cxxopts::ParseResult& args,
   return scenario;
 }
 
+// --plan, shared by the commands that run one plan.
+void add_plan_option(cxxopts::Options& options) {
+  options.add_options()(
+      "plan", "plan replacing the scenario's: plan.json, or results.jsonl#R (rank R of a sweep)",
+      cxxopts::value<std::string>());
+}
+
 int report_problems(const Diagnostics& diag, std::ostream& err) {
   err << diag.format();
   err << diag.errors().size() << (diag.errors().size() == 1 ? " problem" : " problems")
@@ -235,9 +242,9 @@ int run_lower(const Args& args, std::ostream& out, std::ostream& err) {
       "tessera lower",
       "Prints the per-rank op lists (the Program) of one training iteration: what the "
       "simulator predicts and the executor runs. A dry run.");
-  options.add_options()("plan", "plan file replacing the scenario's plan",
-                        cxxopts::value<std::string>())("rank", "only this rank (default: all)",
-                                                       cxxopts::value<int>()->default_value("-1"))(
+  add_plan_option(options);
+  options.add_options()("rank", "only this rank (default: all)",
+                        cxxopts::value<int>()->default_value("-1"))(
       "iteration", "which iteration's batch to draw",
       cxxopts::value<int64_t>()->default_value("0"))("json", "machine-readable output");
   int code = kOk;
@@ -301,10 +308,9 @@ int run_estimate(const Args& args, std::ostream& out, std::ostream& err) {
       "Predicts one iteration of a plan with the analytic cost model and the exact "
       "in-order evaluator (no network contention): step time, throughput, TFLOP/s per "
       "device, MFU, pipeline bubble and peak memory, or why the plan does not fit.");
-  options.add_options()("plan", "plan file replacing the scenario's plan",
-                        cxxopts::value<std::string>())(
-      "iteration", "which iteration's batch to draw",
-      cxxopts::value<int64_t>()->default_value("0"));
+  add_plan_option(options);
+  options.add_options()("iteration", "which iteration's batch to draw",
+                        cxxopts::value<int64_t>()->default_value("0"));
   int code = kOk;
   std::string file;
   const auto result =
@@ -335,9 +341,9 @@ int run_simulate(const Args& args, std::ostream& out, std::ostream& err) {
       "Predicts a plan by executing its per-rank Programs as a SimGrid discrete-event "
       "simulation with network contention, over several iterations with different "
       "drawn batches. Plans that do not fit in memory are reported, not simulated.");
-  options.add_options()("plan", "plan file replacing the scenario's plan",
-                        cxxopts::value<std::string>())(
-      "iterations", "iterations to simulate", cxxopts::value<int64_t>()->default_value("3"))(
+  add_plan_option(options);
+  options.add_options()("iterations", "iterations to simulate",
+                        cxxopts::value<int64_t>()->default_value("3"))(
       "first-iteration", "first iteration's batch", cxxopts::value<int64_t>()->default_value("0"))(
       "contention", "on: flows share links; off: timed transfers (equals estimate)",
       cxxopts::value<std::string>()->default_value("on"))(
