@@ -39,11 +39,17 @@ int edit_distance(std::string_view a, std::string_view b) {
 }
 
 std::string closest_match(std::string_view word, const std::vector<std::string>& candidates) {
+  // Fewest edits; among equals, the longest common prefix ("tpp" is a typo of "tp", not "pp").
+  auto prefix = [&](const std::string& c) {
+    std::size_t n = 0;
+    while (n < c.size() && n < word.size() && c[n] == word[n]) ++n;
+    return n;
+  };
   std::string best;
   int best_distance = 0;
   for (const std::string& c : candidates) {
     const int d = edit_distance(word, c);
-    if (best.empty() || d < best_distance) {
+    if (best.empty() || d < best_distance || (d == best_distance && prefix(c) > prefix(best))) {
       best = c;
       best_distance = d;
     }

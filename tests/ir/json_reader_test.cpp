@@ -78,4 +78,6 @@ TEST_CASE("edit distance and closest match") {
   CHECK(edit_distance("kitten", "sitting") == 3);
   CHECK(closest_match("globl_batch", {"global_batch", "seed"}) == "global_batch");
   CHECK(closest_match("zzzzzz", {"global_batch", "seed"}).empty());
+  // Ties go to the longer common prefix.
+  CHECK(closest_match("tpp", {"cp", "dp", "pp", "tp"}) == "tp");
 }
