@@ -179,6 +179,34 @@ class Lowering {
 
   // Boundary messages between a producer host module and a consumer host module.
   double boundary_bytes(int producer_last, int consumer, std::span<const Sample* const> samples);
+  // One boundary message of a micro-batch between a producer replica and a consumer replica:
+  // the producer's index among the replicas that fan in to one consumer (0 without fan-in), and
+  // the samples it carries. Producer and consumer list the same links, so sends and receives
+  // match; `replica` is the producer's (from_producer) or the consumer's.
+  struct BoundaryLink {
+    int64_t producer = 0, consumer = 0;
+    int32_t sub = 0;
+    const std::vector<const Sample*>* samples = nullptr;
+  };
+  std::vector<BoundaryLink> boundary_links(int producer_host, int consumer_host, int64_t replica,
+                                           bool from_producer, int32_t mb) {
+    const int64_t dp_p = modules_[static_cast<std::size_t>(producer_host)].layout.dp;
+    const int64_t dp_c = modules_[static_cast<std::size_t>(consumer_host)].layout.dp;
+    std::vector<BoundaryLink> links;
+    if (dp_p >= dp_c) {  // fan-in: k producers per consumer, each with its own samples
+      const int64_t k = dp_p / dp_c;
+      const int64_t first = from_producer ? replica : replica * k;
+      for (int64_t e = first; e < first + (from_producer ? 1 : k); ++e)
+        links.push_back({e, e / k, static_cast<int32_t>(e % k), &samples_of(producer_host, e, mb)});
+    } else {  // fan-out: one producer splits its samples over k consumers
+      const int64_t k = dp_c / dp_p;
+      const int64_t first = from_producer ? replica * k : replica;
+      for (int64_t d = first; d < first + (from_producer ? k : 1); ++d)
+        links.push_back({d / k, d, 0, &samples_of(consumer_host, d, mb)});
+    }
+    return links;
+  }
+
   // What a boundary leader received reaches the rest of its TP x CP group by a broadcast (or
   // directly when the leader is alone); appends what this rank's compute must wait for.
   void share_boundary(int64_t rank, const ModuleInfo& owner, const Coord& x, Phase phase,
@@ -721,19 +749,15 @@ void Lowering::lower_pipelines() {
           if (first_virtual) {
             for (const auto& [producer_host, producer_last] : producers) {
               const ModuleInfo& prod = modules_[static_cast<std::size_t>(producer_host)];
-              const int64_t dp_p = prod.layout.dp, dp_c = owner.layout.dp;
               std::vector<int32_t> received;
               if (leader) {
-                // Producer replicas whose samples meet this consumer replica's micro-batch.
-                const int64_t lo = dp_p >= dp_c ? x.d * (dp_p / dp_c) : x.d / (dp_c / dp_p);
-                const int64_t hi = dp_p >= dp_c ? lo + dp_p / dp_c : lo + 1;
-                for (int64_t e = lo; e < hi; ++e) {
-                  const int64_t from = prod.rank({0, 0, e, prod.layout.pp - 1});
-                  const auto& mine = dp_p >= dp_c ? samples_of(producer_host, e, mb) : samples;
-                  Op recv = p2p_op(
-                      about, OpKind::kRecv, Phase::kF, from,
-                      boundary_bytes(producer_last, owner_index, mine),
-                      tag(1, producer_last, owner_index, x.d, 0, mb, static_cast<int32_t>(e - lo)));
+                for (const BoundaryLink& link :
+                     boundary_links(producer_host, owner_index, x.d, false, mb)) {
+                  Op recv =
+                      p2p_op(about, OpKind::kRecv, Phase::kF,
+                             prod.rank({0, 0, link.producer, prod.layout.pp - 1}),
+                             boundary_bytes(producer_last, owner_index, *link.samples),
+                             tag(1, producer_last, owner_index, link.consumer, 0, mb, link.sub));
                   recv.purpose = Purpose::kBoundary;
                   recv.module = static_cast<int16_t>(producer_last);
                   received.push_back(emit(rank, recv));
@@ -777,16 +801,12 @@ void Lowering::lower_pipelines() {
           } else if (leader) {
             for (int consumer_host : consumers) {
               const ModuleInfo& cons = modules_[static_cast<std::size_t>(consumer_host)];
-              const int64_t dp_p = owner.layout.dp, dp_c = cons.layout.dp;
-              const int64_t lo = dp_p >= dp_c ? x.d / (dp_p / dp_c) : x.d * (dp_c / dp_p);
-              const int64_t hi = dp_p >= dp_c ? lo + 1 : lo + dp_c / dp_p;
-              for (int64_t d = lo; d < hi; ++d) {
-                const auto& theirs = dp_p >= dp_c ? samples : samples_of(consumer_host, d, mb);
-                const int32_t sub =
-                    static_cast<int32_t>(dp_p >= dp_c ? x.d - d * (dp_p / dp_c) : 0);
-                Op send = p2p_op(about, OpKind::kSend, Phase::kF, cons.rank({0, 0, d, 0}),
-                                 boundary_bytes(last_module, consumer_host, theirs),
-                                 tag(1, last_module, consumer_host, d, 0, mb, sub));
+              for (const BoundaryLink& link :
+                   boundary_links(owner_index, consumer_host, x.d, true, mb)) {
+                Op send =
+                    p2p_op(about, OpKind::kSend, Phase::kF, cons.rank({0, 0, link.consumer, 0}),
+                           boundary_bytes(last_module, consumer_host, *link.samples),
+                           tag(1, last_module, consumer_host, link.consumer, 0, mb, link.sub));
                 send.purpose = Purpose::kBoundary;
                 send.module = static_cast<int16_t>(last_module);
                 send.deps = {last};
@@ -808,18 +828,14 @@ void Lowering::lower_pipelines() {
           for (int consumer_host : consumers) {
             const ModuleInfo& cons = modules_[static_cast<std::size_t>(consumer_host)];
             if (!cons.flow.backward() || !(suffix_backward || owner_backward)) continue;
-            const int64_t dp_p = owner.layout.dp, dp_c = cons.layout.dp;
             std::vector<int32_t> received;
             if (leader) {
-              const int64_t lo = dp_p >= dp_c ? x.d / (dp_p / dp_c) : x.d * (dp_c / dp_p);
-              const int64_t hi = dp_p >= dp_c ? lo + 1 : lo + dp_c / dp_p;
-              for (int64_t d = lo; d < hi; ++d) {
-                const auto& theirs = dp_p >= dp_c ? samples : samples_of(consumer_host, d, mb);
-                const int32_t sub =
-                    static_cast<int32_t>(dp_p >= dp_c ? x.d - d * (dp_p / dp_c) : 0);
-                Op recv = p2p_op(about, OpKind::kRecv, Phase::kB, cons.rank({0, 0, d, 0}),
-                                 boundary_bytes(last_module, consumer_host, theirs),
-                                 tag(1, last_module, consumer_host, d, 1, mb, sub));
+              for (const BoundaryLink& link :
+                   boundary_links(owner_index, consumer_host, x.d, true, mb)) {
+                Op recv =
+                    p2p_op(about, OpKind::kRecv, Phase::kB, cons.rank({0, 0, link.consumer, 0}),
+                           boundary_bytes(last_module, consumer_host, *link.samples),
+                           tag(1, last_module, consumer_host, link.consumer, 1, mb, link.sub));
                 recv.purpose = Purpose::kBoundary;
                 recv.module = static_cast<int16_t>(last_module);
                 received.push_back(emit(rank, recv));
@@ -893,15 +909,12 @@ void Lowering::lower_pipelines() {
               dep = emit(rank, sum);
             }
             if (!leader) continue;
-            const int64_t dp_p = prod.layout.dp, dp_c = owner.layout.dp;
-            const int64_t lo = dp_p >= dp_c ? x.d * (dp_p / dp_c) : x.d / (dp_c / dp_p);
-            const int64_t hi = dp_p >= dp_c ? lo + dp_p / dp_c : lo + 1;
-            for (int64_t e = lo; e < hi; ++e) {
-              const auto& mine = dp_p >= dp_c ? samples_of(producer_host, e, mb) : samples;
-              Op send = p2p_op(
-                  about, OpKind::kSend, Phase::kB, prod.rank({0, 0, e, prod.layout.pp - 1}),
-                  boundary_bytes(producer_last, owner_index, mine),
-                  tag(1, producer_last, owner_index, x.d, 1, mb, static_cast<int32_t>(e - lo)));
+            for (const BoundaryLink& link :
+                 boundary_links(producer_host, owner_index, x.d, false, mb)) {
+              Op send = p2p_op(about, OpKind::kSend, Phase::kB,
+                               prod.rank({0, 0, link.producer, prod.layout.pp - 1}),
+                               boundary_bytes(producer_last, owner_index, *link.samples),
+                               tag(1, producer_last, owner_index, link.consumer, 1, mb, link.sub));
               send.purpose = Purpose::kBoundary;
               send.module = static_cast<int16_t>(producer_last);
               send.deps = {dep};
