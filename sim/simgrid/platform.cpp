@@ -81,24 +81,35 @@ std::vector<sg4::Host*> build_platform(const ClusterSpec& cluster, double effici
   const double uplink =
       nic * static_cast<double>(per_node) / std::max(1.0, cluster.inter_node.oversubscription);
   auto* root = sg4::create_star_zone("cluster");
+  // SimGrid 3.32 checks a new link's name against every zone of the tree, so links created
+  // inside 1024 node zones cost quadratic time. All links go to the root first, while it has no
+  // children; a route may use links of any zone.
+  struct NodeLinks {
+    std::vector<const sg4::Link*> nv_up, nv_down, nic_up, nic_down;
+  };
+  std::vector<NodeLinks> links(static_cast<std::size_t>(cluster.nodes));
+  for (int64_t n = 0; n < cluster.nodes; ++n)
+    for (int64_t d = 0; d < per_node; ++d) {
+      const std::string name = "node" + std::to_string(n) + "-gpu" + std::to_string(d);
+      NodeLinks& l = links[static_cast<std::size_t>(n)];
+      l.nv_up.push_back(make_link(root, name + "-nv-up", nvlink, cluster.intra_node.latency_s / 2));
+      l.nv_down.push_back(
+          make_link(root, name + "-nv-down", nvlink, cluster.intra_node.latency_s / 2));
+      l.nic_up.push_back(
+          make_link(root, name + "-nic-up", nic, cluster.inter_node.link.latency_s / 2));
+      l.nic_down.push_back(
+          make_link(root, name + "-nic-down", nic, cluster.inter_node.link.latency_s / 2));
+    }
   for (int64_t n = 0; n < cluster.nodes; ++n) {
     const std::string node = "node" + std::to_string(n);
     auto* zone = sg4::create_full_zone(node);
     zone->set_parent(root);
     auto* gateway = zone->create_router(node + "-gw");
     std::vector<sg4::Host*> local;
-    std::vector<const sg4::Link*> nv_up, nv_down, nic_up, nic_down;
-    for (int64_t d = 0; d < per_node; ++d) {
-      const std::string name = node + "-gpu" + std::to_string(d);
-      local.push_back(zone->create_host(name, kHostSpeed)->seal());
-      nv_up.push_back(make_link(zone, name + "-nv-up", nvlink, cluster.intra_node.latency_s / 2));
-      nv_down.push_back(
-          make_link(zone, name + "-nv-down", nvlink, cluster.intra_node.latency_s / 2));
-      nic_up.push_back(
-          make_link(zone, name + "-nic-up", nic, cluster.inter_node.link.latency_s / 2));
-      nic_down.push_back(
-          make_link(zone, name + "-nic-down", nic, cluster.inter_node.link.latency_s / 2));
-    }
+    const auto& [nv_up, nv_down, nic_up, nic_down] = links[static_cast<std::size_t>(n)];
+    for (int64_t d = 0; d < per_node; ++d)
+      local.push_back(
+          zone->create_host(node + "-gpu" + std::to_string(d), kHostSpeed)->seal());
     for (std::size_t a = 0; a < local.size(); ++a) {
       for (std::size_t b = 0; b < local.size(); ++b)
         if (a != b)

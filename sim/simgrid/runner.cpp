@@ -1,4 +1,7 @@
 #include <algorithm>
+#include <exception>
+#include <optional>
+#include <thread>
 #include <map>
 #include <memory>
 #include <tuple>
@@ -25,38 +28,62 @@ constexpr double kHostSpeed = 1e9;  // platform.cpp sizes hosts in these units
 // Twins (twins.hpp): ranks that provably run the same ops at the same times — TP and uniform-CP
 // shards. One actor runs a whole class; every twin's transfers still become flows, so links
 // carry all of the traffic.
+// (sender, receiver, tag) of a message.
+struct ReceiveKey {
+  int64_t from, to, tag;
+  bool operator==(const ReceiveKey&) const = default;
+};
+struct ReceiveKeyHash {
+  std::size_t operator()(const ReceiveKey& k) const {
+    return std::hash<int64_t>{}(k.from * 1000003 ^ k.to * 10007 ^ k.tag * 31);
+  }
+};
+
 class Run {
  public:
-  Run(const Program& p, const CostModel& cost, const RunOptions& options,
-      std::vector<sg4::Host*> hosts)
-      : p_(p), cost_(cost), options_(options), hosts_(std::move(hosts)), twins_(find_twins(p)) {
+  // Pure preparation, no SimGrid call: it runs on a thread while the platform is built.
+  Run(const Program& p, const CostModel& cost, const RunOptions& options)
+      : p_(p), cost_(cost), options_(options), twins_(find_twins(p)) {
     const std::size_t world = p.ranks.size();
     times_.resize(world);
     instance_of_.resize(world);
     receive_index_.resize(world);
-    std::map<std::tuple<int64_t, int64_t, int64_t>, int32_t> receives;
-    std::map<std::tuple<int32_t, int32_t, bool>, int32_t> ids;
+    // Hash maps: at 8192 ranks there are millions of ops. A collective instance's key packs
+    // (group, sequence, nested) into 64 bits exactly.
+    auto receive_key = [](int64_t from, int64_t to, int64_t tag) {
+      return ReceiveKey{from, to, tag};
+    };
+    std::unordered_map<ReceiveKey, int32_t, ReceiveKeyHash> receives;
+    std::unordered_map<uint64_t, int32_t> ids;
     auto instance = [&](int32_t group, int32_t sequence, bool nested) {
-      const auto [it, added] = ids.emplace(std::make_tuple(group, sequence, nested),
-                                           static_cast<int32_t>(instances_.size()));
+      const uint64_t key = static_cast<uint64_t>(group) << 33 |
+                           static_cast<uint64_t>(sequence) << 1 | static_cast<uint64_t>(nested);
+      const auto [it, added] = ids.emplace(key, static_cast<int32_t>(instances_.size()));
       if (added) instances_.push_back({group, 0, 0, {}});
       return it->second;
     };
+    // Per group, how many of its collectives (stream, nested) this rank has reached so far.
+    std::vector<int32_t> seen(p.groups.size(), 0), seen_nested(p.groups.size(), 0);
+    std::vector<int32_t> touched;
     for (std::size_t r = 0; r < world; ++r) {
       times_[r].assign(p.ranks[r].size(), OpTime{});
       instance_of_[r].assign(p.ranks[r].size(), -1);
-      std::map<int32_t, int32_t> seen, seen_nested;
+      for (int32_t g : touched) seen[static_cast<std::size_t>(g)] = seen_nested[static_cast<std::size_t>(g)] = 0;
+      touched.clear();
       for (int32_t i = 0; i < static_cast<int32_t>(p.ranks[r].size()); ++i) {
         const Op& op = p.ranks[r][static_cast<std::size_t>(i)];
-        if (op.kind == OpKind::kRecv) receives[{op.peer, static_cast<int64_t>(r), op.tag}] = i;
-        if (op.kind == OpKind::kCollective)
+        if (op.kind == OpKind::kRecv) receives[receive_key(op.peer, static_cast<int64_t>(r), op.tag)] = i;
+        if (op.kind == OpKind::kCollective) {
+          touched.push_back(op.group);
           instance_of_[r][static_cast<std::size_t>(i)] =
-              instance(op.group, seen[op.group]++, false);
+              instance(op.group, seen[static_cast<std::size_t>(op.group)]++, false);
+        }
         // Nested collectives are matched among the members' compute ops in their own sequence;
         // an op stores its first index into nested_ids_, the others follow.
         for (std::size_t n = 0; n < op.nested.size(); ++n) {
-          const int32_t inst =
-              instance(op.nested[n].group, seen_nested[op.nested[n].group]++, true);
+          const int32_t g = op.nested[n].group;
+          touched.push_back(g);
+          const int32_t inst = instance(g, seen_nested[static_cast<std::size_t>(g)]++, true);
           if (n == 0)
             instance_of_[r][static_cast<std::size_t>(i)] = static_cast<int32_t>(nested_ids_.size());
           nested_ids_.push_back(inst);
@@ -68,7 +95,7 @@ class Run {
       for (int32_t i = 0; i < static_cast<int32_t>(p.ranks[r].size()); ++i) {
         const Op& op = p.ranks[r][static_cast<std::size_t>(i)];
         if (op.kind != OpKind::kSend) continue;
-        const auto it = receives.find({static_cast<int64_t>(r), op.peer, op.tag});
+        const auto it = receives.find(receive_key(static_cast<int64_t>(r), op.peer, op.tag));
         if (it != receives.end()) receive_index_[r][static_cast<std::size_t>(i)] = it->second;
       }
     }
@@ -92,15 +119,16 @@ class Run {
           if (ops[static_cast<std::size_t>(d)].stream != op.stream || op.kind == OpKind::kRecv)
             watched_[r][static_cast<std::size_t>(d)] = 1;
     }
-    sync_.resize(world);
-    for (std::size_t r = 0; r < world; ++r)
+  }
+
+  void start(std::vector<sg4::Host*> hosts) {
+    hosts_ = std::move(hosts);
+    sync_.resize(p_.ranks.size());
+    for (std::size_t r = 0; r < p_.ranks.size(); ++r)
       if (twins_.leader[r] == static_cast<int32_t>(r)) {
         sync_[r].mutex = sg4::Mutex::create();
         sync_[r].cv = sg4::ConditionVariable::create();
       }
-  }
-
-  void start() {
     for (std::size_t r = 0; r < p_.ranks.size(); ++r) {
       if (twins_.leader[r] != static_cast<int32_t>(r)) continue;
       for (StreamKind s : {StreamKind::kCompute, StreamKind::kCollective, StreamKind::kP2p}) {
@@ -448,11 +476,29 @@ class Run {
 
 Timeline run_program(const Program& program, const CostModel& cost, const RunOptions& options) {
   auto engine = make_engine();
-  auto hosts = build_platform(cost.cluster(), cost.params().bandwidth_efficiency, program.world);
-  Run run(program, cost, options, std::move(hosts));
-  run.start();
+  // Preparing the run (op matching, twins) and building the platform are independent: overlap
+  // them on the machine's second core.
+  std::optional<Run> run;
+  std::exception_ptr failed;
+  std::thread prepare([&] {
+    try {
+      run.emplace(program, cost, options);
+    } catch (...) {
+      failed = std::current_exception();
+    }
+  });
+  std::vector<sg4::Host*> hosts;
+  try {
+    hosts = build_platform(cost.cluster(), cost.params().bandwidth_efficiency, program.world);
+  } catch (...) {
+    prepare.join();
+    throw;
+  }
+  prepare.join();
+  if (failed) std::rethrow_exception(failed);
+  run->start(std::move(hosts));
   engine->run();
-  return run.timeline();
+  return run->timeline();
 }
 
 }  // namespace tessera::sim
