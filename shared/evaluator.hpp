@@ -26,6 +26,7 @@ struct Timeline {
   std::string error;  // non-empty when the program cannot finish (a deadlock), naming stuck ops
   int64_t activities = 0;  // simulator only: SimGrid activities started (flows, sleeps, executions)
   int64_t actors = 0;      // simulator only: actors run
+  int64_t folded_flows = 0;  // simulator only: twins' flows their class leader's stood for
 };
 
 Timeline evaluate(const Program& program, const CostModel& cost);

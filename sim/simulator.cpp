@@ -29,6 +29,7 @@ std::string serialize_timeline(const Timeline& t) {
   std::string out;
   out.append(reinterpret_cast<const char*>(&t.activities), sizeof t.activities);
   out.append(reinterpret_cast<const char*>(&t.actors), sizeof t.actors);
+  out.append(reinterpret_cast<const char*>(&t.folded_flows), sizeof t.folded_flows);
   for (const auto& ops : t.ops)
     for (const OpTime& o : ops) out.append(reinterpret_cast<const char*>(&o), sizeof o);
   return out + t.error;
@@ -36,13 +37,14 @@ std::string serialize_timeline(const Timeline& t) {
 
 Timeline deserialize_timeline(const std::string& bytes, const Program& p) {
   Timeline t;
-  std::size_t at = 2 * sizeof(int64_t);
+  std::size_t at = 3 * sizeof(int64_t);
   if (bytes.size() < at) {
     t.error = "simulation returned no timeline";
     return t;
   }
   std::memcpy(&t.activities, bytes.data(), sizeof t.activities);
   std::memcpy(&t.actors, bytes.data() + sizeof t.activities, sizeof t.actors);
+  std::memcpy(&t.folded_flows, bytes.data() + 2 * sizeof(int64_t), sizeof t.folded_flows);
   t.ops.resize(p.ranks.size());
   t.compute_busy_s.assign(p.ranks.size(), 0);
   t.peak_activation_bytes.assign(p.ranks.size(), 0);
@@ -118,6 +120,7 @@ SimulationResult simulate(const Scenario& s, const ParallelPlan& plan,
     it.metrics = compute_metrics(p, t, s.model, s.cluster, batch);
     for (const auto& ops : p.ranks) it.ops += static_cast<int64_t>(ops.size());
     it.activities = t.activities;
+    it.folded_flows = t.folded_flows;
     it.actors = t.actors;
     it.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
     result.iterations.push_back(std::move(it));
@@ -167,6 +170,10 @@ std::string format_simulation(const SimulationResult& r, const Scenario& s) {
                 "step time over %zu iterations: mean %.4g s, p50 %.4g s, p95 %.4g s\n\n",
                 r.iterations.size(), r.step_mean_s, r.step_p50_s, r.step_p95_s);
   out += line;
+  if (r.iterations.front().folded_flows > 0)
+    out += "symmetry: " + std::to_string(r.iterations.front().folded_flows) +
+           " flows of TP twins were not simulated; their class leader's identical flows stood "
+           "for them (exact: no link is shared between them)\n\n";
   // The iteration closest to the median, in full.
   const SimulatedIteration* median = &r.iterations.front();
   for (const SimulatedIteration& it : r.iterations)
@@ -215,6 +222,7 @@ Json simulation_to_json(const SimulationResult& r) {
                           {"critical_path", path},
                           {"ops", it.ops},
                           {"activities", it.activities},
+                          {"folded_flows", it.folded_flows},
                           {"actors", it.actors},
                           {"wall_s", it.wall_s}});
   }

@@ -28,6 +28,7 @@ struct SimulatedIteration {
   IterationMetrics metrics;
   int64_t ops = 0;
   int64_t activities = 0;  // SimGrid activities (flows, sleeps, executions)
+  int64_t folded_flows = 0;  // twins' flows not simulated: their class leader's stood for them
   int64_t actors = 0;      // actors that ran (one per twin class and stream)
   double wall_s = 0;       // wall time of the simulation (child process included)
 };

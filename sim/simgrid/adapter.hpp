@@ -23,6 +23,9 @@ struct RunOptions {
   // their members' links (true), or as timed activities synchronized among their members
   // (false: faster, but they no longer share links with other traffic).
   bool nested_flows = true;
+  // With contention on, twins' flows are left to their class leader's when that is exact
+  // (runner.cpp, leader_flows_suffice). Off only to test that it is exact.
+  bool fold_twin_flows = true;
 };
 
 // Executes `program` as a discrete-event simulation on the platform built from `cluster`

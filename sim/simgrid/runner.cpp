@@ -119,6 +119,39 @@ class Run {
           if (ops[static_cast<std::size_t>(d)].stream != op.stream || op.kind == OpKind::kRecv)
             watched_[r][static_cast<std::size_t>(d)] = 1;
     }
+    leader_flows_only_ = leader_flows_suffice();
+  }
+
+  // Twins' flows are translations of their leader's. When every flow a class leader starts
+  // connects class leaders only (peers and ring members are leaders), the leaders' flows and the
+  // twins' flows never share a link that can limit them: GPU links belong to one rank, and a
+  // non-blocking fabric's node uplinks carry at most what the NICs under them can send. The
+  // leaders' flows then take exactly the times the twins' would, so only they are simulated.
+  // Ring flows among twins (nested TP as flows), shared cores (cpu-local) or oversubscribed
+  // uplinks break the condition; then every flow runs.
+  bool leader_flows_suffice() const {
+    const ClusterSpec& c = cost_.cluster();
+    if (!options_.fold_twin_flows || !options_.contention || c.kind == ClusterKind::kCpuLocal ||
+        twins_.classes == p_.world)
+      return false;
+    if (c.nodes > 1 && c.inter_node.oversubscription > 1) return false;
+    auto leader = [&](int64_t r) { return twins_.leader[static_cast<std::size_t>(r)] == r; };
+    auto leaders = [&](int32_t group) {
+      const RankList& g = p_.groups[static_cast<std::size_t>(group)];
+      return std::all_of(g.begin(), g.end(), leader);
+    };
+    for (std::size_t r = 0; r < p_.ranks.size(); ++r) {
+      if (!leader(static_cast<int64_t>(r))) continue;
+      for (const Op& op : p_.ranks[r]) {
+        if ((op.kind == OpKind::kSend || op.kind == OpKind::kRecv) && !leader(op.peer))
+          return false;
+        if (op.kind == OpKind::kCollective && !leaders(op.group)) return false;
+        if (options_.nested_flows)
+          for (const NestedCollective& nc : op.nested)
+            if (!leaders(nc.group)) return false;
+      }
+    }
+    return true;
   }
 
   void start(std::vector<sg4::Host*> hosts) {
@@ -169,6 +202,7 @@ class Run {
     if (shown > 0) t.error = "the program cannot finish: ops never ran, e.g. " + stuck;
     t.activities = activities_;
     t.actors = actors_;
+    t.folded_flows = folded_flows_;
     return t;
   }
 
@@ -305,12 +339,17 @@ class Run {
       } else {
         std::vector<Flow> flows;
         double extra = 0;
-        for (int32_t inst : complete)
-          extra =
-              std::max(extra, launch_ring(kind,
-                                          p_.groups[static_cast<std::size_t>(
-                                              instances_[static_cast<std::size_t>(inst)].group)],
-                                          bytes, count, flows));
+        for (int32_t inst : complete) {
+          const RankList& group =
+              p_.groups[static_cast<std::size_t>(instances_[static_cast<std::size_t>(inst)].group)];
+          // A twin's instance (non-leader members) mirrors its leader's: not simulated.
+          if (leader_flows_only_ && twins_.leader[static_cast<std::size_t>(group.front())] !=
+                                        static_cast<int32_t>(group.front())) {
+            folded_flows_ += static_cast<int64_t>(group.size());
+            continue;
+          }
+          extra = std::max(extra, launch_ring(kind, group, bytes, count, flows));
+        }
         run_flows(flows);
         sleep(extra);
       }
@@ -420,6 +459,10 @@ class Run {
           if (options_.contention) {
             std::vector<Flow> flows;
             for (int32_t d : offsets(leader)) {
+              if (leader_flows_only_ && d != 0) {
+                ++folded_flows_;
+                continue;
+              }
               const Op& twin =
                   p_.ranks[static_cast<std::size_t>(leader + d)][static_cast<std::size_t>(i)];
               flows.push_back({hosts_[static_cast<std::size_t>(leader + d)],
@@ -470,6 +513,8 @@ class Run {
   std::vector<std::vector<char>> watched_;  // [rank][op]: another stream depends on it
   int64_t activities_ = 0;
   int64_t actors_ = 0;
+  bool leader_flows_only_ = false;  // leader_flows_suffice()
+  int64_t folded_flows_ = 0;        // twins' flows that their leader's stood for
 };
 
 }  // namespace
