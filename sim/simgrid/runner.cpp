@@ -23,7 +23,7 @@ namespace {
 constexpr double kHostSpeed = 1e9;  // platform.cpp sizes hosts in these units
 
 // Everything the actors share. SimGrid actors are cooperative threads of one process, so plain
-// data is safe; waiting uses a mutex and condition variable per class (no lost wake-ups).
+// data is safe; an actor that waits for an op suspends itself and the op's finisher resumes it.
 //
 // Twins (twins.hpp): ranks that provably run the same ops at the same times — TP and uniform-CP
 // shards. One actor runs a whole class; every twin's transfers still become flows, so links
@@ -156,12 +156,7 @@ class Run {
 
   void start(std::vector<sg4::Host*> hosts) {
     hosts_ = std::move(hosts);
-    sync_.resize(p_.ranks.size());
-    for (std::size_t r = 0; r < p_.ranks.size(); ++r)
-      if (twins_.leader[r] == static_cast<int32_t>(r)) {
-        sync_[r].mutex = sg4::Mutex::create();
-        sync_[r].cv = sg4::ConditionVariable::create();
-      }
+    waiters_.resize(p_.ranks.size());
     for (std::size_t r = 0; r < p_.ranks.size(); ++r) {
       if (twins_.leader[r] != static_cast<int32_t>(r)) continue;
       for (StreamKind s : {StreamKind::kCompute, StreamKind::kCollective, StreamKind::kP2p}) {
@@ -207,11 +202,6 @@ class Run {
   }
 
  private:
-  struct Sync {
-    sg4::MutexPtr mutex;
-    sg4::ConditionVariablePtr cv;
-    int32_t waiters = 0;  // actors blocked on cv; signalling is skipped when none
-  };
   struct Instance {
     int32_t group = -1;
     int32_t arrived = 0;
@@ -224,11 +214,13 @@ class Run {
     return twins_.offsets[static_cast<std::size_t>(leader)];
   }
 
+  // Resumes the actors of `rank`'s class that wait for one of its ops; each checks again.
   void wake(int32_t rank) {
-    Sync& s = sync_[static_cast<std::size_t>(twins_.leader[static_cast<std::size_t>(rank)])];
-    if (s.waiters == 0) return;
-    std::unique_lock lock(*s.mutex);
-    s.cv->notify_all();
+    auto& waiting = waiters_[static_cast<std::size_t>(twins_.leader[static_cast<std::size_t>(rank)])];
+    if (waiting.empty()) return;
+    std::vector<sg4::Actor*> resumed;
+    resumed.swap(waiting);
+    for (sg4::Actor* a : resumed) a->resume();
   }
 
   // Sets the times of op `i` on `rank` and on all of its twins.
@@ -238,14 +230,14 @@ class Run {
     wake(leader);
   }
 
+  // Waits until `ready()`. Actors are cooperative threads: nothing runs between the check and
+  // the suspension, so a plain suspend/resume cannot lose a wake-up.
   template <class Ready>
   void block(int32_t leader, Ready ready) {
-    if (ready()) return;
-    Sync& s = sync_[static_cast<std::size_t>(leader)];
-    std::unique_lock lock(*s.mutex);
-    ++s.waiters;
-    while (!ready()) s.cv->wait(lock);
-    --s.waiters;
+    while (!ready()) {
+      waiters_[static_cast<std::size_t>(leader)].push_back(sg4::Actor::self());
+      sg4::this_actor::suspend();
+    }
   }
 
   void sleep(double seconds) {
@@ -503,7 +495,7 @@ class Run {
   std::vector<sg4::Host*> hosts_;
   Twins twins_;
   std::vector<std::vector<OpTime>> times_;
-  std::vector<Sync> sync_;                           // per class leader
+  std::vector<std::vector<sg4::Actor*>> waiters_;    // per class leader: suspended actors
   std::vector<std::vector<int32_t>> receive_index_;  // [rank][send op] -> receive op on the peer
   std::vector<Instance> instances_;
   std::vector<double> done_;

@@ -255,6 +255,36 @@ TEST_CASE("twins' flows left to their leader's give the same times, and only whe
   CHECK(run(cluster(2, 4, 2e9, 2), false, true).folded_flows == 0);
 }
 
+TEST_CASE("a program that cannot finish ends the simulation with the stuck ops named") {
+  // Each rank waits to receive before it sends: neither message ever leaves.
+  Program p;
+  p.world = 2;
+  p.modules = {"m"};
+  p.ranks.resize(2);
+  p.memory.resize(2);
+  for (int32_t r = 0; r < 2; ++r) {
+    Op recv;
+    recv.kind = OpKind::kRecv;
+    recv.stream = StreamKind::kP2p;
+    recv.peer = 1 - r;
+    recv.tag = 1 - r;
+    recv.bytes = 1e6;
+    Op send = recv;
+    send.kind = OpKind::kSend;
+    send.tag = r;
+    send.deps = {0};
+    p.ranks[static_cast<std::size_t>(r)] = {recv, send};
+  }
+  for (bool contention : {true, false}) {
+    const CostModel cost = cost_for(cluster(1, 2));
+    const ChildResult child = run_in_child(
+        [&] { return serialize_timeline(run_program(p, cost, RunOptions{contention})); }, 60);
+    REQUIRE(child.ok);
+    const Timeline t = deserialize_timeline(child.output, p);
+    CHECK(t.error.find("cannot finish") != std::string::npos);
+  }
+}
+
 TEST_CASE("tessera simulate: infeasible plans are reported, not simulated") {
   Diagnostics diag;
   const auto s = load_scenario(kSource + "/scenarios/qwen2-vl-7b-video.json", diag);
