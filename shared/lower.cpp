@@ -609,6 +609,10 @@ void Lowering::account_memory(int64_t rank, const std::vector<int>& module_list)
 
 void Lowering::gradient_reduction(int64_t rank, const std::vector<int>& module_list) {
   account_memory(rank, module_list);
+  // Every gradient is reduced before any optimizer step: the step clips by the norm of all
+  // gradients (Megatron's global clipping), so it waits for all of them.
+  std::vector<Op> reductions;
+  std::vector<int32_t> reduced;  // index of each reduction (or the last compute op)
   for (int i : module_list) {
     const ModuleInfo& m = modules_[static_cast<std::size_t>(i)];
     if (!m.flow.trainable) continue;
@@ -631,7 +635,14 @@ void Lowering::gradient_reduction(int64_t rank, const std::vector<int>& module_l
     const int32_t dep = last_compute(rank);
     if (dep >= 0) c.deps = {dep};
     // A group of one has nothing to reduce.
-    const int32_t reduce = shards > 1 ? emit(rank, c) : dep;
+    reduced.push_back(shards > 1 ? emit(rank, c) : dep);
+    reductions.push_back(c);
+  }
+  for (std::size_t k = 0; k < reductions.size(); ++k) {
+    const Op& c = reductions[k];
+    const int64_t shards =
+        static_cast<int64_t>(p_.groups[static_cast<std::size_t>(c.group)].size());
+    const double params = c.bytes / static_cast<double>(dtype_bytes(model_.dtype));
     Op step;
     step.kind = OpKind::kOptimizerStep;
     step.stream = StreamKind::kCompute;
@@ -640,7 +651,10 @@ void Lowering::gradient_reduction(int64_t rank, const std::vector<int>& module_l
     // Adam reads and writes fp32 master weights and two moments, reads the gradient and writes
     // the 16-bit weight: ~ (12 + 12 + 4 + 2) bytes per parameter it owns.
     step.bytes = params * 30.0 / static_cast<double>(plan_.distributed_optimizer ? shards : 1);
-    if (reduce >= 0) step.deps = {reduce};
+    for (int32_t r : reduced)
+      if (r >= 0) step.deps.push_back(r);
+    std::sort(step.deps.begin(), step.deps.end());
+    step.deps.erase(std::unique(step.deps.begin(), step.deps.end()), step.deps.end());
     const int32_t stepped = emit(rank, step);
     if (plan_.distributed_optimizer && shards > 1) {
       Op gather = c;
