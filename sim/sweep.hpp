@@ -14,6 +14,7 @@
 
 #include "shared/plan_search.hpp"
 #include "shared/scenario.hpp"
+#include "shared/sweep_rows.hpp"
 
 namespace tessera::sim {
 
@@ -47,21 +48,6 @@ struct SweepOptions {
   std::string scenario_file;  // recorded in summary.json for `tessera merge`
 };
 
-struct SweepRow {
-  std::string key;
-  Json point = Json::object();  // the --set values of this row
-  int64_t gpus = 0;
-  int64_t global_batch = 0;
-  ParallelPlan plan;
-  double estimate_step_s = 0;
-  bool ok = false;
-  std::string failure;  // why the simulation failed
-  double step_s = 0, tokens_per_s = 0, tflops_per_device = 0, mfu = 0, bubble = 0,
-         peak_memory_bytes = 0;
-  double compute_s = 0;           // mean over ranks of compute-stream busy time per step
-  double exposed_comm_s = 0;      // mean over ranks of compute time lost waiting on communication
-  double exposed_boundary_s = 0;  // the part of exposed_comm_s spent on module-boundary transfers
-};
 
 // One estimated candidate, for the report's heat map.
 struct EstimatedPlan {
@@ -98,9 +84,6 @@ SweepResult run_sweep(
     const Scenario& scenario, const SweepOptions& options,
     const std::function<void(std::size_t, std::size_t, const std::string&)>& progress);
 
-// The rows of a results.jsonl, best first (as a finished sweep orders them). Unreadable lines
-// (an interrupted write) are skipped.
-std::vector<SweepRow> load_sweep_rows(const std::string& jsonl);
 
 // "llm t4 p2 d8 | vision t1 d64" — the layout of a plan, module by module.
 std::string describe_layout(const ParallelPlan& plan, const ModelSpec& model);
