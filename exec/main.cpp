@@ -1,5 +1,5 @@
-// tessera-train: runs plans for real with LibTorch. Today: `comm-check`, which launches one
-// worker per rank, forms the process group and verifies and times an all-reduce.
+// tessera-train: runs plans for real with LibTorch. `tessera-train <scenario> --plan ...` trains;
+// `comm-check` forms the process group and verifies and times an all-reduce.
 #include <cstdio>
 #include <iostream>
 #include <string>
@@ -10,6 +10,8 @@
 #include "exec/comm_check.hpp"
 #include "exec/launcher.hpp"
 #include "exec/process_group.hpp"
+#include "exec/train.hpp"
+#include "shared/plan_source.hpp"
 
 namespace {
 
@@ -107,13 +109,166 @@ int comm_check(int argc, char** argv) {
   return 0;
 }
 
+
+// Splits --master ADDR:PORT; false when malformed.
+bool parse_master(const std::string& master, LaunchOptions& launch_options) {
+  const auto colon = master.rfind(':');
+  try {
+    if (colon == std::string::npos) return false;
+    launch_options.master_addr = master.substr(0, colon);
+    launch_options.master_port = std::stoi(master.substr(colon + 1));
+    return true;
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
+int train(int argc, char** argv) {
+  cxxopts::Options options(
+      "tessera-train",
+      "Trains a scenario's model with a plan for real: one worker process per rank, Gloo on "
+      "CPUs. Each worker lowers the plan's Program and executes its own ops; rank 0 prints "
+      "step, loss, step time and tokens/s.");
+  options.add_options()("plan", "plan replacing the scenario's: plan.json or results.jsonl#R",
+                        cxxopts::value<std::string>())(
+      "nproc", "workers on this node (default: the plan's ranks / --nnodes)", cxxopts::value<int>())(
+      "nnodes", "nodes in the job", cxxopts::value<int>()->default_value("1"))(
+      "node-rank", "this node's index", cxxopts::value<int>()->default_value("0"))(
+      "master", "ADDR:PORT of rank 0 (default: a free port on loopback)",
+      cxxopts::value<std::string>())("device", "cpu (cuda: the GPU build)",
+                                     cxxopts::value<std::string>()->default_value("cpu"))(
+      "steps", "training steps", cxxopts::value<int64_t>()->default_value("10"))(
+      "dataset", "synthetic (the workload's draws) or shapes (learnable captions)",
+      cxxopts::value<std::string>()->default_value("synthetic"))(
+      "out", "record loss.jsonl, run.json, trace/ and checkpoint/ here", cxxopts::value<std::string>())(
+      "resume", "continue from the checkpoint in --out")(
+      "checkpoint-every", "also checkpoint every N steps", cxxopts::value<int64_t>()->default_value("0"))(
+      "trace-steps", "steps recorded in the traces", cxxopts::value<int64_t>()->default_value("20"))(
+      "seed", "weight seed", cxxopts::value<uint64_t>()->default_value("1234"))(
+      "lr", "AdamW learning rate", cxxopts::value<double>()->default_value("0.001"))(
+      "weight-decay", "AdamW weight decay", cxxopts::value<double>()->default_value("0"))(
+      "clip", "global gradient-norm clip (0: off)", cxxopts::value<double>()->default_value("1"))(
+      "timeout", "seconds before a collective (and rendezvous) gives up",
+      cxxopts::value<double>()->default_value("120"))("input", "scenario", cxxopts::value<std::string>())(
+      "h,help", "show this help");
+  options.parse_positional({"input"});
+  options.positional_help("<scenario.json>");
+  cxxopts::ParseResult args;
+  try {
+    args = options.parse(argc, argv);
+  } catch (const cxxopts::exceptions::exception& e) {
+    std::cerr << "tessera-train: " << e.what() << "\n";
+    return 2;
+  }
+  if (args.count("help")) {
+    std::cout << options.help() << "\n";
+    return 0;
+  }
+  if (!args.count("input")) {
+    std::cerr << "tessera-train: missing scenario\ntry 'tessera-train --help'\n";
+    return 2;
+  }
+  TrainJob job;
+  job.scenario_file = args["input"].as<std::string>();
+  tessera::Diagnostics diag;
+  auto scenario = tessera::load_scenario_with_plan(
+      job.scenario_file, args.count("plan") ? args["plan"].as<std::string>() : "", diag);
+  if (!scenario) {
+    std::cerr << diag.format();
+    return 2;
+  }
+  if (const std::string problem = executor_support(scenario->model); !problem.empty()) {
+    std::cerr << job.scenario_file << ": model: " << problem << "\n";
+    return 2;
+  }
+  job.scenario = std::move(*scenario);
+  const std::string device = args["device"].as<std::string>();
+  if (device != "cpu") {
+    std::cerr << "tessera-train: --device " << device
+              << ": this build runs on CPUs with Gloo (the CUDA build is the GPU issue's)\n";
+    return 2;
+  }
+  const std::string dataset = args["dataset"].as<std::string>();
+  if (dataset != "synthetic" && dataset != "shapes") {
+    std::cerr << "tessera-train: --dataset must be synthetic or shapes, got '" << dataset << "'\n";
+    return 2;
+  }
+  job.options.dataset = dataset == "shapes" ? DatasetKind::kShapes : DatasetKind::kSynthetic;
+  job.options.seed = args["seed"].as<uint64_t>();
+  job.options.lr = args["lr"].as<double>();
+  job.options.weight_decay = args["weight-decay"].as<double>();
+  job.options.clip = args["clip"].as<double>();
+  job.steps = args["steps"].as<int64_t>();
+  job.checkpoint_every = args["checkpoint-every"].as<int64_t>();
+  job.trace_steps = args["trace-steps"].as<int64_t>();
+  job.timeout_s = args["timeout"].as<double>();
+  job.resume = args.count("resume") > 0;
+  if (args.count("out")) job.out_dir = args["out"].as<std::string>();
+  if (job.steps < 1 || job.options.lr <= 0 || job.options.clip < 0 || job.timeout_s <= 0) {
+    std::cerr << "tessera-train: --steps >= 1, --lr > 0, --clip >= 0 and --timeout > 0 required\n";
+    return 2;
+  }
+  if (job.resume && job.out_dir.empty()) {
+    std::cerr << "tessera-train: --resume needs --out (where the checkpoint is)\n";
+    return 2;
+  }
+  const int64_t world = tessera::world_size(*job.scenario.plan, job.scenario.model);
+  auto worker = [&](const WorkerEnv& env) { return train_worker(env, job); };
+  std::string problem;
+  if (const auto env = worker_env_from_environment(problem); env || !problem.empty()) {
+    if (!problem.empty() || env->world_size != world) {
+      std::cerr << "tessera-train: "
+                << (problem.empty() ? "WORLD_SIZE " + std::to_string(env->world_size) +
+                                          " but the plan has " + std::to_string(world) + " ranks"
+                                    : problem)
+                << "\n";
+      return 2;
+    }
+    try {
+      return worker(*env);
+    } catch (const std::exception& e) {
+      std::cerr << "rank " << env->rank << ": " << e.what() << "\n";
+      return 1;
+    }
+  }
+  LaunchOptions launch_options;
+  launch_options.nnodes = args["nnodes"].as<int>();
+  launch_options.node_rank = args["node-rank"].as<int>();
+  launch_options.nproc =
+      args.count("nproc") ? args["nproc"].as<int>() : static_cast<int>(world / std::max(1, launch_options.nnodes));
+  if (static_cast<int64_t>(launch_options.nproc) * launch_options.nnodes != world) {
+    std::cerr << "tessera-train: the plan has " << world << " ranks; --nproc "
+              << launch_options.nproc << " x --nnodes " << launch_options.nnodes << " must match\n";
+    return 2;
+  }
+  launch_options.timeout_s = 24 * 3600;
+  if (args.count("master") && !parse_master(args["master"].as<std::string>(), launch_options)) {
+    std::cerr << "tessera-train: --master must be ADDR:PORT, got '"
+              << args["master"].as<std::string>() << "'\n";
+    return 2;
+  }
+  const LaunchResult result = launch(launch_options, worker);
+  if (!result.ok) {
+    std::cerr << "tessera-train: " << result.message << "\n";
+    return 1;
+  }
+  if (!job.out_dir.empty() && launch_options.node_rank == 0)
+    std::cout << "recorded: " << job.out_dir << "/{loss.jsonl,run.json,trace/,checkpoint/}\n";
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   const std::string command = argc > 1 ? argv[1] : "";
   if (command == "comm-check") return comm_check(argc - 1, argv + 1);
-  std::ostream& out = command == "-h" || command == "--help" ? std::cout : std::cerr;
-  out << "usage: tessera-train <command> [options]\n\ncommands:\n"
-         "  comm-check  form the process group and verify and time an all-reduce\n";
-  return command == "-h" || command == "--help" ? 0 : 2;
+  if (command.empty() || command == "-h" || command == "--help") {
+    std::ostream& out = command.empty() ? std::cerr : std::cout;
+    out << "usage: tessera-train <scenario.json> [--plan P] [--nproc N] [--steps S] [--out DIR] "
+           "[--resume] [--dataset synthetic|shapes] ...\n"
+           "       tessera-train comm-check [--nproc N] [--bytes B]\n\n"
+           "'tessera-train <scenario.json> --help' lists the training options.\n";
+    return command.empty() ? 2 : 0;
+  }
+  return train(argc, argv);
 }

@@ -5,15 +5,19 @@
 
 namespace tessera::exec {
 
-c10::intrusive_ptr<c10d::ProcessGroup> connect_gloo(const WorkerEnv& env,
-                                                    const GroupOptions& options) {
+c10::intrusive_ptr<c10d::Store> connect_store(const WorkerEnv& env, const GroupOptions& options) {
   c10d::TCPStoreOptions store_options;
   store_options.port = static_cast<std::uint16_t>(env.master_port);
   store_options.isServer = env.rank == 0;
   store_options.numWorkers = env.world_size;
   store_options.waitWorkers = false;
   store_options.timeout = options.timeout;
-  auto store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, store_options);
+  return c10::make_intrusive<c10d::TCPStore>(env.master_addr, store_options);
+}
+
+c10::intrusive_ptr<c10d::ProcessGroup> connect_gloo(const WorkerEnv& env,
+                                                    const GroupOptions& options) {
+  auto store = connect_store(env, options);
 
   auto gloo = c10d::ProcessGroupGloo::Options::create();
   gloo->timeout = options.timeout;

@@ -1,0 +1,159 @@
+#include "exec/comm.hpp"
+
+#include <algorithm>
+#include <string>
+
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+
+#include "shared/check.hpp"
+
+namespace tessera::exec {
+
+Groups::Groups(c10::intrusive_ptr<c10d::Store> store, int world_rank, int world_size,
+               std::chrono::milliseconds timeout, bool loopback)
+    : store_(std::move(store)),
+      timeout_(timeout),
+      loopback_(loopback),
+      world_(std::make_unique<Comm>()) {
+  for (int r = 0; r < world_size; ++r) world_->ranks.push_back(r);
+  world_->rank = world_rank;
+  if (world_size > 1) world_->group = make(world_->ranks, world_rank);
+}
+
+c10::intrusive_ptr<c10d::ProcessGroup> Groups::make(const std::vector<int64_t>& ranks, int rank) {
+  std::string name = "group";
+  for (int64_t r : ranks) name += "." + std::to_string(r);
+  auto prefixed = c10::make_intrusive<c10d::PrefixStore>(name + "/", store_);
+  auto options = c10d::ProcessGroupGloo::Options::create();
+  options->timeout = timeout_;
+  options->devices.push_back(loopback_
+                                 ? c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1")
+                                 : c10d::ProcessGroupGloo::createDefaultDevice());
+  return c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, rank,
+                                                     static_cast<int>(ranks.size()), options);
+}
+
+void Groups::create(const std::vector<std::vector<int64_t>>& groups) {
+  for (const auto& ranks : groups) {
+    if (ranks.size() < 2 || groups_.count(ranks) || ranks == world_->ranks) continue;
+    const auto me = std::find(ranks.begin(), ranks.end(), world_->rank);
+    if (me == ranks.end()) continue;
+    auto comm = std::make_unique<Comm>();
+    comm->ranks = ranks;
+    comm->rank = static_cast<int>(me - ranks.begin());
+    comm->group = make(ranks, comm->rank);
+    groups_.emplace(ranks, std::move(comm));
+  }
+}
+
+const Comm& Groups::get(const std::vector<int64_t>& ranks) const {
+  if (ranks == world_->ranks) return *world_;
+  if (const auto it = groups_.find(ranks); it != groups_.end()) return *it->second;
+  TESSERA_CHECK(ranks.size() == 1 && ranks.front() == world_->rank,
+                "a process group this rank is not part of, or that was never created");
+  static thread_local Comm alone;
+  alone.ranks = ranks;
+  alone.rank = 0;
+  return alone;
+}
+
+void all_reduce(const Comm& comm, torch::Tensor& t, c10d::ReduceOp op) {
+  if (comm.size() < 2) return;
+  std::vector<at::Tensor> tensors{t};
+  c10d::AllreduceOptions options;
+  options.reduceOp = op;
+  comm.group->allreduce(tensors, options)->wait();
+}
+
+torch::Tensor all_gather_rows(const Comm& comm, const torch::Tensor& t,
+                              const std::vector<int64_t>& rows) {
+  if (comm.size() < 2) return t;
+  const int64_t most = *std::max_element(rows.begin(), rows.end());
+  std::vector<int64_t> shape = t.sizes().vec();
+  shape[0] = most;
+  torch::Tensor padded = torch::zeros(shape, t.options());
+  padded.narrow(0, 0, t.size(0)).copy_(t);
+  std::vector<std::vector<at::Tensor>> out(1);
+  for (int i = 0; i < comm.size(); ++i) out[0].push_back(torch::empty(shape, t.options()));
+  std::vector<at::Tensor> in{padded};
+  comm.group->allgather(out, in)->wait();
+  std::vector<torch::Tensor> parts;
+  for (int i = 0; i < comm.size(); ++i)
+    parts.push_back(out[0][static_cast<std::size_t>(i)].narrow(0, 0, rows[static_cast<std::size_t>(i)]));
+  return torch::cat(parts, 0);
+}
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// Autograd functions carry their Comm as an address: Comms live as long as the worker.
+int64_t handle(const Comm& comm) { return reinterpret_cast<intptr_t>(&comm); }
+const Comm& comm_of(AutogradContext* ctx) {
+  return *reinterpret_cast<const Comm*>(static_cast<intptr_t>(ctx->saved_data["comm"].toInt()));
+}
+
+struct CopyToGroup : torch::autograd::Function<CopyToGroup> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, int64_t comm) {
+    ctx->saved_data["comm"] = comm;
+    return x.view_as(x);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    torch::Tensor g = grads[0].contiguous().clone();
+    all_reduce(comm_of(ctx), g);
+    return {g, torch::Tensor()};
+  }
+};
+
+struct ReduceFromGroup : torch::autograd::Function<ReduceFromGroup> {
+  static torch::Tensor forward(AutogradContext*, const torch::Tensor& x, int64_t comm) {
+    torch::Tensor y = x.contiguous().clone();
+    all_reduce(*reinterpret_cast<const Comm*>(static_cast<intptr_t>(comm)), y);
+    return y;
+  }
+  static variable_list backward(AutogradContext*, variable_list grads) {
+    return {grads[0], torch::Tensor()};
+  }
+};
+
+struct GatherRows : torch::autograd::Function<GatherRows> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, int64_t comm,
+                               std::vector<int64_t> rows) {
+    ctx->saved_data["comm"] = comm;
+    ctx->saved_data["rows"] = rows;
+    return all_gather_rows(*reinterpret_cast<const Comm*>(static_cast<intptr_t>(comm)),
+                           x.contiguous(), rows);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const Comm& comm = comm_of(ctx);
+    const std::vector<int64_t> rows = ctx->saved_data["rows"].toIntVector();
+    torch::Tensor g = grads[0].contiguous().clone();
+    all_reduce(comm, g);
+    int64_t begin = 0;
+    for (int i = 0; i < comm.rank; ++i) begin += rows[static_cast<std::size_t>(i)];
+    return {g.narrow(0, begin, rows[static_cast<std::size_t>(comm.rank)]).contiguous(),
+            torch::Tensor(), torch::Tensor()};
+  }
+};
+
+}  // namespace
+
+torch::Tensor copy_to_group(const torch::Tensor& x, const Comm& comm) {
+  if (comm.size() < 2) return x;
+  return CopyToGroup::apply(x, handle(comm));
+}
+
+torch::Tensor reduce_from_group(const torch::Tensor& x, const Comm& comm) {
+  if (comm.size() < 2) return x;
+  return ReduceFromGroup::apply(x, handle(comm));
+}
+
+torch::Tensor gather_rows(const torch::Tensor& x, const Comm& comm,
+                          const std::vector<int64_t>& rows) {
+  if (comm.size() < 2) return x;
+  return GatherRows::apply(x, handle(comm), rows);
+}
+
+}  // namespace tessera::exec

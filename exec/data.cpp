@@ -1,0 +1,213 @@
+#include "exec/data.hpp"
+
+#include <algorithm>
+#include <limits>
+
+#include "exec/weights.hpp"
+#include "shared/check.hpp"
+#include "shared/model_math.hpp"
+
+namespace tessera::exec {
+
+namespace {
+
+const ModuleSpec* image_encoder(const ModelSpec& model) {
+  return encoder_for(model, Modality::kImage);
+}
+
+// Caption vocabulary of the shapes data set.
+constexpr int64_t kBos = 1, kA = 2, kOn = 3, kBackground = 4, kEos = 5;
+constexpr int64_t kColorBase = 10, kShapeBase = 20, kBackdropBase = 30;
+constexpr float kColors[6][3] = {{1, -1, -1}, {-1, 1, -1}, {-1, -1, 1},
+                                 {1, 1, -1},  {1, -1, 1},  {-1, 1, 1}};
+constexpr float kBackdrops[3][3] = {{-1, -1, -1}, {1, 1, 1}, {0, 0, 0}};
+
+torch::Tensor shape_image(int64_t size, int color, int shape, int backdrop, double cx, double cy,
+                          double radius) {
+  torch::Tensor img = torch::empty({3, size, size});
+  auto a = img.accessor<float, 3>();
+  for (int64_t y = 0; y < size; ++y)
+    for (int64_t x = 0; x < size; ++x) {
+      const double dx = static_cast<double>(x) + 0.5 - cx, dy = static_cast<double>(y) + 0.5 - cy;
+      bool in = false;
+      if (shape == 0) in = dx * dx + dy * dy <= radius * radius;                       // circle
+      if (shape == 1) in = std::abs(dx) <= radius * 0.8 && std::abs(dy) <= radius * 0.8;  // square
+      if (shape == 2) in = dy <= radius * 0.8 && dy >= -radius && std::abs(dx) <= (dy + radius) * 0.6;
+      const float* c = in ? kColors[color] : kBackdrops[backdrop];
+      for (int ch = 0; ch < 3; ++ch) a[ch][y][x] = c[ch];
+    }
+  return img;
+}
+
+}  // namespace
+
+std::string executor_support(const ModelSpec& model) {
+  const ModuleSpec* llm = find_llm(model);
+  if (llm == nullptr || !llm->transformer || llm->transformer->vocab <= 0)
+    return "the executor needs a decoder LLM with a vocabulary";
+  if (llm->transformer->cross_attention_layers > 0)
+    return "cross-attention LLMs (Mllama) are not in the executor yet";
+  for (const ModuleSpec& m : model.modules) {
+    if (m.role == ModuleRole::kGenerator) return m.name + ": generators are not in the executor yet";
+    if (m.role != ModuleRole::kEncoder) continue;
+    if (m.modality != Modality::kImage)
+      return m.name + ": only image encoders are in the executor so far (audio and video follow)";
+    if (!m.patching || m.patching->resize != ResizeMode::kFixed || m.patching->spatial_merge != 1)
+      return m.name + ": only fixed-size image encoders without token merging are in the executor so far";
+  }
+  return "";
+}
+
+TrainBatch make_batch(const Scenario& s, DatasetKind kind, int64_t iteration) {
+  TrainBatch out;
+  const ModuleSpec* encoder = image_encoder(s.model);
+  const int64_t vocab = find_llm(s.model)->transformer->vocab;
+  const uint64_t seed = s.workload.seed;
+  if (kind == DatasetKind::kShapes) {
+    TESSERA_CHECK(encoder != nullptr, "the shapes data set needs an image encoder");
+    TESSERA_CHECK(vocab > kBackdropBase + 3, "the shapes data set needs a vocabulary of 34 or more");
+    const int64_t size = encoder->patching->image_size;
+    out.batch.iteration = iteration;
+    for (int64_t i = 0; i < s.workload.global_batch; ++i) {
+      const uint64_t key = mix_seed(seed, 0x5aa9e5, static_cast<uint64_t>(iteration),
+                                    static_cast<uint64_t>(i));
+      const int color = static_cast<int>(stream_uniform(key, 0) * 6);
+      const int shape = static_cast<int>(stream_uniform(key, 1) * 3);
+      const int backdrop = static_cast<int>(stream_uniform(key, 2) * 3);
+      const double radius = static_cast<double>(size) * (0.2 + 0.1 * stream_uniform(key, 3));
+      const double cx = radius + (static_cast<double>(size) - 2 * radius) * stream_uniform(key, 4);
+      const double cy = radius + (static_cast<double>(size) - 2 * radius) * stream_uniform(key, 5);
+      SampleData d;
+      d.text = {kBos, kA, kColorBase + color, kShapeBase + shape, kOn,
+                kBackdropBase + backdrop, kBackground, kEos};
+      d.images.push_back(shape_image(size, color, shape, backdrop, cx, cy, radius));
+      Sample sample;
+      sample.text_tokens = static_cast<int64_t>(d.text.size());
+      sample.images.push_back({size, size});
+      out.batch.samples.push_back(sample);
+      out.data.push_back(std::move(d));
+    }
+  } else {
+    out.batch = draw_batch(s.workload, iteration);
+    for (std::size_t i = 0; i < out.batch.samples.size(); ++i) {
+      const Sample& sample = out.batch.samples[i];
+      const uint64_t key = mix_seed(seed, 0x7e47, static_cast<uint64_t>(iteration), i);
+      SampleData d;
+      for (int64_t t = 0; t < sample.text_tokens; ++t)
+        d.text.push_back(static_cast<int64_t>(stream_uniform(key, static_cast<uint64_t>(t)) *
+                                              static_cast<double>(vocab)));
+      if (encoder != nullptr) {
+        const int64_t size = encoder->patching->image_size;
+        const int64_t channels = encoder->patching->in_channels;
+        for (std::size_t k = 0; k < sample.images.size(); ++k)
+          d.images.push_back(seeded_uniform(key, "image" + std::to_string(k),
+                                            {channels, size, size}, 0.5));
+      }
+      out.data.push_back(std::move(d));
+    }
+  }
+  std::vector<int32_t> all(out.batch.samples.size());
+  for (std::size_t i = 0; i < all.size(); ++i) all[i] = static_cast<int32_t>(i);
+  // Count predicted tokens sample by sample (the same rule as llm_layout).
+  for (int32_t i : all) {
+    const LlmLayout one = llm_layout(s.model, out, {i}, s.workload.max_seq_len);
+    out.targets += (one.targets >= 0).sum().item<int64_t>();
+  }
+  return out;
+}
+
+LlmLayout llm_layout(const ModelSpec& model, const TrainBatch& batch,
+                     const std::vector<int32_t>& samples, int64_t max_seq_len) {
+  LlmLayout l;
+  std::vector<int64_t> ids, positions, targets, text_slots, media_slots, media_rows;
+  const ModuleSpec* encoder = image_encoder(model);
+  int64_t row = 0;   // projector output rows of earlier images in this micro-batch
+  int32_t item = 0;  // media items of this micro-batch
+  for (std::size_t k = 0; k < samples.size(); ++k) {
+    const auto index = static_cast<std::size_t>(samples[k]);
+    const Sample& sample = batch.batch.samples[index];
+    const SampleData& data = batch.data[index];
+    const int64_t begin = static_cast<int64_t>(ids.size());
+    int64_t media_left = max_seq_len;
+    for (const ImageItem& image : sample.images) {
+      const int64_t tokens = image_tokens(*encoder, image.width, image.height).llm_tokens;
+      for (int64_t t = 0; t < tokens; ++t) {
+        if (media_left > 0) {
+          media_slots.push_back(static_cast<int64_t>(ids.size()));
+          media_rows.push_back(row + t);
+          ids.push_back(0);
+          l.sample.push_back(static_cast<int32_t>(k));
+          l.item.push_back(item);
+          --media_left;
+        }
+      }
+      row += tokens;
+      ++item;
+    }
+    const int64_t media = static_cast<int64_t>(ids.size()) - begin;
+    const int64_t text = std::min<int64_t>(sample.text_tokens, max_seq_len - media);
+    for (int64_t t = 0; t < text; ++t) {
+      text_slots.push_back(static_cast<int64_t>(ids.size()));
+      ids.push_back(data.text[static_cast<std::size_t>(t)]);
+      l.sample.push_back(static_cast<int32_t>(k));
+      l.item.push_back(-1);
+    }
+    const int64_t end = static_cast<int64_t>(ids.size());
+    for (int64_t p = begin; p < end; ++p) {
+      positions.push_back(p - begin);
+      const bool next_is_text = p + 1 < end && l.item[static_cast<std::size_t>(p + 1)] < 0;
+      targets.push_back(next_is_text ? ids[static_cast<std::size_t>(p + 1)] : -1);
+    }
+  }
+  l.tokens = static_cast<int64_t>(ids.size());
+  auto tensor = [](const std::vector<int64_t>& v) {
+    return torch::tensor(v, torch::kInt64).view({static_cast<int64_t>(v.size())});
+  };
+  l.ids = tensor(ids);
+  l.positions = tensor(positions);
+  l.targets = tensor(targets);
+  l.text_slots = tensor(text_slots);
+  l.media_slots = tensor(media_slots);
+  l.media_rows = tensor(media_rows);
+  return l;
+}
+
+torch::Tensor attention_bias(const LlmLayout& l, const std::vector<int64_t>& queries,
+                             const std::vector<int64_t>& keys) {
+  torch::Tensor bias = torch::full({static_cast<int64_t>(queries.size()), static_cast<int64_t>(keys.size())},
+                                   -std::numeric_limits<float>::infinity());
+  auto a = bias.accessor<float, 2>();
+  for (std::size_t i = 0; i < queries.size(); ++i) {
+    const auto q = static_cast<std::size_t>(queries[i]);
+    for (std::size_t j = 0; j < keys.size(); ++j) {
+      const auto k = static_cast<std::size_t>(keys[j]);
+      if (l.sample[q] != l.sample[k]) continue;
+      // Text attends causally to everything before it in its sample; a media token attends to
+      // the tokens of its own item, both ways.
+      const bool allowed = l.item[q] < 0 ? k <= q : l.item[k] == l.item[q];
+      if (allowed) a[static_cast<int64_t>(i)][static_cast<int64_t>(j)] = 0;
+    }
+  }
+  return bias;
+}
+
+torch::Tensor micro_batch_images(const ModuleSpec& encoder, const TrainBatch& batch,
+                                 const std::vector<int32_t>& samples) {
+  std::vector<torch::Tensor> images;
+  for (int32_t i : samples)
+    for (const torch::Tensor& img : batch.data[static_cast<std::size_t>(i)].images)
+      images.push_back(img);
+  const int64_t size = encoder.patching->image_size;
+  if (images.empty()) return torch::zeros({0, encoder.patching->in_channels, size, size});
+  return torch::stack(images);
+}
+
+std::vector<std::vector<int64_t>> context_split(int64_t tokens, int64_t cp) {
+  std::vector<std::vector<int64_t>> out(static_cast<std::size_t>(cp));
+  for (int64_t r = 0; r < cp; ++r)
+    for (int64_t t = r * tokens / cp; t < (r + 1) * tokens / cp; ++t)
+      out[static_cast<std::size_t>(r)].push_back(t);
+  return out;
+}
+
+}  // namespace tessera::exec

@@ -1,0 +1,69 @@
+// What the executor trains on, and how a micro-batch becomes tensors.
+// Data sets: `synthetic` draws the workload's samples (the same draws as the simulator, via
+// draw_batch) and fills them with seeded random pixels and token ids; `shapes` generates images
+// of coloured shapes with an 8-token caption, which a model can learn.
+// Layout of a micro-batch in the LLM: its samples packed back to back into one sequence, each
+// with its media tokens first, then its text, truncated at max_seq_len (as module_work counts);
+// the attention mask is the multimodal one of ../shared/ALGORITHMS.md §2 within each sample.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "shared/batch.hpp"
+#include "shared/scenario.hpp"
+
+namespace tessera::exec {
+
+enum class DatasetKind { kSynthetic, kShapes };
+
+struct SampleData {
+  std::vector<int64_t> text;          // token ids (length Sample::text_tokens)
+  std::vector<torch::Tensor> images;  // (C, S, S) each, S = the encoder's image_size
+};
+
+struct TrainBatch {
+  Batch batch;                    // shapes, for lower()
+  std::vector<SampleData> data;   // content, same order
+  int64_t targets = 0;            // predicted text tokens in the whole batch (loss normalizer)
+};
+
+// Checks that the executor can run `model` (image encoders with fixed resize, projectors, a
+// decoder LLM). Returns a problem, or "".
+std::string executor_support(const ModelSpec& model);
+
+// REQUIRES: scenario validated, executor_support(model) empty.
+TrainBatch make_batch(const Scenario& scenario, DatasetKind kind, int64_t iteration);
+
+// The LLM sequence of a micro-batch.
+struct LlmLayout {
+  int64_t tokens = 0;
+  torch::Tensor ids;          // (T) text token id, 0 at media positions
+  torch::Tensor positions;    // (T) position within its sample (rotary)
+  torch::Tensor targets;      // (T) next text token, -1 where none
+  torch::Tensor text_slots;   // positions holding text
+  torch::Tensor media_slots;  // positions holding media tokens
+  torch::Tensor media_rows;   // for each media slot, its row in the micro-batch's projector output
+  std::vector<int32_t> sample;  // per position: sample (index in the micro-batch)
+  std::vector<int32_t> item;    // per position: media item (micro-batch-wide) or -1 for text
+};
+
+LlmLayout llm_layout(const ModelSpec& model, const TrainBatch& batch,
+                     const std::vector<int32_t>& samples, int64_t max_seq_len);
+
+// Additive mask (queries, keys): 0 where the query attends to the key, -inf elsewhere.
+torch::Tensor attention_bias(const LlmLayout& layout, const std::vector<int64_t>& queries,
+                             const std::vector<int64_t>& keys);
+
+// Images of the micro-batch, (N, C, S, S) in sample order; (0, C, S, S) when none.
+torch::Tensor micro_batch_images(const ModuleSpec& encoder, const TrainBatch& batch,
+                                 const std::vector<int32_t>& samples);
+
+// Token indices each of `cp` context-parallel ranks holds: contiguous, nearly even blocks
+// (the uniform split the lowering charges).
+std::vector<std::vector<int64_t>> context_split(int64_t tokens, int64_t cp);
+
+}  // namespace tessera::exec

@@ -1,0 +1,212 @@
+#include "exec/layers.hpp"
+
+#include <cmath>
+
+#include "exec/weights.hpp"
+#include "shared/check.hpp"
+
+namespace tessera::exec {
+
+namespace {
+
+constexpr double kInitScale = 0.02;
+
+torch::Tensor rotary_embed(const torch::Tensor& x, const torch::Tensor& positions) {
+  // x: (B, L, heads, d); rotate pairs (i, i + d/2) by position · 10000^(-2i/d).
+  const int64_t d = x.size(-1);
+  const auto options = torch::TensorOptions().dtype(torch::kFloat64);
+  const torch::Tensor inv = torch::pow(10000.0, -torch::arange(0, d / 2, options) * 2.0 / static_cast<double>(d));
+  const torch::Tensor angle = positions.to(torch::kFloat64).unsqueeze(1) * inv.unsqueeze(0);  // (L, d/2)
+  const torch::Tensor cos = angle.cos().to(x.scalar_type()).view({1, -1, 1, d / 2});
+  const torch::Tensor sin = angle.sin().to(x.scalar_type()).view({1, -1, 1, d / 2});
+  const torch::Tensor a = x.narrow(-1, 0, d / 2), b = x.narrow(-1, d / 2, d / 2);
+  return torch::cat({a * cos - b * sin, b * cos + a * sin}, -1);
+}
+
+}  // namespace
+
+torch::Tensor ParamSet::add(const std::string& name, torch::Tensor full, int64_t shard_dim) {
+  torch::Tensor local =
+      shard_dim < 0 ? full : shard(full, shard_dim, tp_.rank, tp_.size());
+  local.set_requires_grad(trainable_);
+  params_.push_back({name, local, shard_dim >= 0 && tp_.size() > 1});
+  return local;
+}
+
+torch::Tensor ParamSet::weight(const std::string& name, std::vector<int64_t> shape, double scale,
+                               int64_t shard_dim) {
+  return add(name, seeded_uniform(seed_, name, shape, scale), shard_dim);
+}
+
+torch::Tensor ParamSet::constant(const std::string& name, std::vector<int64_t> shape,
+                                 double value, int64_t shard_dim) {
+  return add(name, torch::full(shape, value, torch::kFloat32), shard_dim);
+}
+
+Linear::Linear(ParamSet& ps, const std::string& name, int64_t in, int64_t out, bool with_bias,
+               Split s)
+    : split(s), tp(&ps.tp()) {
+  weight = ps.weight(name + ".weight", {out, in}, kInitScale,
+                     s == Split::kColumn ? 0 : s == Split::kRow ? 1 : -1);
+  if (with_bias) bias = ps.constant(name + ".bias", {out}, 0.0, s == Split::kColumn ? 0 : -1);
+}
+
+torch::Tensor Linear::forward(const torch::Tensor& x) const {
+  switch (split) {
+    case Split::kColumn: {
+      torch::Tensor y = torch::matmul(copy_to_group(x, *tp), weight.t());
+      return bias.defined() ? y + bias : y;
+    }
+    case Split::kRow: {
+      torch::Tensor y = reduce_from_group(torch::matmul(x, weight.t()), *tp);
+      return bias.defined() ? y + bias : y;
+    }
+    case Split::kReplicated:
+      break;
+  }
+  torch::Tensor y = torch::matmul(x, weight.t());
+  return bias.defined() ? y + bias : y;
+}
+
+Norm::Norm(ParamSet& ps, const std::string& name, int64_t hidden, NormKind k) : kind(k) {
+  weight = ps.constant(name + ".weight", {hidden}, 1.0);
+  if (kind == NormKind::kLayerNorm) bias = ps.constant(name + ".bias", {hidden}, 0.0);
+}
+
+torch::Tensor Norm::forward(const torch::Tensor& x) const {
+  if (kind == NormKind::kLayerNorm)
+    return torch::layer_norm(x, {x.size(-1)}, weight, bias, 1e-5);
+  return x * torch::rsqrt(x.pow(2).mean(-1, true) + 1e-6) * weight;
+}
+
+Attention::Attention(ParamSet& ps, const std::string& name, const TransformerArch& arch) {
+  const int64_t tp = ps.tp().size();
+  const int64_t kv = arch.kv_heads > 0 ? arch.kv_heads : arch.heads;
+  TESSERA_CHECK(arch.heads % tp == 0 && kv % tp == 0,
+                name + ": " + std::to_string(arch.heads) + " heads and " + std::to_string(kv) +
+                    " key/value heads must both divide by tp " + std::to_string(tp));
+  head_dim = arch.head_dim > 0 ? arch.head_dim : arch.hidden / arch.heads;
+  heads = arch.heads / tp;
+  kv_heads = kv / tp;
+  rotary = arch.positions == 0;
+  const bool qkv_bias = arch.linear_bias || arch.qkv_bias;
+  q = Linear(ps, name + ".q", arch.hidden, arch.heads * head_dim, qkv_bias, Split::kColumn);
+  k = Linear(ps, name + ".k", arch.hidden, kv * head_dim, qkv_bias, Split::kColumn);
+  v = Linear(ps, name + ".v", arch.hidden, kv * head_dim, qkv_bias, Split::kColumn);
+  o = Linear(ps, name + ".o", arch.heads * head_dim, arch.hidden, arch.linear_bias, Split::kRow);
+}
+
+torch::Tensor Attention::forward(const torch::Tensor& x, const AttentionInputs& in) const {
+  const int64_t b = x.size(0), l = x.size(1);
+  torch::Tensor qh = q.forward(x).view({b, l, heads, head_dim});
+  torch::Tensor kh = k.forward(x).view({b, l, kv_heads, head_dim});
+  torch::Tensor vh = v.forward(x).view({b, l, kv_heads, head_dim});
+  if (rotary && in.positions_q.defined()) {
+    qh = rotary_embed(qh, in.positions_q);
+    kh = rotary_embed(kh, in.positions_q);
+  }
+  if (in.cp != nullptr && in.cp->size() > 1) {
+    TESSERA_CHECK(b == 1, "context parallelism needs one packed sequence");
+    kh = gather_rows(kh.squeeze(0), *in.cp, in.cp_rows).unsqueeze(0);
+    vh = gather_rows(vh.squeeze(0), *in.cp, in.cp_rows).unsqueeze(0);
+  }
+  if (kv_heads != heads) {
+    kh = kh.repeat_interleave(heads / kv_heads, 2);
+    vh = vh.repeat_interleave(heads / kv_heads, 2);
+  }
+  qh = qh.transpose(1, 2);  // (B, heads, Lq, d)
+  kh = kh.transpose(1, 2);
+  vh = vh.transpose(1, 2);
+  torch::Tensor scores = torch::matmul(qh, kh.transpose(-2, -1)) / std::sqrt(static_cast<double>(head_dim));
+  if (in.bias.defined()) scores = scores + in.bias;
+  const torch::Tensor out = torch::matmul(torch::softmax(scores, -1), vh);  // (B, heads, Lq, d)
+  return o.forward(out.transpose(1, 2).reshape({b, l, heads * head_dim}));
+}
+
+Mlp::Mlp(ParamSet& ps, const std::string& name, const TransformerArch& arch)
+    : gated(arch.gated_ffn) {
+  TESSERA_CHECK(arch.experts == 0, name + ": mixture-of-experts layers are not in the executor yet");
+  up = Linear(ps, name + ".up", arch.hidden, arch.ffn, arch.linear_bias, Split::kColumn);
+  if (gated) gate = Linear(ps, name + ".gate", arch.hidden, arch.ffn, arch.linear_bias, Split::kColumn);
+  down = Linear(ps, name + ".down", arch.ffn, arch.hidden, arch.linear_bias, Split::kRow);
+}
+
+torch::Tensor Mlp::forward(const torch::Tensor& x) const {
+  if (gated) return down.forward(torch::silu(gate.forward(x)) * up.forward(x));
+  return down.forward(torch::gelu(up.forward(x)));
+}
+
+Block::Block(ParamSet& ps, const std::string& name, const TransformerArch& arch)
+    : norm1(ps, name + ".norm1", arch.hidden, arch.norm),
+      norm2(ps, name + ".norm2", arch.hidden, arch.norm),
+      attention(ps, name + ".attn", arch),
+      mlp(ps, name + ".mlp", arch) {}
+
+torch::Tensor Block::forward(const torch::Tensor& x, const AttentionInputs& in) const {
+  const torch::Tensor h = x + attention.forward(norm1.forward(x), in);
+  return h + mlp.forward(norm2.forward(h));
+}
+
+Embedding::Embedding(ParamSet& ps, const std::string& name, int64_t vocab, int64_t hidden)
+    : tp(&ps.tp()) {
+  TESSERA_CHECK(vocab % ps.tp().size() == 0,
+                name + ": vocabulary " + std::to_string(vocab) + " must divide by tp " +
+                    std::to_string(ps.tp().size()));
+  weight = ps.weight(name + ".weight", {vocab, hidden}, kInitScale, 0);
+  vocab_begin = ps.tp().rank * (vocab / ps.tp().size());
+}
+
+torch::Tensor Embedding::forward(const torch::Tensor& ids) const {
+  const int64_t rows = weight.size(0);
+  const torch::Tensor outside = (ids < vocab_begin) | (ids >= vocab_begin + rows);
+  const torch::Tensor local = (ids - vocab_begin).masked_fill(outside, 0);
+  const torch::Tensor e = weight.index_select(0, local).masked_fill(outside.unsqueeze(1), 0.0);
+  return reduce_from_group(e, *tp);
+}
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+struct VocabParallelCrossEntropy : torch::autograd::Function<VocabParallelCrossEntropy> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& logits,
+                               const torch::Tensor& targets, int64_t vocab_begin, int64_t comm) {
+    const Comm& tp = *reinterpret_cast<const Comm*>(static_cast<intptr_t>(comm));
+    const int64_t rows = logits.size(1);
+    torch::Tensor most = std::get<0>(logits.max(1));
+    all_reduce(tp, most, c10d::ReduceOp::MAX);
+    const torch::Tensor shifted = logits - most.unsqueeze(1);
+    const torch::Tensor exp = shifted.exp();
+    torch::Tensor sum = exp.sum(1);
+    all_reduce(tp, sum);
+    const torch::Tensor ignored = targets < 0;
+    const torch::Tensor inside = (targets >= vocab_begin) & (targets < vocab_begin + rows);
+    const torch::Tensor local = (targets - vocab_begin).masked_fill(~inside, 0);
+    torch::Tensor picked = shifted.gather(1, local.unsqueeze(1)).squeeze(1).masked_fill(~inside, 0.0);
+    all_reduce(tp, picked);
+    const torch::Tensor loss = (sum.log() - picked).masked_fill(ignored, 0.0);
+    ctx->save_for_backward({exp / sum.unsqueeze(1), local, inside, ignored});
+    return loss;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    torch::Tensor g = saved[0].clone();  // softmax
+    const torch::Tensor rows = torch::arange(g.size(0));
+    const torch::Tensor inside = saved[2];
+    g.index_put_({rows.masked_select(inside), saved[1].masked_select(inside)},
+                 g.index({rows.masked_select(inside), saved[1].masked_select(inside)}) - 1.0);
+    g.masked_fill_(saved[3].unsqueeze(1), 0.0);
+    return {g * grads[0].unsqueeze(1), torch::Tensor(), torch::Tensor(), torch::Tensor()};
+  }
+};
+
+}  // namespace
+
+torch::Tensor vocab_parallel_cross_entropy(const torch::Tensor& logits, const torch::Tensor& targets,
+                                           int64_t vocab_begin, const Comm& tp) {
+  return VocabParallelCrossEntropy::apply(logits, targets, vocab_begin,
+                                          static_cast<int64_t>(reinterpret_cast<intptr_t>(&tp)));
+}
+
+}  // namespace tessera::exec

@@ -1,0 +1,113 @@
+// The parallel building blocks of the executor's models (Megatron-style tensor parallelism):
+// column/row-parallel linears with the f/g conjugate collectives, vocab-parallel embedding and
+// cross-entropy, norms, rotary embeddings, grouped-query attention under an additive mask (with
+// context-parallel K/V gathering), dense and gated MLPs, and pre-norm transformer blocks.
+// Tensors are plain members; every parameter is registered in a ParamSet under its global name.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "exec/comm.hpp"
+#include "shared/model_spec.hpp"
+
+namespace tessera::exec {
+
+struct Param {
+  std::string name;      // global, plan-independent: "llm.layers.3.attn.q.weight"
+  torch::Tensor tensor;  // this rank's shard
+  bool tp_sharded = false;
+};
+
+// Creates parameters from the seed (weights.hpp) and keeps the list.
+class ParamSet {
+ public:
+  ParamSet(uint64_t seed, bool trainable, const Comm& tp) : seed_(seed), trainable_(trainable), tp_(tp) {}
+  // Normal-ish weights of standard deviation `scale`, sharded over TP along `shard_dim` (-1: not).
+  torch::Tensor weight(const std::string& name, std::vector<int64_t> shape, double scale,
+                       int64_t shard_dim = -1);
+  torch::Tensor constant(const std::string& name, std::vector<int64_t> shape, double value,
+                         int64_t shard_dim = -1);
+  std::vector<Param>& params() { return params_; }
+  const Comm& tp() const { return tp_; }
+
+ private:
+  torch::Tensor add(const std::string& name, torch::Tensor full, int64_t shard_dim);
+  uint64_t seed_;
+  bool trainable_;
+  const Comm& tp_;
+  std::vector<Param> params_;
+};
+
+enum class Split { kColumn, kRow, kReplicated };
+
+struct Linear {
+  Linear() = default;
+  Linear(ParamSet& ps, const std::string& name, int64_t in, int64_t out, bool bias, Split split);
+  torch::Tensor forward(const torch::Tensor& x) const;  // (..., in[/tp]) -> (..., out[/tp])
+  torch::Tensor weight, bias;                            // (out/tp, in) or (out, in/tp)
+  Split split = Split::kReplicated;
+  const Comm* tp = nullptr;
+};
+
+struct Norm {
+  Norm() = default;
+  Norm(ParamSet& ps, const std::string& name, int64_t hidden, NormKind kind);
+  torch::Tensor forward(const torch::Tensor& x) const;
+  torch::Tensor weight, bias;  // (hidden); bias only for LayerNorm
+  NormKind kind = NormKind::kRmsNorm;
+};
+
+// What attention needs besides its input.
+struct AttentionInputs {
+  torch::Tensor bias;           // (Lq, Lk) additive: 0 allowed, -inf masked; undefined: no mask
+  torch::Tensor positions_q;    // (Lq) rotary positions; undefined: no rotary embedding
+  const Comm* cp = nullptr;     // gather K/V over this group (context parallel)
+  std::vector<int64_t> cp_rows; // tokens held by each member of `cp`
+};
+
+struct Attention {
+  Attention() = default;
+  Attention(ParamSet& ps, const std::string& name, const TransformerArch& arch);
+  torch::Tensor forward(const torch::Tensor& x, const AttentionInputs& in) const;  // (B, L, H)
+  Linear q, k, v, o;
+  int64_t heads = 0, kv_heads = 0, head_dim = 0;  // per TP rank
+  bool rotary = false;
+};
+
+struct Mlp {
+  Mlp() = default;
+  Mlp(ParamSet& ps, const std::string& name, const TransformerArch& arch);
+  torch::Tensor forward(const torch::Tensor& x) const;
+  Linear up, gate, down;  // gate only when gated
+  bool gated = false;
+};
+
+struct Block {
+  Block() = default;
+  Block(ParamSet& ps, const std::string& name, const TransformerArch& arch);
+  torch::Tensor forward(const torch::Tensor& x, const AttentionInputs& in) const;
+  Norm norm1, norm2;
+  Attention attention;
+  Mlp mlp;
+};
+
+// Vocab-parallel embedding: rows [rank·V/tp, (rank+1)·V/tp) on each TP rank.
+struct Embedding {
+  Embedding() = default;
+  Embedding(ParamSet& ps, const std::string& name, int64_t vocab, int64_t hidden);
+  torch::Tensor forward(const torch::Tensor& ids) const;  // (T) int64 -> (T, hidden)
+  torch::Tensor weight;
+  int64_t vocab_begin = 0;
+  const Comm* tp = nullptr;
+};
+
+// Per-token cross-entropy of vocab-parallel logits (T, V/tp) against `targets` (T), targets < 0
+// ignored (loss 0). The result (T) is the same on every TP rank.
+torch::Tensor vocab_parallel_cross_entropy(const torch::Tensor& logits, const torch::Tensor& targets,
+                                           int64_t vocab_begin, const Comm& tp);
+
+}  // namespace tessera::exec

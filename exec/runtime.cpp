@@ -1,0 +1,467 @@
+#include "exec/runtime.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <set>
+
+#include "shared/check.hpp"
+#include "shared/lower.hpp"
+#include "shared/microbatch.hpp"
+
+namespace tessera::exec {
+
+namespace {
+
+int module_index(const ModelSpec& model, const std::string& name) {
+  const ModuleSpec* m = find_module(model, name);
+  TESSERA_CHECK(m != nullptr, "no module named " + name);
+  return static_cast<int>(m - model.modules.data());
+}
+
+// The group of `kind` that holds `rank`, or {} when the rank is not in the module.
+const Group* group_with(const std::vector<Group>& groups, int64_t rank) {
+  for (const Group& g : groups)
+    if (std::find(g.begin(), g.end(), rank) != g.end()) return &g;
+  return nullptr;
+}
+
+int64_t index_in(const Group* g, int64_t rank) {
+  return g == nullptr ? 0 : std::find(g->begin(), g->end(), rank) - g->begin();
+}
+
+// Gloo tags are ints; Program tags are 64-bit. Both ends fold them the same way.
+int gloo_tag(int64_t tag) {
+  return static_cast<int>((static_cast<uint64_t>(tag) ^ (static_cast<uint64_t>(tag) >> 31)) &
+                          0x7fffffffULL);
+}
+
+}  // namespace
+
+Worker::Worker(const Scenario& s, const ParallelPlan& plan, Groups& groups,
+               const TrainOptions& options)
+    : scenario_(s), plan_(plan), groups_(groups), options_(options), rank_(groups.world_rank()) {
+  const ModelSpec& model = s.model;
+  module_groups_ = rank_groups(plan, model);
+  // The first iteration's Program says which groups exist and which stages live here.
+  const TrainBatch first = make_batch(s, options.dataset, 0);
+  const Lowered lowered = lower(model, s.cluster, plan, s.workload, first.batch);
+  TESSERA_CHECK(lowered.error.empty(), lowered.error);
+  const Program& p = lowered.program;
+  TESSERA_CHECK(p.world == groups.world().size(),
+                "the plan needs " + std::to_string(p.world) + " ranks, the job has " +
+                    std::to_string(groups.world().size()));
+  // Every worker creates the same groups in the same order (creation is a rendezvous).
+  std::set<std::pair<std::size_t, std::vector<int64_t>>> all;
+  for (const RankList& g : p.groups) all.insert({g.size(), g});
+  for (const ModuleGroups& mg : module_groups_)
+    for (const auto* kind : {&mg.tp, &mg.cp, &mg.dp})
+      for (const Group& g : *kind) all.insert({g.size(), g});
+  std::vector<std::vector<int64_t>> ordered;
+  for (const auto& [size, g] : all) ordered.push_back(g);
+  groups_.create(ordered);
+
+  const std::size_t modules = model.modules.size();
+  tp_.assign(modules, nullptr);
+  cp_.assign(modules, nullptr);
+  dpcp_.assign(modules, 1);
+  for (const ModuleGroups& mg : module_groups_) {
+    const auto m = static_cast<std::size_t>(module_index(model, mg.module));
+    const Group* tp = group_with(mg.tp, rank_);
+    const Group* cp = group_with(mg.cp, rank_);
+    const Group* dp = group_with(mg.dp, rank_);
+    if (tp == nullptr) continue;
+    tp_[m] = &groups_.get(*tp);
+    cp_[m] = &groups_.get(*cp);
+    dpcp_[m] = static_cast<int64_t>(dp->size() * cp->size());
+    if (model.modules[m].role == ModuleRole::kLlm) {
+      tp_index_ = index_in(tp, rank_);
+      cp_index_ = index_in(cp, rank_);
+      dp_index_ = index_in(dp, rank_);
+    }
+  }
+  // Layers of each (module, virtual stage), from the forward ops of all ranks.
+  std::map<int, std::map<int64_t, int64_t>> layers;
+  std::map<int, int64_t> stages;
+  for (const auto& ops : p.ranks)
+    for (const Op& op : ops)
+      if (op.kind == OpKind::kCompute) stages[op.module] = std::max<int64_t>(stages[op.module], op.stage + 1);
+  for (const auto& ops : p.ranks)
+    for (const Op& op : ops)
+      if (op.kind == OpKind::kCompute && op.phase == Phase::kF)
+        layers[op.module][op.chunk * stages[op.module] + op.stage] = op.layers;
+  for (const Op& op : p.ranks[static_cast<std::size_t>(rank_)]) {
+    if (op.kind != OpKind::kCompute || stages_.count({op.module, op.chunk})) continue;
+    const int64_t v = op.chunk * stages[op.module] + op.stage;
+    int64_t begin = 0;
+    for (const auto& [k, n] : layers[op.module])
+      if (k < v) begin += n;
+    const ModuleSpec& spec = model.modules[static_cast<std::size_t>(op.module)];
+    TESSERA_CHECK(tp_[static_cast<std::size_t>(op.module)] != nullptr,
+                  "rank " + std::to_string(rank_) + " runs " + spec.name + " but has no group for it");
+    stages_[{op.module, op.chunk}] = std::make_unique<Stage>(
+        spec, begin, begin + layers[op.module][v], options.seed,
+        *tp_[static_cast<std::size_t>(op.module)]);
+  }
+  for (std::size_t m = 0; m < modules; ++m) {
+    const std::vector<torch::Tensor> params = trainable(static_cast<int>(m));
+    if (params.empty()) continue;
+    torch::optim::AdamWOptions o(options.lr);
+    o.betas({options.beta1, options.beta2}).eps(options.eps).weight_decay(options.weight_decay);
+    optimizers_[static_cast<int>(m)] = std::make_unique<torch::optim::AdamW>(params, o);
+  }
+}
+
+Stage& Worker::stage(int module, int chunk) {
+  const auto it = stages_.find({module, chunk});
+  TESSERA_CHECK(it != stages_.end(), "no stage of module " + std::to_string(module) + " chunk " +
+                                         std::to_string(chunk) + " on rank " + std::to_string(rank_));
+  return *it->second;
+}
+
+std::vector<torch::Tensor> Worker::trainable(int module) {
+  std::vector<torch::Tensor> out;
+  for (auto& [key, st] : stages_)
+    if (key.first == module)
+      for (const Param& p : st->params())
+        if (p.tensor.requires_grad()) out.push_back(p.tensor);
+  return out;
+}
+
+const Worker::MicroBatch& Worker::micro_batch(int mb) {
+  if (const auto it = micro_batches_.find(mb); it != micro_batches_.end()) return it->second;
+  MicroBatch& b = micro_batches_[mb];
+  b.samples = my_micro_batches_[static_cast<std::size_t>(mb)];
+  b.layout = llm_layout(scenario_.model, batch_, b.samples, scenario_.workload.max_seq_len);
+  const int llm = module_index(scenario_.model, find_llm(scenario_.model)->name);
+  const Comm* cp = cp_[static_cast<std::size_t>(llm)];
+  const int64_t cp_size = cp == nullptr ? 1 : cp->size();
+  const auto split = context_split(b.layout.tokens, cp_size);
+  b.local = split[static_cast<std::size_t>(cp_index_)];
+  std::vector<int64_t> keys;
+  for (const auto& part : split) {
+    keys.insert(keys.end(), part.begin(), part.end());
+    b.attention.cp_rows.push_back(static_cast<int64_t>(part.size()));
+  }
+  b.attention.bias = attention_bias(b.layout, b.local, keys);
+  b.attention.positions_q =
+      b.layout.positions.index_select(0, torch::tensor(b.local, torch::kInt64).view({-1}));
+  b.attention.cp = cp;
+  return b;
+}
+
+StepResult Worker::step(int64_t iteration) {
+  const ModelSpec& model = scenario_.model;
+  batch_ = make_batch(scenario_, options_.dataset, iteration);
+  Lowered lowered = lower(model, scenario_.cluster, plan_, scenario_.workload, batch_.batch);
+  TESSERA_CHECK(lowered.error.empty(), lowered.error);
+  StepResult result;
+  result.program = std::move(lowered.program);
+  const Program& p = result.program;
+  program_ = &p;
+  result.llm_tokens = p.llm_tokens;
+  result.samples = batch_.batch.samples;
+  const int llm = module_index(model, find_llm(model)->name);
+  const int64_t llm_dp = static_cast<int64_t>(
+      module_groups_[static_cast<std::size_t>(llm)].dp.front().size());
+  const auto assignment =
+      assign_microbatches(batch_.batch, model, llm_dp,
+                          micro_batches(plan_, model, scenario_.workload), plan_.microbatching,
+                          scenario_.workload.max_seq_len);
+  my_micro_batches_ = assignment[static_cast<std::size_t>(dp_index_)];
+  micro_batches_.clear();
+  slots_.clear();
+  received_.clear();
+  has_w_.clear();
+  sends_grad_.clear();
+  pending_.clear();
+  loss_sum_ = 0;
+  synchronized_ = false;
+  const auto& ops = p.ranks[static_cast<std::size_t>(rank_)];
+  for (const Op& op : ops) {
+    if (op.kind == OpKind::kCompute && op.phase == Phase::kW)
+      has_w_[{op.module, op.chunk, op.microbatch}] = true;
+    if (op.kind == OpKind::kSend && op.phase == Phase::kB)
+      sends_grad_[{op.module, op.chunk, op.microbatch}] = true;
+    TESSERA_CHECK(!(op.kind == OpKind::kCompute && op.phase == Phase::kR),
+                  "activation recomputation is not in the executor yet");
+  }
+  // Gradients start at zero every iteration, so every plan steps every parameter.
+  for (auto& [key, st] : stages_)
+    for (Param& prm : st->params())
+      if (prm.tensor.requires_grad()) prm.tensor.mutable_grad() = torch::zeros_like(prm.tensor);
+
+  result.times.assign(ops.size(), OpTime{});
+  const auto start = std::chrono::steady_clock::now();
+  auto now = [&] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  };
+  for (std::size_t i = 0; i < ops.size(); ++i) {
+    const Op& op = ops[i];
+    const double begin = now();
+    const Key key{op.module, op.chunk, op.microbatch};
+    switch (op.kind) {
+      case OpKind::kCompute:
+        compute(op);
+        break;
+      case OpKind::kSend: {
+        const Slot& slot = slots_.at(key);
+        torch::Tensor t = (op.phase == Phase::kF ? slot.output : slot.input_grads.at(0))
+                              .detach()
+                              .contiguous();
+        std::vector<at::Tensor> tensors{t};
+        pending_.emplace_back(groups_.world().group->send(tensors, op.peer, gloo_tag(op.tag)), t);
+        break;
+      }
+      case OpKind::kRecv: {
+        torch::Tensor t;
+        if (op.phase == Phase::kF) {
+          const ModuleSpec& spec = model.modules[static_cast<std::size_t>(op.module)];
+          TESSERA_CHECK(spec.role == ModuleRole::kLlm,
+                        "activations of " + spec.name + " across ranks are not in the executor yet");
+          t = torch::zeros({static_cast<int64_t>(micro_batch(op.microbatch).local.size()),
+                            spec.transformer->hidden});
+        } else {
+          t = torch::zeros_like(slots_.at(key).output);
+        }
+        std::vector<at::Tensor> tensors{t};
+        groups_.world().group->recv(tensors, op.peer, gloo_tag(op.tag))->wait();
+        if (op.phase == Phase::kF) {
+          t.set_requires_grad(sends_grad_.count(key) > 0);
+          received_[key] = t;
+        } else {
+          slots_.at(key).output_grad = t;
+        }
+        break;
+      }
+      case OpKind::kCollective:
+        reduce_gradients(op);
+        break;
+      case OpKind::kOptimizerStep:
+        optimizer_step(op);
+        break;
+    }
+    result.times[i] = {begin, now()};
+  }
+  for (auto& [work, tensor] : pending_) work->wait();
+  pending_.clear();
+  if (!synchronized_) synchronize_norm_and_loss();
+  result.step_s = now();
+  result.loss = loss_;
+  result.grad_norm = grad_norm_;
+  slots_.clear();
+  received_.clear();
+  program_ = nullptr;
+  return result;
+}
+
+void Worker::compute(const Op& op) {
+  if (op.phase == Phase::kF) return forward(op);
+  backward(op, op.phase == Phase::kW);
+}
+
+void Worker::forward(const Op& op) {
+  const Key key{op.module, op.chunk, op.microbatch};
+  Stage& st = stage(op.module, op.chunk);
+  const ModuleSpec& spec = st.module();
+  const ModelSpec& model = scenario_.model;
+  Slot& slot = slots_[key];
+  // A module's input from a module on this rank: the producer's output, cut from its graph
+  // (the producer's own B op continues from the gradient this op's B computes).
+  auto from_producer = [&](const std::string& name) {
+    const int producer = module_index(model, name);
+    for (auto& [k, other] : stages_)
+      if (k.first == producer && other->last()) {
+        const torch::Tensor& out = slots_.at({producer, k.second, op.microbatch}).output;
+        torch::Tensor leaf = out.detach();
+        leaf.set_requires_grad(out.requires_grad());
+        return leaf;
+      }
+    TESSERA_CHECK(false, name + " does not run on rank " + std::to_string(rank_) +
+                             " (boundaries across ranks are not in the executor yet)");
+    return torch::Tensor();
+  };
+  std::vector<torch::Tensor> inputs;
+  if (!st.first() || (spec.role == ModuleRole::kLlm && received_.count(key))) {
+    inputs.push_back(received_.at(key));
+  } else if (spec.role != ModuleRole::kEncoder) {
+    TESSERA_CHECK(spec.inputs.size() <= 1,
+                  spec.name + ": several inputs per module are not in the executor yet");
+    for (const std::string& name : spec.inputs) inputs.push_back(from_producer(name));
+  }
+  const bool needs_graph =
+      st.trainable() || std::any_of(inputs.begin(), inputs.end(),
+                                    [](const torch::Tensor& t) { return t.requires_grad(); });
+  // A frozen module with nothing trainable before it keeps no graph.
+  torch::AutoGradMode graph(needs_graph);
+  torch::Tensor out;
+  switch (spec.role) {
+    case ModuleRole::kEncoder: {
+      const MicroBatch& b = micro_batch(op.microbatch);
+      out = st.encode(inputs.empty() ? micro_batch_images(spec, batch_, b.samples) : inputs[0]);
+      break;
+    }
+    case ModuleRole::kProjector:
+      out = st.project(inputs.at(0));
+      break;
+    case ModuleRole::kLlm: {
+      const MicroBatch& b = micro_batch(op.microbatch);
+      const auto local = torch::tensor(b.local, torch::kInt64).view({-1});
+      torch::Tensor h;
+      if (st.first() && !received_.count(key)) {
+        const int64_t hidden = spec.transformer->hidden;
+        const torch::Tensor media = inputs.empty() ? torch::zeros({0, hidden}) : inputs[0];
+        h = st.embed(b.layout.ids, b.layout.text_slots, media, b.layout.media_slots,
+                     b.layout.media_rows, local);
+      } else {
+        h = inputs.at(0);
+      }
+      h = st.blocks(h, b.attention);
+      if (st.last()) {
+        out = st.loss_sum(h, b.layout.targets.index_select(0, local)) /
+              static_cast<double>(batch_.targets);
+        if (tp_index_ == 0) loss_sum_ += out.item<double>();
+      } else {
+        out = h;
+      }
+      break;
+    }
+    case ModuleRole::kGenerator:
+      TESSERA_CHECK(false, "generators are not in the executor yet");
+  }
+  for (const torch::Tensor& t : inputs)
+    if (t.requires_grad()) slot.inputs.push_back(t);
+  slot.output = out;
+}
+
+void Worker::backward(const Op& op, bool weights) {
+  const Key key{op.module, op.chunk, op.microbatch};
+  Stage& st = stage(op.module, op.chunk);
+  Slot& slot = slots_.at(key);
+  const bool has_w = has_w_.count(key) > 0;
+  if (!slot.output.defined() || !slot.output.requires_grad()) return;
+  torch::Tensor grad = slot.output_grad;
+  if (st.module().role == ModuleRole::kLlm && st.last()) {
+    grad = torch::ones_like(slot.output);
+  } else if (!grad.defined()) {
+    // The consumer on this rank computed it: the gradient of its input from this module.
+    const std::string& name = st.module().name;
+    for (std::size_t c = 0; c < scenario_.model.modules.size() && !grad.defined(); ++c) {
+      const auto& inputs = scenario_.model.modules[c].inputs;
+      const auto it = std::find(inputs.begin(), inputs.end(), name);
+      if (it == inputs.end()) continue;
+      for (auto& [k, other] : stages_)
+        if (k.first == static_cast<int>(c) && other->first()) {
+          const auto found = slots_.find({k.first, k.second, op.microbatch});
+          if (found != slots_.end() && !found->second.input_grads.empty())
+            grad = found->second.input_grads.at(static_cast<std::size_t>(it - inputs.begin()));
+        }
+    }
+    TESSERA_CHECK(grad.defined(), "no output gradient for " + op_name(*program_, op));
+  }
+  std::vector<torch::Tensor> targets;
+  if (!weights) targets = slot.inputs;
+  if (weights || !has_w)
+    for (const Param& p : st.params())
+      if (p.tensor.requires_grad()) targets.push_back(p.tensor);
+  if (!targets.empty())
+    torch::autograd::backward({slot.output}, {grad}, /*retain_graph=*/!weights && has_w,
+                              /*create_graph=*/false, targets);
+  if (!weights) {
+    for (const torch::Tensor& in : slot.inputs)
+      slot.input_grads.push_back(in.grad().defined() ? in.grad() : torch::zeros_like(in));
+  }
+  if (weights || !has_w) {
+    slot.output = torch::Tensor();
+    slot.inputs.clear();
+  }
+}
+
+void Worker::reduce_gradients(const Op& op) {
+  TESSERA_CHECK(op.purpose == Purpose::kDp && op.collective == CollectiveKind::kAllReduce,
+                op_name(*program_, op) +
+                    ": only data-parallel gradient all-reduces are in the executor so far");
+  const Comm& comm = groups_.get(program_->groups[static_cast<std::size_t>(op.group)]);
+  std::vector<torch::Tensor> params = trainable(op.module);
+  if (params.empty()) return;
+  std::vector<torch::Tensor> grads;
+  for (const torch::Tensor& p : params) grads.push_back(p.grad().view({-1}));
+  torch::Tensor flat = torch::cat(grads);
+  all_reduce(comm, flat);
+  int64_t at = 0;
+  for (torch::Tensor& p : params) {
+    const int64_t n = p.numel();
+    p.mutable_grad().copy_(flat.narrow(0, at, n).view_as(p));
+    at += n;
+  }
+}
+
+void Worker::synchronize_norm_and_loss() {
+  // Each distinct gradient counted once: a shard held by `copies` ranks contributes 1/copies.
+  double norm2 = 0;
+  for (auto& [key, st] : stages_) {
+    const auto m = static_cast<std::size_t>(key.first);
+    for (const Param& p : st->params()) {
+      if (!p.tensor.requires_grad()) continue;
+      const double copies =
+          static_cast<double>((p.tp_sharded ? 1 : tp_[m]->size()) * dpcp_[m]);
+      norm2 += p.tensor.grad().to(torch::kFloat64).pow(2).sum().item<double>() / copies;
+    }
+  }
+  torch::Tensor t = torch::tensor({norm2, loss_sum_}, torch::kFloat64);
+  all_reduce(groups_.world(), t);
+  grad_norm_ = std::sqrt(t[0].item<double>());
+  loss_ = t[1].item<double>();
+  clip_coefficient_ =
+      options_.clip > 0 ? std::min(1.0, options_.clip / (grad_norm_ + 1e-6)) : 1.0;
+  synchronized_ = true;
+}
+
+void Worker::optimizer_step(const Op& op) {
+  if (!synchronized_) synchronize_norm_and_loss();
+  const auto it = optimizers_.find(op.module);
+  if (it == optimizers_.end()) return;
+  if (clip_coefficient_ < 1.0)
+    for (torch::Tensor& p : trainable(op.module)) p.mutable_grad().mul_(clip_coefficient_);
+  it->second->step();
+}
+
+int64_t Worker::parameter_bytes() const {
+  int64_t bytes = 0;
+  for (const auto& [key, st] : stages_)
+    for (const Param& p : const_cast<Stage&>(*st).params())
+      bytes += p.tensor.numel() * 4 * (p.tensor.requires_grad() ? 4 : 1);
+  return bytes;
+}
+
+void Worker::save(const std::string& path) {
+  torch::serialize::OutputArchive archive;
+  for (auto& [key, st] : stages_)
+    for (const Param& p : st->params()) archive.write("param/" + p.name, p.tensor.detach());
+  for (auto& [m, opt] : optimizers_) {
+    torch::serialize::OutputArchive sub;
+    opt->save(sub);
+    archive.write("optimizer/" + std::to_string(m), sub);
+  }
+  archive.save_to(path);
+}
+
+void Worker::load(const std::string& path) {
+  torch::serialize::InputArchive archive;
+  archive.load_from(path);
+  torch::NoGradGuard no_grad;
+  for (auto& [key, st] : stages_)
+    for (Param& p : st->params()) {
+      torch::Tensor t;
+      archive.read("param/" + p.name, t);
+      TESSERA_CHECK(t.sizes() == p.tensor.sizes(), path + ": " + p.name + " has another shape");
+      p.tensor.copy_(t);
+    }
+  for (auto& [m, opt] : optimizers_) {
+    torch::serialize::InputArchive sub;
+    archive.read("optimizer/" + std::to_string(m), sub);
+    opt->load(sub);
+  }
+}
+
+}  // namespace tessera::exec

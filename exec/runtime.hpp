@@ -1,0 +1,109 @@
+// The worker's runtime: it lowers the same Program as the simulator for each iteration and
+// interprets its own rank's ops in order — compute (F, B, W) on its stages, sends and receives of
+// activations and gradients, gradient reductions, optimizer steps. The torch code schedules
+// nothing of its own; what runs, and when, is the Program's.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "exec/comm.hpp"
+#include "exec/data.hpp"
+#include "exec/stage.hpp"
+#include "shared/evaluator.hpp"
+#include "shared/program.hpp"
+#include "shared/rank_groups.hpp"
+#include "shared/scenario.hpp"
+
+namespace tessera::exec {
+
+struct TrainOptions {
+  DatasetKind dataset = DatasetKind::kSynthetic;
+  uint64_t seed = 1234;  // weights
+  double lr = 1e-3;
+  double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
+  double weight_decay = 0.0;
+  double clip = 1.0;  // global gradient-norm clipping; 0 turns it off
+};
+
+struct StepResult {
+  double loss = 0;       // mean cross-entropy over the batch's predicted tokens (every rank)
+  double grad_norm = 0;  // global, before clipping (every rank)
+  double step_s = 0;     // this rank: first op start to last op finish
+  int64_t llm_tokens = 0;
+  Program program;             // the iteration's Program (all ranks)
+  std::vector<OpTime> times;   // this rank's ops, seconds from the step's start
+  std::vector<Sample> samples; // what the iteration trained on
+};
+
+class Worker {
+ public:
+  // REQUIRES: scenario validated; plan validated against it; executor_support(model) empty.
+  Worker(const Scenario& scenario, const ParallelPlan& plan, Groups& groups,
+         const TrainOptions& options);
+  StepResult step(int64_t iteration);
+
+  // This rank's parameters and optimizer state.
+  void save(const std::string& path);
+  void load(const std::string& path);
+  // Parameter bytes held by this rank (weights, gradients, optimizer state).
+  int64_t parameter_bytes() const;
+
+ private:
+  using Key = std::tuple<int, int, int>;  // (module, chunk, micro-batch)
+  struct Slot {
+    std::vector<torch::Tensor> inputs;       // leaves whose gradients B computes
+    torch::Tensor output;                    // the activation handed on, or the loss sum
+    std::vector<torch::Tensor> input_grads;  // after B, one per input
+    torch::Tensor output_grad;               // received, or the consumer's input gradient
+  };
+  struct MicroBatch {
+    std::vector<int32_t> samples;
+    LlmLayout layout;
+    std::vector<int64_t> local;  // this CP rank's tokens
+    AttentionInputs attention;
+  };
+
+  Stage& stage(int module, int chunk);
+  const MicroBatch& micro_batch(int mb);
+  void compute(const Op& op);
+  void forward(const Op& op);
+  void backward(const Op& op, bool weights);
+  void reduce_gradients(const Op& op);
+  void optimizer_step(const Op& op);
+  void synchronize_norm_and_loss();
+  std::vector<torch::Tensor> trainable(int module);
+
+  const Scenario& scenario_;
+  const ParallelPlan& plan_;
+  Groups& groups_;
+  TrainOptions options_;
+  int rank_;
+  std::vector<ModuleGroups> module_groups_;
+  std::vector<const Comm*> tp_, cp_;   // per module: this rank's groups (null: not here)
+  std::vector<int64_t> dpcp_;          // per module: ranks holding the same shard
+  int64_t dp_index_ = 0, cp_index_ = 0, tp_index_ = 0;
+  std::map<std::pair<int, int>, std::unique_ptr<Stage>> stages_;  // (module, chunk)
+  std::map<int, std::unique_ptr<torch::optim::AdamW>> optimizers_;  // per module
+
+  // Per iteration.
+  TrainBatch batch_;
+  std::vector<std::vector<int32_t>> my_micro_batches_;
+  std::map<int, MicroBatch> micro_batches_;
+  std::map<Key, Slot> slots_;
+  std::map<Key, torch::Tensor> received_;
+  std::map<Key, bool> has_w_, sends_grad_;
+  std::vector<std::pair<c10::intrusive_ptr<c10d::Work>, torch::Tensor>> pending_;
+  const Program* program_ = nullptr;
+  double loss_sum_ = 0;
+  bool synchronized_ = false;
+  double clip_coefficient_ = 1, loss_ = 0, grad_norm_ = 0;
+};
+
+}  // namespace tessera::exec

@@ -1,0 +1,106 @@
+#include "exec/stage.hpp"
+
+#include "shared/check.hpp"
+
+namespace tessera::exec {
+
+Stage::Stage(const ModuleSpec& module, int64_t layer_begin, int64_t layer_end, uint64_t seed,
+             const Comm& tp)
+    : module_(module),
+      begin_(layer_begin),
+      end_(layer_end),
+      layers_(module.transformer ? module.transformer->layers : 0),
+      params_(seed, !module.frozen, tp) {
+  const std::string& name = module.name;
+  if (module.role == ModuleRole::kProjector) {
+    const ProjectorArch& p = *module.projector;
+    if (p.input_norm) input_norm_ = Norm(params_, name + ".input_norm", p.in, NormKind::kLayerNorm);
+    const int64_t hidden = p.hidden > 0 ? p.hidden : p.out;
+    if (p.layers >= 2) {
+      fc1_ = Linear(params_, name + ".fc1", p.in, hidden, p.bias, Split::kColumn);
+      fc2_ = Linear(params_, name + ".fc2", hidden, p.out, p.bias, Split::kRow);
+    } else {
+      fc1_ = Linear(params_, name + ".fc1", p.in, p.out, p.bias, Split::kReplicated);
+    }
+    return;
+  }
+  const TransformerArch& arch = *module.transformer;
+  if (module.role == ModuleRole::kEncoder && first()) {
+    const Patching& p = *module.patching;
+    const int64_t patches = (p.image_size / p.patch_size) * (p.image_size / p.patch_size);
+    const int64_t length = patches + (p.class_token ? 1 : 0);
+    patch_ = Linear(params_, name + ".patch", p.in_channels * p.patch_size * p.patch_size,
+                    arch.hidden, true, Split::kReplicated);
+    if (p.class_token) cls_ = params_.weight(name + ".cls", {arch.hidden}, 0.02);
+    if (arch.positions > 0) {
+      TESSERA_CHECK(arch.positions >= length,
+                    name + ": " + std::to_string(arch.positions) +
+                        " position embeddings for a sequence of " + std::to_string(length));
+      positions_ = params_.weight(name + ".positions", {arch.positions, arch.hidden}, 0.02);
+    }
+  }
+  if (module.role == ModuleRole::kLlm && first())
+    embedding_ = Embedding(params_, name + ".embedding", arch.vocab, arch.hidden);
+  for (int64_t l = begin_; l < end_; ++l)
+    blocks_.emplace_back(params_, name + ".layers." + std::to_string(l), arch);
+  if (module.role == ModuleRole::kLlm && last()) {
+    TESSERA_CHECK(!arch.tied_embeddings || first(),
+                  name + ": tied embeddings across pipeline stages are not in the executor yet");
+    final_norm_ = Norm(params_, name + ".final_norm", arch.hidden, arch.norm);
+    if (arch.tied_embeddings) {
+      head_.weight = embedding_.weight;
+      head_.split = Split::kColumn;
+      head_.tp = &params_.tp();
+    } else {
+      head_ = Linear(params_, name + ".head", arch.hidden, arch.vocab, false, Split::kColumn);
+    }
+  }
+}
+
+torch::Tensor Stage::encode(const torch::Tensor& input) const {
+  torch::Tensor x = input;
+  if (first()) {
+    const Patching& p = *module_.patching;
+    const int64_t n = x.size(0), c = x.size(1), side = p.image_size / p.patch_size;
+    x = x.view({n, c, side, p.patch_size, side, p.patch_size})
+            .permute({0, 2, 4, 1, 3, 5})
+            .reshape({n, side * side, c * p.patch_size * p.patch_size});
+    x = patch_.forward(x);
+    if (cls_.defined()) x = torch::cat({cls_.view({1, 1, -1}).expand({n, 1, cls_.size(0)}), x}, 1);
+    if (positions_.defined()) x = x + positions_.narrow(0, 0, x.size(1)).unsqueeze(0);
+  }
+  for (const Block& b : blocks_) x = b.forward(x, AttentionInputs{});
+  if (!last()) return x;
+  if (module_.patching->class_token) x = x.narrow(1, 1, x.size(1) - 1);
+  return x.reshape({-1, x.size(2)});
+}
+
+torch::Tensor Stage::project(const torch::Tensor& input) const {
+  torch::Tensor x = input_norm_.weight.defined() ? input_norm_.forward(input) : input;
+  if (module_.projector->layers >= 2) return fc2_.forward(torch::gelu(fc1_.forward(x)));
+  return fc1_.forward(x);
+}
+
+torch::Tensor Stage::embed(const torch::Tensor& ids, const torch::Tensor& text_slots,
+                           const torch::Tensor& media, const torch::Tensor& media_slots,
+                           const torch::Tensor& media_rows, const torch::Tensor& local) const {
+  const int64_t hidden = module_.transformer->hidden;
+  torch::Tensor h = torch::zeros({ids.size(0), hidden});
+  h = h.index_copy(0, text_slots, embedding_.forward(ids.index_select(0, text_slots)));
+  if (media_slots.size(0) > 0) h = h.index_copy(0, media_slots, media.index_select(0, media_rows));
+  return h.index_select(0, local);
+}
+
+torch::Tensor Stage::blocks(const torch::Tensor& h, const AttentionInputs& in) const {
+  torch::Tensor x = h.unsqueeze(0);
+  for (const Block& b : blocks_) x = b.forward(x, in);
+  return x.squeeze(0);
+}
+
+torch::Tensor Stage::loss_sum(const torch::Tensor& h, const torch::Tensor& targets) const {
+  const torch::Tensor logits = head_.forward(final_norm_.forward(h));  // (T, V/tp)
+  return vocab_parallel_cross_entropy(logits, targets, head_.tp->rank * logits.size(1), *head_.tp)
+      .sum();
+}
+
+}  // namespace tessera::exec

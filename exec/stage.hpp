@@ -1,0 +1,61 @@
+// One module's slice on this rank — the layers [begin, end) of a virtual pipeline stage, with
+// the module's front end on its first slice (patch embedding, token embedding) and its back end
+// on its last (CLS removal, final norm + LM head + loss). Shapes come from the ModuleSpec, so a
+// tiny scenario and a full-size model run the same code.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "exec/layers.hpp"
+
+namespace tessera::exec {
+
+class Stage {
+ public:
+  // REQUIRES: executor_support(model) is empty; tp divides the module's heads, kv heads, FFN
+  // width and vocabulary.
+  Stage(const ModuleSpec& module, int64_t layer_begin, int64_t layer_end, uint64_t seed,
+        const Comm& tp);
+
+  const ModuleSpec& module() const { return module_; }
+  bool first() const { return begin_ == 0; }
+  bool last() const { return end_ == layers_; }
+  bool trainable() const { return !module_.frozen; }
+  std::vector<Param>& params() { return params_.params(); }
+
+  // Encoder. first: pixels (N, C, S, S) -> (N, L, H); otherwise (N, L, H) -> (N, L, H);
+  // last: -> (N·P, H), the LLM-bound tokens (CLS dropped).
+  torch::Tensor encode(const torch::Tensor& x) const;
+  // Projector: (R, in) -> (R, out).
+  torch::Tensor project(const torch::Tensor& x) const;
+  // LLM, first slice: the sequence (T, H) with text ids embedded at `text_slots` and media rows
+  // `media.index_select(media_rows)` at `media_slots`, then restricted to `local` tokens.
+  torch::Tensor embed(const torch::Tensor& ids, const torch::Tensor& text_slots,
+                      const torch::Tensor& media, const torch::Tensor& media_slots,
+                      const torch::Tensor& media_rows, const torch::Tensor& local) const;
+  // LLM blocks on (T_local, H).
+  torch::Tensor blocks(const torch::Tensor& h, const AttentionInputs& in) const;
+  // LLM, last slice: summed cross-entropy of (T_local, H) against targets (T_local), -1 ignored.
+  torch::Tensor loss_sum(const torch::Tensor& h, const torch::Tensor& targets) const;
+
+ private:
+  const ModuleSpec& module_;
+  int64_t begin_, end_, layers_;
+  ParamSet params_;
+  std::vector<Block> blocks_;
+  // Encoder front end.
+  Linear patch_;
+  torch::Tensor cls_, positions_;
+  // Projector.
+  Norm input_norm_;
+  Linear fc1_, fc2_;
+  // LLM front and back end.
+  Embedding embedding_;
+  Norm final_norm_;
+  Linear head_;
+};
+
+}  // namespace tessera::exec

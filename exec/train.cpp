@@ -1,0 +1,226 @@
+#include "exec/train.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include <torch/version.h>
+
+#include "exec/process_group.hpp"
+#include "shared/check.hpp"
+#include "shared/trace_writer.hpp"
+
+namespace tessera::exec {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+double monotonic_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// Writes `text` to `path` through a temporary file and a rename: readers see the old file or
+// the new one, never half of one.
+void write_atomically(const fs::path& path, const std::string& text) {
+  const fs::path tmp = path.string() + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out << text;
+    out.flush();
+    TESSERA_CHECK(out.good(), "cannot write " + tmp.string());
+  }
+  fs::rename(tmp, path);
+}
+
+std::string cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("model name", 0) == 0) {
+      const auto colon = line.find(':');
+      return colon == std::string::npos ? line : line.substr(colon + 2);
+    }
+  return "unknown";
+}
+
+// Every rank's op times of one step, on rank 0: (start, finish) per op, shifted by each rank's
+// step start relative to the earliest rank's.
+std::vector<std::vector<OpTime>> gather_times(const Comm& world, const StepResult& r,
+                                              double step_start) {
+  const Program& p = r.program;
+  std::size_t most = 0;
+  for (const auto& ops : p.ranks) most = std::max(most, ops.size());
+  torch::Tensor mine = torch::zeros({static_cast<int64_t>(1 + 2 * most)}, torch::kFloat64);
+  auto a = mine.accessor<double, 1>();
+  a[0] = step_start;
+  for (std::size_t i = 0; i < r.times.size(); ++i) {
+    a[static_cast<int64_t>(1 + 2 * i)] = r.times[i].start_s;
+    a[static_cast<int64_t>(2 + 2 * i)] = r.times[i].finish_s;
+  }
+  const std::vector<int64_t> rows(static_cast<std::size_t>(world.size()), 1);
+  const torch::Tensor all =
+      all_gather_rows(world, mine.unsqueeze(0), rows).view({world.size(), -1});
+  const double earliest = all.select(1, 0).min().item<double>();
+  std::vector<std::vector<OpTime>> out(p.ranks.size());
+  for (std::size_t rank = 0; rank < p.ranks.size(); ++rank) {
+    const auto row = all[static_cast<int64_t>(rank)];
+    const double shift = row[0].item<double>() - earliest;
+    for (std::size_t i = 0; i < p.ranks[rank].size(); ++i)
+      out[rank].push_back({row[static_cast<int64_t>(1 + 2 * i)].item<double>() + shift,
+                           row[static_cast<int64_t>(2 + 2 * i)].item<double>() + shift});
+  }
+  return out;
+}
+
+void barrier(const Comm& world) {
+  torch::Tensor t = torch::zeros({1});
+  all_reduce(world, t);
+}
+
+struct Checkpoint {
+  int64_t step = 0;
+  fs::path dir;
+};
+
+std::optional<Checkpoint> read_manifest(const fs::path& out_dir) {
+  const fs::path manifest = out_dir / "checkpoint" / "manifest.json";
+  if (!fs::exists(manifest)) return std::nullopt;
+  std::ifstream in(manifest);
+  const Json j = Json::parse(in);
+  return Checkpoint{j.at("step").get<int64_t>(), out_dir / "checkpoint" / j.at("dir").get<std::string>()};
+}
+
+void save_checkpoint(Worker& worker, const Comm& world, const fs::path& out_dir, int64_t step) {
+  char name[32];
+  std::snprintf(name, sizeof name, "step-%06lld", static_cast<long long>(step));
+  const fs::path dir = out_dir / "checkpoint" / name;
+  fs::create_directories(dir);
+  const fs::path file = dir / ("rank" + std::to_string(world.rank) + ".pt");
+  worker.save(file.string() + ".tmp");
+  fs::rename(file.string() + ".tmp", file);
+  barrier(world);  // every shard is in place before the manifest points at them
+  if (world.rank == 0) {
+    const auto previous = read_manifest(out_dir);
+    write_atomically(out_dir / "checkpoint" / "manifest.json",
+                     Json{{"step", step}, {"dir", name}, {"world", world.size()}}.dump(1) + "\n");
+    if (previous && previous->dir != dir) fs::remove_all(previous->dir);
+  }
+  barrier(world);
+}
+
+}  // namespace
+
+int train_worker(const WorkerEnv& env, const TrainJob& job) {
+  torch::set_num_threads(1);  // ranks share the machine's cores
+  GroupOptions group_options;
+  group_options.timeout = std::chrono::milliseconds(static_cast<int64_t>(job.timeout_s * 1000));
+  Groups groups(connect_store(env, group_options), env.rank, env.world_size,
+                group_options.timeout,
+                env.master_addr == "127.0.0.1" || env.master_addr == "localhost");
+  const Scenario& s = job.scenario;
+  Worker worker(s, *s.plan, groups, job.options);
+  const Comm& world = groups.world();
+  const bool lead = env.rank == 0;
+  const fs::path out = job.out_dir;
+  int64_t first = 0;
+  if (job.resume) {
+    const auto checkpoint = read_manifest(out);
+    TESSERA_CHECK(checkpoint.has_value(),
+                  "--resume: no checkpoint in " + (out / "checkpoint").string());
+    worker.load((checkpoint->dir / ("rank" + std::to_string(env.rank) + ".pt")).string());
+    first = checkpoint->step;
+  }
+  std::ofstream losses;
+  if (lead && !out.empty()) {
+    fs::create_directories(out);
+    // Keep the losses of the steps before the resumed one, drop any recorded after it.
+    std::vector<std::string> kept;
+    if (job.resume) {
+      std::ifstream in(out / "loss.jsonl");
+      std::string line;
+      while (std::getline(in, line)) {
+        try {
+          if (Json::parse(line).at("step").get<int64_t>() < first) kept.push_back(line);
+        } catch (const std::exception&) {
+        }
+      }
+    }
+    losses.open(out / "loss.jsonl", std::ios::trunc);
+    for (const std::string& line : kept) losses << line << "\n";
+    losses.flush();
+  }
+  Json iterations = Json::array();
+  std::vector<StepResult> traced;
+  std::vector<Timeline> timelines;
+  std::vector<double> offsets;
+  const double job_start = monotonic_s();
+  for (int64_t step = first; step < job.steps; ++step) {
+    const double started = monotonic_s();
+    StepResult r = worker.step(step);
+    // The step time of the job: the slowest rank's.
+    torch::Tensor slowest = torch::tensor({r.step_s}, torch::kFloat64);
+    all_reduce(world, slowest, c10d::ReduceOp::MAX);
+    const double step_s = slowest.item<double>();
+    const bool trace = !out.empty() && step - first < job.trace_steps;
+    std::vector<std::vector<OpTime>> times;
+    if (trace) times = gather_times(world, r, started);
+    if (lead) {
+      std::printf("step %lld/%lld  loss %.6f  grad-norm %.4g  %.3f s  %.0f tokens/s\n",
+                  static_cast<long long>(step + 1), static_cast<long long>(job.steps), r.loss,
+                  r.grad_norm, step_s, static_cast<double>(r.llm_tokens) / step_s);
+      std::fflush(stdout);
+      if (losses.is_open()) {
+        losses << Json{{"step", step}, {"loss", r.loss}, {"grad_norm", r.grad_norm}, {"step_s", step_s}}.dump()
+               << "\n";
+        losses.flush();
+      }
+      Json samples = Json::array();
+      for (const Sample& sample : r.samples) samples.push_back(to_json(sample));
+      iterations.push_back({{"iteration", step}, {"loss", r.loss}, {"grad_norm", r.grad_norm},
+                            {"step_s", step_s}, {"llm_tokens", r.llm_tokens}, {"samples", samples}});
+      if (trace) {
+        Timeline t;
+        t.ops = std::move(times);
+        for (const auto& ops : t.ops)
+          for (const OpTime& o : ops) t.step_s = std::max(t.step_s, o.finish_s);
+        timelines.push_back(std::move(t));
+        offsets.push_back(started - job_start);
+        traced.push_back(std::move(r));
+      }
+    }
+    const bool last = step + 1 == job.steps;
+    if (!out.empty() && (last || (job.checkpoint_every > 0 && (step + 1) % job.checkpoint_every == 0)))
+      save_checkpoint(worker, world, out, step + 1);
+  }
+  if (lead && !out.empty()) {
+    std::vector<TraceIteration> its;
+    for (std::size_t k = 0; k < traced.size(); ++k)
+      its.push_back({&traced[k].program, &timelines[k], offsets[k]});
+    if (!its.empty()) {
+      const std::string error = write_chrome_traces((out / "trace").string(), its, "gloo");
+      TESSERA_CHECK(error.empty(), error);
+    }
+    Json run{{"scenario", inline_scenario_json(s)},
+             {"scenario_file", job.scenario_file},
+             {"plan", to_json(*s.plan)},
+             {"world", env.world_size},
+             {"device", "cpu"},
+             {"backend", "gloo"},
+             {"dataset", job.options.dataset == DatasetKind::kShapes ? "shapes" : "synthetic"},
+             {"options", {{"seed", job.options.seed}, {"lr", job.options.lr}, {"clip", job.options.clip},
+                          {"weight_decay", job.options.weight_decay}}},
+             {"software", {{"torch", TORCH_VERSION}, {"torch_threads_per_rank", 1}}},
+             {"machine", {{"cores", std::thread::hardware_concurrency()}, {"cpu", cpu_model()}}},
+             {"parameter_bytes_rank0", worker.parameter_bytes()},
+             {"first_step", first},
+             {"iterations", iterations}};
+    write_atomically(out / "run.json", run.dump(1) + "\n");
+  }
+  return 0;
+}
+
+}  // namespace tessera::exec

@@ -1,0 +1,30 @@
+// `tessera-train <scenario>`: real training of a scenario's model with a plan. One worker per
+// rank (launcher.hpp); each runs the Program interpreter (runtime.hpp) step by step, rank 0
+// prints progress, and with --out the job records loss.jsonl (as it goes), run.json, one Chrome
+// trace per rank and checkpoints (per-rank shards + manifest, written atomically).
+#pragma once
+
+#include <string>
+
+#include "exec/launcher.hpp"
+#include "exec/runtime.hpp"
+#include "shared/scenario.hpp"
+
+namespace tessera::exec {
+
+struct TrainJob {
+  Scenario scenario;  // validated, with its plan
+  std::string scenario_file;
+  int64_t steps = 10;
+  std::string out_dir;        // "": record nothing
+  bool resume = false;        // continue from out_dir/checkpoint/manifest.json
+  int64_t checkpoint_every = 0;  // also checkpoint every N steps (always at the end with --out)
+  int64_t trace_steps = 20;   // steps recorded in the Chrome traces
+  double timeout_s = 120;     // rendezvous and every collective
+  TrainOptions options;
+};
+
+// The body of one worker: trains, records, returns 0 (or throws with the reason).
+int train_worker(const WorkerEnv& env, const TrainJob& job);
+
+}  // namespace tessera::exec
