@@ -1,0 +1,201 @@
+// tessera-train end to end on the tiny LLaVA-like scenario (fp32, CPU, Gloo): parallel plans give
+// the single-rank losses, the executed ops are the lowered Program's, the shapes data set is
+// learnable, resume continues exactly, and a killed worker ends the job quickly.
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "exec/data.hpp"
+#include "shared/json_reader.hpp"
+#include "shared/lower.hpp"
+#include "shared/plan_source.hpp"
+
+using namespace tessera;
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::string kScenario = std::string(TESSERA_SOURCE_DIR) + "/scenarios/cpu-tiny.json";
+
+struct Run {
+  int code = -1;
+  std::string output;
+};
+
+Run run(const std::string& args) {
+  Run r;
+  FILE* pipe = ::popen((std::string(TESSERA_TRAIN) + " " + args + " 2>&1").c_str(), "r");
+  REQUIRE(pipe != nullptr);
+  char buffer[4096];
+  std::size_t n = 0;
+  while ((n = std::fread(buffer, 1, sizeof buffer, pipe)) > 0) r.output.append(buffer, n);
+  const int status = ::pclose(pipe);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+fs::path fresh_dir(const std::string& name) {
+  const fs::path dir = fs::temp_directory_path() / ("tessera-train-test-" + std::to_string(::getpid())) / name;
+  fs::remove_all(dir);
+  fs::create_directories(dir.parent_path());
+  return dir;
+}
+
+std::string plan_file(const std::string& layout) {
+  const fs::path path = fresh_dir("plans") / "";
+  fs::create_directories(path);
+  const fs::path file = path / (std::to_string(std::hash<std::string>{}(layout)) + ".json");
+  std::ofstream(file) << R"({"placement": "homogeneous", "micro_batch_size": 1, "schedule": "1f1b", "layout": )"
+                      << layout << "}";
+  return file.string();
+}
+
+std::vector<double> losses(const fs::path& out) {
+  std::vector<double> v;
+  std::ifstream in(out / "loss.jsonl");
+  std::string line;
+  while (std::getline(in, line)) v.push_back(Json::parse(line).at("loss").get<double>());
+  return v;
+}
+
+std::vector<double> train(const std::string& layout, const std::string& name, int steps = 3,
+                          const std::string& extra = "") {
+  const fs::path out = fresh_dir(name);
+  const Run r = run(kScenario + " --plan " + plan_file(layout) + " --steps " +
+                    std::to_string(steps) + " --out " + out.string() + " " + extra);
+  INFO(r.output);
+  REQUIRE(r.code == 0);
+  return losses(out);
+}
+
+}  // namespace
+
+TEST_CASE("parallel plans reproduce the single-rank losses (3 steps, fp32, clipping active)") {
+  const std::vector<double> reference = train(R"({"tp": 1})", "single");
+  REQUIRE(reference.size() == 3);
+  for (const auto& [layout, name] : std::vector<std::pair<std::string, std::string>>{
+           {R"({"tp": 2})", "tp2"},
+           {R"({"pp": 2})", "pp2"},
+           {R"({"dp": 2})", "dp2"},
+           {R"({"cp": 2})", "cp2"},
+           {R"({"tp": 2, "pp": 2})", "tp2pp2"}}) {
+    const std::vector<double> got = train(layout, name);
+    REQUIRE(got.size() == reference.size());
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      INFO(name << " step " << i << ": " << got[i] << " vs " << reference[i]);
+      CHECK(std::abs(got[i] - reference[i]) <= 1e-5 * std::abs(reference[i]));
+    }
+  }
+}
+
+TEST_CASE("the ops executed are the Program's, in order (trace op ids against lower())") {
+  const fs::path out = fresh_dir("trace");
+  const Run r = run(kScenario + " --plan " + plan_file(R"({"tp": 2, "pp": 2})") +
+                    " --steps 1 --out " + out.string());
+  INFO(r.output);
+  REQUIRE(r.code == 0);
+  Diagnostics diag;
+  const auto s = load_scenario_with_plan(kScenario, plan_file(R"({"tp": 2, "pp": 2})"), diag);
+  REQUIRE(s.has_value());
+  const exec::TrainBatch batch = exec::make_batch(*s, exec::DatasetKind::kSynthetic, 0);
+  const Lowered lowered = lower(s->model, s->cluster, *s->plan, s->workload, batch.batch);
+  REQUIRE(lowered.error.empty());
+  for (int rank = 0; rank < 4; ++rank) {
+    std::ifstream in(out / "trace" / ("rank" + std::to_string(rank) + ".json"));
+    const Json trace = Json::parse(in);
+    std::vector<std::pair<double, std::string>> executed;
+    for (const Json& e : trace.at("traceEvents"))
+      if (e.value("ph", "") == "X" && e.contains("args") && e["args"].contains("op_id"))
+        executed.emplace_back(e.at("ts").get<double>(), e["args"]["op_id"].get<std::string>());
+    std::stable_sort(executed.begin(), executed.end(),
+                     [](const auto& a, const auto& b) { return a.first < b.first; });
+    const auto& ops = lowered.program.ranks[static_cast<std::size_t>(rank)];
+    REQUIRE(executed.size() == ops.size());
+    for (std::size_t i = 0; i < ops.size(); ++i)
+      CHECK(executed[i].second == op_id(lowered.program, rank, static_cast<int32_t>(i)));
+  }
+}
+
+TEST_CASE("the shapes data set is learnable: the loss falls by half within 50 steps") {
+  const std::vector<double> v = train(R"({"tp": 1})", "shapes", 50, "--dataset shapes");
+  REQUIRE(v.size() == 50);
+  INFO("first " << v.front() << ", last " << v.back());
+  CHECK(v.back() < v.front() / 2);
+}
+
+TEST_CASE("resuming from a checkpoint continues the losses exactly") {
+  const std::vector<double> straight = train(R"({"pp": 2})", "straight", 4);
+  const fs::path out = fresh_dir("resumed");
+  const std::string common = kScenario + " --plan " + plan_file(R"({"pp": 2})") + " --out " + out.string();
+  REQUIRE(run(common + " --steps 2").code == 0);
+  REQUIRE(fs::exists(out / "checkpoint" / "manifest.json"));
+  const Run resumed = run(common + " --steps 4 --resume");
+  INFO(resumed.output);
+  REQUIRE(resumed.code == 0);
+  const std::vector<double> v = losses(out);
+  REQUIRE(v.size() == 4);
+  for (std::size_t i = 0; i < 4; ++i) CHECK(v[i] == straight[i]);  // bit for bit
+}
+
+TEST_CASE("a worker killed mid-run ends the job within 30 s, non-zero, naming the rank") {
+  const std::string cmd = std::string(TESSERA_TRAIN) + " " + kScenario + " --plan " +
+                          plan_file(R"({"pp": 2})") + " --steps 100000";
+  const std::string err_file = fresh_dir("killed").string() + ".err";
+  const pid_t launcher = ::fork();
+  REQUIRE(launcher >= 0);
+  if (launcher == 0) {
+    ::execl("/bin/sh", "sh", "-c", ("exec " + cmd + " >/dev/null 2>" + err_file).c_str(),
+            static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  // Wait until the launcher has its workers, then kill one of them.
+  pid_t victim = -1;
+  for (int tries = 0; tries < 200 && victim < 0; ++tries) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    for (const auto& entry : fs::directory_iterator("/proc")) {
+      std::ifstream stat(entry.path() / "stat");
+      std::string pid, name, state;
+      long ppid = 0;
+      if (stat >> pid >> name >> state >> ppid && ppid == launcher) {
+        victim = static_cast<pid_t>(std::stol(pid));
+        break;
+      }
+    }
+  }
+  REQUIRE(victim > 0);
+  std::this_thread::sleep_for(std::chrono::seconds(2));
+  const auto start = std::chrono::steady_clock::now();
+  ::kill(victim, SIGKILL);
+  int status = 0;
+  ::waitpid(launcher, &status, 0);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 1);
+  CHECK(seconds < 30);
+  std::ifstream err(err_file);
+  const std::string message((std::istreambuf_iterator<char>(err)), std::istreambuf_iterator<char>());
+  INFO(message);
+  CHECK(message.find("killed by signal 9") != std::string::npos);
+}
+
+TEST_CASE("bad input: exit 2 with the file named, nothing written") {
+  const fs::path out = fresh_dir("bad");
+  const Run missing = run("/nonexistent.json --out " + out.string());
+  CHECK(missing.code == 2);
+  CHECK(missing.output.find("/nonexistent.json") != std::string::npos);
+  const Run ranks = run(kScenario + " --plan " + plan_file(R"({"tp": 2})") + " --nproc 3");
+  CHECK(ranks.code == 2);
+  const Run device = run(kScenario + " --device tpu");
+  CHECK(device.code == 2);
+  CHECK_FALSE(fs::exists(out));
+}
