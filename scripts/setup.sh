@@ -8,6 +8,9 @@ packages=(
   build-essential g++ cmake ninja-build pkg-config git ca-certificates time
   libsimgrid-dev
   libtorch-dev libgloo-dev
+  # libtorch's matrix products go through libblas.so.3; Debian's default is the reference BLAS,
+  # 6x slower on the executor's steps. The single-threaded OpenBLAS suits one rank per core.
+  libopenblas0-serial
   libeigen3-dev libcxxopts-dev nlohmann-json3-dev doctest-dev
 )
 
