@@ -10,6 +10,7 @@
 #include "exec/comm_check.hpp"
 #include "exec/launcher.hpp"
 #include "exec/process_group.hpp"
+#include "exec/plain_loop.hpp"
 #include "exec/train.hpp"
 #include "shared/plan_source.hpp"
 
@@ -257,16 +258,60 @@ int train(int argc, char** argv) {
   return 0;
 }
 
+// tessera-train plain-loop: the overhead yardstick (plain_loop.hpp).
+int plain_loop(int argc, char** argv) {
+  cxxopts::Options options("tessera-train plain-loop",
+                           "Trains a single-rank plan with a plain LibTorch loop (no Program): "
+                           "the yardstick scripts/bench.sh exec compares tessera-train with.");
+  options.add_options()("plan", "plan replacing the scenario's", cxxopts::value<std::string>())(
+      "steps", "steps", cxxopts::value<int64_t>()->default_value("10"))(
+      "input", "scenario", cxxopts::value<std::string>())("h,help", "show this help");
+  options.parse_positional({"input"});
+  cxxopts::ParseResult args;
+  try {
+    args = options.parse(argc, argv);
+  } catch (const cxxopts::exceptions::exception& e) {
+    std::cerr << "tessera-train plain-loop: " << e.what() << "\n";
+    return 2;
+  }
+  if (args.count("help") || !args.count("input")) {
+    (args.count("help") ? std::cout : std::cerr) << options.help() << "\n";
+    return args.count("help") ? 0 : 2;
+  }
+  tessera::Diagnostics diag;
+  const std::string file = args["input"].as<std::string>();
+  auto s = tessera::load_scenario_with_plan(file, args.count("plan") ? args["plan"].as<std::string>() : "", diag);
+  if (!s) {
+    std::cerr << diag.format();
+    return 2;
+  }
+  if (const std::string problem = executor_support(s->model); !problem.empty()) {
+    std::cerr << file << ": model: " << problem << "\n";
+    return 2;
+  }
+  if (tessera::world_size(*s->plan, s->model) != 1) {
+    std::cerr << "tessera-train plain-loop: the plan must have one rank\n";
+    return 2;
+  }
+  torch::set_num_threads(1);
+  const auto steps = run_plain_loop(*s, TrainOptions{}, args["steps"].as<int64_t>());
+  for (std::size_t i = 0; i < steps.size(); ++i)
+    std::printf("step %zu/%zu  loss %.9f  %.4f s\n", i + 1, steps.size(), steps[i].loss, steps[i].seconds);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   const std::string command = argc > 1 ? argv[1] : "";
   if (command == "comm-check") return comm_check(argc - 1, argv + 1);
+  if (command == "plain-loop") return plain_loop(argc - 1, argv + 1);
   if (command.empty() || command == "-h" || command == "--help") {
     std::ostream& out = command.empty() ? std::cerr : std::cout;
     out << "usage: tessera-train <scenario.json> [--plan P] [--nproc N] [--steps S] [--out DIR] "
            "[--resume] [--dataset synthetic|shapes] ...\n"
-           "       tessera-train comm-check [--nproc N] [--bytes B]\n\n"
+           "       tessera-train comm-check [--nproc N] [--bytes B]\n"
+           "       tessera-train plain-loop <scenario.json> [--steps S]   (overhead yardstick)\n\n"
            "'tessera-train <scenario.json> --help' lists the training options.\n";
     return command.empty() ? 2 : 0;
   }

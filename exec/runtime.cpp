@@ -151,6 +151,7 @@ const Worker::MicroBatch& Worker::micro_batch(int mb) {
 }
 
 StepResult Worker::step(int64_t iteration) {
+  const auto prepare = std::chrono::steady_clock::now();
   const ModelSpec& model = scenario_.model;
   batch_ = make_batch(scenario_, options_.dataset, iteration);
   Lowered lowered = lower(model, scenario_.cluster, plan_, scenario_.workload, batch_.batch);
@@ -178,9 +179,19 @@ StepResult Worker::step(int64_t iteration) {
   loss_sum_ = 0;
   synchronized_ = false;
   const auto& ops = p.ranks[static_cast<std::size_t>(rank_)];
-  for (const Op& op : ops) {
+  fused_.assign(ops.size(), 0);
+  for (std::size_t i = 0; i < ops.size(); ++i) {
+    const Op& op = ops[i];
     if (op.kind == OpKind::kCompute && op.phase == Phase::kW)
       has_w_[{op.module, op.chunk, op.microbatch}] = true;
+    // A W right after its own B: one backward pass computes both (the W op then has nothing
+    // left to do), instead of walking the graph twice.
+    if (op.kind == OpKind::kCompute && op.phase == Phase::kW && i > 0) {
+      const Op& b = ops[i - 1];
+      if (b.kind == OpKind::kCompute && b.phase == Phase::kB && b.module == op.module &&
+          b.chunk == op.chunk && b.microbatch == op.microbatch)
+        fused_[i - 1] = fused_[i] = 1;
+    }
     if (op.kind == OpKind::kSend && op.phase == Phase::kB)
       sends_grad_[{op.module, op.chunk, op.microbatch}] = true;
     TESSERA_CHECK(!(op.kind == OpKind::kCompute && op.phase == Phase::kR),
@@ -193,6 +204,8 @@ StepResult Worker::step(int64_t iteration) {
 
   result.times.assign(ops.size(), OpTime{});
   const auto start = std::chrono::steady_clock::now();
+  result.prepare_s = std::chrono::duration<double>(start - prepare).count();
+  result.started_s = std::chrono::duration<double>(start.time_since_epoch()).count();
   auto now = [&] {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   };
@@ -202,6 +215,8 @@ StepResult Worker::step(int64_t iteration) {
     const Key key{op.module, op.chunk, op.microbatch};
     switch (op.kind) {
       case OpKind::kCompute:
+        if (fused_[i] && op.phase == Phase::kW) break;  // done by its B
+        if (fused_[i]) has_w_.erase(key);                // B does the weights too
         compute(op);
         break;
       case OpKind::kSend: {

@@ -36,6 +36,8 @@ struct StepResult {
   double loss = 0;       // mean cross-entropy over the batch's predicted tokens (every rank)
   double grad_norm = 0;  // global, before clipping (every rank)
   double step_s = 0;     // this rank: first op start to last op finish
+  double started_s = 0;  // when the first op started (steady clock, shared by the host's ranks)
+  double prepare_s = 0;  // drawing the batch and lowering the Program, before the first op
   int64_t llm_tokens = 0;
   Program program;             // the iteration's Program (all ranks)
   std::vector<OpTime> times;   // this rank's ops, seconds from the step's start
@@ -99,6 +101,7 @@ class Worker {
   std::map<Key, Slot> slots_;
   std::map<Key, torch::Tensor> received_;
   std::map<Key, bool> has_w_, sends_grad_;
+  std::vector<char> fused_;  // per op: a B and the W right after it, run as one backward
   std::vector<std::pair<c10::intrusive_ptr<c10d::Work>, torch::Tensor>> pending_;
   const Program* program_ = nullptr;
   double loss_sum_ = 0;

@@ -165,19 +165,15 @@ int train_worker(const WorkerEnv& env, const TrainJob& job) {
     torch::Tensor slowest = torch::tensor({r.step_s}, torch::kFloat64);
     all_reduce(world, slowest, c10d::ReduceOp::MAX);
     const double step_s = slowest.item<double>();
+    const double r_loss = r.loss, r_norm = r.grad_norm, r_prepare = r.prepare_s;
     const bool trace = !out.empty() && step - first < job.trace_steps;
     std::vector<std::vector<OpTime>> times;
-    if (trace) times = gather_times(world, r, started);
+    if (trace) times = gather_times(world, r, r.started_s);
     if (lead) {
       std::printf("step %lld/%lld  loss %.6f  grad-norm %.4g  %.3f s  %.0f tokens/s\n",
                   static_cast<long long>(step + 1), static_cast<long long>(job.steps), r.loss,
                   r.grad_norm, step_s, static_cast<double>(r.llm_tokens) / step_s);
       std::fflush(stdout);
-      if (losses.is_open()) {
-        losses << Json{{"step", step}, {"loss", r.loss}, {"grad_norm", r.grad_norm}, {"step_s", step_s}}.dump()
-               << "\n";
-        losses.flush();
-      }
       Json samples = Json::array();
       for (const Sample& sample : r.samples) samples.push_back(to_json(sample));
       iterations.push_back({{"iteration", step}, {"loss", r.loss}, {"grad_norm", r.grad_norm},
@@ -188,9 +184,18 @@ int train_worker(const WorkerEnv& env, const TrainJob& job) {
         for (const auto& ops : t.ops)
           for (const OpTime& o : ops) t.step_s = std::max(t.step_s, o.finish_s);
         timelines.push_back(std::move(t));
-        offsets.push_back(started - job_start);
+        offsets.push_back(r.started_s - job_start);
         traced.push_back(std::move(r));
       }
+    }
+    if (losses.is_open()) {
+      // step_s: the slowest rank's ops; wall_s: rank 0's whole step (batch, lowering, ops,
+      // tracing and logging).
+      losses << Json{{"step", step}, {"loss", r_loss}, {"grad_norm", r_norm}, {"step_s", step_s},
+                     {"prepare_s", r_prepare}, {"wall_s", monotonic_s() - started}}
+                    .dump()
+             << "\n";
+      losses.flush();
     }
     const bool last = step + 1 == job.steps;
     if (!out.empty() && (last || (job.checkpoint_every > 0 && (step + 1) % job.checkpoint_every == 0)))

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# Benchmarks that print figures (never pass/fail). Usage: scripts/bench.sh [lower|sim|sweep|comm|cli|all]
+# Benchmarks that print figures (never pass/fail). Usage: scripts/bench.sh [lower|sim|sweep|comm|cli|exec|all]
 #   lower  lowering + evaluation of one iteration of a 1024-rank plan with 64 micro-batches
 #   sim    tessera simulate, one iteration of the default plan at 64, 1024 and 8192 devices
 #   sweep  the default sweep with -j 1 and -j 2, and a headless-Chromium screenshot of its report
 #          (needs the Debian package chromium; skipped without it)
 #   comm   the Gloo all-reduce of tessera-train across message sizes (2 ranks on loopback)
 #   cli    tessera validate/show on the scenario library
+#   exec   tessera-train on scenarios/cpu-tiny.json: single-rank step against a plain LibTorch
+#          loop of the same model and batch, tracing on/off, and the parallel plans' step times
 set -euo pipefail
 cd "$(dirname "$0")/.."
 what=${1:-all}
@@ -88,4 +90,39 @@ if [[ $what == cli || $what == all ]]; then
   "$tessera" show scenarios/default.json --batches 16 >/dev/null
   end=$(date +%s.%N)
   echo "show default.json with 16 batches (4096 samples): $(elapsed "$start" "$end") s"
+fi
+
+if [[ $what == exec || $what == all ]]; then
+  train="$build/exec/tessera-train"
+  scenario=scenarios/cpu-tiny.json
+  plans=$(mktemp -d)
+  plan() { echo "{\"placement\": \"homogeneous\", \"micro_batch_size\": 1, \"schedule\": \"1f1b\", \"layout\": $1}" >"$plans/$2.json"; echo "$plans/$2.json"; }
+  # median of column $2 (a JSON field) of loss.jsonl $1, steps 5 and later (warm-up excluded)
+  median() { grep -o "\"$2\":[0-9.e-]*" "$1" | tail -n +6 | cut -d: -f2 | sort -g |
+             awk '{ v[NR] = $1 } END { printf "%.4f", (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+  steps=${TESSERA_BENCH_STEPS:-40}
+  echo "== tessera-train on $scenario (fp32, CPU, Gloo, one thread per rank), $steps steps, medians of steps 5.. =="
+  single=$(plan '{"tp": 1}' single)
+  "$train" plain-loop "$scenario" --plan "$single" --steps "$steps" |
+    awk '{ print $5 }' | tail -n +6 | sort -g |
+    awk '{ v[NR] = $1 } END { printf "%.4f\n", (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }' >"$plans/plain.txt"
+  rm -rf out/bench-exec && mkdir -p out/bench-exec
+  "$train" "$scenario" --plan "$single" --steps "$steps" --trace-steps 0 --out out/bench-exec/untraced >/dev/null
+  "$train" "$scenario" --plan "$single" --steps "$steps" --trace-steps "$steps" --out out/bench-exec/traced >/dev/null
+  plain=$(cat "$plans/plain.txt")
+  untraced=$(median out/bench-exec/untraced/loss.jsonl wall_s)
+  traced=$(median out/bench-exec/traced/loss.jsonl wall_s)
+  awk -v p="$plain" -v u="$untraced" -v t="$traced" 'BEGIN {
+    printf "plain LibTorch loop          %.4f s/step\n", p
+    printf "tessera-train, no trace      %.4f s/step   overhead vs plain %+.1f%%\n", u, 100 * (u / p - 1)
+    printf "tessera-train, traced        %.4f s/step   tracing costs %+.1f%%\n", t, 100 * (t / u - 1) }'
+  echo "-- parallel plans (step: the slowest rank's ops; 2 cores shared by all ranks) --"
+  for layout in '{"tp": 1}' '{"tp": 2}' '{"pp": 2}' '{"dp": 2}' '{"cp": 2}' '{"tp": 2, "pp": 2}'; do
+    name=$(echo "$layout" | tr -dc 'a-z0-9')
+    "$train" "$scenario" --plan "$(plan "$layout" "$name")" --steps 15 --trace-steps 0 --out "out/bench-exec/$name" >/dev/null
+    printf "%-22s step %s s   wall %s s   loss after 15 steps %s\n" "$layout" \
+      "$(median "out/bench-exec/$name/loss.jsonl" step_s)" "$(median "out/bench-exec/$name/loss.jsonl" wall_s)" \
+      "$(tail -1 "out/bench-exec/$name/loss.jsonl" | grep -o '"loss":[0-9.]*' | cut -d: -f2)"
+  done
+  rm -rf "$plans"
 fi

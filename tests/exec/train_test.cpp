@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -96,6 +97,21 @@ TEST_CASE("parallel plans reproduce the single-rank losses (3 steps, fp32, clipp
       CHECK(std::abs(got[i] - reference[i]) <= 1e-5 * std::abs(reference[i]));
     }
   }
+}
+
+TEST_CASE("single rank: the Program interpreter gives the plain LibTorch loop's losses") {
+  const std::vector<double> program = train(R"({"tp": 1})", "interpreted");
+  const Run plain = run("plain-loop " + kScenario + " --plan " + plan_file(R"({"tp": 1})") + " --steps 3");
+  INFO(plain.output);
+  REQUIRE(plain.code == 0);
+  std::vector<double> loop;
+  std::istringstream lines(plain.output);
+  std::string word;
+  while (lines >> word)
+    if (word == "loss" && lines >> word) loop.push_back(std::stod(word));
+  REQUIRE(loop.size() == program.size());
+  for (std::size_t i = 0; i < loop.size(); ++i)
+    CHECK(std::abs(loop[i] - program[i]) <= 1e-6 * std::abs(program[i]));
 }
 
 TEST_CASE("the ops executed are the Program's, in order (trace op ids against lower())") {
