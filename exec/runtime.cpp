@@ -104,10 +104,38 @@ Worker::Worker(const Scenario& s, const ParallelPlan& plan, Groups& groups,
         *tp_[static_cast<std::size_t>(op.module)]);
   }
   for (std::size_t m = 0; m < modules; ++m) {
-    const std::vector<torch::Tensor> params = trainable(static_cast<int>(m));
+    std::vector<torch::Tensor> params = trainable(static_cast<int>(m));
     if (params.empty()) continue;
     torch::optim::AdamWOptions o(options.lr);
     o.betas({options.beta1, options.beta2}).eps(options.eps).weight_decay(options.weight_decay);
+    if (plan.distributed_optimizer) {
+      // The slice this rank owns among the module's data(-context)-parallel group, the group
+      // of the Program's gradient reduce-scatter.
+      const Op* reduce = nullptr;
+      for (const Op& op : p.ranks[static_cast<std::size_t>(rank_)])
+        if (op.kind == OpKind::kCollective && op.purpose == Purpose::kDp &&
+            op.module == static_cast<int>(m))
+          reduce = &op;
+      Shard shard;
+      std::vector<torch::Tensor> flat;
+      for (const torch::Tensor& t : params) flat.push_back(t.detach().reshape({-1}));
+      const torch::Tensor all = torch::cat(flat);
+      shard.total = all.numel();
+      int64_t parts = 1, index = 0;
+      if (reduce != nullptr) {
+        const RankList& g = p.groups[static_cast<std::size_t>(reduce->group)];
+        parts = static_cast<int64_t>(g.size());
+        index = std::find(g.begin(), g.end(), rank_) - g.begin();
+      }
+      const int64_t size = (shard.total + parts - 1) / parts;
+      shard.begin = index * size;
+      shard.flat = torch::zeros({size});
+      const int64_t n = std::max<int64_t>(0, std::min(size, shard.total - shard.begin));
+      if (n > 0) shard.flat.narrow(0, 0, n).copy_(all.narrow(0, shard.begin, n));
+      shard.flat.set_requires_grad(true);
+      params = {shard.flat};
+      shards_[static_cast<int>(m)] = shard;
+    }
     optimizers_[static_cast<int>(m)] = std::make_unique<torch::optim::AdamW>(params, o);
   }
 }
@@ -393,16 +421,26 @@ void Worker::backward(const Op& op, bool weights) {
 }
 
 void Worker::reduce_gradients(const Op& op) {
-  TESSERA_CHECK(op.purpose == Purpose::kDp && op.collective == CollectiveKind::kAllReduce,
-                op_name(*program_, op) +
-                    ": only data-parallel gradient all-reduces are in the executor so far");
+  TESSERA_CHECK(op.purpose == Purpose::kDp,
+                op_name(*program_, op) + ": only data-parallel collectives are in the executor so far");
+  if (op.collective == CollectiveKind::kAllGather) return gather_parameters(op);
+  // Gloo has no reduce-scatter: the sharded optimizer's reduce-scatter is an all-reduce of
+  // which each rank uses its slice (same values, more bytes than on NCCL).
+  TESSERA_CHECK(op.collective == CollectiveKind::kAllReduce ||
+                    op.collective == CollectiveKind::kReduceScatter,
+                op_name(*program_, op) + ": unexpected gradient collective");
   const Comm& comm = groups_.get(program_->groups[static_cast<std::size_t>(op.group)]);
   std::vector<torch::Tensor> params = trainable(op.module);
   if (params.empty()) return;
   std::vector<torch::Tensor> grads;
   for (const torch::Tensor& p : params) grads.push_back(p.grad().view({-1}));
   torch::Tensor flat = torch::cat(grads);
-  all_reduce(comm, flat);
+  // Buckets of at most 25 MB, as DDP and Megatron reduce them.
+  constexpr int64_t kBucket = 25 * 1000 * 1000 / 4;
+  for (int64_t begin = 0; begin < flat.numel(); begin += kBucket) {
+    torch::Tensor bucket = flat.narrow(0, begin, std::min(kBucket, flat.numel() - begin));
+    all_reduce(comm, bucket);
+  }
   int64_t at = 0;
   for (torch::Tensor& p : params) {
     const int64_t n = p.numel();
@@ -436,16 +474,49 @@ void Worker::optimizer_step(const Op& op) {
   if (!synchronized_) synchronize_norm_and_loss();
   const auto it = optimizers_.find(op.module);
   if (it == optimizers_.end()) return;
+  if (const auto shard = shards_.find(op.module); shard != shards_.end()) {
+    // This rank's slice of the reduced gradient drives its slice of the parameters.
+    std::vector<torch::Tensor> grads;
+    for (const torch::Tensor& p : trainable(op.module)) grads.push_back(p.grad().reshape({-1}));
+    const torch::Tensor all = torch::cat(grads);
+    Shard& sh = shard->second;
+    torch::Tensor g = torch::zeros_like(sh.flat);
+    const int64_t n = std::max<int64_t>(0, std::min(sh.flat.numel(), sh.total - sh.begin));
+    if (n > 0) g.narrow(0, 0, n).copy_(all.narrow(0, sh.begin, n));
+    sh.flat.mutable_grad() = g * clip_coefficient_;
+    it->second->step();
+    return;
+  }
   if (clip_coefficient_ < 1.0)
     for (torch::Tensor& p : trainable(op.module)) p.mutable_grad().mul_(clip_coefficient_);
   it->second->step();
 }
 
+void Worker::gather_parameters(const Op& op) {
+  const auto shard = shards_.find(op.module);
+  TESSERA_CHECK(shard != shards_.end(), op_name(*program_, op) + ": no sharded optimizer here");
+  const Comm& comm = groups_.get(program_->groups[static_cast<std::size_t>(op.group)]);
+  const Shard& sh = shard->second;
+  const std::vector<int64_t> rows(static_cast<std::size_t>(comm.size()), sh.flat.numel());
+  const torch::Tensor all = all_gather_rows(comm, sh.flat.detach(), rows);
+  torch::NoGradGuard no_grad;
+  int64_t at = 0;
+  for (torch::Tensor& p : trainable(op.module)) {
+    p.copy_(all.narrow(0, at, p.numel()).view_as(p));
+    at += p.numel();
+  }
+}
+
 int64_t Worker::parameter_bytes() const {
+  // fp32 weights, gradients of the trainable ones, and AdamW's two moments for what this
+  // rank's optimizer holds (its slice, with the sharded optimizer).
   int64_t bytes = 0;
   for (const auto& [key, st] : stages_)
     for (const Param& p : const_cast<Stage&>(*st).params())
-      bytes += p.tensor.numel() * 4 * (p.tensor.requires_grad() ? 4 : 1);
+      bytes += p.tensor.numel() * 4 * (p.tensor.requires_grad() ? 2 : 1);
+  for (const auto& [m, opt] : optimizers_)
+    for (const auto& group : opt->param_groups())
+      for (const torch::Tensor& t : group.params()) bytes += t.numel() * 4 * 2;
   return bytes;
 }
 

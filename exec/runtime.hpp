@@ -79,6 +79,7 @@ class Worker {
   void backward(const Op& op, bool weights);
   void reduce_gradients(const Op& op);
   void optimizer_step(const Op& op);
+  void gather_parameters(const Op& op);
   void synchronize_norm_and_loss();
   std::vector<torch::Tensor> trainable(int module);
 
@@ -93,6 +94,14 @@ class Worker {
   int64_t dp_index_ = 0, cp_index_ = 0, tp_index_ = 0;
   std::map<std::pair<int, int>, std::unique_ptr<Stage>> stages_;  // (module, chunk)
   std::map<int, std::unique_ptr<torch::optim::AdamW>> optimizers_;  // per module
+  // Distributed optimizer (ZeRO-1 style): per module, this rank's slice of the flattened
+  // parameters — the only parameters its AdamW holds state for.
+  struct Shard {
+    torch::Tensor flat;  // (shard) fp32 master copy of this rank's slice
+    int64_t begin = 0;   // offset of the slice in the flattened module parameters
+    int64_t total = 0;   // flattened parameters (before padding)
+  };
+  std::map<int, Shard> shards_;
 
   // Per iteration.
   TrainBatch batch_;

@@ -56,8 +56,10 @@ std::string plan_file(const std::string& layout) {
   const fs::path path = fresh_dir("plans") / "";
   fs::create_directories(path);
   const fs::path file = path / (std::to_string(std::hash<std::string>{}(layout)) + ".json");
-  std::ofstream(file) << R"({"placement": "homogeneous", "micro_batch_size": 1, "schedule": "1f1b", "layout": )"
-                      << layout << "}";
+  // `layout` may carry more plan fields after the layout object.
+  std::ofstream(file) << R"({"placement": "homogeneous", "micro_batch_size": 1, "layout": )" << layout
+                      << (layout.find("\"schedule\"") == std::string::npos ? R"(, "schedule": "1f1b")" : "")
+                      << "}";
   return file.string();
 }
 
@@ -89,7 +91,9 @@ TEST_CASE("parallel plans reproduce the single-rank losses (3 steps, fp32, clipp
            {R"({"pp": 2})", "pp2"},
            {R"({"dp": 2})", "dp2"},
            {R"({"cp": 2})", "cp2"},
-           {R"({"tp": 2, "pp": 2})", "tp2pp2"}}) {
+           {R"({"tp": 2, "pp": 2})", "tp2pp2"},
+           {R"({"pp": 2, "vpp": 2}, "schedule": "interleaved_1f1b", "num_micro_batches": 8)", "vpp2"},
+           {R"({"dp": 2}, "distributed_optimizer": true)", "zero1"}}) {
     const std::vector<double> got = train(layout, name);
     REQUIRE(got.size() == reference.size());
     for (std::size_t i = 0; i < got.size(); ++i) {
