@@ -1,6 +1,8 @@
 #include "exec/data.hpp"
 
 #include <algorithm>
+#include <cmath>
+#include <map>
 #include <limits>
 
 #include "exec/weights.hpp"
@@ -47,12 +49,18 @@ std::string executor_support(const ModelSpec& model) {
     return "the executor needs a decoder LLM with a vocabulary";
   if (llm->transformer->cross_attention_layers > 0)
     return "cross-attention LLMs (Mllama) are not in the executor yet";
+  for (const std::string& input : llm->inputs) {
+    const ModuleSpec* in = find_module(model, input);
+    if (in == nullptr || in->role != ModuleRole::kProjector)
+      return "the LLM's inputs must be projectors (" + input + " is not)";
+  }
   for (const ModuleSpec& m : model.modules) {
     if (m.role == ModuleRole::kGenerator) return m.name + ": generators are not in the executor yet";
     if (m.role != ModuleRole::kEncoder) continue;
-    if (m.modality != Modality::kImage)
-      return m.name + ": only image encoders are in the executor so far (audio and video follow)";
-    if (!m.patching || m.patching->resize != ResizeMode::kFixed || m.patching->spatial_merge != 1)
+    if (m.modality == Modality::kVideo)
+      return m.name + ": video encoders are not in the executor yet";
+    if (m.modality == Modality::kImage &&
+        (!m.patching || m.patching->resize != ResizeMode::kFixed || m.patching->spatial_merge != 1))
       return m.name + ": only fixed-size image encoders without token merging are in the executor so far";
   }
   return "";
@@ -103,6 +111,24 @@ TrainBatch make_batch(const Scenario& s, DatasetKind kind, int64_t iteration) {
           d.images.push_back(seeded_uniform(key, "image" + std::to_string(k),
                                             {channels, size, size}, 0.5));
       }
+      if (const ModuleSpec* audio = encoder_for(s.model, Modality::kAudio); audio != nullptr) {
+        const AudioFrontEnd& a = *audio->audio;
+        for (std::size_t k = 0; k < sample.audio_seconds.size(); ++k) {
+          // The windows audio_tokens() counts: max_seconds each, the last one shorter unless
+          // padded.
+          std::vector<torch::Tensor> windows;
+          double left = sample.audio_seconds[k];
+          const int64_t count = audio_tokens(*audio, left).pieces;
+          for (int64_t w = 0; w < count; ++w) {
+            const double span = a.pad_to_max ? a.max_seconds : std::min(left, a.max_seconds);
+            left -= a.max_seconds;
+            const auto frames = static_cast<int64_t>(std::ceil(span * static_cast<double>(a.frames_per_second)));
+            windows.push_back(seeded_uniform(key, "audio" + std::to_string(k) + "." + std::to_string(w),
+                                             {a.mel_bins, frames}, 0.5));
+          }
+          d.audio.push_back(std::move(windows));
+        }
+      }
       out.data.push_back(std::move(d));
     }
   }
@@ -120,8 +146,31 @@ LlmLayout llm_layout(const ModelSpec& model, const TrainBatch& batch,
                      const std::vector<int32_t>& samples, int64_t max_seq_len) {
   LlmLayout l;
   std::vector<int64_t> ids, positions, targets, text_slots, media_slots, media_rows;
-  const ModuleSpec* encoder = image_encoder(model);
-  int64_t row = 0;   // projector output rows of earlier images in this micro-batch
+  // Each media item in the LLM sequence, per modality, in module_work()'s order: images, then
+  // audio clips; each with its LLM token count.
+  const ModuleSpec* image = image_encoder(model);
+  const ModuleSpec* audio = encoder_for(model, Modality::kAudio);
+  auto items = [&](const Sample& s, Modality modality) {
+    std::vector<int64_t> tokens;
+    if (modality == Modality::kImage && image != nullptr)
+      for (const ImageItem& i : s.images) tokens.push_back(image_tokens(*image, i.width, i.height).llm_tokens);
+    if (modality == Modality::kAudio && audio != nullptr)
+      for (double seconds : s.audio_seconds) tokens.push_back(audio_tokens(*audio, seconds).llm_tokens);
+    return tokens;
+  };
+  // Rows of the media tensor: the LLM's inputs in order, each holding its modality's rows.
+  const ModuleSpec* llm = find_llm(model);
+  std::map<Modality, int64_t> first_row;
+  int64_t rows = 0;
+  for (const std::string& input : llm->inputs) {
+    const ModuleSpec* projector = find_module(model, input);
+    const ModuleSpec* source = find_module(model, projector->inputs.front());
+    first_row[source->modality] = rows;
+    for (int32_t i : samples)
+      for (int64_t t : items(batch.batch.samples[static_cast<std::size_t>(i)], source->modality))
+        rows += t;
+  }
+  std::map<Modality, int64_t> next_row = first_row;
   int32_t item = 0;  // media items of this micro-batch
   for (std::size_t k = 0; k < samples.size(); ++k) {
     const auto index = static_cast<std::size_t>(samples[k]);
@@ -129,20 +178,19 @@ LlmLayout llm_layout(const ModelSpec& model, const TrainBatch& batch,
     const SampleData& data = batch.data[index];
     const int64_t begin = static_cast<int64_t>(ids.size());
     int64_t media_left = max_seq_len;
-    for (const ImageItem& image : sample.images) {
-      const int64_t tokens = image_tokens(*encoder, image.width, image.height).llm_tokens;
-      for (int64_t t = 0; t < tokens; ++t) {
-        if (media_left > 0) {
+    for (Modality modality : {Modality::kImage, Modality::kAudio}) {
+      for (int64_t tokens : items(sample, modality)) {
+        const int64_t row = next_row[modality];
+        for (int64_t t = 0; t < tokens && media_left > 0; ++t, --media_left) {
           media_slots.push_back(static_cast<int64_t>(ids.size()));
           media_rows.push_back(row + t);
           ids.push_back(0);
           l.sample.push_back(static_cast<int32_t>(k));
           l.item.push_back(item);
-          --media_left;
         }
+        next_row[modality] += tokens;
+        ++item;
       }
-      row += tokens;
-      ++item;
     }
     const int64_t media = static_cast<int64_t>(ids.size()) - begin;
     const int64_t text = std::min<int64_t>(sample.text_tokens, max_seq_len - media);
@@ -200,6 +248,15 @@ torch::Tensor micro_batch_images(const ModuleSpec& encoder, const TrainBatch& ba
   const int64_t size = encoder.patching->image_size;
   if (images.empty()) return torch::zeros({0, encoder.patching->in_channels, size, size});
   return torch::stack(images);
+}
+
+std::vector<torch::Tensor> micro_batch_audio(const TrainBatch& batch,
+                                             const std::vector<int32_t>& samples) {
+  std::vector<torch::Tensor> windows;
+  for (int32_t i : samples)
+    for (const auto& clip : batch.data[static_cast<std::size_t>(i)].audio)
+      windows.insert(windows.end(), clip.begin(), clip.end());
+  return windows;
 }
 
 std::vector<std::vector<int64_t>> context_split(int64_t tokens, int64_t cp) {

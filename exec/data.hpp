@@ -23,6 +23,9 @@ enum class DatasetKind { kSynthetic, kShapes };
 struct SampleData {
   std::vector<int64_t> text;          // token ids (length Sample::text_tokens)
   std::vector<torch::Tensor> images;  // (C, S, S) each, S = the encoder's image_size
+  // Per audio clip, its encoder windows: (mel_bins, frames) log-mel features each, padded to
+  // max_seconds when the front end pads (audio_tokens() counts the same windows).
+  std::vector<std::vector<torch::Tensor>> audio;
 };
 
 struct TrainBatch {
@@ -31,8 +34,8 @@ struct TrainBatch {
   int64_t targets = 0;            // predicted text tokens in the whole batch (loss normalizer)
 };
 
-// Checks that the executor can run `model` (image encoders with fixed resize, projectors, a
-// decoder LLM). Returns a problem, or "".
+// Checks that the executor can run `model` (image encoders with fixed resize, Whisper-style audio
+// encoders, projectors, a decoder LLM). Returns a problem, or "".
 std::string executor_support(const ModelSpec& model);
 
 // REQUIRES: scenario validated, executor_support(model) empty.
@@ -51,6 +54,8 @@ struct LlmLayout {
   std::vector<int32_t> item;    // per position: media item (micro-batch-wide) or -1 for text
 };
 
+// Media rows come from the LLM's inputs concatenated in the order of ModuleSpec::inputs, each
+// input's rows being its modality's items in sample order.
 LlmLayout llm_layout(const ModelSpec& model, const TrainBatch& batch,
                      const std::vector<int32_t>& samples, int64_t max_seq_len);
 
@@ -61,6 +66,10 @@ torch::Tensor attention_bias(const LlmLayout& layout, const std::vector<int64_t>
 // Images of the micro-batch, (N, C, S, S) in sample order; (0, C, S, S) when none.
 torch::Tensor micro_batch_images(const ModuleSpec& encoder, const TrainBatch& batch,
                                  const std::vector<int32_t>& samples);
+
+// Audio encoder windows of the micro-batch, in sample and clip order.
+std::vector<torch::Tensor> micro_batch_audio(const TrainBatch& batch,
+                                             const std::vector<int32_t>& samples);
 
 // Token indices each of `cp` context-parallel ranks holds: contiguous, nearly even blocks
 // (the uniform split the lowering charges).

@@ -12,6 +12,8 @@ std::vector<PlainStep> run_plain_loop(const Scenario& s, const TrainOptions& opt
                                       int64_t steps) {
   const ModelSpec& model = s.model;
   TESSERA_CHECK(world_size(*s.plan, model) == 1, "the plain loop runs single-rank plans");
+  TESSERA_CHECK(find_llm(model)->inputs.size() <= 1 && encoder_for(model, Modality::kAudio) == nullptr,
+                "the plain loop runs an image encoder -> projector -> LLM chain");
   static const Comm alone{{0}, 0, {}};
   const ModuleSpec* llm_spec = find_llm(model);
   const ModuleSpec* encoder_spec = encoder_for(model, Modality::kImage);

@@ -328,8 +328,6 @@ void Worker::forward(const Op& op) {
   if (!st.first() || (spec.role == ModuleRole::kLlm && received_.count(key))) {
     inputs.push_back(received_.at(key));
   } else if (spec.role != ModuleRole::kEncoder) {
-    TESSERA_CHECK(spec.inputs.size() <= 1,
-                  spec.name + ": several inputs per module are not in the executor yet");
     for (const std::string& name : spec.inputs) inputs.push_back(from_producer(name));
   }
   const bool needs_graph =
@@ -341,7 +339,10 @@ void Worker::forward(const Op& op) {
   switch (spec.role) {
     case ModuleRole::kEncoder: {
       const MicroBatch& b = micro_batch(op.microbatch);
-      out = st.encode(inputs.empty() ? micro_batch_images(spec, batch_, b.samples) : inputs[0]);
+      if (spec.modality == Modality::kAudio)
+        out = st.encode_audio(micro_batch_audio(batch_, b.samples));
+      else
+        out = st.encode(inputs.empty() ? micro_batch_images(spec, batch_, b.samples) : inputs[0]);
       break;
     }
     case ModuleRole::kProjector:
@@ -349,11 +350,19 @@ void Worker::forward(const Op& op) {
       break;
     case ModuleRole::kLlm: {
       const MicroBatch& b = micro_batch(op.microbatch);
+      // The contract with the lowering: this op processes the tokens the Program says (with
+      // CP, the Program charges each rank an even share).
+      const int64_t cp = b.attention.cp != nullptr ? b.attention.cp->size() : 1;
+      TESSERA_CHECK(cp > 1 || b.layout.tokens == op.tokens,
+                    op_name(*program_, op) + ": the micro-batch has " +
+                        std::to_string(b.layout.tokens) + " tokens, the Program " +
+                        std::to_string(op.tokens));
       const auto local = torch::tensor(b.local, torch::kInt64).view({-1});
       torch::Tensor h;
       if (st.first() && !received_.count(key)) {
         const int64_t hidden = spec.transformer->hidden;
-        const torch::Tensor media = inputs.empty() ? torch::zeros({0, hidden}) : inputs[0];
+        // The LLM's inputs in order (llm_layout numbers media rows the same way).
+        const torch::Tensor media = inputs.empty() ? torch::zeros({0, hidden}) : torch::cat(inputs, 0);
         h = st.embed(b.layout.ids, b.layout.text_slots, media, b.layout.media_slots,
                      b.layout.media_rows, local);
       } else {
@@ -372,8 +381,7 @@ void Worker::forward(const Op& op) {
     case ModuleRole::kGenerator:
       TESSERA_CHECK(false, "generators are not in the executor yet");
   }
-  for (const torch::Tensor& t : inputs)
-    if (t.requires_grad()) slot.inputs.push_back(t);
+  slot.inputs = inputs;  // all of them: a producer finds its gradient by input position
   slot.output = out;
 }
 
@@ -403,7 +411,9 @@ void Worker::backward(const Op& op, bool weights) {
     TESSERA_CHECK(grad.defined(), "no output gradient for " + op_name(*program_, op));
   }
   std::vector<torch::Tensor> targets;
-  if (!weights) targets = slot.inputs;
+  if (!weights)
+    for (const torch::Tensor& in : slot.inputs)
+      if (in.requires_grad()) targets.push_back(in);
   if (weights || !has_w)
     for (const Param& p : st.params())
       if (p.tensor.requires_grad()) targets.push_back(p.tensor);

@@ -60,7 +60,8 @@ class Worker {
  private:
   using Key = std::tuple<int, int, int>;  // (module, chunk, micro-batch)
   struct Slot {
-    std::vector<torch::Tensor> inputs;       // leaves whose gradients B computes
+    std::vector<torch::Tensor> inputs;       // leaves fed in (B computes the gradients of those
+                                             // that require one)
     torch::Tensor output;                    // the activation handed on, or the loss sum
     std::vector<torch::Tensor> input_grads;  // after B, one per input
     torch::Tensor output_grad;               // received, or the consumer's input gradient

@@ -1,5 +1,7 @@
 #include "exec/stage.hpp"
 
+#include <cmath>
+
 #include "shared/check.hpp"
 
 namespace tessera::exec {
@@ -25,7 +27,20 @@ Stage::Stage(const ModuleSpec& module, int64_t layer_begin, int64_t layer_end, u
     return;
   }
   const TransformerArch& arch = *module.transformer;
-  if (module.role == ModuleRole::kEncoder && first()) {
+  if (module.role == ModuleRole::kEncoder && module.modality == Modality::kAudio) {
+    TESSERA_CHECK(first() && last(), name + ": audio encoders run whole (one pipeline stage)");
+    const AudioFrontEnd& a = *module.audio;
+    conv1_weight_ = params_.weight(name + ".conv1.weight", {arch.hidden, a.mel_bins, 3}, 0.02);
+    conv1_bias_ = params_.constant(name + ".conv1.bias", {arch.hidden}, 0.0);
+    conv2_weight_ = params_.weight(name + ".conv2.weight", {arch.hidden, arch.hidden, 3}, 0.02);
+    conv2_bias_ = params_.constant(name + ".conv2.bias", {arch.hidden}, 0.0);
+    const auto frames = static_cast<int64_t>(std::ceil(a.max_seconds * static_cast<double>(a.frames_per_second)));
+    const int64_t longest = (frames + a.downsampling - 1) / a.downsampling;
+    TESSERA_CHECK(arch.positions >= longest,
+                  name + ": " + std::to_string(arch.positions) +
+                      " position embeddings for windows of " + std::to_string(longest) + " tokens");
+    positions_ = params_.weight(name + ".positions", {arch.positions, arch.hidden}, 0.02);
+  } else if (module.role == ModuleRole::kEncoder && first()) {
     const Patching& p = *module.patching;
     const int64_t patches = (p.image_size / p.patch_size) * (p.image_size / p.patch_size);
     const int64_t length = patches + (p.class_token ? 1 : 0);
@@ -73,6 +88,24 @@ torch::Tensor Stage::encode(const torch::Tensor& input) const {
   if (!last()) return x;
   if (module_.patching->class_token) x = x.narrow(1, 1, x.size(1) - 1);
   return x.reshape({-1, x.size(2)});
+}
+
+torch::Tensor Stage::encode_audio(const std::vector<torch::Tensor>& windows) const {
+  const AudioFrontEnd& a = *module_.audio;
+  std::vector<torch::Tensor> out;
+  for (const torch::Tensor& mel : windows) {
+    torch::Tensor x = torch::gelu(torch::conv1d(mel.unsqueeze(0), conv1_weight_, conv1_bias_, 1, 1));
+    x = torch::gelu(torch::conv1d(x, conv2_weight_, conv2_bias_, a.downsampling, 1));
+    x = x.transpose(1, 2);  // (1, T, H)
+    x = x + positions_.narrow(0, 0, x.size(1)).unsqueeze(0);
+    for (const Block& b : blocks_) x = b.forward(x, AttentionInputs{});
+    if (a.pooling > 1)
+      x = torch::avg_pool1d(x.transpose(1, 2), {a.pooling}, {a.pooling}, {0}, /*ceil_mode=*/true)
+              .transpose(1, 2);
+    out.push_back(x.squeeze(0));
+  }
+  if (out.empty()) return torch::zeros({0, module_.transformer->hidden});
+  return torch::cat(out, 0);
 }
 
 torch::Tensor Stage::project(const torch::Tensor& input) const {

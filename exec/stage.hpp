@@ -29,6 +29,10 @@ class Stage {
   // Encoder. first: pixels (N, C, S, S) -> (N, L, H); otherwise (N, L, H) -> (N, L, H);
   // last: -> (N·P, H), the LLM-bound tokens (CLS dropped).
   torch::Tensor encode(const torch::Tensor& x) const;
+  // Audio encoder (Whisper-style), whole: log-mel windows (mel_bins, frames) -> conv front end
+  // (stride 1, then `downsampling`) -> learned positions -> blocks -> k:1 average pooling;
+  // the windows' tokens concatenated, (rows, H).
+  torch::Tensor encode_audio(const std::vector<torch::Tensor>& windows) const;
   // Projector: (R, in) -> (R, out).
   torch::Tensor project(const torch::Tensor& x) const;
   // LLM, first slice: the sequence (T, H) with text ids embedded at `text_slots` and media rows
@@ -48,6 +52,7 @@ class Stage {
   std::vector<Block> blocks_;
   // Encoder front end.
   Linear patch_;
+  torch::Tensor conv1_weight_, conv1_bias_, conv2_weight_, conv2_bias_;  // (H, mel|H, 3), (H)
   torch::Tensor cls_, positions_;
   // Projector.
   Norm input_norm_;

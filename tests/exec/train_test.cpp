@@ -103,6 +103,26 @@ TEST_CASE("parallel plans reproduce the single-rank losses (3 steps, fp32, clipp
   }
 }
 
+TEST_CASE("two encoders (frozen ViT, trainable Whisper-style audio) feed one LLM: plans agree") {
+  const std::string valm = std::string(TESSERA_SOURCE_DIR) + "/scenarios/cpu-tiny-valm.json";
+  auto valm_losses = [&](const std::string& layout, const std::string& name) {
+    const fs::path out = fresh_dir(name);
+    const Run r = run(valm + " --plan " + plan_file(layout) + " --steps 3 --out " + out.string());
+    INFO(r.output);
+    REQUIRE(r.code == 0);
+    return losses(out);
+  };
+  const std::vector<double> reference = valm_losses(R"({"tp": 1})", "valm1");
+  REQUIRE(reference.size() == 3);
+  for (const auto& [layout, name] : std::vector<std::pair<std::string, std::string>>{
+           {R"({"tp": 2})", "valm-tp2"}, {R"({"pp": 2, "dp": 2})", "valm-pp2dp2"}}) {
+    const std::vector<double> got = valm_losses(layout, name);
+    REQUIRE(got.size() == 3);
+    for (std::size_t i = 0; i < 3; ++i)
+      CHECK(std::abs(got[i] - reference[i]) <= 1e-5 * std::abs(reference[i]));
+  }
+}
+
 TEST_CASE("single rank: the Program interpreter gives the plain LibTorch loop's losses") {
   const std::vector<double> program = train(R"({"tp": 1})", "interpreted");
   const Run plain = run("plain-loop " + kScenario + " --plan " + plan_file(R"({"tp": 1})") + " --steps 3");
