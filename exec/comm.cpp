@@ -58,12 +58,28 @@ const Comm& Groups::get(const std::vector<int64_t>& ranks) const {
   return alone;
 }
 
+namespace {
+
+thread_local std::vector<CommRecord>* recording = nullptr;
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace
+
+void record_collectives(std::vector<CommRecord>* into) { recording = into; }
+
 void all_reduce(const Comm& comm, torch::Tensor& t, c10d::ReduceOp op) {
   if (comm.size() < 2) return;
   std::vector<at::Tensor> tensors{t};
   c10d::AllreduceOptions options;
   options.reduceOp = op;
+  const double start = recording != nullptr ? now_s() : 0;
   comm.group->allreduce(tensors, options)->wait();
+  if (recording != nullptr)
+    recording->push_back({CollectiveKind::kAllReduce, start, now_s(),
+                          static_cast<double>(t.numel() * t.element_size())});
 }
 
 torch::Tensor all_gather_rows(const Comm& comm, const torch::Tensor& t,
@@ -77,7 +93,11 @@ torch::Tensor all_gather_rows(const Comm& comm, const torch::Tensor& t,
   std::vector<std::vector<at::Tensor>> out(1);
   for (int i = 0; i < comm.size(); ++i) out[0].push_back(torch::empty(shape, t.options()));
   std::vector<at::Tensor> in{padded};
+  const double start = recording != nullptr ? now_s() : 0;
   comm.group->allgather(out, in)->wait();
+  if (recording != nullptr)
+    recording->push_back({CollectiveKind::kAllGather, start, now_s(),
+                          static_cast<double>(padded.numel() * padded.element_size())});
   std::vector<torch::Tensor> parts;
   for (int i = 0; i < comm.size(); ++i)
     parts.push_back(out[0][static_cast<std::size_t>(i)].narrow(0, 0, rows[static_cast<std::size_t>(i)]));

@@ -12,7 +12,18 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/torch.h>
 
+#include "shared/program.hpp"
+
 namespace tessera::exec {
+
+// Collectives run on this thread while a record is installed are appended to it (steady-clock
+// seconds), so the trace can show them inside the op that ran them.
+struct CommRecord {
+  CollectiveKind kind = CollectiveKind::kAllReduce;
+  double start_s = 0, finish_s = 0;
+  double bytes = 0;
+};
+void record_collectives(std::vector<CommRecord>* into);  // nullptr stops recording
 
 struct Comm {
   std::vector<int64_t> ranks;                    // global ranks, in group order

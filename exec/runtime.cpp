@@ -242,11 +242,18 @@ StepResult Worker::step(int64_t iteration) {
     const double begin = now();
     const Key key{op.module, op.chunk, op.microbatch};
     switch (op.kind) {
-      case OpKind::kCompute:
+      case OpKind::kCompute: {
         if (fused_[i] && op.phase == Phase::kW) break;  // done by its B
         if (fused_[i]) has_w_.erase(key);                // B does the weights too
+        std::vector<CommRecord> inside;
+        record_collectives(&inside);
         compute(op);
+        record_collectives(nullptr);
+        for (const CommRecord& c : inside)
+          result.nested.push_back({static_cast<int32_t>(i), c.kind, c.start_s - result.started_s,
+                                   c.finish_s - result.started_s, c.bytes});
         break;
+      }
       case OpKind::kSend: {
         const Slot& slot = slots_.at(key);
         torch::Tensor t = (op.phase == Phase::kF ? slot.output : slot.input_grads.at(0))

@@ -41,6 +41,7 @@ struct StepResult {
   int64_t llm_tokens = 0;
   Program program;             // the iteration's Program (all ranks)
   std::vector<OpTime> times;   // this rank's ops, seconds from the step's start
+  std::vector<NestedSlice> nested;  // collectives inside this rank's compute ops, same clock
   std::vector<Sample> samples; // what the iteration trained on
 };
 

@@ -47,33 +47,56 @@ std::string cpu_model() {
   return "unknown";
 }
 
-// Every rank's op times of one step, on rank 0: (start, finish) per op, shifted by each rank's
-// step start relative to the earliest rank's.
-std::vector<std::vector<OpTime>> gather_times(const Comm& world, const StepResult& r,
-                                              double step_start) {
+// Every rank's op times (and the collectives inside its ops) of one step, on rank 0, shifted by
+// each rank's step start relative to the earliest rank's.
+Timeline gather_timeline(const Comm& world, const StepResult& r) {
   const Program& p = r.program;
   std::size_t most = 0;
   for (const auto& ops : p.ranks) most = std::max(most, ops.size());
-  torch::Tensor mine = torch::zeros({static_cast<int64_t>(1 + 2 * most)}, torch::kFloat64);
+  torch::Tensor mine = torch::zeros({static_cast<int64_t>(2 + 2 * most)}, torch::kFloat64);
   auto a = mine.accessor<double, 1>();
-  a[0] = step_start;
+  a[0] = r.started_s;
+  a[1] = static_cast<double>(r.nested.size());
   for (std::size_t i = 0; i < r.times.size(); ++i) {
-    a[static_cast<int64_t>(1 + 2 * i)] = r.times[i].start_s;
-    a[static_cast<int64_t>(2 + 2 * i)] = r.times[i].finish_s;
+    a[static_cast<int64_t>(2 + 2 * i)] = r.times[i].start_s;
+    a[static_cast<int64_t>(3 + 2 * i)] = r.times[i].finish_s;
   }
-  const std::vector<int64_t> rows(static_cast<std::size_t>(world.size()), 1);
-  const torch::Tensor all =
-      all_gather_rows(world, mine.unsqueeze(0), rows).view({world.size(), -1});
+  const std::vector<int64_t> ones(static_cast<std::size_t>(world.size()), 1);
+  const torch::Tensor all = all_gather_rows(world, mine.unsqueeze(0), ones).view({world.size(), -1});
+  // The nested slices: five numbers each, as many rows as each rank has.
+  torch::Tensor nested = torch::zeros({static_cast<int64_t>(r.nested.size()), 5}, torch::kFloat64);
+  for (std::size_t k = 0; k < r.nested.size(); ++k) {
+    const NestedSlice& n = r.nested[k];
+    nested[static_cast<int64_t>(k)] = torch::tensor(
+        {static_cast<double>(n.op), static_cast<double>(n.kind), n.start_s, n.finish_s, n.bytes},
+        torch::kFloat64);
+  }
+  std::vector<int64_t> counts;
+  for (int64_t rank = 0; rank < world.size(); ++rank) counts.push_back(static_cast<int64_t>(all[rank][1].item<double>()));
+  const bool any = *std::max_element(counts.begin(), counts.end()) > 0;
+  const torch::Tensor slices = any ? all_gather_rows(world, nested, counts) : nested;
   const double earliest = all.select(1, 0).min().item<double>();
-  std::vector<std::vector<OpTime>> out(p.ranks.size());
+  Timeline t;
+  t.ops.resize(p.ranks.size());
+  t.nested.resize(p.ranks.size());
+  int64_t row = 0;
   for (std::size_t rank = 0; rank < p.ranks.size(); ++rank) {
-    const auto row = all[static_cast<int64_t>(rank)];
-    const double shift = row[0].item<double>() - earliest;
-    for (std::size_t i = 0; i < p.ranks[rank].size(); ++i)
-      out[rank].push_back({row[static_cast<int64_t>(1 + 2 * i)].item<double>() + shift,
-                           row[static_cast<int64_t>(2 + 2 * i)].item<double>() + shift});
+    const auto line = all[static_cast<int64_t>(rank)];
+    const double shift = line[0].item<double>() - earliest;
+    for (std::size_t i = 0; i < p.ranks[rank].size(); ++i) {
+      t.ops[rank].push_back({line[static_cast<int64_t>(2 + 2 * i)].item<double>() + shift,
+                             line[static_cast<int64_t>(3 + 2 * i)].item<double>() + shift});
+      t.step_s = std::max(t.step_s, t.ops[rank].back().finish_s);
+    }
+    for (int64_t k = 0; k < counts[rank]; ++k, ++row) {
+      const auto s = slices[row];
+      t.nested[rank].push_back({static_cast<int32_t>(s[0].item<double>()),
+                                static_cast<CollectiveKind>(static_cast<int>(s[1].item<double>())),
+                                s[2].item<double>() + shift, s[3].item<double>() + shift,
+                                s[4].item<double>()});
+    }
   }
-  return out;
+  return t;
 }
 
 void barrier(const Comm& world) {
@@ -167,8 +190,8 @@ int train_worker(const WorkerEnv& env, const TrainJob& job) {
     const double step_s = slowest.item<double>();
     const double r_loss = r.loss, r_norm = r.grad_norm, r_prepare = r.prepare_s;
     const bool trace = !out.empty() && step - first < job.trace_steps;
-    std::vector<std::vector<OpTime>> times;
-    if (trace) times = gather_times(world, r, r.started_s);
+    Timeline timeline;
+    if (trace) timeline = gather_timeline(world, r);
     if (lead) {
       std::printf("step %lld/%lld  loss %.6f  grad-norm %.4g  %.3f s  %.0f tokens/s\n",
                   static_cast<long long>(step + 1), static_cast<long long>(job.steps), r.loss,
@@ -179,11 +202,7 @@ int train_worker(const WorkerEnv& env, const TrainJob& job) {
       iterations.push_back({{"iteration", step}, {"loss", r.loss}, {"grad_norm", r.grad_norm},
                             {"step_s", step_s}, {"llm_tokens", r.llm_tokens}, {"samples", samples}});
       if (trace) {
-        Timeline t;
-        t.ops = std::move(times);
-        for (const auto& ops : t.ops)
-          for (const OpTime& o : ops) t.step_s = std::max(t.step_s, o.finish_s);
-        timelines.push_back(std::move(t));
+        timelines.push_back(std::move(timeline));
         offsets.push_back(r.started_s - job_start);
         traced.push_back(std::move(r));
       }

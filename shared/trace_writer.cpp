@@ -120,6 +120,19 @@ std::string write_chrome_traces(const std::string& dir,
                {"bp", "e"}});
         }
       }
+      // Collectives measured inside compute ops, nested in their op's slice.
+      if (static_cast<std::size_t>(r) < t.nested.size())
+        for (const NestedSlice& n : t.nested[static_cast<std::size_t>(r)]) {
+          const Op& op = ops[static_cast<std::size_t>(n.op)];
+          events.push_back({{"name", backend + ":" + collective_name(n.kind)},
+                            {"cat", "comm"},
+                            {"ph", "X"},
+                            {"pid", r},
+                            {"tid", tid_of(op)},
+                            {"ts", micros(it.offset_s + n.start_s)},
+                            {"dur", micros(n.finish_s - n.start_s)},
+                            {"args", {{"op_id", op_id(p, r, n.op)}, {"bytes", n.bytes}}}});
+        }
     }
     Json doc = {{"traceEvents", events},
                 {"displayTimeUnit", "ms"},
