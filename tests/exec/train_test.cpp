@@ -155,7 +155,7 @@ TEST_CASE("the ops executed are the Program's, in order (trace op ids against lo
     const Json trace = Json::parse(in);
     std::vector<std::pair<double, std::string>> executed;
     for (const Json& e : trace.at("traceEvents"))
-      if (e.value("ph", "") == "X" && e.contains("args") && e["args"].contains("op_id"))
+      if (e.value("ph", "") == "X" && e.contains("args") && e["args"].contains("phase"))
         executed.emplace_back(e.at("ts").get<double>(), e["args"]["op_id"].get<std::string>());
     std::stable_sort(executed.begin(), executed.end(),
                      [](const auto& a, const auto& b) { return a.first < b.first; });
@@ -163,6 +163,11 @@ TEST_CASE("the ops executed are the Program's, in order (trace op ids against lo
     REQUIRE(executed.size() == ops.size());
     for (std::size_t i = 0; i < ops.size(); ++i)
       CHECK(executed[i].second == op_id(lowered.program, rank, static_cast<int32_t>(i)));
+    // TP all-reduces show inside the compute ops that ran them.
+    int nested = 0;
+    for (const Json& e : trace.at("traceEvents"))
+      if (e.value("name", "") == "gloo:allreduce") ++nested;
+    CHECK(nested > 0);
   }
 }
 
