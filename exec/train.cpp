@@ -141,16 +141,27 @@ int train_worker(const WorkerEnv& env, const TrainJob& job) {
   torch::set_num_threads(1);  // ranks share the machine's cores
   GroupOptions group_options;
   group_options.timeout = std::chrono::milliseconds(static_cast<int64_t>(job.timeout_s * 1000));
-  Groups groups(connect_store(env, group_options), env.rank, env.world_size,
-                group_options.timeout,
+  auto store = connect_store(env, group_options);
+  // What rank 0 was told to record (and whether to resume) holds for every rank: the recording
+  // steps are collectives all ranks join, whatever their own node's command line said.
+  std::string out_dir = job.out_dir, resume = job.resume ? "1" : "0";
+  if (env.rank == 0) {
+    store->set("tessera/out", std::vector<uint8_t>(out_dir.begin(), out_dir.end()));
+    store->set("tessera/resume", std::vector<uint8_t>(resume.begin(), resume.end()));
+  } else {
+    const std::vector<uint8_t> o = store->get("tessera/out"), r = store->get("tessera/resume");
+    out_dir.assign(o.begin(), o.end());
+    resume.assign(r.begin(), r.end());
+  }
+  Groups groups(store, env.rank, env.world_size, group_options.timeout,
                 env.master_addr == "127.0.0.1" || env.master_addr == "localhost");
   const Scenario& s = job.scenario;
   Worker worker(s, *s.plan, groups, job.options);
   const Comm& world = groups.world();
   const bool lead = env.rank == 0;
-  const fs::path out = job.out_dir;
+  const fs::path out = out_dir;
   int64_t first = 0;
-  if (job.resume) {
+  if (resume == "1") {
     const auto checkpoint = read_manifest(out);
     TESSERA_CHECK(checkpoint.has_value(),
                   "--resume: no checkpoint in " + (out / "checkpoint").string());
@@ -162,7 +173,7 @@ int train_worker(const WorkerEnv& env, const TrainJob& job) {
     fs::create_directories(out);
     // Keep the losses of the steps before the resumed one, drop any recorded after it.
     std::vector<std::string> kept;
-    if (job.resume) {
+    if (resume == "1") {
       std::ifstream in(out / "loss.jsonl");
       std::string line;
       while (std::getline(in, line)) {
