@@ -104,6 +104,26 @@ torch::Tensor all_gather_rows(const Comm& comm, const torch::Tensor& t,
   return torch::cat(parts, 0);
 }
 
+torch::Tensor reduce_scatter(const Comm& comm, const torch::Tensor& t) {
+  if (comm.size() < 2) return t.clone();
+  const int64_t part = t.numel() / comm.size();
+  if (comm.group->getBackendName() == "gloo") {
+    // Gloo (torch 1.13) has no reduce-scatter: all-reduce and keep this member's part.
+    torch::Tensor sum = t.clone();
+    all_reduce(comm, sum);
+    return sum.narrow(0, comm.rank * part, part).clone();
+  }
+  std::vector<std::vector<at::Tensor>> in(1);
+  for (int i = 0; i < comm.size(); ++i) in[0].push_back(t.narrow(0, i * part, part).contiguous());
+  std::vector<at::Tensor> out{torch::empty({part}, t.options())};
+  const double start = recording != nullptr ? now_s() : 0;
+  comm.group->reduce_scatter(out, in)->wait();
+  if (recording != nullptr)
+    recording->push_back({CollectiveKind::kReduceScatter, start, now_s(),
+                          static_cast<double>(t.numel() * t.element_size())});
+  return out[0];
+}
+
 namespace {
 
 using torch::autograd::AutogradContext;

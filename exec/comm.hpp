@@ -63,6 +63,10 @@ void all_reduce(const Comm& comm, torch::Tensor& t, c10d::ReduceOp op = c10d::Re
 torch::Tensor all_gather_rows(const Comm& comm, const torch::Tensor& t,
                               const std::vector<int64_t>& rows);
 
+// Sums `t` (members' equal-sized tensors, a multiple of the group size long) over the group and
+// returns this member's contiguous 1/size of the sum.
+torch::Tensor reduce_scatter(const Comm& comm, const torch::Tensor& t);
+
 // Autograd-aware (Megatron's f and g): identity forward / all-reduce backward, and the reverse.
 torch::Tensor copy_to_group(const torch::Tensor& x, const Comm& comm);
 torch::Tensor reduce_from_group(const torch::Tensor& x, const Comm& comm);

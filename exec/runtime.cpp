@@ -129,9 +129,21 @@ Worker::Worker(const Scenario& s, const ParallelPlan& plan, Groups& groups,
       }
       const int64_t size = (shard.total + parts - 1) / parts;
       shard.begin = index * size;
+      shard.parts = parts;
       shard.flat = torch::zeros({size});
       const int64_t n = std::max<int64_t>(0, std::min(size, shard.total - shard.begin));
       if (n > 0) shard.flat.narrow(0, 0, n).copy_(all.narrow(0, shard.begin, n));
+      // Elements of TP-replicated parameters exist on every TP rank: they count 1/tp each.
+      std::vector<torch::Tensor> weights;
+      for (auto& [key, st] : stages_)
+        if (key.first == static_cast<int>(m))
+          for (const Param& prm : st->params())
+            if (prm.tensor.requires_grad())
+              weights.push_back(torch::full({prm.tensor.numel()},
+                                            prm.tp_sharded ? 1.0 : 1.0 / tp_[m]->size()));
+      const torch::Tensor weight = torch::cat(weights);
+      shard.norm_weight = torch::zeros({size});
+      if (n > 0) shard.norm_weight.narrow(0, 0, n).copy_(weight.narrow(0, shard.begin, n));
       shard.flat.set_requires_grad(true);
       params = {shard.flat};
       shards_[static_cast<int>(m)] = shard;
@@ -225,6 +237,7 @@ StepResult Worker::step(int64_t iteration) {
     TESSERA_CHECK(!(op.kind == OpKind::kCompute && op.phase == Phase::kR),
                   "activation recomputation is not in the executor yet");
   }
+  for (auto& [m, sh] : shards_) sh.grad = torch::Tensor();
   // Gradients start at zero every iteration, so every plan steps every parameter.
   for (auto& [key, st] : stages_)
     for (Param& prm : st->params())
@@ -441,11 +454,20 @@ void Worker::reduce_gradients(const Op& op) {
   TESSERA_CHECK(op.purpose == Purpose::kDp,
                 op_name(*program_, op) + ": only data-parallel collectives are in the executor so far");
   if (op.collective == CollectiveKind::kAllGather) return gather_parameters(op);
-  // Gloo has no reduce-scatter: the sharded optimizer's reduce-scatter is an all-reduce of
-  // which each rank uses its slice (same values, more bytes than on NCCL).
   TESSERA_CHECK(op.collective == CollectiveKind::kAllReduce ||
                     op.collective == CollectiveKind::kReduceScatter,
                 op_name(*program_, op) + ": unexpected gradient collective");
+  if (op.collective == CollectiveKind::kReduceScatter) {
+    // The sharded optimizer: each rank receives the sum of its slice only.
+    Shard& sh = shards_.at(op.module);
+    const Comm& comm = groups_.get(program_->groups[static_cast<std::size_t>(op.group)]);
+    std::vector<torch::Tensor> grads;
+    for (const torch::Tensor& p : trainable(op.module)) grads.push_back(p.grad().reshape({-1}));
+    torch::Tensor flat = torch::zeros({sh.flat.numel() * comm.size()});
+    flat.narrow(0, 0, sh.total).copy_(torch::cat(grads));
+    sh.grad = reduce_scatter(comm, flat);
+    return;
+  }
   const Comm& comm = groups_.get(program_->groups[static_cast<std::size_t>(op.group)]);
   std::vector<torch::Tensor> params = trainable(op.module);
   if (params.empty()) return;
@@ -469,8 +491,14 @@ void Worker::reduce_gradients(const Op& op) {
 void Worker::synchronize_norm_and_loss() {
   // Each distinct gradient counted once: a shard held by `copies` ranks contributes 1/copies.
   double norm2 = 0;
+  for (auto& [m, sh] : shards_) {
+    // Reduced slices are disjoint within the group; TP-replicated elements count 1/tp.
+    const torch::Tensor& g = shard_gradient(m);
+    norm2 += (g.to(torch::kFloat64).pow(2) * sh.norm_weight).sum().item<double>();
+  }
   for (auto& [key, st] : stages_) {
     const auto m = static_cast<std::size_t>(key.first);
+    if (shards_.count(key.first)) continue;
     for (const Param& p : st->params()) {
       if (!p.tensor.requires_grad()) continue;
       const double copies =
@@ -493,20 +521,36 @@ void Worker::optimizer_step(const Op& op) {
   if (it == optimizers_.end()) return;
   if (const auto shard = shards_.find(op.module); shard != shards_.end()) {
     // This rank's slice of the reduced gradient drives its slice of the parameters.
-    std::vector<torch::Tensor> grads;
-    for (const torch::Tensor& p : trainable(op.module)) grads.push_back(p.grad().reshape({-1}));
-    const torch::Tensor all = torch::cat(grads);
     Shard& sh = shard->second;
-    torch::Tensor g = torch::zeros_like(sh.flat);
-    const int64_t n = std::max<int64_t>(0, std::min(sh.flat.numel(), sh.total - sh.begin));
-    if (n > 0) g.narrow(0, 0, n).copy_(all.narrow(0, sh.begin, n));
-    sh.flat.mutable_grad() = g * clip_coefficient_;
+    sh.flat.mutable_grad() = shard_gradient(op.module) * clip_coefficient_;
     it->second->step();
+    if (sh.parts == 1) {  // no all-gather follows: the slice is the whole
+      torch::NoGradGuard no_grad;
+      int64_t at = 0;
+      for (torch::Tensor& p : trainable(op.module)) {
+        p.copy_(sh.flat.narrow(0, at, p.numel()).view_as(p));
+        at += p.numel();
+      }
+    }
     return;
   }
   if (clip_coefficient_ < 1.0)
     for (torch::Tensor& p : trainable(op.module)) p.mutable_grad().mul_(clip_coefficient_);
   it->second->step();
+}
+
+const torch::Tensor& Worker::shard_gradient(int module) {
+  Shard& sh = shards_.at(module);
+  if (!sh.grad.defined()) {
+    // A group of one reduces nothing (the Program has no reduce-scatter): the local gradient.
+    std::vector<torch::Tensor> grads;
+    for (const torch::Tensor& p : trainable(module)) grads.push_back(p.grad().reshape({-1}));
+    const torch::Tensor all = torch::cat(grads);
+    sh.grad = torch::zeros_like(sh.flat);
+    const int64_t n = std::max<int64_t>(0, std::min(sh.flat.numel(), sh.total - sh.begin));
+    if (n > 0) sh.grad.narrow(0, 0, n).copy_(all.narrow(0, sh.begin, n));
+  }
+  return sh.grad;
 }
 
 void Worker::gather_parameters(const Op& op) {

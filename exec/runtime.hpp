@@ -82,6 +82,7 @@ class Worker {
   void reduce_gradients(const Op& op);
   void optimizer_step(const Op& op);
   void gather_parameters(const Op& op);
+  const torch::Tensor& shard_gradient(int module);
   void synchronize_norm_and_loss();
   std::vector<torch::Tensor> trainable(int module);
 
@@ -100,8 +101,11 @@ class Worker {
   // parameters — the only parameters its AdamW holds state for.
   struct Shard {
     torch::Tensor flat;  // (shard) fp32 master copy of this rank's slice
+    torch::Tensor grad;  // (shard) its reduced gradient, after the reduce-scatter
+    torch::Tensor norm_weight;  // (shard) 1 / TP copies of each element (for the global norm)
     int64_t begin = 0;   // offset of the slice in the flattened module parameters
     int64_t total = 0;   // flattened parameters (before padding)
+    int64_t parts = 1;   // ranks sharing the module's optimizer state
   };
   std::map<int, Shard> shards_;
 

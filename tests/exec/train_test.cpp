@@ -94,7 +94,7 @@ TEST_CASE("parallel plans reproduce the single-rank losses (3 steps, fp32, clipp
            {R"({"cp": 2})", "cp2"},
            {R"({"tp": 2, "pp": 2})", "tp2pp2"},
            {R"({"pp": 2, "vpp": 2}, "schedule": "interleaved_1f1b", "num_micro_batches": 8)", "vpp2"},
-           {R"({"dp": 2}, "distributed_optimizer": true)", "zero1"}}) {
+           {R"({"dp": 2, "tp": 2}, "distributed_optimizer": true)", "zero1"}}) {
     const std::vector<double> got = train(layout, name);
     REQUIRE(got.size() == reference.size());
     for (std::size_t i = 0; i < got.size(); ++i) {
