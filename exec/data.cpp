@@ -259,12 +259,4 @@ std::vector<torch::Tensor> micro_batch_audio(const TrainBatch& batch,
   return windows;
 }
 
-std::vector<std::vector<int64_t>> context_split(int64_t tokens, int64_t cp) {
-  std::vector<std::vector<int64_t>> out(static_cast<std::size_t>(cp));
-  for (int64_t r = 0; r < cp; ++r)
-    for (int64_t t = r * tokens / cp; t < (r + 1) * tokens / cp; ++t)
-      out[static_cast<std::size_t>(r)].push_back(t);
-  return out;
-}
-
 }  // namespace tessera::exec

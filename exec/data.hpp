@@ -71,8 +71,5 @@ torch::Tensor micro_batch_images(const ModuleSpec& encoder, const TrainBatch& ba
 std::vector<torch::Tensor> micro_batch_audio(const TrainBatch& batch,
                                              const std::vector<int32_t>& samples);
 
-// Token indices each of `cp` context-parallel ranks holds: contiguous, nearly even blocks
-// (the uniform split the lowering charges).
-std::vector<std::vector<int64_t>> context_split(int64_t tokens, int64_t cp);
 
 }  // namespace tessera::exec

@@ -6,6 +6,7 @@
 #include <set>
 
 #include "shared/check.hpp"
+#include "shared/context_split.hpp"
 #include "shared/lower.hpp"
 #include "shared/microbatch.hpp"
 
@@ -176,7 +177,7 @@ const Worker::MicroBatch& Worker::micro_batch(int mb) {
   const int llm = module_index(scenario_.model, find_llm(scenario_.model)->name);
   const Comm* cp = cp_[static_cast<std::size_t>(llm)];
   const int64_t cp_size = cp == nullptr ? 1 : cp->size();
-  const auto split = context_split(b.layout.tokens, cp_size);
+  const auto split = context_split(plan_.cp_split, b.layout.tokens, cp_size);
   b.local = split[static_cast<std::size_t>(cp_index_)];
   std::vector<int64_t> keys;
   for (const auto& part : split) {

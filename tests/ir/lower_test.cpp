@@ -7,6 +7,7 @@
 
 #include "shared/estimate.hpp"
 #include "shared/evaluator.hpp"
+#include "shared/context_split.hpp"
 #include "shared/lower.hpp"
 #include "shared/model_math.hpp"
 #include "shared/schedule.hpp"
@@ -525,4 +526,27 @@ TEST_CASE("regression: a non-colocated producer of an interleaved LLM does not d
   c.model.modules[0].frozen = false;
   const Timeline t = evaluate(lowered(c), ideal(c));
   CHECK(t.error.empty());
+}
+
+TEST_CASE("context_split: every token on exactly one CP rank; zigzag pairs chunk i with 2cp-1-i") {
+  for (CpSplit policy : {CpSplit::kUniform, CpSplit::kZigzag, CpSplit::kMakespan})
+    for (int64_t tokens : {0, 1, 7, 81, 128})
+      for (int64_t cp : {1, 2, 3, 4}) {
+        const auto split = context_split(policy, tokens, cp);
+        REQUIRE(split.size() == static_cast<std::size_t>(cp));
+        std::vector<int> seen(static_cast<std::size_t>(tokens), 0);
+        int64_t most = 0, least = tokens;
+        for (const auto& part : split) {
+          CHECK(std::is_sorted(part.begin(), part.end()));
+          for (int64_t t : part) ++seen[static_cast<std::size_t>(t)];
+          most = std::max<int64_t>(most, static_cast<int64_t>(part.size()));
+          least = std::min<int64_t>(least, static_cast<int64_t>(part.size()));
+        }
+        CHECK(std::all_of(seen.begin(), seen.end(), [](int n) { return n == 1; }));
+        CHECK(most - least <= 2);
+      }
+  // 8 tokens, cp 2: chunks of 2; rank 0 takes chunks 0 and 3, rank 1 chunks 1 and 2.
+  const auto z = context_split(CpSplit::kZigzag, 8, 2);
+  CHECK(z[0] == std::vector<int64_t>{0, 1, 6, 7});
+  CHECK(z[1] == std::vector<int64_t>{2, 3, 4, 5});
 }
