@@ -318,42 +318,17 @@ void Lowering::assign_samples() {
   p_.llm_tokens = module_work(model_, *llm.spec, all, workload_.max_seq_len).tokens;
 }
 
-// The samples a replica of `module` handles in micro-batch `mb` (-1: all its micro-batches),
-// related to the LLM's assignment by the ratio of data-parallel degrees: with k times more
-// replicas each takes every k-th sample of an LLM replica's batch (fan-in); with k times fewer
-// each takes k LLM replicas' micro-batches (fan-out).
+// The samples a replica of `module` handles in micro-batch `mb` (-1: all its micro-batches):
+// replica_samples() of the module's data-parallel degree (its host's, when it borrows ranks).
 const std::vector<const Sample*>& Lowering::samples_of(int module, int64_t replica, int32_t mb) {
   const ModuleInfo& m = modules_[static_cast<std::size_t>(module)];
-  const int64_t dp_llm = modules_[static_cast<std::size_t>(llm_)].layout.dp;
   const int64_t dp =
       m.host >= 0 ? modules_[static_cast<std::size_t>(m.host)].layout.dp : m.layout.dp;
   const auto key = std::make_tuple(dp, replica, mb);
   if (const auto it = sample_sets_.find(key); it != sample_sets_.end()) return it->second;
   std::vector<const Sample*>& out = sample_sets_[key];
-  // Sample j of an LLM replica's local batch (counting through its micro-batches in order)
-  // belongs to part j mod parts: with fewer samples per micro-batch than parts, consecutive
-  // micro-batches still land on different replicas.
-  auto take = [&](int64_t llm_replica, int64_t part, int64_t parts) {
-    const auto& replica_mbs = llm_assignment_[static_cast<std::size_t>(llm_replica)];
-    int64_t position = 0;
-    for (int32_t b = 0; b < static_cast<int32_t>(microbatches_); ++b) {
-      const auto& ids = replica_mbs[static_cast<std::size_t>(b)];
-      const bool wanted = mb < 0 || b == mb;
-      for (int32_t id : ids) {
-        if (wanted && position % parts == part)
-          out.push_back(&batch_.samples[static_cast<std::size_t>(id)]);
-        ++position;
-      }
-      if (mb >= 0 && b >= mb) break;
-    }
-  };
-  if (dp >= dp_llm) {
-    const int64_t k = dp / dp_llm;
-    take(replica / k, replica % k, k);
-  } else {
-    const int64_t k = dp_llm / dp;
-    for (int64_t d = replica * k; d < (replica + 1) * k; ++d) take(d, 0, 1);
-  }
+  for (int32_t id : replica_samples(llm_assignment_, dp, replica, mb))
+    out.push_back(&batch_.samples[static_cast<std::size_t>(id)]);
   return out;
 }
 

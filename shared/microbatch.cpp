@@ -139,4 +139,34 @@ MicrobatchAssignment assign_microbatches(const Batch& batch, const ModelSpec& mo
   return out;
 }
 
+std::vector<int32_t> replica_samples(const MicrobatchAssignment& llm, int64_t dp, int64_t replica,
+                                     int32_t mb) {
+  const auto dp_llm = static_cast<int64_t>(llm.size());
+  TESSERA_CHECK(dp >= 1 && dp_llm >= 1 && (dp % dp_llm == 0 || dp_llm % dp == 0));
+  std::vector<int32_t> out;
+  // Sample j of an LLM replica's local batch (counting through its micro-batches in order)
+  // belongs to part j mod parts: with fewer samples per micro-batch than parts, consecutive
+  // micro-batches still land on different replicas.
+  auto take = [&](int64_t llm_replica, int64_t part, int64_t parts) {
+    const auto& replica_mbs = llm[static_cast<std::size_t>(llm_replica)];
+    int64_t position = 0;
+    for (int32_t b = 0; b < static_cast<int32_t>(replica_mbs.size()); ++b) {
+      const bool wanted = mb < 0 || b == mb;
+      for (int32_t id : replica_mbs[static_cast<std::size_t>(b)]) {
+        if (wanted && position % parts == part) out.push_back(id);
+        ++position;
+      }
+      if (mb >= 0 && b >= mb) break;
+    }
+  };
+  if (dp >= dp_llm) {
+    const int64_t k = dp / dp_llm;
+    take(replica / k, replica % k, k);
+  } else {
+    const int64_t k = dp_llm / dp;
+    for (int64_t d = replica * k; d < (replica + 1) * k; ++d) take(d, 0, 1);
+  }
+  return out;
+}
+
 }  // namespace tessera

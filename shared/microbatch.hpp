@@ -32,4 +32,12 @@ MicrobatchAssignment assign_microbatches(const Batch& batch, const ModelSpec& mo
                                          int64_t replicas, int64_t microbatches,
                                          MicrobatchPolicy policy, int64_t max_seq_len);
 
+// The samples (indices into Batch::samples) that replica `replica` of a module with `dp`
+// data-parallel replicas handles in LLM micro-batch `mb` (-1: all of them), related to the LLM's
+// assignment by the ratio of data-parallel degrees: with k times more replicas each takes every
+// k-th sample of an LLM replica's batch (fan-in); with k times fewer each takes k LLM replicas'
+// micro-batches (fan-out). REQUIRES: dp and the LLM's replica count divide one another.
+std::vector<int32_t> replica_samples(const MicrobatchAssignment& llm, int64_t dp, int64_t replica,
+                                     int32_t mb);
+
 }  // namespace tessera
