@@ -53,13 +53,13 @@ Worker::Worker(const Scenario& s, const ParallelPlan& plan, Groups& groups,
                 "the plan needs " + std::to_string(p.world) + " ranks, the job has " +
                     std::to_string(groups.world().size()));
   // Every worker creates the same groups in the same order (creation is a rendezvous).
-  std::set<std::pair<std::size_t, std::vector<int64_t>>> all;
-  for (const RankList& g : p.groups) all.insert({g.size(), g});
+  std::set<std::pair<std::size_t, std::vector<int64_t>>> needed;
+  for (const RankList& g : p.groups) needed.insert({g.size(), g});
   for (const ModuleGroups& mg : module_groups_)
     for (const auto* kind : {&mg.tp, &mg.cp, &mg.dp})
-      for (const Group& g : *kind) all.insert({g.size(), g});
+      for (const Group& g : *kind) needed.insert({g.size(), g});
   std::vector<std::vector<int64_t>> ordered;
-  for (const auto& [size, g] : all) ordered.push_back(g);
+  for (const auto& [size, g] : needed) ordered.push_back(g);
   groups_.create(ordered);
 
   const std::size_t modules = model.modules.size();
