@@ -66,6 +66,38 @@ std::string executor_support(const ModelSpec& model) {
   return "";
 }
 
+std::string executor_plan_support(const ParallelPlan& plan, const ModelSpec& model) {
+  const std::string next = " is not in the executor yet";
+  if (plan.placement == Placement::kNonColocated) return "plan.placement: non_colocated" + next;
+  if (plan.recompute != Recompute::kNone) return "plan.recompute: activation recomputation" + next;
+  if (plan.placement == Placement::kColocated) {
+    auto layout = [&](const std::string& name) -> const ModuleLayout* {
+      for (const auto& [module, l] : plan.modules)
+        if (module == name) return &l;
+      return nullptr;
+    };
+    const ModuleSpec* llm = find_llm(model);
+    const ModuleLayout* llm_layout_of = layout(llm->name);
+    for (const auto& [module, l] : plan.modules)
+      if (l.cp > 1)
+        return "plan.modules." + module + ".cp: context parallelism in a colocated plan" + next +
+               " (the boundary has no context-parallel gradient sum)";
+    if (llm_layout_of != nullptr && llm_layout_of->pp > 1)
+      return "plan.modules." + llm->name + ".pp: a colocated LLM pipeline" + next +
+             " (the lowering regroups encoder outputs for aligned grids only)";
+    for (const std::string& input : llm->inputs) {
+      // A projector without an entry runs on its producer's grid.
+      std::string owner = input;
+      if (layout(owner) == nullptr) owner = find_module(model, input)->inputs.front();
+      const ModuleLayout* l = layout(owner);
+      if (l != nullptr && llm_layout_of != nullptr && l->dp < llm_layout_of->dp)
+        return "plan.modules." + owner + ".dp: colocated fan-out (fewer replicas than the LLM)" +
+               next + " (its gradients need a regroup the lowering does not emit)";
+    }
+  }
+  return "";
+}
+
 TrainBatch make_batch(const Scenario& s, DatasetKind kind, int64_t iteration) {
   TrainBatch out;
   const ModuleSpec* encoder = image_encoder(s.model);
@@ -218,6 +250,17 @@ LlmLayout llm_layout(const ModelSpec& model, const TrainBatch& batch,
   l.media_slots = tensor(media_slots);
   l.media_rows = tensor(media_rows);
   return l;
+}
+
+int64_t llm_media_tokens(const ModelSpec& model, Modality modality, const Sample& sample) {
+  int64_t tokens = 0;
+  if (const ModuleSpec* e = encoder_for(model, modality); e != nullptr) {
+    if (modality == Modality::kImage)
+      for (const ImageItem& i : sample.images) tokens += image_tokens(*e, i.width, i.height).llm_tokens;
+    if (modality == Modality::kAudio)
+      for (double seconds : sample.audio_seconds) tokens += audio_tokens(*e, seconds).llm_tokens;
+  }
+  return tokens;
 }
 
 torch::Tensor attention_bias(const LlmLayout& l, const std::vector<int64_t>& queries,

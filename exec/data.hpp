@@ -38,6 +38,9 @@ struct TrainBatch {
 // encoders, projectors, a decoder LLM). Returns a problem, or "".
 std::string executor_support(const ModelSpec& model);
 
+// Checks that the executor can run `plan` (validated against `model`). Returns a problem, or "".
+std::string executor_plan_support(const ParallelPlan& plan, const ModelSpec& model);
+
 // REQUIRES: scenario validated, executor_support(model) empty.
 TrainBatch make_batch(const Scenario& scenario, DatasetKind kind, int64_t iteration);
 
@@ -59,11 +62,15 @@ struct LlmLayout {
 LlmLayout llm_layout(const ModelSpec& model, const TrainBatch& batch,
                      const std::vector<int32_t>& samples, int64_t max_seq_len);
 
+// Tokens a sample's media of `modality` become in the LLM sequence (before truncation): the
+// rows a projector of that modality produces for it.
+int64_t llm_media_tokens(const ModelSpec& model, Modality modality, const Sample& sample);
+
 // Additive mask (queries, keys): 0 where the query attends to the key, -inf elsewhere.
 torch::Tensor attention_bias(const LlmLayout& layout, const std::vector<int64_t>& queries,
                              const std::vector<int64_t>& keys);
 
-// Images of the micro-batch, (N, C, S, S) in sample order; (0, C, S, S) when none.
+// Images of the samples, (N, C, S, S) in sample order; (0, C, S, S) when none.
 torch::Tensor micro_batch_images(const ModuleSpec& encoder, const TrainBatch& batch,
                                  const std::vector<int32_t>& samples);
 

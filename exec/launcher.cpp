@@ -37,6 +37,8 @@ struct Child {
   int error_fd = -1;  // read end of the pipe the worker writes its error message to
   bool running = true;
   std::string error;
+  int64_t error_at = 0;  // when the worker failed (steady clock ticks); 0: unknown
+  int status = 0;
 };
 
 void drain(Child& c) {
@@ -51,6 +53,15 @@ void drain(Child& c) {
     if (n < 0 && errno == EINTR) continue;
     break;  // EOF or EAGAIN
   }
+  // "<ticks>\n<message>": split off the time once the line is complete.
+  if (c.error_at == 0)
+    if (const auto newline = c.error.find('\n'); newline != std::string::npos) {
+      try {
+        c.error_at = std::stoll(c.error.substr(0, newline));
+        c.error = c.error.substr(newline + 1);
+      } catch (const std::exception&) {
+      }
+    }
 }
 
 std::string describe_exit(int status) {
@@ -183,6 +194,10 @@ LaunchResult launch(const LaunchOptions& options,
         error = "unknown exception";
       }
       if (!error.empty()) {
+        // When it failed (the monotonic clock all local processes share) comes first: peers
+        // that fail because this one died report later, and the launcher names the root cause.
+        error = std::to_string(std::chrono::steady_clock::now().time_since_epoch().count()) +
+                "\n" + error;
         [[maybe_unused]] ssize_t ignored = ::write(fds[1], error.data(), error.size());
       }
       ::close(fds[1]);
@@ -190,7 +205,7 @@ LaunchResult launch(const LaunchOptions& options,
     }
     ::close(fds[1]);
     ::fcntl(fds[0], F_SETFL, O_NONBLOCK);
-    children.push_back({pid, env.rank, fds[0], true, ""});
+    children.push_back({pid, env.rank, fds[0], true, "", 0, 0});
   }
 
   const auto deadline =
@@ -207,9 +222,20 @@ LaunchResult launch(const LaunchOptions& options,
       --running;
       drain(c);
       if (WIFEXITED(status) && WEXITSTATUS(status) == 0) continue;
-      result.failed_rank = c.rank;
-      result.message = "rank " + std::to_string(c.rank) + ": " +
-                       (c.error.empty() ? describe_exit(status) : c.error);
+      // Give the others a moment to report too, then name the rank that failed first.
+      c.status = status;
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      Child* first = &c;
+      for (Child& other : children) {
+        drain(other);
+        if (other.running && ::waitpid(other.pid, &other.status, WNOHANG) == other.pid)
+          other.running = false;
+        if (!other.running && other.error_at < first->error_at && other.error_at > 0)
+          first = &other;
+      }
+      result.failed_rank = first->rank;
+      result.message = "rank " + std::to_string(first->rank) + ": " +
+                       (first->error.empty() ? describe_exit(first->status) : first->error);
       stop_all(children, options.stop_grace_s);
       for (Child& other : children) ::close(other.error_fd);
       return result;

@@ -182,6 +182,12 @@ int train(int argc, char** argv) {
     std::cerr << job.scenario_file << ": model: " << problem << "\n";
     return 2;
   }
+  if (const std::string problem = executor_plan_support(*scenario->plan, scenario->model);
+      !problem.empty()) {
+    std::cerr << (scenario->plan_ref.empty() ? job.scenario_file : scenario->plan_ref) << ": "
+              << problem << "\n";
+    return 2;
+  }
   job.scenario = std::move(*scenario);
   const std::string device = args["device"].as<std::string>();
   if (device != "cpu") {

@@ -66,6 +66,8 @@ Worker::Worker(const Scenario& s, const ParallelPlan& plan, Groups& groups,
   tp_.assign(modules, nullptr);
   cp_.assign(modules, nullptr);
   dpcp_.assign(modules, 1);
+  dp_size_.assign(modules, 1);
+  dp_rank_.assign(modules, 0);
   for (const ModuleGroups& mg : module_groups_) {
     const auto m = static_cast<std::size_t>(module_index(model, mg.module));
     const Group* tp = group_with(mg.tp, rank_);
@@ -75,12 +77,32 @@ Worker::Worker(const Scenario& s, const ParallelPlan& plan, Groups& groups,
     tp_[m] = &groups_.get(*tp);
     cp_[m] = &groups_.get(*cp);
     dpcp_[m] = static_cast<int64_t>(dp->size() * cp->size());
+    dp_size_[m] = static_cast<int64_t>(dp->size());
+    dp_rank_[m] = index_in(dp, rank_);
     if (model.modules[m].role == ModuleRole::kLlm) {
       tp_index_ = index_in(tp, rank_);
       cp_index_ = index_in(cp, rank_);
       dp_index_ = index_in(dp, rank_);
     }
   }
+  if (plan.placement == Placement::kNonColocated)
+    TESSERA_CHECK(false, "non-colocated placements are not in the executor yet");
+  const auto llm_index = static_cast<std::size_t>(module_index(model, find_llm(model)->name));
+  for (const std::string& input : find_llm(model)->inputs) {
+    const auto m = static_cast<std::size_t>(module_index(model, input));
+    TESSERA_CHECK(dp_size_[m] >= dp_size_[llm_index],
+                  "colocated fan-out (" + input + " with fewer data-parallel replicas than the "
+                  "LLM) is not in the executor yet: its gradients need a regroup the lowering "
+                  "does not emit");
+  }
+  // Colocated: a rank holding encoder outputs must run the LLM's first stage on them (the
+  // lowering's boundary assumes the grids aligned so); an LLM pipeline breaks that.
+  if (plan.placement == Placement::kColocated)
+    for (const Op& op : p.ranks[static_cast<std::size_t>(rank_)])
+      TESSERA_CHECK(!(op.module == static_cast<int>(llm_index) && op.kind == OpKind::kCompute &&
+                      op.stage > 0),
+                    "colocated plans with an LLM pipeline (pp > 1) are not in the executor yet: "
+                    "the lowering regroups encoder outputs for aligned grids only");
   // Layers of each (module, virtual stage), from the forward ops of all ranks.
   std::map<int, std::map<int64_t, int64_t>> layers;
   std::map<int, int64_t> stages;
@@ -169,6 +191,84 @@ std::vector<torch::Tensor> Worker::trainable(int module) {
   return out;
 }
 
+std::vector<int32_t> Worker::samples_for(int module, int mb) const {
+  const auto m = static_cast<std::size_t>(module);
+  return replica_samples(assignment_, dp_size_[m], dp_rank_[m], mb);
+}
+
+Worker::Boundary& Worker::boundary(int producer) {
+  if (const auto it = boundaries_.find(producer); it != boundaries_.end()) return it->second;
+  // No regroup op: the producer's replicas are the LLM's; this rank's own whole-batch output.
+  const ModelSpec& model = scenario_.model;
+  const Modality modality =
+      find_module(model, model.modules[static_cast<std::size_t>(producer)].inputs.front())->modality;
+  torch::Tensor out;
+  for (auto& [k, other] : stages_)
+    if (k.first == producer && other->last()) out = slots_.at({producer, k.second, -1}).output;
+  Boundary& b = boundaries_[producer];
+  b.leaf = out.detach();
+  b.leaf.set_requires_grad(out.requires_grad());
+  int64_t row = 0;
+  for (int32_t sample : samples_for(producer, -1)) {
+    const int64_t n = llm_media_tokens(model, modality, batch_.batch.samples[static_cast<std::size_t>(sample)]);
+    b.rows[sample] = {row, n};
+    row += n;
+  }
+  b.mine_rows = row;
+  return b;
+}
+
+void Worker::boundary_collective(const Op& op) {
+  TESSERA_CHECK(op.collective == CollectiveKind::kAllGather,
+                op_name(*program_, op) + ": unexpected boundary collective");
+  const ModelSpec& model = scenario_.model;
+  const auto m = static_cast<std::size_t>(op.module);
+  const Comm& comm = groups_.get(program_->groups[static_cast<std::size_t>(op.group)]);
+  if (op.phase == Phase::kF) {
+    // Fan-in: the k encoder replicas that share an LLM replica's batch, in replica order.
+    const Modality modality = find_module(model, model.modules[m].inputs.front())->modality;
+    const int64_t k = comm.size(), base = dp_rank_[m] - dp_rank_[m] % k;
+    Boundary b;
+    int64_t row = 0;
+    for (int64_t j = 0; j < k; ++j) {
+      const int64_t first = row;
+      for (int32_t sample : replica_samples(assignment_, dp_size_[m], base + j, -1)) {
+        const int64_t n = llm_media_tokens(model, modality, batch_.batch.samples[static_cast<std::size_t>(sample)]);
+        b.rows[sample] = {row, n};
+        row += n;
+      }
+      b.member_rows.push_back(row - first);
+      if (j == comm.rank) {
+        b.mine_first = first;
+        b.mine_rows = row - first;
+      }
+    }
+    torch::Tensor out;
+    for (auto& [key, other] : stages_)
+      if (key.first == op.module && other->last()) out = slots_.at({op.module, key.second, -1}).output;
+    b.leaf = all_gather_rows(comm, out.detach().contiguous(), b.member_rows);
+    b.leaf.set_requires_grad(out.requires_grad());
+    // The LLM replica on this rank must find all of its samples here.
+    for (const auto& mb : my_micro_batches_)
+      for (int32_t sample : mb)
+        TESSERA_CHECK(b.rows.count(sample),
+                      op_name(*program_, op) + ": the regrouped rows miss a sample of this rank's "
+                      "LLM replica (encoder and LLM grids not aligned, e.g. an LLM pipeline): "
+                      "not in the executor yet");
+    boundaries_[op.module] = std::move(b);
+    return;
+  }
+  // Backward: this rank's rows of the gradient, exchanged over the group as the Program says.
+  Boundary& b = boundaries_.at(op.module);
+  const torch::Tensor g = b.leaf.grad().defined() ? b.leaf.grad() : torch::zeros_like(b.leaf);
+  const torch::Tensor all = all_gather_rows(comm, g.narrow(0, b.mine_first, b.mine_rows).contiguous(),
+                                            b.member_rows);
+  for (auto& [key, other] : stages_)
+    if (key.first == op.module && other->last())
+      slots_.at({op.module, key.second, -1}).output_grad =
+          all.narrow(0, b.mine_first, b.mine_rows).contiguous();
+}
+
 const Worker::MicroBatch& Worker::micro_batch(int mb) {
   if (const auto it = micro_batches_.find(mb); it != micro_batches_.end()) return it->second;
   MicroBatch& b = micro_batches_[mb];
@@ -204,13 +304,14 @@ StepResult Worker::step(int64_t iteration) {
   result.llm_tokens = p.llm_tokens;
   result.samples = batch_.batch.samples;
   const int llm = module_index(model, find_llm(model)->name);
-  const int64_t llm_dp = static_cast<int64_t>(
-      module_groups_[static_cast<std::size_t>(llm)].dp.front().size());
+  const int64_t llm_dp = dp_size_[static_cast<std::size_t>(llm)];
   const auto assignment =
       assign_microbatches(batch_.batch, model, llm_dp,
                           micro_batches(plan_, model, scenario_.workload), plan_.microbatching,
                           scenario_.workload.max_seq_len);
   my_micro_batches_ = assignment[static_cast<std::size_t>(dp_index_)];
+  assignment_ = assignment;
+  boundaries_.clear();
   micro_batches_.clear();
   slots_.clear();
   received_.clear();
@@ -299,7 +400,10 @@ StepResult Worker::step(int64_t iteration) {
         break;
       }
       case OpKind::kCollective:
-        reduce_gradients(op);
+        if (op.purpose == Purpose::kBoundary)
+          boundary_collective(op);
+        else
+          reduce_gradients(op);
         break;
       case OpKind::kOptimizerStep:
         optimizer_step(op);
@@ -346,8 +450,14 @@ void Worker::forward(const Op& op) {
     return torch::Tensor();
   };
   std::vector<torch::Tensor> inputs;
+  // Colocated: the LLM's micro-batches take their rows from the producers' whole-batch outputs.
+  const bool whole_batch_inputs = spec.role == ModuleRole::kLlm && st.first() &&
+                                  !received_.count(key) && plan_.placement == Placement::kColocated;
   if (!st.first() || (spec.role == ModuleRole::kLlm && received_.count(key))) {
     inputs.push_back(received_.at(key));
+  } else if (whole_batch_inputs) {
+    for (const std::string& name : spec.inputs)
+      inputs.push_back(boundary(module_index(model, name)).leaf);
   } else if (spec.role != ModuleRole::kEncoder) {
     for (const std::string& name : spec.inputs) inputs.push_back(from_producer(name));
   }
@@ -359,11 +469,11 @@ void Worker::forward(const Op& op) {
   torch::Tensor out;
   switch (spec.role) {
     case ModuleRole::kEncoder: {
-      const MicroBatch& b = micro_batch(op.microbatch);
+      const std::vector<int32_t> samples = samples_for(op.module, op.microbatch);
       if (spec.modality == Modality::kAudio)
-        out = st.encode_audio(micro_batch_audio(batch_, b.samples));
+        out = st.encode_audio(micro_batch_audio(batch_, samples));
       else
-        out = st.encode(inputs.empty() ? micro_batch_images(spec, batch_, b.samples) : inputs[0]);
+        out = st.encode(inputs.empty() ? micro_batch_images(spec, batch_, samples) : inputs[0]);
       break;
     }
     case ModuleRole::kProjector:
@@ -382,8 +492,20 @@ void Worker::forward(const Op& op) {
       torch::Tensor h;
       if (st.first() && !received_.count(key)) {
         const int64_t hidden = spec.transformer->hidden;
-        // The LLM's inputs in order (llm_layout numbers media rows the same way).
-        const torch::Tensor media = inputs.empty() ? torch::zeros({0, hidden}) : torch::cat(inputs, 0);
+        // The LLM's inputs in order (llm_layout numbers media rows the same way); at a
+        // colocated boundary, each input's rows of this micro-batch's samples.
+        std::vector<torch::Tensor> parts = inputs;
+        if (whole_batch_inputs)
+          for (std::size_t i = 0; i < inputs.size(); ++i) {
+            const Boundary& bd = boundaries_.at(module_index(model, spec.inputs[i]));
+            std::vector<int64_t> rows;
+            for (int32_t sample : b.samples) {
+              const auto [first_row, count] = bd.rows.at(sample);
+              for (int64_t r = 0; r < count; ++r) rows.push_back(first_row + r);
+            }
+            parts[i] = inputs[i].index_select(0, torch::tensor(rows, torch::kInt64).view({-1}));
+          }
+        const torch::Tensor media = parts.empty() ? torch::zeros({0, hidden}) : torch::cat(parts, 0);
         h = st.embed(b.layout.ids, b.layout.text_slots, media, b.layout.media_slots,
                      b.layout.media_rows, local);
       } else {
@@ -411,10 +533,21 @@ void Worker::backward(const Op& op, bool weights) {
   Stage& st = stage(op.module, op.chunk);
   Slot& slot = slots_.at(key);
   const bool has_w = has_w_.count(key) > 0;
-  if (!slot.output.defined() || !slot.output.requires_grad()) return;
+  if (!slot.output.defined() || !slot.output.requires_grad()) {
+    // Nothing flowed through (a frozen module whose micro-batch has no media): zero gradients
+    // for the producers.
+    if (!weights && slot.input_grads.empty())
+      for (const torch::Tensor& in : slot.inputs) slot.input_grads.push_back(torch::zeros_like(in));
+    return;
+  }
   torch::Tensor grad = slot.output_grad;
   if (st.module().role == ModuleRole::kLlm && st.last()) {
     grad = torch::ones_like(slot.output);
+  } else if (!grad.defined() && boundaries_.count(op.module)) {
+    // A colocated boundary without a regroup: this rank's rows of the accumulated gradient.
+    const Boundary& bd = boundaries_.at(op.module);
+    grad = bd.leaf.grad().defined() ? bd.leaf.grad().narrow(0, bd.mine_first, bd.mine_rows)
+                                    : torch::zeros_like(slot.output);
   } else if (!grad.defined()) {
     // The consumer on this rank computed it: the gradient of its input from this module.
     const std::string& name = st.module().name;

@@ -17,6 +17,7 @@
 #include "exec/data.hpp"
 #include "exec/stage.hpp"
 #include "shared/evaluator.hpp"
+#include "shared/microbatch.hpp"
 #include "shared/program.hpp"
 #include "shared/rank_groups.hpp"
 #include "shared/scenario.hpp"
@@ -74,7 +75,19 @@ class Worker {
     AttentionInputs attention;
   };
 
+  // A producer's output rows at the colocated boundary: gathered over the encoder replicas that
+  // share this rank's LLM replica (fan-in), or this rank's own (same data-parallel degree).
+  struct Boundary {
+    torch::Tensor leaf;  // (rows, H): the LLM's micro-batches select from it; its grad accumulates
+    std::map<int32_t, std::pair<int64_t, int64_t>> rows;  // sample -> (first row, count)
+    int64_t mine_first = 0, mine_rows = 0;  // this rank's own rows
+    std::vector<int64_t> member_rows;       // rows of each group member (fan-in)
+  };
+
   Stage& stage(int module, int chunk);
+  std::vector<int32_t> samples_for(int module, int mb) const;
+  Boundary& boundary(int producer);
+  void boundary_collective(const Op& op);
   const MicroBatch& micro_batch(int mb);
   void compute(const Op& op);
   void forward(const Op& op);
@@ -94,6 +107,7 @@ class Worker {
   std::vector<ModuleGroups> module_groups_;
   std::vector<const Comm*> tp_, cp_;   // per module: this rank's groups (null: not here)
   std::vector<int64_t> dpcp_;          // per module: ranks holding the same shard
+  std::vector<int64_t> dp_size_, dp_rank_;  // per module: data-parallel degree, this rank's replica
   int64_t dp_index_ = 0, cp_index_ = 0, tp_index_ = 0;
   std::map<std::pair<int, int>, std::unique_ptr<Stage>> stages_;  // (module, chunk)
   std::map<int, std::unique_ptr<torch::optim::AdamW>> optimizers_;  // per module
@@ -112,6 +126,8 @@ class Worker {
   // Per iteration.
   TrainBatch batch_;
   std::vector<std::vector<int32_t>> my_micro_batches_;
+  MicrobatchAssignment assignment_;
+  std::map<int, Boundary> boundaries_;
   std::map<int, MicroBatch> micro_batches_;
   std::map<Key, Slot> slots_;
   std::map<Key, torch::Tensor> received_;
