@@ -87,6 +87,7 @@ torch::Tensor all_gather_rows(const Comm& comm, const torch::Tensor& t,
   if (comm.size() < 2) return t;
   const int64_t most = *std::max_element(rows.begin(), rows.end());
   std::vector<int64_t> shape = t.sizes().vec();
+  if (most == 0) return t.narrow(0, 0, 0).clone();  // nothing anywhere (every member knows)
   shape[0] = most;
   torch::Tensor padded = torch::zeros(shape, t.options());
   padded.narrow(0, 0, t.size(0)).copy_(t);

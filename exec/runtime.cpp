@@ -88,13 +88,6 @@ Worker::Worker(const Scenario& s, const ParallelPlan& plan, Groups& groups,
   if (plan.placement == Placement::kNonColocated)
     TESSERA_CHECK(false, "non-colocated placements are not in the executor yet");
   const auto llm_index = static_cast<std::size_t>(module_index(model, find_llm(model)->name));
-  for (const std::string& input : find_llm(model)->inputs) {
-    const auto m = static_cast<std::size_t>(module_index(model, input));
-    TESSERA_CHECK(dp_size_[m] >= dp_size_[llm_index],
-                  "colocated fan-out (" + input + " with fewer data-parallel replicas than the "
-                  "LLM) is not in the executor yet: its gradients need a regroup the lowering "
-                  "does not emit");
-  }
   // Colocated: a rank holding encoder outputs must run the LLM's first stage on them (the
   // lowering's boundary assumes the grids aligned so); an LLM pipeline breaks that.
   if (plan.placement == Placement::kColocated)

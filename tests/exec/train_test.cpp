@@ -124,6 +124,20 @@ TEST_CASE("two encoders (frozen ViT, trainable Whisper-style audio) feed one LLM
     for (std::size_t i = 0; i < 3; ++i)
       CHECK(std::abs(got[i] - reference[i]) <= 1e-5 * std::abs(reference[i]));
   }
+  // Colocated, each encoder on its own grid: vision on 4 replicas, audio TP2 x DP2.
+  const fs::path dir = fs::temp_directory_path() / ("tessera-train-test-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const std::string plan = (dir / "valm-colocated.json").string();
+  std::ofstream(plan) << R"({"placement": "colocated", "schedule": "three_phase", "micro_batch_size": 1,
+      "modules": {"vision": {"dp": 4}, "audio": {"tp": 2, "dp": 2}, "llm": {"tp": 2, "dp": 2}}})";
+  const fs::path out = fresh_dir("valm-colocated");
+  const Run r = run(valm + " --plan " + plan + " --steps 3 --out " + out.string());
+  INFO(r.output);
+  REQUIRE(r.code == 0);
+  const std::vector<double> got = losses(out);
+  REQUIRE(got.size() == 3);
+  for (std::size_t i = 0; i < 3; ++i)
+    CHECK(std::abs(got[i] - reference[i]) <= 1e-5 * std::abs(reference[i]));
 }
 
 namespace {
