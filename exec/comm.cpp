@@ -105,6 +105,18 @@ torch::Tensor all_gather_rows(const Comm& comm, const torch::Tensor& t,
   return torch::cat(parts, 0);
 }
 
+void broadcast(const Comm& comm, torch::Tensor& t, int root) {
+  if (comm.size() < 2 || t.numel() == 0) return;
+  std::vector<at::Tensor> tensors{t};
+  c10d::BroadcastOptions options;
+  options.rootRank = root;
+  const double start = recording != nullptr ? now_s() : 0;
+  comm.group->broadcast(tensors, options)->wait();
+  if (recording != nullptr)
+    recording->push_back({CollectiveKind::kBroadcast, start, now_s(),
+                          static_cast<double>(t.numel() * t.element_size())});
+}
+
 torch::Tensor reduce_scatter(const Comm& comm, const torch::Tensor& t) {
   if (comm.size() < 2) return t.clone();
   const int64_t part = t.numel() / comm.size();

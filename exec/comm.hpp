@@ -63,6 +63,9 @@ void all_reduce(const Comm& comm, torch::Tensor& t, c10d::ReduceOp op = c10d::Re
 torch::Tensor all_gather_rows(const Comm& comm, const torch::Tensor& t,
                               const std::vector<int64_t>& rows);
 
+// Broadcasts `t` from member `root` to every member (in place).
+void broadcast(const Comm& comm, torch::Tensor& t, int root = 0);
+
 // Sums `t` (members' equal-sized tensors, a multiple of the group size long) over the group and
 // returns this member's contiguous 1/size of the sum.
 torch::Tensor reduce_scatter(const Comm& comm, const torch::Tensor& t);

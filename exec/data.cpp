@@ -68,7 +68,12 @@ std::string executor_support(const ModelSpec& model) {
 
 std::string executor_plan_support(const ParallelPlan& plan, const ModelSpec& model) {
   const std::string next = " is not in the executor yet";
-  if (plan.placement == Placement::kNonColocated) return "plan.placement: non_colocated" + next;
+  if (plan.placement == Placement::kNonColocated) {
+    const ModuleSpec* llm = find_llm(model);
+    for (const auto& [module, l] : plan.modules)
+      if (module != llm->name && l.pp > 1)
+        return "plan.modules." + module + ".pp: a pipelined encoder in a non-colocated plan" + next;
+  }
   if (plan.recompute != Recompute::kNone) return "plan.recompute: activation recomputation" + next;
   if (plan.placement == Placement::kColocated) {
     auto layout = [&](const std::string& name) -> const ModuleLayout* {

@@ -73,11 +73,11 @@ Worker::Worker(const Scenario& s, const ParallelPlan& plan, Groups& groups,
     const Group* tp = group_with(mg.tp, rank_);
     const Group* cp = group_with(mg.cp, rank_);
     const Group* dp = group_with(mg.dp, rank_);
+    if (!mg.dp.empty()) dp_size_[m] = static_cast<int64_t>(mg.dp.front().size());  // every module's
     if (tp == nullptr) continue;
     tp_[m] = &groups_.get(*tp);
     cp_[m] = &groups_.get(*cp);
     dpcp_[m] = static_cast<int64_t>(dp->size() * cp->size());
-    dp_size_[m] = static_cast<int64_t>(dp->size());
     dp_rank_[m] = index_in(dp, rank_);
     if (model.modules[m].role == ModuleRole::kLlm) {
       tp_index_ = index_in(tp, rank_);
@@ -85,8 +85,6 @@ Worker::Worker(const Scenario& s, const ParallelPlan& plan, Groups& groups,
       dp_index_ = index_in(dp, rank_);
     }
   }
-  if (plan.placement == Placement::kNonColocated)
-    TESSERA_CHECK(false, "non-colocated placements are not in the executor yet");
   const auto llm_index = static_cast<std::size_t>(module_index(model, find_llm(model)->name));
   // Colocated: a rank holding encoder outputs must run the LLM's first stage on them (the
   // lowering's boundary assumes the grids aligned so); an LLM pipeline breaks that.
@@ -212,6 +210,33 @@ Worker::Boundary& Worker::boundary(int producer) {
 }
 
 void Worker::boundary_collective(const Op& op) {
+  if (op.collective == CollectiveKind::kBroadcast || op.collective == CollectiveKind::kAllReduce) {
+    const Comm& comm = groups_.get(program_->groups[static_cast<std::size_t>(op.group)]);
+    if (op.collective == CollectiveKind::kAllReduce) {
+      // Consumer with CP: each CP rank holds the gradient of its own tokens; sum them.
+      Boundary& b = assembled(op.module, op.microbatch);
+      if (!b.leaf.grad().defined()) b.leaf.mutable_grad() = torch::zeros_like(b.leaf);
+      all_reduce(comm, b.leaf.mutable_grad());
+      return;
+    }
+    if (op.phase == Phase::kF) {
+      // The consumer leader's received rows reach its TP x CP group.
+      Boundary& b = assembled(op.module, op.microbatch);
+      torch::Tensor t = b.leaf.detach();
+      broadcast(comm, t, 0);
+      b.leaf = t;
+      b.leaf.set_requires_grad(true);
+      return;
+    }
+    // Backward, producer side: the leader's received gradient reaches its TP x CP group.
+    for (auto& [k, other] : stages_)
+      if (k.first == op.module && other->last()) {
+        Slot& slot = slots_.at({op.module, k.second, op.microbatch});
+        if (!slot.output_grad.defined()) slot.output_grad = torch::zeros_like(slot.output);
+        broadcast(comm, slot.output_grad, 0);
+      }
+    return;
+  }
   TESSERA_CHECK(op.collective == CollectiveKind::kAllGather,
                 op_name(*program_, op) + ": unexpected boundary collective");
   const ModelSpec& model = scenario_.model;
@@ -262,6 +287,161 @@ void Worker::boundary_collective(const Op& op) {
           all.narrow(0, b.mine_first, b.mine_rows).contiguous();
 }
 
+int Worker::consumer_of(int producer) const {
+  const ModelSpec& model = scenario_.model;
+  const std::string& name = model.modules[static_cast<std::size_t>(producer)].name;
+  for (std::size_t c = 0; c < model.modules.size(); ++c) {
+    const auto& in = model.modules[c].inputs;
+    if (std::find(in.begin(), in.end(), name) != in.end()) return static_cast<int>(c);
+  }
+  return -1;
+}
+
+int64_t Worker::replica_of(int module, int64_t rank) const {
+  const std::string& name = scenario_.model.modules[static_cast<std::size_t>(module)].name;
+  for (const ModuleGroups& mg : module_groups_)
+    if (mg.module == name)
+      if (const Group* g = group_with(mg.dp, rank); g != nullptr) return index_in(g, rank);
+  TESSERA_CHECK(false, "rank " + std::to_string(rank) + " holds no replica of " + name);
+  return 0;
+}
+
+// Mirrors Lowering::boundary_links: with fan-in (producer dp >= consumer dp) a link per producer
+// replica carries that replica's samples; with fan-out a link per consumer replica carries the
+// consumer's.
+std::vector<int32_t> Worker::link_samples(int producer, int mb, int64_t peer,
+                                          bool consumer_side) const {
+  const int consumer = consumer_of(producer);
+  const int64_t dp_p = dp_size_[static_cast<std::size_t>(producer)];
+  const int64_t dp_c = dp_size_[static_cast<std::size_t>(consumer)];
+  if (dp_p >= dp_c)
+    return consumer_side ? replica_samples(assignment_, dp_p, replica_of(producer, peer), mb)
+                         : samples_for(producer, mb);
+  return consumer_side ? samples_for(consumer, mb)
+                       : replica_samples(assignment_, dp_c, replica_of(consumer, peer), mb);
+}
+
+std::vector<std::pair<int64_t, std::vector<int32_t>>> Worker::consumer_links(int producer,
+                                                                           int mb) const {
+  const int consumer = consumer_of(producer);
+  const int64_t dp_p = dp_size_[static_cast<std::size_t>(producer)];
+  const int64_t dp_c = dp_size_[static_cast<std::size_t>(consumer)];
+  std::vector<std::pair<int64_t, std::vector<int32_t>>> links;
+  if (dp_p >= dp_c) {
+    const int64_t k = dp_p / dp_c, first = dp_rank_[static_cast<std::size_t>(consumer)] * k;
+    for (int64_t e = first; e < first + k; ++e)
+      links.emplace_back(e, replica_samples(assignment_, dp_p, e, mb));
+  } else {
+    links.emplace_back(0, samples_for(consumer, mb));
+  }
+  return links;
+}
+
+// Row indices, in `order`'s layout (each sample's rows contiguous, samples in order), of
+// `samples`.
+std::vector<int64_t> Worker::rows_of(int producer, const std::vector<int32_t>& samples,
+                                     const std::vector<int32_t>& order) const {
+  const ModelSpec& model = scenario_.model;
+  const Modality modality =
+      find_module(model, model.modules[static_cast<std::size_t>(producer)].inputs.front())->modality;
+  std::map<int32_t, std::pair<int64_t, int64_t>> where;
+  int64_t row = 0;
+  for (int32_t s : order) {
+    const int64_t n = llm_media_tokens(model, modality, batch_.batch.samples[static_cast<std::size_t>(s)]);
+    where[s] = {row, n};
+    row += n;
+  }
+  std::vector<int64_t> rows;
+  for (int32_t s : samples) {
+    const auto [first, n] = where.at(s);
+    for (int64_t r = 0; r < n; ++r) rows.push_back(first + r);
+  }
+  return rows;
+}
+
+Worker::Boundary& Worker::assembled(int producer, int mb) {
+  if (const auto it = linked_.find({producer, mb}); it != linked_.end()) return it->second;
+  // The consumer's input from `producer`: the links' rows in link order (the leader received
+  // them; the others get them by the broadcast, into a tensor of the same shape).
+  const ModelSpec& model = scenario_.model;
+  const ModuleSpec& spec = model.modules[static_cast<std::size_t>(producer)];
+  const Modality modality = find_module(model, spec.inputs.front())->modality;
+  Boundary& b = linked_[{producer, mb}];
+  std::vector<torch::Tensor> parts;
+  int64_t row = 0;
+  for (const auto& [link, samples] : consumer_links(producer, mb)) {
+    int64_t rows = 0;
+    for (int32_t s : samples) {
+      const int64_t n = llm_media_tokens(model, modality, batch_.batch.samples[static_cast<std::size_t>(s)]);
+      b.rows[s] = {row + rows, n};
+      rows += n;
+    }
+    const auto part = link_parts_.find({producer, mb, link});
+    parts.push_back(part != link_parts_.end() ? part->second
+                                              : torch::zeros({rows, spec.projector->out}));
+    row += rows;
+  }
+  b.leaf = torch::cat(parts, 0);
+  b.leaf.set_requires_grad(true);
+  b.mine_rows = row;
+  return b;
+}
+
+void Worker::boundary_p2p(const Op& op) {
+  // op.module: the producer's last module (the projector); the consumer is the module it feeds.
+  const int producer = op.module;
+  const int mb = op.microbatch;
+  const bool producer_side = stages_.count({producer, 0}) > 0;
+  auto send = [&](torch::Tensor t) {
+    t = t.contiguous();
+    std::vector<at::Tensor> tensors{t};
+    pending_.emplace_back(groups_.world().group->send(tensors, op.peer, gloo_tag(op.tag)), t);
+  };
+  auto recv = [&](int64_t rows, int64_t width) {
+    torch::Tensor t = torch::zeros({rows, width});
+    std::vector<at::Tensor> tensors{t};
+    groups_.world().group->recv(tensors, op.peer, gloo_tag(op.tag))->wait();
+    return t;
+  };
+  const int64_t width = scenario_.model.modules[static_cast<std::size_t>(producer)].projector->out;
+  if (producer_side) {
+    Slot* slot = nullptr;
+    for (auto& [k, other] : stages_)
+      if (k.first == producer && other->last()) slot = &slots_.at({producer, k.second, mb});
+    const std::vector<int32_t> mine = samples_for(producer, mb);
+    const std::vector<int32_t> link = link_samples(producer, mb, op.peer, false);
+    const torch::Tensor rows = torch::tensor(rows_of(producer, link, mine), torch::kInt64).view({-1});
+    if (op.kind == OpKind::kSend)  // forward: this link's rows of the output
+      return send(slot->output.detach().index_select(0, rows));
+    // backward: this link's rows of the output gradient
+    const torch::Tensor g = recv(rows.size(0), width);
+    if (!slot->output_grad.defined()) slot->output_grad = torch::zeros_like(slot->output);
+    slot->output_grad.index_copy_(0, rows, g);
+    return;
+  }
+  const std::vector<int32_t> link = link_samples(producer, mb, op.peer, true);
+  const int consumer = consumer_of(producer);
+  const int64_t link_id = dp_size_[static_cast<std::size_t>(producer)] >=
+                                  dp_size_[static_cast<std::size_t>(consumer)]
+                              ? replica_of(producer, op.peer)
+                              : 0;
+  if (op.kind == OpKind::kRecv) {  // forward: a link's rows, kept until assembled
+    int64_t rows = 0;
+    for (int32_t s : link) rows += static_cast<int64_t>(rows_of(producer, {s}, {s}).size());
+    link_parts_[{producer, mb, link_id}] = recv(rows, width);
+    return;
+  }
+  // backward: this link's rows of the gradient of the assembled input
+  Boundary& b = assembled(producer, mb);
+  const torch::Tensor g = b.leaf.grad().defined() ? b.leaf.grad() : torch::zeros_like(b.leaf);
+  std::vector<int64_t> rows;
+  for (int32_t s : link) {
+    const auto [first, n] = b.rows.at(s);
+    for (int64_t r = 0; r < n; ++r) rows.push_back(first + r);
+  }
+  send(g.index_select(0, torch::tensor(rows, torch::kInt64).view({-1})));
+}
+
 const Worker::MicroBatch& Worker::micro_batch(int mb) {
   if (const auto it = micro_batches_.find(mb); it != micro_batches_.end()) return it->second;
   MicroBatch& b = micro_batches_[mb];
@@ -305,6 +485,8 @@ StepResult Worker::step(int64_t iteration) {
   my_micro_batches_ = assignment[static_cast<std::size_t>(dp_index_)];
   assignment_ = assignment;
   boundaries_.clear();
+  linked_.clear();
+  link_parts_.clear();
   micro_batches_.clear();
   slots_.clear();
   received_.clear();
@@ -363,6 +545,10 @@ StepResult Worker::step(int64_t iteration) {
         break;
       }
       case OpKind::kSend: {
+        if (op.purpose == Purpose::kBoundary) {
+          boundary_p2p(op);
+          break;
+        }
         const Slot& slot = slots_.at(key);
         torch::Tensor t = (op.phase == Phase::kF ? slot.output : slot.input_grads.at(0))
                               .detach()
@@ -372,6 +558,10 @@ StepResult Worker::step(int64_t iteration) {
         break;
       }
       case OpKind::kRecv: {
+        if (op.purpose == Purpose::kBoundary) {
+          boundary_p2p(op);
+          break;
+        }
         torch::Tensor t;
         if (op.phase == Phase::kF) {
           const ModuleSpec& spec = model.modules[static_cast<std::size_t>(op.module)];
@@ -445,12 +635,18 @@ void Worker::forward(const Op& op) {
   std::vector<torch::Tensor> inputs;
   // Colocated: the LLM's micro-batches take their rows from the producers' whole-batch outputs.
   const bool whole_batch_inputs = spec.role == ModuleRole::kLlm && st.first() &&
-                                  !received_.count(key) && plan_.placement == Placement::kColocated;
+                                  !received_.count(key) && plan_.placement != Placement::kHomogeneous;
+  // The rows of each input: the colocated boundary's (whole batch), or the non-colocated one's
+  // (this micro-batch, assembled from the links).
+  auto input_boundary = [&](int producer) -> Boundary& {
+    return plan_.placement == Placement::kColocated ? boundary(producer)
+                                                    : assembled(producer, op.microbatch);
+  };
   if (!st.first() || (spec.role == ModuleRole::kLlm && received_.count(key))) {
     inputs.push_back(received_.at(key));
   } else if (whole_batch_inputs) {
     for (const std::string& name : spec.inputs)
-      inputs.push_back(boundary(module_index(model, name)).leaf);
+      inputs.push_back(input_boundary(module_index(model, name)).leaf);
   } else if (spec.role != ModuleRole::kEncoder) {
     for (const std::string& name : spec.inputs) inputs.push_back(from_producer(name));
   }
@@ -490,7 +686,7 @@ void Worker::forward(const Op& op) {
         std::vector<torch::Tensor> parts = inputs;
         if (whole_batch_inputs)
           for (std::size_t i = 0; i < inputs.size(); ++i) {
-            const Boundary& bd = boundaries_.at(module_index(model, spec.inputs[i]));
+            const Boundary& bd = input_boundary(module_index(model, spec.inputs[i]));
             std::vector<int64_t> rows;
             for (int32_t sample : b.samples) {
               const auto [first_row, count] = bd.rows.at(sample);

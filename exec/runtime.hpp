@@ -88,6 +88,16 @@ class Worker {
   std::vector<int32_t> samples_for(int module, int mb) const;
   Boundary& boundary(int producer);
   void boundary_collective(const Op& op);
+  // Non-colocated boundary (per producer module and micro-batch): the samples each link of a
+  // leader-to-leader message carries, rows of a module's output per sample, the assembled input.
+  int consumer_of(int producer) const;
+  int64_t replica_of(int module, int64_t rank) const;
+  std::vector<int32_t> link_samples(int producer, int mb, int64_t peer, bool consumer_side) const;
+  std::vector<std::pair<int64_t, std::vector<int32_t>>> consumer_links(int producer, int mb) const;
+  std::vector<int64_t> rows_of(int producer, const std::vector<int32_t>& samples,
+                               const std::vector<int32_t>& order) const;
+  Boundary& assembled(int producer, int mb);
+  void boundary_p2p(const Op& op);
   const MicroBatch& micro_batch(int mb);
   void compute(const Op& op);
   void forward(const Op& op);
@@ -128,6 +138,8 @@ class Worker {
   std::vector<std::vector<int32_t>> my_micro_batches_;
   MicrobatchAssignment assignment_;
   std::map<int, Boundary> boundaries_;
+  std::map<std::pair<int, int>, Boundary> linked_;                        // (producer, mb)
+  std::map<std::tuple<int, int, int64_t>, torch::Tensor> link_parts_;      // (producer, mb, link)
   std::map<int, MicroBatch> micro_batches_;
   std::map<Key, Slot> slots_;
   std::map<Key, torch::Tensor> received_;
