@@ -90,15 +90,6 @@ std::string executor_plan_support(const ParallelPlan& plan, const ModelSpec& mod
     if (llm_layout_of != nullptr && llm_layout_of->pp > 1)
       return "plan.modules." + llm->name + ".pp: a colocated LLM pipeline" + next +
              " (the lowering regroups encoder outputs for aligned grids only)";
-    for (const std::string& input : llm->inputs) {
-      // A projector without an entry runs on its producer's grid.
-      std::string owner = input;
-      if (layout(owner) == nullptr) owner = find_module(model, input)->inputs.front();
-      const ModuleLayout* l = layout(owner);
-      if (l != nullptr && llm_layout_of != nullptr && l->dp < llm_layout_of->dp)
-        return "plan.modules." + owner + ".dp: colocated fan-out (fewer replicas than the LLM)" +
-               next + " (its gradients need a regroup the lowering does not emit)";
-    }
   }
   return "";
 }

@@ -276,8 +276,34 @@ void Worker::boundary_collective(const Op& op) {
     boundaries_[op.module] = std::move(b);
     return;
   }
-  // Backward: this rank's rows of the gradient, exchanged over the group as the Program says.
+  // Backward.
   Boundary& b = boundaries_.at(op.module);
+  const int llm = module_index(model, find_llm(model)->name);
+  if (dp_size_[m] < dp_size_[static_cast<std::size_t>(llm)]) {
+    // Fan-out: each member's LLM replica computed the gradient of its own samples' rows; the
+    // all-gather assembles all of this encoder replica's rows (replicas in order, as its output).
+    const Modality modality = find_module(model, model.modules[m].inputs.front())->modality;
+    const int64_t k = comm.size();
+    std::vector<int64_t> member_rows;
+    int64_t first = 0;
+    for (int64_t j = 0; j < k; ++j) {
+      int64_t rows = 0;
+      for (const auto& mb : assignment_[static_cast<std::size_t>(dp_rank_[m] * k + j)])
+        for (int32_t sample : mb)
+          rows += llm_media_tokens(model, modality, batch_.batch.samples[static_cast<std::size_t>(sample)]);
+      if (j < comm.rank) first += rows;
+      member_rows.push_back(rows);
+    }
+    const torch::Tensor g = b.leaf.grad().defined() ? b.leaf.grad() : torch::zeros_like(b.leaf);
+    const torch::Tensor all = all_gather_rows(
+        comm, g.narrow(0, first, member_rows[static_cast<std::size_t>(comm.rank)]).contiguous(),
+        member_rows);
+    for (auto& [key, other] : stages_)
+      if (key.first == op.module && other->last())
+        slots_.at({op.module, key.second, -1}).output_grad = all;
+    return;
+  }
+  // Fan-in: this rank's rows of the gradient, exchanged over the group as the Program says.
   const torch::Tensor g = b.leaf.grad().defined() ? b.leaf.grad() : torch::zeros_like(b.leaf);
   const torch::Tensor all = all_gather_rows(comm, g.narrow(0, b.mine_first, b.mine_rows).contiguous(),
                                             b.member_rows);

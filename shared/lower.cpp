@@ -983,6 +983,17 @@ void Lowering::lower_colocated() {
         boundary_groups.emplace_back(i, g);
       } else {
         boundary_done.push_back(encoder_forward[i]);  // identity or fan-out: keep this rank's slice
+        if (dp_e < dp_l) {
+          // Fan-out: the LLM replicas sharing this encoder replica each hold the gradients of
+          // their own samples; the backward all-gathers them (ALGORITHMS.md §3). The ranks of
+          // those replicas at this rank's LLM (tp, cp) and the first pipeline stage.
+          const int64_t k = dp_l / dp_e;
+          const Coord y = llm.coord(rank);
+          RankList members;
+          for (int64_t d = x.d * k; d < (x.d + 1) * k; ++d)
+            members.push_back(llm.rank({y.t, y.c, d, 0}));
+          boundary_groups.emplace_back(i, group(members));
+        }
       }
     }
     // Phase 2: the LLM pipeline over detached encoder outputs.
@@ -1080,7 +1091,6 @@ void Lowering::lower_colocated() {
         continue;
       const ModuleInfo& m = modules_[static_cast<std::size_t>(i)];
       const ModuleInfo& grid = m.host >= 0 ? modules_[static_cast<std::size_t>(m.host)] : m;
-      const int64_t k = grid.layout.dp / llm.layout.dp;
       Op gather;
       gather.kind = OpKind::kCollective;
       gather.stream = StreamKind::kCollective;
@@ -1089,7 +1099,12 @@ void Lowering::lower_colocated() {
       gather.phase = Phase::kB;
       gather.module = static_cast<int16_t>(i);
       gather.group = g;
-      gather.bytes = boundary_bytes(i, llm_, samples_of(llm_, grid.coord(rank).d / k, -1));
+      // The gradients of the encoder outputs the LLM replica(s) of this group used.
+      const int64_t dp_e = grid.layout.dp, dp_l = llm.layout.dp;
+      gather.bytes = boundary_bytes(
+          i, llm_,
+          dp_e > dp_l ? samples_of(llm_, grid.coord(rank).d / (dp_e / dp_l), -1)
+                      : samples_of(i, grid.coord(rank).d, -1));
       const int32_t dep = last_compute(rank);
       if (dep >= 0) gather.deps = {dep};
       grads_ready.push_back(emit(rank, gather));

@@ -177,6 +177,11 @@ TEST_CASE("colocated placements: each module its own grid, the boundary regroups
       R"({"placement": "colocated", "schedule": "three_phase", "micro_batch_size": 1,
           "modules": {"vision": {"tp": 1, "dp": 4}, "llm": {"tp": 2, "dp": 2}}})", "fan-in");
   check_parity(train_with(kScenario, fan_in, "colo-fan-in"), reference);
+  // Fan-out: one encoder replica (TP2) for two LLM replicas; the gradients are all-gathered.
+  const std::string fan_out = raw_plan(
+      R"({"placement": "colocated", "schedule": "three_phase", "micro_batch_size": 1,
+          "modules": {"vision": {"tp": 2, "dp": 1}, "llm": {"dp": 2}}})", "fan-out");
+  check_parity(train_with(kScenario, fan_out, "colo-fan-out"), reference);
   // Same data-parallel degree: no regroup, each LLM micro-batch picks its rows.
   const std::string same_dp = raw_plan(
       R"({"placement": "colocated", "schedule": "three_phase", "micro_batch_size": 1,
