@@ -144,6 +144,7 @@ int train(int argc, char** argv) {
       "out", "record loss.jsonl, run.json, trace/ and checkpoint/ here", cxxopts::value<std::string>())(
       "resume", "continue from the checkpoint in --out")(
       "checkpoint-every", "also checkpoint every N steps", cxxopts::value<int64_t>()->default_value("0"))(
+      "no-checkpoint", "record no checkpoint (traces and losses only)")(
       "trace-steps", "steps recorded in the traces", cxxopts::value<int64_t>()->default_value("20"))(
       "seed", "weight seed", cxxopts::value<uint64_t>()->default_value("1234"))(
       "lr", "AdamW learning rate", cxxopts::value<double>()->default_value("0.001"))(
@@ -210,6 +211,7 @@ int train(int argc, char** argv) {
   job.trace_steps = args["trace-steps"].as<int64_t>();
   job.timeout_s = args["timeout"].as<double>();
   job.resume = args.count("resume") > 0;
+  job.checkpoint = args.count("no-checkpoint") == 0;
   if (args.count("out")) job.out_dir = args["out"].as<std::string>();
   if (job.steps < 1 || job.options.lr <= 0 || job.options.clip < 0 || job.timeout_s <= 0) {
     std::cerr << "tessera-train: --steps >= 1, --lr > 0, --clip >= 0 and --timeout > 0 required\n";

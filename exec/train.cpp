@@ -144,14 +144,16 @@ int train_worker(const WorkerEnv& env, const TrainJob& job) {
   auto store = connect_store(env, group_options);
   // What rank 0 was told to record (and whether to resume) holds for every rank: the recording
   // steps are collectives all ranks join, whatever their own node's command line said.
-  std::string out_dir = job.out_dir, resume = job.resume ? "1" : "0";
-  if (env.rank == 0) {
-    store->set("tessera/out", std::vector<uint8_t>(out_dir.begin(), out_dir.end()));
-    store->set("tessera/resume", std::vector<uint8_t>(resume.begin(), resume.end()));
-  } else {
-    const std::vector<uint8_t> o = store->get("tessera/out"), r = store->get("tessera/resume");
-    out_dir.assign(o.begin(), o.end());
-    resume.assign(r.begin(), r.end());
+  std::string out_dir = job.out_dir, resume = job.resume ? "1" : "0",
+              checkpointing = job.checkpoint ? "1" : "0";
+  for (auto& [key, value] : {std::pair<const char*, std::string*>{"tessera/out", &out_dir},
+                             {"tessera/resume", &resume}, {"tessera/checkpoint", &checkpointing}}) {
+    if (env.rank == 0) {
+      store->set(key, std::vector<uint8_t>(value->begin(), value->end()));
+    } else {
+      const std::vector<uint8_t> bytes = store->get(key);
+      value->assign(bytes.begin(), bytes.end());
+    }
   }
   Groups groups(store, env.rank, env.world_size, group_options.timeout,
                 env.master_addr == "127.0.0.1" || env.master_addr == "localhost");
@@ -228,7 +230,8 @@ int train_worker(const WorkerEnv& env, const TrainJob& job) {
       losses.flush();
     }
     const bool last = step + 1 == job.steps;
-    if (!out.empty() && (last || (job.checkpoint_every > 0 && (step + 1) % job.checkpoint_every == 0)))
+    if (!out.empty() && checkpointing == "1" &&
+        (last || (job.checkpoint_every > 0 && (step + 1) % job.checkpoint_every == 0)))
       save_checkpoint(worker, world, out, step + 1);
   }
   if (lead && !out.empty()) {
