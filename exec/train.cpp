@@ -7,6 +7,8 @@
 #include <fstream>
 #include <thread>
 
+#include <sys/resource.h>
+
 #include <torch/version.h>
 
 #include "exec/process_group.hpp"
@@ -234,6 +236,15 @@ int train_worker(const WorkerEnv& env, const TrainJob& job) {
         (last || (job.checkpoint_every > 0 && (step + 1) % job.checkpoint_every == 0)))
       save_checkpoint(worker, world, out, step + 1);
   }
+  // Memory per rank: exact parameter state (weights, gradients of trainable parameters, AdamW
+  // moments for what this rank's optimizer holds) and the process's peak resident size.
+  struct rusage usage {};
+  ::getrusage(RUSAGE_SELF, &usage);
+  torch::Tensor memory = torch::tensor({static_cast<double>(worker.parameter_bytes()),
+                                        static_cast<double>(usage.ru_maxrss) * 1024.0},
+                                       torch::kFloat64);
+  const torch::Tensor memories = all_gather_rows(
+      world, memory.unsqueeze(0), std::vector<int64_t>(static_cast<std::size_t>(world.size()), 1));
   if (lead && !out.empty()) {
     std::vector<TraceIteration> its;
     for (std::size_t k = 0; k < traced.size(); ++k)
@@ -253,7 +264,14 @@ int train_worker(const WorkerEnv& env, const TrainJob& job) {
                           {"weight_decay", job.options.weight_decay}}},
              {"software", {{"torch", TORCH_VERSION}, {"torch_threads_per_rank", 1}}},
              {"machine", {{"cores", std::thread::hardware_concurrency()}, {"cpu", cpu_model()}}},
-             {"parameter_bytes_rank0", worker.parameter_bytes()},
+             {"memory_per_rank", [&] {
+                Json ranks = Json::array();
+                for (int64_t r = 0; r < world.size(); ++r)
+                  ranks.push_back({{"rank", r},
+                                   {"parameter_state_bytes", memories[r][0].item<double>()},
+                                   {"peak_rss_bytes", memories[r][1].item<double>()}});
+                return ranks;
+              }()},
              {"first_step", first},
              {"iterations", iterations}};
     write_atomically(out / "run.json", run.dump(1) + "\n");

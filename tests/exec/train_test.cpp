@@ -219,6 +219,15 @@ TEST_CASE("frozen LLM behind a trainable projector (LLaVA stage 1) still passes 
   check_parity(train_with(file, plan_file(R"({"tp": 2, "pp": 2})"), "stage1-tp2pp2"), reference);
   // Only the projector trains, so the loss moves, slowly.
   CHECK(reference[2] != reference[0]);
+  // The frozen LLM holds no gradients and no optimizer state: visible in run.json.
+  const std::vector<double> trainable = train(R"({"tp": 1})", "stage1-trainable-llm");
+  REQUIRE(trainable.size() == 3);
+  auto state_bytes = [](const std::string& name) {
+    std::ifstream in(fs::temp_directory_path() / ("tessera-train-test-" + std::to_string(::getpid())) /
+                     name / "run.json");
+    return Json::parse(in).at("memory_per_rank").at(0).at("parameter_state_bytes").get<double>();
+  };
+  CHECK(state_bytes("stage1-single") < 0.5 * state_bytes("stage1-trainable-llm"));
 }
 
 TEST_CASE("single rank: the Program interpreter gives the plain LibTorch loop's losses") {
