@@ -75,6 +75,20 @@ std::string executor_plan_support(const ParallelPlan& plan, const ModelSpec& mod
         return "plan.modules." + module + ".pp: a pipelined encoder in a non-colocated plan" + next;
   }
   if (plan.recompute != Recompute::kNone) return "plan.recompute: activation recomputation" + next;
+  for (const ModuleSpec& m : model.modules) {
+    if (!m.transformer) continue;
+    int64_t tp = plan.layout.tp;
+    std::string field = "plan.layout.tp";
+    for (const auto& [module, l] : plan.modules)
+      if (module == m.name) {
+        tp = l.tp;
+        field = "plan.modules." + module + ".tp";
+      }
+    const int64_t kv = m.transformer->kv_heads > 0 ? m.transformer->kv_heads : m.transformer->heads;
+    if (kv % tp != 0)
+      return field + ": " + m.name + "'s " + std::to_string(kv) + " key/value heads replicated over tp " +
+             std::to_string(tp) + next;
+  }
   if (plan.placement == Placement::kColocated) {
     auto layout = [&](const std::string& name) -> const ModuleLayout* {
       for (const auto& [module, l] : plan.modules)
