@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <csignal>
+#include <cstdlib>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -46,6 +47,16 @@ Run run(const std::string& args) {
   r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return r;
 }
+
+// The test process's scratch folder, removed when it exits (not when a forked child does).
+const pid_t kTestProcess = ::getpid();
+void remove_scratch() {
+  if (::getpid() != kTestProcess) return;
+  std::error_code ignored;
+  fs::remove_all(fs::temp_directory_path() / ("tessera-train-test-" + std::to_string(kTestProcess)),
+                 ignored);
+}
+const int kScratchCleanup = std::atexit(remove_scratch);
 
 fs::path fresh_dir(const std::string& name) {
   const fs::path dir = fs::temp_directory_path() / ("tessera-train-test-" + std::to_string(::getpid())) / name;
