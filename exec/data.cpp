@@ -90,20 +90,10 @@ std::string executor_plan_support(const ParallelPlan& plan, const ModelSpec& mod
              std::to_string(tp) + next;
   }
   if (plan.placement == Placement::kColocated) {
-    auto layout = [&](const std::string& name) -> const ModuleLayout* {
-      for (const auto& [module, l] : plan.modules)
-        if (module == name) return &l;
-      return nullptr;
-    };
-    const ModuleSpec* llm = find_llm(model);
-    const ModuleLayout* llm_layout_of = layout(llm->name);
     for (const auto& [module, l] : plan.modules)
       if (l.cp > 1)
         return "plan.modules." + module + ".cp: context parallelism in a colocated plan" + next +
                " (the boundary has no context-parallel gradient sum)";
-    if (llm_layout_of != nullptr && llm_layout_of->pp > 1)
-      return "plan.modules." + llm->name + ".pp: a colocated LLM pipeline" + next +
-             " (the lowering regroups encoder outputs for aligned grids only)";
   }
   return "";
 }

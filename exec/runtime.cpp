@@ -86,14 +86,6 @@ Worker::Worker(const Scenario& s, const ParallelPlan& plan, Groups& groups,
     }
   }
   const auto llm_index = static_cast<std::size_t>(module_index(model, find_llm(model)->name));
-  // Colocated: a rank holding encoder outputs must run the LLM's first stage on them (the
-  // lowering's boundary assumes the grids aligned so); an LLM pipeline breaks that.
-  if (plan.placement == Placement::kColocated)
-    for (const Op& op : p.ranks[static_cast<std::size_t>(rank_)])
-      TESSERA_CHECK(!(op.module == static_cast<int>(llm_index) && op.kind == OpKind::kCompute &&
-                      op.stage > 0),
-                    "colocated plans with an LLM pipeline (pp > 1) are not in the executor yet: "
-                    "the lowering regroups encoder outputs for aligned grids only");
   // Layers of each (module, virtual stage), from the forward ops of all ranks.
   std::map<int, std::map<int64_t, int64_t>> layers;
   std::map<int, int64_t> stages;
@@ -117,6 +109,8 @@ Worker::Worker(const Scenario& s, const ParallelPlan& plan, Groups& groups,
         spec, begin, begin + layers[op.module][v], options.seed,
         *tp_[static_cast<std::size_t>(op.module)]);
   }
+  linked_boundary_ = plan.placement == Placement::kNonColocated ||
+                     (plan.placement == Placement::kColocated && stages[static_cast<int>(llm_index)] > 1);
   for (std::size_t m = 0; m < modules; ++m) {
     std::vector<torch::Tensor> params = trainable(static_cast<int>(m));
     if (params.empty()) continue;
@@ -228,13 +222,12 @@ void Worker::boundary_collective(const Op& op) {
       b.leaf.set_requires_grad(true);
       return;
     }
-    // Backward, producer side: the leader's received gradient reaches its TP x CP group.
-    for (auto& [k, other] : stages_)
-      if (k.first == op.module && other->last()) {
-        Slot& slot = slots_.at({op.module, k.second, op.microbatch});
-        if (!slot.output_grad.defined()) slot.output_grad = torch::zeros_like(slot.output);
-        broadcast(comm, slot.output_grad, 0);
-      }
+    // Backward, producer side: the leader's received gradient reaches its TP x CP group (with
+    // a whole-batch output, the accumulated gradient after each micro-batch's part).
+    absorb_self_links(op.module);
+    Slot& slot = producer_slot(op.module, op.microbatch);
+    if (!slot.output_grad.defined()) slot.output_grad = torch::zeros_like(slot.output);
+    broadcast(comm, slot.output_grad, 0);
     return;
   }
   TESSERA_CHECK(op.collective == CollectiveKind::kAllGather,
@@ -385,6 +378,60 @@ std::vector<int64_t> Worker::rows_of(int producer, const std::vector<int32_t>& s
   return rows;
 }
 
+int64_t Worker::producer_leader(int producer, int64_t replica) const {
+  const std::string& name = scenario_.model.modules[static_cast<std::size_t>(producer)].name;
+  for (const ModuleGroups& mg : module_groups_)
+    if (mg.module == name)
+      if (const Group* g = group_with(mg.dp, mg.first_rank); g != nullptr)
+        return (*g)[static_cast<std::size_t>(replica)];
+  return -1;
+}
+
+// A producer's output slot: per micro-batch (non-colocated), or the whole batch (colocated).
+Worker::Slot& Worker::producer_slot(int producer, int mb) {
+  for (auto& [k, other] : stages_)
+    if (k.first == producer && other->last()) {
+      if (const auto it = slots_.find({producer, k.second, mb}); it != slots_.end()) return it->second;
+      return slots_.at({producer, k.second, -1});
+    }
+  TESSERA_CHECK(false, "no output of module " + std::to_string(producer) + " on this rank");
+  return slots_.begin()->second;
+}
+
+// Links whose producer leader and consumer leader are this very rank carry no message: the
+// consumer's input gradient rows go straight into the producer's output gradient.
+void Worker::absorb_self_links(int producer) {
+  if (!absorbed_.insert(producer).second) return;
+  const int consumer = consumer_of(producer);
+  const bool consumer_leader = tp_index_ == 0 && cp_index_ == 0 &&
+                               std::any_of(stages_.begin(), stages_.end(), [&](const auto& e) {
+                                 return e.first.first == consumer && e.second->first();
+                               });
+  if (!consumer_leader) return;
+  const int64_t dp_p = dp_size_[static_cast<std::size_t>(producer)];
+  const int64_t dp_c = dp_size_[static_cast<std::size_t>(consumer)];
+  for (auto& [key, b] : linked_) {
+    if (key.first != producer || !b.leaf.grad().defined()) continue;
+    const int mb = key.second;
+    for (const auto& [link, samples] : consumer_links(producer, mb)) {
+      const int64_t replica = dp_p >= dp_c ? link : dp_rank_[static_cast<std::size_t>(consumer)] / (dp_c / dp_p);
+      if (producer_leader(producer, replica) != rank_) continue;
+      Slot& slot = producer_slot(producer, mb);
+      const bool whole = slots_.count({producer, 0, mb}) == 0;
+      const std::vector<int32_t> order = whole ? samples_for(producer, -1) : samples_for(producer, mb);
+      std::vector<int64_t> from;
+      for (int32_t s : samples) {
+        const auto [first, n] = b.rows.at(s);
+        for (int64_t r = 0; r < n; ++r) from.push_back(first + r);
+      }
+      const auto to = torch::tensor(rows_of(producer, samples, order), torch::kInt64).view({-1});
+      if (!slot.output_grad.defined()) slot.output_grad = torch::zeros_like(slot.output);
+      slot.output_grad.index_copy_(
+          0, to, b.leaf.grad().index_select(0, torch::tensor(from, torch::kInt64).view({-1})));
+    }
+  }
+}
+
 Worker::Boundary& Worker::assembled(int producer, int mb) {
   if (const auto it = linked_.find({producer, mb}); it != linked_.end()) return it->second;
   // The consumer's input from `producer`: the links' rows in link order (the leader received
@@ -403,8 +450,30 @@ Worker::Boundary& Worker::assembled(int producer, int mb) {
       rows += n;
     }
     const auto part = link_parts_.find({producer, mb, link});
-    parts.push_back(part != link_parts_.end() ? part->second
-                                              : torch::zeros({rows, spec.projector->out}));
+    torch::Tensor rows_here;
+    if (part != link_parts_.end()) {
+      rows_here = part->second;
+    } else {
+      // A link from this very rank (no message), or a rank that gets the rows by broadcast.
+      const int consumer = consumer_of(producer);
+      const int64_t dp_p = dp_size_[static_cast<std::size_t>(producer)];
+      const int64_t dp_c = dp_size_[static_cast<std::size_t>(consumer)];
+      const int64_t replica =
+          dp_p >= dp_c ? link : dp_rank_[static_cast<std::size_t>(consumer)] / (dp_c / dp_p);
+      const bool self = tp_index_ == 0 && cp_index_ == 0 && producer_leader(producer, replica) == rank_ &&
+                        std::any_of(stages_.begin(), stages_.end(),
+                                    [&](const auto& e) { return e.first.first == producer; });
+      if (self) {
+        Slot& slot = producer_slot(producer, mb);
+        const bool whole = slots_.count({producer, 0, mb}) == 0;
+        const std::vector<int32_t> order = whole ? samples_for(producer, -1) : samples_for(producer, mb);
+        rows_here = slot.output.detach().index_select(
+            0, torch::tensor(rows_of(producer, samples, order), torch::kInt64).view({-1}));
+      } else {
+        rows_here = torch::zeros({rows, spec.projector->out});
+      }
+    }
+    parts.push_back(rows_here);
     row += rows;
   }
   b.leaf = torch::cat(parts, 0);
@@ -417,7 +486,9 @@ void Worker::boundary_p2p(const Op& op) {
   // op.module: the producer's last module (the projector); the consumer is the module it feeds.
   const int producer = op.module;
   const int mb = op.microbatch;
-  const bool producer_side = stages_.count({producer, 0}) > 0;
+  // The producer sends forward and receives gradients; the consumer the reverse (a colocated
+  // rank is both).
+  const bool producer_side = (op.kind == OpKind::kSend) == (op.phase == Phase::kF);
   auto send = [&](torch::Tensor t) {
     t = t.contiguous();
     std::vector<at::Tensor> tensors{t};
@@ -431,10 +502,10 @@ void Worker::boundary_p2p(const Op& op) {
   };
   const int64_t width = scenario_.model.modules[static_cast<std::size_t>(producer)].projector->out;
   if (producer_side) {
-    Slot* slot = nullptr;
-    for (auto& [k, other] : stages_)
-      if (k.first == producer && other->last()) slot = &slots_.at({producer, k.second, mb});
-    const std::vector<int32_t> mine = samples_for(producer, mb);
+    Slot* slot = &producer_slot(producer, mb);
+    const bool whole = slots_.count({producer, 0, mb}) == 0;  // colocated: the whole batch
+    if (op.kind == OpKind::kRecv) absorb_self_links(producer);
+    const std::vector<int32_t> mine = whole ? samples_for(producer, -1) : samples_for(producer, mb);
     const std::vector<int32_t> link = link_samples(producer, mb, op.peer, false);
     const torch::Tensor rows = torch::tensor(rows_of(producer, link, mine), torch::kInt64).view({-1});
     if (op.kind == OpKind::kSend)  // forward: this link's rows of the output
@@ -513,6 +584,7 @@ StepResult Worker::step(int64_t iteration) {
   boundaries_.clear();
   linked_.clear();
   link_parts_.clear();
+  absorbed_.clear();
   micro_batches_.clear();
   slots_.clear();
   received_.clear();
@@ -665,8 +737,7 @@ void Worker::forward(const Op& op) {
   // The rows of each input: the colocated boundary's (whole batch), or the non-colocated one's
   // (this micro-batch, assembled from the links).
   auto input_boundary = [&](int producer) -> Boundary& {
-    return plan_.placement == Placement::kColocated ? boundary(producer)
-                                                    : assembled(producer, op.microbatch);
+    return linked_boundary_ ? assembled(producer, op.microbatch) : boundary(producer);
   };
   if (!st.first() || (spec.role == ModuleRole::kLlm && received_.count(key))) {
     inputs.push_back(received_.at(key));
@@ -754,6 +825,9 @@ void Worker::backward(const Op& op, bool weights) {
     if (!weights && slot.input_grads.empty())
       for (const torch::Tensor& in : slot.inputs) slot.input_grads.push_back(torch::zeros_like(in));
     return;
+  }
+  if (linked_boundary_ && consumer_of(op.module) >= 0) {
+    absorb_self_links(op.module);
   }
   torch::Tensor grad = slot.output_grad;
   if (st.module().role == ModuleRole::kLlm && st.last()) {

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <map>
+#include <set>
 #include <memory>
 #include <string>
 #include <tuple>
@@ -97,6 +98,9 @@ class Worker {
   std::vector<int64_t> rows_of(int producer, const std::vector<int32_t>& samples,
                                const std::vector<int32_t>& order) const;
   Boundary& assembled(int producer, int mb);
+  int64_t producer_leader(int producer, int64_t replica) const;
+  Slot& producer_slot(int producer, int mb);
+  void absorb_self_links(int producer);
   void boundary_p2p(const Op& op);
   const MicroBatch& micro_batch(int mb);
   void compute(const Op& op);
@@ -140,6 +144,8 @@ class Worker {
   std::map<int, Boundary> boundaries_;
   std::map<std::pair<int, int>, Boundary> linked_;                        // (producer, mb)
   std::map<std::tuple<int, int, int64_t>, torch::Tensor> link_parts_;      // (producer, mb, link)
+  std::set<int> absorbed_;  // producers whose same-rank links' gradients are in place
+  bool linked_boundary_ = false;  // boundary messages leader to leader (non-colocated, or an LLM pipeline)
   std::map<int, MicroBatch> micro_batches_;
   std::map<Key, Slot> slots_;
   std::map<Key, torch::Tensor> received_;

@@ -933,9 +933,12 @@ void Lowering::lower_colocated() {
     (s->role == ModuleRole::kGenerator ? suffix : encoders).push_back(i);
   }
   out_.notes.push_back(
-      "colocated boundary: the regroup all-gathers over the encoder replicas that share one LLM "
-      "replica's batch; "
-      "encoder and LLM grids are assumed aligned otherwise (Megatron MIMO's colocated layout)");
+      llm.layout.pp > 1
+          ? "colocated boundary with an LLM pipeline: encoder leaders send each micro-batch's "
+            "outputs to the LLM replica's first-stage leader, which broadcasts them"
+          : "colocated boundary: the regroup all-gathers over the encoder replicas that share one "
+            "LLM replica's batch; encoder and LLM grids are assumed aligned otherwise (Megatron "
+            "MIMO's colocated layout)");
   const double dtype = static_cast<double>(dtype_bytes(model_.dtype));
   for (int64_t rank = 0; rank < p_.world; ++rank) {
     // Phase 1: every encoder's forward over its whole local batch, then the boundary regroup.
@@ -943,6 +946,7 @@ void Lowering::lower_colocated() {
     std::map<int, int32_t> encoder_forward;  // module -> its F op
     std::vector<std::pair<int, int32_t>>
         boundary_groups;  // (projector/encoder output module, group)
+    std::vector<int> linked;  // outputs sent leader to leader (LLM pipeline)
     for (int i : encoders) {
       const ModuleInfo& m = modules_[static_cast<std::size_t>(i)];
       const ModuleInfo& grid = m.host >= 0 ? modules_[static_cast<std::size_t>(m.host)] : m;
@@ -960,6 +964,31 @@ void Lowering::lower_colocated() {
                                        m.spec->name) != llm.spec->inputs.end();
       if (!feeds_llm) continue;
       const int64_t dp_e = grid.layout.dp, dp_l = llm.layout.dp;
+      const int grid_index = m.host >= 0 ? m.host : i;
+      if (llm.layout.pp > 1) {
+        // With an LLM pipeline only the LLM's first-stage ranks need the encoder outputs, and
+        // they hold other replicas than the encoder ranks beside them: each encoder replica's
+        // leader sends every micro-batch's rows to the leader of the LLM replica that uses them
+        // (as in a non-colocated plan; nothing is sent to itself).
+        linked.push_back(i);
+        boundary_done.push_back(encoder_forward[i]);
+        if (x.t != 0 || x.c != 0) continue;
+        for (int32_t mb = 0; mb < static_cast<int32_t>(microbatches_); ++mb)
+          for (const BoundaryLink& link : boundary_links(grid_index, llm_, x.d, true, mb)) {
+            const int64_t to = llm.rank({0, 0, link.consumer, 0});
+            if (to == rank) continue;
+            Op about;
+            about.module = static_cast<int16_t>(i);
+            about.microbatch = mb;
+            Op send = p2p_op(about, OpKind::kSend, Phase::kF, to,
+                             boundary_bytes(i, llm_, *link.samples),
+                             tag(1, i, llm_, link.consumer, 0, mb, link.sub));
+            send.purpose = Purpose::kBoundary;
+            send.deps = {encoder_forward[i]};
+            emit(rank, send);
+          }
+        continue;
+      }
       // The (gathered) encoder outputs stay in memory from phase 1 until the LLM has run.
       p_.memory[static_cast<std::size_t>(rank)].boundary_bytes += boundary_bytes(
           i, llm_,
@@ -1021,6 +1050,25 @@ void Lowering::lower_colocated() {
       if (!item.backward) {
         if (k == 0) {
           deps = boundary_done;
+          for (int i : linked) {
+            const ModuleInfo& m = modules_[static_cast<std::size_t>(i)];
+            const int grid_index = m.host >= 0 ? m.host : i;
+            const ModuleInfo& grid = modules_[static_cast<std::size_t>(grid_index)];
+            std::vector<int32_t> received;
+            if (y.t == 0 && y.c == 0)
+              for (const BoundaryLink& link : boundary_links(grid_index, llm_, y.d, false, mb)) {
+                const int64_t from = grid.rank({0, 0, link.producer, 0});
+                if (from == rank) continue;
+                Op recv = p2p_op(about, OpKind::kRecv, Phase::kF, from,
+                                 boundary_bytes(i, llm_, *link.samples),
+                                 tag(1, i, llm_, link.consumer, 0, mb, link.sub));
+                recv.purpose = Purpose::kBoundary;
+                recv.module = static_cast<int16_t>(i);
+                received.push_back(emit(rank, recv));
+              }
+            share_boundary(rank, llm, y, Phase::kF, i, mb, boundary_bytes(i, llm_, samples),
+                           received, deps);
+          }
         } else {
           Op recv = p2p_op(about, OpKind::kRecv, Phase::kF, llm.rank({y.t, y.c, y.d, (k - 1) % pp}),
                            act_bytes, tag(0, llm_, 0, k - 1, 0, mb, 0));
@@ -1075,6 +1123,25 @@ void Lowering::lower_colocated() {
         deps = {last};
       }
       if (llm.flow.backward()) release(rank, last, forward_done, std::make_pair(mb, item.chunk));
+      if (k == 0 && llm.flow.needs_input_grad && last >= 0)
+        for (int i : linked) {
+          const ModuleInfo& m = modules_[static_cast<std::size_t>(i)];
+          if (!m.flow.backward()) continue;
+          const int grid_index = m.host >= 0 ? m.host : i;
+          const ModuleInfo& grid = modules_[static_cast<std::size_t>(grid_index)];
+          if (y.t != 0 || y.c != 0) continue;
+          for (const BoundaryLink& link : boundary_links(grid_index, llm_, y.d, false, mb)) {
+            const int64_t to = grid.rank({0, 0, link.producer, 0});
+            if (to == rank) continue;
+            Op send = p2p_op(about, OpKind::kSend, Phase::kB, to,
+                             boundary_bytes(i, llm_, *link.samples),
+                             tag(1, i, llm_, link.consumer, 1, mb, link.sub));
+            send.purpose = Purpose::kBoundary;
+            send.module = static_cast<int16_t>(i);
+            send.deps = {last};
+            emit(rank, send);
+          }
+        }
       if (k > 0 && llm.flow.backward()) {
         Op send = p2p_op(about, OpKind::kSend, Phase::kB, llm.rank({y.t, y.c, y.d, (k - 1) % pp}),
                          act_bytes, tag(0, llm_, 0, k, 1, mb, 0));
@@ -1108,6 +1175,33 @@ void Lowering::lower_colocated() {
       const int32_t dep = last_compute(rank);
       if (dep >= 0) gather.deps = {dep};
       grads_ready.push_back(emit(rank, gather));
+    }
+    for (int i : linked) {
+      const ModuleInfo& m = modules_[static_cast<std::size_t>(i)];
+      if (!m.flow.backward() || !llm.flow.needs_input_grad) continue;
+      const int grid_index = m.host >= 0 ? m.host : i;
+      const ModuleInfo& grid = modules_[static_cast<std::size_t>(grid_index)];
+      const Coord x = grid.coord(rank);
+      for (int32_t mb = 0; mb < static_cast<int32_t>(microbatches_); ++mb) {
+        std::vector<int32_t> received;
+        if (x.t == 0 && x.c == 0)
+          for (const BoundaryLink& link : boundary_links(grid_index, llm_, x.d, true, mb)) {
+            const int64_t from = llm.rank({0, 0, link.consumer, 0});
+            if (from == rank) continue;
+            Op about;
+            about.module = static_cast<int16_t>(i);
+            about.microbatch = mb;
+            Op recv = p2p_op(about, OpKind::kRecv, Phase::kB, from,
+                             boundary_bytes(i, llm_, *link.samples),
+                             tag(1, i, llm_, link.consumer, 1, mb, link.sub));
+            recv.purpose = Purpose::kBoundary;
+            const int32_t dep = last_compute(rank);
+            if (dep >= 0) recv.deps = {dep};
+            received.push_back(emit(rank, recv));
+          }
+        share_boundary(rank, grid, x, Phase::kB, i, mb,
+                       boundary_bytes(i, llm_, samples_of(i, x.d, mb)), received, grads_ready);
+      }
     }
     std::vector<int32_t> deps = grads_ready;
     for (auto it = encoders.rbegin(); it != encoders.rend(); ++it) {

@@ -193,6 +193,12 @@ TEST_CASE("colocated placements: each module its own grid, the boundary regroups
       R"({"placement": "colocated", "schedule": "three_phase", "micro_batch_size": 1,
           "modules": {"vision": {"tp": 2, "dp": 1}, "llm": {"dp": 2}}})", "fan-out");
   check_parity(train_with(kScenario, fan_out, "colo-fan-out"), reference);
+  // Three-phase with an LLM pipeline: encoder leaders send each micro-batch's rows to the LLM
+  // replica's first-stage leader (not always the rank beside them), which broadcasts them.
+  const std::string piped_llm = raw_plan(
+      R"({"placement": "colocated", "schedule": "three_phase", "micro_batch_size": 1,
+          "modules": {"vision": {"tp": 2, "dp": 2}, "llm": {"tp": 2, "pp": 2}}})", "colo-pp2");
+  check_parity(train_with(kScenario, piped_llm, "colo-pp2"), reference);
   // Same data-parallel degree: no regroup, each LLM micro-batch picks its rows.
   const std::string same_dp = raw_plan(
       R"({"placement": "colocated", "schedule": "three_phase", "micro_batch_size": 1,
@@ -208,12 +214,12 @@ TEST_CASE("colocated placements: each module its own grid, the boundary regroups
     if (e.value("name", "").find("gloo:boundary:allgather") == 0) ++boundary;
   CHECK(boundary == 2);  // forward regroup and gradient regroup
   // What the executor cannot run yet is refused up front, naming the plan file and field.
-  const std::string piped = raw_plan(
+  const std::string with_cp = raw_plan(
       R"({"placement": "colocated", "schedule": "three_phase", "micro_batch_size": 1,
-          "modules": {"vision": {"dp": 2}, "llm": {"pp": 2}}})", "colo-pp");
-  const Run refused = run(kScenario + " --plan " + piped);
+          "modules": {"vision": {"dp": 2}, "llm": {"cp": 2}}})", "colo-cp");
+  const Run refused = run(kScenario + " --plan " + with_cp);
   CHECK(refused.code == 2);
-  CHECK(refused.output.find("colo-pp.json: plan.modules.llm.pp") != std::string::npos);
+  CHECK(refused.output.find("colo-cp.json: plan.modules.llm.cp") != std::string::npos);
 }
 
 TEST_CASE("frozen LLM behind a trainable projector (LLaVA stage 1) still passes gradients back") {
