@@ -153,6 +153,9 @@ TEST_CASE("two encoders (frozen ViT, trainable Whisper-style audio) feed one LLM
 
 namespace {
 
+void check_trace_is_program(const fs::path& out, const std::string& scenario,
+                            const std::string& plan);
+
 // A plan file with `json` as is.
 std::string raw_plan(const std::string& json, const std::string& name) {
   const fs::path dir = fs::temp_directory_path() / ("tessera-train-test-" + std::to_string(::getpid())) / "raw";
@@ -207,6 +210,7 @@ TEST_CASE("colocated placements: each module its own grid, the boundary regroups
   // The executed ops of the fan-in run are its Program's (the boundary all-gathers included).
   const fs::path out = fresh_dir("colo-trace");
   REQUIRE(run(kScenario + " --plan " + fan_in + " --steps 1 --out " + out.string()).code == 0);
+  check_trace_is_program(out, kScenario, fan_in);
   std::ifstream in(out / "trace" / "rank1.json");
   const Json trace = Json::parse(in);
   int boundary = 0;
@@ -245,6 +249,22 @@ TEST_CASE("frozen LLM behind a trainable projector (LLaVA stage 1) still passes 
     return Json::parse(in).at("memory_per_rank").at(0).at("parameter_state_bytes").get<double>();
   };
   CHECK(state_bytes("stage1-single") < 0.5 * state_bytes("stage1-trainable-llm"));
+}
+
+TEST_CASE("everything trainable (the vision encoder too): plans agree") {
+  Diagnostics diag;
+  auto s = load_scenario(kScenario, diag);
+  REQUIRE(s.has_value());
+  for (ModuleSpec& m : s->model.modules) m.frozen = false;
+  const fs::path dir = fresh_dir("all-trainable");
+  fs::create_directories(dir);
+  const std::string file = (dir / "all-trainable.json").string();
+  std::ofstream(file) << inline_scenario_json(*s).dump();
+  const std::vector<double> reference = train_with(file, plan_file(R"({"tp": 1})"), "all-single");
+  check_parity(train_with(file, plan_file(R"({"tp": 2, "dp": 2})"), "all-tp2dp2"), reference);
+  check_parity(train_with(file, raw_plan(R"({"placement": "non_colocated", "schedule": "graph_1f1b",
+      "micro_batch_size": 1, "modules": {"vision": {"dp": 2}, "llm": {"pp": 2}}})", "all-nc"), "all-nc"),
+               reference);
 }
 
 TEST_CASE("single rank: the Program interpreter gives the plain LibTorch loop's losses") {
