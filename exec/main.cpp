@@ -1,6 +1,8 @@
 // tessera-train: runs plans for real with LibTorch. `tessera-train <scenario> --plan ...` trains;
 // `comm-check` forms the process group and verifies and times an all-reduce.
 #include <cstdio>
+#include <functional>
+#include <optional>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -17,6 +19,51 @@
 namespace {
 
 using namespace tessera::exec;
+
+// Splits --master ADDR:PORT; false when malformed.
+bool parse_master(const std::string& master, LaunchOptions& launch_options) {
+  const auto colon = master.rfind(':');
+  try {
+    if (colon == std::string::npos) return false;
+    launch_options.master_addr = master.substr(0, colon);
+    launch_options.master_port = std::stoi(master.substr(colon + 1));
+    return true;
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
+// A worker started by an external launcher (RANK and WORLD_SIZE set, as torchrun and Slurm
+// do) runs here and returns its exit code; nullopt: no such environment, launch the workers.
+// `world` >= 0 is the world size the job needs.
+std::optional<int> run_external_worker(const std::function<int(const WorkerEnv&)>& worker,
+                                       int64_t world, const std::string& program) {
+  std::string problem;
+  const auto env = worker_env_from_environment(problem);
+  if (!env && problem.empty()) return std::nullopt;
+  if (problem.empty() && world >= 0 && env->world_size != world)
+    problem = "WORLD_SIZE " + std::to_string(env->world_size) + " but the plan has " +
+              std::to_string(world) + " ranks";
+  if (!problem.empty()) {
+    std::cerr << program << ": " << problem << "\n";
+    return 2;
+  }
+  try {
+    return worker(*env);
+  } catch (const std::exception& e) {
+    std::cerr << "rank " << env->rank << ": " << e.what() << "\n";
+    return 1;
+  }
+}
+
+// Starts this node's workers and waits for them; the failing rank's message on failure.
+int launch_and_report(const LaunchOptions& options,
+                      const std::function<int(const WorkerEnv&)>& worker) {
+  const LaunchResult result = launch(options, worker);
+  if (result.ok) return 0;
+  std::cerr << "tessera-train: " << result.message << "\n";
+  return 1;
+}
 
 int comm_check(int argc, char** argv) {
   cxxopts::Options options(
@@ -72,56 +119,18 @@ int comm_check(int argc, char** argv) {
     return 0;
   };
 
-  std::string problem;
-  if (const auto env = worker_env_from_environment(problem); env || !problem.empty()) {
-    if (!problem.empty()) {
-      std::cerr << options.program() << ": " << problem << "\n";
-      return 2;
-    }
-    try {
-      return worker(*env);
-    } catch (const std::exception& e) {
-      std::cerr << "rank " << env->rank << ": " << e.what() << "\n";
-      return 1;
-    }
-  }
+  if (const auto code = run_external_worker(worker, -1, options.program())) return *code;
   LaunchOptions launch_options;
   launch_options.nproc = args["nproc"].as<int>();
   launch_options.nnodes = args["nnodes"].as<int>();
   launch_options.node_rank = args["node-rank"].as<int>();
   launch_options.timeout_s = timeout_s + 30;
-  if (args.count("master")) {
-    const std::string master = args["master"].as<std::string>();
-    const auto colon = master.rfind(':');
-    try {
-      if (colon == std::string::npos) throw std::invalid_argument("no port");
-      launch_options.master_addr = master.substr(0, colon);
-      launch_options.master_port = std::stoi(master.substr(colon + 1));
-    } catch (const std::exception&) {
-      std::cerr << options.program() << ": --master must be ADDR:PORT, got '" << master << "'\n";
-      return 2;
-    }
+  if (args.count("master") && !parse_master(args["master"].as<std::string>(), launch_options)) {
+    std::cerr << options.program() << ": --master must be ADDR:PORT, got '"
+              << args["master"].as<std::string>() << "'\n";
+    return 2;
   }
-  const LaunchResult result = launch(launch_options, worker);
-  if (!result.ok) {
-    std::cerr << "tessera-train: " << result.message << "\n";
-    return 1;
-  }
-  return 0;
-}
-
-
-// Splits --master ADDR:PORT; false when malformed.
-bool parse_master(const std::string& master, LaunchOptions& launch_options) {
-  const auto colon = master.rfind(':');
-  try {
-    if (colon == std::string::npos) return false;
-    launch_options.master_addr = master.substr(0, colon);
-    launch_options.master_port = std::stoi(master.substr(colon + 1));
-    return true;
-  } catch (const std::exception&) {
-    return false;
-  }
+  return launch_and_report(launch_options, worker);
 }
 
 int train(int argc, char** argv) {
@@ -223,23 +232,7 @@ int train(int argc, char** argv) {
   }
   const int64_t world = tessera::world_size(*job.scenario.plan, job.scenario.model);
   auto worker = [&](const WorkerEnv& env) { return train_worker(env, job); };
-  std::string problem;
-  if (const auto env = worker_env_from_environment(problem); env || !problem.empty()) {
-    if (!problem.empty() || env->world_size != world) {
-      std::cerr << "tessera-train: "
-                << (problem.empty() ? "WORLD_SIZE " + std::to_string(env->world_size) +
-                                          " but the plan has " + std::to_string(world) + " ranks"
-                                    : problem)
-                << "\n";
-      return 2;
-    }
-    try {
-      return worker(*env);
-    } catch (const std::exception& e) {
-      std::cerr << "rank " << env->rank << ": " << e.what() << "\n";
-      return 1;
-    }
-  }
+  if (const auto code = run_external_worker(worker, world, "tessera-train")) return *code;
   LaunchOptions launch_options;
   launch_options.nnodes = args["nnodes"].as<int>();
   launch_options.node_rank = args["node-rank"].as<int>();
@@ -256,14 +249,10 @@ int train(int argc, char** argv) {
               << args["master"].as<std::string>() << "'\n";
     return 2;
   }
-  const LaunchResult result = launch(launch_options, worker);
-  if (!result.ok) {
-    std::cerr << "tessera-train: " << result.message << "\n";
-    return 1;
-  }
-  if (!job.out_dir.empty() && launch_options.node_rank == 0)
+  const int code = launch_and_report(launch_options, worker);
+  if (code == 0 && !job.out_dir.empty() && launch_options.node_rank == 0)
     std::cout << "recorded: " << job.out_dir << "/{loss.jsonl,run.json,trace/,checkpoint/}\n";
-  return 0;
+  return code;
 }
 
 // tessera-train plain-loop: the overhead yardstick (plain_loop.hpp).

@@ -13,29 +13,9 @@
 
 #include "exec/launcher.hpp"
 #include "exec/process_group.hpp"
+#include "tests/exec/run_train.hpp"
 
 using namespace tessera::exec;
-
-namespace {
-
-struct Run {
-  int code = -1;
-  std::string output;
-};
-
-Run run(const std::string& args) {
-  Run r;
-  FILE* pipe = ::popen((std::string(TESSERA_TRAIN) + " " + args + " 2>&1").c_str(), "r");
-  REQUIRE(pipe != nullptr);
-  char buffer[4096];
-  std::size_t n = 0;
-  while ((n = std::fread(buffer, 1, sizeof buffer, pipe)) > 0) r.output.append(buffer, n);
-  const int status = ::pclose(pipe);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
-
-}  // namespace
 
 TEST_CASE("two processes form a Gloo group over a TCPStore on loopback and all-reduce a tensor") {
   LaunchOptions options;

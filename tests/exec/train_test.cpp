@@ -23,6 +23,7 @@
 #include "shared/lower.hpp"
 #include "shared/plan_source.hpp"
 #include "shared/scenario.hpp"
+#include "tests/exec/run_train.hpp"
 
 using namespace tessera;
 namespace fs = std::filesystem;
@@ -30,23 +31,6 @@ namespace fs = std::filesystem;
 namespace {
 
 const std::string kScenario = std::string(TESSERA_SOURCE_DIR) + "/scenarios/cpu-tiny.json";
-
-struct Run {
-  int code = -1;
-  std::string output;
-};
-
-Run run(const std::string& args) {
-  Run r;
-  FILE* pipe = ::popen((std::string(TESSERA_TRAIN) + " " + args + " 2>&1").c_str(), "r");
-  REQUIRE(pipe != nullptr);
-  char buffer[4096];
-  std::size_t n = 0;
-  while ((n = std::fread(buffer, 1, sizeof buffer, pipe)) > 0) r.output.append(buffer, n);
-  const int status = ::pclose(pipe);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
 
 // The test process's scratch folder, removed when it exits (not when a forked child does).
 const pid_t kTestProcess = ::getpid();
