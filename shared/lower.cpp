@@ -207,6 +207,19 @@ class Lowering {
     return links;
   }
 
+  // The boundary message of `link` carrying module `module`'s output rows to `consumer_host`
+  // (phase F) or their gradient back (phase B), from or to `peer`; `about` gives the stage,
+  // chunk and micro-batch it belongs to.
+  Op boundary_message(Op about, OpKind kind, Phase phase, int64_t peer, int module,
+                      int consumer_host, const BoundaryLink& link, int32_t mb) {
+    about.module = static_cast<int16_t>(module);
+    Op op = p2p_op(about, kind, phase, peer, boundary_bytes(module, consumer_host, *link.samples),
+                   tag(1, module, consumer_host, link.consumer, phase == Phase::kB ? 1 : 0, mb,
+                       link.sub));
+    op.purpose = Purpose::kBoundary;
+    return op;
+  }
+
   // What a boundary leader received reaches the rest of its TP x CP group by a broadcast (or
   // directly when the leader is alone); appends what this rank's compute must wait for.
   void share_boundary(int64_t rank, const ModuleInfo& owner, const Coord& x, Phase phase,
@@ -742,14 +755,10 @@ void Lowering::lower_pipelines() {
               if (leader) {
                 for (const BoundaryLink& link :
                      boundary_links(producer_host, owner_index, x.d, false, mb)) {
-                  Op recv =
-                      p2p_op(about, OpKind::kRecv, Phase::kF,
-                             prod.rank({0, 0, link.producer, prod.layout.pp - 1}),
-                             boundary_bytes(producer_last, owner_index, *link.samples),
-                             tag(1, producer_last, owner_index, link.consumer, 0, mb, link.sub));
-                  recv.purpose = Purpose::kBoundary;
-                  recv.module = static_cast<int16_t>(producer_last);
-                  received.push_back(emit(rank, recv));
+                  received.push_back(emit(
+                      rank, boundary_message(about, OpKind::kRecv, Phase::kF,
+                                             prod.rank({0, 0, link.producer, prod.layout.pp - 1}),
+                                             producer_last, owner_index, link, mb)));
                 }
               }
               share_boundary(rank, owner, x, Phase::kF, producer_last, mb,
@@ -792,12 +801,9 @@ void Lowering::lower_pipelines() {
               const ModuleInfo& cons = modules_[static_cast<std::size_t>(consumer_host)];
               for (const BoundaryLink& link :
                    boundary_links(owner_index, consumer_host, x.d, true, mb)) {
-                Op send =
-                    p2p_op(about, OpKind::kSend, Phase::kF, cons.rank({0, 0, link.consumer, 0}),
-                           boundary_bytes(last_module, consumer_host, *link.samples),
-                           tag(1, last_module, consumer_host, link.consumer, 0, mb, link.sub));
-                send.purpose = Purpose::kBoundary;
-                send.module = static_cast<int16_t>(last_module);
+                Op send = boundary_message(about, OpKind::kSend, Phase::kF,
+                                           cons.rank({0, 0, link.consumer, 0}), last_module,
+                                           consumer_host, link, mb);
                 send.deps = {last};
                 emit(rank, send);
               }
@@ -821,13 +827,10 @@ void Lowering::lower_pipelines() {
             if (leader) {
               for (const BoundaryLink& link :
                    boundary_links(owner_index, consumer_host, x.d, true, mb)) {
-                Op recv =
-                    p2p_op(about, OpKind::kRecv, Phase::kB, cons.rank({0, 0, link.consumer, 0}),
-                           boundary_bytes(last_module, consumer_host, *link.samples),
-                           tag(1, last_module, consumer_host, link.consumer, 1, mb, link.sub));
-                recv.purpose = Purpose::kBoundary;
-                recv.module = static_cast<int16_t>(last_module);
-                received.push_back(emit(rank, recv));
+                received.push_back(emit(
+                    rank, boundary_message(about, OpKind::kRecv, Phase::kB,
+                                           cons.rank({0, 0, link.consumer, 0}), last_module,
+                                           consumer_host, link, mb)));
               }
             }
             share_boundary(rank, owner, x, Phase::kB, last_module, mb,
@@ -900,12 +903,9 @@ void Lowering::lower_pipelines() {
             if (!leader) continue;
             for (const BoundaryLink& link :
                  boundary_links(producer_host, owner_index, x.d, false, mb)) {
-              Op send = p2p_op(about, OpKind::kSend, Phase::kB,
-                               prod.rank({0, 0, link.producer, prod.layout.pp - 1}),
-                               boundary_bytes(producer_last, owner_index, *link.samples),
-                               tag(1, producer_last, owner_index, link.consumer, 1, mb, link.sub));
-              send.purpose = Purpose::kBoundary;
-              send.module = static_cast<int16_t>(producer_last);
+              Op send = boundary_message(about, OpKind::kSend, Phase::kB,
+                                         prod.rank({0, 0, link.producer, prod.layout.pp - 1}),
+                                         producer_last, owner_index, link, mb);
               send.deps = {dep};
               emit(rank, send);
             }
@@ -978,12 +978,8 @@ void Lowering::lower_colocated() {
             const int64_t to = llm.rank({0, 0, link.consumer, 0});
             if (to == rank) continue;
             Op about;
-            about.module = static_cast<int16_t>(i);
             about.microbatch = mb;
-            Op send = p2p_op(about, OpKind::kSend, Phase::kF, to,
-                             boundary_bytes(i, llm_, *link.samples),
-                             tag(1, i, llm_, link.consumer, 0, mb, link.sub));
-            send.purpose = Purpose::kBoundary;
+            Op send = boundary_message(about, OpKind::kSend, Phase::kF, to, i, llm_, link, mb);
             send.deps = {encoder_forward[i]};
             emit(rank, send);
           }
@@ -1059,12 +1055,8 @@ void Lowering::lower_colocated() {
               for (const BoundaryLink& link : boundary_links(grid_index, llm_, y.d, false, mb)) {
                 const int64_t from = grid.rank({0, 0, link.producer, 0});
                 if (from == rank) continue;
-                Op recv = p2p_op(about, OpKind::kRecv, Phase::kF, from,
-                                 boundary_bytes(i, llm_, *link.samples),
-                                 tag(1, i, llm_, link.consumer, 0, mb, link.sub));
-                recv.purpose = Purpose::kBoundary;
-                recv.module = static_cast<int16_t>(i);
-                received.push_back(emit(rank, recv));
+                received.push_back(emit(
+                    rank, boundary_message(about, OpKind::kRecv, Phase::kF, from, i, llm_, link, mb)));
               }
             share_boundary(rank, llm, y, Phase::kF, i, mb, boundary_bytes(i, llm_, samples),
                            received, deps);
@@ -1133,11 +1125,7 @@ void Lowering::lower_colocated() {
           for (const BoundaryLink& link : boundary_links(grid_index, llm_, y.d, false, mb)) {
             const int64_t to = grid.rank({0, 0, link.producer, 0});
             if (to == rank) continue;
-            Op send = p2p_op(about, OpKind::kSend, Phase::kB, to,
-                             boundary_bytes(i, llm_, *link.samples),
-                             tag(1, i, llm_, link.consumer, 1, mb, link.sub));
-            send.purpose = Purpose::kBoundary;
-            send.module = static_cast<int16_t>(i);
+            Op send = boundary_message(about, OpKind::kSend, Phase::kB, to, i, llm_, link, mb);
             send.deps = {last};
             emit(rank, send);
           }
@@ -1189,12 +1177,8 @@ void Lowering::lower_colocated() {
             const int64_t from = llm.rank({0, 0, link.consumer, 0});
             if (from == rank) continue;
             Op about;
-            about.module = static_cast<int16_t>(i);
             about.microbatch = mb;
-            Op recv = p2p_op(about, OpKind::kRecv, Phase::kB, from,
-                             boundary_bytes(i, llm_, *link.samples),
-                             tag(1, i, llm_, link.consumer, 1, mb, link.sub));
-            recv.purpose = Purpose::kBoundary;
+            Op recv = boundary_message(about, OpKind::kRecv, Phase::kB, from, i, llm_, link, mb);
             const int32_t dep = last_compute(rank);
             if (dep >= 0) recv.deps = {dep};
             received.push_back(emit(rank, recv));
