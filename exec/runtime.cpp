@@ -85,7 +85,7 @@ Worker::Worker(const Scenario& s, const ParallelPlan& plan, Groups& groups,
       dp_index_ = index_in(dp, rank_);
     }
   }
-  const auto llm_index = static_cast<std::size_t>(module_index(model, find_llm(model)->name));
+  llm_ = module_index(model, find_llm(model)->name);
   // Layers of each (module, virtual stage), from the forward ops of all ranks.
   std::map<int, std::map<int64_t, int64_t>> layers;
   std::map<int, int64_t> stages;
@@ -110,7 +110,7 @@ Worker::Worker(const Scenario& s, const ParallelPlan& plan, Groups& groups,
         *tp_[static_cast<std::size_t>(op.module)]);
   }
   linked_boundary_ = plan.placement == Placement::kNonColocated ||
-                     (plan.placement == Placement::kColocated && stages[static_cast<int>(llm_index)] > 1);
+                     (plan.placement == Placement::kColocated && stages[llm_] > 1);
   for (std::size_t m = 0; m < modules; ++m) {
     std::vector<torch::Tensor> params = trainable(static_cast<int>(m));
     if (params.empty()) continue;
@@ -184,22 +184,11 @@ std::vector<int32_t> Worker::samples_for(int module, int mb) const {
 Worker::Boundary& Worker::boundary(int producer) {
   if (const auto it = boundaries_.find(producer); it != boundaries_.end()) return it->second;
   // No regroup op: the producer's replicas are the LLM's; this rank's own whole-batch output.
-  const ModelSpec& model = scenario_.model;
-  const Modality modality =
-      find_module(model, model.modules[static_cast<std::size_t>(producer)].inputs.front())->modality;
-  torch::Tensor out;
-  for (auto& [k, other] : stages_)
-    if (k.first == producer && other->last()) out = slots_.at({producer, k.second, -1}).output;
+  const torch::Tensor& out = producer_slot(producer, -1).output;
   Boundary& b = boundaries_[producer];
   b.leaf = out.detach();
   b.leaf.set_requires_grad(out.requires_grad());
-  int64_t row = 0;
-  for (int32_t sample : samples_for(producer, -1)) {
-    const int64_t n = llm_media_tokens(model, modality, batch_.batch.samples[static_cast<std::size_t>(sample)]);
-    b.rows[sample] = {row, n};
-    row += n;
-  }
-  b.mine_rows = row;
+  b.mine_rows = lay_out_rows(producer, samples_for(producer, -1), 0, b.rows);
   return b;
 }
 
@@ -232,31 +221,24 @@ void Worker::boundary_collective(const Op& op) {
   }
   TESSERA_CHECK(op.collective == CollectiveKind::kAllGather,
                 op_name(*program_, op) + ": unexpected boundary collective");
-  const ModelSpec& model = scenario_.model;
   const auto m = static_cast<std::size_t>(op.module);
   const Comm& comm = groups_.get(program_->groups[static_cast<std::size_t>(op.group)]);
   if (op.phase == Phase::kF) {
     // Fan-in: the k encoder replicas that share an LLM replica's batch, in replica order.
-    const Modality modality = find_module(model, model.modules[m].inputs.front())->modality;
     const int64_t k = comm.size(), base = dp_rank_[m] - dp_rank_[m] % k;
     Boundary b;
     int64_t row = 0;
     for (int64_t j = 0; j < k; ++j) {
       const int64_t first = row;
-      for (int32_t sample : replica_samples(assignment_, dp_size_[m], base + j, -1)) {
-        const int64_t n = llm_media_tokens(model, modality, batch_.batch.samples[static_cast<std::size_t>(sample)]);
-        b.rows[sample] = {row, n};
-        row += n;
-      }
+      row = lay_out_rows(op.module, replica_samples(assignment_, dp_size_[m], base + j, -1), row,
+                         b.rows);
       b.member_rows.push_back(row - first);
       if (j == comm.rank) {
         b.mine_first = first;
         b.mine_rows = row - first;
       }
     }
-    torch::Tensor out;
-    for (auto& [key, other] : stages_)
-      if (key.first == op.module && other->last()) out = slots_.at({op.module, key.second, -1}).output;
+    const torch::Tensor& out = producer_slot(op.module, -1).output;
     b.leaf = all_gather_rows(comm, out.detach().contiguous(), b.member_rows);
     b.leaf.set_requires_grad(out.requires_grad());
     // The LLM replica on this rank must find all of its samples here.
@@ -271,19 +253,18 @@ void Worker::boundary_collective(const Op& op) {
   }
   // Backward.
   Boundary& b = boundaries_.at(op.module);
-  const int llm = module_index(model, find_llm(model)->name);
-  if (dp_size_[m] < dp_size_[static_cast<std::size_t>(llm)]) {
+  if (dp_size_[m] < dp_size_[static_cast<std::size_t>(llm_)]) {
     // Fan-out: each member's LLM replica computed the gradient of its own samples' rows; the
     // all-gather assembles all of this encoder replica's rows (replicas in order, as its output).
-    const Modality modality = find_module(model, model.modules[m].inputs.front())->modality;
     const int64_t k = comm.size();
     std::vector<int64_t> member_rows;
     int64_t first = 0;
     for (int64_t j = 0; j < k; ++j) {
-      int64_t rows = 0;
-      for (const auto& mb : assignment_[static_cast<std::size_t>(dp_rank_[m] * k + j)])
-        for (int32_t sample : mb)
-          rows += llm_media_tokens(model, modality, batch_.batch.samples[static_cast<std::size_t>(sample)]);
+      RowMap scratch;
+      const int64_t rows = lay_out_rows(
+          op.module,
+          replica_samples(assignment_, dp_size_[static_cast<std::size_t>(llm_)], dp_rank_[m] * k + j, -1),
+          0, scratch);
       if (j < comm.rank) first += rows;
       member_rows.push_back(rows);
     }
@@ -291,19 +272,14 @@ void Worker::boundary_collective(const Op& op) {
     const torch::Tensor all = all_gather_rows(
         comm, g.narrow(0, first, member_rows[static_cast<std::size_t>(comm.rank)]).contiguous(),
         member_rows);
-    for (auto& [key, other] : stages_)
-      if (key.first == op.module && other->last())
-        slots_.at({op.module, key.second, -1}).output_grad = all;
+    producer_slot(op.module, -1).output_grad = all;
     return;
   }
   // Fan-in: this rank's rows of the gradient, exchanged over the group as the Program says.
   const torch::Tensor g = b.leaf.grad().defined() ? b.leaf.grad() : torch::zeros_like(b.leaf);
   const torch::Tensor all = all_gather_rows(comm, g.narrow(0, b.mine_first, b.mine_rows).contiguous(),
                                             b.member_rows);
-  for (auto& [key, other] : stages_)
-    if (key.first == op.module && other->last())
-      slots_.at({op.module, key.second, -1}).output_grad =
-          all.narrow(0, b.mine_first, b.mine_rows).contiguous();
+  producer_slot(op.module, -1).output_grad = all.narrow(0, b.mine_first, b.mine_rows).contiguous();
 }
 
 int Worker::consumer_of(int producer) const {
@@ -358,18 +334,24 @@ std::vector<std::pair<int64_t, std::vector<int32_t>>> Worker::consumer_links(int
 
 // Row indices, in `order`'s layout (each sample's rows contiguous, samples in order), of
 // `samples`.
-std::vector<int64_t> Worker::rows_of(int producer, const std::vector<int32_t>& samples,
-                                     const std::vector<int32_t>& order) const {
+int64_t Worker::lay_out_rows(int producer, const std::vector<int32_t>& samples, int64_t row,
+                             RowMap& where) const {
   const ModelSpec& model = scenario_.model;
   const Modality modality =
       find_module(model, model.modules[static_cast<std::size_t>(producer)].inputs.front())->modality;
-  std::map<int32_t, std::pair<int64_t, int64_t>> where;
-  int64_t row = 0;
-  for (int32_t s : order) {
-    const int64_t n = llm_media_tokens(model, modality, batch_.batch.samples[static_cast<std::size_t>(s)]);
+  for (int32_t s : samples) {
+    const int64_t n =
+        llm_media_tokens(model, modality, batch_.batch.samples[static_cast<std::size_t>(s)]);
     where[s] = {row, n};
     row += n;
   }
+  return row;
+}
+
+std::vector<int64_t> Worker::rows_of(int producer, const std::vector<int32_t>& samples,
+                                     const std::vector<int32_t>& order) const {
+  RowMap where;
+  lay_out_rows(producer, order, 0, where);
   std::vector<int64_t> rows;
   for (int32_t s : samples) {
     const auto [first, n] = where.at(s);
@@ -436,19 +418,12 @@ Worker::Boundary& Worker::assembled(int producer, int mb) {
   if (const auto it = linked_.find({producer, mb}); it != linked_.end()) return it->second;
   // The consumer's input from `producer`: the links' rows in link order (the leader received
   // them; the others get them by the broadcast, into a tensor of the same shape).
-  const ModelSpec& model = scenario_.model;
-  const ModuleSpec& spec = model.modules[static_cast<std::size_t>(producer)];
-  const Modality modality = find_module(model, spec.inputs.front())->modality;
+  const ModuleSpec& spec = scenario_.model.modules[static_cast<std::size_t>(producer)];
   Boundary& b = linked_[{producer, mb}];
   std::vector<torch::Tensor> parts;
   int64_t row = 0;
   for (const auto& [link, samples] : consumer_links(producer, mb)) {
-    int64_t rows = 0;
-    for (int32_t s : samples) {
-      const int64_t n = llm_media_tokens(model, modality, batch_.batch.samples[static_cast<std::size_t>(s)]);
-      b.rows[s] = {row + rows, n};
-      rows += n;
-    }
+    const int64_t rows = lay_out_rows(producer, samples, row, b.rows) - row;
     const auto part = link_parts_.find({producer, mb, link});
     torch::Tensor rows_here;
     if (part != link_parts_.end()) {
@@ -523,9 +498,8 @@ void Worker::boundary_p2p(const Op& op) {
                               ? replica_of(producer, op.peer)
                               : 0;
   if (op.kind == OpKind::kRecv) {  // forward: a link's rows, kept until assembled
-    int64_t rows = 0;
-    for (int32_t s : link) rows += static_cast<int64_t>(rows_of(producer, {s}, {s}).size());
-    link_parts_[{producer, mb, link_id}] = recv(rows, width);
+    RowMap scratch;
+    link_parts_[{producer, mb, link_id}] = recv(lay_out_rows(producer, link, 0, scratch), width);
     return;
   }
   // backward: this link's rows of the gradient of the assembled input
@@ -544,8 +518,7 @@ const Worker::MicroBatch& Worker::micro_batch(int mb) {
   MicroBatch& b = micro_batches_[mb];
   b.samples = my_micro_batches_[static_cast<std::size_t>(mb)];
   b.layout = llm_layout(scenario_.model, batch_, b.samples, scenario_.workload.max_seq_len);
-  const int llm = module_index(scenario_.model, find_llm(scenario_.model)->name);
-  const Comm* cp = cp_[static_cast<std::size_t>(llm)];
+  const Comm* cp = cp_[static_cast<std::size_t>(llm_)];
   const int64_t cp_size = cp == nullptr ? 1 : cp->size();
   const auto split = context_split(plan_.cp_split, b.layout.tokens, cp_size);
   b.local = split[static_cast<std::size_t>(cp_index_)];
@@ -573,8 +546,7 @@ StepResult Worker::step(int64_t iteration) {
   program_ = &p;
   result.llm_tokens = p.llm_tokens;
   result.samples = batch_.batch.samples;
-  const int llm = module_index(model, find_llm(model)->name);
-  const int64_t llm_dp = dp_size_[static_cast<std::size_t>(llm)];
+  const int64_t llm_dp = dp_size_[static_cast<std::size_t>(llm_)];
   const auto assignment =
       assign_microbatches(batch_.batch, model, llm_dp,
                           micro_batches(plan_, model, scenario_.workload), plan_.microbatching,
@@ -598,7 +570,7 @@ StepResult Worker::step(int64_t iteration) {
   for (std::size_t i = 0; i < ops.size(); ++i) {
     const Op& op = ops[i];
     if (op.kind == OpKind::kCompute && op.phase == Phase::kW)
-      has_w_[{op.module, op.chunk, op.microbatch}] = true;
+      has_w_.insert({op.module, op.chunk, op.microbatch});
     // A W right after its own B: one backward pass computes both (the W op then has nothing
     // left to do), instead of walking the graph twice.
     if (op.kind == OpKind::kCompute && op.phase == Phase::kW && i > 0) {
@@ -608,7 +580,7 @@ StepResult Worker::step(int64_t iteration) {
         fused_[i - 1] = fused_[i] = 1;
     }
     if (op.kind == OpKind::kSend && op.phase == Phase::kB)
-      sends_grad_[{op.module, op.chunk, op.microbatch}] = true;
+      sends_grad_.insert({op.module, op.chunk, op.microbatch});
     TESSERA_CHECK(!(op.kind == OpKind::kCompute && op.phase == Phase::kR),
                   "activation recomputation is not in the executor yet");
   }

@@ -78,9 +78,10 @@ class Worker {
 
   // A producer's output rows at the colocated boundary: gathered over the encoder replicas that
   // share this rank's LLM replica (fan-in), or this rank's own (same data-parallel degree).
+  using RowMap = std::map<int32_t, std::pair<int64_t, int64_t>>;  // sample -> (first row, count)
   struct Boundary {
     torch::Tensor leaf;  // (rows, H): the LLM's micro-batches select from it; its grad accumulates
-    std::map<int32_t, std::pair<int64_t, int64_t>> rows;  // sample -> (first row, count)
+    RowMap rows;
     int64_t mine_first = 0, mine_rows = 0;  // this rank's own rows
     std::vector<int64_t> member_rows;       // rows of each group member (fan-in)
   };
@@ -95,6 +96,10 @@ class Worker {
   int64_t replica_of(int module, int64_t rank) const;
   std::vector<int32_t> link_samples(int producer, int mb, int64_t peer, bool consumer_side) const;
   std::vector<std::pair<int64_t, std::vector<int32_t>>> consumer_links(int producer, int mb) const;
+  // Lays `samples`' rows of `producer`'s output out from `row` on (each sample's rows together,
+  // samples in order) into `where`; returns the row after them.
+  int64_t lay_out_rows(int producer, const std::vector<int32_t>& samples, int64_t row,
+                       RowMap& where) const;
   std::vector<int64_t> rows_of(int producer, const std::vector<int32_t>& samples,
                                const std::vector<int32_t>& order) const;
   Boundary& assembled(int producer, int mb);
@@ -118,6 +123,7 @@ class Worker {
   Groups& groups_;
   TrainOptions options_;
   int rank_;
+  int llm_ = -1;  // the LLM's module index
   std::vector<ModuleGroups> module_groups_;
   std::vector<const Comm*> tp_, cp_;   // per module: this rank's groups (null: not here)
   std::vector<int64_t> dpcp_;          // per module: ranks holding the same shard
@@ -149,7 +155,8 @@ class Worker {
   std::map<int, MicroBatch> micro_batches_;
   std::map<Key, Slot> slots_;
   std::map<Key, torch::Tensor> received_;
-  std::map<Key, bool> has_w_, sends_grad_;
+  std::set<Key> has_w_;       // (module, chunk, mb) with a W op of its own on this rank
+  std::set<Key> sends_grad_;  // ... whose input gradient this rank sends back
   std::vector<char> fused_;  // per op: a B and the W right after it, run as one backward
   std::vector<std::pair<c10::intrusive_ptr<c10d::Work>, torch::Tensor>> pending_;
   const Program* program_ = nullptr;
