@@ -66,6 +66,17 @@ double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
+// When a collective starts (0 when nothing records).
+double start_s() { return recording != nullptr ? now_s() : 0; }
+
+// Waits for a collective's work; with a record installed, appends what it was and how long it
+// took.
+void wait_recorded(const c10::intrusive_ptr<c10d::Work>& work, CollectiveKind kind, double bytes,
+                   double start) {
+  work->wait();
+  if (recording != nullptr) recording->push_back({kind, start, now_s(), bytes});
+}
+
 }  // namespace
 
 void record_collectives(std::vector<CommRecord>* into) { recording = into; }
@@ -75,11 +86,9 @@ void all_reduce(const Comm& comm, torch::Tensor& t, c10d::ReduceOp op) {
   std::vector<at::Tensor> tensors{t};
   c10d::AllreduceOptions options;
   options.reduceOp = op;
-  const double start = recording != nullptr ? now_s() : 0;
-  comm.group->allreduce(tensors, options)->wait();
-  if (recording != nullptr)
-    recording->push_back({CollectiveKind::kAllReduce, start, now_s(),
-                          static_cast<double>(t.numel() * t.element_size())});
+  const double start = start_s();
+  wait_recorded(comm.group->allreduce(tensors, options), CollectiveKind::kAllReduce,
+                static_cast<double>(t.numel() * t.element_size()), start);
 }
 
 torch::Tensor all_gather_rows(const Comm& comm, const torch::Tensor& t,
@@ -94,11 +103,9 @@ torch::Tensor all_gather_rows(const Comm& comm, const torch::Tensor& t,
   std::vector<std::vector<at::Tensor>> out(1);
   for (int i = 0; i < comm.size(); ++i) out[0].push_back(torch::empty(shape, t.options()));
   std::vector<at::Tensor> in{padded};
-  const double start = recording != nullptr ? now_s() : 0;
-  comm.group->allgather(out, in)->wait();
-  if (recording != nullptr)
-    recording->push_back({CollectiveKind::kAllGather, start, now_s(),
-                          static_cast<double>(padded.numel() * padded.element_size())});
+  const double start = start_s();
+  wait_recorded(comm.group->allgather(out, in), CollectiveKind::kAllGather,
+                static_cast<double>(padded.numel() * padded.element_size()), start);
   std::vector<torch::Tensor> parts;
   for (int i = 0; i < comm.size(); ++i)
     parts.push_back(out[0][static_cast<std::size_t>(i)].narrow(0, 0, rows[static_cast<std::size_t>(i)]));
@@ -110,11 +117,9 @@ void broadcast(const Comm& comm, torch::Tensor& t, int root) {
   std::vector<at::Tensor> tensors{t};
   c10d::BroadcastOptions options;
   options.rootRank = root;
-  const double start = recording != nullptr ? now_s() : 0;
-  comm.group->broadcast(tensors, options)->wait();
-  if (recording != nullptr)
-    recording->push_back({CollectiveKind::kBroadcast, start, now_s(),
-                          static_cast<double>(t.numel() * t.element_size())});
+  const double start = start_s();
+  wait_recorded(comm.group->broadcast(tensors, options), CollectiveKind::kBroadcast,
+                static_cast<double>(t.numel() * t.element_size()), start);
 }
 
 torch::Tensor reduce_scatter(const Comm& comm, const torch::Tensor& t) {
@@ -129,11 +134,9 @@ torch::Tensor reduce_scatter(const Comm& comm, const torch::Tensor& t) {
   std::vector<std::vector<at::Tensor>> in(1);
   for (int i = 0; i < comm.size(); ++i) in[0].push_back(t.narrow(0, i * part, part).contiguous());
   std::vector<at::Tensor> out{torch::empty({part}, t.options())};
-  const double start = recording != nullptr ? now_s() : 0;
-  comm.group->reduce_scatter(out, in)->wait();
-  if (recording != nullptr)
-    recording->push_back({CollectiveKind::kReduceScatter, start, now_s(),
-                          static_cast<double>(t.numel() * t.element_size())});
+  const double start = start_s();
+  wait_recorded(comm.group->reduce_scatter(out, in), CollectiveKind::kReduceScatter,
+                static_cast<double>(t.numel() * t.element_size()), start);
   return out[0];
 }
 

@@ -84,18 +84,12 @@ TEST_CASE("tessera-train comm-check: launcher, torchrun-style workers and two no
   const std::string common =
       "comm-check --nproc 2 --nnodes 2 --bytes 4096 --iters 2 --master 127.0.0.1:" +
       std::to_string(port);
-  FILE* node1 =
-      ::popen((std::string(TESSERA_TRAIN) + " " + common + " --node-rank 1 2>&1").c_str(), "r");
-  REQUIRE(node1 != nullptr);
+  FILE* node1 = start(common + " --node-rank 1");
   const Run node0 = run(common + " --node-rank 0");
-  char buffer[4096];
-  std::string node1_output;
-  std::size_t n = 0;
-  while ((n = std::fread(buffer, 1, sizeof buffer, node1)) > 0) node1_output.append(buffer, n);
-  const int node1_status = ::pclose(node1);
-  INFO(node0.output << node1_output);
+  const Run second = finish(node1);
+  INFO(node0.output << second.output);
   CHECK(node0.code == 0);
-  CHECK(WEXITSTATUS(node1_status) == 0);
+  CHECK(second.code == 0);
   CHECK(node0.output.find("over 4 ranks") != std::string::npos);
 
   // A worker started by an external launcher reads RANK/WORLD_SIZE/MASTER_*.

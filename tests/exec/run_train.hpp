@@ -14,10 +14,15 @@ struct Run {
   std::string output;
 };
 
-inline Run run(const std::string& args) {
-  Run r;
+// Starts tessera-train with `args` in the background; finish() waits for it.
+inline FILE* start(const std::string& args) {
   FILE* pipe = ::popen((std::string(TESSERA_TRAIN) + " " + args + " 2>&1").c_str(), "r");
   REQUIRE(pipe != nullptr);
+  return pipe;
+}
+
+inline Run finish(FILE* pipe) {
+  Run r;
   char buffer[4096];
   std::size_t n = 0;
   while ((n = std::fread(buffer, 1, sizeof buffer, pipe)) > 0) r.output.append(buffer, n);
@@ -25,3 +30,5 @@ inline Run run(const std::string& args) {
   r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return r;
 }
+
+inline Run run(const std::string& args) { return finish(start(args)); }

@@ -409,19 +409,14 @@ TEST_CASE("two nodes on loopback (--nnodes 2 --node-rank i --master) train as on
   const int port = exec::free_port();
   const std::string common = kScenario + " --plan " + plan_file(R"({"pp": 2})") +
                              " --steps 2 --nproc 1 --nnodes 2 --master 127.0.0.1:" + std::to_string(port);
-  FILE* node1 = ::popen((std::string(TESSERA_TRAIN) + " " + common + " --node-rank 1 2>&1").c_str(), "r");
-  REQUIRE(node1 != nullptr);
+  FILE* node1 = start(common + " --node-rank 1");
   const fs::path out = fresh_dir("two-nodes");
   const Run node0 = run(common + " --node-rank 0 --out " + out.string());
-  char buffer[4096];
-  std::string node1_output;
-  std::size_t n = 0;
-  while ((n = std::fread(buffer, 1, sizeof buffer, node1)) > 0) node1_output.append(buffer, n);
-  const int node1_status = ::pclose(node1);
-  INFO(node0.output << node1_output);
+  const Run second = finish(node1);
+  INFO(node0.output << second.output);
   CHECK(node0.code == 0);
-  CHECK(WEXITSTATUS(node1_status) == 0);
-  CHECK(node1_output.find("step") == std::string::npos);  // only rank 0 prints progress
+  CHECK(second.code == 0);
+  CHECK(second.output.find("step") == std::string::npos);  // only rank 0 prints progress
   CHECK(losses(out) == one_node);
 }
 

@@ -195,16 +195,32 @@ TEST_CASE(
   CHECK(inside_fast == doctest::Approx(inside_slow).epsilon(1e-9));
 }
 
-TEST_CASE("twins: TP shards collapse, data-parallel replicas with different data do not") {
+namespace {
+
+// The VLM without audio, TP2 x PP2 x DP2 on 8 ranks: TP pairs are twins.
+struct TwinCase {
+  ModelSpec model;
+  WorkloadSpec workload;
+  ParallelPlan plan;
+};
+TwinCase twin_case() {
   Diagnostics diag;
-  const ModelSpec model = read_model(Json::parse(kVlm), "", "", diag);
+  TwinCase c;
+  c.model = read_model(Json::parse(kVlm), "", "", diag);
   Json workload_json = Json::parse(kWorkload);
   workload_json["samples"].erase("audio");
-  const WorkloadSpec workload = read_workload(workload_json, "", "", ".", diag);
-  const ParallelPlan plan = read_plan(
+  c.workload = read_workload(workload_json, "", "", ".", diag);
+  c.plan = read_plan(
       Json::parse(R"({"placement": "homogeneous", "layout": {"tp": 2, "pp": 2, "dp": 2}})"), "", "",
       diag);
   REQUIRE(diag.ok());
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("twins: TP shards collapse, data-parallel replicas with different data do not") {
+  const auto [model, workload, plan] = twin_case();
   const Lowered l = lower(model, cluster(2, 4), plan, workload, draw_batch(workload, 0));
   const Twins t = find_twins(l.program);
   CHECK(t.classes == 4);  // 8 ranks, TP pairs
@@ -213,15 +229,7 @@ TEST_CASE("twins: TP shards collapse, data-parallel replicas with different data
 
 TEST_CASE("twins' flows left to their leader's give the same times, and only where exact") {
   // TP2 x DP2 x PP2 on two nodes of four: the pipeline's sends cross nodes, DP rings stay inside.
-  Diagnostics diag;
-  const ModelSpec model = read_model(Json::parse(kVlm), "", "", diag);
-  Json workload_json = Json::parse(kWorkload);
-  workload_json["samples"].erase("audio");
-  const WorkloadSpec workload = read_workload(workload_json, "", "", ".", diag);
-  const ParallelPlan plan = read_plan(
-      Json::parse(R"({"placement": "homogeneous", "layout": {"tp": 2, "pp": 2, "dp": 2}})"), "", "",
-      diag);
-  REQUIRE(diag.ok());
+  const auto [model, workload, plan] = twin_case();
   auto run = [&](const ClusterSpec& c, bool nested_flows, bool fold) {
     const Program p = lower(model, c, plan, workload, draw_batch(workload, 0)).program;
     const CostModel cost = cost_for(c, &model);
