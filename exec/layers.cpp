@@ -53,10 +53,8 @@ Linear::Linear(ParamSet& ps, const std::string& name, int64_t in, int64_t out, b
 
 torch::Tensor Linear::forward(const torch::Tensor& x) const {
   switch (split) {
-    case Split::kColumn: {
-      torch::Tensor y = torch::matmul(copy_to_group(x, *tp), weight.t());
-      return bias.defined() ? y + bias : y;
-    }
+    case Split::kColumn:
+      return forward_entered(copy_to_group(x, *tp));
     case Split::kRow: {
       torch::Tensor y = reduce_from_group(torch::matmul(x, weight.t()), *tp);
       return bias.defined() ? y + bias : y;
@@ -71,6 +69,12 @@ torch::Tensor Linear::forward(const torch::Tensor& x) const {
 Norm::Norm(ParamSet& ps, const std::string& name, int64_t hidden, NormKind k) : kind(k) {
   weight = ps.constant(name + ".weight", {hidden}, 1.0);
   if (kind == NormKind::kLayerNorm) bias = ps.constant(name + ".bias", {hidden}, 0.0);
+}
+
+torch::Tensor Linear::forward_entered(const torch::Tensor& x) const {
+  TESSERA_CHECK(split == Split::kColumn);
+  torch::Tensor y = torch::matmul(x, weight.t());
+  return bias.defined() ? y + bias : y;
 }
 
 torch::Tensor Norm::forward(const torch::Tensor& x) const {
@@ -98,9 +102,10 @@ Attention::Attention(ParamSet& ps, const std::string& name, const TransformerArc
 
 torch::Tensor Attention::forward(const torch::Tensor& x, const AttentionInputs& in) const {
   const int64_t b = x.size(0), l = x.size(1);
-  torch::Tensor qh = q.forward(x).view({b, l, heads, head_dim});
-  torch::Tensor kh = k.forward(x).view({b, l, kv_heads, head_dim});
-  torch::Tensor vh = v.forward(x).view({b, l, kv_heads, head_dim});
+  const torch::Tensor entered = copy_to_group(x, *q.tp);
+  torch::Tensor qh = q.forward_entered(entered).view({b, l, heads, head_dim});
+  torch::Tensor kh = k.forward_entered(entered).view({b, l, kv_heads, head_dim});
+  torch::Tensor vh = v.forward_entered(entered).view({b, l, kv_heads, head_dim});
   if (rotary && in.positions_q.defined()) {
     qh = rotary_embed(qh, in.positions_q);
     kh = rotary_embed(kh, in.positions_q);
@@ -132,8 +137,9 @@ Mlp::Mlp(ParamSet& ps, const std::string& name, const TransformerArch& arch)
 }
 
 torch::Tensor Mlp::forward(const torch::Tensor& x) const {
-  if (gated) return down.forward(torch::silu(gate.forward(x)) * up.forward(x));
-  return down.forward(torch::gelu(up.forward(x)));
+  const torch::Tensor entered = copy_to_group(x, *up.tp);
+  if (gated) return down.forward(torch::silu(gate.forward_entered(entered)) * up.forward_entered(entered));
+  return down.forward(torch::gelu(up.forward_entered(entered)));
 }
 
 Block::Block(ParamSet& ps, const std::string& name, const TransformerArch& arch)

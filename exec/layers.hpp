@@ -48,6 +48,10 @@ struct Linear {
   Linear() = default;
   Linear(ParamSet& ps, const std::string& name, int64_t in, int64_t out, bool bias, Split split);
   torch::Tensor forward(const torch::Tensor& x) const;  // (..., in[/tp]) -> (..., out[/tp])
+  // Column split, for an input the caller already entered into the TP group (copy_to_group):
+  // column layers sharing one input (Q, K, V; gate, up) then all-reduce its gradient once, as
+  // the Program's two TP all-reduces per layer and direction say.
+  torch::Tensor forward_entered(const torch::Tensor& x) const;
   torch::Tensor weight, bias;                            // (out/tp, in) or (out, in/tp)
   Split split = Split::kReplicated;
   const Comm* tp = nullptr;

@@ -422,6 +422,20 @@ Op Lowering::compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t
             {CollectiveKind::kAllReduce, Purpose::kTp, g, static_cast<int32_t>(2 * layers), act});
       }
     }
+    if (a.vocab > 0 && l.tp > 1) {
+      // Vocabulary-parallel embedding and loss: the embedding's partial rows are all-reduced in
+      // the forward (its backward is local); the loss all-reduces three fp32 numbers per token
+      // (max logit, sum of exponentials, target logit) and the head's input gradient.
+      const int32_t g = tp_group(layout_owner, x);
+      if (first_chunk && phase == Phase::kF)
+        op.nested.push_back({CollectiveKind::kAllReduce, Purpose::kTp, g, 1,
+                             static_cast<double>(work.text_tokens) / static_cast<double>(l.cp) *
+                                 static_cast<double>(a.hidden) * dtype});
+      if (last_chunk && phase == Phase::kF)
+        op.nested.push_back({CollectiveKind::kAllReduce, Purpose::kTp, g, 3, tokens_local * 4.0});
+      if (last_chunk && phase == Phase::kB)
+        op.nested.push_back({CollectiveKind::kAllReduce, Purpose::kTp, g, 1, act});
+    }
     if (phase != Phase::kW && l.cp > 1 && layers > 0) {
       // K/V of the whole sequence gathered per layer (ring exchange has the same volume);
       // backward reduce-scatters their gradients.
@@ -445,7 +459,9 @@ Op Lowering::compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t
                                                         : pr.in * pr.hidden + pr.hidden * pr.out);
     linear += 2.0 * w * static_cast<double>(work.tokens) / shard;
     weights += static_cast<double>(projector_parameters(pr)) / static_cast<double>(l.tp);
-    if (phase != Phase::kW && l.tp > 1)
+    // Forward: the row-parallel output; backward: the input gradient, when one flows back.
+    if ((phase == Phase::kF || phase == Phase::kR || (phase == Phase::kB && m.flow.needs_input_grad)) &&
+        l.tp > 1)
       op.nested.push_back({CollectiveKind::kAllReduce, Purpose::kTp, tp_group(layout_owner, x), 1,
                            tokens_local * static_cast<double>(pr.out) * dtype});
   }

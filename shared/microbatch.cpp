@@ -83,6 +83,7 @@ ModuleWork module_work(const ModelSpec& model, const ModuleSpec& m,
         (m.role == ModuleRole::kLlm && !cross) ? std::min(t.llm_sequence - t.text, max_seq_len) : 0;
     const int64_t text = std::min(t.text, max_seq_len - media);
     w.tokens += media + text;
+    w.text_tokens += text;
     w.output_tokens += media + text;
     double media_pairs = 0;
     if (media > 0) {

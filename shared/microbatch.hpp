@@ -18,6 +18,7 @@ struct ModuleWork {
   int64_t tokens = 0;          // tokens the module processes (its own sequence)
   double attention_pairs = 0;  // (query, key) pairs its attention computes, summed over samples
   int64_t output_tokens = 0;   // tokens it hands on (projector/encoder: to the LLM)
+  int64_t text_tokens = 0;     // LLM: text tokens in its sequences (embedded by its vocabulary)
 };
 
 // REQUIRES: samples only carry media the model has encoders for (validate_scenario).

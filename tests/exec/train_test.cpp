@@ -1,6 +1,7 @@
 // tessera-train end to end on the tiny LLaVA-like scenario (fp32, CPU, Gloo): parallel plans give
 // the single-rank losses, the executed ops are the lowered Program's, the shapes data set is
 // learnable, resume continues exactly, and a killed worker ends the job quickly.
+#include <map>
 #include <doctest/doctest.h>
 
 #include <chrono>
@@ -268,7 +269,8 @@ TEST_CASE("single rank: the Program interpreter gives the plain LibTorch loop's 
 
 namespace {
 
-// Every rank's executed ops (trace slices with a phase, in time order) are its lowered ops.
+// Every rank's executed ops (trace slices with a phase, in time order) are its lowered ops, and
+// each compute op ran as many collectives inside it as the Program's nested collectives say.
 void check_trace_is_program(const fs::path& out, const std::string& scenario,
                             const std::string& plan) {
   Diagnostics diag;
@@ -281,16 +283,27 @@ void check_trace_is_program(const fs::path& out, const std::string& scenario,
     std::ifstream in(out / "trace" / ("rank" + std::to_string(rank) + ".json"));
     const Json trace = Json::parse(in);
     std::vector<std::pair<double, std::string>> executed;
+    std::map<std::string, int> nested;  // op id -> collectives run inside it
     for (const Json& e : trace.at("traceEvents"))
-      if (e.value("ph", "") == "X" && e.contains("args") && e["args"].contains("phase") &&
-          e["args"]["op_id"].get<std::string>().rfind("it0.", 0) == 0)  // the first step
-        executed.emplace_back(e.at("ts").get<double>(), e["args"]["op_id"].get<std::string>());
+      if (e.value("ph", "") == "X" && e.contains("args") &&
+          e["args"]["op_id"].get<std::string>().rfind("it0.", 0) == 0) {  // the first step
+        if (e["args"].contains("phase"))
+          executed.emplace_back(e.at("ts").get<double>(), e["args"]["op_id"].get<std::string>());
+        else
+          ++nested[e["args"]["op_id"].get<std::string>()];
+      }
     std::stable_sort(executed.begin(), executed.end(),
                      [](const auto& a, const auto& b) { return a.first < b.first; });
     const auto& ops = lowered.program.ranks[static_cast<std::size_t>(rank)];
     REQUIRE(executed.size() == ops.size());
-    for (std::size_t i = 0; i < ops.size(); ++i)
-      CHECK(executed[i].second == op_id(lowered.program, rank, static_cast<int32_t>(i)));
+    for (std::size_t i = 0; i < ops.size(); ++i) {
+      const std::string id = op_id(lowered.program, rank, static_cast<int32_t>(i));
+      CHECK(executed[i].second == id);
+      int expected = 0;
+      for (const NestedCollective& n : ops[i].nested) expected += n.count;
+      INFO(id << " " << op_name(lowered.program, ops[i]));
+      CHECK(nested[id] == expected);
+    }
   }
 }
 
