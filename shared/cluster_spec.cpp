@@ -2,10 +2,11 @@
 
 namespace tessera {
 
-namespace {
-
 const EnumTable<ClusterKind> kClusterKinds = {{"gpu", ClusterKind::kGpu},
                                               {"cpu-local", ClusterKind::kCpuLocal}};
+
+namespace {
+
 const EnumTable<Topology> kTopologies = {{"fat_tree", Topology::kFatTree},
                                          {"single_switch", Topology::kSingleSwitch}};
 

@@ -15,6 +15,7 @@ enum class ClusterKind {
   kGpu,       // nodes x devices_per_node accelerators
   kCpuLocal,  // this machine: one host whose cores all ranks share
 };
+extern const EnumTable<ClusterKind> kClusterKinds;
 enum class Topology { kFatTree, kSingleSwitch };
 
 struct DeviceSpec {

@@ -1,10 +1,37 @@
 #include "shared/cost_model.hpp"
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "shared/check.hpp"
 
 namespace tessera {
+
+SizeClass size_class(const ModuleSpec& m) {
+  const int64_t width = m.transformer  ? m.transformer->hidden
+                        : m.projector ? m.projector->out
+                                      : 0;
+  return width < 1024 ? SizeClass::kSmall : width < 4096 ? SizeClass::kMedium : SizeClass::kLarge;
+}
+
+std::string size_class_name(SizeClass size) {
+  switch (size) {
+    case SizeClass::kSmall:
+      return "small";
+    case SizeClass::kMedium:
+      return "medium";
+    case SizeClass::kLarge:
+      return "large";
+  }
+  return "?";
+}
+
+double latency_steps(CollectiveKind kind, int64_t n) {
+  if (n <= 1) return 0;
+  return kind == CollectiveKind::kAllReduce   ? 2.0 * static_cast<double>(n - 1)
+         : kind == CollectiveKind::kBroadcast ? 1.0
+                                              : static_cast<double>(n - 1);
+}
 
 CostParams default_cost_params(const ClusterSpec& cluster) {
   CostParams p;
@@ -34,8 +61,68 @@ double bus_factor(CollectiveKind kind, int64_t n) {
 }
 
 CostModel::CostModel(const ClusterSpec& cluster, DType dtype, CostParams params,
-                     const std::vector<ModuleRole>& roles)
-    : cluster_(cluster), dtype_(dtype), params_(std::move(params)), roles_(roles) {}
+                     const ModelSpec& model)
+    : cluster_(cluster), dtype_(dtype), params_(std::move(params)) {
+  for (const ModuleSpec& m : model.modules) {
+    roles_.push_back(m.role);
+    sizes_.push_back(size_class(m));
+  }
+}
+
+// The fit of the op's (role, phase, size class); else the same role and phase in the nearest
+// size class; a W with no fit of its own takes its B's (fused backward, see ComputeFit).
+const ComputeFit* CostModel::compute_fit(const Op& op) const {
+  if (params_.compute_fits.empty() || op.module < 0 ||
+      static_cast<std::size_t>(op.module) >= roles_.size())
+    return nullptr;
+  const ModuleRole role = roles_[static_cast<std::size_t>(op.module)];
+  const SizeClass size = sizes_[static_cast<std::size_t>(op.module)];
+  for (const Phase phase : {op.phase, Phase::kB}) {
+    if (phase == Phase::kB && op.phase != Phase::kW && op.phase != Phase::kB) break;
+    const ComputeFit* best = nullptr;
+    int distance = 99;
+    for (const ComputeFit& f : params_.compute_fits) {
+      if (f.role != role || f.phase != phase) continue;
+      const int d = std::abs(static_cast<int>(f.size) - static_cast<int>(size));
+      if (d < distance) {
+        best = &f;
+        distance = d;
+      }
+    }
+    if (best != nullptr) return best;
+  }
+  return nullptr;
+}
+
+// The fit of (kind, group size, locality); else the same kind and locality at the nearest size
+// (the latency and bus bandwidth carry over through the ring formula).
+const LinkFit* CostModel::collective_fit(CollectiveKind kind, int64_t n, bool local) const {
+  const LinkFit* best = nullptr;
+  int64_t distance = 0;
+  for (const LinkFit& f : params_.collective_fits) {
+    if (f.kind != kind || f.local != local) continue;
+    const int64_t d = std::abs(f.group_size - n);
+    if (best == nullptr || d < distance) {
+      best = &f;
+      distance = d;
+    }
+  }
+  return best;
+}
+
+const LinkFit* CostModel::p2p_fit(bool local) const {
+  for (const LinkFit& f : params_.p2p_fits)
+    if (f.local == local) return &f;
+  return nullptr;
+}
+
+bool CostModel::calibrated_collective(CollectiveKind kind, const RankList& group) const {
+  return collective_fit(kind, static_cast<int64_t>(group.size()), same_node(group)) != nullptr;
+}
+
+bool CostModel::calibrated_p2p(int64_t from, int64_t to) const {
+  return p2p_fit(same_node({from, to})) != nullptr;
+}
 
 bool CostModel::same_node(const RankList& group) const {
   if (cluster_.kind == ClusterKind::kCpuLocal || group.empty()) return true;
@@ -48,18 +135,18 @@ double CostModel::collective_s(CollectiveKind kind, const RankList& group, doubl
   const int64_t n = static_cast<int64_t>(group.size());
   if (n <= 1 || bytes <= 0) return 0;
   const bool local = same_node(group);
+  if (const LinkFit* f = collective_fit(kind, n, local))
+    return latency_steps(kind, n) * f->latency_s +
+           bus_factor(kind, n) * bytes / f->bandwidth_bytes_per_s;
   const LinkSpec& link = local ? cluster_.intra_node : cluster_.inter_node.link;
   double bandwidth = link.bandwidth_bytes_per_s * params_.bandwidth_efficiency;
   if (!local) bandwidth /= std::max(1.0, cluster_.inter_node.oversubscription);
-  // Ring algorithms take n-1 latency steps (all-reduce: 2(n-1)); broadcast pipelines.
-  const double steps = kind == CollectiveKind::kAllReduce   ? 2.0 * static_cast<double>(n - 1)
-                       : kind == CollectiveKind::kBroadcast ? 1.0
-                                                            : static_cast<double>(n - 1);
-  return steps * link.latency_s + bus_factor(kind, n) * bytes / bandwidth;
+  return latency_steps(kind, n) * link.latency_s + bus_factor(kind, n) * bytes / bandwidth;
 }
 
 double CostModel::p2p_s(int64_t from, int64_t to, double bytes) const {
   const bool local = same_node({from, to});
+  if (const LinkFit* f = p2p_fit(local)) return f->latency_s + bytes / f->bandwidth_bytes_per_s;
   const LinkSpec& link = local ? cluster_.intra_node : cluster_.inter_node.link;
   double bandwidth = link.bandwidth_bytes_per_s * params_.bandwidth_efficiency;
   if (!local) bandwidth /= std::max(1.0, cluster_.inter_node.oversubscription);
@@ -84,16 +171,26 @@ double CostModel::compute_s(const Program& program, const Op& op) const {
 }
 
 double CostModel::compute_only_s(const Program& program, const Op& op) const {
-  if (op.kind == OpKind::kOptimizerStep)
-    return params_.overhead_per_op_s + op.bytes / cluster_.device.memory_bandwidth_bytes_per_s;
-  TESSERA_CHECK(op.kind == OpKind::kCompute);
+  const double seconds = dedicated_compute_s(op);
   // cpu-local ranks share the machine's cores.
-  double peak = peak_flops(cluster_, dtype_);
   if (cluster_.kind == ClusterKind::kCpuLocal && program.world > cluster_.cores)
-    peak *= static_cast<double>(cluster_.cores) / static_cast<double>(program.world);
+    return seconds * static_cast<double>(program.world) / static_cast<double>(cluster_.cores);
+  return seconds;
+}
+
+double CostModel::dedicated_compute_s(const Op& op) const {
+  if (op.kind == OpKind::kOptimizerStep) {
+    if (const auto& f = params_.optimizer_fit) return f->overhead_s + op.bytes / f->bandwidth_bytes_per_s;
+    return params_.overhead_per_op_s + op.bytes / cluster_.device.memory_bandwidth_bytes_per_s;
+  }
+  TESSERA_CHECK(op.kind == OpKind::kCompute);
+  if (const ComputeFit* f = compute_fit(op)) {
+    const bool fused = op.phase == Phase::kW && f->phase == Phase::kB;
+    return (fused ? 0.0 : f->overhead_s) + op.flops * f->seconds_per_flop;
+  }
   double seconds =
       params_.overhead_per_op_s + static_cast<double>(op.layers) * params_.overhead_per_layer_s;
-  if (op.flops > 0) seconds += op.flops / (peak * efficiency(op));
+  if (op.flops > 0) seconds += op.flops / (peak_flops(cluster_, dtype_) * efficiency(op));
   return seconds;
 }
 

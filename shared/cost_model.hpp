@@ -4,13 +4,59 @@
 #pragma once
 
 #include <map>
+#include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "shared/cluster_spec.hpp"
 #include "shared/program.hpp"
 
 namespace tessera {
+
+// How large a module's matrices are, which sets how efficiently its kernels run: by the width of
+// its layers (transformer hidden size, projector output). small < 1024 <= medium < 4096 <= large.
+enum class SizeClass : uint8_t { kSmall, kMedium, kLarge };
+SizeClass size_class(const ModuleSpec& module);
+std::string size_class_name(SizeClass size);
+
+// What a calibration fit reports about itself (../shared/ALGORITHMS.md §9).
+struct FitStats {
+  int64_t samples = 0;       // medians the fit used (each over the warm iterations of one op)
+  double residual = 0;       // RMS error of the fit on its samples over their mean
+  double min_x = 0, max_x = 0;  // the measured range of FLOPs or bytes
+};
+
+// A compute class fitted from traces: seconds = overhead + flops · seconds_per_flop, on one
+// dedicated core or device. A W with no fit of its own runs fused into its B (the executor does
+// that): it costs the B class's rate and no overhead.
+struct ComputeFit {
+  ModuleRole role = ModuleRole::kLlm;
+  Phase phase = Phase::kF;
+  SizeClass size = SizeClass::kSmall;
+  double overhead_s = 0;
+  double seconds_per_flop = 0;
+  FitStats stats;
+};
+
+// A communication class fitted from traces: a collective of `group_size` ranks takes
+// steps(kind, n) · latency_s + bus_factor(kind, n) · bytes / bandwidth (NCCL-tests' bus
+// bandwidth); a point-to-point message latency_s + bytes / bandwidth (group_size 2, kind unused).
+struct LinkFit {
+  CollectiveKind kind = CollectiveKind::kAllReduce;
+  int64_t group_size = 2;
+  bool local = true;  // all members in one node
+  double latency_s = 0;
+  double bandwidth_bytes_per_s = 0;
+  FitStats stats;
+};
+
+// The optimizer step: overhead + bytes / bandwidth.
+struct OptimizerFit {
+  double overhead_s = 0;
+  double bandwidth_bytes_per_s = 0;
+  FitStats stats;
+};
 
 struct CostParams {
   // Fraction of the device's dense peak a Compute op sustains, by (module role, phase).
@@ -23,6 +69,15 @@ struct CostParams {
   double overhead_per_op_s = 10e-6;
   // Scale of the link bandwidths taken from the cluster (NCCL reaches ~80-90% of the wire).
   double bandwidth_efficiency = 0.85;
+
+  // Fitted by `tessera calibrate` (profile.hpp); each overrides the analytic defaults above for
+  // its class. Ops of classes with no fit keep the defaults.
+  std::vector<ComputeFit> compute_fits;
+  std::vector<LinkFit> collective_fits;
+  std::vector<LinkFit> p2p_fits;
+  std::optional<OptimizerFit> optimizer_fit;
+  // Compute that overlaps communication on its own rank runs this much slower (fitted; 1 = none).
+  double overlap_slowdown = 1;
 };
 
 // Analytic defaults for a cluster kind: GPUs sustain 60% of dense peak in large matmuls
@@ -32,13 +87,15 @@ CostParams default_cost_params(const ClusterSpec& cluster);
 class CostModel {
  public:
   // REQUIRES: the program's groups and ranks were built for `cluster`.
-  CostModel(const ClusterSpec& cluster, DType dtype, CostParams params,
-            const std::vector<ModuleRole>& module_roles);
+  CostModel(const ClusterSpec& cluster, DType dtype, CostParams params, const ModelSpec& model);
 
   // Seconds of a Compute op, nested collectives included; or of an optimizer step.
   double compute_s(const Program& program, const Op& op) const;
-  // The same without the nested collectives (a simulator runs those itself).
+  // The same without the nested collectives (a simulator runs those itself). cpu-local: a rank's
+  // even share of the cores when the program has more ranks than cores.
   double compute_only_s(const Program& program, const Op& op) const;
+  // The same on a core or device of its own (a simulator that shares cores itself).
+  double dedicated_compute_s(const Op& op) const;
   // Seconds of one collective of `bytes` (NCCL-tests size) over `group`.
   double collective_s(CollectiveKind kind, const RankList& group, double bytes) const;
   // Seconds for a point-to-point message between two ranks.
@@ -46,16 +103,27 @@ class CostModel {
 
   // Bus bandwidth and latency between the members of a group: inside one node, or across.
   bool same_node(const RankList& group) const;
+  // Whether a calibration profile fitted this class of communication.
+  bool calibrated_collective(CollectiveKind kind, const RankList& group) const;
+  bool calibrated_p2p(int64_t from, int64_t to) const;
   const ClusterSpec& cluster() const { return cluster_; }
   const CostParams& params() const { return params_; }
 
  private:
   double efficiency(const Op& op) const;
+  const ComputeFit* compute_fit(const Op& op) const;
+  const LinkFit* collective_fit(CollectiveKind kind, int64_t n, bool local) const;
+  const LinkFit* p2p_fit(bool local) const;
   ClusterSpec cluster_;
   DType dtype_;
   CostParams params_;
   std::vector<ModuleRole> roles_;
+  std::vector<SizeClass> sizes_;
 };
+
+// Latency steps of a collective over n ranks: rings take n-1 (all-reduce 2(n-1)); broadcast
+// pipelines (1).
+double latency_steps(CollectiveKind kind, int64_t n);
 
 // NCCL-tests bus-bandwidth factor of a collective over n ranks: time = factor · S / B.
 double bus_factor(CollectiveKind kind, int64_t n);

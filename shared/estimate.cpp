@@ -31,9 +31,7 @@ Estimate estimate(const Scenario& s, const ParallelPlan& plan, int64_t iteration
   }
   const Program& p = lowered.program;
   for (const auto& ops : p.ranks) e.ops += static_cast<int64_t>(ops.size());
-  std::vector<ModuleRole> roles;
-  for (const ModuleSpec& m : s.model.modules) roles.push_back(m.role);
-  const CostModel cost(s.cluster, s.model.dtype, params, roles);
+  const CostModel cost(s.cluster, s.model.dtype, params, s.model);
   const auto t1 = std::chrono::steady_clock::now();
   const Timeline timeline = evaluate(p, cost);
   e.evaluate_s = seconds_since(t1);

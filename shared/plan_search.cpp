@@ -156,15 +156,15 @@ Enumeration enumerate_plans(const Scenario& s, const SearchSpace& space, int64_t
 std::vector<RankedCandidate> rank_candidates(const Scenario& s, std::vector<Candidate> candidates,
                                              int64_t iteration,
                                              std::map<std::string, int64_t>& rejected,
-                                             int threads) {
+                                             int threads, const CostParams* cost) {
   // Estimates are pure: each thread takes every n-th candidate; results are kept by index.
   std::vector<Estimate> estimates(candidates.size());
   auto work = [&](std::size_t first, std::size_t stride) {
     for (std::size_t i = first; i < candidates.size(); i += stride) {
       Scenario sized = s;
       sized.cluster = cluster_with_devices(s.cluster, candidates[i].gpus);
-      estimates[i] =
-          estimate(sized, candidates[i].plan, iteration, default_cost_params(sized.cluster));
+      estimates[i] = estimate(sized, candidates[i].plan, iteration,
+                              cost != nullptr ? *cost : default_cost_params(sized.cluster));
     }
   };
   const auto n = static_cast<std::size_t>(std::max(1, threads));

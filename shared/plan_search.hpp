@@ -43,10 +43,11 @@ struct RankedCandidate {
 
 // Estimates every candidate (iteration `iteration`'s batch) on `threads` threads, moves plans
 // that do not fit in memory into `rejected` ("memory"), and sorts the rest by step time (then
-// key). The result does not depend on `threads`.
+// key). The result does not depend on `threads`. `cost`: a calibration profile's parameters
+// (nullptr: default_cost_params()).
 std::vector<RankedCandidate> rank_candidates(const Scenario& scenario,
                                              std::vector<Candidate> candidates, int64_t iteration,
                                              std::map<std::string, int64_t>& rejected,
-                                             int threads = 1);
+                                             int threads = 1, const CostParams* cost = nullptr);
 
 }  // namespace tessera

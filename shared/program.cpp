@@ -6,34 +6,21 @@
 
 namespace tessera {
 
+const EnumTable<Phase> kPhases = {
+    {"F", Phase::kF}, {"B", Phase::kB}, {"W", Phase::kW}, {"R", Phase::kR}};
+const EnumTable<CollectiveKind> kCollectiveKinds = {
+    {"allreduce", CollectiveKind::kAllReduce},
+    {"allgather", CollectiveKind::kAllGather},
+    {"reducescatter", CollectiveKind::kReduceScatter},
+    {"alltoall", CollectiveKind::kAllToAll},
+    {"broadcast", CollectiveKind::kBroadcast}};
+
 std::string phase_name(Phase phase) {
-  switch (phase) {
-    case Phase::kF:
-      return "F";
-    case Phase::kB:
-      return "B";
-    case Phase::kW:
-      return "W";
-    case Phase::kR:
-      return "R";
-  }
-  return "?";
+  return enum_name(phase, kPhases);
 }
 
 std::string collective_name(CollectiveKind kind) {
-  switch (kind) {
-    case CollectiveKind::kAllReduce:
-      return "allreduce";
-    case CollectiveKind::kAllGather:
-      return "allgather";
-    case CollectiveKind::kReduceScatter:
-      return "reducescatter";
-    case CollectiveKind::kAllToAll:
-      return "alltoall";
-    case CollectiveKind::kBroadcast:
-      return "broadcast";
-  }
-  return "?";
+  return enum_name(kind, kCollectiveKinds);
 }
 
 std::string purpose_name(Purpose purpose) {

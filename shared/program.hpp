@@ -103,6 +103,8 @@ std::vector<std::string> check_program(const Program& program);
 // Machine-readable op list of one rank (or all when rank < 0).
 Json program_to_json(const Program& program, int32_t rank);
 std::string phase_name(Phase phase);
+extern const EnumTable<Phase> kPhases;
+extern const EnumTable<CollectiveKind> kCollectiveKinds;  // "allreduce", ...
 std::string collective_name(CollectiveKind kind);
 std::string purpose_name(Purpose purpose);
 

@@ -16,93 +16,12 @@
 #include "shared/plan_source.hpp"
 #include "shared/scenario.hpp"
 #include "shared/scenario_report.hpp"
+#include "sim/command_line.hpp"
 #include "sim/simulator.hpp"
 #include "sim/sweep.hpp"
 
 namespace tessera::sim {
 
-namespace {
-
-constexpr int kOk = 0;
-constexpr int kBadInput = 2;
-
-// cxxopts wants argc/argv; keep the strings alive for it.
-struct Argv {
-  std::vector<std::string> storage;
-  std::vector<char*> pointers;
-  explicit Argv(const std::string& program, const Args& args) : storage{program} {
-    storage.insert(storage.end(), args.begin(), args.end());
-    for (std::string& s : storage) pointers.push_back(s.data());
-  }
-  int argc() const { return static_cast<int>(pointers.size()); }
-  char** argv() { return pointers.data(); }
-};
-
-// Parses flags; on --help prints usage and sets `exit_code` to 0, on a bad flag prints the
-// problem and sets it to 2. Returns nullopt in both cases.
-std::optional<cxxopts::ParseResult> parse(cxxopts::Options& options, const Args& args,
-                                          std::ostream& out, std::ostream& err, int& exit_code) {
-  options.add_options()("h,help", "show this help");
-  Argv argv(options.program(), args);
-  try {
-    auto result = options.parse(argv.argc(), argv.argv());
-    if (result.count("help")) {
-      out << options.help() << "\n";
-      exit_code = kOk;
-      return std::nullopt;
-    }
-    return result;
-  } catch (const cxxopts::exceptions::exception& e) {
-    err << options.program() << ": " << e.what() << "\n"
-        << "try '" << options.program() << " --help'\n";
-    exit_code = kBadInput;
-    return std::nullopt;
-  }
-}
-
-// Adds the positional input file (`what`, shown as `usage`), parses, and returns the result
-// with `file` set; nullopt (with `code` set) on --help or a bad command line.
-std::optional<cxxopts::ParseResult> parse_with_input(cxxopts::Options& options, const char* what,
-                                                     const char* usage, const Args& args,
-                                                     std::ostream& out, std::ostream& err,
-                                                     std::string& file, int& code) {
-  options.add_options()("input", what, cxxopts::value<std::string>());
-  options.parse_positional({"input"});
-  options.positional_help(usage);
-  auto result = parse(options, args, out, err, code);
-  if (!result) return std::nullopt;
-  if (!result->count("input")) {
-    err << options.program() << ": missing " << what << "\ntry '" << options.program()
-        << " --help'\n";
-    code = kBadInput;
-    return std::nullopt;
-  }
-  file = (*result)["input"].as<std::string>();
-  return result;
-}
-
-// The scenario, with --plan replacing its plan; nullopt after reporting problems.
-std::optional<Scenario> scenario_with_plan(const cxxopts::ParseResult& args,
-                                           const std::string& file, Diagnostics& diag) {
-  return load_scenario_with_plan(file, args.count("plan") ? args["plan"].as<std::string>() : "",
-                                 diag);
-}
-
-// --plan, shared by the commands that run one plan.
-void add_plan_option(cxxopts::Options& options) {
-  options.add_options()(
-      "plan", "plan replacing the scenario's: plan.json, or results.jsonl#R (rank R of a sweep)",
-      cxxopts::value<std::string>());
-}
-
-int report_problems(const Diagnostics& diag, std::ostream& err) {
-  err << diag.format();
-  err << diag.errors().size() << (diag.errors().size() == 1 ? " problem" : " problems")
-      << " found\n";
-  return kBadInput;
-}
-
-}  // namespace
 
 int run_validate(const Args& args, std::ostream& out, std::ostream& err) {
   cxxopts::Options options(
@@ -268,6 +187,7 @@ int run_estimate(const Args& args, std::ostream& out, std::ostream& err) {
       "in-order evaluator (no network contention): step time, throughput, TFLOP/s per "
       "device, MFU, pipeline bubble and peak memory, or why the plan does not fit.");
   add_plan_option(options);
+  add_profile_option(options);
   options.add_options()("iteration", "which iteration's batch to draw",
                         cxxopts::value<int64_t>()->default_value("0"));
   int code = kOk;
@@ -283,8 +203,10 @@ int run_estimate(const Args& args, std::ostream& out, std::ostream& err) {
   Diagnostics diag;
   const auto scenario = scenario_with_plan(*result, file, diag);
   if (!scenario) return report_problems(diag, err);
-  const Estimate e =
-      estimate(*scenario, *scenario->plan, iteration, default_cost_params(scenario->cluster));
+  const std::optional<CostParams> cost = profile_option(*result, scenario->cluster, diag);
+  if (!diag.ok()) return report_problems(diag, err);
+  const Estimate e = estimate(*scenario, *scenario->plan, iteration,
+                              cost ? *cost : default_cost_params(scenario->cluster));
   out << "scenario " << scenario->name << ": " << enum_name(scenario->plan->placement, kPlacements)
       << " plan on " << world_size(*scenario->plan, scenario->model) << " ranks, iteration "
       << iteration << "\n";
@@ -301,6 +223,7 @@ int run_simulate(const Args& args, std::ostream& out, std::ostream& err) {
       "simulation with network contention, over several iterations with different "
       "drawn batches. Plans that do not fit in memory are reported, not simulated.");
   add_plan_option(options);
+  add_profile_option(options);
   options.add_options()("iterations", "iterations to simulate",
                         cxxopts::value<int64_t>()->default_value("3"))(
       "first-iteration", "first iteration's batch", cxxopts::value<int64_t>()->default_value("0"))(
@@ -338,6 +261,8 @@ int run_simulate(const Args& args, std::ostream& out, std::ostream& err) {
   Diagnostics diag;
   const auto scenario = scenario_with_plan(*result, file, diag);
   if (!scenario) return report_problems(diag, err);
+  sim.cost = profile_option(*result, scenario->cluster, diag);
+  if (!diag.ok()) return report_problems(diag, err);
   const SimulationResult r = simulate(*scenario, *scenario->plan, sim);
   if ((*result).count("json")) {
     out << simulation_to_json(r).dump(1) << "\n";
@@ -388,6 +313,7 @@ int run_sweep(const Args& args, std::ostream& out, std::ostream& err) {
       "i/n: evaluate the i-th of n deterministic shares of the candidates "
       "(combine the shards' folders with tessera merge)",
       cxxopts::value<std::string>());
+  add_profile_option(options);
   int code = kOk;
   std::string file;
   const auto result =
@@ -424,6 +350,8 @@ int run_sweep(const Args& args, std::ostream& out, std::ostream& err) {
   Diagnostics diag;
   const auto scenario = load_scenario(file, diag);
   if (!scenario) return report_problems(diag, err);
+  sweep.cost = profile_option(*result, scenario->cluster, diag);
+  if (!diag.ok()) return report_problems(diag, err);
   // --set path=v1,v2: each value is JSON when it parses (numbers, true, "text"), else a string.
   std::vector<std::string> set_texts;
   if (result->count("set"))
@@ -553,6 +481,8 @@ const std::vector<Command>& commands() {
       {"simulate", "simulate a plan on SimGrid with network contention", run_simulate},
       {"sweep", "search plans: enumerate, prune, estimate, simulate the best, rank", run_sweep},
       {"merge", "combine sharded sweeps into one ranking and report", run_merge},
+      {"calibrate", "fit the cost model to recorded runs (traces) into a profile", run_calibrate},
+      {"replay", "simulate a recorded run and compare predicted with measured", run_replay},
   };
   return table;
 }

@@ -18,6 +18,8 @@ int run_estimate(const Args& args, std::ostream& out, std::ostream& err);
 int run_simulate(const Args& args, std::ostream& out, std::ostream& err);
 int run_sweep(const Args& args, std::ostream& out, std::ostream& err);
 int run_merge(const Args& args, std::ostream& out, std::ostream& err);
+int run_calibrate(const Args& args, std::ostream& out, std::ostream& err);
+int run_replay(const Args& args, std::ostream& out, std::ostream& err);
 
 struct Command {
   const char* name;

@@ -24,7 +24,8 @@ double quantile(std::vector<double> v, double q) {
 
 }  // namespace
 
-// Counters, then every op's start and finish, then the error text.
+// Counters, then every op's start and finish, then each rank's nested slices (count first),
+// then the error text.
 std::string serialize_timeline(const Timeline& t) {
   std::string out;
   out.append(reinterpret_cast<const char*>(&t.activities), sizeof t.activities);
@@ -32,6 +33,13 @@ std::string serialize_timeline(const Timeline& t) {
   out.append(reinterpret_cast<const char*>(&t.folded_flows), sizeof t.folded_flows);
   for (const auto& ops : t.ops)
     for (const OpTime& o : ops) out.append(reinterpret_cast<const char*>(&o), sizeof o);
+  for (std::size_t r = 0; r < t.ops.size(); ++r) {
+    const int64_t n = r < t.nested.size() ? static_cast<int64_t>(t.nested[r].size()) : 0;
+    out.append(reinterpret_cast<const char*>(&n), sizeof n);
+    for (int64_t k = 0; k < n; ++k)
+      out.append(reinterpret_cast<const char*>(&t.nested[r][static_cast<std::size_t>(k)]),
+                 sizeof(NestedSlice));
+  }
   return out + t.error;
 }
 
@@ -63,6 +71,23 @@ Timeline deserialize_timeline(const std::string& bytes, const Program& p) {
         t.compute_busy_s[r] += o.finish_s - o.start_s;
     }
   }
+  t.nested.resize(p.ranks.size());
+  for (std::size_t r = 0; r < p.ranks.size(); ++r) {
+    int64_t n = 0;
+    if (at + sizeof n > bytes.size()) {
+      t.error = "simulation returned a truncated timeline";
+      return t;
+    }
+    std::memcpy(&n, bytes.data() + at, sizeof n);
+    at += sizeof n;
+    if (n < 0 || at + static_cast<std::size_t>(n) * sizeof(NestedSlice) > bytes.size()) {
+      t.error = "simulation returned a truncated timeline";
+      return t;
+    }
+    t.nested[r].resize(static_cast<std::size_t>(n));
+    if (n > 0) std::memcpy(t.nested[r].data(), bytes.data() + at, static_cast<std::size_t>(n) * sizeof(NestedSlice));
+    at += static_cast<std::size_t>(n) * sizeof(NestedSlice);
+  }
   t.error = bytes.substr(at);
   return t;
 }
@@ -70,15 +95,17 @@ Timeline deserialize_timeline(const std::string& bytes, const Program& p) {
 SimulationResult simulate(const Scenario& s, const ParallelPlan& plan,
                           const SimulateOptions& options) {
   SimulationResult result;
-  std::vector<ModuleRole> roles;
-  for (const ModuleSpec& m : s.model.modules) roles.push_back(m.role);
-  const CostModel cost(s.cluster, s.model.dtype, default_cost_params(s.cluster), roles);
+  const CostModel cost(s.cluster, s.model.dtype,
+                       options.cost ? *options.cost : default_cost_params(s.cluster), s.model);
   std::vector<Program> programs;
   std::vector<Timeline> timelines;
-  for (int64_t k = 0; k < options.iterations; ++k) {
+  const int64_t count =
+      options.batches.empty() ? options.iterations : static_cast<int64_t>(options.batches.size());
+  for (int64_t k = 0; k < count; ++k) {
     const auto started = std::chrono::steady_clock::now();
-    const int64_t iteration = options.first_iteration + k;
-    const Batch batch = draw_batch(s.workload, iteration);
+    const Batch batch = options.batches.empty() ? draw_batch(s.workload, options.first_iteration + k)
+                                                : options.batches[static_cast<std::size_t>(k)];
+    const int64_t iteration = batch.iteration;
     Lowered lowered = lower(s.model, s.cluster, plan, s.workload, batch);
     if (!lowered.error.empty()) {
       result.reason = lowered.error;
@@ -124,7 +151,7 @@ SimulationResult simulate(const Scenario& s, const ParallelPlan& plan,
     it.actors = t.actors;
     it.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
     result.iterations.push_back(std::move(it));
-    if (!options.trace_dir.empty()) {
+    if (!options.trace_dir.empty() || options.keep_timelines) {
       programs.push_back(std::move(lowered.program));
       timelines.push_back(std::move(t));
     }
@@ -145,6 +172,10 @@ SimulationResult simulate(const Scenario& s, const ParallelPlan& plan,
       offset += timelines[k].step_s;
     }
     result.trace_error = write_chrome_traces(options.trace_dir, traced, "sim");
+  }
+  if (options.keep_timelines) {
+    result.programs = std::move(programs);
+    result.timelines = std::move(timelines);
   }
   return result;
 }

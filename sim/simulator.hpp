@@ -4,9 +4,11 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "shared/batch.hpp"
 #include "shared/estimate.hpp"
 #include "shared/metrics.hpp"
 #include "shared/scenario.hpp"
@@ -21,6 +23,9 @@ struct SimulateOptions {
   bool nested_flows = true;  // see RunOptions::nested_flows
   double timeout_s = 600;    // per simulated iteration
   std::string trace_dir;     // non-empty: write one Chrome trace per rank there
+  std::optional<CostParams> cost;  // a calibration profile's; default_cost_params() when absent
+  std::vector<Batch> batches;  // non-empty: simulate these (a recorded run's), not drawn ones
+  bool keep_timelines = false;  // return every iteration's Program and Timeline
 };
 
 struct SimulatedIteration {
@@ -41,6 +46,8 @@ struct SimulationResult {
   double capacity_bytes = 0;
   double step_mean_s = 0, step_p50_s = 0, step_p95_s = 0;
   std::string trace_error;
+  std::vector<Program> programs;  // SimulateOptions::keep_timelines
+  std::vector<Timeline> timelines;
 };
 
 // A Timeline as bytes for the trip out of a child process, and back.

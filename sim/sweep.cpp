@@ -138,7 +138,8 @@ SweepResult run_sweep(
       phase = std::chrono::steady_clock::now();
       std::map<std::string, int64_t> rejected_here;
       std::vector<RankedCandidate> ranked =
-          rank_candidates(*s, std::move(e.valid), 0, rejected_here, options.jobs);
+          rank_candidates(*s, std::move(e.valid), 0, rejected_here, options.jobs,
+                          options.cost ? &*options.cost : nullptr);
       result.estimate_s += seconds_since(phase);
       for (const auto& [reason, count] : rejected_here) result.rejected[reason] += count;
       result.ranked += static_cast<int64_t>(ranked.size());
@@ -190,6 +191,7 @@ SweepResult run_sweep(
       sim.iterations = options.iterations;
       sim.nested_flows = options.nested_flows;
       sim.timeout_s = options.timeout_s;
+      sim.cost = options.cost;
       // Already inside a child: run each iteration's engine in a grandchild as usual.
       const SimulationResult r = simulate(sized, c->plan, sim);
       Json j = {{"feasible", r.feasible}, {"reason", r.reason}};

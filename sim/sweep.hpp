@@ -46,6 +46,7 @@ struct SweepOptions {
   // i-1 modulo n (shard 1 also counts the considered and rejected plans).
   int64_t shard_index = 1, shard_count = 1;
   std::string scenario_file;  // recorded in summary.json for `tessera merge`
+  std::optional<CostParams> cost;  // a calibration profile's (default: the analytic defaults)
 };
 
 

@@ -46,6 +46,8 @@ class Run {
       : p_(p), cost_(cost), options_(options), twins_(find_twins(p)) {
     const std::size_t world = p.ranks.size();
     times_.resize(world);
+    nested_.resize(world);
+    collectives_running_.assign(world, 0);
     instance_of_.resize(world);
     receive_index_.resize(world);
     // Hash maps: at 8192 ranks there are millions of ops. A collective instance's key packs
@@ -198,6 +200,7 @@ class Run {
     t.activities = activities_;
     t.actors = actors_;
     t.folded_flows = folded_flows_;
+    t.nested = nested_;
     return t;
   }
 
@@ -206,12 +209,30 @@ class Run {
     int32_t group = -1;
     int32_t arrived = 0;
     int32_t needed = 0;  // distinct twin classes among the members
-    std::vector<std::tuple<int32_t, int32_t, int32_t>>
-        members;  // (class leader, op, nested index or -1)
+    std::vector<std::tuple<int32_t, int32_t, int32_t, double>>
+        members;  // (class leader, op, nested index or -1, arrival time)
   };
 
   const std::vector<int32_t>& offsets(int32_t leader) const {
     return twins_.offsets[static_cast<std::size_t>(leader)];
+  }
+
+  // Compute that starts while its rank runs a collective is slowed by the calibrated factor.
+  double slowdown(int32_t leader) const {
+    return collectives_running_[static_cast<std::size_t>(leader)] > 0 ? cost_.params().overlap_slowdown
+                                                                      : 1.0;
+  }
+
+  // A nested collective of `count` calls as the executor records it: one slice per call, the
+  // first from the class's arrival (it waits for the last member), the rest back to back.
+  void record_nested(int32_t leader, int32_t i, int32_t n, double arrived, double last, double end) {
+    const Op& op = p_.ranks[static_cast<std::size_t>(leader)][static_cast<std::size_t>(i)];
+    const NestedCollective& nc = op.nested[static_cast<std::size_t>(n)];
+    const double each = (end - last) / std::max(1, nc.count);
+    for (int32_t d : offsets(leader))
+      for (int32_t c = 0; c < nc.count; ++c)
+        nested_[static_cast<std::size_t>(leader + d)].push_back(
+            {i, nc.kind, c == 0 ? arrived : last + c * each, last + (c + 1) * each, nc.bytes});
   }
 
   // Resumes the actors of `rank`'s class that wait for one of its ops; each checks again.
@@ -315,7 +336,7 @@ class Run {
     std::vector<int32_t> complete;
     for (int32_t inst : mine) {
       Instance& in = instances_[static_cast<std::size_t>(inst)];
-      in.members.emplace_back(leader, i, n);
+      in.members.emplace_back(leader, i, n, now);
       if (++in.arrived == in.needed) complete.push_back(inst);
     }
     if (!complete.empty()) {
@@ -325,7 +346,9 @@ class Run {
       const int32_t count = n < 0 ? 1 : op.nested[static_cast<std::size_t>(n)].count;
       const RankList& first_group = p_.groups[static_cast<std::size_t>(
           instances_[static_cast<std::size_t>(complete.front())].group)];
-      const bool flows_wanted = options_.contention && (n < 0 || options_.nested_flows);
+      // A collective class the cost model was calibrated on runs at its measured cost.
+      const bool flows_wanted = options_.contention && (n < 0 || options_.nested_flows) &&
+                                !cost_.calibrated_collective(kind, first_group);
       if (!flows_wanted || first_group.size() < 2 || bytes <= 0) {
         sleep(count * cost_.collective_s(kind, first_group, bytes));
       } else {
@@ -348,11 +371,13 @@ class Run {
       const double end = sg4::Engine::get_clock();
       for (int32_t inst : complete) {
         done_[static_cast<std::size_t>(inst)] = end;
-        for (const auto& [ml, mi, mn] : instances_[static_cast<std::size_t>(inst)].members) {
-          if (mn < 0)
+        for (const auto& [ml, mi, mn, arrived] : instances_[static_cast<std::size_t>(inst)].members) {
+          if (mn < 0) {
             finish_class(ml, mi, now, end);
-          else
+          } else {
+            record_nested(ml, mi, mn, arrived, now, end);
             wake(ml);
+          }
         }
       }
     }
@@ -370,7 +395,7 @@ class Run {
     const Op& op = p_.ranks[static_cast<std::size_t>(leader)][static_cast<std::size_t>(i)];
     if (op.kind != OpKind::kCompute && op.kind != OpKind::kOptimizerStep) return -1;
     if (options_.contention && cost_.cluster().kind == ClusterKind::kCpuLocal) return -1;
-    double seconds = cost_.compute_only_s(p_, op);
+    double seconds = cost_.compute_only_s(p_, op) * slowdown(leader);
     if (op.nested.empty()) return seconds;
     if (options_.contention && options_.nested_flows) return -1;
     for (std::size_t n = 0; n < op.nested.size(); ++n) {
@@ -433,13 +458,17 @@ class Run {
       switch (op.kind) {
         case OpKind::kCompute:
         case OpKind::kOptimizerStep: {
-          const double seconds = cost_.compute_only_s(p_, op);
-          if (options_.contention && cost_.cluster().kind == ClusterKind::kCpuLocal &&
-              twins_.offsets[static_cast<std::size_t>(leader)].size() == 1) {
-            ++activities_;
-            sg4::this_actor::execute(seconds * kHostSpeed);  // ranks share the machine's cores
+          if (options_.contention && cost_.cluster().kind == ClusterKind::kCpuLocal) {
+            // Ranks share the machine's cores: the host runs min(1, cores / running) of each
+            // execution, one per twin of the class.
+            std::vector<sg4::ExecPtr> running;
+            for (std::size_t d = 0; d < offsets(leader).size(); ++d)
+              running.push_back(
+                  sg4::this_actor::exec_async(cost_.dedicated_compute_s(op) * slowdown(leader) * kHostSpeed));
+            activities_ += static_cast<int64_t>(running.size());
+            for (const sg4::ExecPtr& e : running) e->wait();
           } else {
-            sleep(seconds);
+            sleep(cost_.compute_only_s(p_, op) * slowdown(leader));
           }
           for (std::size_t n = 0; n < op.nested.size(); ++n)
             collective(leader, i, static_cast<int32_t>(n));
@@ -448,7 +477,7 @@ class Run {
         }
         case OpKind::kSend: {
           // Every twin sends its own message to its own peer.
-          if (options_.contention) {
+          if (options_.contention && !cost_.calibrated_p2p(leader, op.peer)) {
             std::vector<Flow> flows;
             for (int32_t d : offsets(leader)) {
               if (leader_flows_only_ && d != 0) {
@@ -481,7 +510,9 @@ class Run {
           break;
         }
         case OpKind::kCollective:
+          ++collectives_running_[static_cast<std::size_t>(leader)];
           collective(leader, i, -1);
+          --collectives_running_[static_cast<std::size_t>(leader)];
           break;
         case OpKind::kRecv:
           break;
@@ -495,6 +526,8 @@ class Run {
   std::vector<sg4::Host*> hosts_;
   Twins twins_;
   std::vector<std::vector<OpTime>> times_;
+  std::vector<std::vector<NestedSlice>> nested_;  // [rank]: nested collectives as they ran
+  std::vector<int32_t> collectives_running_;       // [class leader]: stream collectives in flight
   std::vector<std::vector<sg4::Actor*>> waiters_;    // per class leader: suspended actors
   std::vector<std::vector<int32_t>> receive_index_;  // [rank][send op] -> receive op on the peer
   std::vector<Instance> instances_;

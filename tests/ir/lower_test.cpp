@@ -77,9 +77,7 @@ CostModel ideal(const Case& c) {
   ClusterSpec fast = c.cluster;
   fast.intra_node = {1e30, 0};
   fast.device.memory_bandwidth_bytes_per_s = 1e30;
-  std::vector<ModuleRole> roles;
-  for (const ModuleSpec& m : c.model.modules) roles.push_back(m.role);
-  return CostModel(fast, c.model.dtype, params, roles);
+  return CostModel(fast, c.model.dtype, params, c.model);
 }
 
 Program lowered(const Case& c, int64_t iteration = 0) {
@@ -333,7 +331,7 @@ TEST_CASE("cost model: ring all-reduce and p2p times") {
   cl.inter_node = {{2.5e10, 5e-6}, Topology::kFatTree, 1.0};
   CostParams params;
   params.bandwidth_efficiency = 1;
-  const CostModel cost(cl, DType::kBf16, params, {});
+  const CostModel cost(cl, DType::kBf16, params, ModelSpec{});
   // 4 ranks in one node: 2(n-1) latency steps + 2(n-1)/n * S / B.
   const double bytes = 1e9;
   CHECK(cost.collective_s(CollectiveKind::kAllReduce, {0, 1, 2, 3}, bytes) ==

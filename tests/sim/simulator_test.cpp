@@ -63,10 +63,7 @@ ClusterSpec cluster(int64_t nodes, int64_t per_node, double nic = 5e10,
 }
 
 CostModel cost_for(const ClusterSpec& c, const ModelSpec* model = nullptr) {
-  std::vector<ModuleRole> roles;
-  if (model != nullptr)
-    for (const ModuleSpec& m : model->modules) roles.push_back(m.role);
-  return CostModel(c, DType::kBf16, default_cost_params(c), roles);
+  return CostModel(c, DType::kBf16, default_cost_params(c), model != nullptr ? *model : ModelSpec{});
 }
 
 Timeline simulated(const Program& p, const CostModel& cost, bool contention) {

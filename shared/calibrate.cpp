@@ -1,0 +1,548 @@
+#include "shared/calibrate.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <set>
+
+#include <Eigen/Dense>
+
+#include "shared/check.hpp"
+
+namespace tessera {
+
+std::string class_name(const OpClass& c) {
+  const std::string where = c.local ? "intra_node" : "inter_node";
+  switch (c.type) {
+    case OpClass::Type::kCompute:
+      return enum_name(c.role, kModuleRoles) + " " + phase_name(c.phase) + " " +
+             size_class_name(c.size);
+    case OpClass::Type::kCollective:
+      return collective_name(c.kind) + " x" + std::to_string(c.group_size) + " " + where;
+    case OpClass::Type::kP2p:
+      return "p2p " + where;
+    case OpClass::Type::kOptimizer:
+      return "optimizer";
+  }
+  return "?";
+}
+
+namespace {
+
+struct Interval {
+  double from = 0, to = 0;
+};
+
+// Pieces of [start, finish] outside the (sorted) nested slices.
+std::vector<Interval> pure_pieces(double start, double finish, const std::vector<Interval>& holes) {
+  std::vector<Interval> out;
+  double at = start;
+  for (const Interval& h : holes) {
+    if (h.from > at) out.push_back({at, std::min(h.from, finish)});
+    at = std::max(at, h.to);
+  }
+  if (finish > at) out.push_back({at, finish});
+  return out;
+}
+
+// ∫ min(1, cores / n(t)) dt where n(t) counts the ranks computing: a cpu-local machine's cores
+// shared fairly among the ranks that compute (what the simulator's multicore host does).
+class CoreShare {
+ public:
+  CoreShare(const std::vector<Interval>& busy, int64_t cores) {
+    std::vector<std::pair<double, int>> edges;
+    for (const Interval& b : busy) {
+      edges.push_back({b.from, +1});
+      edges.push_back({b.to, -1});
+    }
+    std::sort(edges.begin(), edges.end());
+    int running = 0;
+    double integral = 0;
+    for (std::size_t k = 0; k < edges.size(); ++k) {
+      if (!at_.empty()) {
+        const double share = running <= cores ? 1.0 : static_cast<double>(cores) / running;
+        integral += share * (edges[k].first - at_.back());
+      }
+      running += edges[k].second;
+      at_.push_back(edges[k].first);
+      integral_.push_back(integral);
+      running_.push_back(running);
+    }
+    cores_ = cores;
+  }
+  double dedicated(const Interval& i) const { return value(i.to) - value(i.from); }
+
+ private:
+  double value(double t) const {
+    if (at_.empty() || t <= at_.front()) return 0;
+    const auto k = static_cast<std::size_t>(std::upper_bound(at_.begin(), at_.end(), t) - at_.begin()) - 1;
+    const int n = running_[k];
+    const double share = n <= cores_ ? 1.0 : static_cast<double>(cores_) / n;
+    return integral_[k] + share * (t - at_[k]);
+  }
+  std::vector<double> at_, integral_;
+  std::vector<int> running_;
+  int64_t cores_ = 0;
+};
+
+double overlap_length(const Interval& a, const std::vector<Interval>& others) {
+  double total = 0;
+  for (const Interval& o : others) total += std::max(0.0, std::min(a.to, o.to) - std::max(a.from, o.from));
+  return total;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+}  // namespace
+
+std::vector<OpMeasure> measure_ops(const Program& p, const Timeline& t, const ModelSpec& model,
+                                   const ClusterSpec& cluster) {
+  const CostModel cost(cluster, model.dtype, CostParams{}, model);
+  const std::size_t world = p.ranks.size();
+  // Per rank: nested slices by op, pure compute pieces, collective-stream intervals.
+  std::vector<std::map<int32_t, std::vector<Interval>>> holes(world);
+  for (std::size_t r = 0; r < world && r < t.nested.size(); ++r)
+    for (const NestedSlice& n : t.nested[r]) holes[r][n.op].push_back({n.start_s, n.finish_s});
+  std::vector<Interval> busy;
+  std::vector<std::vector<Interval>> collective_busy(world);
+  for (std::size_t r = 0; r < world; ++r)
+    for (std::size_t i = 0; i < p.ranks[r].size(); ++i) {
+      const Op& op = p.ranks[r][i];
+      const OpTime& o = t.ops[r][i];
+      if (op.kind == OpKind::kCompute || op.kind == OpKind::kOptimizerStep) {
+        auto& h = holes[r][static_cast<int32_t>(i)];
+        std::sort(h.begin(), h.end(), [](const Interval& a, const Interval& b) { return a.from < b.from; });
+        for (const Interval& piece : pure_pieces(o.start_s, o.finish_s, h)) busy.push_back(piece);
+      } else if (op.kind == OpKind::kCollective) {
+        collective_busy[r].push_back({o.start_s, o.finish_s});
+      }
+    }
+  const bool shared = cluster.kind == ClusterKind::kCpuLocal && cluster.cores > 0;
+  const CoreShare share(busy, shared ? cluster.cores : 1 << 30);
+
+  std::vector<OpMeasure> out;
+  auto compute_time = [&](std::size_t r, std::size_t i, double& dedicated, double& pure, double& overlapped) {
+    const OpTime& o = t.ops[r][i];
+    for (const Interval& piece : pure_pieces(o.start_s, o.finish_s, holes[r][static_cast<int32_t>(i)])) {
+      dedicated += share.dedicated(piece);
+      pure += piece.to - piece.from;
+      overlapped += overlap_length(piece, collective_busy[r]);
+    }
+  };
+  // Collective instances: each member's entries on a group, in order.
+  std::map<std::pair<int32_t, int64_t>, std::vector<std::pair<Interval, std::pair<CollectiveKind, double>>>> entries;
+  for (std::size_t r = 0; r < world; ++r) {
+    const auto& ops = p.ranks[r];
+    for (std::size_t i = 0; i < ops.size(); ++i) {
+      const Op& op = ops[i];
+      const OpTime& o = t.ops[r][i];
+      const std::string where = "r" + std::to_string(r) + ":" + op_name(p, op);
+      if (op.kind == OpKind::kCompute) {
+        if (op.phase == Phase::kW && i > 0) {
+          const Op& b = ops[i - 1];
+          if (b.phase == Phase::kB && b.module == op.module && b.stage == op.stage &&
+              b.chunk == op.chunk && b.microbatch == op.microbatch && b.kind == OpKind::kCompute)
+            continue;  // fused into its B, measured there
+        }
+        OpMeasure m;
+        m.cls.type = OpClass::Type::kCompute;
+        m.cls.role = model.modules[static_cast<std::size_t>(op.module)].role;
+        m.cls.size = size_class(model.modules[static_cast<std::size_t>(op.module)]);
+        m.cls.phase = op.phase;
+        m.op = where;
+        m.x = op.flops;
+        double pure = 0, overlapped = 0;
+        compute_time(r, i, m.seconds, pure, overlapped);
+        m.wall_s = o.finish_s - o.start_s;
+        if (op.phase == Phase::kB && i + 1 < ops.size()) {
+          const Op& w = ops[i + 1];
+          if (w.kind == OpKind::kCompute && w.phase == Phase::kW && w.module == op.module &&
+              w.stage == op.stage && w.chunk == op.chunk && w.microbatch == op.microbatch) {
+            m.x += w.flops;
+            compute_time(r, i + 1, m.seconds, pure, overlapped);
+            m.wall_s += t.ops[r][i + 1].finish_s - t.ops[r][i + 1].start_s;
+          }
+        }
+        m.overlap = pure > 0 ? overlapped / pure : 0;
+        out.push_back(m);
+      } else if (op.kind == OpKind::kOptimizerStep) {
+        OpMeasure m;
+        m.cls.type = OpClass::Type::kOptimizer;
+        m.op = where;
+        m.x = op.bytes;
+        double pure = 0, overlapped = 0;
+        compute_time(r, i, m.seconds, pure, overlapped);
+        m.wall_s = o.finish_s - o.start_s;
+        out.push_back(m);
+      } else if (op.kind == OpKind::kSend) {
+        OpMeasure m;
+        m.cls.type = OpClass::Type::kP2p;
+        m.cls.local = cost.same_node({static_cast<int64_t>(r), op.peer});
+        m.op = where;
+        m.x = op.bytes;
+        m.seconds = m.wall_s = o.finish_s - o.start_s;
+        out.push_back(m);
+      } else if (op.kind == OpKind::kCollective) {
+        entries[{op.group, static_cast<int64_t>(r)}].push_back({{o.start_s, o.finish_s}, {op.collective, op.bytes}});
+      }
+    }
+    if (r < t.nested.size())
+      for (const NestedSlice& n : t.nested[r]) {
+        const Op& op = ops[static_cast<std::size_t>(n.op)];
+        for (const NestedCollective& nc : op.nested)
+          if (nc.kind == n.kind && std::abs(nc.bytes - n.bytes) <= 1e-6 * std::max(1.0, nc.bytes)) {
+            entries[{nc.group, static_cast<int64_t>(r)}].push_back({{n.start_s, n.finish_s}, {n.kind, n.bytes}});
+            break;
+          }
+      }
+  }
+  for (auto& [key, list] : entries)
+    std::stable_sort(list.begin(), list.end(), [](const auto& a, const auto& b) { return a.first.from < b.first.from; });
+  for (std::size_t g = 0; g < p.groups.size(); ++g) {
+    const RankList& members = p.groups[g];
+    if (members.size() < 2) continue;
+    const auto first = entries.find({static_cast<int32_t>(g), members.front()});
+    if (first == entries.end()) continue;
+    const std::size_t count = first->second.size();
+    bool aligned = true;
+    for (int64_t m : members) {
+      const auto e = entries.find({static_cast<int32_t>(g), m});
+      aligned = aligned && e != entries.end() && e->second.size() == count;
+    }
+    if (!aligned) continue;  // a member's slices are missing: no instance can be matched
+    for (std::size_t j = 0; j < count; ++j) {
+      // The last member to arrive waits for nobody: its duration is the collective's.
+      const Interval* last = nullptr;
+      for (int64_t m : members) {
+        const Interval& iv = entries[{static_cast<int32_t>(g), m}][j].first;
+        if (last == nullptr || iv.from > last->from) last = &iv;
+      }
+      const auto& [kind, bytes] = first->second[j].second;
+      OpMeasure m;
+      m.cls.type = OpClass::Type::kCollective;
+      m.cls.kind = kind;
+      m.cls.group_size = static_cast<int64_t>(members.size());
+      m.cls.local = cost.same_node(members);
+      m.op = "g" + std::to_string(g) + "#" + std::to_string(j);
+      m.x = bytes;
+      m.seconds = m.wall_s = std::max(0.0, last->to - last->from);
+      out.push_back(m);
+    }
+  }
+  return out;
+}
+
+namespace {
+
+struct Line {
+  double a = 0, b = 0;  // seconds = a + b · x
+  FitStats stats;
+  bool separable = true;  // more than one size measured
+};
+
+// Least squares: minimizes Σ (a + b x - y)², so the fitted class's total time equals the
+// measured total (what a step time adds up). Falls back to b only (a = 0) or a only when the
+// free fit goes negative.
+Line fit_line(const std::vector<double>& xs, const std::vector<double>& ys) {
+  Line line;
+  const std::size_t n = xs.size();
+  line.stats.samples = static_cast<int64_t>(n);
+  line.stats.min_x = *std::min_element(xs.begin(), xs.end());
+  line.stats.max_x = *std::max_element(xs.begin(), xs.end());
+  std::set<double> distinct(xs.begin(), xs.end());
+  line.separable = distinct.size() > 1 && line.stats.max_x > line.stats.min_x * 1.05;
+  double sxx = 0, sxy = 0, sy = 0;
+  for (std::size_t k = 0; k < n; ++k) {
+    sxx += xs[k] * xs[k];
+    sxy += xs[k] * ys[k];
+    sy += ys[k];
+  }
+  bool done = false;
+  if (line.separable) {
+    Eigen::MatrixXd m(n, 2);
+    Eigen::VectorXd v(n);
+    for (std::size_t k = 0; k < n; ++k) {
+      m(static_cast<Eigen::Index>(k), 0) = 1;
+      m(static_cast<Eigen::Index>(k), 1) = xs[k];
+      v(static_cast<Eigen::Index>(k)) = ys[k];
+    }
+    const Eigen::Vector2d ab = m.colPivHouseholderQr().solve(v);
+    if (ab(0) >= 0 && ab(1) >= 0) {
+      line.a = ab(0);
+      line.b = ab(1);
+      done = true;
+    }
+  }
+  if (!done) {
+    if (sxx > 0 && (line.separable || line.stats.min_x > 0)) {
+      line.a = 0;
+      line.b = sxy / sxx;  // rate only
+    } else {
+      line.a = sy / static_cast<double>(n);  // fixed cost only
+      line.b = 0;
+    }
+  }
+  // Residual: RMS error over the mean sample (a normalized RMS; single ops are noisy).
+  double sq = 0;
+  for (std::size_t k = 0; k < n; ++k) {
+    const double e = line.a + line.b * xs[k] - ys[k];
+    sq += e * e;
+  }
+  line.stats.residual = std::sqrt(sq / static_cast<double>(n)) / std::max(sy / static_cast<double>(n), 1e-12);
+  return line;
+}
+
+}  // namespace
+
+Profile calibrate(const std::vector<CalibrationRun>& runs, const CalibrateOptions& options) {
+  TESSERA_CHECK(!runs.empty());
+  Profile profile;
+  const RunRecord& first = runs.front().run;
+  profile.cluster_kind = first.scenario.cluster.kind;
+  profile.device = first.scenario.cluster.device.name;
+  profile.cores = first.cores;
+  profile.cpu = first.cpu;
+  profile.warmup_iterations = options.warmup_iterations;
+  // Medians over the warm iterations of each op of each run.
+  std::map<std::tuple<OpClass, std::string, double>, std::vector<double>> samples;
+  std::map<std::tuple<OpClass, std::string, double>, std::vector<double>> overlaps;
+  int64_t used = 0;
+  for (const CalibrationRun& c : runs) {
+    profile.runs.push_back(c.run.dir);
+    for (std::size_t k = static_cast<std::size_t>(options.warmup_iterations); k < c.traced.size(); ++k) {
+      ++used;
+      for (const OpMeasure& m : measure_ops(c.traced[k].program, c.traced[k].timeline,
+                                            c.run.scenario.model, c.run.scenario.cluster)) {
+        const auto key = std::make_tuple(m.cls, c.run.dir + "/" + m.op, m.x);
+        samples[key].push_back(m.seconds);
+        overlaps[key].push_back(m.overlap);
+      }
+    }
+  }
+  if (used == 0)
+    profile.warnings.push_back("no traced iteration after the " +
+                               std::to_string(options.warmup_iterations) +
+                               " warm-up iterations: nothing was fitted");
+  std::map<OpClass, std::pair<std::vector<double>, std::vector<double>>> by_class, compute_overlapped;
+  for (const auto& [key, values] : samples) {
+    const auto& [cls, op, x] = key;
+    const double y = median(values);
+    if (y <= 0) continue;
+    // Compute that ran alongside its rank's collectives is fitted separately (the slowdown).
+    if (cls.type == OpClass::Type::kCompute && median(overlaps[key]) > 0.5)
+      compute_overlapped[cls].first.push_back(x), compute_overlapped[cls].second.push_back(y);
+    else
+      by_class[cls].first.push_back(x), by_class[cls].second.push_back(y);
+  }
+  for (auto& [cls, xy] : compute_overlapped)
+    if (by_class[cls].first.size() < 3) {  // too few quiet samples: fit on all of them
+      by_class[cls].first.insert(by_class[cls].first.end(), xy.first.begin(), xy.first.end());
+      by_class[cls].second.insert(by_class[cls].second.end(), xy.second.begin(), xy.second.end());
+      xy = {};
+    }
+  for (const auto& [cls, xy] : by_class) {
+    if (xy.first.empty()) continue;
+    const Line line = fit_line(xy.first, xy.second);
+    const std::string name = class_name(cls);
+    if (line.stats.samples < 3)
+      profile.warnings.push_back(name + ": " + std::to_string(line.stats.samples) +
+                                 " samples, too few for a reliable fit");
+    else if (!line.separable)
+      profile.warnings.push_back(name + ": one size measured, fixed cost and rate not separable");
+    if (line.stats.residual > 0.15)
+      profile.warnings.push_back(name + ": residual " + std::to_string(static_cast<int>(line.stats.residual * 100)) +
+                                 "% (the class does not follow fixed cost + rate)");
+    switch (cls.type) {
+      case OpClass::Type::kCompute:
+        profile.compute.push_back({cls.role, cls.phase, cls.size, line.a, line.b, line.stats});
+        break;
+      case OpClass::Type::kCollective: {
+        LinkFit f;
+        f.kind = cls.kind;
+        f.group_size = cls.group_size;
+        f.local = cls.local;
+        const double steps = latency_steps(cls.kind, cls.group_size);
+        f.latency_s = steps > 0 ? line.a / steps : 0;
+        const double bus = bus_factor(cls.kind, cls.group_size);
+        f.bandwidth_bytes_per_s = line.b > 0 ? bus / line.b : 1e18;
+        f.stats = line.stats;
+        profile.collectives.push_back(f);
+        break;
+      }
+      case OpClass::Type::kP2p: {
+        LinkFit f;
+        f.local = cls.local;
+        f.latency_s = line.a;
+        f.bandwidth_bytes_per_s = line.b > 0 ? 1 / line.b : 1e18;
+        f.stats = line.stats;
+        profile.p2p.push_back(f);
+        break;
+      }
+      case OpClass::Type::kOptimizer:
+        profile.optimizer = OptimizerFit{line.a, line.b > 0 ? 1 / line.b : 1e18, line.stats};
+        break;
+    }
+  }
+  // The slowdown of compute overlapping collectives: measured over fitted, for those samples.
+  std::vector<double> ratios;
+  for (const auto& [cls, xy] : compute_overlapped)
+    for (const ComputeFit& f : profile.compute)
+      if (f.role == cls.role && f.phase == cls.phase && f.size == cls.size)
+        for (std::size_t k = 0; k < xy.first.size(); ++k)
+          ratios.push_back(xy.second[k] / (f.overhead_s + f.seconds_per_flop * xy.first[k]));
+  profile.overlap_stats.samples = static_cast<int64_t>(ratios.size());
+  if (!ratios.empty()) {
+    profile.overlap_slowdown = std::max(1.0, median(ratios));
+    double sq = 0;
+    for (double r : ratios) sq += (r - profile.overlap_slowdown) * (r - profile.overlap_slowdown);
+    profile.overlap_stats.residual = std::sqrt(sq / static_cast<double>(ratios.size())) / profile.overlap_slowdown;
+    profile.overlap_stats.min_x = *std::min_element(ratios.begin(), ratios.end());
+    profile.overlap_stats.max_x = *std::max_element(ratios.begin(), ratios.end());
+  }
+  if (const ClusterSpec* target = options.target) {
+    if (target->device.name != profile.device)
+      profile.warnings.push_back("the target cluster's device \"" + target->device.name +
+                                 "\" is not the measured \"" + profile.device +
+                                 "\": its compute keeps the analytic defaults");
+    const bool inter = std::any_of(profile.collectives.begin(), profile.collectives.end(),
+                                   [](const LinkFit& f) { return !f.local; });
+    if (target->kind == ClusterKind::kGpu && target->nodes > 1 && !inter)
+      profile.warnings.push_back("only intra-node communication was measured: collectives across "
+                                 "the node boundary of \"" + target->name +
+                                 "\" keep the analytic defaults");
+    int64_t largest = 0;
+    for (const LinkFit& f : profile.collectives) largest = std::max(largest, f.group_size);
+    const int64_t devices = device_count(*target);
+    if (devices > largest && largest > 0)
+      profile.warnings.push_back("collectives were measured on groups of up to " +
+                                 std::to_string(largest) + " ranks; larger groups on \"" +
+                                 target->name + "\" (" + std::to_string(devices) +
+                                 " devices) extrapolate the latency and bus bandwidth");
+  }
+  return profile;
+}
+
+std::vector<std::string> profile_coverage(const CostParams& params, const Program& p,
+                                          const ModelSpec& model, const ClusterSpec& cluster) {
+  if (params.compute_fits.empty() && params.collective_fits.empty() && params.p2p_fits.empty())
+    return {};
+  const CostModel cost(cluster, model.dtype, CostParams{}, model);
+  std::map<std::string, int64_t> uncovered, beyond;
+  auto outside = [](const FitStats& s, double x) { return x > 2 * s.max_x || x < 0.5 * s.min_x; };
+  auto check_link = [&](const std::vector<LinkFit>& fits, const std::string& name, CollectiveKind kind,
+                        int64_t n, bool local, bool collective, double bytes) {
+    const LinkFit* same = nullptr;
+    bool any = false;
+    for (const LinkFit& f : fits)
+      if ((!collective || f.kind == kind) && f.local == local) {
+        any = true;
+        if (!collective || f.group_size == n) same = &f;
+      }
+    if (!any)
+      ++uncovered[name];
+    else if (same == nullptr || outside(same->stats, bytes))
+      ++beyond[name];
+  };
+  for (std::size_t r = 0; r < p.ranks.size(); ++r)
+    for (const Op& op : p.ranks[r]) {
+      if (op.kind == OpKind::kCompute) {
+        const ModuleSpec& m = model.modules[static_cast<std::size_t>(op.module)];
+        const SizeClass size = size_class(m);
+        const Phase phase = op.phase == Phase::kW ? Phase::kB : op.phase;
+        const ComputeFit* fit = nullptr;
+        for (const ComputeFit& f : params.compute_fits)
+          if (f.role == m.role && (f.phase == op.phase || f.phase == phase) && f.size == size) fit = &f;
+        OpClass c;
+        c.role = m.role;
+        c.phase = op.phase;
+        c.size = size;
+        if (fit == nullptr)
+          ++uncovered[class_name(c)];
+        else if (op.phase != Phase::kW && outside(fit->stats, op.flops))
+          ++beyond[class_name(c)];
+        for (const NestedCollective& n : op.nested) {
+          const RankList& g = p.groups[static_cast<std::size_t>(n.group)];
+          OpClass k;
+          k.type = OpClass::Type::kCollective;
+          k.kind = n.kind;
+          k.group_size = static_cast<int64_t>(g.size());
+          k.local = cost.same_node(g);
+          check_link(params.collective_fits, class_name(k), n.kind, k.group_size, k.local, true, n.bytes);
+        }
+      } else if (op.kind == OpKind::kCollective) {
+        const RankList& g = p.groups[static_cast<std::size_t>(op.group)];
+        OpClass k;
+        k.type = OpClass::Type::kCollective;
+        k.kind = op.collective;
+        k.group_size = static_cast<int64_t>(g.size());
+        k.local = cost.same_node(g);
+        check_link(params.collective_fits, class_name(k), op.collective, k.group_size, k.local, true, op.bytes);
+      } else if (op.kind == OpKind::kSend) {
+        OpClass k;
+        k.type = OpClass::Type::kP2p;
+        k.local = cost.same_node({static_cast<int64_t>(r), op.peer});
+        check_link(params.p2p_fits, class_name(k), CollectiveKind::kAllReduce, 2, k.local, false, op.bytes);
+      }
+    }
+  std::vector<std::string> notes;
+  for (const auto& [name, count] : uncovered)
+    notes.push_back("profile: " + std::to_string(count) + " ops of class \"" + name +
+                    "\" have no fit and use the analytic defaults");
+  for (const auto& [name, count] : beyond)
+    notes.push_back("profile: " + std::to_string(count) + " ops of class \"" + name +
+                    "\" lie outside the measured sizes or group sizes (extrapolated)");
+  return notes;
+}
+
+std::string format_profile(const Profile& p) {
+  std::string out;
+  char line[320];
+  std::snprintf(line, sizeof line, "machine: %s, %s, %lld cores (%s); %zu runs, warm-up %lld iterations left out\n",
+                enum_name(p.cluster_kind, kClusterKinds).c_str(), p.device.c_str(),
+                static_cast<long long>(p.cores), p.cpu.c_str(), p.runs.size(),
+                static_cast<long long>(p.warmup_iterations));
+  out += line;
+  auto stats = [](const FitStats& s) {
+    char text[128];
+    std::snprintf(text, sizeof text, "%7lld  %6.1f%%  %9.3g .. %-9.3g", static_cast<long long>(s.samples),
+                  100 * s.residual, s.min_x, s.max_x);
+    return std::string(text);
+  };
+  out += "\ncompute class          fixed (us)  rate (GFLOP/s)  samples  residual  FLOPs measured\n";
+  for (const ComputeFit& f : p.compute) {
+    std::snprintf(line, sizeof line, "%-22s %10.1f  %14.3f  %s\n",
+                  (enum_name(f.role, kModuleRoles) + " " + phase_name(f.phase) + " " + size_class_name(f.size)).c_str(),
+                  f.overhead_s * 1e6, f.seconds_per_flop > 0 ? 1e-9 / f.seconds_per_flop : 0.0,
+                  stats(f.stats).c_str());
+    out += line;
+  }
+  out += "\ncommunication class        latency (us)  bandwidth (GB/s)  samples  residual  bytes measured\n";
+  for (const auto* list : {&p.collectives, &p.p2p})
+    for (const LinkFit& f : *list) {
+      const std::string name = list == &p.p2p ? std::string("p2p ") + (f.local ? "intra_node" : "inter_node")
+                                              : collective_name(f.kind) + " x" + std::to_string(f.group_size) + " " +
+                                                    (f.local ? "intra_node" : "inter_node");
+      std::snprintf(line, sizeof line, "%-26s %12.1f  %16.3f  %s\n", name.c_str(), f.latency_s * 1e6,
+                    f.bandwidth_bytes_per_s * 1e-9, stats(f.stats).c_str());
+      out += line;
+    }
+  if (p.optimizer) {
+    std::snprintf(line, sizeof line, "%-26s %12.1f  %16.3f  %s\n", "optimizer (fixed, bytes/s)",
+                  p.optimizer->overhead_s * 1e6, p.optimizer->bandwidth_bytes_per_s * 1e-9,
+                  stats(p.optimizer->stats).c_str());
+    out += line;
+  }
+  std::snprintf(line, sizeof line, "\ncompute overlapping a collective: %.3fx slower (%lld samples, spread %.1f%%)\n",
+                p.overlap_slowdown, static_cast<long long>(p.overlap_stats.samples),
+                100 * p.overlap_stats.residual);
+  out += line;
+  for (const std::string& w : p.warnings) out += "warning: " + w + "\n";
+  return out;
+}
+
+}  // namespace tessera

@@ -1,0 +1,146 @@
+// `tessera calibrate` and `tessera replay`: the loop from recorded runs to a fitted profile and
+// back to predicted-vs-measured.
+#include <filesystem>
+#include <ostream>
+
+#include "shared/calibrate.hpp"
+#include "shared/profile.hpp"
+#include "shared/run_record.hpp"
+#include "shared/scenario.hpp"
+#include "sim/command_line.hpp"
+#include "sim/replay.hpp"
+
+namespace tessera::sim {
+
+namespace {
+
+// A run folder with its traces; nullopt after recording problems.
+std::optional<CalibrationRun> load_calibration_run(const std::string& dir, bool traces_required,
+                                                   Diagnostics& diag) {
+  std::optional<RunRecord> run = load_run(dir, diag);
+  if (!run) return std::nullopt;
+  CalibrationRun c{std::move(*run), {}};
+  const bool traced = std::filesystem::exists(std::filesystem::path(dir) / "trace" / "rank0.json");
+  if (!traced && !traces_required) return c;
+  auto traces = load_traces(c.run, diag);
+  if (!traces) return std::nullopt;
+  c.traced = std::move(*traces);
+  return c;
+}
+
+}  // namespace
+
+int run_calibrate(const Args& args, std::ostream& out, std::ostream& err) {
+  cxxopts::Options options(
+      "tessera calibrate",
+      "Fits the cost model to recorded runs (tessera-train --out DIR): joins every trace slice "
+      "to its op by op id, measures compute on a core of its own, collectives from their last "
+      "member's arrival and messages from their send, and fits fixed cost + rate per class with "
+      "least squares (medians over the warm iterations). Writes the profile that simulate, "
+      "sweep and replay take with --profile.");
+  options.add_options()("runs", "run folders", cxxopts::value<std::vector<std::string>>())(
+      "o,out", "profile to write", cxxopts::value<std::string>())(
+      "cluster", "cluster file the profile will be used on: warn where fits extrapolate onto it",
+      cxxopts::value<std::string>())(
+      "warmup", "traced iterations left out at the start of each run",
+      cxxopts::value<int64_t>()->default_value("1"));
+  options.parse_positional({"runs"});
+  options.positional_help("<run-dir>...");
+  int code = kOk;
+  const auto result = parse(options, args, out, err, code);
+  if (!result) return code;
+  if (!result->count("runs") || !result->count("out")) {
+    err << options.program() << ": give one or more run folders and -o profile.json\n";
+    return kBadInput;
+  }
+  const int64_t warmup = (*result)["warmup"].as<int64_t>();
+  if (warmup < 0) {
+    err << options.program() << ": --warmup must be >= 0\n";
+    return kBadInput;
+  }
+  Diagnostics diag;
+  std::optional<ClusterSpec> target;
+  if (result->count("cluster")) {
+    target = load_cluster((*result)["cluster"].as<std::string>(), diag);
+    if (!target) return report_problems(diag, err);
+  }
+  std::vector<CalibrationRun> runs;
+  for (const std::string& dir : (*result)["runs"].as<std::vector<std::string>>()) {
+    auto run = load_calibration_run(dir, true, diag);
+    if (!run) continue;
+    const RunRecord& a = runs.empty() ? run->run : runs.front().run;
+    const RunRecord& b = run->run;
+    if (a.scenario.cluster.kind != b.scenario.cluster.kind ||
+        a.scenario.cluster.device.name != b.scenario.cluster.device.name || a.cores != b.cores ||
+        a.cpu != b.cpu)
+      diag.error(dir + "/run.json", "machine",
+                 "recorded on another machine than " + runs.front().run.dir +
+                     " (one profile fits one machine)");
+    runs.push_back(std::move(*run));
+  }
+  if (!diag.ok()) return report_problems(diag, err);
+  CalibrateOptions calibrate_options;
+  calibrate_options.warmup_iterations = warmup;
+  calibrate_options.target = target ? &*target : nullptr;
+  const Profile profile = calibrate(runs, calibrate_options);
+  const std::string file = (*result)["out"].as<std::string>();
+  const std::string problem = write_file_atomically(file, to_json(profile).dump(1) + "\n");
+  if (!problem.empty()) {
+    err << options.program() << ": " << problem << "\n";
+    return 1;
+  }
+  out << format_profile(profile) << "profile written to " << file << "\n";
+  return kOk;
+}
+
+int run_replay(const Args& args, std::ostream& out, std::ostream& err) {
+  cxxopts::Options options(
+      "tessera replay",
+      "Calibrated trace replay: lowers a recorded run's plan with the samples each iteration "
+      "trained on, simulates every iteration on the recorded machine and prints predicted vs "
+      "measured step time per iteration and time per op class.");
+  add_profile_option(options);
+  options.add_options()("trace", "write the simulated traces (of the traced iterations) here",
+                        cxxopts::value<std::string>())(
+      "warmup", "first iterations shown but left out of the errors",
+      cxxopts::value<int64_t>()->default_value("1"))(
+      "timeout", "seconds allowed per simulated iteration",
+      cxxopts::value<double>()->default_value("600"))("json", "machine-readable output");
+  int code = kOk;
+  std::string dir;
+  const auto result = parse_with_input(options, "run folder", "<run-dir>", args, out, err, dir, code);
+  if (!result) return code;
+  ReplayOptions replay_options;
+  replay_options.warmup_iterations = (*result)["warmup"].as<int64_t>();
+  replay_options.timeout_s = (*result)["timeout"].as<double>();
+  if (replay_options.warmup_iterations < 0 || replay_options.timeout_s <= 0) {
+    err << options.program() << ": --warmup >= 0 and --timeout > 0\n";
+    return kBadInput;
+  }
+  if (result->count("trace")) replay_options.trace_dir = (*result)["trace"].as<std::string>();
+  Diagnostics diag;
+  auto run = load_calibration_run(dir, false, diag);
+  if (!run) return report_problems(diag, err);
+  const ClusterSpec& cluster = run->run.scenario.cluster;
+  const std::optional<CostParams> cost = profile_option(*result, cluster, diag);
+  if (!diag.ok()) return report_problems(diag, err);
+  const ReplayResult r =
+      replay(run->run, run->traced, cost ? *cost : default_cost_params(cluster), replay_options);
+  if (result->count("json")) {
+    out << replay_to_json(r).dump(1) << "\n";
+  } else {
+    out << "run " << dir << ": " << run->run.scenario.name << ", "
+        << run->run.iterations.size() << " iterations, " << run->traced.size()
+        << " traced; cost model: "
+        << (cost ? (*result)["profile"].as<std::string>() : std::string("analytic defaults"))
+        << "\n";
+    out << format_replay(r);
+  }
+  if (!r.error.empty() || !r.trace_error.empty()) {
+    if (!r.trace_error.empty()) err << options.program() << ": " << r.trace_error << "\n";
+    return 1;
+  }
+  return kOk;
+}
+
+}  // namespace tessera::sim

@@ -1,0 +1,106 @@
+#include "sim/command_line.hpp"
+
+#include "shared/plan_source.hpp"
+#include "shared/profile.hpp"
+
+namespace tessera::sim {
+
+namespace {
+
+
+// cxxopts wants argc/argv; keep the strings alive for it.
+struct Argv {
+  std::vector<std::string> storage;
+  std::vector<char*> pointers;
+  explicit Argv(const std::string& program, const Args& args) : storage{program} {
+    storage.insert(storage.end(), args.begin(), args.end());
+    for (std::string& s : storage) pointers.push_back(s.data());
+  }
+  int argc() const { return static_cast<int>(pointers.size()); }
+  char** argv() { return pointers.data(); }
+};
+
+}  // namespace
+
+// Parses flags; on --help prints usage and sets `exit_code` to 0, on a bad flag prints the
+// problem and sets it to 2. Returns nullopt in both cases.
+std::optional<cxxopts::ParseResult> parse(cxxopts::Options& options, const Args& args,
+                                          std::ostream& out, std::ostream& err, int& exit_code) {
+  options.add_options()("h,help", "show this help");
+  Argv argv(options.program(), args);
+  try {
+    auto result = options.parse(argv.argc(), argv.argv());
+    if (result.count("help")) {
+      out << options.help() << "\n";
+      exit_code = kOk;
+      return std::nullopt;
+    }
+    return result;
+  } catch (const cxxopts::exceptions::exception& e) {
+    err << options.program() << ": " << e.what() << "\n"
+        << "try '" << options.program() << " --help'\n";
+    exit_code = kBadInput;
+    return std::nullopt;
+  }
+}
+
+// Adds the positional input file (`what`, shown as `usage`), parses, and returns the result
+// with `file` set; nullopt (with `code` set) on --help or a bad command line.
+std::optional<cxxopts::ParseResult> parse_with_input(cxxopts::Options& options, const char* what,
+                                                     const char* usage, const Args& args,
+                                                     std::ostream& out, std::ostream& err,
+                                                     std::string& file, int& code) {
+  options.add_options()("input", what, cxxopts::value<std::string>());
+  options.parse_positional({"input"});
+  options.positional_help(usage);
+  auto result = parse(options, args, out, err, code);
+  if (!result) return std::nullopt;
+  if (!result->count("input")) {
+    err << options.program() << ": missing " << what << "\ntry '" << options.program()
+        << " --help'\n";
+    code = kBadInput;
+    return std::nullopt;
+  }
+  file = (*result)["input"].as<std::string>();
+  return result;
+}
+
+// The scenario, with --plan replacing its plan; nullopt after reporting problems.
+std::optional<Scenario> scenario_with_plan(const cxxopts::ParseResult& args,
+                                           const std::string& file, Diagnostics& diag) {
+  return load_scenario_with_plan(file, args.count("plan") ? args["plan"].as<std::string>() : "",
+                                 diag);
+}
+
+// --plan, shared by the commands that run one plan.
+void add_plan_option(cxxopts::Options& options) {
+  options.add_options()(
+      "plan", "plan replacing the scenario's: plan.json, or results.jsonl#R (rank R of a sweep)",
+      cxxopts::value<std::string>());
+}
+
+int report_problems(const Diagnostics& diag, std::ostream& err) {
+  err << diag.format();
+  err << diag.errors().size() << (diag.errors().size() == 1 ? " problem" : " problems")
+      << " found\n";
+  return kBadInput;
+}
+
+
+void add_profile_option(cxxopts::Options& options) {
+  options.add_options()("profile",
+                        "calibration profile (tessera calibrate): its fitted costs replace the "
+                        "analytic defaults",
+                        cxxopts::value<std::string>());
+}
+
+std::optional<CostParams> profile_option(const cxxopts::ParseResult& args,
+                                         const ClusterSpec& cluster, Diagnostics& diag) {
+  if (!args.count("profile")) return std::nullopt;
+  const std::string file = args["profile"].as<std::string>();
+  const std::optional<Profile> profile = load_profile(file, diag);
+  if (!profile) return std::nullopt;
+  return profile_cost_params(*profile, cluster, file, diag);
+}
+
+}  // namespace tessera::sim

@@ -1,0 +1,51 @@
+// Command-line plumbing shared by the `tessera` subcommands: flag parsing with --help, the
+// positional input file, --plan and --profile, and the report of input problems (exit 2).
+#pragma once
+
+#include <optional>
+#include <ostream>
+#include <string>
+
+#include <cxxopts.hpp>
+
+#include "shared/cost_model.hpp"
+#include "shared/diagnostics.hpp"
+#include "shared/scenario.hpp"
+#include "sim/commands.hpp"
+
+namespace tessera::sim {
+
+constexpr int kOk = 0;
+constexpr int kBadInput = 2;
+
+// Parses flags; on --help prints usage and sets `exit_code` to 0, on a bad flag prints the
+// problem and sets it to 2. Returns nullopt in both cases.
+std::optional<cxxopts::ParseResult> parse(cxxopts::Options& options, const Args& args,
+                                          std::ostream& out, std::ostream& err, int& exit_code);
+
+// Adds the positional input file (`what`, shown as `usage`), parses, and returns the result
+// with `file` set; nullopt (with `code` set) on --help or a bad command line.
+std::optional<cxxopts::ParseResult> parse_with_input(cxxopts::Options& options, const char* what,
+                                                     const char* usage, const Args& args,
+                                                     std::ostream& out, std::ostream& err,
+                                                     std::string& file, int& code);
+
+// The scenario, with --plan replacing its plan; nullopt after reporting problems.
+std::optional<Scenario> scenario_with_plan(const cxxopts::ParseResult& args,
+                                           const std::string& file, Diagnostics& diag);
+
+// --plan, shared by the commands that run one plan.
+void add_plan_option(cxxopts::Options& options);
+
+// --profile, shared by the commands that predict: a calibration profile's fits replace the
+// analytic defaults.
+void add_profile_option(cxxopts::Options& options);
+// The cost parameters for `cluster`: --profile's, or nullopt when none was given (problems go
+// to `diag`).
+std::optional<CostParams> profile_option(const cxxopts::ParseResult& args,
+                                         const ClusterSpec& cluster, Diagnostics& diag);
+
+// Prints every problem and the count; returns 2.
+int report_problems(const Diagnostics& diag, std::ostream& err);
+
+}  // namespace tessera::sim
