@@ -655,6 +655,8 @@ StepResult Worker::step(int64_t iteration) {
       case OpKind::kCollective:
         if (op.purpose == Purpose::kBoundary)
           boundary_collective(op);
+        else if (op.purpose == Purpose::kNorm)
+          synchronize_norm_and_loss();
         else
           reduce_gradients(op);
         break;

@@ -156,6 +156,8 @@ std::vector<OpMeasure> measure_ops(const Program& p, const Timeline& t, const Mo
         m.cls.phase = op.phase;
         m.op = where;
         m.x = op.flops;
+        m.token_layers = static_cast<double>(op.tokens * op.layers);
+        m.logits = op.logits;
         double pure = 0, overlapped = 0;
         compute_time(r, i, m.seconds, pure, overlapped);
         m.wall_s = o.finish_s - o.start_s;
@@ -239,62 +241,81 @@ std::vector<OpMeasure> measure_ops(const Program& p, const Timeline& t, const Mo
 
 namespace {
 
-struct Line {
-  double a = 0, b = 0;  // seconds = a + b · x
+struct Fit {
+  std::vector<double> coef;  // one per regressor column
   FitStats stats;
-  bool separable = true;  // more than one size measured
+  bool separable = true;  // the first size regressor took more than one value
 };
 
-// Least squares: minimizes Σ (a + b x - y)², so the fitted class's total time equals the
-// measured total (what a step time adds up). Falls back to b only (a = 0) or a only when the
-// free fit goes negative.
-Line fit_line(const std::vector<double>& xs, const std::vector<double>& ys) {
-  Line line;
-  const std::size_t n = xs.size();
-  line.stats.samples = static_cast<int64_t>(n);
-  line.stats.min_x = *std::min_element(xs.begin(), xs.end());
-  line.stats.max_x = *std::max_element(xs.begin(), xs.end());
-  std::set<double> distinct(xs.begin(), xs.end());
-  line.separable = distinct.size() > 1 && line.stats.max_x > line.stats.min_x * 1.05;
-  double sxx = 0, sxy = 0, sy = 0;
-  for (std::size_t k = 0; k < n; ++k) {
-    sxx += xs[k] * xs[k];
-    sxy += xs[k] * ys[k];
-    sy += ys[k];
-  }
-  bool done = false;
-  if (line.separable) {
-    Eigen::MatrixXd m(n, 2);
-    Eigen::VectorXd v(n);
-    for (std::size_t k = 0; k < n; ++k) {
-      m(static_cast<Eigen::Index>(k), 0) = 1;
-      m(static_cast<Eigen::Index>(k), 1) = xs[k];
-      v(static_cast<Eigen::Index>(k)) = ys[k];
+// Least squares with non-negative coefficients: seconds = Σ coef_j · column_j. Minimizes the
+// squared error (so the fitted class's total time equals the measured total, which is what a
+// step time adds up); among the column subsets whose unconstrained fit is non-negative, the one
+// with the least error (an exact NNLS for the two or three columns used here).
+Fit fit_columns(const std::vector<std::vector<double>>& columns, const std::vector<double>& ys) {
+  const std::size_t n = ys.size(), k = columns.size();
+  Fit fit;
+  fit.coef.assign(k, 0);
+  fit.stats.samples = static_cast<int64_t>(n);
+  const std::vector<double>& size = columns.size() > 1 ? columns[1] : columns[0];
+  fit.stats.min_x = *std::min_element(size.begin(), size.end());
+  fit.stats.max_x = *std::max_element(size.begin(), size.end());
+  fit.separable = fit.stats.max_x > fit.stats.min_x * 1.05;
+  double best = -1;
+  for (unsigned mask = 1; mask < (1u << k); ++mask) {
+    std::vector<std::size_t> used;
+    for (std::size_t j = 0; j < k; ++j)
+      if (mask & (1u << j)) used.push_back(j);
+    if (used.size() > n) continue;
+    Eigen::MatrixXd m(static_cast<Eigen::Index>(n), static_cast<Eigen::Index>(used.size()));
+    Eigen::VectorXd v(static_cast<Eigen::Index>(n));
+    for (std::size_t r = 0; r < n; ++r) {
+      for (std::size_t c = 0; c < used.size(); ++c)
+        m(static_cast<Eigen::Index>(r), static_cast<Eigen::Index>(c)) = columns[used[c]][r];
+      v(static_cast<Eigen::Index>(r)) = ys[r];
     }
-    const Eigen::Vector2d ab = m.colPivHouseholderQr().solve(v);
-    if (ab(0) >= 0 && ab(1) >= 0) {
-      line.a = ab(0);
-      line.b = ab(1);
-      done = true;
-    }
-  }
-  if (!done) {
-    if (sxx > 0 && (line.separable || line.stats.min_x > 0)) {
-      line.a = 0;
-      line.b = sxy / sxx;  // rate only
-    } else {
-      line.a = sy / static_cast<double>(n);  // fixed cost only
-      line.b = 0;
+    const Eigen::VectorXd x = m.colPivHouseholderQr().solve(v);
+    if ((x.array() < 0).any() || !x.allFinite()) continue;
+    const double error = (m * x - v).squaredNorm();
+    if (best < 0 || error < best * (1 - 1e-12)) {
+      best = error;
+      fit.coef.assign(k, 0);
+      for (std::size_t c = 0; c < used.size(); ++c) fit.coef[used[c]] = x(static_cast<Eigen::Index>(c));
     }
   }
-  // Residual: RMS error over the mean sample (a normalized RMS; single ops are noisy).
-  double sq = 0;
-  for (std::size_t k = 0; k < n; ++k) {
-    const double e = line.a + line.b * xs[k] - ys[k];
-    sq += e * e;
+  double sy = 0;
+  for (double y : ys) sy += y;
+  // Residual: RMS error over the mean sample (single ops are noisy on a shared machine).
+  fit.stats.residual = std::sqrt(std::max(0.0, best) / static_cast<double>(n)) /
+                       std::max(sy / static_cast<double>(n), 1e-12);
+  return fit;
+}
+
+// Quantiles of measured / fitted over every instance, scaled to mean 1 (FitStats::spread).
+std::vector<double> spread_of(const std::vector<std::vector<double>>& columns,
+                              const std::vector<double>& coef,
+                              const std::vector<std::vector<double>>& raw) {
+  constexpr std::size_t kQuantiles = 16;
+  std::vector<double> ratios;
+  for (std::size_t r = 0; r < raw.size(); ++r) {
+    double fitted = 0;
+    for (std::size_t j = 0; j < coef.size(); ++j) fitted += coef[j] * columns[j][r];
+    if (fitted > 0)
+      for (double v : raw[r]) ratios.push_back(v / fitted);
   }
-  line.stats.residual = std::sqrt(sq / static_cast<double>(n)) / std::max(sy / static_cast<double>(n), 1e-12);
-  return line;
+  if (ratios.size() < kQuantiles) return {};
+  std::sort(ratios.begin(), ratios.end());
+  std::vector<double> q;
+  double sum = 0;
+  for (std::size_t k = 0; k < kQuantiles; ++k) {
+    const double pos = (static_cast<double>(k) + 0.5) / kQuantiles * static_cast<double>(ratios.size() - 1);
+    const auto lo = static_cast<std::size_t>(pos);
+    const std::size_t hi = std::min(lo + 1, ratios.size() - 1);
+    q.push_back(ratios[lo] + (ratios[hi] - ratios[lo]) * (pos - static_cast<double>(lo)));
+    sum += q.back();
+  }
+  if (sum <= 0) return {};
+  for (double& v : q) v *= static_cast<double>(kQuantiles) / sum;
+  return q;
 }
 
 }  // namespace
@@ -309,8 +330,9 @@ Profile calibrate(const std::vector<CalibrationRun>& runs, const CalibrateOption
   profile.cpu = first.cpu;
   profile.warmup_iterations = options.warmup_iterations;
   // Medians over the warm iterations of each op of each run.
-  std::map<std::tuple<OpClass, std::string, double>, std::vector<double>> samples;
-  std::map<std::tuple<OpClass, std::string, double>, std::vector<double>> overlaps;
+  // class, op, size, tokens·layers, logits
+  using Key = std::tuple<OpClass, std::string, double, double, double>;
+  std::map<Key, std::vector<double>> samples, overlaps;
   int64_t used = 0;
   for (const CalibrationRun& c : runs) {
     profile.runs.push_back(c.run.dir);
@@ -318,7 +340,7 @@ Profile calibrate(const std::vector<CalibrationRun>& runs, const CalibrateOption
       ++used;
       for (const OpMeasure& m : measure_ops(c.traced[k].program, c.traced[k].timeline,
                                             c.run.scenario.model, c.run.scenario.cluster)) {
-        const auto key = std::make_tuple(m.cls, c.run.dir + "/" + m.op, m.x);
+        const Key key{m.cls, c.run.dir + "/" + m.op, m.x, m.token_layers, m.logits};
         samples[key].push_back(m.seconds);
         overlaps[key].push_back(m.overlap);
       }
@@ -328,38 +350,58 @@ Profile calibrate(const std::vector<CalibrationRun>& runs, const CalibrateOption
     profile.warnings.push_back("no traced iteration after the " +
                                std::to_string(options.warmup_iterations) +
                                " warm-up iterations: nothing was fitted");
-  std::map<OpClass, std::pair<std::vector<double>, std::vector<double>>> by_class, compute_overlapped;
+  // Per class: the regressors (1, size[, tokens·layers]) and the seconds of each sample.
+  struct Samples {
+    std::vector<double> x, token_layers, logits, y;
+    std::vector<std::vector<double>> raw;  // every measured instance behind each median
+    void add(double size, double tl, double lg, double seconds, const std::vector<double>& all) {
+      x.push_back(size);
+      token_layers.push_back(tl);
+      logits.push_back(lg);
+      y.push_back(seconds);
+      raw.push_back(all);
+    }
+  };
+  std::map<OpClass, Samples> by_class, overlapped;
   for (const auto& [key, values] : samples) {
-    const auto& [cls, op, x] = key;
+    const auto& [cls, op, x, tl, lg] = key;
     const double y = median(values);
     if (y <= 0) continue;
-    // Compute that ran alongside its rank's collectives is fitted separately (the slowdown).
+    // Compute that ran alongside its rank's collectives is kept apart (the slowdown below).
     if (cls.type == OpClass::Type::kCompute && median(overlaps[key]) > 0.5)
-      compute_overlapped[cls].first.push_back(x), compute_overlapped[cls].second.push_back(y);
+      overlapped[cls].add(x, tl, lg, y, values);
     else
-      by_class[cls].first.push_back(x), by_class[cls].second.push_back(y);
+      by_class[cls].add(x, tl, lg, y, values);
   }
-  for (auto& [cls, xy] : compute_overlapped)
-    if (by_class[cls].first.size() < 3) {  // too few quiet samples: fit on all of them
-      by_class[cls].first.insert(by_class[cls].first.end(), xy.first.begin(), xy.first.end());
-      by_class[cls].second.insert(by_class[cls].second.end(), xy.second.begin(), xy.second.end());
-      xy = {};
+  for (auto& [cls, o] : overlapped)
+    if (by_class[cls].y.size() < 3) {  // too few quiet samples: fit on all of them
+      for (std::size_t k = 0; k < o.y.size(); ++k)
+        by_class[cls].add(o.x[k], o.token_layers[k], o.logits[k], o.y[k], o.raw[k]);
+      o = {};
     }
-  for (const auto& [cls, xy] : by_class) {
-    if (xy.first.empty()) continue;
-    const Line line = fit_line(xy.first, xy.second);
+  std::vector<ComputeFit> compute;
+  for (const auto& [cls, d] : by_class) {
+    if (d.y.empty()) continue;
+    std::vector<std::vector<double>> columns{std::vector<double>(d.y.size(), 1.0), d.x};
+    if (cls.type == OpClass::Type::kCompute) {
+      columns.push_back(d.token_layers);
+      columns.push_back(d.logits);
+    }
+    Fit fit = fit_columns(columns, d.y);
+    fit.stats.spread = spread_of(columns, fit.coef, d.raw);
     const std::string name = class_name(cls);
-    if (line.stats.samples < 3)
-      profile.warnings.push_back(name + ": " + std::to_string(line.stats.samples) +
+    if (fit.stats.samples < 3)
+      profile.warnings.push_back(name + ": " + std::to_string(fit.stats.samples) +
                                  " samples, too few for a reliable fit");
-    else if (!line.separable)
+    else if (!fit.separable)
       profile.warnings.push_back(name + ": one size measured, fixed cost and rate not separable");
-    if (line.stats.residual > 0.15)
-      profile.warnings.push_back(name + ": residual " + std::to_string(static_cast<int>(line.stats.residual * 100)) +
-                                 "% (the class does not follow fixed cost + rate)");
+    if (fit.stats.residual > 0.5)
+      profile.warnings.push_back(name + ": residual " + std::to_string(static_cast<int>(fit.stats.residual * 100)) +
+                                 "% of the mean sample (noisy, or not fixed cost + rate)");
+    const double a = fit.coef[0], b = fit.coef[1];
     switch (cls.type) {
       case OpClass::Type::kCompute:
-        profile.compute.push_back({cls.role, cls.phase, cls.size, line.a, line.b, line.stats});
+        profile.compute.push_back({cls.role, cls.phase, cls.size, a, b, fit.coef[2], fit.coef[3], fit.stats});
         break;
       case OpClass::Type::kCollective: {
         LinkFit f;
@@ -367,34 +409,35 @@ Profile calibrate(const std::vector<CalibrationRun>& runs, const CalibrateOption
         f.group_size = cls.group_size;
         f.local = cls.local;
         const double steps = latency_steps(cls.kind, cls.group_size);
-        f.latency_s = steps > 0 ? line.a / steps : 0;
-        const double bus = bus_factor(cls.kind, cls.group_size);
-        f.bandwidth_bytes_per_s = line.b > 0 ? bus / line.b : 1e18;
-        f.stats = line.stats;
+        f.latency_s = steps > 0 ? a / steps : 0;
+        f.bandwidth_bytes_per_s = b > 0 ? bus_factor(cls.kind, cls.group_size) / b : 1e18;
+        f.stats = fit.stats;
         profile.collectives.push_back(f);
         break;
       }
       case OpClass::Type::kP2p: {
         LinkFit f;
         f.local = cls.local;
-        f.latency_s = line.a;
-        f.bandwidth_bytes_per_s = line.b > 0 ? 1 / line.b : 1e18;
-        f.stats = line.stats;
+        f.latency_s = a;
+        f.bandwidth_bytes_per_s = b > 0 ? 1 / b : 1e18;
+        f.stats = fit.stats;
         profile.p2p.push_back(f);
         break;
       }
       case OpClass::Type::kOptimizer:
-        profile.optimizer = OptimizerFit{line.a, line.b > 0 ? 1 / line.b : 1e18, line.stats};
+        profile.optimizer = OptimizerFit{a, b > 0 ? 1 / b : 1e18, fit.stats};
         break;
     }
   }
   // The slowdown of compute overlapping collectives: measured over fitted, for those samples.
   std::vector<double> ratios;
-  for (const auto& [cls, xy] : compute_overlapped)
+  for (const auto& [cls, o] : overlapped)
     for (const ComputeFit& f : profile.compute)
       if (f.role == cls.role && f.phase == cls.phase && f.size == cls.size)
-        for (std::size_t k = 0; k < xy.first.size(); ++k)
-          ratios.push_back(xy.second[k] / (f.overhead_s + f.seconds_per_flop * xy.first[k]));
+        for (std::size_t k = 0; k < o.y.size(); ++k)
+          ratios.push_back(o.y[k] / (f.overhead_s + f.seconds_per_flop * o.x[k] +
+                                     f.seconds_per_token_layer * o.token_layers[k] +
+                                     f.seconds_per_logit * o.logits[k]));
   profile.overlap_stats.samples = static_cast<int64_t>(ratios.size());
   if (!ratios.empty()) {
     profile.overlap_slowdown = std::max(1.0, median(ratios));
@@ -513,12 +556,13 @@ std::string format_profile(const Profile& p) {
                   100 * s.residual, s.min_x, s.max_x);
     return std::string(text);
   };
-  out += "\ncompute class          fixed (us)  rate (GFLOP/s)  samples  residual  FLOPs measured\n";
+  out += "\ncompute class        fixed (us)  rate (GFLOP/s)  token-layer (ns)  logit (ns)  samples  "
+         "residual  FLOPs measured\n";
   for (const ComputeFit& f : p.compute) {
-    std::snprintf(line, sizeof line, "%-22s %10.1f  %14.3f  %s\n",
+    std::snprintf(line, sizeof line, "%-20s %10.1f  %14.3f  %16.1f  %10.2f  %s\n",
                   (enum_name(f.role, kModuleRoles) + " " + phase_name(f.phase) + " " + size_class_name(f.size)).c_str(),
                   f.overhead_s * 1e6, f.seconds_per_flop > 0 ? 1e-9 / f.seconds_per_flop : 0.0,
-                  stats(f.stats).c_str());
+                  f.seconds_per_token_layer * 1e9, f.seconds_per_logit * 1e9, stats(f.stats).c_str());
     out += line;
   }
   out += "\ncommunication class        latency (us)  bandwidth (GB/s)  samples  residual  bytes measured\n";

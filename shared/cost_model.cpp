@@ -116,6 +116,48 @@ const LinkFit* CostModel::p2p_fit(bool local) const {
   return nullptr;
 }
 
+double spread_draw(uint64_t a, uint64_t b, uint64_t c, uint64_t d) {
+  // splitmix64 over the four coordinates.
+  uint64_t x = 0x9e3779b97f4a7c15ULL;
+  for (uint64_t v : {a, b, c, d}) {
+    x ^= v + 0x9e3779b97f4a7c15ULL + (x << 6) + (x >> 2);
+    x += 0x9e3779b97f4a7c15ULL;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+    x ^= x >> 31;
+  }
+  return static_cast<double>(x >> 11) / 9007199254740992.0;
+}
+
+double spread_factor(const std::vector<double>& spread, double u) {
+  if (spread.empty()) return 1;
+  const double k = static_cast<double>(spread.size());
+  const double pos = std::clamp(u * k - 0.5, 0.0, k - 1);
+  const auto lo = static_cast<std::size_t>(pos);
+  const std::size_t hi = std::min(lo + 1, spread.size() - 1);
+  return spread[lo] + (spread[hi] - spread[lo]) * (pos - static_cast<double>(lo));
+}
+
+const std::vector<double>* CostModel::compute_spread(const Op& op) const {
+  if (op.kind == OpKind::kOptimizerStep)
+    return params_.optimizer_fit && !params_.optimizer_fit->stats.spread.empty()
+               ? &params_.optimizer_fit->stats.spread
+               : nullptr;
+  const ComputeFit* f = compute_fit(op);
+  return f != nullptr && !f->stats.spread.empty() ? &f->stats.spread : nullptr;
+}
+
+const std::vector<double>* CostModel::collective_spread(CollectiveKind kind,
+                                                        const RankList& group) const {
+  const LinkFit* f = collective_fit(kind, static_cast<int64_t>(group.size()), same_node(group));
+  return f != nullptr && !f->stats.spread.empty() ? &f->stats.spread : nullptr;
+}
+
+const std::vector<double>* CostModel::p2p_spread(int64_t from, int64_t to) const {
+  const LinkFit* f = p2p_fit(same_node({from, to}));
+  return f != nullptr && !f->stats.spread.empty() ? &f->stats.spread : nullptr;
+}
+
 bool CostModel::calibrated_collective(CollectiveKind kind, const RankList& group) const {
   return collective_fit(kind, static_cast<int64_t>(group.size()), same_node(group)) != nullptr;
 }
@@ -186,7 +228,10 @@ double CostModel::dedicated_compute_s(const Op& op) const {
   TESSERA_CHECK(op.kind == OpKind::kCompute);
   if (const ComputeFit* f = compute_fit(op)) {
     const bool fused = op.phase == Phase::kW && f->phase == Phase::kB;
-    return (fused ? 0.0 : f->overhead_s) + op.flops * f->seconds_per_flop;
+    if (fused) return op.flops * f->seconds_per_flop;
+    return f->overhead_s + op.flops * f->seconds_per_flop +
+           static_cast<double>(op.tokens * op.layers) * f->seconds_per_token_layer +
+           op.logits * f->seconds_per_logit;
   }
   double seconds =
       params_.overhead_per_op_s + static_cast<double>(op.layers) * params_.overhead_per_layer_s;

@@ -25,17 +25,32 @@ struct FitStats {
   int64_t samples = 0;       // medians the fit used (each over the warm iterations of one op)
   double residual = 0;       // RMS error of the fit on its samples over their mean
   double min_x = 0, max_x = 0;  // the measured range of FLOPs or bytes
+  // How single instances vary around the fit: quantiles, at (k + 0.5) / K, of measured / fitted
+  // seconds over every measured instance, scaled to mean 1 (so totals stay the fit's). A
+  // simulation draws each op's factor from it: on a shared machine the waits that noise adds to
+  // a synchronous program are part of its step time. Empty: no variation.
+  std::vector<double> spread;
 };
 
-// A compute class fitted from traces: seconds = overhead + flops · seconds_per_flop, on one
-// dedicated core or device. A W with no fit of its own runs fused into its B (the executor does
-// that): it costs the B class's rate and no overhead.
+// A uniform number in [0, 1) that depends only on its arguments (an op instance's coordinates).
+double spread_draw(uint64_t a, uint64_t b, uint64_t c, uint64_t d);
+// The factor of `spread` at the uniform draw `u` (1 when `spread` is empty).
+double spread_factor(const std::vector<double>& spread, double u);
+
+// A compute class fitted from traces: seconds = overhead + flops · seconds_per_flop +
+// tokens · layers · seconds_per_token_layer (the work that does not shrink with tensor
+// parallelism: norms, rotary embeddings, softmax bookkeeping) + logits · seconds_per_logit (the
+// loss's softmax over the vocabulary), on one dedicated core or device.
+// A W with no fit of its own runs fused into its B (the executor does that): it costs the B
+// class's FLOP rate and nothing else.
 struct ComputeFit {
   ModuleRole role = ModuleRole::kLlm;
   Phase phase = Phase::kF;
   SizeClass size = SizeClass::kSmall;
   double overhead_s = 0;
   double seconds_per_flop = 0;
+  double seconds_per_token_layer = 0;
+  double seconds_per_logit = 0;
   FitStats stats;
 };
 
@@ -103,6 +118,11 @@ class CostModel {
 
   // Bus bandwidth and latency between the members of a group: inside one node, or across.
   bool same_node(const RankList& group) const;
+  // The spread of the fit that prices the op, the collective or the message (FitStats::spread);
+  // nullptr when no fit with a spread applies.
+  const std::vector<double>* compute_spread(const Op& op) const;
+  const std::vector<double>* collective_spread(CollectiveKind kind, const RankList& group) const;
+  const std::vector<double>* p2p_spread(int64_t from, int64_t to) const;
   // Whether a calibration profile fitted this class of communication.
   bool calibrated_collective(CollectiveKind kind, const RankList& group) const;
   bool calibrated_p2p(int64_t from, int64_t to) const;

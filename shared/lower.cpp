@@ -396,6 +396,8 @@ Op Lowering::compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t
                 work.attention_pairs / shard;
     weights = static_cast<double>(layers * layer_parameters(a)) / static_cast<double>(l.tp);
     if (last_chunk && a.vocab > 0) {
+      if (phase != Phase::kW)
+        op.logits = static_cast<double>(work.tokens) * static_cast<double>(a.vocab) / shard;
       linear +=
           2.0 * static_cast<double>(a.hidden * a.vocab) * static_cast<double>(work.tokens) / shard;
       weights += static_cast<double>(a.hidden * a.vocab) / static_cast<double>(l.tp);
@@ -641,6 +643,26 @@ void Lowering::gradient_reduction(int64_t rank, const std::vector<int>& module_l
     // A group of one has nothing to reduce.
     reduced.push_back(shards > 1 ? emit(rank, c) : dep);
     reductions.push_back(c);
+  }
+  // The global gradient norm (and the loss) is all-reduced over every rank before any step:
+  // each rank's steps wait for the slowest rank's gradients.
+  if (p_.world > 1 && std::any_of(flow_.begin(), flow_.end(),
+                                  [](const GradientFlow& f) { return f.trainable; })) {
+    Op norm;
+    norm.kind = OpKind::kCollective;
+    norm.stream = StreamKind::kCollective;
+    norm.purpose = Purpose::kNorm;
+    norm.collective = CollectiveKind::kAllReduce;
+    RankList world(static_cast<std::size_t>(p_.world));
+    std::iota(world.begin(), world.end(), 0);
+    norm.group = group(std::move(world));
+    norm.bytes = 16;  // two fp64 numbers
+    for (int32_t r : reduced)
+      if (r >= 0) norm.deps.push_back(r);
+    if (const int32_t dep = last_compute(rank); dep >= 0) norm.deps.push_back(dep);
+    std::sort(norm.deps.begin(), norm.deps.end());
+    norm.deps.erase(std::unique(norm.deps.begin(), norm.deps.end()), norm.deps.end());
+    reduced = {emit(rank, norm)};
   }
   for (std::size_t k = 0; k < reductions.size(); ++k) {
     const Op& c = reductions[k];

@@ -12,7 +12,8 @@ namespace {
 constexpr int kFormatVersion = 1;
 
 Json stats_json(const FitStats& s) {
-  return {{"samples", s.samples}, {"residual", s.residual}, {"min", s.min_x}, {"max", s.max_x}};
+  return {{"samples", s.samples}, {"residual", s.residual}, {"min", s.min_x}, {"max", s.max_x},
+          {"spread", s.spread}};
 }
 
 void read_stats(ObjectReader& parent, FitStats& s) {
@@ -23,6 +24,12 @@ void read_stats(ObjectReader& parent, FitStats& s) {
   r.required("residual", s.residual);
   r.required("min", s.min_x);
   r.required("max", s.max_x);
+  if (r.optional("spread", s.spread))
+    for (std::size_t k = 0; k < s.spread.size(); ++k)
+      if (!(s.spread[k] >= 0) || (k > 0 && s.spread[k] < s.spread[k - 1])) {
+        r.error("spread", "must be non-negative quantiles in increasing order");
+        break;
+      }
   r.finish();
 }
 
@@ -71,6 +78,8 @@ Json to_json(const Profile& p) {
                        {"size_class", enum_name(f.size, kSizeClasses)},
                        {"overhead_s", f.overhead_s},
                        {"seconds_per_flop", f.seconds_per_flop},
+                       {"seconds_per_token_layer", f.seconds_per_token_layer},
+                       {"seconds_per_logit", f.seconds_per_logit},
                        {"fit", stats_json(f.stats)}});
   Json collectives = Json::array(), p2p = Json::array();
   for (const LinkFit& f : p.collectives) collectives.push_back(link_json(f, true));
@@ -141,6 +150,10 @@ std::optional<Profile> load_profile(const std::string& file, Diagnostics& diag) 
       if (c.required("overhead_s", f.overhead_s)) c.check_at_least("overhead_s", f.overhead_s, 0.0);
       if (c.required("seconds_per_flop", f.seconds_per_flop))
         c.check_at_least("seconds_per_flop", f.seconds_per_flop, 0.0);
+      if (c.required("seconds_per_token_layer", f.seconds_per_token_layer))
+        c.check_at_least("seconds_per_token_layer", f.seconds_per_token_layer, 0.0);
+      if (c.required("seconds_per_logit", f.seconds_per_logit))
+        c.check_at_least("seconds_per_logit", f.seconds_per_logit, 0.0);
       read_stats(c, f.stats);
       c.finish();
       p.compute.push_back(f);

@@ -37,6 +37,8 @@ std::string purpose_name(Purpose purpose) {
       return "boundary";
     case Purpose::kPp:
       return "pp";
+    case Purpose::kNorm:
+      return "norm";
   }
   return "?";
 }
@@ -191,6 +193,7 @@ Json program_to_json(const Program& p, int32_t rank) {
         j["layers"] = op.layers;
         j["tokens"] = op.tokens;
         j["flops"] = op.flops;
+        if (op.logits > 0) j["logits"] = op.logits;
         j["bytes"] = op.bytes;
         if (!op.nested.empty()) {
           Json nested = Json::array();

@@ -25,7 +25,9 @@ enum class CollectiveKind : uint8_t {
   kAllToAll,
   kBroadcast
 };
-enum class Purpose : uint8_t { kTp, kCp, kDp, kEp, kBoundary, kPp };
+// kNorm: the all-reduce of the global gradient norm (and the loss) every rank joins before any
+// optimizer step, as global gradient clipping needs.
+enum class Purpose : uint8_t { kTp, kCp, kDp, kEp, kBoundary, kPp, kNorm };
 
 // A collective run `count` times inside a Compute op's layers (TP all-reduces, CP K/V exchange,
 // EP all-to-all): on the critical path of the op.
@@ -51,6 +53,7 @@ struct Op {
   int32_t layers = 0;      // compute: transformer layers in this op
   int64_t tokens = 0;      // compute: tokens processed on this rank
   double flops = 0;        // compute: model FLOPs on this rank (recompute: the repeated forward)
+  double logits = 0;       // compute: vocabulary logits it computes (tokens × vocab / tp; LM head)
   double bytes = 0;        // compute/optimizer: memory traffic; send/recv/collective: message bytes
   double stash_bytes = 0;  // F: activation bytes kept for the backward
   double release_bytes = 0;   // last backward op of a (module, chunk, micro-batch): bytes it frees

@@ -1,5 +1,6 @@
 #include "shared/trace_writer.hpp"
 
+#include <cmath>
 #include <filesystem>
 #include <map>
 #include <tuple>
@@ -28,8 +29,9 @@ int tid_of(const Op& op) {
   return op.kind == OpKind::kRecv ? 3 : static_cast<int>(op.stream);
 }
 
+// Microseconds to the nanosecond: finer digits are noise and triple the file size.
 double micros(double seconds) {
-  return seconds * 1e6;
+  return std::round(seconds * 1e9) / 1e3;
 }
 
 }  // namespace
@@ -74,7 +76,7 @@ std::string write_chrome_traces(const std::string& dir,
                         {"pid", r},
                         {"tid", 0},
                         {"ts", micros(it.offset_s)},
-                        {"dur", micros(t.step_s)}});
+                        {"dur", micros(it.offset_s + t.step_s) - micros(it.offset_s)}});
       for (int32_t i = 0; i < static_cast<int32_t>(ops.size()); ++i) {
         const Op& op = ops[static_cast<std::size_t>(i)];
         const OpTime& o = t.ops[static_cast<std::size_t>(r)][static_cast<std::size_t>(i)];
@@ -103,7 +105,7 @@ std::string write_chrome_traces(const std::string& dir,
                           {"pid", r},
                           {"tid", tid},
                           {"ts", micros(it.offset_s + start)},
-                          {"dur", micros(o.finish_s - start)},
+                          {"dur", micros(it.offset_s + o.finish_s) - micros(it.offset_s + start)},
                           {"args", args}});
         if (op.kind == OpKind::kSend || op.kind == OpKind::kRecv) {
           const int32_t src = op.kind == OpKind::kSend ? r : op.peer;
@@ -130,7 +132,7 @@ std::string write_chrome_traces(const std::string& dir,
                             {"pid", r},
                             {"tid", tid_of(op)},
                             {"ts", micros(it.offset_s + n.start_s)},
-                            {"dur", micros(n.finish_s - n.start_s)},
+                            {"dur", micros(it.offset_s + n.finish_s) - micros(it.offset_s + n.start_s)},
                             {"args", {{"op_id", op_id(p, r, n.op)}, {"bytes", n.bytes}}}});
         }
     }

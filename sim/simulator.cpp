@@ -129,7 +129,9 @@ SimulationResult simulate(const Scenario& s, const ParallelPlan& plan,
           human_bytes(worst->boundary_bytes) + ") in iteration " + std::to_string(iteration);
       return result;
     }
-    const RunOptions run{options.contention, options.nested_flows};
+    RunOptions run{options.contention, options.nested_flows};
+    // cpu-local plans run on the Gloo executor, whose one thread per rank issues ops in order.
+    run.serial_host = s.cluster.kind == ClusterKind::kCpuLocal;
     const ChildResult child = run_in_child(
         [&] { return serialize_timeline(run_program(p, cost, run)); }, options.timeout_s);
     if (!child.ok) {

@@ -26,6 +26,11 @@ struct RunOptions {
   // With contention on, twins' flows are left to their class leader's when that is exact
   // (runner.cpp, leader_flows_suffice). Off only to test that it is exact.
   bool fold_twin_flows = true;
+  // One host thread per rank issues every op in program order and waits for it — compute,
+  // collectives, receives, and the posting of sends (Gloo writes a message into the loopback
+  // socket before send() returns) — as the Gloo executor runs on a CPU. Off: the Program's
+  // streams overlap as on a GPU.
+  bool serial_host = false;
 };
 
 // Executes `program` as a discrete-event simulation on the platform built from `cluster`

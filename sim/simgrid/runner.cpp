@@ -147,7 +147,9 @@ class Run {
       for (const Op& op : p_.ranks[r]) {
         if ((op.kind == OpKind::kSend || op.kind == OpKind::kRecv) && !leader(op.peer))
           return false;
-        if (op.kind == OpKind::kCollective && !leaders(op.group)) return false;
+        // The norm all-reduce spans the world but is a timed activity (see collective()).
+        if (op.kind == OpKind::kCollective && op.purpose != Purpose::kNorm && !leaders(op.group))
+          return false;
         if (options_.nested_flows)
           for (const NestedCollective& nc : op.nested)
             if (!leaders(nc.group)) return false;
@@ -165,7 +167,8 @@ class Run {
         std::vector<int32_t> ops;
         for (int32_t i = 0; i < static_cast<int32_t>(p_.ranks[r].size()); ++i) {
           const Op& op = p_.ranks[r][static_cast<std::size_t>(i)];
-          if (op.stream == s && op.kind != OpKind::kRecv) ops.push_back(i);
+          const StreamKind runs_on = options_.serial_host ? StreamKind::kCompute : op.stream;
+          if (runs_on == s && (op.kind != OpKind::kRecv || options_.serial_host)) ops.push_back(i);
         }
         if (ops.empty()) continue;
         const auto rank = static_cast<int32_t>(r);
@@ -215,6 +218,17 @@ class Run {
 
   const std::vector<int32_t>& offsets(int32_t leader) const {
     return twins_.offsets[static_cast<std::size_t>(leader)];
+  }
+
+  // The factor by which this instance of compute op `i` of `rank` varies around its fitted
+  // cost (the profile's measured spread; 1 without one).
+  double compute_variation(int32_t rank, int32_t i) const {
+    const auto* spread =
+        cost_.compute_spread(p_.ranks[static_cast<std::size_t>(rank)][static_cast<std::size_t>(i)]);
+    if (spread == nullptr) return 1;
+    return spread_factor(*spread, spread_draw(static_cast<uint64_t>(p_.iteration),
+                                              static_cast<uint64_t>(rank),
+                                              static_cast<uint64_t>(i), 1));
   }
 
   // Compute that starts while its rank runs a collective is slowed by the calibrated factor.
@@ -347,10 +361,24 @@ class Run {
       const RankList& first_group = p_.groups[static_cast<std::size_t>(
           instances_[static_cast<std::size_t>(complete.front())].group)];
       // A collective class the cost model was calibrated on runs at its measured cost.
+      // The gradient norm's 16 bytes are all latency: a timed activity, never flows.
       const bool flows_wanted = options_.contention && (n < 0 || options_.nested_flows) &&
-                                !cost_.calibrated_collective(kind, first_group);
+                                !cost_.calibrated_collective(kind, first_group) &&
+                                !(n < 0 && op.purpose == Purpose::kNorm);
       if (!flows_wanted || first_group.size() < 2 || bytes <= 0) {
-        sleep(count * cost_.collective_s(kind, first_group, bytes));
+        const double each = cost_.collective_s(kind, first_group, bytes);
+        if (const auto* spread = cost_.collective_spread(kind, first_group)) {
+          // Every call varies on its own (the profile's measured spread).
+          double total = 0;
+          for (int32_t c = 0; c < count; ++c)
+            total += each * spread_factor(*spread, spread_draw(static_cast<uint64_t>(p_.iteration),
+                                                               static_cast<uint64_t>(complete.front()),
+                                                               static_cast<uint64_t>(n + 1),
+                                                               static_cast<uint64_t>(c)));
+          sleep(total);
+        } else {
+          sleep(count * each);
+        }
       } else {
         std::vector<Flow> flows;
         double extra = 0;
@@ -395,7 +423,7 @@ class Run {
     const Op& op = p_.ranks[static_cast<std::size_t>(leader)][static_cast<std::size_t>(i)];
     if (op.kind != OpKind::kCompute && op.kind != OpKind::kOptimizerStep) return -1;
     if (options_.contention && cost_.cluster().kind == ClusterKind::kCpuLocal) return -1;
-    double seconds = cost_.compute_only_s(p_, op) * slowdown(leader);
+    double seconds = cost_.compute_only_s(p_, op) * slowdown(leader) * compute_variation(leader, i);
     if (op.nested.empty()) return seconds;
     if (options_.contention && options_.nested_flows) return -1;
     for (std::size_t n = 0; n < op.nested.size(); ++n) {
@@ -463,12 +491,13 @@ class Run {
             // execution, one per twin of the class.
             std::vector<sg4::ExecPtr> running;
             for (std::size_t d = 0; d < offsets(leader).size(); ++d)
-              running.push_back(
-                  sg4::this_actor::exec_async(cost_.dedicated_compute_s(op) * slowdown(leader) * kHostSpeed));
+              running.push_back(sg4::this_actor::exec_async(
+                  cost_.dedicated_compute_s(op) * slowdown(leader) *
+                  compute_variation(leader + offsets(leader)[d], i) * kHostSpeed));
             activities_ += static_cast<int64_t>(running.size());
             for (const sg4::ExecPtr& e : running) e->wait();
           } else {
-            sleep(cost_.compute_only_s(p_, op) * slowdown(leader));
+            sleep(cost_.compute_only_s(p_, op) * slowdown(leader) * compute_variation(leader, i));
           }
           for (std::size_t n = 0; n < op.nested.size(); ++n)
             collective(leader, i, static_cast<int32_t>(n));
@@ -492,7 +521,13 @@ class Run {
             }
             run_flows(flows);
           } else {
-            sleep(cost_.p2p_s(leader, op.peer, op.bytes));
+            const auto* spread = cost_.p2p_spread(leader, op.peer);
+            sleep(cost_.p2p_s(leader, op.peer, op.bytes) *
+                  (spread == nullptr
+                       ? 1.0
+                       : spread_factor(*spread, spread_draw(static_cast<uint64_t>(p_.iteration),
+                                                            static_cast<uint64_t>(leader),
+                                                            static_cast<uint64_t>(i), 2))));
           }
           const double end = sg4::Engine::get_clock();
           for (int32_t d : offsets(leader)) {
@@ -514,7 +549,8 @@ class Run {
           collective(leader, i, -1);
           --collectives_running_[static_cast<std::size_t>(leader)];
           break;
-        case OpKind::kRecv:
+        case OpKind::kRecv:  // serial host: it waits here for the message
+          block(leader, [&] { return t[static_cast<std::size_t>(i)].finish_s >= 0; });
           break;
       }
     }
