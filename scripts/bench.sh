@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Benchmarks that print figures (never pass/fail). Usage: scripts/bench.sh [lower|sim|sweep|comm|cli|exec|all]
+# Benchmarks that print figures (never pass/fail). Usage: scripts/bench.sh [lower|sim|sweep|comm|cli|exec|accuracy|all]
 #   lower  lowering + evaluation of one iteration of a 1024-rank plan with 64 micro-batches
 #   sim    tessera simulate, one iteration of the default plan at 64, 1024 and 8192 devices
 #   sweep  the default sweep with -j 1 and -j 2, and a headless-Chromium screenshot of its report
@@ -8,6 +8,8 @@
 #   cli    tessera validate/show on the scenario library
 #   exec   tessera-train on scenarios/cpu-tiny.json: single-rank step against a plain LibTorch
 #          loop of the same model and batch, tracing on/off, and the parallel plans' step times
+#   accuracy  calibration (issue 8): records the cpu-local calibration set 3 times, fits a profile
+#          on half of the plans each time, and replays every plan with it and without it
 set -euo pipefail
 cd "$(dirname "$0")/.."
 what=${1:-all}
@@ -125,4 +127,48 @@ if [[ $what == exec || $what == all ]]; then
       "$(tail -1 "out/bench-exec/$name/loss.jsonl" | grep -o '"loss":[0-9.]*' | cut -d: -f2)"
   done
   rm -rf "$plans"
+fi
+
+if [[ $what == accuracy || $what == all ]]; then
+  fit=(cpu-tiny-tp2-pp2 cpu-tiny-colocated cpu-tiny-valm-non-colocated)
+  held=(cpu-tiny-non-colocated cpu-tiny-dp2-pp2 cpu-tiny-valm-tp2-dp2)
+  root=$(mktemp -d /tmp/tessera-accuracy.XXXXXX)
+  echo "== accuracy: record the calibration set (scripts/record-calibration.sh), calibrate on"
+  echo "   ${fit[*]}, replay every plan; 3 recordings; errors of the mean step time over the"
+  echo "   warm iterations (1..19), and the mean |error| of single iterations =="
+  # "... mean |error| 9.5%, max |error| 24.9%, mean +1.2%" -> "9.5 +1.2"
+  errors() { sed -nE 's/.*mean \|error\| ([0-9.]+)%, max \|error\| [0-9.]+%, mean ([-+0-9.]+)%.*/\1 \2/p'; }
+  # mean measured step time of iterations 1.. of a run
+  measured() { grep -o '"step_s":[0-9.e-]*' "$1/loss.jsonl" | tail -n +2 | cut -d: -f2 |
+               awk '{ s += $1 } END { printf "%.4f", s / NR }'; }
+  printf "%-4s %-9s %-29s %9s  %-22s %-22s\n" rep set plan "step (s)" "calibrated mean|iter" "uncalibrated mean|iter"
+  for rep in 1 2 3; do
+    dir="$root/rep$rep"
+    scripts/record-calibration.sh "$dir" >/dev/null
+    dirs=()
+    for p in "${fit[@]}"; do dirs+=("$dir/$p"); done
+    "$tessera" calibrate "${dirs[@]}" -o "$dir/profile.json" >/dev/null
+    for p in "${fit[@]}" "${held[@]}"; do
+      set=held-out
+      [[ " ${fit[*]} " == *" $p "* ]] && set=fitting
+      read -r cal_iter cal_mean < <("$tessera" replay "$dir/$p" --profile "$dir/profile.json" | errors)
+      read -r raw_iter raw_mean < <("$tessera" replay "$dir/$p" | errors)
+      printf "%-4s %-9s %-29s %9s  %+8.1f%% %8.1f%%     %+8.1f%% %8.1f%%\n" "$rep" "$set" "$p" \
+        "$(measured "$dir/$p")" "$cal_mean" "$cal_iter" "$raw_mean" "$raw_iter" | tee -a "$root/rows.txt"
+    done
+  done
+  echo "-- per set: mean over its plans of |error of the mean step|, then min / mean / max over the 3 recordings --"
+  awk '{ gsub(/[%+]/, ""); k = $2; c = ($5 < 0 ? -$5 : $5); u = ($7 < 0 ? -$7 : $7)
+         cs[k, $1] += c; us[k, $1] += u; n[k, $1]++; sets[k] = 1; reps[$1] = 1 }
+       END { for (k in sets) { cmin = umin = 1e9; cmax = umax = csum = usum = 0; r = 0
+               for (rep in reps) { c = cs[k, rep] / n[k, rep]; u = us[k, rep] / n[k, rep]; r++
+                 csum += c; usum += u; if (c < cmin) cmin = c; if (c > cmax) cmax = c
+                 if (u < umin) umin = u; if (u > umax) umax = u }
+               printf "%-9s calibrated %5.1f / %5.1f / %5.1f %%   uncalibrated %5.1f / %5.1f / %5.1f %%\n",
+                      k, cmin, csum / r, cmax, umin, usum / r, umax } }' "$root/rows.txt" | sort
+  echo "-- run-to-run spread of the measured mean step time: (max - min) / mean over the 3 recordings --"
+  awk '{ t[$3] = t[$3] " " $4 } END { for (p in t) { n = split(t[p], v, " "); lo = 1e9; hi = s = 0
+         for (i = 1; i <= n; i++) { s += v[i]; if (v[i] < lo) lo = v[i]; if (v[i] > hi) hi = v[i] }
+         printf "%-29s %5.1f %%\n", p, 100 * (hi - lo) / (s / n) } }' "$root/rows.txt" | sort
+  rm -rf "$root"
 fi

@@ -158,6 +158,7 @@ std::vector<OpMeasure> measure_ops(const Program& p, const Timeline& t, const Mo
         m.x = op.flops;
         m.token_layers = static_cast<double>(op.tokens * op.layers);
         m.logits = op.logits;
+        m.calls = nested_calls(op);
         double pure = 0, overlapped = 0;
         compute_time(r, i, m.seconds, pure, overlapped);
         m.wall_s = o.finish_s - o.start_s;
@@ -260,6 +261,11 @@ Fit fit_columns(const std::vector<std::vector<double>>& columns, const std::vect
   fit.stats.min_x = *std::min_element(size.begin(), size.end());
   fit.stats.max_x = *std::max_element(size.begin(), size.end());
   fit.separable = fit.stats.max_x > fit.stats.min_x * 1.05;
+  // Subsets that fit equally well (to 1e-10 of the signal) keep the earliest: fixed cost and
+  // FLOP rate before the columns that refine them, when the data cannot tell them apart.
+  double signal = 0;
+  for (double y : ys) signal += y * y;
+  const double tie = 1e-10 * signal;
   double best = -1;
   for (unsigned mask = 1; mask < (1u << k); ++mask) {
     std::vector<std::size_t> used;
@@ -276,7 +282,7 @@ Fit fit_columns(const std::vector<std::vector<double>>& columns, const std::vect
     const Eigen::VectorXd x = m.colPivHouseholderQr().solve(v);
     if ((x.array() < 0).any() || !x.allFinite()) continue;
     const double error = (m * x - v).squaredNorm();
-    if (best < 0 || error < best * (1 - 1e-12)) {
+    if (best < 0 || error < best - tie) {
       best = error;
       fit.coef.assign(k, 0);
       for (std::size_t c = 0; c < used.size(); ++c) fit.coef[used[c]] = x(static_cast<Eigen::Index>(c));
@@ -330,8 +336,8 @@ Profile calibrate(const std::vector<CalibrationRun>& runs, const CalibrateOption
   profile.cpu = first.cpu;
   profile.warmup_iterations = options.warmup_iterations;
   // Medians over the warm iterations of each op of each run.
-  // class, op, size, tokens·layers, logits
-  using Key = std::tuple<OpClass, std::string, double, double, double>;
+  // class, op, size, tokens·layers, logits, nested calls
+  using Key = std::tuple<OpClass, std::string, double, double, double, double>;
   std::map<Key, std::vector<double>> samples, overlaps;
   int64_t used = 0;
   for (const CalibrationRun& c : runs) {
@@ -340,7 +346,7 @@ Profile calibrate(const std::vector<CalibrationRun>& runs, const CalibrateOption
       ++used;
       for (const OpMeasure& m : measure_ops(c.traced[k].program, c.traced[k].timeline,
                                             c.run.scenario.model, c.run.scenario.cluster)) {
-        const Key key{m.cls, c.run.dir + "/" + m.op, m.x, m.token_layers, m.logits};
+        const Key key{m.cls, c.run.dir + "/" + m.op, m.x, m.token_layers, m.logits, m.calls};
         samples[key].push_back(m.seconds);
         overlaps[key].push_back(m.overlap);
       }
@@ -352,31 +358,33 @@ Profile calibrate(const std::vector<CalibrationRun>& runs, const CalibrateOption
                                " warm-up iterations: nothing was fitted");
   // Per class: the regressors (1, size[, tokens·layers]) and the seconds of each sample.
   struct Samples {
-    std::vector<double> x, token_layers, logits, y;
+    std::vector<double> x, token_layers, logits, calls, y;
     std::vector<std::vector<double>> raw;  // every measured instance behind each median
-    void add(double size, double tl, double lg, double seconds, const std::vector<double>& all) {
+    void add(double size, double tl, double lg, double nc, double seconds,
+             const std::vector<double>& all) {
       x.push_back(size);
       token_layers.push_back(tl);
       logits.push_back(lg);
+      calls.push_back(nc);
       y.push_back(seconds);
       raw.push_back(all);
     }
   };
   std::map<OpClass, Samples> by_class, overlapped;
   for (const auto& [key, values] : samples) {
-    const auto& [cls, op, x, tl, lg] = key;
+    const auto& [cls, op, x, tl, lg, nc] = key;
     const double y = median(values);
     if (y <= 0) continue;
     // Compute that ran alongside its rank's collectives is kept apart (the slowdown below).
     if (cls.type == OpClass::Type::kCompute && median(overlaps[key]) > 0.5)
-      overlapped[cls].add(x, tl, lg, y, values);
+      overlapped[cls].add(x, tl, lg, nc, y, values);
     else
-      by_class[cls].add(x, tl, lg, y, values);
+      by_class[cls].add(x, tl, lg, nc, y, values);
   }
   for (auto& [cls, o] : overlapped)
     if (by_class[cls].y.size() < 3) {  // too few quiet samples: fit on all of them
       for (std::size_t k = 0; k < o.y.size(); ++k)
-        by_class[cls].add(o.x[k], o.token_layers[k], o.logits[k], o.y[k], o.raw[k]);
+        by_class[cls].add(o.x[k], o.token_layers[k], o.logits[k], o.calls[k], o.y[k], o.raw[k]);
       o = {};
     }
   std::vector<ComputeFit> compute;
@@ -386,6 +394,7 @@ Profile calibrate(const std::vector<CalibrationRun>& runs, const CalibrateOption
     if (cls.type == OpClass::Type::kCompute) {
       columns.push_back(d.token_layers);
       columns.push_back(d.logits);
+      columns.push_back(d.calls);
     }
     Fit fit = fit_columns(columns, d.y);
     fit.stats.spread = spread_of(columns, fit.coef, d.raw);
@@ -401,7 +410,8 @@ Profile calibrate(const std::vector<CalibrationRun>& runs, const CalibrateOption
     const double a = fit.coef[0], b = fit.coef[1];
     switch (cls.type) {
       case OpClass::Type::kCompute:
-        profile.compute.push_back({cls.role, cls.phase, cls.size, a, b, fit.coef[2], fit.coef[3], fit.stats});
+        profile.compute.push_back(
+            {cls.role, cls.phase, cls.size, a, b, fit.coef[2], fit.coef[3], fit.coef[4], fit.stats});
         break;
       case OpClass::Type::kCollective: {
         LinkFit f;
@@ -437,7 +447,8 @@ Profile calibrate(const std::vector<CalibrationRun>& runs, const CalibrateOption
         for (std::size_t k = 0; k < o.y.size(); ++k)
           ratios.push_back(o.y[k] / (f.overhead_s + f.seconds_per_flop * o.x[k] +
                                      f.seconds_per_token_layer * o.token_layers[k] +
-                                     f.seconds_per_logit * o.logits[k]));
+                                     f.seconds_per_logit * o.logits[k] +
+                                     f.seconds_per_nested_call * o.calls[k]));
   profile.overlap_stats.samples = static_cast<int64_t>(ratios.size());
   if (!ratios.empty()) {
     profile.overlap_slowdown = std::max(1.0, median(ratios));
@@ -556,13 +567,14 @@ std::string format_profile(const Profile& p) {
                   100 * s.residual, s.min_x, s.max_x);
     return std::string(text);
   };
-  out += "\ncompute class        fixed (us)  rate (GFLOP/s)  token-layer (ns)  logit (ns)  samples  "
-         "residual  FLOPs measured\n";
+  out += "\ncompute class        fixed (us)  rate (GFLOP/s)  token-layer (ns)  logit (ns)  "
+         "call (us)  samples  residual  FLOPs measured\n";
   for (const ComputeFit& f : p.compute) {
-    std::snprintf(line, sizeof line, "%-20s %10.1f  %14.3f  %16.1f  %10.2f  %s\n",
+    std::snprintf(line, sizeof line, "%-20s %10.1f  %14.3f  %16.1f  %10.2f  %9.1f  %s\n",
                   (enum_name(f.role, kModuleRoles) + " " + phase_name(f.phase) + " " + size_class_name(f.size)).c_str(),
                   f.overhead_s * 1e6, f.seconds_per_flop > 0 ? 1e-9 / f.seconds_per_flop : 0.0,
-                  f.seconds_per_token_layer * 1e9, f.seconds_per_logit * 1e9, stats(f.stats).c_str());
+                  f.seconds_per_token_layer * 1e9, f.seconds_per_logit * 1e9,
+                  f.seconds_per_nested_call * 1e6, stats(f.stats).c_str());
     out += line;
   }
   out += "\ncommunication class        latency (us)  bandwidth (GB/s)  samples  residual  bytes measured\n";
@@ -571,8 +583,10 @@ std::string format_profile(const Profile& p) {
       const std::string name = list == &p.p2p ? std::string("p2p ") + (f.local ? "intra_node" : "inter_node")
                                               : collective_name(f.kind) + " x" + std::to_string(f.group_size) + " " +
                                                     (f.local ? "intra_node" : "inter_node");
-      std::snprintf(line, sizeof line, "%-26s %12.1f  %16.3f  %s\n", name.c_str(), f.latency_s * 1e6,
-                    f.bandwidth_bytes_per_s * 1e-9, stats(f.stats).c_str());
+      // A fit with no size term (every message the same size) has unbounded bandwidth.
+      std::snprintf(line, sizeof line, "%-26s %12.1f  %16s  %s\n", name.c_str(), f.latency_s * 1e6,
+                    f.bandwidth_bytes_per_s >= 1e17 ? "-" : std::to_string(f.bandwidth_bytes_per_s * 1e-9).c_str(),
+                    stats(f.stats).c_str());
       out += line;
     }
   if (p.optimizer) {

@@ -116,6 +116,12 @@ const LinkFit* CostModel::p2p_fit(bool local) const {
   return nullptr;
 }
 
+double nested_calls(const Op& op) {
+  double calls = 0;
+  for (const NestedCollective& n : op.nested) calls += n.count;
+  return calls;
+}
+
 double spread_draw(uint64_t a, uint64_t b, uint64_t c, uint64_t d) {
   // splitmix64 over the four coordinates.
   uint64_t x = 0x9e3779b97f4a7c15ULL;
@@ -231,7 +237,7 @@ double CostModel::dedicated_compute_s(const Op& op) const {
     if (fused) return op.flops * f->seconds_per_flop;
     return f->overhead_s + op.flops * f->seconds_per_flop +
            static_cast<double>(op.tokens * op.layers) * f->seconds_per_token_layer +
-           op.logits * f->seconds_per_logit;
+           op.logits * f->seconds_per_logit + nested_calls(op) * f->seconds_per_nested_call;
   }
   double seconds =
       params_.overhead_per_op_s + static_cast<double>(op.layers) * params_.overhead_per_layer_s;

@@ -32,6 +32,9 @@ struct FitStats {
   std::vector<double> spread;
 };
 
+// Collective calls inside a compute op (Σ NestedCollective::count).
+double nested_calls(const Op& op);
+
 // A uniform number in [0, 1) that depends only on its arguments (an op instance's coordinates).
 double spread_draw(uint64_t a, uint64_t b, uint64_t c, uint64_t d);
 // The factor of `spread` at the uniform draw `u` (1 when `spread` is empty).
@@ -40,7 +43,9 @@ double spread_factor(const std::vector<double>& spread, double u);
 // A compute class fitted from traces: seconds = overhead + flops · seconds_per_flop +
 // tokens · layers · seconds_per_token_layer (the work that does not shrink with tensor
 // parallelism: norms, rotary embeddings, softmax bookkeeping) + logits · seconds_per_logit (the
-// loss's softmax over the vocabulary), on one dedicated core or device.
+// loss's softmax over the vocabulary) + calls · seconds_per_nested_call (the compute side of
+// each collective inside the op: a host thread that blocked in it resumes with cold caches; a
+// GPU stream waits on an event), on one dedicated core or device.
 // A W with no fit of its own runs fused into its B (the executor does that): it costs the B
 // class's FLOP rate and nothing else.
 struct ComputeFit {
@@ -51,6 +56,7 @@ struct ComputeFit {
   double seconds_per_flop = 0;
   double seconds_per_token_layer = 0;
   double seconds_per_logit = 0;
+  double seconds_per_nested_call = 0;
   FitStats stats;
 };
 

@@ -80,6 +80,7 @@ Json to_json(const Profile& p) {
                        {"seconds_per_flop", f.seconds_per_flop},
                        {"seconds_per_token_layer", f.seconds_per_token_layer},
                        {"seconds_per_logit", f.seconds_per_logit},
+                       {"seconds_per_nested_call", f.seconds_per_nested_call},
                        {"fit", stats_json(f.stats)}});
   Json collectives = Json::array(), p2p = Json::array();
   for (const LinkFit& f : p.collectives) collectives.push_back(link_json(f, true));
@@ -154,6 +155,8 @@ std::optional<Profile> load_profile(const std::string& file, Diagnostics& diag) 
         c.check_at_least("seconds_per_token_layer", f.seconds_per_token_layer, 0.0);
       if (c.required("seconds_per_logit", f.seconds_per_logit))
         c.check_at_least("seconds_per_logit", f.seconds_per_logit, 0.0);
+      if (c.required("seconds_per_nested_call", f.seconds_per_nested_call))
+        c.check_at_least("seconds_per_nested_call", f.seconds_per_nested_call, 0.0);
       read_stats(c, f.stats);
       c.finish();
       p.compute.push_back(f);
