@@ -86,6 +86,15 @@ class CoreShare {
   int64_t cores_ = 0;
 };
 
+OpClass collective_class(const CostModel& cost, CollectiveKind kind, const RankList& group) {
+  OpClass c;
+  c.type = OpClass::Type::kCollective;
+  c.kind = kind;
+  c.group_size = static_cast<int64_t>(group.size());
+  c.local = cost.same_node(group);
+  return c;
+}
+
 double overlap_length(const Interval& a, const std::vector<Interval>& others) {
   double total = 0;
   for (const Interval& o : others) total += std::max(0.0, std::min(a.to, o.to) - std::max(a.from, o.from));
@@ -227,10 +236,7 @@ std::vector<OpMeasure> measure_ops(const Program& p, const Timeline& t, const Mo
       }
       const auto& [kind, bytes] = first->second[j].second;
       OpMeasure m;
-      m.cls.type = OpClass::Type::kCollective;
-      m.cls.kind = kind;
-      m.cls.group_size = static_cast<int64_t>(members.size());
-      m.cls.local = cost.same_node(members);
+      m.cls = collective_class(cost, kind, members);
       m.op = "g" + std::to_string(g) + "#" + std::to_string(j);
       m.x = bytes;
       m.seconds = m.wall_s = std::max(0.0, last->to - last->from);
@@ -502,6 +508,10 @@ std::vector<std::string> profile_coverage(const CostParams& params, const Progra
     else if (same == nullptr || outside(same->stats, bytes))
       ++beyond[name];
   };
+  auto check_collective = [&](CollectiveKind kind, int32_t group, double bytes) {
+    const OpClass k = collective_class(cost, kind, p.groups[static_cast<std::size_t>(group)]);
+    check_link(params.collective_fits, class_name(k), kind, k.group_size, k.local, true, bytes);
+  };
   for (std::size_t r = 0; r < p.ranks.size(); ++r)
     for (const Op& op : p.ranks[r]) {
       if (op.kind == OpKind::kCompute) {
@@ -519,23 +529,9 @@ std::vector<std::string> profile_coverage(const CostParams& params, const Progra
           ++uncovered[class_name(c)];
         else if (op.phase != Phase::kW && outside(fit->stats, op.flops))
           ++beyond[class_name(c)];
-        for (const NestedCollective& n : op.nested) {
-          const RankList& g = p.groups[static_cast<std::size_t>(n.group)];
-          OpClass k;
-          k.type = OpClass::Type::kCollective;
-          k.kind = n.kind;
-          k.group_size = static_cast<int64_t>(g.size());
-          k.local = cost.same_node(g);
-          check_link(params.collective_fits, class_name(k), n.kind, k.group_size, k.local, true, n.bytes);
-        }
+        for (const NestedCollective& n : op.nested) check_collective(n.kind, n.group, n.bytes);
       } else if (op.kind == OpKind::kCollective) {
-        const RankList& g = p.groups[static_cast<std::size_t>(op.group)];
-        OpClass k;
-        k.type = OpClass::Type::kCollective;
-        k.kind = op.collective;
-        k.group_size = static_cast<int64_t>(g.size());
-        k.local = cost.same_node(g);
-        check_link(params.collective_fits, class_name(k), op.collective, k.group_size, k.local, true, op.bytes);
+        check_collective(op.collective, op.group, op.bytes);
       } else if (op.kind == OpKind::kSend) {
         OpClass k;
         k.type = OpClass::Type::kP2p;

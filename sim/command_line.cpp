@@ -7,7 +7,6 @@ namespace tessera::sim {
 
 namespace {
 
-
 // cxxopts wants argc/argv; keep the strings alive for it.
 struct Argv {
   std::vector<std::string> storage;
@@ -22,8 +21,6 @@ struct Argv {
 
 }  // namespace
 
-// Parses flags; on --help prints usage and sets `exit_code` to 0, on a bad flag prints the
-// problem and sets it to 2. Returns nullopt in both cases.
 std::optional<cxxopts::ParseResult> parse(cxxopts::Options& options, const Args& args,
                                           std::ostream& out, std::ostream& err, int& exit_code) {
   options.add_options()("h,help", "show this help");
@@ -44,8 +41,6 @@ std::optional<cxxopts::ParseResult> parse(cxxopts::Options& options, const Args&
   }
 }
 
-// Adds the positional input file (`what`, shown as `usage`), parses, and returns the result
-// with `file` set; nullopt (with `code` set) on --help or a bad command line.
 std::optional<cxxopts::ParseResult> parse_with_input(cxxopts::Options& options, const char* what,
                                                      const char* usage, const Args& args,
                                                      std::ostream& out, std::ostream& err,
@@ -65,14 +60,12 @@ std::optional<cxxopts::ParseResult> parse_with_input(cxxopts::Options& options, 
   return result;
 }
 
-// The scenario, with --plan replacing its plan; nullopt after reporting problems.
 std::optional<Scenario> scenario_with_plan(const cxxopts::ParseResult& args,
                                            const std::string& file, Diagnostics& diag) {
   return load_scenario_with_plan(file, args.count("plan") ? args["plan"].as<std::string>() : "",
                                  diag);
 }
 
-// --plan, shared by the commands that run one plan.
 void add_plan_option(cxxopts::Options& options) {
   options.add_options()(
       "plan", "plan replacing the scenario's: plan.json, or results.jsonl#R (rank R of a sweep)",

@@ -25,9 +25,7 @@ ReplayResult replay(const RunRecord& run, const std::vector<TracedIteration>& tr
     result.error = r.reason;
     return result;
   }
-  result.notes = r.notes;
-  for (const std::string& note : profile_coverage(cost, r.programs.front(), s.model, s.cluster))
-    result.notes.push_back(note);
+  result.notes = r.notes;  // the profile's coverage included (simulate adds it)
   const int64_t first = run.iterations.front().batch.iteration;
   double sum_abs = 0, sum = 0;
   int64_t warm = 0;

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "shared/calibrate.hpp"
 #include "shared/scenario_report.hpp"
 #include "shared/trace_writer.hpp"
 #include "sim/child_process.hpp"
@@ -111,7 +112,12 @@ SimulationResult simulate(const Scenario& s, const ParallelPlan& plan,
       result.reason = lowered.error;
       return result;
     }
-    if (k == 0) result.notes = lowered.notes;
+    if (k == 0) {
+      result.notes = lowered.notes;
+      if (options.cost)
+        for (std::string& note : profile_coverage(*options.cost, lowered.program, s.model, s.cluster))
+          result.notes.push_back(std::move(note));
+    }
     const Program& p = lowered.program;
     // Memory first: a plan that does not fit is reported, not simulated.
     const std::vector<RankMemory> memory = memory_per_rank(p);

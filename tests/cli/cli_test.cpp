@@ -171,7 +171,8 @@ TEST_CASE("lower and estimate: bad input exits 2") {
 
 TEST_CASE("every subcommand has --help") {
   for (const char* c :
-       {"validate", "show", "import-hf", "lower", "estimate", "simulate", "sweep", "merge"}) {
+       {"validate", "show", "import-hf", "lower", "estimate", "simulate", "sweep", "merge",
+        "calibrate", "replay"}) {
     const Run r = run(std::string(c) + " --help");
     CHECK(r.code == 0);
     CHECK(r.output.find("Usage:") != std::string::npos);
@@ -273,5 +274,52 @@ TEST_CASE("import-hf writes a loadable model atomically, and writes nothing on b
   int files = 0;
   for ([[maybe_unused]] const auto& e : fs::directory_iterator(dir)) ++files;
   CHECK(files == 1);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("calibrate writes a profile that replay and simulate take; bad input exits 2, writes nothing") {
+  const fs::path dir = scratch() / "calibrate";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::string runs = kSource + "/traces/cpu-local/";
+  const std::string profile = (dir / "profile.json").string();
+  const Run c = run("calibrate " + runs + "cpu-tiny-tp2-pp2 " + runs + "cpu-tiny-colocated -o " + profile);
+  INFO(c.output);
+  CHECK(c.code == 0);
+  CHECK(c.output.find("llm F small") != std::string::npos);
+  CHECK(c.output.find("allreduce x2 intra_node") != std::string::npos);
+  CHECK(c.output.find("profile written to " + profile) != std::string::npos);
+  REQUIRE(fs::exists(profile));
+
+  const Run r = run("replay " + runs + "cpu-tiny-dp2-pp2 --profile " + profile + " --trace " +
+                    (dir / "replay-trace").string());
+  INFO(r.output);
+  CHECK(r.code == 0);
+  CHECK(r.output.find("step time error over the warm iterations") != std::string::npos);
+  CHECK(r.output.find("op class") != std::string::npos);
+  CHECK(fs::exists(dir / "replay-trace" / "rank3.json"));
+
+  // The VALM's trainable audio encoder runs backward ops no fitted run had: named in a note.
+  const Run s = run("simulate " + kSource + "/scenarios/cpu-tiny-valm.json --plan " + kSource +
+                    "/scenarios/plans/cpu-tiny-valm-non-colocated.json --iterations 1 --profile " +
+                    profile);
+  INFO(s.output);
+  CHECK(s.code == 0);
+  CHECK(s.output.find("class \"encoder B small\" have no fit") != std::string::npos);
+
+  // A GPU scenario with a profile of this machine is refused.
+  const Run g = run("simulate " + kSource + "/scenarios/default.json --profile " + profile);
+  CHECK(g.code == 2);
+  CHECK(g.output.find(profile + ": machine: the profile was measured on a cpu-local cluster") !=
+        std::string::npos);
+
+  // Not a run folder; a missing profile; no -o: exit 2 and no profile written.
+  const std::string out = (dir / "never.json").string();
+  const Run bad = run("calibrate " + kSource + "/scenarios -o " + out);
+  CHECK(bad.code == 2);
+  CHECK(bad.output.find(kSource + "/scenarios/run.json") != std::string::npos);
+  CHECK(run("calibrate " + runs + "cpu-tiny-tp2-pp2").code == 2);
+  CHECK(run("replay " + runs + "cpu-tiny-tp2-pp2 --profile " + (dir / "missing.json").string()).code == 2);
+  CHECK_FALSE(fs::exists(out));
   fs::remove_all(dir);
 }
