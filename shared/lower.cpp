@@ -10,6 +10,7 @@
 #include "shared/microbatch.hpp"
 #include "shared/model_math.hpp"
 #include "shared/schedule.hpp"
+#include "shared/stage_split.hpp"
 
 namespace tessera {
 
@@ -311,10 +312,6 @@ void Lowering::place() {
   p_.memory.assign(static_cast<std::size_t>(p_.world), {});
   for (const ModuleSpec& m : model_.modules) p_.modules.push_back(m.name);
   microbatches_ = micro_batches(plan_, model_, workload_);
-  if (plan_.stage_split == StageSplit::kFrozenAware && plan_.placement != Placement::kHomogeneous)
-    out_.notes.push_back(
-        "stage_split frozen_aware: layers are split evenly until the frozen-aware partition lands "
-        "(issue 9)");
   if (plan_.cp_split != CpSplit::kUniform)
     out_.notes.push_back(
         "cp_split: context-parallel work is split evenly across CP ranks until token-balanced CP "
@@ -1293,7 +1290,9 @@ Lowered lower(const ModelSpec& model, const ClusterSpec& cluster, const Parallel
               const WorkloadSpec& workload, const Batch& batch) {
   Lowered out;
   out.program.iteration = batch.iteration;
-  Lowering(model, cluster, plan, workload, batch, out).run();
+  // Frozen-aware stage boundaries (stage_split.hpp), the same for every iteration.
+  const ParallelPlan resolved = resolve_stage_split(plan, model, workload, cluster);
+  Lowering(model, cluster, resolved, workload, batch, out).run();
 #ifndef NDEBUG
   // Debug builds verify every Program they produce; tests call check_program() directly.
   if (out.error.empty()) {

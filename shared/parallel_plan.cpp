@@ -25,9 +25,10 @@ const EnumTable<MicrobatchPolicy> kMicrobatching = {{"arrival", MicrobatchPolicy
                                                     {"entrain", MicrobatchPolicy::kEntrain}};
 const EnumTable<CpSplit> kCpSplits = {
     {"uniform", CpSplit::kUniform}, {"zigzag", CpSplit::kZigzag}, {"makespan", CpSplit::kMakespan}};
+}  // namespace
+
 const EnumTable<StageSplit> kStageSplits = {{"frozen_aware", StageSplit::kFrozenAware},
                                             {"uniform", StageSplit::kUniform}};
-}  // namespace
 
 const EnumTable<Recompute> kRecomputes = {
     {"none", Recompute::kNone}, {"selective", Recompute::kSelective}, {"full", Recompute::kFull}};

@@ -26,6 +26,7 @@ enum class Recompute { kNone, kSelective, kFull };
 extern const EnumTable<Placement> kPlacements;
 extern const EnumTable<Schedule> kSchedules;
 extern const EnumTable<Recompute> kRecomputes;
+extern const EnumTable<StageSplit> kStageSplits;
 
 // Consecutive ranks [first, first + count).
 struct RankSpan {

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <thread>
 
+#include "shared/stage_split.hpp"
+
 namespace tessera {
 
 namespace {
@@ -43,7 +45,7 @@ void base_options(ParallelPlan& p, const LlmChoice& c) {
   p.recompute = c.recompute;
   p.sequence_parallel = c.tp > 1;
   p.distributed_optimizer = true;
-  p.stage_split = StageSplit::kUniform;
+  p.stage_split = StageSplit::kUniform;  // plans without a pipeline; consider() varies it
 }
 
 }  // namespace
@@ -85,7 +87,7 @@ Enumeration enumerate_plans(const Scenario& s, const SearchSpace& space, int64_t
   std::vector<const ModuleSpec*> encoders;
   for (const ModuleSpec& m : s.model.modules)
     if (m.role == ModuleRole::kEncoder) encoders.push_back(&m);
-  auto consider = [&](ParallelPlan plan) {
+  auto consider_one = [&](ParallelPlan plan) {
     ++e.considered;
     Diagnostics diag;
     validate_plan(plan, s.model, s.workload, cluster, "", "", diag);
@@ -93,8 +95,20 @@ Enumeration enumerate_plans(const Scenario& s, const SearchSpace& space, int64_t
       ++e.rejected[rejection_reason(diag.errors().front().message)];
       return;
     }
+    // Frozen-aware boundaries go into the plan, so a run of it uses them as they are.
+    plan = resolve_stage_split(plan, s.model, s.workload, cluster);
     const Json key = {{"gpus", gpus}, {"plan", to_json(plan)}};
     e.valid.push_back({key.dump(), gpus, std::move(plan)});
+  };
+  // A pipelined plan once per stage split of the space; others once.
+  auto consider = [&](ParallelPlan plan) {
+    bool pipelined = plan.layout.pp * plan.layout.vpp > 1;
+    for (const auto& [name, l] : plan.modules) pipelined = pipelined || l.pp * l.vpp > 1;
+    if (!pipelined) return consider_one(std::move(plan));
+    for (StageSplit split : space.stage_splits) {
+      plan.stage_split = split;
+      consider_one(plan);
+    }
   };
   for (Placement placement : space.placements) {
     for (const LlmChoice& c : llm_choices(space, gpus)) {

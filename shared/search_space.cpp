@@ -2,23 +2,42 @@
 
 namespace tessera {
 
+namespace {
+
+// A non-empty array of enum names under `key`, replacing `out` when present.
+template <class E>
+void read_enum_list(ObjectReader& r, std::string_view key, std::vector<E>& out,
+                    const EnumTable<E>& table) {
+  const Json* v = r.find(key);
+  if (v == nullptr) return;
+  if (!v->is_array() || v->empty()) {
+    std::string names;
+    for (const std::string& n : enum_names(table)) names += (names.empty() ? "" : ", ") + n;
+    return r.error(key, "expected a non-empty array of " + names);
+  }
+  out.clear();
+  for (std::size_t i = 0; i < v->size(); ++i) {
+    E x{};
+    if (read_enum((*v)[i], r.file(), index_path(r.path_of(key), i), x, table, r.diagnostics()))
+      out.push_back(x);
+  }
+}
+
+template <class E>
+Json enum_list(const std::vector<E>& values, const EnumTable<E>& table) {
+  Json j = Json::array();
+  for (E x : values) j.push_back(enum_name(x, table));
+  return j;
+}
+
+}  // namespace
+
 SearchSpace read_search_space(const Json& json, const std::string& file, const std::string& path,
                               Diagnostics& diag) {
   SearchSpace s;
   ObjectReader r(json, file, path, diag);
   if (!r.valid()) return s;
-  if (const Json* v = r.find("placements")) {
-    if (!v->is_array() || v->empty()) {
-      r.error("placements", "expected a non-empty array of placements");
-    } else {
-      s.placements.clear();
-      for (std::size_t i = 0; i < v->size(); ++i) {
-        Placement p{};
-        if (read_enum((*v)[i], file, index_path(r.path_of("placements"), i), p, kPlacements, diag))
-          s.placements.push_back(p);
-      }
-    }
-  }
+  read_enum_list(r, "placements", s.placements, kPlacements);
   const std::pair<const char*, std::vector<int64_t>*> lists[] = {
       {"gpus", &s.gpus}, {"tp", &s.tp},   {"cp", &s.cp},
       {"pp", &s.pp},     {"vpp", &s.vpp}, {"micro_batch_sizes", &s.micro_batch_sizes}};
@@ -28,18 +47,8 @@ SearchSpace read_search_space(const Json& json, const std::string& file, const s
     for (std::size_t i = 0; i < list->size(); ++i)
       if ((*list)[i] < 1) diag.error(file, index_path(r.path_of(key), i), "must be >= 1");
   }
-  if (const Json* v = r.find("recompute")) {
-    if (!v->is_array() || v->empty()) {
-      r.error("recompute", "expected a non-empty array of none, selective, full");
-    } else {
-      s.recompute.clear();
-      for (std::size_t i = 0; i < v->size(); ++i) {
-        Recompute x{};
-        if (read_enum((*v)[i], file, index_path(r.path_of("recompute"), i), x, kRecomputes, diag))
-          s.recompute.push_back(x);
-      }
-    }
-  }
+  read_enum_list(r, "recompute", s.recompute, kRecomputes);
+  read_enum_list(r, "stage_splits", s.stage_splits, kStageSplits);
   if (r.optional("top_k", s.top_k)) r.check_positive("top_k", s.top_k);
   r.finish();
   return s;
@@ -47,18 +56,15 @@ SearchSpace read_search_space(const Json& json, const std::string& file, const s
 
 Json to_json(const SearchSpace& s) {
   Json j;
-  Json placements = Json::array();
-  for (Placement p : s.placements) placements.push_back(enum_name(p, kPlacements));
-  j["placements"] = placements;
+  j["placements"] = enum_list(s.placements, kPlacements);
   j["gpus"] = s.gpus;
   j["tp"] = s.tp;
   j["cp"] = s.cp;
   j["pp"] = s.pp;
   j["vpp"] = s.vpp;
   j["micro_batch_sizes"] = s.micro_batch_sizes;
-  Json recompute = Json::array();
-  for (Recompute x : s.recompute) recompute.push_back(enum_name(x, kRecomputes));
-  j["recompute"] = recompute;
+  j["recompute"] = enum_list(s.recompute, kRecomputes);
+  j["stage_splits"] = enum_list(s.stage_splits, kStageSplits);
   j["top_k"] = s.top_k;
   return j;
 }

@@ -19,6 +19,8 @@ struct SearchSpace {
   std::vector<int64_t> vpp = {1, 2};
   std::vector<int64_t> micro_batch_sizes = {1, 2, 4};
   std::vector<Recompute> recompute = {Recompute::kNone, Recompute::kFull};
+  // Pipelined plans are tried with each (plans without a pipeline have nothing to split).
+  std::vector<StageSplit> stage_splits = {StageSplit::kFrozenAware, StageSplit::kUniform};
   int64_t top_k = 16;  // best plans by the analytic estimate that get a full simulation
 
   bool operator==(const SearchSpace&) const = default;

@@ -75,11 +75,29 @@ std::optional<Scenario> scenario_at(const Scenario& s, const Json& point, Diagno
   return at;
 }
 
+namespace {
+
+// The plan with its stage split left out: frozen-aware and uniform twins share it.
+std::string split_free_key(const ParallelPlan& plan) {
+  ParallelPlan p = plan;
+  p.stage_split = StageSplit::kUniform;
+  p.layout.stage_layers.clear();
+  for (auto& [name, l] : p.modules) l.stage_layers.clear();
+  return to_json(p).dump();
+}
+
+}  // namespace
+
 std::string describe_layout(const ParallelPlan& plan, const ModelSpec& model) {
   auto one = [](const std::string& name, const ModuleLayout& l) {
     std::string s = name + " t" + std::to_string(l.tp);
     if (l.cp > 1) s += " c" + std::to_string(l.cp);
     if (l.pp > 1) s += " p" + std::to_string(l.pp);
+    if (!l.stage_layers.empty()) {  // explicit stage boundaries (frozen-aware): layers per stage
+      std::string layers;
+      for (int64_t n : l.stage_layers) layers += (layers.empty() ? "" : "/") + std::to_string(n);
+      s += "[" + layers + "]";
+    }
     if (l.vpp > 1) s += " v" + std::to_string(l.vpp);
     if (l.ep > 1) s += " e" + std::to_string(l.ep);
     return s + " d" + std::to_string(l.dp);
@@ -152,7 +170,24 @@ SweepResult run_sweep(
         result.estimated.push_back(
             {point, g, p.placement, l.tp, l.pp, rc.estimate.metrics.tokens_per_s});
       }
-      for (std::size_t i = 0; i < ranked.size() && static_cast<int64_t>(i) < top_k; ++i) {
+      // Stage-split twins: the same plan split frozen-aware and uniformly. The best pipelined
+      // plans are compared by estimate, and a chosen plan's twin is simulated beside it.
+      std::set<std::size_t> picked;
+      for (std::size_t i = 0; i < ranked.size() && static_cast<int64_t>(i) < top_k; ++i) picked.insert(i);
+      std::size_t compared = 0;
+      for (std::size_t i = 0; i < ranked.size() && compared < 3; ++i) {
+        const ParallelPlan& p = ranked[i].candidate.plan;
+        if (p.stage_split != StageSplit::kFrozenAware) continue;
+        const auto twin = std::find_if(ranked.begin(), ranked.end(), [&](const RankedCandidate& rc) {
+          return rc.candidate.plan.stage_split == StageSplit::kUniform &&
+                 split_free_key(rc.candidate.plan) == split_free_key(p);
+        });
+        if (twin == ranked.end()) continue;
+        result.split_gains.push_back({g, p, ranked[i].estimate.metrics.step_s, twin->estimate.metrics.step_s});
+        ++compared;
+        if (picked.count(i) > 0) picked.insert(static_cast<std::size_t>(twin - ranked.begin()));
+      }
+      for (std::size_t i : picked) {
         if (!point.empty())
           ranked[i].candidate.key =
               Json{{"point", point}, {"candidate", Json::parse(ranked[i].candidate.key)}}.dump();
@@ -420,6 +455,17 @@ std::string format_sweep(const SweepResult& r, const Scenario& s, std::size_t sh
           100 * row.bubble);
     }
     out << line;
+  }
+  if (!r.split_gains.empty()) {
+    out << "\nfrozen-aware vs uniform stage split, the best pipelined plans (analytic estimate):\n";
+    for (const SplitGain& g : r.split_gains) {
+      std::snprintf(line, sizeof line, "  %lld GPUs %-14s %-44s %.4g s vs %.4g s uniform: %.3fx\n",
+                    static_cast<long long>(g.gpus),
+                    enum_name(g.frozen_aware.placement, kPlacements).c_str(),
+                    describe_layout(g.frozen_aware, s.model).c_str(), g.frozen_aware_s, g.uniform_s,
+                    g.uniform_s / g.frozen_aware_s);
+      out << line;
+    }
   }
   // The best homogeneous plan beside the best heterogeneous one.
   const SweepRow* homogeneous = nullptr;

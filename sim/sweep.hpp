@@ -59,11 +59,20 @@ struct EstimatedPlan {
   double tokens_per_s = 0;
 };
 
+// A pipelined plan with its frozen-aware stage split against the same plan split uniformly
+// (Cornstarch, ../shared/ALGORITHMS.md §1), by the analytic estimate.
+struct SplitGain {
+  int64_t gpus = 0;
+  ParallelPlan frozen_aware;  // its stage_layers filled
+  double frozen_aware_s = 0, uniform_s = 0;
+};
+
 struct SweepResult {
   std::vector<SweepRow> rows;  // every simulated plan, grouped by grid point, best first
   std::map<std::string, int64_t> rejected;
   int64_t considered = 0, valid = 0, ranked = 0;
   std::vector<EstimatedPlan> estimated;  // every plan that was estimated
+  std::vector<SplitGain> split_gains;    // the best pipelined plans, per GPU count and point
   int64_t top_k = 0;
   std::string out_dir;
   double enumerate_s = 0, estimate_s = 0, simulate_s = 0;  // wall time of the three phases
