@@ -520,7 +520,10 @@ const Worker::MicroBatch& Worker::micro_batch(int mb) {
   b.layout = llm_layout(scenario_.model, batch_, b.samples, scenario_.workload.max_seq_len);
   const Comm* cp = cp_[static_cast<std::size_t>(llm_)];
   const int64_t cp_size = cp == nullptr ? 1 : cp->size();
-  const auto split = context_split(plan_.cp_split, b.layout.tokens, cp_size);
+  std::vector<TokenTag> tags(b.layout.sample.size());
+  for (std::size_t t = 0; t < tags.size(); ++t) tags[t] = {b.layout.sample[t], b.layout.item[t]};
+  const auto split = context_split(plan_.cp_split, tags, cp_size,
+                                   cp_linear_tiles(*scenario_.model.modules[static_cast<std::size_t>(llm_)].transformer));
   b.local = split[static_cast<std::size_t>(cp_index_)];
   std::vector<int64_t> keys;
   for (const auto& part : split) {

@@ -1,11 +1,13 @@
 #include "shared/lower.hpp"
 
 #include <algorithm>
+#include <cstdio>
 #include <functional>
 #include <map>
 #include <numeric>
 
 #include "shared/check.hpp"
+#include "shared/context_split.hpp"
 #include "shared/cost_model.hpp"
 #include "shared/microbatch.hpp"
 #include "shared/model_math.hpp"
@@ -98,6 +100,9 @@ class Lowering {
   void assign_samples();
   const std::vector<const Sample*>& samples_of(int module, int64_t replica, int32_t mb);
   const ModuleWork& work_of(int module, std::span<const Sample* const> samples);
+  // Tokens and attention pairs of each CP rank for the LLM sequence of `samples`.
+  const std::pair<std::vector<double>, std::vector<double>>& cp_share(
+      std::span<const Sample* const> samples, int64_t cp);
 
   // --- groups --------------------------------------------------------------------------
   int32_t group(RankList members);
@@ -260,6 +265,9 @@ class Lowering {
   std::map<RankList, int32_t> group_ids_;
   std::map<std::tuple<int64_t, int64_t, int32_t>, std::vector<const Sample*>> sample_sets_;
   std::map<std::tuple<int, const void*, std::size_t>, ModuleWork> work_cache_;
+  std::map<std::tuple<const void*, std::size_t, int64_t>,
+           std::pair<std::vector<double>, std::vector<double>>>
+      cp_cache_;
   std::vector<GradientFlow> flow_;
 };
 
@@ -312,10 +320,6 @@ void Lowering::place() {
   p_.memory.assign(static_cast<std::size_t>(p_.world), {});
   for (const ModuleSpec& m : model_.modules) p_.modules.push_back(m.name);
   microbatches_ = micro_batches(plan_, model_, workload_);
-  if (plan_.cp_split != CpSplit::kUniform)
-    out_.notes.push_back(
-        "cp_split: context-parallel work is split evenly across CP ranks until token-balanced CP "
-        "lands (issue 9)");
 }
 
 void Lowering::assign_samples() {
@@ -352,6 +356,19 @@ const ModuleWork& Lowering::work_of(int module, std::span<const Sample* const> s
                                         samples, workload_.max_seq_len);
 }
 
+const std::pair<std::vector<double>, std::vector<double>>& Lowering::cp_share(
+    std::span<const Sample* const> samples, int64_t cp) {
+  const auto key = std::make_tuple(static_cast<const void*>(samples.data()), samples.size(), cp);
+  if (const auto it = cp_cache_.find(key); it != cp_cache_.end()) return it->second;
+  const std::vector<TokenTag> tags = llm_token_tags(model_, samples, workload_.max_seq_len);
+  const auto split = context_split(plan_.cp_split, tags, cp,
+                                   cp_linear_tiles(*modules_[static_cast<std::size_t>(llm_)].spec->transformer));
+  std::pair<std::vector<double>, std::vector<double>> share;
+  for (const auto& part : split) share.first.push_back(static_cast<double>(part.size()));
+  share.second = cp_attention_work(tags, split);
+  return cp_cache_[key] = std::move(share);
+}
+
 Op Lowering::compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t mb, Phase phase,
                      std::span<const Sample* const> samples) {
   const ModuleSpec& spec = *m.spec;
@@ -362,8 +379,16 @@ Op Lowering::compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t
   const ModuleLayout& l = layout_owner.layout;
   const Coord x = layout_owner.coord(rank);
   const ModuleWork& work = work_of(m.index, samples);
-  const double shard = static_cast<double>(l.tp * l.cp);
-  const double tokens_local = static_cast<double>(work.tokens) / static_cast<double>(l.cp);
+  // This rank's share of the sequence: the LLM's tokens as context_split() deals them to the CP
+  // ranks (each rank its own tokens and attention pairs), an even share otherwise.
+  double tokens_local = static_cast<double>(work.tokens) / static_cast<double>(l.cp);
+  double pairs_local = work.attention_pairs / static_cast<double>(l.cp);
+  if (l.cp > 1 && spec.role == ModuleRole::kLlm) {
+    const auto& [tokens, pairs] = cp_share(samples, l.cp);
+    tokens_local = tokens[static_cast<std::size_t>(x.c)];
+    pairs_local = pairs[static_cast<std::size_t>(x.c)];
+  }
+  const double tp_shard = static_cast<double>(l.tp);
   const double dtype = static_cast<double>(dtype_bytes(model_.dtype));
   const auto [layer_begin, layer_end] = m.chunk_layers[static_cast<std::size_t>(k_chunk)];
   const int64_t layers = layer_end - layer_begin;
@@ -388,15 +413,15 @@ Op Lowering::compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t
     const TransformerArch& a = *spec.transformer;
     linear = static_cast<double>(layers) * 2.0 *
              static_cast<double>(active_layer_matmul_parameters(a)) *
-             static_cast<double>(work.tokens) / shard;
+             tokens_local / tp_shard;
     attention = static_cast<double>(layers) * 4.0 * static_cast<double>(a.heads * a.head_dim) *
-                work.attention_pairs / shard;
+                pairs_local / tp_shard;
     weights = static_cast<double>(layers * layer_parameters(a)) / static_cast<double>(l.tp);
     if (last_chunk && a.vocab > 0) {
       if (phase != Phase::kW)
-        op.logits = static_cast<double>(work.tokens) * static_cast<double>(a.vocab) / shard;
+        op.logits = tokens_local * static_cast<double>(a.vocab) / tp_shard;
       linear +=
-          2.0 * static_cast<double>(a.hidden * a.vocab) * static_cast<double>(work.tokens) / shard;
+          2.0 * static_cast<double>(a.hidden * a.vocab) * tokens_local / tp_shard;
       weights += static_cast<double>(a.hidden * a.vocab) / static_cast<double>(l.tp);
     }
     if (first_chunk && (spec.patching || spec.audio)) {
@@ -404,7 +429,7 @@ Op Lowering::compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t
       ModuleSpec front = spec;
       front.transformer->layers = 0;
       front.transformer->vocab = 0;
-      linear += forward_flops_per_token(front, 0) * static_cast<double>(work.tokens) / shard;
+      linear += forward_flops_per_token(front, 0) * tokens_local / tp_shard;
       weights += static_cast<double>(embedding_parameters(front)) / static_cast<double>(l.tp);
     }
     // Nested collectives of the layer stack.
@@ -456,7 +481,7 @@ Op Lowering::compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t
     const ProjectorArch& pr = *spec.projector;
     const double w = static_cast<double>(pr.layers == 1 ? pr.in * pr.out
                                                         : pr.in * pr.hidden + pr.hidden * pr.out);
-    linear += 2.0 * w * static_cast<double>(work.tokens) / shard;
+    linear += 2.0 * w * tokens_local / tp_shard;
     weights += static_cast<double>(projector_parameters(pr)) / static_cast<double>(l.tp);
     // Forward: the row-parallel output; backward: the input gradient, when one flows back.
     if ((phase == Phase::kF || phase == Phase::kR || (phase == Phase::kB && m.flow.needs_input_grad)) &&
@@ -1278,6 +1303,33 @@ void Lowering::run() {
     lower_colocated();
   else
     lower_pipelines();
+  if (!cp_cache_.empty()) {
+    // How evenly the CP groups' attention work is spread, against the uniform split.
+    double chosen = 0, uniform = 0;
+    for (const auto& [key, share] : cp_cache_) {
+      const auto& [data, size, cp] = key;
+      const std::span<const Sample* const> samples(static_cast<const Sample* const*>(data), size);
+      const std::vector<TokenTag> tags = llm_token_tags(model_, samples, workload_.max_seq_len);
+      auto max_over_mean = [](const std::vector<double>& w) {
+        double most = 0, sum = 0;
+        for (double x : w) {
+          most = std::max(most, x);
+          sum += x;
+        }
+        return sum > 0 ? most * static_cast<double>(w.size()) / sum : 1.0;
+      };
+      chosen += max_over_mean(share.second);
+      uniform += max_over_mean(cp_attention_work(tags, context_split(CpSplit::kUniform, tags, cp)));
+    }
+    const auto n = static_cast<double>(cp_cache_.size());
+    char line[200];
+    std::snprintf(line, sizeof line,
+                  "cp_split %s: attention work max/mean over the CP ranks %.3f (uniform split: "
+                  "%.3f), mean of %zu micro-batches",
+                  enum_name(plan_.cp_split, kCpSplits).c_str(), chosen / n, uniform / n,
+                  cp_cache_.size());
+    out_.notes.push_back(line);
+  }
   // Model FLOPs of the iteration (recompute excluded), summed over ranks.
   for (const auto& ops : p_.ranks)
     for (const Op& op : ops)

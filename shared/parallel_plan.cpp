@@ -23,10 +23,10 @@ namespace {
 const EnumTable<MicrobatchPolicy> kMicrobatching = {{"arrival", MicrobatchPolicy::kArrival},
                                                     {"sorted", MicrobatchPolicy::kSorted},
                                                     {"entrain", MicrobatchPolicy::kEntrain}};
-const EnumTable<CpSplit> kCpSplits = {
-    {"uniform", CpSplit::kUniform}, {"zigzag", CpSplit::kZigzag}, {"makespan", CpSplit::kMakespan}};
 }  // namespace
 
+const EnumTable<CpSplit> kCpSplits = {
+    {"uniform", CpSplit::kUniform}, {"zigzag", CpSplit::kZigzag}, {"makespan", CpSplit::kMakespan}};
 const EnumTable<StageSplit> kStageSplits = {{"frozen_aware", StageSplit::kFrozenAware},
                                             {"uniform", StageSplit::kUniform}};
 

@@ -27,6 +27,7 @@ extern const EnumTable<Placement> kPlacements;
 extern const EnumTable<Schedule> kSchedules;
 extern const EnumTable<Recompute> kRecomputes;
 extern const EnumTable<StageSplit> kStageSplits;
+extern const EnumTable<CpSplit> kCpSplits;
 
 // Consecutive ranks [first, first + count).
 struct RankSpan {

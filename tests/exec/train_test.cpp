@@ -1,7 +1,6 @@
 // tessera-train end to end on the tiny LLaVA-like scenario (fp32, CPU, Gloo): parallel plans give
 // the single-rank losses, the executed ops are the lowered Program's, the shapes data set is
 // learnable, resume continues exactly, and a killed worker ends the job quickly.
-#include <map>
 #include <doctest/doctest.h>
 
 #include <chrono>
@@ -10,6 +9,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -20,6 +20,7 @@
 
 #include "exec/data.hpp"
 #include "exec/launcher.hpp"
+#include "shared/context_split.hpp"
 #include "shared/json_reader.hpp"
 #include "shared/lower.hpp"
 #include "shared/plan_source.hpp"
@@ -443,4 +444,35 @@ TEST_CASE("bad input: exit 2 with the file named, nothing written") {
   const Run device = run(kScenario + " --device tpu");
   CHECK(device.code == 2);
   CHECK_FALSE(fs::exists(out));
+}
+
+TEST_CASE("makespan CP split: the executor shards tokens as lower() charges them; losses agree") {
+  // The lowering's token tags (from which it charges each CP rank) are the executor's layout.
+  Diagnostics diag;
+  const auto s = load_scenario(kScenario, diag);
+  REQUIRE(s.has_value());
+  const exec::TrainBatch batch = exec::make_batch(*s, exec::DatasetKind::kSynthetic, 0);
+  std::vector<int32_t> all(batch.batch.samples.size());
+  std::vector<const Sample*> pointers;
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    all[i] = static_cast<int32_t>(i);
+    pointers.push_back(&batch.batch.samples[i]);
+  }
+  const exec::LlmLayout layout = exec::llm_layout(s->model, batch, all, s->workload.max_seq_len);
+  const std::vector<TokenTag> tags = llm_token_tags(s->model, pointers, s->workload.max_seq_len);
+  REQUIRE(tags.size() == layout.sample.size());
+  for (std::size_t t = 0; t < tags.size(); ++t) {
+    CHECK(tags[t].sample == layout.sample[t]);
+    CHECK(tags[t].item == layout.item[t]);
+  }
+  // One micro-batch of the whole batch packs ~500 tokens: enough 128-token blocks for the
+  // makespan policy to weigh LPT against zigzag and uniform on two CP ranks.
+  REQUIRE(tags.size() >= 256);
+  const std::vector<double> reference = train(R"({"tp": 1})", "makespan-reference");
+  const std::string plan = raw_plan(R"({"placement": "homogeneous", "layout": {"cp": 2},
+      "micro_batch_size": 8, "schedule": "1f1b", "cp_split": "makespan"})", "cp2-makespan");
+  const std::vector<double> got = train_with(kScenario, plan, "cp2-makespan");
+  REQUIRE(got.size() == reference.size());
+  for (std::size_t i = 0; i < got.size(); ++i)
+    CHECK(std::abs(got[i] - reference[i]) <= 1e-5 * std::abs(reference[i]));
 }
