@@ -36,19 +36,20 @@ std::vector<TokenTag> llm_token_tags(const ModelSpec& model, std::span<const Sam
 std::vector<KeySpan> attended_keys(std::span<const TokenTag> tags) {
   const auto n = static_cast<int64_t>(tags.size());
   std::vector<KeySpan> spans(tags.size());
+  auto at = [&](int64_t i) -> const TokenTag& { return tags[static_cast<std::size_t>(i)]; };
   int64_t sample_begin = 0;
-  for (int64_t q = 0; q < n; ++q) {
-    if (q > 0 && tags[static_cast<std::size_t>(q)].sample != tags[static_cast<std::size_t>(q - 1)].sample)
-      sample_begin = q;
-    const TokenTag& t = tags[static_cast<std::size_t>(q)];
-    if (t.item < 0) {
+  for (int64_t q = 0; q < n;) {
+    if (q > 0 && at(q).sample != at(q - 1).sample) sample_begin = q;
+    if (at(q).item < 0) {
       spans[static_cast<std::size_t>(q)] = {sample_begin, q};
+      ++q;
       continue;
     }
-    int64_t first = q, last = q;
-    while (first > 0 && tags[static_cast<std::size_t>(first - 1)].item == t.item) --first;
-    while (last + 1 < n && tags[static_cast<std::size_t>(last + 1)].item == t.item) ++last;
-    spans[static_cast<std::size_t>(q)] = {first, last};
+    // A media item: its contiguous run of tokens, all attending to the whole run.
+    int64_t end = q;
+    while (end < n && at(end).item == at(q).item) ++end;
+    for (int64_t k = q; k < end; ++k) spans[static_cast<std::size_t>(k)] = {q, end - 1};
+    q = end;
   }
   return spans;
 }

@@ -100,15 +100,23 @@ Enumeration enumerate_plans(const Scenario& s, const SearchSpace& space, int64_t
     const Json key = {{"gpus", gpus}, {"plan", to_json(plan)}};
     e.valid.push_back({key.dump(), gpus, std::move(plan)});
   };
-  // A pipelined plan once per stage split of the space; others once.
+  // A pipelined plan once per stage split of the space, a context-parallel one once per CP
+  // split; others once.
   auto consider = [&](ParallelPlan plan) {
-    bool pipelined = plan.layout.pp * plan.layout.vpp > 1;
-    for (const auto& [name, l] : plan.modules) pipelined = pipelined || l.pp * l.vpp > 1;
-    if (!pipelined) return consider_one(std::move(plan));
-    for (StageSplit split : space.stage_splits) {
-      plan.stage_split = split;
-      consider_one(plan);
+    bool pipelined = plan.layout.pp * plan.layout.vpp > 1, context = plan.layout.cp > 1;
+    for (const auto& [name, l] : plan.modules) {
+      pipelined = pipelined || l.pp * l.vpp > 1;
+      context = context || l.cp > 1;
     }
+    const std::vector<StageSplit> stage_splits =
+        pipelined ? space.stage_splits : std::vector<StageSplit>{plan.stage_split};
+    const std::vector<CpSplit> cp_splits = context ? space.cp_splits : std::vector<CpSplit>{plan.cp_split};
+    for (StageSplit stage : stage_splits)
+      for (CpSplit cp : cp_splits) {
+        plan.stage_split = stage;
+        plan.cp_split = cp;
+        consider_one(plan);
+      }
   };
   for (Placement placement : space.placements) {
     for (const LlmChoice& c : llm_choices(space, gpus)) {

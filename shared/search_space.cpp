@@ -49,6 +49,7 @@ SearchSpace read_search_space(const Json& json, const std::string& file, const s
   }
   read_enum_list(r, "recompute", s.recompute, kRecomputes);
   read_enum_list(r, "stage_splits", s.stage_splits, kStageSplits);
+  read_enum_list(r, "cp_splits", s.cp_splits, kCpSplits);
   if (r.optional("top_k", s.top_k)) r.check_positive("top_k", s.top_k);
   r.finish();
   return s;
@@ -65,6 +66,7 @@ Json to_json(const SearchSpace& s) {
   j["micro_batch_sizes"] = s.micro_batch_sizes;
   j["recompute"] = enum_list(s.recompute, kRecomputes);
   j["stage_splits"] = enum_list(s.stage_splits, kStageSplits);
+  j["cp_splits"] = enum_list(s.cp_splits, kCpSplits);
   j["top_k"] = s.top_k;
   return j;
 }

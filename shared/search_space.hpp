@@ -21,6 +21,9 @@ struct SearchSpace {
   std::vector<Recompute> recompute = {Recompute::kNone, Recompute::kFull};
   // Pipelined plans are tried with each (plans without a pipeline have nothing to split).
   std::vector<StageSplit> stage_splits = {StageSplit::kFrozenAware, StageSplit::kUniform};
+  // Plans with context parallelism are tried with each. Default makespan alone: it keeps the
+  // zigzag or uniform split itself where those leave the busiest rank less work.
+  std::vector<CpSplit> cp_splits = {CpSplit::kMakespan};
   int64_t top_k = 16;  // best plans by the analytic estimate that get a full simulation
 
   bool operator==(const SearchSpace&) const = default;
