@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Benchmarks that print figures (never pass/fail). Usage: scripts/bench.sh [lower|sim|sweep|comm|cli|exec|accuracy|all]
+# Benchmarks that print figures (never pass/fail). Usage: scripts/bench.sh [lower|sim|sweep|comm|cli|exec|cornstarch-exec|accuracy|all]
 #   lower  lowering + evaluation of one iteration of a 1024-rank plan with 64 micro-batches
 #   sim    tessera simulate, one iteration of the default plan at 64, 1024 and 8192 devices
 #   sweep  the default sweep with -j 1 and -j 2, and a headless-Chromium screenshot of its report
@@ -8,6 +8,9 @@
 #   cli    tessera validate/show on the scenario library
 #   exec   tessera-train on scenarios/cpu-tiny.json: single-rank step against a plain LibTorch
 #          loop of the same model and batch, tracing on/off, and the parallel plans' step times
+#   cornstarch-exec  issue 9 with the executor: frozen-aware vs uniform stage split
+#          (scenarios/cpu-tiny-big-vit.json, PP2) and makespan vs zigzag CP (CP2, one packed
+#          micro-batch), 20 steps, median of steps 2.., 3 repeats
 #   accuracy  calibration (issue 8): records the cpu-local calibration set 3 times, fits a profile
 #          on half of the plans each time, and replays every plan with it and without it
 set -euo pipefail
@@ -170,5 +173,27 @@ if [[ $what == accuracy || $what == all ]]; then
   awk '{ t[$3] = t[$3] " " $4 } END { for (p in t) { n = split(t[p], v, " "); lo = 1e9; hi = s = 0
          for (i = 1; i <= n; i++) { s += v[i]; if (v[i] < lo) lo = v[i]; if (v[i] > hi) hi = v[i] }
          printf "%-29s %5.1f %%\n", p, 100 * (hi - lo) / (s / n) } }' "$root/rows.txt" | sort
+  rm -rf "$root"
+fi
+
+if [[ $what == cornstarch-exec || $what == all ]]; then
+  train="$build/exec/tessera-train"
+  root=$(mktemp -d /tmp/tessera-cornstarch.XXXXXX)
+  # median step_s of steps 1.. of a run
+  med() { grep -o '"step_s":[0-9.e-]*' "$1/loss.jsonl" | tail -n +2 | cut -d: -f2 | sort -g |
+          awk '{ v[NR] = $1 } END { printf "%.4f", (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+  echo "== issue 9 with the executor: median step time (s) of steps 2-20, three repeats =="
+  for rep in 1 2 3; do
+    for split in frozen_aware uniform; do
+      echo "{\"placement\": \"homogeneous\", \"layout\": {\"pp\": 2}, \"micro_batch_size\": 1, \"schedule\": \"1f1b\", \"stage_split\": \"$split\"}" >"$root/$split.json"
+      "$train" scenarios/cpu-tiny-big-vit.json --plan "$root/$split.json" --steps 20 --trace-steps 0 --no-checkpoint --out "$root/$split-$rep" >/dev/null
+      echo "cpu-tiny-big-vit PP2 stage_split $split   repeat $rep: $(med "$root/$split-$rep")"
+    done
+    for cps in makespan zigzag; do
+      echo "{\"placement\": \"homogeneous\", \"layout\": {\"cp\": 2}, \"micro_batch_size\": 8, \"schedule\": \"1f1b\", \"cp_split\": \"$cps\"}" >"$root/$cps.json"
+      "$train" scenarios/cpu-tiny.json --plan "$root/$cps.json" --steps 20 --trace-steps 0 --no-checkpoint --out "$root/$cps-$rep" >/dev/null
+      echo "cpu-tiny CP2 (8 samples packed) cp_split $cps   repeat $rep: $(med "$root/$cps-$rep")"
+    done
+  done
   rm -rf "$root"
 fi
