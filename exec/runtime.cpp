@@ -576,12 +576,7 @@ StepResult Worker::step(int64_t iteration) {
       has_w_.insert({op.module, op.chunk, op.microbatch});
     // A W right after its own B: one backward pass computes both (the W op then has nothing
     // left to do), instead of walking the graph twice.
-    if (op.kind == OpKind::kCompute && op.phase == Phase::kW && i > 0) {
-      const Op& b = ops[i - 1];
-      if (b.kind == OpKind::kCompute && b.phase == Phase::kB && b.module == op.module &&
-          b.chunk == op.chunk && b.microbatch == op.microbatch)
-        fused_[i - 1] = fused_[i] = 1;
-    }
+    if (fused_with_backward(ops, i)) fused_[i - 1] = fused_[i] = 1;
     if (op.kind == OpKind::kSend && op.phase == Phase::kB)
       sends_grad_.insert({op.module, op.chunk, op.microbatch});
     TESSERA_CHECK(!(op.kind == OpKind::kCompute && op.phase == Phase::kR),

@@ -152,12 +152,7 @@ std::vector<OpMeasure> measure_ops(const Program& p, const Timeline& t, const Mo
       const OpTime& o = t.ops[r][i];
       const std::string where = "r" + std::to_string(r) + ":" + op_name(p, op);
       if (op.kind == OpKind::kCompute) {
-        if (op.phase == Phase::kW && i > 0) {
-          const Op& b = ops[i - 1];
-          if (b.phase == Phase::kB && b.module == op.module && b.stage == op.stage &&
-              b.chunk == op.chunk && b.microbatch == op.microbatch && b.kind == OpKind::kCompute)
-            continue;  // fused into its B, measured there
-        }
+        if (fused_with_backward(ops, i)) continue;  // measured with its B
         OpMeasure m;
         m.cls.type = OpClass::Type::kCompute;
         m.cls.role = model.modules[static_cast<std::size_t>(op.module)].role;
@@ -171,14 +166,10 @@ std::vector<OpMeasure> measure_ops(const Program& p, const Timeline& t, const Mo
         double pure = 0, overlapped = 0;
         compute_time(r, i, m.seconds, pure, overlapped);
         m.wall_s = o.finish_s - o.start_s;
-        if (op.phase == Phase::kB && i + 1 < ops.size()) {
-          const Op& w = ops[i + 1];
-          if (w.kind == OpKind::kCompute && w.phase == Phase::kW && w.module == op.module &&
-              w.stage == op.stage && w.chunk == op.chunk && w.microbatch == op.microbatch) {
-            m.x += w.flops;
-            compute_time(r, i + 1, m.seconds, pure, overlapped);
-            m.wall_s += t.ops[r][i + 1].finish_s - t.ops[r][i + 1].start_s;
-          }
+        if (fused_with_backward(ops, i + 1)) {  // the executor ran the W inside this B
+          m.x += ops[i + 1].flops;
+          compute_time(r, i + 1, m.seconds, pure, overlapped);
+          m.wall_s += t.ops[r][i + 1].finish_s - t.ops[r][i + 1].start_s;
         }
         m.overlap = pure > 0 ? overlapped / pure : 0;
         out.push_back(m);
@@ -491,43 +482,33 @@ std::vector<std::string> profile_coverage(const CostParams& params, const Progra
                                           const ModelSpec& model, const ClusterSpec& cluster) {
   if (params.compute_fits.empty() && params.collective_fits.empty() && params.p2p_fits.empty())
     return {};
-  const CostModel cost(cluster, model.dtype, CostParams{}, model);
+  // The cost model's own lookups: what it would price each op with.
+  const CostModel cost(cluster, model.dtype, params, model);
   std::map<std::string, int64_t> uncovered, beyond;
   auto outside = [](const FitStats& s, double x) { return x > 2 * s.max_x || x < 0.5 * s.min_x; };
-  auto check_link = [&](const std::vector<LinkFit>& fits, const std::string& name, CollectiveKind kind,
-                        int64_t n, bool local, bool collective, double bytes) {
-    const LinkFit* same = nullptr;
-    bool any = false;
-    for (const LinkFit& f : fits)
-      if ((!collective || f.kind == kind) && f.local == local) {
-        any = true;
-        if (!collective || f.group_size == n) same = &f;
-      }
-    if (!any)
-      ++uncovered[name];
-    else if (same == nullptr || outside(same->stats, bytes))
-      ++beyond[name];
+  auto check_link = [&](const LinkFit* fit, const OpClass& k, double bytes) {
+    if (fit == nullptr)
+      ++uncovered[class_name(k)];
+    else if ((k.type == OpClass::Type::kCollective && fit->group_size != k.group_size) ||
+             outside(fit->stats, bytes))
+      ++beyond[class_name(k)];
   };
   auto check_collective = [&](CollectiveKind kind, int32_t group, double bytes) {
     const OpClass k = collective_class(cost, kind, p.groups[static_cast<std::size_t>(group)]);
-    check_link(params.collective_fits, class_name(k), kind, k.group_size, k.local, true, bytes);
+    check_link(cost.collective_fit(kind, k.group_size, k.local), k, bytes);
   };
   for (std::size_t r = 0; r < p.ranks.size(); ++r)
     for (const Op& op : p.ranks[r]) {
       if (op.kind == OpKind::kCompute) {
         const ModuleSpec& m = model.modules[static_cast<std::size_t>(op.module)];
-        const SizeClass size = size_class(m);
-        const Phase phase = op.phase == Phase::kW ? Phase::kB : op.phase;
-        const ComputeFit* fit = nullptr;
-        for (const ComputeFit& f : params.compute_fits)
-          if (f.role == m.role && (f.phase == op.phase || f.phase == phase) && f.size == size) fit = &f;
         OpClass c;
         c.role = m.role;
         c.phase = op.phase;
-        c.size = size;
+        c.size = size_class(m);
+        const ComputeFit* fit = cost.compute_fit(op);
         if (fit == nullptr)
           ++uncovered[class_name(c)];
-        else if (op.phase != Phase::kW && outside(fit->stats, op.flops))
+        else if (fit->size != c.size || (fit->phase == op.phase && outside(fit->stats, op.flops)))
           ++beyond[class_name(c)];
         for (const NestedCollective& n : op.nested) check_collective(n.kind, n.group, n.bytes);
       } else if (op.kind == OpKind::kCollective) {
@@ -536,7 +517,7 @@ std::vector<std::string> profile_coverage(const CostParams& params, const Progra
         OpClass k;
         k.type = OpClass::Type::kP2p;
         k.local = cost.same_node({static_cast<int64_t>(r), op.peer});
-        check_link(params.p2p_fits, class_name(k), CollectiveKind::kAllReduce, 2, k.local, false, op.bytes);
+        check_link(cost.p2p_fit(k.local), k, op.bytes);
       }
     }
   std::vector<std::string> notes;

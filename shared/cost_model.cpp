@@ -77,21 +77,21 @@ const ComputeFit* CostModel::compute_fit(const Op& op) const {
     return nullptr;
   const ModuleRole role = roles_[static_cast<std::size_t>(op.module)];
   const SizeClass size = sizes_[static_cast<std::size_t>(op.module)];
-  for (const Phase phase : {op.phase, Phase::kB}) {
-    if (phase == Phase::kB && op.phase != Phase::kW && op.phase != Phase::kB) break;
+  auto nearest = [&](Phase phase) {
     const ComputeFit* best = nullptr;
-    int distance = 99;
+    int distance = 0;
     for (const ComputeFit& f : params_.compute_fits) {
       if (f.role != role || f.phase != phase) continue;
       const int d = std::abs(static_cast<int>(f.size) - static_cast<int>(size));
-      if (d < distance) {
+      if (best == nullptr || d < distance) {
         best = &f;
         distance = d;
       }
     }
-    if (best != nullptr) return best;
-  }
-  return nullptr;
+    return best;
+  };
+  const ComputeFit* fit = nearest(op.phase);
+  return fit == nullptr && op.phase == Phase::kW ? nearest(Phase::kB) : fit;
 }
 
 // The fit of (kind, group size, locality); else the same kind and locality at the nearest size

@@ -124,6 +124,12 @@ class CostModel {
 
   // Bus bandwidth and latency between the members of a group: inside one node, or across.
   bool same_node(const RankList& group) const;
+  // The calibration fit that prices an op, a collective or a message (nullptr: the analytic
+  // defaults do). Compute: the op's (role, phase) in the nearest size class; a W with no fit of
+  // its own takes its B's. Collectives: the kind and locality at the nearest group size.
+  const ComputeFit* compute_fit(const Op& op) const;
+  const LinkFit* collective_fit(CollectiveKind kind, int64_t n, bool local) const;
+  const LinkFit* p2p_fit(bool local) const;
   // The spread of the fit that prices the op, the collective or the message (FitStats::spread);
   // nullptr when no fit with a spread applies.
   const std::vector<double>* compute_spread(const Op& op) const;
@@ -137,9 +143,6 @@ class CostModel {
 
  private:
   double efficiency(const Op& op) const;
-  const ComputeFit* compute_fit(const Op& op) const;
-  const LinkFit* collective_fit(CollectiveKind kind, int64_t n, bool local) const;
-  const LinkFit* p2p_fit(bool local) const;
   ClusterSpec cluster_;
   DType dtype_;
   CostParams params_;

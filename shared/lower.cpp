@@ -100,9 +100,13 @@ class Lowering {
   void assign_samples();
   const std::vector<const Sample*>& samples_of(int module, int64_t replica, int32_t mb);
   const ModuleWork& work_of(int module, std::span<const Sample* const> samples);
-  // Tokens and attention pairs of each CP rank for the LLM sequence of `samples`.
-  const std::pair<std::vector<double>, std::vector<double>>& cp_share(
-      std::span<const Sample* const> samples, int64_t cp);
+  // Tokens and attention pairs of each CP rank for the LLM sequence of `samples`, and the
+  // attention work's max/mean under the plan's split and under the uniform one.
+  struct CpShare {
+    std::vector<double> tokens, pairs;
+    double balance = 1, uniform_balance = 1;
+  };
+  const CpShare& cp_share(std::span<const Sample* const> samples, int64_t cp);
 
   // --- groups --------------------------------------------------------------------------
   int32_t group(RankList members);
@@ -265,9 +269,7 @@ class Lowering {
   std::map<RankList, int32_t> group_ids_;
   std::map<std::tuple<int64_t, int64_t, int32_t>, std::vector<const Sample*>> sample_sets_;
   std::map<std::tuple<int, const void*, std::size_t>, ModuleWork> work_cache_;
-  std::map<std::tuple<const void*, std::size_t, int64_t>,
-           std::pair<std::vector<double>, std::vector<double>>>
-      cp_cache_;
+  std::map<std::tuple<const void*, std::size_t, int64_t>, CpShare> cp_cache_;
   std::vector<GradientFlow> flow_;
 };
 
@@ -356,16 +358,28 @@ const ModuleWork& Lowering::work_of(int module, std::span<const Sample* const> s
                                         samples, workload_.max_seq_len);
 }
 
-const std::pair<std::vector<double>, std::vector<double>>& Lowering::cp_share(
-    std::span<const Sample* const> samples, int64_t cp) {
+const Lowering::CpShare& Lowering::cp_share(std::span<const Sample* const> samples, int64_t cp) {
   const auto key = std::make_tuple(static_cast<const void*>(samples.data()), samples.size(), cp);
   if (const auto it = cp_cache_.find(key); it != cp_cache_.end()) return it->second;
   const std::vector<TokenTag> tags = llm_token_tags(model_, samples, workload_.max_seq_len);
   const auto split = context_split(plan_.cp_split, tags, cp,
                                    cp_linear_tiles(*modules_[static_cast<std::size_t>(llm_)].spec->transformer));
-  std::pair<std::vector<double>, std::vector<double>> share;
-  for (const auto& part : split) share.first.push_back(static_cast<double>(part.size()));
-  share.second = cp_attention_work(tags, split);
+  auto max_over_mean = [](const std::vector<double>& w) {
+    double most = 0, sum = 0;
+    for (double x : w) {
+      most = std::max(most, x);
+      sum += x;
+    }
+    return sum > 0 ? most * static_cast<double>(w.size()) / sum : 1.0;
+  };
+  CpShare share;
+  for (const auto& part : split) share.tokens.push_back(static_cast<double>(part.size()));
+  share.pairs = cp_attention_work(tags, split);
+  share.balance = max_over_mean(share.pairs);
+  share.uniform_balance =
+      plan_.cp_split == CpSplit::kUniform
+          ? share.balance
+          : max_over_mean(cp_attention_work(tags, context_split(CpSplit::kUniform, tags, cp)));
   return cp_cache_[key] = std::move(share);
 }
 
@@ -384,9 +398,9 @@ Op Lowering::compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t
   double tokens_local = static_cast<double>(work.tokens) / static_cast<double>(l.cp);
   double pairs_local = work.attention_pairs / static_cast<double>(l.cp);
   if (l.cp > 1 && spec.role == ModuleRole::kLlm) {
-    const auto& [tokens, pairs] = cp_share(samples, l.cp);
-    tokens_local = tokens[static_cast<std::size_t>(x.c)];
-    pairs_local = pairs[static_cast<std::size_t>(x.c)];
+    const CpShare& share = cp_share(samples, l.cp);
+    tokens_local = share.tokens[static_cast<std::size_t>(x.c)];
+    pairs_local = share.pairs[static_cast<std::size_t>(x.c)];
   }
   const double tp_shard = static_cast<double>(l.tp);
   const double dtype = static_cast<double>(dtype_bytes(model_.dtype));
@@ -1307,19 +1321,8 @@ void Lowering::run() {
     // How evenly the CP groups' attention work is spread, against the uniform split.
     double chosen = 0, uniform = 0;
     for (const auto& [key, share] : cp_cache_) {
-      const auto& [data, size, cp] = key;
-      const std::span<const Sample* const> samples(static_cast<const Sample* const*>(data), size);
-      const std::vector<TokenTag> tags = llm_token_tags(model_, samples, workload_.max_seq_len);
-      auto max_over_mean = [](const std::vector<double>& w) {
-        double most = 0, sum = 0;
-        for (double x : w) {
-          most = std::max(most, x);
-          sum += x;
-        }
-        return sum > 0 ? most * static_cast<double>(w.size()) / sum : 1.0;
-      };
-      chosen += max_over_mean(share.second);
-      uniform += max_over_mean(cp_attention_work(tags, context_split(CpSplit::kUniform, tags, cp)));
+      chosen += share.balance;
+      uniform += share.uniform_balance;
     }
     const auto n = static_cast<double>(cp_cache_.size());
     char line[200];

@@ -74,6 +74,15 @@ std::string op_name(const Program& p, const Op& op) {
   return "?";
 }
 
+bool fused_with_backward(const std::vector<Op>& ops, std::size_t i) {
+  if (i == 0 || i >= ops.size()) return false;
+  const Op& w = ops[i];
+  const Op& b = ops[i - 1];
+  return w.kind == OpKind::kCompute && w.phase == Phase::kW && b.kind == OpKind::kCompute &&
+         b.phase == Phase::kB && b.module == w.module && b.chunk == w.chunk &&
+         b.microbatch == w.microbatch;
+}
+
 std::string op_id(const Program& p, int32_t rank, int32_t index) {
   return "it" + std::to_string(p.iteration) + ".r" + std::to_string(rank) + "." +
          std::to_string(index);

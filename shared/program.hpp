@@ -97,6 +97,10 @@ std::string op_name(const Program& program, const Op& op);
 // Op id: "it<iteration>.r<rank>.<index>".
 std::string op_id(const Program& program, int32_t rank, int32_t index);
 
+// Whether ops[i] is a W that directly follows its own B (same module, chunk and micro-batch):
+// the executor runs such a pair as one backward pass, and calibration measures it as one.
+bool fused_with_backward(const std::vector<Op>& ops, std::size_t i);
+
 // Structural checks: dependencies point to earlier ops of the same rank; every send has exactly
 // one receive with the same bytes and vice versa; every collective group's members enter the
 // group's collectives in the same order with the same kind and size (no deadlock); nested

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <set>
 #include <sstream>
@@ -170,22 +171,25 @@ SweepResult run_sweep(
         result.estimated.push_back(
             {point, g, p.placement, l.tp, l.pp, rc.estimate.metrics.tokens_per_s});
       }
-      // Stage-split twins: the same plan split frozen-aware and uniformly. The best pipelined
-      // plans are compared by estimate, and a chosen plan's twin is simulated beside it.
+      // Stage-split twins: the same plan split frozen-aware and uniformly. The three best
+      // frozen-aware plans are compared with their twins by estimate; those among the chosen
+      // get their twin simulated beside them.
+      std::map<std::string, std::size_t> uniform_twin;  // split-free key -> index in ranked
+      for (std::size_t i = 0; i < ranked.size(); ++i)
+        if (ranked[i].candidate.plan.stage_split == StageSplit::kUniform)
+          uniform_twin.emplace(split_free_key(ranked[i].candidate.plan), i);
       std::set<std::size_t> picked;
       for (std::size_t i = 0; i < ranked.size() && static_cast<int64_t>(i) < top_k; ++i) picked.insert(i);
       std::size_t compared = 0;
       for (std::size_t i = 0; i < ranked.size() && compared < 3; ++i) {
         const ParallelPlan& p = ranked[i].candidate.plan;
         if (p.stage_split != StageSplit::kFrozenAware) continue;
-        const auto twin = std::find_if(ranked.begin(), ranked.end(), [&](const RankedCandidate& rc) {
-          return rc.candidate.plan.stage_split == StageSplit::kUniform &&
-                 split_free_key(rc.candidate.plan) == split_free_key(p);
-        });
-        if (twin == ranked.end()) continue;
-        result.split_gains.push_back({g, p, ranked[i].estimate.metrics.step_s, twin->estimate.metrics.step_s});
+        const auto twin = uniform_twin.find(split_free_key(p));
+        if (twin == uniform_twin.end()) continue;
+        result.split_gains.push_back(
+            {g, p, ranked[i].estimate.metrics.step_s, ranked[twin->second].estimate.metrics.step_s});
         ++compared;
-        if (picked.count(i) > 0) picked.insert(static_cast<std::size_t>(twin - ranked.begin()));
+        if (picked.count(i) > 0) picked.insert(twin->second);
       }
       for (std::size_t i : picked) {
         if (!point.empty())
