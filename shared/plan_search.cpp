@@ -110,7 +110,8 @@ Enumeration enumerate_plans(const Scenario& s, const SearchSpace& space, int64_t
     }
     const std::vector<StageSplit> stage_splits =
         pipelined ? space.stage_splits : std::vector<StageSplit>{plan.stage_split};
-    const std::vector<CpSplit> cp_splits = context ? space.cp_splits : std::vector<CpSplit>{plan.cp_split};
+    const std::vector<CpSplit> cp_splits =
+        context ? space.cp_splits : std::vector<CpSplit>{plan.cp_split};
     for (StageSplit stage : stage_splits)
       for (CpSplit cp : cp_splits) {
         plan.stage_split = stage;
@@ -150,26 +151,29 @@ Enumeration enumerate_plans(const Scenario& s, const SearchSpace& space, int64_t
       const int64_t share = gpus / fraction / static_cast<int64_t>(encoders.size());
       if (share < 1 || share * fraction * static_cast<int64_t>(encoders.size()) != gpus) continue;
       const int64_t rest = gpus - share * static_cast<int64_t>(encoders.size());
-      for (int64_t tp_e : space.tp) {
-        if (share % tp_e != 0) continue;
-        for (const LlmChoice& c : llm_choices(space, rest)) {
-          ParallelPlan p;
-          p.placement = placement;
-          int64_t first = 0;
-          for (const ModuleSpec* enc : encoders) {
-            ModuleLayout l = layout(tp_e, 1, 1, share / tp_e, 1);
-            l.ranks = RankSpan{first, share};
-            first += share;
-            p.modules.emplace_back(enc->name, l);
+      for (int64_t tp_e : space.tp)
+        for (int64_t pp_e : space.encoder_pp) {
+          // Encoders pipelined over pp_e stages of their own (Cornstarch's per-module stage
+          // counts).
+          if (share % (tp_e * pp_e) != 0) continue;
+          for (const LlmChoice& c : llm_choices(space, rest)) {
+            ParallelPlan p;
+            p.placement = placement;
+            int64_t first = 0;
+            for (const ModuleSpec* enc : encoders) {
+              ModuleLayout l = layout(tp_e, 1, pp_e, share / (tp_e * pp_e), 1);
+              l.ranks = RankSpan{first, share};
+              first += share;
+              p.modules.emplace_back(enc->name, l);
+            }
+            ModuleLayout l = layout(c.tp, c.cp, c.pp, c.dp, c.vpp);
+            l.ranks = RankSpan{first, rest};
+            p.modules.emplace_back(llm->name, l);
+            p.schedule = c.vpp > 1 ? Schedule::kInterleaved1F1B : Schedule::kGraph1F1B;
+            base_options(p, c);
+            consider(p);
           }
-          ModuleLayout l = layout(c.tp, c.cp, c.pp, c.dp, c.vpp);
-          l.ranks = RankSpan{first, rest};
-          p.modules.emplace_back(llm->name, l);
-          p.schedule = c.vpp > 1 ? Schedule::kInterleaved1F1B : Schedule::kGraph1F1B;
-          base_options(p, c);
-          consider(p);
         }
-      }
     }
   }
   return e;
@@ -177,8 +181,8 @@ Enumeration enumerate_plans(const Scenario& s, const SearchSpace& space, int64_t
 
 std::vector<RankedCandidate> rank_candidates(const Scenario& s, std::vector<Candidate> candidates,
                                              int64_t iteration,
-                                             std::map<std::string, int64_t>& rejected,
-                                             int threads, const CostParams* cost) {
+                                             std::map<std::string, int64_t>& rejected, int threads,
+                                             const CostParams* cost) {
   // Estimates are pure: each thread takes every n-th candidate; results are kept by index.
   std::vector<Estimate> estimates(candidates.size());
   auto work = [&](std::size_t first, std::size_t stride) {

@@ -62,6 +62,17 @@ std::optional<Scenario> read_scenario(const Json& json, const std::string& file,
                                       return read_model(j, f, p, d);
                                     }))
     s.model = *m;
+  if (r.optional("freeze", s.freeze))
+    for (std::size_t i = 0; i < s.freeze.size(); ++i) {
+      ModuleSpec* module = nullptr;
+      for (ModuleSpec& candidate : s.model.modules)
+        if (candidate.name == s.freeze[i]) module = &candidate;
+      if (module == nullptr && !s.model.modules.empty())
+        diag.error(file, "freeze[" + std::to_string(i) + "]",
+                   "no module named '" + s.freeze[i] + "' in model " + s.model.name);
+      else if (module != nullptr)
+        module->frozen = true;
+    }
   if (auto w =
           read_part<WorkloadSpec>(r, "workload", s.workload_ref, true,
                                   [&](const Json& j, const std::string& f, const std::string& p) {
@@ -139,6 +150,7 @@ Json to_json(const Scenario& s) {
   j["model"] = s.model_ref.empty() ? to_json(s.model) : Json(s.model_ref);
   j["workload"] = s.workload_ref.empty() ? to_json(s.workload) : Json(s.workload_ref);
   j["cluster"] = s.cluster_ref.empty() ? to_json(s.cluster) : Json(s.cluster_ref);
+  if (!s.freeze.empty()) j["freeze"] = s.freeze;
   if (s.plan) j["plan"] = s.plan_ref.empty() ? to_json(*s.plan) : Json(s.plan_ref);
   if (s.search) j["search"] = to_json(*s.search);
   return j;

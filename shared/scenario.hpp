@@ -5,6 +5,7 @@
 
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "shared/cluster_spec.hpp"
 #include "shared/model_spec.hpp"
@@ -21,6 +22,10 @@ struct Scenario {
   ModelSpec model;
   WorkloadSpec workload;
   ClusterSpec cluster;
+  // Modules this scenario freezes besides those the model file marks frozen ("freeze": ["vision",
+  // "llm"]): one model file serves a pretraining stage that trains only the projectors and a
+  // fine-tuning stage that trains more. Already applied to `model`.
+  std::vector<std::string> freeze;
   std::optional<ParallelPlan> plan;
   std::optional<SearchSpace> search;
   // For each part given as a path: that path as written ("" = inline). Kept for the round trip.

@@ -39,8 +39,13 @@ SearchSpace read_search_space(const Json& json, const std::string& file, const s
   if (!r.valid()) return s;
   read_enum_list(r, "placements", s.placements, kPlacements);
   const std::pair<const char*, std::vector<int64_t>*> lists[] = {
-      {"gpus", &s.gpus}, {"tp", &s.tp},   {"cp", &s.cp},
-      {"pp", &s.pp},     {"vpp", &s.vpp}, {"micro_batch_sizes", &s.micro_batch_sizes}};
+      {"gpus", &s.gpus},
+      {"tp", &s.tp},
+      {"cp", &s.cp},
+      {"pp", &s.pp},
+      {"vpp", &s.vpp},
+      {"micro_batch_sizes", &s.micro_batch_sizes},
+      {"encoder_pp", &s.encoder_pp}};
   for (const auto& [key, list] : lists) {
     if (!r.optional(key, *list)) continue;
     if (list->empty() && std::string_view(key) != "gpus") r.error(key, "must not be empty");
@@ -64,6 +69,7 @@ Json to_json(const SearchSpace& s) {
   j["pp"] = s.pp;
   j["vpp"] = s.vpp;
   j["micro_batch_sizes"] = s.micro_batch_sizes;
+  j["encoder_pp"] = s.encoder_pp;
   j["recompute"] = enum_list(s.recompute, kRecomputes);
   j["stage_splits"] = enum_list(s.stage_splits, kStageSplits);
   j["cp_splits"] = enum_list(s.cp_splits, kCpSplits);

@@ -18,6 +18,11 @@ struct SearchSpace {
   std::vector<int64_t> pp = {1, 2, 4, 8};
   std::vector<int64_t> vpp = {1, 2};
   std::vector<int64_t> micro_batch_sizes = {1, 2, 4};
+  // Pipeline stages of each encoder's own in non-colocated plans (its share of the devices is
+  // tp · encoder_pp · dp). Default 1: with data parallelism beside it, pipelining an encoder rarely
+  // pays and it triples the non-colocated candidates; `tessera stages` searches stage counts
+  // per module exhaustively for pipeline-only layouts.
+  std::vector<int64_t> encoder_pp = {1};
   std::vector<Recompute> recompute = {Recompute::kNone, Recompute::kFull};
   // Pipelined plans are tried with each (plans without a pipeline have nothing to split).
   std::vector<StageSplit> stage_splits = {StageSplit::kFrozenAware, StageSplit::kUniform};

@@ -1,5 +1,7 @@
 #include "sim/command_line.hpp"
 
+#include <sstream>
+
 #include "shared/plan_source.hpp"
 #include "shared/profile.hpp"
 
@@ -79,7 +81,6 @@ int report_problems(const Diagnostics& diag, std::ostream& err) {
   return kBadInput;
 }
 
-
 void add_profile_option(cxxopts::Options& options) {
   options.add_options()("profile",
                         "calibration profile (tessera calibrate): its fitted costs replace the "
@@ -94,6 +95,42 @@ std::optional<CostParams> profile_option(const cxxopts::ParseResult& args,
   const std::optional<Profile> profile = load_profile(file, diag);
   if (!profile) return std::nullopt;
   return profile_cost_params(*profile, cluster, file, diag);
+}
+
+void add_set_option(cxxopts::Options& options, const char* help) {
+  options.add_options()("set", help, cxxopts::value<std::vector<std::string>>());
+}
+
+std::optional<std::vector<SetAxis>> set_option(const cxxopts::ParseResult& args,
+                                               const std::string& program, std::ostream& err) {
+  std::vector<std::string> texts;
+  if (args.count("set"))
+    for (const std::string& piece : args["set"].as<std::vector<std::string>>()) {
+      // cxxopts splits vector options on commas: a piece without '=' continues the previous one.
+      if (piece.find('=') == std::string::npos && !texts.empty())
+        texts.back() += "," + piece;
+      else
+        texts.push_back(piece);
+    }
+  std::vector<SetAxis> axes;
+  for (const std::string& set : texts) {
+    const std::size_t eq = set.find('=');
+    if (eq == std::string::npos || eq == 0 || eq + 1 == set.size()) {
+      err << program << ": --set needs json.path=v1,v2,..., got '" << set << "'\n";
+      return std::nullopt;
+    }
+    SetAxis axis{set.substr(0, eq), {}};
+    std::stringstream values(set.substr(eq + 1));
+    for (std::string v; std::getline(values, v, ',');) {
+      try {
+        axis.values.push_back(Json::parse(v));
+      } catch (const Json::exception&) {
+        axis.values.push_back(Json(v));
+      }
+    }
+    axes.push_back(axis);
+  }
+  return axes;
 }
 
 }  // namespace tessera::sim

@@ -12,6 +12,7 @@
 #include "shared/diagnostics.hpp"
 #include "shared/scenario.hpp"
 #include "sim/commands.hpp"
+#include "sim/sweep.hpp"
 
 namespace tessera::sim {
 
@@ -44,6 +45,12 @@ void add_profile_option(cxxopts::Options& options);
 // to `diag`).
 std::optional<CostParams> profile_option(const cxxopts::ParseResult& args,
                                          const ClusterSpec& cluster, Diagnostics& diag);
+
+// --set json.path=v1,v2 (repeatable): each value is JSON when it parses (numbers, true, "text"),
+// else a string. nullopt after printing what is malformed.
+void add_set_option(cxxopts::Options& options, const char* help);
+std::optional<std::vector<SetAxis>> set_option(const cxxopts::ParseResult& args,
+                                               const std::string& program, std::ostream& err);
 
 // Prints every problem and the count; returns 2.
 int report_problems(const Diagnostics& diag, std::ostream& err);

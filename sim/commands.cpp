@@ -352,33 +352,9 @@ int run_sweep(const Args& args, std::ostream& out, std::ostream& err) {
   if (!scenario) return report_problems(diag, err);
   sweep.cost = profile_option(*result, scenario->cluster, diag);
   if (!diag.ok()) return report_problems(diag, err);
-  // --set path=v1,v2: each value is JSON when it parses (numbers, true, "text"), else a string.
-  std::vector<std::string> set_texts;
-  if (result->count("set"))
-    for (const std::string& piece : (*result)["set"].as<std::vector<std::string>>()) {
-      // cxxopts splits vector options on commas: a piece without '=' continues the previous one.
-      if (piece.find('=') == std::string::npos && !set_texts.empty())
-        set_texts.back() += "," + piece;
-      else
-        set_texts.push_back(piece);
-    }
-  for (const std::string& set : set_texts) {
-    const std::size_t eq = set.find('=');
-    if (eq == std::string::npos || eq == 0 || eq + 1 == set.size()) {
-      err << options.program() << ": --set needs json.path=v1,v2,..., got '" << set << "'\n";
-      return kBadInput;
-    }
-    SetAxis axis{set.substr(0, eq), {}};
-    std::stringstream values(set.substr(eq + 1));
-    for (std::string v; std::getline(values, v, ',');) {
-      try {
-        axis.values.push_back(Json::parse(v));
-      } catch (const Json::exception&) {
-        axis.values.push_back(Json(v));
-      }
-    }
-    sweep.sets.push_back(axis);
-  }
+  const std::optional<std::vector<SetAxis>> sets = set_option(*result, options.program(), err);
+  if (!sets) return kBadInput;
+  sweep.sets = *sets;
   for (const Json& point : grid_points(sweep.sets)) scenario_at(*scenario, point, diag);
   if (!diag.ok()) return report_problems(diag, err);
   sweep.out_dir =
@@ -479,6 +455,8 @@ const std::vector<Command>& commands() {
       {"estimate", "predict step time, throughput, MFU and memory of a plan (analytic)",
        run_estimate},
       {"simulate", "simulate a plan on SimGrid with network contention", run_simulate},
+      {"stages", "share a device budget's pipeline stages among modules, frozen-aware vs not",
+       run_stages},
       {"sweep", "search plans: enumerate, prune, estimate, simulate the best, rank", run_sweep},
       {"merge", "combine sharded sweeps into one ranking and report", run_merge},
       {"calibrate", "fit the cost model to recorded runs (traces) into a profile", run_calibrate},

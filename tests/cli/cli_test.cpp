@@ -153,6 +153,27 @@ TEST_CASE("sweep: --set grids, --emit-plan, and results.jsonl#R handed to simula
   fs::remove_all(dir.parent_path());
 }
 
+TEST_CASE("stages: frozen-aware vs freeze-unaware stage counts, simulated; -o writes the plan") {
+  const fs::path dir = scratch() / "stages";
+  fs::create_directories(dir);
+  const fs::path plan = dir / "plan.json";
+  const Run r = run("stages " + kSource + "/scenarios/cornstarch/vlm-small.json --tp 2 --simulate -o " +
+                    plan.string());
+  INFO(r.output);
+  CHECK(r.code == 0);
+  CHECK(r.output.find("frozen-aware choice     vision 1 + llm 7") != std::string::npos);
+  CHECK(r.output.find("freeze-unaware choice   vision 2 + llm 6") != std::string::npos);
+  CHECK(r.output.find("simulated gain: ") != std::string::npos);
+  CHECK(r.output.find("simulated LLM-centric: ") != std::string::npos);
+  // The written plan is the frozen-aware choice, and the other commands take it.
+  const Run e = run("estimate " + kSource + "/scenarios/cornstarch/vlm-small.json --plan " +
+                    plan.string());
+  INFO(e.output);
+  CHECK(e.code == 0);
+  CHECK(e.output.find("non_colocated plan on 16 ranks") != std::string::npos);
+  fs::remove_all(dir);
+}
+
 TEST_CASE("lower and estimate: bad input exits 2") {
   CHECK(run("estimate " + kSource + "/scenarios/llama-3.2-11b-vision.json")
             .output.find("plan: no plan") != std::string::npos);
@@ -228,6 +249,12 @@ TEST_CASE("bad inputs exit 2 with a message naming the file and the JSON path") 
       {"show", "missing scenario file"},
       {"show --batches=0 SRC/scenarios/default.json", "--batches and --groups must be >= 1"},
       {"validate --frobnicate x.json", "Option ‘frobnicate’ does not exist"},
+      {"stages --gpus 15 --tp 2 SRC/scenarios/cornstarch/vlm-small.json",
+       "--gpus: 15 devices do not make whole stages of tp 2 x dp 1"},
+      {"stages --set workload.global_batch=24,48 SRC/scenarios/cornstarch/vlm-small.json",
+       "--set workload.global_batch: one value here, not a list"},
+      {"stages --set workload.global_batch=0 SRC/scenarios/cornstarch/vlm-small.json",
+       "workload.global_batch: must be > 0"},
   };
   for (const Case& c : cases) {
     std::string args = c.args;

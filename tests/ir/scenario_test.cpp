@@ -36,7 +36,11 @@ TEST_CASE("every library model matches its published parameter count within 2%")
 
 TEST_CASE("every library scenario and cluster loads, and each part round-trips through JSON") {
   int checked = 0;
-  for (const auto& entry : fs::directory_iterator(kScenarios)) {
+  std::vector<fs::path> files;
+  for (const std::string& dir : {kScenarios, kScenarios + "/cornstarch"})
+    for (const auto& entry : fs::directory_iterator(dir)) files.push_back(entry.path());
+  for (const fs::path& path : files) {
+    const fs::directory_entry entry(path);
     if (entry.path().extension() != ".json") continue;
     Diagnostics diag;
     const auto s = load_scenario(entry.path().string(), diag);
@@ -52,6 +56,7 @@ TEST_CASE("every library scenario and cluster loads, and each part round-trips t
     const auto again = read_scenario(to_json(*s), entry.path().string(), diag);
     REQUIRE(again.has_value());
     CHECK(again->model == s->model);
+    CHECK(again->freeze == s->freeze);
     CHECK(again->plan == s->plan);
     CHECK(again->search == s->search);
     // And the report renders.
@@ -101,4 +106,19 @@ TEST_CASE(
   CHECK(text.find("device.memory_bandwidth_bytes_per_s: required key is missing") !=
         std::string::npos);
   fs::remove_all(dir);
+}
+
+TEST_CASE("a scenario's freeze list freezes modules of its model; an unknown name is an error") {
+  Diagnostics diag;
+  const auto s = load_scenario(kScenarios + "/cornstarch/valm-medium.json", diag);
+  REQUIRE(s.has_value());
+  for (const ModuleSpec& m : s->model.modules)
+    CHECK(m.frozen == (m.role == ModuleRole::kEncoder || m.role == ModuleRole::kLlm));
+  Json j = inline_scenario_json(*s);
+  j["freeze"] = Json::array({"llm", "speech"});
+  Diagnostics bad;
+  CHECK(!read_scenario(j, "x.json", bad).has_value());
+  REQUIRE(bad.errors().size() == 1);
+  CHECK(bad.errors().front().path == "freeze[1]");
+  CHECK(bad.errors().front().message.find("no module named 'speech'") != std::string::npos);
 }

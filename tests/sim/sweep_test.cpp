@@ -95,6 +95,15 @@ TEST_CASE(
   for (const Candidate& c : enumerate_plans(all, *all.search, 4).valid)
     families.insert(c.plan.placement);
   CHECK(families.size() == 3);
+
+  // encoder_pp pipelines the encoder over stages of its own in non-colocated plans.
+  const Scenario staged = tiny(R"({"placements": ["non_colocated"], "tp": [1], "cp": [1],
+                                   "pp": [1, 2], "vpp": [1], "micro_batch_sizes": [1],
+                                   "encoder_pp": [1, 2]})");
+  std::set<int64_t> encoder_stages;
+  for (const Candidate& c : enumerate_plans(staged, *staged.search, 4).valid)
+    encoder_stages.insert(c.plan.modules.front().second.pp);
+  CHECK(encoder_stages == std::set<int64_t>{1, 2});
 }
 
 TEST_CASE("sweep: -j 1 and -j 2 agree; a resumed sweep equals an uninterrupted one") {
