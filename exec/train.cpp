@@ -13,6 +13,7 @@
 
 #include "exec/process_group.hpp"
 #include "shared/check.hpp"
+#include "shared/stage_split.hpp"
 #include "shared/trace_writer.hpp"
 
 namespace tessera::exec {
@@ -64,7 +65,8 @@ Timeline gather_timeline(const Comm& world, const StepResult& r) {
     a[static_cast<int64_t>(3 + 2 * i)] = r.times[i].finish_s;
   }
   const std::vector<int64_t> ones(static_cast<std::size_t>(world.size()), 1);
-  const torch::Tensor all = all_gather_rows(world, mine.unsqueeze(0), ones).view({world.size(), -1});
+  const torch::Tensor all =
+      all_gather_rows(world, mine.unsqueeze(0), ones).view({world.size(), -1});
   // The nested slices: five numbers each, as many rows as each rank has.
   torch::Tensor nested = torch::zeros({static_cast<int64_t>(r.nested.size()), 5}, torch::kFloat64);
   for (std::size_t k = 0; k < r.nested.size(); ++k) {
@@ -74,7 +76,8 @@ Timeline gather_timeline(const Comm& world, const StepResult& r) {
         torch::kFloat64);
   }
   std::vector<int64_t> counts;
-  for (int64_t rank = 0; rank < world.size(); ++rank) counts.push_back(static_cast<int64_t>(all[rank][1].item<double>()));
+  for (int64_t rank = 0; rank < world.size(); ++rank)
+    counts.push_back(static_cast<int64_t>(all[rank][1].item<double>()));
   const bool any = *std::max_element(counts.begin(), counts.end()) > 0;
   const torch::Tensor slices = any ? all_gather_rows(world, nested, counts) : nested;
   const double earliest = all.select(1, 0).min().item<double>();
@@ -116,7 +119,8 @@ std::optional<Checkpoint> read_manifest(const fs::path& out_dir) {
   if (!fs::exists(manifest)) return std::nullopt;
   std::ifstream in(manifest);
   const Json j = Json::parse(in);
-  return Checkpoint{j.at("step").get<int64_t>(), out_dir / "checkpoint" / j.at("dir").get<std::string>()};
+  return Checkpoint{j.at("step").get<int64_t>(),
+                    out_dir / "checkpoint" / j.at("dir").get<std::string>()};
 }
 
 void save_checkpoint(Worker& worker, const Comm& world, const fs::path& out_dir, int64_t step) {
@@ -149,7 +153,8 @@ int train_worker(const WorkerEnv& env, const TrainJob& job) {
   std::string out_dir = job.out_dir, resume = job.resume ? "1" : "0",
               checkpointing = job.checkpoint ? "1" : "0";
   for (auto& [key, value] : {std::pair<const char*, std::string*>{"tessera/out", &out_dir},
-                             {"tessera/resume", &resume}, {"tessera/checkpoint", &checkpointing}}) {
+                             {"tessera/resume", &resume},
+                             {"tessera/checkpoint", &checkpointing}}) {
     if (env.rank == 0) {
       store->set(key, std::vector<uint8_t>(value->begin(), value->end()));
     } else {
@@ -214,8 +219,12 @@ int train_worker(const WorkerEnv& env, const TrainJob& job) {
       std::fflush(stdout);
       Json samples = Json::array();
       for (const Sample& sample : r.samples) samples.push_back(to_json(sample));
-      iterations.push_back({{"iteration", step}, {"loss", r.loss}, {"grad_norm", r.grad_norm},
-                            {"step_s", step_s}, {"llm_tokens", r.llm_tokens}, {"samples", samples}});
+      iterations.push_back({{"iteration", step},
+                            {"loss", r.loss},
+                            {"grad_norm", r.grad_norm},
+                            {"step_s", step_s},
+                            {"llm_tokens", r.llm_tokens},
+                            {"samples", samples}});
       if (trace) {
         timelines.push_back(std::move(timeline));
         offsets.push_back(r.started_s - job_start);
@@ -225,7 +234,8 @@ int train_worker(const WorkerEnv& env, const TrainJob& job) {
     if (losses.is_open()) {
       // step_s: the slowest rank's ops; wall_s: rank 0's whole step (batch, lowering, ops,
       // tracing and logging).
-      losses << Json{{"step", step}, {"loss", r_loss}, {"grad_norm", r_norm}, {"step_s", step_s},
+      losses << Json{{"step", step},           {"loss", r_loss},
+                     {"grad_norm", r_norm},    {"step_s", step_s},
                      {"prepare_s", r_prepare}, {"wall_s", monotonic_s() - started}}
                     .dump()
              << "\n";
@@ -255,16 +265,21 @@ int train_worker(const WorkerEnv& env, const TrainJob& job) {
     }
     Json run{{"scenario", inline_scenario_json(s)},
              {"scenario_file", job.scenario_file},
-             {"plan", to_json(*s.plan)},
+             // with the stage boundaries lower() applied, so a replay runs the very same split
+             {"plan", to_json(resolve_stage_split(*s.plan, s.model, s.workload, s.cluster))},
              {"world", env.world_size},
              {"device", "cpu"},
              {"backend", "gloo"},
              {"dataset", job.options.dataset == DatasetKind::kShapes ? "shapes" : "synthetic"},
-             {"options", {{"seed", job.options.seed}, {"lr", job.options.lr}, {"clip", job.options.clip},
-                          {"weight_decay", job.options.weight_decay}}},
+             {"options",
+              {{"seed", job.options.seed},
+               {"lr", job.options.lr},
+               {"clip", job.options.clip},
+               {"weight_decay", job.options.weight_decay}}},
              {"software", {{"torch", TORCH_VERSION}, {"torch_threads_per_rank", 1}}},
              {"machine", {{"cores", std::thread::hardware_concurrency()}, {"cpu", cpu_model()}}},
-             {"memory_per_rank", [&] {
+             {"memory_per_rank",
+              [&] {
                 Json ranks = Json::array();
                 for (int64_t r = 0; r < world.size(); ++r)
                   ranks.push_back({{"rank", r},

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Benchmarks that print figures (never pass/fail). Usage: scripts/bench.sh [lower|sim|sweep|comm|cli|exec|cornstarch-exec|accuracy|all]
+# Benchmarks that print figures (never pass/fail). Usage: scripts/bench.sh [lower|sim|sweep|comm|cli|exec|reproduce-cornstarch|cornstarch-exec|accuracy|all]
 #   lower  lowering + evaluation of one iteration of a 1024-rank plan with 64 micro-batches
 #   sim    tessera simulate, one iteration of the default plan at 64, 1024 and 8192 devices
 #   sweep  the default sweep with -j 1 and -j 2, and a headless-Chromium screenshot of its report
@@ -8,6 +8,10 @@
 #   cli    tessera validate/show on the scenario library
 #   exec   tessera-train on scenarios/cpu-tiny.json: single-rank step against a plain LibTorch
 #          loop of the same model and batch, tracing on/off, and the parallel plans' step times
+#   reproduce-cornstarch  issue 9 simulated: the nine Cornstarch model pairs (scenarios/cornstarch/,
+#          16 H100 as 8 stages of TP 2, 24 micro-batches) planned freeze-unaware vs frozen-aware by
+#          `tessera stages`, and the CP table: one image-and-text sequence of 8k-128k tokens on
+#          TP 4 x CP 2-8, attention-work max/mean and simulated step for uniform/zigzag/makespan
 #   cornstarch-exec  issue 9 with the executor: frozen-aware vs uniform stage split
 #          (scenarios/cpu-tiny-big-vit.json, PP2) and makespan vs zigzag CP (CP2, one packed
 #          micro-batch), 20 steps, median of steps 2.., 3 repeats
@@ -174,6 +178,56 @@ if [[ $what == accuracy || $what == all ]]; then
          for (i = 1; i <= n; i++) { s += v[i]; if (v[i] < lo) lo = v[i]; if (v[i] > hi) hi = v[i] }
          printf "%-29s %5.1f %%\n", p, 100 * (hi - lo) / (s / n) } }' "$root/rows.txt" | sort
   rm -rf "$root"
+fi
+
+if [[ $what == reproduce-cornstarch || $what == all ]]; then
+  echo "== Cornstarch pairs: frozen encoders and LLM, trainable projectors; 16 H100 = 8 stages of TP 2 =="
+  echo "== step (s), simulated with SimGrid; throughput ratio = freeze-unaware step / frozen-aware step =="
+  echo "| pair | freeze-unaware stages | frozen-aware stages | freeze-unaware (s) | aware split on unaware counts (s, estimate) | frozen-aware (s) | gain | from counts | from split | LLM-centric (s) | gain over LLM-centric |"
+  echo "|---|---|---|---|---|---|---|---|---|---|---|"
+  for pair in vlm alm valm; do
+    for size in small medium large; do
+      out=$("$tessera" stages "scenarios/cornstarch/$pair-$size.json" --tp 2 --top 0 --simulate)
+      # "freeze-unaware choice   vision 2 + llm 6     estimate ..." -> "vision 2 + llm 6"
+      choice() { echo "$out" | sed -n "s/^$1 choice  *\(.*[0-9]\)  *estimate.*/\1/p"; }
+      read -r unaware aware < <(echo "$out" |
+        sed -n 's/^simulated gain: .*freeze-unaware \([0-9.e-]*\) s, frozen-aware \([0-9.e-]*\) s.*/\1 \2/p')
+      split_only=$(echo "$out" |
+        sed -n 's/^frozen-aware boundaries on the freeze-unaware counts: estimate \([0-9.e-]*\) s/\1/p')
+      centric=$(echo "$out" | sed -n 's/^simulated LLM-centric: \([0-9.e-]*\) s.*/\1/p')
+      awk -v p="$pair-$size" -v us="$(choice freeze-unaware)" -v as="$(choice frozen-aware)" -v u="$unaware" \
+          -v a="$aware" -v so="$split_only" -v c="${centric:-}" 'BEGIN {
+        printf "| %s | %s | %s | %.4f | %.4f | %.4f | %.3fx | %.3fx | %.3fx | %s | %s |\n", p, us, as, u, so, a,
+               u / a, so / a, u / so, (c == "" ? "invalid: ViT heads 25 vs TP 2" : sprintf("%.4f", c)),
+               (c == "" ? "" : sprintf("%.3fx", c / a)) }'
+    done
+  done | tee /tmp/tessera-cornstarch-pairs.txt
+  awk -F'|' '{ g = $8; sub(/x/, "", g); sum += g; n++ }
+       END { if (n) printf "mean gain of frozen-aware over freeze-unaware (simulated), %d pairs: %.3fx (Cornstarch: 2.26x over other systems, on average)\n", n, sum / n }' \
+    /tmp/tessera-cornstarch-pairs.txt | tail -1
+
+  echo "== CP: Qwen2-VL ViT + Llama-3.1-8B, one sequence per micro-batch: L/4096 images of 1196 tokens, then text =="
+  echo "== TP 4 x CP n, recompute full; attention work max/mean over the CP ranks, and simulated step (s) =="
+  printf "%-8s %-4s %-18s %-18s %-18s %s\n" tokens cp uniform zigzag makespan "makespan vs zigzag"
+  for tokens in 8192 16384 32768 65536 131072; do
+    images=$((tokens / 4096))
+    text=$((tokens - images * 1196))
+    for cp in 2 4 8; do
+      line=$(printf "%-8s %-4s" "$tokens" "$cp")
+      steps=()
+      for policy in uniform zigzag makespan; do
+        out=$("$tessera" simulate scenarios/cornstarch/cp-long.json --iterations 1 \
+                --set workload.max_seq_len="$tokens" --set workload.samples.text_tokens="$text" \
+                --set workload.samples.image.count="$images" --set plan.layout.cp="$cp" \
+                --set cluster.nodes=$((cp / 2)) --set plan.cp_split="$policy")
+        balance=$(echo "$out" | sed -n 's/^note: cp_split [a-z]*: attention work max\/mean over the CP ranks \([0-9.]*\).*/\1/p')
+        step=$(echo "$out" | awk '$1 == "0" && NF == 10 { print $2 }')
+        steps+=("$step")
+        line+=$(printf " %-18s" "$balance / ${step} s")
+      done
+      echo "$line $(awk -v z="${steps[1]}" -v m="${steps[2]}" 'BEGIN { printf "%.3fx", z / m }')"
+    done
+  done
 fi
 
 if [[ $what == cornstarch-exec || $what == all ]]; then

@@ -80,7 +80,8 @@ std::string rejection_reason(const std::string& m) {
   return m.substr(0, 40);
 }
 
-Enumeration enumerate_plans(const Scenario& s, const SearchSpace& space, int64_t gpus) {
+Enumeration enumerate_plans(const Scenario& s, const SearchSpace& space, int64_t gpus,
+                            const CostParams* cost) {
   Enumeration e;
   const ClusterSpec cluster = cluster_with_devices(s.cluster, gpus);
   const ModuleSpec* llm = find_llm(s.model);
@@ -96,7 +97,7 @@ Enumeration enumerate_plans(const Scenario& s, const SearchSpace& space, int64_t
       return;
     }
     // Frozen-aware boundaries go into the plan, so a run of it uses them as they are.
-    plan = resolve_stage_split(plan, s.model, s.workload, cluster);
+    plan = resolve_stage_split(plan, s.model, s.workload, cluster, cost);
     const Json key = {{"gpus", gpus}, {"plan", to_json(plan)}};
     e.valid.push_back({key.dump(), gpus, std::move(plan)});
   };

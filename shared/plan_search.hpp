@@ -29,9 +29,11 @@ struct Enumeration {
 // make one smaller node). REQUIRES: gpus >= 1.
 ClusterSpec cluster_with_devices(const ClusterSpec& cluster, int64_t gpus);
 
-// Every candidate of the space for `gpus` devices, validated against the scenario. Memory is
+// Every candidate of the space for `gpus` devices, validated against the scenario, frozen-aware
+// stage boundaries priced with `cost` (a calibration profile's; nullptr: analytic). Memory is
 // not checked here (rank_candidates does, since it needs the lowered program).
-Enumeration enumerate_plans(const Scenario& scenario, const SearchSpace& space, int64_t gpus);
+Enumeration enumerate_plans(const Scenario& scenario, const SearchSpace& space, int64_t gpus,
+                            const CostParams* cost = nullptr);
 
 // A short name for why a plan was rejected, from its first validation message.
 std::string rejection_reason(const std::string& message);

@@ -10,6 +10,13 @@ std::optional<Scenario> load_scenario_with_plan(const std::string& file,
                                                 const std::string& plan_spec, Diagnostics& diag) {
   auto scenario = load_scenario(file, diag);
   if (!scenario) return std::nullopt;
+  return with_plan(std::move(*scenario), plan_spec, diag);
+}
+
+std::optional<Scenario> with_plan(Scenario loaded, const std::string& plan_spec,
+                                  Diagnostics& diag) {
+  std::optional<Scenario> scenario = std::move(loaded);
+  const std::string& file = scenario->file;
   if (!plan_spec.empty()) {
     std::string plan_file = plan_spec;
     const std::size_t before = diag.errors().size();

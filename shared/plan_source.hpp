@@ -14,5 +14,8 @@ namespace tessera {
 // including a scenario without any plan.
 std::optional<Scenario> load_scenario_with_plan(const std::string& file,
                                                 const std::string& plan_spec, Diagnostics& diag);
+// The same for a scenario already loaded (and perhaps changed by --set).
+std::optional<Scenario> with_plan(Scenario scenario, const std::string& plan_spec,
+                                  Diagnostics& diag);
 
 }  // namespace tessera

@@ -146,7 +146,7 @@ StageAllocation allocate_stages(const Scenario& s, const StageBudget& budget,
               check.errors().front().path + ": " + check.errors().front().message;
         continue;
       }
-      plan = resolve_stage_split(plan, sized.model, sized.workload, sized.cluster);
+      plan = resolve_stage_split(plan, sized.model, sized.workload, sized.cluster, &cost);
       StageCountPlan candidate{stages, plan, estimate(sized, plan, 0, cost), 0};
       const bool llm_centric = counts.front() == 0 && split == StageSplit::kUniform;
       if (llm_centric && (candidate.estimate.metrics.step_s <= 0 || !candidate.estimate.feasible))

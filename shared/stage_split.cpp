@@ -19,7 +19,8 @@ std::vector<int64_t> linear_partition(const std::vector<double>& costs, int64_t 
                                                 std::to_string(stages) + " stages");
   std::vector<double> prefix(static_cast<std::size_t>(n + 1), 0);
   for (int64_t i = 0; i < n; ++i)
-    prefix[static_cast<std::size_t>(i + 1)] = prefix[static_cast<std::size_t>(i)] + costs[static_cast<std::size_t>(i)];
+    prefix[static_cast<std::size_t>(i + 1)] =
+        prefix[static_cast<std::size_t>(i)] + costs[static_cast<std::size_t>(i)];
   auto part = [&](int64_t from, int64_t to, int64_t stage) {  // layers [from, to) as `stage`
     double c = prefix[static_cast<std::size_t>(to)] - prefix[static_cast<std::size_t>(from)];
     if (stage == 0) c += first_extra;
@@ -40,7 +41,8 @@ std::vector<int64_t> linear_partition(const std::vector<double>& costs, int64_t 
             std::min(largest[static_cast<std::size_t>(k)][static_cast<std::size_t>(i)],
                      std::max(largest[static_cast<std::size_t>(k - 1)][static_cast<std::size_t>(j)],
                               part(j, i, k - 1)));
-  const double bound = largest[static_cast<std::size_t>(stages)][static_cast<std::size_t>(n)] * (1 + 1e-9);
+  const double bound =
+      largest[static_cast<std::size_t>(stages)][static_cast<std::size_t>(n)] * (1 + 1e-9);
   // Pass 2 — among the splits that reach it, the most even one (least sum of squared parts):
   // several splits often tie on the largest part, and a lopsided one lengthens the pipeline's
   // fill and drain.
@@ -99,13 +101,19 @@ namespace {
 // Prices the ops one layer (or front end, head, projector) of a module adds to a stage the way
 // the cost model prices lower()'s ops — compute per phase that runs (F; B with attention twice
 // when a gradient passes; W when the module trains; the recomputed F), TP all-reduces inside,
-// per-layer overheads — with the analytic defaults of the cluster.
+// per-layer overheads — with the given parameters (a calibration profile's) or the cluster's
+// analytic defaults.
 class Pricer {
  public:
   Pricer(const ModelSpec& model, const ParallelPlan& plan, const ClusterSpec& cluster, int64_t tp,
-         int64_t cp)
-      : model_(model), plan_(plan), cost_(cluster, model.dtype, default_cost_params(cluster), model),
-        flow_(gradient_flow(model)), shard_(static_cast<double>(tp * cp)), cp_(static_cast<double>(cp)) {
+         int64_t cp, const CostParams* params)
+      : model_(model),
+        plan_(plan),
+        cost_(cluster, model.dtype, params != nullptr ? *params : default_cost_params(cluster),
+              model),
+        flow_(gradient_flow(model)),
+        shard_(static_cast<double>(tp * cp)),
+        cp_(static_cast<double>(cp)) {
     program_.world = static_cast<int32_t>(tp);
     RankList group(static_cast<std::size_t>(tp));
     for (int64_t r = 0; r < tp; ++r) group[static_cast<std::size_t>(r)] = r;
@@ -125,11 +133,13 @@ class Pricer {
     return s;
   }
   double activation_bytes(double tokens, int64_t hidden) const {
-    return tokens / cp_ * static_cast<double>(hidden) * static_cast<double>(dtype_bytes(model_.dtype));
+    return tokens / cp_ * static_cast<double>(hidden) *
+           static_cast<double>(dtype_bytes(model_.dtype));
   }
 
  private:
-  double phase(std::size_t m, Phase ph, double flops, int32_t layers, int32_t calls, double act) const {
+  double phase(std::size_t m, Phase ph, double flops, int32_t layers, int32_t calls,
+               double act) const {
     Op op;
     op.module = static_cast<int16_t>(m);
     op.phase = ph;
@@ -160,7 +170,8 @@ double module_seconds(const Pricer& price, const ModelSpec& model, std::size_t m
   const ModuleSpec& spec = model.modules[m];
   if (spec.projector) {
     const ProjectorArch& pr = *spec.projector;
-    const double w = static_cast<double>(pr.layers == 1 ? pr.in * pr.out : pr.in * pr.hidden + pr.hidden * pr.out);
+    const double w = static_cast<double>(pr.layers == 1 ? pr.in * pr.out
+                                                        : pr.in * pr.hidden + pr.hidden * pr.out);
     return price.seconds(m, 2.0 * w * tokens, 0, 0, 1, price.activation_bytes(tokens, pr.out));
   }
   if (!spec.transformer) return 0;
@@ -168,9 +179,11 @@ double module_seconds(const Pricer& price, const ModelSpec& model, std::size_t m
   const auto [linear, attention] = layer_flops(a, tokens, attended);
   return static_cast<double>(a.layers) *
              price.seconds(m, linear, attention, 1, 2, price.activation_bytes(tokens, a.hidden)) +
-         price.seconds(m, tokens * (forward_flops_per_token(spec, attended) -
-                                    static_cast<double>(a.layers) * layer_forward_flops_per_token(a, attended)),
-                       0, 0, 0, 0);
+         price.seconds(
+             m,
+             tokens * (forward_flops_per_token(spec, attended) -
+                       static_cast<double>(a.layers) * layer_forward_flops_per_token(a, attended)),
+             0, 0, 0, 0);
 }
 
 const ModuleLayout& layout_of(const ParallelPlan& plan, const ModelSpec& model, std::size_t m) {
@@ -183,27 +196,29 @@ const ModuleLayout& layout_of(const ParallelPlan& plan, const ModelSpec& model, 
 }  // namespace
 
 ChainCosts chain_costs(const ModelSpec& model, std::size_t module, const ParallelPlan& plan,
-                       const WorkloadSpec& workload, const ClusterSpec& cluster) {
+                       const WorkloadSpec& workload, const ClusterSpec& cluster,
+                       const CostParams* params) {
   const ModuleSpec& spec = model.modules[module];
   TESSERA_CHECK(spec.transformer.has_value());
   const ModuleLayout& layout = layout_of(plan, model, module);
-  const Pricer price(model, plan, cluster, layout.tp, layout.cp);
+  const Pricer price(model, plan, cluster, layout.tp, layout.cp, params);
   const double mbs = static_cast<double>(plan.micro_batch_size);
   const TransformerArch& a = *spec.transformer;
   const MeanWork w = mean_work(model, spec, workload);
   const double tokens = mbs * w.tokens;
   const auto [linear, attention] = layer_flops(a, tokens, w.attended);
   ChainCosts c;
-  c.layers.assign(static_cast<std::size_t>(a.layers),
-                  price.seconds(module, linear, attention, 1, 2, price.activation_bytes(tokens, a.hidden)));
+  c.layers.assign(
+      static_cast<std::size_t>(a.layers),
+      price.seconds(module, linear, attention, 1, 2, price.activation_bytes(tokens, a.hidden)));
   // Front end (patches, mel frames) on the first stage; the head and loss on the last.
   ModuleSpec front = spec;
   front.transformer->layers = 0;
   front.transformer->vocab = 0;
   c.first_extra = price.seconds(module, tokens * forward_flops_per_token(front, 0), 0, 0, 0, 0);
   if (a.vocab > 0)
-    c.last_extra = price.seconds(module, tokens * 2.0 * static_cast<double>(a.hidden * a.vocab), 0, 0,
-                                 1, price.activation_bytes(tokens, a.hidden));
+    c.last_extra = price.seconds(module, tokens * 2.0 * static_cast<double>(a.hidden * a.vocab), 0,
+                                 0, 1, price.activation_bytes(tokens, a.hidden));
   // A homogeneous plan runs every other module on the LLM's first stage, on the LLM's grid.
   if (plan.placement == Placement::kHomogeneous && spec.role == ModuleRole::kLlm)
     for (std::size_t i = 0; i < model.modules.size(); ++i)
@@ -215,14 +230,15 @@ ChainCosts chain_costs(const ModelSpec& model, std::size_t module, const Paralle
 }
 
 ParallelPlan resolve_stage_split(const ParallelPlan& plan, const ModelSpec& model,
-                                 const WorkloadSpec& workload, const ClusterSpec& cluster) {
+                                 const WorkloadSpec& workload, const ClusterSpec& cluster,
+                                 const CostParams* params) {
   if (plan.stage_split != StageSplit::kFrozenAware) return plan;
   ParallelPlan out = plan;
   auto resolve = [&](ModuleLayout& layout, std::size_t module) {
     const ModuleSpec& spec = model.modules[module];
     const int64_t chunks = layout.pp * layout.vpp;
     if (!layout.stage_layers.empty() || chunks <= 1 || !spec.transformer) return;
-    const ChainCosts c = chain_costs(model, module, out, workload, cluster);
+    const ChainCosts c = chain_costs(model, module, out, workload, cluster, params);
     layout.stage_layers = linear_partition(c.layers, chunks, c.first_extra, c.last_extra);
   };
   if (plan.placement == Placement::kHomogeneous) {

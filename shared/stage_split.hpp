@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "shared/cluster_spec.hpp"
+#include "shared/cost_model.hpp"
 #include "shared/model_spec.hpp"
 #include "shared/parallel_plan.hpp"
 #include "shared/workload_spec.hpp"
@@ -26,7 +27,8 @@ std::vector<int64_t> linear_partition(const std::vector<double>& costs, int64_t 
 
 // The seconds one micro-batch spends along a module's layer chain — per layer, and what its first
 // stage (front end; in a homogeneous plan the encoders and projectors hosted there) and its last
-// stage (output head and loss) add — priced by the cluster's analytic cost model: a frozen layer
+// stage (output head and loss) add — priced by the cost model with `params` (a calibration
+// profile's; nullptr: the cluster's analytic defaults): a frozen layer
 // with nothing trainable upstream runs only its forward, one that passes gradients adds the input
 // backward, a trainable one the weight backward too; TP all-reduces and per-layer overheads
 // count.
@@ -38,12 +40,16 @@ struct ChainCosts {
 // Mean token counts come from the workload's first batches (deterministic), so every iteration
 // and every rank sees the same split. REQUIRES: plan validated, module has a transformer.
 ChainCosts chain_costs(const ModelSpec& model, std::size_t module, const ParallelPlan& plan,
-                       const WorkloadSpec& workload, const ClusterSpec& cluster);
+                       const WorkloadSpec& workload, const ClusterSpec& cluster,
+                       const CostParams* params = nullptr);
 
 // The plan with `stage_layers` filled for every pipelined module, by the frozen-aware partition
 // of its chain costs, when the plan asks for `frozen_aware` and gives no layers itself; as given
-// otherwise (uniform: even layers, lower()'s default).
+// otherwise (uniform: even layers, lower()'s default). lower() resolves a plan without layers
+// with the analytic defaults; planning with a calibration profile resolves it first, with
+// `params`, so the split follows the measured costs.
 ParallelPlan resolve_stage_split(const ParallelPlan& plan, const ModelSpec& model,
-                                 const WorkloadSpec& workload, const ClusterSpec& cluster);
+                                 const WorkloadSpec& workload, const ClusterSpec& cluster,
+                                 const CostParams* params = nullptr);
 
 }  // namespace tessera

@@ -64,8 +64,15 @@ std::optional<cxxopts::ParseResult> parse_with_input(cxxopts::Options& options, 
 
 std::optional<Scenario> scenario_with_plan(const cxxopts::ParseResult& args,
                                            const std::string& file, Diagnostics& diag) {
-  return load_scenario_with_plan(file, args.count("plan") ? args["plan"].as<std::string>() : "",
-                                 diag);
+  const std::string plan = args.count("plan") ? args["plan"].as<std::string>() : "";
+  if (!args.count("set")) return load_scenario_with_plan(file, plan, diag);
+  const std::optional<Json> point = set_point(args, diag);
+  if (!point) return std::nullopt;
+  const std::optional<Scenario> loaded = load_scenario(file, diag);
+  if (!loaded) return std::nullopt;
+  std::optional<Scenario> changed = scenario_at(*loaded, *point, diag);
+  if (!changed) return std::nullopt;
+  return with_plan(std::move(*changed), plan, diag);
 }
 
 void add_plan_option(cxxopts::Options& options) {
@@ -102,7 +109,7 @@ void add_set_option(cxxopts::Options& options, const char* help) {
 }
 
 std::optional<std::vector<SetAxis>> set_option(const cxxopts::ParseResult& args,
-                                               const std::string& program, std::ostream& err) {
+                                               Diagnostics& diag) {
   std::vector<std::string> texts;
   if (args.count("set"))
     for (const std::string& piece : args["set"].as<std::vector<std::string>>()) {
@@ -116,7 +123,7 @@ std::optional<std::vector<SetAxis>> set_option(const cxxopts::ParseResult& args,
   for (const std::string& set : texts) {
     const std::size_t eq = set.find('=');
     if (eq == std::string::npos || eq == 0 || eq + 1 == set.size()) {
-      err << program << ": --set needs json.path=v1,v2,..., got '" << set << "'\n";
+      diag.error("--set", "", "needs json.path=v1,v2,..., got '" + set + "'");
       return std::nullopt;
     }
     SetAxis axis{set.substr(0, eq), {}};
@@ -131,6 +138,20 @@ std::optional<std::vector<SetAxis>> set_option(const cxxopts::ParseResult& args,
     axes.push_back(axis);
   }
   return axes;
+}
+
+std::optional<Json> set_point(const cxxopts::ParseResult& args, Diagnostics& diag) {
+  const std::optional<std::vector<SetAxis>> axes = set_option(args, diag);
+  if (!axes) return std::nullopt;
+  Json point = Json::object();
+  for (const SetAxis& axis : *axes) {
+    if (axis.values.size() != 1) {
+      diag.error("--set " + axis.path, "", "one value here, not a list");
+      return std::nullopt;
+    }
+    point[axis.path] = axis.values.front();
+  }
+  return point;
 }
 
 }  // namespace tessera::sim

@@ -31,7 +31,8 @@ std::optional<cxxopts::ParseResult> parse_with_input(cxxopts::Options& options, 
                                                      std::ostream& out, std::ostream& err,
                                                      std::string& file, int& code);
 
-// The scenario, with --plan replacing its plan; nullopt after reporting problems.
+// The scenario, changed by --set where the command has it, with --plan replacing its plan;
+// nullopt after recording problems.
 std::optional<Scenario> scenario_with_plan(const cxxopts::ParseResult& args,
                                            const std::string& file, Diagnostics& diag);
 
@@ -47,10 +48,13 @@ std::optional<CostParams> profile_option(const cxxopts::ParseResult& args,
                                          const ClusterSpec& cluster, Diagnostics& diag);
 
 // --set json.path=v1,v2 (repeatable): each value is JSON when it parses (numbers, true, "text"),
-// else a string. nullopt after printing what is malformed.
+// else a string. nullopt after recording what is malformed in `diag`.
 void add_set_option(cxxopts::Options& options, const char* help);
 std::optional<std::vector<SetAxis>> set_option(const cxxopts::ParseResult& args,
-                                               const std::string& program, std::ostream& err);
+                                               Diagnostics& diag);
+// The --set values as one point {path: value} (one value per path), for commands that run one
+// scenario.
+std::optional<Json> set_point(const cxxopts::ParseResult& args, Diagnostics& diag);
 
 // Prints every problem and the count; returns 2.
 int report_problems(const Diagnostics& diag, std::ostream& err);

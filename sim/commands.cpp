@@ -16,12 +16,12 @@
 #include "shared/plan_source.hpp"
 #include "shared/scenario.hpp"
 #include "shared/scenario_report.hpp"
+#include "shared/stage_split.hpp"
 #include "sim/command_line.hpp"
 #include "sim/simulator.hpp"
 #include "sim/sweep.hpp"
 
 namespace tessera::sim {
-
 
 int run_validate(const Args& args, std::ostream& out, std::ostream& err) {
   cxxopts::Options options(
@@ -121,6 +121,7 @@ int run_lower(const Args& args, std::ostream& out, std::ostream& err) {
       "Prints the per-rank op lists (the Program) of one training iteration: what the "
       "simulator predicts and the executor runs. A dry run.");
   add_plan_option(options);
+  add_set_option(options, "change a scenario field first: json.path=value (repeatable)");
   options.add_options()("rank", "only this rank (default: all)",
                         cxxopts::value<int>()->default_value("-1"))(
       "iteration", "which iteration's batch to draw",
@@ -187,6 +188,7 @@ int run_estimate(const Args& args, std::ostream& out, std::ostream& err) {
       "in-order evaluator (no network contention): step time, throughput, TFLOP/s per "
       "device, MFU, pipeline bubble and peak memory, or why the plan does not fit.");
   add_plan_option(options);
+  add_set_option(options, "change a scenario field first: json.path=value (repeatable)");
   add_profile_option(options);
   options.add_options()("iteration", "which iteration's batch to draw",
                         cxxopts::value<int64_t>()->default_value("0"));
@@ -205,8 +207,12 @@ int run_estimate(const Args& args, std::ostream& out, std::ostream& err) {
   if (!scenario) return report_problems(diag, err);
   const std::optional<CostParams> cost = profile_option(*result, scenario->cluster, diag);
   if (!diag.ok()) return report_problems(diag, err);
-  const Estimate e = estimate(*scenario, *scenario->plan, iteration,
-                              cost ? *cost : default_cost_params(scenario->cluster));
+  // With a profile, frozen-aware stage boundaries follow its measured costs too.
+  const ParallelPlan plan =
+      resolve_stage_split(*scenario->plan, scenario->model, scenario->workload, scenario->cluster,
+                          cost ? &*cost : nullptr);
+  const Estimate e =
+      estimate(*scenario, plan, iteration, cost ? *cost : default_cost_params(scenario->cluster));
   out << "scenario " << scenario->name << ": " << enum_name(scenario->plan->placement, kPlacements)
       << " plan on " << world_size(*scenario->plan, scenario->model) << " ranks, iteration "
       << iteration << "\n";
@@ -223,6 +229,7 @@ int run_simulate(const Args& args, std::ostream& out, std::ostream& err) {
       "simulation with network contention, over several iterations with different "
       "drawn batches. Plans that do not fit in memory are reported, not simulated.");
   add_plan_option(options);
+  add_set_option(options, "change a scenario field first: json.path=value (repeatable)");
   add_profile_option(options);
   options.add_options()("iterations", "iterations to simulate",
                         cxxopts::value<int64_t>()->default_value("3"))(
@@ -263,7 +270,10 @@ int run_simulate(const Args& args, std::ostream& out, std::ostream& err) {
   if (!scenario) return report_problems(diag, err);
   sim.cost = profile_option(*result, scenario->cluster, diag);
   if (!diag.ok()) return report_problems(diag, err);
-  const SimulationResult r = simulate(*scenario, *scenario->plan, sim);
+  const ParallelPlan plan =
+      resolve_stage_split(*scenario->plan, scenario->model, scenario->workload, scenario->cluster,
+                          sim.cost ? &*sim.cost : nullptr);
+  const SimulationResult r = simulate(*scenario, plan, sim);
   if ((*result).count("json")) {
     out << simulation_to_json(r).dump(1) << "\n";
   } else {
@@ -352,8 +362,8 @@ int run_sweep(const Args& args, std::ostream& out, std::ostream& err) {
   if (!scenario) return report_problems(diag, err);
   sweep.cost = profile_option(*result, scenario->cluster, diag);
   if (!diag.ok()) return report_problems(diag, err);
-  const std::optional<std::vector<SetAxis>> sets = set_option(*result, options.program(), err);
-  if (!sets) return kBadInput;
+  const std::optional<std::vector<SetAxis>> sets = set_option(*result, diag);
+  if (!sets) return report_problems(diag, err);
   sweep.sets = *sets;
   for (const Json& point : grid_points(sweep.sets)) scenario_at(*scenario, point, diag);
   if (!diag.ok()) return report_problems(diag, err);

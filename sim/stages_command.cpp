@@ -80,20 +80,12 @@ int run_stages(const Args& args, std::ostream& out, std::ostream& err) {
     err << options.program() << ": --top >= 0, --iterations >= 1\n";
     return kBadInput;
   }
-  const std::optional<std::vector<SetAxis>> sets = set_option(*result, options.program(), err);
-  if (!sets) return kBadInput;
-  Json point = Json::object();
-  for (const SetAxis& axis : *sets) {
-    if (axis.values.size() != 1) {
-      err << options.program() << ": --set " << axis.path << ": one value here, not a list\n";
-      return kBadInput;
-    }
-    point[axis.path] = axis.values.front();
-  }
   Diagnostics diag;
+  const std::optional<Json> point = set_point(*result, diag);
+  if (!point) return report_problems(diag, err);
   const auto loaded = load_scenario(file, diag);
   if (!loaded) return report_problems(diag, err);
-  const auto scenario = scenario_at(*loaded, point, diag);
+  const auto scenario = scenario_at(*loaded, *point, diag);
   if (!scenario) return report_problems(diag, err);
   budget.gpus = result->count("gpus")
                     ? (*result)["gpus"].as<int64_t>()

@@ -139,7 +139,7 @@ SweepResult run_sweep(
     result.top_k = top_k;
     for (int64_t g : gpus) {
       auto phase = std::chrono::steady_clock::now();
-      Enumeration e = enumerate_plans(*s, space, g);
+      Enumeration e = enumerate_plans(*s, space, g, options.cost ? &*options.cost : nullptr);
       if (options.shard_count > 1) {
         const std::string prefix = point.empty() ? "" : point.dump();
         std::erase_if(e.valid, [&](const Candidate& c) {
@@ -179,15 +179,16 @@ SweepResult run_sweep(
         if (ranked[i].candidate.plan.stage_split == StageSplit::kUniform)
           uniform_twin.emplace(split_free_key(ranked[i].candidate.plan), i);
       std::set<std::size_t> picked;
-      for (std::size_t i = 0; i < ranked.size() && static_cast<int64_t>(i) < top_k; ++i) picked.insert(i);
+      for (std::size_t i = 0; i < ranked.size() && static_cast<int64_t>(i) < top_k; ++i)
+        picked.insert(i);
       std::size_t compared = 0;
       for (std::size_t i = 0; i < ranked.size() && compared < 3; ++i) {
         const ParallelPlan& p = ranked[i].candidate.plan;
         if (p.stage_split != StageSplit::kFrozenAware) continue;
         const auto twin = uniform_twin.find(split_free_key(p));
         if (twin == uniform_twin.end()) continue;
-        result.split_gains.push_back(
-            {g, p, ranked[i].estimate.metrics.step_s, ranked[twin->second].estimate.metrics.step_s});
+        result.split_gains.push_back({g, p, ranked[i].estimate.metrics.step_s,
+                                      ranked[twin->second].estimate.metrics.step_s});
         ++compared;
         if (picked.count(i) > 0) picked.insert(twin->second);
       }
