@@ -237,9 +237,16 @@ if [[ $what == cornstarch-exec || $what == all ]]; then
   med() { grep -o '"step_s":[0-9.e-]*' "$1/loss.jsonl" | tail -n +2 | cut -d: -f2 | sort -g |
           awk '{ v[NR] = $1 } END { printf "%.4f", (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
   echo "== issue 9 with the executor: median step time (s) of steps 2-20, three repeats =="
+  for split in frozen_aware uniform; do
+    echo "{\"placement\": \"homogeneous\", \"layout\": {\"pp\": 2}, \"micro_batch_size\": 1, \"schedule\": \"1f1b\", \"stage_split\": \"$split\"}" >"$root/$split.json"
+  done
+  # The frozen-aware split priced with the shipped calibration profile instead of analytic costs.
+  layers=$("$tessera" estimate scenarios/cpu-tiny-big-vit.json --plan "$root/frozen_aware.json" \
+             --profile traces/cpu-local/profile.json | sed -n 's/^stage layers *llm \([0-9,]*\) .*/\1/p')
+  echo "{\"placement\": \"homogeneous\", \"layout\": {\"pp\": 2, \"stage_layers\": [$layers]}, \"micro_batch_size\": 1, \"schedule\": \"1f1b\"}" >"$root/profiled.json"
+  echo "(frozen-aware analytic: $("$tessera" estimate scenarios/cpu-tiny-big-vit.json --plan "$root/frozen_aware.json" | sed -n 's/^stage layers *//p'); priced with the profile: $layers)"
   for rep in 1 2 3; do
-    for split in frozen_aware uniform; do
-      echo "{\"placement\": \"homogeneous\", \"layout\": {\"pp\": 2}, \"micro_batch_size\": 1, \"schedule\": \"1f1b\", \"stage_split\": \"$split\"}" >"$root/$split.json"
+    for split in frozen_aware uniform profiled; do
       "$train" scenarios/cpu-tiny-big-vit.json --plan "$root/$split.json" --steps 20 --trace-steps 0 --no-checkpoint --out "$root/$split-$rep" >/dev/null
       echo "cpu-tiny-big-vit PP2 stage_split $split   repeat $rep: $(med "$root/$split-$rep")"
     done

@@ -252,4 +252,27 @@ ParallelPlan resolve_stage_split(const ParallelPlan& plan, const ModelSpec& mode
   return out;
 }
 
+namespace {
+
+std::string layers_text(const ModuleLayout& l) {
+  if (l.stage_layers.empty()) return "even";
+  std::string out;
+  for (std::size_t i = 0; i < l.stage_layers.size(); ++i)
+    out += (i ? "," : "") + std::to_string(l.stage_layers[i]);
+  return out;
+}
+
+}  // namespace
+
+std::string stage_layers_text(const ParallelPlan& plan, const ModelSpec& model) {
+  if (plan.placement == Placement::kHomogeneous) {
+    const ModuleSpec* llm = find_llm(model);
+    return (llm != nullptr ? llm->name : std::string("llm")) + " " + layers_text(plan.layout);
+  }
+  std::string out;
+  for (const auto& [name, l] : plan.modules)
+    out += (out.empty() ? "" : " | ") + name + " " + layers_text(l);
+  return out;
+}
+
 }  // namespace tessera

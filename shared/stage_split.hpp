@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "shared/cluster_spec.hpp"
@@ -51,5 +52,9 @@ ChainCosts chain_costs(const ModelSpec& model, std::size_t module, const Paralle
 ParallelPlan resolve_stage_split(const ParallelPlan& plan, const ModelSpec& model,
                                  const WorkloadSpec& workload, const ClusterSpec& cluster,
                                  const CostParams* params = nullptr);
+
+// Layers per stage of each pipelined module: "llm 3,5" (homogeneous), "vision even | llm 6,6,5"
+// (non-colocated; "even" where the plan gives none).
+std::string stage_layers_text(const ParallelPlan& plan, const ModelSpec& model);
 
 }  // namespace tessera

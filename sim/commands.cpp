@@ -23,6 +23,22 @@
 
 namespace tessera::sim {
 
+namespace {
+
+// "stage layers     llm 3,5 (frozen_aware)" for a pipelined plan, else "".
+std::string stage_layers_line(const ParallelPlan& plan, const ModelSpec& model, bool profile) {
+  bool pipelined = plan.layout.pp * plan.layout.vpp > 1;
+  for (const auto& [name, l] : plan.modules) pipelined = pipelined || l.pp * l.vpp > 1;
+  if (!pipelined) return "";
+  return "stage layers     " + stage_layers_text(plan, model) + " (" +
+         enum_name(plan.stage_split, kStageSplits) +
+         (profile && plan.stage_split == StageSplit::kFrozenAware ? ", priced with the profile"
+                                                                  : "") +
+         ")\n";
+}
+
+}  // namespace
+
 int run_validate(const Args& args, std::ostream& out, std::ostream& err) {
   cxxopts::Options options(
       "tessera validate",
@@ -216,6 +232,7 @@ int run_estimate(const Args& args, std::ostream& out, std::ostream& err) {
   out << "scenario " << scenario->name << ": " << enum_name(scenario->plan->placement, kPlacements)
       << " plan on " << world_size(*scenario->plan, scenario->model) << " ranks, iteration "
       << iteration << "\n";
+  out << stage_layers_line(plan, scenario->model, cost.has_value());
   out << format_estimate(e, *scenario);
   if (e.metrics.step_s <= 0 && e.reason.find("not lowered yet") != std::string::npos)
     return kBadInput;
@@ -281,6 +298,7 @@ int run_simulate(const Args& args, std::ostream& out, std::ostream& err) {
         << enum_name(scenario->plan->placement, kPlacements) << " plan on "
         << world_size(*scenario->plan, scenario->model) << " ranks, SimGrid, contention "
         << contention << (sim.contention ? ", nested collectives " + nested : "") << "\n";
+    out << stage_layers_line(plan, scenario->model, sim.cost.has_value());
     out << format_simulation(r, *scenario);
   }
   if (!r.feasible)

@@ -7,29 +7,13 @@
 #include "shared/json_reader.hpp"
 #include "shared/plan_search.hpp"
 #include "shared/stage_allocation.hpp"
+#include "shared/stage_split.hpp"
 #include "sim/command_line.hpp"
 #include "sim/simulator.hpp"
 
 namespace tessera::sim {
 
 namespace {
-
-std::string layers_text(const ModuleLayout& l) {
-  if (l.stage_layers.empty()) return "even";
-  std::string out;
-  for (std::size_t i = 0; i < l.stage_layers.size(); ++i)
-    out += (i ? "," : "") + std::to_string(l.stage_layers[i]);
-  return out;
-}
-
-std::string layers_text(const ParallelPlan& plan, const ModelSpec& model) {
-  if (plan.placement == Placement::kHomogeneous)
-    return find_llm(model)->name + " " + layers_text(plan.layout);
-  std::string out;
-  for (const auto& [name, l] : plan.modules)
-    out += (out.empty() ? "" : " | ") + name + " " + layers_text(l);
-  return out;
-}
 
 std::string seconds(double s) {
   std::ostringstream o;
@@ -112,7 +96,7 @@ int run_stages(const Args& args, std::ostream& out, std::ostream& err) {
     const StageCountPlan& p = a.frozen_aware[static_cast<std::size_t>(i)];
     out << "  " << std::left << std::setw(34) << stage_counts_text(p.stages) << std::right
         << std::setw(10) << seconds(p.estimate.metrics.step_s) << "   layers "
-        << layers_text(p.plan, scenario->model) << "\n";
+        << stage_layers_text(p.plan, scenario->model) << "\n";
   }
   const StageCountPlan& aware = a.frozen_aware.front();
   const StageCountPlan& unaware = a.freeze_unaware.front();
