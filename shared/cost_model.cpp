@@ -8,9 +8,7 @@
 namespace tessera {
 
 SizeClass size_class(const ModuleSpec& m) {
-  const int64_t width = m.transformer  ? m.transformer->hidden
-                        : m.projector ? m.projector->out
-                                      : 0;
+  const int64_t width = m.transformer ? m.transformer->hidden : m.projector ? m.projector->out : 0;
   return width < 1024 ? SizeClass::kSmall : width < 4096 ? SizeClass::kMedium : SizeClass::kLarge;
 }
 
@@ -228,21 +226,28 @@ double CostModel::compute_only_s(const Program& program, const Op& op) const {
 
 double CostModel::dedicated_compute_s(const Op& op) const {
   if (op.kind == OpKind::kOptimizerStep) {
-    if (const auto& f = params_.optimizer_fit) return f->overhead_s + op.bytes / f->bandwidth_bytes_per_s;
+    if (const auto& f = params_.optimizer_fit)
+      return f->overhead_s + op.bytes / f->bandwidth_bytes_per_s;
     return params_.overhead_per_op_s + op.bytes / cluster_.device.memory_bandwidth_bytes_per_s;
   }
   TESSERA_CHECK(op.kind == OpKind::kCompute);
   if (const ComputeFit* f = compute_fit(op)) {
     const bool fused = op.phase == Phase::kW && f->phase == Phase::kB;
-    if (fused) return op.flops * f->seconds_per_flop;
-    return f->overhead_s + op.flops * f->seconds_per_flop +
+    if (fused) return fixed_compute_s(op) + op.flops * f->seconds_per_flop;
+    return fixed_compute_s(op) + op.flops * f->seconds_per_flop +
            static_cast<double>(op.tokens * op.layers) * f->seconds_per_token_layer +
            op.logits * f->seconds_per_logit + nested_calls(op) * f->seconds_per_nested_call;
   }
   double seconds =
-      params_.overhead_per_op_s + static_cast<double>(op.layers) * params_.overhead_per_layer_s;
+      fixed_compute_s(op) + static_cast<double>(op.layers) * params_.overhead_per_layer_s;
   if (op.flops > 0) seconds += op.flops / (peak_flops(cluster_, dtype_) * efficiency(op));
   return seconds;
+}
+
+double CostModel::fixed_compute_s(const Op& op) const {
+  if (const ComputeFit* f = compute_fit(op))
+    return op.phase == Phase::kW && f->phase == Phase::kB ? 0 : f->overhead_s;
+  return params_.overhead_per_op_s;
 }
 
 RankMemory parameter_memory(double parameters, bool trainable, int64_t optimizer_shards,

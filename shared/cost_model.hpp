@@ -22,8 +22,8 @@ std::string size_class_name(SizeClass size);
 
 // What a calibration fit reports about itself (../shared/ALGORITHMS.md §9).
 struct FitStats {
-  int64_t samples = 0;       // medians the fit used (each over the warm iterations of one op)
-  double residual = 0;       // RMS error of the fit on its samples over their mean
+  int64_t samples = 0;          // medians the fit used (each over the warm iterations of one op)
+  double residual = 0;          // RMS error of the fit on its samples over their mean
   double min_x = 0, max_x = 0;  // the measured range of FLOPs or bytes
   // How single instances vary around the fit: quantiles, at (k + 0.5) / K, of measured / fitted
   // seconds over every measured instance, scaled to mean 1 (so totals stay the fit's). A
@@ -117,6 +117,9 @@ class CostModel {
   double compute_only_s(const Program& program, const Op& op) const;
   // The same on a core or device of its own (a simulator that shares cores itself).
   double dedicated_compute_s(const Op& op) const;
+  // The part of dedicated_compute_s that does not grow with the op's work: a Compute op's fixed
+  // cost (the fit's overhead, none for a W fused into its B; else the analytic per-op overhead).
+  double fixed_compute_s(const Op& op) const;
   // Seconds of one collective of `bytes` (NCCL-tests size) over `group`.
   double collective_s(CollectiveKind kind, const RankList& group, double bytes) const;
   // Seconds for a point-to-point message between two ranks.

@@ -122,14 +122,18 @@ class Pricer {
 
   // Seconds of `linear` + `attention` forward FLOPs (whole micro-batch, before sharding) of
   // module `m` over `layers` layers, with `calls` TP all-reduces of `act` bytes per direction.
+  // `tokens` of the whole micro-batch; `logits` (the head's, before sharding) count in F and B.
+  // `whole_op`: the work is an op of its own (a module hosted on the stage), whose fixed cost
+  // counts; otherwise it is part of the stage's op of its module, and only what it adds counts.
   double seconds(std::size_t m, double linear, double attention, int32_t layers, int32_t calls,
-                 double act) const {
+                 double act, double tokens, double logits = 0, bool whole_op = false) const {
     const GradientFlow& f = flow_[m];
     const bool recompute = plan_.recompute == Recompute::kFull && f.backward();
-    double s = phase(m, Phase::kF, linear + attention, layers, calls, act);
-    if (f.backward()) s += phase(m, Phase::kB, linear + 2 * attention, layers, calls, act);
-    if (f.trainable) s += phase(m, Phase::kW, linear, layers, 0, act);
-    if (recompute) s += phase(m, Phase::kR, linear + attention, layers, calls, act);
+    const Work w{layers, calls, act, tokens, logits, whole_op};
+    double s = phase(m, Phase::kF, linear + attention, w);
+    if (f.backward()) s += phase(m, Phase::kB, linear + 2 * attention, w);
+    if (f.trainable) s += phase(m, Phase::kW, linear, {layers, 0, act, tokens, 0, whole_op});
+    if (recompute) s += phase(m, Phase::kR, linear + attention, w);
     return s;
   }
   double activation_bytes(double tokens, int64_t hidden) const {
@@ -138,17 +142,24 @@ class Pricer {
   }
 
  private:
-  double phase(std::size_t m, Phase ph, double flops, int32_t layers, int32_t calls,
-               double act) const {
+  struct Work {
+    int32_t layers = 0, calls = 0;
+    double act = 0, tokens = 0, logits = 0;
+    bool whole_op = false;
+  };
+  // The op lower() would make for this work on one rank (tokens and logits sharded as it does).
+  double phase(std::size_t m, Phase ph, double flops, const Work& w) const {
     Op op;
     op.module = static_cast<int16_t>(m);
     op.phase = ph;
-    op.layers = layers;
+    op.layers = w.layers;
+    op.tokens = static_cast<int64_t>(w.tokens / cp_);
+    op.logits = w.logits / shard_;
     op.flops = flops / shard_;
-    if (program_.world > 1 && calls > 0)
-      op.nested.push_back({CollectiveKind::kAllReduce, Purpose::kTp, 0, calls, act});
-    // A stage is one op per phase: its fixed cost is not the layer's.
-    return cost_.compute_s(program_, op) - cost_.params().overhead_per_op_s;
+    if (program_.world > 1 && w.calls > 0)
+      op.nested.push_back({CollectiveKind::kAllReduce, Purpose::kTp, 0, w.calls, w.act});
+    // A stage runs one op per phase and module: its fixed cost is not the layer's.
+    return cost_.compute_s(program_, op) - (w.whole_op ? 0 : cost_.fixed_compute_s(op));
   }
   const ModelSpec& model_;
   const ParallelPlan& plan_;
@@ -172,18 +183,20 @@ double module_seconds(const Pricer& price, const ModelSpec& model, std::size_t m
     const ProjectorArch& pr = *spec.projector;
     const double w = static_cast<double>(pr.layers == 1 ? pr.in * pr.out
                                                         : pr.in * pr.hidden + pr.hidden * pr.out);
-    return price.seconds(m, 2.0 * w * tokens, 0, 0, 1, price.activation_bytes(tokens, pr.out));
+    return price.seconds(m, 2.0 * w * tokens, 0, 0, 1, price.activation_bytes(tokens, pr.out),
+                         tokens, 0, true);
   }
   if (!spec.transformer) return 0;
   const TransformerArch& a = *spec.transformer;
   const auto [linear, attention] = layer_flops(a, tokens, attended);
-  return static_cast<double>(a.layers) *
-             price.seconds(m, linear, attention, 1, 2, price.activation_bytes(tokens, a.hidden)) +
+  return static_cast<double>(a.layers) * price.seconds(m, linear, attention, 1, 2,
+                                                       price.activation_bytes(tokens, a.hidden),
+                                                       tokens) +
          price.seconds(
              m,
              tokens * (forward_flops_per_token(spec, attended) -
                        static_cast<double>(a.layers) * layer_forward_flops_per_token(a, attended)),
-             0, 0, 0, 0);
+             0, 0, 0, 0, tokens, 0, true);  // the module's one op: its fixed cost counts here
 }
 
 const ModuleLayout& layout_of(const ParallelPlan& plan, const ModelSpec& model, std::size_t m) {
@@ -208,17 +221,19 @@ ChainCosts chain_costs(const ModelSpec& model, std::size_t module, const Paralle
   const double tokens = mbs * w.tokens;
   const auto [linear, attention] = layer_flops(a, tokens, w.attended);
   ChainCosts c;
-  c.layers.assign(
-      static_cast<std::size_t>(a.layers),
-      price.seconds(module, linear, attention, 1, 2, price.activation_bytes(tokens, a.hidden)));
+  c.layers.assign(static_cast<std::size_t>(a.layers),
+                  price.seconds(module, linear, attention, 1, 2,
+                                price.activation_bytes(tokens, a.hidden), tokens));
   // Front end (patches, mel frames) on the first stage; the head and loss on the last.
   ModuleSpec front = spec;
   front.transformer->layers = 0;
   front.transformer->vocab = 0;
-  c.first_extra = price.seconds(module, tokens * forward_flops_per_token(front, 0), 0, 0, 0, 0);
+  c.first_extra =
+      price.seconds(module, tokens * forward_flops_per_token(front, 0), 0, 0, 0, 0, tokens);
   if (a.vocab > 0)
     c.last_extra = price.seconds(module, tokens * 2.0 * static_cast<double>(a.hidden * a.vocab), 0,
-                                 0, 1, price.activation_bytes(tokens, a.hidden));
+                                 0, 1, price.activation_bytes(tokens, a.hidden), tokens,
+                                 tokens * static_cast<double>(a.vocab));
   // A homogeneous plan runs every other module on the LLM's first stage, on the LLM's grid.
   if (plan.placement == Placement::kHomogeneous && spec.role == ModuleRole::kLlm)
     for (std::size_t i = 0; i < model.modules.size(); ++i)

@@ -183,3 +183,44 @@ TEST_CASE("frozen-aware stage split: the LLM's first stage hosting the encoder t
       if (op.kind == OpKind::kCompute && op.module == 2)
         CHECK(op.layers == frozen[static_cast<std::size_t>(op.stage)]);
 }
+
+TEST_CASE("frozen-aware split priced with a profile: fixed costs once per stage, measured rates") {
+  const WorkloadSpec w = workload();
+  const ClusterSpec c = cluster();
+  const ParallelPlan aware =
+      plan(R"({"placement": "homogeneous", "layout": {"pp": 2}, "stage_split": "frozen_aware"})");
+  auto fit = [](ModuleRole role, Phase phase, double overhead, double per_flop,
+                double per_token_layer) {
+    ComputeFit f;
+    f.role = role;
+    f.phase = phase;
+    f.overhead_s = overhead;
+    f.seconds_per_flop = per_flop;
+    f.seconds_per_token_layer = per_token_layer;
+    return f;
+  };
+  auto params = [&](double encoder_per_flop, double llm_overhead) {
+    CostParams p = default_cost_params(c);
+    p.compute_fits = {fit(ModuleRole::kEncoder, Phase::kF, 0, encoder_per_flop, 0),
+                      fit(ModuleRole::kProjector, Phase::kF, 0, 1e-12, 0),
+                      fit(ModuleRole::kProjector, Phase::kB, 0, 1e-12, 0),
+                      fit(ModuleRole::kLlm, Phase::kF, llm_overhead, 1e-12, 1e-7),
+                      fit(ModuleRole::kLlm, Phase::kB, llm_overhead, 1e-12, 1e-7)};
+    return p;
+  };
+  auto split = [&](const CostParams& p) {
+    return resolve_stage_split(aware, model(true), w, c, &p).layout.stage_layers;
+  };
+  const CostParams cheap = params(1e-13, 0);
+  const std::vector<int64_t> base = split(cheap);
+  REQUIRE(base.size() == 2);
+  // An encoder measured a hundred times as slow leaves fewer LLM layers beside it on stage 0.
+  const std::vector<int64_t> slow = split(params(1e-11, 0));
+  CHECK(slow[0] < base[0]);
+  // Every stage runs one LLM op per phase: a large fixed cost per op moves no boundary.
+  CHECK(split(params(1e-11, 1.0)) == slow);
+  // The per token·layer rate counts (lower()'s ops carry their tokens): without any other
+  // LLM cost, the layers still weigh.
+  const ChainCosts costs = chain_costs(model(true), 2, aware, w, c, &cheap);
+  CHECK(costs.layers.front() > 0);
+}
