@@ -13,8 +13,9 @@
 #          `tessera stages`, and the CP table: one image-and-text sequence of 8k-128k tokens on
 #          TP 4 x CP 2-8, attention-work max/mean and simulated step for uniform/zigzag/makespan
 #   cornstarch-exec  issue 9 with the executor: frozen-aware vs uniform stage split
-#          (scenarios/cpu-tiny-big-vit.json, PP2) and makespan vs zigzag CP (CP2, one packed
-#          micro-batch), 20 steps, median of steps 2.., 3 repeats
+#          (scenarios/cpu-tiny-big-vit.json, PP2; analytic, and priced with a profile calibrated
+#          on a run of that model) and makespan vs zigzag CP (CP2, one packed micro-batch),
+#          20 steps, median of steps 2.., 3 repeats
 #   accuracy  calibration (issue 8): records the cpu-local calibration set 3 times, fits a profile
 #          on half of the plans each time, and replays every plan with it and without it
 set -euo pipefail
@@ -240,9 +241,13 @@ if [[ $what == cornstarch-exec || $what == all ]]; then
   for split in frozen_aware uniform; do
     echo "{\"placement\": \"homogeneous\", \"layout\": {\"pp\": 2}, \"micro_batch_size\": 1, \"schedule\": \"1f1b\", \"stage_split\": \"$split\"}" >"$root/$split.json"
   done
-  # The frozen-aware split priced with the shipped calibration profile instead of analytic costs.
+  # The frozen-aware split priced with a profile calibrated on this model: one traced run of the
+  # uniform split, `tessera calibrate`, then the split `estimate --profile` chooses.
+  "$train" scenarios/cpu-tiny-big-vit.json --plan "$root/uniform.json" --steps 10 --trace-steps 5 \
+    --no-checkpoint --out "$root/calibration-run" >/dev/null
+  "$tessera" calibrate "$root/calibration-run" -o "$root/profile.json" >/dev/null
   layers=$("$tessera" estimate scenarios/cpu-tiny-big-vit.json --plan "$root/frozen_aware.json" \
-             --profile traces/cpu-local/profile.json | sed -n 's/^stage layers *llm \([0-9,]*\) .*/\1/p')
+             --profile "$root/profile.json" | sed -n 's/^stage layers *llm \([0-9,]*\) .*/\1/p')
   echo "{\"placement\": \"homogeneous\", \"layout\": {\"pp\": 2, \"stage_layers\": [$layers]}, \"micro_batch_size\": 1, \"schedule\": \"1f1b\"}" >"$root/profiled.json"
   echo "(frozen-aware analytic: $("$tessera" estimate scenarios/cpu-tiny-big-vit.json --plan "$root/frozen_aware.json" | sed -n 's/^stage layers *//p'); priced with the profile: $layers)"
   for rep in 1 2 3; do
