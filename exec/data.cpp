@@ -70,9 +70,12 @@ std::string executor_plan_support(const ParallelPlan& plan, const ModelSpec& mod
   const std::string next = " is not in the executor yet";
   if (plan.placement == Placement::kNonColocated) {
     const ModuleSpec* llm = find_llm(model);
-    for (const auto& [module, l] : plan.modules)
-      if (module != llm->name && l.pp > 1)
-        return "plan.modules." + module + ".pp: a pipelined encoder in a non-colocated plan" + next;
+    for (const auto& [module, l] : plan.modules) {
+      const ModuleSpec* m = find_module(model, module);
+      if (module != llm->name && l.pp > 1 && m != nullptr && m->modality != Modality::kImage)
+        return "plan.modules." + module + ".pp: a pipelined " +
+               enum_name(m->modality, kModalities) + " encoder in a non-colocated plan" + next;
+    }
   }
   if (plan.recompute != Recompute::kNone) return "plan.recompute: activation recomputation" + next;
   for (const ModuleSpec& m : model.modules) {

@@ -251,7 +251,9 @@ int train(int argc, char** argv) {
   }
   const int code = launch_and_report(launch_options, worker);
   if (code == 0 && !job.out_dir.empty() && launch_options.node_rank == 0)
-    std::cout << "recorded: " << job.out_dir << "/{loss.jsonl,run.json,trace/,checkpoint/}\n";
+    std::cout << "recorded: " << job.out_dir << "/{loss.jsonl,run.json"
+              << (job.trace_steps > 0 ? ",trace/" : "") << (job.checkpoint ? ",checkpoint/" : "")
+              << "}\n";
   return code;
 }
 

@@ -9,6 +9,7 @@
 #include "shared/context_split.hpp"
 #include "shared/lower.hpp"
 #include "shared/microbatch.hpp"
+#include "shared/model_math.hpp"
 
 namespace tessera::exec {
 
@@ -105,9 +106,11 @@ Worker::Worker(const Scenario& s, const ParallelPlan& plan, Groups& groups,
     const ModuleSpec& spec = model.modules[static_cast<std::size_t>(op.module)];
     TESSERA_CHECK(tp_[static_cast<std::size_t>(op.module)] != nullptr,
                   "rank " + std::to_string(rank_) + " runs " + spec.name + " but has no group for it");
+    // A module without layers (a projector) is whole wherever its host's stage puts it.
+    const int64_t count = spec.transformer ? layers[op.module][v] : 0;
+    if (!spec.transformer) begin = 0;
     stages_[{op.module, op.chunk}] = std::make_unique<Stage>(
-        spec, begin, begin + layers[op.module][v], options.seed,
-        *tp_[static_cast<std::size_t>(op.module)]);
+        spec, begin, begin + count, options.seed, *tp_[static_cast<std::size_t>(op.module)]);
   }
   linked_boundary_ = plan.placement == Placement::kNonColocated ||
                      (plan.placement == Placement::kColocated && stages[llm_] > 1);
@@ -633,10 +636,20 @@ StepResult Worker::step(int64_t iteration) {
         torch::Tensor t;
         if (op.phase == Phase::kF) {
           const ModuleSpec& spec = model.modules[static_cast<std::size_t>(op.module)];
-          TESSERA_CHECK(spec.role == ModuleRole::kLlm,
-                        "activations of " + spec.name + " across ranks are not in the executor yet");
-          t = torch::zeros({static_cast<int64_t>(micro_batch(op.microbatch).local.size()),
-                            spec.transformer->hidden});
+          if (spec.role == ModuleRole::kLlm) {
+            t = torch::zeros({static_cast<int64_t>(micro_batch(op.microbatch).local.size()),
+                              spec.transformer->hidden});
+          } else {
+            // A pipelined image encoder: (images, tokens per image, hidden) between its stages.
+            TESSERA_CHECK(spec.role == ModuleRole::kEncoder && spec.modality == Modality::kImage,
+                          "activations of " + spec.name + " across ranks are not in the executor yet");
+            int64_t images = 0;
+            for (int32_t sample : samples_for(op.module, op.microbatch))
+              images += static_cast<int64_t>(batch_.data[static_cast<std::size_t>(sample)].images.size());
+            const int64_t size = spec.patching->image_size;
+            t = torch::zeros({images, image_tokens(spec, size, size).encoder_tokens,
+                              spec.transformer->hidden});
+          }
         } else {
           t = torch::zeros_like(slots_.at(key).output);
         }

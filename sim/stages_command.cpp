@@ -48,7 +48,9 @@ int run_stages(const Args& args, std::ostream& out, std::ostream& err) {
       "top", "frozen-aware allocations listed", cxxopts::value<int64_t>()->default_value("5"))(
       "simulate", "also simulate both chosen plans on SimGrid")(
       "iterations", "iterations to simulate", cxxopts::value<int64_t>()->default_value("1"))(
-      "o,out", "write the frozen-aware plan here (plan JSON)", cxxopts::value<std::string>());
+      "o,out", "write the frozen-aware plan here (plan JSON)", cxxopts::value<std::string>())(
+      "baseline-out", "write the freeze-unaware plan here (plan JSON)",
+      cxxopts::value<std::string>());
   int code = kOk;
   std::string file;
   const auto result =
@@ -152,14 +154,16 @@ int run_stages(const Args& args, std::ostream& out, std::ostream& err) {
       }
     }
   }
-  if (result->count("out")) {
-    const std::string path = (*result)["out"].as<std::string>();
-    const std::string problem = write_file_atomically(path, to_json(aware.plan).dump(2) + "\n");
+  for (const auto& [flag, plan] : {std::pair<const char*, const ParallelPlan*>{"out", &aware.plan},
+                                   {"baseline-out", &unaware.plan}}) {
+    if (!result->count(flag)) continue;
+    const std::string path = (*result)[flag].as<std::string>();
+    const std::string problem = write_file_atomically(path, to_json(*plan).dump(2) + "\n");
     if (!problem.empty()) {
       err << options.program() << ": " << problem << "\n";
       return 1;
     }
-    out << "plan: " << path << "\n";
+    out << (plan == &aware.plan ? "frozen-aware" : "freeze-unaware") << " plan: " << path << "\n";
   }
   return exit_code;
 }

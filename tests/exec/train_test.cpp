@@ -251,6 +251,12 @@ TEST_CASE("everything trainable (the vision encoder too): plans agree") {
   check_parity(train_with(file, raw_plan(R"({"placement": "non_colocated", "schedule": "graph_1f1b",
       "micro_batch_size": 1, "modules": {"vision": {"dp": 2}, "llm": {"pp": 2}}})", "all-nc"), "all-nc"),
                reference);
+  // The trainable ViT pipelined over two stages of its own (Cornstarch's per-module stage
+  // counts): activations and their gradients cross between its stages.
+  check_parity(train_with(file, raw_plan(R"({"placement": "non_colocated", "schedule": "graph_1f1b",
+      "micro_batch_size": 1, "modules": {"vision": {"pp": 2}, "llm": {"pp": 2}}})", "all-nc-vision-pp2"),
+                          "all-nc-vision-pp2"),
+               reference);
 }
 
 TEST_CASE("single rank: the Program interpreter gives the plain LibTorch loop's losses") {
@@ -339,14 +345,15 @@ TEST_CASE("non-colocated placements: disjoint spans, leader links, broadcast, CP
            {R"({"vision": {"dp": 2}, "llm": {"pp": 2}})", "nc-dp2-pp2"},       // fan-in
            {R"({"vision": {"dp": 1}, "llm": {"tp": 2}})", "nc-tp2"},           // broadcast
            {R"({"vision": {"dp": 1}, "llm": {"dp": 2}})", "nc-fan-out"},
-           {R"({"vision": {"dp": 2}, "llm": {"cp": 2}})", "nc-cp2"}}) {        // CP gradient sum
+           {R"({"vision": {"dp": 2}, "llm": {"cp": 2}})", "nc-cp2"},         // CP gradient sum
+           {R"({"vision": {"pp": 2}, "llm": {"pp": 2}})", "nc-vision-pp2"}}) {  // frozen ViT, 2 stages
     const std::string plan = nc(modules, name);
     const fs::path out = fresh_dir(name);
     const Run r = run(kScenario + " --plan " + plan + " --steps 3 --out " + out.string());
     INFO(name << ": " << r.output);
     REQUIRE(r.code == 0);
     check_parity(losses(out), reference);
-    if (name == "nc-dp2-pp2") check_trace_is_program(out, kScenario, plan);
+    if (name == "nc-dp2-pp2" || name == "nc-vision-pp2") check_trace_is_program(out, kScenario, plan);
   }
   // Image and audio encoders each on their own rank, the LLM pipelined over two more.
   const std::string valm = std::string(TESSERA_SOURCE_DIR) + "/scenarios/cpu-tiny-valm.json";
@@ -354,6 +361,12 @@ TEST_CASE("non-colocated placements: disjoint spans, leader links, broadcast, CP
   check_parity(train_with(valm, nc(R"({"vision": {"dp": 1}, "audio": {"dp": 1}, "llm": {"pp": 2}})", "nc-valm"),
                           "nc-valm"),
                valm_reference);
+  // The Whisper-style encoder runs whole: several stages of its own are refused up front.
+  const Run refused =
+      run(valm + " --plan " + nc(R"({"vision": {"dp": 1}, "audio": {"pp": 2}, "llm": {"dp": 1}})", "nc-audio-pp2"));
+  CHECK(refused.code == 2);
+  CHECK(refused.output.find("nc-audio-pp2.json: plan.modules.audio.pp: a pipelined audio encoder") !=
+        std::string::npos);
 }
 
 TEST_CASE("the shapes data set is learnable: the loss falls by half within 50 steps") {
