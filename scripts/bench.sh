@@ -14,7 +14,8 @@
 #          TP 4 x CP 2-8, attention-work max/mean and simulated step for uniform/zigzag/makespan
 #   cornstarch-exec  issue 9 with the executor: frozen-aware vs uniform stage split
 #          (scenarios/cpu-tiny-big-vit.json, PP2; analytic, and priced with a profile calibrated
-#          on a run of that model) and makespan vs zigzag CP (CP2, one packed micro-batch),
+#          on a run of that model), stage counts per module on 4 ranks (`tessera stages`: the
+#          frozen-aware vs the freeze-unaware choice) and makespan vs zigzag CP (CP2, one packed micro-batch),
 #          20 steps, median of steps 2.., 3 repeats
 #   accuracy  calibration (issue 8): records the cpu-local calibration set 3 times, fits a profile
 #          on half of the plans each time, and replays every plan with it and without it
@@ -250,10 +251,19 @@ if [[ $what == cornstarch-exec || $what == all ]]; then
              --profile "$root/profile.json" | sed -n 's/^stage layers *llm \([0-9,]*\) .*/\1/p')
   echo "{\"placement\": \"homogeneous\", \"layout\": {\"pp\": 2, \"stage_layers\": [$layers]}, \"micro_batch_size\": 1, \"schedule\": \"1f1b\"}" >"$root/profiled.json"
   echo "(frozen-aware analytic: $("$tessera" estimate scenarios/cpu-tiny-big-vit.json --plan "$root/frozen_aware.json" | sed -n 's/^stage layers *//p'); priced with the profile: $layers)"
+  # Stage counts per module on 4 ranks (tessera stages): the frozen-aware and the freeze-unaware choice.
+  "$tessera" stages scenarios/cpu-tiny-big-vit.json --gpus 4 --tp 1 -o "$root/frozen_aware_counts.json" \
+    --baseline-out "$root/freeze_unaware_counts.json" >"$root/stages.txt"
+  sed -n 's/^frozen-aware choice *\(.*[0-9]\) *estimate.*/\1/p' "$root/stages.txt" >"$root/frozen_aware_counts.txt"
+  sed -n 's/^freeze-unaware choice *\(.*[0-9]\) *estimate.*/\1/p' "$root/stages.txt" >"$root/freeze_unaware_counts.txt"
   for rep in 1 2 3; do
     for split in frozen_aware uniform profiled; do
       "$train" scenarios/cpu-tiny-big-vit.json --plan "$root/$split.json" --steps 20 --trace-steps 0 --no-checkpoint --out "$root/$split-$rep" >/dev/null
       echo "cpu-tiny-big-vit PP2 stage_split $split   repeat $rep: $(med "$root/$split-$rep")"
+    done
+    for choice in frozen_aware_counts freeze_unaware_counts; do
+      "$train" scenarios/cpu-tiny-big-vit.json --plan "$root/$choice.json" --nproc 4 --steps 20 --trace-steps 0 --no-checkpoint --out "$root/$choice-$rep" >/dev/null
+      echo "cpu-tiny-big-vit 4 ranks, $choice ($(cat "$root/$choice.txt"))   repeat $rep: $(med "$root/$choice-$rep")"
     done
     for cps in makespan zigzag; do
       echo "{\"placement\": \"homogeneous\", \"layout\": {\"cp\": 2}, \"micro_batch_size\": 8, \"schedule\": \"1f1b\", \"cp_split\": \"$cps\"}" >"$root/$cps.json"
