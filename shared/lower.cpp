@@ -1,6 +1,7 @@
 #include "shared/lower.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cstdio>
 #include <functional>
 #include <map>
@@ -105,8 +106,9 @@ class Lowering {
   struct CpShare {
     std::vector<double> tokens, pairs;
     double balance = 1, uniform_balance = 1;
+    int64_t replica = 0;  // the data-parallel replica (CP group) whose micro-batch it is
   };
-  const CpShare& cp_share(std::span<const Sample* const> samples, int64_t cp);
+  const CpShare& cp_share(std::span<const Sample* const> samples, int64_t cp, int64_t replica);
 
   // --- groups --------------------------------------------------------------------------
   int32_t group(RankList members);
@@ -358,7 +360,8 @@ const ModuleWork& Lowering::work_of(int module, std::span<const Sample* const> s
                                         samples, workload_.max_seq_len);
 }
 
-const Lowering::CpShare& Lowering::cp_share(std::span<const Sample* const> samples, int64_t cp) {
+const Lowering::CpShare& Lowering::cp_share(std::span<const Sample* const> samples, int64_t cp,
+                                            int64_t replica) {
   const auto key = std::make_tuple(static_cast<const void*>(samples.data()), samples.size(), cp);
   if (const auto it = cp_cache_.find(key); it != cp_cache_.end()) return it->second;
   const std::vector<TokenTag> tags = llm_token_tags(model_, samples, workload_.max_seq_len);
@@ -373,6 +376,7 @@ const Lowering::CpShare& Lowering::cp_share(std::span<const Sample* const> sampl
     return sum > 0 ? most * static_cast<double>(w.size()) / sum : 1.0;
   };
   CpShare share;
+  share.replica = replica;
   for (const auto& part : split) share.tokens.push_back(static_cast<double>(part.size()));
   share.pairs = cp_attention_work(tags, split);
   share.balance = max_over_mean(share.pairs);
@@ -398,7 +402,7 @@ Op Lowering::compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t
   double tokens_local = static_cast<double>(work.tokens) / static_cast<double>(l.cp);
   double pairs_local = work.attention_pairs / static_cast<double>(l.cp);
   if (l.cp > 1 && spec.role == ModuleRole::kLlm) {
-    const CpShare& share = cp_share(samples, l.cp);
+    const CpShare& share = cp_share(samples, l.cp, x.d);
     tokens_local = share.tokens[static_cast<std::size_t>(x.c)];
     pairs_local = share.pairs[static_cast<std::size_t>(x.c)];
   }
@@ -1318,19 +1322,29 @@ void Lowering::run() {
   else
     lower_pipelines();
   if (!cp_cache_.empty()) {
-    // How evenly the CP groups' attention work is spread, against the uniform split.
+    // How evenly the CP groups' attention work is spread, against the uniform split: the mean
+    // over all micro-batches, and the CP group (data-parallel replica) whose micro-batches are
+    // worst on average.
     double chosen = 0, uniform = 0;
+    std::map<int64_t, std::array<double, 3>> groups;  // replica -> chosen, uniform, count
     for (const auto& [key, share] : cp_cache_) {
       chosen += share.balance;
       uniform += share.uniform_balance;
+      auto& g = groups[share.replica];
+      g[0] += share.balance;
+      g[1] += share.uniform_balance;
+      g[2] += 1;
     }
+    std::array<double, 3> worst{0, 0, 1};
+    for (const auto& [replica, g] : groups)
+      if (g[0] / g[2] > worst[0] / worst[2]) worst = g;
     const auto n = static_cast<double>(cp_cache_.size());
-    char line[200];
+    char line[300];
     std::snprintf(line, sizeof line,
                   "cp_split %s: attention work max/mean over the CP ranks %.3f (uniform split: "
-                  "%.3f), mean of %zu micro-batches",
+                  "%.3f), mean of %zu micro-batches; worst of %zu CP groups %.3f (uniform: %.3f)",
                   enum_name(plan_.cp_split, kCpSplits).c_str(), chosen / n, uniform / n,
-                  cp_cache_.size());
+                  cp_cache_.size(), groups.size(), worst[0] / worst[2], worst[1] / worst[2]);
     out_.notes.push_back(line);
   }
   // Model FLOPs of the iteration (recompute excluded), summed over ranks.

@@ -10,6 +10,7 @@
 #include "shared/context_split.hpp"
 #include "shared/lower.hpp"
 #include "shared/model_math.hpp"
+#include "shared/scenario.hpp"
 #include "shared/schedule.hpp"
 
 using namespace tessera;
@@ -652,5 +653,39 @@ TEST_CASE("lower() charges each CP rank its own tokens and attention under the s
     // Causal text: the uniform split's second rank attends to more keys; makespan evens it out.
     if (std::string(split) == "uniform") CHECK(f1 > 1.05 * f0);
     else CHECK(std::abs(f1 - f0) < 0.05 * f0);
+  }
+}
+
+TEST_CASE("the CP balance note: mean over micro-batches and the worst CP group, against uniform") {
+  Diagnostics diag;
+  auto s = load_scenario(std::string(TESSERA_SOURCE_DIR) + "/scenarios/cornstarch/cp-long.json", diag);
+  INFO(diag.format());
+  REQUIRE(s.has_value());
+  s->plan->layout.tp = 2;
+  s->plan->layout.cp = 2;
+  s->plan->layout.dp = 2;
+  for (CpSplit policy : {CpSplit::kUniform, CpSplit::kZigzag, CpSplit::kMakespan}) {
+    s->plan->cp_split = policy;
+    const Lowered l = lower(s->model, s->cluster, *s->plan, s->workload, draw_batch(s->workload, 0));
+    REQUIRE(l.error.empty());
+    std::string note;
+    for (const std::string& n : l.notes)
+      if (n.rfind("cp_split", 0) == 0) note = n;
+    INFO(note);
+    double mean = 0, uniform = 0, worst = 0, worst_uniform = 0;
+    int micro_batches = 0, groups = 0;
+    const std::string format = "cp_split " + enum_name(policy, kCpSplits) +
+                               ": attention work max/mean over the CP ranks %lf (uniform split: %lf), "
+                               "mean of %d micro-batches; worst of %d CP groups %lf (uniform: %lf)";
+    REQUIRE(std::sscanf(note.c_str(), format.c_str(), &mean, &uniform, &micro_batches, &groups, &worst,
+                        &worst_uniform) == 6);
+    CHECK(micro_batches == 4);  // 2 per replica
+    CHECK(groups == 2);
+    CHECK(worst >= mean - 1e-3);
+    // One image-then-text sequence per micro-batch: the uniform split leaves the last rank the
+    // text that attends to everything; the other policies balance it.
+    CHECK(uniform > 1.4);
+    if (policy == CpSplit::kUniform) CHECK(mean == doctest::Approx(uniform));
+    else CHECK(mean < 1.1);
   }
 }
