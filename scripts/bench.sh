@@ -14,8 +14,9 @@
 #          TP 4 x CP 2-8, attention-work max/mean and simulated step for uniform/zigzag/makespan
 #   cornstarch-exec  issue 9 with the executor: frozen-aware vs uniform stage split
 #          (scenarios/cpu-tiny-big-vit.json, PP2; analytic, and priced with a profile calibrated
-#          on a run of that model), stage counts per module on 4 ranks (`tessera stages`: the
-#          frozen-aware vs the freeze-unaware choice) and makespan vs zigzag CP (CP2, one packed micro-batch),
+#          on a run of that model; and PP4 on 4 ranks), stage counts per module on 4 ranks (`tessera stages`: the
+#          frozen-aware vs the freeze-unaware choice) and makespan vs zigzag CP (CP2 and TP2 x CP2,
+#          one packed micro-batch),
 #          20 steps, median of steps 2.., 3 repeats
 #   accuracy  calibration (issue 8): records the cpu-local calibration set 3 times, fits a profile
 #          on half of the plans each time, and replays every plan with it and without it
@@ -261,6 +262,11 @@ if [[ $what == cornstarch-exec || $what == all ]]; then
       "$train" scenarios/cpu-tiny-big-vit.json --plan "$root/$split.json" --steps 20 --trace-steps 0 --no-checkpoint --out "$root/$split-$rep" >/dev/null
       echo "cpu-tiny-big-vit PP2 stage_split $split   repeat $rep: $(med "$root/$split-$rep")"
     done
+    for split in frozen_aware uniform; do
+      echo "{\"placement\": \"homogeneous\", \"layout\": {\"pp\": 4}, \"micro_batch_size\": 1, \"schedule\": \"1f1b\", \"stage_split\": \"$split\"}" >"$root/pp4-$split.json"
+      "$train" scenarios/cpu-tiny-big-vit.json --plan "$root/pp4-$split.json" --nproc 4 --steps 20 --trace-steps 0 --no-checkpoint --out "$root/pp4-$split-$rep" >/dev/null
+      echo "cpu-tiny-big-vit PP4 stage_split $split   repeat $rep: $(med "$root/pp4-$split-$rep")"
+    done
     for choice in frozen_aware_counts freeze_unaware_counts; do
       "$train" scenarios/cpu-tiny-big-vit.json --plan "$root/$choice.json" --nproc 4 --steps 20 --trace-steps 0 --no-checkpoint --out "$root/$choice-$rep" >/dev/null
       echo "cpu-tiny-big-vit 4 ranks, $choice ($(cat "$root/$choice.txt"))   repeat $rep: $(med "$root/$choice-$rep")"
@@ -269,6 +275,9 @@ if [[ $what == cornstarch-exec || $what == all ]]; then
       echo "{\"placement\": \"homogeneous\", \"layout\": {\"cp\": 2}, \"micro_batch_size\": 8, \"schedule\": \"1f1b\", \"cp_split\": \"$cps\"}" >"$root/$cps.json"
       "$train" scenarios/cpu-tiny.json --plan "$root/$cps.json" --steps 20 --trace-steps 0 --no-checkpoint --out "$root/$cps-$rep" >/dev/null
       echo "cpu-tiny CP2 (8 samples packed) cp_split $cps   repeat $rep: $(med "$root/$cps-$rep")"
+      echo "{\"placement\": \"homogeneous\", \"layout\": {\"cp\": 2, \"tp\": 2}, \"micro_batch_size\": 8, \"schedule\": \"1f1b\", \"cp_split\": \"$cps\"}" >"$root/tp2-$cps.json"
+      "$train" scenarios/cpu-tiny.json --plan "$root/tp2-$cps.json" --nproc 4 --steps 20 --trace-steps 0 --no-checkpoint --out "$root/tp2-$cps-$rep" >/dev/null
+      echo "cpu-tiny TP2 x CP2, 4 ranks (8 samples packed) cp_split $cps   repeat $rep: $(med "$root/tp2-$cps-$rep")"
     done
   done
   rm -rf "$root"

@@ -14,7 +14,7 @@ std::optional<Scenario> load_scenario_with_plan(const std::string& file,
 }
 
 std::optional<Scenario> with_plan(Scenario loaded, const std::string& plan_spec,
-                                  Diagnostics& diag) {
+                                  Diagnostics& diag, bool validate) {
   std::optional<Scenario> scenario = std::move(loaded);
   const std::string& file = scenario->file;
   if (!plan_spec.empty()) {
@@ -49,7 +49,7 @@ std::optional<Scenario> with_plan(Scenario loaded, const std::string& plan_spec,
       scenario->plan = read_plan(*json, plan_file, "", diag);
     }
     scenario->plan_ref = plan_file;
-    if (diag.errors().size() == before)
+    if (diag.errors().size() == before && validate)
       validate_plan(*scenario->plan, scenario->model, scenario->workload, scenario->cluster,
                     plan_file, "", diag);
     if (diag.errors().size() != before) return std::nullopt;

@@ -14,8 +14,9 @@ namespace tessera {
 // including a scenario without any plan.
 std::optional<Scenario> load_scenario_with_plan(const std::string& file,
                                                 const std::string& plan_spec, Diagnostics& diag);
-// The same for a scenario already loaded (and perhaps changed by --set).
+// The same for a scenario already loaded. `validate` false: the plan is only read (the caller
+// changes the scenario further and validates the result, as --set does).
 std::optional<Scenario> with_plan(Scenario scenario, const std::string& plan_spec,
-                                  Diagnostics& diag);
+                                  Diagnostics& diag, bool validate = true);
 
 }  // namespace tessera

@@ -68,11 +68,12 @@ std::optional<Scenario> scenario_with_plan(const cxxopts::ParseResult& args,
   if (!args.count("set")) return load_scenario_with_plan(file, plan, diag);
   const std::optional<Json> point = set_point(args, diag);
   if (!point) return std::nullopt;
-  const std::optional<Scenario> loaded = load_scenario(file, diag);
+  std::optional<Scenario> loaded = load_scenario(file, diag);
   if (!loaded) return std::nullopt;
-  std::optional<Scenario> changed = scenario_at(*loaded, *point, diag);
-  if (!changed) return std::nullopt;
-  return with_plan(std::move(*changed), plan, diag);
+  // --plan first, then --set (which may change the plan too); the result is validated whole.
+  std::optional<Scenario> planned = with_plan(std::move(*loaded), plan, diag, false);
+  if (!planned) return std::nullopt;
+  return scenario_at(*planned, *point, diag);
 }
 
 void add_plan_option(cxxopts::Options& options) {

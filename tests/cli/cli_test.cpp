@@ -174,6 +174,27 @@ TEST_CASE("stages: frozen-aware vs freeze-unaware stage counts, simulated; -o wr
   fs::remove_all(dir);
 }
 
+TEST_CASE("--set changes the scenario, and a --plan given beside it, before validation") {
+  const fs::path dir = scratch() / "set";
+  fs::create_directories(dir);
+  const fs::path plan = dir / "pp4.json";
+  std::ofstream(plan) << R"({"placement": "homogeneous", "layout": {"pp": 4}, "micro_batch_size": 1,
+                             "schedule": "1f1b", "stage_split": "frozen_aware"})";
+  const std::string base = "estimate " + kSource + "/scenarios/cpu-tiny-big-vit.json --plan " + plan.string();
+  const Run aware = run(base);
+  CHECK(aware.code == 0);
+  CHECK(aware.output.find("stage layers     llm 1,3,2,2 (frozen_aware)") != std::string::npos);
+  const Run uniform = run(base + " --set plan.stage_split=uniform");
+  INFO(uniform.output);
+  CHECK(uniform.code == 0);
+  CHECK(uniform.output.find("stage layers     llm even (uniform)") != std::string::npos);
+  // A change that makes the plan invalid is reported like any bad input.
+  const Run bad = run(base + " --set plan.layout.pp=16");
+  CHECK(bad.code == 2);
+  CHECK(bad.output.find("plan.layout") != std::string::npos);
+  fs::remove_all(dir);
+}
+
 TEST_CASE("lower and estimate: bad input exits 2") {
   CHECK(run("estimate " + kSource + "/scenarios/llama-3.2-11b-vision.json")
             .output.find("plan: no plan") != std::string::npos);
