@@ -92,7 +92,17 @@ std::string format_metrics(const IterationMetrics& m, const ClusterSpec& cluster
     std::snprintf(line, sizeof line, " %s %.4g s", module.c_str(), seconds);
     out += line;
   }
-  out += " (summed over ranks)\ncritical path   ";
+  out += " (summed over ranks)\n";
+  if (!m.microbatch_variability.empty()) {
+    out += "micro-batch CV  ";
+    for (const MicrobatchVariability& v : m.microbatch_variability) {
+      std::snprintf(line, sizeof line, " %s %.3f (max/mean %.3f)", v.module.c_str(), v.cv,
+                    v.max_over_mean);
+      out += line;
+    }
+    out += " (stage time per micro-batch, mean over ranks)\n";
+  }
+  out += "critical path   ";
   double total = 0;
   for (const Contributor& c : m.critical_path) total += c.seconds;
   for (std::size_t i = 0; i < m.critical_path.size() && i < 5; ++i) {

@@ -1,6 +1,7 @@
 #include "shared/metrics.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <tuple>
 
@@ -161,6 +162,8 @@ IterationMetrics compute_metrics(const Program& p, const Timeline& t, const Mode
   m.exposed_comm_s.assign(world, 0);
   m.memory = memory_per_rank(p);
   std::vector<double> module_busy(p.modules.size(), 0);
+  // [module][rank] -> micro-batch -> compute seconds
+  std::vector<std::map<std::size_t, std::map<int32_t, double>>> per_microbatch(p.modules.size());
   double worst = -1;
   for (std::size_t r = 0; r < world; ++r) {
     const auto& ops = p.ranks[r];
@@ -171,8 +174,11 @@ IterationMetrics compute_metrics(const Program& p, const Timeline& t, const Mode
       const OpTime& time = t.ops[r][i];
       const double duration = time.finish_s - time.start_s;
       busy += duration;
-      if (op.module >= 0 && op.kind == OpKind::kCompute)
+      if (op.module >= 0 && op.kind == OpKind::kCompute) {
         module_busy[static_cast<std::size_t>(op.module)] += duration;
+        if (op.microbatch >= 0)
+          per_microbatch[static_cast<std::size_t>(op.module)][r][op.microbatch] += duration;
+      }
       // Waiting attributable to communication: the part of the wait after the compute-side
       // inputs were ready that a communication op was still running.
       double compute_ready = free_at, comm_ready = 0, comm_duration = 0;
@@ -206,8 +212,31 @@ IterationMetrics compute_metrics(const Program& p, const Timeline& t, const Mode
     m.bubble_mean += m.bubble[r] / static_cast<double>(world);
     m.exposed_comm_mean_s += m.exposed_comm_s[r] / static_cast<double>(world);
   }
-  for (std::size_t i = 0; i < p.modules.size(); ++i)
+  for (std::size_t i = 0; i < p.modules.size(); ++i) {
     m.module_busy_s.emplace_back(p.modules[i], module_busy[i]);
+    MicrobatchVariability v{p.modules[i], 0, 0, 0};
+    int64_t ranks = 0;
+    for (const auto& [rank, times] : per_microbatch[i]) {
+      if (times.size() < 2) continue;
+      double sum = 0, most = 0;
+      for (const auto& [mb, seconds] : times) {
+        sum += seconds;
+        most = std::max(most, seconds);
+      }
+      const double n = static_cast<double>(times.size()), mean = sum / n;
+      if (mean <= 0) continue;
+      double var = 0;
+      for (const auto& [mb, seconds] : times) var += (seconds - mean) * (seconds - mean) / n;
+      v.cv += std::sqrt(var) / mean;
+      v.max_over_mean += most / mean;
+      v.microbatches = std::max<int64_t>(v.microbatches, static_cast<int64_t>(times.size()));
+      ++ranks;
+    }
+    if (ranks == 0) continue;
+    v.cv /= static_cast<double>(ranks);
+    v.max_over_mean /= static_cast<double>(ranks);
+    m.microbatch_variability.push_back(v);
+  }
   m.critical_path = critical_path(p, t);
   return m;
 }

@@ -18,6 +18,17 @@ struct Contributor {
   double seconds = 0;
 };
 
+// How much one module's stage time varies between the micro-batches of an iteration (Entrain's
+// metric): per rank, the compute time each micro-batch spends in the module's ops there; the
+// coefficient of variation (std/mean) and max/mean over the micro-batches, averaged over the
+// module's ranks.
+struct MicrobatchVariability {
+  std::string module;
+  double cv = 0;
+  double max_over_mean = 1;
+  int64_t microbatches = 0;
+};
+
 struct IterationMetrics {
   double step_s = 0;
   double samples_per_s = 0;
@@ -35,6 +46,8 @@ struct IterationMetrics {
   double exposed_boundary_mean_s =
       0;  // the part of exposed_comm waiting on module-boundary transfers
   std::vector<std::pair<std::string, double>> module_busy_s;  // per module, summed over ranks
+  // per module with two micro-batches or more on some rank (whole-batch ops do not count)
+  std::vector<MicrobatchVariability> microbatch_variability;
   std::vector<RankMemory> memory;  // per rank, activations from the timeline's stash walk
   int64_t peak_rank = 0;
   std::vector<Contributor> critical_path;  // largest contributors first

@@ -238,6 +238,9 @@ Json simulation_to_json(const SimulationResult& r) {
     const IterationMetrics& m = it.metrics;
     Json busy = Json::object();
     for (const auto& [module, seconds] : m.module_busy_s) busy[module] = seconds;
+    Json variability = Json::object();
+    for (const MicrobatchVariability& v : m.microbatch_variability)
+      variability[v.module] = {{"cv", v.cv}, {"max_over_mean", v.max_over_mean}};
     Json path = Json::array();
     for (const Contributor& c : m.critical_path)
       path.push_back({{"what", c.what}, {"seconds", c.seconds}});
@@ -256,6 +259,7 @@ Json simulation_to_json(const SimulationResult& r) {
                           {"bubble_per_rank", m.bubble},
                           {"exposed_comm_s_per_rank", m.exposed_comm_s},
                           {"module_busy_s", busy},
+                          {"microbatch_variability", variability},
                           {"peak_memory_bytes_per_rank", memory},
                           {"peak_rank", m.peak_rank},
                           {"critical_path", path},

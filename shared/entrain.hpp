@@ -1,0 +1,42 @@
+// Entrain's hierarchical micro-batch assignment (../shared/ALGORITHMS.md §4; the formulation
+// is ours, from the paper's abstract). Within each data-parallel replica's share of the batch:
+// level 1 deals the samples to the M micro-batches by encoder work, largest first, each to the
+// least-loaded micro-batch (LPT), so every micro-batch brings the encoders about the same work;
+// level 2 walks those micro-batches in schedule order against the LLM-work target
+// τ = (replica's LLM work) / M and defers a micro-batch's excess — its samples, largest LLM work
+// first, while the micro-batch stays above τ·(1 + slack) — to the next micro-batch, where a
+// deferred sample may be deferred again. A sample moves only when that lowers the larger of the
+// two micro-batches' LLM work, so level 2 never raises the iteration's largest micro-batch (our
+// guard: deferring blindly piles the excess onto the last micro-batch). Nothing leaves the
+// iteration, so the gradient is unchanged.
+// The encoders run the level-1 micro-batches, the LLM the level-2 ones: a deferred sample's
+// encoder output waits one or more micro-batches for the LLM.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "shared/batch.hpp"
+#include "shared/microbatch.hpp"
+#include "shared/model_spec.hpp"
+
+namespace tessera {
+
+struct EntrainAssignment {
+  MicrobatchAssignment encoder;  // level 1: [replica][micro-batch] samples, ascending
+  MicrobatchAssignment llm;      // level 2: the same, with LLM excess deferred
+};
+
+// Forward FLOPs a sample brings one module (its tokens at their mean attended keys; 0 without a
+// transformer or media for it).
+double sample_module_flops(const ModelSpec& model, const ModuleSpec& module, const Sample& sample,
+                           int64_t max_seq_len);
+
+// Replicas take contiguous blocks of the batch as in arrival order. With no encoder work in a
+// replica's block (text only), level 1 deals by LLM work instead. A micro-batch never ends up
+// empty when the replica has at least M samples. REQUIRES: replicas, microbatches >= 1; slack >= 0.
+EntrainAssignment entrain_assignment(const Batch& batch, const ModelSpec& model, int64_t replicas,
+                                     int64_t microbatches, int64_t max_seq_len,
+                                     double slack = 0.05);
+
+}  // namespace tessera
