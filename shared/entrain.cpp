@@ -4,6 +4,7 @@
 #include <numeric>
 
 #include "shared/check.hpp"
+#include "shared/lower.hpp"
 #include "shared/model_math.hpp"
 
 namespace tessera {
@@ -16,6 +17,29 @@ double sample_module_flops(const ModelSpec& model, const ModuleSpec& module, con
   if (w.tokens <= 0) return 0;
   const double tokens = static_cast<double>(w.tokens);
   return tokens * forward_flops_per_token(module, w.attention_pairs / tokens);
+}
+
+double encoder_work_share(const ModelSpec& model, const WorkloadSpec& workload, int64_t batches) {
+  TESSERA_CHECK(batches >= 1);
+  // Passes per module: a trainable module runs F, B and W; one that passes gradients F and B;
+  // else F only.
+  const std::vector<GradientFlow> flow = gradient_flow(model);
+  std::vector<double> passes(model.modules.size(), 1);
+  for (std::size_t i = 0; i < model.modules.size(); ++i)
+    passes[i] = flow[i].trainable ? 3 : flow[i].backward() ? 2 : 1;
+  double encoders = 0, total = 0;
+  for (int64_t it = 0; it < batches; ++it) {
+    const Batch b = draw_batch(workload, it);
+    for (const Sample& s : b.samples)
+      for (std::size_t i = 0; i < model.modules.size(); ++i) {
+        const ModuleSpec& m = model.modules[i];
+        if (m.role != ModuleRole::kEncoder && m.role != ModuleRole::kLlm) continue;
+        const double w = passes[i] * sample_module_flops(model, m, s, workload.max_seq_len);
+        total += w;
+        if (m.role == ModuleRole::kEncoder) encoders += w;
+      }
+  }
+  return total > 0 ? encoders / total : 0;
 }
 
 namespace {

@@ -19,6 +19,7 @@
 #include "shared/batch.hpp"
 #include "shared/microbatch.hpp"
 #include "shared/model_spec.hpp"
+#include "shared/workload_spec.hpp"
 
 namespace tessera {
 
@@ -31,6 +32,13 @@ struct EntrainAssignment {
 // transformer or media for it).
 double sample_module_flops(const ModelSpec& model, const ModuleSpec& module, const Sample& sample,
                            int64_t max_seq_len);
+
+// Entrain's static layout: the encoders' share of the training work, from the mean over the
+// first `batches` drawn global batches (whose sums are stable where single samples are not).
+// Work per module = forward FLOPs × passes (3 when it trains; 2 when it only passes a gradient
+// back to something trainable before it; 1 forward only). Devices split in this proportion let
+// encoders and LLM take about equally long per iteration. REQUIRES: batches >= 1.
+double encoder_work_share(const ModelSpec& model, const WorkloadSpec& workload, int64_t batches);
 
 // Replicas take contiguous blocks of the batch as in arrival order. With no encoder work in a
 // replica's block (text only), level 1 deals by LLM work instead. A micro-batch never ends up

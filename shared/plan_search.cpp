@@ -1,6 +1,8 @@
 #include "shared/plan_search.hpp"
 
 #include <algorithm>
+#include <cmath>
+#include <set>
 #include <thread>
 
 #include "shared/stage_split.hpp"
@@ -81,7 +83,7 @@ std::string rejection_reason(const std::string& m) {
 }
 
 Enumeration enumerate_plans(const Scenario& s, const SearchSpace& space, int64_t gpus,
-                            const CostParams* cost) {
+                            const CostParams* cost, double encoder_share) {
   Enumeration e;
   const ClusterSpec cluster = cluster_with_devices(s.cluster, gpus);
   const ModuleSpec* llm = find_llm(s.model);
@@ -148,10 +150,21 @@ Enumeration enumerate_plans(const Scenario& s, const SearchSpace& space, int64_t
     if (placement != Placement::kNonColocated || encoders.empty()) continue;
     // Non-colocated: the encoders share 1/16 .. 1/2 of the devices equally, each with its own
     // TP; the LLM takes the rest with any grid of the space.
+    // Each encoder's devices: 1/16 .. 1/2 of them shared equally, and with an encoder work
+    // share (Entrain's static layout) the devices in that proportion.
+    const auto n_enc = static_cast<int64_t>(encoders.size());
+    std::set<int64_t> shares;
     for (int64_t fraction : {16, 8, 4, 2}) {
-      const int64_t share = gpus / fraction / static_cast<int64_t>(encoders.size());
-      if (share < 1 || share * fraction * static_cast<int64_t>(encoders.size()) != gpus) continue;
-      const int64_t rest = gpus - share * static_cast<int64_t>(encoders.size());
+      const int64_t share = gpus / fraction / n_enc;
+      if (share >= 1 && share * fraction * n_enc == gpus) shares.insert(share);
+    }
+    if (encoder_share > 0) {
+      const auto share = static_cast<int64_t>(
+          std::llround(static_cast<double>(gpus) * encoder_share / static_cast<double>(n_enc)));
+      if (share >= 1 && share * n_enc < gpus) shares.insert(share);
+    }
+    for (int64_t share : shares) {
+      const int64_t rest = gpus - share * n_enc;
       for (int64_t tp_e : space.tp)
         for (int64_t pp_e : space.encoder_pp) {
           // Encoders pipelined over pp_e stages of their own (Cornstarch's per-module stage
@@ -183,15 +196,28 @@ Enumeration enumerate_plans(const Scenario& s, const SearchSpace& space, int64_t
 std::vector<RankedCandidate> rank_candidates(const Scenario& s, std::vector<Candidate> candidates,
                                              int64_t iteration,
                                              std::map<std::string, int64_t>& rejected, int threads,
-                                             const CostParams* cost) {
+                                             const CostParams* cost, int64_t batches) {
   // Estimates are pure: each thread takes every n-th candidate; results are kept by index.
   std::vector<Estimate> estimates(candidates.size());
   auto work = [&](std::size_t first, std::size_t stride) {
     for (std::size_t i = first; i < candidates.size(); i += stride) {
       Scenario sized = s;
       sized.cluster = cluster_with_devices(s.cluster, candidates[i].gpus);
-      estimates[i] = estimate(sized, candidates[i].plan, iteration,
-                              cost != nullptr ? *cost : default_cost_params(sized.cluster));
+      const CostParams params = cost != nullptr ? *cost : default_cost_params(sized.cluster);
+      estimates[i] = estimate(sized, candidates[i].plan, iteration, params);
+      // More batches: the mean step and throughput over them; infeasible if any is.
+      for (int64_t k = 1; k < batches && estimates[i].metrics.step_s > 0; ++k) {
+        const Estimate more = estimate(sized, candidates[i].plan, iteration + k, params);
+        Estimate& e = estimates[i];
+        if (more.metrics.step_s <= 0 || !more.feasible) {
+          e = more;
+          break;
+        }
+        const auto w = static_cast<double>(k);
+        e.metrics.step_s = (e.metrics.step_s * w + more.metrics.step_s) / (w + 1);
+        e.metrics.samples_per_s = (e.metrics.samples_per_s * w + more.metrics.samples_per_s) / (w + 1);
+        e.metrics.tokens_per_s = (e.metrics.tokens_per_s * w + more.metrics.tokens_per_s) / (w + 1);
+      }
     }
   };
   const auto n = static_cast<std::size_t>(std::max(1, threads));

@@ -329,6 +329,10 @@ int run_sweep(const Args& args, std::ostream& out, std::ostream& err) {
       "resume",
       "keep the results already in the output folder and simulate only the missing plans")(
       "iterations", "simulated iterations per plan", cxxopts::value<int64_t>()->default_value("1"))(
+      "profile-batches",
+      "rank plans by the mean estimate over N drawn batches, and give non-colocated encoders "
+      "the device share of their mean work over them too (Entrain's static layout)",
+      cxxopts::value<int64_t>()->default_value("1"))(
       "nested", "nested collectives as ring flows or timed activities",
       cxxopts::value<std::string>()->default_value("timed"))(
       "rows", "rows of the table", cxxopts::value<int64_t>()->default_value("10"))(
@@ -366,12 +370,13 @@ int run_sweep(const Args& args, std::ostream& out, std::ostream& err) {
   sweep.jobs = (*result)["jobs"].as<int>();
   sweep.resume = result->count("resume") > 0;
   sweep.iterations = (*result)["iterations"].as<int64_t>();
+  sweep.profile_batches = (*result)["profile-batches"].as<int64_t>();
   const std::string nested = (*result)["nested"].as<std::string>();
   const int64_t rows = (*result)["rows"].as<int64_t>();
   if ((result->count("top") && sweep.top_k < 1) || sweep.jobs < 1 || sweep.iterations < 1 ||
-      rows < 1 || (nested != "flows" && nested != "timed")) {
+      rows < 1 || sweep.profile_batches < 1 || (nested != "flows" && nested != "timed")) {
     err << options.program()
-        << ": --top, --jobs, --iterations, --rows >= 1 and --nested flows|timed\n";
+        << ": --top, --jobs, --iterations, --profile-batches, --rows >= 1 and --nested flows|timed\n";
     return kBadInput;
   }
   sweep.nested_flows = nested == "flows";

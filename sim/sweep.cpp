@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "shared/check.hpp"
+#include "shared/entrain.hpp"
 #include "shared/scenario_report.hpp"
 #include "sim/child_process.hpp"
 #include "sim/simulator.hpp"
@@ -137,9 +138,15 @@ SweepResult run_sweep(
     if (gpus.empty()) gpus = {std::max<int64_t>(1, device_count(s->cluster))};
     const int64_t top_k = options.top_k > 0 ? options.top_k : space.top_k;
     result.top_k = top_k;
+    const double encoder_share =
+        options.profile_batches > 1
+            ? encoder_work_share(s->model, s->workload, options.profile_batches)
+            : 0;
+    if (options.profile_batches > 1) result.encoder_shares.push_back({point, encoder_share});
     for (int64_t g : gpus) {
       auto phase = std::chrono::steady_clock::now();
-      Enumeration e = enumerate_plans(*s, space, g, options.cost ? &*options.cost : nullptr);
+      Enumeration e = enumerate_plans(*s, space, g, options.cost ? &*options.cost : nullptr,
+                                      encoder_share);
       if (options.shard_count > 1) {
         const std::string prefix = point.empty() ? "" : point.dump();
         std::erase_if(e.valid, [&](const Candidate& c) {
@@ -158,7 +165,7 @@ SweepResult run_sweep(
       std::map<std::string, int64_t> rejected_here;
       std::vector<RankedCandidate> ranked =
           rank_candidates(*s, std::move(e.valid), 0, rejected_here, options.jobs,
-                          options.cost ? &*options.cost : nullptr);
+                          options.cost ? &*options.cost : nullptr, options.profile_batches);
       result.estimate_s += seconds_since(phase);
       for (const auto& [reason, count] : rejected_here) result.rejected[reason] += count;
       result.ranked += static_cast<int64_t>(ranked.size());
@@ -471,6 +478,13 @@ std::string format_sweep(const SweepResult& r, const Scenario& s, std::size_t sh
                     g.uniform_s / g.frozen_aware_s);
       out << line;
     }
+  }
+  for (const auto& [point, share] : r.encoder_shares) {
+    std::snprintf(line, sizeof line,
+                  "\nencoders' mean share of the training work over the profiled batches: %.1f%%%s%s "
+                  "(non-colocated plans also tried with that share of the devices)\n",
+                  100 * share, point.empty() ? "" : " at ", point.empty() ? "" : point.dump().c_str());
+    out << line;
   }
   // The best homogeneous plan beside the best heterogeneous one.
   const SweepRow* homogeneous = nullptr;

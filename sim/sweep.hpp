@@ -40,6 +40,9 @@ struct SweepOptions {
   std::string out_dir;
   bool resume = false;
   int64_t iterations = 1;  // simulated iterations per plan
+  // Batches the analytic ranking averages over; > 1 also adds the encoders' mean work share
+  // of the devices to the non-colocated candidates (Entrain's static layout).
+  int64_t profile_batches = 1;
   bool nested_flows = false;
   double timeout_s = 600;  // per simulated plan
   // --shard i/n: this run estimates and simulates only the valid candidates whose key hashes to
@@ -73,6 +76,8 @@ struct SweepResult {
   int64_t considered = 0, valid = 0, ranked = 0;
   std::vector<EstimatedPlan> estimated;  // every plan that was estimated
   std::vector<SplitGain> split_gains;    // the best pipelined plans, per GPU count and point
+  // --profile-batches > 1: the encoders' mean share of the work, per grid point
+  std::vector<std::pair<Json, double>> encoder_shares;
   int64_t top_k = 0;
   std::string out_dir;
   double enumerate_s = 0, estimate_s = 0, simulate_s = 0;  // wall time of the three phases

@@ -114,3 +114,24 @@ TEST_CASE(
       }
   }
 }
+
+TEST_CASE("entrain static layout: the encoders' share of the training work over drawn batches") {
+  Scenario s = tiny();
+  // By hand: forward FLOPs of every drawn sample, the frozen ViT once, the trainable LLM three
+  // times (F, B, W); the projector is neither.
+  double encoder = 0, llm = 0;
+  for (int64_t it = 0; it < 4; ++it)
+    for (const Sample& x : draw_batch(s.workload, it).samples) {
+      for (const ModuleSpec& m : s.model.modules)
+        if (m.role == ModuleRole::kEncoder)
+          encoder += sample_module_flops(s.model, m, x, s.workload.max_seq_len);
+      llm += 3 * sample_module_flops(s.model, *find_llm(s.model), x, s.workload.max_seq_len);
+    }
+  const double frozen = encoder_work_share(s.model, s.workload, 4);
+  CHECK(frozen > 0);
+  CHECK(frozen == doctest::Approx(encoder / (encoder + llm)));
+  // A trainable encoder does three times the work.
+  for (ModuleSpec& m : s.model.modules)
+    if (m.role == ModuleRole::kEncoder) m.frozen = false;
+  CHECK(encoder_work_share(s.model, s.workload, 4) == doctest::Approx(3 * encoder / (3 * encoder + llm)));
+}

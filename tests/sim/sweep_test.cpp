@@ -104,6 +104,19 @@ TEST_CASE(
   for (const Candidate& c : enumerate_plans(staged, *staged.search, 4).valid)
     encoder_stages.insert(c.plan.modules.front().second.pp);
   CHECK(encoder_stages == std::set<int64_t>{1, 2});
+
+  // An encoder work share (Entrain's static layout) adds that share of the devices: 6 of 8
+  // (the fractions 1/8, 1/4, 1/2 give 1, 2 and 4).
+  Scenario shared = staged;
+  shared.workload.global_batch = 24;
+  auto vision_spans = [&](double share) {
+    std::set<int64_t> spans;
+    for (const Candidate& c : enumerate_plans(shared, *shared.search, 8, nullptr, share).valid)
+      spans.insert(c.plan.modules.front().second.size());
+    return spans;
+  };
+  CHECK(vision_spans(0) == std::set<int64_t>{2, 4});  // 1 leaves the LLM 7: no valid grid
+  CHECK(vision_spans(0.75) == std::set<int64_t>{2, 4, 6});
 }
 
 TEST_CASE("sweep: -j 1 and -j 2 agree; a resumed sweep equals an uninterrupted one") {
