@@ -21,7 +21,7 @@ Groups::Groups(c10::intrusive_ptr<c10d::Store> store, int world_rank, int world_
   if (world_size > 1) world_->group = make(world_->ranks, world_rank);
 }
 
-c10::intrusive_ptr<c10d::ProcessGroup> Groups::make(const std::vector<int64_t>& ranks, int rank) {
+c10::intrusive_ptr<CollectiveGroup> Groups::make(const std::vector<int64_t>& ranks, int rank) {
   std::string name = "group";
   for (int64_t r : ranks) name += "." + std::to_string(r);
   auto prefixed = c10::make_intrusive<c10d::PrefixStore>(name + "/", store_);

@@ -12,6 +12,7 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/torch.h>
 
+#include "exec/torch_compat.hpp"
 #include "shared/program.hpp"
 
 namespace tessera::exec {
@@ -28,7 +29,7 @@ void record_collectives(std::vector<CommRecord>* into);  // nullptr stops record
 struct Comm {
   std::vector<int64_t> ranks;                    // global ranks, in group order
   int rank = 0;                                  // this worker's index in `ranks`
-  c10::intrusive_ptr<c10d::ProcessGroup> group;  // null for a group of one
+  c10::intrusive_ptr<CollectiveGroup> group;  // null for a group of one
   int size() const { return static_cast<int>(ranks.size()); }
 };
 
@@ -47,7 +48,7 @@ class Groups {
   int world_rank() const { return world_->rank; }
 
  private:
-  c10::intrusive_ptr<c10d::ProcessGroup> make(const std::vector<int64_t>& ranks, int rank);
+  c10::intrusive_ptr<CollectiveGroup> make(const std::vector<int64_t>& ranks, int rank);
 
   c10::intrusive_ptr<c10d::Store> store_;
   std::chrono::milliseconds timeout_;

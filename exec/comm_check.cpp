@@ -8,7 +8,7 @@
 
 namespace tessera::exec {
 
-CommCheckResult run_comm_check(c10d::ProcessGroup& group, int64_t bytes, int iterations) {
+CommCheckResult run_comm_check(CollectiveGroup& group, int64_t bytes, int iterations) {
   CommCheckResult result;
   const int n = group.getSize();
   const int64_t elements = std::max<int64_t>(1, bytes / static_cast<int64_t>(sizeof(float)));

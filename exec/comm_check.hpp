@@ -7,6 +7,8 @@
 
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
+#include "exec/torch_compat.hpp"
+
 namespace tessera::exec {
 
 struct CommCheckResult {
@@ -19,6 +21,6 @@ struct CommCheckResult {
 
 // All-reduces a float32 tensor of `bytes` bytes `iterations` times (after one warm-up); rank r
 // contributes r + 1 everywhere, so the result must be n(n+1)/2.
-CommCheckResult run_comm_check(c10d::ProcessGroup& group, int64_t bytes, int iterations);
+CommCheckResult run_comm_check(CollectiveGroup& group, int64_t bytes, int iterations);
 
 }  // namespace tessera::exec

@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "exec/torch_compat.hpp"
 #include "exec/weights.hpp"
 #include "shared/check.hpp"
 
@@ -122,9 +123,7 @@ torch::Tensor Attention::forward(const torch::Tensor& x, const AttentionInputs& 
   qh = qh.transpose(1, 2);  // (B, heads, Lq, d)
   kh = kh.transpose(1, 2);
   vh = vh.transpose(1, 2);
-  torch::Tensor scores = torch::matmul(qh, kh.transpose(-2, -1)) / std::sqrt(static_cast<double>(head_dim));
-  if (in.bias.defined()) scores = scores + in.bias;
-  const torch::Tensor out = torch::matmul(torch::softmax(scores, -1), vh);  // (B, heads, Lq, d)
+  const torch::Tensor out = attention(qh, kh, vh, in.bias);  // (B, heads, Lq, d)
   return o.forward(out.transpose(1, 2).reshape({b, l, heads * head_dim}));
 }
 

@@ -15,7 +15,7 @@ c10::intrusive_ptr<c10d::Store> connect_store(const WorkerEnv& env, const GroupO
   return c10::make_intrusive<c10d::TCPStore>(env.master_addr, store_options);
 }
 
-c10::intrusive_ptr<c10d::ProcessGroup> connect_gloo(const WorkerEnv& env,
+c10::intrusive_ptr<CollectiveGroup> connect_gloo(const WorkerEnv& env,
                                                     const GroupOptions& options) {
   auto store = connect_store(env, options);
 

@@ -1,0 +1,39 @@
+// The few places where Debian's LibTorch 1.13 (CPU, CI) and the torch 2.x of the GPU machine
+// (issue 11) differ, in one header instead of #ifs through the executor.
+// - torch 2 split a process group into a ProcessGroup front and per-device Backends;
+//   ProcessGroupGloo (and ProcessGroupNCCL) became Backends, which carry the collectives we call.
+// - torch 2 has a fused scaled_dot_product_attention; 1.13 computes attention step by step.
+// The torch 2 branches are prepared, not yet compiled: no torch 2 is installed here (issue 11).
+#pragma once
+
+#include <cmath>
+#include <optional>
+
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/torch.h>
+#include <torch/version.h>
+
+namespace tessera::exec {
+
+#if TORCH_VERSION_MAJOR >= 2
+using CollectiveGroup = c10d::Backend;
+#else
+using CollectiveGroup = c10d::ProcessGroup;
+#endif
+
+// softmax(q kᵀ / sqrt(d) + bias) v on (B, heads, L, d); `bias` additive and broadcastable to
+// (B, heads, Lq, Lk), or undefined.
+inline torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k,
+                               const torch::Tensor& v, const torch::Tensor& bias) {
+#if TORCH_VERSION_MAJOR >= 2
+  return at::scaled_dot_product_attention(
+      q, k, v, bias.defined() ? std::optional<at::Tensor>(bias) : std::nullopt);
+#else
+  torch::Tensor scores =
+      torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(q.size(-1)));
+  if (bias.defined()) scores = scores + bias;
+  return torch::matmul(torch::softmax(scores, -1), v);
+#endif
+}
+
+}  // namespace tessera::exec
