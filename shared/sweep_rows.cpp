@@ -23,7 +23,9 @@ Json row_to_json(const SweepRow& r) {
               {"peak_memory_bytes", r.peak_memory_bytes},
               {"compute_s", r.compute_s},
               {"exposed_comm_s", r.exposed_comm_s},
-              {"exposed_boundary_s", r.exposed_boundary_s}};
+              {"exposed_boundary_s", r.exposed_boundary_s},
+              {"llm_microbatch_cv", r.llm_microbatch_cv},
+              {"llm_microbatch_max_over_mean", r.llm_microbatch_max_over_mean}};
 }
 
 bool row_from_json(const Json& j, SweepRow& r) {
@@ -43,7 +45,9 @@ bool row_from_json(const Json& j, SweepRow& r) {
           std::pair{&r.tflops_per_device, "tflops_per_device"}, std::pair{&r.mfu, "mfu"},
           std::pair{&r.bubble, "bubble"}, std::pair{&r.peak_memory_bytes, "peak_memory_bytes"},
           std::pair{&r.compute_s, "compute_s"}, std::pair{&r.exposed_comm_s, "exposed_comm_s"},
-          std::pair{&r.exposed_boundary_s, "exposed_boundary_s"}})
+          std::pair{&r.exposed_boundary_s, "exposed_boundary_s"},
+          std::pair{&r.llm_microbatch_cv, "llm_microbatch_cv"},
+          std::pair{&r.llm_microbatch_max_over_mean, "llm_microbatch_max_over_mean"}})
       *field = j.value(name, 0.0);  // fields added later read as 0 in older files
     return true;
   } catch (const Json::exception&) {

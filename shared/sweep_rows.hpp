@@ -26,6 +26,9 @@ struct SweepRow {
   double compute_s = 0;           // mean over ranks of compute-stream busy time per step
   double exposed_comm_s = 0;      // mean over ranks of compute time lost waiting on communication
   double exposed_boundary_s = 0;  // the part of exposed_comm_s spent on module-boundary transfers
+  // The LLM's stage-time variability between micro-batches (MicrobatchVariability), mean over
+  // the simulated iterations
+  double llm_microbatch_cv = 0, llm_microbatch_max_over_mean = 0;
 };
 
 Json row_to_json(const SweepRow& row);

@@ -244,8 +244,14 @@ SweepResult run_sweep(
       Json j = {{"feasible", r.feasible}, {"reason", r.reason}};
       if (r.feasible) {
         double tokens = 0, tflops = 0, mfu = 0, bubble = 0, memory = 0, compute = 0, exposed = 0,
-               boundary = 0;
+               boundary = 0, cv = 0, max_over_mean = 0;
+        const std::string llm_name = find_llm(sized.model)->name;
         for (const SimulatedIteration& it : r.iterations) {
+          for (const MicrobatchVariability& v : it.metrics.microbatch_variability)
+            if (v.module == llm_name) {
+              cv += v.cv;
+              max_over_mean += v.max_over_mean;
+            }
           const auto& b = it.metrics.bubble;
           for (double x : b) compute += it.metrics.step_s / (1 + x) / static_cast<double>(b.size());
           exposed += it.metrics.exposed_comm_mean_s;
@@ -266,7 +272,9 @@ SweepResult run_sweep(
                   {"peak_memory_bytes", memory},
                   {"compute_s", compute / n},
                   {"exposed_comm_s", exposed / n},
-                  {"exposed_boundary_s", boundary / n}});
+                  {"exposed_boundary_s", boundary / n},
+                  {"llm_microbatch_cv", cv / n},
+                  {"llm_microbatch_max_over_mean", max_over_mean / n}});
       }
       return j.dump();
     });
@@ -302,6 +310,8 @@ SweepResult run_sweep(
             row.compute_s = j.at("compute_s").get<double>();
             row.exposed_comm_s = j.at("exposed_comm_s").get<double>();
             row.exposed_boundary_s = j.at("exposed_boundary_s").get<double>();
+            row.llm_microbatch_cv = j.at("llm_microbatch_cv").get<double>();
+            row.llm_microbatch_max_over_mean = j.at("llm_microbatch_max_over_mean").get<double>();
           }
         }
         out << row_to_json(row).dump() << "\n";
@@ -331,7 +341,8 @@ void write_sweep_outputs(const SweepResult& result, const Scenario& scenario,
   std::ofstream csv(fs::path(dir) / "results.csv", std::ios::trunc);
   csv << "rank,point,gpus,placement,layout,micro_batch_size,global_batch,schedule,step_s,tokens_"
          "per_s,tflops_per_device,mfu,"
-         "bubble,peak_memory_gib,estimate_step_s,status\n";
+         "bubble,peak_memory_gib,estimate_step_s,llm_microbatch_cv,llm_microbatch_max_over_mean,"
+         "status\n";
   for (std::size_t i = 0; i < result.rows.size(); ++i) {
     const SweepRow& r = result.rows[i];
     std::string point = r.point.empty() ? "" : r.point.dump();
@@ -343,6 +354,7 @@ void write_sweep_outputs(const SweepResult& result, const Scenario& scenario,
         << r.global_batch << "," << enum_name(r.plan.schedule, kSchedules) << "," << r.step_s << ","
         << r.tokens_per_s << "," << r.tflops_per_device << "," << r.mfu << "," << r.bubble << ","
         << r.peak_memory_bytes / (1024.0 * 1024 * 1024) << "," << r.estimate_step_s << ","
+        << r.llm_microbatch_cv << "," << r.llm_microbatch_max_over_mean << ","
         << (r.ok ? "ok" : "\"failed: " + r.failure + "\"") << "\n";
   }
   Json summary;
@@ -437,9 +449,9 @@ std::string format_sweep(const SweepResult& r, const Scenario& s, std::size_t sh
   const bool points = std::any_of(r.rows.begin(), r.rows.end(),
                                   [](const SweepRow& row) { return !row.point.empty(); });
   std::snprintf(line, sizeof line,
-                "%-4s %-5s %-14s %-40s %-4s %-5s %-9s %-11s %-9s %-6s %-9s %-7s\n", "#", "GPUs",
-                "placement", "layout", "MBS", "GBS", "step (s)", "tokens/s", "TFLOP/s", "MFU",
-                "memory", "idle %");
+                "%-4s %-5s %-14s %-40s %-4s %-5s %-9s %-11s %-9s %-6s %-9s %-7s %-6s\n", "#",
+                "GPUs", "placement", "layout", "MBS", "GBS", "step (s)", "tokens/s", "TFLOP/s",
+                "MFU", "memory", "idle %", "mb CV");
   out << line;
   for (std::size_t i = 0; i < r.rows.size() && i < shown; ++i) {
     const SweepRow& row = r.rows[i];
@@ -457,14 +469,14 @@ std::string format_sweep(const SweepResult& r, const Scenario& s, std::size_t sh
     } else {
       std::snprintf(
           line, sizeof line,
-          "%-4zu %-5lld %-14s %-40s %-4lld %-5lld %-9.4g %-11.4g %-9.4g %-6.1f %-9s %-7.1f\n",
+          "%-4zu %-5lld %-14s %-40s %-4lld %-5lld %-9.4g %-11.4g %-9.4g %-6.1f %-9s %-7.1f %-6.3f\n",
           i + 1, static_cast<long long>(row.gpus),
           enum_name(row.plan.placement, kPlacements).c_str(),
           describe_layout(row.plan, s.model).c_str(),
           static_cast<long long>(row.plan.micro_batch_size),
           static_cast<long long>(row.global_batch), row.step_s, row.tokens_per_s,
           row.tflops_per_device, 100 * row.mfu, human_bytes(row.peak_memory_bytes).c_str(),
-          100 * row.bubble);
+          100 * row.bubble, row.llm_microbatch_cv);
     }
     out << line;
   }
