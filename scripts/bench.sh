@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Benchmarks that print figures (never pass/fail). Usage: scripts/bench.sh [lower|sim|sweep|comm|cli|exec|reproduce-cornstarch|cornstarch-exec|accuracy|all]
+# Benchmarks that print figures (never pass/fail). Usage: scripts/bench.sh [lower|sim|sweep|comm|cli|exec|reproduce-cornstarch|cornstarch-exec|reproduce-variability|accuracy|all]
 #   lower  lowering + evaluation of one iteration of a 1024-rank plan with 64 micro-batches
 #   sim    tessera simulate, one iteration of the default plan at 64, 1024 and 8192 devices
 #   sweep  the default sweep with -j 1 and -j 2, and a headless-Chromium screenshot of its report
@@ -18,6 +18,10 @@
 #          frozen-aware vs the freeze-unaware choice) and makespan vs zigzag CP (CP2 and TP2 x CP2,
 #          one packed micro-batch),
 #          20 steps, median of steps 2.., 3 repeats
+#   reproduce-variability  issue 10 simulated: the variable workload (0-8 images of 224-1344 px,
+#          64-4096 text tokens, some audio) on LLaVA-1.5-7B and a 14B model with InternViT-6B, 64
+#          and 256 H100 (scenarios/variability/), 100 drawn iterations per micro-batching policy:
+#          step time, throughput and per-micro-batch stage-time CV (entrain and dip: not lowered yet)
 #   accuracy  calibration (issue 8): records the cpu-local calibration set 3 times, fits a profile
 #          on half of the plans each time, and replays every plan with it and without it
 set -euo pipefail
@@ -229,6 +233,28 @@ if [[ $what == reproduce-cornstarch || $what == all ]]; then
         line+=$(printf " %-18s" "$balance / ${step} s")
       done
       echo "$line $(awk -v z="${steps[1]}" -v m="${steps[2]}" 'BEGIN { printf "%.3fx", z / m }')"
+    done
+  done
+fi
+
+if [[ $what == reproduce-variability || $what == all ]]; then
+  iterations=${VARIABILITY_ITERATIONS:-100}
+  echo "== issue 10: micro-batching policies over $iterations drawn iterations (SimGrid, nested collectives timed) =="
+  echo "| scenario | policy | step mean (s) | samples/s | LLM CV | LLM max/mean | first encoder CV |"
+  echo "|---|---|---|---|---|---|---|"
+  for scenario in llava-7b-64 llava-7b-256 internvl-14b-64 internvl-14b-256; do
+    for policy in arrival sorted entrain; do
+      if ! out=$("$tessera" simulate "scenarios/variability/$scenario.json" --iterations "$iterations" \
+                   --nested timed --json --set plan.microbatching="$policy" 2>&1); then
+        echo "| $scenario | $policy | $(echo "$out" | grep -o 'not lowered yet[^"]*' | head -1) | | | | |"
+        continue
+      fi
+      echo "$out" | jq -r --arg s "$scenario" --arg p "$policy" '
+        def mean(f): (map(f) | add) / length;
+        if (.feasible | not) then "| \($s) | \($p) | \(.reason) | | | | |" else
+        .iterations as $it
+        | ($it[0].microbatch_variability | keys_unsorted | map(select(. != "llm")) | first) as $enc
+        | "| \($s) | \($p) | \(.step_mean_s * 1000 | round / 1000) | \($it | mean(.samples_per_s) * 10 | round / 10) | \($it | mean(.microbatch_variability.llm.cv) * 1000 | round / 1000) | \($it | mean(.microbatch_variability.llm.max_over_mean) * 1000 | round / 1000) | \(if $enc then ($it | mean(.microbatch_variability[$enc].cv) * 1000 | round / 1000 | tostring) + " (" + $enc + ")" else "" end) |" end'
     done
   done
 fi

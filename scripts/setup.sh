@@ -12,6 +12,7 @@ packages=(
   # 6x slower on the executor's steps. The single-threaded OpenBLAS suits one rank per core.
   libopenblas0-serial
   libeigen3-dev libcxxopts-dev nlohmann-json3-dev doctest-dev
+  jq  # scripts/bench.sh reads `tessera simulate --json`
 )
 
 missing=()
