@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <numeric>
+#include <set>
 
 #include "shared/check.hpp"
 #include "shared/lower.hpp"
@@ -68,7 +69,8 @@ std::vector<std::vector<int32_t>> lpt(const std::vector<int32_t>& block,
 
 // Level 2: defer LLM excess to the next micro-batch, in schedule order. A sample moves only
 // when that lowers the larger of the two micro-batches' LLM work, so no move raises the
-// largest micro-batch of the iteration.
+// largest micro-batch of the iteration, and at most once, so an encoder micro-batch's
+// gradients are complete one LLM micro-batch after its own (the pipeline schedules rely on it).
 std::vector<std::vector<int32_t>> defer(std::vector<std::vector<int32_t>> mbs,
                                         const std::vector<double>& llm, double slack) {
   auto work = [&](const std::vector<int32_t>& mb) {
@@ -79,6 +81,7 @@ std::vector<std::vector<int32_t>> defer(std::vector<std::vector<int32_t>> mbs,
   double total = 0;
   for (const auto& mb : mbs) total += work(mb);
   const double target = total / static_cast<double>(mbs.size());
+  std::set<int32_t> deferred;
   for (std::size_t j = 0; j + 1 < mbs.size(); ++j) {
     auto& mb = mbs[j];
     auto& next = mbs[j + 1];
@@ -90,10 +93,12 @@ std::vector<std::vector<int32_t>> defer(std::vector<std::vector<int32_t>> mbs,
     });
     for (int32_t s : order) {
       if (load <= target * (1 + slack) || mb.size() <= 1) break;
+      if (deferred.count(s) > 0) continue;  // once at most
       const double w = llm[static_cast<std::size_t>(s)];
       if (std::max(load - w, next_load + w) >= std::max(load, next_load)) continue;
       std::erase(mb, s);
       next.push_back(s);
+      deferred.insert(s);
       load -= w;
       next_load += w;
     }

@@ -4,10 +4,11 @@
 // least-loaded micro-batch (LPT), so every micro-batch brings the encoders about the same work;
 // level 2 walks those micro-batches in schedule order against the LLM-work target
 // τ = (replica's LLM work) / M and defers a micro-batch's excess — its samples, largest LLM work
-// first, while the micro-batch stays above τ·(1 + slack) — to the next micro-batch, where a
-// deferred sample may be deferred again. A sample moves only when that lowers the larger of the
-// two micro-batches' LLM work, so level 2 never raises the iteration's largest micro-batch (our
-// guard: deferring blindly piles the excess onto the last micro-batch). Nothing leaves the
+// first, while the micro-batch stays above τ·(1 + slack) — to the next micro-batch. A sample
+// moves at most once, and only when that lowers the larger of the two micro-batches' LLM work,
+// so level 2 never raises the iteration's largest micro-batch (our guard: deferring blindly
+// piles the excess onto the last micro-batch) and every sample reaches the LLM in its own
+// micro-batch or the next. Nothing leaves the
 // iteration, so the gradient is unchanged.
 // The encoders run the level-1 micro-batches, the LLM the level-2 ones: a deferred sample's
 // encoder output waits one or more micro-batches for the LLM.

@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <map>
 #include <set>
 
 #include "shared/entrain.hpp"
@@ -104,6 +105,14 @@ TEST_CASE(
             for (int64_t i = begin; i < end; ++i) block.insert(static_cast<int32_t>(i));
             CHECK(seen == block);
           }
+          // A sample reaches the LLM in its encoder micro-batch or the next one.
+          std::map<int32_t, int64_t> level1_of;
+          for (int64_t j = 0; j < m; ++j)
+            for (int32_t x : a.encoder[static_cast<std::size_t>(d)][static_cast<std::size_t>(j)])
+              level1_of[x] = j;
+          for (int64_t j = 0; j < m; ++j)
+            for (int32_t x : a.llm[static_cast<std::size_t>(d)][static_cast<std::size_t>(j)])
+              CHECK((j == level1_of[x] || j == level1_of[x] + 1));
           double before = 0, after = 0;
           for (const auto& mb : a.encoder[static_cast<std::size_t>(d)])
             before = std::max(before, load(mb, llm));
