@@ -78,6 +78,8 @@ std::string executor_plan_support(const ParallelPlan& plan, const ModelSpec& mod
     }
   }
   if (plan.recompute != Recompute::kNone) return "plan.recompute: activation recomputation" + next;
+  if (plan.microbatching == MicrobatchPolicy::kEntrain)
+    return "plan.microbatching: entrain (the LLM taking rows from two encoder micro-batches)" + next;
   for (const ModuleSpec& m : model.modules) {
     if (!m.transformer) continue;
     int64_t tp = plan.layout.tp;

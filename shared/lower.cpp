@@ -10,6 +10,7 @@
 #include "shared/check.hpp"
 #include "shared/context_split.hpp"
 #include "shared/cost_model.hpp"
+#include "shared/entrain.hpp"
 #include "shared/microbatch.hpp"
 #include "shared/model_math.hpp"
 #include "shared/schedule.hpp"
@@ -99,7 +100,14 @@ class Lowering {
   // --- set-up --------------------------------------------------------------------------
   void place();
   void assign_samples();
-  const std::vector<const Sample*>& samples_of(int module, int64_t replica, int32_t mb);
+  // The samples a replica of `module` handles in micro-batch `mb` (-1: all). Under Entrain the
+  // encoders and their projectors run the level-1 micro-batches, the LLM the level-2 ones;
+  // `encoder_level` asks for the level-1 ones of any module (the LLM's replica, say).
+  const std::vector<const Sample*>& samples_of(int module, int64_t replica, int32_t mb,
+                                               bool encoder_level = false);
+  // Entrain: the encoder micro-batches of LLM replica `replica` whose every sample the LLM has
+  // taken by the end of its micro-batch `mb` — due now, in order — (all of them at the last).
+  std::vector<int32_t> encoder_microbatches_done(int64_t replica, int32_t mb);
   const ModuleWork& work_of(int module, std::span<const Sample* const> samples);
   // Tokens and attention pairs of each CP rank for the LLM sequence of `samples`, and the
   // attention work's max/mean under the plan's split and under the uniform one.
@@ -268,8 +276,11 @@ class Lowering {
   int llm_ = -1;
   int64_t microbatches_ = 1;
   MicrobatchAssignment llm_assignment_;  // [llm replica][mb] -> sample indices
+  // The encoders' micro-batches: llm_assignment_'s, or Entrain's level 1
+  MicrobatchAssignment encoder_assignment_;
+  bool entrain_ = false;
   std::map<RankList, int32_t> group_ids_;
-  std::map<std::tuple<int64_t, int64_t, int32_t>, std::vector<const Sample*>> sample_sets_;
+  std::map<std::tuple<int64_t, int64_t, int32_t, bool>, std::vector<const Sample*>> sample_sets_;
   std::map<std::tuple<int, const void*, std::size_t>, ModuleWork> work_cache_;
   std::map<std::tuple<const void*, std::size_t, int64_t>, CpShare> cp_cache_;
   std::vector<GradientFlow> flow_;
@@ -328,8 +339,17 @@ void Lowering::place() {
 
 void Lowering::assign_samples() {
   const ModuleInfo& llm = modules_[static_cast<std::size_t>(llm_)];
-  llm_assignment_ = assign_microbatches(batch_, model_, llm.layout.dp, microbatches_,
-                                        plan_.microbatching, workload_.max_seq_len);
+  entrain_ = plan_.microbatching == MicrobatchPolicy::kEntrain;
+  if (entrain_) {
+    EntrainAssignment a =
+        entrain_assignment(batch_, model_, llm.layout.dp, microbatches_, workload_.max_seq_len);
+    llm_assignment_ = std::move(a.llm);
+    encoder_assignment_ = std::move(a.encoder);
+  } else {
+    llm_assignment_ = assign_microbatches(batch_, model_, llm.layout.dp, microbatches_,
+                                          plan_.microbatching, workload_.max_seq_len);
+    encoder_assignment_ = llm_assignment_;
+  }
   p_.samples = static_cast<int64_t>(batch_.samples.size());
   std::vector<const Sample*> all;
   for (const Sample& s : batch_.samples) all.push_back(&s);
@@ -338,16 +358,41 @@ void Lowering::assign_samples() {
 
 // The samples a replica of `module` handles in micro-batch `mb` (-1: all its micro-batches):
 // replica_samples() of the module's data-parallel degree (its host's, when it borrows ranks).
-const std::vector<const Sample*>& Lowering::samples_of(int module, int64_t replica, int32_t mb) {
+const std::vector<const Sample*>& Lowering::samples_of(int module, int64_t replica, int32_t mb,
+                                                     bool encoder_level) {
   const ModuleInfo& m = modules_[static_cast<std::size_t>(module)];
   const int64_t dp =
       m.host >= 0 ? modules_[static_cast<std::size_t>(m.host)].layout.dp : m.layout.dp;
-  const auto key = std::make_tuple(dp, replica, mb);
+  // Colocated encoders run the whole batch at once: only the LLM's micro-batches exist there.
+  const bool level1 = entrain_ && plan_.placement != Placement::kColocated &&
+                      (encoder_level || (m.spec->role != ModuleRole::kLlm &&
+                                         m.spec->role != ModuleRole::kGenerator));
+  const auto key = std::make_tuple(dp, replica, mb, level1);
   if (const auto it = sample_sets_.find(key); it != sample_sets_.end()) return it->second;
   std::vector<const Sample*>& out = sample_sets_[key];
-  for (int32_t id : replica_samples(llm_assignment_, dp, replica, mb))
+  for (int32_t id : replica_samples(level1 ? encoder_assignment_ : llm_assignment_, dp, replica, mb))
     out.push_back(&batch_.samples[static_cast<std::size_t>(id)]);
   return out;
+}
+
+std::vector<int32_t> Lowering::encoder_microbatches_done(int64_t replica, int32_t mb) {
+  if (!entrain_) return {mb};
+  TESSERA_CHECK(replica >= 0 && replica < static_cast<int64_t>(llm_assignment_.size()));
+  const auto& level1 = encoder_assignment_[static_cast<std::size_t>(replica)];
+  const auto& level2 = llm_assignment_[static_cast<std::size_t>(replica)];
+  std::map<int32_t, int32_t> llm_mb_of;
+  for (int32_t j = 0; j < static_cast<int32_t>(level2.size()); ++j)
+    for (int32_t sample : level2[static_cast<std::size_t>(j)]) llm_mb_of[sample] = j;
+  // Encoder micro-batch i is done when its last sample's LLM micro-batch is: that is mb for
+  // every i with last(i) == mb (deferral moves a sample by one micro-batch at most, so i is mb
+  // or mb - 1).
+  std::vector<int32_t> done;
+  for (int32_t i = 0; i < static_cast<int32_t>(level1.size()); ++i) {
+    int32_t last = i;
+    for (int32_t sample : level1[static_cast<std::size_t>(i)]) last = std::max(last, llm_mb_of[sample]);
+    if (last == mb) done.push_back(i);
+  }
+  return done;
 }
 
 const ModuleWork& Lowering::work_of(int module, std::span<const Sample* const> samples) {
@@ -818,10 +863,13 @@ void Lowering::lower_pipelines() {
         std::vector<int32_t> deps;
         if (!item.backward) {
           // --- inputs
+          // What arrives for this micro-batch: the producers' (under Entrain, the encoder
+          // micro-batch of this number, whose rows this and the next LLM micro-batch take).
+          const auto& arriving = samples_of(owner_index, x.d, mb, true);
           if (first_virtual && !producers.empty()) {
             double input = 0;
             for (const auto& [producer_host, producer_last] : producers)
-              input += boundary_bytes(producer_last, owner_index, samples);
+              input += boundary_bytes(producer_last, owner_index, arriving);
             largest_input = std::max(largest_input, input);
             peak_in_flight = std::max(peak_in_flight, ++in_flight);
             if (!owner.flow.needs_input_grad) --in_flight;
@@ -840,7 +888,7 @@ void Lowering::lower_pipelines() {
                 }
               }
               share_boundary(rank, owner, x, Phase::kF, producer_last, mb,
-                             boundary_bytes(producer_last, owner_index, samples), received, deps);
+                             boundary_bytes(producer_last, owner_index, arriving), received, deps);
             }
           } else {
             const int64_t prev_k = k - 1;
@@ -861,7 +909,8 @@ void Lowering::lower_pipelines() {
             forward_of[{mb, item.chunk, m.index}] = last;
           };
           if (first_virtual)
-            for (int i : prefix) run(modules_[static_cast<std::size_t>(i)], 0, Phase::kF, samples);
+            for (int i : prefix)
+              run(modules_[static_cast<std::size_t>(i)], 0, Phase::kF, samples_of(i, x.d, mb));
           run(owner, k, Phase::kF, samples);
           if (last_virtual)
             for (int i : suffix) run(modules_[static_cast<std::size_t>(i)], 0, Phase::kF, samples);
@@ -920,33 +969,36 @@ void Lowering::lower_pipelines() {
         deps.push_back(fwd);
         int32_t last = -1;
         auto run_back = [&](const ModuleInfo& m, int64_t chunk_index,
-                            std::span<const Sample* const> s) {
+                            std::span<const Sample* const> s, int32_t at_mb) {
           if (!m.flow.backward()) return;
           if (plan_.recompute == Recompute::kFull && m.spec->transformer) {
-            Op r = compute(m, rank, static_cast<int32_t>(chunk_index), mb, Phase::kR, s);
+            Op r = compute(m, rank, static_cast<int32_t>(chunk_index), at_mb, Phase::kR, s);
             r.deps = deps;
             last = emit(rank, r);
             deps = {last};
           }
-          Op b = compute(m, rank, static_cast<int32_t>(chunk_index), mb, Phase::kB, s);
+          Op b = compute(m, rank, static_cast<int32_t>(chunk_index), at_mb, Phase::kB, s);
           b.deps = deps;
           last = emit(rank, b);
           deps = {last};
           if (m.flow.trainable) {
-            Op w = compute(m, rank, static_cast<int32_t>(chunk_index), mb, Phase::kW, s);
+            Op w = compute(m, rank, static_cast<int32_t>(chunk_index), at_mb, Phase::kW, s);
             w.deps = deps;
             last = emit(rank, w);
             deps = {last};
           }
-          release(rank, last, forward_of, std::make_tuple(mb, item.chunk, m.index));
+          release(rank, last, forward_of, std::make_tuple(at_mb, item.chunk, m.index));
         };
         if (last_virtual)
           for (auto it = suffix.rbegin(); it != suffix.rend(); ++it)
-            run_back(modules_[static_cast<std::size_t>(*it)], 0, samples);
-        run_back(owner, k, samples);
-        if (first_virtual)
-          for (auto it = prefix.rbegin(); it != prefix.rend(); ++it)
-            run_back(modules_[static_cast<std::size_t>(*it)], 0, samples);
+            run_back(modules_[static_cast<std::size_t>(*it)], 0, samples, mb);
+        run_back(owner, k, samples, mb);
+        // The modules before the LLM in its first stage: each encoder micro-batch once the LLM
+        // has every gradient of it (this one; under Entrain also the one before, or none).
+        if (first_virtual && !prefix.empty())  // the owner is the LLM here
+          for (int32_t i : encoder_microbatches_done(x.d, mb))
+            for (auto it = prefix.rbegin(); it != prefix.rend(); ++it)
+              run_back(modules_[static_cast<std::size_t>(*it)], 0, samples_of(*it, x.d, i), i);
         if (last < 0) continue;
         // --- gradient outputs
         if (!first_virtual && owner_backward) {
@@ -956,36 +1008,43 @@ void Lowering::lower_pipelines() {
           send.deps = {last};
           emit(rank, send);
         } else if (first_virtual && owner.flow.needs_input_grad) {
-          for (const auto& [producer_host, producer_last] : producers) {
-            const ModuleInfo& prod = modules_[static_cast<std::size_t>(producer_host)];
-            bool producer_needs = prod.flow.backward();
-            for (const ModuleInfo& m : modules_)
-              if (m.host == producer_host) producer_needs |= m.flow.backward();
-            if (!producer_needs) continue;
-            int32_t dep = last;
-            if (owner.layout.cp > 1) {
-              // Each CP rank holds the gradient of its tokens: sum over CP before sending.
-              Op sum;
-              sum.kind = OpKind::kCollective;
-              sum.stream = StreamKind::kCollective;
-              sum.collective = CollectiveKind::kAllReduce;
-              sum.purpose = Purpose::kBoundary;
-              sum.phase = Phase::kB;
-              sum.module = static_cast<int16_t>(producer_last);
-              sum.microbatch = mb;
-              sum.group = cp_group(owner, x);
-              sum.bytes = boundary_bytes(producer_last, owner_index, samples);
-              sum.deps = {last};
-              dep = emit(rank, sum);
-            }
-            if (!leader) continue;
-            for (const BoundaryLink& link :
-                 boundary_links(producer_host, owner_index, x.d, false, mb)) {
-              Op send = boundary_message(about, OpKind::kSend, Phase::kB,
-                                         prod.rank({0, 0, link.producer, prod.layout.pp - 1}),
-                                         producer_last, owner_index, link, mb);
-              send.deps = {dep};
-              emit(rank, send);
+          // Each encoder micro-batch's gradient once the LLM has all of it (under Entrain
+          // after this micro-batch or the next; otherwise this one).
+          for (const int32_t i : encoder_microbatches_done(x.d, mb)) {
+            Op about_i = about;
+            about_i.microbatch = i;
+            for (const auto& [producer_host, producer_last] : producers) {
+              const ModuleInfo& prod = modules_[static_cast<std::size_t>(producer_host)];
+              bool producer_needs = prod.flow.backward();
+              for (const ModuleInfo& m : modules_)
+                if (m.host == producer_host) producer_needs |= m.flow.backward();
+              if (!producer_needs) continue;
+              int32_t dep = last;
+              if (owner.layout.cp > 1) {
+                // Each CP rank holds the gradient of its tokens: sum over CP before sending.
+                Op sum;
+                sum.kind = OpKind::kCollective;
+                sum.stream = StreamKind::kCollective;
+                sum.collective = CollectiveKind::kAllReduce;
+                sum.purpose = Purpose::kBoundary;
+                sum.phase = Phase::kB;
+                sum.module = static_cast<int16_t>(producer_last);
+                sum.microbatch = i;
+                sum.group = cp_group(owner, x);
+                sum.bytes =
+                    boundary_bytes(producer_last, owner_index, samples_of(owner_index, x.d, i, true));
+                sum.deps = {last};
+                dep = emit(rank, sum);
+              }
+              if (!leader) continue;
+              for (const BoundaryLink& link :
+                   boundary_links(producer_host, owner_index, x.d, false, i)) {
+                Op send = boundary_message(about_i, OpKind::kSend, Phase::kB,
+                                           prod.rank({0, 0, link.producer, prod.layout.pp - 1}),
+                                           producer_last, owner_index, link, i);
+                send.deps = {dep};
+                emit(rank, send);
+              }
             }
           }
         }
@@ -1296,8 +1355,23 @@ void Lowering::run() {
     return;
   }
   if (plan_.microbatching == MicrobatchPolicy::kEntrain) {
-    out_.error = "microbatching entrain is not lowered yet (issue 10)";
-    return;
+    // The LLM's micro-batch takes rows from its encoder micro-batch and the one before: a
+    // producer replica must hold whole LLM micro-batches (fan-in or equal), and the pipeline
+    // walks its micro-batches in order (no interleaving).
+    const int64_t dp = modules_[static_cast<std::size_t>(llm_)].layout.dp;
+    for (const ModuleInfo& m : modules_)
+      if (m.host < 0 && m.index != llm_ && plan_.placement == Placement::kNonColocated &&
+          m.layout.dp < dp) {
+        out_.error = "microbatching entrain: " + m.spec->name + " has fewer replicas (" +
+                     std::to_string(m.layout.dp) + ") than the LLM (" + std::to_string(dp) +
+                     "); Entrain needs each encoder replica to feed whole LLM micro-batches";
+        return;
+      }
+    for (const ModuleInfo& m : modules_)
+      if (m.layout.vpp > 1) {
+        out_.error = "microbatching entrain with interleaved 1F1B (vpp > 1) is not lowered yet";
+        return;
+      }
   }
   const int64_t dp_llm = modules_[static_cast<std::size_t>(llm_)].layout.dp;
   for (const ModuleInfo& m : modules_) {

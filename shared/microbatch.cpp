@@ -112,7 +112,8 @@ MicrobatchAssignment assign_microbatches(const Batch& batch, const ModelSpec& mo
                                          int64_t replicas, int64_t microbatches,
                                          MicrobatchPolicy policy, int64_t max_seq_len) {
   TESSERA_CHECK(replicas >= 1 && microbatches >= 1);
-  TESSERA_CHECK(policy != MicrobatchPolicy::kEntrain, "entrain assignment is not lowered yet");
+  TESSERA_CHECK(policy != MicrobatchPolicy::kEntrain,
+                "entrain has two levels of micro-batches: use entrain_assignment()");
   const int64_t n = static_cast<int64_t>(batch.samples.size());
   MicrobatchAssignment out(static_cast<std::size_t>(replicas));
   for (int64_t d = 0; d < replicas; ++d) {

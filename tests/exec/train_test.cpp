@@ -210,6 +210,11 @@ TEST_CASE("colocated placements: each module its own grid, the boundary regroups
   const Run refused = run(kScenario + " --plan " + with_cp);
   CHECK(refused.code == 2);
   CHECK(refused.output.find("colo-cp.json: plan.modules.llm.cp") != std::string::npos);
+  // Entrain is lowered and simulated, not yet executed.
+  const Run entrain = run(kScenario + " --plan " + raw_plan(R"({"placement": "homogeneous", "layout": {"pp": 2},
+      "micro_batch_size": 2, "schedule": "1f1b", "microbatching": "entrain"})", "entrain"));
+  CHECK(entrain.code == 2);
+  CHECK(entrain.output.find("entrain.json: plan.microbatching: entrain") != std::string::npos);
 }
 
 TEST_CASE("frozen LLM behind a trainable projector (LLaVA stage 1) still passes gradients back") {

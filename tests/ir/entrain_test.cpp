@@ -142,5 +142,6 @@ TEST_CASE("entrain static layout: the encoders' share of the training work over 
   // A trainable encoder does three times the work.
   for (ModuleSpec& m : s.model.modules)
     if (m.role == ModuleRole::kEncoder) m.frozen = false;
-  CHECK(encoder_work_share(s.model, s.workload, 4) == doctest::Approx(3 * encoder / (3 * encoder + llm)));
+  CHECK(encoder_work_share(s.model, s.workload, 4) ==
+        doctest::Approx(3 * encoder / (3 * encoder + llm)));
 }

@@ -2,9 +2,12 @@
 // Program checks, frozen-aware emission, memory and metrics.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <map>
 #include <set>
 
+#include "shared/entrain.hpp"
 #include "shared/estimate.hpp"
 #include "shared/evaluator.hpp"
 #include "shared/context_split.hpp"
@@ -688,4 +691,74 @@ TEST_CASE("the CP balance note: mean over micro-batches and the worst CP group, 
     if (policy == CpSplit::kUniform) CHECK(mean == doctest::Approx(uniform));
     else CHECK(mean < 1.1);
   }
+}
+
+TEST_CASE("microbatching entrain: encoders run level 1, the LLM level 2; backward waits for both") {
+  Diagnostics diag;
+  auto s = load_scenario(std::string(TESSERA_SOURCE_DIR) + "/scenarios/cpu-tiny.json", diag);
+  REQUIRE(s.has_value());
+  ParallelPlan plan;
+  plan.layout.pp = 2;
+  plan.micro_batch_size = 2;
+  plan.schedule = Schedule::k1F1B;
+  plan.microbatching = MicrobatchPolicy::kEntrain;
+  WorkloadSpec w = s->workload;
+  w.global_batch = 16;  // 8 micro-batches of 2
+  s->workload = w;
+  bool deferred_somewhere = false;
+  for (int64_t iteration = 0; iteration < 6; ++iteration) {
+    const Batch batch = draw_batch(w, iteration);
+    const Lowered l = lower(s->model, s->cluster, plan, w, batch);
+    REQUIRE(l.error.empty());
+    const EntrainAssignment a = entrain_assignment(batch, s->model, 1, 8, w.max_seq_len);
+    deferred_somewhere |= a.encoder != a.llm;
+    auto tokens = [&](const ModuleSpec& m, const std::vector<int32_t>& ids) {
+      std::vector<const Sample*> samples;
+      for (int32_t id : ids) samples.push_back(&batch.samples[static_cast<std::size_t>(id)]);
+      return module_work(s->model, m, samples, w.max_seq_len).tokens;
+    };
+    const int llm = static_cast<int>(find_llm(s->model) - s->model.modules.data());
+    std::map<int32_t, std::size_t> llm_backward_at, projector_backward_at;
+    const auto& ops = l.program.ranks[0];
+    for (std::size_t i = 0; i < ops.size(); ++i) {
+      const Op& op = ops[i];
+      if (op.kind != OpKind::kCompute) continue;
+      const ModuleSpec& m = s->model.modules[static_cast<std::size_t>(op.module)];
+      const auto mb = static_cast<std::size_t>(op.microbatch);
+      if (op.phase == Phase::kF && op.module == llm)
+        CHECK(op.tokens == tokens(m, a.llm[0][mb]));
+      if (op.phase == Phase::kF && m.role == ModuleRole::kEncoder)
+        CHECK(op.tokens == tokens(m, a.encoder[0][mb]));
+      if (op.phase == Phase::kB && op.module == llm) llm_backward_at[op.microbatch] = i;
+      if (op.phase == Phase::kB && m.role == ModuleRole::kProjector) projector_backward_at[op.microbatch] = i;
+    }
+    // The projector's backward of encoder micro-batch i follows the LLM backward of every
+    // micro-batch holding its samples.
+    REQUIRE(projector_backward_at.size() == 8);
+    for (int32_t i = 0; i < 8; ++i)
+      for (int32_t j = 0; j < 8; ++j)
+        for (int32_t sample : a.encoder[0][static_cast<std::size_t>(i)])
+          if (std::count(a.llm[0][static_cast<std::size_t>(j)].begin(),
+                         a.llm[0][static_cast<std::size_t>(j)].end(), sample) > 0)
+            CHECK(projector_backward_at.at(i) > llm_backward_at.at(j));
+    // The program runs to the end.
+    CHECK(estimate(*s, plan, iteration, default_cost_params(s->cluster)).metrics.step_s > 0);
+  }
+  CHECK(deferred_somewhere);
+  // Non-colocated with fan-in (2 ViT replicas per LLM replica) runs too; fan-out is refused.
+  ParallelPlan nc;
+  nc.placement = Placement::kNonColocated;
+  nc.schedule = Schedule::kGraph1F1B;
+  nc.micro_batch_size = 2;
+  nc.microbatching = MicrobatchPolicy::kEntrain;
+  ModuleLayout vision, llm_layout;
+  vision.dp = 2;
+  llm_layout.pp = 2;
+  nc.modules = {{"vision", vision}, {"llm", llm_layout}};
+  CHECK(estimate(*s, nc, 0, default_cost_params(s->cluster)).metrics.step_s > 0);
+  nc.modules = {{"vision", ModuleLayout{}}, {"llm", ModuleLayout{}}};
+  nc.modules[1].second.dp = 2;
+  const Lowered refused = lower(s->model, s->cluster, nc, w, draw_batch(w, 0));
+  CHECK(refused.error.find("Entrain needs each encoder replica to feed whole LLM micro-batches") !=
+        std::string::npos);
 }
