@@ -111,6 +111,12 @@ StageAllocation allocate_stages(const Scenario& s, const StageBudget& budget,
   if (llm != nullptr && llm->transformer)
     modules.push_back(
         {llm->name, llm->transformer->layers, module_tp(*llm->transformer, budget.tp)});
+  if (modules.size() < 2) {
+    diag.error(
+        s.file, "model",
+        "model " + s.model.name + " has no transformer encoder: there are no stages to share out");
+    return out;
+  }
   const int64_t per_stage = budget.tp * budget.dp;
   if (budget.gpus % per_stage != 0) {
     diag.error("--gpus", "",
