@@ -106,4 +106,13 @@ TEST_CASE("stage allocation: a budget that makes no whole stages, or too few, is
   allocate_stages(s, StageBudget{4, 2, 1, 1}, default_cost_params(s.cluster), few);
   REQUIRE(!few.ok());
   CHECK(few.errors().front().message.find("2 stages for 3 pipelined modules") != std::string::npos);
+  // A text-only model has nothing to share out.
+  Scenario text = s;
+  std::erase_if(text.model.modules, [](const ModuleSpec& m) { return m.role != ModuleRole::kLlm; });
+  text.model.modules.front().inputs.clear();
+  Diagnostics none;
+  allocate_stages(text, StageBudget{16, 2, 1, 1}, default_cost_params(s.cluster), none);
+  REQUIRE(!none.ok());
+  CHECK(none.errors().front().path == "model");
+  CHECK(none.errors().front().message.find("no transformer encoder") != std::string::npos);
 }
