@@ -78,8 +78,9 @@ std::string executor_plan_support(const ParallelPlan& plan, const ModelSpec& mod
     }
   }
   if (plan.recompute != Recompute::kNone) return "plan.recompute: activation recomputation" + next;
-  if (plan.microbatching == MicrobatchPolicy::kEntrain)
-    return "plan.microbatching: entrain (the LLM taking rows from two encoder micro-batches)" + next;
+  if (plan.microbatching == MicrobatchPolicy::kEntrain && plan.placement != Placement::kHomogeneous)
+    return "plan.microbatching: entrain in a " + enum_name(plan.placement, kPlacements) +
+           " plan (homogeneous plans run it)" + next;
   for (const ModuleSpec& m : model.modules) {
     if (!m.transformer) continue;
     int64_t tp = plan.layout.tp;

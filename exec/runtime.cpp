@@ -7,6 +7,7 @@
 
 #include "shared/check.hpp"
 #include "shared/context_split.hpp"
+#include "shared/entrain.hpp"
 #include "shared/lower.hpp"
 #include "shared/microbatch.hpp"
 #include "shared/model_math.hpp"
@@ -181,7 +182,45 @@ std::vector<torch::Tensor> Worker::trainable(int module) {
 
 std::vector<int32_t> Worker::samples_for(int module, int mb) const {
   const auto m = static_cast<std::size_t>(module);
-  return replica_samples(assignment_, dp_size_[m], dp_rank_[m], mb);
+  const ModuleRole role = scenario_.model.modules[m].role;
+  const bool encoder_side = role != ModuleRole::kLlm && role != ModuleRole::kGenerator;
+  return replica_samples(entrain_ && encoder_side ? encoder_assignment_ : assignment_, dp_size_[m],
+                         dp_rank_[m], mb);
+}
+
+torch::Tensor Worker::entrain_rows(int producer, int mb, std::vector<torch::Tensor>& leaves) {
+  // Where each sample's rows lie: in the output of the encoder micro-batch (mb or mb - 1) that
+  // holds it, those outputs stacked in that order.
+  std::map<int32_t, std::pair<int64_t, int64_t>> where;  // sample -> (first row, rows)
+  std::vector<torch::Tensor> outputs;
+  int64_t row = 0;
+  const std::vector<int32_t>& wanted = micro_batch(mb).samples;
+  for (int i = std::max(0, mb - 1); i <= mb; ++i) {
+    const std::vector<int32_t> held = samples_for(producer, i);
+    if (std::none_of(held.begin(), held.end(), [&](int32_t x) {
+          return std::find(wanted.begin(), wanted.end(), x) != wanted.end();
+        }))
+      continue;  // (its slot may be gone already)
+    auto [it, fresh] = entrain_leaves_.try_emplace({producer, i});
+    if (fresh) {
+      const torch::Tensor& out = producer_slot(producer, i).output;
+      it->second = out.detach();
+      it->second.set_requires_grad(out.requires_grad());
+    }
+    RowMap rows;
+    lay_out_rows(producer, held, row, rows);
+    for (const auto& [sample, range] : rows) where[sample] = range;
+    row += it->second.size(0);
+    outputs.push_back(it->second);
+    leaves.push_back(it->second);
+  }
+  std::vector<int64_t> index;
+  for (int32_t sample : wanted)
+    if (const auto it = where.find(sample); it != where.end())
+      for (int64_t r = 0; r < it->second.second; ++r) index.push_back(it->second.first + r);
+  TESSERA_CHECK(!outputs.empty(), "entrain: no encoder micro-batch feeds LLM micro-batch " +
+                                      std::to_string(mb));
+  return torch::cat(outputs, 0).index_select(0, torch::tensor(index, torch::kInt64).view({-1}));
 }
 
 Worker::Boundary& Worker::boundary(int producer) {
@@ -553,10 +592,22 @@ StepResult Worker::step(int64_t iteration) {
   result.llm_tokens = p.llm_tokens;
   result.samples = batch_.batch.samples;
   const int64_t llm_dp = dp_size_[static_cast<std::size_t>(llm_)];
-  const auto assignment =
-      assign_microbatches(batch_.batch, model, llm_dp,
-                          micro_batches(plan_, model, scenario_.workload), plan_.microbatching,
-                          scenario_.workload.max_seq_len);
+  // The same micro-batches as the lowering's (Entrain: the encoders level 1, the LLM level 2).
+  entrain_ = plan_.microbatching == MicrobatchPolicy::kEntrain;
+  MicrobatchAssignment assignment;
+  if (entrain_) {
+    EntrainAssignment a =
+        entrain_assignment(batch_.batch, model, llm_dp, micro_batches(plan_, model, scenario_.workload),
+                           scenario_.workload.max_seq_len);
+    assignment = std::move(a.llm);
+    encoder_assignment_ = std::move(a.encoder);
+  } else {
+    assignment = assign_microbatches(batch_.batch, model, llm_dp,
+                                     micro_batches(plan_, model, scenario_.workload),
+                                     plan_.microbatching, scenario_.workload.max_seq_len);
+    encoder_assignment_ = assignment;
+  }
+  entrain_leaves_.clear();
   my_micro_batches_ = assignment[static_cast<std::size_t>(dp_index_)];
   assignment_ = assignment;
   boundaries_.clear();
@@ -716,6 +767,7 @@ void Worker::forward(const Op& op) {
     return torch::Tensor();
   };
   std::vector<torch::Tensor> inputs;
+  std::vector<torch::Tensor> entrain_parts;  // Entrain: the LLM's media rows, per input
   // Colocated: the LLM's micro-batches take their rows from the producers' whole-batch outputs.
   const bool whole_batch_inputs = spec.role == ModuleRole::kLlm && st.first() &&
                                   !received_.count(key) && plan_.placement != Placement::kHomogeneous;
@@ -729,6 +781,10 @@ void Worker::forward(const Op& op) {
   } else if (whole_batch_inputs) {
     for (const std::string& name : spec.inputs)
       inputs.push_back(input_boundary(module_index(model, name)).leaf);
+  } else if (entrain_ && spec.role == ModuleRole::kLlm) {
+    // Each input's rows from two encoder micro-batches; the leaves are what backward targets.
+    for (const std::string& name : spec.inputs)
+      entrain_parts.push_back(entrain_rows(module_index(model, name), op.microbatch, inputs));
   } else if (spec.role != ModuleRole::kEncoder) {
     for (const std::string& name : spec.inputs) inputs.push_back(from_producer(name));
   }
@@ -765,7 +821,7 @@ void Worker::forward(const Op& op) {
         const int64_t hidden = spec.transformer->hidden;
         // The LLM's inputs in order (llm_layout numbers media rows the same way); at a
         // colocated boundary, each input's rows of this micro-batch's samples.
-        std::vector<torch::Tensor> parts = inputs;
+        std::vector<torch::Tensor> parts = entrain_ ? entrain_parts : inputs;
         if (whole_batch_inputs)
           for (std::size_t i = 0; i < inputs.size(); ++i) {
             const Boundary& bd = input_boundary(module_index(model, spec.inputs[i]));
@@ -822,6 +878,10 @@ void Worker::backward(const Op& op, bool weights) {
     const Boundary& bd = boundaries_.at(op.module);
     grad = bd.leaf.grad().defined() ? bd.leaf.grad().narrow(0, bd.mine_first, bd.mine_rows)
                                     : torch::zeros_like(slot.output);
+  } else if (!grad.defined() && entrain_leaves_.count({op.module, op.microbatch})) {
+    // Entrain: accumulated over the LLM micro-batches that took this micro-batch's rows.
+    const torch::Tensor& leaf = entrain_leaves_.at({op.module, op.microbatch});
+    grad = leaf.grad().defined() ? leaf.grad() : torch::zeros_like(slot.output);
   } else if (!grad.defined()) {
     // The consumer on this rank computed it: the gradient of its input from this module.
     const std::string& name = st.module().name;

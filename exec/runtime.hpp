@@ -98,6 +98,9 @@ class Worker {
   std::vector<std::pair<int64_t, std::vector<int32_t>>> consumer_links(int producer, int mb) const;
   // Lays `samples`' rows of `producer`'s output out from `row` on (each sample's rows together,
   // samples in order) into `where`; returns the row after them.
+  // Entrain: the rows of LLM micro-batch `mb`'s samples from producer `producer`'s micro-batch
+  // outputs (this one and the one before), with the leaves they come from added to `leaves`.
+  torch::Tensor entrain_rows(int producer, int mb, std::vector<torch::Tensor>& leaves);
   int64_t lay_out_rows(int producer, const std::vector<int32_t>& samples, int64_t row,
                        RowMap& where) const;
   std::vector<int64_t> rows_of(int producer, const std::vector<int32_t>& samples,
@@ -147,6 +150,12 @@ class Worker {
   TrainBatch batch_;
   std::vector<std::vector<int32_t>> my_micro_batches_;
   MicrobatchAssignment assignment_;
+  // The encoders' micro-batches: assignment_'s, or Entrain's level 1 (the LLM runs level 2).
+  MicrobatchAssignment encoder_assignment_;
+  bool entrain_ = false;
+  // Entrain, homogeneous: each producer micro-batch's output as a leaf the LLM's micro-batches
+  // (its own and the next) take rows from; its gradient accumulates there. (producer, mb)
+  std::map<std::pair<int, int>, torch::Tensor> entrain_leaves_;
   std::map<int, Boundary> boundaries_;
   std::map<std::pair<int, int>, Boundary> linked_;                        // (producer, mb)
   std::map<std::tuple<int, int, int64_t>, torch::Tensor> link_parts_;      // (producer, mb, link)
