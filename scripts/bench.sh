@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Benchmarks that print figures (never pass/fail). Usage: scripts/bench.sh [lower|sim|sweep|comm|cli|exec|reproduce-cornstarch|cornstarch-exec|reproduce-variability|accuracy|all]
+# Benchmarks that print figures (never pass/fail). Usage: scripts/bench.sh [lower|sim|sweep|comm|cli|exec|reproduce-cornstarch|cornstarch-exec|reproduce-variability|variability-exec|accuracy|all]
 #   lower  lowering + evaluation of one iteration of a 1024-rank plan with 64 micro-batches
 #   sim    tessera simulate, one iteration of the default plan at 64, 1024 and 8192 devices
 #   sweep  the default sweep with -j 1 and -j 2, and a headless-Chromium screenshot of its report
@@ -22,6 +22,9 @@
 #          64-4096 text tokens, some audio) on LLaVA-1.5-7B and a 14B model with InternViT-6B, 64
 #          and 256 H100 (scenarios/variability/), 100 drawn iterations per micro-batching policy:
 #          step time, throughput and per-micro-batch stage-time CV (entrain and dip: not lowered yet)
+#   variability-exec  issue 10 with the executor: scenarios/cpu-tiny-variable.json (0-4 images,
+#          8-100 text tokens per sample) on PP4, 4 ranks, arrival vs sorted vs entrain: median
+#          and p10-p90 of steps 2-20, 3 repeats, beside the simulated step with the shipped profile
 #   accuracy  calibration (issue 8): records the cpu-local calibration set 3 times, fits a profile
 #          on half of the plans each time, and replays every plan with it and without it
 set -euo pipefail
@@ -257,6 +260,29 @@ if [[ $what == reproduce-variability || $what == all ]]; then
         | "| \($s) | \($p) | \(.step_mean_s * 1000 | round / 1000) | \($it | mean(.samples_per_s) * 10 | round / 10) | \($it | mean(.microbatch_variability.llm.cv) * 1000 | round / 1000) | \($it | mean(.microbatch_variability.llm.max_over_mean) * 1000 | round / 1000) | \(if $enc then ($it | mean(.microbatch_variability[$enc].cv) * 1000 | round / 1000 | tostring) + " (" + $enc + ")" else "" end) |" end'
     done
   done
+fi
+
+if [[ $what == variability-exec || $what == all ]]; then
+  train="$build/exec/tessera-train"
+  root=$(mktemp -d /tmp/tessera-variability.XXXXXX)
+  # "median p10 p90" of step_s over steps 2..
+  stats() { grep -o '"step_s":[0-9.e-]*' "$1/loss.jsonl" | tail -n +2 | cut -d: -f2 | sort -g |
+            awk '{ v[NR] = $1 } END { printf "%.4f %.4f %.4f\n", v[int((NR + 1) / 2)], v[int(NR * 0.1) + 1], v[int(NR * 0.9)] }'; }
+  echo "== issue 10 with the executor: cpu-tiny-variable, PP4 on 4 ranks, steps 2-20, three repeats =="
+  for policy in arrival sorted entrain; do
+    echo "{\"placement\": \"homogeneous\", \"layout\": {\"pp\": 4}, \"micro_batch_size\": 2, \"schedule\": \"1f1b\", \"microbatching\": \"$policy\"}" >"$root/$policy.json"
+    cv=$("$tessera" estimate scenarios/cpu-tiny-variable.json --plan "$root/$policy.json" |
+         sed -n 's/^micro-batch CV *\(.*\) (stage time.*/\1/p')
+    echo "$policy: estimated micro-batch CV $cv"
+  done
+  for rep in 1 2 3; do
+    for policy in arrival sorted entrain; do
+      "$train" scenarios/cpu-tiny-variable.json --plan "$root/$policy.json" --nproc 4 --steps 20 --trace-steps 0 --no-checkpoint --out "$root/$policy-$rep" >/dev/null
+      read -r median p10 p90 < <(stats "$root/$policy-$rep")
+      echo "$policy repeat $rep: median $median s, p10 $p10 s, p90 $p90 s"
+    done
+  done
+  rm -rf "$root"
 fi
 
 if [[ $what == cornstarch-exec || $what == all ]]; then
