@@ -24,7 +24,7 @@
 #          step time, throughput and per-micro-batch stage-time CV (entrain and dip: not lowered yet)
 #   variability-exec  issue 10 with the executor: scenarios/cpu-tiny-variable.json (0-4 images,
 #          8-100 text tokens per sample) on PP4, 4 ranks, arrival vs sorted vs entrain: median
-#          and p10-p90 of steps 2-20, 3 repeats, beside the simulated step with the shipped profile
+#          and p10-p90 of steps 2-20, 3 repeats, beside the estimated micro-batch CV
 #   accuracy  calibration (issue 8): records the cpu-local calibration set 3 times, fits a profile
 #          on half of the plans each time, and replays every plan with it and without it
 set -euo pipefail
@@ -37,6 +37,12 @@ cmake --build "$build" --parallel "$(nproc)" --target tessera tessera-train >/de
 tessera="$build/sim/tessera"
 
 elapsed() { awk -v s="$1" -v e="$2" 'BEGIN { printf "%.3f", e - s }'; }
+# "median p10 p90" of a tessera-train run's step_s over steps 2.. (the first warms up)
+step_stats() {
+  grep -o '"step_s":[0-9.e-]*' "$1/loss.jsonl" | tail -n +2 | cut -d: -f2 | sort -g |
+    awk '{ v[NR] = $1 } END { printf "%.4f %.4f %.4f\n",
+           (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2, v[int(NR * 0.1) + 1], v[int(NR * 0.9)] }'
+}
 
 if [[ $what == lower || $what == all ]]; then
   echo "== lower + evaluate: scenarios/cornstarch-vlm-large-1024.json (1024 ranks, 64 micro-batches) =="
@@ -265,9 +271,6 @@ fi
 if [[ $what == variability-exec || $what == all ]]; then
   train="$build/exec/tessera-train"
   root=$(mktemp -d /tmp/tessera-variability.XXXXXX)
-  # "median p10 p90" of step_s over steps 2..
-  stats() { grep -o '"step_s":[0-9.e-]*' "$1/loss.jsonl" | tail -n +2 | cut -d: -f2 | sort -g |
-            awk '{ v[NR] = $1 } END { printf "%.4f %.4f %.4f\n", v[int((NR + 1) / 2)], v[int(NR * 0.1) + 1], v[int(NR * 0.9)] }'; }
   echo "== issue 10 with the executor: cpu-tiny-variable, PP4 on 4 ranks, steps 2-20, three repeats =="
   for policy in arrival sorted entrain; do
     echo "{\"placement\": \"homogeneous\", \"layout\": {\"pp\": 4}, \"micro_batch_size\": 2, \"schedule\": \"1f1b\", \"microbatching\": \"$policy\"}" >"$root/$policy.json"
@@ -278,7 +281,7 @@ if [[ $what == variability-exec || $what == all ]]; then
   for rep in 1 2 3; do
     for policy in arrival sorted entrain; do
       "$train" scenarios/cpu-tiny-variable.json --plan "$root/$policy.json" --nproc 4 --steps 20 --trace-steps 0 --no-checkpoint --out "$root/$policy-$rep" >/dev/null
-      read -r median p10 p90 < <(stats "$root/$policy-$rep")
+      read -r median p10 p90 < <(step_stats "$root/$policy-$rep")
       echo "$policy repeat $rep: median $median s, p10 $p10 s, p90 $p90 s"
     done
   done
@@ -288,9 +291,7 @@ fi
 if [[ $what == cornstarch-exec || $what == all ]]; then
   train="$build/exec/tessera-train"
   root=$(mktemp -d /tmp/tessera-cornstarch.XXXXXX)
-  # median step_s of steps 1.. of a run
-  med() { grep -o '"step_s":[0-9.e-]*' "$1/loss.jsonl" | tail -n +2 | cut -d: -f2 | sort -g |
-          awk '{ v[NR] = $1 } END { printf "%.4f", (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+  med() { step_stats "$1" | cut -d' ' -f1; }
   echo "== issue 9 with the executor: median step time (s) of steps 2-20, three repeats =="
   for split in frozen_aware uniform; do
     echo "{\"placement\": \"homogeneous\", \"layout\": {\"pp\": 2}, \"micro_batch_size\": 1, \"schedule\": \"1f1b\", \"stage_split\": \"$split\"}" >"$root/$split.json"

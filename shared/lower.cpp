@@ -105,9 +105,9 @@ class Lowering {
   // `encoder_level` asks for the level-1 ones of any module (the LLM's replica, say).
   const std::vector<const Sample*>& samples_of(int module, int64_t replica, int32_t mb,
                                                bool encoder_level = false);
-  // Entrain: the encoder micro-batches of LLM replica `replica` whose every sample the LLM has
-  // taken by the end of its micro-batch `mb` — due now, in order — (all of them at the last).
-  std::vector<int32_t> encoder_microbatches_done(int64_t replica, int32_t mb);
+  // The encoder micro-batches of LLM replica `replica` whose last sample the LLM takes in its
+  // micro-batch `mb`, in order: {mb}, or under Entrain also mb - 1, or only mb - 1, or none.
+  const std::vector<int32_t>& encoder_microbatches_done(int64_t replica, int32_t mb);
   const ModuleWork& work_of(int module, std::span<const Sample* const> samples);
   // Tokens and attention pairs of each CP rank for the LLM sequence of `samples`, and the
   // attention work's max/mean under the plan's split and under the uniform one.
@@ -279,6 +279,9 @@ class Lowering {
   // The encoders' micro-batches: llm_assignment_'s, or Entrain's level 1
   MicrobatchAssignment encoder_assignment_;
   bool entrain_ = false;
+  // [llm replica][llm mb] -> the encoder micro-batches whose last sample it takes ({mb} unless
+  // Entrain deferred one)
+  std::vector<std::vector<std::vector<int32_t>>> encoder_done_;
   std::map<RankList, int32_t> group_ids_;
   std::map<std::tuple<int64_t, int64_t, int32_t, bool>, std::vector<const Sample*>> sample_sets_;
   std::map<std::tuple<int, const void*, std::size_t>, ModuleWork> work_cache_;
@@ -350,6 +353,19 @@ void Lowering::assign_samples() {
                                           plan_.microbatching, workload_.max_seq_len);
     encoder_assignment_ = llm_assignment_;
   }
+  // Encoder micro-batch i is done with the LLM micro-batch that takes its last sample (i, or
+  // i + 1 when Entrain deferred one).
+  for (std::size_t d = 0; d < llm_assignment_.size(); ++d) {
+    std::map<int32_t, int32_t> llm_mb_of;
+    for (std::size_t j = 0; j < llm_assignment_[d].size(); ++j)
+      for (int32_t sample : llm_assignment_[d][j]) llm_mb_of[sample] = static_cast<int32_t>(j);
+    auto& done = encoder_done_.emplace_back(llm_assignment_[d].size());
+    for (std::size_t i = 0; i < encoder_assignment_[d].size(); ++i) {
+      int32_t last = static_cast<int32_t>(i);
+      for (int32_t sample : encoder_assignment_[d][i]) last = std::max(last, llm_mb_of.at(sample));
+      done[static_cast<std::size_t>(last)].push_back(static_cast<int32_t>(i));
+    }
+  }
   p_.samples = static_cast<int64_t>(batch_.samples.size());
   std::vector<const Sample*> all;
   for (const Sample& s : batch_.samples) all.push_back(&s);
@@ -375,26 +391,9 @@ const std::vector<const Sample*>& Lowering::samples_of(int module, int64_t repli
   return out;
 }
 
-std::vector<int32_t> Lowering::encoder_microbatches_done(int64_t replica, int32_t mb) {
-  if (!entrain_) return {mb};
-  TESSERA_CHECK(replica >= 0 && replica < static_cast<int64_t>(llm_assignment_.size()));
-  const auto& level1 = encoder_assignment_[static_cast<std::size_t>(replica)];
-  const auto& level2 = llm_assignment_[static_cast<std::size_t>(replica)];
-  std::map<int32_t, int32_t> llm_mb_of;
-  for (int32_t j = 0; j < static_cast<int32_t>(level2.size()); ++j)
-    for (int32_t sample : level2[static_cast<std::size_t>(j)]) llm_mb_of[sample] = j;
-  // Encoder micro-batch i is done when its last sample's LLM micro-batch is: that is mb for
-  // every i with last(i) == mb (deferral moves a sample by one micro-batch at most, so i is mb
-  // or mb - 1).
-  std::vector<int32_t> done;
-  for (int32_t i = 0; i < static_cast<int32_t>(level1.size()); ++i) {
-    int32_t last = i;
-    for (int32_t sample : level1[static_cast<std::size_t>(i)]) last = std::max(last, llm_mb_of[sample]);
-    if (last == mb) done.push_back(i);
-  }
-  return done;
+const std::vector<int32_t>& Lowering::encoder_microbatches_done(int64_t replica, int32_t mb) {
+  return encoder_done_[static_cast<std::size_t>(replica)][static_cast<std::size_t>(mb)];
 }
-
 const ModuleWork& Lowering::work_of(int module, std::span<const Sample* const> samples) {
   // Sample sets come from samples_of(), whose vectors live as long as the lowering, so their
   // address identifies them (empty sets all have zero work).
