@@ -3,7 +3,9 @@
 #include <chrono>
 #include <cstdio>
 #include <numeric>
+#include <optional>
 
+#include "shared/dip_search.hpp"
 #include "shared/evaluator.hpp"
 #include "shared/scenario_report.hpp"
 
@@ -22,16 +24,24 @@ Estimate estimate(const Scenario& s, const ParallelPlan& plan, int64_t iteration
   Estimate e;
   const auto t0 = std::chrono::steady_clock::now();
   const Batch batch = draw_batch(s.workload, iteration);
-  Lowered lowered = lower(s.model, s.cluster, plan, s.workload, batch);
+  const CostModel cost(s.cluster, s.model.dtype, params, s.model);
+  // DIP: this batch's schedule, searched with the evaluator (lowering time includes it).
+  std::optional<DipSearchResult> dip;
+  if (plan.schedule == Schedule::kDip) {
+    DipPlanner planner(s, plan, cost);
+    dip = planner.search(batch, DipSchedule{});
+  }
+  Lowered lowered =
+      lower(s.model, s.cluster, plan, s.workload, batch, dip ? &dip->schedule : nullptr);
   e.lower_s = seconds_since(t0);
   e.notes = lowered.notes;
+  if (dip && dip->error.empty()) e.notes.push_back(describe_dip_search(*dip, s.model));
   if (!lowered.error.empty()) {
     e.reason = lowered.error;
     return e;
   }
   const Program& p = lowered.program;
   for (const auto& ops : p.ranks) e.ops += static_cast<int64_t>(ops.size());
-  const CostModel cost(s.cluster, s.model.dtype, params, s.model);
   const auto t1 = std::chrono::steady_clock::now();
   const Timeline timeline = evaluate(p, cost);
   e.evaluate_s = seconds_since(t1);

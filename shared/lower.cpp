@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdio>
+#include <deque>
 #include <functional>
 #include <map>
 #include <numeric>
@@ -10,6 +11,7 @@
 #include "shared/check.hpp"
 #include "shared/context_split.hpp"
 #include "shared/cost_model.hpp"
+#include "shared/dip_schedule.hpp"
 #include "shared/entrain.hpp"
 #include "shared/microbatch.hpp"
 #include "shared/model_math.hpp"
@@ -85,12 +87,14 @@ Op p2p_op(const Op& about, OpKind kind, Phase phase, int64_t peer, double bytes,
 class Lowering {
  public:
   Lowering(const ModelSpec& model, const ClusterSpec& cluster, const ParallelPlan& plan,
-           const WorkloadSpec& workload, const Batch& batch, Lowered& out)
+           const WorkloadSpec& workload, const Batch& batch, const DipSchedule* dip,
+           Lowered& out)
       : model_(model),
         cluster_(cluster),
         plan_(plan),
         workload_(workload),
         batch_(batch),
+        dip_(dip ? *dip : DipSchedule{}),
         out_(out),
         p_(out.program) {}
 
@@ -117,6 +121,11 @@ class Lowering {
     int64_t replica = 0;  // the data-parallel replica (CP group) whose micro-batch it is
   };
   const CpShare& cp_share(std::span<const Sample* const> samples, int64_t cp, int64_t replica);
+
+  // Under DIP an encoder is a pipeline segment of its own on the LLM's stages.
+  bool dip_encoder(const ModuleInfo& m) const {
+    return plan_.schedule == Schedule::kDip && m.spec->role == ModuleRole::kEncoder;
+  }
 
   // --- groups --------------------------------------------------------------------------
   int32_t group(RankList members);
@@ -187,6 +196,19 @@ class Lowering {
 
   // --- placements ------------------------------------------------------------------------
   void lower_pipelines();  // homogeneous and non_colocated
+  // schedule dip: encoder segments and the LLM segment on the ranks of a homogeneous pipeline.
+  std::string dip_unsupported() const;  // why this plan cannot run DIP ("" when it can)
+  void lower_dip();
+  struct DipSegment {
+    int encoder = -1;
+    std::vector<int> projectors;  // after the encoder, on its last stage, in order
+    int32_t backward_from = 0;    // first stage with a backward (P: none)
+    // [replica][mb][sub] -> the media of the sub-micro-batch, as samples without text
+    std::vector<std::vector<std::vector<const std::vector<const Sample*>*>>> pieces;
+  };
+  std::vector<DipSegment> dip_segments();
+  std::deque<Sample> piece_samples_;  // the sub-micro-batches' samples (stable addresses)
+  std::deque<std::vector<const Sample*>> piece_sets_;
   void lower_colocated();
   void gradient_reduction(int64_t rank, const std::vector<int>& modules);  // also accounts memory
   void account_memory(int64_t rank, const std::vector<int>& modules);
@@ -269,6 +291,7 @@ class Lowering {
   const ParallelPlan& plan_;
   const WorkloadSpec& workload_;
   const Batch& batch_;
+  const DipSchedule dip_;  // schedule dip: this batch's schedule
   Lowered& out_;
   Program& p_;
 
@@ -320,18 +343,30 @@ void Lowering::place() {
   TESSERA_CHECK(llm_ >= 0, "lower() needs an llm module");
   for (ModuleInfo& m : modules_) {
     // Layers of each virtual stage: explicit, or as even as possible (earlier stages take the
-    // remainder). In a homogeneous plan only the LLM is split; encoders sit whole in stage 0.
-    const bool split = plan_.placement != Placement::kHomogeneous || m.index == llm_;
+    // remainder). In a homogeneous plan only the LLM is split; encoders sit whole in stage 0,
+    // except under DIP, where each encoder is a segment of one chunk per stage.
+    const bool split = plan_.placement != Placement::kHomogeneous || m.index == llm_ ||
+                       dip_encoder(m);
     const int64_t layers = m.spec->transformer ? m.spec->transformer->layers : 0;
-    const int64_t chunks = split ? m.chunks() : 1;
+    const int64_t chunks = !split ? 1 : dip_encoder(m) ? m.layout.pp : m.chunks();
+    const auto dip_layers = dip_.layers.find(m.index);
+    const bool dip_given = plan_.schedule == Schedule::kDip && dip_layers != dip_.layers.end();
+    if (dip_given)
+      TESSERA_CHECK(static_cast<int64_t>(dip_layers->second.size()) == chunks,
+                    "DIP schedule: layers of " + m.spec->name + " per virtual stage");
+    const bool plan_given = !m.layout.stage_layers.empty() && split && !dip_encoder(m);
     int64_t begin = 0;
     for (int64_t k = 0; k < chunks; ++k) {
-      const int64_t n = !m.layout.stage_layers.empty() && split
-                            ? m.layout.stage_layers[static_cast<std::size_t>(k)]
-                            : layers / chunks + (k < layers % chunks ? 1 : 0);
+      const int64_t n = dip_given    ? dip_layers->second[static_cast<std::size_t>(k)]
+                        : plan_given ? m.layout.stage_layers[static_cast<std::size_t>(k)]
+                                     : layers / chunks + (k < layers % chunks ? 1 : 0);
       m.chunk_layers.emplace_back(begin, begin + n);
       begin += n;
     }
+    if (dip_given)
+      TESSERA_CHECK(begin == layers, "DIP schedule: layers per virtual stage of " + m.spec->name +
+                                         " sum to " + std::to_string(begin) + ", not " +
+                                         std::to_string(layers));
   }
   p_.world = static_cast<int32_t>(world_size(plan_, model_));
   p_.ranks.assign(static_cast<std::size_t>(p_.world), {});
@@ -666,8 +701,10 @@ const ModuleInfo& Lowering::grid_of(const ModuleInfo& m) const {
 double Lowering::parameters_on(const ModuleInfo& m, const Coord& x) const {
   const ModuleInfo& owner = grid_of(m);
   double params = 0;
-  const bool split = plan_.placement != Placement::kHomogeneous || m.index == llm_;
-  for (int64_t chunk = 0; chunk < (split ? m.layout.vpp : 1); ++chunk) {
+  const bool split = plan_.placement != Placement::kHomogeneous || m.index == llm_ ||
+                     dip_encoder(m);
+  const int64_t chunks = !split ? 1 : dip_encoder(m) ? 1 : m.layout.vpp;
+  for (int64_t chunk = 0; chunk < chunks; ++chunk) {
     const int64_t k = split ? chunk * m.layout.pp + x.p : 0;
     const auto [a, b] = m.chunk_layers[static_cast<std::size_t>(k)];
     if (const auto& t = m.spec->transformer) {
@@ -1347,11 +1384,372 @@ void Lowering::lower_colocated() {
   }
 }
 
+std::string Lowering::dip_unsupported() const {
+  const ModuleInfo& llm = modules_[static_cast<std::size_t>(llm_)];
+  if (llm.layout.pp < 2) return "schedule dip needs the LLM to have pp >= 2";
+  if (llm.layout.cp > 1) return "schedule dip with context parallelism (cp > 1) is not lowered yet";
+  if (plan_.microbatching == MicrobatchPolicy::kEntrain)
+    return "schedule dip with microbatching entrain is not lowered yet (DIP cuts the media of "
+           "each micro-batch itself)";
+  for (const ModuleInfo& m : modules_) {
+    const ModuleSpec& spec = *m.spec;
+    if (spec.role == ModuleRole::kGenerator)
+      return "schedule dip: generator '" + spec.name + "' after the LLM is not lowered yet";
+    if (spec.role == ModuleRole::kEncoder) {
+      if (!spec.transformer || spec.transformer->layers < llm.layout.pp)
+        return "schedule dip: encoder '" + spec.name + "' needs at least one layer per stage (" +
+               std::to_string(llm.layout.pp) + ")";
+      if (!spec.inputs.empty())
+        return "schedule dip: encoder '" + spec.name + "' with inputs is not lowered yet";
+    }
+  }
+  for (int32_t m : dip_.segment_order)
+    if (m < 0 || static_cast<std::size_t>(m) >= modules_.size() ||
+        modules_[static_cast<std::size_t>(m)].spec->role != ModuleRole::kEncoder)
+      return "DIP schedule: segment_order names a module that is not an encoder";
+  return "";
+}
+
+std::vector<Lowering::DipSegment> Lowering::dip_segments() {
+  const ModuleInfo& llm = modules_[static_cast<std::size_t>(llm_)];
+  const int64_t P = llm.layout.pp;
+  std::vector<int> encoders = dip_.segment_order;
+  for (const ModuleSpec* s : topological_order(model_)) {
+    const int i = static_cast<int>(s - model_.modules.data());
+    if (s->role == ModuleRole::kEncoder &&
+        std::find(encoders.begin(), encoders.end(), i) == encoders.end())
+      encoders.push_back(i);
+  }
+  std::vector<DipSegment> segments;
+  for (int e : encoders) {
+    DipSegment seg;
+    seg.encoder = e;
+    // The projectors the encoder's output passes through on its way to the LLM.
+    std::string last = model_.modules[static_cast<std::size_t>(e)].name;
+    for (bool found = true; found;) {
+      found = false;
+      for (const ModuleSpec* s : topological_order(model_))
+        if (s->role == ModuleRole::kProjector &&
+            std::find(s->inputs.begin(), s->inputs.end(), last) != s->inputs.end()) {
+          seg.projectors.push_back(static_cast<int>(s - model_.modules.data()));
+          last = s->name;
+          found = true;
+          break;
+        }
+    }
+    const ModuleInfo& enc = modules_[static_cast<std::size_t>(e)];
+    bool projector_backward = false;
+    for (int i : seg.projectors)
+      projector_backward |= modules_[static_cast<std::size_t>(i)].flow.backward();
+    seg.backward_from = enc.flow.backward() ? 0
+                        : projector_backward ? static_cast<int32_t>(P - 1)
+                                             : static_cast<int32_t>(P);
+    // The media this encoder takes (an image encoder also takes video frames unless a video
+    // encoder exists).
+    const ModuleSpec* image = encoder_for(model_, Modality::kImage);
+    const ModuleSpec* video = encoder_for(model_, Modality::kVideo);
+    const ModuleSpec* audio = encoder_for(model_, Modality::kAudio);
+    const ModuleSpec* self = enc.spec;
+    seg.pieces.resize(static_cast<std::size_t>(llm.layout.dp));
+    for (int64_t d = 0; d < llm.layout.dp; ++d) {
+      for (int32_t mb = 0; mb < static_cast<int32_t>(microbatches_); ++mb) {
+        const auto& samples = samples_of(llm_, d, mb);
+        // One item per image, clip or video: (sample, the item alone as a sample).
+        std::vector<std::pair<const Sample*, Sample>> items;
+        for (const Sample* s : samples) {
+          if (image == self)
+            for (const ImageItem& im : s->images) items.push_back({s, Sample{0, {im}, {}, {}}});
+          if (video == self)
+            for (const VideoItem& v : s->videos) items.push_back({s, Sample{0, {}, {}, {v}}});
+          if (audio == self)
+            for (double a : s->audio_seconds) items.push_back({s, Sample{0, {}, {a}, {}}});
+        }
+        std::vector<double> weights;
+        double encoder_forward = 0, llm_forward = 0;
+        for (const auto& [owner, item] : items) {
+          weights.push_back(sample_module_flops(model_, *self, item, workload_.max_seq_len));
+          encoder_forward += weights.back();
+        }
+        for (const Sample* s : samples)
+          llm_forward += sample_module_flops(model_, *llm.spec, *s, workload_.max_seq_len);
+        // Tags carry the sub-micro-batch in 6 bits.
+        const int32_t k = std::min(
+            63, dip_sub_microbatches(encoder_forward, llm_forward, static_cast<int32_t>(llm.layout.vpp),
+                                     static_cast<int32_t>(items.size())));
+        auto& pieces = seg.pieces[static_cast<std::size_t>(d)].emplace_back();
+        if (k == 0) continue;
+        const std::vector<std::size_t> first = split_contiguous(weights, k);
+        for (int32_t j = 0; j < k; ++j) {
+          const std::size_t end =
+              j + 1 < k ? first[static_cast<std::size_t>(j) + 1] : items.size();
+          // Items of one sample stay one sample (its media side by side, as the encoder sees them).
+          std::vector<const Sample*>& set = piece_sets_.emplace_back();
+          const Sample* owner = nullptr;
+          for (std::size_t i = first[static_cast<std::size_t>(j)]; i < end; ++i) {
+            if (items[i].first != owner) {
+              owner = items[i].first;
+              set.push_back(&piece_samples_.emplace_back());
+            }
+            Sample& piece = piece_samples_.back();
+            const Sample& item = items[i].second;
+            piece.images.insert(piece.images.end(), item.images.begin(), item.images.end());
+            piece.videos.insert(piece.videos.end(), item.videos.begin(), item.videos.end());
+            piece.audio_seconds.insert(piece.audio_seconds.end(), item.audio_seconds.begin(),
+                                       item.audio_seconds.end());
+          }
+          pieces.push_back(&set);
+        }
+      }
+    }
+    segments.push_back(std::move(seg));
+  }
+  return segments;
+}
+
+void Lowering::lower_dip() {
+  const ModuleInfo& llm = modules_[static_cast<std::size_t>(llm_)];
+  const int64_t P = llm.layout.pp, V = llm.layout.vpp;
+  const int32_t last_v = static_cast<int32_t>(P * V - 1);
+  const std::vector<DipSegment> segments = dip_segments();
+  const double dtype = static_cast<double>(dtype_bytes(model_.dtype));
+  const double sp = plan_.sequence_parallel ? static_cast<double>(llm.layout.tp) : 1.0;
+  auto activation = [&](const ModuleInfo& m, std::span<const Sample* const> samples) {
+    const int64_t width = m.spec->transformer ? m.spec->transformer->hidden : 0;
+    return static_cast<double>(work_of(m.index, samples).tokens * width) * dtype / sp;
+  };
+  auto module_at = [&](int i) -> const ModuleInfo& { return modules_[static_cast<std::size_t>(i)]; };
+  auto segment_last = [&](const DipSegment& g) {
+    return g.projectors.empty() ? g.encoder : g.projectors.back();
+  };
+  auto piece = [&](const DipSegment& g, int64_t d, int32_t mb, int32_t sub) {
+    return std::span<const Sample* const>(
+        *g.pieces[static_cast<std::size_t>(d)][static_cast<std::size_t>(mb)]
+                 [static_cast<std::size_t>(sub)]);
+  };
+  int64_t pieces = 0, media_microbatches = 0;
+  for (const DipSegment& g : segments)
+    for (const auto& replica : g.pieces)
+      for (const auto& mb : replica) {
+        pieces += static_cast<int64_t>(mb.size());
+        media_microbatches += mb.empty() ? 0 : 1;
+      }
+
+  for (int64_t d = 0; d < llm.layout.dp; ++d) {
+    // The replica's stage orders, from its own micro-batches' estimated work.
+    DipPipeline pipe;
+    pipe.stages = static_cast<int32_t>(P);
+    pipe.llm_chunks = static_cast<int32_t>(V);
+    pipe.microbatches = static_cast<int32_t>(microbatches_);
+    pipe.llm_backward = llm.flow.backward();
+    for (const DipSegment& g : segments) {
+      DipPipeline::Segment& seg = pipe.segments.emplace_back();
+      for (const auto& mb : g.pieces[static_cast<std::size_t>(d)])
+        seg.subs.push_back(static_cast<int32_t>(mb.size()));
+      seg.backward_from = g.backward_from;
+    }
+    pipe.seconds = [&](const DipStep& s, int32_t stage) {
+      const int64_t rank = llm.rank({0, 0, d, stage});
+      auto cost = [&](const ModuleInfo& m, int32_t k, std::span<const Sample* const> samples) {
+        double flops = compute(m, rank, k, s.microbatch, Phase::kF, samples).flops;
+        if (s.backward)
+          flops = compute(m, rank, k, s.microbatch, Phase::kB, samples).flops +
+                  (m.flow.trainable ? compute(m, rank, k, s.microbatch, Phase::kW, samples).flops : 0);
+        return flops;
+      };
+      if (s.segment < 0)
+        return cost(llm, static_cast<int32_t>(s.chunk * P + stage), samples_of(llm_, d, s.microbatch));
+      const DipSegment& g = segments[static_cast<std::size_t>(s.segment)];
+      const auto samples = piece(g, d, s.microbatch, s.sub);
+      double flops = cost(module_at(g.encoder), stage, samples);
+      if (stage == P - 1)
+        for (int i : g.projectors) flops += cost(module_at(i), 0, samples);
+      return flops;
+    };
+    pipe.llm_input_grad = llm.flow.needs_input_grad;
+    pipe.output_bytes = [&](const DipStep& s) {
+      const DipSegment& g = segments[static_cast<std::size_t>(s.segment)];
+      return boundary_bytes(segment_last(g), llm_, piece(g, d, s.microbatch, s.sub));
+    };
+    const DipOrders dip_orders_of_replica = dip_orders(pipe, dip_);
+    const std::vector<std::vector<DipStep>>& orders = dip_orders_of_replica.stages;
+
+    for (int64_t stage = 0; stage < P; ++stage) {
+      for (int64_t t = 0; t < llm.layout.tp; ++t) {
+        const int64_t rank = llm.rank({t, 0, d, stage});
+        auto rank_at = [&](int64_t st) { return llm.rank({t, 0, d, st}); };
+        // (segment, chunk, mb, sub) -> the forward's last compute op
+        std::map<std::tuple<int32_t, int32_t, int32_t, int32_t>, int32_t> forward_done;
+        std::map<std::tuple<int32_t, int32_t, int32_t, int>, int32_t> forward_of;  // + module
+        for (const DipStep& step : orders[static_cast<std::size_t>(stage)]) {
+          const int32_t mb = step.microbatch;
+          Op about;
+          about.stage = static_cast<int16_t>(stage);
+          about.microbatch = mb;
+          about.sub_microbatch = step.sub;
+          std::vector<int32_t> deps;
+          int32_t last = -1;
+          auto run = [&](const ModuleInfo& m, int32_t k, Phase phase,
+                         std::span<const Sample* const> samples) {
+            if (phase != Phase::kF && !m.flow.backward()) return;
+            Op op = compute(m, rank, k, mb, phase, samples);
+            op.sub_microbatch = step.sub;
+            op.deps = deps;
+            last = emit(rank, op);
+            deps = {last};
+            if (phase == Phase::kF) forward_of[{mb, step.sub, op.chunk, m.index}] = last;
+          };
+          auto run_back = [&](const ModuleInfo& m, int32_t k, std::span<const Sample* const> samples) {
+            if (!m.flow.backward()) return;
+            if (plan_.recompute == Recompute::kFull && m.spec->transformer) run(m, k, Phase::kR, samples);
+            run(m, k, Phase::kB, samples);
+            if (m.flow.trainable) run(m, k, Phase::kW, samples);
+            const int16_t chunk = m.index == llm_ ? static_cast<int16_t>(k / P) : 0;
+            release(rank, last, forward_of, std::make_tuple(mb, step.sub, chunk, m.index));
+          };
+          auto message = [&](OpKind kind, Phase phase, int64_t peer, double bytes, int64_t tg,
+                             int module, Purpose purpose) {
+            Op op = p2p_op(about, kind, phase, peer, bytes, tg);
+            op.module = static_cast<int16_t>(module);
+            op.purpose = purpose;
+            if (kind == OpKind::kSend) op.deps = {last};
+            const int32_t i = emit(rank, op);
+            if (kind == OpKind::kRecv) deps.push_back(i);
+          };
+
+          if (step.segment < 0) {
+            // ---------------- LLM segment ----------------
+            const int32_t v = static_cast<int32_t>(step.chunk * P + stage);
+            about.module = static_cast<int16_t>(llm_);
+            about.chunk = static_cast<int16_t>(step.chunk);
+            const auto& samples = samples_of(llm_, d, mb);
+            const double act = activation(llm, samples);
+            if (!step.backward) {
+              if (v == 0) {
+                for (std::size_t gi = 0; gi < segments.size(); ++gi) {
+                  const DipSegment& g = segments[gi];
+                  const auto& subs = g.pieces[static_cast<std::size_t>(d)][static_cast<std::size_t>(mb)];
+                  for (int32_t sub = 0; sub < static_cast<int32_t>(subs.size()); ++sub) {
+                    const double bytes = boundary_bytes(segment_last(g), llm_, piece(g, d, mb, sub));
+                    about.sub_microbatch = sub;
+                    message(OpKind::kRecv, Phase::kF, rank_at(P - 1), bytes,
+                            tag(3, static_cast<int>(gi), 0, 0, 0, mb, sub), segment_last(g),
+                            Purpose::kBoundary);
+                  }
+                }
+                about.sub_microbatch = 0;
+              } else {
+                message(OpKind::kRecv, Phase::kF, rank_at((v - 1) % P), act,
+                        tag(0, llm_, 0, v - 1, 0, mb, 0), llm_, Purpose::kPp);
+              }
+              run(llm, v, Phase::kF, samples);
+              forward_done[{-1, step.chunk, mb, 0}] = last;
+              if (v < last_v)
+                message(OpKind::kSend, Phase::kF, rank_at((v + 1) % P), act,
+                        tag(0, llm_, 0, v, 0, mb, 0), llm_, Purpose::kPp);
+              continue;
+            }
+            if (v < last_v)
+              message(OpKind::kRecv, Phase::kB, rank_at((v + 1) % P), act,
+                      tag(0, llm_, 0, v + 1, 1, mb, 0), llm_, Purpose::kPp);
+            deps.push_back(forward_done.at({-1, step.chunk, mb, 0}));
+            run_back(llm, v, samples);
+            if (v > 0) {
+              message(OpKind::kSend, Phase::kB, rank_at((v - 1) % P), act,
+                      tag(0, llm_, 0, v, 1, mb, 0), llm_, Purpose::kPp);
+              continue;
+            }
+            // The gradient of each sub-micro-batch's encoder output, back to the encoder's last
+            // stage, for the segments with a backward.
+            for (std::size_t gi = 0; gi < segments.size(); ++gi) {
+              const DipSegment& g = segments[gi];
+              const auto& subs = g.pieces[static_cast<std::size_t>(d)][static_cast<std::size_t>(mb)];
+              if (g.backward_from >= P) continue;
+              for (int32_t sub = 0; sub < static_cast<int32_t>(subs.size()); ++sub) {
+                const double bytes = boundary_bytes(segment_last(g), llm_, piece(g, d, mb, sub));
+                about.sub_microbatch = sub;
+                message(OpKind::kSend, Phase::kB, rank_at(P - 1), bytes,
+                        tag(3, static_cast<int>(gi), 0, 0, 1, mb, sub), segment_last(g),
+                        Purpose::kBoundary);
+              }
+            }
+            continue;
+          }
+
+          // ---------------- encoder segment ----------------
+          const DipSegment& g = segments[static_cast<std::size_t>(step.segment)];
+          const ModuleInfo& enc = module_at(g.encoder);
+          const auto samples = piece(g, d, mb, step.sub);
+          const double act = activation(enc, samples);
+          const int gi = step.segment;
+          about.module = static_cast<int16_t>(g.encoder);
+          about.chunk = 0;
+          if (!step.backward) {
+            if (stage > 0)
+              message(OpKind::kRecv, Phase::kF, rank_at(stage - 1), act,
+                      tag(2, gi, 0, stage - 1, 0, mb, step.sub), g.encoder, Purpose::kPp);
+            run(enc, static_cast<int32_t>(stage), Phase::kF, samples);
+            if (stage == P - 1)
+              for (int i : g.projectors) run(module_at(i), 0, Phase::kF, samples);
+            forward_done[{step.segment, 0, mb, step.sub}] = last;
+            if (stage < P - 1)
+              message(OpKind::kSend, Phase::kF, rank_at(stage + 1), act,
+                      tag(2, gi, 0, stage, 0, mb, step.sub), g.encoder, Purpose::kPp);
+            else
+              message(OpKind::kSend, Phase::kF, rank_at(0),
+                      boundary_bytes(segment_last(g), llm_, samples),
+                      tag(3, gi, 0, 0, 0, mb, step.sub), segment_last(g), Purpose::kBoundary);
+            continue;
+          }
+          if (stage == P - 1)
+            message(OpKind::kRecv, Phase::kB, rank_at(0),
+                    boundary_bytes(segment_last(g), llm_, samples),
+                    tag(3, gi, 0, 0, 1, mb, step.sub), segment_last(g), Purpose::kBoundary);
+          else
+            message(OpKind::kRecv, Phase::kB, rank_at(stage + 1), act,
+                    tag(2, gi, 0, stage + 1, 1, mb, step.sub), g.encoder, Purpose::kPp);
+          deps.push_back(forward_done.at({step.segment, 0, mb, step.sub}));
+          if (stage == P - 1)
+            for (auto it = g.projectors.rbegin(); it != g.projectors.rend(); ++it)
+              run_back(module_at(*it), 0, samples);
+          run_back(enc, static_cast<int32_t>(stage), samples);
+          if (stage - 1 >= g.backward_from)
+            message(OpKind::kSend, Phase::kB, rank_at(stage - 1), act,
+                    tag(2, gi, 0, stage, 1, mb, step.sub), g.encoder, Purpose::kPp);
+        }
+        // Encoder outputs wait on the first stage (the list-scheduling run's estimate).
+        if (stage == 0)
+          p_.memory[static_cast<std::size_t>(rank)].boundary_bytes +=
+              dip_orders_of_replica.peak_waiting_bytes;
+        // --- gradient reduction and optimizer, once per iteration
+        std::vector<int> here{llm_};
+        for (const DipSegment& g : segments) {
+          here.push_back(g.encoder);
+          if (stage == P - 1) here.insert(here.end(), g.projectors.begin(), g.projectors.end());
+        }
+        gradient_reduction(rank, here);
+      }
+    }
+  }
+  for (const ModuleInfo& m : modules_)
+    if (m.index == llm_ || dip_encoder(m))
+      for (const auto& [a, b] : m.chunk_layers) out_.dip_layers[m.index].push_back(b - a);
+  char line[200];
+  std::snprintf(line, sizeof line,
+                "dip: %zu encoder segment(s) on the LLM's %lld stages; %lld sub-micro-batches "
+                "over %lld micro-batches with media (%.2f each)",
+                segments.size(), static_cast<long long>(P), static_cast<long long>(pieces),
+                static_cast<long long>(media_microbatches),
+                media_microbatches ? static_cast<double>(pieces) / media_microbatches : 0.0);
+  out_.notes.push_back(line);
+}
+
 void Lowering::run() {
   place();
   if (plan_.schedule == Schedule::kDip) {
-    out_.error = "schedule dip (modality-aware segments) is not lowered yet (issue 10)";
-    return;
+    if (const std::string why = dip_unsupported(); !why.empty()) {
+      out_.error = why;
+      return;
+    }
   }
   if (plan_.microbatching == MicrobatchPolicy::kEntrain) {
     // The LLM's micro-batch takes rows from its encoder micro-batch and the one before: a
@@ -1390,7 +1788,9 @@ void Lowering::run() {
         return;
       }
   assign_samples();
-  if (plan_.placement == Placement::kColocated)
+  if (plan_.schedule == Schedule::kDip)
+    lower_dip();
+  else if (plan_.placement == Placement::kColocated)
     lower_colocated();
   else
     lower_pipelines();
@@ -1429,12 +1829,12 @@ void Lowering::run() {
 }  // namespace
 
 Lowered lower(const ModelSpec& model, const ClusterSpec& cluster, const ParallelPlan& plan,
-              const WorkloadSpec& workload, const Batch& batch) {
+              const WorkloadSpec& workload, const Batch& batch, const DipSchedule* dip) {
   Lowered out;
   out.program.iteration = batch.iteration;
   // Frozen-aware stage boundaries (stage_split.hpp), the same for every iteration.
   const ParallelPlan resolved = resolve_stage_split(plan, model, workload, cluster);
-  Lowering(model, cluster, resolved, workload, batch, out).run();
+  Lowering(model, cluster, resolved, workload, batch, dip, out).run();
 #ifndef NDEBUG
   // Debug builds verify every Program they produce; tests call check_program() directly.
   if (out.error.empty()) {

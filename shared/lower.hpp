@@ -6,11 +6,13 @@
 // reduction, no optimizer step; backward ops nothing consumes are not emitted.
 #pragma once
 
+#include <map>
 #include <string>
 #include <vector>
 
 #include "shared/batch.hpp"
 #include "shared/cluster_spec.hpp"
+#include "shared/dip_schedule.hpp"
 #include "shared/parallel_plan.hpp"
 #include "shared/program.hpp"
 
@@ -20,6 +22,9 @@ struct Lowered {
   Program program;
   std::vector<std::string> notes;  // approximations a user should know about
   std::string error;               // non-empty: the plan uses an option lower() cannot express yet
+  // schedule dip: layers per virtual stage of each encoder (P) and the LLM (P·V) as lowered,
+  // by ModelSpec index — where the schedule search starts moving layers from.
+  std::map<int32_t, std::vector<int64_t>> dip_layers;
 };
 
 // Per module: does it train, and does a gradient have to flow through it (some trainable
@@ -32,7 +37,9 @@ struct GradientFlow {
 std::vector<GradientFlow> gradient_flow(const ModelSpec& model);
 
 // REQUIRES: plan validated against model, workload and cluster; batch drawn from workload.
+// `dip`: the batch's schedule under schedule dip (dip_search.hpp); null: the starting one
+// (encoders in topological order, even layers).
 Lowered lower(const ModelSpec& model, const ClusterSpec& cluster, const ParallelPlan& plan,
-              const WorkloadSpec& workload, const Batch& batch);
+              const WorkloadSpec& workload, const Batch& batch, const DipSchedule* dip = nullptr);
 
 }  // namespace tessera

@@ -100,6 +100,10 @@ SimulationResult simulate(const Scenario& s, const ParallelPlan& plan,
                        options.cost ? *options.cost : default_cost_params(s.cluster), s.model);
   std::vector<Program> programs;
   std::vector<Timeline> timelines;
+  // DIP re-plans every iteration: a search for its batch from the previous batch's schedule.
+  std::optional<DipPlanner> dip_planner;
+  DipSchedule dip_schedule;
+  if (plan.schedule == Schedule::kDip) dip_planner.emplace(s, plan, cost);
   const int64_t count =
       options.batches.empty() ? options.iterations : static_cast<int64_t>(options.batches.size());
   for (int64_t k = 0; k < count; ++k) {
@@ -107,7 +111,13 @@ SimulationResult simulate(const Scenario& s, const ParallelPlan& plan,
     const Batch batch = options.batches.empty() ? draw_batch(s.workload, options.first_iteration + k)
                                                 : options.batches[static_cast<std::size_t>(k)];
     const int64_t iteration = batch.iteration;
-    Lowered lowered = lower(s.model, s.cluster, plan, s.workload, batch);
+    std::optional<DipSearchResult> search;
+    if (dip_planner) {
+      search = dip_planner->search(batch, dip_schedule);
+      if (search->error.empty()) dip_schedule = search->schedule;
+    }
+    Lowered lowered = lower(s.model, s.cluster, plan, s.workload, batch,
+                            dip_planner ? &dip_schedule : nullptr);
     if (!lowered.error.empty()) {
       result.reason = lowered.error;
       return result;
@@ -158,6 +168,7 @@ SimulationResult simulate(const Scenario& s, const ParallelPlan& plan,
     it.folded_flows = t.folded_flows;
     it.actors = t.actors;
     it.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    it.dip = std::move(search);
     result.iterations.push_back(std::move(it));
     if (!options.trace_dir.empty() || options.keep_timelines) {
       programs.push_back(std::move(lowered.program));
@@ -209,6 +220,26 @@ std::string format_simulation(const SimulationResult& r, const Scenario& s) {
                 "step time over %zu iterations: mean %.4g s, p50 %.4g s, p95 %.4g s\n\n",
                 r.iterations.size(), r.step_mean_s, r.step_p50_s, r.step_p95_s);
   out += line;
+  if (r.iterations.front().dip) {
+    // How the per-iteration re-planning went: each search starts from the previous schedule.
+    double seconds = 0, gain = 0;
+    int64_t scored = 0, cached = 0;
+    for (const SimulatedIteration& it : r.iterations) {
+      seconds += it.dip->seconds;
+      scored += it.dip->scored;
+      cached += it.dip->cached;
+      gain += it.dip->step_s > 0 ? it.dip->start_step_s / it.dip->step_s : 1;
+    }
+    const auto n = static_cast<double>(r.iterations.size());
+    std::snprintf(line, sizeof line,
+                  "dip re-planned every iteration: search %.3g s mean, %.1f schedules scored "
+                  "(%.1f cached), evaluator step %.3fx faster than the schedule it started from\n",
+                  seconds / n, static_cast<double>(scored) / n, static_cast<double>(cached) / n,
+                  gain / n);
+    out += line;
+    out += "dip schedule of the last iteration: " +
+           describe_dip_schedule(r.iterations.back().dip->schedule, s.model) + "\n\n";
+  }
   if (r.iterations.front().folded_flows > 0)
     out += "symmetry: " + std::to_string(r.iterations.front().folded_flows) +
            " flows of TP twins were not simulated; their class leader's identical flows stood "
@@ -268,6 +299,15 @@ Json simulation_to_json(const SimulationResult& r) {
                           {"folded_flows", it.folded_flows},
                           {"actors", it.actors},
                           {"wall_s", it.wall_s}});
+    if (it.dip)
+      iterations.back()["dip_search"] = {{"scored", it.dip->scored},
+                                         {"cached", it.dip->cached},
+                                         {"seconds", it.dip->seconds},
+                                         {"start_step_s", it.dip->start_step_s},
+                                         {"step_s", it.dip->step_s},
+                                         {"lookahead", it.dip->schedule.lookahead},
+                                         {"in_flight", it.dip->schedule.in_flight},
+                                         {"encoders_first", it.dip->schedule.encoders_first}};
   }
   j["iterations"] = iterations;
   return j;

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "shared/batch.hpp"
+#include "shared/dip_search.hpp"
 #include "shared/estimate.hpp"
 #include "shared/metrics.hpp"
 #include "shared/scenario.hpp"
@@ -36,6 +37,8 @@ struct SimulatedIteration {
   int64_t folded_flows = 0;  // twins' flows not simulated: their class leader's stood for them
   int64_t actors = 0;      // actors that ran (one per twin class and stream)
   double wall_s = 0;       // wall time of the simulation (child process included)
+  // schedule dip: this iteration's schedule search, started from the previous iteration's.
+  std::optional<DipSearchResult> dip;
 };
 
 struct SimulationResult {
