@@ -1388,9 +1388,6 @@ std::string Lowering::dip_unsupported() const {
   const ModuleInfo& llm = modules_[static_cast<std::size_t>(llm_)];
   if (llm.layout.pp < 2) return "schedule dip needs the LLM to have pp >= 2";
   if (llm.layout.cp > 1) return "schedule dip with context parallelism (cp > 1) is not lowered yet";
-  if (plan_.microbatching == MicrobatchPolicy::kEntrain)
-    return "schedule dip with microbatching entrain is not lowered yet (DIP cuts the media of "
-           "each micro-batch itself)";
   for (const ModuleInfo& m : modules_) {
     const ModuleSpec& spec = *m.spec;
     if (spec.role == ModuleRole::kGenerator)
@@ -1751,7 +1748,9 @@ void Lowering::run() {
       return;
     }
   }
-  if (plan_.microbatching == MicrobatchPolicy::kEntrain) {
+  // Under DIP, Entrain's micro-batches are the LLM's (both levels); DIP cuts their media into
+  // sub-micro-batches itself, so level 1's encoder micro-batches play no part.
+  if (plan_.microbatching == MicrobatchPolicy::kEntrain && plan_.schedule != Schedule::kDip) {
     // The LLM's micro-batch takes rows from its encoder micro-batch and the one before: a
     // producer replica must hold whole LLM micro-batches (fan-in or equal), and the pipeline
     // walks its micro-batches in order (no interleaving).

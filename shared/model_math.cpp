@@ -52,27 +52,24 @@ std::pair<int64_t, int64_t> smart_resize(int64_t height, int64_t width, int64_t 
 // whose aspect ratio is closest to the image's; ties go to the larger grid when the image is
 // big enough to fill it. Returns the number of tiles.
 int64_t tile_count(int64_t width, int64_t height, int64_t tile, int64_t max_tiles) {
-  std::vector<std::pair<int64_t, int64_t>> grids;
-  for (int64_t n = 1; n <= max_tiles; ++n)
-    for (int64_t i = 1; i <= n; ++i)
-      for (int64_t j = 1; j <= n; ++j)
-        if (i * j == n) grids.emplace_back(i, j);
-  std::stable_sort(grids.begin(), grids.end(),
-                   [](auto a, auto b) { return a.first * a.second < b.first * b.second; });
+  // Grids i x j of up to max_tiles tiles, fewest tiles first (i ascending within a count).
   const double aspect = static_cast<double>(width) / static_cast<double>(height);
   const double area = static_cast<double>(width) * static_cast<double>(height);
   double best_diff = std::numeric_limits<double>::infinity();
   std::pair<int64_t, int64_t> best{1, 1};
-  for (const auto& [i, j] : grids) {
-    const double diff = std::fabs(aspect - static_cast<double>(i) / static_cast<double>(j));
-    if (diff < best_diff) {
-      best_diff = diff;
-      best = {i, j};
-    } else if (diff == best_diff &&
-               area > 0.5 * static_cast<double>(tile * tile) * static_cast<double>(i * j)) {
-      best = {i, j};
+  for (int64_t n = 1; n <= max_tiles; ++n)
+    for (int64_t i = 1; i <= n; ++i) {
+      if (n % i != 0) continue;
+      const int64_t j = n / i;
+      const double diff = std::fabs(aspect - static_cast<double>(i) / static_cast<double>(j));
+      if (diff < best_diff) {
+        best_diff = diff;
+        best = {i, j};
+      } else if (diff == best_diff &&
+                 area > 0.5 * static_cast<double>(tile * tile) * static_cast<double>(n)) {
+        best = {i, j};
+      }
     }
-  }
   return best.first * best.second;
 }
 

@@ -18,12 +18,9 @@ const EnumTable<Schedule> kSchedules = {{"gpipe", Schedule::kGpipe},
                                         {"three_phase", Schedule::kThreePhase},
                                         {"dip", Schedule::kDip}};
 
-namespace {
-
 const EnumTable<MicrobatchPolicy> kMicrobatching = {{"arrival", MicrobatchPolicy::kArrival},
                                                     {"sorted", MicrobatchPolicy::kSorted},
                                                     {"entrain", MicrobatchPolicy::kEntrain}};
-}  // namespace
 
 const EnumTable<CpSplit> kCpSplits = {
     {"uniform", CpSplit::kUniform}, {"zigzag", CpSplit::kZigzag}, {"makespan", CpSplit::kMakespan}};

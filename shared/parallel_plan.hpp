@@ -25,6 +25,7 @@ enum class Recompute { kNone, kSelective, kFull };
 
 extern const EnumTable<Placement> kPlacements;
 extern const EnumTable<Schedule> kSchedules;
+extern const EnumTable<MicrobatchPolicy> kMicrobatching;
 extern const EnumTable<Recompute> kRecomputes;
 extern const EnumTable<StageSplit> kStageSplits;
 extern const EnumTable<CpSplit> kCpSplits;

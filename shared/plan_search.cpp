@@ -116,22 +116,27 @@ Enumeration enumerate_plans(const Scenario& s, const SearchSpace& space, int64_t
     const std::vector<CpSplit> cp_splits =
         context ? space.cp_splits : std::vector<CpSplit>{plan.cp_split};
     for (StageSplit stage : stage_splits)
-      for (CpSplit cp : cp_splits) {
-        plan.stage_split = stage;
-        plan.cp_split = cp;
-        consider_one(plan);
-      }
+      for (CpSplit cp : cp_splits)
+        for (MicrobatchPolicy policy : space.microbatching) {
+          plan.stage_split = stage;
+          plan.cp_split = cp;
+          plan.microbatching = policy;
+          consider_one(plan);
+        }
   };
   for (Placement placement : space.placements) {
     for (const LlmChoice& c : llm_choices(space, gpus)) {
       const Schedule pipeline = c.vpp > 1 ? Schedule::kInterleaved1F1B : Schedule::k1F1B;
       if (placement == Placement::kHomogeneous) {
-        ParallelPlan p;
-        p.placement = placement;
-        p.layout = layout(c.tp, c.cp, c.pp, c.dp, c.vpp);
-        p.schedule = pipeline;
-        base_options(p, c);
-        consider(p);
+        for (Schedule schedule : space.homogeneous_schedules) {
+          if (schedule == Schedule::kDip && (c.pp < 2 || encoders.empty())) continue;
+          ParallelPlan p;
+          p.placement = placement;
+          p.layout = layout(c.tp, c.cp, c.pp, c.dp, c.vpp);
+          p.schedule = schedule == Schedule::kDip ? schedule : pipeline;
+          base_options(p, c);
+          consider(p);
+        }
       } else if (placement == Placement::kColocated && !encoders.empty()) {
         // Every encoder on all devices with its own TP (and DP = the rest); the LLM grid c.
         for (int64_t tp_e : space.tp) {

@@ -55,6 +55,12 @@ SearchSpace read_search_space(const Json& json, const std::string& file, const s
   read_enum_list(r, "recompute", s.recompute, kRecomputes);
   read_enum_list(r, "stage_splits", s.stage_splits, kStageSplits);
   read_enum_list(r, "cp_splits", s.cp_splits, kCpSplits);
+  read_enum_list(r, "microbatching", s.microbatching, kMicrobatching);
+  read_enum_list(r, "homogeneous_schedules", s.homogeneous_schedules, kSchedules);
+  for (std::size_t i = 0; i < s.homogeneous_schedules.size(); ++i)
+    if (s.homogeneous_schedules[i] != Schedule::k1F1B && s.homogeneous_schedules[i] != Schedule::kDip)
+      diag.error(file, index_path(r.path_of("homogeneous_schedules"), i),
+                 "must be 1f1b (interleaved where vpp > 1) or dip");
   if (r.optional("top_k", s.top_k)) r.check_positive("top_k", s.top_k);
   r.finish();
   return s;
@@ -73,6 +79,8 @@ Json to_json(const SearchSpace& s) {
   j["recompute"] = enum_list(s.recompute, kRecomputes);
   j["stage_splits"] = enum_list(s.stage_splits, kStageSplits);
   j["cp_splits"] = enum_list(s.cp_splits, kCpSplits);
+  j["microbatching"] = enum_list(s.microbatching, kMicrobatching);
+  j["homogeneous_schedules"] = enum_list(s.homogeneous_schedules, kSchedules);
   j["top_k"] = s.top_k;
   return j;
 }

@@ -104,14 +104,19 @@ std::string describe_layout(const ParallelPlan& plan, const ModelSpec& model) {
     if (l.ep > 1) s += " e" + std::to_string(l.ep);
     return s + " d" + std::to_string(l.dp);
   };
+  // The data-variability options (issue 10) where they differ from the default.
+  std::string options;
+  if (plan.schedule == Schedule::kDip) options += " dip";
+  if (plan.microbatching != MicrobatchPolicy::kArrival)
+    options += " " + enum_name(plan.microbatching, kMicrobatching);
   if (plan.placement == Placement::kHomogeneous) {
     const ModuleSpec* llm = find_llm(model);
-    return one(llm != nullptr ? llm->name : "all", plan.layout);
+    return one(llm != nullptr ? llm->name : "all", plan.layout) + options;
   }
   std::string out;
   for (auto it = plan.modules.rbegin(); it != plan.modules.rend(); ++it)
     out += (out.empty() ? "" : " | ") + one(it->first, it->second);
-  return out;
+  return out + options;
 }
 
 SweepResult run_sweep(
