@@ -113,6 +113,12 @@ Worker::Worker(const Scenario& s, const ParallelPlan& plan, Groups& groups,
     stages_[{op.module, op.chunk}] = std::make_unique<Stage>(
         spec, begin, begin + count, options.seed, *tp_[static_cast<std::size_t>(op.module)]);
   }
+  dip_ = plan.schedule == Schedule::kDip;
+  if (dip_) {
+    dip_cost_ = std::make_unique<CostModel>(s.cluster, model.dtype, default_cost_params(s.cluster),
+                                            model);
+    dip_planner_ = std::make_unique<DipPlanner>(s, plan, *dip_cost_);
+  }
   linked_boundary_ = plan.placement == Placement::kNonColocated ||
                      (plan.placement == Placement::kColocated && stages[llm_] > 1);
   for (std::size_t m = 0; m < modules; ++m) {
@@ -415,8 +421,8 @@ int64_t Worker::producer_leader(int producer, int64_t replica) const {
 Worker::Slot& Worker::producer_slot(int producer, int mb) {
   for (auto& [k, other] : stages_)
     if (k.first == producer && other->last()) {
-      if (const auto it = slots_.find({producer, k.second, mb}); it != slots_.end()) return it->second;
-      return slots_.at({producer, k.second, -1});
+      if (const auto it = slots_.find({producer, k.second, mb, 0}); it != slots_.end()) return it->second;
+      return slots_.at({producer, k.second, -1, 0});
     }
   TESSERA_CHECK(false, "no output of module " + std::to_string(producer) + " on this rank");
   return slots_.begin()->second;
@@ -441,7 +447,7 @@ void Worker::absorb_self_links(int producer) {
       const int64_t replica = dp_p >= dp_c ? link : dp_rank_[static_cast<std::size_t>(consumer)] / (dp_c / dp_p);
       if (producer_leader(producer, replica) != rank_) continue;
       Slot& slot = producer_slot(producer, mb);
-      const bool whole = slots_.count({producer, 0, mb}) == 0;
+      const bool whole = slots_.count({producer, 0, mb, 0}) == 0;
       const std::vector<int32_t> order = whole ? samples_for(producer, -1) : samples_for(producer, mb);
       std::vector<int64_t> from;
       for (int32_t s : samples) {
@@ -482,7 +488,7 @@ Worker::Boundary& Worker::assembled(int producer, int mb) {
                                     [&](const auto& e) { return e.first.first == producer; });
       if (self) {
         Slot& slot = producer_slot(producer, mb);
-        const bool whole = slots_.count({producer, 0, mb}) == 0;
+        const bool whole = slots_.count({producer, 0, mb, 0}) == 0;
         const std::vector<int32_t> order = whole ? samples_for(producer, -1) : samples_for(producer, mb);
         rows_here = slot.output.detach().index_select(
             0, torch::tensor(rows_of(producer, samples, order), torch::kInt64).view({-1}));
@@ -520,7 +526,7 @@ void Worker::boundary_p2p(const Op& op) {
   const int64_t width = scenario_.model.modules[static_cast<std::size_t>(producer)].projector->out;
   if (producer_side) {
     Slot* slot = &producer_slot(producer, mb);
-    const bool whole = slots_.count({producer, 0, mb}) == 0;  // colocated: the whole batch
+    const bool whole = slots_.count({producer, 0, mb, 0}) == 0;  // colocated: the whole batch
     if (op.kind == OpKind::kRecv) absorb_self_links(producer);
     const std::vector<int32_t> mine = whole ? samples_for(producer, -1) : samples_for(producer, mb);
     const std::vector<int32_t> link = link_samples(producer, mb, op.peer, false);
@@ -555,6 +561,100 @@ void Worker::boundary_p2p(const Op& op) {
   send(g.index_select(0, torch::tensor(rows, torch::kInt64).view({-1})));
 }
 
+const std::vector<std::pair<int64_t, int64_t>>& Worker::dip_pieces(int encoder, int mb) {
+  const auto key = std::make_pair(encoder, mb);
+  if (const auto it = dip_pieces_.find(key); it != dip_pieces_.end()) return it->second;
+  const ModuleSpec& spec = scenario_.model.modules[static_cast<std::size_t>(encoder)];
+  std::vector<const Sample*> samples;
+  for (int32_t i : my_micro_batches_[static_cast<std::size_t>(mb)])
+    samples.push_back(&batch_.batch.samples[static_cast<std::size_t>(i)]);
+  // The lowering's cut (dip_schedule.hpp): each piece's first item, here images.
+  const std::size_t items = dip_media_items(scenario_.model, spec, samples).size();
+  const std::vector<std::size_t> first = dip_piece_starts(
+      scenario_.model, spec, samples, plan_.layout.vpp, scenario_.workload.max_seq_len);
+  auto& out = dip_pieces_[key];
+  for (std::size_t j = 0; j < first.size(); ++j) {
+    const std::size_t end = j + 1 < first.size() ? first[j + 1] : items;
+    out.emplace_back(static_cast<int64_t>(first[j]), static_cast<int64_t>(end - first[j]));
+  }
+  return out;
+}
+
+void Worker::dip_boundary(const Op& op) {
+  const Key key{op.module, op.chunk, op.microbatch, op.sub_microbatch};
+  auto& world = *groups_.world().group;
+  if (op.kind == OpKind::kSend) {
+    torch::Tensor t;
+    if (op.phase == Phase::kF) {
+      t = slots_.at(key).output;
+    } else {
+      const torch::Tensor& leaf = dip_received_.at(key);
+      t = leaf.grad().defined() ? leaf.grad() : torch::zeros_like(leaf);
+    }
+    t = t.detach().contiguous();
+    std::vector<at::Tensor> tensors{t};
+    pending_.emplace_back(world.send(tensors, op.peer, gloo_tag(op.tag)), t);
+    return;
+  }
+  torch::Tensor t;
+  if (op.phase == Phase::kF) {
+    // The encoder behind this projector, and the piece's images' rows for the LLM.
+    const ModelSpec& model = scenario_.model;
+    const ModuleSpec* encoder = &model.modules[static_cast<std::size_t>(op.module)];
+    while (encoder->role != ModuleRole::kEncoder) encoder = find_module(model, encoder->inputs.front());
+    const int64_t images =
+        dip_pieces(module_index(model, encoder->name), op.microbatch)
+            .at(static_cast<std::size_t>(op.sub_microbatch))
+            .second;
+    const int64_t size = encoder->patching->image_size;
+    t = torch::zeros({images * image_tokens(*encoder, size, size).llm_tokens,
+                      model.modules[static_cast<std::size_t>(llm_)].transformer->hidden});
+  } else {
+    t = torch::zeros_like(slots_.at(key).output);
+  }
+  std::vector<at::Tensor> tensors{t};
+  world.recv(tensors, op.peer, gloo_tag(op.tag))->wait();
+  if (op.phase == Phase::kF) {
+    t.set_requires_grad(sends_grad_.count(key) > 0);
+    dip_received_[key] = t;
+  } else {
+    slots_.at(key).output_grad = t;
+  }
+}
+
+DipStepInfo Worker::dip_schedule_for_step(int64_t iteration) {
+  DipStepInfo info;
+  // Every rank runs the same search for the same batch; a collective decides whether all of
+  // them have it, so every rank lowers the same Program.
+  const bool pending = dip_next_.valid();
+  const bool ready =
+      pending && dip_next_.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
+  torch::Tensor flag = torch::tensor({ready ? 1.0 : 0.0}, torch::kFloat64);
+  all_reduce(groups_.world(), flag, c10d::ReduceOp::MIN);
+  if (flag.item<double>() > 0.5) {
+    const DipSearchResult r = dip_next_.get();
+    TESSERA_CHECK(r.error.empty(), r.error);
+    dip_schedule_ = r.schedule;
+    info.searched = true;
+    info.search_s = r.seconds;
+    info.scored = r.scored;
+    info.cached = r.cached;
+  } else {
+    info.late = pending;
+  }
+  info.schedule = dip_schedule_;
+  // The next batch, drawn now, and its schedule search from this one, while this step trains.
+  // Layers stay where they are: moving them would move weights and optimizer state between ranks.
+  if (!dip_next_.valid()) {
+    next_batch_ = make_batch(scenario_, options_.dataset, iteration + 1);
+    dip_next_ = std::async(std::launch::async,
+                           [this, batch = next_batch_->batch, start = dip_schedule_] {
+                             return dip_planner_->search(batch, start, /*move_layers=*/false);
+                           });
+  }
+  return info;
+}
+
 const Worker::MicroBatch& Worker::micro_batch(int mb) {
   if (const auto it = micro_batches_.find(mb); it != micro_batches_.end()) return it->second;
   MicroBatch& b = micro_batches_[mb];
@@ -582,10 +682,18 @@ const Worker::MicroBatch& Worker::micro_batch(int mb) {
 StepResult Worker::step(int64_t iteration) {
   const auto prepare = std::chrono::steady_clock::now();
   const ModelSpec& model = scenario_.model;
-  batch_ = make_batch(scenario_, options_.dataset, iteration);
-  Lowered lowered = lower(model, scenario_.cluster, plan_, scenario_.workload, batch_.batch);
+  if (next_batch_ && next_batch_->batch.iteration == iteration)
+    batch_ = std::move(*next_batch_);
+  else
+    batch_ = make_batch(scenario_, options_.dataset, iteration);
+  next_batch_.reset();
+  std::optional<DipStepInfo> dip;
+  if (dip_) dip = dip_schedule_for_step(iteration);
+  Lowered lowered = lower(model, scenario_.cluster, plan_, scenario_.workload, batch_.batch,
+                          dip_ ? &dip_schedule_ : nullptr);
   TESSERA_CHECK(lowered.error.empty(), lowered.error);
   StepResult result;
+  result.dip = std::move(dip);
   result.program = std::move(lowered.program);
   const Program& p = result.program;
   program_ = &p;
@@ -615,6 +723,8 @@ StepResult Worker::step(int64_t iteration) {
   link_parts_.clear();
   absorbed_.clear();
   micro_batches_.clear();
+  dip_pieces_.clear();
+  dip_received_.clear();
   slots_.clear();
   received_.clear();
   has_w_.clear();
@@ -627,12 +737,12 @@ StepResult Worker::step(int64_t iteration) {
   for (std::size_t i = 0; i < ops.size(); ++i) {
     const Op& op = ops[i];
     if (op.kind == OpKind::kCompute && op.phase == Phase::kW)
-      has_w_.insert({op.module, op.chunk, op.microbatch});
+      has_w_.insert({op.module, op.chunk, op.microbatch, op.sub_microbatch});
     // A W right after its own B: one backward pass computes both (the W op then has nothing
     // left to do), instead of walking the graph twice.
     if (fused_with_backward(ops, i)) fused_[i - 1] = fused_[i] = 1;
     if (op.kind == OpKind::kSend && op.phase == Phase::kB)
-      sends_grad_.insert({op.module, op.chunk, op.microbatch});
+      sends_grad_.insert({op.module, op.chunk, op.microbatch, op.sub_microbatch});
     TESSERA_CHECK(!(op.kind == OpKind::kCompute && op.phase == Phase::kR),
                   "activation recomputation is not in the executor yet");
   }
@@ -652,7 +762,7 @@ StepResult Worker::step(int64_t iteration) {
   for (std::size_t i = 0; i < ops.size(); ++i) {
     const Op& op = ops[i];
     const double begin = now();
-    const Key key{op.module, op.chunk, op.microbatch};
+    const Key key{op.module, op.chunk, op.microbatch, op.sub_microbatch};
     switch (op.kind) {
       case OpKind::kCompute: {
         if (fused_[i] && op.phase == Phase::kW) break;  // done by its B
@@ -668,7 +778,7 @@ StepResult Worker::step(int64_t iteration) {
       }
       case OpKind::kSend: {
         if (op.purpose == Purpose::kBoundary) {
-          boundary_p2p(op);
+          dip_ ? dip_boundary(op) : boundary_p2p(op);
           break;
         }
         const Slot& slot = slots_.at(key);
@@ -681,7 +791,7 @@ StepResult Worker::step(int64_t iteration) {
       }
       case OpKind::kRecv: {
         if (op.purpose == Purpose::kBoundary) {
-          boundary_p2p(op);
+          dip_ ? dip_boundary(op) : boundary_p2p(op);
           break;
         }
         torch::Tensor t;
@@ -695,8 +805,14 @@ StepResult Worker::step(int64_t iteration) {
             TESSERA_CHECK(spec.role == ModuleRole::kEncoder && spec.modality == Modality::kImage,
                           "activations of " + spec.name + " across ranks are not in the executor yet");
             int64_t images = 0;
-            for (int32_t sample : samples_for(op.module, op.microbatch))
-              images += static_cast<int64_t>(batch_.data[static_cast<std::size_t>(sample)].images.size());
+            if (dip_)
+              images = dip_pieces(op.module, op.microbatch)
+                           .at(static_cast<std::size_t>(op.sub_microbatch))
+                           .second;
+            else
+              for (int32_t sample : samples_for(op.module, op.microbatch))
+                images += static_cast<int64_t>(
+                    batch_.data[static_cast<std::size_t>(sample)].images.size());
             const int64_t size = spec.patching->image_size;
             t = torch::zeros({images, image_tokens(spec, size, size).encoder_tokens,
                               spec.transformer->hidden});
@@ -746,7 +862,7 @@ void Worker::compute(const Op& op) {
 }
 
 void Worker::forward(const Op& op) {
-  const Key key{op.module, op.chunk, op.microbatch};
+  const Key key{op.module, op.chunk, op.microbatch, op.sub_microbatch};
   Stage& st = stage(op.module, op.chunk);
   const ModuleSpec& spec = st.module();
   const ModelSpec& model = scenario_.model;
@@ -757,7 +873,7 @@ void Worker::forward(const Op& op) {
     const int producer = module_index(model, name);
     for (auto& [k, other] : stages_)
       if (k.first == producer && other->last()) {
-        const torch::Tensor& out = slots_.at({producer, k.second, op.microbatch}).output;
+        const torch::Tensor& out = slots_.at({producer, k.second, op.microbatch, op.sub_microbatch}).output;
         torch::Tensor leaf = out.detach();
         leaf.set_requires_grad(out.requires_grad());
         return leaf;
@@ -768,6 +884,7 @@ void Worker::forward(const Op& op) {
   };
   std::vector<torch::Tensor> inputs;
   std::vector<torch::Tensor> entrain_parts;  // Entrain: the LLM's media rows, per input
+  std::vector<torch::Tensor> dip_parts;      // DIP: each input's sub-micro-batches, joined
   // Colocated: the LLM's micro-batches take their rows from the producers' whole-batch outputs.
   const bool whole_batch_inputs = spec.role == ModuleRole::kLlm && st.first() &&
                                   !received_.count(key) && plan_.placement != Placement::kHomogeneous;
@@ -781,6 +898,20 @@ void Worker::forward(const Op& op) {
   } else if (whole_batch_inputs) {
     for (const std::string& name : spec.inputs)
       inputs.push_back(input_boundary(module_index(model, name)).leaf);
+  } else if (dip_ && spec.role == ModuleRole::kLlm) {
+    // The pieces' outputs in order are the micro-batch's media rows; the pieces are the leaves.
+    for (const std::string& name : spec.inputs) {
+      const int producer = module_index(model, name);
+      std::vector<torch::Tensor> pieces;
+      for (int sub = 0;; ++sub) {
+        const auto it = dip_received_.find({producer, 0, op.microbatch, sub});
+        if (it == dip_received_.end()) break;
+        pieces.push_back(it->second);
+        inputs.push_back(it->second);
+      }
+      dip_parts.push_back(pieces.empty() ? torch::zeros({0, spec.transformer->hidden})
+                                         : torch::cat(pieces, 0));
+    }
   } else if (entrain_ && spec.role == ModuleRole::kLlm) {
     // Each input's rows from two encoder micro-batches; the leaves are what backward targets.
     for (const std::string& name : spec.inputs)
@@ -800,7 +931,17 @@ void Worker::forward(const Op& op) {
       if (spec.modality == Modality::kAudio)
         out = st.encode_audio(micro_batch_audio(batch_, samples));
       else
-        out = st.encode(inputs.empty() ? micro_batch_images(spec, batch_, samples) : inputs[0]);
+        if (!inputs.empty())
+          out = st.encode(inputs[0]);
+        else if (dip_) {
+          // This sub-micro-batch's images of the LLM micro-batch.
+          const auto [first, count] =
+              dip_pieces(op.module, op.microbatch).at(static_cast<std::size_t>(op.sub_microbatch));
+          out = st.encode(micro_batch_images(spec, batch_, my_micro_batches_[static_cast<std::size_t>(op.microbatch)])
+                              .narrow(0, first, count));
+        } else {
+          out = st.encode(micro_batch_images(spec, batch_, samples));
+        }
       break;
     }
     case ModuleRole::kProjector:
@@ -821,7 +962,7 @@ void Worker::forward(const Op& op) {
         const int64_t hidden = spec.transformer->hidden;
         // The LLM's inputs in order (llm_layout numbers media rows the same way); at a
         // colocated boundary, each input's rows of this micro-batch's samples.
-        std::vector<torch::Tensor> parts = entrain_ ? entrain_parts : inputs;
+        std::vector<torch::Tensor> parts = dip_ ? dip_parts : entrain_ ? entrain_parts : inputs;
         if (whole_batch_inputs)
           for (std::size_t i = 0; i < inputs.size(); ++i) {
             const Boundary& bd = input_boundary(module_index(model, spec.inputs[i]));
@@ -856,7 +997,7 @@ void Worker::forward(const Op& op) {
 }
 
 void Worker::backward(const Op& op, bool weights) {
-  const Key key{op.module, op.chunk, op.microbatch};
+  const Key key{op.module, op.chunk, op.microbatch, op.sub_microbatch};
   Stage& st = stage(op.module, op.chunk);
   Slot& slot = slots_.at(key);
   const bool has_w = has_w_.count(key) > 0;
@@ -891,7 +1032,7 @@ void Worker::backward(const Op& op, bool weights) {
       if (it == inputs.end()) continue;
       for (auto& [k, other] : stages_)
         if (k.first == static_cast<int>(c) && other->first()) {
-          const auto found = slots_.find({k.first, k.second, op.microbatch});
+          const auto found = slots_.find({k.first, k.second, op.microbatch, op.sub_microbatch});
           if (found != slots_.end() && !found->second.input_grads.empty())
             grad = found->second.input_grads.at(static_cast<std::size_t>(it - inputs.begin()));
         }

@@ -5,9 +5,11 @@
 #pragma once
 
 #include <cstdint>
+#include <future>
 #include <map>
 #include <set>
 #include <memory>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -17,6 +19,7 @@
 #include "exec/comm.hpp"
 #include "exec/data.hpp"
 #include "exec/stage.hpp"
+#include "shared/dip_search.hpp"
 #include "shared/evaluator.hpp"
 #include "shared/microbatch.hpp"
 #include "shared/program.hpp"
@@ -34,6 +37,17 @@ struct TrainOptions {
   double clip = 1.0;  // global gradient-norm clipping; 0 turns it off
 };
 
+// schedule dip: how this step's schedule came about. The search for a batch runs on a
+// background thread while the step before trains; when it has not finished on every rank as the
+// step begins, the step runs the previous schedule (late).
+struct DipStepInfo {
+  DipSchedule schedule;  // what the step ran
+  bool searched = false;  // a finished search supplied it (false: the previous or the start)
+  bool late = false;      // a search was running and had not finished on every rank
+  double search_s = 0;    // the supplying search's wall time
+  int64_t scored = 0, cached = 0;
+};
+
 struct StepResult {
   double loss = 0;       // mean cross-entropy over the batch's predicted tokens (every rank)
   double grad_norm = 0;  // global, before clipping (every rank)
@@ -45,6 +59,7 @@ struct StepResult {
   std::vector<OpTime> times;   // this rank's ops, seconds from the step's start
   std::vector<NestedSlice> nested;  // collectives inside this rank's compute ops, same clock
   std::vector<Sample> samples; // what the iteration trained on
+  std::optional<DipStepInfo> dip;
 };
 
 class Worker {
@@ -61,7 +76,7 @@ class Worker {
   int64_t parameter_bytes() const;
 
  private:
-  using Key = std::tuple<int, int, int>;  // (module, chunk, micro-batch)
+  using Key = std::tuple<int, int, int, int>;  // (module, chunk, micro-batch, sub-micro-batch)
   struct Slot {
     std::vector<torch::Tensor> inputs;       // leaves fed in (B computes the gradients of those
                                              // that require one)
@@ -110,6 +125,14 @@ class Worker {
   Slot& producer_slot(int producer, int mb);
   void absorb_self_links(int producer);
   void boundary_p2p(const Op& op);
+  // schedule dip: the encoder outputs of each sub-micro-batch between the encoder's last stage
+  // and the LLM's first (forward), and their gradients back.
+  void dip_boundary(const Op& op);
+  // (first image, images) of an encoder's sub-micro-batches of LLM micro-batch `mb`
+  const std::vector<std::pair<int64_t, int64_t>>& dip_pieces(int encoder, int mb);
+  // The schedule for this step: the background search's, or the previous one when it is late
+  // on some rank; then starts the search for the next batch.
+  DipStepInfo dip_schedule_for_step(int64_t iteration);
   const MicroBatch& micro_batch(int mb);
   void compute(const Op& op);
   void forward(const Op& op);
@@ -168,6 +191,15 @@ class Worker {
   std::set<Key> sends_grad_;  // ... whose input gradient this rank sends back
   std::vector<char> fused_;  // per op: a B and the W right after it, run as one backward
   std::vector<std::pair<c10::intrusive_ptr<c10d::Work>, torch::Tensor>> pending_;
+  // schedule dip
+  bool dip_ = false;
+  std::map<std::pair<int, int>, std::vector<std::pair<int64_t, int64_t>>> dip_pieces_;
+  std::map<Key, torch::Tensor> dip_received_;  // LLM first stage: each piece's encoder output
+  std::unique_ptr<CostModel> dip_cost_;
+  std::unique_ptr<DipPlanner> dip_planner_;
+  DipSchedule dip_schedule_;              // the last step's
+  std::future<DipSearchResult> dip_next_;  // the search for the next step's batch
+  std::optional<TrainBatch> next_batch_;   // that batch, drawn ahead
   const Program* program_ = nullptr;
   double loss_sum_ = 0;
   bool synchronized_ = false;

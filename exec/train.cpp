@@ -201,6 +201,9 @@ int train_worker(const WorkerEnv& env, const TrainJob& job) {
   std::vector<Timeline> timelines;
   std::vector<double> offsets;
   const double job_start = monotonic_s();
+  // schedule dip: steps, late searches, searches used and their wall time
+  int64_t dip_steps = 0, dip_late = 0, dip_searches = 0;
+  double dip_search_s = 0, dip_search_max_s = 0;
   for (int64_t step = first; step < job.steps; ++step) {
     const double started = monotonic_s();
     StepResult r = worker.step(step);
@@ -225,6 +228,22 @@ int train_worker(const WorkerEnv& env, const TrainJob& job) {
                             {"step_s", step_s},
                             {"llm_tokens", r.llm_tokens},
                             {"samples", samples}});
+      if (r.dip) {
+        // The schedule the step ran (a replay lowers the same Program), and how it was found.
+        iterations.back()["dip"] = {{"schedule", dip_schedule_to_json(r.dip->schedule, s.model)},
+                                    {"searched", r.dip->searched},
+                                    {"late", r.dip->late},
+                                    {"search_s", r.dip->search_s},
+                                    {"scored", r.dip->scored},
+                                    {"cached", r.dip->cached}};
+        dip_steps += 1;
+        dip_late += r.dip->late ? 1 : 0;
+        if (r.dip->searched) {
+          dip_searches += 1;
+          dip_search_s += r.dip->search_s;
+          dip_search_max_s = std::max(dip_search_max_s, r.dip->search_s);
+        }
+      }
       if (trace) {
         timelines.push_back(std::move(timeline));
         offsets.push_back(r.started_s - job_start);
@@ -289,6 +308,13 @@ int train_worker(const WorkerEnv& env, const TrainJob& job) {
               }()},
              {"first_step", first},
              {"iterations", iterations}};
+    if (dip_steps > 0)
+      run["dip_search"] = {
+          {"steps", dip_steps},
+          {"late", dip_late},
+          {"searches_used", dip_searches},
+          {"search_s_mean", dip_searches > 0 ? dip_search_s / static_cast<double>(dip_searches) : 0.0},
+          {"search_s_max", dip_search_max_s}};
     write_atomically(out / "run.json", run.dump(1) + "\n");
   }
   return 0;

@@ -21,7 +21,9 @@
 #   reproduce-variability  issue 10 simulated: the variable workload (0-8 images of 224-1344 px,
 #          64-4096 text tokens, some audio) on LLaVA-1.5-7B and a 14B model with InternViT-6B, 64
 #          and 256 H100 (scenarios/variability/), 100 drawn iterations per micro-batching policy:
-#          step time, throughput and per-micro-batch stage-time CV (entrain and dip: not lowered yet)
+#          step time, throughput and per-micro-batch stage-time CV for arrival, sorted, entrain; DIP
+#          and DIP + Entrain on a homogeneous layout (the 14B scenarios: TP1 x PP4 beside its 1F1B),
+#          VARIABILITY_DIP_ITERATIONS (default 20) iterations, each re-planned
 #   variability-exec  issue 10 with the executor: scenarios/cpu-tiny-variable.json (0-4 images,
 #          8-100 text tokens per sample) on PP4, 4 ranks, arrival vs sorted vs entrain: median
 #          and p10-p90 of steps 2-20, 3 repeats, beside the estimated micro-batch CV
@@ -248,24 +250,53 @@ fi
 
 if [[ $what == reproduce-variability || $what == all ]]; then
   iterations=${VARIABILITY_ITERATIONS:-100}
-  echo "== issue 10: micro-batching policies over $iterations drawn iterations (SimGrid, nested collectives timed) =="
-  echo "| scenario | policy | step mean (s) | samples/s | LLM CV | LLM max/mean | first encoder CV |"
-  echo "|---|---|---|---|---|---|---|"
+  # DIP searches a schedule for every iteration (1-3 s each at 64-256 devices here): fewer of them.
+  dip_iterations=${VARIABILITY_DIP_ITERATIONS:-20}
+  root=$(mktemp -d /tmp/tessera-variability.XXXXXX)
+  echo "== issue 10: micro-batching policies and DIP over drawn iterations (SimGrid, nested collectives timed) =="
+  echo "| scenario | layout | policy | iterations | step mean (s) | step mean, first $dip_iterations (s) | samples/s | LLM CV | LLM max/mean | first encoder CV |"
+  echo "|---|---|---|---|---|---|---|---|---|---|"
+  # row <scenario> <layout label> <policy label> <iterations> <tessera simulate options...>
+  row() {
+    local scenario=$1 layout=$2 policy=$3 count=$4
+    shift 4
+    if ! out=$("$tessera" simulate "scenarios/variability/$scenario.json" --iterations "$count" \
+                 --nested timed --json "$@" 2>&1); then
+      echo "| $scenario | $layout | $policy | $count | $(echo "$out" | tail -1) | | | | | |"
+      return
+    fi
+    echo "$out" | jq -r --arg s "$scenario" --arg l "$layout" --arg p "$policy" --argjson n "$dip_iterations" '
+      def mean(f): (map(f) | add) / length;
+      def r3: . * 1000 | round / 1000;
+      if (.feasible | not) then "| \($s) | \($l) | \($p) | | \(.reason) | | | | | |" else
+      .iterations as $it
+      | ($it[0].microbatch_variability | keys_unsorted | map(select(. != "llm")) | first) as $enc
+      | "| \($s) | \($l) | \($p) | \($it | length) | \(.step_mean_s | r3) | \($it[:$n] | mean(.step_s) | r3) | \($it | mean(.samples_per_s) * 10 | round / 10) | \($it | mean(.microbatch_variability.llm.cv) | r3) | \($it | mean(.microbatch_variability.llm.max_over_mean) | r3) | \(if $enc then ($it | mean(.microbatch_variability[$enc].cv) | r3 | tostring) + " (" + $enc + ")" else "" end) |" end'
+  }
   for scenario in llava-7b-64 llava-7b-256 internvl-14b-64 internvl-14b-256; do
     for policy in arrival sorted entrain; do
-      if ! out=$("$tessera" simulate "scenarios/variability/$scenario.json" --iterations "$iterations" \
-                   --nested timed --json --set plan.microbatching="$policy" 2>&1); then
-        echo "| $scenario | $policy | $(echo "$out" | grep -o 'not lowered yet[^"]*' | head -1) | | | | |"
-        continue
-      fi
-      echo "$out" | jq -r --arg s "$scenario" --arg p "$policy" '
-        def mean(f): (map(f) | add) / length;
-        if (.feasible | not) then "| \($s) | \($p) | \(.reason) | | | | |" else
-        .iterations as $it
-        | ($it[0].microbatch_variability | keys_unsorted | map(select(. != "llm")) | first) as $enc
-        | "| \($s) | \($p) | \(.step_mean_s * 1000 | round / 1000) | \($it | mean(.samples_per_s) * 10 | round / 10) | \($it | mean(.microbatch_variability.llm.cv) * 1000 | round / 1000) | \($it | mean(.microbatch_variability.llm.max_over_mean) * 1000 | round / 1000) | \(if $enc then ($it | mean(.microbatch_variability[$enc].cv) * 1000 | round / 1000 | tostring) + " (" + $enc + ")" else "" end) |" end'
+      row "$scenario" "scenario's" "$policy" "$iterations" --set plan.microbatching="$policy"
     done
+    # DIP interleaves the encoders onto the LLM's pipeline ranks: a homogeneous layout. The LLaVA
+    # scenarios are homogeneous already; the 14B ones get TP1 x PP4 (the ViT's 25 heads rule out
+    # TP 2 and 4), one sample per micro-batch, beside 1F1B on the same layout.
+    extra=()
+    layout="scenario's"
+    if [[ $scenario == internvl-14b-* ]]; then
+      devices=${scenario##*-}
+      for schedule in 1f1b dip; do
+        echo "{\"placement\": \"homogeneous\", \"layout\": {\"tp\": 1, \"pp\": 4, \"dp\": $((devices / 4))}, \"micro_batch_size\": 1, \"schedule\": \"$schedule\", \"distributed_optimizer\": true, \"recompute\": \"full\"}" >"$root/$scenario-$schedule.json"
+      done
+      layout="TP1 PP4 DP$((devices / 4)) MBS1"
+      row "$scenario" "$layout" "arrival (1f1b)" "$iterations" --plan "$root/$scenario-1f1b.json"
+      extra=(--plan "$root/$scenario-dip.json")
+    else
+      extra=(--set plan.schedule=dip)
+    fi
+    row "$scenario" "$layout" "dip" "$dip_iterations" "${extra[@]}"
+    row "$scenario" "$layout" "dip + entrain" "$dip_iterations" "${extra[@]}" --set plan.microbatching=entrain
   done
+  rm -rf "$root"
 fi
 
 if [[ $what == variability-exec || $what == all ]]; then

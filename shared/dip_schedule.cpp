@@ -6,6 +6,7 @@
 #include <tuple>
 
 #include "shared/check.hpp"
+#include "shared/entrain.hpp"
 
 namespace tessera {
 
@@ -267,6 +268,45 @@ int32_t dip_sub_microbatches(double encoder_forward, double llm_forward, int32_t
   if (llm_forward <= 0) return items;
   const double k = std::round(encoder_forward * llm_chunks / llm_forward);
   return static_cast<int32_t>(std::clamp<double>(k, 1, items));
+}
+
+std::vector<std::pair<std::size_t, Sample>> dip_media_items(const ModelSpec& model,
+                                                            const ModuleSpec& encoder,
+                                                            std::span<const Sample* const> samples) {
+  const ModuleSpec* image = encoder_for(model, Modality::kImage);
+  const ModuleSpec* video = encoder_for(model, Modality::kVideo);
+  const ModuleSpec* audio = encoder_for(model, Modality::kAudio);
+  std::vector<std::pair<std::size_t, Sample>> items;
+  for (std::size_t i = 0; i < samples.size(); ++i) {
+    const Sample& s = *samples[i];
+    if (image == &encoder)
+      for (const ImageItem& im : s.images) items.push_back({i, Sample{0, {im}, {}, {}}});
+    if (video == &encoder)
+      for (const VideoItem& v : s.videos) items.push_back({i, Sample{0, {}, {}, {v}}});
+    if (audio == &encoder)
+      for (double a : s.audio_seconds) items.push_back({i, Sample{0, {}, {a}, {}}});
+  }
+  return items;
+}
+
+std::vector<std::size_t> dip_piece_starts(const ModelSpec& model, const ModuleSpec& encoder,
+                                          std::span<const Sample* const> samples,
+                                          int64_t llm_chunks, int64_t max_seq_len) {
+  const auto items = dip_media_items(model, encoder, samples);
+  std::vector<double> weights;
+  double encoder_forward = 0, llm_forward = 0;
+  for (const auto& [owner, item] : items) {
+    weights.push_back(sample_module_flops(model, encoder, item, max_seq_len));
+    encoder_forward += weights.back();
+  }
+  const ModuleSpec* llm = find_llm(model);
+  for (const Sample* s : samples) llm_forward += sample_module_flops(model, *llm, *s, max_seq_len);
+  // Tags carry the sub-micro-batch in 6 bits.
+  const int32_t k = std::min(63, dip_sub_microbatches(encoder_forward, llm_forward,
+                                                      static_cast<int32_t>(llm_chunks),
+                                                      static_cast<int32_t>(items.size())));
+  if (k == 0) return {};
+  return split_contiguous(weights, k);
 }
 
 std::vector<std::size_t> split_contiguous(const std::vector<double>& weights, int32_t k) {

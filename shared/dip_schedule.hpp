@@ -12,12 +12,14 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <span>
 #include <string>
 #include <tuple>
 #include <vector>
 
 #include "shared/json_reader.hpp"
 #include "shared/model_spec.hpp"
+#include "shared/workload_spec.hpp"
 
 namespace tessera {
 
@@ -95,6 +97,19 @@ DipOrders dip_orders(const DipPipeline& pipeline, const DipSchedule& schedule);
 // `items` (0 without media).
 int32_t dip_sub_microbatches(double encoder_forward, double llm_forward, int32_t llm_chunks,
                              int32_t items);
+// The media of `samples` that `encoder` takes (its modality's images, videos or audio clips; an
+// image encoder also takes video when no video encoder exists), in order, each as a sample of
+// its own without text, with the index in `samples` of the sample it came from.
+std::vector<std::pair<std::size_t, Sample>> dip_media_items(const ModelSpec& model,
+                                                            const ModuleSpec& encoder,
+                                                            std::span<const Sample* const> samples);
+// DIP's sub-micro-batches of one LLM micro-batch's media for `encoder`: the index of each
+// piece's first item among dip_media_items() (empty without media), pieces sized by
+// dip_sub_microbatches() from forward FLOPs and cut by split_contiguous(); at most 63.
+std::vector<std::size_t> dip_piece_starts(const ModelSpec& model, const ModuleSpec& encoder,
+                                          std::span<const Sample* const> samples,
+                                          int64_t llm_chunks, int64_t max_seq_len);
+
 // Cuts items (in order) into k contiguous pieces of about equal weight; returns each piece's
 // first item index, k entries. REQUIRES: 1 <= k <= weights.size().
 std::vector<std::size_t> split_contiguous(const std::vector<double>& weights, int32_t k);

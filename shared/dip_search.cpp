@@ -86,7 +86,8 @@ DipPlanner::Score DipPlanner::score(const Batch& batch, const std::string& finge
   return cache_[key] = s;
 }
 
-DipSearchResult DipPlanner::search(const Batch& batch, const DipSchedule& start) {
+DipSearchResult DipPlanner::search(const Batch& batch, const DipSchedule& start,
+                                   bool move_layers) {
   const auto t0 = std::chrono::steady_clock::now();
   DipSearchResult r;
   const std::string fingerprint = batch_fingerprint(batch);
@@ -144,7 +145,7 @@ DipSearchResult DipPlanner::search(const Batch& batch, const DipSchedule& start)
     consider(c);
   }
   // 3. One layer across a boundary of a segment, hill-climbing until nothing improves.
-  for (int pass = 0; pass < 4; ++pass) {
+  for (int pass = 0; move_layers && pass < 4; ++pass) {
     bool improved = false;
     const auto start_layers = best.layers;
     for (const auto& [module, layers] : start_layers)

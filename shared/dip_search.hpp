@@ -31,8 +31,9 @@ class DipPlanner {
  public:
   // REQUIRES: scenario validated; plan validated against it with schedule dip.
   DipPlanner(const Scenario& scenario, const ParallelPlan& plan, const CostModel& cost);
-  // `start`: the previous batch's schedule, or DipSchedule{} for the first.
-  DipSearchResult search(const Batch& batch, const DipSchedule& start);
+  // `start`: the previous batch's schedule, or DipSchedule{} for the first. Without
+  // `move_layers` the layers stay where `start` has them (a running job keeps its weights).
+  DipSearchResult search(const Batch& batch, const DipSchedule& start, bool move_layers = true);
 
  private:
   struct Score {

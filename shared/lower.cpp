@@ -1441,48 +1441,20 @@ std::vector<Lowering::DipSegment> Lowering::dip_segments() {
     seg.backward_from = enc.flow.backward() ? 0
                         : projector_backward ? static_cast<int32_t>(P - 1)
                                              : static_cast<int32_t>(P);
-    // The media this encoder takes (an image encoder also takes video frames unless a video
-    // encoder exists).
-    const ModuleSpec* image = encoder_for(model_, Modality::kImage);
-    const ModuleSpec* video = encoder_for(model_, Modality::kVideo);
-    const ModuleSpec* audio = encoder_for(model_, Modality::kAudio);
-    const ModuleSpec* self = enc.spec;
     seg.pieces.resize(static_cast<std::size_t>(llm.layout.dp));
     for (int64_t d = 0; d < llm.layout.dp; ++d) {
       for (int32_t mb = 0; mb < static_cast<int32_t>(microbatches_); ++mb) {
         const auto& samples = samples_of(llm_, d, mb);
-        // One item per image, clip or video: (sample, the item alone as a sample).
-        std::vector<std::pair<const Sample*, Sample>> items;
-        for (const Sample* s : samples) {
-          if (image == self)
-            for (const ImageItem& im : s->images) items.push_back({s, Sample{0, {im}, {}, {}}});
-          if (video == self)
-            for (const VideoItem& v : s->videos) items.push_back({s, Sample{0, {}, {}, {v}}});
-          if (audio == self)
-            for (double a : s->audio_seconds) items.push_back({s, Sample{0, {}, {a}, {}}});
-        }
-        std::vector<double> weights;
-        double encoder_forward = 0, llm_forward = 0;
-        for (const auto& [owner, item] : items) {
-          weights.push_back(sample_module_flops(model_, *self, item, workload_.max_seq_len));
-          encoder_forward += weights.back();
-        }
-        for (const Sample* s : samples)
-          llm_forward += sample_module_flops(model_, *llm.spec, *s, workload_.max_seq_len);
-        // Tags carry the sub-micro-batch in 6 bits.
-        const int32_t k = std::min(
-            63, dip_sub_microbatches(encoder_forward, llm_forward, static_cast<int32_t>(llm.layout.vpp),
-                                     static_cast<int32_t>(items.size())));
+        const auto items = dip_media_items(model_, *enc.spec, samples);
+        const std::vector<std::size_t> first =
+            dip_piece_starts(model_, *enc.spec, samples, llm.layout.vpp, workload_.max_seq_len);
         auto& pieces = seg.pieces[static_cast<std::size_t>(d)].emplace_back();
-        if (k == 0) continue;
-        const std::vector<std::size_t> first = split_contiguous(weights, k);
-        for (int32_t j = 0; j < k; ++j) {
-          const std::size_t end =
-              j + 1 < k ? first[static_cast<std::size_t>(j) + 1] : items.size();
+        for (std::size_t j = 0; j < first.size(); ++j) {
+          const std::size_t end = j + 1 < first.size() ? first[j + 1] : items.size();
           // Items of one sample stay one sample (its media side by side, as the encoder sees them).
           std::vector<const Sample*>& set = piece_sets_.emplace_back();
-          const Sample* owner = nullptr;
-          for (std::size_t i = first[static_cast<std::size_t>(j)]; i < end; ++i) {
+          std::size_t owner = SIZE_MAX;  // none yet
+          for (std::size_t i = first[j]; i < end; ++i) {
             if (items[i].first != owner) {
               owner = items[i].first;
               set.push_back(&piece_samples_.emplace_back());

@@ -77,10 +77,14 @@ std::vector<ModuleGroups> rank_groups(const ParallelPlan& plan, const ModelSpec&
   for (const PlacedModule& p : placed) {
     ModuleGroups g = layout_groups(p.layout, p.first_rank);
     g.module = p.module->name;
-    const bool in_first_stage =
-        plan.placement == Placement::kHomogeneous && p.module->role != ModuleRole::kLlm;
-    // A borrowed layout runs on its host's last stage; a homogeneous encoder on stage 0.
-    const bool in_last_stage = !p.host.empty();
+    // A borrowed layout runs on its host's last stage; a homogeneous encoder on stage 0 — under
+    // DIP on every stage (a segment of its own), with its projector on the last.
+    const bool homogeneous = plan.placement == Placement::kHomogeneous;
+    const bool dip = homogeneous && plan.schedule == Schedule::kDip;
+    const ModuleRole role = p.module->role;
+    const bool in_first_stage = homogeneous && role != ModuleRole::kLlm && !dip;
+    const bool in_last_stage =
+        !p.host.empty() || (dip && role != ModuleRole::kLlm && role != ModuleRole::kEncoder);
     if (in_first_stage || in_last_stage) {
       const int64_t stage = in_first_stage ? 0 : p.layout.pp - 1;
       const int64_t stage_size = p.layout.tp * p.layout.cp * p.layout.dp;

@@ -234,8 +234,10 @@ ChainCosts chain_costs(const ModelSpec& model, std::size_t module, const Paralle
     c.last_extra = price.seconds(module, tokens * 2.0 * static_cast<double>(a.hidden * a.vocab), 0,
                                  0, 1, price.activation_bytes(tokens, a.hidden), tokens,
                                  tokens * static_cast<double>(a.vocab));
-  // A homogeneous plan runs every other module on the LLM's first stage, on the LLM's grid.
-  if (plan.placement == Placement::kHomogeneous && spec.role == ModuleRole::kLlm)
+  // A homogeneous plan runs every other module on the LLM's first stage, on the LLM's grid
+  // (under DIP the encoders are segments of their own, spread over every stage).
+  if (plan.placement == Placement::kHomogeneous && spec.role == ModuleRole::kLlm &&
+      plan.schedule != Schedule::kDip)
     for (std::size_t i = 0; i < model.modules.size(); ++i)
       if (i != module) {
         const MeanWork mw = mean_work(model, model.modules[i], workload);
