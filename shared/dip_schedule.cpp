@@ -24,6 +24,74 @@ Json dip_schedule_to_json(const DipSchedule& schedule, const ModelSpec& model) {
   return j;
 }
 
+std::optional<DipSchedule> read_dip_schedule(const Json& json, const ModelSpec& model,
+                                             const std::string& file, const std::string& path,
+                                             Diagnostics& diag) {
+  const std::size_t before = diag.errors().size();
+  ObjectReader r(json, file, path, diag);
+  if (!r.valid()) return std::nullopt;
+  DipSchedule s;
+  auto module = [&](const std::string& name, const std::string& at) -> int32_t {
+    const ModuleSpec* m = find_module(model, name);
+    if (m == nullptr) {
+      diag.error(file, at, "no module named '" + name + "' in the model");
+      return -1;
+    }
+    return static_cast<int32_t>(m - model.modules.data());
+  };
+  std::vector<std::string> order;
+  if (r.optional("segment_order", order))
+    for (std::size_t i = 0; i < order.size(); ++i)
+      s.segment_order.push_back(module(order[i], index_path(r.path_of("segment_order"), i)));
+  r.optional("encoders_first", s.encoders_first);
+  if (r.optional("lookahead", s.lookahead)) r.check_at_least("lookahead", s.lookahead, 1);
+  if (r.optional("in_flight", s.in_flight)) r.check_at_least("in_flight", s.in_flight, 0);
+  if (const Json* layers = r.find("layers")) {
+    if (!layers->is_object()) {
+      r.error("layers", "expected an object: module name -> layers per virtual stage");
+    } else {
+      for (const auto& item : layers->items()) {
+        const std::string at = join_path(r.path_of("layers"), item.key());
+        std::vector<int64_t> counts;
+        if (!read_value(item.value(), file, at, counts, diag)) continue;
+        if (const int32_t m = module(item.key(), at); m >= 0) s.layers[m] = counts;
+      }
+    }
+  }
+  r.finish();
+  if (diag.errors().size() != before) return std::nullopt;
+  return s;
+}
+
+std::string dip_schedule_problem(const DipSchedule& schedule, const ModelSpec& model, int64_t pp,
+                                 int64_t vpp) {
+  auto module = [&](int32_t i) -> const ModuleSpec* {
+    return i >= 0 && static_cast<std::size_t>(i) < model.modules.size()
+               ? &model.modules[static_cast<std::size_t>(i)]
+               : nullptr;
+  };
+  for (int32_t i : schedule.segment_order)
+    if (module(i) == nullptr || module(i)->role != ModuleRole::kEncoder)
+      return "segment_order names a module that is not an encoder";
+  for (const auto& [i, layers] : schedule.layers) {
+    const ModuleSpec* m = module(i);
+    if (m == nullptr || !m->transformer ||
+        (m->role != ModuleRole::kLlm && m->role != ModuleRole::kEncoder))
+      return "layers given for a module that is neither an encoder nor the LLM";
+    const int64_t want = m->role == ModuleRole::kLlm ? pp * vpp : pp;
+    int64_t sum = 0;
+    bool positive = true;
+    for (int64_t n : layers) {
+      sum += n;
+      positive = positive && n >= 1;
+    }
+    if (static_cast<int64_t>(layers.size()) != want || sum != m->transformer->layers || !positive)
+      return "layers of " + m->name + " must be " + std::to_string(want) +
+             " counts >= 1 summing to " + std::to_string(m->transformer->layers);
+  }
+  return "";
+}
+
 std::string describe_dip_schedule(const DipSchedule& schedule, const ModelSpec& model) {
   std::string s;
   for (int32_t m : schedule.segment_order)

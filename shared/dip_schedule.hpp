@@ -12,11 +12,13 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <span>
 #include <string>
 #include <tuple>
 #include <vector>
 
+#include "shared/diagnostics.hpp"
 #include "shared/json_reader.hpp"
 #include "shared/model_spec.hpp"
 #include "shared/workload_spec.hpp"
@@ -45,6 +47,16 @@ struct DipSchedule {
 
 // {"segment_order": [names], "encoders_first", "lookahead", "in_flight", "layers": {name: [...]}}
 Json dip_schedule_to_json(const DipSchedule& schedule, const ModelSpec& model);
+// The inverse, for a run.json read back: module names resolved against `model`, problems
+// recorded in `diag` under file and path. Layer counts are checked by lower() against the plan.
+std::optional<DipSchedule> read_dip_schedule(const Json& json, const ModelSpec& model,
+                                             const std::string& file, const std::string& path,
+                                             Diagnostics& diag);
+// Why `schedule` does not fit a homogeneous plan of `pp` stages and `vpp` LLM chunks ("" when
+// it does): segment_order names encoders; layers are given for encoders (pp counts) and the LLM
+// (pp·vpp counts), each >= 1, summing to the module's layers.
+std::string dip_schedule_problem(const DipSchedule& schedule, const ModelSpec& model, int64_t pp,
+                                 int64_t vpp);
 // One line: "vision_tower first, lookahead 1, in-flight 4, layers vision_tower 6/6/6/6 ..."
 std::string describe_dip_schedule(const DipSchedule& schedule, const ModelSpec& model);
 

@@ -351,9 +351,6 @@ void Lowering::place() {
     const int64_t chunks = !split ? 1 : dip_encoder(m) ? m.layout.pp : m.chunks();
     const auto dip_layers = dip_.layers.find(m.index);
     const bool dip_given = plan_.schedule == Schedule::kDip && dip_layers != dip_.layers.end();
-    if (dip_given)
-      TESSERA_CHECK(static_cast<int64_t>(dip_layers->second.size()) == chunks,
-                    "DIP schedule: layers of " + m.spec->name + " per virtual stage");
     const bool plan_given = !m.layout.stage_layers.empty() && split && !dip_encoder(m);
     int64_t begin = 0;
     for (int64_t k = 0; k < chunks; ++k) {
@@ -363,10 +360,6 @@ void Lowering::place() {
       m.chunk_layers.emplace_back(begin, begin + n);
       begin += n;
     }
-    if (dip_given)
-      TESSERA_CHECK(begin == layers, "DIP schedule: layers per virtual stage of " + m.spec->name +
-                                         " sum to " + std::to_string(begin) + ", not " +
-                                         std::to_string(layers));
   }
   p_.world = static_cast<int32_t>(world_size(plan_, model_));
   p_.ranks.assign(static_cast<std::size_t>(p_.world), {});
@@ -1400,10 +1393,6 @@ std::string Lowering::dip_unsupported() const {
         return "schedule dip: encoder '" + spec.name + "' with inputs is not lowered yet";
     }
   }
-  for (int32_t m : dip_.segment_order)
-    if (m < 0 || static_cast<std::size_t>(m) >= modules_.size() ||
-        modules_[static_cast<std::size_t>(m)].spec->role != ModuleRole::kEncoder)
-      return "DIP schedule: segment_order names a module that is not an encoder";
   return "";
 }
 
@@ -1713,6 +1702,15 @@ void Lowering::lower_dip() {
 }
 
 void Lowering::run() {
+  if (plan_.schedule == Schedule::kDip) {
+    // A schedule's layers (from a search, or read back from a run) must fit this plan.
+    if (const std::string why = dip_schedule_problem(dip_, model_, plan_.layout.pp,
+                                                     plan_.layout.vpp);
+        !why.empty()) {
+      out_.error = "DIP schedule: " + why;
+      return;
+    }
+  }
   place();
   if (plan_.schedule == Schedule::kDip) {
     if (const std::string why = dip_unsupported(); !why.empty()) {

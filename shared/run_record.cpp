@@ -33,7 +33,7 @@ std::optional<RunRecord> load_run(const std::string& dir, Diagnostics& diag) {
   ObjectReader r(*json, file, "", diag);
   for (const char* key : {"scenario", "scenario_file", "plan", "world", "device", "backend",
                           "dataset", "options", "software", "parameter_bytes_rank0",
-                          "memory_per_rank", "first_step"})
+                          "memory_per_rank", "first_step", "dip_search"})
     r.has(key);
   if (const Json* m = r.find("machine")) {
     ObjectReader mr(*m, file, "machine", diag);
@@ -68,6 +68,20 @@ std::optional<RunRecord> load_run(const std::string& dir, Diagnostics& diag) {
                                   " samples; the workload's global batch is " +
                                   std::to_string(run.scenario.workload.global_batch));
       }
+      // schedule dip: the schedule the step ran, so a replay lowers the same Program.
+      if (const Json* dip = ir.find("dip")) {
+        if (!dip->is_object() || !dip->contains("schedule"))
+          ir.error("dip", "expected an object with the step's schedule");
+        else
+          it.dip = read_dip_schedule(dip->at("schedule"), run.scenario.model, file,
+                                     join_path(ir.path_of("dip"), "schedule"), diag);
+        if (it.dip && run.scenario.plan)
+          if (const std::string why = dip_schedule_problem(*it.dip, run.scenario.model,
+                                                           run.scenario.plan->layout.pp,
+                                                           run.scenario.plan->layout.vpp);
+              !why.empty())
+            diag.error(file, join_path(ir.path_of("dip"), "schedule"), why);
+      }
       ir.finish();
       run.iterations.push_back(std::move(it));
     }
@@ -78,9 +92,10 @@ std::optional<RunRecord> load_run(const std::string& dir, Diagnostics& diag) {
   return run;
 }
 
-Program lower_recorded(const RunRecord& run, const Batch& batch) {
+Program lower_recorded(const RunRecord& run, const RecordedIteration& iteration) {
   const Scenario& s = run.scenario;
-  Lowered lowered = lower(s.model, s.cluster, *s.plan, s.workload, batch);
+  Lowered lowered = lower(s.model, s.cluster, *s.plan, s.workload, iteration.batch,
+                          iteration.dip ? &*iteration.dip : nullptr);
   TESSERA_CHECK(lowered.error.empty(), lowered.error);
   return std::move(lowered.program);
 }
@@ -159,7 +174,7 @@ std::optional<std::vector<TracedIteration>> load_traces(const RunRecord& run, Di
       auto [pos, added] = traced.try_emplace(it);
       TracedIteration& ti = pos->second;
       if (added) {
-        ti.program = lower_recorded(run, rec->second->batch);
+        ti.program = lower_recorded(run, *rec->second);
         ti.timeline.ops.resize(ti.program.ranks.size());
         ti.timeline.nested.resize(ti.program.ranks.size());
         for (std::size_t q = 0; q < ti.program.ranks.size(); ++q)

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "shared/batch.hpp"
+#include "shared/dip_schedule.hpp"
 #include "shared/evaluator.hpp"
 #include "shared/program.hpp"
 #include "shared/scenario.hpp"
@@ -18,6 +19,7 @@ namespace tessera {
 struct RecordedIteration {
   Batch batch;        // the samples the iteration trained on
   double step_s = 0;  // measured: the slowest rank's ops
+  std::optional<DipSchedule> dip;  // schedule dip: the schedule it ran
 };
 
 struct RunRecord {
@@ -43,6 +45,6 @@ std::optional<RunRecord> load_run(const std::string& dir, Diagnostics& diag);
 std::optional<std::vector<TracedIteration>> load_traces(const RunRecord& run, Diagnostics& diag);
 
 // The Program of a recorded iteration. REQUIRES: the record loaded by load_run.
-Program lower_recorded(const RunRecord& run, const Batch& batch);
+Program lower_recorded(const RunRecord& run, const RecordedIteration& iteration);
 
 }  // namespace tessera

@@ -18,7 +18,11 @@ ReplayResult replay(const RunRecord& run, const std::vector<TracedIteration>& tr
   sim.cost = cost;
   sim.timeout_s = options.timeout_s;
   sim.keep_timelines = true;
-  for (const RecordedIteration& it : run.iterations) sim.batches.push_back(it.batch);
+  for (const RecordedIteration& it : run.iterations) {
+    sim.batches.push_back(it.batch);
+    if (it.dip) sim.dip_schedules.push_back(*it.dip);
+  }
+  if (sim.dip_schedules.size() != sim.batches.size()) sim.dip_schedules.clear();
   const Scenario& s = run.scenario;
   const SimulationResult r = simulate(s, *s.plan, sim);
   if (!r.feasible) {

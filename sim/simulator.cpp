@@ -112,7 +112,9 @@ SimulationResult simulate(const Scenario& s, const ParallelPlan& plan,
                                                 : options.batches[static_cast<std::size_t>(k)];
     const int64_t iteration = batch.iteration;
     std::optional<DipSearchResult> search;
-    if (dip_planner) {
+    if (dip_planner && !options.dip_schedules.empty()) {
+      dip_schedule = options.dip_schedules.at(static_cast<std::size_t>(k));  // a recorded run's
+    } else if (dip_planner) {
       search = dip_planner->search(batch, dip_schedule);
       if (search->error.empty()) dip_schedule = search->schedule;
     }

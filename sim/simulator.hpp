@@ -26,6 +26,8 @@ struct SimulateOptions {
   std::string trace_dir;     // non-empty: write one Chrome trace per rank there
   std::optional<CostParams> cost;  // a calibration profile's; default_cost_params() when absent
   std::vector<Batch> batches;  // non-empty: simulate these (a recorded run's), not drawn ones
+  // schedule dip, with `batches`: the schedule each ran (no search); empty: search per batch
+  std::vector<DipSchedule> dip_schedules;
   bool keep_timelines = false;  // return every iteration's Program and Timeline
 };
 

@@ -371,3 +371,31 @@ TEST_CASE("calibrate writes a profile that replay and simulate take; bad input e
   CHECK_FALSE(fs::exists(out));
   fs::remove_all(dir);
 }
+
+TEST_CASE("schedule dip: estimate searches a schedule, simulate re-plans per iteration, sweep explores it") {
+  const std::string variable = kSource + "/scenarios/cpu-tiny-variable.json";
+  const Run e = run("estimate " + variable + " --set plan.schedule=dip");
+  INFO(e.output);
+  CHECK(e.code == 0);
+  CHECK(e.output.find("note: dip: 1 encoder segment(s) on the LLM's 4 stages") != std::string::npos);
+  CHECK(e.output.find("note: dip schedule search: ") != std::string::npos);
+  const Run s = run("simulate " + variable + " --set plan.schedule=dip --iterations 2");
+  INFO(s.output);
+  CHECK(s.code == 0);
+  CHECK(s.output.find("dip re-planned every iteration: search ") != std::string::npos);
+  // DIP shares the LLM's pipeline ranks: other placements and a single stage are refused.
+  const Run one = run("estimate " + variable + " --set plan.schedule=dip --set plan.layout.pp=1");
+  CHECK(one.code == 2);
+  CHECK(one.output.find("dip needs the LLM to have pp > 1") != std::string::npos);
+  // The sweep tries DIP and Entrain beside 1F1B and arrival order when the space lists them.
+  const std::string out = (scratch() / "dip-sweep").string();
+  const Run w = run("sweep " + variable + " --out " + out);
+  INFO(w.output);
+  CHECK(w.code == 0);
+  CHECK(w.output.find("4 plans considered") != std::string::npos);
+  CHECK(w.output.find(" dip entrain ") != std::string::npos);
+  const Run bad = run("sweep " + variable + " --set 'search.homogeneous_schedules=[\"gpipe\"]' --out " + out);
+  CHECK(bad.code == 2);
+  CHECK(bad.output.find("search.homogeneous_schedules[0]: must be 1f1b (interleaved where vpp > 1) or dip") !=
+        std::string::npos);
+}

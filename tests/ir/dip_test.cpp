@@ -183,3 +183,37 @@ TEST_CASE("dip search: never worse than its start, and an unchanged batch is ans
     previous = r.schedule;
   }
 }
+
+TEST_CASE("dip schedules read back from JSON: names resolved, layer counts checked against a plan") {
+  const Scenario s = variable("dip", 4);
+  DipSchedule schedule;
+  schedule.segment_order = {0};
+  schedule.encoders_first = false;
+  schedule.lookahead = 3;
+  schedule.in_flight = 5;
+  schedule.layers[0] = {3, 2, 2, 1};
+  schedule.layers[2] = {1, 3, 2, 2};
+  Diagnostics diag;
+  const auto back = read_dip_schedule(dip_schedule_to_json(schedule, s.model), s.model, "run.json",
+                                      "iterations[1].dip.schedule", diag);
+  INFO(diag.format());
+  REQUIRE(back.has_value());
+  CHECK(*back == schedule);
+  CHECK(dip_schedule_problem(schedule, s.model, 4, 1).empty());
+  CHECK(dip_schedule_problem(schedule, s.model, 2, 1).find("layers of vision must be 2") == 0);
+  DipSchedule zero = schedule;
+  zero.layers[2] = {0, 4, 2, 2};
+  CHECK_FALSE(dip_schedule_problem(zero, s.model, 4, 1).empty());
+  // lower() refuses it by name instead of failing inside.
+  const Batch batch = draw_batch(s.workload, 0);
+  CHECK(lower(s.model, s.cluster, *s.plan, s.workload, batch, &zero).error.find("DIP schedule") == 0);
+  // Unknown modules and bad values are reported with their JSON path.
+  Json bad = dip_schedule_to_json(schedule, s.model);
+  bad["segment_order"] = {"camera"};
+  bad["lookahead"] = 0;
+  Diagnostics d2;
+  CHECK_FALSE(read_dip_schedule(bad, s.model, "run.json", "x", d2).has_value());
+  const std::string text = d2.format();
+  CHECK(text.find("x.segment_order[0]: no module named 'camera'") != std::string::npos);
+  CHECK(text.find("x.lookahead: must be >= 1") != std::string::npos);
+}
