@@ -25,8 +25,9 @@
 #          and DIP + Entrain on a homogeneous layout (the 14B scenarios: TP1 x PP4 beside its 1F1B),
 #          VARIABILITY_DIP_ITERATIONS (default 20) iterations, each re-planned
 #   variability-exec  issue 10 with the executor: scenarios/cpu-tiny-variable.json (0-4 images,
-#          8-100 text tokens per sample) on PP4, 4 ranks, arrival vs sorted vs entrain: median
-#          and p10-p90 of steps 2-20, 3 repeats, beside the estimated micro-batch CV
+#          8-100 text tokens per sample) on PP4, 4 ranks, arrival vs sorted vs entrain vs dip vs
+#          dip + entrain: median and p10-p90 of steps 2-20, 3 repeats, beside the estimate; for
+#          DIP how often the background schedule search was late and how long it took
 #   accuracy  calibration (issue 8): records the cpu-local calibration set 3 times, fits a profile
 #          on half of the plans each time, and replays every plan with it and without it
 set -euo pipefail
@@ -303,17 +304,28 @@ if [[ $what == variability-exec || $what == all ]]; then
   train="$build/exec/tessera-train"
   root=$(mktemp -d /tmp/tessera-variability.XXXXXX)
   echo "== issue 10 with the executor: cpu-tiny-variable, PP4 on 4 ranks, steps 2-20, three repeats =="
-  for policy in arrival sorted entrain; do
-    echo "{\"placement\": \"homogeneous\", \"layout\": {\"pp\": 4}, \"micro_batch_size\": 2, \"schedule\": \"1f1b\", \"microbatching\": \"$policy\"}" >"$root/$policy.json"
-    cv=$("$tessera" estimate scenarios/cpu-tiny-variable.json --plan "$root/$policy.json" |
-         sed -n 's/^micro-batch CV *\(.*\) (stage time.*/\1/p')
-    echo "$policy: estimated micro-batch CV $cv"
+  policies="arrival sorted entrain dip dip+entrain"
+  for policy in $policies; do
+    schedule=1f1b microbatching=$policy
+    case $policy in
+      dip) schedule=dip microbatching=arrival ;;
+      dip+entrain) schedule=dip microbatching=entrain ;;
+    esac
+    echo "{\"placement\": \"homogeneous\", \"layout\": {\"pp\": 4}, \"micro_batch_size\": 2, \"schedule\": \"$schedule\", \"microbatching\": \"$microbatching\"}" >"$root/$policy.json"
+    estimate=$("$tessera" estimate scenarios/cpu-tiny-variable.json --plan "$root/$policy.json")
+    cv=$(echo "$estimate" | sed -n 's/^micro-batch CV *\(.*\) (stage time.*/\1/p')
+    step=$(echo "$estimate" | sed -n 's/^step time *\(.*\)/\1/p')
+    echo "$policy: estimated step $step (first batch), micro-batch CV $cv"
   done
   for rep in 1 2 3; do
-    for policy in arrival sorted entrain; do
+    for policy in $policies; do
       "$train" scenarios/cpu-tiny-variable.json --plan "$root/$policy.json" --nproc 4 --steps 20 --trace-steps 0 --no-checkpoint --out "$root/$policy-$rep" >/dev/null
       read -r median p10 p90 < <(step_stats "$root/$policy-$rep")
-      echo "$policy repeat $rep: median $median s, p10 $p10 s, p90 $p90 s"
+      dip=""
+      if [[ $policy == dip* ]]; then
+        dip=$(jq -r '.dip_search | "; schedule search \(.searches_used) used, \(.late) late of \(.steps) steps, \(.search_s_mean * 1000 | round) ms mean, \(.search_s_max * 1000 | round) ms max"' "$root/$policy-$rep/run.json")
+      fi
+      echo "$policy repeat $rep: median $median s, p10 $p10 s, p90 $p90 s$dip"
     done
   done
   rm -rf "$root"

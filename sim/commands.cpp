@@ -34,6 +34,8 @@ std::string stage_layers_line(const ParallelPlan& plan, const ModelSpec& model, 
          enum_name(plan.stage_split, kStageSplits) +
          (profile && plan.stage_split == StageSplit::kFrozenAware ? ", priced with the profile"
                                                                   : "") +
+         (plan.schedule == Schedule::kDip ? "; DIP's search moves layers per batch from there"
+                                          : "") +
          ")\n";
 }
 
