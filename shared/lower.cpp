@@ -1574,6 +1574,23 @@ void Lowering::lower_dip() {
             if (kind == OpKind::kRecv) deps.push_back(i);
           };
 
+          // The LLM's first stage: each sub-micro-batch's encoder output from the encoder's last
+          // stage (forward), its gradient back there (backward, for segments with a backward).
+          auto boundary_messages = [&](OpKind kind, Phase phase) {
+            for (std::size_t gi = 0; gi < segments.size(); ++gi) {
+              const DipSegment& g = segments[gi];
+              if (phase == Phase::kB && g.backward_from >= P) continue;
+              const auto& subs = g.pieces[static_cast<std::size_t>(d)][static_cast<std::size_t>(mb)];
+              for (int32_t sub = 0; sub < static_cast<int32_t>(subs.size()); ++sub) {
+                about.sub_microbatch = sub;
+                message(kind, phase, rank_at(P - 1),
+                        boundary_bytes(segment_last(g), llm_, piece(g, d, mb, sub)),
+                        tag(3, static_cast<int>(gi), 0, 0, phase == Phase::kB ? 1 : 0, mb, sub),
+                        segment_last(g), Purpose::kBoundary);
+              }
+            }
+            about.sub_microbatch = 0;
+          };
           if (step.segment < 0) {
             // ---------------- LLM segment ----------------
             const int32_t v = static_cast<int32_t>(step.chunk * P + stage);
@@ -1583,18 +1600,7 @@ void Lowering::lower_dip() {
             const double act = activation(llm, samples);
             if (!step.backward) {
               if (v == 0) {
-                for (std::size_t gi = 0; gi < segments.size(); ++gi) {
-                  const DipSegment& g = segments[gi];
-                  const auto& subs = g.pieces[static_cast<std::size_t>(d)][static_cast<std::size_t>(mb)];
-                  for (int32_t sub = 0; sub < static_cast<int32_t>(subs.size()); ++sub) {
-                    const double bytes = boundary_bytes(segment_last(g), llm_, piece(g, d, mb, sub));
-                    about.sub_microbatch = sub;
-                    message(OpKind::kRecv, Phase::kF, rank_at(P - 1), bytes,
-                            tag(3, static_cast<int>(gi), 0, 0, 0, mb, sub), segment_last(g),
-                            Purpose::kBoundary);
-                  }
-                }
-                about.sub_microbatch = 0;
+                boundary_messages(OpKind::kRecv, Phase::kF);
               } else {
                 message(OpKind::kRecv, Phase::kF, rank_at((v - 1) % P), act,
                         tag(0, llm_, 0, v - 1, 0, mb, 0), llm_, Purpose::kPp);
@@ -1616,20 +1622,7 @@ void Lowering::lower_dip() {
                       tag(0, llm_, 0, v, 1, mb, 0), llm_, Purpose::kPp);
               continue;
             }
-            // The gradient of each sub-micro-batch's encoder output, back to the encoder's last
-            // stage, for the segments with a backward.
-            for (std::size_t gi = 0; gi < segments.size(); ++gi) {
-              const DipSegment& g = segments[gi];
-              const auto& subs = g.pieces[static_cast<std::size_t>(d)][static_cast<std::size_t>(mb)];
-              if (g.backward_from >= P) continue;
-              for (int32_t sub = 0; sub < static_cast<int32_t>(subs.size()); ++sub) {
-                const double bytes = boundary_bytes(segment_last(g), llm_, piece(g, d, mb, sub));
-                about.sub_microbatch = sub;
-                message(OpKind::kSend, Phase::kB, rank_at(P - 1), bytes,
-                        tag(3, static_cast<int>(gi), 0, 0, 1, mb, sub), segment_last(g),
-                        Purpose::kBoundary);
-              }
-            }
+            boundary_messages(OpKind::kSend, Phase::kB);
             continue;
           }
 
