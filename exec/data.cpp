@@ -83,7 +83,7 @@ std::string executor_plan_support(const ParallelPlan& plan, const ModelSpec& mod
       if (m.role == ModuleRole::kEncoder && m.modality != Modality::kImage)
         return "plan.schedule: dip with the " + enum_name(m.modality, kModalities) + " encoder " +
                m.name + " cut over pipeline stages" + next;
-  if (plan.microbatching == MicrobatchPolicy::kEntrain && plan.placement != Placement::kHomogeneous)
+  if (plan.microbatching == MicrobatchPolicy::kEntrain && plan.placement == Placement::kNonColocated)
     return "plan.microbatching: entrain in a " + enum_name(plan.placement, kPlacements) +
            " plan (homogeneous plans run it)" + next;
   for (const ModuleSpec& m : model.modules) {

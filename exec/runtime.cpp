@@ -708,7 +708,10 @@ StepResult Worker::step(int64_t iteration) {
         entrain_assignment(batch_.batch, model, llm_dp, micro_batches(plan_, model, scenario_.workload),
                            scenario_.workload.max_seq_len);
     assignment = std::move(a.llm);
-    encoder_assignment_ = std::move(a.encoder);
+    // Colocated encoders run the whole batch at once (as the lowering has them): only the
+    // LLM's micro-batches, level 2, exist there.
+    encoder_assignment_ =
+        plan_.placement == Placement::kColocated ? assignment : std::move(a.encoder);
   } else {
     assignment = assign_microbatches(batch_.batch, model, llm_dp,
                                      micro_batches(plan_, model, scenario_.workload),
@@ -962,7 +965,10 @@ void Worker::forward(const Op& op) {
         const int64_t hidden = spec.transformer->hidden;
         // The LLM's inputs in order (llm_layout numbers media rows the same way); at a
         // colocated boundary, each input's rows of this micro-batch's samples.
-        std::vector<torch::Tensor> parts = dip_ ? dip_parts : entrain_ ? entrain_parts : inputs;
+        // (Colocated Entrain: the whole-batch boundary serves the LLM's level-2 micro-batches.)
+        std::vector<torch::Tensor> parts = dip_                           ? dip_parts
+                                           : entrain_ && !whole_batch_inputs ? entrain_parts
+                                                                             : inputs;
         if (whole_batch_inputs)
           for (std::size_t i = 0; i < inputs.size(); ++i) {
             const Boundary& bd = input_boundary(module_index(model, spec.inputs[i]));

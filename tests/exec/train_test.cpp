@@ -211,12 +211,12 @@ TEST_CASE("colocated placements: each module its own grid, the boundary regroups
   const Run refused = run(kScenario + " --plan " + with_cp);
   CHECK(refused.code == 2);
   CHECK(refused.output.find("colo-cp.json: plan.modules.llm.cp") != std::string::npos);
-  // Entrain runs in homogeneous plans only so far.
-  const Run entrain = run(kScenario + " --plan " + raw_plan(R"({"placement": "colocated", "schedule": "three_phase",
-      "micro_batch_size": 1, "microbatching": "entrain", "modules": {"vision": {"dp": 4}, "llm": {"dp": 4}}})",
-                                                          "entrain"));
+  // Entrain runs in homogeneous and colocated plans so far.
+  const Run entrain = run(kScenario + " --plan " + raw_plan(R"({"placement": "non_colocated",
+      "schedule": "graph_1f1b", "micro_batch_size": 1, "microbatching": "entrain",
+      "modules": {"vision": {"dp": 2}, "llm": {"dp": 2}}})", "entrain"));
   CHECK(entrain.code == 2);
-  CHECK(entrain.output.find("entrain.json: plan.microbatching: entrain in a colocated plan") !=
+  CHECK(entrain.output.find("entrain.json: plan.microbatching: entrain in a non_colocated plan") !=
         std::string::npos);
 }
 
@@ -299,6 +299,13 @@ TEST_CASE("entrain micro-batching: the same losses as arrival order (PP2, everyt
   check_parity(train_with(file, raw_plan(R"({"placement": "homogeneous", "layout": {"pp": 2},
       "micro_batch_size": 2, "schedule": "1f1b", "microbatching": "entrain"})", "entrain-pp2"),
                           "entrain-pp2"),
+               reference);
+  // Colocated: the encoders run the whole batch at once, the LLM's micro-batches are Entrain's
+  // (level 2) and take their rows from the regrouped boundary (fan-in, LLM pipeline).
+  check_parity(train_with(file, raw_plan(R"({"placement": "colocated", "schedule": "three_phase",
+      "micro_batch_size": 2, "microbatching": "entrain",
+      "modules": {"vision": {"dp": 4}, "llm": {"pp": 2, "dp": 2}}})", "entrain-colocated"),
+                          "entrain-colocated"),
                reference);
 }
 
