@@ -72,6 +72,9 @@ std::string executor_plan_support(const ParallelPlan& plan, const ModelSpec& mod
     const ModuleSpec* llm = find_llm(model);
     for (const auto& [module, l] : plan.modules) {
       const ModuleSpec* m = find_module(model, module);
+      if (m != nullptr && m->role == ModuleRole::kProjector)
+        return "plan.modules." + module + ": a projector on ranks of its own (not its encoder's)" +
+               next;
       if (module != llm->name && l.pp > 1 && m != nullptr && m->modality != Modality::kImage)
         return "plan.modules." + module + ".pp: a pipelined " +
                enum_name(m->modality, kModalities) + " encoder in a non-colocated plan" + next;
@@ -83,9 +86,6 @@ std::string executor_plan_support(const ParallelPlan& plan, const ModelSpec& mod
       if (m.role == ModuleRole::kEncoder && m.modality != Modality::kImage)
         return "plan.schedule: dip with the " + enum_name(m.modality, kModalities) + " encoder " +
                m.name + " cut over pipeline stages" + next;
-  if (plan.microbatching == MicrobatchPolicy::kEntrain && plan.placement == Placement::kNonColocated)
-    return "plan.microbatching: entrain in a " + enum_name(plan.placement, kPlacements) +
-           " plan (homogeneous plans run it)" + next;
   for (const ModuleSpec& m : model.modules) {
     if (!m.transformer) continue;
     int64_t tp = plan.layout.tp;

@@ -196,29 +196,39 @@ std::vector<int32_t> Worker::samples_for(int module, int mb) const {
 
 torch::Tensor Worker::entrain_rows(int producer, int mb, std::vector<torch::Tensor>& leaves) {
   // Where each sample's rows lie: in the output of the encoder micro-batch (mb or mb - 1) that
-  // holds it, those outputs stacked in that order.
+  // holds it — the producer's on this rank, or what its boundary messages assembled here — those
+  // outputs stacked in that order.
   std::map<int32_t, std::pair<int64_t, int64_t>> where;  // sample -> (first row, rows)
   std::vector<torch::Tensor> outputs;
   int64_t row = 0;
   const std::vector<int32_t>& wanted = micro_batch(mb).samples;
+  auto wanted_in = [&](const RowMap& rows) {
+    return std::any_of(wanted.begin(), wanted.end(), [&](int32_t x) { return rows.count(x) > 0; });
+  };
   for (int i = std::max(0, mb - 1); i <= mb; ++i) {
-    const std::vector<int32_t> held = samples_for(producer, i);
-    if (std::none_of(held.begin(), held.end(), [&](int32_t x) {
-          return std::find(wanted.begin(), wanted.end(), x) != wanted.end();
-        }))
-      continue;  // (its slot may be gone already)
-    auto [it, fresh] = entrain_leaves_.try_emplace({producer, i});
-    if (fresh) {
-      const torch::Tensor& out = producer_slot(producer, i).output;
-      it->second = out.detach();
-      it->second.set_requires_grad(out.requires_grad());
+    RowMap rows;  // from the first row of this micro-batch's output
+    torch::Tensor source;
+    if (linked_boundary_) {
+      if (i < mb && !linked_.count({producer, i})) continue;
+      const Boundary& b = assembled(producer, i);
+      rows = b.rows;
+      source = b.leaf;
+    } else {
+      lay_out_rows(producer, samples_for(producer, i), 0, rows);
+      if (!wanted_in(rows)) continue;  // (its slot may be gone already)
+      auto [it, fresh] = entrain_leaves_.try_emplace({producer, i});
+      if (fresh) {
+        const torch::Tensor& out = producer_slot(producer, i).output;
+        it->second = out.detach();
+        it->second.set_requires_grad(out.requires_grad());
+      }
+      source = it->second;
     }
-    RowMap rows;
-    lay_out_rows(producer, held, row, rows);
-    for (const auto& [sample, range] : rows) where[sample] = range;
-    row += it->second.size(0);
-    outputs.push_back(it->second);
-    leaves.push_back(it->second);
+    if (!wanted_in(rows)) continue;
+    for (const auto& [sample, range] : rows) where[sample] = {row + range.first, range.second};
+    row += source.size(0);
+    outputs.push_back(source);
+    leaves.push_back(source);
   }
   std::vector<int64_t> index;
   for (int32_t sample : wanted)
@@ -357,8 +367,10 @@ std::vector<int32_t> Worker::link_samples(int producer, int mb, int64_t peer,
   const int consumer = consumer_of(producer);
   const int64_t dp_p = dp_size_[static_cast<std::size_t>(producer)];
   const int64_t dp_c = dp_size_[static_cast<std::size_t>(consumer)];
+  // A producer replica's micro-batches: under Entrain level 1's.
+  const MicrobatchAssignment& produced = entrain_ ? encoder_assignment_ : assignment_;
   if (dp_p >= dp_c)
-    return consumer_side ? replica_samples(assignment_, dp_p, replica_of(producer, peer), mb)
+    return consumer_side ? replica_samples(produced, dp_p, replica_of(producer, peer), mb)
                          : samples_for(producer, mb);
   return consumer_side ? samples_for(consumer, mb)
                        : replica_samples(assignment_, dp_c, replica_of(consumer, peer), mb);
@@ -373,7 +385,7 @@ std::vector<std::pair<int64_t, std::vector<int32_t>>> Worker::consumer_links(int
   if (dp_p >= dp_c) {
     const int64_t k = dp_p / dp_c, first = dp_rank_[static_cast<std::size_t>(consumer)] * k;
     for (int64_t e = first; e < first + k; ++e)
-      links.emplace_back(e, replica_samples(assignment_, dp_p, e, mb));
+      links.emplace_back(e, replica_samples(entrain_ ? encoder_assignment_ : assignment_, dp_p, e, mb));
   } else {
     links.emplace_back(0, samples_for(consumer, mb));
   }
@@ -893,12 +905,15 @@ void Worker::forward(const Op& op) {
                                   !received_.count(key) && plan_.placement != Placement::kHomogeneous;
   // The rows of each input: the colocated boundary's (whole batch), or the non-colocated one's
   // (this micro-batch, assembled from the links).
+  // Each LLM micro-batch selects its rows from the boundary (under Entrain from the one or two
+  // encoder micro-batches holding them, below).
+  const bool boundary_rows = whole_batch_inputs && !(entrain_ && linked_boundary_);
   auto input_boundary = [&](int producer) -> Boundary& {
     return linked_boundary_ ? assembled(producer, op.microbatch) : boundary(producer);
   };
   if (!st.first() || (spec.role == ModuleRole::kLlm && received_.count(key))) {
     inputs.push_back(received_.at(key));
-  } else if (whole_batch_inputs) {
+  } else if (boundary_rows) {
     for (const std::string& name : spec.inputs)
       inputs.push_back(input_boundary(module_index(model, name)).leaf);
   } else if (dip_ && spec.role == ModuleRole::kLlm) {
@@ -966,10 +981,10 @@ void Worker::forward(const Op& op) {
         // The LLM's inputs in order (llm_layout numbers media rows the same way); at a
         // colocated boundary, each input's rows of this micro-batch's samples.
         // (Colocated Entrain: the whole-batch boundary serves the LLM's level-2 micro-batches.)
-        std::vector<torch::Tensor> parts = dip_                           ? dip_parts
-                                           : entrain_ && !whole_batch_inputs ? entrain_parts
-                                                                             : inputs;
-        if (whole_batch_inputs)
+        std::vector<torch::Tensor> parts = dip_                       ? dip_parts
+                                           : entrain_ && !boundary_rows ? entrain_parts
+                                                                        : inputs;
+        if (boundary_rows)
           for (std::size_t i = 0; i < inputs.size(); ++i) {
             const Boundary& bd = input_boundary(module_index(model, spec.inputs[i]));
             std::vector<int64_t> rows;

@@ -211,13 +211,14 @@ TEST_CASE("colocated placements: each module its own grid, the boundary regroups
   const Run refused = run(kScenario + " --plan " + with_cp);
   CHECK(refused.code == 2);
   CHECK(refused.output.find("colo-cp.json: plan.modules.llm.cp") != std::string::npos);
-  // Entrain runs in homogeneous and colocated plans so far.
-  const Run entrain = run(kScenario + " --plan " + raw_plan(R"({"placement": "non_colocated",
-      "schedule": "graph_1f1b", "micro_batch_size": 1, "microbatching": "entrain",
-      "modules": {"vision": {"dp": 2}, "llm": {"dp": 2}}})", "entrain"));
-  CHECK(entrain.code == 2);
-  CHECK(entrain.output.find("entrain.json: plan.microbatching: entrain in a non_colocated plan") !=
-        std::string::npos);
+  // A projector on ranks of its own: the executor's boundaries start at a projector.
+  const Run projector = run(kScenario + " --plan " + raw_plan(R"({"placement": "non_colocated",
+      "schedule": "graph_1f1b", "micro_batch_size": 1,
+      "modules": {"vision": {"dp": 1}, "vision_projector": {"dp": 1}, "llm": {"tp": 2}}})",
+                                                            "own-projector"));
+  CHECK(projector.code == 2);
+  CHECK(projector.output.find("own-projector.json: plan.modules.vision_projector: a projector on "
+                              "ranks of its own") != std::string::npos);
 }
 
 TEST_CASE("frozen LLM behind a trainable projector (LLaVA stage 1) still passes gradients back") {
@@ -307,6 +308,21 @@ TEST_CASE("entrain micro-batching: the same losses as arrival order (PP2, everyt
       "modules": {"vision": {"dp": 4}, "llm": {"pp": 2, "dp": 2}}})", "entrain-colocated"),
                           "entrain-colocated"),
                reference);
+  // Non-colocated: each encoder replica runs level-1 micro-batches and sends their rows; the
+  // LLM's micro-batch takes its samples' rows from the one or two encoder micro-batches that
+  // hold them, whose gradients go back once both LLM micro-batches are done. Fan-in into an LLM
+  // pipeline; equal replicas into TP 2 (a broadcast behind the leader); a pipelined ViT.
+  for (const auto& [modules, name] : std::vector<std::pair<std::string, std::string>>{
+           {R"({"vision": {"dp": 2}, "llm": {"pp": 2}})", "entrain-nc-fan-in"},
+           {R"({"vision": {"dp": 2}, "llm": {"tp": 1, "dp": 2}})", "entrain-nc-same-dp"},
+           {R"({"vision": {"dp": 2}, "llm": {"tp": 2}})", "entrain-nc-tp2"},
+           {R"({"vision": {"pp": 2}, "llm": {"pp": 2}})", "entrain-nc-vit-pp2"}}) {
+    INFO(name);
+    check_parity(train_with(file, raw_plan(R"({"placement": "non_colocated", "schedule": "graph_1f1b",
+        "micro_batch_size": 2, "microbatching": "entrain", "modules": )" + modules + "}", name),
+                            name),
+                 reference);
+  }
 }
 
 TEST_CASE("single rank: the Program interpreter gives the plain LibTorch loop's losses") {
