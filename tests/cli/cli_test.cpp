@@ -5,7 +5,10 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <sstream>
+#include <string>
+#include <vector>
 
 #include <sys/wait.h>
 #include <unistd.h>
@@ -398,4 +401,91 @@ TEST_CASE("schedule dip: estimate searches a schedule, simulate re-plans per ite
   CHECK(bad.code == 2);
   CHECK(bad.output.find("search.homogeneous_schedules[0]: must be 1f1b (interleaved where vpp > 1) or dip") !=
         std::string::npos);
+}
+
+TEST_CASE("bad inputs across every command: exit 2, the file or option and JSON path named, nothing written") {
+  // Beside the table above (scenario files): flags, --set values, plans, profiles, recorded runs
+  // and sweeps, each through the command that reads it. OUT/ is a fresh folder; `writes` names
+  // what the command would have written, which must not exist afterwards.
+  const fs::path out = scratch() / "bad-everywhere";
+  fs::remove_all(out);
+  fs::create_directories(out);
+  // A recorded run whose trace and run.json are cut short (a crash while writing them).
+  const fs::path cut = out / "cut-run";
+  fs::copy(kSource + "/traces/cpu-local/cpu-tiny-tp2-pp2", cut, fs::copy_options::recursive);
+  for (const fs::path& f : {cut / "trace" / "rank1.json", cut / "run.json"}) {
+    std::ifstream in(f);
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::ofstream(f, std::ios::trunc) << text.substr(0, text.size() / 2);
+  }
+  const fs::path cut_trace = out / "cut-trace";
+  fs::copy(kSource + "/traces/cpu-local/cpu-tiny-tp2-pp2", cut_trace, fs::copy_options::recursive);
+  {
+    const fs::path f = cut_trace / "trace" / "rank1.json";
+    std::ifstream in(f);
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::ofstream(f, std::ios::trunc) << text.substr(0, text.size() / 2);
+  }
+  struct Case {
+    std::string args;
+    std::string expected;
+    std::string writes;  // "" when the command writes nothing anyway
+  };
+  const std::string tiny = kSource + "/scenarios/cpu-tiny.json";
+  const std::string variable = kSource + "/scenarios/cpu-tiny-variable.json";
+  const std::string vlm = kSource + "/scenarios/cornstarch/vlm-small.json";
+  const std::string o = out.string() + "/";
+  const std::vector<Case> cases = {
+      {"validate /tmp", "/tmp: is a directory, expected a JSON file", ""},
+      {"estimate " + tiny + " --set plan.layout.pp=0", "plan.layout.pp: must be > 0, got 0", ""},
+      {"estimate " + tiny + " --set plan.micro_batch_size=x",
+       "plan.micro_batch_size: expected an integer, got string", ""},
+      {"estimate " + tiny + " --set plan.placement=colocated", "plan.modules: required key is missing", ""},
+      {"estimate " + tiny + " --set model.dtype=fp7", "model.dtype: unknown value 'fp7'", ""},
+      {"estimate " + tiny + " --set workload.seed=-1", "workload.seed: must be >= 0, got -1", ""},
+      {"estimate " + tiny + " --set plan.no_such_option=1", "plan.no_such_option: unknown key", ""},
+      {"estimate " + variable + " --set plan.schedule=three_phase",
+       "plan.schedule: three_phase is the colocated schedule; placement is homogeneous", ""},
+      {"estimate " + tiny + " --plan " + o + "no-plan.json", o + "no-plan.json: file not found", ""},
+      {"estimate " + tiny + " --plan " + kBad + "malformed.json", "malformed.json: invalid JSON at line 4", ""},
+      {"estimate " + tiny + " --iteration -1", "--iteration must be >= 0", ""},
+      {"lower " + tiny + " --rank 99", "--rank 99 out of range: the plan has 2 ranks", ""},
+      {"lower " + tiny + " --set workload.max_seq_len=-5", "workload.max_seq_len: must be > 0, got -5", ""},
+      {"simulate " + tiny + " --iterations 0", "--iterations >= 1", ""},
+      {"simulate " + tiny + " --set plan.recompute=some", "plan.recompute: unknown value 'some'", ""},
+      {"simulate " + tiny + " --set cluster.nodes=0", "cluster.nodes: not used with kind cpu-local", ""},
+      {"simulate " + tiny + " --profile " + o + "no-profile.json", "no-profile.json: file not found", ""},
+      {"simulate " + tiny + " --profile " + kBad + "malformed.json", "malformed.json: invalid JSON", ""},
+      {"simulate " + tiny + " --iterations 1 --trace " + o + "trace --set plan.layout.tp=3",
+       "plan.layout.tp: 3 does not divide", o + "trace"},
+      {"sweep " + tiny + " --top 0 --out " + o + "sweep-top", "--top, --jobs", o + "sweep-top"},
+      {"sweep " + variable + " --set 'search.homogeneous_schedules=[\"gpipe\"]' --out " + o + "sweep-space",
+       "search.homogeneous_schedules[0]: must be 1f1b (interleaved where vpp > 1) or dip",
+       o + "sweep-space"},
+      {"sweep " + variable + " --set 'search.microbatching=[\"lifo\"]' --out " + o + "sweep-mb",
+       "search.microbatching[0]: unknown value 'lifo'", o + "sweep-mb"},
+      {"sweep " + kBad + "unknown-key.json --out " + o + "sweep-key",
+       "unknown-key.json: workload.max_seq_length: unknown key", o + "sweep-key"},
+      {"merge " + o + "no-sweep --out " + o + "merged", o + "no-sweep/summary.json: file not found",
+       o + "merged"},
+      {"stages " + vlm + " --tp 0 -o " + o + "stages.json", "the budget needs gpus, tp, dp and micro-batch size >= 1",
+       o + "stages.json"},
+      {"stages " + vlm + " --tp 2 --set plan.schedule=three_phase -o " + o + "stages2.json",
+       "--set: plan.schedule: 'plan.schedule': no key 'plan'", o + "stages2.json"},
+      {"replay " + o + "no-run", o + "no-run/run.json: file not found", ""},
+      {"replay " + cut.string(), cut.string() + "/run.json: invalid JSON", ""},
+      {"calibrate " + cut_trace.string() + " -o " + o + "profile.json",
+       cut_trace.string() + "/trace/rank1.json: invalid JSON", o + "profile.json"},
+      {"calibrate " + o + "no-run -o " + o + "profile2.json", "run.json: file not found", o + "profile2.json"},
+      {"import-hf " + kBad + "malformed.json -o " + o + "model.json", "malformed.json: invalid JSON",
+       o + "model.json"},
+  };
+  for (const Case& c : cases) {
+    const Run r = run(c.args);
+    INFO(c.args << "\n" << r.output);
+    CHECK(r.code == 2);
+    CHECK(r.output.find(c.expected) != std::string::npos);
+    if (!c.writes.empty()) CHECK_FALSE(fs::exists(c.writes));
+  }
+  fs::remove_all(out);
 }
