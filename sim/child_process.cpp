@@ -11,6 +11,7 @@
 #include <thread>
 
 #include <poll.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -40,6 +41,7 @@ ChildResult run_in_child(const std::function<std::string()>& body, double timeou
   }
   // Buffered output would otherwise be written twice: by the parent and by the child.
   std::fflush(nullptr);
+  const pid_t parent = ::getpid();
   const pid_t pid = ::fork();
   if (pid < 0) {
     result.error = std::string("fork: ") + std::strerror(errno);
@@ -50,6 +52,9 @@ ChildResult run_in_child(const std::function<std::string()>& body, double timeou
     // inherited (a test framework's, say).
     for (int sig : {SIGSEGV, SIGABRT, SIGFPE, SIGILL, SIGBUS, SIGTERM, SIGINT})
       std::signal(sig, SIG_DFL);
+    // A killed parent (a sweep stopped with kill -9) takes its simulations with it: no orphans.
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != parent) ::_exit(1);  // the parent died before prctl took effect
     ::close(out_pipe[0]);
     ::close(err_pipe[0]);
     int status = 0;
