@@ -72,6 +72,10 @@ std::optional<Json> read_json_file(const std::string& file, Diagnostics& diag) {
 std::string write_file_atomically(const std::string& file, std::string_view text) {
   namespace fs = std::filesystem;
   const fs::path target(file);
+  // Replacing a device or a folder by a regular file is never what was meant.
+  std::error_code status_error;
+  if (fs::exists(target, status_error) && !fs::is_regular_file(target, status_error))
+    return file + ": exists and is not a regular file";
   const fs::path temp = target.parent_path() /
                         ("." + target.filename().string() + ".tmp." + std::to_string(::getpid()));
   {

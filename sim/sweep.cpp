@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <set>
+#include <stdexcept>
 #include <sstream>
 
 #include "shared/check.hpp"
@@ -224,10 +225,13 @@ SweepResult run_sweep(
   } else if (fs::exists(jsonl)) {
     fs::remove(jsonl);
   }
-  // Rewrite the kept rows whole, dropping any partial line, before appending.
+  // Rewrite the kept rows whole, dropping any partial line, before appending (atomically: a
+  // full disk must not cost the rows already there).
   {
-    std::ofstream out(jsonl, std::ios::trunc);
-    for (const SweepRow& r : result.rows) out << row_to_json(r).dump() << "\n";
+    std::ostringstream kept;
+    for (const SweepRow& r : result.rows) kept << row_to_json(r).dump() << "\n";
+    const std::string error = write_file_atomically(jsonl.string(), kept.str());
+    if (!error.empty()) throw std::runtime_error(error);
   }
   std::vector<const Chosen*> todo;
   for (const Chosen& c : chosen)
@@ -284,6 +288,7 @@ SweepResult run_sweep(
       return j.dump();
     });
   std::ofstream out(jsonl, std::ios::app);
+  std::string write_error;  // the first failed append (reported once the children are done)
   std::size_t finished = 0;
   const auto simulation_start = std::chrono::steady_clock::now();
   result.simulated = static_cast<int64_t>(tasks.size());
@@ -321,6 +326,9 @@ SweepResult run_sweep(
         }
         out << row_to_json(row).dump() << "\n";
         out.flush();  // streamed: an interruption loses at most the running simulations
+        if (!out && write_error.empty())
+          write_error = "cannot append to " + jsonl.string() +
+                        " (disk full?); the rows before stay, --resume continues";
         result.rows.push_back(row);
         const std::string line =
             describe_layout(row.plan, s.model) +
@@ -328,6 +336,7 @@ SweepResult run_sweep(
         progress(++finished, todo.size(), line);
       });
   result.simulate_s = seconds_since(simulation_start);
+  if (!write_error.empty()) throw std::runtime_error(write_error);
   sort_rows(result.rows);
   write_sweep_outputs(result, s, options.scenario_file);
   return result;
@@ -338,12 +347,18 @@ void write_sweep_outputs(const SweepResult& result, const Scenario& scenario,
   namespace fs = std::filesystem;
   const std::string& dir = result.out_dir;
   fs::create_directories(dir);
+  // Each file replaced whole (temp file, rename): a full disk leaves the previous one intact.
+  auto write = [&](const std::string& name, const std::string& text) {
+    const std::string error = write_file_atomically((fs::path(dir) / name).string(), text);
+    if (!error.empty()) throw std::runtime_error(error);
+  };
   {
-    std::ofstream out(fs::path(dir) / "results.jsonl", std::ios::trunc);
+    std::ostringstream out;
     for (const SweepRow& r : result.rows) out << row_to_json(r).dump() << "\n";
+    write("results.jsonl", out.str());
   }
   // CSV and summary.
-  std::ofstream csv(fs::path(dir) / "results.csv", std::ios::trunc);
+  std::ostringstream csv;
   csv << "rank,point,gpus,placement,layout,micro_batch_size,global_batch,schedule,step_s,tokens_"
          "per_s,tflops_per_device,mfu,"
          "bubble,peak_memory_gib,estimate_step_s,llm_microbatch_cv,llm_microbatch_max_over_mean,"
@@ -376,9 +391,9 @@ void write_sweep_outputs(const SweepResult& result, const Scenario& scenario,
   Json rows = Json::array();
   for (const SweepRow& r : result.rows) rows.push_back(row_to_json(r));
   summary["results"] = rows;
-  std::ofstream(fs::path(dir) / "summary.json", std::ios::trunc) << summary.dump(1) << "\n";
-  std::ofstream(fs::path(dir) / "report.html", std::ios::trunc)
-      << sweep_report_html(result, scenario);
+  write("results.csv", csv.str());
+  write("summary.json", summary.dump(1) + "\n");
+  write("report.html", sweep_report_html(result, scenario));
 }
 
 std::string merge_sweeps(const std::vector<std::string>& dirs, const std::string& out_dir,

@@ -31,11 +31,10 @@ struct Run {
   std::string output;  // stdout and stderr together
 };
 
-Run run(const std::string& args) {
+// A shell command line, stdout and stderr together unless it redirects stderr itself.
+Run shell(const std::string& line) {
   Run r;
-  // stdout and stderr together, unless the arguments redirect stderr themselves
-  const std::string command =
-      kTessera + " " + args + (args.find("2>") == std::string::npos ? " 2>&1" : "");
+  const std::string command = line + (line.find("2>") == std::string::npos ? " 2>&1" : "");
   FILE* pipe = ::popen(command.c_str(), "r");
   REQUIRE(pipe != nullptr);
   std::array<char, 4096> buffer{};
@@ -46,6 +45,8 @@ Run run(const std::string& args) {
   r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return r;
 }
+
+Run run(const std::string& args) { return shell(kTessera + " " + args); }
 
 fs::path scratch() {
   const fs::path dir = fs::temp_directory_path() / ("tessera-cli-" + std::to_string(::getpid()));
@@ -603,4 +604,50 @@ TEST_CASE("a sweep killed with SIGKILL leaves no orphans; --resume ends with the
         std::string((std::istreambuf_iterator<char>(b)), std::istreambuf_iterator<char>()));
   fs::remove_all(whole);
   fs::remove_all(killed);
+}
+
+TEST_CASE("a full disk or an unwritable folder: a clear error, exit 1, earlier results intact") {
+  // A full disk, emulated: files may not grow past `kib` KiB (the signal that limit sends
+  // ignored, so writes fail as on a full disk).
+  auto full = [](int kib, const std::string& args) {
+    return shell("sh -c \"trap '' XFSZ; ulimit -f " + std::to_string(kib) + "; exec " + kTessera +
+                 " " + args + "\"");
+  };
+  auto read = [](const fs::path& file) {
+    std::ifstream in(file);
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  };
+  const fs::path dir = scratch() / "disk-full";
+  fs::remove_all(dir);
+  const std::string sweep = "sweep " + kSource + "/scenarios/cpu-tiny.json --top 16 --out " + dir.string();
+  REQUIRE(run(sweep).code == 0);
+  const std::string csv = read(dir / "results.csv"), summary = read(dir / "summary.json");
+  const Run r = full(4, sweep);
+  INFO(r.output);
+  CHECK(r.code == 1);
+  CHECK(r.output.find("results.jsonl (disk full?); the rows before stay, --resume continues") !=
+        std::string::npos);
+  CHECK(read(dir / "results.csv") == csv);  // the last complete sweep's files, untouched
+  CHECK(read(dir / "summary.json") == summary);
+  const Run resumed = run(sweep + " --resume");
+  CHECK(resumed.code == 0);
+  CHECK(read(dir / "results.csv") == csv);
+
+  // A calibration profile is replaced whole or not at all.
+  const std::string profile = (dir / "profile.json").string();
+  std::ofstream(profile) << "{\"earlier\": true}\n";
+  const Run c =
+      full(1, "calibrate " + kSource + "/traces/cpu-local/cpu-tiny-tp2-pp2 -o " + profile);
+  CHECK(c.code == 1);
+  CHECK(c.output.find("(disk full?)") != std::string::npos);
+  CHECK(read(profile) == "{\"earlier\": true}\n");
+  // Not a regular file (a device): refused, not replaced.
+  const Run device = run("calibrate " + kSource + "/traces/cpu-local/cpu-tiny-tp2-pp2 -o /dev/null");
+  CHECK(device.code == 1);
+  CHECK(device.output.find("/dev/null: exists and is not a regular file") != std::string::npos);
+  // An output folder that cannot be made.
+  const Run unwritable = run("sweep " + kSource + "/scenarios/cpu-tiny.json --out /proc/tessera-no");
+  CHECK(unwritable.code == 1);
+  CHECK(unwritable.output.find("cannot create directories") != std::string::npos);
+  fs::remove_all(dir);
 }
