@@ -442,7 +442,7 @@ TEST_CASE("the shapes data set is learnable: the loss falls by half within 50 st
   CHECK(v.back() < v.front() / 2);
 }
 
-TEST_CASE("resuming from a checkpoint continues the losses exactly") {
+TEST_CASE("resuming from a checkpoint continues the losses exactly, also after a kill mid-checkpoint") {
   const std::vector<double> straight = train(R"({"pp": 2})", "straight", 4);
   const fs::path out = fresh_dir("resumed");
   const std::string common = kScenario + " --plan " + plan_file(R"({"pp": 2})") + " --out " + out.string();
@@ -454,6 +454,22 @@ TEST_CASE("resuming from a checkpoint continues the losses exactly") {
   const std::vector<double> v = losses(out);
   REQUIRE(v.size() == 4);
   for (std::size_t i = 0; i < 4; ++i) CHECK(v[i] == straight[i]);  // bit for bit
+
+  // Killed while writing the next checkpoint: its shards half written (a .tmp cut short, a
+  // garbage shard), the manifest still naming the last complete one. Resuming takes that one.
+  const fs::path cut = fresh_dir("killed-checkpoint");
+  const std::string at_cut = kScenario + " --plan " + plan_file(R"({"pp": 2})") + " --out " + cut.string();
+  REQUIRE(run(at_cut + " --steps 2").code == 0);
+  const fs::path partial = cut / "checkpoint" / "step-000003";
+  fs::create_directories(partial);
+  std::ofstream(partial / "rank0.pt.tmp") << "PK\x03\x04 cut short";
+  std::ofstream(partial / "rank1.pt") << "not a checkpoint";
+  const Run after_cut = run(at_cut + " --steps 4 --resume");
+  INFO(after_cut.output);
+  REQUIRE(after_cut.code == 0);
+  const std::vector<double> w = losses(cut);
+  REQUIRE(w.size() == 4);
+  for (std::size_t i = 0; i < 4; ++i) CHECK(w[i] == straight[i]);
 }
 
 TEST_CASE("a worker killed mid-run ends the job within 30 s, non-zero, naming the rank") {
@@ -495,6 +511,52 @@ TEST_CASE("a worker killed mid-run ends the job within 30 s, non-zero, naming th
   const std::string message((std::istreambuf_iterator<char>(err)), std::istreambuf_iterator<char>());
   INFO(message);
   CHECK(message.find("killed by signal 9") != std::string::npos);
+}
+
+TEST_CASE("a worker hung in a collective (stopped) ends the job by timeout, no process left") {
+  // SIGSTOP: the worker neither dies nor answers; its peers wait in a collective until
+  // --timeout, then the launcher stops the job (the stopped worker included).
+  const std::string cmd = std::string(TESSERA_TRAIN) + " " + kScenario + " --plan " +
+                          plan_file(R"({"pp": 2})") + " --steps 100000 --timeout 3";
+  const std::string err_file = fresh_dir("hung").string() + ".err";
+  const pid_t launcher = ::fork();
+  REQUIRE(launcher >= 0);
+  if (launcher == 0) {
+    ::execl("/bin/sh", "sh", "-c", ("exec " + cmd + " >/dev/null 2>" + err_file).c_str(),
+            static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  auto workers = [&] {
+    std::vector<pid_t> found;
+    for (const auto& entry : fs::directory_iterator("/proc")) {
+      std::ifstream stat(entry.path() / "stat");
+      std::string pid, name, state;
+      long ppid = 0;
+      if (stat >> pid >> name >> state >> ppid && ppid == launcher)
+        found.push_back(static_cast<pid_t>(std::stol(pid)));
+    }
+    return found;
+  };
+  std::vector<pid_t> ranks;
+  for (int tries = 0; tries < 200 && ranks.size() < 2; ++tries) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    ranks = workers();
+  }
+  REQUIRE(ranks.size() == 2);
+  std::this_thread::sleep_for(std::chrono::seconds(2));
+  const auto start = std::chrono::steady_clock::now();
+  ::kill(ranks.back(), SIGSTOP);
+  int status = 0;
+  ::waitpid(launcher, &status, 0);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 1);
+  CHECK(seconds < 30);
+  for (pid_t pid : ranks) CHECK(::kill(pid, 0) != 0);  // reaped: nothing left behind
+  std::ifstream err(err_file);
+  const std::string message((std::istreambuf_iterator<char>(err)), std::istreambuf_iterator<char>());
+  INFO(message);
+  CHECK(message.find("rank ") != std::string::npos);
 }
 
 TEST_CASE("two nodes on loopback (--nnodes 2 --node-rank i --master) train as one job") {
