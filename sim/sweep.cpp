@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -13,6 +14,7 @@
 
 #include "shared/check.hpp"
 #include "shared/entrain.hpp"
+#include "shared/failpoint.hpp"
 #include "shared/scenario_report.hpp"
 #include "sim/child_process.hpp"
 #include "sim/simulator.hpp"
@@ -239,7 +241,9 @@ SweepResult run_sweep(
 
   std::vector<std::function<std::string()>> tasks;
   for (const Chosen* chosen_one : todo)
-    tasks.push_back([chosen_one, &options] {
+    tasks.push_back([chosen_one, &options, index = static_cast<int64_t>(tasks.size())] {
+      // (Runs in a child process.) A test's injected crash of this simulation.
+      if (failpoint("sweep-simulation-crash", index)) std::raise(SIGSEGV);
       const Candidate* c = &chosen_one->ranked.candidate;
       Scenario sized = *chosen_one->scenario;
       sized.cluster = cluster_with_devices(sized.cluster, c->gpus);

@@ -651,3 +651,22 @@ TEST_CASE("a full disk or an unwritable folder: a clear error, exit 1, earlier r
   CHECK(unwritable.output.find("cannot create directories") != std::string::npos);
   fs::remove_all(dir);
 }
+
+TEST_CASE("a simulation child that crashes is one failed row; the sweep completes") {
+  const fs::path dir = scratch() / "child-crash";
+  fs::remove_all(dir);
+  // The third simulation segfaults (an injected failpoint, shared/failpoint.hpp).
+  const Run r = shell("TESSERA_FAILPOINT=sweep-simulation-crash:2 " + kTessera + " sweep " + kSource +
+                      "/scenarios/cpu-tiny.json --top 16 -j 2 --out " + dir.string());
+  INFO(r.output);
+  CHECK(r.code == 0);
+  CHECK(r.output.find("failed: killed by signal 11 (Segmentation fault)") != std::string::npos);
+  std::ifstream in(dir / "results.jsonl");
+  int rows = 0, failed = 0;
+  for (std::string line; std::getline(in, line); ++rows)
+    failed += line.find("\"ok\":false") != std::string::npos ? 1 : 0;
+  CHECK(rows == 12);
+  CHECK(failed == 1);
+  CHECK(fs::exists(dir / "report.html"));
+  fs::remove_all(dir);
+}
