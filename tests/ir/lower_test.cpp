@@ -234,7 +234,8 @@ TEST_CASE(
   // And with everything frozen but the LLM, the LLM's first stage sends nothing back.
   c.model.modules[1].frozen = true;
   c.model.modules[2].frozen = false;
-  for (const Op& op : lowered(c).ranks[4])
+  const Program frozen_encoders = lowered(c);  // (a temporary's ranks[4] would dangle)
+  for (const Op& op : frozen_encoders.ranks[4])
     CHECK_FALSE(
         (op.kind == OpKind::kSend && op.purpose == Purpose::kBoundary && op.phase == Phase::kB));
 }
