@@ -2,7 +2,7 @@
 # Set-up if needed, configure, build on every core, run every test through ctest.
 # Exits non-zero on any failure. Usage: scripts/test.sh [--sanitize] [extra ctest arguments]
 #   --sanitize  shared/ and sim/ (not the LibTorch executor) built with AddressSanitizer and
-#               UndefinedBehaviorSanitizer in build-sanitize/, and their tests (ir, sim, cli) run;
+#               UndefinedBehaviorSanitizer in build-sanitize/, and their unit tests (ir, sim) run;
 #               any report fails the run
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,7 +18,9 @@ if [[ ${1:-} == --sanitize ]]; then
   cmake --build "$build" --parallel "$jobs"
   export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}
   export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
-  ctest --test-dir "$build" --output-on-failure --parallel "$jobs" "$@"
+  # Not the cli suite yet: `tessera sweep -j 2` forks from pool threads, and a child can inherit
+  # ASan's allocator lock held by another thread and hang (docs/RELIABILITY.md).
+  ctest --test-dir "$build" --output-on-failure --parallel "$jobs" -E '^cli$' "$@"
   exit
 fi
 build=${TESSERA_BUILD_DIR:-build}
