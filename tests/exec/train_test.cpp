@@ -472,62 +472,28 @@ TEST_CASE("resuming from a checkpoint continues the losses exactly, also after a
   for (std::size_t i = 0; i < 4; ++i) CHECK(w[i] == straight[i]);
 }
 
-TEST_CASE("a worker killed mid-run ends the job within 30 s, non-zero, naming the rank") {
+namespace {
+
+// A pp2 training job of many steps started in the background (stderr to `err_file`); returns the
+// launcher's pid.
+pid_t start_long_job(const std::string& extra, const std::string& err_file) {
   const std::string cmd = std::string(TESSERA_TRAIN) + " " + kScenario + " --plan " +
-                          plan_file(R"({"pp": 2})") + " --steps 100000";
-  const std::string err_file = fresh_dir("killed").string() + ".err";
+                          plan_file(R"({"pp": 2})") + " --steps 100000 " + extra;
   const pid_t launcher = ::fork();
-  REQUIRE(launcher >= 0);
   if (launcher == 0) {
     ::execl("/bin/sh", "sh", "-c", ("exec " + cmd + " >/dev/null 2>" + err_file).c_str(),
             static_cast<char*>(nullptr));
     ::_exit(127);
   }
-  // Wait until the launcher has its workers, then kill one of them.
-  pid_t victim = -1;
-  for (int tries = 0; tries < 200 && victim < 0; ++tries) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    for (const auto& entry : fs::directory_iterator("/proc")) {
-      std::ifstream stat(entry.path() / "stat");
-      std::string pid, name, state;
-      long ppid = 0;
-      if (stat >> pid >> name >> state >> ppid && ppid == launcher) {
-        victim = static_cast<pid_t>(std::stol(pid));
-        break;
-      }
-    }
-  }
-  REQUIRE(victim > 0);
-  std::this_thread::sleep_for(std::chrono::seconds(2));
-  const auto start = std::chrono::steady_clock::now();
-  ::kill(victim, SIGKILL);
-  int status = 0;
-  ::waitpid(launcher, &status, 0);
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  CHECK(WIFEXITED(status));
-  CHECK(WEXITSTATUS(status) == 1);
-  CHECK(seconds < 30);
-  std::ifstream err(err_file);
-  const std::string message((std::istreambuf_iterator<char>(err)), std::istreambuf_iterator<char>());
-  INFO(message);
-  CHECK(message.find("killed by signal 9") != std::string::npos);
+  return launcher;
 }
 
-TEST_CASE("a worker hung in a collective (stopped) ends the job by timeout, no process left") {
-  // SIGSTOP: the worker neither dies nor answers; its peers wait in a collective until
-  // --timeout, then the launcher stops the job (the stopped worker included).
-  const std::string cmd = std::string(TESSERA_TRAIN) + " " + kScenario + " --plan " +
-                          plan_file(R"({"pp": 2})") + " --steps 100000 --timeout 3";
-  const std::string err_file = fresh_dir("hung").string() + ".err";
-  const pid_t launcher = ::fork();
-  REQUIRE(launcher >= 0);
-  if (launcher == 0) {
-    ::execl("/bin/sh", "sh", "-c", ("exec " + cmd + " >/dev/null 2>" + err_file).c_str(),
-            static_cast<char*>(nullptr));
-    ::_exit(127);
-  }
-  auto workers = [&] {
-    std::vector<pid_t> found;
+// The launcher's workers once both run (empty after 10 s without them).
+std::vector<pid_t> workers_of(pid_t launcher) {
+  std::vector<pid_t> found;
+  for (int tries = 0; tries < 200 && found.size() < 2; ++tries) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    found.clear();
     for (const auto& entry : fs::directory_iterator("/proc")) {
       std::ifstream stat(entry.path() / "stat");
       std::string pid, name, state;
@@ -535,26 +501,59 @@ TEST_CASE("a worker hung in a collective (stopped) ends the job by timeout, no p
       if (stat >> pid >> name >> state >> ppid && ppid == launcher)
         found.push_back(static_cast<pid_t>(std::stol(pid)));
     }
-    return found;
-  };
-  std::vector<pid_t> ranks;
-  for (int tries = 0; tries < 200 && ranks.size() < 2; ++tries) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    ranks = workers();
   }
-  REQUIRE(ranks.size() == 2);
-  std::this_thread::sleep_for(std::chrono::seconds(2));
-  const auto start = std::chrono::steady_clock::now();
-  ::kill(ranks.back(), SIGSTOP);
+  return found.size() == 2 ? found : std::vector<pid_t>{};
+}
+
+// Waits for the launcher; its exit status and the seconds since `start`.
+std::pair<int, double> wait_job(pid_t launcher, std::chrono::steady_clock::time_point start) {
   int status = 0;
   ::waitpid(launcher, &status, 0);
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return {status, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()};
+}
+
+std::string text_of(const std::string& file) {
+  std::ifstream in(file);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+}  // namespace
+
+TEST_CASE("a worker killed mid-run ends the job within 30 s, non-zero, naming the rank") {
+  const std::string err_file = fresh_dir("killed").string() + ".err";
+  const pid_t launcher = start_long_job("", err_file);
+  REQUIRE(launcher > 0);
+  const std::vector<pid_t> workers = workers_of(launcher);
+  REQUIRE(workers.size() == 2);
+  std::this_thread::sleep_for(std::chrono::seconds(2));
+  const auto start = std::chrono::steady_clock::now();
+  ::kill(workers.front(), SIGKILL);
+  const auto [status, seconds] = wait_job(launcher, start);
   CHECK(WIFEXITED(status));
   CHECK(WEXITSTATUS(status) == 1);
   CHECK(seconds < 30);
-  for (pid_t pid : ranks) CHECK(::kill(pid, 0) != 0);  // reaped: nothing left behind
-  std::ifstream err(err_file);
-  const std::string message((std::istreambuf_iterator<char>(err)), std::istreambuf_iterator<char>());
+  const std::string message = text_of(err_file);
+  INFO(message);
+  CHECK(message.find("killed by signal 9") != std::string::npos);
+}
+
+TEST_CASE("a worker hung in a collective (stopped) ends the job by timeout, no process left") {
+  // SIGSTOP: the worker neither dies nor answers; its peers wait in a collective until
+  // --timeout, then the launcher stops the job (the stopped worker included).
+  const std::string err_file = fresh_dir("hung").string() + ".err";
+  const pid_t launcher = start_long_job("--timeout 3", err_file);
+  REQUIRE(launcher > 0);
+  const std::vector<pid_t> workers = workers_of(launcher);
+  REQUIRE(workers.size() == 2);
+  std::this_thread::sleep_for(std::chrono::seconds(2));
+  const auto start = std::chrono::steady_clock::now();
+  ::kill(workers.back(), SIGSTOP);
+  const auto [status, seconds] = wait_job(launcher, start);
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 1);
+  CHECK(seconds < 30);
+  for (pid_t pid : workers) CHECK(::kill(pid, 0) != 0);  // reaped: nothing left behind
+  const std::string message = text_of(err_file);
   INFO(message);
   CHECK(message.find("rank ") != std::string::npos);
 }
