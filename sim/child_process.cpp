@@ -1,14 +1,13 @@
 #include "sim/child_process.hpp"
 
-#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <exception>
-#include <mutex>
-#include <thread>
+#include <memory>
+#include <vector>
 
 #include <poll.h>
 #include <sys/prctl.h>
@@ -29,23 +28,35 @@ void write_all(int fd, const std::string& data) {
   }
 }
 
-}  // namespace
+// A forked child being supervised: its result and error pipes, what they carried so far, and
+// its deadline.
+struct Running {
+  std::size_t task = 0;
+  pid_t pid = -1;
+  int fds[2] = {-1, -1};  // result, error
+  std::string output, error_text;
+  std::chrono::steady_clock::time_point deadline;
+  bool timed_out = false;
+  std::string failure;  // pipe or fork failed: no child runs
+  bool open() const { return fds[0] >= 0 || fds[1] >= 0; }
+};
 
-ChildResult run_in_child(const std::function<std::string()>& body, double timeout_s) {
-  ChildResult result;
+Running start_child(const std::function<std::string()>& body, double timeout_s) {
+  Running r;
   int out_pipe[2];
   int err_pipe[2];
   if (::pipe(out_pipe) != 0 || ::pipe(err_pipe) != 0) {
-    result.error = std::string("pipe: ") + std::strerror(errno);
-    return result;
+    r.failure = std::string("pipe: ") + std::strerror(errno);
+    return r;
   }
   // Buffered output would otherwise be written twice: by the parent and by the child.
   std::fflush(nullptr);
   const pid_t parent = ::getpid();
   const pid_t pid = ::fork();
   if (pid < 0) {
-    result.error = std::string("fork: ") + std::strerror(errno);
-    return result;
+    r.failure = std::string("fork: ") + std::strerror(errno);
+    for (int fd : {out_pipe[0], out_pipe[1], err_pipe[0], err_pipe[1]}) ::close(fd);
+    return r;
   }
   if (pid == 0) {
     // A crash in the child must end it plainly (the parent reports it), not run handlers it
@@ -71,41 +82,70 @@ ChildResult run_in_child(const std::function<std::string()>& body, double timeou
   }
   ::close(out_pipe[1]);
   ::close(err_pipe[1]);
+  r.pid = pid;
+  r.fds[0] = out_pipe[0];
+  r.fds[1] = err_pipe[0];
+  r.deadline = std::chrono::steady_clock::now() +
+               std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                   std::chrono::duration<double>(timeout_s > 0 ? timeout_s : 1e9));
+  return r;
+}
 
-  // Drain both pipes until the child closes them or the deadline passes.
-  const auto deadline = std::chrono::steady_clock::now() +
-                        std::chrono::duration<double>(timeout_s > 0 ? timeout_s : 1e9);
-  std::string error_text;
-  pollfd fds[2] = {{out_pipe[0], POLLIN, 0}, {err_pipe[0], POLLIN, 0}};
-  int open_fds = 2;
-  char buffer[65536];
-  while (open_fds > 0) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-        deadline - std::chrono::steady_clock::now());
-    if (left.count() <= 0) {
-      result.timed_out = true;
-      ::kill(pid, SIGKILL);
-      break;
+// Reads what is ready on the children's pipes, waiting at most until the nearest deadline (and
+// 1 s); a child past its deadline is killed and its pipes closed.
+void pump(std::vector<Running*>& children) {
+  const auto now = std::chrono::steady_clock::now();
+  auto wait = std::chrono::milliseconds(1000);
+  std::vector<pollfd> fds;
+  std::vector<std::pair<Running*, int>> owner;
+  for (Running* c : children) {
+    if (!c->open()) continue;
+    if (now >= c->deadline) {
+      c->timed_out = true;
+      ::kill(c->pid, SIGKILL);
+      for (int& fd : c->fds)
+        if (fd >= 0) {
+          ::close(fd);
+          fd = -1;
+        }
+      continue;
     }
-    const int ready = ::poll(fds, 2, static_cast<int>(std::min<int64_t>(left.count(), 1000)));
-    if (ready < 0 && errno != EINTR) break;
-    for (int i = 0; i < 2; ++i) {
-      if (fds[i].fd < 0 || (fds[i].revents & (POLLIN | POLLHUP)) == 0) continue;
-      const ssize_t n = ::read(fds[i].fd, buffer, sizeof buffer);
-      if (n > 0) {
-        (i == 0 ? result.output : error_text).append(buffer, static_cast<std::size_t>(n));
-      } else if (n == 0 || errno != EINTR) {
-        ::close(fds[i].fd);
-        fds[i].fd = -1;
-        --open_fds;
+    wait = std::min(wait, std::chrono::duration_cast<std::chrono::milliseconds>(c->deadline - now) +
+                              std::chrono::milliseconds(1));
+    for (int i = 0; i < 2; ++i)
+      if (c->fds[i] >= 0) {
+        fds.push_back({c->fds[i], POLLIN, 0});
+        owner.emplace_back(c, i);
       }
+  }
+  if (fds.empty()) return;
+  const int ready = ::poll(fds.data(), fds.size(), static_cast<int>(wait.count()));
+  if (ready <= 0) return;  // a timeout, or EINTR: the next call looks again
+  char buffer[65536];
+  for (std::size_t k = 0; k < fds.size(); ++k) {
+    if ((fds[k].revents & (POLLIN | POLLHUP | POLLERR)) == 0) continue;
+    auto [c, i] = owner[k];
+    const ssize_t n = ::read(fds[k].fd, buffer, sizeof buffer);
+    if (n > 0) {
+      (i == 0 ? c->output : c->error_text).append(buffer, static_cast<std::size_t>(n));
+    } else if (n == 0 || errno != EINTR) {
+      ::close(c->fds[i]);
+      c->fds[i] = -1;
     }
   }
-  for (const pollfd& p : fds)
-    if (p.fd >= 0) ::close(p.fd);
+}
 
+// Reaps a child whose pipes are closed and says how it ended.
+ChildResult finish_child(Running& c, double timeout_s) {
+  ChildResult result;
+  if (!c.failure.empty()) {
+    result.error = c.failure;
+    return result;
+  }
+  result.output = std::move(c.output);
+  result.timed_out = c.timed_out;
   int status = 0;
-  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  while (::waitpid(c.pid, &status, 0) < 0 && errno == EINTR) {
   }
   if (WIFEXITED(status)) {
     result.exit_code = WEXITSTATUS(status);
@@ -120,27 +160,46 @@ ChildResult run_in_child(const std::function<std::string()>& body, double timeou
                    ::strsignal(result.signal) + ")";
   } else if (!result.ok) {
     result.error =
-        error_text.empty() ? "exited with status " + std::to_string(result.exit_code) : error_text;
+        c.error_text.empty() ? "exited with status " + std::to_string(result.exit_code) : c.error_text;
   }
   return result;
+}
+
+}  // namespace
+
+ChildResult run_in_child(const std::function<std::string()>& body, double timeout_s) {
+  Running c = start_child(body, timeout_s);
+  std::vector<Running*> one{&c};
+  while (c.open()) pump(one);
+  return finish_child(c, timeout_s);
 }
 
 void run_children(const std::vector<std::function<std::string()>>& tasks, int jobs,
                   double timeout_s,
                   const std::function<void(std::size_t, const ChildResult&)>& done) {
-  // Each pool thread forks and supervises one child at a time; children never share memory.
-  std::atomic<std::size_t> next{0};
-  std::mutex report;
-  auto worker = [&] {
-    for (std::size_t i = next++; i < tasks.size(); i = next++) {
-      const ChildResult result = run_in_child(tasks[i], timeout_s);
-      const std::lock_guard lock(report);
-      done(i, result);
+  // One thread forks and supervises up to `jobs` children at once: forking from several threads
+  // could hand a child a lock (the allocator's, say) that another thread held at that moment.
+  std::vector<std::unique_ptr<Running>> running;
+  std::size_t next = 0;
+  while (next < tasks.size() || !running.empty()) {
+    while (next < tasks.size() && static_cast<int>(running.size()) < std::max(1, jobs)) {
+      running.push_back(std::make_unique<Running>(start_child(tasks[next], timeout_s)));
+      running.back()->task = next++;
     }
-  };
-  std::vector<std::thread> pool;
-  for (int j = 0; j < std::max(1, jobs); ++j) pool.emplace_back(worker);
-  for (std::thread& t : pool) t.join();
+    std::vector<Running*> view;
+    for (const auto& c : running) view.push_back(c.get());
+    pump(view);
+    for (auto it = running.begin(); it != running.end();) {
+      if ((*it)->open()) {
+        ++it;
+        continue;
+      }
+      const std::size_t task = (*it)->task;
+      const ChildResult result = finish_child(**it, timeout_s);
+      it = running.erase(it);
+      done(task, result);
+    }
+  }
 }
 
 }  // namespace tessera::sim
