@@ -84,6 +84,21 @@ Op p2p_op(const Op& about, OpKind kind, Phase phase, int64_t peer, double bytes,
   return op;
 }
 
+// A collective on the collective stream; callers add what else it needs (micro-batch, deps).
+Op collective_op(CollectiveKind kind, Purpose purpose, Phase phase, int module, int32_t group,
+                 double bytes) {
+  Op op;
+  op.kind = OpKind::kCollective;
+  op.stream = StreamKind::kCollective;
+  op.collective = kind;
+  op.purpose = purpose;
+  op.phase = phase;
+  op.module = static_cast<int16_t>(module);
+  op.group = group;
+  op.bytes = bytes;
+  return op;
+}
+
 class Lowering {
  public:
   Lowering(const ModelSpec& model, const ClusterSpec& cluster, const ParallelPlan& plan,
@@ -272,16 +287,8 @@ class Lowering {
       deps.insert(deps.end(), received.begin(), received.end());
       return;
     }
-    Op b;
-    b.kind = OpKind::kCollective;
-    b.stream = StreamKind::kCollective;
-    b.collective = CollectiveKind::kBroadcast;
-    b.purpose = Purpose::kBoundary;
-    b.phase = phase;
-    b.module = static_cast<int16_t>(module);
+    Op b = collective_op(CollectiveKind::kBroadcast, Purpose::kBoundary, phase, module, g, bytes);
     b.microbatch = mb;
-    b.group = g;
-    b.bytes = bytes;
     b.deps = received;
     deps.push_back(emit(rank, b));
   }
@@ -742,16 +749,10 @@ void Lowering::gradient_reduction(int64_t rank, const std::vector<int>& module_l
     const double grad_bytes = params * static_cast<double>(dtype_bytes(model_.dtype));
     const int32_t g = dpcp_group(owner, x);
     const int64_t shards = static_cast<int64_t>(p_.groups[static_cast<std::size_t>(g)].size());
-    Op c;
-    c.kind = OpKind::kCollective;
-    c.stream = StreamKind::kCollective;
-    c.purpose = Purpose::kDp;
-    c.module = static_cast<int16_t>(i);
+    Op c = collective_op(
+        plan_.distributed_optimizer ? CollectiveKind::kReduceScatter : CollectiveKind::kAllReduce,
+        Purpose::kDp, Phase::kF, i, g, grad_bytes);
     c.stage = static_cast<int16_t>(x.p);
-    c.group = g;
-    c.bytes = grad_bytes;
-    c.collective =
-        plan_.distributed_optimizer ? CollectiveKind::kReduceScatter : CollectiveKind::kAllReduce;
     const int32_t dep = last_compute(rank);
     if (dep >= 0) c.deps = {dep};
     // A group of one has nothing to reduce.
@@ -762,15 +763,10 @@ void Lowering::gradient_reduction(int64_t rank, const std::vector<int>& module_l
   // each rank's steps wait for the slowest rank's gradients.
   if (p_.world > 1 && std::any_of(flow_.begin(), flow_.end(),
                                   [](const GradientFlow& f) { return f.trainable; })) {
-    Op norm;
-    norm.kind = OpKind::kCollective;
-    norm.stream = StreamKind::kCollective;
-    norm.purpose = Purpose::kNorm;
-    norm.collective = CollectiveKind::kAllReduce;
     RankList world(static_cast<std::size_t>(p_.world));
     std::iota(world.begin(), world.end(), 0);
-    norm.group = group(std::move(world));
-    norm.bytes = 16;  // two fp64 numbers
+    Op norm = collective_op(CollectiveKind::kAllReduce, Purpose::kNorm, Phase::kF, -1,
+                            group(std::move(world)), 16);  // two fp64 numbers
     for (int32_t r : reduced)
       if (r >= 0) norm.deps.push_back(r);
     if (const int32_t dep = last_compute(rank); dep >= 0) norm.deps.push_back(dep);
@@ -1051,17 +1047,11 @@ void Lowering::lower_pipelines() {
               int32_t dep = last;
               if (owner.layout.cp > 1) {
                 // Each CP rank holds the gradient of its tokens: sum over CP before sending.
-                Op sum;
-                sum.kind = OpKind::kCollective;
-                sum.stream = StreamKind::kCollective;
-                sum.collective = CollectiveKind::kAllReduce;
-                sum.purpose = Purpose::kBoundary;
-                sum.phase = Phase::kB;
-                sum.module = static_cast<int16_t>(producer_last);
+                Op sum = collective_op(
+                    CollectiveKind::kAllReduce, Purpose::kBoundary, Phase::kB, producer_last,
+                    cp_group(owner, x),
+                    boundary_bytes(producer_last, owner_index, samples_of(owner_index, x.d, i, true)));
                 sum.microbatch = i;
-                sum.group = cp_group(owner, x);
-                sum.bytes =
-                    boundary_bytes(producer_last, owner_index, samples_of(owner_index, x.d, i, true));
                 sum.deps = {last};
                 dep = emit(rank, sum);
               }
@@ -1161,14 +1151,8 @@ void Lowering::lower_colocated() {
         RankList members;
         for (int64_t e = base; e < base + k; ++e) members.push_back(grid.rank({x.t, x.c, e, x.p}));
         const int32_t g = group(members);
-        Op gather;
-        gather.kind = OpKind::kCollective;
-        gather.stream = StreamKind::kCollective;
-        gather.collective = CollectiveKind::kAllGather;
-        gather.purpose = Purpose::kBoundary;
-        gather.module = static_cast<int16_t>(i);
-        gather.group = g;
-        gather.bytes = boundary_bytes(i, llm_, samples_of(llm_, x.d / k, -1));
+        Op gather = collective_op(CollectiveKind::kAllGather, Purpose::kBoundary, Phase::kF, i, g,
+                                  boundary_bytes(i, llm_, samples_of(llm_, x.d / k, -1)));
         gather.deps = {encoder_forward[i]};
         boundary_done.push_back(emit(rank, gather));
         boundary_groups.emplace_back(i, g);
@@ -1312,20 +1296,13 @@ void Lowering::lower_colocated() {
         continue;
       const ModuleInfo& m = modules_[static_cast<std::size_t>(i)];
       const ModuleInfo& grid = m.host >= 0 ? modules_[static_cast<std::size_t>(m.host)] : m;
-      Op gather;
-      gather.kind = OpKind::kCollective;
-      gather.stream = StreamKind::kCollective;
-      gather.collective = CollectiveKind::kAllGather;
-      gather.purpose = Purpose::kBoundary;
-      gather.phase = Phase::kB;
-      gather.module = static_cast<int16_t>(i);
-      gather.group = g;
       // The gradients of the encoder outputs the LLM replica(s) of this group used.
       const int64_t dp_e = grid.layout.dp, dp_l = llm.layout.dp;
-      gather.bytes = boundary_bytes(
-          i, llm_,
-          dp_e > dp_l ? samples_of(llm_, grid.coord(rank).d / (dp_e / dp_l), -1)
-                      : samples_of(i, grid.coord(rank).d, -1));
+      Op gather = collective_op(
+          CollectiveKind::kAllGather, Purpose::kBoundary, Phase::kB, i, g,
+          boundary_bytes(i, llm_,
+                         dp_e > dp_l ? samples_of(llm_, grid.coord(rank).d / (dp_e / dp_l), -1)
+                                     : samples_of(i, grid.coord(rank).d, -1)));
       const int32_t dep = last_compute(rank);
       if (dep >= 0) gather.deps = {dep};
       grads_ready.push_back(emit(rank, gather));
@@ -1435,8 +1412,8 @@ std::vector<Lowering::DipSegment> Lowering::dip_segments() {
       for (int32_t mb = 0; mb < static_cast<int32_t>(microbatches_); ++mb) {
         const auto& samples = samples_of(llm_, d, mb);
         const auto items = dip_media_items(model_, *enc.spec, samples);
-        const std::vector<std::size_t> first =
-            dip_piece_starts(model_, *enc.spec, samples, llm.layout.vpp, workload_.max_seq_len);
+        const std::vector<std::size_t> first = dip_piece_starts(
+            model_, *enc.spec, samples, items, llm.layout.vpp, workload_.max_seq_len);
         auto& pieces = seg.pieces[static_cast<std::size_t>(d)].emplace_back();
         for (std::size_t j = 0; j < first.size(); ++j) {
           const std::size_t end = j + 1 < first.size() ? first[j + 1] : items.size();
