@@ -581,12 +581,12 @@ const std::vector<std::pair<int64_t, int64_t>>& Worker::dip_pieces(int encoder, 
   for (int32_t i : my_micro_batches_[static_cast<std::size_t>(mb)])
     samples.push_back(&batch_.batch.samples[static_cast<std::size_t>(i)]);
   // The lowering's cut (dip_schedule.hpp): each piece's first item, here images.
-  const std::size_t items = dip_media_items(scenario_.model, spec, samples).size();
+  const auto items = dip_media_items(scenario_.model, spec, samples);
   const std::vector<std::size_t> first = dip_piece_starts(
-      scenario_.model, spec, samples, plan_.layout.vpp, scenario_.workload.max_seq_len);
+      scenario_.model, spec, samples, items, plan_.layout.vpp, scenario_.workload.max_seq_len);
   auto& out = dip_pieces_[key];
   for (std::size_t j = 0; j < first.size(); ++j) {
-    const std::size_t end = j + 1 < first.size() ? first[j + 1] : items;
+    const std::size_t end = j + 1 < first.size() ? first[j + 1] : items.size();
     out.emplace_back(static_cast<int64_t>(first[j]), static_cast<int64_t>(end - first[j]));
   }
   return out;

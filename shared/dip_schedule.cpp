@@ -359,8 +359,8 @@ std::vector<std::pair<std::size_t, Sample>> dip_media_items(const ModelSpec& mod
 
 std::vector<std::size_t> dip_piece_starts(const ModelSpec& model, const ModuleSpec& encoder,
                                           std::span<const Sample* const> samples,
+                                          const std::vector<std::pair<std::size_t, Sample>>& items,
                                           int64_t llm_chunks, int64_t max_seq_len) {
-  const auto items = dip_media_items(model, encoder, samples);
   std::vector<double> weights;
   double encoder_forward = 0, llm_forward = 0;
   for (const auto& [owner, item] : items) {

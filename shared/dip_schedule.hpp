@@ -116,10 +116,12 @@ std::vector<std::pair<std::size_t, Sample>> dip_media_items(const ModelSpec& mod
                                                             const ModuleSpec& encoder,
                                                             std::span<const Sample* const> samples);
 // DIP's sub-micro-batches of one LLM micro-batch's media for `encoder`: the index of each
-// piece's first item among dip_media_items() (empty without media), pieces sized by
-// dip_sub_microbatches() from forward FLOPs and cut by split_contiguous(); at most 63.
+// piece's first item among `items` (dip_media_items() of `samples`; empty without media),
+// pieces sized by dip_sub_microbatches() from forward FLOPs and cut by split_contiguous(); at
+// most 63.
 std::vector<std::size_t> dip_piece_starts(const ModelSpec& model, const ModuleSpec& encoder,
                                           std::span<const Sample* const> samples,
+                                          const std::vector<std::pair<std::size_t, Sample>>& items,
                                           int64_t llm_chunks, int64_t max_seq_len);
 
 // Cuts items (in order) into k contiguous pieces of about equal weight; returns each piece's
