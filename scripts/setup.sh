@@ -2,6 +2,7 @@
 # Installs every Debian package Tessera's build and tests need, from a bare bookworm machine.
 # Idempotent: when everything is already installed it returns at once without touching apt.
 # Must run as root (or with sudo available) the first time.
+# Usage: scripts/setup.sh [--fuzz]   (--fuzz: also clang 14 and its libFuzzer, for scripts/fuzz.sh)
 set -euo pipefail
 
 packages=(
@@ -14,6 +15,9 @@ packages=(
   libeigen3-dev libcxxopts-dev nlohmann-json3-dev doctest-dev
   jq  # scripts/bench.sh reads `tessera simulate --json`
 )
+if [[ ${1:-} == --fuzz ]]; then
+  packages+=(clang-14 libclang-rt-14-dev)
+fi
 
 missing=()
 for p in "${packages[@]}"; do
