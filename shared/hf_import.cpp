@@ -241,8 +241,11 @@ ModelSpec import_llava(const HfReader& root, bool next) {
       for (const Json& pin : *pins)
         if (pin.is_array() && pin.size() == 2 && pin[0].is_number_integer() &&
             pin[1].is_number_integer() && p.tile_size > 0)
-          max_tiles = std::max<int64_t>(max_tiles, (pin[0].get<int64_t>() / p.tile_size) *
-                                                       (pin[1].get<int64_t>() / p.tile_size));
+          // In double: a pinpoint of absurd size must not overflow (validation refuses the count).
+          max_tiles = static_cast<int64_t>(std::min(
+              1e15, std::max<double>(static_cast<double>(max_tiles),
+                                     std::floor(pin[0].get<double>() / static_cast<double>(p.tile_size)) *
+                                         std::floor(pin[1].get<double>() / static_cast<double>(p.tile_size)))));
     }
     p.max_tiles = max_tiles;
     p.image_size = 0;

@@ -46,6 +46,21 @@ std::optional<Json> parse_json_text(std::string_view text, const std::string& fi
                "invalid JSON at line " + std::to_string(line) + ", column " +
                    std::to_string(column) + ": " + what);
     return std::nullopt;
+  } catch (const Json::out_of_range& e) {
+    // A number too large for a double ("1e999"): nlohmann names the number, not its place.
+    std::string what = e.what();
+    const std::size_t cut = what.find("] ");
+    if (cut != std::string::npos) what = what.substr(cut + 2);
+    std::string where;
+    const std::size_t open = what.find('\''), close = what.rfind('\'');
+    if (open != std::string::npos && close > open)
+      if (const std::size_t at = text.find(what.substr(open + 1, close - open - 1));
+          at != std::string_view::npos) {
+        const auto [line, column] = line_and_column(text, at + 1);
+        where = " at line " + std::to_string(line) + ", column " + std::to_string(column);
+      }
+    diag.error(file, "", "invalid JSON" + where + ": " + what);
+    return std::nullopt;
   }
 }
 

@@ -119,7 +119,7 @@ Patching read_patching(ObjectReader& r) {
     if (!used && r.has(key)) r.error(key, "not used with resize=" + mode);
   }
   const int64_t side = p.resize == ResizeMode::kFixed ? p.image_size : p.tile_size;
-  if (side > 0 && p.patch_size > 0 && (side / p.patch_size) % p.spatial_merge != 0)
+  if (side > 0 && p.patch_size > 0 && p.spatial_merge > 0 && (side / p.patch_size) % p.spatial_merge != 0)
     r.error("spatial_merge", std::to_string(p.spatial_merge) + " does not divide the patch grid " +
                                  std::to_string(side / p.patch_size));
   r.finish();
@@ -387,7 +387,8 @@ void validate_model(const ModelSpec& model, const std::string& file, const std::
         const auto it = index.find(in);
         if (it == index.end()) continue;
         const ModuleSpec& producer = model.modules[it->second];
-        if (producer.transformer && m.projector->in % producer.transformer->hidden != 0)
+        if (producer.transformer && producer.transformer->hidden > 0 &&
+            m.projector->in % producer.transformer->hidden != 0)
           diag.error(file, module_path(i, "projector.in"),
                      std::to_string(m.projector->in) + " is not a multiple of " + in +
                          ".hidden=" + std::to_string(producer.transformer->hidden));

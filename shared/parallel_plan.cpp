@@ -50,6 +50,12 @@ ModuleLayout read_layout(const Json& json, const std::string& file, const std::s
                             {"vpp", "virtual_pipeline_model_parallel_size", &l.vpp}};
   for (const Degree& d : degrees)
     if (r.optional({d.name, d.megatron_name}, *d.field)) r.check_positive(r.found_name(), *d.field);
+  // Past any machine, and the rank arithmetic downstream (products of degrees) would overflow.
+  constexpr double kMaxRanks = double(int64_t{1} << 24);
+  if (static_cast<double>(l.tp) * l.cp * l.pp * l.dp > kMaxRanks)
+    diag.error(file, path, "tp*cp*pp*dp is over " + std::to_string(int64_t{1} << 24) + " ranks");
+  if (static_cast<double>(l.pp) * l.vpp > kMaxRanks)
+    diag.error(file, path, "pp*vpp is over " + std::to_string(int64_t{1} << 24) + " stages");
   if (const Json* span = r.find("ranks")) {
     std::vector<int64_t> bounds;
     if (read_value(*span, file, r.path_of("ranks"), bounds, diag)) {

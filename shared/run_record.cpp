@@ -1,6 +1,7 @@
 #include "shared/run_record.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <map>
@@ -115,6 +116,13 @@ bool parse_op_id(const std::string& id, int64_t& iteration, int64_t& rank, int64
   return true;
 }
 
+// A trace event's string field; "" when it is absent or not a string (nlohmann's value() throws
+// on a wrong type).
+std::string text_field(const Json& event, const char* key) {
+  const auto it = event.find(key);
+  return it != event.end() && it->is_string() ? it->get<std::string>() : std::string();
+}
+
 }  // namespace
 
 std::optional<std::vector<TracedIteration>> load_traces(const RunRecord& run, Diagnostics& diag) {
@@ -136,14 +144,14 @@ std::optional<std::vector<TracedIteration>> load_traces(const RunRecord& run, Di
     const Json& events = json->at("traceEvents");
     std::map<int64_t, double> offset_us;  // iteration -> ProfilerStep start
     for (const Json& e : events)
-      if (e.is_object() && e.value("cat", "") == "step" && e.contains("ts") && e["ts"].is_number()) {
-        const std::string name = e.value("name", "");
+      if (e.is_object() && text_field(e, "cat") == "step" && e.contains("ts") && e["ts"].is_number()) {
+        const std::string name = text_field(e, "name");
         long long it = 0;
         if (std::sscanf(name.c_str(), "ProfilerStep#%lld", &it) == 1) offset_us[it] = e["ts"].get<double>();
       }
     for (std::size_t k = 0; k < events.size(); ++k) {
       const Json& e = events[k];
-      if (!e.is_object() || e.value("ph", "") != "X" || !e.contains("args") ||
+      if (!e.is_object() || text_field(e, "ph") != "X" || !e.contains("args") ||
           !e["args"].is_object() || !e["args"].contains("op_id"))
         continue;
       const std::string path = index_path("traceEvents", k);
@@ -196,7 +204,11 @@ std::optional<std::vector<TracedIteration>> load_traces(const RunRecord& run, Di
       const Op& op = ops[static_cast<std::size_t>(index)];
       const double start = (e["ts"].get<double>() - off->second) * 1e-6;
       const double finish = start + e["dur"].get<double>() * 1e-6;
-      const std::string name = e.value("name", "");
+      if (!std::isfinite(start) || !std::isfinite(finish) || finish < start) {
+        diag.error(file, path, "the slice's ts and dur do not give a time span (dur < 0, or out of range)");
+        continue;
+      }
+      const std::string name = text_field(e, "name");
       if (!args.contains("phase")) {
         // A collective measured inside the op.
         CollectiveKind kind{};
@@ -209,7 +221,8 @@ std::optional<std::vector<TracedIteration>> load_traces(const RunRecord& run, Di
           continue;
         }
         ti.timeline.nested[static_cast<std::size_t>(rank)].push_back(
-            {static_cast<int32_t>(index), kind, start, finish, args.value("bytes", 0.0)});
+            {static_cast<int32_t>(index), kind, start, finish, 
+             args.contains("bytes") && args["bytes"].is_number() ? args["bytes"].get<double>() : 0.0});
         continue;
       }
       std::string expected = op_name(ti.program, op);

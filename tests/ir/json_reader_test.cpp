@@ -13,6 +13,18 @@ TEST_CASE("a syntax error names line and column") {
   CHECK(diag.errors()[0].message.find("line 3, column 8") != std::string::npos);
 }
 
+// Found by fuzz/profile: nlohmann throws out_of_range, not parse_error, for a number too large
+// for a double, and it escaped every reader (terminate).
+TEST_CASE("a number too large for a double is an input error with its place") {
+  Diagnostics diag;
+  const auto json = parse_json_text("{\n  \"a\": 1,\n  \"b\": 8.7e85463748062\n}", "x.json", diag);
+  CHECK_FALSE(json.has_value());
+  REQUIRE(diag.errors().size() == 1);
+  CHECK(diag.errors()[0].file == "x.json");
+  CHECK(diag.errors()[0].message.find("line 3, column 8") != std::string::npos);
+  CHECK(diag.errors()[0].message.find("number overflow") != std::string::npos);
+}
+
 TEST_CASE("a missing file is an input error, not a crash") {
   Diagnostics diag;
   CHECK_FALSE(read_json_file("/nonexistent/tessera.json", diag).has_value());
