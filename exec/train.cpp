@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -13,6 +14,7 @@
 
 #include "exec/process_group.hpp"
 #include "shared/check.hpp"
+#include "shared/failpoint.hpp"
 #include "shared/stage_split.hpp"
 #include "shared/trace_writer.hpp"
 
@@ -130,9 +132,14 @@ void save_checkpoint(Worker& worker, const Comm& world, const fs::path& out_dir,
   fs::create_directories(dir);
   const fs::path file = dir / ("rank" + std::to_string(world.rank) + ".pt");
   worker.save(file.string() + ".tmp");
+  // Reliability tests (docs/RELIABILITY.md) kill a worker at the two moments a checkpoint is
+  // incomplete on disk: its shard written but not in place, and every shard in place but the
+  // manifest not yet pointing at them.
+  if (failpoint("checkpoint-shard-rank" + std::to_string(world.rank), step)) ::raise(SIGKILL);
   fs::rename(file.string() + ".tmp", file);
   barrier(world);  // every shard is in place before the manifest points at them
   if (world.rank == 0) {
+    if (failpoint("checkpoint-manifest", step)) ::raise(SIGKILL);
     const auto previous = read_manifest(out_dir);
     write_atomically(out_dir / "checkpoint" / "manifest.json",
                      Json{{"step", step}, {"dir", name}, {"world", world.size()}}.dump(1) + "\n");
