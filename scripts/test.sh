@@ -2,8 +2,8 @@
 # Set-up if needed, configure, build on every core, run every test through ctest.
 # Exits non-zero on any failure. Usage: scripts/test.sh [--sanitize] [extra ctest arguments]
 #   --sanitize  shared/ and sim/ (not the LibTorch executor) built with AddressSanitizer and
-#               UndefinedBehaviorSanitizer in build-sanitize/, and their unit tests (ir, sim) run;
-#               any report fails the run
+#               UndefinedBehaviorSanitizer in build-sanitize/, and their tests run (ir, sim, the
+#               cli suite on the sanitized binary, the fuzz corpus replays); any report fails
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -18,9 +18,7 @@ if [[ ${1:-} == --sanitize ]]; then
   cmake --build "$build" --parallel "$jobs"
   export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}
   export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
-  # Not the cli suite: it compares command output byte for byte (ASan's warnings about SimGrid's
-  # context switches land in it) and times a kill (too slow under ASan); docs/RELIABILITY.md.
-  ctest --test-dir "$build" --output-on-failure --parallel "$jobs" -E '^cli$' "$@"
+  ctest --test-dir "$build" --output-on-failure --parallel "$jobs" "$@"
   exit
 fi
 build=${TESSERA_BUILD_DIR:-build}

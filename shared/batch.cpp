@@ -13,21 +13,24 @@ namespace {
 
 Sample draw_sample(const WorkloadSpec& w, Rng& rng) {
   Sample s;
-  s.text_tokens = sample_int(w.text_tokens, rng);
+  s.text_tokens = sample_int(w.text_tokens, rng, kMaxTextTokens);
   if (w.image) {
-    const int64_t n = sample_int(w.image->count, rng);
+    const int64_t n = sample_int(w.image->count, rng, kMaxMediaItems);
     for (int64_t i = 0; i < n; ++i)
-      s.images.push_back({sample_int(w.image->width, rng), sample_int(w.image->height, rng)});
+      s.images.push_back({sample_int(w.image->width, rng, kMaxMediaSide),
+                          sample_int(w.image->height, rng, kMaxMediaSide)});
   }
   if (w.audio) {
-    const int64_t n = sample_int(w.audio->count, rng);
-    for (int64_t i = 0; i < n; ++i) s.audio_seconds.push_back(sample(w.audio->seconds, rng));
+    const int64_t n = sample_int(w.audio->count, rng, kMaxMediaItems);
+    for (int64_t i = 0; i < n; ++i)
+      s.audio_seconds.push_back(sample(w.audio->seconds, rng, kMaxAudioSeconds));
   }
   if (w.video) {
-    const int64_t n = sample_int(w.video->count, rng);
+    const int64_t n = sample_int(w.video->count, rng, kMaxMediaItems);
     for (int64_t i = 0; i < n; ++i)
-      s.videos.push_back({sample_int(w.video->frames, rng), sample_int(w.video->width, rng),
-                          sample_int(w.video->height, rng)});
+      s.videos.push_back({sample_int(w.video->frames, rng, kMaxFrames),
+                          sample_int(w.video->width, rng, kMaxMediaSide),
+                          sample_int(w.video->height, rng, kMaxMediaSide)});
   }
   return s;
 }

@@ -25,7 +25,9 @@ double clamp_to(const Distribution& d, double x) {
 
 }  // namespace
 
-double sample(const Distribution& d, Rng& rng) {
+namespace {
+
+double draw(const Distribution& d, Rng& rng) {
   switch (d.kind) {
     case DistKind::kConstant:
       return d.value;
@@ -50,10 +52,17 @@ double sample(const Distribution& d, Rng& rng) {
   TESSERA_CHECK(false, "unhandled distribution kind");
 }
 
-int64_t sample_int(const Distribution& d, Rng& rng) {
-  if (d.kind == DistKind::kUniform && std::floor(*d.min) == *d.min && std::floor(*d.max) == *d.max)
+}  // namespace
+
+double sample(const Distribution& d, Rng& rng, double limit) {
+  return std::min(draw(d, rng), limit);
+}
+
+int64_t sample_int(const Distribution& d, Rng& rng, double limit) {
+  if (d.kind == DistKind::kUniform && std::floor(*d.min) == *d.min && std::floor(*d.max) == *d.max &&
+      *d.max <= limit)
     return rng.uniform_int(static_cast<int64_t>(*d.min), static_cast<int64_t>(*d.max));
-  return static_cast<int64_t>(std::llround(sample(d, rng)));
+  return static_cast<int64_t>(std::llround(sample(d, rng, limit)));
 }
 
 double dist_lower_bound(const Distribution& d) {

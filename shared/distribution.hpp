@@ -38,9 +38,10 @@ struct Distribution {
   bool operator==(const Distribution&) const = default;
 };
 
-double sample(const Distribution& d, Rng& rng);
+// A draw, capped at `limit` (the quantity's largest value; workload_spec.hpp).
+double sample(const Distribution& d, Rng& rng, double limit);
 // Draw rounded to the nearest integer (token counts, item counts, pixels).
-int64_t sample_int(const Distribution& d, Rng& rng);
+int64_t sample_int(const Distribution& d, Rng& rng, double limit);
 // Smallest and largest value a draw can take (after clamping); used for validation.
 double dist_lower_bound(const Distribution& d);
 double dist_upper_bound(const Distribution& d);

@@ -1,19 +1,32 @@
 #include "shared/workload_spec.hpp"
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
 namespace tessera {
 
 namespace {
 
-void read_dist(ObjectReader& r, std::string_view key, Distribution& out, bool required) {
+std::string number_text(double x) {
+  std::ostringstream out;
+  out.precision(12);
+  out << x;
+  return out.str();
+}
+
+void read_dist(ObjectReader& r, std::string_view key, Distribution& out, bool required,
+               double limit) {
   const Json* v = r.find(key);
   if (v == nullptr) {
     if (required) r.missing(key);
     return;
   }
-  read_distribution(*v, r.file(), r.path_of(key), out, /*non_negative=*/true, r.diagnostics());
+  if (read_distribution(*v, r.file(), r.path_of(key), out, /*non_negative=*/true, r.diagnostics()))
+    if (const double top = dist_upper_bound(out); std::isfinite(top) && top > limit)
+      r.error(key, "draws up to " + number_text(top) + "; at most " + number_text(limit) +
+                       " is taken");
 }
 
 std::optional<MediaDistribution> read_media(ObjectReader& parent, std::string_view key,
@@ -23,13 +36,13 @@ std::optional<MediaDistribution> read_media(ObjectReader& parent, std::string_vi
   ObjectReader r(*v, parent.file(), parent.path_of(key), parent.diagnostics());
   if (!r.valid()) return std::nullopt;
   MediaDistribution m;
-  read_dist(r, "count", m.count, true);
+  read_dist(r, "count", m.count, true, kMaxMediaItems);
   if (modality == Modality::kImage || modality == Modality::kVideo) {
-    read_dist(r, "width", m.width, true);
-    read_dist(r, "height", m.height, true);
+    read_dist(r, "width", m.width, true, kMaxMediaSide);
+    read_dist(r, "height", m.height, true, kMaxMediaSide);
   }
-  if (modality == Modality::kVideo) read_dist(r, "frames", m.frames, true);
-  if (modality == Modality::kAudio) read_dist(r, "seconds", m.seconds, true);
+  if (modality == Modality::kVideo) read_dist(r, "frames", m.frames, true, kMaxFrames);
+  if (modality == Modality::kAudio) read_dist(r, "seconds", m.seconds, true, kMaxAudioSeconds);
   r.finish();
   for (const auto& [name, d] : {std::pair{"width", &m.width}, std::pair{"height", &m.height},
                                 std::pair{"frames", &m.frames}})
@@ -84,14 +97,17 @@ bool read_sample(const Json& json, const std::string& file, const std::string& p
   ObjectReader r(json, file, path, diag);
   if (!r.valid()) return false;
   Sample s;
-  if (r.required("text_tokens", s.text_tokens))
-    r.check_at_least<int64_t>("text_tokens", s.text_tokens, 0);
+  if (r.required("text_tokens", s.text_tokens) &&
+      r.check_at_least<int64_t>("text_tokens", s.text_tokens, 0) && s.text_tokens > kMaxTextTokens)
+    r.error("text_tokens", "at most " + number_text(kMaxTextTokens) + " tokens are taken");
   if (const Json* images = r.find("images")) {
     std::vector<std::vector<int64_t>> sizes;
     if (read_value(*images, file, r.path_of("images"), sizes, diag)) {
       for (std::size_t i = 0; i < sizes.size(); ++i) {
-        if (sizes[i].size() != 2 || sizes[i][0] < 1 || sizes[i][1] < 1) {
-          diag.error(file, index_path(r.path_of("images"), i), "expected [width, height] >= 1");
+        if (sizes[i].size() != 2 || sizes[i][0] < 1 || sizes[i][1] < 1 ||
+            sizes[i][0] > kMaxMediaSide || sizes[i][1] > kMaxMediaSide) {
+          diag.error(file, index_path(r.path_of("images"), i),
+                     "expected [width, height], each 1 to " + number_text(kMaxMediaSide));
           continue;
         }
         s.images.push_back({sizes[i][0], sizes[i][1]});
@@ -100,15 +116,18 @@ bool read_sample(const Json& json, const std::string& file, const std::string& p
   }
   if (r.optional("audio_seconds", s.audio_seconds))
     for (std::size_t i = 0; i < s.audio_seconds.size(); ++i)
-      if (s.audio_seconds[i] < 0)
-        diag.error(file, index_path(r.path_of("audio_seconds"), i), "must be >= 0");
+      if (s.audio_seconds[i] < 0 || s.audio_seconds[i] > kMaxAudioSeconds)
+        diag.error(file, index_path(r.path_of("audio_seconds"), i),
+                   "must be 0 to " + number_text(kMaxAudioSeconds));
   if (const Json* videos = r.find("videos")) {
     std::vector<std::vector<int64_t>> clips;
     if (read_value(*videos, file, r.path_of("videos"), clips, diag)) {
       for (std::size_t i = 0; i < clips.size(); ++i) {
-        if (clips[i].size() != 3 || clips[i][0] < 1 || clips[i][1] < 1 || clips[i][2] < 1) {
+        if (clips[i].size() != 3 || clips[i][0] < 1 || clips[i][1] < 1 || clips[i][2] < 1 ||
+            clips[i][0] > kMaxFrames || clips[i][1] > kMaxMediaSide || clips[i][2] > kMaxMediaSide) {
           diag.error(file, index_path(r.path_of("videos"), i),
-                     "expected [frames, width, height] >= 1");
+                     "expected [frames, width, height] >= 1 (at most " + number_text(kMaxFrames) +
+                         " frames of " + number_text(kMaxMediaSide) + " pixels a side)");
           continue;
         }
         s.videos.push_back({clips[i][0], clips[i][1], clips[i][2]});
@@ -143,7 +162,10 @@ WorkloadSpec read_workload(const Json& json, const std::string& file, const std:
   WorkloadSpec w;
   ObjectReader r(json, file, path, diag);
   if (!r.valid()) return w;
-  if (r.required("global_batch", w.global_batch)) r.check_positive("global_batch", w.global_batch);
+  if (r.required("global_batch", w.global_batch) && r.check_positive("global_batch", w.global_batch) &&
+      w.global_batch > kMaxGlobalBatch)
+    r.error("global_batch", std::to_string(w.global_batch) + " samples; at most " +
+                                std::to_string(kMaxGlobalBatch) + " are taken");
   if (r.required("max_seq_len", w.max_seq_len)) r.check_positive("max_seq_len", w.max_seq_len);
   r.optional("packing", w.packing);
   r.optional("seed", w.seed);
@@ -156,7 +178,7 @@ WorkloadSpec read_workload(const Json& json, const std::string& file, const std:
   if (has_samples) {
     ObjectReader s(*r.find("samples"), file, r.path_of("samples"), diag);
     if (s.valid()) {
-      read_dist(s, "text_tokens", w.text_tokens, true);
+      read_dist(s, "text_tokens", w.text_tokens, true, kMaxTextTokens);
       w.image = read_media(s, "image", Modality::kImage);
       w.audio = read_media(s, "audio", Modality::kAudio);
       w.video = read_media(s, "video", Modality::kVideo);

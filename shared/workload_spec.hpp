@@ -45,6 +45,17 @@ struct Sample {
   bool operator==(const Sample&) const = default;
 };
 
+// The largest value of each sample quantity Tessera takes, far above any real data set and far
+// below where token arithmetic (int64) or a sample's memory would overflow. A file's value or
+// explicit bound above its limit is refused; a distribution without an upper bound (normal,
+// lognormal without max) has its draws capped there.
+inline constexpr int64_t kMaxGlobalBatch = int64_t{1} << 24;
+inline constexpr double kMaxTextTokens = 1 << 24;
+inline constexpr double kMaxMediaItems = 4096;  // images, clips or recordings per sample
+inline constexpr double kMaxMediaSide = 1 << 16;  // pixels
+inline constexpr double kMaxFrames = 1 << 16;
+inline constexpr double kMaxAudioSeconds = 86400;
+
 struct WorkloadSpec {
   int64_t global_batch = 0;  // samples per iteration
   int64_t max_seq_len = 0;   // LLM sequence length cap (tokens)

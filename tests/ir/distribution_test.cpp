@@ -34,12 +34,26 @@ TEST_CASE("distributions: draws respect bounds, means match") {
   double sum = 0;
   const int n = 20000;
   for (int i = 0; i < n; ++i) {
-    const double x = sample(ln, rng);
+    const double x = sample(ln, rng, 1e9);
     CHECK((x >= 16 && x <= 8192));
-    sum += sample(ch, rng);
+    sum += sample(ch, rng, 1e9);
   }
   CHECK(std::fabs(sum / n - dist_mean(ch)) < 0.1);  // mean 2.25
   CHECK(dist_mean(ch) == doctest::Approx(2.25));
+}
+
+// Found by fuzz/scenario: a draw of 6.9e99 cast to int64 (undefined behaviour).
+TEST_CASE("draws are capped at the quantity's limit") {
+  Diagnostics diag;
+  const Distribution wide = parse(R"({"dist":"lognormal","median":1e30,"sigma":1})", diag);
+  const Distribution uniform = parse(R"({"dist":"uniform","min":1,"max":1e12})", diag);
+  REQUIRE(diag.ok());
+  Rng rng(3);
+  for (int i = 0; i < 100; ++i) {
+    CHECK(sample_int(wide, rng, 4096) == 4096);
+    const int64_t u = sample_int(uniform, rng, 4096);
+    CHECK((u >= 1 && u <= 4096));
+  }
 }
 
 TEST_CASE("distribution errors") {

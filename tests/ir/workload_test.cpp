@@ -95,6 +95,26 @@ TEST_CASE("workload errors") {
   CHECK(text.find("required: samples (distributions) or manifest") != std::string::npos);
 }
 
+TEST_CASE("workload quantities past their limits are refused") {
+  Diagnostics diag;
+  parse(R"({"global_batch": 100000000, "max_seq_len": 8, "samples": {
+    "text_tokens": {"dist": "uniform", "min": 1, "max": 6.9e99},
+    "image": {"count": 5000, "width": 224, "height": {"dist": "choice", "values": [1, 70000]}}}})",
+        diag);
+  Sample s;
+  read_sample(Json::parse(R"({"text_tokens": 1e9, "images": [[224, 100000]]})"), "m.jsonl",
+              "line 1", s, diag);
+  const std::string text = diag.format();
+  INFO(text);
+  CHECK(text.find("workload.global_batch: 100000000 samples; at most 16777216") != std::string::npos);
+  CHECK(text.find("workload.samples.text_tokens: draws up to 6.9e+99; at most 16777216") !=
+        std::string::npos);
+  CHECK(text.find("workload.samples.image.count: draws up to 5000; at most 4096") != std::string::npos);
+  CHECK(text.find("workload.samples.image.height: draws up to 70000") != std::string::npos);
+  CHECK(text.find("line 1.text_tokens: at most") != std::string::npos);
+  CHECK(text.find("line 1.images[0]: expected [width, height], each 1 to 65536") != std::string::npos);
+}
+
 TEST_CASE("sample_tokens routes media through the model's encoders") {
   Diagnostics diag;
   ModelSpec model;
