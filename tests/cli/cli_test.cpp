@@ -485,6 +485,14 @@ TEST_CASE("bad inputs across every command: exit 2, the file or option and JSON 
       {"calibrate " + o + "no-run -o " + o + "profile2.json", "run.json: file not found", o + "profile2.json"},
       {"import-hf " + kBad + "malformed.json -o " + o + "model.json", "malformed.json: invalid JSON",
        o + "model.json"},
+      // Found by the fuzzers (fuzz/regressions): each crashed a command before its fix.
+      {"simulate " + tiny + " --profile " + kSource + "/fuzz/regressions/profile/number-overflow.json",
+       "number-overflow.json: invalid JSON at line 1, column 357: number overflow parsing", ""},
+      {"estimate " + kSource + "/fuzz/regressions/scenario/text-tokens-6.9e99.json",
+       "workload.samples.text_tokens: draws up to 6.88888888889e+99", ""},
+      {"estimate " + tiny + " --set workload.global_batch=100000000",
+       "workload.global_batch: 100000000 samples; at most 16777216 are taken", ""},
+      {"estimate " + tiny + " --set plan.layout.dp=100000000", "plan.layout: tp*cp*pp*dp is over", ""},
   };
   for (const Case& c : cases) {
     const Run r = run(c.args);
