@@ -26,7 +26,14 @@ class HfReader {
     if (v == nullptr) return fallback;
     if (v->is_array() && !v->empty()) v = &(*v)[0];
     int64_t out = fallback;
-    read_value(*v, file_, join_path(path_, key), out, *diag_);
+    if (!read_value(*v, file_, join_path(path_, key), out, *diag_)) return fallback;
+    // No config field comes near; derived sizes (a patch grid squared) would overflow int64.
+    constexpr int64_t kLimit = int64_t{1} << 31;
+    if (out > kLimit || out < -kLimit) {
+      diag_->error(file_, join_path(path_, key),
+                   std::to_string(out) + " is out of range (at most 2^31 in magnitude)");
+      return fallback;
+    }
     return out;
   }
   int64_t need(std::string_view key) const {

@@ -28,32 +28,50 @@ const EnumTable<ResizeMode> kResizeModes = {{"fixed", ResizeMode::kFixed},
                                             {"dynamic", ResizeMode::kDynamic},
                                             {"tiles", ResizeMode::kTiles}};
 
-// Reads an integer that must be > 0 when present.
-bool positive(ObjectReader& r, std::string_view key, int64_t& out, bool required) {
+// Limits of the architecture integers: several times today's largest models, and small enough
+// that parameter counts and FLOPs, products of them summed over up to kMaxModules modules, stay
+// inside int64 (docs/FORMATS.md).
+constexpr int64_t kMaxLayers = 1024, kMaxHeads = 4096, kMaxHidden = int64_t{1} << 17,
+                  kMaxFfn = int64_t{1} << 18, kMaxVocab = int64_t{1} << 22, kMaxExperts = 512,
+                  kMaxPositions = int64_t{1} << 24, kMaxPatch = 1024, kMaxSide = int64_t{1} << 16,
+                  kMaxPixels = int64_t{1} << 32, kMaxAudio = 4096;
+constexpr std::size_t kMaxModules = 64;
+
+bool at_most(ObjectReader& r, std::string_view key, int64_t value, int64_t limit) {
+  if (value <= limit) return true;
+  r.error(key, std::to_string(value) + " is over the limit of " + std::to_string(limit));
+  return false;
+}
+
+// Reads an integer that must be in 1..limit when present.
+bool positive(ObjectReader& r, std::string_view key, int64_t& out, bool required, int64_t limit) {
   const bool present = required ? r.required(key, out) : r.optional(key, out);
-  return present && r.check_positive(key, out);
+  return present && r.check_positive(key, out) && at_most(r, key, out, limit);
 }
 
 TransformerArch read_transformer(ObjectReader& r) {
   TransformerArch a;
-  positive(r, "layers", a.layers, true);
-  positive(r, "hidden", a.hidden, true);
-  positive(r, "heads", a.heads, true);
-  positive(r, "kv_heads", a.kv_heads, false);
-  positive(r, "head_dim", a.head_dim, false);
-  positive(r, "ffn", a.ffn, true);
+  positive(r, "layers", a.layers, true, kMaxLayers);
+  positive(r, "hidden", a.hidden, true, kMaxHidden);
+  positive(r, "heads", a.heads, true, kMaxHeads);
+  positive(r, "kv_heads", a.kv_heads, false, kMaxHeads);
+  positive(r, "head_dim", a.head_dim, false, kMaxHeads);
+  positive(r, "ffn", a.ffn, true, kMaxFfn);
   r.optional("gated_ffn", a.gated_ffn);
-  if (r.optional("vocab", a.vocab)) r.check_at_least<int64_t>("vocab", a.vocab, 0);
+  if (r.optional("vocab", a.vocab) && r.check_at_least<int64_t>("vocab", a.vocab, 0))
+    at_most(r, "vocab", a.vocab, kMaxVocab);
   r.optional("tied_embeddings", a.tied_embeddings);
   r.optional("linear_bias", a.linear_bias);
   r.optional("qkv_bias", a.qkv_bias);
   r.optional_enum("norm", a.norm, kNorms);
-  if (r.optional("experts", a.experts)) r.check_at_least<int64_t>("experts", a.experts, 0);
+  if (r.optional("experts", a.experts) && r.check_at_least<int64_t>("experts", a.experts, 0))
+    at_most(r, "experts", a.experts, kMaxExperts);
   if (r.optional("top_k", a.top_k)) r.check_at_least<int64_t>("top_k", a.top_k, 0);
-  positive(r, "moe_ffn", a.moe_ffn, false);
+  positive(r, "moe_ffn", a.moe_ffn, false, kMaxFfn);
   if (r.optional("cross_attention_layers", a.cross_attention_layers))
     r.check_at_least<int64_t>("cross_attention_layers", a.cross_attention_layers, 0);
-  if (r.optional("positions", a.positions)) r.check_at_least<int64_t>("positions", a.positions, 0);
+  if (r.optional("positions", a.positions) && r.check_at_least<int64_t>("positions", a.positions, 0))
+    at_most(r, "positions", a.positions, kMaxPositions);
 
   // Semantic checks that need several fields.
   if (a.kv_heads == 0) a.kv_heads = a.heads;
@@ -82,27 +100,27 @@ TransformerArch read_transformer(ObjectReader& r) {
 
 Patching read_patching(ObjectReader& r) {
   Patching p;
-  positive(r, "patch_size", p.patch_size, false);
-  positive(r, "in_channels", p.in_channels, false);
-  positive(r, "spatial_merge", p.spatial_merge, false);
-  positive(r, "temporal_patch", p.temporal_patch, false);
+  positive(r, "patch_size", p.patch_size, false, kMaxPatch);
+  positive(r, "in_channels", p.in_channels, false, kMaxPatch);
+  positive(r, "spatial_merge", p.spatial_merge, false, kMaxPatch);
+  positive(r, "temporal_patch", p.temporal_patch, false, kMaxPatch);
   r.optional("class_token", p.class_token);
   r.required_enum("resize", p.resize, kResizeModes);
   switch (p.resize) {
     case ResizeMode::kFixed:
       // Not necessarily a multiple of patch_size: the patch convolution floors (SigLIP 384/14).
-      if (positive(r, "image_size", p.image_size, true) && p.image_size < p.patch_size)
+      if (positive(r, "image_size", p.image_size, true, kMaxSide) && p.image_size < p.patch_size)
         r.error("image_size", "smaller than patch_size=" + std::to_string(p.patch_size));
       break;
     case ResizeMode::kDynamic:
-      positive(r, "min_pixels", p.min_pixels, true);
-      positive(r, "max_pixels", p.max_pixels, true);
+      positive(r, "min_pixels", p.min_pixels, true, kMaxPixels);
+      positive(r, "max_pixels", p.max_pixels, true, kMaxPixels);
       if (p.max_pixels < p.min_pixels) r.error("max_pixels", "must be >= min_pixels");
       break;
     case ResizeMode::kTiles:
-      if (positive(r, "tile_size", p.tile_size, true) && p.tile_size < p.patch_size)
+      if (positive(r, "tile_size", p.tile_size, true, kMaxSide) && p.tile_size < p.patch_size)
         r.error("tile_size", "smaller than patch_size=" + std::to_string(p.patch_size));
-      positive(r, "max_tiles", p.max_tiles, true);
+      positive(r, "max_tiles", p.max_tiles, true, kMaxHeads);
       r.optional("thumbnail", p.thumbnail);
       break;
   }
@@ -128,11 +146,13 @@ Patching read_patching(ObjectReader& r) {
 
 AudioFrontEnd read_audio(ObjectReader& r) {
   AudioFrontEnd a;
-  positive(r, "mel_bins", a.mel_bins, false);
-  positive(r, "frames_per_second", a.frames_per_second, false);
-  positive(r, "downsampling", a.downsampling, false);
-  positive(r, "pooling", a.pooling, false);
-  if (r.optional("max_seconds", a.max_seconds)) r.check_positive("max_seconds", a.max_seconds);
+  positive(r, "mel_bins", a.mel_bins, false, kMaxAudio);
+  positive(r, "frames_per_second", a.frames_per_second, false, kMaxAudio);
+  positive(r, "downsampling", a.downsampling, false, kMaxAudio);
+  positive(r, "pooling", a.pooling, false, kMaxAudio);
+  if (r.optional("max_seconds", a.max_seconds) && r.check_positive("max_seconds", a.max_seconds) &&
+      a.max_seconds > 86400)
+    r.error("max_seconds", "is over the limit of 86400");
   r.optional("pad_to_max", a.pad_to_max);
   r.finish();
   return a;
@@ -140,9 +160,9 @@ AudioFrontEnd read_audio(ObjectReader& r) {
 
 ProjectorArch read_projector(ObjectReader& r) {
   ProjectorArch p;
-  positive(r, "in", p.in, true);
-  positive(r, "hidden", p.hidden, false);
-  positive(r, "out", p.out, true);
+  positive(r, "in", p.in, true, kMaxHidden * 8);
+  positive(r, "hidden", p.hidden, false, kMaxHidden * 8);
+  positive(r, "out", p.out, true, kMaxHidden);
   if (r.optional("layers", p.layers) && (p.layers < 1 || p.layers > 2))
     r.error("layers", "must be 1 or 2, got " + std::to_string(p.layers));
   r.optional("bias", p.bias);
@@ -268,6 +288,9 @@ ModelSpec read_model(const Json& json, const std::string& file, const std::strin
   if (const Json* modules = r.find("modules")) {
     if (!modules->is_array() || modules->empty()) {
       r.error("modules", "expected a non-empty array of modules");
+    } else if (modules->size() > kMaxModules) {
+      r.error("modules", std::to_string(modules->size()) + " modules; at most " +
+                             std::to_string(kMaxModules) + " are taken");
     } else {
       for (std::size_t i = 0; i < modules->size(); ++i)
         model.modules.push_back(

@@ -166,7 +166,9 @@ WorkloadSpec read_workload(const Json& json, const std::string& file, const std:
       w.global_batch > kMaxGlobalBatch)
     r.error("global_batch", std::to_string(w.global_batch) + " samples; at most " +
                                 std::to_string(kMaxGlobalBatch) + " are taken");
-  if (r.required("max_seq_len", w.max_seq_len)) r.check_positive("max_seq_len", w.max_seq_len);
+  if (r.required("max_seq_len", w.max_seq_len) && r.check_positive("max_seq_len", w.max_seq_len) &&
+      w.max_seq_len > (int64_t{1} << 26))
+    r.error("max_seq_len", std::to_string(w.max_seq_len) + " tokens; at most 67108864 are taken");
   r.optional("packing", w.packing);
   r.optional("seed", w.seed);
   const bool has_manifest = r.optional("manifest", w.manifest);

@@ -122,4 +122,12 @@ TEST_CASE("import errors: unknown model_type lists what is supported; bad --free
   CHECK(d3.format().find(
             "c.json: vision_config.num_hidden_layers: expected an integer, got string") !=
         std::string::npos);
+
+  // Found by fuzz/hf_config: an image size of 3e17 overflowed int64 squaring its patch grid.
+  Diagnostics d4;
+  Json huge = *llava;
+  huge["vision_config"]["image_size"] = int64_t{300008000000000068};
+  CHECK_FALSE(import_hf_config(huge, "c.json", {}, d4).has_value());
+  CHECK(d4.format().find("c.json: vision_config.image_size: 300008000000000068 is out of range") !=
+        std::string::npos);
 }

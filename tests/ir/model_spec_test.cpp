@@ -61,3 +61,25 @@ TEST_CASE("role rules") {
   CHECK(e.find("modules[1].transformer.vocab: an llm needs vocab > 0") != std::string::npos);
   CHECK(e.find("modules[2].patching: only encoders have patching") != std::string::npos);
 }
+
+// Limits that keep parameter counts and FLOPs inside int64 (fuzz/hf_config found a patch grid
+// squared past it; the same products exist for model files).
+TEST_CASE("architecture integers past their limits are refused") {
+  const std::string text = errors_of(R"({"name": "t", "modules": [
+    {"name": "vision", "role": "encoder", "modality": "image",
+     "transformer": {"layers": 2, "hidden": 64, "heads": 4, "ffn": 256},
+     "patching": {"patch_size": 8, "resize": "fixed", "image_size": 300008000000000068}},
+    {"name": "llm", "role": "llm", "inputs": ["vision"],
+     "transformer": {"layers": 5000, "hidden": 9000000, "heads": 4, "ffn": 344, "vocab": 100000000,
+                     "experts": 100000, "top_k": 2}}]})");
+  INFO(text);
+  CHECK(text.find("modules[0].patching.image_size: 300008000000000068 is over the limit of 65536") !=
+        std::string::npos);
+  CHECK(text.find("modules[1].transformer.layers: 5000 is over the limit of 1024") != std::string::npos);
+  CHECK(text.find("modules[1].transformer.hidden: 9000000 is over the limit of 131072") !=
+        std::string::npos);
+  CHECK(text.find("modules[1].transformer.vocab: 100000000 is over the limit of 4194304") !=
+        std::string::npos);
+  CHECK(text.find("modules[1].transformer.experts: 100000 is over the limit of 512") !=
+        std::string::npos);
+}
