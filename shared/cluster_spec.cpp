@@ -1,6 +1,10 @@
 #include "shared/cluster_spec.hpp"
 
+#include <filesystem>
+
 namespace tessera {
+
+namespace fs = std::filesystem;
 
 const EnumTable<ClusterKind> kClusterKinds = {{"gpu", ClusterKind::kGpu},
                                               {"cpu-local", ClusterKind::kCpuLocal}};
@@ -21,9 +25,72 @@ LinkSpec read_link(ObjectReader& parent, std::string_view key, bool required) {
   if (r.required("bandwidth_bytes_per_s", link.bandwidth_bytes_per_s))
     r.check_positive("bandwidth_bytes_per_s", link.bandwidth_bytes_per_s);
   if (r.required("latency_s", link.latency_s)) r.check_at_least("latency_s", link.latency_s, 0.0);
-  r.has({"topology", "oversubscription"});  // read by the caller for inter_node
+  // read by the caller: topology, oversubscription, nics_per_node, efficiency (inter_node);
+  // bus_bandwidth (intra_node)
+  r.has({"topology", "oversubscription", "nics_per_node", "efficiency", "bus_bandwidth"});
   r.finish();
   return link;
+}
+
+DeviceSpec read_device(const Json& json, const std::string& file, const std::string& path,
+                       ClusterKind kind, Diagnostics& diag) {
+  DeviceSpec device;
+  ObjectReader dr(json, file, path, diag);
+  if (!dr.valid()) return device;
+  dr.required("name", device.name);
+  if (const Json* peaks = dr.find("peak_flops")) {
+    ObjectReader pr(*peaks, file, dr.path_of("peak_flops"), diag);
+    for (const auto& [name, dtype] : kDTypes) {
+      double value = 0;
+      if (pr.optional(name, value) && pr.check_positive(name, value))
+        device.peak_flops[dtype] = value;
+    }
+    pr.finish();
+    if (pr.valid() && device.peak_flops.empty())
+      dr.error("peak_flops", "give at least one of bf16, fp16, fp32, fp8");
+  } else if (kind == ClusterKind::kGpu) {
+    dr.missing("peak_flops");
+  }
+  if (dr.required("memory_bytes", device.memory_bytes))
+    dr.check_positive("memory_bytes", device.memory_bytes);
+  if (dr.required("memory_bandwidth_bytes_per_s", device.memory_bandwidth_bytes_per_s))
+    dr.check_positive("memory_bandwidth_bytes_per_s", device.memory_bandwidth_bytes_per_s);
+  if (const Json* k = dr.find("kernels")) {
+    if (kind == ClusterKind::kCpuLocal)
+      dr.error("kernels", "only used with kind gpu");
+    else
+      device.kernels = read_device_kernels(*k, file, dr.path_of("kernels"), diag);
+  }
+  dr.optional("description", device.description);
+  dr.finish();
+  return device;
+}
+
+// A bus-bandwidth curve: [[bytes, bytes_per_s], ...] with sizes increasing.
+BusBandwidthCurve read_curve(ObjectReader& r, std::string_view key) {
+  BusBandwidthCurve curve;
+  std::vector<std::vector<double>> points;
+  if (!r.optional(key, points)) return curve;
+  for (std::size_t i = 0; i < points.size(); ++i) {
+    const std::string at = "[" + std::to_string(i) + "]";
+    if (points[i].size() != 2 || !(points[i][0] > 0) || !(points[i][1] > 0)) {
+      r.error(key, at + ": expected [bytes > 0, bytes_per_s > 0]");
+      return {};
+    }
+    if (i > 0 && !(points[i][0] > points[i - 1][0])) {
+      r.error(key, at + ": sizes must increase");
+      return {};
+    }
+    curve.emplace_back(points[i][0], points[i][1]);
+  }
+  if (curve.empty()) r.error(key, "give at least one point");
+  return curve;
+}
+
+Json to_json(const BusBandwidthCurve& curve) {
+  Json j = Json::array();
+  for (const auto& [bytes, bandwidth] : curve) j.push_back(Json::array({bytes, bandwidth}));
+  return j;
 }
 
 Json to_json(const LinkSpec& link) {
@@ -34,6 +101,41 @@ Json to_json(const LinkSpec& link) {
 
 ClusterSpec read_cluster(const Json& json, const std::string& file, const std::string& path,
                          Diagnostics& diag) {
+  if (json.is_object() && json.contains("base")) {
+    // A cluster derived from another file: that file's JSON with these keys merged over it
+    // (RFC 7386 merge patch), e.g. {"base": "a100-selene-8.json", "nodes": 32}.
+    const Json& base = json["base"];
+    if (!base.is_string()) {
+      diag.error(file, join_path(path, "base"), "expected a file name, got " + json_type_name(base));
+      return {};
+    }
+    const std::string ref = base.get<std::string>();
+    const fs::path p(ref);
+    const fs::path target =
+        p.is_absolute() ? p : (fs::path(file).parent_path() / p).lexically_normal();
+    std::error_code ec;
+    if (!fs::is_regular_file(target, ec)) {
+      diag.error(file, join_path(path, "base"),
+                 "file not found: '" + ref + "' (looked for " + target.string() + ")");
+      return {};
+    }
+    std::optional<Json> merged = read_json_file(target.string(), diag);
+    if (!merged) return {};
+    if (merged->is_object() && merged->contains("base")) {
+      diag.error(target.string(), "base", "a base cluster cannot have a base of its own");
+      return {};
+    }
+    // The base's device file stays relative to the base.
+    if (merged->is_object() && merged->contains("device") && (*merged)["device"].is_string()) {
+      const fs::path d((*merged)["device"].get<std::string>());
+      if (!d.is_absolute())
+        (*merged)["device"] = fs::absolute(target.parent_path() / d).lexically_normal().string();
+    }
+    Json patch = json;
+    patch.erase("base");
+    merged->merge_patch(patch);
+    return read_cluster(*merged, file, path, diag);
+  }
   ClusterSpec c;
   ObjectReader r(json, file, path, diag);
   if (!r.valid()) return c;
@@ -56,31 +158,41 @@ ClusterSpec read_cluster(const Json& json, const std::string& file, const std::s
   }
 
   if (const Json* d = r.find("device")) {
-    ObjectReader dr(*d, file, r.path_of("device"), diag);
-    dr.required("name", c.device.name);
-    if (const Json* peaks = dr.find("peak_flops")) {
-      ObjectReader pr(*peaks, file, dr.path_of("peak_flops"), diag);
-      for (const auto& [name, dtype] : kDTypes) {
-        double value = 0;
-        if (pr.optional(name, value) && pr.check_positive(name, value))
-          c.device.peak_flops[dtype] = value;
-      }
-      pr.finish();
-      if (pr.valid() && c.device.peak_flops.empty())
-        dr.error("peak_flops", "give at least one of bf16, fp16, fp32, fp8");
-    } else if (c.kind == ClusterKind::kGpu) {
-      dr.missing("peak_flops");
+    if (d->is_string()) {
+      // A device file, relative to the file that names it.
+      const std::string ref = d->get<std::string>();
+      const fs::path p(ref);
+      const std::string target =
+          p.is_absolute() ? ref : (fs::path(file).parent_path() / p).lexically_normal().string();
+      std::error_code ec;
+      if (!fs::is_regular_file(target, ec))
+        r.error("device", "file not found: '" + ref + "' (looked for " + target + ")");
+      else if (const auto device_json = read_json_file(target, diag))
+        c.device = read_device(*device_json, target, "", c.kind, diag);
+    } else {
+      c.device = read_device(*d, file, r.path_of("device"), c.kind, diag);
     }
-    if (dr.required("memory_bytes", c.device.memory_bytes))
-      dr.check_positive("memory_bytes", c.device.memory_bytes);
-    if (dr.required("memory_bandwidth_bytes_per_s", c.device.memory_bandwidth_bytes_per_s))
-      dr.check_positive("memory_bandwidth_bytes_per_s", c.device.memory_bandwidth_bytes_per_s);
-    dr.finish();
   } else {
     r.missing("device");
   }
 
   c.intra_node = read_link(r, "intra_node", true);
+  if (const Json* node = r.find("intra_node"); node != nullptr && node->contains("bus_bandwidth")) {
+    ObjectReader nr(*node, file, r.path_of("intra_node"), diag);
+    nr.has({"bandwidth_bytes_per_s", "latency_s"});
+    if (c.kind == ClusterKind::kCpuLocal) {
+      nr.error("bus_bandwidth", "only used with kind gpu");
+    } else if (const Json* bus = nr.find("bus_bandwidth")) {
+      ObjectReader br(*bus, file, nr.path_of("bus_bandwidth"), diag);
+      c.intra_node_collectives.all_reduce = read_curve(br, "allreduce");
+      c.intra_node_collectives.all_gather = read_curve(br, "allgather");
+      c.intra_node_collectives.reduce_scatter = read_curve(br, "reducescatter");
+      if (br.valid() && c.intra_node_collectives.all_reduce.empty() && !br.has("allreduce"))
+        br.missing("allreduce");
+      br.finish();
+    }
+    nr.finish();
+  }
   if (c.kind == ClusterKind::kGpu) {
     const bool multi_node = c.nodes > 1;
     c.inter_node.link = read_link(r, "inter_node", multi_node);
@@ -89,6 +201,11 @@ ClusterSpec read_cluster(const Json& json, const std::string& file, const std::s
       nr.optional_enum("topology", c.inter_node.topology, kTopologies);
       if (nr.optional("oversubscription", c.inter_node.oversubscription))
         nr.check_at_least("oversubscription", c.inter_node.oversubscription, 1.0);
+      if (nr.optional("nics_per_node", c.inter_node.nics_per_node))
+        nr.check_positive("nics_per_node", c.inter_node.nics_per_node);
+      if (nr.optional("efficiency", c.inter_node.efficiency) &&
+          !(c.inter_node.efficiency > 0 && c.inter_node.efficiency <= 1))
+        nr.error("efficiency", "must be in (0, 1], got " + std::to_string(c.inter_node.efficiency));
     }
   }
   r.optional("description", c.description);
@@ -115,12 +232,25 @@ Json to_json(const ClusterSpec& c) {
   device["peak_flops"] = peaks;
   device["memory_bytes"] = c.device.memory_bytes;
   device["memory_bandwidth_bytes_per_s"] = c.device.memory_bandwidth_bytes_per_s;
+  if (!c.device.description.empty()) device["description"] = c.device.description;
+  if (c.device.kernels) device["kernels"] = to_json(*c.device.kernels);
   j["device"] = device;
   j["intra_node"] = to_json(c.intra_node);
+  if (!c.intra_node_collectives.empty()) {
+    Json bus;
+    bus["allreduce"] = to_json(c.intra_node_collectives.all_reduce);
+    if (!c.intra_node_collectives.all_gather.empty())
+      bus["allgather"] = to_json(c.intra_node_collectives.all_gather);
+    if (!c.intra_node_collectives.reduce_scatter.empty())
+      bus["reducescatter"] = to_json(c.intra_node_collectives.reduce_scatter);
+    j["intra_node"]["bus_bandwidth"] = bus;
+  }
   if (c.kind == ClusterKind::kGpu && c.inter_node.link.bandwidth_bytes_per_s > 0) {
     Json net = to_json(c.inter_node.link);
     net["topology"] = enum_name(c.inter_node.topology, kTopologies);
     net["oversubscription"] = c.inter_node.oversubscription;
+    if (c.inter_node.nics_per_node > 0) net["nics_per_node"] = c.inter_node.nics_per_node;
+    if (c.inter_node.efficiency > 0) net["efficiency"] = c.inter_node.efficiency;
     j["inter_node"] = net;
   }
   return j;

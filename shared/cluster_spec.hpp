@@ -4,8 +4,12 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
+#include "shared/device_kernels.hpp"
 #include "shared/json_reader.hpp"
 #include "shared/model_spec.hpp"
 
@@ -20,10 +24,26 @@ enum class Topology { kFatTree, kSingleSwitch };
 
 struct DeviceSpec {
   std::string name;
+  std::string description;  // free text: where the numbers come from
   std::map<DType, double> peak_flops;  // dense peak FLOP/s per precision
   int64_t memory_bytes = 0;
   double memory_bandwidth_bytes_per_s = 0;
+  // Kernel data (device_kernels.hpp): with it, compute is priced kernel by kernel; without it,
+  // by FLOPs at a fixed fraction of peak (cost_model.hpp).
+  std::optional<DeviceKernels> kernels;
   bool operator==(const DeviceSpec&) const = default;
+};
+
+// nccl-tests bus bandwidth by message size ("size" as nccl-tests counts it, bytes/s): points in
+// increasing size, read between them linearly in log(size); below the first point a collective
+// takes the first point's time (the latency floor), above the last it keeps the last bandwidth.
+using BusBandwidthCurve = std::vector<std::pair<double, double>>;
+// Bus bandwidth measured on one full node, per collective; a kind without its own curve uses the
+// all-reduce's. Empty: the α–β link model.
+struct NodeCollectives {
+  BusBandwidthCurve all_reduce, all_gather, reduce_scatter;
+  bool empty() const { return all_reduce.empty(); }
+  bool operator==(const NodeCollectives&) const = default;
 };
 
 struct LinkSpec {
@@ -36,6 +56,11 @@ struct NetworkSpec {
   LinkSpec link;  // per-device NIC
   Topology topology = Topology::kFatTree;
   double oversubscription = 1.0;  // >= 1: uplink bandwidth = downlink / oversubscription
+  // NICs per node (default: one per device). A ring that crosses nodes with k members per node
+  // runs over min(k, nics_per_node) NICs at once (rail-aligned, as NCCL does).
+  int64_t nics_per_node = 0;
+  // Fraction of a NIC's line rate that NCCL moves; 0: the cost model's bandwidth_efficiency.
+  double efficiency = 0;
   bool operator==(const NetworkSpec&) const = default;
 };
 
@@ -47,6 +72,7 @@ struct ClusterSpec {
   int64_t devices_per_node = 1;
   DeviceSpec device;
   LinkSpec intra_node;     // NVLink-class (gpu) or shared memory (cpu-local)
+  NodeCollectives intra_node_collectives;  // intra_node.bus_bandwidth
   NetworkSpec inter_node;  // unused when nodes == 1
   // cpu-local only: the cores all ranks share, and one core's FLOP/s.
   int64_t cores = 0;

@@ -4,6 +4,8 @@
 #include <cstdlib>
 
 #include "shared/check.hpp"
+#include "shared/collective_cost.hpp"
+#include "shared/kernel_cost.hpp"
 
 namespace tessera {
 
@@ -61,6 +63,7 @@ double bus_factor(CollectiveKind kind, int64_t n) {
 CostModel::CostModel(const ClusterSpec& cluster, DType dtype, CostParams params,
                      const ModelSpec& model)
     : cluster_(cluster), dtype_(dtype), params_(std::move(params)) {
+  if (cluster_.device.kernels) modules_ = model.modules;
   for (const ModuleSpec& m : model.modules) {
     roles_.push_back(m.role);
     sizes_.push_back(size_class(m));
@@ -184,6 +187,9 @@ double CostModel::collective_s(CollectiveKind kind, const RankList& group, doubl
   if (const LinkFit* f = collective_fit(kind, n, local))
     return latency_steps(kind, n) * f->latency_s +
            bus_factor(kind, n) * bytes / f->bandwidth_bytes_per_s;
+  if (!cluster_.intra_node_collectives.empty())
+    return nccl_collective_s(cluster_, kind, n, group_span(cluster_, group), bytes,
+                             nic_efficiency());
   const LinkSpec& link = local ? cluster_.intra_node : cluster_.inter_node.link;
   double bandwidth = link.bandwidth_bytes_per_s * params_.bandwidth_efficiency;
   if (!local) bandwidth /= std::max(1.0, cluster_.inter_node.oversubscription);
@@ -194,9 +200,15 @@ double CostModel::p2p_s(int64_t from, int64_t to, double bytes) const {
   const bool local = same_node({from, to});
   if (const LinkFit* f = p2p_fit(local)) return f->latency_s + bytes / f->bandwidth_bytes_per_s;
   const LinkSpec& link = local ? cluster_.intra_node : cluster_.inter_node.link;
-  double bandwidth = link.bandwidth_bytes_per_s * params_.bandwidth_efficiency;
+  double bandwidth =
+      link.bandwidth_bytes_per_s * (local ? params_.bandwidth_efficiency : nic_efficiency());
   if (!local) bandwidth /= std::max(1.0, cluster_.inter_node.oversubscription);
   return link.latency_s + bytes / bandwidth;
+}
+
+double CostModel::nic_efficiency() const {
+  return cluster_.inter_node.efficiency > 0 ? cluster_.inter_node.efficiency
+                                            : params_.bandwidth_efficiency;
 }
 
 double CostModel::efficiency(const Op& op) const {
@@ -228,6 +240,7 @@ double CostModel::dedicated_compute_s(const Op& op) const {
   if (op.kind == OpKind::kOptimizerStep) {
     if (const auto& f = params_.optimizer_fit)
       return f->overhead_s + op.bytes / f->bandwidth_bytes_per_s;
+    if (cluster_.device.kernels) return kernel_optimizer_s(cluster_.device, op.bytes, params_.kernel_tuning);
     return params_.overhead_per_op_s + op.bytes / cluster_.device.memory_bandwidth_bytes_per_s;
   }
   TESSERA_CHECK(op.kind == OpKind::kCompute);
@@ -238,6 +251,11 @@ double CostModel::dedicated_compute_s(const Op& op) const {
            static_cast<double>(op.tokens * op.layers) * f->seconds_per_token_layer +
            op.logits * f->seconds_per_logit + nested_calls(op) * f->seconds_per_nested_call;
   }
+  if (cluster_.device.kernels && op.module >= 0 &&
+      static_cast<std::size_t>(op.module) < modules_.size())
+    return kernel_compute_s(modules_[static_cast<std::size_t>(op.module)], op, cluster_.device,
+                            peak_flops(cluster_, dtype_),
+                            static_cast<double>(dtype_bytes(dtype_)), params_.kernel_tuning);
   double seconds =
       fixed_compute_s(op) + static_cast<double>(op.layers) * params_.overhead_per_layer_s;
   if (op.flops > 0) seconds += op.flops / (peak_flops(cluster_, dtype_) * efficiency(op));
@@ -247,6 +265,7 @@ double CostModel::dedicated_compute_s(const Op& op) const {
 double CostModel::fixed_compute_s(const Op& op) const {
   if (const ComputeFit* f = compute_fit(op))
     return op.phase == Phase::kW && f->phase == Phase::kB ? 0 : f->overhead_s;
+  if (cluster_.device.kernels) return 0;  // launches are part of each kernel's price
   return params_.overhead_per_op_s;
 }
 

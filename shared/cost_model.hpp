@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "shared/cluster_spec.hpp"
+#include "shared/kernel_cost.hpp"
 #include "shared/program.hpp"
 
 namespace tessera {
@@ -90,6 +91,11 @@ struct CostParams {
   double overhead_per_op_s = 10e-6;
   // Scale of the link bandwidths taken from the cluster (NCCL reaches ~80-90% of the wire).
   double bandwidth_efficiency = 0.85;
+  // Kernel-level pricing (devices with kernel data). The two global parameters fitted on the
+  // published suite (docs/FIDELITY.md; `tessera fidelity --fit`): the fraction of a device's
+  // microbenchmark GEMM and attention rates that kernels sustain inside a training step, and
+  // the fixed GPU time of each kernel launched.
+  KernelTuning kernel_tuning;
 
   // Fitted by `tessera calibrate` (profile.hpp); each overrides the analytic defaults above for
   // its class. Ops of classes with no fit keep the defaults.
@@ -103,6 +109,9 @@ struct CostParams {
 
 // Analytic defaults for a cluster kind: GPUs sustain 60% of dense peak in large matmuls
 // (Megatron's GPT runs: 52% MFU end to end), CPUs 50% with larger per-layer overheads.
+// A GPU whose device file has kernel data is priced kernel by kernel instead (kernel_cost.hpp),
+// and a node with measured bus-bandwidth curves prices collectives as NCCL (collective_cost.hpp);
+// calibration fits still take precedence for their classes.
 CostParams default_cost_params(const ClusterSpec& cluster);
 
 class CostModel {
@@ -146,9 +155,11 @@ class CostModel {
 
  private:
   double efficiency(const Op& op) const;
+  double nic_efficiency() const;
   ClusterSpec cluster_;
   DType dtype_;
   CostParams params_;
+  std::vector<ModuleSpec> modules_;  // for the kernel-level pricing (cluster.device.kernels)
   std::vector<ModuleRole> roles_;
   std::vector<SizeClass> sizes_;
 };

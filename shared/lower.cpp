@@ -504,6 +504,11 @@ Op Lowering::compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t
   op.microbatch = mb;
   op.layers = static_cast<int32_t>(layers);
   op.tokens = static_cast<int64_t>(tokens_local);
+  op.tp = static_cast<int16_t>(l.tp);
+  if (plan_.sequence_parallel && l.tp > 1) op.flags |= kOpSequenceParallel;
+  if (!plan_.flash_attention) op.flags |= kOpUnfusedAttention;
+  if (plan_.recompute == Recompute::kSelective && phase == Phase::kB)
+    op.flags |= kOpAttentionRecompute;
 
   double linear = 0, attention = 0, weights = 0;  // FLOPs of one forward on this rank
   if (spec.transformer) {
@@ -514,13 +519,16 @@ Op Lowering::compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t
     attention = static_cast<double>(layers) * 4.0 * static_cast<double>(a.heads * a.head_dim) *
                 pairs_local / tp_shard;
     weights = static_cast<double>(layers * layer_parameters(a)) / static_cast<double>(l.tp);
+    if (layers > 0) op.attention_pairs = pairs_local;
     if (last_chunk && a.vocab > 0) {
+      op.flags |= kOpHead;
       if (phase != Phase::kW)
         op.logits = tokens_local * static_cast<double>(a.vocab) / tp_shard;
       linear +=
           2.0 * static_cast<double>(a.hidden * a.vocab) * tokens_local / tp_shard;
       weights += static_cast<double>(a.hidden * a.vocab) / static_cast<double>(l.tp);
     }
+    if (first_chunk && (a.vocab > 0 || spec.patching || spec.audio)) op.flags |= kOpFrontEnd;
     if (first_chunk && (spec.patching || spec.audio)) {
       // Patch / conv front end, counted per encoder token.
       ModuleSpec front = spec;
@@ -606,6 +614,7 @@ Op Lowering::compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t
       ActivationOptions o;
       o.tp = l.tp;
       o.sequence_parallel = plan_.sequence_parallel;
+      o.flash_attention = plan_.flash_attention || plan_.recompute == Recompute::kSelective;
       o.bytes_per_value = dtype_bytes(model_.dtype);
       const double seq = work.samples > 0
                              ? static_cast<double>(work.tokens) / static_cast<double>(work.samples)

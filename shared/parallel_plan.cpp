@@ -132,6 +132,7 @@ ParallelPlan read_plan(const Json& json, const std::string& file, const std::str
     read_enum(*v, file, r.path_of(r.found_name()), p.recompute, kRecomputes, diag);
   r.optional("sequence_parallel", p.sequence_parallel);
   r.optional({"distributed_optimizer", "use_distributed_optimizer"}, p.distributed_optimizer);
+  r.optional({"flash_attention", "use_flash_attn"}, p.flash_attention);
   r.finish();
   return p;
 }
@@ -162,6 +163,7 @@ Json to_json(const ParallelPlan& p) {
   j["recompute"] = enum_name(p.recompute, kRecomputes);
   j["sequence_parallel"] = p.sequence_parallel;
   j["distributed_optimizer"] = p.distributed_optimizer;
+  if (!p.flash_attention) j["flash_attention"] = false;
   return j;
 }
 

@@ -67,6 +67,9 @@ struct ParallelPlan {
   Recompute recompute = Recompute::kNone;
   bool sequence_parallel = false;
   bool distributed_optimizer = false;
+  // Attention through a fused (flash) kernel; false: unfused, the score matrix written to memory
+  // and kept for the backward (Megatron before FlashAttention).
+  bool flash_attention = true;
 
   bool operator==(const ParallelPlan&) const = default;
 };

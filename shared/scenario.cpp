@@ -90,6 +90,17 @@ std::optional<Scenario> read_scenario(const Json& json, const std::string& file,
                                      return read_plan(j, f, p, d);
                                    });
   if (const Json* v = r.find("search")) s.search = read_search_space(*v, file, "search", diag);
+  if (const Json* v = r.find("published")) {
+    ObjectReader pr(*v, file, "published", diag);
+    Published p;
+    if (pr.required("step_s", p.step_s)) pr.check_positive("step_s", p.step_s);
+    pr.required("metric", p.metric);
+    pr.required("source", p.source);
+    pr.optional("series", p.series);
+    pr.optional("holdout", p.holdout);
+    pr.finish();
+    s.published = p;
+  }
   r.finish();
   if (s.name.empty()) s.name = fs::path(file).stem().string();
   // Cross-part rules only make sense when every part read cleanly.
@@ -153,6 +164,14 @@ Json to_json(const Scenario& s) {
   if (!s.freeze.empty()) j["freeze"] = s.freeze;
   if (s.plan) j["plan"] = s.plan_ref.empty() ? to_json(*s.plan) : Json(s.plan_ref);
   if (s.search) j["search"] = to_json(*s.search);
+  if (s.published) {
+    Json p{{"step_s", s.published->step_s},
+           {"metric", s.published->metric},
+           {"source", s.published->source}};
+    if (!s.published->series.empty()) p["series"] = s.published->series;
+    if (s.published->holdout) p["holdout"] = true;
+    j["published"] = p;
+  }
   return j;
 }
 

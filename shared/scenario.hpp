@@ -15,6 +15,18 @@
 
 namespace tessera {
 
+// A measurement of this exact run published by others: what `tessera fidelity` compares the
+// prediction with. `step_s` is the published step time, or the step time the published figure
+// implies (the conversion written in `metric`).
+struct Published {
+  double step_s = 0;
+  std::string metric;  // the published figure as stated, and how step_s follows from it
+  std::string source;  // paper + table, or page + section
+  std::string series;  // the scaling series the row belongs to (ranked within it)
+  bool holdout = false;  // kept aside as an independent check: never used to fit
+  bool operator==(const Published&) const = default;
+};
+
 struct Scenario {
   std::string file;  // where it was loaded from ("" when built in memory)
   std::string name;
@@ -28,6 +40,7 @@ struct Scenario {
   std::vector<std::string> freeze;
   std::optional<ParallelPlan> plan;
   std::optional<SearchSpace> search;
+  std::optional<Published> published;
   // For each part given as a path: that path as written ("" = inline). Kept for the round trip.
   std::string model_ref, workload_ref, cluster_ref, plan_ref;
 };

@@ -317,21 +317,37 @@ class Run {
   }
 
   // The ring flows of one collective over `group`, `count` calls back to back. Returns the
-  // extra latency steps to wait after the flows (beyond each flow's own route latency).
+  // extra time to wait after the flows (beyond each flow's own route latency). Alone on their
+  // links the flows and that wait take exactly the cost model's collective_s, whatever curve
+  // priced it: each flow carries the bandwidth part of that time at its ring's slowest link.
   double launch_ring(CollectiveKind kind, const RankList& group, double bytes, int32_t count,
                      std::vector<Flow>& flows) {
-    const double volume = count * bus_factor(kind, static_cast<int64_t>(group.size())) * bytes;
+    const ClusterSpec& cluster = cost_.cluster();
+    const bool local = cost_.same_node(group);
+    const double alpha = local ? cluster.intra_node.latency_s : cluster.inter_node.link.latency_s;
+    const double efficiency = cost_.params().bandwidth_efficiency;
+    const double nvlink = cluster.intra_node.bandwidth_bytes_per_s * efficiency;
+    const double slowest =
+        local ? nvlink : std::min(nvlink, cluster.inter_node.link.bandwidth_bytes_per_s * efficiency);
+    const double latency = latency_steps(kind, static_cast<int64_t>(group.size())) * alpha;
+    // α–β links: the bus volume itself (the flows meet the fabric's oversubscription on the
+    // uplinks); NCCL curves: the curve's time at the slowest link of the ring.
+    const bool curves = !cluster.intra_node_collectives.empty();
+    const double each = curves ? cost_.collective_s(kind, group, bytes) : 0;
+    const double bandwidth_part =
+        curves ? std::max(0.0, each - latency)
+               : bus_factor(kind, static_cast<int64_t>(group.size())) * bytes / slowest;
+    if (!curves) return launch(group, count * bandwidth_part * slowest, flows) + count * latency - alpha;
+    const double volume = count * bandwidth_part * slowest;
+    return launch(group, volume, flows) + count * (each - bandwidth_part) - alpha;
+  }
+  // One flow of `volume` bytes from each member to the next around the ring; returns 0.
+  double launch(const RankList& group, double volume, std::vector<Flow>& flows) {
     for (std::size_t i = 0; i < group.size(); ++i)
       flows.push_back({hosts_[static_cast<std::size_t>(group[i])],
                        hosts_[static_cast<std::size_t>(group[(i + 1) % group.size()])],
                        static_cast<uint64_t>(volume)});
-    const double alpha = cost_.same_node(group) ? cost_.cluster().intra_node.latency_s
-                                                : cost_.cluster().inter_node.link.latency_s;
-    const double steps =
-        kind == CollectiveKind::kAllReduce   ? 2.0 * static_cast<double>(group.size() - 1)
-        : kind == CollectiveKind::kBroadcast ? 1.0
-                                             : static_cast<double>(group.size() - 1);
-    return count * steps * alpha - alpha;
+    return 0;
   }
 
   // The class of `leader` reaches collective op `i` (nested index `n`, or -1 for a stream
