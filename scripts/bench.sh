@@ -164,7 +164,7 @@ if [[ $what == published || $what == all ]]; then
   echo "== published training runs: predicted (tessera estimate) vs published step time =="
   rows=$(mktemp)
   for f in scenarios/published/*.json; do
-    gpus=$(jq '[.cluster.nodes // 1] | .[0] * 8' "$f")
+    gpus=$(jq 'if (.cluster | type) == "object" then (.cluster.nodes // 1) * 8 else 8 end' "$f")
     [[ ${PUBLISHED_SKIP_LARGE:-0} == 1 && $gpus -gt 1024 ]] && continue
     published=$(jq -r '.published.step_s' "$f")
     series=$(jq -r '.published.series' "$f")
