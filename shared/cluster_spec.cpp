@@ -109,28 +109,19 @@ ClusterSpec read_cluster(const Json& json, const std::string& file, const std::s
       diag.error(file, join_path(path, "base"), "expected a file name, got " + json_type_name(base));
       return {};
     }
-    const std::string ref = base.get<std::string>();
-    const fs::path p(ref);
-    const fs::path target =
-        p.is_absolute() ? p : (fs::path(file).parent_path() / p).lexically_normal();
-    std::error_code ec;
-    if (!fs::is_regular_file(target, ec)) {
-      diag.error(file, join_path(path, "base"),
-                 "file not found: '" + ref + "' (looked for " + target.string() + ")");
-      return {};
-    }
-    std::optional<Json> merged = read_json_file(target.string(), diag);
+    std::string target;
+    std::optional<Json> merged = read_referenced_json(base.get<std::string>(), file,
+                                                      join_path(path, "base"), diag, &target);
     if (!merged) return {};
     if (merged->is_object() && merged->contains("base")) {
-      diag.error(target.string(), "base", "a base cluster cannot have a base of its own");
+      diag.error(target, "base", "a base cluster cannot have a base of its own");
       return {};
     }
     // The base's device file stays relative to the base.
-    if (merged->is_object() && merged->contains("device") && (*merged)["device"].is_string()) {
-      const fs::path d((*merged)["device"].get<std::string>());
-      if (!d.is_absolute())
-        (*merged)["device"] = fs::absolute(target.parent_path() / d).lexically_normal().string();
-    }
+    if (merged->is_object() && merged->contains("device") && (*merged)["device"].is_string())
+      (*merged)["device"] = fs::absolute(referenced_path((*merged)["device"].get<std::string>(), target))
+                                .lexically_normal()
+                                .string();
     Json patch = json;
     patch.erase("base");
     merged->merge_patch(patch);
@@ -160,14 +151,9 @@ ClusterSpec read_cluster(const Json& json, const std::string& file, const std::s
   if (const Json* d = r.find("device")) {
     if (d->is_string()) {
       // A device file, relative to the file that names it.
-      const std::string ref = d->get<std::string>();
-      const fs::path p(ref);
-      const std::string target =
-          p.is_absolute() ? ref : (fs::path(file).parent_path() / p).lexically_normal().string();
-      std::error_code ec;
-      if (!fs::is_regular_file(target, ec))
-        r.error("device", "file not found: '" + ref + "' (looked for " + target + ")");
-      else if (const auto device_json = read_json_file(target, diag))
+      std::string target;
+      if (const auto device_json =
+              read_referenced_json(d->get<std::string>(), file, r.path_of("device"), diag, &target))
         c.device = read_device(*device_json, target, "", c.kind, diag);
     } else {
       c.device = read_device(*d, file, r.path_of("device"), c.kind, diag);
@@ -178,8 +164,8 @@ ClusterSpec read_cluster(const Json& json, const std::string& file, const std::s
 
   c.intra_node = read_link(r, "intra_node", true);
   if (const Json* node = r.find("intra_node"); node != nullptr && node->contains("bus_bandwidth")) {
+    // read_link() reported intra_node's unknown keys already.
     ObjectReader nr(*node, file, r.path_of("intra_node"), diag);
-    nr.has({"bandwidth_bytes_per_s", "latency_s"});
     if (c.kind == ClusterKind::kCpuLocal) {
       nr.error("bus_bandwidth", "only used with kind gpu");
     } else if (const Json* bus = nr.find("bus_bandwidth")) {
@@ -191,7 +177,6 @@ ClusterSpec read_cluster(const Json& json, const std::string& file, const std::s
         br.missing("allreduce");
       br.finish();
     }
-    nr.finish();
   }
   if (c.kind == ClusterKind::kGpu) {
     const bool multi_node = c.nodes > 1;

@@ -64,6 +64,24 @@ std::optional<Json> parse_json_text(std::string_view text, const std::string& fi
   }
 }
 
+std::string referenced_path(const std::string& ref, const std::string& from_file) {
+  const std::filesystem::path p(ref);
+  return p.is_absolute() ? ref : (std::filesystem::path(from_file).parent_path() / p).string();
+}
+
+std::optional<Json> read_referenced_json(const std::string& ref, const std::string& from_file,
+                                         const std::string& path, Diagnostics& diag,
+                                         std::string* target) {
+  const std::string file = referenced_path(ref, from_file);
+  if (target != nullptr) *target = file;
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(file, ec)) {
+    diag.error(from_file, path, "file not found: '" + ref + "' (looked for " + file + ")");
+    return std::nullopt;
+  }
+  return read_json_file(file, diag);
+}
+
 std::optional<Json> read_json_file(const std::string& file, Diagnostics& diag) {
   std::error_code ec;
   if (!std::filesystem::exists(file, ec)) {

@@ -27,6 +27,13 @@ std::optional<Json> parse_json_text(std::string_view text, const std::string& fi
                                     Diagnostics& diag);
 // Reads and parses a file; a missing or unreadable file is recorded the same way.
 std::optional<Json> read_json_file(const std::string& file, Diagnostics& diag);
+// The file another file names by `ref`: relative to the folder of `from_file` unless absolute.
+std::string referenced_path(const std::string& ref, const std::string& from_file);
+// Reads the file `ref` names from `from_file`; a missing one is recorded at (from_file, path) as
+// "file not found: 'ref' (looked for ...)". `target` (optional) gets the path it read.
+std::optional<Json> read_referenced_json(const std::string& ref, const std::string& from_file,
+                                         const std::string& path, Diagnostics& diag,
+                                         std::string* target = nullptr);
 
 // Writes `text` to `file` atomically (temporary file in the same folder, then rename), so a
 // reader never sees half a file. Returns an error message, or "" on success.

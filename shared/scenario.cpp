@@ -24,15 +24,8 @@ std::optional<T> read_part(ObjectReader& r, std::string_view key, std::string& r
   }
   if (v->is_string()) {
     ref = v->get<std::string>();
-    const fs::path p(ref);
-    const std::string target =
-        p.is_absolute() ? ref : (fs::path(directory_of(r.file())) / p).string();
-    std::error_code ec;
-    if (!fs::is_regular_file(target, ec)) {
-      r.error(key, "file not found: '" + ref + "' (looked for " + target + ")");
-      return std::nullopt;
-    }
-    const auto json = read_json_file(target, r.diagnostics());
+    std::string target;
+    const auto json = read_referenced_json(ref, r.file(), r.path_of(key), r.diagnostics(), &target);
     if (!json) return std::nullopt;
     return read(*json, target, std::string{});
   }

@@ -332,22 +332,21 @@ class Run {
     const double latency = latency_steps(kind, static_cast<int64_t>(group.size())) * alpha;
     // α–β links: the bus volume itself (the flows meet the fabric's oversubscription on the
     // uplinks); NCCL curves: the curve's time at the slowest link of the ring.
-    const bool curves = !cluster.intra_node_collectives.empty();
-    const double each = curves ? cost_.collective_s(kind, group, bytes) : 0;
-    const double bandwidth_part =
-        curves ? std::max(0.0, each - latency)
-               : bus_factor(kind, static_cast<int64_t>(group.size())) * bytes / slowest;
-    if (!curves) return launch(group, count * bandwidth_part * slowest, flows) + count * latency - alpha;
-    const double volume = count * bandwidth_part * slowest;
-    return launch(group, volume, flows) + count * (each - bandwidth_part) - alpha;
+    double bandwidth_part = bus_factor(kind, static_cast<int64_t>(group.size())) * bytes / slowest;
+    double each = latency + bandwidth_part;
+    if (!cluster.intra_node_collectives.empty()) {
+      each = cost_.collective_s(kind, group, bytes);
+      bandwidth_part = std::max(0.0, each - latency);
+    }
+    launch(group, count * bandwidth_part * slowest, flows);
+    return count * (each - bandwidth_part) - alpha;
   }
-  // One flow of `volume` bytes from each member to the next around the ring; returns 0.
-  double launch(const RankList& group, double volume, std::vector<Flow>& flows) {
+  // One flow of `volume` bytes from each member to the next around the ring.
+  void launch(const RankList& group, double volume, std::vector<Flow>& flows) {
     for (std::size_t i = 0; i < group.size(); ++i)
       flows.push_back({hosts_[static_cast<std::size_t>(group[i])],
                        hosts_[static_cast<std::size_t>(group[(i + 1) % group.size()])],
                        static_cast<uint64_t>(volume)});
-    return 0;
   }
 
   // The class of `leader` reaches collective op `i` (nested index `n`, or -1 for a stream

@@ -1,0 +1,132 @@
+// The kernel-level GPU cost model: GEMM waves, NCCL curves and rails, device files, derived
+// clusters and the published block of scenarios.
+#include <doctest/doctest.h>
+
+#include <string>
+
+#include "shared/collective_cost.hpp"
+#include "shared/cost_model.hpp"
+#include "shared/kernel_cost.hpp"
+#include "shared/scenario.hpp"
+
+using namespace tessera;
+
+namespace {
+
+const std::string kSource = TESSERA_SOURCE_DIR;
+
+ClusterSpec load(const std::string& name) {
+  Diagnostics diag;
+  const auto c = load_cluster(kSource + "/scenarios/clusters/" + name, diag);
+  INFO(diag.format());
+  REQUIRE(c.has_value());
+  return *c;
+}
+
+}  // namespace
+
+TEST_CASE("gemm: a wave with one tile more than the SMs costs a second wave") {
+  const ClusterSpec c = load("dgx-h100-8.json");
+  REQUIRE(c.device.kernels.has_value());
+  const GemmKernels& g = c.device.kernels->gemm;
+  const double peak = peak_flops(c, DType::kBf16);
+  REQUIRE(g.sms == 132);
+  const double k = 8192;  // compute-bound: the memory roofline stays below
+  const double m = static_cast<double>(g.tile_m) * 12, n = static_cast<double>(g.tile_n) * 11;
+  // 12 x 11 = 132 tiles: one full wave.
+  const double full = gemm_s(c.device, peak, m, n, k, 2);
+  CHECK(full == doctest::Approx(2 * m * n * k / (peak * g.efficiency)));
+  // One column more: 12 x 12 tiles, a second wave.
+  CHECK(gemm_s(c.device, peak, m, n + 1, k, 2) == doctest::Approx(2 * full));
+  // A skinny GEMM is bound by its bytes.
+  const double skinny = gemm_s(c.device, peak, 1e6, 8, 8, 2);
+  CHECK(skinny == doctest::Approx(2 * (1e6 * 8 + 64 + 8e6) /
+                                  (c.device.memory_bandwidth_bytes_per_s *
+                                   c.device.kernels->memory_efficiency)));
+}
+
+TEST_CASE("nccl: the measured curve, its latency floor, rails across nodes") {
+  const ClusterSpec one = load("dgx-h100-8.json");
+  const BusBandwidthCurve& ar = one.intra_node_collectives.all_reduce;
+  REQUIRE(ar.size() >= 2);
+  CHECK(curve_bus_bandwidth(ar, ar[1].first) == doctest::Approx(ar[1].second));
+  CHECK(curve_bus_bandwidth(ar, 1e12) == doctest::Approx(ar.back().second));
+  // Half-way in log-size between two points, half-way in bandwidth.
+  const double mid = std::sqrt(ar[1].first * ar[2].first);
+  CHECK(curve_bus_bandwidth(ar, mid) == doctest::Approx((ar[1].second + ar[2].second) / 2));
+  // Below the first point a collective takes the first point's time.
+  const GroupSpan node{1, 8};
+  CHECK(nccl_collective_s(one, CollectiveKind::kAllReduce, 8, node, ar[0].first / 16, 0.96) ==
+        doctest::Approx(nccl_collective_s(one, CollectiveKind::kAllReduce, 8, node, ar[0].first,
+                                          0.96)));
+  // Across two nodes, eight members a node use eight NICs; one a node uses one.
+  const ClusterSpec two = load("dgx-h100-64.json");
+  const double bytes = 4e9;
+  const double wide = nccl_collective_s(two, CollectiveKind::kAllGather, 16, {2, 8}, bytes, 0.96);
+  const double narrow = nccl_collective_s(two, CollectiveKind::kAllGather, 2, {2, 1}, bytes, 0.96);
+  CHECK(narrow / (bytes / 2) == doctest::Approx(8 * wide / (bytes * 15 / 16)).epsilon(0.01));
+  // The group's span is read from its ranks.
+  const GroupSpan span = group_span(two, {0, 1, 8, 9, 10});
+  CHECK(span.nodes == 2);
+  CHECK(span.per_node == 3);
+}
+
+TEST_CASE("clusters: a device file, a base merged over, bad curves named") {
+  Diagnostics diag;
+  const auto s =
+      load_scenario(kSource + "/scenarios/published/bloom-176b-a100-384.json", diag);
+  INFO(diag.format());
+  REQUIRE(s.has_value());
+  CHECK(s->cluster.nodes == 48);
+  CHECK(s->cluster.inter_node.nics_per_node == 4);
+  CHECK(s->cluster.device.name == "A100-SXM4-80GB");
+  REQUIRE(s->cluster.device.kernels.has_value());
+  CHECK(s->cluster.device.kernels->gemm.sms == 108);
+  REQUIRE(s->published.has_value());
+  CHECK(s->published->step_s == doctest::Approx(104.70));
+  CHECK_FALSE(s->published->holdout);
+  // What the reader writes reads back the same.
+  Diagnostics again;
+  const ClusterSpec round = read_cluster(to_json(s->cluster), "", "", again);
+  CHECK(again.ok());
+  CHECK(round == s->cluster);
+
+  Json bad = to_json(load("dgx-h100-8.json"));
+  bad["intra_node"]["bus_bandwidth"]["allreduce"] = Json::parse("[[2048, 1e9], [1024, 2e9]]");
+  Diagnostics d;
+  read_cluster(bad, "c.json", "", d);
+  CHECK(d.format().find("c.json: intra_node.bus_bandwidth.allreduce: [1]: sizes must increase") !=
+        std::string::npos);
+  Json missing = Json::parse(R"({"base": "nowhere.json", "nodes": 2})");
+  Diagnostics m;
+  read_cluster(missing, "dir/c.json", "cluster", m);
+  CHECK(m.format().find("dir/c.json: cluster.base: file not found: 'nowhere.json'") !=
+        std::string::npos);
+}
+
+TEST_CASE("kernel cost: sequence parallelism and flash attention make a layer cheaper") {
+  Diagnostics diag;
+  const auto s = load_scenario(kSource + "/scenarios/published/korthikanti-22b-full.json", diag);
+  REQUIRE(s.has_value());
+  const ModuleSpec& llm = s->model.modules[0];
+  const double peak = peak_flops(s->cluster, DType::kBf16);
+  Op op;
+  op.module = 0;
+  op.phase = Phase::kF;
+  op.layers = 1;
+  op.tokens = 8192;
+  op.tp = 8;
+  op.attention_pairs = 4 * 2048.0 * 2049 / 2;
+  op.flops = 1e12;
+  const KernelTuning tuning;
+  const double plain = kernel_compute_s(llm, op, s->cluster.device, peak, 2, tuning);
+  Op sp = op;
+  sp.flags = kOpSequenceParallel;
+  CHECK(kernel_compute_s(llm, sp, s->cluster.device, peak, 2, tuning) < plain);
+  Op unfused = op;
+  unfused.flags = kOpUnfusedAttention;
+  CHECK(kernel_compute_s(llm, unfused, s->cluster.device, peak, 2, tuning) > plain);
+  KernelTuning slower = tuning;
+  slower.efficiency = 0.5;
+  CHECK(kernel_compute_s(llm, op, s->cluster.device, peak, 2, slower) > 1.5 * plain);
+}
