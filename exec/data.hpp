@@ -4,7 +4,7 @@
 // of coloured shapes with an 8-token caption, which a model can learn.
 // Layout of a micro-batch in the LLM: its samples packed back to back into one sequence, each
 // with its media tokens first, then its text, truncated at max_seq_len (as module_work counts);
-// the attention mask is the multimodal one of ../shared/ALGORITHMS.md §2 within each sample.
+// the attention mask is the multimodal one of docs/ALGORITHMS.md §2 within each sample.
 #pragma once
 
 #include <cstdint>

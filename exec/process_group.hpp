@@ -1,5 +1,5 @@
 // Rendezvous and process groups: a c10d TCPStore at the master address and a Gloo (CPU) process
-// group over it. NCCL groups for CUDA devices join here with the GPU build (issue 11).
+// group over it. NCCL groups for CUDA devices join here with the GPU build.
 #pragma once
 
 #include <chrono>

@@ -1,9 +1,9 @@
 // The few places where Debian's LibTorch 1.13 (CPU, CI) and the torch 2.x of the GPU machine
-// (issue 11) differ, in one header instead of #ifs through the executor.
+// differ, in one header instead of #ifs through the executor.
 // - torch 2 split a process group into a ProcessGroup front and per-device Backends;
 //   ProcessGroupGloo (and ProcessGroupNCCL) became Backends, which carry the collectives we call.
 // - torch 2 has a fused scaled_dot_product_attention; 1.13 computes attention step by step.
-// The torch 2 branches are prepared, not yet compiled: no torch 2 is installed here (issue 11).
+// The torch 2 branches are prepared, not yet compiled: no torch 2 is installed here.
 #pragma once
 
 #include <cmath>

@@ -8,23 +8,23 @@
 #   cli    tessera validate/show on the scenario library
 #   exec   tessera-train on scenarios/cpu-tiny.json: single-rank step against a plain LibTorch
 #          loop of the same model and batch, tracing on/off, and the parallel plans' step times
-#   reproduce-cornstarch  issue 9 simulated: the nine Cornstarch model pairs (scenarios/cornstarch/,
+#   reproduce-cornstarch  Cornstarch simulated: the nine Cornstarch model pairs (scenarios/cornstarch/,
 #          16 H100 as 8 stages of TP 2, 24 micro-batches) planned freeze-unaware vs frozen-aware by
 #          `tessera stages`, and the CP table: one image-and-text sequence of 8k-128k tokens on
 #          TP 4 x CP 2-8, attention-work max/mean and simulated step for uniform/zigzag/makespan
-#   cornstarch-exec  issue 9 with the executor: frozen-aware vs uniform stage split
+#   cornstarch-exec  Cornstarch with the executor: frozen-aware vs uniform stage split
 #          (scenarios/cpu-tiny-big-vit.json, PP2; analytic, and priced with a profile calibrated
 #          on a run of that model; and PP4 on 4 ranks), stage counts per module on 4 ranks (`tessera stages`: the
 #          frozen-aware vs the freeze-unaware choice) and makespan vs zigzag CP (CP2 and TP2 x CP2,
 #          one packed micro-batch),
 #          20 steps, median of steps 2.., 3 repeats
-#   reproduce-variability  issue 10 simulated: the variable workload (0-8 images of 224-1344 px,
+#   reproduce-variability  Entrain and DIP simulated: the variable workload (0-8 images of 224-1344 px,
 #          64-4096 text tokens, some audio) on LLaVA-1.5-7B and a 14B model with InternViT-6B, 64
 #          and 256 H100 (scenarios/variability/), 100 drawn iterations per micro-batching policy:
 #          step time, throughput and per-micro-batch stage-time CV for arrival, sorted, entrain; DIP
 #          and DIP + Entrain on a homogeneous layout (the 14B scenarios: TP1 x PP4 beside its 1F1B),
 #          VARIABILITY_DIP_ITERATIONS (default 20) iterations, each re-planned
-#   variability-exec  issue 10 with the executor: scenarios/cpu-tiny-variable.json (0-4 images,
+#   variability-exec  Entrain and DIP with the executor: scenarios/cpu-tiny-variable.json (0-4 images,
 #          8-100 text tokens per sample) on PP4, 4 ranks, arrival vs sorted vs entrain vs dip vs
 #          dip + entrain: median and p10-p90 of steps 2-20, 3 repeats, beside the estimate; for
 #          DIP how often the background schedule search was late and how long it took
@@ -33,7 +33,7 @@
 #          rows, Spearman of per-GPU throughput within each series, the held-out rows apart
 #          (Narayanan et al. 2021, Table 1: never used to fit); PUBLISHED_SKIP_LARGE=1 leaves out
 #          rows of more than 1024 GPUs
-#   accuracy  calibration (issue 8): records the cpu-local calibration set 3 times, fits a profile
+#   accuracy  calibration: records the cpu-local calibration set 3 times, fits a profile
 #          on half of the plans each time, and replays every plan with it and without it
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -318,7 +318,7 @@ if [[ $what == reproduce-variability || $what == all ]]; then
   # DIP searches a schedule for every iteration (1-3 s each at 64-256 devices here): fewer of them.
   dip_iterations=${VARIABILITY_DIP_ITERATIONS:-20}
   root=$(mktemp -d /tmp/tessera-variability.XXXXXX)
-  echo "== issue 10: micro-batching policies and DIP over drawn iterations (SimGrid, nested collectives timed) =="
+  echo "== data variability: micro-batching policies and DIP over drawn iterations (SimGrid, nested collectives timed) =="
   echo "| scenario | layout | policy | iterations | step mean (s) | step mean, first $dip_iterations (s) | samples/s | LLM CV | LLM max/mean | first encoder CV |"
   echo "|---|---|---|---|---|---|---|---|---|---|"
   # row <scenario> <layout label> <policy label> <iterations> <tessera simulate options...>
@@ -367,7 +367,7 @@ fi
 if [[ $what == variability-exec || $what == all ]]; then
   train="$build/exec/tessera-train"
   root=$(mktemp -d /tmp/tessera-variability.XXXXXX)
-  echo "== issue 10 with the executor: cpu-tiny-variable, PP4 on 4 ranks, steps 2-20, three repeats =="
+  echo "== data variability with the executor: cpu-tiny-variable, PP4 on 4 ranks, steps 2-20, three repeats =="
   policies="arrival sorted entrain dip dip+entrain"
   for policy in $policies; do
     schedule=1f1b microbatching=$policy
@@ -399,7 +399,7 @@ if [[ $what == cornstarch-exec || $what == all ]]; then
   train="$build/exec/tessera-train"
   root=$(mktemp -d /tmp/tessera-cornstarch.XXXXXX)
   med() { step_stats "$1" | cut -d' ' -f1; }
-  echo "== issue 9 with the executor: median step time (s) of steps 2-20, three repeats =="
+  echo "== Cornstarch with the executor: median step time (s) of steps 2-20, three repeats =="
   for split in frozen_aware uniform; do
     echo "{\"placement\": \"homogeneous\", \"layout\": {\"pp\": 2}, \"micro_batch_size\": 1, \"schedule\": \"1f1b\", \"stage_split\": \"$split\"}" >"$root/$split.json"
   done

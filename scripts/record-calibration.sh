@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Records the cpu-local calibration set (issue 8): six plans of two tiny scenarios — homogeneous,
+# Records the cpu-local calibration set: six plans of two tiny scenarios — homogeneous,
 # colocated and non-colocated, different TP/PP/DP — 20 steps each, the first 5 traced.
 # Usage: scripts/record-calibration.sh [out-root]   (default: traces/cpu-local)
 # The fitting half and the held-out half are listed in scripts/bench.sh (accuracy).

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Copies the header-only dependencies (nlohmann_json, cxxopts, Eigen, doctest) with their CMake
 # package files from this Debian machine into a git-ignored prefix, default third_party/prefix,
-# for a machine that has no package registry (the GPU machine, issue 11). There:
+# for a machine that has no package registry (the GPU machine). There:
 #   cmake -S . -B build-cuda -G Ninja -DTESSERA_BUILD_SIM=OFF \
 #     -DCMAKE_PREFIX_PATH="$PWD/third_party/prefix;$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)')"
 # The package files locate their headers relative to themselves, so the prefix can move.

@@ -1,4 +1,4 @@
-// Calibration (issue 8, ../shared/ALGORITHMS.md §9): fits the cost model's parameters to
+// Calibration (docs/ALGORITHMS.md §9): fits the cost model's parameters to
 // recorded runs. Every traced op is measured as the cost model sees it — compute on a core or
 // device of its own (on a cpu-local machine the share of the cores it got while other ranks
 // computed is taken out), a collective from its last member's arrival, a message from its send —

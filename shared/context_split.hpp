@@ -1,5 +1,5 @@
 // Which tokens of a packed sequence each context-parallel rank holds: computed once here, so the
-// executor shards tokens the way the lowering charges them (../shared/ALGORITHMS.md §2).
+// executor shards tokens the way the lowering charges them (docs/ALGORITHMS.md §2).
 #pragma once
 
 #include <cstdint>

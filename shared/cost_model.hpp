@@ -1,5 +1,5 @@
 // The cost model: pure functions from an op to seconds and from a rank's state to bytes.
-// Defaults are analytic and documented here; a calibration profile (issue 8) overrides any of
+// Defaults are analytic and documented here; a calibration profile overrides any of
 // the parameters.
 #pragma once
 
@@ -21,7 +21,7 @@ enum class SizeClass : uint8_t { kSmall, kMedium, kLarge };
 SizeClass size_class(const ModuleSpec& module);
 std::string size_class_name(SizeClass size);
 
-// What a calibration fit reports about itself (../shared/ALGORITHMS.md §9).
+// What a calibration fit reports about itself (docs/ALGORITHMS.md §9).
 struct FitStats {
   int64_t samples = 0;          // medians the fit used (each over the warm iterations of one op)
   double residual = 0;          // RMS error of the fit on its samples over their mean

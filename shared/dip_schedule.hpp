@@ -1,4 +1,4 @@
-// DIP (../shared/ALGORITHMS.md §5): modality-aware pipeline segments on the ranks of a
+// DIP (docs/ALGORITHMS.md §5): modality-aware pipeline segments on the ranks of a
 // homogeneous pipeline. Each encoder runs as a segment of its own — its layers cut over the same
 // P ranks as the LLM, its projector with its last stage — and the LLM as a segment of P·V
 // virtual stages. A micro-batch's media are cut into sub-micro-batches whose time in the encoder

@@ -1,4 +1,4 @@
-// DIP's per-batch schedule search (../shared/ALGORITHMS.md §5): from a starting schedule, try the
+// DIP's per-batch schedule search (docs/ALGORITHMS.md §5): from a starting schedule, try the
 // encoder segments' order, then the interleaving (look-ahead, in-flight micro-batches), then
 // moves of one layer across each stage boundary of every segment, keeping a change only when the
 // in-order evaluator (evaluator.hpp) finds the batch's step strictly faster within the memory

@@ -1,4 +1,4 @@
-// Entrain's hierarchical micro-batch assignment (../shared/ALGORITHMS.md §4; the formulation
+// Entrain's hierarchical micro-batch assignment (docs/ALGORITHMS.md §4; the formulation
 // is ours, from the paper's abstract). Within each data-parallel replica's share of the batch:
 // level 1 deals the samples to the M micro-batches by encoder work, largest first, each to the
 // least-loaded micro-batch (LPT), so every micro-batch brings the encoders about the same work;

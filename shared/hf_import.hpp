@@ -1,4 +1,4 @@
-// Import of HuggingFace config.json files into a ModelSpec (../shared/ALGORITHMS.md §7).
+// Import of HuggingFace config.json files into a ModelSpec (docs/ALGORITHMS.md §7).
 // Supported model_type values are listed by supported_hf_model_types(); the shapes handled are
 // flat (Qwen2-VL: LLM keys at top level + vision_config) and nested (text_config /
 // vision_config / audio_config, or InternVL's remote-code llm_config).

@@ -1,5 +1,5 @@
 // From a drawn batch to micro-batches, and what each module computes for a set of samples:
-// its tokens and its attention work under the multimodal mask (../shared/ALGORITHMS.md §2:
+// its tokens and its attention work under the multimodal mask (docs/ALGORITHMS.md §2:
 // text attends causally to every earlier token of its sample, media tokens bidirectionally
 // within their own image / tile / clip).
 #pragma once

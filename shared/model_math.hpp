@@ -1,6 +1,6 @@
 // Derived quantities of a model, as pure functions of (architecture, tokens, precision):
 // parameter counts, forward FLOPs per token, activation bytes per token per layer, and the
-// tokens an image, video or audio clip becomes. Formulas: ../shared/ALGORITHMS.md §6.
+// tokens an image, video or audio clip becomes. Formulas: docs/ALGORITHMS.md §6.
 #pragma once
 
 #include <cstdint>

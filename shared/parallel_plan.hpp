@@ -1,5 +1,5 @@
 // ParallelPlan: how a model is laid out on the ranks, per module, and how it is scheduled.
-// Placements (../shared/DESIGN.md): homogeneous (one layout; encoders in the LLM's first
+// Placements (docs/ALGORITHMS.md §3): homogeneous (one layout; encoders in the LLM's first
 // pipeline stage with its TP/CP/DP), colocated (every module spans all ranks with its own
 // grid), non_colocated (modules own disjoint rank spans that tile the world).
 #pragma once

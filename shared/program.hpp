@@ -1,5 +1,5 @@
 // Program: the lowered form of one training iteration, one ordered op list per rank — the
-// contract between the simulator and the executor (../shared/DESIGN.md). lower() builds it,
+// contract between the simulator and the executor (docs/ALGORITHMS.md). lower() builds it,
 // check_program() verifies it, evaluate() and the SimGrid simulator execute it, the executor
 // interprets it with real tensors.
 #pragma once

@@ -29,7 +29,7 @@ struct SearchSpace {
   // Plans with context parallelism are tried with each. Default makespan alone: it keeps the
   // zigzag or uniform split itself where those leave the busiest rank less work.
   std::vector<CpSplit> cp_splits = {CpSplit::kMakespan};
-  // Micro-batching policies every plan is tried with (issue 10: sorted, entrain).
+  // Micro-batching policies every plan is tried with (sorted, entrain).
   std::vector<MicrobatchPolicy> microbatching = {MicrobatchPolicy::kArrival};
   // Schedules of pipelined homogeneous plans: 1f1b (interleaved_1f1b where vpp > 1) and dip
   // (encoder segments on the LLM's stages, searched per batch; slower to estimate).

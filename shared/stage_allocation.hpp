@@ -1,4 +1,4 @@
-// Per-module stage counts under a device budget (Cornstarch; ../shared/ALGORITHMS.md §1): in a
+// Per-module stage counts under a device budget (Cornstarch; docs/ALGORITHMS.md §1): in a
 // non-colocated pipeline every encoder and the LLM own consecutive stages of `tp · dp` devices
 // each, the encoders side by side, the LLM after them. How many stages each module gets decides
 // how long its stages take; a planner that ignores what is frozen gives a frozen encoder as many

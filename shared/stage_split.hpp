@@ -1,4 +1,4 @@
-// Frozen-aware pipeline partitioning (Cornstarch; ../shared/ALGORITHMS.md §1): where a module's
+// Frozen-aware pipeline partitioning (Cornstarch; docs/ALGORITHMS.md §1): where a module's
 // layers are cut into pipeline stages. A layer costs its forward, plus a backward for inputs when
 // a gradient must pass through it, plus a weight backward when it trains — so a frozen encoder
 // costs about a third of a trainable one — and the stages are cut to minimise the largest. The

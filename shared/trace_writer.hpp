@@ -1,4 +1,4 @@
-// Chrome Trace Event JSON, one file per rank (../shared/ALGORITHMS.md §8): pid = rank,
+// Chrome Trace Event JSON, one file per rank (docs/ALGORITHMS.md §8): pid = rank,
 // tid = stream, "X" slices carrying op id, module, stage, micro-batch and phase; flow events
 // joining each send to its receive; a ProfilerStep#N slice per iteration; communication slices
 // named nccl:/gloo:<op>; distributedInfo for trace-analysis tools. The simulator and the

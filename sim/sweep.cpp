@@ -107,7 +107,7 @@ std::string describe_layout(const ParallelPlan& plan, const ModelSpec& model) {
     if (l.ep > 1) s += " e" + std::to_string(l.ep);
     return s + " d" + std::to_string(l.dp);
   };
-  // The data-variability options (issue 10) where they differ from the default.
+  // The data-variability options (Entrain, sorting, DIP) where they differ from the default.
   std::string options;
   if (plan.schedule == Schedule::kDip) options += " dip";
   if (plan.microbatching != MicrobatchPolicy::kArrival)

@@ -63,7 +63,7 @@ struct EstimatedPlan {
 };
 
 // A pipelined plan with its frozen-aware stage split against the same plan split uniformly
-// (Cornstarch, ../shared/ALGORITHMS.md §1), by the analytic estimate.
+// (Cornstarch, docs/ALGORITHMS.md §1), by the analytic estimate.
 struct SplitGain {
   int64_t gpus = 0;
   ParallelPlan frozen_aware;  // its stage_layers filled

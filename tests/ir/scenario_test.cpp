@@ -31,7 +31,7 @@ TEST_CASE("every library model matches its published parameter count within 2%")
     ++checked;
   }
   // LLaVA-1.5 7B/13B, Qwen2-VL-7B, Qwen2-Audio-7B, Llama-3.2-11B-Vision, 9 Cornstarch pairs,
-  // the InternViT-style 14B of issue 10
+  // the InternViT-style 14B of the data-variability scenarios
   CHECK(checked == 15);
 }
 

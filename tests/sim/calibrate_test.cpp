@@ -1,4 +1,4 @@
-// Calibration and replay (issue 8): fitting recovers a profile planted in the simulator, replay
+// Calibration and replay: fitting recovers a profile planted in the simulator, replay
 // of a shipped run stays as accurate as measured, traces that do not match their plan and bad
 // profiles are refused.
 #include <doctest/doctest.h>
