@@ -30,8 +30,8 @@ c10::intrusive_ptr<CollectiveGroup> Groups::make(const std::vector<int64_t>& ran
   options->devices.push_back(loopback_
                                  ? c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1")
                                  : c10d::ProcessGroupGloo::createDefaultDevice());
-  return c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, rank,
-                                                     static_cast<int>(ranks.size()), options);
+  return c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, rank, static_cast<int>(ranks.size()),
+                                                     options);
 }
 
 void Groups::create(const std::vector<std::vector<int64_t>>& groups) {
@@ -67,7 +67,9 @@ double now_s() {
 }
 
 // When a collective starts (0 when nothing records).
-double start_s() { return recording != nullptr ? now_s() : 0; }
+double start_s() {
+  return recording != nullptr ? now_s() : 0;
+}
 
 // Waits for a collective's work; with a record installed, appends what it was and how long it
 // took.
@@ -79,7 +81,9 @@ void wait_recorded(const c10::intrusive_ptr<c10d::Work>& work, CollectiveKind ki
 
 }  // namespace
 
-void record_collectives(std::vector<CommRecord>* into) { recording = into; }
+void record_collectives(std::vector<CommRecord>* into) {
+  recording = into;
+}
 
 void all_reduce(const Comm& comm, torch::Tensor& t, c10d::ReduceOp op) {
   if (comm.size() < 2) return;
@@ -108,7 +112,8 @@ torch::Tensor all_gather_rows(const Comm& comm, const torch::Tensor& t,
                 static_cast<double>(padded.numel() * padded.element_size()), start);
   std::vector<torch::Tensor> parts;
   for (int i = 0; i < comm.size(); ++i)
-    parts.push_back(out[0][static_cast<std::size_t>(i)].narrow(0, 0, rows[static_cast<std::size_t>(i)]));
+    parts.push_back(
+        out[0][static_cast<std::size_t>(i)].narrow(0, 0, rows[static_cast<std::size_t>(i)]));
   return torch::cat(parts, 0);
 }
 
@@ -146,7 +151,9 @@ using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
 // Autograd functions carry their Comm as an address: Comms live as long as the worker.
-int64_t handle(const Comm& comm) { return reinterpret_cast<intptr_t>(&comm); }
+int64_t handle(const Comm& comm) {
+  return reinterpret_cast<intptr_t>(&comm);
+}
 const Comm& comm_of(AutogradContext* ctx) {
   return *reinterpret_cast<const Comm*>(static_cast<intptr_t>(ctx->saved_data["comm"].toInt()));
 }

@@ -8,9 +8,9 @@
 #include <memory>
 #include <vector>
 
+#include <torch/torch.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
-#include <torch/torch.h>
 
 #include "exec/torch_compat.hpp"
 #include "shared/program.hpp"
@@ -27,8 +27,8 @@ struct CommRecord {
 void record_collectives(std::vector<CommRecord>* into);  // nullptr stops recording
 
 struct Comm {
-  std::vector<int64_t> ranks;                    // global ranks, in group order
-  int rank = 0;                                  // this worker's index in `ranks`
+  std::vector<int64_t> ranks;                 // global ranks, in group order
+  int rank = 0;                               // this worker's index in `ranks`
   c10::intrusive_ptr<CollectiveGroup> group;  // null for a group of one
   int size() const { return static_cast<int>(ranks.size()); }
 };

@@ -2,8 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
-#include <map>
 #include <limits>
+#include <map>
 
 #include "exec/weights.hpp"
 #include "shared/check.hpp"
@@ -32,9 +32,10 @@ torch::Tensor shape_image(int64_t size, int color, int shape, int backdrop, doub
     for (int64_t x = 0; x < size; ++x) {
       const double dx = static_cast<double>(x) + 0.5 - cx, dy = static_cast<double>(y) + 0.5 - cy;
       bool in = false;
-      if (shape == 0) in = dx * dx + dy * dy <= radius * radius;                       // circle
+      if (shape == 0) in = dx * dx + dy * dy <= radius * radius;                          // circle
       if (shape == 1) in = std::abs(dx) <= radius * 0.8 && std::abs(dy) <= radius * 0.8;  // square
-      if (shape == 2) in = dy <= radius * 0.8 && dy >= -radius && std::abs(dx) <= (dy + radius) * 0.6;
+      if (shape == 2)
+        in = dy <= radius * 0.8 && dy >= -radius && std::abs(dx) <= (dy + radius) * 0.6;
       const float* c = in ? kColors[color] : kBackdrops[backdrop];
       for (int ch = 0; ch < 3; ++ch) a[ch][y][x] = c[ch];
     }
@@ -55,13 +56,15 @@ std::string executor_support(const ModelSpec& model) {
       return "the LLM's inputs must be projectors (" + input + " is not)";
   }
   for (const ModuleSpec& m : model.modules) {
-    if (m.role == ModuleRole::kGenerator) return m.name + ": generators are not in the executor yet";
+    if (m.role == ModuleRole::kGenerator)
+      return m.name + ": generators are not in the executor yet";
     if (m.role != ModuleRole::kEncoder) continue;
     if (m.modality == Modality::kVideo)
       return m.name + ": video encoders are not in the executor yet";
     if (m.modality == Modality::kImage &&
         (!m.patching || m.patching->resize != ResizeMode::kFixed || m.patching->spatial_merge != 1))
-      return m.name + ": only fixed-size image encoders without token merging are in the executor so far";
+      return m.name +
+             ": only fixed-size image encoders without token merging are in the executor so far";
   }
   return "";
 }
@@ -97,8 +100,8 @@ std::string executor_plan_support(const ParallelPlan& plan, const ModelSpec& mod
       }
     const int64_t kv = m.transformer->kv_heads > 0 ? m.transformer->kv_heads : m.transformer->heads;
     if (kv % tp != 0)
-      return field + ": " + m.name + "'s " + std::to_string(kv) + " key/value heads replicated over tp " +
-             std::to_string(tp) + next;
+      return field + ": " + m.name + "'s " + std::to_string(kv) +
+             " key/value heads replicated over tp " + std::to_string(tp) + next;
   }
   if (plan.placement == Placement::kColocated) {
     for (const auto& [module, l] : plan.modules)
@@ -116,12 +119,13 @@ TrainBatch make_batch(const Scenario& s, DatasetKind kind, int64_t iteration) {
   const uint64_t seed = s.workload.seed;
   if (kind == DatasetKind::kShapes) {
     TESSERA_CHECK(encoder != nullptr, "the shapes data set needs an image encoder");
-    TESSERA_CHECK(vocab > kBackdropBase + 3, "the shapes data set needs a vocabulary of 34 or more");
+    TESSERA_CHECK(vocab > kBackdropBase + 3,
+                  "the shapes data set needs a vocabulary of 34 or more");
     const int64_t size = encoder->patching->image_size;
     out.batch.iteration = iteration;
     for (int64_t i = 0; i < s.workload.global_batch; ++i) {
-      const uint64_t key = mix_seed(seed, 0x5aa9e5, static_cast<uint64_t>(iteration),
-                                    static_cast<uint64_t>(i));
+      const uint64_t key =
+          mix_seed(seed, 0x5aa9e5, static_cast<uint64_t>(iteration), static_cast<uint64_t>(i));
       const int color = static_cast<int>(stream_uniform(key, 0) * 6);
       const int shape = static_cast<int>(stream_uniform(key, 1) * 3);
       const int backdrop = static_cast<int>(stream_uniform(key, 2) * 3);
@@ -129,8 +133,9 @@ TrainBatch make_batch(const Scenario& s, DatasetKind kind, int64_t iteration) {
       const double cx = radius + (static_cast<double>(size) - 2 * radius) * stream_uniform(key, 4);
       const double cy = radius + (static_cast<double>(size) - 2 * radius) * stream_uniform(key, 5);
       SampleData d;
-      d.text = {kBos, kA, kColorBase + color, kShapeBase + shape, kOn,
-                kBackdropBase + backdrop, kBackground, kEos};
+      d.text = {
+          kBos,        kA,  kColorBase + color, kShapeBase + shape, kOn, kBackdropBase + backdrop,
+          kBackground, kEos};
       d.images.push_back(shape_image(size, color, shape, backdrop, cx, cy, radius));
       Sample sample;
       sample.text_tokens = static_cast<int64_t>(d.text.size());
@@ -151,8 +156,8 @@ TrainBatch make_batch(const Scenario& s, DatasetKind kind, int64_t iteration) {
         const int64_t size = encoder->patching->image_size;
         const int64_t channels = encoder->patching->in_channels;
         for (std::size_t k = 0; k < sample.images.size(); ++k)
-          d.images.push_back(seeded_uniform(key, "image" + std::to_string(k),
-                                            {channels, size, size}, 0.5));
+          d.images.push_back(
+              seeded_uniform(key, "image" + std::to_string(k), {channels, size, size}, 0.5));
       }
       if (const ModuleSpec* audio = encoder_for(s.model, Modality::kAudio); audio != nullptr) {
         const AudioFrontEnd& a = *audio->audio;
@@ -165,8 +170,10 @@ TrainBatch make_batch(const Scenario& s, DatasetKind kind, int64_t iteration) {
           for (int64_t w = 0; w < count; ++w) {
             const double span = a.pad_to_max ? a.max_seconds : std::min(left, a.max_seconds);
             left -= a.max_seconds;
-            const auto frames = static_cast<int64_t>(std::ceil(span * static_cast<double>(a.frames_per_second)));
-            windows.push_back(seeded_uniform(key, "audio" + std::to_string(k) + "." + std::to_string(w),
+            const auto frames =
+                static_cast<int64_t>(std::ceil(span * static_cast<double>(a.frames_per_second)));
+            windows.push_back(seeded_uniform(key,
+                                             "audio" + std::to_string(k) + "." + std::to_string(w),
                                              {a.mel_bins, frames}, 0.5));
           }
           d.audio.push_back(std::move(windows));
@@ -196,9 +203,11 @@ LlmLayout llm_layout(const ModelSpec& model, const TrainBatch& batch,
   auto items = [&](const Sample& s, Modality modality) {
     std::vector<int64_t> tokens;
     if (modality == Modality::kImage && image != nullptr)
-      for (const ImageItem& i : s.images) tokens.push_back(image_tokens(*image, i.width, i.height).llm_tokens);
+      for (const ImageItem& i : s.images)
+        tokens.push_back(image_tokens(*image, i.width, i.height).llm_tokens);
     if (modality == Modality::kAudio && audio != nullptr)
-      for (double seconds : s.audio_seconds) tokens.push_back(audio_tokens(*audio, seconds).llm_tokens);
+      for (double seconds : s.audio_seconds)
+        tokens.push_back(audio_tokens(*audio, seconds).llm_tokens);
     return tokens;
   };
   // Rows of the media tensor: the LLM's inputs in order, each holding its modality's rows.
@@ -267,7 +276,8 @@ int64_t llm_media_tokens(const ModelSpec& model, Modality modality, const Sample
   int64_t tokens = 0;
   if (const ModuleSpec* e = encoder_for(model, modality); e != nullptr) {
     if (modality == Modality::kImage)
-      for (const ImageItem& i : sample.images) tokens += image_tokens(*e, i.width, i.height).llm_tokens;
+      for (const ImageItem& i : sample.images)
+        tokens += image_tokens(*e, i.width, i.height).llm_tokens;
     if (modality == Modality::kAudio)
       for (double seconds : sample.audio_seconds) tokens += audio_tokens(*e, seconds).llm_tokens;
   }
@@ -276,8 +286,9 @@ int64_t llm_media_tokens(const ModelSpec& model, Modality modality, const Sample
 
 torch::Tensor attention_bias(const LlmLayout& l, const std::vector<int64_t>& queries,
                              const std::vector<int64_t>& keys) {
-  torch::Tensor bias = torch::full({static_cast<int64_t>(queries.size()), static_cast<int64_t>(keys.size())},
-                                   -std::numeric_limits<float>::infinity());
+  torch::Tensor bias =
+      torch::full({static_cast<int64_t>(queries.size()), static_cast<int64_t>(keys.size())},
+                  -std::numeric_limits<float>::infinity());
   auto a = bias.accessor<float, 2>();
   for (std::size_t i = 0; i < queries.size(); ++i) {
     const auto q = static_cast<std::size_t>(queries[i]);

@@ -29,9 +29,9 @@ struct SampleData {
 };
 
 struct TrainBatch {
-  Batch batch;                    // shapes, for lower()
-  std::vector<SampleData> data;   // content, same order
-  int64_t targets = 0;            // predicted text tokens in the whole batch (loss normalizer)
+  Batch batch;                   // shapes, for lower()
+  std::vector<SampleData> data;  // content, same order
+  int64_t targets = 0;           // predicted text tokens in the whole batch (loss normalizer)
 };
 
 // Checks that the executor can run `model` (image encoders with fixed resize, Whisper-style audio
@@ -77,6 +77,5 @@ torch::Tensor micro_batch_images(const ModuleSpec& encoder, const TrainBatch& ba
 // Audio encoder windows of the micro-batch, in sample and clip order.
 std::vector<torch::Tensor> micro_batch_audio(const TrainBatch& batch,
                                              const std::vector<int32_t>& samples);
-
 
 }  // namespace tessera::exec

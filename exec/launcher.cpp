@@ -196,8 +196,8 @@ LaunchResult launch(const LaunchOptions& options,
       if (!error.empty()) {
         // When it failed (the monotonic clock all local processes share) comes first: peers
         // that fail because this one died report later, and the launcher names the root cause.
-        error = std::to_string(std::chrono::steady_clock::now().time_since_epoch().count()) +
-                "\n" + error;
+        error = std::to_string(std::chrono::steady_clock::now().time_since_epoch().count()) + "\n" +
+                error;
         [[maybe_unused]] ssize_t ignored = ::write(fds[1], error.data(), error.size());
       }
       ::close(fds[1]);

@@ -16,8 +16,10 @@ torch::Tensor rotary_embed(const torch::Tensor& x, const torch::Tensor& position
   // x: (B, L, heads, d); rotate pairs (i, i + d/2) by position · 10000^(-2i/d).
   const int64_t d = x.size(-1);
   const auto options = torch::TensorOptions().dtype(torch::kFloat64);
-  const torch::Tensor inv = torch::pow(10000.0, -torch::arange(0, d / 2, options) * 2.0 / static_cast<double>(d));
-  const torch::Tensor angle = positions.to(torch::kFloat64).unsqueeze(1) * inv.unsqueeze(0);  // (L, d/2)
+  const torch::Tensor inv =
+      torch::pow(10000.0, -torch::arange(0, d / 2, options) * 2.0 / static_cast<double>(d));
+  const torch::Tensor angle =
+      positions.to(torch::kFloat64).unsqueeze(1) * inv.unsqueeze(0);  // (L, d/2)
   const torch::Tensor cos = angle.cos().to(x.scalar_type()).view({1, -1, 1, d / 2});
   const torch::Tensor sin = angle.sin().to(x.scalar_type()).view({1, -1, 1, d / 2});
   const torch::Tensor a = x.narrow(-1, 0, d / 2), b = x.narrow(-1, d / 2, d / 2);
@@ -27,8 +29,7 @@ torch::Tensor rotary_embed(const torch::Tensor& x, const torch::Tensor& position
 }  // namespace
 
 torch::Tensor ParamSet::add(const std::string& name, torch::Tensor full, int64_t shard_dim) {
-  torch::Tensor local =
-      shard_dim < 0 ? full : shard(full, shard_dim, tp_.rank, tp_.size());
+  torch::Tensor local = shard_dim < 0 ? full : shard(full, shard_dim, tp_.rank, tp_.size());
   local.set_requires_grad(trainable_);
   params_.push_back({name, local, shard_dim >= 0 && tp_.size() > 1});
   return local;
@@ -39,8 +40,8 @@ torch::Tensor ParamSet::weight(const std::string& name, std::vector<int64_t> sha
   return add(name, seeded_uniform(seed_, name, shape, scale), shard_dim);
 }
 
-torch::Tensor ParamSet::constant(const std::string& name, std::vector<int64_t> shape,
-                                 double value, int64_t shard_dim) {
+torch::Tensor ParamSet::constant(const std::string& name, std::vector<int64_t> shape, double value,
+                                 int64_t shard_dim) {
   return add(name, torch::full(shape, value, torch::kFloat32), shard_dim);
 }
 
@@ -48,7 +49,9 @@ Linear::Linear(ParamSet& ps, const std::string& name, int64_t in, int64_t out, b
                Split s)
     : split(s), tp(&ps.tp()) {
   weight = ps.weight(name + ".weight", {out, in}, kInitScale,
-                     s == Split::kColumn ? 0 : s == Split::kRow ? 1 : -1);
+                     s == Split::kColumn ? 0
+                     : s == Split::kRow  ? 1
+                                         : -1);
   if (with_bias) bias = ps.constant(name + ".bias", {out}, 0.0, s == Split::kColumn ? 0 : -1);
 }
 
@@ -79,8 +82,7 @@ torch::Tensor Linear::forward_entered(const torch::Tensor& x) const {
 }
 
 torch::Tensor Norm::forward(const torch::Tensor& x) const {
-  if (kind == NormKind::kLayerNorm)
-    return torch::layer_norm(x, {x.size(-1)}, weight, bias, 1e-5);
+  if (kind == NormKind::kLayerNorm) return torch::layer_norm(x, {x.size(-1)}, weight, bias, 1e-5);
   return x * torch::rsqrt(x.pow(2).mean(-1, true) + 1e-6) * weight;
 }
 
@@ -129,15 +131,18 @@ torch::Tensor Attention::forward(const torch::Tensor& x, const AttentionInputs& 
 
 Mlp::Mlp(ParamSet& ps, const std::string& name, const TransformerArch& arch)
     : gated(arch.gated_ffn) {
-  TESSERA_CHECK(arch.experts == 0, name + ": mixture-of-experts layers are not in the executor yet");
+  TESSERA_CHECK(arch.experts == 0,
+                name + ": mixture-of-experts layers are not in the executor yet");
   up = Linear(ps, name + ".up", arch.hidden, arch.ffn, arch.linear_bias, Split::kColumn);
-  if (gated) gate = Linear(ps, name + ".gate", arch.hidden, arch.ffn, arch.linear_bias, Split::kColumn);
+  if (gated)
+    gate = Linear(ps, name + ".gate", arch.hidden, arch.ffn, arch.linear_bias, Split::kColumn);
   down = Linear(ps, name + ".down", arch.ffn, arch.hidden, arch.linear_bias, Split::kRow);
 }
 
 torch::Tensor Mlp::forward(const torch::Tensor& x) const {
   const torch::Tensor entered = copy_to_group(x, *up.tp);
-  if (gated) return down.forward(torch::silu(gate.forward_entered(entered)) * up.forward_entered(entered));
+  if (gated)
+    return down.forward(torch::silu(gate.forward_entered(entered)) * up.forward_entered(entered));
   return down.forward(torch::gelu(up.forward_entered(entered)));
 }
 
@@ -154,9 +159,9 @@ torch::Tensor Block::forward(const torch::Tensor& x, const AttentionInputs& in) 
 
 Embedding::Embedding(ParamSet& ps, const std::string& name, int64_t vocab, int64_t hidden)
     : tp(&ps.tp()) {
-  TESSERA_CHECK(vocab % ps.tp().size() == 0,
-                name + ": vocabulary " + std::to_string(vocab) + " must divide by tp " +
-                    std::to_string(ps.tp().size()));
+  TESSERA_CHECK(vocab % ps.tp().size() == 0, name + ": vocabulary " + std::to_string(vocab) +
+                                                 " must divide by tp " +
+                                                 std::to_string(ps.tp().size()));
   weight = ps.weight(name + ".weight", {vocab, hidden}, kInitScale, 0);
   vocab_begin = ps.tp().rank * (vocab / ps.tp().size());
 }
@@ -188,7 +193,8 @@ struct VocabParallelCrossEntropy : torch::autograd::Function<VocabParallelCrossE
     const torch::Tensor ignored = targets < 0;
     const torch::Tensor inside = (targets >= vocab_begin) & (targets < vocab_begin + rows);
     const torch::Tensor local = (targets - vocab_begin).masked_fill(~inside, 0);
-    torch::Tensor picked = shifted.gather(1, local.unsqueeze(1)).squeeze(1).masked_fill(~inside, 0.0);
+    torch::Tensor picked =
+        shifted.gather(1, local.unsqueeze(1)).squeeze(1).masked_fill(~inside, 0.0);
     all_reduce(tp, picked);
     const torch::Tensor loss = (sum.log() - picked).masked_fill(ignored, 0.0);
     ctx->save_for_backward({exp / sum.unsqueeze(1), local, inside, ignored});
@@ -208,8 +214,9 @@ struct VocabParallelCrossEntropy : torch::autograd::Function<VocabParallelCrossE
 
 }  // namespace
 
-torch::Tensor vocab_parallel_cross_entropy(const torch::Tensor& logits, const torch::Tensor& targets,
-                                           int64_t vocab_begin, const Comm& tp) {
+torch::Tensor vocab_parallel_cross_entropy(const torch::Tensor& logits,
+                                           const torch::Tensor& targets, int64_t vocab_begin,
+                                           const Comm& tp) {
   return VocabParallelCrossEntropy::apply(logits, targets, vocab_begin,
                                           static_cast<int64_t>(reinterpret_cast<intptr_t>(&tp)));
 }

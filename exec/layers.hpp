@@ -25,7 +25,8 @@ struct Param {
 // Creates parameters from the seed (weights.hpp) and keeps the list.
 class ParamSet {
  public:
-  ParamSet(uint64_t seed, bool trainable, const Comm& tp) : seed_(seed), trainable_(trainable), tp_(tp) {}
+  ParamSet(uint64_t seed, bool trainable, const Comm& tp)
+      : seed_(seed), trainable_(trainable), tp_(tp) {}
   // Normal-ish weights of standard deviation `scale`, sharded over TP along `shard_dim` (-1: not).
   torch::Tensor weight(const std::string& name, std::vector<int64_t> shape, double scale,
                        int64_t shard_dim = -1);
@@ -52,7 +53,7 @@ struct Linear {
   // column layers sharing one input (Q, K, V; gate, up) then all-reduce its gradient once, as
   // the Program's two TP all-reduces per layer and direction say.
   torch::Tensor forward_entered(const torch::Tensor& x) const;
-  torch::Tensor weight, bias;                            // (out/tp, in) or (out, in/tp)
+  torch::Tensor weight, bias;  // (out/tp, in) or (out, in/tp)
   Split split = Split::kReplicated;
   const Comm* tp = nullptr;
 };
@@ -67,10 +68,10 @@ struct Norm {
 
 // What attention needs besides its input.
 struct AttentionInputs {
-  torch::Tensor bias;           // (Lq, Lk) additive: 0 allowed, -inf masked; undefined: no mask
-  torch::Tensor positions_q;    // (Lq) rotary positions; undefined: no rotary embedding
-  const Comm* cp = nullptr;     // gather K/V over this group (context parallel)
-  std::vector<int64_t> cp_rows; // tokens held by each member of `cp`
+  torch::Tensor bias;            // (Lq, Lk) additive: 0 allowed, -inf masked; undefined: no mask
+  torch::Tensor positions_q;     // (Lq) rotary positions; undefined: no rotary embedding
+  const Comm* cp = nullptr;      // gather K/V over this group (context parallel)
+  std::vector<int64_t> cp_rows;  // tokens held by each member of `cp`
 };
 
 struct Attention {
@@ -111,7 +112,8 @@ struct Embedding {
 
 // Per-token cross-entropy of vocab-parallel logits (T, V/tp) against `targets` (T), targets < 0
 // ignored (loss 0). The result (T) is the same on every TP rank.
-torch::Tensor vocab_parallel_cross_entropy(const torch::Tensor& logits, const torch::Tensor& targets,
-                                           int64_t vocab_begin, const Comm& tp);
+torch::Tensor vocab_parallel_cross_entropy(const torch::Tensor& logits,
+                                           const torch::Tensor& targets, int64_t vocab_begin,
+                                           const Comm& tp);
 
 }  // namespace tessera::exec

@@ -2,8 +2,8 @@
 // `comm-check` forms the process group and verifies and times an all-reduce.
 #include <cstdio>
 #include <functional>
-#include <optional>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -11,8 +11,8 @@
 
 #include "exec/comm_check.hpp"
 #include "exec/launcher.hpp"
-#include "exec/process_group.hpp"
 #include "exec/plain_loop.hpp"
+#include "exec/process_group.hpp"
 #include "exec/train.hpp"
 #include "shared/plan_source.hpp"
 
@@ -141,8 +141,9 @@ int train(int argc, char** argv) {
       "step, loss, step time and tokens/s.");
   options.add_options()("plan", "plan replacing the scenario's: plan.json or results.jsonl#R",
                         cxxopts::value<std::string>())(
-      "nproc", "workers on this node (default: the plan's ranks / --nnodes)", cxxopts::value<int>())(
-      "nnodes", "nodes in the job", cxxopts::value<int>()->default_value("1"))(
+      "nproc", "workers on this node (default: the plan's ranks / --nnodes)",
+      cxxopts::value<int>())("nnodes", "nodes in the job",
+                             cxxopts::value<int>()->default_value("1"))(
       "node-rank", "this node's index", cxxopts::value<int>()->default_value("0"))(
       "master", "ADDR:PORT of rank 0 (default: a free port on loopback)",
       cxxopts::value<std::string>())("device", "cpu (cuda: the GPU build)",
@@ -150,18 +151,20 @@ int train(int argc, char** argv) {
       "steps", "training steps", cxxopts::value<int64_t>()->default_value("10"))(
       "dataset", "synthetic (the workload's draws) or shapes (learnable captions)",
       cxxopts::value<std::string>()->default_value("synthetic"))(
-      "out", "record loss.jsonl, run.json, trace/ and checkpoint/ here", cxxopts::value<std::string>())(
-      "resume", "continue from the checkpoint in --out")(
-      "checkpoint-every", "also checkpoint every N steps", cxxopts::value<int64_t>()->default_value("0"))(
+      "out", "record loss.jsonl, run.json, trace/ and checkpoint/ here",
+      cxxopts::value<std::string>())("resume", "continue from the checkpoint in --out")(
+      "checkpoint-every", "also checkpoint every N steps",
+      cxxopts::value<int64_t>()->default_value("0"))(
       "no-checkpoint", "record no checkpoint (traces and losses only)")(
-      "trace-steps", "steps recorded in the traces", cxxopts::value<int64_t>()->default_value("20"))(
+      "trace-steps", "steps recorded in the traces",
+      cxxopts::value<int64_t>()->default_value("20"))(
       "seed", "weight seed", cxxopts::value<uint64_t>()->default_value("1234"))(
       "lr", "AdamW learning rate", cxxopts::value<double>()->default_value("0.001"))(
       "weight-decay", "AdamW weight decay", cxxopts::value<double>()->default_value("0"))(
       "clip", "global gradient-norm clip (0: off)", cxxopts::value<double>()->default_value("1"))(
       "timeout", "seconds before a collective (and rendezvous) gives up",
-      cxxopts::value<double>()->default_value("120"))("input", "scenario", cxxopts::value<std::string>())(
-      "h,help", "show this help");
+      cxxopts::value<double>()->default_value("120"))(
+      "input", "scenario", cxxopts::value<std::string>())("h,help", "show this help");
   options.parse_positional({"input"});
   options.positional_help("<scenario.json>");
   cxxopts::ParseResult args;
@@ -236,8 +239,9 @@ int train(int argc, char** argv) {
   LaunchOptions launch_options;
   launch_options.nnodes = args["nnodes"].as<int>();
   launch_options.node_rank = args["node-rank"].as<int>();
-  launch_options.nproc =
-      args.count("nproc") ? args["nproc"].as<int>() : static_cast<int>(world / std::max(1, launch_options.nnodes));
+  launch_options.nproc = args.count("nproc")
+                             ? args["nproc"].as<int>()
+                             : static_cast<int>(world / std::max(1, launch_options.nnodes));
   if (static_cast<int64_t>(launch_options.nproc) * launch_options.nnodes != world) {
     std::cerr << "tessera-train: the plan has " << world << " ranks; --nproc "
               << launch_options.nproc << " x --nnodes " << launch_options.nnodes << " must match\n";
@@ -279,7 +283,8 @@ int plain_loop(int argc, char** argv) {
   }
   tessera::Diagnostics diag;
   const std::string file = args["input"].as<std::string>();
-  auto s = tessera::load_scenario_with_plan(file, args.count("plan") ? args["plan"].as<std::string>() : "", diag);
+  auto s = tessera::load_scenario_with_plan(
+      file, args.count("plan") ? args["plan"].as<std::string>() : "", diag);
   if (!s) {
     std::cerr << diag.format();
     return 2;
@@ -295,7 +300,8 @@ int plain_loop(int argc, char** argv) {
   torch::set_num_threads(1);
   const auto steps = run_plain_loop(*s, TrainOptions{}, args["steps"].as<int64_t>());
   for (std::size_t i = 0; i < steps.size(); ++i)
-    std::printf("step %zu/%zu  loss %.9f  %.4f s\n", i + 1, steps.size(), steps[i].loss, steps[i].seconds);
+    std::printf("step %zu/%zu  loss %.9f  %.4f s\n", i + 1, steps.size(), steps[i].loss,
+                steps[i].seconds);
   return 0;
 }
 

@@ -12,8 +12,9 @@ std::vector<PlainStep> run_plain_loop(const Scenario& s, const TrainOptions& opt
                                       int64_t steps) {
   const ModelSpec& model = s.model;
   TESSERA_CHECK(world_size(*s.plan, model) == 1, "the plain loop runs single-rank plans");
-  TESSERA_CHECK(find_llm(model)->inputs.size() <= 1 && encoder_for(model, Modality::kAudio) == nullptr,
-                "the plain loop runs an image encoder -> projector -> LLM chain");
+  TESSERA_CHECK(
+      find_llm(model)->inputs.size() <= 1 && encoder_for(model, Modality::kAudio) == nullptr,
+      "the plain loop runs an image encoder -> projector -> LLM chain");
   static const Comm alone{{0}, 0, {}};
   const ModuleSpec* llm_spec = find_llm(model);
   const ModuleSpec* encoder_spec = encoder_for(model, Modality::kImage);
@@ -69,12 +70,14 @@ std::vector<PlainStep> run_plain_loop(const Scenario& s, const TrainOptions& opt
       loss += l.item<double>();
     }
     double norm2 = 0;
-    for (const torch::Tensor& p : params) norm2 += p.grad().to(torch::kFloat64).pow(2).sum().item<double>();
+    for (const torch::Tensor& p : params)
+      norm2 += p.grad().to(torch::kFloat64).pow(2).sum().item<double>();
     const double norm = std::sqrt(norm2);
     if (options.clip > 0 && norm > options.clip)
       for (torch::Tensor& p : params) p.mutable_grad().mul_(options.clip / (norm + 1e-6));
     optimizer.step();
-    out.push_back({loss, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()});
+    out.push_back(
+        {loss, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()});
   }
   return out;
 }

@@ -16,7 +16,7 @@ c10::intrusive_ptr<c10d::Store> connect_store(const WorkerEnv& env, const GroupO
 }
 
 c10::intrusive_ptr<CollectiveGroup> connect_gloo(const WorkerEnv& env,
-                                                    const GroupOptions& options) {
+                                                 const GroupOptions& options) {
   auto store = connect_store(env, options);
 
   auto gloo = c10d::ProcessGroupGloo::Options::create();

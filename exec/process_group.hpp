@@ -7,8 +7,8 @@
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
-#include "exec/torch_compat.hpp"
 #include "exec/launcher.hpp"
+#include "exec/torch_compat.hpp"
 
 namespace tessera::exec {
 
@@ -21,7 +21,6 @@ c10::intrusive_ptr<c10d::Store> connect_store(const WorkerEnv& env, const GroupO
 
 // Joins the job described by `env`: rank 0 hosts the TCPStore. Every collective of the
 // returned group fails with an exception after `timeout` instead of hanging.
-c10::intrusive_ptr<CollectiveGroup> connect_gloo(const WorkerEnv& env,
-                                                    const GroupOptions& options);
+c10::intrusive_ptr<CollectiveGroup> connect_gloo(const WorkerEnv& env, const GroupOptions& options);
 
 }  // namespace tessera::exec

@@ -51,9 +51,9 @@ Worker::Worker(const Scenario& s, const ParallelPlan& plan, Groups& groups,
   const Lowered lowered = lower(model, s.cluster, plan, s.workload, first.batch);
   TESSERA_CHECK(lowered.error.empty(), lowered.error);
   const Program& p = lowered.program;
-  TESSERA_CHECK(p.world == groups.world().size(),
-                "the plan needs " + std::to_string(p.world) + " ranks, the job has " +
-                    std::to_string(groups.world().size()));
+  TESSERA_CHECK(p.world == groups.world().size(), "the plan needs " + std::to_string(p.world) +
+                                                      " ranks, the job has " +
+                                                      std::to_string(groups.world().size()));
   // Every worker creates the same groups in the same order (creation is a rendezvous).
   std::set<std::pair<std::size_t, std::vector<int64_t>>> needed;
   for (const RankList& g : p.groups) needed.insert({g.size(), g});
@@ -93,7 +93,8 @@ Worker::Worker(const Scenario& s, const ParallelPlan& plan, Groups& groups,
   std::map<int, int64_t> stages;
   for (const auto& ops : p.ranks)
     for (const Op& op : ops)
-      if (op.kind == OpKind::kCompute) stages[op.module] = std::max<int64_t>(stages[op.module], op.stage + 1);
+      if (op.kind == OpKind::kCompute)
+        stages[op.module] = std::max<int64_t>(stages[op.module], op.stage + 1);
   for (const auto& ops : p.ranks)
     for (const Op& op : ops)
       if (op.kind == OpKind::kCompute && op.phase == Phase::kF)
@@ -105,8 +106,9 @@ Worker::Worker(const Scenario& s, const ParallelPlan& plan, Groups& groups,
     for (const auto& [k, n] : layers[op.module])
       if (k < v) begin += n;
     const ModuleSpec& spec = model.modules[static_cast<std::size_t>(op.module)];
-    TESSERA_CHECK(tp_[static_cast<std::size_t>(op.module)] != nullptr,
-                  "rank " + std::to_string(rank_) + " runs " + spec.name + " but has no group for it");
+    TESSERA_CHECK(
+        tp_[static_cast<std::size_t>(op.module)] != nullptr,
+        "rank " + std::to_string(rank_) + " runs " + spec.name + " but has no group for it");
     // A module without layers (a projector) is whole wherever its host's stage puts it.
     const int64_t count = spec.transformer ? layers[op.module][v] : 0;
     if (!spec.transformer) begin = 0;
@@ -115,8 +117,8 @@ Worker::Worker(const Scenario& s, const ParallelPlan& plan, Groups& groups,
   }
   dip_ = plan.schedule == Schedule::kDip;
   if (dip_) {
-    dip_cost_ = std::make_unique<CostModel>(s.cluster, model.dtype, default_cost_params(s.cluster),
-                                            model);
+    dip_cost_ =
+        std::make_unique<CostModel>(s.cluster, model.dtype, default_cost_params(s.cluster), model);
     dip_planner_ = std::make_unique<DipPlanner>(s, plan, *dip_cost_);
   }
   linked_boundary_ = plan.placement == Placement::kNonColocated ||
@@ -157,8 +159,8 @@ Worker::Worker(const Scenario& s, const ParallelPlan& plan, Groups& groups,
         if (key.first == static_cast<int>(m))
           for (const Param& prm : st->params())
             if (prm.tensor.requires_grad())
-              weights.push_back(torch::full({prm.tensor.numel()},
-                                            prm.tp_sharded ? 1.0 : 1.0 / tp_[m]->size()));
+              weights.push_back(
+                  torch::full({prm.tensor.numel()}, prm.tp_sharded ? 1.0 : 1.0 / tp_[m]->size()));
       const torch::Tensor weight = torch::cat(weights);
       shard.norm_weight = torch::zeros({size});
       if (n > 0) shard.norm_weight.narrow(0, 0, n).copy_(weight.narrow(0, shard.begin, n));
@@ -173,7 +175,8 @@ Worker::Worker(const Scenario& s, const ParallelPlan& plan, Groups& groups,
 Stage& Worker::stage(int module, int chunk) {
   const auto it = stages_.find({module, chunk});
   TESSERA_CHECK(it != stages_.end(), "no stage of module " + std::to_string(module) + " chunk " +
-                                         std::to_string(chunk) + " on rank " + std::to_string(rank_));
+                                         std::to_string(chunk) + " on rank " +
+                                         std::to_string(rank_));
   return *it->second;
 }
 
@@ -234,8 +237,8 @@ torch::Tensor Worker::entrain_rows(int producer, int mb, std::vector<torch::Tens
   for (int32_t sample : wanted)
     if (const auto it = where.find(sample); it != where.end())
       for (int64_t r = 0; r < it->second.second; ++r) index.push_back(it->second.first + r);
-  TESSERA_CHECK(!outputs.empty(), "entrain: no encoder micro-batch feeds LLM micro-batch " +
-                                      std::to_string(mb));
+  TESSERA_CHECK(!outputs.empty(),
+                "entrain: no encoder micro-batch feeds LLM micro-batch " + std::to_string(mb));
   return torch::cat(outputs, 0).index_select(0, torch::tensor(index, torch::kInt64).view({-1}));
 }
 
@@ -303,9 +306,10 @@ void Worker::boundary_collective(const Op& op) {
     for (const auto& mb : my_micro_batches_)
       for (int32_t sample : mb)
         TESSERA_CHECK(b.rows.count(sample),
-                      op_name(*program_, op) + ": the regrouped rows miss a sample of this rank's "
-                      "LLM replica (encoder and LLM grids not aligned, e.g. an LLM pipeline): "
-                      "not in the executor yet");
+                      op_name(*program_, op) +
+                          ": the regrouped rows miss a sample of this rank's "
+                          "LLM replica (encoder and LLM grids not aligned, e.g. an LLM pipeline): "
+                          "not in the executor yet");
     boundaries_[op.module] = std::move(b);
     return;
   }
@@ -319,10 +323,11 @@ void Worker::boundary_collective(const Op& op) {
     int64_t first = 0;
     for (int64_t j = 0; j < k; ++j) {
       RowMap scratch;
-      const int64_t rows = lay_out_rows(
-          op.module,
-          replica_samples(assignment_, dp_size_[static_cast<std::size_t>(llm_)], dp_rank_[m] * k + j, -1),
-          0, scratch);
+      const int64_t rows =
+          lay_out_rows(op.module,
+                       replica_samples(assignment_, dp_size_[static_cast<std::size_t>(llm_)],
+                                       dp_rank_[m] * k + j, -1),
+                       0, scratch);
       if (j < comm.rank) first += rows;
       member_rows.push_back(rows);
     }
@@ -335,8 +340,8 @@ void Worker::boundary_collective(const Op& op) {
   }
   // Fan-in: this rank's rows of the gradient, exchanged over the group as the Program says.
   const torch::Tensor g = b.leaf.grad().defined() ? b.leaf.grad() : torch::zeros_like(b.leaf);
-  const torch::Tensor all = all_gather_rows(comm, g.narrow(0, b.mine_first, b.mine_rows).contiguous(),
-                                            b.member_rows);
+  const torch::Tensor all =
+      all_gather_rows(comm, g.narrow(0, b.mine_first, b.mine_rows).contiguous(), b.member_rows);
   producer_slot(op.module, -1).output_grad = all.narrow(0, b.mine_first, b.mine_rows).contiguous();
 }
 
@@ -377,7 +382,7 @@ std::vector<int32_t> Worker::link_samples(int producer, int mb, int64_t peer,
 }
 
 std::vector<std::pair<int64_t, std::vector<int32_t>>> Worker::consumer_links(int producer,
-                                                                           int mb) const {
+                                                                             int mb) const {
   const int consumer = consumer_of(producer);
   const int64_t dp_p = dp_size_[static_cast<std::size_t>(producer)];
   const int64_t dp_c = dp_size_[static_cast<std::size_t>(consumer)];
@@ -385,7 +390,8 @@ std::vector<std::pair<int64_t, std::vector<int32_t>>> Worker::consumer_links(int
   if (dp_p >= dp_c) {
     const int64_t k = dp_p / dp_c, first = dp_rank_[static_cast<std::size_t>(consumer)] * k;
     for (int64_t e = first; e < first + k; ++e)
-      links.emplace_back(e, replica_samples(entrain_ ? encoder_assignment_ : assignment_, dp_p, e, mb));
+      links.emplace_back(
+          e, replica_samples(entrain_ ? encoder_assignment_ : assignment_, dp_p, e, mb));
   } else {
     links.emplace_back(0, samples_for(consumer, mb));
   }
@@ -398,7 +404,8 @@ int64_t Worker::lay_out_rows(int producer, const std::vector<int32_t>& samples, 
                              RowMap& where) const {
   const ModelSpec& model = scenario_.model;
   const Modality modality =
-      find_module(model, model.modules[static_cast<std::size_t>(producer)].inputs.front())->modality;
+      find_module(model, model.modules[static_cast<std::size_t>(producer)].inputs.front())
+          ->modality;
   for (int32_t s : samples) {
     const int64_t n =
         llm_media_tokens(model, modality, batch_.batch.samples[static_cast<std::size_t>(s)]);
@@ -433,7 +440,8 @@ int64_t Worker::producer_leader(int producer, int64_t replica) const {
 Worker::Slot& Worker::producer_slot(int producer, int mb) {
   for (auto& [k, other] : stages_)
     if (k.first == producer && other->last()) {
-      if (const auto it = slots_.find({producer, k.second, mb, 0}); it != slots_.end()) return it->second;
+      if (const auto it = slots_.find({producer, k.second, mb, 0}); it != slots_.end())
+        return it->second;
       return slots_.at({producer, k.second, -1, 0});
     }
   TESSERA_CHECK(false, "no output of module " + std::to_string(producer) + " on this rank");
@@ -456,11 +464,13 @@ void Worker::absorb_self_links(int producer) {
     if (key.first != producer || !b.leaf.grad().defined()) continue;
     const int mb = key.second;
     for (const auto& [link, samples] : consumer_links(producer, mb)) {
-      const int64_t replica = dp_p >= dp_c ? link : dp_rank_[static_cast<std::size_t>(consumer)] / (dp_c / dp_p);
+      const int64_t replica =
+          dp_p >= dp_c ? link : dp_rank_[static_cast<std::size_t>(consumer)] / (dp_c / dp_p);
       if (producer_leader(producer, replica) != rank_) continue;
       Slot& slot = producer_slot(producer, mb);
       const bool whole = slots_.count({producer, 0, mb, 0}) == 0;
-      const std::vector<int32_t> order = whole ? samples_for(producer, -1) : samples_for(producer, mb);
+      const std::vector<int32_t> order =
+          whole ? samples_for(producer, -1) : samples_for(producer, mb);
       std::vector<int64_t> from;
       for (int32_t s : samples) {
         const auto [first, n] = b.rows.at(s);
@@ -495,13 +505,15 @@ Worker::Boundary& Worker::assembled(int producer, int mb) {
       const int64_t dp_c = dp_size_[static_cast<std::size_t>(consumer)];
       const int64_t replica =
           dp_p >= dp_c ? link : dp_rank_[static_cast<std::size_t>(consumer)] / (dp_c / dp_p);
-      const bool self = tp_index_ == 0 && cp_index_ == 0 && producer_leader(producer, replica) == rank_ &&
+      const bool self = tp_index_ == 0 && cp_index_ == 0 &&
+                        producer_leader(producer, replica) == rank_ &&
                         std::any_of(stages_.begin(), stages_.end(),
                                     [&](const auto& e) { return e.first.first == producer; });
       if (self) {
         Slot& slot = producer_slot(producer, mb);
         const bool whole = slots_.count({producer, 0, mb, 0}) == 0;
-        const std::vector<int32_t> order = whole ? samples_for(producer, -1) : samples_for(producer, mb);
+        const std::vector<int32_t> order =
+            whole ? samples_for(producer, -1) : samples_for(producer, mb);
         rows_here = slot.output.detach().index_select(
             0, torch::tensor(rows_of(producer, samples, order), torch::kInt64).view({-1}));
       } else {
@@ -542,7 +554,8 @@ void Worker::boundary_p2p(const Op& op) {
     if (op.kind == OpKind::kRecv) absorb_self_links(producer);
     const std::vector<int32_t> mine = whole ? samples_for(producer, -1) : samples_for(producer, mb);
     const std::vector<int32_t> link = link_samples(producer, mb, op.peer, false);
-    const torch::Tensor rows = torch::tensor(rows_of(producer, link, mine), torch::kInt64).view({-1});
+    const torch::Tensor rows =
+        torch::tensor(rows_of(producer, link, mine), torch::kInt64).view({-1});
     if (op.kind == OpKind::kSend)  // forward: this link's rows of the output
       return send(slot->output.detach().index_select(0, rows));
     // backward: this link's rows of the output gradient
@@ -553,10 +566,10 @@ void Worker::boundary_p2p(const Op& op) {
   }
   const std::vector<int32_t> link = link_samples(producer, mb, op.peer, true);
   const int consumer = consumer_of(producer);
-  const int64_t link_id = dp_size_[static_cast<std::size_t>(producer)] >=
-                                  dp_size_[static_cast<std::size_t>(consumer)]
-                              ? replica_of(producer, op.peer)
-                              : 0;
+  const int64_t link_id =
+      dp_size_[static_cast<std::size_t>(producer)] >= dp_size_[static_cast<std::size_t>(consumer)]
+          ? replica_of(producer, op.peer)
+          : 0;
   if (op.kind == OpKind::kRecv) {  // forward: a link's rows, kept until assembled
     RowMap scratch;
     link_parts_[{producer, mb, link_id}] = recv(lay_out_rows(producer, link, 0, scratch), width);
@@ -613,11 +626,11 @@ void Worker::dip_boundary(const Op& op) {
     // The encoder behind this projector, and the piece's images' rows for the LLM.
     const ModelSpec& model = scenario_.model;
     const ModuleSpec* encoder = &model.modules[static_cast<std::size_t>(op.module)];
-    while (encoder->role != ModuleRole::kEncoder) encoder = find_module(model, encoder->inputs.front());
-    const int64_t images =
-        dip_pieces(module_index(model, encoder->name), op.microbatch)
-            .at(static_cast<std::size_t>(op.sub_microbatch))
-            .second;
+    while (encoder->role != ModuleRole::kEncoder)
+      encoder = find_module(model, encoder->inputs.front());
+    const int64_t images = dip_pieces(module_index(model, encoder->name), op.microbatch)
+                               .at(static_cast<std::size_t>(op.sub_microbatch))
+                               .second;
     const int64_t size = encoder->patching->image_size;
     t = torch::zeros({images * image_tokens(*encoder, size, size).llm_tokens,
                       model.modules[static_cast<std::size_t>(llm_)].transformer->hidden});
@@ -659,10 +672,10 @@ DipStepInfo Worker::dip_schedule_for_step(int64_t iteration) {
   // Layers stay where they are: moving them would move weights and optimizer state between ranks.
   if (!dip_next_.valid()) {
     next_batch_ = make_batch(scenario_, options_.dataset, iteration + 1);
-    dip_next_ = std::async(std::launch::async,
-                           [this, batch = next_batch_->batch, start = dip_schedule_] {
-                             return dip_planner_->search(batch, start, /*move_layers=*/false);
-                           });
+    dip_next_ =
+        std::async(std::launch::async, [this, batch = next_batch_->batch, start = dip_schedule_] {
+          return dip_planner_->search(batch, start, /*move_layers=*/false);
+        });
   }
   return info;
 }
@@ -676,8 +689,9 @@ const Worker::MicroBatch& Worker::micro_batch(int mb) {
   const int64_t cp_size = cp == nullptr ? 1 : cp->size();
   std::vector<TokenTag> tags(b.layout.sample.size());
   for (std::size_t t = 0; t < tags.size(); ++t) tags[t] = {b.layout.sample[t], b.layout.item[t]};
-  const auto split = context_split(plan_.cp_split, tags, cp_size,
-                                   cp_linear_tiles(*scenario_.model.modules[static_cast<std::size_t>(llm_)].transformer));
+  const auto split = context_split(
+      plan_.cp_split, tags, cp_size,
+      cp_linear_tiles(*scenario_.model.modules[static_cast<std::size_t>(llm_)].transformer));
   b.local = split[static_cast<std::size_t>(cp_index_)];
   std::vector<int64_t> keys;
   for (const auto& part : split) {
@@ -716,9 +730,9 @@ StepResult Worker::step(int64_t iteration) {
   entrain_ = plan_.microbatching == MicrobatchPolicy::kEntrain;
   MicrobatchAssignment assignment;
   if (entrain_) {
-    EntrainAssignment a =
-        entrain_assignment(batch_.batch, model, llm_dp, micro_batches(plan_, model, scenario_.workload),
-                           scenario_.workload.max_seq_len);
+    EntrainAssignment a = entrain_assignment(batch_.batch, model, llm_dp,
+                                             micro_batches(plan_, model, scenario_.workload),
+                                             scenario_.workload.max_seq_len);
     assignment = std::move(a.llm);
     // Colocated encoders run the whole batch at once (as the lowering has them): only the
     // LLM's micro-batches, level 2, exist there.
@@ -781,7 +795,7 @@ StepResult Worker::step(int64_t iteration) {
     switch (op.kind) {
       case OpKind::kCompute: {
         if (fused_[i] && op.phase == Phase::kW) break;  // done by its B
-        if (fused_[i]) has_w_.erase(key);                // B does the weights too
+        if (fused_[i]) has_w_.erase(key);               // B does the weights too
         std::vector<CommRecord> inside;
         record_collectives(&inside);
         compute(op);
@@ -797,9 +811,8 @@ StepResult Worker::step(int64_t iteration) {
           break;
         }
         const Slot& slot = slots_.at(key);
-        torch::Tensor t = (op.phase == Phase::kF ? slot.output : slot.input_grads.at(0))
-                              .detach()
-                              .contiguous();
+        torch::Tensor t =
+            (op.phase == Phase::kF ? slot.output : slot.input_grads.at(0)).detach().contiguous();
         std::vector<at::Tensor> tensors{t};
         pending_.emplace_back(groups_.world().group->send(tensors, op.peer, gloo_tag(op.tag)), t);
         break;
@@ -817,8 +830,9 @@ StepResult Worker::step(int64_t iteration) {
                               spec.transformer->hidden});
           } else {
             // A pipelined image encoder: (images, tokens per image, hidden) between its stages.
-            TESSERA_CHECK(spec.role == ModuleRole::kEncoder && spec.modality == Modality::kImage,
-                          "activations of " + spec.name + " across ranks are not in the executor yet");
+            TESSERA_CHECK(
+                spec.role == ModuleRole::kEncoder && spec.modality == Modality::kImage,
+                "activations of " + spec.name + " across ranks are not in the executor yet");
             int64_t images = 0;
             if (dip_)
               images = dip_pieces(op.module, op.microbatch)
@@ -829,8 +843,8 @@ StepResult Worker::step(int64_t iteration) {
                 images += static_cast<int64_t>(
                     batch_.data[static_cast<std::size_t>(sample)].images.size());
             const int64_t size = spec.patching->image_size;
-            t = torch::zeros({images, image_tokens(spec, size, size).encoder_tokens,
-                              spec.transformer->hidden});
+            t = torch::zeros(
+                {images, image_tokens(spec, size, size).encoder_tokens, spec.transformer->hidden});
           }
         } else {
           t = torch::zeros_like(slots_.at(key).output);
@@ -888,7 +902,8 @@ void Worker::forward(const Op& op) {
     const int producer = module_index(model, name);
     for (auto& [k, other] : stages_)
       if (k.first == producer && other->last()) {
-        const torch::Tensor& out = slots_.at({producer, k.second, op.microbatch, op.sub_microbatch}).output;
+        const torch::Tensor& out =
+            slots_.at({producer, k.second, op.microbatch, op.sub_microbatch}).output;
         torch::Tensor leaf = out.detach();
         leaf.set_requires_grad(out.requires_grad());
         return leaf;
@@ -902,7 +917,8 @@ void Worker::forward(const Op& op) {
   std::vector<torch::Tensor> dip_parts;      // DIP: each input's sub-micro-batches, joined
   // Colocated: the LLM's micro-batches take their rows from the producers' whole-batch outputs.
   const bool whole_batch_inputs = spec.role == ModuleRole::kLlm && st.first() &&
-                                  !received_.count(key) && plan_.placement != Placement::kHomogeneous;
+                                  !received_.count(key) &&
+                                  plan_.placement != Placement::kHomogeneous;
   // The rows of each input: the colocated boundary's (whole batch), or the non-colocated one's
   // (this micro-batch, assembled from the links).
   // Each LLM micro-batch selects its rows from the boundary (under Entrain from the one or two
@@ -948,18 +964,19 @@ void Worker::forward(const Op& op) {
       const std::vector<int32_t> samples = samples_for(op.module, op.microbatch);
       if (spec.modality == Modality::kAudio)
         out = st.encode_audio(micro_batch_audio(batch_, samples));
-      else
-        if (!inputs.empty())
-          out = st.encode(inputs[0]);
-        else if (dip_) {
-          // This sub-micro-batch's images of the LLM micro-batch.
-          const auto [first, count] =
-              dip_pieces(op.module, op.microbatch).at(static_cast<std::size_t>(op.sub_microbatch));
-          out = st.encode(micro_batch_images(spec, batch_, my_micro_batches_[static_cast<std::size_t>(op.microbatch)])
-                              .narrow(0, first, count));
-        } else {
-          out = st.encode(micro_batch_images(spec, batch_, samples));
-        }
+      else if (!inputs.empty())
+        out = st.encode(inputs[0]);
+      else if (dip_) {
+        // This sub-micro-batch's images of the LLM micro-batch.
+        const auto [first, count] =
+            dip_pieces(op.module, op.microbatch).at(static_cast<std::size_t>(op.sub_microbatch));
+        out =
+            st.encode(micro_batch_images(spec, batch_,
+                                         my_micro_batches_[static_cast<std::size_t>(op.microbatch)])
+                          .narrow(0, first, count));
+      } else {
+        out = st.encode(micro_batch_images(spec, batch_, samples));
+      }
       break;
     }
     case ModuleRole::kProjector:
@@ -981,7 +998,7 @@ void Worker::forward(const Op& op) {
         // The LLM's inputs in order (llm_layout numbers media rows the same way); at a
         // colocated boundary, each input's rows of this micro-batch's samples.
         // (Colocated Entrain: the whole-batch boundary serves the LLM's level-2 micro-batches.)
-        std::vector<torch::Tensor> parts = dip_                       ? dip_parts
+        std::vector<torch::Tensor> parts = dip_                         ? dip_parts
                                            : entrain_ && !boundary_rows ? entrain_parts
                                                                         : inputs;
         if (boundary_rows)
@@ -994,7 +1011,8 @@ void Worker::forward(const Op& op) {
             }
             parts[i] = inputs[i].index_select(0, torch::tensor(rows, torch::kInt64).view({-1}));
           }
-        const torch::Tensor media = parts.empty() ? torch::zeros({0, hidden}) : torch::cat(parts, 0);
+        const torch::Tensor media =
+            parts.empty() ? torch::zeros({0, hidden}) : torch::cat(parts, 0);
         h = st.embed(b.layout.ids, b.layout.text_slots, media, b.layout.media_slots,
                      b.layout.media_rows, local);
       } else {
@@ -1081,8 +1099,9 @@ void Worker::backward(const Op& op, bool weights) {
 }
 
 void Worker::reduce_gradients(const Op& op) {
-  TESSERA_CHECK(op.purpose == Purpose::kDp,
-                op_name(*program_, op) + ": only data-parallel collectives are in the executor so far");
+  TESSERA_CHECK(
+      op.purpose == Purpose::kDp,
+      op_name(*program_, op) + ": only data-parallel collectives are in the executor so far");
   if (op.collective == CollectiveKind::kAllGather) return gather_parameters(op);
   TESSERA_CHECK(op.collective == CollectiveKind::kAllReduce ||
                     op.collective == CollectiveKind::kReduceScatter,
@@ -1131,8 +1150,7 @@ void Worker::synchronize_norm_and_loss() {
     if (shards_.count(key.first)) continue;
     for (const Param& p : st->params()) {
       if (!p.tensor.requires_grad()) continue;
-      const double copies =
-          static_cast<double>((p.tp_sharded ? 1 : tp_[m]->size()) * dpcp_[m]);
+      const double copies = static_cast<double>((p.tp_sharded ? 1 : tp_[m]->size()) * dpcp_[m]);
       norm2 += p.tensor.grad().to(torch::kFloat64).pow(2).sum().item<double>() / copies;
     }
   }
@@ -1140,8 +1158,7 @@ void Worker::synchronize_norm_and_loss() {
   all_reduce(groups_.world(), t);
   grad_norm_ = std::sqrt(t[0].item<double>());
   loss_ = t[1].item<double>();
-  clip_coefficient_ =
-      options_.clip > 0 ? std::min(1.0, options_.clip / (grad_norm_ + 1e-6)) : 1.0;
+  clip_coefficient_ = options_.clip > 0 ? std::min(1.0, options_.clip / (grad_norm_ + 1e-6)) : 1.0;
   synchronized_ = true;
 }
 

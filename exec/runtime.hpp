@@ -7,9 +7,9 @@
 #include <cstdint>
 #include <future>
 #include <map>
-#include <set>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -41,7 +41,7 @@ struct TrainOptions {
 // background thread while the step before trains; when it has not finished on every rank as the
 // step begins, the step runs the previous schedule (late).
 struct DipStepInfo {
-  DipSchedule schedule;  // what the step ran
+  DipSchedule schedule;   // what the step ran
   bool searched = false;  // a finished search supplied it (false: the previous or the start)
   bool late = false;      // a search was running and had not finished on every rank
   double search_s = 0;    // the supplying search's wall time
@@ -55,10 +55,10 @@ struct StepResult {
   double started_s = 0;  // when the first op started (steady clock, shared by the host's ranks)
   double prepare_s = 0;  // drawing the batch and lowering the Program, before the first op
   int64_t llm_tokens = 0;
-  Program program;             // the iteration's Program (all ranks)
-  std::vector<OpTime> times;   // this rank's ops, seconds from the step's start
+  Program program;                  // the iteration's Program (all ranks)
+  std::vector<OpTime> times;        // this rank's ops, seconds from the step's start
   std::vector<NestedSlice> nested;  // collectives inside this rank's compute ops, same clock
-  std::vector<Sample> samples; // what the iteration trained on
+  std::vector<Sample> samples;      // what the iteration trained on
   std::optional<DipStepInfo> dip;
 };
 
@@ -151,21 +151,21 @@ class Worker {
   int rank_;
   int llm_ = -1;  // the LLM's module index
   std::vector<ModuleGroups> module_groups_;
-  std::vector<const Comm*> tp_, cp_;   // per module: this rank's groups (null: not here)
-  std::vector<int64_t> dpcp_;          // per module: ranks holding the same shard
+  std::vector<const Comm*> tp_, cp_;        // per module: this rank's groups (null: not here)
+  std::vector<int64_t> dpcp_;               // per module: ranks holding the same shard
   std::vector<int64_t> dp_size_, dp_rank_;  // per module: data-parallel degree, this rank's replica
   int64_t dp_index_ = 0, cp_index_ = 0, tp_index_ = 0;
-  std::map<std::pair<int, int>, std::unique_ptr<Stage>> stages_;  // (module, chunk)
+  std::map<std::pair<int, int>, std::unique_ptr<Stage>> stages_;    // (module, chunk)
   std::map<int, std::unique_ptr<torch::optim::AdamW>> optimizers_;  // per module
   // Distributed optimizer (ZeRO-1 style): per module, this rank's slice of the flattened
   // parameters — the only parameters its AdamW holds state for.
   struct Shard {
-    torch::Tensor flat;  // (shard) fp32 master copy of this rank's slice
-    torch::Tensor grad;  // (shard) its reduced gradient, after the reduce-scatter
+    torch::Tensor flat;         // (shard) fp32 master copy of this rank's slice
+    torch::Tensor grad;         // (shard) its reduced gradient, after the reduce-scatter
     torch::Tensor norm_weight;  // (shard) 1 / TP copies of each element (for the global norm)
-    int64_t begin = 0;   // offset of the slice in the flattened module parameters
-    int64_t total = 0;   // flattened parameters (before padding)
-    int64_t parts = 1;   // ranks sharing the module's optimizer state
+    int64_t begin = 0;          // offset of the slice in the flattened module parameters
+    int64_t total = 0;          // flattened parameters (before padding)
+    int64_t parts = 1;          // ranks sharing the module's optimizer state
   };
   std::map<int, Shard> shards_;
 
@@ -180,16 +180,17 @@ class Worker {
   // (its own and the next) take rows from; its gradient accumulates there. (producer, mb)
   std::map<std::pair<int, int>, torch::Tensor> entrain_leaves_;
   std::map<int, Boundary> boundaries_;
-  std::map<std::pair<int, int>, Boundary> linked_;                        // (producer, mb)
-  std::map<std::tuple<int, int, int64_t>, torch::Tensor> link_parts_;      // (producer, mb, link)
+  std::map<std::pair<int, int>, Boundary> linked_;                     // (producer, mb)
+  std::map<std::tuple<int, int, int64_t>, torch::Tensor> link_parts_;  // (producer, mb, link)
   std::set<int> absorbed_;  // producers whose same-rank links' gradients are in place
-  bool linked_boundary_ = false;  // boundary messages leader to leader (non-colocated, or an LLM pipeline)
+  bool linked_boundary_ =
+      false;  // boundary messages leader to leader (non-colocated, or an LLM pipeline)
   std::map<int, MicroBatch> micro_batches_;
   std::map<Key, Slot> slots_;
   std::map<Key, torch::Tensor> received_;
   std::set<Key> has_w_;       // (module, chunk, mb) with a W op of its own on this rank
   std::set<Key> sends_grad_;  // ... whose input gradient this rank sends back
-  std::vector<char> fused_;  // per op: a B and the W right after it, run as one backward
+  std::vector<char> fused_;   // per op: a B and the W right after it, run as one backward
   std::vector<std::pair<c10::intrusive_ptr<c10d::Work>, torch::Tensor>> pending_;
   // schedule dip
   bool dip_ = false;
@@ -197,7 +198,7 @@ class Worker {
   std::map<Key, torch::Tensor> dip_received_;  // LLM first stage: each piece's encoder output
   std::unique_ptr<CostModel> dip_cost_;
   std::unique_ptr<DipPlanner> dip_planner_;
-  DipSchedule dip_schedule_;              // the last step's
+  DipSchedule dip_schedule_;               // the last step's
   std::future<DipSearchResult> dip_next_;  // the search for the next step's batch
   std::optional<TrainBatch> next_batch_;   // that batch, drawn ahead
   const Program* program_ = nullptr;

@@ -34,11 +34,12 @@ Stage::Stage(const ModuleSpec& module, int64_t layer_begin, int64_t layer_end, u
     conv1_bias_ = params_.constant(name + ".conv1.bias", {arch.hidden}, 0.0);
     conv2_weight_ = params_.weight(name + ".conv2.weight", {arch.hidden, arch.hidden, 3}, 0.02);
     conv2_bias_ = params_.constant(name + ".conv2.bias", {arch.hidden}, 0.0);
-    const auto frames = static_cast<int64_t>(std::ceil(a.max_seconds * static_cast<double>(a.frames_per_second)));
+    const auto frames =
+        static_cast<int64_t>(std::ceil(a.max_seconds * static_cast<double>(a.frames_per_second)));
     const int64_t longest = (frames + a.downsampling - 1) / a.downsampling;
-    TESSERA_CHECK(arch.positions >= longest,
-                  name + ": " + std::to_string(arch.positions) +
-                      " position embeddings for windows of " + std::to_string(longest) + " tokens");
+    TESSERA_CHECK(arch.positions >= longest, name + ": " + std::to_string(arch.positions) +
+                                                 " position embeddings for windows of " +
+                                                 std::to_string(longest) + " tokens");
     positions_ = params_.weight(name + ".positions", {arch.positions, arch.hidden}, 0.02);
   } else if (module.role == ModuleRole::kEncoder && first()) {
     const Patching& p = *module.patching;
@@ -48,9 +49,9 @@ Stage::Stage(const ModuleSpec& module, int64_t layer_begin, int64_t layer_end, u
                     arch.hidden, true, Split::kReplicated);
     if (p.class_token) cls_ = params_.weight(name + ".cls", {arch.hidden}, 0.02);
     if (arch.positions > 0) {
-      TESSERA_CHECK(arch.positions >= length,
-                    name + ": " + std::to_string(arch.positions) +
-                        " position embeddings for a sequence of " + std::to_string(length));
+      TESSERA_CHECK(arch.positions >= length, name + ": " + std::to_string(arch.positions) +
+                                                  " position embeddings for a sequence of " +
+                                                  std::to_string(length));
       positions_ = params_.weight(name + ".positions", {arch.positions, arch.hidden}, 0.02);
     }
   }
@@ -94,7 +95,8 @@ torch::Tensor Stage::encode_audio(const std::vector<torch::Tensor>& windows) con
   const AudioFrontEnd& a = *module_.audio;
   std::vector<torch::Tensor> out;
   for (const torch::Tensor& mel : windows) {
-    torch::Tensor x = torch::gelu(torch::conv1d(mel.unsqueeze(0), conv1_weight_, conv1_bias_, 1, 1));
+    torch::Tensor x =
+        torch::gelu(torch::conv1d(mel.unsqueeze(0), conv1_weight_, conv1_bias_, 1, 1));
     x = torch::gelu(torch::conv1d(x, conv2_weight_, conv2_bias_, a.downsampling, 1));
     x = x.transpose(1, 2);  // (1, T, H)
     x = x + positions_.narrow(0, 0, x.size(1)).unsqueeze(0);

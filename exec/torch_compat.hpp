@@ -9,9 +9,9 @@
 #include <cmath>
 #include <optional>
 
-#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/torch.h>
 #include <torch/version.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 namespace tessera::exec {
 

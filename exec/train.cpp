@@ -320,7 +320,8 @@ int train_worker(const WorkerEnv& env, const TrainJob& job) {
           {"steps", dip_steps},
           {"late", dip_late},
           {"searches_used", dip_searches},
-          {"search_s_mean", dip_searches > 0 ? dip_search_s / static_cast<double>(dip_searches) : 0.0},
+          {"search_s_mean",
+           dip_searches > 0 ? dip_search_s / static_cast<double>(dip_searches) : 0.0},
           {"search_s_max", dip_search_max_s}};
     write_atomically(out / "run.json", run.dump(1) + "\n");
   }

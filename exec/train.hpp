@@ -16,12 +16,12 @@ struct TrainJob {
   Scenario scenario;  // validated, with its plan
   std::string scenario_file;
   int64_t steps = 10;
-  std::string out_dir;        // "": record nothing. Rank 0's value (and --resume) holds for all ranks
-  bool resume = false;        // continue from out_dir/checkpoint/manifest.json
+  std::string out_dir;  // "": record nothing. Rank 0's value (and --resume) holds for all ranks
+  bool resume = false;  // continue from out_dir/checkpoint/manifest.json
   int64_t checkpoint_every = 0;  // also checkpoint every N steps (always at the end with --out)
   bool checkpoint = true;        // false: no checkpoints at all
-  int64_t trace_steps = 20;   // steps recorded in the Chrome traces
-  double timeout_s = 120;     // rendezvous and every collective
+  int64_t trace_steps = 20;      // steps recorded in the Chrome traces
+  double timeout_s = 120;        // rendezvous and every collective
   TrainOptions options;
 };
 

@@ -38,8 +38,8 @@ torch::Tensor seeded_uniform(uint64_t seed, const std::string& name, at::IntArra
   float* data = t.data_ptr<float>();
   const double half_width = scale * std::sqrt(3.0);
   for (int64_t i = 0; i < t.numel(); ++i)
-    data[i] = static_cast<float>((2 * stream_uniform(key, static_cast<uint64_t>(i)) - 1) *
-                                 half_width);
+    data[i] =
+        static_cast<float>((2 * stream_uniform(key, static_cast<uint64_t>(i)) - 1) * half_width);
   return t;
 }
 

@@ -28,7 +28,8 @@ const Fixture& fixture() {
     const std::string file = std::string(TESSERA_SOURCE_DIR) + "/scenarios/cpu-tiny.json";
     std::optional<Scenario> s = load_scenario(file, diag);
     if (!s || !s->plan) fuzz::fail("the fixture scenario does not load:\n" + diag.format());
-    Lowered lowered = lower(s->model, s->cluster, *s->plan, s->workload, draw_batch(s->workload, 0));
+    Lowered lowered =
+        lower(s->model, s->cluster, *s->plan, s->workload, draw_batch(s->workload, 0));
     if (!lowered.error.empty()) fuzz::fail("the fixture scenario does not lower: " + lowered.error);
     return Fixture{std::move(*s), std::move(lowered.program)};
   }();
@@ -68,7 +69,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, std::size_t size) {
       if (op.kind != OpKind::kCompute && op.kind != OpKind::kOptimizerStep) continue;
       const double s = cost.compute_s(f.program, op);
       if (!std::isfinite(s) || s < 0)
-        fuzz::fail("the profile prices " + op_name(f.program, op) + " at " + std::to_string(s) + " s");
+        fuzz::fail("the profile prices " + op_name(f.program, op) + " at " + std::to_string(s) +
+                   " s");
     }
   const Timeline timeline = evaluate(f.program, cost);
   if (!timeline.error.empty()) fuzz::fail("the step does not finish: " + timeline.error);

@@ -46,7 +46,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, std::size_t size) {
   });
   if (small(*scenario)) {
     const Scenario& s = *scenario;
-    const Lowered lowered = lower(s.model, s.cluster, *s.plan, s.workload, draw_batch(s.workload, 0));
+    const Lowered lowered =
+        lower(s.model, s.cluster, *s.plan, s.workload, draw_batch(s.workload, 0));
     if (lowered.error.empty())
       for (const std::string& problem : check_program(lowered.program))
         fuzz::fail("the lowered Program is broken: " + problem);

@@ -1,10 +1,10 @@
 #include "fuzz/support.hpp"
 
+#include <unistd.h>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <unistd.h>
 
 namespace tessera::fuzz {
 

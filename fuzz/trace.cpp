@@ -47,7 +47,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, std::size_t size) {
   for (const TracedIteration& it : *traced)
     for (const auto& rank : it.timeline.ops)
       for (const auto& span : rank)
-        if (!std::isfinite(span.start_s) || !std::isfinite(span.finish_s) || span.finish_s < span.start_s)
+        if (!std::isfinite(span.start_s) || !std::isfinite(span.finish_s) ||
+            span.finish_s < span.start_s)
           fuzz::fail("an accepted trace has an op from " + std::to_string(span.start_s) + " s to " +
                      std::to_string(span.finish_s) + " s");
   return 0;

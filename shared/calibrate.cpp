@@ -76,7 +76,8 @@ class CoreShare {
  private:
   double value(double t) const {
     if (at_.empty() || t <= at_.front()) return 0;
-    const auto k = static_cast<std::size_t>(std::upper_bound(at_.begin(), at_.end(), t) - at_.begin()) - 1;
+    const auto k =
+        static_cast<std::size_t>(std::upper_bound(at_.begin(), at_.end(), t) - at_.begin()) - 1;
     const int n = running_[k];
     const double share = n <= cores_ ? 1.0 : static_cast<double>(cores_) / n;
     return integral_[k] + share * (t - at_[k]);
@@ -97,7 +98,8 @@ OpClass collective_class(const CostModel& cost, CollectiveKind kind, const RankL
 
 double overlap_length(const Interval& a, const std::vector<Interval>& others) {
   double total = 0;
-  for (const Interval& o : others) total += std::max(0.0, std::min(a.to, o.to) - std::max(a.from, o.from));
+  for (const Interval& o : others)
+    total += std::max(0.0, std::min(a.to, o.to) - std::max(a.from, o.from));
   return total;
 }
 
@@ -125,7 +127,8 @@ std::vector<OpMeasure> measure_ops(const Program& p, const Timeline& t, const Mo
       const OpTime& o = t.ops[r][i];
       if (op.kind == OpKind::kCompute || op.kind == OpKind::kOptimizerStep) {
         auto& h = holes[r][static_cast<int32_t>(i)];
-        std::sort(h.begin(), h.end(), [](const Interval& a, const Interval& b) { return a.from < b.from; });
+        std::sort(h.begin(), h.end(),
+                  [](const Interval& a, const Interval& b) { return a.from < b.from; });
         for (const Interval& piece : pure_pieces(o.start_s, o.finish_s, h)) busy.push_back(piece);
       } else if (op.kind == OpKind::kCollective) {
         collective_busy[r].push_back({o.start_s, o.finish_s});
@@ -135,16 +138,20 @@ std::vector<OpMeasure> measure_ops(const Program& p, const Timeline& t, const Mo
   const CoreShare share(busy, shared ? cluster.cores : 1 << 30);
 
   std::vector<OpMeasure> out;
-  auto compute_time = [&](std::size_t r, std::size_t i, double& dedicated, double& pure, double& overlapped) {
+  auto compute_time = [&](std::size_t r, std::size_t i, double& dedicated, double& pure,
+                          double& overlapped) {
     const OpTime& o = t.ops[r][i];
-    for (const Interval& piece : pure_pieces(o.start_s, o.finish_s, holes[r][static_cast<int32_t>(i)])) {
+    for (const Interval& piece :
+         pure_pieces(o.start_s, o.finish_s, holes[r][static_cast<int32_t>(i)])) {
       dedicated += share.dedicated(piece);
       pure += piece.to - piece.from;
       overlapped += overlap_length(piece, collective_busy[r]);
     }
   };
   // Collective instances: each member's entries on a group, in order.
-  std::map<std::pair<int32_t, int64_t>, std::vector<std::pair<Interval, std::pair<CollectiveKind, double>>>> entries;
+  std::map<std::pair<int32_t, int64_t>,
+           std::vector<std::pair<Interval, std::pair<CollectiveKind, double>>>>
+      entries;
   for (std::size_t r = 0; r < world; ++r) {
     const auto& ops = p.ranks[r];
     for (std::size_t i = 0; i < ops.size(); ++i) {
@@ -191,7 +198,8 @@ std::vector<OpMeasure> measure_ops(const Program& p, const Timeline& t, const Mo
         m.seconds = m.wall_s = o.finish_s - o.start_s;
         out.push_back(m);
       } else if (op.kind == OpKind::kCollective) {
-        entries[{op.group, static_cast<int64_t>(r)}].push_back({{o.start_s, o.finish_s}, {op.collective, op.bytes}});
+        entries[{op.group, static_cast<int64_t>(r)}].push_back(
+            {{o.start_s, o.finish_s}, {op.collective, op.bytes}});
       }
     }
     if (r < t.nested.size())
@@ -199,13 +207,15 @@ std::vector<OpMeasure> measure_ops(const Program& p, const Timeline& t, const Mo
         const Op& op = ops[static_cast<std::size_t>(n.op)];
         for (const NestedCollective& nc : op.nested)
           if (nc.kind == n.kind && std::abs(nc.bytes - n.bytes) <= 1e-6 * std::max(1.0, nc.bytes)) {
-            entries[{nc.group, static_cast<int64_t>(r)}].push_back({{n.start_s, n.finish_s}, {n.kind, n.bytes}});
+            entries[{nc.group, static_cast<int64_t>(r)}].push_back(
+                {{n.start_s, n.finish_s}, {n.kind, n.bytes}});
             break;
           }
       }
   }
   for (auto& [key, list] : entries)
-    std::stable_sort(list.begin(), list.end(), [](const auto& a, const auto& b) { return a.first.from < b.first.from; });
+    std::stable_sort(list.begin(), list.end(),
+                     [](const auto& a, const auto& b) { return a.first.from < b.first.from; });
   for (std::size_t g = 0; g < p.groups.size(); ++g) {
     const RankList& members = p.groups[g];
     if (members.size() < 2) continue;
@@ -282,7 +292,8 @@ Fit fit_columns(const std::vector<std::vector<double>>& columns, const std::vect
     if (best < 0 || error < best - tie) {
       best = error;
       fit.coef.assign(k, 0);
-      for (std::size_t c = 0; c < used.size(); ++c) fit.coef[used[c]] = x(static_cast<Eigen::Index>(c));
+      for (std::size_t c = 0; c < used.size(); ++c)
+        fit.coef[used[c]] = x(static_cast<Eigen::Index>(c));
     }
   }
   double sy = 0;
@@ -310,7 +321,8 @@ std::vector<double> spread_of(const std::vector<std::vector<double>>& columns,
   std::vector<double> q;
   double sum = 0;
   for (std::size_t k = 0; k < kQuantiles; ++k) {
-    const double pos = (static_cast<double>(k) + 0.5) / kQuantiles * static_cast<double>(ratios.size() - 1);
+    const double pos =
+        (static_cast<double>(k) + 0.5) / kQuantiles * static_cast<double>(ratios.size() - 1);
     const auto lo = static_cast<std::size_t>(pos);
     const std::size_t hi = std::min(lo + 1, ratios.size() - 1);
     q.push_back(ratios[lo] + (ratios[hi] - ratios[lo]) * (pos - static_cast<double>(lo)));
@@ -339,7 +351,8 @@ Profile calibrate(const std::vector<CalibrationRun>& runs, const CalibrateOption
   int64_t used = 0;
   for (const CalibrationRun& c : runs) {
     profile.runs.push_back(c.run.dir);
-    for (std::size_t k = static_cast<std::size_t>(options.warmup_iterations); k < c.traced.size(); ++k) {
+    for (std::size_t k = static_cast<std::size_t>(options.warmup_iterations); k < c.traced.size();
+         ++k) {
       ++used;
       for (const OpMeasure& m : measure_ops(c.traced[k].program, c.traced[k].timeline,
                                             c.run.scenario.model, c.run.scenario.cluster)) {
@@ -402,13 +415,14 @@ Profile calibrate(const std::vector<CalibrationRun>& runs, const CalibrateOption
     else if (!fit.separable)
       profile.warnings.push_back(name + ": one size measured, fixed cost and rate not separable");
     if (fit.stats.residual > 0.5)
-      profile.warnings.push_back(name + ": residual " + std::to_string(static_cast<int>(fit.stats.residual * 100)) +
+      profile.warnings.push_back(name + ": residual " +
+                                 std::to_string(static_cast<int>(fit.stats.residual * 100)) +
                                  "% of the mean sample (noisy, or not fixed cost + rate)");
     const double a = fit.coef[0], b = fit.coef[1];
     switch (cls.type) {
       case OpClass::Type::kCompute:
-        profile.compute.push_back(
-            {cls.role, cls.phase, cls.size, a, b, fit.coef[2], fit.coef[3], fit.coef[4], fit.stats});
+        profile.compute.push_back({cls.role, cls.phase, cls.size, a, b, fit.coef[2], fit.coef[3],
+                                   fit.coef[4], fit.stats});
         break;
       case OpClass::Type::kCollective: {
         LinkFit f;
@@ -451,7 +465,8 @@ Profile calibrate(const std::vector<CalibrationRun>& runs, const CalibrateOption
     profile.overlap_slowdown = std::max(1.0, median(ratios));
     double sq = 0;
     for (double r : ratios) sq += (r - profile.overlap_slowdown) * (r - profile.overlap_slowdown);
-    profile.overlap_stats.residual = std::sqrt(sq / static_cast<double>(ratios.size())) / profile.overlap_slowdown;
+    profile.overlap_stats.residual =
+        std::sqrt(sq / static_cast<double>(ratios.size())) / profile.overlap_slowdown;
     profile.overlap_stats.min_x = *std::min_element(ratios.begin(), ratios.end());
     profile.overlap_stats.max_x = *std::max_element(ratios.begin(), ratios.end());
   }
@@ -463,9 +478,10 @@ Profile calibrate(const std::vector<CalibrationRun>& runs, const CalibrateOption
     const bool inter = std::any_of(profile.collectives.begin(), profile.collectives.end(),
                                    [](const LinkFit& f) { return !f.local; });
     if (target->kind == ClusterKind::kGpu && target->nodes > 1 && !inter)
-      profile.warnings.push_back("only intra-node communication was measured: collectives across "
-                                 "the node boundary of \"" + target->name +
-                                 "\" keep the analytic defaults");
+      profile.warnings.push_back(
+          "only intra-node communication was measured: collectives across "
+          "the node boundary of \"" +
+          target->name + "\" keep the analytic defaults");
     int64_t largest = 0;
     for (const LinkFit& f : profile.collectives) largest = std::max(largest, f.group_size);
     const int64_t devices = device_count(*target);
@@ -533,36 +549,45 @@ std::vector<std::string> profile_coverage(const CostParams& params, const Progra
 std::string format_profile(const Profile& p) {
   std::string out;
   char line[320];
-  std::snprintf(line, sizeof line, "machine: %s, %s, %lld cores (%s); %zu runs, warm-up %lld iterations left out\n",
+  std::snprintf(line, sizeof line,
+                "machine: %s, %s, %lld cores (%s); %zu runs, warm-up %lld iterations left out\n",
                 enum_name(p.cluster_kind, kClusterKinds).c_str(), p.device.c_str(),
                 static_cast<long long>(p.cores), p.cpu.c_str(), p.runs.size(),
                 static_cast<long long>(p.warmup_iterations));
   out += line;
   auto stats = [](const FitStats& s) {
     char text[128];
-    std::snprintf(text, sizeof text, "%7lld  %6.1f%%  %9.3g .. %-9.3g", static_cast<long long>(s.samples),
-                  100 * s.residual, s.min_x, s.max_x);
+    std::snprintf(text, sizeof text, "%7lld  %6.1f%%  %9.3g .. %-9.3g",
+                  static_cast<long long>(s.samples), 100 * s.residual, s.min_x, s.max_x);
     return std::string(text);
   };
-  out += "\ncompute class        fixed (us)  rate (GFLOP/s)  token-layer (ns)  logit (ns)  "
-         "call (us)  samples  residual  FLOPs measured\n";
+  out +=
+      "\ncompute class        fixed (us)  rate (GFLOP/s)  token-layer (ns)  logit (ns)  "
+      "call (us)  samples  residual  FLOPs measured\n";
   for (const ComputeFit& f : p.compute) {
     std::snprintf(line, sizeof line, "%-20s %10.1f  %14.3f  %16.1f  %10.2f  %9.1f  %s\n",
-                  (enum_name(f.role, kModuleRoles) + " " + phase_name(f.phase) + " " + size_class_name(f.size)).c_str(),
+                  (enum_name(f.role, kModuleRoles) + " " + phase_name(f.phase) + " " +
+                   size_class_name(f.size))
+                      .c_str(),
                   f.overhead_s * 1e6, f.seconds_per_flop > 0 ? 1e-9 / f.seconds_per_flop : 0.0,
                   f.seconds_per_token_layer * 1e9, f.seconds_per_logit * 1e9,
                   f.seconds_per_nested_call * 1e6, stats(f.stats).c_str());
     out += line;
   }
-  out += "\ncommunication class        latency (us)  bandwidth (GB/s)  samples  residual  bytes measured\n";
+  out +=
+      "\ncommunication class        latency (us)  bandwidth (GB/s)  samples  residual  bytes "
+      "measured\n";
   for (const auto* list : {&p.collectives, &p.p2p})
     for (const LinkFit& f : *list) {
-      const std::string name = list == &p.p2p ? std::string("p2p ") + (f.local ? "intra_node" : "inter_node")
-                                              : collective_name(f.kind) + " x" + std::to_string(f.group_size) + " " +
-                                                    (f.local ? "intra_node" : "inter_node");
+      const std::string name = list == &p.p2p
+                                   ? std::string("p2p ") + (f.local ? "intra_node" : "inter_node")
+                                   : collective_name(f.kind) + " x" + std::to_string(f.group_size) +
+                                         " " + (f.local ? "intra_node" : "inter_node");
       // A fit with no size term (every message the same size) has unbounded bandwidth.
       std::snprintf(line, sizeof line, "%-26s %12.1f  %16s  %s\n", name.c_str(), f.latency_s * 1e6,
-                    f.bandwidth_bytes_per_s >= 1e17 ? "-" : std::to_string(f.bandwidth_bytes_per_s * 1e-9).c_str(),
+                    f.bandwidth_bytes_per_s >= 1e17
+                        ? "-"
+                        : std::to_string(f.bandwidth_bytes_per_s * 1e-9).c_str(),
                     stats(f.stats).c_str());
       out += line;
     }
@@ -572,7 +597,8 @@ std::string format_profile(const Profile& p) {
                   stats(p.optimizer->stats).c_str());
     out += line;
   }
-  std::snprintf(line, sizeof line, "\ncompute overlapping a collective: %.3fx slower (%lld samples, spread %.1f%%)\n",
+  std::snprintf(line, sizeof line,
+                "\ncompute overlapping a collective: %.3fx slower (%lld samples, spread %.1f%%)\n",
                 p.overlap_slowdown, static_cast<long long>(p.overlap_stats.samples),
                 100 * p.overlap_stats.residual);
   out += line;

@@ -31,14 +31,14 @@ std::string class_name(const OpClass& c);  // "llm B small", "allreduce x2 intra
 
 struct OpMeasure {
   OpClass cls;
-  std::string op;  // op name (with the rank), for medians over iterations
-  double x = 0;    // FLOPs (compute) or bytes
+  std::string op;           // op name (with the rank), for medians over iterations
+  double x = 0;             // FLOPs (compute) or bytes
   double token_layers = 0;  // compute: tokens · layers
   double logits = 0;        // compute: vocabulary logits
   double calls = 0;         // compute: collective calls inside it
-  double seconds = 0;  // as the cost model would charge it (dedicated core, no waiting)
-  double wall_s = 0;   // as the trace shows it (the enclosing op's slice for compute)
-  double overlap = 0;  // compute: fraction of its time its rank ran a collective alongside
+  double seconds = 0;       // as the cost model would charge it (dedicated core, no waiting)
+  double wall_s = 0;        // as the trace shows it (the enclosing op's slice for compute)
+  double overlap = 0;       // compute: fraction of its time its rank ran a collective alongside
 };
 
 // The ops of one iteration measured on `timeline` (a trace's or a simulation's).
@@ -51,7 +51,7 @@ struct CalibrationRun {
 };
 
 struct CalibrateOptions {
-  int64_t warmup_iterations = 1;  // the first traced iterations of every run are left out
+  int64_t warmup_iterations = 1;        // the first traced iterations of every run are left out
   const ClusterSpec* target = nullptr;  // warn where fits would be extrapolated onto it
 };
 

@@ -106,12 +106,13 @@ ClusterSpec read_cluster(const Json& json, const std::string& file, const std::s
     // (RFC 7386 merge patch), e.g. {"base": "a100-selene-8.json", "nodes": 32}.
     const Json& base = json["base"];
     if (!base.is_string()) {
-      diag.error(file, join_path(path, "base"), "expected a file name, got " + json_type_name(base));
+      diag.error(file, join_path(path, "base"),
+                 "expected a file name, got " + json_type_name(base));
       return {};
     }
     std::string target;
-    std::optional<Json> merged = read_referenced_json(base.get<std::string>(), file,
-                                                      join_path(path, "base"), diag, &target);
+    std::optional<Json> merged =
+        read_referenced_json(base.get<std::string>(), file, join_path(path, "base"), diag, &target);
     if (!merged) return {};
     if (merged->is_object() && merged->contains("base")) {
       diag.error(target, "base", "a base cluster cannot have a base of its own");
@@ -119,9 +120,10 @@ ClusterSpec read_cluster(const Json& json, const std::string& file, const std::s
     }
     // The base's device file stays relative to the base.
     if (merged->is_object() && merged->contains("device") && (*merged)["device"].is_string())
-      (*merged)["device"] = fs::absolute(referenced_path((*merged)["device"].get<std::string>(), target))
-                                .lexically_normal()
-                                .string();
+      (*merged)["device"] =
+          fs::absolute(referenced_path((*merged)["device"].get<std::string>(), target))
+              .lexically_normal()
+              .string();
     Json patch = json;
     patch.erase("base");
     merged->merge_patch(patch);

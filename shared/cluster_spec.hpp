@@ -24,7 +24,7 @@ enum class Topology { kFatTree, kSingleSwitch };
 
 struct DeviceSpec {
   std::string name;
-  std::string description;  // free text: where the numbers come from
+  std::string description;             // free text: where the numbers come from
   std::map<DType, double> peak_flops;  // dense peak FLOP/s per precision
   int64_t memory_bytes = 0;
   double memory_bandwidth_bytes_per_s = 0;
@@ -71,9 +71,9 @@ struct ClusterSpec {
   int64_t nodes = 1;
   int64_t devices_per_node = 1;
   DeviceSpec device;
-  LinkSpec intra_node;     // NVLink-class (gpu) or shared memory (cpu-local)
+  LinkSpec intra_node;                     // NVLink-class (gpu) or shared memory (cpu-local)
   NodeCollectives intra_node_collectives;  // intra_node.bus_bandwidth
-  NetworkSpec inter_node;  // unused when nodes == 1
+  NetworkSpec inter_node;                  // unused when nodes == 1
   // cpu-local only: the cores all ranks share, and one core's FLOP/s.
   int64_t cores = 0;
   double flops_per_core = 0;

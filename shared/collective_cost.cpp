@@ -65,14 +65,14 @@ double nccl_collective_s(const ClusterSpec& cluster, CollectiveKind kind, int64_
                                                    ? cluster.inter_node.nics_per_node
                                                    : cluster.devices_per_node);
   const double rail = static_cast<double>(nics) * cluster.inter_node.link.bandwidth_bytes_per_s *
-                      nic_efficiency /
-                      std::max(1.0, cluster.inter_node.oversubscription);
+                      nic_efficiency / std::max(1.0, cluster.inter_node.oversubscription);
   // The node curve's shape in size, capped at what the NICs carry.
   bus *= std::min(1.0, rail / curve.back().second);
   const double latency = cluster.inter_node.link.latency_s;
   const double nodes = static_cast<double>(span.nodes);
-  const double ring_steps =
-      kind == CollectiveKind::kAllReduce ? 2 * (nodes - 1) : kind == CollectiveKind::kBroadcast ? 1 : nodes - 1;
+  const double ring_steps = kind == CollectiveKind::kAllReduce   ? 2 * (nodes - 1)
+                            : kind == CollectiveKind::kBroadcast ? 1
+                                                                 : nodes - 1;
   const double ring = factor * bytes / bus + ring_steps * latency;
   if (kind != CollectiveKind::kAllReduce) return ring;
   const double tree = factor * bytes / (0.92 * bus) + 2 * std::ceil(std::log2(nodes)) * latency;

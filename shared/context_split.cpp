@@ -18,9 +18,11 @@ std::vector<TokenTag> llm_token_tags(const ModelSpec& model, std::span<const Sam
     const Sample& s = *samples[k];
     std::vector<int64_t> items;  // LLM tokens of each media item, images then audio
     if (image != nullptr)
-      for (const ImageItem& i : s.images) items.push_back(image_tokens(*image, i.width, i.height).llm_tokens);
+      for (const ImageItem& i : s.images)
+        items.push_back(image_tokens(*image, i.width, i.height).llm_tokens);
     if (audio != nullptr)
-      for (double seconds : s.audio_seconds) items.push_back(audio_tokens(*audio, seconds).llm_tokens);
+      for (double seconds : s.audio_seconds)
+        items.push_back(audio_tokens(*audio, seconds).llm_tokens);
     int64_t media = 0;
     for (int64_t tokens : items) {
       for (int64_t t = 0; t < tokens && media < max_seq_len; ++t, ++media)
@@ -147,7 +149,8 @@ std::vector<std::vector<int64_t>> lpt_assign(const std::vector<double>& costs, i
   std::vector<double> load(static_cast<std::size_t>(bins), 0);
   std::vector<std::vector<int64_t>> owned(static_cast<std::size_t>(bins));
   for (int64_t i : order) {
-    const auto r = static_cast<std::size_t>(std::min_element(load.begin(), load.end()) - load.begin());
+    const auto r =
+        static_cast<std::size_t>(std::min_element(load.begin(), load.end()) - load.begin());
     load[r] += costs[static_cast<std::size_t>(i)];
     owned[r].push_back(i);
   }
@@ -162,7 +165,8 @@ std::vector<double> cp_attention_work(std::span<const TokenTag> tags,
   for (const auto& part : split) {
     double pairs = 0;
     for (int64_t q : part)
-      pairs += static_cast<double>(keys[static_cast<std::size_t>(q)].last - keys[static_cast<std::size_t>(q)].first + 1);
+      pairs += static_cast<double>(keys[static_cast<std::size_t>(q)].last -
+                                   keys[static_cast<std::size_t>(q)].first + 1);
     work.push_back(pairs);
   }
   return work;

@@ -240,7 +240,8 @@ double CostModel::dedicated_compute_s(const Op& op) const {
   if (op.kind == OpKind::kOptimizerStep) {
     if (const auto& f = params_.optimizer_fit)
       return f->overhead_s + op.bytes / f->bandwidth_bytes_per_s;
-    if (cluster_.device.kernels) return kernel_optimizer_s(cluster_.device, op.bytes, params_.kernel_tuning);
+    if (cluster_.device.kernels)
+      return kernel_optimizer_s(cluster_.device, op.bytes, params_.kernel_tuning);
     return params_.overhead_per_op_s + op.bytes / cluster_.device.memory_bandwidth_bytes_per_s;
   }
   TESSERA_CHECK(op.kind == OpKind::kCompute);
@@ -254,8 +255,8 @@ double CostModel::dedicated_compute_s(const Op& op) const {
   if (cluster_.device.kernels && op.module >= 0 &&
       static_cast<std::size_t>(op.module) < modules_.size())
     return kernel_compute_s(modules_[static_cast<std::size_t>(op.module)], op, cluster_.device,
-                            peak_flops(cluster_, dtype_),
-                            static_cast<double>(dtype_bytes(dtype_)), params_.kernel_tuning);
+                            peak_flops(cluster_, dtype_), static_cast<double>(dtype_bytes(dtype_)),
+                            params_.kernel_tuning);
   double seconds =
       fixed_compute_s(op) + static_cast<double>(op.layers) * params_.overhead_per_layer_s;
   if (op.flops > 0) seconds += op.flops / (peak_flops(cluster_, dtype_) * efficiency(op));

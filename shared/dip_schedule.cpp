@@ -102,8 +102,7 @@ std::string describe_dip_schedule(const DipSchedule& schedule, const ModelSpec& 
   s += ", in-flight " + std::to_string(schedule.in_flight);
   for (const auto& [m, layers] : schedule.layers) {
     s += ", " + model.modules[static_cast<std::size_t>(m)].name + " ";
-    for (std::size_t i = 0; i < layers.size(); ++i)
-      s += (i ? "/" : "") + std::to_string(layers[i]);
+    for (std::size_t i = 0; i < layers.size(); ++i) s += (i ? "/" : "") + std::to_string(layers[i]);
   }
   return s;
 }
@@ -115,7 +114,11 @@ namespace {
 class OrderBuilder {
  public:
   OrderBuilder(const DipPipeline& p, const DipSchedule& s)
-      : p_(p), s_(s), P_(p.stages), V_(p.llm_chunks), cap_(s.in_flight > 0 ? s.in_flight : p.stages) {
+      : p_(p),
+        s_(s),
+        P_(p.stages),
+        V_(p.llm_chunks),
+        cap_(s.in_flight > 0 ? s.in_flight : p.stages) {
     for (int32_t stage = 0; stage < P_; ++stage)
       for (int32_t mb = 0; mb < p.microbatches; ++mb) {
         for (int32_t c = 0; c < V_; ++c) {
@@ -155,8 +158,7 @@ class OrderBuilder {
     while (remaining > 0) {
       for (int32_t stage = 0; stage < P_; ++stage)
         if (running[static_cast<std::size_t>(stage)] < 0)
-          if (const int n = choose(stage, false); n >= 0)
-            start(n, now, orders, finish, running);
+          if (const int n = choose(stage, false); n >= 0) start(n, now, orders, finish, running);
       if (std::all_of(running.begin(), running.end(), [](int r) { return r < 0; })) {
         // Every stage idle with steps left: the bounds hold everything back. Let the stage with
         // the most urgent ready step run it regardless (still an execution, still deadlock-free).
@@ -254,7 +256,8 @@ class OrderBuilder {
   Key key(int n) const {
     const DipStep& s = nodes_[static_cast<std::size_t>(n)].step;
     if (s.backward)
-      return s.segment < 0 ? Key{0, s.microbatch, -s.chunk, 0} : Key{1, s.microbatch, s.segment, s.sub};
+      return s.segment < 0 ? Key{0, s.microbatch, -s.chunk, 0}
+                           : Key{1, s.microbatch, s.segment, s.sub};
     const int encoder_class = s_.encoders_first ? 2 : 3;
     if (s.segment >= 0) return Key{encoder_class, s.microbatch, s.segment, s.sub};
     return Key{5 - encoder_class, -s.chunk, s.microbatch, 0};
@@ -338,9 +341,8 @@ int32_t dip_sub_microbatches(double encoder_forward, double llm_forward, int32_t
   return static_cast<int32_t>(std::clamp<double>(k, 1, items));
 }
 
-std::vector<std::pair<std::size_t, Sample>> dip_media_items(const ModelSpec& model,
-                                                            const ModuleSpec& encoder,
-                                                            std::span<const Sample* const> samples) {
+std::vector<std::pair<std::size_t, Sample>> dip_media_items(
+    const ModelSpec& model, const ModuleSpec& encoder, std::span<const Sample* const> samples) {
   const ModuleSpec* image = encoder_for(model, Modality::kImage);
   const ModuleSpec* video = encoder_for(model, Modality::kVideo);
   const ModuleSpec* audio = encoder_for(model, Modality::kAudio);
@@ -370,9 +372,9 @@ std::vector<std::size_t> dip_piece_starts(const ModelSpec& model, const ModuleSp
   const ModuleSpec* llm = find_llm(model);
   for (const Sample* s : samples) llm_forward += sample_module_flops(model, *llm, *s, max_seq_len);
   // Tags carry the sub-micro-batch in 6 bits.
-  const int32_t k = std::min(63, dip_sub_microbatches(encoder_forward, llm_forward,
-                                                      static_cast<int32_t>(llm_chunks),
-                                                      static_cast<int32_t>(items.size())));
+  const int32_t k = std::min(
+      63, dip_sub_microbatches(encoder_forward, llm_forward, static_cast<int32_t>(llm_chunks),
+                               static_cast<int32_t>(items.size())));
   if (k == 0) return {};
   return split_contiguous(weights, k);
 }

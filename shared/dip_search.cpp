@@ -86,8 +86,7 @@ DipPlanner::Score DipPlanner::score(const Batch& batch, const std::string& finge
   return cache_[key] = s;
 }
 
-DipSearchResult DipPlanner::search(const Batch& batch, const DipSchedule& start,
-                                   bool move_layers) {
+DipSearchResult DipPlanner::search(const Batch& batch, const DipSchedule& start, bool move_layers) {
   const auto t0 = std::chrono::steady_clock::now();
   DipSearchResult r;
   const std::string fingerprint = batch_fingerprint(batch);

@@ -20,11 +20,11 @@ namespace tessera {
 
 struct DipSearchResult {
   DipSchedule schedule;
-  double start_step_s = 0, step_s = 0;  // evaluator step time of the start and of the result
+  double start_step_s = 0, step_s = 0;    // evaluator step time of the start and of the result
   bool start_fits = false, fits = false;  // within the memory cap
-  int64_t scored = 0, cached = 0;          // candidates scored, of which from the cache
-  double seconds = 0;                      // wall time of the search
-  std::string error;                       // the start could not be lowered (plan unsupported)
+  int64_t scored = 0, cached = 0;         // candidates scored, of which from the cache
+  double seconds = 0;                     // wall time of the search
+  std::string error;                      // the start could not be lowered (plan unsupported)
 };
 
 class DipPlanner {

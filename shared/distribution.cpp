@@ -59,8 +59,8 @@ double sample(const Distribution& d, Rng& rng, double limit) {
 }
 
 int64_t sample_int(const Distribution& d, Rng& rng, double limit) {
-  if (d.kind == DistKind::kUniform && std::floor(*d.min) == *d.min && std::floor(*d.max) == *d.max &&
-      *d.max <= limit)
+  if (d.kind == DistKind::kUniform && std::floor(*d.min) == *d.min &&
+      std::floor(*d.max) == *d.max && *d.max <= limit)
     return rng.uniform_int(static_cast<int64_t>(*d.min), static_cast<int64_t>(*d.max));
   return static_cast<int64_t>(std::llround(sample(d, rng, limit)));
 }

@@ -19,7 +19,7 @@ struct OpTime {
 
 // A collective measured inside a compute op (the executor's TP all-reduces, CP gathers).
 struct NestedSlice {
-  int32_t op = 0;     // index of the enclosing op on its rank
+  int32_t op = 0;  // index of the enclosing op on its rank
   CollectiveKind kind = CollectiveKind::kAllReduce;
   double start_s = 0, finish_s = 0;
   double bytes = 0;

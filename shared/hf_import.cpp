@@ -250,9 +250,10 @@ ModelSpec import_llava(const HfReader& root, bool next) {
             pin[1].is_number_integer() && p.tile_size > 0)
           // In double: a pinpoint of absurd size must not overflow (validation refuses the count).
           max_tiles = static_cast<int64_t>(std::min(
-              1e15, std::max<double>(static_cast<double>(max_tiles),
-                                     std::floor(pin[0].get<double>() / static_cast<double>(p.tile_size)) *
-                                         std::floor(pin[1].get<double>() / static_cast<double>(p.tile_size)))));
+              1e15, std::max<double>(
+                        static_cast<double>(max_tiles),
+                        std::floor(pin[0].get<double>() / static_cast<double>(p.tile_size)) *
+                            std::floor(pin[1].get<double>() / static_cast<double>(p.tile_size)))));
     }
     p.max_tiles = max_tiles;
     p.image_size = 0;

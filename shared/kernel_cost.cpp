@@ -59,12 +59,12 @@ double gemm_s(const DeviceSpec& device, double peak_flops, double m, double n, d
   TESSERA_CHECK(device.kernels.has_value());
   if (m <= 0 || n <= 0 || k <= 0) return 0;
   const GemmKernels& g = device.kernels->gemm;
-  const double tiles = std::ceil(m / static_cast<double>(g.tile_m)) *
-                       std::ceil(n / static_cast<double>(g.tile_n));
+  const double tiles =
+      std::ceil(m / static_cast<double>(g.tile_m)) * std::ceil(n / static_cast<double>(g.tile_n));
   const double sms = static_cast<double>(g.sms);
   // Every wave runs `sms` tiles' worth of time, full or not.
-  const double padded = std::ceil(tiles / sms) * sms * static_cast<double>(g.tile_m * g.tile_n) *
-                        2 * k;
+  const double padded =
+      std::ceil(tiles / sms) * sms * static_cast<double>(g.tile_m * g.tile_n) * 2 * k;
   const double compute = padded / (peak_flops * g.efficiency * efficiency_scale);
   const double memory = memory_s(device, bytes_per_value * (m * k + k * n + m * n));
   return std::max(compute, memory);
@@ -100,7 +100,8 @@ double kernel_compute_s(const ModuleSpec& module, const Op& op, const DeviceSpec
     const double inner = gemms[3].k;
     const double activation = (a->gated_ffn ? 3.0 : 2.0) * inner;
     const double rotary = a->positions == 0 ? 2.0 * (q + kv) / tp : 0.0;
-    const double forward_bytes = tokens * layers * bpv * (10.0 * hidden_share + activation + rotary);
+    const double forward_bytes =
+        tokens * layers * bpv * (10.0 * hidden_share + activation + rotary);
     const double forward_kernels = 13 * layers;  // 4 GEMMs, attention, 8 element-wise
     switch (op.phase) {
       case Phase::kF:
@@ -127,7 +128,8 @@ double kernel_compute_s(const ModuleSpec& module, const Op& op, const DeviceSpec
         // written, soft-maxed and read back (forward ~4 passes over it, backward ~6); selective
         // recomputation runs the forward again before the backward.
         const double scores = 2.0 * op.attention_pairs * heads_local * layers;
-        const double passes = backward ? ((op.flags & kOpAttentionRecompute) != 0 ? 3.0 : 2.0) : 1.0;
+        const double passes =
+            backward ? ((op.flags & kOpAttentionRecompute) != 0 ? 3.0 : 2.0) : 1.0;
         attention_s = passes * (2 * forward_attention / (peak_flops * dk.gemm.efficiency * scale) +
                                 memory_s(device, scores * bpv * 4.0)) -
                       (backward ? memory_s(device, scores * bpv * 2.0) : 0.0);
@@ -182,8 +184,8 @@ double kernel_compute_s(const ModuleSpec& module, const Op& op, const DeviceSpec
     }
   }
   const double linear = std::max(0.0, op.flops - attention_counted);
-  const double per_flop = gemm_flops > 0 ? gemm_seconds / gemm_flops
-                                         : 1.0 / (peak_flops * dk.gemm.efficiency * scale);
+  const double per_flop =
+      gemm_flops > 0 ? gemm_seconds / gemm_flops : 1.0 / (peak_flops * dk.gemm.efficiency * scale);
   return linear * per_flop + attention_s + memory_s(device, elementwise_bytes) +
          kernels * tuning.launch_s;
 }

@@ -102,8 +102,7 @@ Op collective_op(CollectiveKind kind, Purpose purpose, Phase phase, int module, 
 class Lowering {
  public:
   Lowering(const ModelSpec& model, const ClusterSpec& cluster, const ParallelPlan& plan,
-           const WorkloadSpec& workload, const Batch& batch, const DipSchedule* dip,
-           Lowered& out)
+           const WorkloadSpec& workload, const Batch& batch, const DipSchedule* dip, Lowered& out)
       : model_(model),
         cluster_(cluster),
         plan_(plan),
@@ -270,9 +269,9 @@ class Lowering {
   Op boundary_message(Op about, OpKind kind, Phase phase, int64_t peer, int module,
                       int consumer_host, const BoundaryLink& link, int32_t mb) {
     about.module = static_cast<int16_t>(module);
-    Op op = p2p_op(about, kind, phase, peer, boundary_bytes(module, consumer_host, *link.samples),
-                   tag(1, module, consumer_host, link.consumer, phase == Phase::kB ? 1 : 0, mb,
-                       link.sub));
+    Op op = p2p_op(
+        about, kind, phase, peer, boundary_bytes(module, consumer_host, *link.samples),
+        tag(1, module, consumer_host, link.consumer, phase == Phase::kB ? 1 : 0, mb, link.sub));
     op.purpose = Purpose::kBoundary;
     return op;
   }
@@ -352,8 +351,8 @@ void Lowering::place() {
     // Layers of each virtual stage: explicit, or as even as possible (earlier stages take the
     // remainder). In a homogeneous plan only the LLM is split; encoders sit whole in stage 0,
     // except under DIP, where each encoder is a segment of one chunk per stage.
-    const bool split = plan_.placement != Placement::kHomogeneous || m.index == llm_ ||
-                       dip_encoder(m);
+    const bool split =
+        plan_.placement != Placement::kHomogeneous || m.index == llm_ || dip_encoder(m);
     const int64_t layers = m.spec->transformer ? m.spec->transformer->layers : 0;
     const int64_t chunks = !split ? 1 : dip_encoder(m) ? m.layout.pp : m.chunks();
     const auto dip_layers = dip_.layers.find(m.index);
@@ -410,7 +409,7 @@ void Lowering::assign_samples() {
 // The samples a replica of `module` handles in micro-batch `mb` (-1: all its micro-batches):
 // replica_samples() of the module's data-parallel degree (its host's, when it borrows ranks).
 const std::vector<const Sample*>& Lowering::samples_of(int module, int64_t replica, int32_t mb,
-                                                     bool encoder_level) {
+                                                       bool encoder_level) {
   const ModuleInfo& m = modules_[static_cast<std::size_t>(module)];
   const int64_t dp =
       m.host >= 0 ? modules_[static_cast<std::size_t>(m.host)].layout.dp : m.layout.dp;
@@ -421,7 +420,8 @@ const std::vector<const Sample*>& Lowering::samples_of(int module, int64_t repli
   const auto key = std::make_tuple(dp, replica, mb, level1);
   if (const auto it = sample_sets_.find(key); it != sample_sets_.end()) return it->second;
   std::vector<const Sample*>& out = sample_sets_[key];
-  for (int32_t id : replica_samples(level1 ? encoder_assignment_ : llm_assignment_, dp, replica, mb))
+  for (int32_t id :
+       replica_samples(level1 ? encoder_assignment_ : llm_assignment_, dp, replica, mb))
     out.push_back(&batch_.samples[static_cast<std::size_t>(id)]);
   return out;
 }
@@ -444,8 +444,9 @@ const Lowering::CpShare& Lowering::cp_share(std::span<const Sample* const> sampl
   const auto key = std::make_tuple(static_cast<const void*>(samples.data()), samples.size(), cp);
   if (const auto it = cp_cache_.find(key); it != cp_cache_.end()) return it->second;
   const std::vector<TokenTag> tags = llm_token_tags(model_, samples, workload_.max_seq_len);
-  const auto split = context_split(plan_.cp_split, tags, cp,
-                                   cp_linear_tiles(*modules_[static_cast<std::size_t>(llm_)].spec->transformer));
+  const auto split =
+      context_split(plan_.cp_split, tags, cp,
+                    cp_linear_tiles(*modules_[static_cast<std::size_t>(llm_)].spec->transformer));
   auto max_over_mean = [](const std::vector<double>& w) {
     double most = 0, sum = 0;
     for (double x : w) {
@@ -514,18 +515,15 @@ Op Lowering::compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t
   if (spec.transformer) {
     const TransformerArch& a = *spec.transformer;
     linear = static_cast<double>(layers) * 2.0 *
-             static_cast<double>(active_layer_matmul_parameters(a)) *
-             tokens_local / tp_shard;
+             static_cast<double>(active_layer_matmul_parameters(a)) * tokens_local / tp_shard;
     attention = static_cast<double>(layers) * 4.0 * static_cast<double>(a.heads * a.head_dim) *
                 pairs_local / tp_shard;
     weights = static_cast<double>(layers * layer_parameters(a)) / static_cast<double>(l.tp);
     if (layers > 0) op.attention_pairs = pairs_local;
     if (last_chunk && a.vocab > 0) {
       op.flags |= kOpHead;
-      if (phase != Phase::kW)
-        op.logits = tokens_local * static_cast<double>(a.vocab) / tp_shard;
-      linear +=
-          2.0 * static_cast<double>(a.hidden * a.vocab) * tokens_local / tp_shard;
+      if (phase != Phase::kW) op.logits = tokens_local * static_cast<double>(a.vocab) / tp_shard;
+      linear += 2.0 * static_cast<double>(a.hidden * a.vocab) * tokens_local / tp_shard;
       weights += static_cast<double>(a.hidden * a.vocab) / static_cast<double>(l.tp);
     }
     if (first_chunk && (a.vocab > 0 || spec.patching || spec.audio)) op.flags |= kOpFrontEnd;
@@ -589,7 +587,8 @@ Op Lowering::compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t
     linear += 2.0 * w * tokens_local / tp_shard;
     weights += static_cast<double>(projector_parameters(pr)) / static_cast<double>(l.tp);
     // Forward: the row-parallel output; backward: the input gradient, when one flows back.
-    if ((phase == Phase::kF || phase == Phase::kR || (phase == Phase::kB && m.flow.needs_input_grad)) &&
+    if ((phase == Phase::kF || phase == Phase::kR ||
+         (phase == Phase::kB && m.flow.needs_input_grad)) &&
         l.tp > 1)
       op.nested.push_back({CollectiveKind::kAllReduce, Purpose::kTp, tp_group(layout_owner, x), 1,
                            tokens_local * static_cast<double>(pr.out) * dtype});
@@ -710,8 +709,8 @@ const ModuleInfo& Lowering::grid_of(const ModuleInfo& m) const {
 double Lowering::parameters_on(const ModuleInfo& m, const Coord& x) const {
   const ModuleInfo& owner = grid_of(m);
   double params = 0;
-  const bool split = plan_.placement != Placement::kHomogeneous || m.index == llm_ ||
-                     dip_encoder(m);
+  const bool split =
+      plan_.placement != Placement::kHomogeneous || m.index == llm_ || dip_encoder(m);
   const int64_t chunks = !split ? 1 : dip_encoder(m) ? 1 : m.layout.vpp;
   for (int64_t chunk = 0; chunk < chunks; ++chunk) {
     const int64_t k = split ? chunk * m.layout.pp + x.p : 0;
@@ -770,8 +769,8 @@ void Lowering::gradient_reduction(int64_t rank, const std::vector<int>& module_l
   }
   // The global gradient norm (and the loss) is all-reduced over every rank before any step:
   // each rank's steps wait for the slowest rank's gradients.
-  if (p_.world > 1 && std::any_of(flow_.begin(), flow_.end(),
-                                  [](const GradientFlow& f) { return f.trainable; })) {
+  if (p_.world > 1 &&
+      std::any_of(flow_.begin(), flow_.end(), [](const GradientFlow& f) { return f.trainable; })) {
     RankList world(static_cast<std::size_t>(p_.world));
     std::iota(world.begin(), world.end(), 0);
     Op norm = collective_op(CollectiveKind::kAllReduce, Purpose::kNorm, Phase::kF, -1,
@@ -988,10 +987,10 @@ void Lowering::lower_pipelines() {
             if (leader) {
               for (const BoundaryLink& link :
                    boundary_links(owner_index, consumer_host, x.d, true, mb)) {
-                received.push_back(emit(
-                    rank, boundary_message(about, OpKind::kRecv, Phase::kB,
-                                           cons.rank({0, 0, link.consumer, 0}), last_module,
-                                           consumer_host, link, mb)));
+                received.push_back(
+                    emit(rank, boundary_message(about, OpKind::kRecv, Phase::kB,
+                                                cons.rank({0, 0, link.consumer, 0}), last_module,
+                                                consumer_host, link, mb)));
               }
             }
             share_boundary(rank, owner, x, Phase::kB, last_module, mb,
@@ -1056,10 +1055,10 @@ void Lowering::lower_pipelines() {
               int32_t dep = last;
               if (owner.layout.cp > 1) {
                 // Each CP rank holds the gradient of its tokens: sum over CP before sending.
-                Op sum = collective_op(
-                    CollectiveKind::kAllReduce, Purpose::kBoundary, Phase::kB, producer_last,
-                    cp_group(owner, x),
-                    boundary_bytes(producer_last, owner_index, samples_of(owner_index, x.d, i, true)));
+                Op sum = collective_op(CollectiveKind::kAllReduce, Purpose::kBoundary, Phase::kB,
+                                       producer_last, cp_group(owner, x),
+                                       boundary_bytes(producer_last, owner_index,
+                                                      samples_of(owner_index, x.d, i, true)));
                 sum.microbatch = i;
                 sum.deps = {last};
                 dep = emit(rank, sum);
@@ -1110,7 +1109,7 @@ void Lowering::lower_colocated() {
     std::vector<int32_t> boundary_done;
     std::map<int, int32_t> encoder_forward;  // module -> its F op
     std::vector<std::pair<int, int32_t>>
-        boundary_groups;  // (projector/encoder output module, group)
+        boundary_groups;      // (projector/encoder output module, group)
     std::vector<int> linked;  // outputs sent leader to leader (LLM pipeline)
     for (int i : encoders) {
       const ModuleInfo& m = modules_[static_cast<std::size_t>(i)];
@@ -1214,8 +1213,8 @@ void Lowering::lower_colocated() {
               for (const BoundaryLink& link : boundary_links(grid_index, llm_, y.d, false, mb)) {
                 const int64_t from = grid.rank({0, 0, link.producer, 0});
                 if (from == rank) continue;
-                received.push_back(emit(
-                    rank, boundary_message(about, OpKind::kRecv, Phase::kF, from, i, llm_, link, mb)));
+                received.push_back(emit(rank, boundary_message(about, OpKind::kRecv, Phase::kF,
+                                                               from, i, llm_, link, mb)));
               }
             share_boundary(rank, llm, y, Phase::kF, i, mb, boundary_bytes(i, llm_, samples),
                            received, deps);
@@ -1413,7 +1412,7 @@ std::vector<Lowering::DipSegment> Lowering::dip_segments() {
     bool projector_backward = false;
     for (int i : seg.projectors)
       projector_backward |= modules_[static_cast<std::size_t>(i)].flow.backward();
-    seg.backward_from = enc.flow.backward() ? 0
+    seg.backward_from = enc.flow.backward()  ? 0
                         : projector_backward ? static_cast<int32_t>(P - 1)
                                              : static_cast<int32_t>(P);
     seg.pieces.resize(static_cast<std::size_t>(llm.layout.dp));
@@ -1461,14 +1460,15 @@ void Lowering::lower_dip() {
     const int64_t width = m.spec->transformer ? m.spec->transformer->hidden : 0;
     return static_cast<double>(work_of(m.index, samples).tokens * width) * dtype / sp;
   };
-  auto module_at = [&](int i) -> const ModuleInfo& { return modules_[static_cast<std::size_t>(i)]; };
+  auto module_at = [&](int i) -> const ModuleInfo& {
+    return modules_[static_cast<std::size_t>(i)];
+  };
   auto segment_last = [&](const DipSegment& g) {
     return g.projectors.empty() ? g.encoder : g.projectors.back();
   };
   auto piece = [&](const DipSegment& g, int64_t d, int32_t mb, int32_t sub) {
-    return std::span<const Sample* const>(
-        *g.pieces[static_cast<std::size_t>(d)][static_cast<std::size_t>(mb)]
-                 [static_cast<std::size_t>(sub)]);
+    return std::span<const Sample* const>(*g.pieces[static_cast<std::size_t>(
+        d)][static_cast<std::size_t>(mb)][static_cast<std::size_t>(sub)]);
   };
   int64_t pieces = 0, media_microbatches = 0;
   for (const DipSegment& g : segments)
@@ -1496,12 +1496,14 @@ void Lowering::lower_dip() {
       auto cost = [&](const ModuleInfo& m, int32_t k, std::span<const Sample* const> samples) {
         double flops = compute(m, rank, k, s.microbatch, Phase::kF, samples).flops;
         if (s.backward)
-          flops = compute(m, rank, k, s.microbatch, Phase::kB, samples).flops +
-                  (m.flow.trainable ? compute(m, rank, k, s.microbatch, Phase::kW, samples).flops : 0);
+          flops =
+              compute(m, rank, k, s.microbatch, Phase::kB, samples).flops +
+              (m.flow.trainable ? compute(m, rank, k, s.microbatch, Phase::kW, samples).flops : 0);
         return flops;
       };
       if (s.segment < 0)
-        return cost(llm, static_cast<int32_t>(s.chunk * P + stage), samples_of(llm_, d, s.microbatch));
+        return cost(llm, static_cast<int32_t>(s.chunk * P + stage),
+                    samples_of(llm_, d, s.microbatch));
       const DipSegment& g = segments[static_cast<std::size_t>(s.segment)];
       const auto samples = piece(g, d, s.microbatch, s.sub);
       double flops = cost(module_at(g.encoder), stage, samples);
@@ -1542,9 +1544,11 @@ void Lowering::lower_dip() {
             deps = {last};
             if (phase == Phase::kF) forward_of[{mb, step.sub, op.chunk, m.index}] = last;
           };
-          auto run_back = [&](const ModuleInfo& m, int32_t k, std::span<const Sample* const> samples) {
+          auto run_back = [&](const ModuleInfo& m, int32_t k,
+                              std::span<const Sample* const> samples) {
             if (!m.flow.backward()) return;
-            if (plan_.recompute == Recompute::kFull && m.spec->transformer) run(m, k, Phase::kR, samples);
+            if (plan_.recompute == Recompute::kFull && m.spec->transformer)
+              run(m, k, Phase::kR, samples);
             run(m, k, Phase::kB, samples);
             if (m.flow.trainable) run(m, k, Phase::kW, samples);
             const int16_t chunk = m.index == llm_ ? static_cast<int16_t>(k / P) : 0;
@@ -1566,7 +1570,8 @@ void Lowering::lower_dip() {
             for (std::size_t gi = 0; gi < segments.size(); ++gi) {
               const DipSegment& g = segments[gi];
               if (phase == Phase::kB && g.backward_from >= P) continue;
-              const auto& subs = g.pieces[static_cast<std::size_t>(d)][static_cast<std::size_t>(mb)];
+              const auto& subs =
+                  g.pieces[static_cast<std::size_t>(d)][static_cast<std::size_t>(mb)];
               for (int32_t sub = 0; sub < static_cast<int32_t>(subs.size()); ++sub) {
                 about.sub_microbatch = sub;
                 message(kind, phase, rank_at(P - 1),
@@ -1683,8 +1688,8 @@ void Lowering::lower_dip() {
 void Lowering::run() {
   if (plan_.schedule == Schedule::kDip) {
     // A schedule's layers (from a search, or read back from a run) must fit this plan.
-    if (const std::string why = dip_schedule_problem(dip_, model_, plan_.layout.pp,
-                                                     plan_.layout.vpp);
+    if (const std::string why =
+            dip_schedule_problem(dip_, model_, plan_.layout.pp, plan_.layout.vpp);
         !why.empty()) {
       out_.error = "DIP schedule: " + why;
       return;

@@ -70,7 +70,8 @@ TransformerArch read_transformer(ObjectReader& r) {
   positive(r, "moe_ffn", a.moe_ffn, false, kMaxFfn);
   if (r.optional("cross_attention_layers", a.cross_attention_layers))
     r.check_at_least<int64_t>("cross_attention_layers", a.cross_attention_layers, 0);
-  if (r.optional("positions", a.positions) && r.check_at_least<int64_t>("positions", a.positions, 0))
+  if (r.optional("positions", a.positions) &&
+      r.check_at_least<int64_t>("positions", a.positions, 0))
     at_most(r, "positions", a.positions, kMaxPositions);
 
   // Semantic checks that need several fields.
@@ -137,7 +138,8 @@ Patching read_patching(ObjectReader& r) {
     if (!used && r.has(key)) r.error(key, "not used with resize=" + mode);
   }
   const int64_t side = p.resize == ResizeMode::kFixed ? p.image_size : p.tile_size;
-  if (side > 0 && p.patch_size > 0 && p.spatial_merge > 0 && (side / p.patch_size) % p.spatial_merge != 0)
+  if (side > 0 && p.patch_size > 0 && p.spatial_merge > 0 &&
+      (side / p.patch_size) % p.spatial_merge != 0)
     r.error("spatial_merge", std::to_string(p.spatial_merge) + " does not divide the patch grid " +
                                  std::to_string(side / p.patch_size));
   r.finish();

@@ -410,8 +410,10 @@ void validate_plan(const ParallelPlan& plan, const ModelSpec& model, const Workl
   if (plan.schedule == Schedule::kGraph1F1B && plan.placement != Placement::kNonColocated)
     top("schedule", "graph_1f1b is the non_colocated schedule; placement is " + placement);
   if (plan.schedule == Schedule::kDip && plan.placement != Placement::kHomogeneous)
-    top("schedule", "dip interleaves encoder segments onto the LLM's pipeline ranks; it needs "
-                    "placement homogeneous, not " + placement);
+    top("schedule",
+        "dip interleaves encoder segments onto the LLM's pipeline ranks; it needs "
+        "placement homogeneous, not " +
+            placement);
   if (plan.schedule == Schedule::kDip && !pipelined)
     top("schedule", "dip needs the LLM to have pp > 1 (its segments share the pipeline's stages)");
   if (plan.schedule == Schedule::kInterleaved1F1B && !pipelined)

@@ -220,7 +220,8 @@ std::vector<RankedCandidate> rank_candidates(const Scenario& s, std::vector<Cand
         }
         const auto w = static_cast<double>(k);
         e.metrics.step_s = (e.metrics.step_s * w + more.metrics.step_s) / (w + 1);
-        e.metrics.samples_per_s = (e.metrics.samples_per_s * w + more.metrics.samples_per_s) / (w + 1);
+        e.metrics.samples_per_s =
+            (e.metrics.samples_per_s * w + more.metrics.samples_per_s) / (w + 1);
         e.metrics.tokens_per_s = (e.metrics.tokens_per_s * w + more.metrics.tokens_per_s) / (w + 1);
       }
     }

@@ -13,8 +13,8 @@ std::optional<Scenario> load_scenario_with_plan(const std::string& file,
   return with_plan(std::move(*scenario), plan_spec, diag);
 }
 
-std::optional<Scenario> with_plan(Scenario loaded, const std::string& plan_spec,
-                                  Diagnostics& diag, bool validate) {
+std::optional<Scenario> with_plan(Scenario loaded, const std::string& plan_spec, Diagnostics& diag,
+                                  bool validate) {
   std::optional<Scenario> scenario = std::move(loaded);
   const std::string& file = scenario->file;
   if (!plan_spec.empty()) {

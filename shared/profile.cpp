@@ -12,7 +12,10 @@ namespace {
 constexpr int kFormatVersion = 1;
 
 Json stats_json(const FitStats& s) {
-  return {{"samples", s.samples}, {"residual", s.residual}, {"min", s.min_x}, {"max", s.max_x},
+  return {{"samples", s.samples},
+          {"residual", s.residual},
+          {"min", s.min_x},
+          {"max", s.max_x},
           {"spread", s.spread}};
 }
 
@@ -52,7 +55,8 @@ bool read_link_fit(const Json& v, const std::string& file, const std::string& pa
   if (!r.valid()) return false;
   if (collective) {
     r.required_enum("kind", f.kind, kCollectiveKinds);
-    if (r.required("group_size", f.group_size)) r.check_at_least<int64_t>("group_size", f.group_size, 2);
+    if (r.required("group_size", f.group_size))
+      r.check_at_least<int64_t>("group_size", f.group_size, 2);
   }
   std::string locality;
   if (r.required("locality", locality)) {

@@ -17,9 +17,9 @@ namespace tessera {
 struct Profile {
   // Where the measurements come from.
   ClusterKind cluster_kind = ClusterKind::kCpuLocal;
-  std::string device;  // the cluster's device name
-  int64_t cores = 0;   // the machine's cores (cpu-local)
-  std::string cpu;     // the machine's processor model
+  std::string device;             // the cluster's device name
+  int64_t cores = 0;              // the machine's cores (cpu-local)
+  std::string cpu;                // the machine's processor model
   std::vector<std::string> runs;  // run directories fitted
   int64_t warmup_iterations = 1;  // traced iterations left out of every run
   // The fits (CostParams' fitted members; the analytic members are not part of a profile).

@@ -42,10 +42,10 @@ struct NestedCollective {
 // What a Compute op's layers include besides the layer stack, and how its kernels run
 // (Op::flags; the kernel-level cost model reads them).
 enum OpFlag : uint8_t {
-  kOpFrontEnd = 1,          // the embedding, or an encoder's patch / audio front end
-  kOpHead = 2,              // the LM head and its loss
-  kOpUnfusedAttention = 4,  // attention without a fused (flash) kernel: scores through memory
-  kOpSequenceParallel = 8,  // norms and dropout run on 1/tp of the tokens (sequence parallelism)
+  kOpFrontEnd = 1,             // the embedding, or an encoder's patch / audio front end
+  kOpHead = 2,                 // the LM head and its loss
+  kOpUnfusedAttention = 4,     // attention without a fused (flash) kernel: scores through memory
+  kOpSequenceParallel = 8,     // norms and dropout run on 1/tp of the tokens (sequence parallelism)
   kOpAttentionRecompute = 16,  // B: selective recomputation re-runs the attention core first
 };
 
@@ -60,12 +60,12 @@ struct Op {
   int16_t chunk = 0;                                       // virtual pipeline chunk
   int32_t microbatch = -1;                                 // -1: the whole local batch
   int32_t sub_microbatch = 0;
-  int16_t tp = 1;          // compute: tensor-parallel shards of its matrices
-  uint8_t flags = 0;       // compute: OpFlag bits
-  int32_t layers = 0;      // compute: transformer layers in this op
-  int64_t tokens = 0;      // compute: tokens processed on this rank
-  double flops = 0;        // compute: model FLOPs on this rank (recompute: the repeated forward)
-  double logits = 0;       // compute: vocabulary logits it computes (tokens × vocab / tp; LM head)
+  int16_t tp = 1;      // compute: tensor-parallel shards of its matrices
+  uint8_t flags = 0;   // compute: OpFlag bits
+  int32_t layers = 0;  // compute: transformer layers in this op
+  int64_t tokens = 0;  // compute: tokens processed on this rank
+  double flops = 0;    // compute: model FLOPs on this rank (recompute: the repeated forward)
+  double logits = 0;   // compute: vocabulary logits it computes (tokens × vocab / tp; LM head)
   double attention_pairs = 0;  // compute: query-key pairs its attention scores per layer and head
   double bytes = 0;        // compute/optimizer: memory traffic; send/recv/collective: message bytes
   double stash_bytes = 0;  // F: activation bytes kept for the backward

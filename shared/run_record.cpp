@@ -32,9 +32,9 @@ std::optional<RunRecord> load_run(const std::string& dir, Diagnostics& diag) {
   }
   run.scenario = std::move(*scenario);
   ObjectReader r(*json, file, "", diag);
-  for (const char* key : {"scenario", "scenario_file", "plan", "world", "device", "backend",
-                          "dataset", "options", "software", "parameter_bytes_rank0",
-                          "memory_per_rank", "first_step", "dip_search"})
+  for (const char* key :
+       {"scenario", "scenario_file", "plan", "world", "device", "backend", "dataset", "options",
+        "software", "parameter_bytes_rank0", "memory_per_rank", "first_step", "dip_search"})
     r.has(key);
   if (const Json* m = r.find("machine")) {
     ObjectReader mr(*m, file, "machine", diag);
@@ -77,9 +77,9 @@ std::optional<RunRecord> load_run(const std::string& dir, Diagnostics& diag) {
           it.dip = read_dip_schedule(dip->at("schedule"), run.scenario.model, file,
                                      join_path(ir.path_of("dip"), "schedule"), diag);
         if (it.dip && run.scenario.plan)
-          if (const std::string why = dip_schedule_problem(*it.dip, run.scenario.model,
-                                                           run.scenario.plan->layout.pp,
-                                                           run.scenario.plan->layout.vpp);
+          if (const std::string why =
+                  dip_schedule_problem(*it.dip, run.scenario.model, run.scenario.plan->layout.pp,
+                                       run.scenario.plan->layout.vpp);
               !why.empty())
             diag.error(file, join_path(ir.path_of("dip"), "schedule"), why);
       }
@@ -137,17 +137,21 @@ std::optional<std::vector<TracedIteration>> load_traces(const RunRecord& run, Di
         (fs::path(run.dir) / "trace" / ("rank" + std::to_string(rank) + ".json")).string();
     const std::optional<Json> json = read_json_file(file, diag);
     if (!json) return std::nullopt;
-    if (!json->is_object() || !json->contains("traceEvents") || !json->at("traceEvents").is_array()) {
-      diag.error(file, "traceEvents", "expected a Chrome trace (an object with a traceEvents array)");
+    if (!json->is_object() || !json->contains("traceEvents") ||
+        !json->at("traceEvents").is_array()) {
+      diag.error(file, "traceEvents",
+                 "expected a Chrome trace (an object with a traceEvents array)");
       return std::nullopt;
     }
     const Json& events = json->at("traceEvents");
     std::map<int64_t, double> offset_us;  // iteration -> ProfilerStep start
     for (const Json& e : events)
-      if (e.is_object() && text_field(e, "cat") == "step" && e.contains("ts") && e["ts"].is_number()) {
+      if (e.is_object() && text_field(e, "cat") == "step" && e.contains("ts") &&
+          e["ts"].is_number()) {
         const std::string name = text_field(e, "name");
         long long it = 0;
-        if (std::sscanf(name.c_str(), "ProfilerStep#%lld", &it) == 1) offset_us[it] = e["ts"].get<double>();
+        if (std::sscanf(name.c_str(), "ProfilerStep#%lld", &it) == 1)
+          offset_us[it] = e["ts"].get<double>();
       }
     for (std::size_t k = 0; k < events.size(); ++k) {
       const Json& e = events[k];
@@ -157,26 +161,29 @@ std::optional<std::vector<TracedIteration>> load_traces(const RunRecord& run, Di
       const std::string path = index_path("traceEvents", k);
       const Json& args = e["args"];
       int64_t it = 0, r = 0, index = 0;
-      if (!args["op_id"].is_string() || !parse_op_id(args["op_id"].get<std::string>(), it, r, index)) {
+      if (!args["op_id"].is_string() ||
+          !parse_op_id(args["op_id"].get<std::string>(), it, r, index)) {
         diag.error(file, path + ".args.op_id", "expected an op id \"it<I>.r<R>.<index>\"");
         continue;
       }
       if (r != rank) {
         diag.error(file, path + ".args.op_id",
-                   "op id " + args["op_id"].get<std::string>() + " names rank " + std::to_string(r) +
-                       " in rank " + std::to_string(rank) + "'s trace");
+                   "op id " + args["op_id"].get<std::string>() + " names rank " +
+                       std::to_string(r) + " in rank " + std::to_string(rank) + "'s trace");
         continue;
       }
-      if (!e.contains("ts") || !e["ts"].is_number() || !e.contains("dur") || !e["dur"].is_number()) {
+      if (!e.contains("ts") || !e["ts"].is_number() || !e.contains("dur") ||
+          !e["dur"].is_number()) {
         diag.error(file, path, "a slice needs numeric ts and dur");
         continue;
       }
       const auto rec = recorded.find(it);
       const auto off = offset_us.find(it);
       if (rec == recorded.end() || off == offset_us.end()) {
-        diag.error(file, path + ".args.op_id",
-                   "iteration " + std::to_string(it) +
-                       (rec == recorded.end() ? " is not in run.json" : " has no ProfilerStep slice"));
+        diag.error(
+            file, path + ".args.op_id",
+            "iteration " + std::to_string(it) +
+                (rec == recorded.end() ? " is not in run.json" : " has no ProfilerStep slice"));
         continue;
       }
       auto [pos, added] = traced.try_emplace(it);
@@ -196,16 +203,18 @@ std::optional<std::vector<TracedIteration>> load_traces(const RunRecord& run, Di
       const auto& ops = ti.program.ranks[static_cast<std::size_t>(rank)];
       if (index < 0 || index >= static_cast<int64_t>(ops.size())) {
         diag.error(file, path + ".args.op_id",
-                   "op id " + args["op_id"].get<std::string>() + " does not exist: the recorded plan's rank " +
-                       std::to_string(rank) + " has " + std::to_string(ops.size()) +
-                       " ops in iteration " + std::to_string(it));
+                   "op id " + args["op_id"].get<std::string>() +
+                       " does not exist: the recorded plan's rank " + std::to_string(rank) +
+                       " has " + std::to_string(ops.size()) + " ops in iteration " +
+                       std::to_string(it));
         continue;
       }
       const Op& op = ops[static_cast<std::size_t>(index)];
       const double start = (e["ts"].get<double>() - off->second) * 1e-6;
       const double finish = start + e["dur"].get<double>() * 1e-6;
       if (!std::isfinite(start) || !std::isfinite(finish) || finish < start) {
-        diag.error(file, path, "the slice's ts and dur do not give a time span (dur < 0, or out of range)");
+        diag.error(file, path,
+                   "the slice's ts and dur do not give a time span (dur < 0, or out of range)");
         continue;
       }
       const std::string name = text_field(e, "name");
@@ -216,30 +225,35 @@ std::optional<std::vector<TracedIteration>> load_traces(const RunRecord& run, Di
         Diagnostics ignored;
         if (op.kind != OpKind::kCompute || colon == std::string::npos ||
             !read_enum(Json(name.substr(colon + 1)), file, path, kind, kCollectiveKinds, ignored)) {
-          diag.error(file, path, "\"" + name + "\" inside " + args["op_id"].get<std::string>() +
-                                     " is not a collective inside a compute op");
+          diag.error(file, path,
+                     "\"" + name + "\" inside " + args["op_id"].get<std::string>() +
+                         " is not a collective inside a compute op");
           continue;
         }
         ti.timeline.nested[static_cast<std::size_t>(rank)].push_back(
-            {static_cast<int32_t>(index), kind, start, finish, 
-             args.contains("bytes") && args["bytes"].is_number() ? args["bytes"].get<double>() : 0.0});
+            {static_cast<int32_t>(index), kind, start, finish,
+             args.contains("bytes") && args["bytes"].is_number() ? args["bytes"].get<double>()
+                                                                 : 0.0});
         continue;
       }
       std::string expected = op_name(ti.program, op);
       const auto colon = name.find(':');
       const bool comm = op.kind != OpKind::kCompute && op.kind != OpKind::kOptimizerStep;
-      if (!(comm ? colon != std::string::npos && name.substr(colon + 1) == expected : name == expected)) {
+      if (!(comm ? colon != std::string::npos && name.substr(colon + 1) == expected
+                 : name == expected)) {
         diag.error(file, path + ".name",
                    "\"" + name + "\" (" + args["op_id"].get<std::string>() +
                        ") is not the recorded plan's op there, \"" + expected +
                        "\": the trace does not match the plan in run.json");
         continue;
       }
-      ti.timeline.ops[static_cast<std::size_t>(rank)][static_cast<std::size_t>(index)] = {start, finish};
+      ti.timeline.ops[static_cast<std::size_t>(rank)][static_cast<std::size_t>(index)] = {start,
+                                                                                          finish};
       seen[it][static_cast<std::size_t>(rank)][static_cast<std::size_t>(index)] = 1;
     }
     if (world < 0) {
-      diag.error(file, "traceEvents", "no op slices (was the run traced? tessera-train --trace-steps)");
+      diag.error(file, "traceEvents",
+                 "no op slices (was the run traced? tessera-train --trace-steps)");
       return std::nullopt;
     }
   }
@@ -247,10 +261,12 @@ std::optional<std::vector<TracedIteration>> load_traces(const RunRecord& run, Di
     for (std::size_t r = 0; r < ranks.size(); ++r)
       for (std::size_t i = 0; i < ranks[r].size(); ++i)
         if (!ranks[r][i]) {
-          diag.error((fs::path(run.dir) / "trace" / ("rank" + std::to_string(r) + ".json")).string(),
-                     "traceEvents",
-                     "misses op " + op_id(traced[it].program, static_cast<int32_t>(r), static_cast<int32_t>(i)) +
-                         " (" + op_name(traced[it].program, traced[it].program.ranks[r][i]) + ")");
+          diag.error(
+              (fs::path(run.dir) / "trace" / ("rank" + std::to_string(r) + ".json")).string(),
+              "traceEvents",
+              "misses op " +
+                  op_id(traced[it].program, static_cast<int32_t>(r), static_cast<int32_t>(i)) +
+                  " (" + op_name(traced[it].program, traced[it].program.ranks[r][i]) + ")");
           break;
         }
   if (diag.errors().size() != before) return std::nullopt;

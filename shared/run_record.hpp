@@ -17,8 +17,8 @@
 namespace tessera {
 
 struct RecordedIteration {
-  Batch batch;        // the samples the iteration trained on
-  double step_s = 0;  // measured: the slowest rank's ops
+  Batch batch;                     // the samples the iteration trained on
+  double step_s = 0;               // measured: the slowest rank's ops
   std::optional<DipSchedule> dip;  // schedule dip: the schedule it ran
 };
 

@@ -58,7 +58,8 @@ SearchSpace read_search_space(const Json& json, const std::string& file, const s
   read_enum_list(r, "microbatching", s.microbatching, kMicrobatching);
   read_enum_list(r, "homogeneous_schedules", s.homogeneous_schedules, kSchedules);
   for (std::size_t i = 0; i < s.homogeneous_schedules.size(); ++i)
-    if (s.homogeneous_schedules[i] != Schedule::k1F1B && s.homogeneous_schedules[i] != Schedule::kDip)
+    if (s.homogeneous_schedules[i] != Schedule::k1F1B &&
+        s.homogeneous_schedules[i] != Schedule::kDip)
       diag.error(file, index_path(r.path_of("homogeneous_schedules"), i),
                  "must be 1f1b (interleaved where vpp > 1) or dip");
   if (r.optional("top_k", s.top_k)) r.check_positive("top_k", s.top_k);

@@ -126,14 +126,15 @@ std::string write_chrome_traces(const std::string& dir,
       if (static_cast<std::size_t>(r) < t.nested.size())
         for (const NestedSlice& n : t.nested[static_cast<std::size_t>(r)]) {
           const Op& op = ops[static_cast<std::size_t>(n.op)];
-          events.push_back({{"name", backend + ":" + collective_name(n.kind)},
-                            {"cat", "comm"},
-                            {"ph", "X"},
-                            {"pid", r},
-                            {"tid", tid_of(op)},
-                            {"ts", micros(it.offset_s + n.start_s)},
-                            {"dur", micros(it.offset_s + n.finish_s) - micros(it.offset_s + n.start_s)},
-                            {"args", {{"op_id", op_id(p, r, n.op)}, {"bytes", n.bytes}}}});
+          events.push_back(
+              {{"name", backend + ":" + collective_name(n.kind)},
+               {"cat", "comm"},
+               {"ph", "X"},
+               {"pid", r},
+               {"tid", tid_of(op)},
+               {"ts", micros(it.offset_s + n.start_s)},
+               {"dur", micros(it.offset_s + n.finish_s) - micros(it.offset_s + n.start_s)},
+               {"args", {{"op_id", op_id(p, r, n.op)}, {"bytes", n.bytes}}}});
         }
     }
     Json doc = {{"traceEvents", events},

@@ -25,8 +25,8 @@ void read_dist(ObjectReader& r, std::string_view key, Distribution& out, bool re
   }
   if (read_distribution(*v, r.file(), r.path_of(key), out, /*non_negative=*/true, r.diagnostics()))
     if (const double top = dist_upper_bound(out); std::isfinite(top) && top > limit)
-      r.error(key, "draws up to " + number_text(top) + "; at most " + number_text(limit) +
-                       " is taken");
+      r.error(key,
+              "draws up to " + number_text(top) + "; at most " + number_text(limit) + " is taken");
 }
 
 std::optional<MediaDistribution> read_media(ObjectReader& parent, std::string_view key,
@@ -124,7 +124,8 @@ bool read_sample(const Json& json, const std::string& file, const std::string& p
     if (read_value(*videos, file, r.path_of("videos"), clips, diag)) {
       for (std::size_t i = 0; i < clips.size(); ++i) {
         if (clips[i].size() != 3 || clips[i][0] < 1 || clips[i][1] < 1 || clips[i][2] < 1 ||
-            clips[i][0] > kMaxFrames || clips[i][1] > kMaxMediaSide || clips[i][2] > kMaxMediaSide) {
+            clips[i][0] > kMaxFrames || clips[i][1] > kMaxMediaSide ||
+            clips[i][2] > kMaxMediaSide) {
           diag.error(file, index_path(r.path_of("videos"), i),
                      "expected [frames, width, height] >= 1 (at most " + number_text(kMaxFrames) +
                          " frames of " + number_text(kMaxMediaSide) + " pixels a side)");
@@ -162,8 +163,8 @@ WorkloadSpec read_workload(const Json& json, const std::string& file, const std:
   WorkloadSpec w;
   ObjectReader r(json, file, path, diag);
   if (!r.valid()) return w;
-  if (r.required("global_batch", w.global_batch) && r.check_positive("global_batch", w.global_batch) &&
-      w.global_batch > kMaxGlobalBatch)
+  if (r.required("global_batch", w.global_batch) &&
+      r.check_positive("global_batch", w.global_batch) && w.global_batch > kMaxGlobalBatch)
     r.error("global_batch", std::to_string(w.global_batch) + " samples; at most " +
                                 std::to_string(kMaxGlobalBatch) + " are taken");
   if (r.required("max_seq_len", w.max_seq_len) && r.check_positive("max_seq_len", w.max_seq_len) &&

@@ -51,7 +51,7 @@ struct Sample {
 // lognormal without max) has its draws capped there.
 inline constexpr int64_t kMaxGlobalBatch = int64_t{1} << 24;
 inline constexpr double kMaxTextTokens = 1 << 24;
-inline constexpr double kMaxMediaItems = 4096;  // images, clips or recordings per sample
+inline constexpr double kMaxMediaItems = 4096;    // images, clips or recordings per sample
 inline constexpr double kMaxMediaSide = 1 << 16;  // pixels
 inline constexpr double kMaxFrames = 1 << 16;
 inline constexpr double kMaxAudioSeconds = 86400;

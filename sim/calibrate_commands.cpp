@@ -41,9 +41,9 @@ int run_calibrate(const Args& args, std::ostream& out, std::ostream& err) {
   options.add_options()("runs", "run folders", cxxopts::value<std::vector<std::string>>())(
       "o,out", "profile to write", cxxopts::value<std::string>())(
       "cluster", "cluster file the profile will be used on: warn where fits extrapolate onto it",
-      cxxopts::value<std::string>())(
-      "warmup", "traced iterations left out at the start of each run",
-      cxxopts::value<int64_t>()->default_value("1"));
+      cxxopts::value<std::string>())("warmup",
+                                     "traced iterations left out at the start of each run",
+                                     cxxopts::value<int64_t>()->default_value("1"));
   options.parse_positional({"runs"});
   options.positional_help("<run-dir>...");
   int code = kOk;
@@ -108,7 +108,8 @@ int run_replay(const Args& args, std::ostream& out, std::ostream& err) {
       cxxopts::value<double>()->default_value("600"))("json", "machine-readable output");
   int code = kOk;
   std::string dir;
-  const auto result = parse_with_input(options, "run folder", "<run-dir>", args, out, err, dir, code);
+  const auto result =
+      parse_with_input(options, "run folder", "<run-dir>", args, out, err, dir, code);
   if (!result) return code;
   ReplayOptions replay_options;
   replay_options.warmup_iterations = (*result)["warmup"].as<int64_t>();
@@ -129,9 +130,8 @@ int run_replay(const Args& args, std::ostream& out, std::ostream& err) {
   if (result->count("json")) {
     out << replay_to_json(r).dump(1) << "\n";
   } else {
-    out << "run " << dir << ": " << run->run.scenario.name << ", "
-        << run->run.iterations.size() << " iterations, " << run->traced.size()
-        << " traced; cost model: "
+    out << "run " << dir << ": " << run->run.scenario.name << ", " << run->run.iterations.size()
+        << " iterations, " << run->traced.size() << " traced; cost model: "
         << (cost ? (*result)["profile"].as<std::string>() : std::string("analytic defaults"))
         << "\n";
     out << format_replay(r);

@@ -159,8 +159,8 @@ ChildResult finish_child(Running& c, double timeout_s) {
     result.error = std::string("killed by signal ") + std::to_string(result.signal) + " (" +
                    ::strsignal(result.signal) + ")";
   } else if (!result.ok) {
-    result.error =
-        c.error_text.empty() ? "exited with status " + std::to_string(result.exit_code) : c.error_text;
+    result.error = c.error_text.empty() ? "exited with status " + std::to_string(result.exit_code)
+                                        : c.error_text;
   }
   return result;
 }

@@ -50,8 +50,7 @@ std::optional<CostParams> profile_option(const cxxopts::ParseResult& args,
 // --set json.path=v1,v2 (repeatable): each value is JSON when it parses (numbers, true, "text"),
 // else a string. nullopt after recording what is malformed in `diag`.
 void add_set_option(cxxopts::Options& options, const char* help);
-std::optional<std::vector<SetAxis>> set_option(const cxxopts::ParseResult& args,
-                                               Diagnostics& diag);
+std::optional<std::vector<SetAxis>> set_option(const cxxopts::ParseResult& args, Diagnostics& diag);
 // The --set values as one point {path: value} (one value per path), for commands that run one
 // scenario.
 std::optional<Json> set_point(const cxxopts::ParseResult& args, Diagnostics& diag);

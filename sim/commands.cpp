@@ -378,7 +378,8 @@ int run_sweep(const Args& args, std::ostream& out, std::ostream& err) {
   if ((result->count("top") && sweep.top_k < 1) || sweep.jobs < 1 || sweep.iterations < 1 ||
       rows < 1 || sweep.profile_batches < 1 || (nested != "flows" && nested != "timed")) {
     err << options.program()
-        << ": --top, --jobs, --iterations, --profile-batches, --rows >= 1 and --nested flows|timed\n";
+        << ": --top, --jobs, --iterations, --profile-batches, --rows >= 1 and --nested "
+           "flows|timed\n";
     return kBadInput;
   }
   sweep.nested_flows = nested == "flows";

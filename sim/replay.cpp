@@ -103,10 +103,11 @@ std::string format_replay(const ReplayResult& r) {
                   it.error_pct(), it.warmup ? "  (warm-up, not counted)" : "");
     out += line;
   }
-  std::snprintf(line, sizeof line,
-                "step time error over the warm iterations: mean |error| %.1f%%, max |error| %.1f%%, "
-                "mean %+.1f%%\n",
-                r.mean_abs_error_pct, r.max_abs_error_pct, r.mean_error_pct);
+  std::snprintf(
+      line, sizeof line,
+      "step time error over the warm iterations: mean |error| %.1f%%, max |error| %.1f%%, "
+      "mean %+.1f%%\n",
+      r.mean_abs_error_pct, r.max_abs_error_pct, r.mean_error_pct);
   out += line;
   if (!r.classes.empty()) {
     out += "\nop class (seconds per iteration, all ranks)   measured   predicted   error\n";
@@ -129,7 +130,8 @@ Json replay_to_json(const ReplayResult& r) {
                    {"error_pct", it.error_pct()},
                    {"warmup", it.warmup}});
   for (const ReplayClass& c : r.classes)
-    classes.push_back({{"class", c.name}, {"measured_s", c.measured_s}, {"predicted_s", c.predicted_s}});
+    classes.push_back(
+        {{"class", c.name}, {"measured_s", c.measured_s}, {"predicted_s", c.predicted_s}});
   return {{"error", r.error},
           {"notes", r.notes},
           {"iterations", its},

@@ -86,7 +86,9 @@ Timeline deserialize_timeline(const std::string& bytes, const Program& p) {
       return t;
     }
     t.nested[r].resize(static_cast<std::size_t>(n));
-    if (n > 0) std::memcpy(t.nested[r].data(), bytes.data() + at, static_cast<std::size_t>(n) * sizeof(NestedSlice));
+    if (n > 0)
+      std::memcpy(t.nested[r].data(), bytes.data() + at,
+                  static_cast<std::size_t>(n) * sizeof(NestedSlice));
     at += static_cast<std::size_t>(n) * sizeof(NestedSlice);
   }
   t.error = bytes.substr(at);
@@ -108,8 +110,9 @@ SimulationResult simulate(const Scenario& s, const ParallelPlan& plan,
       options.batches.empty() ? options.iterations : static_cast<int64_t>(options.batches.size());
   for (int64_t k = 0; k < count; ++k) {
     const auto started = std::chrono::steady_clock::now();
-    const Batch batch = options.batches.empty() ? draw_batch(s.workload, options.first_iteration + k)
-                                                : options.batches[static_cast<std::size_t>(k)];
+    const Batch batch = options.batches.empty()
+                            ? draw_batch(s.workload, options.first_iteration + k)
+                            : options.batches[static_cast<std::size_t>(k)];
     const int64_t iteration = batch.iteration;
     std::optional<DipSearchResult> search;
     if (dip_planner && !options.dip_schedules.empty()) {
@@ -118,8 +121,8 @@ SimulationResult simulate(const Scenario& s, const ParallelPlan& plan,
       search = dip_planner->search(batch, dip_schedule);
       if (search->error.empty()) dip_schedule = search->schedule;
     }
-    Lowered lowered = lower(s.model, s.cluster, plan, s.workload, batch,
-                            dip_planner ? &dip_schedule : nullptr);
+    Lowered lowered =
+        lower(s.model, s.cluster, plan, s.workload, batch, dip_planner ? &dip_schedule : nullptr);
     if (!lowered.error.empty()) {
       result.reason = lowered.error;
       return result;
@@ -127,7 +130,8 @@ SimulationResult simulate(const Scenario& s, const ParallelPlan& plan,
     if (k == 0) {
       result.notes = lowered.notes;
       if (options.cost)
-        for (std::string& note : profile_coverage(*options.cost, lowered.program, s.model, s.cluster))
+        for (std::string& note :
+             profile_coverage(*options.cost, lowered.program, s.model, s.cluster))
           result.notes.push_back(std::move(note));
     }
     const Program& p = lowered.program;

@@ -21,11 +21,11 @@ struct SimulateOptions {
   int64_t first_iteration = 0;
   int64_t iterations = 3;
   bool contention = true;
-  bool nested_flows = true;  // see RunOptions::nested_flows
-  double timeout_s = 600;    // per simulated iteration
-  std::string trace_dir;     // non-empty: write one Chrome trace per rank there
+  bool nested_flows = true;        // see RunOptions::nested_flows
+  double timeout_s = 600;          // per simulated iteration
+  std::string trace_dir;           // non-empty: write one Chrome trace per rank there
   std::optional<CostParams> cost;  // a calibration profile's; default_cost_params() when absent
-  std::vector<Batch> batches;  // non-empty: simulate these (a recorded run's), not drawn ones
+  std::vector<Batch> batches;      // non-empty: simulate these (a recorded run's), not drawn ones
   // schedule dip, with `batches`: the schedule each ran (no search); empty: search per batch
   std::vector<DipSchedule> dip_schedules;
   bool keep_timelines = false;  // return every iteration's Program and Timeline
@@ -35,10 +35,10 @@ struct SimulatedIteration {
   int64_t iteration = 0;
   IterationMetrics metrics;
   int64_t ops = 0;
-  int64_t activities = 0;  // SimGrid activities (flows, sleeps, executions)
+  int64_t activities = 0;    // SimGrid activities (flows, sleeps, executions)
   int64_t folded_flows = 0;  // twins' flows not simulated: their class leader's stood for them
-  int64_t actors = 0;      // actors that ran (one per twin class and stream)
-  double wall_s = 0;       // wall time of the simulation (child process included)
+  int64_t actors = 0;        // actors that ran (one per twin class and stream)
+  double wall_s = 0;         // wall time of the simulation (child process included)
   // schedule dip: this iteration's schedule search, started from the previous iteration's.
   std::optional<DipSearchResult> dip;
 };

@@ -9,8 +9,8 @@
 #include <map>
 #include <memory>
 #include <set>
-#include <stdexcept>
 #include <sstream>
+#include <stdexcept>
 
 #include "shared/check.hpp"
 #include "shared/entrain.hpp"
@@ -153,8 +153,8 @@ SweepResult run_sweep(
     if (options.profile_batches > 1) result.encoder_shares.push_back({point, encoder_share});
     for (int64_t g : gpus) {
       auto phase = std::chrono::steady_clock::now();
-      Enumeration e = enumerate_plans(*s, space, g, options.cost ? &*options.cost : nullptr,
-                                      encoder_share);
+      Enumeration e =
+          enumerate_plans(*s, space, g, options.cost ? &*options.cost : nullptr, encoder_share);
       if (options.shard_count > 1) {
         const std::string prefix = point.empty() ? "" : point.dump();
         std::erase_if(e.valid, [&](const Candidate& c) {
@@ -491,16 +491,17 @@ std::string format_sweep(const SweepResult& r, const Scenario& s, std::size_t sh
                     enum_name(row.plan.placement, kPlacements).c_str(),
                     describe_layout(row.plan, s.model).c_str(), row.failure.c_str());
     } else {
-      std::snprintf(
-          line, sizeof line,
-          "%-4zu %-5lld %-14s %-40s %-4lld %-5lld %-9.4g %-11.4g %-9.4g %-6.1f %-9s %-7.1f %-6.3f\n",
-          i + 1, static_cast<long long>(row.gpus),
-          enum_name(row.plan.placement, kPlacements).c_str(),
-          describe_layout(row.plan, s.model).c_str(),
-          static_cast<long long>(row.plan.micro_batch_size),
-          static_cast<long long>(row.global_batch), row.step_s, row.tokens_per_s,
-          row.tflops_per_device, 100 * row.mfu, human_bytes(row.peak_memory_bytes).c_str(),
-          100 * row.bubble, row.llm_microbatch_cv);
+      std::snprintf(line, sizeof line,
+                    "%-4zu %-5lld %-14s %-40s %-4lld %-5lld %-9.4g %-11.4g %-9.4g %-6.1f %-9s "
+                    "%-7.1f %-6.3f\n",
+                    i + 1, static_cast<long long>(row.gpus),
+                    enum_name(row.plan.placement, kPlacements).c_str(),
+                    describe_layout(row.plan, s.model).c_str(),
+                    static_cast<long long>(row.plan.micro_batch_size),
+                    static_cast<long long>(row.global_batch), row.step_s, row.tokens_per_s,
+                    row.tflops_per_device, 100 * row.mfu,
+                    human_bytes(row.peak_memory_bytes).c_str(), 100 * row.bubble,
+                    row.llm_microbatch_cv);
     }
     out << line;
   }
@@ -516,10 +517,11 @@ std::string format_sweep(const SweepResult& r, const Scenario& s, std::size_t sh
     }
   }
   for (const auto& [point, share] : r.encoder_shares) {
-    std::snprintf(line, sizeof line,
-                  "\nencoders' mean share of the training work over the profiled batches: %.1f%%%s%s "
-                  "(non-colocated plans also tried with that share of the devices)\n",
-                  100 * share, point.empty() ? "" : " at ", point.empty() ? "" : point.dump().c_str());
+    std::snprintf(
+        line, sizeof line,
+        "\nencoders' mean share of the training work over the profiled batches: %.1f%%%s%s "
+        "(non-colocated plans also tried with that share of the devices)\n",
+        100 * share, point.empty() ? "" : " at ", point.empty() ? "" : point.dump().c_str());
     out << line;
   }
   // The best homogeneous plan beside the best heterogeneous one.

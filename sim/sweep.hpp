@@ -48,10 +48,9 @@ struct SweepOptions {
   // --shard i/n: this run estimates and simulates only the valid candidates whose key hashes to
   // i-1 modulo n (shard 1 also counts the considered and rejected plans).
   int64_t shard_index = 1, shard_count = 1;
-  std::string scenario_file;  // recorded in summary.json for `tessera merge`
+  std::string scenario_file;       // recorded in summary.json for `tessera merge`
   std::optional<CostParams> cost;  // a calibration profile's (default: the analytic defaults)
 };
-
 
 // One estimated candidate, for the report's heat map.
 struct EstimatedPlan {
@@ -98,7 +97,6 @@ std::string merge_sweeps(const std::vector<std::string>& dirs, const std::string
 SweepResult run_sweep(
     const Scenario& scenario, const SweepOptions& options,
     const std::function<void(std::size_t, std::size_t, const std::string&)>& progress);
-
 
 // "llm t4 p2 d8 | vision t1 d64" — the layout of a plan, module by module.
 std::string describe_layout(const ParallelPlan& plan, const ModelSpec& model);

@@ -108,8 +108,7 @@ std::vector<sg4::Host*> build_platform(const ClusterSpec& cluster, double effici
     std::vector<sg4::Host*> local;
     const auto& [nv_up, nv_down, nic_up, nic_down] = links[static_cast<std::size_t>(n)];
     for (int64_t d = 0; d < per_node; ++d)
-      local.push_back(
-          zone->create_host(node + "-gpu" + std::to_string(d), kHostSpeed)->seal());
+      local.push_back(zone->create_host(node + "-gpu" + std::to_string(d), kHostSpeed)->seal());
     for (std::size_t a = 0; a < local.size(); ++a) {
       for (std::size_t b = 0; b < local.size(); ++b)
         if (a != b)

@@ -1,9 +1,9 @@
 #include <algorithm>
 #include <exception>
-#include <optional>
-#include <thread>
 #include <map>
 #include <memory>
+#include <optional>
+#include <thread>
 #include <tuple>
 #include <unordered_map>
 
@@ -70,11 +70,13 @@ class Run {
     for (std::size_t r = 0; r < world; ++r) {
       times_[r].assign(p.ranks[r].size(), OpTime{});
       instance_of_[r].assign(p.ranks[r].size(), -1);
-      for (int32_t g : touched) seen[static_cast<std::size_t>(g)] = seen_nested[static_cast<std::size_t>(g)] = 0;
+      for (int32_t g : touched)
+        seen[static_cast<std::size_t>(g)] = seen_nested[static_cast<std::size_t>(g)] = 0;
       touched.clear();
       for (int32_t i = 0; i < static_cast<int32_t>(p.ranks[r].size()); ++i) {
         const Op& op = p.ranks[r][static_cast<std::size_t>(i)];
-        if (op.kind == OpKind::kRecv) receives[receive_key(op.peer, static_cast<int64_t>(r), op.tag)] = i;
+        if (op.kind == OpKind::kRecv)
+          receives[receive_key(op.peer, static_cast<int64_t>(r), op.tag)] = i;
         if (op.kind == OpKind::kCollective) {
           touched.push_back(op.group);
           instance_of_[r][static_cast<std::size_t>(i)] =
@@ -226,20 +228,22 @@ class Run {
     const auto* spread =
         cost_.compute_spread(p_.ranks[static_cast<std::size_t>(rank)][static_cast<std::size_t>(i)]);
     if (spread == nullptr) return 1;
-    return spread_factor(*spread, spread_draw(static_cast<uint64_t>(p_.iteration),
-                                              static_cast<uint64_t>(rank),
-                                              static_cast<uint64_t>(i), 1));
+    return spread_factor(
+        *spread, spread_draw(static_cast<uint64_t>(p_.iteration), static_cast<uint64_t>(rank),
+                             static_cast<uint64_t>(i), 1));
   }
 
   // Compute that starts while its rank runs a collective is slowed by the calibrated factor.
   double slowdown(int32_t leader) const {
-    return collectives_running_[static_cast<std::size_t>(leader)] > 0 ? cost_.params().overlap_slowdown
-                                                                      : 1.0;
+    return collectives_running_[static_cast<std::size_t>(leader)] > 0
+               ? cost_.params().overlap_slowdown
+               : 1.0;
   }
 
   // A nested collective of `count` calls as the executor records it: one slice per call, the
   // first from the class's arrival (it waits for the last member), the rest back to back.
-  void record_nested(int32_t leader, int32_t i, int32_t n, double arrived, double last, double end) {
+  void record_nested(int32_t leader, int32_t i, int32_t n, double arrived, double last,
+                     double end) {
     const Op& op = p_.ranks[static_cast<std::size_t>(leader)][static_cast<std::size_t>(i)];
     const NestedCollective& nc = op.nested[static_cast<std::size_t>(n)];
     const double each = (end - last) / std::max(1, nc.count);
@@ -251,7 +255,8 @@ class Run {
 
   // Resumes the actors of `rank`'s class that wait for one of its ops; each checks again.
   void wake(int32_t rank) {
-    auto& waiting = waiters_[static_cast<std::size_t>(twins_.leader[static_cast<std::size_t>(rank)])];
+    auto& waiting =
+        waiters_[static_cast<std::size_t>(twins_.leader[static_cast<std::size_t>(rank)])];
     if (waiting.empty()) return;
     std::vector<sg4::Actor*> resumed;
     resumed.swap(waiting);
@@ -328,7 +333,8 @@ class Run {
     const double efficiency = cost_.params().bandwidth_efficiency;
     const double nvlink = cluster.intra_node.bandwidth_bytes_per_s * efficiency;
     const double slowest =
-        local ? nvlink : std::min(nvlink, cluster.inter_node.link.bandwidth_bytes_per_s * efficiency);
+        local ? nvlink
+              : std::min(nvlink, cluster.inter_node.link.bandwidth_bytes_per_s * efficiency);
     const double latency = latency_steps(kind, static_cast<int64_t>(group.size())) * alpha;
     // α–β links: the bus volume itself (the flows meet the fabric's oversubscription on the
     // uplinks); NCCL curves: the curve's time at the slowest link of the ring.
@@ -386,10 +392,11 @@ class Run {
           // Every call varies on its own (the profile's measured spread).
           double total = 0;
           for (int32_t c = 0; c < count; ++c)
-            total += each * spread_factor(*spread, spread_draw(static_cast<uint64_t>(p_.iteration),
-                                                               static_cast<uint64_t>(complete.front()),
-                                                               static_cast<uint64_t>(n + 1),
-                                                               static_cast<uint64_t>(c)));
+            total +=
+                each * spread_factor(*spread, spread_draw(static_cast<uint64_t>(p_.iteration),
+                                                          static_cast<uint64_t>(complete.front()),
+                                                          static_cast<uint64_t>(n + 1),
+                                                          static_cast<uint64_t>(c)));
           sleep(total);
         } else {
           sleep(count * each);
@@ -414,7 +421,8 @@ class Run {
       const double end = sg4::Engine::get_clock();
       for (int32_t inst : complete) {
         done_[static_cast<std::size_t>(inst)] = end;
-        for (const auto& [ml, mi, mn, arrived] : instances_[static_cast<std::size_t>(inst)].members) {
+        for (const auto& [ml, mi, mn, arrived] :
+             instances_[static_cast<std::size_t>(inst)].members) {
           if (mn < 0) {
             finish_class(ml, mi, now, end);
           } else {
@@ -577,8 +585,8 @@ class Run {
   std::vector<sg4::Host*> hosts_;
   Twins twins_;
   std::vector<std::vector<OpTime>> times_;
-  std::vector<std::vector<NestedSlice>> nested_;  // [rank]: nested collectives as they ran
-  std::vector<int32_t> collectives_running_;       // [class leader]: stream collectives in flight
+  std::vector<std::vector<NestedSlice>> nested_;     // [rank]: nested collectives as they ran
+  std::vector<int32_t> collectives_running_;         // [class leader]: stream collectives in flight
   std::vector<std::vector<sg4::Actor*>> waiters_;    // per class leader: suspended actors
   std::vector<std::vector<int32_t>> receive_index_;  // [rank][send op] -> receive op on the peer
   std::vector<Instance> instances_;

@@ -1,18 +1,18 @@
 // Runs the real `tessera` binary the way a user does and checks exit codes and messages.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <array>
+#include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <regex>
 #include <sstream>
-#include <thread>
-#include <algorithm>
-#include <chrono>
-#include <csignal>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <sys/wait.h>
@@ -46,7 +46,9 @@ Run shell(const std::string& line) {
   return r;
 }
 
-Run run(const std::string& args) { return shell(kTessera + " " + args); }
+Run run(const std::string& args) {
+  return shell(kTessera + " " + args);
+}
 
 fs::path scratch() {
   const fs::path dir = fs::temp_directory_path() / ("tessera-cli-" + std::to_string(::getpid()));
@@ -166,8 +168,8 @@ TEST_CASE("stages: frozen-aware vs freeze-unaware stage counts, simulated; -o wr
   const fs::path dir = scratch() / "stages";
   fs::create_directories(dir);
   const fs::path plan = dir / "plan.json";
-  const Run r = run("stages " + kSource + "/scenarios/cornstarch/vlm-small.json --tp 2 --simulate -o " +
-                    plan.string());
+  const Run r = run("stages " + kSource +
+                    "/scenarios/cornstarch/vlm-small.json --tp 2 --simulate -o " + plan.string());
   INFO(r.output);
   CHECK(r.code == 0);
   CHECK(r.output.find("frozen-aware choice     vision ") != std::string::npos);
@@ -175,8 +177,8 @@ TEST_CASE("stages: frozen-aware vs freeze-unaware stage counts, simulated; -o wr
   CHECK(r.output.find("simulated gain: ") != std::string::npos);
   CHECK(r.output.find("simulated LLM-centric: ") != std::string::npos);
   // The written plan is the frozen-aware choice, and the other commands take it.
-  const Run e = run("estimate " + kSource + "/scenarios/cornstarch/vlm-small.json --plan " +
-                    plan.string());
+  const Run e =
+      run("estimate " + kSource + "/scenarios/cornstarch/vlm-small.json --plan " + plan.string());
   INFO(e.output);
   CHECK(e.code == 0);
   CHECK(e.output.find("non_colocated plan on 16 ranks") != std::string::npos);
@@ -189,7 +191,8 @@ TEST_CASE("--set changes the scenario, and a --plan given beside it, before vali
   const fs::path plan = dir / "pp4.json";
   std::ofstream(plan) << R"({"placement": "homogeneous", "layout": {"pp": 4}, "micro_batch_size": 1,
                              "schedule": "1f1b", "stage_split": "frozen_aware"})";
-  const std::string base = "estimate " + kSource + "/scenarios/cpu-tiny-big-vit.json --plan " + plan.string();
+  const std::string base =
+      "estimate " + kSource + "/scenarios/cpu-tiny-big-vit.json --plan " + plan.string();
   const Run aware = run(base);
   CHECK(aware.code == 0);
   CHECK(aware.output.find("stage layers     llm 1,3,2,2 (frozen_aware)") != std::string::npos);
@@ -221,9 +224,8 @@ TEST_CASE("lower and estimate: bad input exits 2") {
 }
 
 TEST_CASE("every subcommand has --help") {
-  for (const char* c :
-       {"validate", "show", "import-hf", "lower", "estimate", "simulate", "sweep", "merge",
-        "calibrate", "replay"}) {
+  for (const char* c : {"validate", "show", "import-hf", "lower", "estimate", "simulate", "sweep",
+                        "merge", "calibrate", "replay"}) {
     const Run r = run(std::string(c) + " --help");
     CHECK(r.code == 0);
     CHECK(r.output.find("Usage:") != std::string::npos);
@@ -334,13 +336,15 @@ TEST_CASE("import-hf writes a loadable model atomically, and writes nothing on b
   fs::remove_all(dir);
 }
 
-TEST_CASE("calibrate writes a profile that replay and simulate take; bad input exits 2, writes nothing") {
+TEST_CASE(
+    "calibrate writes a profile that replay and simulate take; bad input exits 2, writes nothing") {
   const fs::path dir = scratch() / "calibrate";
   fs::remove_all(dir);
   fs::create_directories(dir);
   const std::string runs = kSource + "/traces/cpu-local/";
   const std::string profile = (dir / "profile.json").string();
-  const Run c = run("calibrate " + runs + "cpu-tiny-tp2-pp2 " + runs + "cpu-tiny-colocated -o " + profile);
+  const Run c =
+      run("calibrate " + runs + "cpu-tiny-tp2-pp2 " + runs + "cpu-tiny-colocated -o " + profile);
   INFO(c.output);
   CHECK(c.code == 0);
   CHECK(c.output.find("llm F small") != std::string::npos);
@@ -357,9 +361,9 @@ TEST_CASE("calibrate writes a profile that replay and simulate take; bad input e
   CHECK(fs::exists(dir / "replay-trace" / "rank3.json"));
 
   // The VALM's trainable audio encoder runs backward ops no fitted run had: named in a note.
-  const Run s = run("simulate " + kSource + "/scenarios/cpu-tiny-valm.json --plan " + kSource +
-                    "/scenarios/plans/cpu-tiny-valm-non-colocated.json --iterations 1 --profile " +
-                    profile);
+  const Run s =
+      run("simulate " + kSource + "/scenarios/cpu-tiny-valm.json --plan " + kSource +
+          "/scenarios/plans/cpu-tiny-valm-non-colocated.json --iterations 1 --profile " + profile);
   INFO(s.output);
   CHECK(s.code == 0);
   CHECK(s.output.find("class \"encoder B small\" have no fit") != std::string::npos);
@@ -376,17 +380,21 @@ TEST_CASE("calibrate writes a profile that replay and simulate take; bad input e
   CHECK(bad.code == 2);
   CHECK(bad.output.find(kSource + "/scenarios/run.json") != std::string::npos);
   CHECK(run("calibrate " + runs + "cpu-tiny-tp2-pp2").code == 2);
-  CHECK(run("replay " + runs + "cpu-tiny-tp2-pp2 --profile " + (dir / "missing.json").string()).code == 2);
+  CHECK(run("replay " + runs + "cpu-tiny-tp2-pp2 --profile " + (dir / "missing.json").string())
+            .code == 2);
   CHECK_FALSE(fs::exists(out));
   fs::remove_all(dir);
 }
 
-TEST_CASE("schedule dip: estimate searches a schedule, simulate re-plans per iteration, sweep explores it") {
+TEST_CASE(
+    "schedule dip: estimate searches a schedule, simulate re-plans per iteration, sweep explores "
+    "it") {
   const std::string variable = kSource + "/scenarios/cpu-tiny-variable.json";
   const Run e = run("estimate " + variable + " --set plan.schedule=dip");
   INFO(e.output);
   CHECK(e.code == 0);
-  CHECK(e.output.find("note: dip: 1 encoder segment(s) on the LLM's 4 stages") != std::string::npos);
+  CHECK(e.output.find("note: dip: 1 encoder segment(s) on the LLM's 4 stages") !=
+        std::string::npos);
   CHECK(e.output.find("note: dip schedule search: ") != std::string::npos);
   const Run s = run("simulate " + variable + " --set plan.schedule=dip --iterations 2");
   INFO(s.output);
@@ -403,13 +411,17 @@ TEST_CASE("schedule dip: estimate searches a schedule, simulate re-plans per ite
   CHECK(w.code == 0);
   CHECK(w.output.find("4 plans considered") != std::string::npos);
   CHECK(w.output.find(" dip entrain ") != std::string::npos);
-  const Run bad = run("sweep " + variable + " --set 'search.homogeneous_schedules=[\"gpipe\"]' --out " + out);
+  const Run bad =
+      run("sweep " + variable + " --set 'search.homogeneous_schedules=[\"gpipe\"]' --out " + out);
   CHECK(bad.code == 2);
-  CHECK(bad.output.find("search.homogeneous_schedules[0]: must be 1f1b (interleaved where vpp > 1) or dip") !=
+  CHECK(bad.output.find(
+            "search.homogeneous_schedules[0]: must be 1f1b (interleaved where vpp > 1) or dip") !=
         std::string::npos);
 }
 
-TEST_CASE("bad inputs across every command: exit 2, the file or option and JSON path named, nothing written") {
+TEST_CASE(
+    "bad inputs across every command: exit 2, the file or option and JSON path named, nothing "
+    "written") {
   // Beside the table above (scenario files): flags, --set values, plans, profiles, recorded runs
   // and sweeps, each through the command that reads it. OUT/ is a fresh folder; `writes` names
   // what the command would have written, which must not exist afterwards.
@@ -446,26 +458,35 @@ TEST_CASE("bad inputs across every command: exit 2, the file or option and JSON 
       {"estimate " + tiny + " --set plan.layout.pp=0", "plan.layout.pp: must be > 0, got 0", ""},
       {"estimate " + tiny + " --set plan.micro_batch_size=x",
        "plan.micro_batch_size: expected an integer, got string", ""},
-      {"estimate " + tiny + " --set plan.placement=colocated", "plan.modules: required key is missing", ""},
+      {"estimate " + tiny + " --set plan.placement=colocated",
+       "plan.modules: required key is missing", ""},
       {"estimate " + tiny + " --set model.dtype=fp7", "model.dtype: unknown value 'fp7'", ""},
       {"estimate " + tiny + " --set workload.seed=-1", "workload.seed: must be >= 0, got -1", ""},
       {"estimate " + tiny + " --set plan.no_such_option=1", "plan.no_such_option: unknown key", ""},
       {"estimate " + variable + " --set plan.schedule=three_phase",
        "plan.schedule: three_phase is the colocated schedule; placement is homogeneous", ""},
-      {"estimate " + tiny + " --plan " + o + "no-plan.json", o + "no-plan.json: file not found", ""},
-      {"estimate " + tiny + " --plan " + kBad + "malformed.json", "malformed.json: invalid JSON at line 4", ""},
+      {"estimate " + tiny + " --plan " + o + "no-plan.json", o + "no-plan.json: file not found",
+       ""},
+      {"estimate " + tiny + " --plan " + kBad + "malformed.json",
+       "malformed.json: invalid JSON at line 4", ""},
       {"estimate " + tiny + " --iteration -1", "--iteration must be >= 0", ""},
       {"lower " + tiny + " --rank 99", "--rank 99 out of range: the plan has 2 ranks", ""},
-      {"lower " + tiny + " --set workload.max_seq_len=-5", "workload.max_seq_len: must be > 0, got -5", ""},
+      {"lower " + tiny + " --set workload.max_seq_len=-5",
+       "workload.max_seq_len: must be > 0, got -5", ""},
       {"simulate " + tiny + " --iterations 0", "--iterations >= 1", ""},
-      {"simulate " + tiny + " --set plan.recompute=some", "plan.recompute: unknown value 'some'", ""},
-      {"simulate " + tiny + " --set cluster.nodes=0", "cluster.nodes: not used with kind cpu-local", ""},
-      {"simulate " + tiny + " --profile " + o + "no-profile.json", "no-profile.json: file not found", ""},
-      {"simulate " + tiny + " --profile " + kBad + "malformed.json", "malformed.json: invalid JSON", ""},
+      {"simulate " + tiny + " --set plan.recompute=some", "plan.recompute: unknown value 'some'",
+       ""},
+      {"simulate " + tiny + " --set cluster.nodes=0", "cluster.nodes: not used with kind cpu-local",
+       ""},
+      {"simulate " + tiny + " --profile " + o + "no-profile.json",
+       "no-profile.json: file not found", ""},
+      {"simulate " + tiny + " --profile " + kBad + "malformed.json", "malformed.json: invalid JSON",
+       ""},
       {"simulate " + tiny + " --iterations 1 --trace " + o + "trace --set plan.layout.tp=3",
        "plan.layout.tp: 3 does not divide", o + "trace"},
       {"sweep " + tiny + " --top 0 --out " + o + "sweep-top", "--top, --jobs", o + "sweep-top"},
-      {"sweep " + variable + " --set 'search.homogeneous_schedules=[\"gpipe\"]' --out " + o + "sweep-space",
+      {"sweep " + variable + " --set 'search.homogeneous_schedules=[\"gpipe\"]' --out " + o +
+           "sweep-space",
        "search.homogeneous_schedules[0]: must be 1f1b (interleaved where vpp > 1) or dip",
        o + "sweep-space"},
       {"sweep " + variable + " --set 'search.microbatching=[\"lifo\"]' --out " + o + "sweep-mb",
@@ -474,25 +495,28 @@ TEST_CASE("bad inputs across every command: exit 2, the file or option and JSON 
        "unknown-key.json: workload.max_seq_length: unknown key", o + "sweep-key"},
       {"merge " + o + "no-sweep --out " + o + "merged", o + "no-sweep/summary.json: file not found",
        o + "merged"},
-      {"stages " + vlm + " --tp 0 -o " + o + "stages.json", "the budget needs gpus, tp, dp and micro-batch size >= 1",
-       o + "stages.json"},
+      {"stages " + vlm + " --tp 0 -o " + o + "stages.json",
+       "the budget needs gpus, tp, dp and micro-batch size >= 1", o + "stages.json"},
       {"stages " + vlm + " --tp 2 --set plan.schedule=three_phase -o " + o + "stages2.json",
        "--set: plan.schedule: 'plan.schedule': no key 'plan'", o + "stages2.json"},
       {"replay " + o + "no-run", o + "no-run/run.json: file not found", ""},
       {"replay " + cut.string(), cut.string() + "/run.json: invalid JSON", ""},
       {"calibrate " + cut_trace.string() + " -o " + o + "profile.json",
        cut_trace.string() + "/trace/rank1.json: invalid JSON", o + "profile.json"},
-      {"calibrate " + o + "no-run -o " + o + "profile2.json", "run.json: file not found", o + "profile2.json"},
-      {"import-hf " + kBad + "malformed.json -o " + o + "model.json", "malformed.json: invalid JSON",
-       o + "model.json"},
+      {"calibrate " + o + "no-run -o " + o + "profile2.json", "run.json: file not found",
+       o + "profile2.json"},
+      {"import-hf " + kBad + "malformed.json -o " + o + "model.json",
+       "malformed.json: invalid JSON", o + "model.json"},
       // Found by the fuzzers (fuzz/regressions): each crashed a command before its fix.
-      {"simulate " + tiny + " --profile " + kSource + "/fuzz/regressions/profile/number-overflow.json",
+      {"simulate " + tiny + " --profile " + kSource +
+           "/fuzz/regressions/profile/number-overflow.json",
        "number-overflow.json: invalid JSON at line 1, column 357: number overflow parsing", ""},
       {"estimate " + kSource + "/fuzz/regressions/scenario/text-tokens-6.9e99.json",
        "workload.samples.text_tokens: draws up to 6.88888888889e+99", ""},
       {"estimate " + tiny + " --set workload.global_batch=100000000",
        "workload.global_batch: 100000000 samples; at most 16777216 are taken", ""},
-      {"estimate " + tiny + " --set plan.layout.dp=100000000", "plan.layout: tp*cp*pp*dp is over", ""},
+      {"estimate " + tiny + " --set plan.layout.dp=100000000", "plan.layout: tp*cp*pp*dp is over",
+       ""},
   };
   for (const Case& c : cases) {
     const Run r = run(c.args);
@@ -504,7 +528,8 @@ TEST_CASE("bad inputs across every command: exit 2, the file or option and JSON 
   fs::remove_all(out);
 }
 
-TEST_CASE("determinism: the same scenario gives byte-identical Programs, simulations and sweep results") {
+TEST_CASE(
+    "determinism: the same scenario gives byte-identical Programs, simulations and sweep results") {
   const std::string variable = kSource + "/scenarios/cpu-tiny-variable.json";
   const std::string llava = kSource + "/scenarios/variability/llava-7b-64.json";
   // Lowered Programs, DIP's list-scheduled orders and searched schedules included.
@@ -532,8 +557,8 @@ TEST_CASE("determinism: the same scenario gives byte-identical Programs, simulat
   // Sweeps: the same results.jsonl and results.csv with one job or two, twice.
   std::vector<std::string> results, tables;
   for (const char* jobs : {"1", "2", "2"}) {
-    const fs::path dir = scratch() / ("determinism-j" + std::string(jobs) + "-" +
-                                      std::to_string(results.size()));
+    const fs::path dir =
+        scratch() / ("determinism-j" + std::string(jobs) + "-" + std::to_string(results.size()));
     fs::remove_all(dir);
     const Run w = run("sweep " + variable + " -j " + jobs + " --out " + dir.string());
     REQUIRE(w.code == 0);
@@ -549,7 +574,8 @@ TEST_CASE("determinism: the same scenario gives byte-identical Programs, simulat
   CHECK(tables[1] == tables[2]);
 }
 
-TEST_CASE("a sweep killed with SIGKILL leaves no orphans; --resume ends with the uninterrupted results") {
+TEST_CASE(
+    "a sweep killed with SIGKILL leaves no orphans; --resume ends with the uninterrupted results") {
   const std::string tiny = kSource + "/scenarios/cpu-tiny.json";
   const fs::path whole = scratch() / "kill-whole", killed = scratch() / "kill-resumed";
   fs::remove_all(whole);
@@ -569,7 +595,8 @@ TEST_CASE("a sweep killed with SIGKILL leaves no orphans; --resume ends with the
   const pid_t pid = ::fork();
   REQUIRE(pid >= 0);
   if (pid == 0) {
-    const std::string command = "exec " + kTessera + " " + sweep + killed.string() + " >/dev/null 2>&1";
+    const std::string command =
+        "exec " + kTessera + " " + sweep + killed.string() + " >/dev/null 2>&1";
     ::execl("/bin/sh", "sh", "-c", command.c_str(), static_cast<char*>(nullptr));
     ::_exit(127);
   }
@@ -628,7 +655,8 @@ TEST_CASE("a full disk or an unwritable folder: a clear error, exit 1, earlier r
   };
   const fs::path dir = scratch() / "disk-full";
   fs::remove_all(dir);
-  const std::string sweep = "sweep " + kSource + "/scenarios/cpu-tiny.json --top 16 --out " + dir.string();
+  const std::string sweep =
+      "sweep " + kSource + "/scenarios/cpu-tiny.json --top 16 --out " + dir.string();
   REQUIRE(run(sweep).code == 0);
   const std::string csv = read(dir / "results.csv"), summary = read(dir / "summary.json");
   const Run r = full(4, sweep);
@@ -651,11 +679,13 @@ TEST_CASE("a full disk or an unwritable folder: a clear error, exit 1, earlier r
   CHECK(c.output.find("(disk full?)") != std::string::npos);
   CHECK(read(profile) == "{\"earlier\": true}\n");
   // Not a regular file (a device): refused, not replaced.
-  const Run device = run("calibrate " + kSource + "/traces/cpu-local/cpu-tiny-tp2-pp2 -o /dev/null");
+  const Run device =
+      run("calibrate " + kSource + "/traces/cpu-local/cpu-tiny-tp2-pp2 -o /dev/null");
   CHECK(device.code == 1);
   CHECK(device.output.find("/dev/null: exists and is not a regular file") != std::string::npos);
   // An output folder that cannot be made.
-  const Run unwritable = run("sweep " + kSource + "/scenarios/cpu-tiny.json --out /proc/tessera-no");
+  const Run unwritable =
+      run("sweep " + kSource + "/scenarios/cpu-tiny.json --out /proc/tessera-no");
   CHECK(unwritable.code == 1);
   CHECK(unwritable.output.find("cannot create directories") != std::string::npos);
   fs::remove_all(dir);
@@ -665,8 +695,8 @@ TEST_CASE("a simulation child that crashes is one failed row; the sweep complete
   const fs::path dir = scratch() / "child-crash";
   fs::remove_all(dir);
   // The third simulation segfaults (an injected failpoint, shared/failpoint.hpp).
-  const Run r = shell("TESSERA_FAILPOINT=sweep-simulation-crash:2 " + kTessera + " sweep " + kSource +
-                      "/scenarios/cpu-tiny.json --top 16 -j 2 --out " + dir.string());
+  const Run r = shell("TESSERA_FAILPOINT=sweep-simulation-crash:2 " + kTessera + " sweep " +
+                      kSource + "/scenarios/cpu-tiny.json --top 16 -j 2 --out " + dir.string());
   INFO(r.output);
   CHECK(r.code == 0);
   CHECK(r.output.find("failed: killed by signal 11 (Segmentation fault)") != std::string::npos);

@@ -31,4 +31,6 @@ inline Run finish(FILE* pipe) {
   return r;
 }
 
-inline Run run(const std::string& args) { return finish(start(args)); }
+inline Run run(const std::string& args) {
+  return finish(start(args));
+}

@@ -5,8 +5,8 @@
 
 #include <chrono>
 #include <csignal>
-#include <cstdlib>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -46,7 +46,8 @@ void remove_scratch() {
 const int kScratchCleanup = std::atexit(remove_scratch);
 
 fs::path fresh_dir(const std::string& name) {
-  const fs::path dir = fs::temp_directory_path() / ("tessera-train-test-" + std::to_string(::getpid())) / name;
+  const fs::path dir =
+      fs::temp_directory_path() / ("tessera-train-test-" + std::to_string(::getpid())) / name;
   fs::remove_all(dir);
   fs::create_directories(dir.parent_path());
   return dir;
@@ -57,9 +58,9 @@ std::string plan_file(const std::string& layout) {
   fs::create_directories(path);
   const fs::path file = path / (std::to_string(std::hash<std::string>{}(layout)) + ".json");
   // `layout` may carry more plan fields after the layout object.
-  std::ofstream(file) << R"({"placement": "homogeneous", "micro_batch_size": 1, "layout": )" << layout
-                      << (layout.find("\"schedule\"") == std::string::npos ? R"(, "schedule": "1f1b")" : "")
-                      << "}";
+  std::ofstream(file)
+      << R"({"placement": "homogeneous", "micro_batch_size": 1, "layout": )" << layout
+      << (layout.find("\"schedule\"") == std::string::npos ? R"(, "schedule": "1f1b")" : "") << "}";
   return file.string();
 }
 
@@ -93,7 +94,8 @@ TEST_CASE("parallel plans reproduce the single-rank losses (3 steps, fp32, clipp
            {R"({"cp": 2})", "cp2"},
            {R"({"cp": 2}, "cp_split": "zigzag")", "cp2-zigzag"},
            {R"({"tp": 2, "pp": 2})", "tp2pp2"},
-           {R"({"pp": 2, "vpp": 2}, "schedule": "interleaved_1f1b", "num_micro_batches": 8)", "vpp2"},
+           {R"({"pp": 2, "vpp": 2}, "schedule": "interleaved_1f1b", "num_micro_batches": 8)",
+            "vpp2"},
            {R"({"dp": 2, "tp": 2}, "distributed_optimizer": true)", "zero1"}}) {
     const std::vector<double> got = train(layout, name);
     REQUIRE(got.size() == reference.size());
@@ -123,10 +125,12 @@ TEST_CASE("two encoders (frozen ViT, trainable Whisper-style audio) feed one LLM
       CHECK(std::abs(got[i] - reference[i]) <= 1e-5 * std::abs(reference[i]));
   }
   // Colocated, each encoder on its own grid: vision on 4 replicas, audio TP2 x DP2.
-  const fs::path dir = fs::temp_directory_path() / ("tessera-train-test-" + std::to_string(::getpid()));
+  const fs::path dir =
+      fs::temp_directory_path() / ("tessera-train-test-" + std::to_string(::getpid()));
   fs::create_directories(dir);
   const std::string plan = (dir / "valm-colocated.json").string();
-  std::ofstream(plan) << R"({"placement": "colocated", "schedule": "three_phase", "micro_batch_size": 1,
+  std::ofstream(plan)
+      << R"({"placement": "colocated", "schedule": "three_phase", "micro_batch_size": 1,
       "modules": {"vision": {"dp": 4}, "audio": {"tp": 2, "dp": 2}, "llm": {"tp": 2, "dp": 2}}})";
   const fs::path out = fresh_dir("valm-colocated");
   const Run r = run(valm + " --plan " + plan + " --steps 3 --out " + out.string());
@@ -145,7 +149,8 @@ void check_trace_is_program(const fs::path& out, const std::string& scenario,
 
 // A plan file with `json` as is.
 std::string raw_plan(const std::string& json, const std::string& name) {
-  const fs::path dir = fs::temp_directory_path() / ("tessera-train-test-" + std::to_string(::getpid())) / "raw";
+  const fs::path dir =
+      fs::temp_directory_path() / ("tessera-train-test-" + std::to_string(::getpid())) / "raw";
   fs::create_directories(dir);
   const fs::path file = dir / (name + ".json");
   std::ofstream(file) << json;
@@ -176,23 +181,27 @@ TEST_CASE("colocated placements: each module its own grid, the boundary regroups
   // Fan-in: the vision encoder (and its projector) on 4 replicas, the LLM TP2 x DP2.
   const std::string fan_in = raw_plan(
       R"({"placement": "colocated", "schedule": "three_phase", "micro_batch_size": 1,
-          "modules": {"vision": {"tp": 1, "dp": 4}, "llm": {"tp": 2, "dp": 2}}})", "fan-in");
+          "modules": {"vision": {"tp": 1, "dp": 4}, "llm": {"tp": 2, "dp": 2}}})",
+      "fan-in");
   check_parity(train_with(kScenario, fan_in, "colo-fan-in"), reference);
   // Fan-out: one encoder replica (TP2) for two LLM replicas; the gradients are all-gathered.
   const std::string fan_out = raw_plan(
       R"({"placement": "colocated", "schedule": "three_phase", "micro_batch_size": 1,
-          "modules": {"vision": {"tp": 2, "dp": 1}, "llm": {"dp": 2}}})", "fan-out");
+          "modules": {"vision": {"tp": 2, "dp": 1}, "llm": {"dp": 2}}})",
+      "fan-out");
   check_parity(train_with(kScenario, fan_out, "colo-fan-out"), reference);
   // Three-phase with an LLM pipeline: encoder leaders send each micro-batch's rows to the LLM
   // replica's first-stage leader (not always the rank beside them), which broadcasts them.
   const std::string piped_llm = raw_plan(
       R"({"placement": "colocated", "schedule": "three_phase", "micro_batch_size": 1,
-          "modules": {"vision": {"tp": 2, "dp": 2}, "llm": {"tp": 2, "pp": 2}}})", "colo-pp2");
+          "modules": {"vision": {"tp": 2, "dp": 2}, "llm": {"tp": 2, "pp": 2}}})",
+      "colo-pp2");
   check_parity(train_with(kScenario, piped_llm, "colo-pp2"), reference);
   // Same data-parallel degree: no regroup, each LLM micro-batch picks its rows.
   const std::string same_dp = raw_plan(
       R"({"placement": "colocated", "schedule": "three_phase", "micro_batch_size": 1,
-          "modules": {"vision": {"tp": 2, "dp": 1}, "llm": {"tp": 2, "dp": 1}}})", "same-dp");
+          "modules": {"vision": {"tp": 2, "dp": 1}, "llm": {"tp": 2, "dp": 1}}})",
+      "same-dp");
   check_parity(train_with(kScenario, same_dp, "colo-same-dp"), reference);
   // The executed ops of the fan-in run are its Program's (the boundary all-gathers included).
   const fs::path out = fresh_dir("colo-trace");
@@ -207,15 +216,17 @@ TEST_CASE("colocated placements: each module its own grid, the boundary regroups
   // What the executor cannot run yet is refused up front, naming the plan file and field.
   const std::string with_cp = raw_plan(
       R"({"placement": "colocated", "schedule": "three_phase", "micro_batch_size": 1,
-          "modules": {"vision": {"dp": 2}, "llm": {"cp": 2}}})", "colo-cp");
+          "modules": {"vision": {"dp": 2}, "llm": {"cp": 2}}})",
+      "colo-cp");
   const Run refused = run(kScenario + " --plan " + with_cp);
   CHECK(refused.code == 2);
   CHECK(refused.output.find("colo-cp.json: plan.modules.llm.cp") != std::string::npos);
   // A projector on ranks of its own: the executor's boundaries start at a projector.
-  const Run projector = run(kScenario + " --plan " + raw_plan(R"({"placement": "non_colocated",
+  const Run projector = run(kScenario + " --plan " +
+                            raw_plan(R"({"placement": "non_colocated",
       "schedule": "graph_1f1b", "micro_batch_size": 1,
       "modules": {"vision": {"dp": 1}, "vision_projector": {"dp": 1}, "llm": {"tp": 2}}})",
-                                                            "own-projector"));
+                                     "own-projector"));
   CHECK(projector.code == 2);
   CHECK(projector.output.find("own-projector.json: plan.modules.vision_projector: a projector on "
                               "ranks of its own") != std::string::npos);
@@ -231,7 +242,8 @@ TEST_CASE("frozen LLM behind a trainable projector (LLaVA stage 1) still passes 
   fs::create_directories(dir);
   const std::string file = (dir / "stage1.json").string();
   std::ofstream(file) << inline_scenario_json(*s).dump();
-  const std::vector<double> reference = train_with(file, plan_file(R"({"tp": 1})"), "stage1-single");
+  const std::vector<double> reference =
+      train_with(file, plan_file(R"({"tp": 1})"), "stage1-single");
   check_parity(train_with(file, plan_file(R"({"tp": 2, "pp": 2})"), "stage1-tp2pp2"), reference);
   // Only the projector trains, so the loss moves, slowly.
   CHECK(reference[2] != reference[0]);
@@ -239,8 +251,8 @@ TEST_CASE("frozen LLM behind a trainable projector (LLaVA stage 1) still passes 
   const std::vector<double> trainable = train(R"({"tp": 1})", "stage1-trainable-llm");
   REQUIRE(trainable.size() == 3);
   auto state_bytes = [](const std::string& name) {
-    std::ifstream in(fs::temp_directory_path() / ("tessera-train-test-" + std::to_string(::getpid())) /
-                     name / "run.json");
+    std::ifstream in(fs::temp_directory_path() /
+                     ("tessera-train-test-" + std::to_string(::getpid())) / name / "run.json");
     return Json::parse(in).at("memory_per_rank").at(0).at("parameter_state_bytes").get<double>();
   };
   CHECK(state_bytes("stage1-single") < 0.5 * state_bytes("stage1-trainable-llm"));
@@ -257,13 +269,18 @@ TEST_CASE("everything trainable (the vision encoder too): plans agree") {
   std::ofstream(file) << inline_scenario_json(*s).dump();
   const std::vector<double> reference = train_with(file, plan_file(R"({"tp": 1})"), "all-single");
   check_parity(train_with(file, plan_file(R"({"tp": 2, "dp": 2})"), "all-tp2dp2"), reference);
-  check_parity(train_with(file, raw_plan(R"({"placement": "non_colocated", "schedule": "graph_1f1b",
-      "micro_batch_size": 1, "modules": {"vision": {"dp": 2}, "llm": {"pp": 2}}})", "all-nc"), "all-nc"),
+  check_parity(train_with(file,
+                          raw_plan(R"({"placement": "non_colocated", "schedule": "graph_1f1b",
+      "micro_batch_size": 1, "modules": {"vision": {"dp": 2}, "llm": {"pp": 2}}})",
+                                   "all-nc"),
+                          "all-nc"),
                reference);
   // The trainable ViT pipelined over two stages of its own (Cornstarch's per-module stage
   // counts): activations and their gradients cross between its stages.
-  check_parity(train_with(file, raw_plan(R"({"placement": "non_colocated", "schedule": "graph_1f1b",
-      "micro_batch_size": 1, "modules": {"vision": {"pp": 2}, "llm": {"pp": 2}}})", "all-nc-vision-pp2"),
+  check_parity(train_with(file,
+                          raw_plan(R"({"placement": "non_colocated", "schedule": "graph_1f1b",
+      "micro_batch_size": 1, "modules": {"vision": {"pp": 2}, "llm": {"pp": 2}}})",
+                                   "all-nc-vision-pp2"),
                           "all-nc-vision-pp2"),
                reference);
 }
@@ -295,17 +312,24 @@ TEST_CASE("entrain micro-batching: the same losses as arrival order (PP2, everyt
   }
   REQUIRE(deferred_image);
   const std::vector<double> reference = train_with(
-      file, raw_plan(R"({"placement": "homogeneous", "layout": {"tp": 1}, "micro_batch_size": 2,
-                         "schedule": "1f1b"})", "entrain-reference"), "entrain-reference");
-  check_parity(train_with(file, raw_plan(R"({"placement": "homogeneous", "layout": {"pp": 2},
-      "micro_batch_size": 2, "schedule": "1f1b", "microbatching": "entrain"})", "entrain-pp2"),
+      file,
+      raw_plan(R"({"placement": "homogeneous", "layout": {"tp": 1}, "micro_batch_size": 2,
+                         "schedule": "1f1b"})",
+               "entrain-reference"),
+      "entrain-reference");
+  check_parity(train_with(file,
+                          raw_plan(R"({"placement": "homogeneous", "layout": {"pp": 2},
+      "micro_batch_size": 2, "schedule": "1f1b", "microbatching": "entrain"})",
+                                   "entrain-pp2"),
                           "entrain-pp2"),
                reference);
   // Colocated: the encoders run the whole batch at once, the LLM's micro-batches are Entrain's
   // (level 2) and take their rows from the regrouped boundary (fan-in, LLM pipeline).
-  check_parity(train_with(file, raw_plan(R"({"placement": "colocated", "schedule": "three_phase",
+  check_parity(train_with(file,
+                          raw_plan(R"({"placement": "colocated", "schedule": "three_phase",
       "micro_batch_size": 2, "microbatching": "entrain",
-      "modules": {"vision": {"dp": 4}, "llm": {"pp": 2, "dp": 2}}})", "entrain-colocated"),
+      "modules": {"vision": {"dp": 4}, "llm": {"pp": 2, "dp": 2}}})",
+                                   "entrain-colocated"),
                           "entrain-colocated"),
                reference);
   // Non-colocated: each encoder replica runs level-1 micro-batches and sends their rows; the
@@ -318,8 +342,11 @@ TEST_CASE("entrain micro-batching: the same losses as arrival order (PP2, everyt
            {R"({"vision": {"dp": 2}, "llm": {"tp": 2}})", "entrain-nc-tp2"},
            {R"({"vision": {"pp": 2}, "llm": {"pp": 2}})", "entrain-nc-vit-pp2"}}) {
     INFO(name);
-    check_parity(train_with(file, raw_plan(R"({"placement": "non_colocated", "schedule": "graph_1f1b",
-        "micro_batch_size": 2, "microbatching": "entrain", "modules": )" + modules + "}", name),
+    check_parity(train_with(file,
+                            raw_plan(R"({"placement": "non_colocated", "schedule": "graph_1f1b",
+        "micro_batch_size": 2, "microbatching": "entrain", "modules": )" +
+                                         modules + "}",
+                                     name),
                             name),
                  reference);
   }
@@ -327,7 +354,8 @@ TEST_CASE("entrain micro-batching: the same losses as arrival order (PP2, everyt
 
 TEST_CASE("single rank: the Program interpreter gives the plain LibTorch loop's losses") {
   const std::vector<double> program = train(R"({"tp": 1})", "interpreted");
-  const Run plain = run("plain-loop " + kScenario + " --plan " + plan_file(R"({"tp": 1})") + " --steps 3");
+  const Run plain =
+      run("plain-loop " + kScenario + " --plan " + plan_file(R"({"tp": 1})") + " --steps 3");
   INFO(plain.output);
   REQUIRE(plain.code == 0);
   std::vector<double> loop;
@@ -400,39 +428,48 @@ TEST_CASE("the ops executed are the Program's, in order (trace op ids against lo
   }
 }
 
-TEST_CASE("non-colocated placements: disjoint spans, leader links, broadcast, CP sum; losses agree") {
+TEST_CASE(
+    "non-colocated placements: disjoint spans, leader links, broadcast, CP sum; losses agree") {
   const std::vector<double> reference = train(R"({"tp": 1})", "nc-reference");
   auto nc = [](const std::string& modules, const std::string& name) {
-    return raw_plan(R"({"placement": "non_colocated", "schedule": "graph_1f1b", "micro_batch_size": 1, "modules": )" +
-                        modules + "}",
-                    name);
+    return raw_plan(
+        R"({"placement": "non_colocated", "schedule": "graph_1f1b", "micro_batch_size": 1, "modules": )" +
+            modules + "}",
+        name);
   };
   for (const auto& [modules, name] : std::vector<std::pair<std::string, std::string>>{
-           {R"({"vision": {"dp": 2}, "llm": {"pp": 2}})", "nc-dp2-pp2"},       // fan-in
-           {R"({"vision": {"dp": 1}, "llm": {"tp": 2}})", "nc-tp2"},           // broadcast
+           {R"({"vision": {"dp": 2}, "llm": {"pp": 2}})", "nc-dp2-pp2"},  // fan-in
+           {R"({"vision": {"dp": 1}, "llm": {"tp": 2}})", "nc-tp2"},      // broadcast
            {R"({"vision": {"dp": 1}, "llm": {"dp": 2}})", "nc-fan-out"},
-           {R"({"vision": {"dp": 2}, "llm": {"cp": 2}})", "nc-cp2"},         // CP gradient sum
-           {R"({"vision": {"pp": 2}, "llm": {"pp": 2}})", "nc-vision-pp2"}}) {  // frozen ViT, 2 stages
+           {R"({"vision": {"dp": 2}, "llm": {"cp": 2}})", "nc-cp2"},  // CP gradient sum
+           {R"({"vision": {"pp": 2}, "llm": {"pp": 2}})",
+            "nc-vision-pp2"}}) {  // frozen ViT, 2 stages
     const std::string plan = nc(modules, name);
     const fs::path out = fresh_dir(name);
     const Run r = run(kScenario + " --plan " + plan + " --steps 3 --out " + out.string());
     INFO(name << ": " << r.output);
     REQUIRE(r.code == 0);
     check_parity(losses(out), reference);
-    if (name == "nc-dp2-pp2" || name == "nc-vision-pp2") check_trace_is_program(out, kScenario, plan);
+    if (name == "nc-dp2-pp2" || name == "nc-vision-pp2")
+      check_trace_is_program(out, kScenario, plan);
   }
   // Image and audio encoders each on their own rank, the LLM pipelined over two more.
   const std::string valm = std::string(TESSERA_SOURCE_DIR) + "/scenarios/cpu-tiny-valm.json";
-  const std::vector<double> valm_reference = train_with(valm, plan_file(R"({"tp": 1})"), "nc-valm-single");
-  check_parity(train_with(valm, nc(R"({"vision": {"dp": 1}, "audio": {"dp": 1}, "llm": {"pp": 2}})", "nc-valm"),
-                          "nc-valm"),
-               valm_reference);
+  const std::vector<double> valm_reference =
+      train_with(valm, plan_file(R"({"tp": 1})"), "nc-valm-single");
+  check_parity(
+      train_with(valm,
+                 nc(R"({"vision": {"dp": 1}, "audio": {"dp": 1}, "llm": {"pp": 2}})", "nc-valm"),
+                 "nc-valm"),
+      valm_reference);
   // The Whisper-style encoder runs whole: several stages of its own are refused up front.
   const Run refused =
-      run(valm + " --plan " + nc(R"({"vision": {"dp": 1}, "audio": {"pp": 2}, "llm": {"dp": 1}})", "nc-audio-pp2"));
+      run(valm + " --plan " +
+          nc(R"({"vision": {"dp": 1}, "audio": {"pp": 2}, "llm": {"dp": 1}})", "nc-audio-pp2"));
   CHECK(refused.code == 2);
-  CHECK(refused.output.find("nc-audio-pp2.json: plan.modules.audio.pp: a pipelined audio encoder") !=
-        std::string::npos);
+  CHECK(
+      refused.output.find("nc-audio-pp2.json: plan.modules.audio.pp: a pipelined audio encoder") !=
+      std::string::npos);
 }
 
 TEST_CASE("the shapes data set is learnable: the loss falls by half within 50 steps") {
@@ -442,10 +479,12 @@ TEST_CASE("the shapes data set is learnable: the loss falls by half within 50 st
   CHECK(v.back() < v.front() / 2);
 }
 
-TEST_CASE("resuming from a checkpoint continues the losses exactly, also after a kill mid-checkpoint") {
+TEST_CASE(
+    "resuming from a checkpoint continues the losses exactly, also after a kill mid-checkpoint") {
   const std::vector<double> straight = train(R"({"pp": 2})", "straight", 4);
   const fs::path out = fresh_dir("resumed");
-  const std::string common = kScenario + " --plan " + plan_file(R"({"pp": 2})") + " --out " + out.string();
+  const std::string common =
+      kScenario + " --plan " + plan_file(R"({"pp": 2})") + " --out " + out.string();
   REQUIRE(run(common + " --steps 2").code == 0);
   REQUIRE(fs::exists(out / "checkpoint" / "manifest.json"));
   const Run resumed = run(common + " --steps 4 --resume");
@@ -571,8 +610,9 @@ TEST_CASE("a worker hung in a collective (stopped) ends the job by timeout, no p
 TEST_CASE("two nodes on loopback (--nnodes 2 --node-rank i --master) train as one job") {
   const std::vector<double> one_node = train(R"({"pp": 2})", "one-node", 2);
   const int port = exec::free_port();
-  const std::string common = kScenario + " --plan " + plan_file(R"({"pp": 2})") +
-                             " --steps 2 --nproc 1 --nnodes 2 --master 127.0.0.1:" + std::to_string(port);
+  const std::string common =
+      kScenario + " --plan " + plan_file(R"({"pp": 2})") +
+      " --steps 2 --nproc 1 --nnodes 2 --master 127.0.0.1:" + std::to_string(port);
   FILE* node1 = start(common + " --node-rank 1");
   const fs::path out = fresh_dir("two-nodes");
   const Run node0 = run(common + " --node-rank 0 --out " + out.string());
@@ -620,30 +660,36 @@ TEST_CASE("makespan CP split: the executor shards tokens as lower() charges them
   REQUIRE(tags.size() >= 256);
   const std::vector<double> reference = train(R"({"tp": 1})", "makespan-reference");
   const std::string plan = raw_plan(R"({"placement": "homogeneous", "layout": {"cp": 2},
-      "micro_batch_size": 8, "schedule": "1f1b", "cp_split": "makespan"})", "cp2-makespan");
+      "micro_batch_size": 8, "schedule": "1f1b", "cp_split": "makespan"})",
+                                    "cp2-makespan");
   const std::vector<double> got = train_with(kScenario, plan, "cp2-makespan");
   REQUIRE(got.size() == reference.size());
   for (std::size_t i = 0; i < got.size(); ++i)
     CHECK(std::abs(got[i] - reference[i]) <= 1e-5 * std::abs(reference[i]));
 }
 
-TEST_CASE("schedule dip: encoder segments on every stage, media in sub-micro-batches; losses agree") {
+TEST_CASE(
+    "schedule dip: encoder segments on every stage, media in sub-micro-batches; losses agree") {
   // The variable tiny VLM (0-4 images per sample): the ViT cut over the LLM's stages, each
   // micro-batch's images in pieces that travel from the ViT's last stage to the LLM's first and
   // (for the trainable projector, and for a trainable ViT) their gradients back.
   Diagnostics diag;
-  auto s = load_scenario(std::string(TESSERA_SOURCE_DIR) + "/scenarios/cpu-tiny-variable.json", diag);
+  auto s =
+      load_scenario(std::string(TESSERA_SOURCE_DIR) + "/scenarios/cpu-tiny-variable.json", diag);
   REQUIRE(s.has_value());
-  const std::string frozen_vit = std::string(TESSERA_SOURCE_DIR) + "/scenarios/cpu-tiny-variable.json";
+  const std::string frozen_vit =
+      std::string(TESSERA_SOURCE_DIR) + "/scenarios/cpu-tiny-variable.json";
   for (ModuleSpec& m : s->model.modules) m.frozen = false;
   const fs::path dir = fresh_dir("dip");
   fs::create_directories(dir);
   const std::string trainable = (dir / "dip-trainable.json").string();
   std::ofstream(trainable) << inline_scenario_json(*s).dump();
   const std::string pp4 = raw_plan(R"({"placement": "homogeneous", "layout": {"pp": 4, "vpp": 2},
-      "micro_batch_size": 2, "schedule": "dip"})", "dip-pp4");
+      "micro_batch_size": 2, "schedule": "dip"})",
+                                   "dip-pp4");
   const std::string pp2v2 = raw_plan(R"({"placement": "homogeneous", "layout": {"pp": 2, "vpp": 2},
-      "micro_batch_size": 2, "schedule": "dip", "microbatching": "entrain"})", "dip-pp2v2");
+      "micro_batch_size": 2, "schedule": "dip", "microbatching": "entrain"})",
+                                     "dip-pp2v2");
   // Without pieces beyond the first, this would test nothing new: some micro-batch of these
   // iterations has its images in two or more sub-micro-batches (with Entrain's micro-batches;
   // PP4 cuts each micro-batch's images in one piece here).
@@ -654,8 +700,8 @@ TEST_CASE("schedule dip: encoder segments on every stage, media in sub-micro-bat
     INFO(d.format());
     REQUIRE(with.has_value());
     for (int64_t it = 0; it < 3; ++it) {
-      const Lowered l =
-          lower(with->model, with->cluster, *with->plan, with->workload, draw_batch(with->workload, it));
+      const Lowered l = lower(with->model, with->cluster, *with->plan, with->workload,
+                              draw_batch(with->workload, it));
       REQUIRE(l.error.empty());
       for (const auto& ops : l.program.ranks)
         for (const Op& op : ops) most = std::max(most, op.sub_microbatch);
@@ -663,13 +709,16 @@ TEST_CASE("schedule dip: encoder segments on every stage, media in sub-micro-bat
   }
   CHECK(most >= 1);
   const std::string single = raw_plan(R"({"placement": "homogeneous", "layout": {"tp": 1},
-      "micro_batch_size": 2, "schedule": "1f1b"})", "dip-reference");
-  check_parity(train_with(frozen_vit, pp4, "dip-frozen-pp4"), train_with(frozen_vit, single, "dip-frozen-ref"));
+      "micro_batch_size": 2, "schedule": "1f1b"})",
+                                      "dip-reference");
+  check_parity(train_with(frozen_vit, pp4, "dip-frozen-pp4"),
+               train_with(frozen_vit, single, "dip-frozen-ref"));
   check_parity(train_with(trainable, pp2v2, "dip-trainable-pp2v2"),
                train_with(trainable, single, "dip-trainable-ref"));
   // run.json says how each step's schedule came about.
-  std::ifstream in(fs::temp_directory_path() / ("tessera-train-test-" + std::to_string(::getpid())) /
-                   "dip-frozen-pp4" / "run.json");
+  std::ifstream in(fs::temp_directory_path() /
+                   ("tessera-train-test-" + std::to_string(::getpid())) / "dip-frozen-pp4" /
+                   "run.json");
   const Json run = Json::parse(in);
   CHECK(run.at("dip_search").at("steps") == 3);
   CHECK(run.at("iterations").at(0).at("dip").at("searched") == false);  // the start schedule

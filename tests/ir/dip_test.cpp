@@ -19,8 +19,8 @@ namespace {
 
 Scenario variable(const std::string& schedule, int64_t pp = 4, int64_t vpp = 1) {
   Diagnostics diag;
-  auto s = load_scenario(std::string(TESSERA_SOURCE_DIR) + "/scenarios/cpu-tiny-variable.json",
-                         diag);
+  auto s =
+      load_scenario(std::string(TESSERA_SOURCE_DIR) + "/scenarios/cpu-tiny-variable.json", diag);
   INFO(diag.format());
   REQUIRE(s.has_value());
   s->plan->schedule = schedule == "dip" ? Schedule::kDip : Schedule::k1F1B;
@@ -39,19 +39,19 @@ double total(const Program& p, const ModelSpec& model, const std::string& module
     for (const Op& op : ops)
       if (op.kind == OpKind::kCompute && op.phase == phase &&
           model.modules[static_cast<std::size_t>(op.module)].name == module)
-        sum += flops ? op.flops
-                     : static_cast<double>(op.tokens) * std::max<int32_t>(1, op.layers);
+        sum += flops ? op.flops : static_cast<double>(op.tokens) * std::max<int32_t>(1, op.layers);
   return sum;
 }
 
 }  // namespace
 
-TEST_CASE("dip sub-micro-batches: a piece per LLM virtual-stage time, at least 1, at most the items") {
-  CHECK(dip_sub_microbatches(0, 10, 1, 0) == 0);   // no media
-  CHECK(dip_sub_microbatches(1, 10, 1, 3) == 1);   // small encoder: one piece
-  CHECK(dip_sub_microbatches(30, 10, 1, 8) == 3);  // 3x the LLM's forward: three pieces
-  CHECK(dip_sub_microbatches(30, 10, 2, 8) == 6);  // interleaved LLM stages are half as long
-  CHECK(dip_sub_microbatches(300, 10, 1, 4) == 4); // never more pieces than items
+TEST_CASE(
+    "dip sub-micro-batches: a piece per LLM virtual-stage time, at least 1, at most the items") {
+  CHECK(dip_sub_microbatches(0, 10, 1, 0) == 0);    // no media
+  CHECK(dip_sub_microbatches(1, 10, 1, 3) == 1);    // small encoder: one piece
+  CHECK(dip_sub_microbatches(30, 10, 1, 8) == 3);   // 3x the LLM's forward: three pieces
+  CHECK(dip_sub_microbatches(30, 10, 2, 8) == 6);   // interleaved LLM stages are half as long
+  CHECK(dip_sub_microbatches(300, 10, 1, 4) == 4);  // never more pieces than items
 }
 
 TEST_CASE("split_contiguous: pieces of about equal weight, every item once, none empty") {
@@ -133,12 +133,14 @@ TEST_CASE("dip lowering: a valid Program doing the same work as 1F1B, media cut 
       std::set<int16_t> stages;
       for (const auto& ops : a.program.ranks)
         for (const Op& op : ops)
-          if (op.kind == OpKind::kCompute && dip.model.modules[static_cast<std::size_t>(op.module)].name == "vision") {
+          if (op.kind == OpKind::kCompute &&
+              dip.model.modules[static_cast<std::size_t>(op.module)].name == "vision") {
             stages.insert(op.stage);
             CHECK(op.phase == Phase::kF);
           }
       CHECK(stages.size() == static_cast<std::size_t>(pp));
-      const CostModel cost(dip.cluster, dip.model.dtype, default_cost_params(dip.cluster), dip.model);
+      const CostModel cost(dip.cluster, dip.model.dtype, default_cost_params(dip.cluster),
+                           dip.model);
       CHECK(evaluate(a.program, cost).error.empty());
     }
   }
@@ -184,7 +186,8 @@ TEST_CASE("dip search: never worse than its start, and an unchanged batch is ans
   }
 }
 
-TEST_CASE("dip schedules read back from JSON: names resolved, layer counts checked against a plan") {
+TEST_CASE(
+    "dip schedules read back from JSON: names resolved, layer counts checked against a plan") {
   const Scenario s = variable("dip", 4);
   DipSchedule schedule;
   schedule.segment_order = {0};
@@ -206,7 +209,8 @@ TEST_CASE("dip schedules read back from JSON: names resolved, layer counts check
   CHECK_FALSE(dip_schedule_problem(zero, s.model, 4, 1).empty());
   // lower() refuses it by name instead of failing inside.
   const Batch batch = draw_batch(s.workload, 0);
-  CHECK(lower(s.model, s.cluster, *s.plan, s.workload, batch, &zero).error.find("DIP schedule") == 0);
+  CHECK(lower(s.model, s.cluster, *s.plan, s.workload, batch, &zero).error.find("DIP schedule") ==
+        0);
   // Unknown modules and bad values are reported with their JSON path.
   Json bad = dip_schedule_to_json(schedule, s.model);
   bad["segment_order"] = {"camera"};

@@ -57,8 +57,8 @@ TEST_CASE("nccl: the measured curve, its latency floor, rails across nodes") {
   // Below the first point a collective takes the first point's time.
   const GroupSpan node{1, 8};
   CHECK(nccl_collective_s(one, CollectiveKind::kAllReduce, 8, node, ar[0].first / 16, 0.96) ==
-        doctest::Approx(nccl_collective_s(one, CollectiveKind::kAllReduce, 8, node, ar[0].first,
-                                          0.96)));
+        doctest::Approx(
+            nccl_collective_s(one, CollectiveKind::kAllReduce, 8, node, ar[0].first, 0.96)));
   // Across two nodes, eight members a node use eight NICs; one a node uses one.
   const ClusterSpec two = load("dgx-h100-64.json");
   const double bytes = 4e9;
@@ -73,8 +73,7 @@ TEST_CASE("nccl: the measured curve, its latency floor, rails across nodes") {
 
 TEST_CASE("clusters: a device file, a base merged over, bad curves named") {
   Diagnostics diag;
-  const auto s =
-      load_scenario(kSource + "/scenarios/published/bloom-176b-a100-384.json", diag);
+  const auto s = load_scenario(kSource + "/scenarios/published/bloom-176b-a100-384.json", diag);
   INFO(diag.format());
   REQUIRE(s.has_value());
   CHECK(s->cluster.nodes == 48);

@@ -7,10 +7,10 @@
 #include <map>
 #include <set>
 
+#include "shared/context_split.hpp"
 #include "shared/entrain.hpp"
 #include "shared/estimate.hpp"
 #include "shared/evaluator.hpp"
-#include "shared/context_split.hpp"
 #include "shared/lower.hpp"
 #include "shared/model_math.hpp"
 #include "shared/scenario.hpp"
@@ -586,7 +586,7 @@ double imbalance(const std::vector<TokenTag>& tags, CpSplit policy, int64_t cp) 
 }  // namespace
 
 TEST_CASE("multimodal mask: text attends causally within its sample, media within its item") {
-  std::vector<TokenTag> tags = sequence(3, 2, 0, 0);           // tokens 0-2 image, 3-4 text
+  std::vector<TokenTag> tags = sequence(3, 2, 0, 0);                 // tokens 0-2 image, 3-4 text
   for (const TokenTag& t : sequence(2, 1, 1, 1)) tags.push_back(t);  // 5-6 image, 7 text
   const std::vector<KeySpan> keys = attended_keys(tags);
   CHECK(keys[0].first == 0);
@@ -623,7 +623,8 @@ TEST_CASE("makespan CP split (LPT over 128-token blocks): every token once, bala
     }
     CHECK(std::all_of(seen.begin(), seen.end(), [](int n) { return n == 1; }));
     CHECK(imbalance(mixed, CpSplit::kMakespan, cp) < 1.1);
-    CHECK(imbalance(mixed, CpSplit::kMakespan, cp) <= imbalance(mixed, CpSplit::kZigzag, cp) + 1e-9);
+    CHECK(imbalance(mixed, CpSplit::kMakespan, cp) <=
+          imbalance(mixed, CpSplit::kZigzag, cp) + 1e-9);
   }
   // LPT on hand cases: the costliest item first, each to the least-loaded bin.
   CHECK(lpt_assign({5, 9, 13}, 2) == std::vector<std::vector<int64_t>>{{2}, {0, 1}});
@@ -632,21 +633,27 @@ TEST_CASE("makespan CP split (LPT over 128-token blocks): every token once, bala
   // Never worse than zigzag or uniform for the most loaded rank (it keeps the better of them
   // when 128-token blocks are too coarse, as for 384 causal tokens on 2 ranks).
   for (const auto& tags : {sequence(0, 384), mixed}) {
-    const std::vector<double> made = cp_attention_work(tags, context_split(CpSplit::kMakespan, tags, 2));
-    const std::vector<double> zig = cp_attention_work(tags, context_split(CpSplit::kZigzag, tags, 2));
-    CHECK(*std::max_element(made.begin(), made.end()) <= *std::max_element(zig.begin(), zig.end()) * 1.02);
+    const std::vector<double> made =
+        cp_attention_work(tags, context_split(CpSplit::kMakespan, tags, 2));
+    const std::vector<double> zig =
+        cp_attention_work(tags, context_split(CpSplit::kZigzag, tags, 2));
+    CHECK(*std::max_element(made.begin(), made.end()) <=
+          *std::max_element(zig.begin(), zig.end()) * 1.02);
   }
   // Shorter than 128·cp: the uniform split.
-  CHECK(context_split(CpSplit::kMakespan, sequence(0, 200), 2) == context_split(CpSplit::kUniform, 200, 2));
+  CHECK(context_split(CpSplit::kMakespan, sequence(0, 200), 2) ==
+        context_split(CpSplit::kUniform, 200, 2));
 }
 
 TEST_CASE("lower() charges each CP rank its own tokens and attention under the split") {
   const char* workload = R"({"global_batch": 4, "max_seq_len": 2048, "seed": 5,
     "samples": {"text_tokens": {"dist": "uniform", "min": 1500, "max": 2000}}})";
   for (const char* split : {"uniform", "makespan"}) {
-    const Case c = make(kTextModel, workload,
-                        (std::string(R"({"placement": "homogeneous", "layout": {"cp": 2}, "cp_split": ")") +
-                         split + "\"}").c_str());
+    const Case c =
+        make(kTextModel, workload,
+             (std::string(R"({"placement": "homogeneous", "layout": {"cp": 2}, "cp_split": ")") +
+              split + "\"}")
+                 .c_str());
     const Lowered l = lower(c.model, c.cluster, c.plan, c.workload, draw_batch(c.workload, 0));
     REQUIRE(l.error.empty());
     double f0 = 0, f1 = 0;
@@ -655,14 +662,17 @@ TEST_CASE("lower() charges each CP rank its own tokens and attention under the s
     for (const Op& op : l.program.ranks[1])
       if (op.kind == OpKind::kCompute && op.phase == Phase::kF) f1 += op.flops;
     // Causal text: the uniform split's second rank attends to more keys; makespan evens it out.
-    if (std::string(split) == "uniform") CHECK(f1 > 1.05 * f0);
-    else CHECK(std::abs(f1 - f0) < 0.05 * f0);
+    if (std::string(split) == "uniform")
+      CHECK(f1 > 1.05 * f0);
+    else
+      CHECK(std::abs(f1 - f0) < 0.05 * f0);
   }
 }
 
 TEST_CASE("the CP balance note: mean over micro-batches and the worst CP group, against uniform") {
   Diagnostics diag;
-  auto s = load_scenario(std::string(TESSERA_SOURCE_DIR) + "/scenarios/cornstarch/cp-long.json", diag);
+  auto s =
+      load_scenario(std::string(TESSERA_SOURCE_DIR) + "/scenarios/cornstarch/cp-long.json", diag);
   INFO(diag.format());
   REQUIRE(s.has_value());
   s->plan->layout.tp = 2;
@@ -670,7 +680,8 @@ TEST_CASE("the CP balance note: mean over micro-batches and the worst CP group, 
   s->plan->layout.dp = 2;
   for (CpSplit policy : {CpSplit::kUniform, CpSplit::kZigzag, CpSplit::kMakespan}) {
     s->plan->cp_split = policy;
-    const Lowered l = lower(s->model, s->cluster, *s->plan, s->workload, draw_batch(s->workload, 0));
+    const Lowered l =
+        lower(s->model, s->cluster, *s->plan, s->workload, draw_batch(s->workload, 0));
     REQUIRE(l.error.empty());
     std::string note;
     for (const std::string& n : l.notes)
@@ -678,19 +689,22 @@ TEST_CASE("the CP balance note: mean over micro-batches and the worst CP group, 
     INFO(note);
     double mean = 0, uniform = 0, worst = 0, worst_uniform = 0;
     int micro_batches = 0, groups = 0;
-    const std::string format = "cp_split " + enum_name(policy, kCpSplits) +
-                               ": attention work max/mean over the CP ranks %lf (uniform split: %lf), "
-                               "mean of %d micro-batches; worst of %d CP groups %lf (uniform: %lf)";
-    REQUIRE(std::sscanf(note.c_str(), format.c_str(), &mean, &uniform, &micro_batches, &groups, &worst,
-                        &worst_uniform) == 6);
+    const std::string format =
+        "cp_split " + enum_name(policy, kCpSplits) +
+        ": attention work max/mean over the CP ranks %lf (uniform split: %lf), "
+        "mean of %d micro-batches; worst of %d CP groups %lf (uniform: %lf)";
+    REQUIRE(std::sscanf(note.c_str(), format.c_str(), &mean, &uniform, &micro_batches, &groups,
+                        &worst, &worst_uniform) == 6);
     CHECK(micro_batches == 4);  // 2 per replica
     CHECK(groups == 2);
     CHECK(worst >= mean - 1e-3);
     // One image-then-text sequence per micro-batch: the uniform split leaves the last rank the
     // text that attends to everything; the other policies balance it.
     CHECK(uniform > 1.4);
-    if (policy == CpSplit::kUniform) CHECK(mean == doctest::Approx(uniform));
-    else CHECK(mean < 1.1);
+    if (policy == CpSplit::kUniform)
+      CHECK(mean == doctest::Approx(uniform));
+    else
+      CHECK(mean < 1.1);
   }
 }
 
@@ -726,12 +740,12 @@ TEST_CASE("microbatching entrain: encoders run level 1, the LLM level 2; backwar
       if (op.kind != OpKind::kCompute) continue;
       const ModuleSpec& m = s->model.modules[static_cast<std::size_t>(op.module)];
       const auto mb = static_cast<std::size_t>(op.microbatch);
-      if (op.phase == Phase::kF && op.module == llm)
-        CHECK(op.tokens == tokens(m, a.llm[0][mb]));
+      if (op.phase == Phase::kF && op.module == llm) CHECK(op.tokens == tokens(m, a.llm[0][mb]));
       if (op.phase == Phase::kF && m.role == ModuleRole::kEncoder)
         CHECK(op.tokens == tokens(m, a.encoder[0][mb]));
       if (op.phase == Phase::kB && op.module == llm) llm_backward_at[op.microbatch] = i;
-      if (op.phase == Phase::kB && m.role == ModuleRole::kProjector) projector_backward_at[op.microbatch] = i;
+      if (op.phase == Phase::kB && m.role == ModuleRole::kProjector)
+        projector_backward_at[op.microbatch] = i;
     }
     // The projector's backward of encoder micro-batch i follows the LLM backward of every
     // micro-batch holding its samples.

@@ -38,7 +38,8 @@ TEST_CASE("every library model matches its published parameter count within 2%")
 TEST_CASE("every library scenario and cluster loads, and each part round-trips through JSON") {
   int checked = 0;
   std::vector<fs::path> files;
-  for (const std::string& dir : {kScenarios, kScenarios + "/cornstarch", kScenarios + "/variability"})
+  for (const std::string& dir :
+       {kScenarios, kScenarios + "/cornstarch", kScenarios + "/variability"})
     for (const auto& entry : fs::directory_iterator(dir)) files.push_back(entry.path());
   for (const fs::path& path : files) {
     const fs::directory_entry entry(path);

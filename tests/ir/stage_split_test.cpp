@@ -89,7 +89,8 @@ ClusterSpec cluster() {
   Diagnostics diag;
   ClusterSpec c = read_cluster(Json::parse(R"({"name": "c", "nodes": 1, "devices_per_node": 8,
     "device": {"name": "g", "peak_flops": {"bf16": 1e14}, "memory_bytes": 8e10, "memory_bandwidth_bytes_per_s": 2e12},
-    "intra_node": {"bandwidth_bytes_per_s": 1e11, "latency_s": 1e-6}})"), "", "", diag);
+    "intra_node": {"bandwidth_bytes_per_s": 1e11, "latency_s": 1e-6}})"),
+                               "", "", diag);
   REQUIRE(diag.ok());
   return c;
 }
@@ -135,14 +136,16 @@ TEST_CASE("linear_partition is optimal (exhaustive check on small chains)") {
       total += l;
     }
     CHECK(total == n);
-    CHECK(largest(costs, layers, first, last) == doctest::Approx(brute_force(costs, stages, first, last)));
+    CHECK(largest(costs, layers, first, last) ==
+          doctest::Approx(brute_force(costs, stages, first, last)));
   }
 }
 
 TEST_CASE("layer costs follow what is frozen: F, F + B_in, F + B_in + B_w") {
   const WorkloadSpec w = workload();
   const ClusterSpec c = cluster();
-  const ParallelPlan p = plan(R"({"placement": "non_colocated", "modules": {"vision": {"pp": 2}, "llm": {"pp": 2}}})");
+  const ParallelPlan p =
+      plan(R"({"placement": "non_colocated", "modules": {"vision": {"pp": 2}, "llm": {"pp": 2}}})");
   const double frozen = chain_costs(model(true), 0, p, w, c).layers[0];
   const double trainable = chain_costs(model(false), 0, p, w, c).layers[0];
   // Forward only, against forward + input backward (attention twice) + weight backward.
@@ -158,13 +161,18 @@ TEST_CASE("layer costs follow what is frozen: F, F + B_in, F + B_in + B_w") {
   CHECK(chain_costs(model(true), 2, p, w, c).last_extra > 0);
 }
 
-TEST_CASE("frozen-aware stage split: the LLM's first stage hosting the encoder takes fewer layers") {
+TEST_CASE(
+    "frozen-aware stage split: the LLM's first stage hosting the encoder takes fewer layers") {
   const WorkloadSpec w = workload();
-  const ParallelPlan aware = plan(R"({"placement": "homogeneous", "layout": {"pp": 2}, "stage_split": "frozen_aware"})");
-  const ParallelPlan uniform = plan(R"({"placement": "homogeneous", "layout": {"pp": 2}, "stage_split": "uniform"})");
+  const ParallelPlan aware =
+      plan(R"({"placement": "homogeneous", "layout": {"pp": 2}, "stage_split": "frozen_aware"})");
+  const ParallelPlan uniform =
+      plan(R"({"placement": "homogeneous", "layout": {"pp": 2}, "stage_split": "uniform"})");
   const ClusterSpec c = cluster();
-  const std::vector<int64_t> frozen = resolve_stage_split(aware, model(true), w, c).layout.stage_layers;
-  const std::vector<int64_t> trainable = resolve_stage_split(aware, model(false), w, c).layout.stage_layers;
+  const std::vector<int64_t> frozen =
+      resolve_stage_split(aware, model(true), w, c).layout.stage_layers;
+  const std::vector<int64_t> trainable =
+      resolve_stage_split(aware, model(false), w, c).layout.stage_layers;
   REQUIRE(frozen.size() == 2);
   CHECK(frozen[0] + frozen[1] == 12);
   CHECK(frozen[0] < 6);
@@ -172,8 +180,10 @@ TEST_CASE("frozen-aware stage split: the LLM's first stage hosting the encoder t
   CHECK(trainable[0] < frozen[0]);
   // Uniform leaves the even split to lower(); explicit stage layers are kept as given.
   CHECK(resolve_stage_split(uniform, model(true), w, c).layout.stage_layers.empty());
-  const ParallelPlan given = plan(R"({"placement": "homogeneous", "layout": {"pp": 2, "stage_layers": [7, 5]}})");
-  CHECK(resolve_stage_split(given, model(true), w, c).layout.stage_layers == std::vector<int64_t>{7, 5});
+  const ParallelPlan given =
+      plan(R"({"placement": "homogeneous", "layout": {"pp": 2, "stage_layers": [7, 5]}})");
+  CHECK(resolve_stage_split(given, model(true), w, c).layout.stage_layers ==
+        std::vector<int64_t>{7, 5});
 
   // lower() cuts the stages there: the ops of stage 0 and 1 carry those layer counts.
   const Lowered l = lower(model(true), c, aware, w, draw_batch(w, 0));

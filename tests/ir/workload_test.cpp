@@ -106,13 +106,16 @@ TEST_CASE("workload quantities past their limits are refused") {
               "line 1", s, diag);
   const std::string text = diag.format();
   INFO(text);
-  CHECK(text.find("workload.global_batch: 100000000 samples; at most 16777216") != std::string::npos);
+  CHECK(text.find("workload.global_batch: 100000000 samples; at most 16777216") !=
+        std::string::npos);
   CHECK(text.find("workload.samples.text_tokens: draws up to 6.9e+99; at most 16777216") !=
         std::string::npos);
-  CHECK(text.find("workload.samples.image.count: draws up to 5000; at most 4096") != std::string::npos);
+  CHECK(text.find("workload.samples.image.count: draws up to 5000; at most 4096") !=
+        std::string::npos);
   CHECK(text.find("workload.samples.image.height: draws up to 70000") != std::string::npos);
   CHECK(text.find("line 1.text_tokens: at most") != std::string::npos);
-  CHECK(text.find("line 1.images[0]: expected [width, height], each 1 to 65536") != std::string::npos);
+  CHECK(text.find("line 1.images[0]: expected [width, height], each 1 to 65536") !=
+        std::string::npos);
 }
 
 TEST_CASE("sample_tokens routes media through the model's encoders") {

@@ -39,8 +39,7 @@ fs::path scratch(const std::string& name) {
 
 struct Cleanup {
   ~Cleanup() {
-    fs::remove_all(fs::temp_directory_path() /
-                   ("tessera-calibrate-" + std::to_string(::getpid())));
+    fs::remove_all(fs::temp_directory_path() / ("tessera-calibrate-" + std::to_string(::getpid())));
   }
 } cleanup;
 
@@ -99,7 +98,8 @@ void record_synthetic_run(const Scenario& s, const CostParams& cost, const fs::p
     Json samples = Json::array();
     for (const Sample& sample : draw_batch(s.workload, it.iteration).samples)
       samples.push_back(to_json(sample));
-    its.push_back({{"iteration", it.iteration}, {"step_s", it.metrics.step_s}, {"samples", samples}});
+    its.push_back(
+        {{"iteration", it.iteration}, {"step_s", it.metrics.step_s}, {"samples", samples}});
   }
   const Json run = {{"scenario", inline_scenario_json(s)},
                     {"machine", {{"cores", s.cluster.cores}, {"cpu", "simulated"}}},
@@ -141,9 +141,10 @@ TEST_CASE("calibrate recovers a planted profile from simulated traces (4 ranks s
     CHECK(std::abs(got - want) <= 0.01 * std::abs(want) + 1e-15);
   };
   for (const ComputeFit& want : planted.compute_fits) {
-    const auto got = std::find_if(fitted.compute.begin(), fitted.compute.end(), [&](const ComputeFit& f) {
-      return f.role == want.role && f.phase == want.phase && f.size == want.size;
-    });
+    const auto got =
+        std::find_if(fitted.compute.begin(), fitted.compute.end(), [&](const ComputeFit& f) {
+          return f.role == want.role && f.phase == want.phase && f.size == want.size;
+        });
     INFO(enum_name(want.role, kModuleRoles) << " " << phase_name(want.phase));
     REQUIRE(got != fitted.compute.end());
     close(got->overhead_s, want.overhead_s);
@@ -153,9 +154,9 @@ TEST_CASE("calibrate recovers a planted profile from simulated traces (4 ranks s
     close(got->seconds_per_nested_call, want.seconds_per_nested_call);
     CHECK(got->stats.residual < 1e-5);
   }
-  const auto allreduce = std::find_if(fitted.collectives.begin(), fitted.collectives.end(), [](const LinkFit& f) {
-    return f.kind == CollectiveKind::kAllReduce && f.group_size == 2;
-  });
+  const auto allreduce = std::find_if(
+      fitted.collectives.begin(), fitted.collectives.end(),
+      [](const LinkFit& f) { return f.kind == CollectiveKind::kAllReduce && f.group_size == 2; });
   REQUIRE(allreduce != fitted.collectives.end());
   close(allreduce->latency_s, planted.collective_fits[0].latency_s);
   close(allreduce->bandwidth_bytes_per_s, planted.collective_fits[0].bandwidth_bytes_per_s);
@@ -176,14 +177,16 @@ TEST_CASE("calibrate recovers a planted profile from simulated traces (4 ranks s
   REQUIRE(loaded.has_value());
   CHECK(to_json(*loaded) == to_json(fitted));
   const CalibrationRun run = load(dir);
-  const CostParams params = profile_cost_params(*loaded, run.run.scenario.cluster, file.string(), diag);
+  const CostParams params =
+      profile_cost_params(*loaded, run.run.scenario.cluster, file.string(), diag);
   REQUIRE(diag.ok());
   const ReplayResult r = replay(run.run, run.traced, params, ReplayOptions{});
   REQUIRE(r.error.empty());
   CHECK(r.max_abs_error_pct < 0.5);
 }
 
-TEST_CASE("replay of the shipped cpu-local run with the shipped profile stays as accurate as measured") {
+TEST_CASE(
+    "replay of the shipped cpu-local run with the shipped profile stays as accurate as measured") {
   const fs::path dir = kSource + "/traces/cpu-local/cpu-tiny-tp2-pp2";
   const CalibrationRun run = load(dir);
   Diagnostics diag;
@@ -264,7 +267,8 @@ TEST_CASE("profiles: bad values are named by file and JSON path; another machine
   Diagnostics diag;
   CHECK_FALSE(load_profile(file.string(), diag).has_value());
   const std::string message = diag.format();
-  CHECK(message.find(file.string() + ": p2p[0].bandwidth_bytes_per_s: must be > 0") != std::string::npos);
+  CHECK(message.find(file.string() + ": p2p[0].bandwidth_bytes_per_s: must be > 0") !=
+        std::string::npos);
   CHECK(message.find("p2p[0].fit.spread") != std::string::npos);
   CHECK(message.find("compute[0].phase") != std::string::npos);
   CHECK(message.find("compute[0].size_class: required key is missing") != std::string::npos);

@@ -63,7 +63,8 @@ ClusterSpec cluster(int64_t nodes, int64_t per_node, double nic = 5e10,
 }
 
 CostModel cost_for(const ClusterSpec& c, const ModelSpec* model = nullptr) {
-  return CostModel(c, DType::kBf16, default_cost_params(c), model != nullptr ? *model : ModelSpec{});
+  return CostModel(c, DType::kBf16, default_cost_params(c),
+                   model != nullptr ? *model : ModelSpec{});
 }
 
 Timeline simulated(const Program& p, const CostModel& cost, bool contention) {
