@@ -25,6 +25,7 @@ ModuleLayout layout(int64_t tp, int64_t cp, int64_t pp, int64_t dp, int64_t vpp)
 struct LlmChoice {
   int64_t tp, cp, pp, dp, vpp, mbs;
   Recompute recompute;
+  bool sequence_parallel, distributed_optimizer;
 };
 std::vector<LlmChoice> llm_choices(const SearchSpace& space, int64_t gpus) {
   std::vector<LlmChoice> out;
@@ -36,7 +37,11 @@ std::vector<LlmChoice> llm_choices(const SearchSpace& space, int64_t gpus) {
           if (vpp > 1 && pp == 1) continue;  // virtual stages need a pipeline
           for (int64_t mbs : space.micro_batch_sizes)
             for (Recompute recompute : space.recompute)
-              out.push_back({tp, cp, pp, gpus / (tp * cp * pp), vpp, mbs, recompute});
+              // Sequence parallelism splits over tp: one value where tp = 1.
+              for (bool sp : tp > 1 ? space.sequence_parallel : std::vector<bool>{false})
+                for (bool distributed : space.distributed_optimizer)
+                  out.push_back(
+                      {tp, cp, pp, gpus / (tp * cp * pp), vpp, mbs, recompute, sp, distributed});
         }
       }
   return out;
@@ -45,8 +50,8 @@ std::vector<LlmChoice> llm_choices(const SearchSpace& space, int64_t gpus) {
 void base_options(ParallelPlan& p, const LlmChoice& c) {
   p.micro_batch_size = c.mbs;
   p.recompute = c.recompute;
-  p.sequence_parallel = c.tp > 1;
-  p.distributed_optimizer = true;
+  p.sequence_parallel = c.sequence_parallel && c.tp > 1;
+  p.distributed_optimizer = c.distributed_optimizer;
   p.stage_split = StageSplit::kUniform;  // plans without a pipeline; consider() varies it
 }
 

@@ -1,5 +1,7 @@
 #include "shared/search_space.hpp"
 
+#include <algorithm>
+
 namespace tessera {
 
 namespace {
@@ -53,6 +55,18 @@ SearchSpace read_search_space(const Json& json, const std::string& file, const s
       if ((*list)[i] < 1) diag.error(file, index_path(r.path_of(key), i), "must be >= 1");
   }
   read_enum_list(r, "recompute", s.recompute, kRecomputes);
+  for (auto [key, list] : {std::pair{"sequence_parallel", &s.sequence_parallel},
+                           std::pair{"distributed_optimizer", &s.distributed_optimizer}}) {
+    const Json* v = r.find(key);
+    if (v == nullptr) continue;
+    if (!v->is_array() || v->empty() ||
+        !std::all_of(v->begin(), v->end(), [](const Json& x) { return x.is_boolean(); })) {
+      r.error(key, "expected a non-empty array of true and false");
+      continue;
+    }
+    list->clear();
+    for (const Json& x : *v) list->push_back(x.get<bool>());
+  }
   read_enum_list(r, "stage_splits", s.stage_splits, kStageSplits);
   read_enum_list(r, "cp_splits", s.cp_splits, kCpSplits);
   read_enum_list(r, "microbatching", s.microbatching, kMicrobatching);
@@ -78,6 +92,8 @@ Json to_json(const SearchSpace& s) {
   j["micro_batch_sizes"] = s.micro_batch_sizes;
   j["encoder_pp"] = s.encoder_pp;
   j["recompute"] = enum_list(s.recompute, kRecomputes);
+  j["sequence_parallel"] = s.sequence_parallel;
+  j["distributed_optimizer"] = s.distributed_optimizer;
   j["stage_splits"] = enum_list(s.stage_splits, kStageSplits);
   j["cp_splits"] = enum_list(s.cp_splits, kCpSplits);
   j["microbatching"] = enum_list(s.microbatching, kMicrobatching);

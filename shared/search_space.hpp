@@ -24,6 +24,9 @@ struct SearchSpace {
   // per module exhaustively for pipeline-only layouts.
   std::vector<int64_t> encoder_pp = {1};
   std::vector<Recompute> recompute = {Recompute::kNone, Recompute::kFull};
+  // Sequence parallelism (applies where tp > 1) and the distributed optimizer, each value tried.
+  std::vector<bool> sequence_parallel = {true};
+  std::vector<bool> distributed_optimizer = {true};
   // Pipelined plans are tried with each (plans without a pipeline have nothing to split).
   std::vector<StageSplit> stage_splits = {StageSplit::kFrozenAware, StageSplit::kUniform};
   // Plans with context parallelism are tried with each. Default makespan alone: it keeps the

@@ -112,6 +112,11 @@ std::string describe_layout(const ParallelPlan& plan, const ModelSpec& model) {
   if (plan.schedule == Schedule::kDip) options += " dip";
   if (plan.microbatching != MicrobatchPolicy::kArrival)
     options += " " + enum_name(plan.microbatching, kMicrobatching);
+  // Memory options: recomputation, sequence parallelism, distributed optimizer.
+  if (plan.recompute != Recompute::kNone)
+    options += " rc:" + enum_name(plan.recompute, kRecomputes);
+  if (plan.sequence_parallel) options += " sp";
+  if (plan.distributed_optimizer) options += " dopt";
   if (plan.placement == Placement::kHomogeneous) {
     const ModuleSpec* llm = find_llm(model);
     return one(llm != nullptr ? llm->name : "all", plan.layout) + options;
@@ -473,7 +478,7 @@ std::string format_sweep(const SweepResult& r, const Scenario& s, std::size_t sh
   const bool points = std::any_of(r.rows.begin(), r.rows.end(),
                                   [](const SweepRow& row) { return !row.point.empty(); });
   std::snprintf(line, sizeof line,
-                "%-4s %-5s %-14s %-40s %-4s %-5s %-9s %-11s %-9s %-6s %-9s %-7s %-6s\n", "#",
+                "%-4s %-5s %-14s %-56s %-4s %-5s %-9s %-11s %-9s %-6s %-9s %-7s %-6s\n", "#",
                 "GPUs", "placement", "layout", "MBS", "GBS", "step (s)", "tokens/s", "TFLOP/s",
                 "MFU", "memory", "idle %", "mb CV");
   out << line;
@@ -486,13 +491,13 @@ std::string format_sweep(const SweepResult& r, const Scenario& s, std::size_t sh
       out << "at " << where << ":\n";
     }
     if (!row.ok) {
-      std::snprintf(line, sizeof line, "%-4zu %-5lld %-14s %-40s failed: %s\n", i + 1,
+      std::snprintf(line, sizeof line, "%-4zu %-5lld %-14s %-56s failed: %s\n", i + 1,
                     static_cast<long long>(row.gpus),
                     enum_name(row.plan.placement, kPlacements).c_str(),
                     describe_layout(row.plan, s.model).c_str(), row.failure.c_str());
     } else {
       std::snprintf(line, sizeof line,
-                    "%-4zu %-5lld %-14s %-40s %-4lld %-5lld %-9.4g %-11.4g %-9.4g %-6.1f %-9s "
+                    "%-4zu %-5lld %-14s %-56s %-4lld %-5lld %-9.4g %-11.4g %-9.4g %-6.1f %-9s "
                     "%-7.1f %-6.3f\n",
                     i + 1, static_cast<long long>(row.gpus),
                     enum_name(row.plan.placement, kPlacements).c_str(),

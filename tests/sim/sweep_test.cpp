@@ -119,6 +119,29 @@ TEST_CASE(
   CHECK(vision_spans(0.75) == std::set<int64_t>{2, 4, 6});
 }
 
+TEST_CASE("sequence_parallel and distributed_optimizer are search keys; sp only where tp > 1") {
+  const Scenario s = tiny(R"({"placements": ["homogeneous"], "tp": [1, 2], "cp": [1], "pp": [1],
+                              "vpp": [1], "micro_batch_sizes": [1], "recompute": ["none"],
+                              "sequence_parallel": [false, true],
+                              "distributed_optimizer": [false, true]})");
+  std::set<std::tuple<int64_t, bool, bool>> seen;
+  for (const Candidate& c : enumerate_plans(s, *s.search, 4).valid)
+    seen.emplace(c.plan.layout.tp, c.plan.sequence_parallel, c.plan.distributed_optimizer);
+  CHECK(seen == std::set<std::tuple<int64_t, bool, bool>>{{1, false, false},
+                                                          {1, false, true},
+                                                          {2, false, false},
+                                                          {2, false, true},
+                                                          {2, true, false},
+                                                          {2, true, true}});
+  // The sweep table names them.
+  CHECK(describe_layout(enumerate_plans(s, *s.search, 4).valid.back().plan, s.model)
+            .find("sp dopt") != std::string::npos);
+  Diagnostics diag;
+  read_search_space(Json::parse(R"({"sequence_parallel": [1]})"), "s.json", "search", diag);
+  CHECK(diag.format().find("s.json: search.sequence_parallel: expected a non-empty array of true "
+                           "and false") != std::string::npos);
+}
+
 TEST_CASE("sweep: -j 1 and -j 2 agree; a resumed sweep equals an uninterrupted one") {
   const Scenario s = tiny(
       R"({"tp": [1, 2], "cp": [1], "pp": [1, 2], "vpp": [1], "micro_batch_sizes": [1], "top_k": 4})");
