@@ -28,11 +28,11 @@
 #          8-100 text tokens per sample) on PP4, 4 ranks, arrival vs sorted vs entrain vs dip vs
 #          dip + entrain: median and p10-p90 of steps 2-20, 3 repeats, beside the estimate; for
 #          DIP how often the background schedule search was late and how long it took
-#   published  the GPU cost model against published training runs (scenarios/published/): predicted
-#          vs published step time per row, mean and max |error| per source and over the fitted
-#          rows, Spearman of per-GPU throughput within each series, the held-out rows apart
-#          (Narayanan et al. 2021, Table 1: never used to fit); PUBLISHED_SKIP_LARGE=1 leaves out
-#          rows of more than 1024 GPUs
+#   published  the GPU cost model against published training runs (scenarios/published/, `tessera
+#          fidelity --fit`): predicted vs published step time per row at the defaults and at the
+#          fit, mean and max |error| and Spearman of per-GPU throughput per series, the fitted
+#          and the held-out rows (Narayanan et al. 2021, Table 1: never fitted) apart, and
+#          leave-one-source-out; PUBLISHED_SKIP_LARGE=1 leaves out rows of more than 1024 GPUs
 #   accuracy  calibration: records the cpu-local calibration set 3 times, fits a profile
 #          on half of the plans each time, and replays every plan with it and without it
 set -euo pipefail
@@ -161,62 +161,12 @@ if [[ $what == exec || $what == all ]]; then
 fi
 
 if [[ $what == published || $what == all ]]; then
-  echo "== published training runs: predicted (tessera estimate) vs published step time =="
-  rows=$(mktemp)
-  for f in scenarios/published/*.json; do
-    gpus=$(jq 'if (.cluster | type) == "object" then (.cluster.nodes // 1) * 8 else 8 end' "$f")
-    [[ ${PUBLISHED_SKIP_LARGE:-0} == 1 && $gpus -gt 1024 ]] && continue
-    published=$(jq -r '.published.step_s' "$f")
-    series=$(jq -r '.published.series' "$f")
-    holdout=$(jq -r '.published.holdout // false' "$f")
-    out=$("$tessera" estimate "$f")
-    step=$(echo "$out" | awk '/^step time/ { print $3 }')
-    tflops=$(echo "$out" | awk '/^model TFLOP\/s/ { print $3 }')
-    printf "%s %s %s %s %s %s\n" "$(basename "$f" .json)" "$series" "$holdout" "$published" "$step" "$tflops" >>"$rows"
-  done
-  awk '
-    function abs(x) { return x < 0 ? -x : x }
-    # Spearman rank correlation of a[1..n] and b[1..n] (average ranks for ties).
-    function ranks(v, n, r,    i, j, k, c) {
-      for (i = 1; i <= n; ++i) { c = 0; k = 0
-        for (j = 1; j <= n; ++j) { if (v[j] < v[i]) ++c; if (v[j] == v[i]) ++k }
-        r[i] = c + (k + 1) / 2 }
-    }
-    function spearman(a, b, n,    ra, rb, i, ma, mb, sab, saa, sbb) {
-      ranks(a, n, ra); ranks(b, n, rb)
-      for (i = 1; i <= n; ++i) { ma += ra[i] / n; mb += rb[i] / n }
-      for (i = 1; i <= n; ++i) { sab += (ra[i] - ma) * (rb[i] - mb); saa += (ra[i] - ma) ^ 2; sbb += (rb[i] - mb) ^ 2 }
-      return (saa > 0 && sbb > 0) ? sab / sqrt(saa * sbb) : 0
-    }
-    { name[NR] = $1; ser[NR] = $2; hold[NR] = $3; pub[NR] = $4; pred[NR] = $5; tf[NR] = $6
-      err[NR] = ($5 - $4) / $4 }
-    END {
-      printf "%-36s %-22s %10s %10s %8s\n", "scenario", "series", "published", "predicted", "error"
-      for (i = 1; i <= NR; ++i)
-        printf "%-36s %-22s %9.3fs %9.3fs %+7.1f%%%s\n", name[i], ser[i], pub[i], pred[i], 100 * err[i], hold[i] == "true" ? "  (held out)" : ""
-      print ""
-      printf "%-22s %5s %10s %10s %9s\n", "series", "rows", "mean|err|", "max|err|", "spearman"
-      for (i = 1; i <= NR; ++i) if (!(ser[i] in seen)) { seen[ser[i]] = 1; order[++ns] = ser[i] }
-      for (s = 1; s <= ns; ++s) {
-        n = 0; sum = 0; mx = 0
-        for (i = 1; i <= NR; ++i) if (ser[i] == order[s]) {
-          ++n; sum += abs(err[i]); if (abs(err[i]) > mx) mx = abs(err[i])
-          # per-GPU model throughput: predicted from the estimate, published from the same FLOPs
-          a[n] = tf[i]; b[n] = tf[i] * pred[i] / pub[i] }
-        rho = n >= 3 ? sprintf("%9.2f", spearman(a, b, n)) : "        -"
-        printf "%-22s %5d %9.1f%% %9.1f%% %s\n", order[s], n, 100 * sum / n, 100 * mx, rho
-      }
-      for (h = 0; h <= 1; ++h) {
-        n = 0; sum = 0; mx = 0; within10 = 0; within15 = 0
-        for (i = 1; i <= NR; ++i) if ((hold[i] == "true") == h) {
-          ++n; sum += abs(err[i]); if (abs(err[i]) > mx) mx = abs(err[i])
-          if (abs(err[i]) <= 0.10) ++within10; if (abs(err[i]) <= 0.15) ++within15 }
-        if (n > 0)
-          printf "%s: %d rows, mean |error| %.1f%%, max %.1f%%, within 10%%: %d, within 15%%: %d\n",
-                 h ? "held out (Narayanan 2021)" : "suite (fitted sources)", n, 100 * sum / n, 100 * mx, within10, within15
-      }
-    }' "$rows"
-  rm -f "$rows"
+  echo "== published training runs: predicted (tessera fidelity) vs published step time, the fit and leave-one-source-out =="
+  max_gpus=0
+  [[ ${PUBLISHED_SKIP_LARGE:-0} == 1 ]] && max_gpus=1024
+  start=$(date +%s.%N)
+  "$tessera" fidelity --fit --max-gpus "$max_gpus" scenarios/published/*.json 2>/dev/null
+  echo "(fidelity --fit took $(elapsed "$start" "$(date +%s.%N)") s)"
 fi
 
 if [[ $what == accuracy || $what == all ]]; then

@@ -36,6 +36,9 @@ DeviceKernels read_device_kernels(const Json& json, const std::string& file,
     ar.finish();
   }
   read_fraction(r, "memory_efficiency", k.memory_efficiency);
+  if (r.optional("training_scale", k.training_scale) &&
+      !(k.training_scale > 0 && k.training_scale <= 2))
+    r.error("training_scale", "must be in (0, 2], got " + std::to_string(k.training_scale));
   r.finish();
   return k;
 }
@@ -50,7 +53,8 @@ Json to_json(const DeviceKernels& k) {
                {{"forward_efficiency", k.attention.forward_efficiency},
                 {"backward_efficiency", k.attention.backward_efficiency},
                 {"half_keys", k.attention.half_keys}}},
-              {"memory_efficiency", k.memory_efficiency}};
+              {"memory_efficiency", k.memory_efficiency},
+              {"training_scale", k.training_scale}};
 }
 
 }  // namespace tessera

@@ -41,6 +41,10 @@ struct DeviceKernels {
   AttentionKernels attention;
   // Fraction of the memory bandwidth that streaming element-wise kernels reach.
   double memory_efficiency = 0.85;
+  // Share of the GEMM and attention rates above that kernels reach inside a training step
+  // (framework, clocks under sustained load): fitted on the published runs of this device by
+  // `tessera fidelity --fit`; 1 for a device without published runs.
+  double training_scale = 1.0;
   bool operator==(const DeviceKernels&) const = default;
 };
 

@@ -75,27 +75,31 @@ double memory_capacity_bytes(const ClusterSpec& cluster, int64_t world) {
 
 std::string format_metrics(const IterationMetrics& m, const ClusterSpec& cluster, DType dtype,
                            double capacity_bytes) {
-  char line[512];
+  char line[1024];
   std::string out;
   const RankMemory& mem = m.memory[static_cast<std::size_t>(m.peak_rank)];
-  std::snprintf(line, sizeof line,
-                "step time        %.4g s\n"
-                "throughput       %.4g samples/s, %.4g tokens/s (text %.4g, image %.4g, audio "
-                "%.4g, video %.4g)\n"
-                "model TFLOP/s    %.4g per device (MFU %.1f%% of %s dense %s)\n"
-                "idle / busy      %.3f (pipeline bubble + load imbalance, mean over ranks)\n"
-                "exposed comm     %.4g s per rank (mean)\n"
-                "peak memory      %s on rank %lld (weights %s, gradients %s, optimizer %s, "
-                "activations %s, boundary %s) of %s\n",
-                m.step_s, m.samples_per_s, m.tokens_per_s, m.text_tokens_per_s,
-                m.image_tokens_per_s, m.audio_tokens_per_s, m.video_tokens_per_s,
-                m.tflops_per_device, 100 * m.mfu,
-                (human_si(peak_flops(cluster, dtype)) + "FLOP/s").c_str(),
-                enum_name(dtype, kDTypes).c_str(), m.bubble_mean, m.exposed_comm_mean_s,
-                human_bytes(mem.total()).c_str(), static_cast<long long>(m.peak_rank),
-                human_bytes(mem.weight_bytes).c_str(), human_bytes(mem.gradient_bytes).c_str(),
-                human_bytes(mem.optimizer_bytes).c_str(), human_bytes(mem.activation_bytes).c_str(),
-                human_bytes(mem.boundary_bytes).c_str(), human_bytes(capacity_bytes).c_str());
+  std::snprintf(
+      line, sizeof line,
+      "step time        %.4g s\n"
+      "throughput       %.4g samples/s, %.4g tokens/s (text %.4g, image %.4g, audio "
+      "%.4g, video %.4g)\n"
+      "model TFLOP/s    %.4g per device (MFU %.1f%% of %s dense %s; no "
+      "recomputation, attention over the pairs its mask keeps)\n"
+      "hardware TFLOP/s %.4g per device (HFU %.1f%%: with recomputation)\n"
+      "idle / busy      %.3f (%s, mean over ranks)\n"
+      "exposed comm     %.4g s per rank (mean; every wait of compute on communication)\n"
+      "peak memory      %s on rank %lld (weights %s, gradients %s, optimizer %s, "
+      "activations %s, boundary %s) of %s\n",
+      m.step_s, m.samples_per_s, m.tokens_per_s, m.text_tokens_per_s, m.image_tokens_per_s,
+      m.audio_tokens_per_s, m.video_tokens_per_s, m.tflops_per_device, 100 * m.mfu,
+      (human_si(peak_flops(cluster, dtype)) + "FLOP/s").c_str(), enum_name(dtype, kDTypes).c_str(),
+      m.hardware_tflops_per_device, 100 * m.hfu, m.bubble_mean,
+      m.pipelined ? "pipeline bubble, load imbalance and waits"
+                  : "load imbalance and waits; no pipeline",
+      m.exposed_comm_mean_s, human_bytes(mem.total()).c_str(), static_cast<long long>(m.peak_rank),
+      human_bytes(mem.weight_bytes).c_str(), human_bytes(mem.gradient_bytes).c_str(),
+      human_bytes(mem.optimizer_bytes).c_str(), human_bytes(mem.activation_bytes).c_str(),
+      human_bytes(mem.boundary_bytes).c_str(), human_bytes(capacity_bytes).c_str());
   out += line;
   out += "busy per module ";
   for (const auto& [module, seconds] : m.module_busy_s) {

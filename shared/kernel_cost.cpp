@@ -78,7 +78,7 @@ double kernel_compute_s(const ModuleSpec& module, const Op& op, const DeviceSpec
   const double tokens = static_cast<double>(op.tokens);
   const double tp = std::max<double>(1, op.tp);
   const double layers = static_cast<double>(op.layers);
-  const double scale = tuning.efficiency;
+  const double scale = tuning.efficiency * dk.training_scale;
   const bool backward = op.phase == Phase::kB;
 
   // Matrix work: the op's GEMMs by shape, their rate applied to the op's non-attention FLOPs.
@@ -98,11 +98,25 @@ double kernel_compute_s(const ModuleSpec& module, const Op& op, const DeviceSpec
     // read two, write one), rotary embeddings on Q and K.
     const double hidden_share = (op.flags & kOpSequenceParallel) != 0 ? h / tp : h;
     const double inner = gemms[3].k;
-    const double activation = (a->gated_ffn ? 3.0 : 2.0) * inner;
-    const double rotary = a->positions == 0 ? 2.0 * (q + kv) / tp : 0.0;
-    const double forward_bytes =
-        tokens * layers * bpv * (10.0 * hidden_share + activation + rotary);
-    const double forward_kernels = 13 * layers;  // 4 GEMMs, attention, 8 element-wise
+    const bool rotary = a->positions == 0;
+    double forward_bytes = 0, forward_kernels = 0;
+    if ((op.flags & kOpEagerElementwise) == 0) {
+      // Fused: each kernel reads its inputs and writes its output once.
+      forward_bytes = bpv * (10.0 * hidden_share + (a->gated_ffn ? 3.0 : 2.0) * inner +
+                             (rotary ? 2.0 * (q + kv) / tp : 0.0));
+      forward_kernels = 13;  // 4 GEMMs, attention, 8 element-wise
+    } else {
+      // PyTorch eager (Hugging Face Transformers): a norm casts to fp32, squares, averages,
+      // scales, casts back and multiplies by its weight (28 + 4·bpv bytes per value); rotary
+      // multiplies by cos, negates and concatenates halves, multiplies by sin and adds (10 values
+      // moved per value); a gated activation and its product run apart (5 per value).
+      forward_bytes = 2.0 * (28.0 + 4.0 * bpv) * hidden_share + bpv * 6.0 * hidden_share +
+                      bpv * (a->gated_ffn ? 5.0 : 2.0) * inner +
+                      (rotary ? bpv * 10.0 * (q + kv) / tp : 0.0);
+      forward_kernels = 5 + 2 * 7 + (rotary ? 12 : 0) + 2 + 2;
+    }
+    forward_bytes *= tokens * layers;
+    forward_kernels *= layers;
     switch (op.phase) {
       case Phase::kF:
       case Phase::kR:

@@ -12,10 +12,12 @@
 
 namespace tessera {
 
-// The global parameters of kernel-level pricing (fitted; docs/FIDELITY.md).
+// The global parameters of kernel-level pricing (docs/FIDELITY.md): the launch cost is fitted on
+// the published runs (`tessera fidelity --fit`); `efficiency` scales every device's GEMM and
+// attention rates on top of its own fitted DeviceKernels::training_scale (1: none).
 struct KernelTuning {
-  double efficiency = 1.0;  // scales the device's GEMM and attention efficiencies
-  double launch_s = 2e-6;   // per kernel
+  double efficiency = 1.0;
+  double launch_s = 6e-6;  // per kernel (fitted)
 };
 
 // Seconds of one GEMM C[m,n] = A[m,k]·B[k,n] of `bytes_per_value` operands on `device`.

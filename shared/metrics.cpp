@@ -156,6 +156,14 @@ IterationMetrics compute_metrics(const Program& p, const Timeline& t, const Mode
   m.video_tokens_per_s = video / m.step_s;
   m.tflops_per_device = p.model_flops / m.step_s / static_cast<double>(p.world) / 1e12;
   m.mfu = m.tflops_per_device * 1e12 / peak_flops(cluster, model.dtype);
+  double hardware_flops = 0;
+  for (const auto& ops : p.ranks)
+    for (const Op& op : ops) {
+      if (op.kind == OpKind::kCompute) hardware_flops += op.flops;
+      m.pipelined = m.pipelined || op.stage > 0;
+    }
+  m.hardware_tflops_per_device = hardware_flops / m.step_s / static_cast<double>(p.world) / 1e12;
+  m.hfu = m.hardware_tflops_per_device * 1e12 / peak_flops(cluster, model.dtype);
 
   const std::size_t world = p.ranks.size();
   m.bubble.assign(world, 0);

@@ -35,8 +35,14 @@ struct IterationMetrics {
   double tokens_per_s = 0;  // LLM sequence tokens
   double text_tokens_per_s = 0, image_tokens_per_s = 0, audio_tokens_per_s = 0,
          video_tokens_per_s = 0;
-  double tflops_per_device = 0;  // model FLOPs (F+B+W, no recompute) per second per device
+  // Model FLOPs (F+B+W, no recomputation; attention over the query-key pairs its mask keeps,
+  // causal: about half) per second per device, and that over the device's dense peak (MFU).
+  double tflops_per_device = 0;
   double mfu = 0;
+  // Hardware FLOPs: the same with recomputation's repeated forward (HFU).
+  double hardware_tflops_per_device = 0;
+  double hfu = 0;
+  bool pipelined = false;      // some module runs on more than one pipeline stage
   std::vector<double> bubble;  // per rank: idle / busy of its compute stream
   double bubble_mean = 0;
   // per rank: compute-stream time lost waiting on sends, receives and stream collectives (nested

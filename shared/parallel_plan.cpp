@@ -133,6 +133,7 @@ ParallelPlan read_plan(const Json& json, const std::string& file, const std::str
   r.optional("sequence_parallel", p.sequence_parallel);
   r.optional({"distributed_optimizer", "use_distributed_optimizer"}, p.distributed_optimizer);
   r.optional({"flash_attention", "use_flash_attn"}, p.flash_attention);
+  r.optional("fused_kernels", p.fused_kernels);
   r.finish();
   return p;
 }
@@ -164,6 +165,7 @@ Json to_json(const ParallelPlan& p) {
   j["sequence_parallel"] = p.sequence_parallel;
   j["distributed_optimizer"] = p.distributed_optimizer;
   if (!p.flash_attention) j["flash_attention"] = false;
+  if (!p.fused_kernels) j["fused_kernels"] = false;
   return j;
 }
 

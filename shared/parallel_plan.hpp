@@ -70,6 +70,10 @@ struct ParallelPlan {
   // Attention through a fused (flash) kernel; false: unfused, the score matrix written to memory
   // and kept for the backward (Megatron before FlashAttention).
   bool flash_attention = true;
+  // Norms, rotary embeddings and the MLP activation as fused kernels (Megatron, Transformer
+  // Engine); false: PyTorch eager, as Hugging Face Transformers runs them (chains of element-wise
+  // kernels, norms in fp32).
+  bool fused_kernels = true;
 
   bool operator==(const ParallelPlan&) const = default;
 };

@@ -47,6 +47,7 @@ enum OpFlag : uint8_t {
   kOpUnfusedAttention = 4,     // attention without a fused (flash) kernel: scores through memory
   kOpSequenceParallel = 8,     // norms and dropout run on 1/tp of the tokens (sequence parallelism)
   kOpAttentionRecompute = 16,  // B: selective recomputation re-runs the attention core first
+  kOpEagerElementwise = 32,    // norms, rotary and activation as chains of eager kernels
 };
 
 struct Op {

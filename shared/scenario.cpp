@@ -89,6 +89,7 @@ std::optional<Scenario> read_scenario(const Json& json, const std::string& file,
     if (pr.required("step_s", p.step_s)) pr.check_positive("step_s", p.step_s);
     pr.required("metric", p.metric);
     pr.required("source", p.source);
+    pr.required("source_id", p.source_id);
     pr.optional("series", p.series);
     pr.optional("holdout", p.holdout);
     pr.finish();
@@ -160,7 +161,8 @@ Json to_json(const Scenario& s) {
   if (s.published) {
     Json p{{"step_s", s.published->step_s},
            {"metric", s.published->metric},
-           {"source", s.published->source}};
+           {"source", s.published->source},
+           {"source_id", s.published->source_id}};
     if (!s.published->series.empty()) p["series"] = s.published->series;
     if (s.published->holdout) p["holdout"] = true;
     j["published"] = p;

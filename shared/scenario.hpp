@@ -20,10 +20,11 @@ namespace tessera {
 // implies (the conversion written in `metric`).
 struct Published {
   double step_s = 0;
-  std::string metric;    // the published figure as stated, and how step_s follows from it
-  std::string source;    // paper + table, or page + section
-  std::string series;    // the scaling series the row belongs to (ranked within it)
-  bool holdout = false;  // kept aside as an independent check: never used to fit
+  std::string metric;     // the published figure as stated, and how step_s follows from it
+  std::string source;     // paper + table, or page + section
+  std::string source_id;  // short name of the source: leave-one-source-out folds by it
+  std::string series;     // the scaling series the row belongs to (ranked within it)
+  bool holdout = false;   // kept aside as an independent check: never used to fit
   bool operator==(const Published&) const = default;
 };
 

@@ -497,6 +497,8 @@ const std::vector<Command>& commands() {
       {"merge", "combine sharded sweeps into one ranking and report", run_merge},
       {"calibrate", "fit the cost model to recorded runs (traces) into a profile", run_calibrate},
       {"replay", "simulate a recorded run and compare predicted with measured", run_replay},
+      {"fidelity", "compare predictions with published runs; fit the global kernel parameters",
+       run_fidelity},
   };
   return table;
 }

@@ -20,6 +20,7 @@ int run_sweep(const Args& args, std::ostream& out, std::ostream& err);
 int run_merge(const Args& args, std::ostream& out, std::ostream& err);
 int run_calibrate(const Args& args, std::ostream& out, std::ostream& err);
 int run_replay(const Args& args, std::ostream& out, std::ostream& err);
+int run_fidelity(const Args& args, std::ostream& out, std::ostream& err);
 int run_stages(const Args& args, std::ostream& out, std::ostream& err);
 
 struct Command {

@@ -89,6 +89,43 @@ TEST_CASE("lower prints the per-rank op lists; estimate prints a prediction") {
   CHECK(big.output.find("infeasible: rank") != std::string::npos);
 }
 
+TEST_CASE("estimate prints MFU and HFU apart, and calls idle time a bubble only with a pipeline") {
+  const Run full = run("estimate " + kSource + "/scenarios/published/korthikanti-22b-full.json");
+  INFO(full.output);
+  CHECK(full.code == 0);
+  CHECK(full.output.find("MFU") != std::string::npos);
+  CHECK(full.output.find("HFU") != std::string::npos);
+  CHECK(full.output.find("no pipeline") != std::string::npos);  // TP 8, no PP
+  const Run pp = run("estimate " + kSource + "/scenarios/published/zerobubble-1.5b-1f1b-m24.json");
+  CHECK(pp.output.find("pipeline bubble") != std::string::npos);
+}
+
+TEST_CASE("fidelity: published vs predicted per row and series, the fit and leave-one-source-out") {
+  const std::string rows = kSource + "/scenarios/published/zerobubble-1.5b-1f1b-m24.json " +
+                           kSource + "/scenarios/published/korthikanti-22b-full.json " + kSource +
+                           "/scenarios/published/nvidia-llama3.1-8b-h100-8.json";
+  const Run plain = run("fidelity " + rows + " 2>/dev/null");
+  INFO(plain.output);
+  CHECK(plain.code == 0);
+  CHECK(plain.output.find("zerobubble-1.5b-1f1b-m24") != std::string::npos);
+  CHECK(plain.output.find("suite (fitted sources): 3 rows") != std::string::npos);
+  const Run fit = run("fidelity --fit " + rows + " 2>/dev/null");
+  INFO(fit.output);
+  CHECK(fit.code == 0);
+  CHECK(fit.output.find("fitted on the suite") != std::string::npos);
+  CHECK(fit.output.find("leave-one-source-out: mean |error|") != std::string::npos);
+  CHECK(fit.output.find("nvidia-dgxc") != std::string::npos);
+  // Rows larger than --max-gpus are left out, and said so.
+  const Run small = run("fidelity --max-gpus 8 " + rows + " " + kSource +
+                        "/scenarios/published/korthikanti-175b-full.json 2>/dev/null");
+  CHECK(small.output.find("1 rows of more than 8 GPUs left out") != std::string::npos);
+  // A scenario without a published block: exit 2, naming the file and the key.
+  const Run bad = run("fidelity " + kSource + "/scenarios/default.json");
+  CHECK(bad.code == 2);
+  CHECK(bad.output.find("default.json") != std::string::npos);
+  CHECK(bad.output.find("published") != std::string::npos);
+}
+
 TEST_CASE("simulate prints the metrics and writes a Chrome trace per rank") {
   const fs::path dir = scratch() / "trace";
   const Run r =
@@ -225,7 +262,7 @@ TEST_CASE("lower and estimate: bad input exits 2") {
 
 TEST_CASE("every subcommand has --help") {
   for (const char* c : {"validate", "show", "import-hf", "lower", "estimate", "simulate", "sweep",
-                        "merge", "calibrate", "replay"}) {
+                        "merge", "calibrate", "replay", "fidelity", "stages"}) {
     const Run r = run(std::string(c) + " --help");
     CHECK(r.code == 0);
     CHECK(r.output.find("Usage:") != std::string::npos);

@@ -129,3 +129,41 @@ TEST_CASE("kernel cost: sequence parallelism and flash attention make a layer ch
   slower.efficiency = 0.5;
   CHECK(kernel_compute_s(llm, op, s->cluster.device, peak, 2, slower) > 1.5 * plain);
 }
+
+TEST_CASE("kernel cost: eager element-wise kernels cost more; a device's training scale slows it") {
+  Diagnostics diag;
+  const auto s =
+      load_scenario(kSource + "/scenarios/published/nvidia-llama3.1-8b-h100-8.json", diag);
+  REQUIRE(s.has_value());
+  const ModuleSpec& llm = s->model.modules[0];
+  REQUIRE(llm.transformer.has_value());
+  const double peak = peak_flops(s->cluster, DType::kBf16);
+  Op op;
+  op.module = 0;
+  op.phase = Phase::kF;
+  op.layers = 1;
+  op.tokens = 4096;
+  op.tp = 1;
+  op.attention_pairs = 4096.0 * 4097 / 2;
+  op.flops = 2.0 * 218e6 * 4096;  // one Llama-3.1-8B layer's matrices
+  const KernelTuning tuning;
+  const double fused = kernel_compute_s(llm, op, s->cluster.device, peak, 2, tuning);
+  Op eager = op;
+  eager.flags = kOpEagerElementwise;
+  const double unfused = kernel_compute_s(llm, eager, s->cluster.device, peak, 2, tuning);
+  // Norms in fp32 chains, rotary in five kernels, the gated activation apart: ~0.8 MB more per
+  // token and layer at h = 4096 (2 x 36 x 4096 + 10 x 2 x 5120 + ...), a few percent of the GEMMs.
+  CHECK(unfused > fused * 1.03);
+  CHECK(unfused < fused * 1.5);
+  // The device's training scale divides the GEMM and attention rates.
+  DeviceSpec slower = s->cluster.device;
+  slower.kernels->training_scale = 0.5;
+  CHECK(kernel_compute_s(llm, op, slower, peak, 2, tuning) > 1.6 * fused);
+  // Read from the device file, bounded.
+  Json kernels = to_json(*s->cluster.device.kernels);
+  kernels["training_scale"] = 3;
+  Diagnostics bad;
+  read_device_kernels(kernels, "d.json", "kernels", bad);
+  CHECK(bad.format().find("d.json: kernels.training_scale: must be in (0, 2]") !=
+        std::string::npos);
+}

@@ -1,0 +1,237 @@
+// `tessera fidelity`: the cost model against published training runs (scenarios with a
+// `published` block): predicted vs published step per row, per series and per source; with
+// --fit, the kernel model's two global parameters fitted on the rows not held out, and
+// leave-one-source-out. Each row is lowered once and evaluated at every tuning point.
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <ostream>
+#include <thread>
+
+#include "shared/batch.hpp"
+#include "shared/evaluator.hpp"
+#include "shared/fidelity.hpp"
+#include "shared/lower.hpp"
+#include "shared/stage_split.hpp"
+#include "sim/command_line.hpp"
+
+namespace tessera::sim {
+
+namespace {
+
+std::string percent(double x) {
+  char s[32];
+  std::snprintf(s, sizeof s, "%.1f%%", 100 * x);
+  return s;
+}
+
+std::string fit_text(const TuningGrid& grid, const TuningFit& fit) {
+  char s[96];
+  std::snprintf(s, sizeof s, "launch %.0f us", grid.launch_s[fit.launch_index] * 1e6);
+  std::string out = s;
+  for (const auto& [device, index] : fit.scale_index) {
+    std::snprintf(s, sizeof s, ", %s %.2f", device.c_str(), grid.scale[index]);
+    out += s;
+  }
+  return out;
+}
+
+void print_rows(const std::vector<FidelityRow>& rows, const std::vector<double>& predicted,
+                std::ostream& out) {
+  char line[256];
+  std::snprintf(line, sizeof line, "%-36s %-22s %10s %10s %8s\n", "scenario", "series", "published",
+                "predicted", "error");
+  out << line;
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const FidelityRow& r = rows[i];
+    const double p = predicted[i];
+    if (p > 0)
+      std::snprintf(line, sizeof line, "%-36s %-22s %9.3fs %9.3fs %+7.1f%%%s\n", r.name.c_str(),
+                    r.series.c_str(), r.published_s, p, 100 * (p - r.published_s) / r.published_s,
+                    r.holdout ? "  (held out)" : "");
+    else
+      std::snprintf(line, sizeof line, "%-36s %-22s %9.3fs %10s %8s\n", r.name.c_str(),
+                    r.series.c_str(), r.published_s, "-", "failed");
+    out << line;
+  }
+}
+
+void print_summary(const std::vector<FidelityRow>& rows, const std::vector<double>& predicted,
+                   std::ostream& out) {
+  char line[256];
+  std::snprintf(line, sizeof line, "%-22s %5s %10s %10s %9s\n", "series", "rows", "mean|err|",
+                "max|err|", "spearman");
+  out << line;
+  for (const SeriesStats& s : series_stats(rows, predicted)) {
+    char rho[16] = "        -";
+    if (!std::isnan(s.spearman)) std::snprintf(rho, sizeof rho, "%9.2f", s.spearman);
+    std::snprintf(line, sizeof line, "%-22s %5zu %9.1f%% %9.1f%% %s\n", s.series.c_str(), s.rows,
+                  100 * s.mean_abs_error, 100 * s.max_abs_error, rho);
+    out << line;
+  }
+  for (const bool held : {false, true}) {
+    std::vector<bool> use(rows.size());
+    std::size_t n = 0, within10 = 0, within15 = 0;
+    double worst = 0;
+    for (std::size_t i = 0; i < rows.size(); ++i) {
+      use[i] = rows[i].holdout == held;
+      if (!use[i]) continue;
+      ++n;
+      const double e = abs_error(rows[i], predicted[i]);
+      worst = std::max(worst, e);
+      within10 += e <= 0.10;
+      within15 += e <= 0.15;
+    }
+    if (n == 0) continue;
+    out << (held ? "held out" : "suite (fitted sources)") << ": " << n << " rows, mean |error| "
+        << percent(mean_abs_error(rows, use, predicted)) << ", max " << percent(worst)
+        << ", within 10%: " << within10 << ", within 15%: " << within15 << "\n";
+  }
+}
+
+}  // namespace
+
+int run_fidelity(const Args& args, std::ostream& out, std::ostream& err) {
+  cxxopts::Options options(
+      "tessera fidelity",
+      "Compares the cost model's predicted step time (the in-order evaluator, as `tessera "
+      "estimate`) with published training runs: scenarios with a `published` block. Prints "
+      "every row's error, per series the mean and max |error| and the Spearman correlation of "
+      "per-GPU throughput, and the totals of the fitted sources and of the held-out rows. With "
+      "--fit, also fits the kernel model's global parameters (GEMM/attention efficiency scale, "
+      "per-kernel launch) on the rows not held out, over a grid, and reports leave-one-source-out: "
+      "each source predicted by a fit on all the others.");
+  options.add_options()("scenarios", "scenario files with a published block",
+                        cxxopts::value<std::vector<std::string>>())(
+      "fit", "fit the global parameters; leave-one-source-out")(
+      "max-gpus", "leave out rows of more GPUs (0: none left out)",
+      cxxopts::value<int64_t>()->default_value("0"));
+  options.parse_positional({"scenarios"});
+  options.positional_help("<scenario.json>...");
+  int code = kOk;
+  const auto result = parse(options, args, out, err, code);
+  if (!result) return code;
+  if (!result->count("scenarios")) {
+    err << options.program() << ": give one or more scenario files with a published block\n";
+    return kBadInput;
+  }
+  const int64_t max_gpus = (*result)["max-gpus"].as<int64_t>();
+  const bool fit = result->count("fit") > 0;
+  const std::size_t workers = std::max(1u, std::thread::hardware_concurrency());
+  Diagnostics diag;
+  std::vector<Scenario> scenarios;
+  for (const std::string& file : (*result)["scenarios"].as<std::vector<std::string>>()) {
+    auto s = load_scenario(file, diag);
+    if (!s) continue;
+    if (!s->published) diag.error(file, "published", "missing: not a published run");
+    if (!s->plan) diag.error(file, "plan", "missing");
+    if (s->published && s->plan) scenarios.push_back(std::move(*s));
+  }
+  if (!diag.ok()) return report_problems(diag, err);
+
+  TuningGrid grid = default_tuning_grid();
+  if (!fit) grid = {};
+
+  std::vector<FidelityRow> rows;
+  std::size_t skipped = 0;
+  const auto start = std::chrono::steady_clock::now();
+  for (std::size_t i = 0; i < scenarios.size(); ++i) {
+    const Scenario& s = scenarios[i];
+    const int64_t gpus = world_size(*s.plan, s.model);
+    if (max_gpus > 0 && gpus > max_gpus) {
+      ++skipped;
+      continue;
+    }
+    FidelityRow row{s.name,
+                    s.published->series,
+                    s.published->source_id,
+                    s.cluster.device.name,
+                    s.published->holdout,
+                    s.published->step_s,
+                    0,
+                    0,
+                    {}};
+    // Lowered once, with the default costs' choices (a frozen-aware split, a DIP schedule).
+    const CostParams params = default_cost_params(s.cluster);
+    const ParallelPlan plan = resolve_stage_split(*s.plan, s.model, s.workload, s.cluster, &params);
+    const Batch batch = draw_batch(s.workload, 0);
+    const Lowered lowered = lower(s.model, s.cluster, plan, s.workload, batch, nullptr);
+    if (!lowered.error.empty()) {
+      err << "fidelity: " << s.name << ": " << lowered.error << "\n";
+      row.predicted_s.assign(grid.size(), 0);
+    } else {
+      row.flops_per_gpu = lowered.program.model_flops / static_cast<double>(gpus);
+      // The defaults, then every grid point with the device's training scale replaced by the
+      // point's; on every core (evaluate() is pure).
+      row.predicted_s.assign(grid.size(), 0);
+      ClusterSpec unscaled = s.cluster;
+      if (unscaled.device.kernels) unscaled.device.kernels->training_scale = 1;
+      std::atomic<std::size_t> next{0};
+      auto work = [&] {
+        for (std::size_t p = next++; p <= grid.size(); p = next++) {
+          double& slot = p == grid.size() ? row.default_s : row.predicted_s[p];
+          CostParams c = params;
+          if (p < grid.size()) c.kernel_tuning = {grid.scale_at(p), grid.launch_at(p)};
+          const ClusterSpec& cluster = p < grid.size() ? unscaled : s.cluster;
+          const Timeline t =
+              evaluate(lowered.program, CostModel(cluster, s.model.dtype, c, s.model));
+          slot = t.error.empty() ? t.step_s : 0;
+        }
+      };
+      std::vector<std::thread> threads;
+      for (unsigned t = 1; t < std::min<std::size_t>(workers, grid.size() + 1); ++t)
+        threads.emplace_back(work);
+      work();
+      for (std::thread& t : threads) t.join();
+    }
+    rows.push_back(std::move(row));
+    const double elapsed =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    err << "fidelity: [" << i + 1 << "/" << scenarios.size() << "] " << s.name << " (" << gpus
+        << " GPUs), " << grid.size() + 1 << " evaluation" << (grid.size() == 0 ? "" : "s") << ", "
+        << static_cast<int>(elapsed) << " s so far\n";
+  }
+  if (rows.empty()) {
+    err << options.program() << ": every row has more than --max-gpus GPUs\n";
+    return kBadInput;
+  }
+  if (skipped > 0) out << skipped << " rows of more than " << max_gpus << " GPUs left out\n";
+
+  const KernelTuning defaults;
+  out << "== the model's defaults: launch " << defaults.launch_s * 1e6
+      << " us, each device's training_scale from its file ==\n";
+  const std::vector<double> at_defaults = default_predictions(rows);
+  print_rows(rows, at_defaults, out);
+  out << "\n";
+  print_summary(rows, at_defaults, out);
+  if (!fit) return kOk;
+
+  std::vector<bool> suite(rows.size());
+  for (std::size_t i = 0; i < rows.size(); ++i) suite[i] = !rows[i].holdout;
+  const TuningFit best = fit_tuning(rows, suite, grid);
+  out << "\n== fitted on the suite (every row not held out): " << fit_text(grid, best) << " ==\n";
+  const std::vector<double> fitted = fitted_predictions(rows, grid, best);
+  print_rows(rows, fitted, out);
+  out << "\n";
+  print_summary(rows, fitted, out);
+  out << "\n== leave one source out: each source predicted by a fit on all the others ==\n";
+  char line[256];
+  std::snprintf(line, sizeof line, "%-20s %5s %10s  %s\n", "source", "rows", "mean|err|",
+                "fitted on the others");
+  out << line;
+  double sum = 0;
+  std::size_t n = 0;
+  for (const SourceFold& f : leave_one_source_out(rows, grid)) {
+    std::snprintf(line, sizeof line, "%-20s %5zu %9.1f%%  %s\n", f.source_id.c_str(), f.rows.size(),
+                  100 * f.mean_abs_error, fit_text(grid, f.fit).c_str());
+    out << line;
+    sum += f.mean_abs_error * static_cast<double>(f.rows.size());
+    n += f.rows.size();
+  }
+  out << "leave-one-source-out: mean |error| " << percent(n > 0 ? sum / static_cast<double>(n) : 0)
+      << " over " << n << " rows (a device left without rows keeps scale 1)\n";
+  return kOk;
+}
+
+}  // namespace tessera::sim
