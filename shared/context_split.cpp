@@ -79,7 +79,7 @@ double cp_linear_tiles(const TransformerArch& a) {
   // Per block of 128 queries: 2·P FLOPs per token of linear work against 4·q FLOPs per
   // (query, key) pair, 128·32 pairs a tile.
   return 2.0 * static_cast<double>(active_layer_matmul_parameters(a)) /
-         (4.0 * static_cast<double>(a.heads * a.head_dim) * 32.0);
+         layer_attention_flops(a, 32.0);
 }
 
 std::vector<std::vector<int64_t>> context_split(CpSplit policy, std::span<const TokenTag> tags,

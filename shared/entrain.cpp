@@ -11,23 +11,29 @@
 namespace tessera {
 
 double sample_module_flops(const ModelSpec& model, const ModuleSpec& module, const Sample& sample,
-                           int64_t max_seq_len) {
+                           int64_t max_seq_len, std::span<const Phase> phases) {
   if (!module.transformer) return 0;
   const Sample* one[] = {&sample};
   const ModuleWork w = module_work(model, module, one, max_seq_len);
   if (w.tokens <= 0) return 0;
   const double tokens = static_cast<double>(w.tokens);
-  return tokens * forward_flops_per_token(module, w.attention_pairs / tokens);
+  const double forward = tokens * forward_flops_per_token(module, w.attention_pairs / tokens);
+  const double attention = static_cast<double>(module.transformer->layers) *
+                           layer_attention_flops(*module.transformer, w.attention_pairs);
+  double flops = 0;
+  for (Phase p : phases) flops += phase_flops(forward - attention, attention, p);
+  return flops;
 }
 
 double encoder_work_share(const ModelSpec& model, const WorkloadSpec& workload, int64_t batches) {
   TESSERA_CHECK(batches >= 1);
-  // Passes per module: a trainable module runs F, B and W; one that passes gradients F and B;
+  // Phases per module: a trainable module runs F, B and W; one that passes gradients F and B;
   // else F only.
   const std::vector<GradientFlow> flow = gradient_flow(model);
-  std::vector<double> passes(model.modules.size(), 1);
+  static constexpr Phase kAll[] = {Phase::kF, Phase::kB, Phase::kW};
+  std::vector<std::span<const Phase>> phases(model.modules.size());
   for (std::size_t i = 0; i < model.modules.size(); ++i)
-    passes[i] = flow[i].trainable ? 3 : flow[i].backward() ? 2 : 1;
+    phases[i] = std::span<const Phase>(kAll, flow[i].trainable ? 3 : flow[i].backward() ? 2 : 1);
   double encoders = 0, total = 0;
   for (int64_t it = 0; it < batches; ++it) {
     const Batch b = draw_batch(workload, it);
@@ -35,7 +41,7 @@ double encoder_work_share(const ModelSpec& model, const WorkloadSpec& workload, 
       for (std::size_t i = 0; i < model.modules.size(); ++i) {
         const ModuleSpec& m = model.modules[i];
         if (m.role != ModuleRole::kEncoder && m.role != ModuleRole::kLlm) continue;
-        const double w = passes[i] * sample_module_flops(model, m, s, workload.max_seq_len);
+        const double w = sample_module_flops(model, m, s, workload.max_seq_len, phases[i]);
         total += w;
         if (m.role == ModuleRole::kEncoder) encoders += w;
       }

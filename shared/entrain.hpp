@@ -15,11 +15,13 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "shared/batch.hpp"
 #include "shared/microbatch.hpp"
 #include "shared/model_spec.hpp"
+#include "shared/program.hpp"
 #include "shared/workload_spec.hpp"
 
 namespace tessera {
@@ -29,16 +31,18 @@ struct EntrainAssignment {
   MicrobatchAssignment llm;      // level 2: the same, with LLM excess deferred
 };
 
-// Forward FLOPs a sample brings one module (its tokens at their mean attended keys; 0 without a
-// transformer or media for it).
+// FLOPs a sample brings one module in `phases` (default: the forward), counted as the lowering
+// counts them (phase_flops; 0 without a transformer or media for it).
+inline constexpr Phase kForwardOnly[] = {Phase::kF};
 double sample_module_flops(const ModelSpec& model, const ModuleSpec& module, const Sample& sample,
-                           int64_t max_seq_len);
+                           int64_t max_seq_len, std::span<const Phase> phases = kForwardOnly);
 
 // Entrain's static layout: the encoders' share of the training work, from the mean over the
 // first `batches` drawn global batches (whose sums are stable where single samples are not).
-// Work per module = forward FLOPs × passes (3 when it trains; 2 when it only passes a gradient
-// back to something trainable before it; 1 forward only). Devices split in this proportion let
-// encoders and LLM take about equally long per iteration. REQUIRES: batches >= 1.
+// Work per module = its F, B and W FLOPs as the lowering counts them (F and B when it only passes
+// a gradient back to something trainable before it; F alone when nothing before it trains). Devices
+// split in this proportion let encoders and LLM take about equally long per iteration. REQUIRES:
+// batches >= 1.
 double encoder_work_share(const ModelSpec& model, const WorkloadSpec& workload, int64_t batches);
 
 // Replicas take contiguous blocks of the batch as in arrival order. With no encoder work in a

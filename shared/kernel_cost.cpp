@@ -131,12 +131,11 @@ double kernel_compute_s(const ModuleSpec& module, const Op& op, const DeviceSpec
         kernels += 4 * layers;
         break;
     }
-    // Attention, counted by the lowering as 4·pairs·head_dim per head (F, R), twice that (B).
+    // Attention as the lowering counts it (layer_attention_flops, phase_flops).
     const double heads_local = static_cast<double>(a->heads) / tp;
-    const double forward_attention =
-        4.0 * op.attention_pairs * static_cast<double>(a->head_dim) * heads_local * layers;
+    const double forward_attention = layer_attention_flops(*a, op.attention_pairs) / tp * layers;
     if (forward_attention > 0 && op.phase != Phase::kW) {
-      attention_counted = backward ? 2 * forward_attention : forward_attention;
+      attention_counted = phase_flops(0, forward_attention, op.phase);
       if ((op.flags & kOpUnfusedAttention) != 0) {
         // Unfused: the full score matrix (masked half included) through two batched GEMMs,
         // written, soft-maxed and read back (forward ~4 passes over it, backward ~6); selective

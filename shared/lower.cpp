@@ -517,8 +517,7 @@ Op Lowering::compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t
     const TransformerArch& a = *spec.transformer;
     linear = static_cast<double>(layers) * 2.0 *
              static_cast<double>(active_layer_matmul_parameters(a)) * tokens_local / tp_shard;
-    attention = static_cast<double>(layers) * 4.0 * static_cast<double>(a.heads * a.head_dim) *
-                pairs_local / tp_shard;
+    attention = static_cast<double>(layers) * layer_attention_flops(a, pairs_local) / tp_shard;
     weights = static_cast<double>(layers * layer_parameters(a)) / static_cast<double>(l.tp);
     if (layers > 0) op.attention_pairs = pairs_local;
     if (last_chunk && a.vocab > 0) {
@@ -594,18 +593,7 @@ Op Lowering::compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t
       op.nested.push_back({CollectiveKind::kAllReduce, Purpose::kTp, tp_group(layout_owner, x), 1,
                            tokens_local * static_cast<double>(pr.out) * dtype});
   }
-  switch (phase) {
-    case Phase::kF:
-    case Phase::kR:
-      op.flops = linear + attention;
-      break;
-    case Phase::kB:
-      op.flops = linear + 2.0 * attention;
-      break;  // input grads; attention backward ~2x
-    case Phase::kW:
-      op.flops = linear;
-      break;  // weight grads
-  }
+  op.flops = phase_flops(linear, attention, phase);
   op.bytes = weights * dtype;
   if (phase == Phase::kF && m.flow.backward()) {
     // Activations kept for backward (flash attention: no s x s scores).

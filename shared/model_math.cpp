@@ -156,10 +156,27 @@ int64_t trainable_parameters(const ModelSpec& model) {
   return n;
 }
 
+double layer_attention_flops(const TransformerArch& a, double attention_pairs) {
+  return 4.0 * static_cast<double>(a.heads * a.head_dim) * attention_pairs;
+}
+
 double layer_forward_flops_per_token(const TransformerArch& a, double attended_tokens) {
-  const double q = static_cast<double>(a.heads * a.head_dim);
-  // 2 FLOPs per weight, plus Q·K^T and P·V: 2·q·attended each.
-  return 2.0 * static_cast<double>(active_layer_matmul_parameters(a)) + 4.0 * q * attended_tokens;
+  // 2 FLOPs per weight, plus the attention scores of one query.
+  return 2.0 * static_cast<double>(active_layer_matmul_parameters(a)) +
+         layer_attention_flops(a, attended_tokens);
+}
+
+double phase_flops(double linear, double attention, Phase phase) {
+  switch (phase) {
+    case Phase::kF:
+    case Phase::kR:
+      return linear + attention;
+    case Phase::kB:
+      return linear + 2.0 * attention;
+    case Phase::kW:
+      return linear;
+  }
+  return 0;
 }
 
 double forward_flops_per_token(const ModuleSpec& m, double attended_tokens) {

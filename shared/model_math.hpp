@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "shared/model_spec.hpp"
+#include "shared/program.hpp"
 
 namespace tessera {
 
@@ -31,6 +32,14 @@ int64_t trainable_parameters(const ModelSpec& model);
 double forward_flops_per_token(const ModuleSpec& module, double attended_tokens);
 // The same for one layer of a transformer, without the front end or output head.
 double layer_forward_flops_per_token(const TransformerArch& arch, double attended_tokens);
+// The attention-score part of a layer's forward: Q·K^T and P·V, 2·q FLOPs per query-key pair
+// each, over the pairs the kernel computes (causal: those the mask keeps).
+double layer_attention_flops(const TransformerArch& arch, double attention_pairs);
+// The FLOPs of a training phase from its forward's matrix (`linear`) and attention FLOPs — the
+// one count the lowering, the stage split and Entrain's work share use: the forward and its
+// recomputation do both once; the input-gradient backward does the matrices once and the
+// attention twice (dS, then dQ and dK/dV); the weight-gradient pass the matrices once.
+double phase_flops(double linear, double attention, Phase phase);
 
 // --- Activations ------------------------------------------------------------------------
 struct ActivationOptions {

@@ -130,10 +130,12 @@ class Pricer {
     const GradientFlow& f = flow_[m];
     const bool recompute = plan_.recompute == Recompute::kFull && f.backward();
     const Work w{layers, calls, act, tokens, logits, whole_op};
-    double s = phase(m, Phase::kF, linear + attention, w);
-    if (f.backward()) s += phase(m, Phase::kB, linear + 2 * attention, w);
-    if (f.trainable) s += phase(m, Phase::kW, linear, {layers, 0, act, tokens, 0, whole_op});
-    if (recompute) s += phase(m, Phase::kR, linear + attention, w);
+    double s = phase(m, Phase::kF, phase_flops(linear, attention, Phase::kF), w);
+    if (f.backward()) s += phase(m, Phase::kB, phase_flops(linear, attention, Phase::kB), w);
+    if (f.trainable)
+      s += phase(m, Phase::kW, phase_flops(linear, attention, Phase::kW),
+                 {layers, 0, act, tokens, 0, whole_op});
+    if (recompute) s += phase(m, Phase::kR, phase_flops(linear, attention, Phase::kR), w);
     return s;
   }
   double activation_bytes(double tokens, int64_t hidden) const {
@@ -171,7 +173,7 @@ class Pricer {
 
 // Linear and attention forward FLOPs of one layer for `tokens` tokens attending `attended` keys.
 std::pair<double, double> layer_flops(const TransformerArch& a, double tokens, double attended) {
-  const double attention = 4.0 * static_cast<double>(a.heads * a.head_dim) * attended * tokens;
+  const double attention = tokens * layer_attention_flops(a, attended);
   return {tokens * layer_forward_flops_per_token(a, attended) - attention, attention};
 }
 

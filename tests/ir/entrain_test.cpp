@@ -8,6 +8,7 @@
 #include <set>
 
 #include "shared/entrain.hpp"
+#include "shared/lower.hpp"
 #include "shared/scenario.hpp"
 
 using namespace tessera;
@@ -144,4 +145,39 @@ TEST_CASE("entrain static layout: the encoders' share of the training work over 
     if (m.role == ModuleRole::kEncoder) m.frozen = false;
   CHECK(encoder_work_share(s.model, s.workload, 4) ==
         doctest::Approx(3 * encoder / (3 * encoder + llm)));
+}
+
+TEST_CASE("Entrain's work share counts FLOPs as the lowering does (one home: phase_flops)") {
+  // On one rank, every op of a module is that module's whole work: the encoders' share of the
+  // lowered F, B and W FLOPs must be the share Entrain computes from the samples.
+  // With the LLM frozen too (feature-alignment pre-training) it runs F and B but no W: its
+  // backward does the attention twice.
+  for (const bool llm_frozen : {false, true}) {
+    Scenario s = tiny();
+    for (ModuleSpec& m : s.model.modules)
+      if (m.role == ModuleRole::kLlm) m.frozen = llm_frozen;
+    ParallelPlan plan = *s.plan;
+    plan.placement = Placement::kHomogeneous;
+    plan.modules.clear();
+    plan.layout = ModuleLayout{};
+    plan.num_micro_batches = 1;
+    plan.micro_batch_size = s.workload.global_batch;
+    plan.schedule = Schedule::k1F1B;
+    plan.recompute = Recompute::kNone;
+    const Batch batch = draw_batch(s.workload, 0);
+    const Lowered lowered = lower(s.model, s.cluster, plan, s.workload, batch, nullptr);
+    REQUIRE(lowered.error.empty());
+    double encoders = 0, total = 0;
+    for (const Op& op : lowered.program.ranks[0]) {
+      if (op.kind != OpKind::kCompute || op.module < 0) continue;
+      const ModuleSpec& m = s.model.modules[static_cast<std::size_t>(op.module)];
+      if (m.role != ModuleRole::kEncoder && m.role != ModuleRole::kLlm) continue;
+      total += op.flops;
+      if (m.role == ModuleRole::kEncoder) encoders += op.flops;
+    }
+    REQUIRE(total > 0);
+    INFO("LLM frozen: " << llm_frozen);
+    CHECK(encoder_work_share(s.model, s.workload, 1) ==
+          doctest::Approx(encoders / total).epsilon(1e-9));
+  }
 }
