@@ -87,7 +87,7 @@ std::string format_metrics(const IterationMetrics& m, const ClusterSpec& cluster
       "recomputation, attention over the pairs its mask keeps)\n"
       "hardware TFLOP/s %.4g per device (HFU %.1f%%: with recomputation)\n"
       "idle / busy      %.3f (%s, mean over ranks)\n"
-      "exposed comm     %.4g s per rank (mean; every wait of compute on communication)\n"
+      "exposed comm     %.4g s per rank (mean; transfers while the rank computes nothing)\n"
       "peak memory      %s on rank %lld (weights %s, gradients %s, optimizer %s, "
       "activations %s, boundary %s) of %s\n",
       m.step_s, m.samples_per_s, m.tokens_per_s, m.text_tokens_per_s, m.image_tokens_per_s,

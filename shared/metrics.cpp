@@ -30,6 +30,39 @@ bool is_comm(const Op& op) {
   return op.kind == OpKind::kRecv || op.kind == OpKind::kCollective || op.kind == OpKind::kSend;
 }
 
+struct Interval {
+  double start = 0, finish = 0;
+};
+
+// Sorted, overlapping intervals joined.
+std::vector<Interval> merged(std::vector<Interval> v) {
+  std::sort(v.begin(), v.end(),
+            [](const Interval& a, const Interval& b) { return a.start < b.start; });
+  std::vector<Interval> out;
+  for (const Interval& x : v) {
+    if (x.finish <= x.start) continue;
+    if (!out.empty() && x.start <= out.back().finish)
+      out.back().finish = std::max(out.back().finish, x.finish);
+    else
+      out.push_back(x);
+  }
+  return out;
+}
+
+// Seconds of `a` (merged) that `b` (merged) does not cover.
+double uncovered_s(const std::vector<Interval>& a, const std::vector<Interval>& b) {
+  double total = 0;
+  std::size_t j = 0;
+  for (const Interval& x : a) {
+    double covered = 0;
+    while (j < b.size() && b[j].finish <= x.start) ++j;
+    for (std::size_t k = j; k < b.size() && b[k].start < x.finish; ++k)
+      covered += std::min(x.finish, b[k].finish) - std::max(x.start, b[k].start);
+    total += x.finish - x.start - covered;
+  }
+  return total;
+}
+
 }  // namespace
 
 std::vector<RankMemory> memory_per_rank(const Program& p) {
@@ -175,41 +208,36 @@ IterationMetrics compute_metrics(const Program& p, const Timeline& t, const Mode
   double worst = -1;
   for (std::size_t r = 0; r < world; ++r) {
     const auto& ops = p.ranks[r];
-    double busy = 0, free_at = 0;
     for (std::size_t i = 0; i < ops.size(); ++i) {
       const Op& op = ops[i];
       if (op.stream != StreamKind::kCompute || op.kind == OpKind::kRecv) continue;
       const OpTime& time = t.ops[r][i];
       const double duration = time.finish_s - time.start_s;
-      busy += duration;
       if (op.module >= 0 && op.kind == OpKind::kCompute) {
         module_busy[static_cast<std::size_t>(op.module)] += duration;
         if (op.microbatch >= 0)
           per_microbatch[static_cast<std::size_t>(op.module)][r][op.microbatch] += duration;
       }
-      // Waiting attributable to communication: the part of the wait after the compute-side
-      // inputs were ready that a communication op was still running.
-      double compute_ready = free_at, comm_ready = 0, comm_duration = 0;
-      bool boundary = false;
-      for (int32_t d : op.deps) {
-        const OpTime& dt = t.ops[r][static_cast<std::size_t>(d)];
-        if (is_comm(ops[static_cast<std::size_t>(d)])) {
-          if (dt.finish_s > comm_ready) {
-            comm_ready = dt.finish_s;
-            comm_duration = dt.finish_s - dt.start_s;
-            boundary = ops[static_cast<std::size_t>(d)].purpose == Purpose::kBoundary;
-          }
-        } else {
-          compute_ready = std::max(compute_ready, dt.finish_s);
-        }
-      }
-      if (comm_ready > compute_ready) {
-        const double exposed = std::min(comm_ready - compute_ready, comm_duration);
-        m.exposed_comm_s[r] += exposed;
-        if (boundary) m.exposed_boundary_mean_s += exposed / static_cast<double>(world);
-      }
-      free_at = time.finish_s;
     }
+    // Exposed communication: the time some transfer of this rank runs while it computes nothing
+    // (pipeline sends and receives, data-parallel reductions and gathers, boundary transfers,
+    // the gradient norm; nested TP/CP/EP collectives are part of their compute op).
+    std::vector<Interval> compute, comm, boundary;
+    for (std::size_t i = 0; i < ops.size(); ++i) {
+      const OpTime& time = t.ops[r][i];
+      if (!is_comm(ops[i])) {
+        compute.push_back({time.start_s, time.finish_s});
+      } else {
+        comm.push_back({time.start_s, time.finish_s});
+        if (ops[i].purpose == Purpose::kBoundary) boundary.push_back({time.start_s, time.finish_s});
+      }
+    }
+    const std::vector<Interval> computing = merged(std::move(compute));
+    double busy = 0;  // computing: compute ops and optimizer steps, not transfers
+    for (const Interval& x : computing) busy += x.finish - x.start;
+    m.exposed_comm_s[r] = uncovered_s(merged(std::move(comm)), computing);
+    m.exposed_boundary_mean_s +=
+        uncovered_s(merged(std::move(boundary)), computing) / static_cast<double>(world);
     m.bubble[r] = busy > 0 ? (m.step_s - busy) / busy : 0;
     if (m.memory[r].total() > worst) {
       worst = m.memory[r].total();

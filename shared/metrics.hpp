@@ -43,14 +43,14 @@ struct IterationMetrics {
   double hardware_tflops_per_device = 0;
   double hfu = 0;
   bool pipelined = false;      // some module runs on more than one pipeline stage
-  std::vector<double> bubble;  // per rank: idle / busy of its compute stream
+  std::vector<double> bubble;  // per rank: idle / busy, busy = computing (transfers are idle)
   double bubble_mean = 0;
-  // per rank: compute-stream time lost waiting on sends, receives and stream collectives (nested
-  // TP/CP/EP collectives count as part of their compute op)
+  // per rank: the time its transfers run while it computes nothing — sends, receives,
+  // data-parallel reductions and gathers, the gradient norm (nested TP/CP/EP collectives count as
+  // part of their compute op)
   std::vector<double> exposed_comm_s;
   double exposed_comm_mean_s = 0;
-  double exposed_boundary_mean_s =
-      0;  // the part of exposed_comm waiting on module-boundary transfers
+  double exposed_boundary_mean_s = 0;  // the part of it that module-boundary transfers take
   std::vector<std::pair<std::string, double>> module_busy_s;  // per module, summed over ranks
   // per module with two micro-batches or more on some rank (whole-batch ops do not count)
   std::vector<MicrobatchVariability> microbatch_variability;
