@@ -70,10 +70,8 @@ double nccl_collective_s(const ClusterSpec& cluster, CollectiveKind kind, int64_
   bus *= std::min(1.0, rail / curve.back().second);
   const double latency = cluster.inter_node.link.latency_s;
   const double nodes = static_cast<double>(span.nodes);
-  const double ring_steps = kind == CollectiveKind::kAllReduce   ? 2 * (nodes - 1)
-                            : kind == CollectiveKind::kBroadcast ? 1
-                                                                 : nodes - 1;
-  const double ring = factor * bytes / bus + ring_steps * latency;
+  // Each step that crosses nodes pays the network latency: the steps of a ring over the nodes.
+  const double ring = factor * bytes / bus + latency_steps(kind, span.nodes) * latency;
   if (kind != CollectiveKind::kAllReduce) return ring;
   const double tree = factor * bytes / (0.92 * bus) + 2 * std::ceil(std::log2(nodes)) * latency;
   return std::min(ring, tree);

@@ -5,6 +5,8 @@
 #include <map>
 #include <tuple>
 
+#include "shared/op_matching.hpp"
+
 namespace tessera {
 
 namespace {
@@ -34,48 +36,23 @@ Timeline evaluate(const Program& p, const CostModel& cost) {
 
   // Per rank and stream: the ops in order (receives are on no stream).
   std::vector<std::array<std::vector<int32_t>, kStreams>> lists(world);
-  // Receive matching: (src, dst, tag) -> receive op; a send's finish completes its receive.
-  std::map<std::tuple<int64_t, int64_t, int64_t>, std::pair<int64_t, int32_t>> receive_of;
-  // Collective instances: the k-th collective of a group on each member is instance (group, k).
-  std::vector<std::vector<int32_t>> instance(world);
-  // Nested collectives (inside compute ops) are instances too, in a sequence of their own:
-  // nested_first[r][i] indexes nested_ids for op i's first nested collective.
-  std::vector<std::vector<int32_t>> nested_first(world);
-  std::vector<int32_t> nested_ids;
-  std::map<std::tuple<int32_t, int32_t, bool>, int32_t> instance_ids;
-  std::vector<std::vector<std::pair<int64_t, int32_t>>> members;  // instance -> (rank, op)
+  // Which ops meet across ranks: a send's finish completes its receive; a collective instance
+  // starts when its last member arrives.
+  const OpMatching match = match_ops(p);
+  const auto& instance = match.instance_of;  // stream collectives; nested: first index
+  const auto& nested_ids = match.nested_instance;
+  std::vector<std::vector<std::pair<int64_t, int32_t>>> members(match.instances());  // (rank, op)
   std::size_t total = 0;
   for (std::size_t r = 0; r < world; ++r) {
     const auto& ops = p.ranks[r];
     t.ops[r].assign(ops.size(), OpTime{});
-    instance[r].assign(ops.size(), -1);
-    nested_first[r].assign(ops.size(), -1);
-    std::map<int32_t, int32_t> seen, seen_nested;
     for (int32_t i = 0; i < static_cast<int32_t>(ops.size()); ++i) {
       const Op& op = ops[static_cast<std::size_t>(i)];
-      if (op.kind == OpKind::kRecv) {
-        receive_of[{op.peer, static_cast<int64_t>(r), op.tag}] = {static_cast<int64_t>(r), i};
-      } else {
+      if (op.kind != OpKind::kRecv)
         lists[r][static_cast<std::size_t>(stream_index(op))].push_back(i);
-      }
-      if (op.kind == OpKind::kCollective) {
-        const int32_t k = seen[op.group]++;
-        const auto [it, added] = instance_ids.emplace(std::make_tuple(op.group, k, false),
-                                                      static_cast<int32_t>(members.size()));
-        if (added) members.emplace_back();
-        members[static_cast<std::size_t>(it->second)].emplace_back(static_cast<int64_t>(r), i);
-        instance[r][static_cast<std::size_t>(i)] = it->second;
-      }
-      for (std::size_t n = 0; n < op.nested.size(); ++n) {
-        const int32_t g = op.nested[n].group;
-        const int32_t k = seen_nested[g]++;
-        const auto [it, added] =
-            instance_ids.emplace(std::make_tuple(g, k, true), static_cast<int32_t>(members.size()));
-        if (added) members.emplace_back();
-        if (n == 0)
-          nested_first[r][static_cast<std::size_t>(i)] = static_cast<int32_t>(nested_ids.size());
-        nested_ids.push_back(it->second);
-      }
+      if (op.kind == OpKind::kCollective)
+        members[static_cast<std::size_t>(instance[r][static_cast<std::size_t>(i)])].emplace_back(
+            static_cast<int64_t>(r), i);
     }
     total += ops.size();
   }
@@ -183,7 +160,7 @@ Timeline evaluate(const Program& p, const CostModel& cost) {
               bool blocked = false;
               while (next < static_cast<int32_t>(op.nested.size())) {
                 const auto slot =
-                    static_cast<std::size_t>(nested_first[r][static_cast<std::size_t>(i)] + next);
+                    static_cast<std::size_t>(instance[r][static_cast<std::size_t>(i)] + next);
                 const int32_t inst = nested_ids[slot];
                 const NestedCollective& nc = op.nested[static_cast<std::size_t>(next)];
                 const RankList& group = p.groups[static_cast<std::size_t>(nc.group)];
@@ -216,12 +193,12 @@ Timeline evaluate(const Program& p, const CostModel& cost) {
             free_at[r][static_cast<std::size_t>(s)] = time.finish_s;
             if (s == 0) t.compute_busy_s[r] += duration;
             if (op.kind == OpKind::kSend) {
-              const auto it = receive_of.find({static_cast<int64_t>(r), op.peer, op.tag});
-              if (it != receive_of.end()) {
-                t.ops[static_cast<std::size_t>(it->second.first)]
-                     [static_cast<std::size_t>(it->second.second)] = {start, time.finish_s};
+              if (const int32_t receive = match.peer_op[r][static_cast<std::size_t>(i)];
+                  receive >= 0) {
+                t.ops[static_cast<std::size_t>(op.peer)][static_cast<std::size_t>(receive)] = {
+                    start, time.finish_s};
                 ++done;
-                enqueue(static_cast<std::size_t>(it->second.first));  // the receiver may now go on
+                enqueue(static_cast<std::size_t>(op.peer));  // the receiver may now go on
               }
             }
             ++c;

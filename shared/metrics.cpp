@@ -5,6 +5,8 @@
 #include <map>
 #include <tuple>
 
+#include "shared/op_matching.hpp"
+
 namespace tessera {
 
 namespace {
@@ -83,30 +85,24 @@ std::vector<RankMemory> memory_per_rank(const Program& p) {
 std::vector<Contributor> critical_path(const Program& p, const Timeline& t) {
   // Previous op on the same stream, per rank.
   std::map<std::string, double> by_kind;
-  std::map<std::tuple<int64_t, int64_t, int64_t>, std::pair<int32_t, int32_t>>
-      send_of;  // (src,dst,tag) -> send
+  const OpMatching match = match_ops(p);
   std::vector<std::vector<int32_t>> previous(p.ranks.size());
-  std::map<std::pair<int32_t, int32_t>, std::vector<std::pair<int32_t, int32_t>>> instance_members;
-  std::vector<std::vector<int32_t>> instance_of(p.ranks.size());
+  // Stream collectives: instance -> its members' (rank, op).
+  std::vector<std::vector<std::pair<int32_t, int32_t>>> instance_members(match.instances());
   for (std::size_t r = 0; r < p.ranks.size(); ++r) {
     const auto& ops = p.ranks[r];
     previous[r].assign(ops.size(), -1);
-    instance_of[r].assign(ops.size(), -1);
     int32_t last[3] = {-1, -1, -1};
-    std::map<int32_t, int32_t> seen;
     for (int32_t i = 0; i < static_cast<int32_t>(ops.size()); ++i) {
       const Op& op = ops[static_cast<std::size_t>(i)];
-      if (op.kind == OpKind::kSend)
-        send_of[{static_cast<int64_t>(r), op.peer, op.tag}] = {static_cast<int32_t>(r), i};
       if (op.kind == OpKind::kRecv) continue;
       const int s = static_cast<int>(op.stream);
       previous[r][static_cast<std::size_t>(i)] = last[s];
       last[s] = i;
-      if (op.kind == OpKind::kCollective) {
-        const int32_t k = seen[op.group]++;
-        instance_members[{op.group, k}].emplace_back(static_cast<int32_t>(r), i);
-        instance_of[r][static_cast<std::size_t>(i)] = k;
-      }
+      if (op.kind == OpKind::kCollective)
+        instance_members[static_cast<std::size_t>(
+                             match.instance_of[r][static_cast<std::size_t>(i)])]
+            .emplace_back(static_cast<int32_t>(r), i);
     }
   }
   // Start at the op that finished last.
@@ -140,17 +136,18 @@ std::vector<Contributor> critical_path(const Program& p, const Timeline& t) {
     for (int32_t d : op.deps) consider(rank, d);
     consider(rank, previous[static_cast<std::size_t>(rank)][static_cast<std::size_t>(index)]);
     if (op.kind == OpKind::kRecv) {
-      const auto it = send_of.find({op.peer, rank, op.tag});
-      if (it != send_of.end()) {
+      const int32_t send =
+          match.peer_op[static_cast<std::size_t>(rank)][static_cast<std::size_t>(index)];
+      if (send >= 0) {
         // The receive spans the transfer: continue from whatever the send waited for.
-        next_rank = it->second.first;
-        next_index = it->second.second;
+        next_rank = static_cast<int32_t>(op.peer);
+        next_index = send;
         by_kind[kind_of(p, op)] -= time.finish_s - time.start_s;  // counted at the send
       }
     }
     if (op.kind == OpKind::kCollective) {
-      const auto& members = instance_members[{
-          op.group, instance_of[static_cast<std::size_t>(rank)][static_cast<std::size_t>(index)]}];
+      const auto& members = instance_members[static_cast<std::size_t>(
+          match.instance_of[static_cast<std::size_t>(rank)][static_cast<std::size_t>(index)])];
       for (const auto& [mr, mi] : members) {
         for (int32_t d : p.ranks[static_cast<std::size_t>(mr)][static_cast<std::size_t>(mi)].deps)
           consider(mr, d);

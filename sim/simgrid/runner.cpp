@@ -10,6 +10,7 @@
 #include <simgrid/s4u.hpp>
 
 #include "shared/check.hpp"
+#include "shared/op_matching.hpp"
 #include "sim/simgrid/adapter.hpp"
 #include "sim/simgrid/platform.hpp"
 #include "sim/twins.hpp"
@@ -28,17 +29,6 @@ constexpr double kHostSpeed = 1e9;  // platform.cpp sizes hosts in these units
 // Twins (twins.hpp): ranks that provably run the same ops at the same times — TP and uniform-CP
 // shards. One actor runs a whole class; every twin's transfers still become flows, so links
 // carry all of the traffic.
-// (sender, receiver, tag) of a message.
-struct ReceiveKey {
-  int64_t from, to, tag;
-  bool operator==(const ReceiveKey&) const = default;
-};
-struct ReceiveKeyHash {
-  std::size_t operator()(const ReceiveKey& k) const {
-    return std::hash<int64_t>{}(k.from * 1000003 ^ k.to * 10007 ^ k.tag * 31);
-  }
-};
-
 class Run {
  public:
   // Pure preparation, no SimGrid call: it runs on a thread while the platform is built.
@@ -48,61 +38,14 @@ class Run {
     times_.resize(world);
     nested_.resize(world);
     collectives_running_.assign(world, 0);
-    instance_of_.resize(world);
-    receive_index_.resize(world);
-    // Hash maps: at 8192 ranks there are millions of ops. A collective instance's key packs
-    // (group, sequence, nested) into 64 bits exactly.
-    auto receive_key = [](int64_t from, int64_t to, int64_t tag) {
-      return ReceiveKey{from, to, tag};
-    };
-    std::unordered_map<ReceiveKey, int32_t, ReceiveKeyHash> receives;
-    std::unordered_map<uint64_t, int32_t> ids;
-    auto instance = [&](int32_t group, int32_t sequence, bool nested) {
-      const uint64_t key = static_cast<uint64_t>(group) << 33 |
-                           static_cast<uint64_t>(sequence) << 1 | static_cast<uint64_t>(nested);
-      const auto [it, added] = ids.emplace(key, static_cast<int32_t>(instances_.size()));
-      if (added) instances_.push_back({group, 0, 0, {}});
-      return it->second;
-    };
-    // Per group, how many of its collectives (stream, nested) this rank has reached so far.
-    std::vector<int32_t> seen(p.groups.size(), 0), seen_nested(p.groups.size(), 0);
-    std::vector<int32_t> touched;
-    for (std::size_t r = 0; r < world; ++r) {
-      times_[r].assign(p.ranks[r].size(), OpTime{});
-      instance_of_[r].assign(p.ranks[r].size(), -1);
-      for (int32_t g : touched)
-        seen[static_cast<std::size_t>(g)] = seen_nested[static_cast<std::size_t>(g)] = 0;
-      touched.clear();
-      for (int32_t i = 0; i < static_cast<int32_t>(p.ranks[r].size()); ++i) {
-        const Op& op = p.ranks[r][static_cast<std::size_t>(i)];
-        if (op.kind == OpKind::kRecv)
-          receives[receive_key(op.peer, static_cast<int64_t>(r), op.tag)] = i;
-        if (op.kind == OpKind::kCollective) {
-          touched.push_back(op.group);
-          instance_of_[r][static_cast<std::size_t>(i)] =
-              instance(op.group, seen[static_cast<std::size_t>(op.group)]++, false);
-        }
-        // Nested collectives are matched among the members' compute ops in their own sequence;
-        // an op stores its first index into nested_ids_, the others follow.
-        for (std::size_t n = 0; n < op.nested.size(); ++n) {
-          const int32_t g = op.nested[n].group;
-          touched.push_back(g);
-          const int32_t inst = instance(g, seen_nested[static_cast<std::size_t>(g)]++, true);
-          if (n == 0)
-            instance_of_[r][static_cast<std::size_t>(i)] = static_cast<int32_t>(nested_ids_.size());
-          nested_ids_.push_back(inst);
-        }
-      }
-    }
-    for (std::size_t r = 0; r < world; ++r) {
-      receive_index_[r].assign(p.ranks[r].size(), -1);
-      for (int32_t i = 0; i < static_cast<int32_t>(p.ranks[r].size()); ++i) {
-        const Op& op = p.ranks[r][static_cast<std::size_t>(i)];
-        if (op.kind != OpKind::kSend) continue;
-        const auto it = receives.find(receive_key(static_cast<int64_t>(r), op.peer, op.tag));
-        if (it != receives.end()) receive_index_[r][static_cast<std::size_t>(i)] = it->second;
-      }
-    }
+    for (std::size_t r = 0; r < world; ++r) times_[r].assign(p.ranks[r].size(), OpTime{});
+    OpMatching match = match_ops(p);
+    instance_of_ = std::move(match.instance_of);
+    nested_ids_ = std::move(match.nested_instance);
+    receive_index_ = std::move(match.peer_op);
+    instances_.resize(match.instances());
+    for (std::size_t k = 0; k < instances_.size(); ++k)
+      instances_[k].group = match.instance_group[k];
     // An instance completes when every class that owns one of its members has arrived.
     for (Instance& in : instances_) {
       std::vector<int32_t> classes;
@@ -589,6 +532,7 @@ class Run {
   std::vector<int32_t> collectives_running_;         // [class leader]: stream collectives in flight
   std::vector<std::vector<sg4::Actor*>> waiters_;    // per class leader: suspended actors
   std::vector<std::vector<int32_t>> receive_index_;  // [rank][send op] -> receive op on the peer
+                                                     // (op_matching.hpp: peer_op)
   std::vector<Instance> instances_;
   std::vector<double> done_;
   // [rank][op]: a collective's instance, or a compute op's first index into nested_ids_.
