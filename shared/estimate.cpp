@@ -38,6 +38,7 @@ Estimate estimate(const Scenario& s, const ParallelPlan& plan, int64_t iteration
   if (dip && dip->error.empty()) e.notes.push_back(describe_dip_search(*dip, s.model));
   if (!lowered.error.empty()) {
     e.reason = lowered.error;
+    e.failure = PlanFailure::kRefused;
     return e;
   }
   const Program& p = lowered.program;
@@ -47,6 +48,7 @@ Estimate estimate(const Scenario& s, const ParallelPlan& plan, int64_t iteration
   e.evaluate_s = seconds_since(t1);
   if (!timeline.error.empty()) {
     e.reason = timeline.error;
+    e.failure = PlanFailure::kFailed;
     return e;
   }
   e.metrics = compute_metrics(p, timeline, s.model, s.cluster, batch);
@@ -55,6 +57,7 @@ Estimate estimate(const Scenario& s, const ParallelPlan& plan, int64_t iteration
   const double worst = e.peak_memory.total();
   e.feasible = worst <= e.capacity_bytes;
   if (!e.feasible) {
+    e.failure = PlanFailure::kOutOfMemory;
     const RankMemory& m = e.peak_memory;
     e.reason = "rank " + std::to_string(e.metrics.peak_rank) + " needs " + human_bytes(m.total()) +
                " > " + human_bytes(e.capacity_bytes) + " (weights " + human_bytes(m.weight_bytes) +
@@ -130,7 +133,12 @@ std::string format_metrics(const IterationMetrics& m, const ClusterSpec& cluster
 std::string format_estimate(const Estimate& e, const Scenario& s) {
   std::string out;
   for (const std::string& note : e.notes) out += "note: " + note + "\n";
-  if (e.metrics.step_s <= 0) return out + "infeasible: " + e.reason + "\n";
+  if (e.metrics.step_s <= 0)
+    return out +
+           (e.failure == PlanFailure::kRefused  ? "refused: "
+            : e.failure == PlanFailure::kFailed ? "failed: "
+                                                : "infeasible: ") +
+           e.reason + "\n";
   out += format_metrics(e.metrics, s.cluster, s.model.dtype, e.capacity_bytes);
   if (!e.feasible) out += "infeasible: " + e.reason + "\n";
   char line[256];

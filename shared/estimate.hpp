@@ -13,8 +13,17 @@
 
 namespace tessera {
 
+// Why a prediction failed or was refused, for commands to choose their exit code.
+enum class PlanFailure {
+  kNone,
+  kRefused,      // the lowering cannot express the plan (bad input)
+  kOutOfMemory,  // a rank does not fit in memory: a prediction, not an error
+  kFailed,       // it ran and failed: a deadlock, a crashed or timed-out simulation
+};
+
 struct Estimate {
   bool feasible = false;
+  PlanFailure failure = PlanFailure::kNone;
   std::string
       reason;  // why not feasible ("rank 3 needs 91.2 GiB > 79.6 GiB: ...") or a lowering error
   std::vector<std::string> notes;

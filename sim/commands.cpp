@@ -236,9 +236,8 @@ int run_estimate(const Args& args, std::ostream& out, std::ostream& err) {
       << iteration << "\n";
   out << stage_layers_line(plan, scenario->model, cost.has_value());
   out << format_estimate(e, *scenario);
-  if (e.metrics.step_s <= 0 && e.reason.find("not lowered yet") != std::string::npos)
-    return kBadInput;
-  return e.metrics.step_s > 0 ? kOk : 1;
+  if (e.metrics.step_s > 0) return kOk;  // an infeasible plan is a prediction too
+  return e.failure == PlanFailure::kRefused ? kBadInput : 1;
 }
 
 int run_simulate(const Args& args, std::ostream& out, std::ostream& err) {
@@ -304,9 +303,9 @@ int run_simulate(const Args& args, std::ostream& out, std::ostream& err) {
     out << format_simulation(r, *scenario);
   }
   if (!r.feasible)
-    return r.reason.rfind("infeasible", 0) == 0
-               ? kOk
-               : (r.reason.find("not lowered yet") != std::string::npos ? kBadInput : 1);
+    return r.failure == PlanFailure::kOutOfMemory ? kOk
+           : r.failure == PlanFailure::kRefused   ? kBadInput
+                                                  : 1;
   if (!r.trace_error.empty()) return 1;
   return kOk;
 }

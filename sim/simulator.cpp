@@ -125,6 +125,7 @@ SimulationResult simulate(const Scenario& s, const ParallelPlan& plan,
         lower(s.model, s.cluster, plan, s.workload, batch, dip_planner ? &dip_schedule : nullptr);
     if (!lowered.error.empty()) {
       result.reason = lowered.error;
+      result.failure = PlanFailure::kRefused;
       return result;
     }
     if (k == 0) {
@@ -142,6 +143,7 @@ SimulationResult simulate(const Scenario& s, const ParallelPlan& plan,
         memory.begin(), memory.end(),
         [](const RankMemory& a, const RankMemory& b) { return a.total() < b.total(); });
     if (worst->total() > result.capacity_bytes) {
+      result.failure = PlanFailure::kOutOfMemory;
       result.reason =
           "infeasible: rank " + std::to_string(worst - memory.begin()) + " needs " +
           human_bytes(worst->total()) + " > " + human_bytes(result.capacity_bytes) + " (weights " +
@@ -157,12 +159,14 @@ SimulationResult simulate(const Scenario& s, const ParallelPlan& plan,
     const ChildResult child = run_in_child(
         [&] { return serialize_timeline(run_program(p, cost, run)); }, options.timeout_s);
     if (!child.ok) {
+      result.failure = PlanFailure::kFailed;
       result.reason =
           "simulation of iteration " + std::to_string(iteration) + " failed: " + child.error;
       return result;
     }
     Timeline t = deserialize_timeline(child.output, p);
     if (!t.error.empty()) {
+      result.failure = PlanFailure::kFailed;
       result.reason = "iteration " + std::to_string(iteration) + ": " + t.error;
       return result;
     }

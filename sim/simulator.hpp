@@ -45,6 +45,7 @@ struct SimulatedIteration {
 
 struct SimulationResult {
   bool feasible = false;
+  PlanFailure failure = PlanFailure::kNone;
   std::string reason;  // infeasible (memory), or why a simulation failed
   std::vector<std::string> notes;
   std::vector<SimulatedIteration> iterations;

@@ -100,6 +100,19 @@ TEST_CASE("estimate prints MFU and HFU apart, and calls idle time a bubble only 
   CHECK(pp.output.find("pipeline bubble") != std::string::npos);
 }
 
+TEST_CASE("a plan the lowering refuses exits 2 from estimate and simulate, saying so") {
+  const std::string refused = kSource +
+                              "/scenarios/cpu-tiny-variable.json --set plan.schedule=dip "
+                              "--set plan.layout.cp=2";
+  const Run e = run("estimate " + refused);
+  INFO(e.output);
+  CHECK(e.code == 2);
+  CHECK(e.output.find("refused: schedule dip with context parallelism") != std::string::npos);
+  const Run s = run("simulate " + refused + " --iterations 1");
+  INFO(s.output);
+  CHECK(s.code == 2);
+}
+
 TEST_CASE("fidelity: published vs predicted per row and series, the fit and leave-one-source-out") {
   const std::string rows = kSource + "/scenarios/published/zerobubble-1.5b-1f1b-m24.json " +
                            kSource + "/scenarios/published/korthikanti-22b-full.json " + kSource +
