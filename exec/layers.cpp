@@ -5,6 +5,7 @@
 #include "exec/torch_compat.hpp"
 #include "exec/weights.hpp"
 #include "shared/check.hpp"
+#include "shared/model_math.hpp"
 
 namespace tessera::exec {
 
@@ -89,7 +90,7 @@ torch::Tensor Norm::forward(const torch::Tensor& x) const {
 Attention::Attention(ParamSet& ps, const std::string& name, const TransformerArch& arch) {
   const int64_t tp = ps.tp().size();
   const int64_t kv = arch.kv_heads > 0 ? arch.kv_heads : arch.heads;
-  TESSERA_CHECK(arch.heads % tp == 0 && kv % tp == 0,
+  TESSERA_CHECK(accepts_tp(arch, tp, false),
                 name + ": " + std::to_string(arch.heads) + " heads and " + std::to_string(kv) +
                     " key/value heads must both divide by tp " + std::to_string(tp));
   head_dim = arch.head_dim > 0 ? arch.head_dim : arch.hidden / arch.heads;

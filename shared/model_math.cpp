@@ -156,6 +156,12 @@ int64_t trainable_parameters(const ModelSpec& model) {
   return n;
 }
 
+bool accepts_tp(const TransformerArch& a, int64_t tp, bool replicate_kv) {
+  if (tp < 1 || a.heads % tp != 0) return false;
+  const int64_t kv = a.kv_heads > 0 ? a.kv_heads : a.heads;
+  return kv % tp == 0 || (replicate_kv && tp % kv == 0);
+}
+
 double layer_attention_flops(const TransformerArch& a, double attention_pairs) {
   return 4.0 * static_cast<double>(a.heads * a.head_dim) * attention_pairs;
 }

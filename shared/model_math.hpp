@@ -24,6 +24,13 @@ int64_t model_parameters(const ModelSpec& model);
 // Parameters that receive gradients (modules not frozen).
 int64_t trainable_parameters(const ModelSpec& model);
 
+// --- Tensor parallelism -----------------------------------------------------------------
+// Whether a transformer splits over `tp` ranks: its query heads divide evenly, and its
+// key/value heads either divide too or, fewer than tp, are replicated (tp a multiple of them:
+// Megatron's rule for grouped-query attention). `replicate_kv` false: the even split only (the
+// executor does not replicate key/value heads).
+bool accepts_tp(const TransformerArch& arch, int64_t tp, bool replicate_kv = true);
+
 // --- FLOPs ------------------------------------------------------------------------------
 // Forward FLOPs for one token of `module` (multiply-add = 2 FLOPs) when each query attends to
 // `attended_tokens` keys on average. Conventions: Megatron/Korthikanti count the full s

@@ -5,6 +5,7 @@
 #include <numeric>
 
 #include "shared/check.hpp"
+#include "shared/model_math.hpp"
 
 namespace tessera {
 
@@ -270,7 +271,7 @@ void validate_plan(const ParallelPlan& plan, const ModelSpec& model, const Workl
         err(p, "tp",
             std::to_string(l.tp) + " does not divide " + who +
                 " heads=" + std::to_string(a->heads));
-      if (a->kv_heads % l.tp != 0 && l.tp % a->kv_heads != 0)
+      else if (!accepts_tp(*a, l.tp))
         err(p, "tp",
             std::to_string(l.tp) + " and " + who + " kv_heads=" + std::to_string(a->kv_heads) +
                 " must divide one another");

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <functional>
 
+#include "shared/model_math.hpp"
 #include "shared/plan_search.hpp"
 #include "shared/stage_split.hpp"
 
@@ -20,8 +21,8 @@ struct Pipelined {
 // the module runs the largest tp that does and data-parallel over the rest.
 int64_t module_tp(const TransformerArch& t, int64_t budget_tp) {
   int64_t tp = budget_tp;
-  const int64_t kv = t.kv_heads > 0 ? t.kv_heads : t.heads;
-  while (tp > 1 && (budget_tp % tp != 0 || t.heads % tp != 0 || kv % tp != 0)) --tp;
+  // The even split only: these plans go to the executor too.
+  while (tp > 1 && (budget_tp % tp != 0 || !accepts_tp(t, tp, false))) --tp;
   return tp;
 }
 

@@ -130,3 +130,17 @@ TEST_CASE("tokens per image, video and audio clip") {
   whisper.audio->pad_to_max = false;
   CHECK(audio_tokens(whisper, 10).encoder_tokens == 500);
 }
+
+TEST_CASE("accepts_tp: the one rule for the tensor parallelism a transformer takes") {
+  TransformerArch a;
+  a.heads = 32;
+  a.kv_heads = 8;
+  CHECK(accepts_tp(a, 8));
+  CHECK(accepts_tp(a, 16));  // key/value heads replicated two ways
+  CHECK_FALSE(accepts_tp(a, 16, false));
+  CHECK_FALSE(accepts_tp(a, 3));
+  a.heads = 25;  // InternViT-6B
+  a.kv_heads = 25;
+  CHECK(accepts_tp(a, 5));
+  CHECK_FALSE(accepts_tp(a, 2));
+}
