@@ -39,6 +39,13 @@ ModuleGroups layout_groups(const ModuleLayout& l, int64_t first) {
         for (int64_t d = 0; d < DP; ++d) dp.push_back(dense(t, c, d, p));
         g.dp.push_back(dp);
       }
+  for (int64_t p = 0; p < PP; ++p)
+    for (int64_t t = 0; t < TP; ++t) {
+      Group dpcp;
+      for (int64_t d = 0; d < DP; ++d)
+        for (int64_t c = 0; c < CP; ++c) dpcp.push_back(dense(t, c, d, p));
+      g.dpcp.push_back(dpcp);
+    }
   for (int64_t d = 0; d < DP; ++d)
     for (int64_t c = 0; c < CP; ++c)
       for (int64_t t = 0; t < TP; ++t) {
@@ -97,6 +104,7 @@ std::vector<ModuleGroups> rank_groups(const ParallelPlan& plan, const ModelSpec&
       keep(g.tp);
       keep(g.cp);
       keep(g.dp);
+      keep(g.dpcp);
       keep(g.ep);
       keep(g.edp);
       g.pp.clear();

@@ -17,6 +17,7 @@ struct ModuleGroups {
   int64_t first_rank = 0;
   int64_t size = 0;
   std::vector<Group> tp, cp, dp, pp;
+  std::vector<Group> dpcp;    // data and context replicas together: gradients reduce over it
   std::vector<Group> ep;      // expert parallel (over cp·dp)
   std::vector<Group> edp;     // expert data parallel: replicas of one expert shard
   std::vector<Group> stages;  // all ranks of pipeline stage s, s = 0..pp-1

@@ -1,8 +1,14 @@
 #include <doctest/doctest.h>
 
+#include <fstream>
+#include <map>
 #include <set>
+#include <sstream>
 
+#include "shared/batch.hpp"
+#include "shared/lower.hpp"
 #include "shared/rank_groups.hpp"
+#include "shared/scenario.hpp"
 
 using namespace tessera;
 
@@ -74,6 +80,7 @@ TEST_CASE("every kind of group partitions the span, up to 4096 ranks") {
             check_partition(g.cp, first, l.size(), cp);
             check_partition(g.dp, first, l.size(), dp);
             check_partition(g.pp, first, l.size(), pp);
+            check_partition(g.dpcp, first, l.size(), cp * dp);
             check_partition(g.ep, first, l.size(), ep);
             check_partition(g.edp, first, l.size(), cp * dp / ep);
             check_partition(g.stages, first, l.size(), tp * cp * dp);
@@ -93,4 +100,108 @@ TEST_CASE("every kind of group partitions the span, up to 4096 ranks") {
           }
         }
   CHECK(layouts > 300);
+}
+
+namespace {
+
+// Every TP, CP, EP and data-parallel collective the lowering emits (stream or nested) runs on a
+// group that rank_groups() names for its module: the rank grid has one definition.
+void check_lowered_groups(const Scenario& s, const ParallelPlan& plan) {
+  Diagnostics diag;
+  validate_plan(plan, s.model, s.workload, s.cluster, "", "", diag);
+  INFO(diag.format());
+  REQUIRE(diag.ok());
+  const Lowered lowered = lower(s.model, s.cluster, plan, s.workload, draw_batch(s.workload, 0));
+  INFO(lowered.error);
+  REQUIRE(lowered.error.empty());
+  const Program& p = lowered.program;
+  std::map<std::string, ModuleGroups> by_module;
+  for (ModuleGroups& g : rank_groups(plan, s.model)) by_module[g.module] = std::move(g);
+  auto sorted = [](RankList r) {
+    std::sort(r.begin(), r.end());
+    return r;
+  };
+  auto named = [&](const std::vector<Group>& groups, const RankList& members) {
+    for (const Group& g : groups)
+      if (sorted(g) == sorted(members)) return true;
+    return false;
+  };
+  int checked = 0;
+  auto check = [&](const Op& op, Purpose purpose, int32_t group) {
+    if (op.module < 0) return;
+    const ModuleGroups& g = by_module.at(p.modules[static_cast<std::size_t>(op.module)]);
+    const RankList& members = p.groups[static_cast<std::size_t>(group)];
+    INFO(op_name(p, op) << " on group " << group);
+    switch (purpose) {
+      case Purpose::kTp:
+        CHECK(named(g.tp, members));
+        break;
+      case Purpose::kCp:
+        CHECK(named(g.cp, members));
+        break;
+      case Purpose::kEp:
+        CHECK(named(g.ep, members));
+        break;
+      case Purpose::kDp:
+        CHECK(named(g.dpcp, members));
+        break;
+      default:
+        return;  // boundaries, pipeline messages and the global norm are not grid groups
+    }
+    ++checked;
+  };
+  for (const auto& ops : p.ranks)
+    for (const Op& op : ops) {
+      if (op.kind == OpKind::kCollective) check(op, op.purpose, op.group);
+      for (const NestedCollective& n : op.nested) check(op, n.purpose, n.group);
+    }
+  CHECK(checked > 0);
+}
+
+Scenario scenario(const std::string& name) {
+  Diagnostics diag;
+  auto s = load_scenario(std::string(TESSERA_SOURCE_DIR) + "/scenarios/" + name, diag);
+  INFO(diag.format());
+  REQUIRE(s.has_value());
+  return *s;
+}
+
+ParallelPlan plan_file(const std::string& name) {
+  const std::string file = std::string(TESSERA_SOURCE_DIR) + "/scenarios/plans/" + name;
+  std::ifstream in(file);
+  std::stringstream text;
+  text << in.rdbuf();
+  Diagnostics diag;
+  ParallelPlan p = read_plan(Json::parse(text.str()), file, "", diag);
+  INFO(diag.format());
+  REQUIRE(diag.ok());
+  return p;
+}
+
+}  // namespace
+
+TEST_CASE("the lowering's groups are rank_groups()'s, for every placement family") {
+  const Scenario tiny = scenario("cpu-tiny.json");
+  for (const char* f : {"cpu-tiny-tp2-pp2.json", "cpu-tiny-dp2-pp2.json", "cpu-tiny-colocated.json",
+                        "cpu-tiny-non-colocated.json"}) {
+    INFO(f);
+    check_lowered_groups(tiny, plan_file(f));
+  }
+  const Scenario valm = scenario("cpu-tiny-valm.json");
+  for (const char* f : {"cpu-tiny-valm-non-colocated.json", "cpu-tiny-valm-tp2-dp2.json"}) {
+    INFO(f);
+    check_lowered_groups(valm, plan_file(f));
+  }
+  // Context parallelism beside tensor and data parallelism (homogeneous), and DIP's encoder
+  // segments on every stage.
+  const Scenario big = scenario("default.json");
+  ParallelPlan cp = *big.plan;
+  cp.layout.cp = 2;
+  cp.layout.dp = big.plan->layout.dp / 2;
+  check_lowered_groups(big, cp);
+  const Scenario variable = scenario("cpu-tiny-variable.json");
+  ParallelPlan dip = *variable.plan;
+  dip.schedule = Schedule::kDip;
+  dip.layout.tp = 2;
+  check_lowered_groups(variable, dip);
 }
