@@ -229,7 +229,19 @@ double CostModel::compute_s(const Program& program, const Op& op) const {
 }
 
 double CostModel::compute_only_s(const Program& program, const Op& op) const {
-  const double seconds = dedicated_compute_s(op);
+  double seconds = dedicated_compute_s(op);
+  if ((op.flags & kOpTpCommOverlap) != 0 && op.tp > 1) {
+    // The GEMMs run in tp chunks, each chunk's all-gather or reduce-scatter beside the next
+    // chunk's GEMM: all of the TP traffic but one chunk's hides behind the compute, as far as
+    // the compute lasts. Taken off the compute part; the collectives keep their own time.
+    double tp_comm = 0;
+    for (const NestedCollective& n : op.nested)
+      if (n.purpose == Purpose::kTp)
+        tp_comm += n.count *
+                   collective_s(n.kind, program.groups[static_cast<std::size_t>(n.group)], n.bytes);
+    const double chunks = static_cast<double>(op.tp);
+    seconds -= std::min(seconds, tp_comm * (chunks - 1) / chunks);
+  }
   // cpu-local ranks share the machine's cores.
   if (cluster_.kind == ClusterKind::kCpuLocal && program.world > cluster_.cores)
     return seconds * static_cast<double>(program.world) / static_cast<double>(cluster_.cores);

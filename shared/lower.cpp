@@ -509,6 +509,7 @@ Op Lowering::compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t
   if (plan_.sequence_parallel && l.tp > 1) op.flags |= kOpSequenceParallel;
   if (!plan_.flash_attention) op.flags |= kOpUnfusedAttention;
   if (!plan_.fused_kernels) op.flags |= kOpEagerElementwise;
+  if (plan_.tp_comm_overlap && plan_.sequence_parallel && l.tp > 1) op.flags |= kOpTpCommOverlap;
   if (plan_.recompute == Recompute::kSelective && phase == Phase::kB)
     op.flags |= kOpAttentionRecompute;
 

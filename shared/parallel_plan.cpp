@@ -135,6 +135,7 @@ ParallelPlan read_plan(const Json& json, const std::string& file, const std::str
   r.optional({"distributed_optimizer", "use_distributed_optimizer"}, p.distributed_optimizer);
   r.optional({"flash_attention", "use_flash_attn"}, p.flash_attention);
   r.optional("fused_kernels", p.fused_kernels);
+  r.optional("tp_comm_overlap", p.tp_comm_overlap);
   r.finish();
   return p;
 }
@@ -167,6 +168,7 @@ Json to_json(const ParallelPlan& p) {
   j["distributed_optimizer"] = p.distributed_optimizer;
   if (!p.flash_attention) j["flash_attention"] = false;
   if (!p.fused_kernels) j["fused_kernels"] = false;
+  if (p.tp_comm_overlap) j["tp_comm_overlap"] = true;
   return j;
 }
 
@@ -423,6 +425,9 @@ void validate_plan(const ParallelPlan& plan, const ModelSpec& model, const Workl
     top("schedule", "interleaved_1f1b needs the LLM to have pp > 1");
   if (plan.sequence_parallel && plan.placement == Placement::kHomogeneous && plan.layout.tp == 1)
     top("sequence_parallel", "needs tp > 1");
+  if (plan.tp_comm_overlap && !plan.sequence_parallel)
+    top("tp_comm_overlap",
+        "needs sequence_parallel (it overlaps its all-gathers and reduce-scatters)");
 }
 
 }  // namespace tessera

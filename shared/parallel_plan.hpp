@@ -74,6 +74,10 @@ struct ParallelPlan {
   // Engine); false: PyTorch eager, as Hugging Face Transformers runs them (chains of element-wise
   // kernels, norms in fp32).
   bool fused_kernels = true;
+  // Tensor-parallel all-gathers and reduce-scatters overlapped with the GEMMs they feed
+  // (Transformer Engine's user buffers, Megatron/NeMo `tp_comm_overlap`); needs sequence
+  // parallelism. Priced by the cost model; the executor runs them without overlap.
+  bool tp_comm_overlap = false;
 
   bool operator==(const ParallelPlan&) const = default;
 };

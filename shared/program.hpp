@@ -48,6 +48,7 @@ enum OpFlag : uint8_t {
   kOpSequenceParallel = 8,     // norms and dropout run on 1/tp of the tokens (sequence parallelism)
   kOpAttentionRecompute = 16,  // B: selective recomputation re-runs the attention core first
   kOpEagerElementwise = 32,    // norms, rotary and activation as chains of eager kernels
+  kOpTpCommOverlap = 64,       // its nested TP collectives overlap its GEMMs (tp_comm_overlap)
 };
 
 struct Op {

@@ -2,11 +2,13 @@
 // clusters and the published block of scenarios.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <string>
 
 #include "shared/collective_cost.hpp"
 #include "shared/cost_model.hpp"
 #include "shared/kernel_cost.hpp"
+#include "shared/lower.hpp"
 #include "shared/scenario.hpp"
 
 using namespace tessera;
@@ -166,4 +168,44 @@ TEST_CASE("kernel cost: eager element-wise kernels cost more; a device's trainin
   read_device_kernels(kernels, "d.json", "kernels", bad);
   CHECK(bad.format().find("d.json: kernels.training_scale: must be in (0, 2]") !=
         std::string::npos);
+}
+
+TEST_CASE("tp_comm_overlap hides all but one chunk of the TP traffic behind the compute") {
+  Diagnostics diag;
+  const auto s =
+      load_scenario(kSource + "/scenarios/published/nvidia-gpt3-175b-h100-128.json", diag);
+  REQUIRE(s.has_value());
+  ParallelPlan plan = *s->plan;
+  REQUIRE(plan.sequence_parallel);
+  plan.tp_comm_overlap = true;
+  const Lowered lowered =
+      lower(s->model, s->cluster, plan, s->workload, draw_batch(s->workload, 0));
+  REQUIRE(lowered.error.empty());
+  const CostModel cost(s->cluster, s->model.dtype, default_cost_params(s->cluster), s->model);
+  const Program& p = lowered.program;
+  int checked = 0;
+  for (const Op& op : p.ranks[0]) {
+    if (op.kind != OpKind::kCompute || op.nested.empty() || op.phase != Phase::kF) continue;
+    REQUIRE((op.flags & kOpTpCommOverlap) != 0);
+    Op plain = op;
+    plain.flags = static_cast<uint8_t>(plain.flags & ~kOpTpCommOverlap);
+    double tp_comm = 0;
+    for (const NestedCollective& n : op.nested)
+      if (n.purpose == Purpose::kTp)
+        tp_comm += n.count *
+                   cost.collective_s(n.kind, p.groups[static_cast<std::size_t>(n.group)], n.bytes);
+    REQUIRE(tp_comm > 0);
+    const double compute = cost.compute_only_s(p, plain);
+    CHECK(cost.compute_only_s(p, op) ==
+          doctest::Approx(compute - std::min(compute, tp_comm * (op.tp - 1.0) / op.tp)));
+    CHECK(cost.compute_s(p, op) < cost.compute_s(p, plain));
+    ++checked;
+  }
+  CHECK(checked > 0);
+  // It overlaps sequence parallelism's all-gathers and reduce-scatters: refused without it.
+  ParallelPlan bad = plan;
+  bad.sequence_parallel = false;
+  Diagnostics v;
+  validate_plan(bad, s->model, s->workload, s->cluster, "p.json", "plan", v);
+  CHECK(v.format().find("tp_comm_overlap: needs sequence_parallel") != std::string::npos);
 }
