@@ -725,25 +725,13 @@ StepResult Worker::step(int64_t iteration) {
   program_ = &p;
   result.llm_tokens = p.llm_tokens;
   result.samples = batch_.batch.samples;
-  const int64_t llm_dp = dp_size_[static_cast<std::size_t>(llm_)];
-  // The same micro-batches as the lowering's (Entrain: the encoders level 1, the LLM level 2).
+  // The lowering's micro-batches (Entrain: the encoders level 1, the LLM level 2).
   entrain_ = plan_.microbatching == MicrobatchPolicy::kEntrain;
-  MicrobatchAssignment assignment;
-  if (entrain_) {
-    EntrainAssignment a = entrain_assignment(batch_.batch, model, llm_dp,
-                                             micro_batches(plan_, model, scenario_.workload),
-                                             scenario_.workload.max_seq_len);
-    assignment = std::move(a.llm);
-    // Colocated encoders run the whole batch at once (as the lowering has them): only the
-    // LLM's micro-batches, level 2, exist there.
-    encoder_assignment_ =
-        plan_.placement == Placement::kColocated ? assignment : std::move(a.encoder);
-  } else {
-    assignment = assign_microbatches(batch_.batch, model, llm_dp,
-                                     micro_batches(plan_, model, scenario_.workload),
-                                     plan_.microbatching, scenario_.workload.max_seq_len);
-    encoder_assignment_ = assignment;
-  }
+  const MicrobatchAssignment& assignment = p.llm_microbatches;
+  // Colocated encoders run the whole batch at once (as the lowering has them): only the LLM's
+  // micro-batches, level 2, exist there.
+  encoder_assignment_ =
+      plan_.placement == Placement::kColocated ? assignment : p.encoder_microbatches;
   entrain_leaves_.clear();
   my_micro_batches_ = assignment[static_cast<std::size_t>(dp_index_)];
   assignment_ = assignment;

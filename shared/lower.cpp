@@ -387,6 +387,8 @@ void Lowering::assign_samples() {
                                           plan_.microbatching, workload_.max_seq_len);
     encoder_assignment_ = llm_assignment_;
   }
+  p_.llm_microbatches = llm_assignment_;
+  p_.encoder_microbatches = encoder_assignment_;
   // Encoder micro-batch i is done with the LLM micro-batch that takes its last sample (i, or
   // i + 1 when Entrain deferred one).
   for (std::size_t d = 0; d < llm_assignment_.size(); ++d) {

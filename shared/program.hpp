@@ -104,6 +104,10 @@ struct Program {
   int64_t samples = 0;
   int64_t llm_tokens = 0;  // tokens in the LLM sequences of the global batch
   double model_flops = 0;  // F+B+W FLOPs of the iteration, all ranks (recompute excluded)
+  // The micro-batches as lowered: [LLM data-parallel replica][micro-batch] -> indices into the
+  // batch's samples; the encoders' are Entrain's level 1 (else the same). The executor runs
+  // exactly these.
+  std::vector<std::vector<std::vector<int32_t>>> llm_microbatches, encoder_microbatches;
 };
 
 // Readable, stable name: "llm.s1.mb3.F", "llm.s0.c1.mb3.B", "send:llm.s1.mb3.F>r17",

@@ -181,3 +181,30 @@ TEST_CASE("Entrain's work share counts FLOPs as the lowering does (one home: pha
           doctest::Approx(encoders / total).epsilon(1e-9));
   }
 }
+
+TEST_CASE("the Program carries the micro-batches it was lowered with (Entrain: both levels)") {
+  Diagnostics diag;
+  auto s =
+      load_scenario(std::string(TESSERA_SOURCE_DIR) + "/scenarios/cpu-tiny-variable.json", diag);
+  REQUIRE(s.has_value());
+  for (const MicrobatchPolicy policy : {MicrobatchPolicy::kArrival, MicrobatchPolicy::kEntrain}) {
+    ParallelPlan plan = *s->plan;
+    plan.microbatching = policy;
+    const Batch batch = draw_batch(s->workload, 0);
+    const Lowered lowered = lower(s->model, s->cluster, plan, s->workload, batch, nullptr);
+    REQUIRE(lowered.error.empty());
+    const int64_t m = micro_batches(plan, s->model, s->workload);
+    const int64_t dp = plan.layout.dp;
+    if (policy == MicrobatchPolicy::kEntrain) {
+      const EntrainAssignment a =
+          entrain_assignment(batch, s->model, dp, m, s->workload.max_seq_len);
+      CHECK(lowered.program.llm_microbatches == a.llm);
+      CHECK(lowered.program.encoder_microbatches == a.encoder);
+    } else {
+      const MicrobatchAssignment a =
+          assign_microbatches(batch, s->model, dp, m, policy, s->workload.max_seq_len);
+      CHECK(lowered.program.llm_microbatches == a);
+      CHECK(lowered.program.encoder_microbatches == a);
+    }
+  }
+}
