@@ -88,30 +88,22 @@ Worker::Worker(const Scenario& s, const ParallelPlan& plan, Groups& groups,
     }
   }
   llm_ = module_index(model, find_llm(model)->name);
-  // Layers of each (module, virtual stage), from the forward ops of all ranks.
-  std::map<int, std::map<int64_t, int64_t>> layers;
+  // Pipeline stages of each module, from the compute ops of all ranks.
   std::map<int, int64_t> stages;
   for (const auto& ops : p.ranks)
     for (const Op& op : ops)
       if (op.kind == OpKind::kCompute)
         stages[op.module] = std::max<int64_t>(stages[op.module], op.stage + 1);
-  for (const auto& ops : p.ranks)
-    for (const Op& op : ops)
-      if (op.kind == OpKind::kCompute && op.phase == Phase::kF)
-        layers[op.module][op.chunk * stages[op.module] + op.stage] = op.layers;
+  // Each (module, chunk) here holds the layers its ops say.
   for (const Op& op : p.ranks[static_cast<std::size_t>(rank_)]) {
     if (op.kind != OpKind::kCompute || stages_.count({op.module, op.chunk})) continue;
-    const int64_t v = op.chunk * stages[op.module] + op.stage;
-    int64_t begin = 0;
-    for (const auto& [k, n] : layers[op.module])
-      if (k < v) begin += n;
     const ModuleSpec& spec = model.modules[static_cast<std::size_t>(op.module)];
     TESSERA_CHECK(
         tp_[static_cast<std::size_t>(op.module)] != nullptr,
         "rank " + std::to_string(rank_) + " runs " + spec.name + " but has no group for it");
     // A module without layers (a projector) is whole wherever its host's stage puts it.
-    const int64_t count = spec.transformer ? layers[op.module][v] : 0;
-    if (!spec.transformer) begin = 0;
+    const int64_t begin = spec.transformer ? op.first_layer : 0;
+    const int64_t count = spec.transformer ? op.layers : 0;
     stages_[{op.module, op.chunk}] = std::make_unique<Stage>(
         spec, begin, begin + count, options.seed, *tp_[static_cast<std::size_t>(op.module)]);
   }

@@ -506,6 +506,7 @@ Op Lowering::compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t
   if (plan_.placement == Placement::kHomogeneous && m.index != llm_) op.chunk = 0;
   op.microbatch = mb;
   op.layers = static_cast<int32_t>(layers);
+  op.first_layer = static_cast<int32_t>(layer_begin);
   op.tokens = static_cast<int64_t>(tokens_local);
   op.tp = static_cast<int16_t>(l.tp);
   if (plan_.sequence_parallel && l.tp > 1) op.flags |= kOpSequenceParallel;

@@ -777,3 +777,37 @@ TEST_CASE("microbatching entrain: encoders run level 1, the LLM level 2; backwar
   CHECK(refused.error.find("Entrain needs each encoder replica to feed whole LLM micro-batches") !=
         std::string::npos);
 }
+
+TEST_CASE("every compute op names its layer range: the virtual stages tile the layer stack") {
+  Diagnostics diag;
+  auto s = load_scenario(std::string(TESSERA_SOURCE_DIR) + "/scenarios/default.json", diag);
+  REQUIRE(s.has_value());
+  for (const int64_t vpp : {1, 2}) {
+    ParallelPlan plan = *s->plan;
+    plan.layout.vpp = vpp;
+    if (vpp > 1) plan.schedule = Schedule::kInterleaved1F1B;
+    plan.stage_split = StageSplit::kUniform;
+    plan.layout.stage_layers.clear();
+    const Lowered lowered =
+        lower(s->model, s->cluster, plan, s->workload, draw_batch(s->workload, 0));
+    REQUIRE(lowered.error.empty());
+    const Program& p = lowered.program;
+    const auto llm = static_cast<int16_t>(std::find(p.modules.begin(), p.modules.end(), "llm") -
+                                          p.modules.begin());
+    std::map<int64_t, std::pair<int32_t, int32_t>> range;  // virtual stage -> (first, layers)
+    for (const auto& ops : p.ranks)
+      for (const Op& op : ops)
+        if (op.kind == OpKind::kCompute && op.module == llm) {
+          const int64_t v = op.chunk * plan.layout.pp + op.stage;
+          const auto [it, added] = range.emplace(v, std::make_pair(op.first_layer, op.layers));
+          CHECK(it->second == std::make_pair(op.first_layer, op.layers));  // one range per stage
+        }
+    REQUIRE(static_cast<int64_t>(range.size()) == plan.layout.pp * vpp);
+    int32_t next = 0;
+    for (const auto& [v, r] : range) {
+      CHECK(r.first == next);
+      next += r.second;
+    }
+    CHECK(next == s->model.modules.back().transformer->layers);
+  }
+}
