@@ -91,10 +91,9 @@ struct CostParams {
   double overhead_per_op_s = 10e-6;
   // Scale of the link bandwidths taken from the cluster (NCCL reaches ~80-90% of the wire).
   double bandwidth_efficiency = 0.85;
-  // Kernel-level pricing (devices with kernel data). The two global parameters fitted on the
-  // published suite (docs/FIDELITY.md; `tessera fidelity --fit`): the fraction of a device's
-  // microbenchmark GEMM and attention rates that kernels sustain inside a training step, and
-  // the fixed GPU time of each kernel launched.
+  // Kernel-level pricing (devices with kernel data): the launch cost fitted on the published
+  // suite (docs/FIDELITY.md; `tessera fidelity --fit`), and a scale on every device's own
+  // fitted training_scale (1).
   KernelTuning kernel_tuning;
 
   // Fitted by `tessera calibrate` (profile.hpp); each overrides the analytic defaults above for

@@ -2,8 +2,6 @@
 
 #include <algorithm>
 #include <array>
-#include <map>
-#include <tuple>
 
 #include "shared/op_matching.hpp"
 

@@ -113,7 +113,9 @@ double kernel_compute_s(const ModuleSpec& module, const Op& op, const DeviceSpec
       forward_bytes = 2.0 * (28.0 + 4.0 * bpv) * hidden_share + bpv * 6.0 * hidden_share +
                       bpv * (a->gated_ffn ? 5.0 : 2.0) * inner +
                       (rotary ? bpv * 10.0 * (q + kv) / tp : 0.0);
-      forward_kernels = 5 + 2 * 7 + (rotary ? 12 : 0) + 2 + 2;
+      // 4 GEMMs, attention, two norms of 7 kernels, two residual adds, the activation's 2, and
+      // rotary's 6 for each of Q and K.
+      forward_kernels = 4 + 1 + 2 * 7 + 2 + 2 + (rotary ? 12 : 0);
     }
     forward_bytes *= tokens * layers;
     forward_kernels *= layers;

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
-#include <tuple>
 
 #include "shared/op_matching.hpp"
 
@@ -186,14 +185,6 @@ IterationMetrics compute_metrics(const Program& p, const Timeline& t, const Mode
   m.video_tokens_per_s = video / m.step_s;
   m.tflops_per_device = p.model_flops / m.step_s / static_cast<double>(p.world) / 1e12;
   m.mfu = m.tflops_per_device * 1e12 / peak_flops(cluster, model.dtype);
-  double hardware_flops = 0;
-  for (const auto& ops : p.ranks)
-    for (const Op& op : ops) {
-      if (op.kind == OpKind::kCompute) hardware_flops += op.flops;
-      m.pipelined = m.pipelined || op.stage > 0;
-    }
-  m.hardware_tflops_per_device = hardware_flops / m.step_s / static_cast<double>(p.world) / 1e12;
-  m.hfu = m.hardware_tflops_per_device * 1e12 / peak_flops(cluster, model.dtype);
 
   const std::size_t world = p.ranks.size();
   m.bubble.assign(world, 0);
@@ -202,31 +193,30 @@ IterationMetrics compute_metrics(const Program& p, const Timeline& t, const Mode
   std::vector<double> module_busy(p.modules.size(), 0);
   // [module][rank] -> micro-batch -> compute seconds
   std::vector<std::map<std::size_t, std::map<int32_t, double>>> per_microbatch(p.modules.size());
-  double worst = -1;
+  double worst = -1, hardware_flops = 0;
   for (std::size_t r = 0; r < world; ++r) {
     const auto& ops = p.ranks[r];
-    for (std::size_t i = 0; i < ops.size(); ++i) {
-      const Op& op = ops[i];
-      if (op.stream != StreamKind::kCompute || op.kind == OpKind::kRecv) continue;
-      const OpTime& time = t.ops[r][i];
-      const double duration = time.finish_s - time.start_s;
-      if (op.module >= 0 && op.kind == OpKind::kCompute) {
-        module_busy[static_cast<std::size_t>(op.module)] += duration;
-        if (op.microbatch >= 0)
-          per_microbatch[static_cast<std::size_t>(op.module)][r][op.microbatch] += duration;
-      }
-    }
     // Exposed communication: the time some transfer of this rank runs while it computes nothing
     // (pipeline sends and receives, data-parallel reductions and gathers, boundary transfers,
     // the gradient norm; nested TP/CP/EP collectives are part of their compute op).
     std::vector<Interval> compute, comm, boundary;
     for (std::size_t i = 0; i < ops.size(); ++i) {
+      const Op& op = ops[i];
       const OpTime& time = t.ops[r][i];
-      if (!is_comm(ops[i])) {
-        compute.push_back({time.start_s, time.finish_s});
-      } else {
+      m.pipelined = m.pipelined || op.stage > 0;
+      if (is_comm(op)) {
         comm.push_back({time.start_s, time.finish_s});
-        if (ops[i].purpose == Purpose::kBoundary) boundary.push_back({time.start_s, time.finish_s});
+        if (op.purpose == Purpose::kBoundary) boundary.push_back({time.start_s, time.finish_s});
+        continue;
+      }
+      compute.push_back({time.start_s, time.finish_s});
+      if (op.kind != OpKind::kCompute) continue;
+      hardware_flops += op.flops;
+      if (op.module >= 0) {
+        const double duration = time.finish_s - time.start_s;
+        module_busy[static_cast<std::size_t>(op.module)] += duration;
+        if (op.microbatch >= 0)
+          per_microbatch[static_cast<std::size_t>(op.module)][r][op.microbatch] += duration;
       }
     }
     const std::vector<Interval> computing = merged(std::move(compute));
@@ -241,6 +231,8 @@ IterationMetrics compute_metrics(const Program& p, const Timeline& t, const Mode
       m.peak_rank = static_cast<int64_t>(r);
     }
   }
+  m.hardware_tflops_per_device = hardware_flops / m.step_s / static_cast<double>(p.world) / 1e12;
+  m.hfu = m.hardware_tflops_per_device * 1e12 / peak_flops(cluster, model.dtype);
   for (std::size_t r = 0; r < world; ++r) {
     m.bubble_mean += m.bubble[r] / static_cast<double>(world);
     m.exposed_comm_mean_s += m.exposed_comm_s[r] / static_cast<double>(world);

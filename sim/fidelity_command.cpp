@@ -152,7 +152,8 @@ int run_fidelity(const Args& args, std::ostream& out, std::ostream& err) {
                     0,
                     0,
                     {}};
-    // Lowered once, with the default costs' choices (a frozen-aware split, a DIP schedule).
+    // Lowered once: a frozen-aware split is chosen with the default costs, and a DIP plan runs
+    // its default schedule, not one searched per grid point.
     const CostParams params = default_cost_params(s.cluster);
     const ParallelPlan plan = resolve_stage_split(*s.plan, s.model, s.workload, s.cluster, &params);
     const Batch batch = draw_batch(s.workload, 0);

@@ -1,11 +1,9 @@
 #include <algorithm>
 #include <exception>
-#include <map>
 #include <memory>
 #include <optional>
 #include <thread>
 #include <tuple>
-#include <unordered_map>
 
 #include <simgrid/s4u.hpp>
 

@@ -25,6 +25,19 @@ ClusterSpec load(const std::string& name) {
   return *c;
 }
 
+// The forward of one layer of module 0: `tokens` on this rank, matrices split over `tp`.
+Op forward_layer(int64_t tokens, int16_t tp, double attention_pairs, double flops) {
+  Op op;
+  op.module = 0;
+  op.phase = Phase::kF;
+  op.layers = 1;
+  op.tokens = tokens;
+  op.tp = tp;
+  op.attention_pairs = attention_pairs;
+  op.flops = flops;
+  return op;
+}
+
 }  // namespace
 
 TEST_CASE("gemm: a wave with one tile more than the SMs costs a second wave") {
@@ -111,14 +124,7 @@ TEST_CASE("kernel cost: sequence parallelism and flash attention make a layer ch
   REQUIRE(s.has_value());
   const ModuleSpec& llm = s->model.modules[0];
   const double peak = peak_flops(s->cluster, DType::kBf16);
-  Op op;
-  op.module = 0;
-  op.phase = Phase::kF;
-  op.layers = 1;
-  op.tokens = 8192;
-  op.tp = 8;
-  op.attention_pairs = 4 * 2048.0 * 2049 / 2;
-  op.flops = 1e12;
+  const Op op = forward_layer(8192, 8, 4 * 2048.0 * 2049 / 2, 1e12);
   const KernelTuning tuning;
   const double plain = kernel_compute_s(llm, op, s->cluster.device, peak, 2, tuning);
   Op sp = op;
@@ -140,14 +146,8 @@ TEST_CASE("kernel cost: eager element-wise kernels cost more; a device's trainin
   const ModuleSpec& llm = s->model.modules[0];
   REQUIRE(llm.transformer.has_value());
   const double peak = peak_flops(s->cluster, DType::kBf16);
-  Op op;
-  op.module = 0;
-  op.phase = Phase::kF;
-  op.layers = 1;
-  op.tokens = 4096;
-  op.tp = 1;
-  op.attention_pairs = 4096.0 * 4097 / 2;
-  op.flops = 2.0 * 218e6 * 4096;  // one Llama-3.1-8B layer's matrices
+  // One Llama-3.1-8B layer's matrices.
+  const Op op = forward_layer(4096, 1, 4096.0 * 4097 / 2, 2.0 * 218e6 * 4096);
   const KernelTuning tuning;
   const double fused = kernel_compute_s(llm, op, s->cluster.device, peak, 2, tuning);
   Op eager = op;
