@@ -241,11 +241,39 @@ double CostModel::compute_only_s(const Program& program, const Op& op) const {
                    collective_s(n.kind, program.groups[static_cast<std::size_t>(n.group)], n.bytes);
     const double chunks = static_cast<double>(op.tp);
     seconds -= std::min(seconds, tp_comm * (chunks - 1) / chunks);
+  } else if ((op.flags & kOpTpGradOverlap) != 0 && op.tp > 1) {
+    seconds -= std::min(seconds, hidden_input_gradient_s(program, op));
   }
   // cpu-local ranks share the machine's cores.
   if (cluster_.kind == ClusterKind::kCpuLocal && program.world > cluster_.cores)
     return seconds * static_cast<double>(program.world) / static_cast<double>(cluster_.cores);
   return seconds;
+}
+
+double CostModel::hidden_input_gradient_s(const Program& program, const Op& op) const {
+  // Each column-parallel matrix's input-gradient collective (all-reduce; reduce-scatter under
+  // sequence parallelism: the layer stack's 2 per layer) runs beside that matrix's weight-gradient
+  // GEMM, hiding as much of it as the GEMM lasts. Only kernel-level pricing knows the GEMM's time;
+  // it comes off the compute part, the collective keeps its own time (as for tp_comm_overlap).
+  if (!cluster_.device.kernels || op.module < 0 ||
+      static_cast<std::size_t>(op.module) >= modules_.size() || compute_fit(op) != nullptr)
+    return 0;
+  const CollectiveKind kind = (op.flags & kOpSequenceParallel) != 0
+                                  ? CollectiveKind::kReduceScatter
+                                  : CollectiveKind::kAllReduce;
+  const NestedCollective* grad = nullptr;
+  for (const NestedCollective& n : op.nested)
+    if (n.purpose == Purpose::kTp && n.kind == kind && n.count == 2 * op.layers) grad = &n;
+  if (grad == nullptr) return 0;
+  const double call =
+      collective_s(grad->kind, program.groups[static_cast<std::size_t>(grad->group)], grad->bytes);
+  double hidden = 0;
+  for (const double wgrad : column_parallel_wgrad_s(
+           modules_[static_cast<std::size_t>(op.module)], op, cluster_.device,
+           peak_flops(cluster_, dtype_), static_cast<double>(dtype_bytes(dtype_)),
+           params_.kernel_tuning))
+    hidden += std::min(call, wgrad);
+  return hidden * static_cast<double>(op.layers);
 }
 
 double CostModel::dedicated_compute_s(const Op& op) const {

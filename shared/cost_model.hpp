@@ -123,6 +123,9 @@ class CostModel {
   // The same without the nested collectives (a simulator runs those itself). cpu-local: a rank's
   // even share of the cores when the program has more ranks than cores.
   double compute_only_s(const Program& program, const Op& op) const;
+  // Seconds of a B op's input-gradient TP collectives that run beside the weight-gradient GEMMs
+  // (kOpTpGradOverlap; kernel-level pricing only, else 0).
+  double hidden_input_gradient_s(const Program& program, const Op& op) const;
   // The same on a core or device of its own (a simulator that shares cores itself).
   double dedicated_compute_s(const Op& op) const;
   // The part of dedicated_compute_s that does not grow with the op's work: a Compute op's fixed

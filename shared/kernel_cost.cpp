@@ -205,6 +205,24 @@ double kernel_compute_s(const ModuleSpec& module, const Op& op, const DeviceSpec
          kernels * tuning.launch_s;
 }
 
+std::vector<double> column_parallel_wgrad_s(const ModuleSpec& module, const Op& op,
+                                            const DeviceSpec& device, double peak_flops,
+                                            double bpv, const KernelTuning& tuning) {
+  TESSERA_CHECK(device.kernels.has_value());
+  TESSERA_CHECK(op.kind == OpKind::kCompute);
+  std::vector<double> seconds;
+  if (!module.transformer || op.layers <= 0) return seconds;
+  std::vector<Gemm> gemms;
+  layer_gemms(*module.transformer, static_cast<double>(op.tokens), std::max<double>(1, op.tp),
+              gemms);
+  const double scale = tuning.efficiency * device.kernels->training_scale;
+  for (const std::size_t column : {std::size_t{0}, std::size_t{2}}) {  // Q/K/V, MLP input
+    const Gemm w = for_phase(gemms[column], Phase::kW);
+    seconds.push_back(gemm_s(device, peak_flops, w.m, w.n, w.k, bpv, scale));
+  }
+  return seconds;
+}
+
 double kernel_optimizer_s(const DeviceSpec& device, double bytes, const KernelTuning& tuning) {
   TESSERA_CHECK(device.kernels.has_value());
   return memory_s(device, bytes) + 4 * tuning.launch_s;

@@ -6,6 +6,8 @@
 // decides how fast they run. Formulas and sources: docs/FIDELITY.md.
 #pragma once
 
+#include <vector>
+
 #include "shared/cluster_spec.hpp"
 #include "shared/model_spec.hpp"
 #include "shared/program.hpp"
@@ -29,6 +31,14 @@ double gemm_s(const DeviceSpec& device, double peak_flops, double m, double n, d
 // REQUIRES: device.kernels; op.kind == OpKind::kCompute.
 double kernel_compute_s(const ModuleSpec& module, const Op& op, const DeviceSpec& device,
                         double peak_flops, double bytes_per_value, const KernelTuning& tuning);
+
+// Seconds of the weight-gradient GEMMs of one layer's column-parallel matrices (Q/K/V and the
+// MLP input), the GEMMs Megatron-LM runs while that matrix's input-gradient TP collective is in
+// flight (tp_backward_overlap); empty for a module without transformer layers.
+// REQUIRES: device.kernels; op.kind == OpKind::kCompute.
+std::vector<double> column_parallel_wgrad_s(const ModuleSpec& module, const Op& op,
+                                            const DeviceSpec& device, double peak_flops,
+                                            double bytes_per_value, const KernelTuning& tuning);
 
 // Seconds of an optimizer step moving `bytes` (fused multi-tensor Adam: a handful of launches).
 double kernel_optimizer_s(const DeviceSpec& device, double bytes, const KernelTuning& tuning);

@@ -515,6 +515,9 @@ Op Lowering::compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t
   if (plan_.tp_comm_overlap && plan_.sequence_parallel && l.tp > 1) op.flags |= kOpTpCommOverlap;
   if (plan_.recompute == Recompute::kSelective && phase == Phase::kB)
     op.flags |= kOpAttentionRecompute;
+  // Every schedule runs a trainable module's W right after its B.
+  if (plan_.tp_backward_overlap && phase == Phase::kB && m.flow.trainable && l.tp > 1)
+    op.flags |= kOpTpGradOverlap;
 
   double linear = 0, attention = 0, weights = 0;  // FLOPs of one forward on this rank
   if (spec.transformer) {

@@ -136,6 +136,8 @@ ParallelPlan read_plan(const Json& json, const std::string& file, const std::str
   r.optional({"flash_attention", "use_flash_attn"}, p.flash_attention);
   r.optional("fused_kernels", p.fused_kernels);
   r.optional("tp_comm_overlap", p.tp_comm_overlap);
+  r.optional({"tp_backward_overlap", "async_tensor_model_parallel_allreduce"},
+             p.tp_backward_overlap);
   r.finish();
   return p;
 }
@@ -169,6 +171,7 @@ Json to_json(const ParallelPlan& p) {
   if (!p.flash_attention) j["flash_attention"] = false;
   if (!p.fused_kernels) j["fused_kernels"] = false;
   if (p.tp_comm_overlap) j["tp_comm_overlap"] = true;
+  if (!p.tp_backward_overlap) j["tp_backward_overlap"] = false;
   return j;
 }
 

@@ -78,6 +78,11 @@ struct ParallelPlan {
   // (Transformer Engine's user buffers, Megatron/NeMo `tp_comm_overlap`); needs sequence
   // parallelism. Priced by the cost model; the executor runs them without overlap.
   bool tp_comm_overlap = false;
+  // A layer's input-gradient TP collective (all-reduce; reduce-scatter with sequence parallelism)
+  // runs while the layer computes its weight gradients, as Megatron-LM does by default
+  // (`async_tensor_model_parallel_allreduce`). Priced by the kernel-level cost model; the executor
+  // runs the collective before the weight gradients.
+  bool tp_backward_overlap = true;
 
   bool operator==(const ParallelPlan&) const = default;
 };

@@ -49,6 +49,8 @@ enum OpFlag : uint8_t {
   kOpAttentionRecompute = 16,  // B: selective recomputation re-runs the attention core first
   kOpEagerElementwise = 32,    // norms, rotary and activation as chains of eager kernels
   kOpTpCommOverlap = 64,       // its nested TP collectives overlap its GEMMs (tp_comm_overlap)
+  kOpTpGradOverlap = 128,  // B: its layers' input-gradient TP collectives run beside the weight-
+                           // gradient GEMMs of the W op that follows (tp_backward_overlap)
 };
 
 struct Op {
