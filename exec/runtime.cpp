@@ -778,6 +778,7 @@ StepResult Worker::step(int64_t iteration) {
         if (fused_[i]) has_w_.erase(key);               // B does the weights too
         std::vector<CommRecord> inside;
         record_collectives(&inside);
+        gather_slices(op);
         compute(op);
         record_collectives(nullptr);
         for (const CommRecord& c : inside)
@@ -793,6 +794,7 @@ StepResult Worker::step(int64_t iteration) {
         const Slot& slot = slots_.at(key);
         torch::Tensor t =
             (op.phase == Phase::kF ? slot.output : slot.input_grads.at(0)).detach().contiguous();
+        if ((op.flags & kOpTpScattered) != 0) t = tp_slice(op, t);
         std::vector<at::Tensor> tensors{t};
         pending_.emplace_back(groups_.world().group->send(tensors, op.peer, gloo_tag(op.tag)), t);
         break;
@@ -829,14 +831,17 @@ StepResult Worker::step(int64_t iteration) {
         } else {
           t = torch::zeros_like(slots_.at(key).output);
         }
+        if ((op.flags & kOpTpScattered) != 0) {
+          // This rank's slice now; the compute op that consumes it gathers the whole.
+          torch::Tensor part = torch::empty_like(tp_slice(op, t));
+          std::vector<at::Tensor> tensors{part};
+          groups_.world().group->recv(tensors, op.peer, gloo_tag(op.tag))->wait();
+          slices_[{key, op.phase}] = {part, t};
+          break;
+        }
         std::vector<at::Tensor> tensors{t};
         groups_.world().group->recv(tensors, op.peer, gloo_tag(op.tag))->wait();
-        if (op.phase == Phase::kF) {
-          t.set_requires_grad(sends_grad_.count(key) > 0);
-          received_[key] = t;
-        } else {
-          slots_.at(key).output_grad = t;
-        }
+        deliver(key, op.phase, t);
         break;
       }
       case OpKind::kCollective:
@@ -861,8 +866,43 @@ StepResult Worker::step(int64_t iteration) {
   result.grad_norm = grad_norm_;
   slots_.clear();
   received_.clear();
+  slices_.clear();
   program_ = nullptr;
   return result;
+}
+
+torch::Tensor Worker::tp_slice(const Op& op, const torch::Tensor& whole) const {
+  const Comm& tp = groups_.get(program_->groups[static_cast<std::size_t>(op.group)]);
+  TESSERA_CHECK(whole.numel() % tp.size() == 0,
+                op_name(*program_, op) + ": " + std::to_string(whole.numel()) +
+                    " values do not split into " + std::to_string(tp.size()) + " slices");
+  return whole.reshape({-1}).chunk(tp.size()).at(static_cast<std::size_t>(tp.rank)).contiguous();
+}
+
+void Worker::gather_slices(const Op& op) {
+  for (const NestedCollective& n : op.nested) {
+    if (n.purpose != Purpose::kPp) continue;
+    // A forward consumes a received activation, a backward (or its recomputation) a gradient.
+    const Phase received = op.phase == Phase::kF ? Phase::kF : Phase::kB;
+    const Key key{op.module, op.chunk, op.microbatch, op.sub_microbatch};
+    const auto found = slices_.find({key, received});
+    TESSERA_CHECK(found != slices_.end(), op_name(*program_, op) + ": no slice received to gather");
+    const auto [part, whole] = found->second;
+    slices_.erase(found);
+    const Comm& tp = groups_.get(program_->groups[static_cast<std::size_t>(n.group)]);
+    const torch::Tensor rows =
+        all_gather_rows(tp, part.view({1, -1}), std::vector<int64_t>(tp.ranks.size(), 1));
+    deliver(key, received, rows.reshape(whole.sizes()).clone());
+  }
+}
+
+void Worker::deliver(const Key& key, Phase phase, torch::Tensor t) {
+  if (phase == Phase::kF) {
+    t.set_requires_grad(sends_grad_.count(key) > 0);
+    received_[key] = t;
+  } else {
+    slots_.at(key).output_grad = t;
+  }
 }
 
 void Worker::compute(const Op& op) {

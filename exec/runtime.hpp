@@ -134,6 +134,12 @@ class Worker {
   // on some rank; then starts the search for the next batch.
   DipStepInfo dip_schedule_for_step(int64_t iteration);
   const MicroBatch& micro_batch(int mb);
+  // Stage messages: a received activation (forward) or its gradient (backward) into place.
+  void deliver(const Key& key, Phase phase, torch::Tensor t);
+  // Scatter-gather (kOpTpScattered): this rank's 1/tp slice of `whole` over the message's TP
+  // group; a compute op's nested pipeline all-gather reassembles the slice it consumes.
+  torch::Tensor tp_slice(const Op& op, const torch::Tensor& whole) const;
+  void gather_slices(const Op& op);
   void compute(const Op& op);
   void forward(const Op& op);
   void backward(const Op& op, bool weights);
@@ -188,6 +194,8 @@ class Worker {
   std::map<int, MicroBatch> micro_batches_;
   std::map<Key, Slot> slots_;
   std::map<Key, torch::Tensor> received_;
+  // Received slices awaiting their all-gather: (key, phase) -> (slice, whole-shaped buffer).
+  std::map<std::pair<Key, Phase>, std::pair<torch::Tensor, torch::Tensor>> slices_;
   std::set<Key> has_w_;       // (module, chunk, mb) with a W op of its own on this rank
   std::set<Key> sends_grad_;  // ... whose input gradient this rank sends back
   std::vector<char> fused_;   // per op: a B and the W right after it, run as one backward

@@ -119,7 +119,8 @@ const LinkFit* CostModel::p2p_fit(bool local) const {
 
 double nested_calls(const Op& op) {
   double calls = 0;
-  for (const NestedCollective& n : op.nested) calls += n.count;
+  for (const NestedCollective& n : op.nested)
+    if (n.purpose != Purpose::kPp) calls += n.count;
   return calls;
 }
 
@@ -258,9 +259,8 @@ double CostModel::hidden_input_gradient_s(const Program& program, const Op& op) 
   if (!cluster_.device.kernels || op.module < 0 ||
       static_cast<std::size_t>(op.module) >= modules_.size() || compute_fit(op) != nullptr)
     return 0;
-  const CollectiveKind kind = (op.flags & kOpSequenceParallel) != 0
-                                  ? CollectiveKind::kReduceScatter
-                                  : CollectiveKind::kAllReduce;
+  const CollectiveKind kind = (op.flags & kOpSequenceParallel) != 0 ? CollectiveKind::kReduceScatter
+                                                                    : CollectiveKind::kAllReduce;
   const NestedCollective* grad = nullptr;
   for (const NestedCollective& n : op.nested)
     if (n.purpose == Purpose::kTp && n.kind == kind && n.count == 2 * op.layers) grad = &n;
@@ -268,10 +268,10 @@ double CostModel::hidden_input_gradient_s(const Program& program, const Op& op) 
   const double call =
       collective_s(grad->kind, program.groups[static_cast<std::size_t>(grad->group)], grad->bytes);
   double hidden = 0;
-  for (const double wgrad : column_parallel_wgrad_s(
-           modules_[static_cast<std::size_t>(op.module)], op, cluster_.device,
-           peak_flops(cluster_, dtype_), static_cast<double>(dtype_bytes(dtype_)),
-           params_.kernel_tuning))
+  for (const double wgrad :
+       column_parallel_wgrad_s(modules_[static_cast<std::size_t>(op.module)], op, cluster_.device,
+                               peak_flops(cluster_, dtype_),
+                               static_cast<double>(dtype_bytes(dtype_)), params_.kernel_tuning))
     hidden += std::min(call, wgrad);
   return hidden * static_cast<double>(op.layers);
 }

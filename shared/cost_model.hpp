@@ -33,7 +33,9 @@ struct FitStats {
   std::vector<double> spread;
 };
 
-// Collective calls inside a compute op (Σ NestedCollective::count).
+// Collective calls among a compute op's layers (Σ NestedCollective::count), each a stall between
+// its kernels. A received activation's pipeline all-gather runs before the first kernel: its
+// time is all its own, and it is not counted.
 double nested_calls(const Op& op);
 
 // A uniform number in [0, 1) that depends only on its arguments (an op instance's coordinates).

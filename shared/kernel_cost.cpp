@@ -206,8 +206,8 @@ double kernel_compute_s(const ModuleSpec& module, const Op& op, const DeviceSpec
 }
 
 std::vector<double> column_parallel_wgrad_s(const ModuleSpec& module, const Op& op,
-                                            const DeviceSpec& device, double peak_flops,
-                                            double bpv, const KernelTuning& tuning) {
+                                            const DeviceSpec& device, double peak_flops, double bpv,
+                                            const KernelTuning& tuning) {
   TESSERA_CHECK(device.kernels.has_value());
   TESSERA_CHECK(op.kind == OpKind::kCompute);
   std::vector<double> seconds;

@@ -180,10 +180,51 @@ class Lowering {
 
   // --- ops -----------------------------------------------------------------------------
   int32_t emit(int64_t rank, Op op) {
+    if (op.kind == OpKind::kCompute)
+      if (const auto it = gather_next_.find(rank); it != gather_next_.end()) {
+        op.nested.insert(op.nested.begin(), it->second);
+        gather_next_.erase(it);
+      }
     auto& ops = p_.ranks[static_cast<std::size_t>(rank)];
     ops.push_back(std::move(op));
     return static_cast<int32_t>(ops.size() - 1);
   }
+  // --- stage-to-stage messages (activations forward, their gradients backward) ----------
+  // Whether the TP ranks of `grid`'s stages exchange 1/tp slices (pipeline_scatter_gather):
+  // without sequence parallelism each holds the whole activation.
+  bool scatters(const ModuleInfo& grid) const {
+    return plan_.pipeline_scatter_gather && !plan_.sequence_parallel && grid.layout.tp > 1;
+  }
+  // Bytes one rank of `grid` sends a neighbouring stage for `tokens` tokens of `width` values:
+  // split over context parallelism and, sliced by sequence parallelism or scatter-gather, over TP.
+  double stage_message_bytes(const ModuleInfo& grid, int64_t tokens, int64_t width) const {
+    const int64_t tp_split = plan_.sequence_parallel || scatters(grid) ? grid.layout.tp : 1;
+    return static_cast<double>(tokens * width * dtype_bytes(model_.dtype)) /
+           static_cast<double>(grid.layout.cp * tp_split);
+  }
+  Op stage_message(const Op& about, OpKind kind, Phase phase, int64_t peer, const ModuleInfo& grid,
+                   const Coord& x, double bytes, int64_t tag) {
+    Op op = p2p_op(about, kind, phase, peer, bytes, tag);
+    if (scatters(grid)) {
+      op.flags |= kOpTpScattered;
+      op.group = tp_group(grid, x);
+    }
+    return op;
+  }
+  // Emits a stage message's receive. A slice is reassembled by an all-gather over the TP group
+  // at the start of the compute op that consumes it (Megatron gathers before it computes): the
+  // next compute op emitted on this rank. Returns the receive.
+  int32_t receive(int64_t rank, const Op& recv) {
+    if ((recv.flags & kOpTpScattered) != 0) {
+      const double members =
+          static_cast<double>(p_.groups[static_cast<std::size_t>(recv.group)].size());
+      gather_next_[rank] = NestedCollective{CollectiveKind::kAllGather, Purpose::kPp, recv.group, 1,
+                                            recv.bytes * members};
+    }
+    return emit(rank, recv);
+  }
+  std::map<int64_t, NestedCollective> gather_next_;  // rank -> the gather its next compute runs
+
   // The op at `last` frees the activations its forward (found under `key`) stashed.
   template <class Map, class Key>
   void release(int64_t rank, int32_t last, const Map& forwards, const Key& key) {
@@ -882,13 +923,9 @@ void Lowering::lower_pipelines() {
         about.stage = static_cast<int16_t>(x.p);
         about.chunk = static_cast<int16_t>(item.chunk);
         about.microbatch = mb;
-        const double act_bytes = [&] {
-          const ModuleWork& w = work_of(owner_index, samples);
-          const int64_t width = owner.spec->transformer ? owner.spec->transformer->hidden : 0;
-          return static_cast<double>(w.tokens * width * dtype_bytes(model_.dtype)) /
-                 static_cast<double>(owner.layout.cp *
-                                     (plan_.sequence_parallel ? owner.layout.tp : 1));
-        }();
+        const double act_bytes =
+            stage_message_bytes(owner, work_of(owner_index, samples).tokens,
+                                owner.spec->transformer ? owner.spec->transformer->hidden : 0);
         std::vector<int32_t> deps;
         if (!item.backward) {
           // --- inputs
@@ -923,9 +960,9 @@ void Lowering::lower_pipelines() {
             const int64_t prev_k = k - 1;
             const int64_t from = owner.rank({x.t, x.c, x.d, prev_k % pp});
             // Sends were emitted by the earlier stage when it ran this item (see below).
-            Op recv = p2p_op(about, OpKind::kRecv, Phase::kF, from, act_bytes,
-                             tag(0, owner_index, 0, prev_k, 0, mb, 0));
-            deps.push_back(emit(rank, recv));
+            deps.push_back(
+                receive(rank, stage_message(about, OpKind::kRecv, Phase::kF, from, owner, x,
+                                            act_bytes, tag(0, owner_index, 0, prev_k, 0, mb, 0))));
           }
           // --- compute
           int32_t last = -1;
@@ -948,8 +985,8 @@ void Lowering::lower_pipelines() {
           if (!last_virtual) {
             const int64_t next_k = k + 1;
             const int64_t to = owner.rank({x.t, x.c, x.d, next_k % pp});
-            Op send = p2p_op(about, OpKind::kSend, Phase::kF, to, act_bytes,
-                             tag(0, owner_index, 0, k, 0, mb, 0));
+            Op send = stage_message(about, OpKind::kSend, Phase::kF, to, owner, x, act_bytes,
+                                    tag(0, owner_index, 0, k, 0, mb, 0));
             send.deps = {last};
             emit(rank, send);
           } else if (leader) {
@@ -971,9 +1008,9 @@ void Lowering::lower_pipelines() {
         // ---------------- backward ----------------
         if (!last_virtual) {
           const int64_t from = owner.rank({x.t, x.c, x.d, (k + 1) % pp});
-          Op recv = p2p_op(about, OpKind::kRecv, Phase::kB, from, act_bytes,
-                           tag(0, owner_index, 0, k + 1, 1, mb, 0));
-          deps.push_back(emit(rank, recv));
+          deps.push_back(
+              receive(rank, stage_message(about, OpKind::kRecv, Phase::kB, from, owner, x,
+                                          act_bytes, tag(0, owner_index, 0, k + 1, 1, mb, 0))));
         } else {
           // Gradients from consumers that send them back (the LLM's loss needs none).
           for (int consumer_host : consumers) {
@@ -1032,8 +1069,8 @@ void Lowering::lower_pipelines() {
         // --- gradient outputs
         if (!first_virtual && owner_backward) {
           const int64_t to = owner.rank({x.t, x.c, x.d, (k - 1) % pp});
-          Op send = p2p_op(about, OpKind::kSend, Phase::kB, to, act_bytes,
-                           tag(0, owner_index, 0, k, 1, mb, 0));
+          Op send = stage_message(about, OpKind::kSend, Phase::kB, to, owner, x, act_bytes,
+                                  tag(0, owner_index, 0, k, 1, mb, 0));
           send.deps = {last};
           emit(rank, send);
         } else if (first_virtual && owner.flow.needs_input_grad) {
@@ -1099,7 +1136,6 @@ void Lowering::lower_colocated() {
           : "colocated boundary: the regroup all-gathers over the encoder replicas that share one "
             "LLM replica's batch; encoder and LLM grids are assumed aligned otherwise (Megatron "
             "MIMO's colocated layout)");
-  const double dtype = static_cast<double>(dtype_bytes(model_.dtype));
   for (int64_t rank = 0; rank < p_.world; ++rank) {
     // Phase 1: every encoder's forward over its whole local batch, then the boundary regroup.
     std::vector<int32_t> boundary_done;
@@ -1188,9 +1224,7 @@ void Lowering::lower_colocated() {
       const int64_t k = item.chunk * pp + y.p;
       const auto& samples = samples_of(llm_, y.d, mb);
       const ModuleWork& w = work_of(llm_, samples);
-      const double act_bytes =
-          static_cast<double>(w.tokens * llm.spec->transformer->hidden) * dtype /
-          static_cast<double>(llm.layout.cp * (plan_.sequence_parallel ? llm.layout.tp : 1));
+      const double act_bytes = stage_message_bytes(llm, w.tokens, llm.spec->transformer->hidden);
       Op about;
       about.module = static_cast<int16_t>(llm_);
       about.stage = static_cast<int16_t>(y.p);
@@ -1216,9 +1250,10 @@ void Lowering::lower_colocated() {
                            received, deps);
           }
         } else {
-          Op recv = p2p_op(about, OpKind::kRecv, Phase::kF, llm.rank({y.t, y.c, y.d, (k - 1) % pp}),
-                           act_bytes, tag(0, llm_, 0, k - 1, 0, mb, 0));
-          deps.push_back(emit(rank, recv));
+          deps.push_back(
+              receive(rank, stage_message(about, OpKind::kRecv, Phase::kF,
+                                          llm.rank({y.t, y.c, y.d, (k - 1) % pp}), llm, y,
+                                          act_bytes, tag(0, llm_, 0, k - 1, 0, mb, 0))));
         }
         Op f = compute(llm, rank, static_cast<int32_t>(k), mb, Phase::kF, samples);
         f.deps = deps;
@@ -1232,17 +1267,18 @@ void Lowering::lower_colocated() {
             suffix_forward[{mb, i}] = done;
           }
         if (k < llm.chunks() - 1) {
-          Op send = p2p_op(about, OpKind::kSend, Phase::kF, llm.rank({y.t, y.c, y.d, (k + 1) % pp}),
-                           act_bytes, tag(0, llm_, 0, k, 0, mb, 0));
+          Op send = stage_message(about, OpKind::kSend, Phase::kF,
+                                  llm.rank({y.t, y.c, y.d, (k + 1) % pp}), llm, y, act_bytes,
+                                  tag(0, llm_, 0, k, 0, mb, 0));
           send.deps = {done};
           emit(rank, send);
         }
         continue;
       }
       if (k < llm.chunks() - 1) {
-        Op recv = p2p_op(about, OpKind::kRecv, Phase::kB, llm.rank({y.t, y.c, y.d, (k + 1) % pp}),
-                         act_bytes, tag(0, llm_, 0, k + 1, 1, mb, 0));
-        deps.push_back(emit(rank, recv));
+        deps.push_back(receive(rank, stage_message(about, OpKind::kRecv, Phase::kB,
+                                                   llm.rank({y.t, y.c, y.d, (k + 1) % pp}), llm, y,
+                                                   act_bytes, tag(0, llm_, 0, k + 1, 1, mb, 0))));
       }
       deps.push_back(forward_done.at({mb, item.chunk}));
       int32_t last = -1;
@@ -1285,8 +1321,9 @@ void Lowering::lower_colocated() {
           }
         }
       if (k > 0 && llm.flow.backward()) {
-        Op send = p2p_op(about, OpKind::kSend, Phase::kB, llm.rank({y.t, y.c, y.d, (k - 1) % pp}),
-                         act_bytes, tag(0, llm_, 0, k, 1, mb, 0));
+        Op send =
+            stage_message(about, OpKind::kSend, Phase::kB, llm.rank({y.t, y.c, y.d, (k - 1) % pp}),
+                          llm, y, act_bytes, tag(0, llm_, 0, k, 1, mb, 0));
         send.deps = {last};
         emit(rank, send);
       }
@@ -1450,11 +1487,10 @@ void Lowering::lower_dip() {
   const int64_t P = llm.layout.pp, V = llm.layout.vpp;
   const int32_t last_v = static_cast<int32_t>(P * V - 1);
   const std::vector<DipSegment> segments = dip_segments();
-  const double dtype = static_cast<double>(dtype_bytes(model_.dtype));
-  const double sp = plan_.sequence_parallel ? static_cast<double>(llm.layout.tp) : 1.0;
+  // Every segment runs on the LLM's grid: its TP ranks exchange the stage messages.
   auto activation = [&](const ModuleInfo& m, std::span<const Sample* const> samples) {
-    const int64_t width = m.spec->transformer ? m.spec->transformer->hidden : 0;
-    return static_cast<double>(work_of(m.index, samples).tokens * width) * dtype / sp;
+    return stage_message_bytes(llm, work_of(m.index, samples).tokens,
+                               m.spec->transformer ? m.spec->transformer->hidden : 0);
   };
   auto module_at = [&](int i) -> const ModuleInfo& {
     return modules_[static_cast<std::size_t>(i)];
@@ -1552,12 +1588,17 @@ void Lowering::lower_dip() {
           };
           auto message = [&](OpKind kind, Phase phase, int64_t peer, double bytes, int64_t tg,
                              int module, Purpose purpose) {
-            Op op = p2p_op(about, kind, phase, peer, bytes, tg);
+            Op op = purpose == Purpose::kPp
+                        ? stage_message(about, kind, phase, peer, llm, {t, 0, d, stage}, bytes, tg)
+                        : p2p_op(about, kind, phase, peer, bytes, tg);
             op.module = static_cast<int16_t>(module);
             op.purpose = purpose;
-            if (kind == OpKind::kSend) op.deps = {last};
-            const int32_t i = emit(rank, op);
-            if (kind == OpKind::kRecv) deps.push_back(i);
+            if (kind == OpKind::kSend) {
+              op.deps = {last};
+              emit(rank, op);
+            } else {
+              deps.push_back(receive(rank, op));
+            }
           };
 
           // The LLM's first stage: each sub-micro-batch's encoder output from the encoder's last
@@ -1743,6 +1784,7 @@ void Lowering::run() {
     lower_colocated();
   else
     lower_pipelines();
+  TESSERA_CHECK(gather_next_.empty(), "a received activation slice has no compute op to gather it");
   if (!cp_cache_.empty()) {
     // How evenly the CP groups' attention work is spread, against the uniform split: the mean
     // over all micro-batches, and the CP group (data-parallel replica) whose micro-batches are

@@ -138,6 +138,8 @@ ParallelPlan read_plan(const Json& json, const std::string& file, const std::str
   r.optional("tp_comm_overlap", p.tp_comm_overlap);
   r.optional({"tp_backward_overlap", "async_tensor_model_parallel_allreduce"},
              p.tp_backward_overlap);
+  r.optional({"pipeline_scatter_gather", "scatter_gather_tensors_in_pipeline"},
+             p.pipeline_scatter_gather);
   r.finish();
   return p;
 }
@@ -172,6 +174,7 @@ Json to_json(const ParallelPlan& p) {
   if (!p.fused_kernels) j["fused_kernels"] = false;
   if (p.tp_comm_overlap) j["tp_comm_overlap"] = true;
   if (!p.tp_backward_overlap) j["tp_backward_overlap"] = false;
+  if (!p.pipeline_scatter_gather) j["pipeline_scatter_gather"] = false;
   return j;
 }
 

@@ -83,6 +83,11 @@ struct ParallelPlan {
   // (`async_tensor_model_parallel_allreduce`). Priced by the kernel-level cost model; the executor
   // runs the collective before the weight gradients.
   bool tp_backward_overlap = true;
+  // Without sequence parallelism every TP rank of a pipeline stage holds the whole activation;
+  // each sends only its 1/tp slice to its peer of the next stage, over its own link, and the
+  // receiving stage all-gathers the slices over its TP group (Megatron-LM's
+  // `scatter_gather_tensors_in_pipeline`, on by default there too).
+  bool pipeline_scatter_gather = true;
 
   bool operator==(const ParallelPlan&) const = default;
 };

@@ -67,7 +67,9 @@ std::string op_name(const Program& p, const Op& op) {
       return "recv:" + where(p, op) + "." + phase_name(op.phase) + "<r" + std::to_string(op.peer);
     case OpKind::kCollective:
       return purpose_name(op.purpose) + ":" + collective_name(op.collective) + ":" + where(p, op) +
-             (op.purpose == Purpose::kBoundary ? "." + phase_name(op.phase) : "");
+             (op.purpose == Purpose::kBoundary || op.purpose == Purpose::kPp
+                  ? "." + phase_name(op.phase)
+                  : "");
     case OpKind::kOptimizerStep:
       return "optimizer:" + where(p, op);
   }

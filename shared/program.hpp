@@ -41,7 +41,7 @@ struct NestedCollective {
 
 // What a Compute op's layers include besides the layer stack, and how its kernels run
 // (Op::flags; the kernel-level cost model reads them).
-enum OpFlag : uint8_t {
+enum OpFlag : uint16_t {
   kOpFrontEnd = 1,             // the embedding, or an encoder's patch / audio front end
   kOpHead = 2,                 // the LM head and its loss
   kOpUnfusedAttention = 4,     // attention without a fused (flash) kernel: scores through memory
@@ -51,6 +51,8 @@ enum OpFlag : uint8_t {
   kOpTpCommOverlap = 64,       // its nested TP collectives overlap its GEMMs (tp_comm_overlap)
   kOpTpGradOverlap = 128,  // B: its layers' input-gradient TP collectives run beside the weight-
                            // gradient GEMMs of the W op that follows (tp_backward_overlap)
+  kOpTpScattered = 256,    // send/recv: this TP rank's 1/tp slice of a stage's activation (or its
+                           // gradient); Op::group is the TP group whose all-gather reassembles it
 };
 
 struct Op {
@@ -65,7 +67,7 @@ struct Op {
   int32_t microbatch = -1;                                 // -1: the whole local batch
   int32_t sub_microbatch = 0;
   int16_t tp = 1;           // compute: tensor-parallel shards of its matrices
-  uint8_t flags = 0;        // compute: OpFlag bits
+  uint16_t flags = 0;       // OpFlag bits
   int32_t layers = 0;       // compute: transformer layers in this op
   int32_t first_layer = 0;  // compute: the first of them in its module ([first, first + layers))
   int64_t tokens = 0;       // compute: tokens processed on this rank
@@ -76,7 +78,7 @@ struct Op {
   double stash_bytes = 0;  // F: activation bytes kept for the backward
   double release_bytes = 0;   // last backward op of a (module, chunk, micro-batch): bytes it frees
   int32_t peer = -1;          // send/recv: the other rank
-  int32_t group = -1;         // collective: Program::groups index
+  int32_t group = -1;         // collective (and a kOpTpScattered send/recv): Program::groups index
   int64_t tag = 0;            // send/recv: matches a send to its receive between two ranks
   std::vector<int32_t> deps;  // earlier ops of this rank that must finish before this one starts
   std::vector<NestedCollective> nested;

@@ -94,6 +94,7 @@ TEST_CASE("parallel plans reproduce the single-rank losses (3 steps, fp32, clipp
            {R"({"cp": 2})", "cp2"},
            {R"({"cp": 2}, "cp_split": "zigzag")", "cp2-zigzag"},
            {R"({"tp": 2, "pp": 2})", "tp2pp2"},
+           {R"({"tp": 2, "pp": 2}, "pipeline_scatter_gather": false)", "tp2pp2-whole"},
            {R"({"pp": 2, "vpp": 2}, "schedule": "interleaved_1f1b", "num_micro_batches": 8)",
             "vpp2"},
            {R"({"dp": 2, "tp": 2}, "distributed_optimizer": true)", "zero1"}}) {

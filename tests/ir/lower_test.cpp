@@ -8,6 +8,7 @@
 #include <set>
 
 #include "shared/context_split.hpp"
+#include "shared/cost_model.hpp"
 #include "shared/entrain.hpp"
 #include "shared/estimate.hpp"
 #include "shared/evaluator.hpp"
@@ -809,5 +810,65 @@ TEST_CASE("every compute op names its layer range: the virtual stages tile the l
       next += r.second;
     }
     CHECK(next == s->model.modules.back().transformer->layers);
+  }
+}
+
+TEST_CASE(
+    "scatter-gather: without SP each TP rank sends 1/tp of a stage's activation, the consumer "
+    "all-gathers it") {
+  // Text only, 256 tokens per micro-batch, hidden 256, bf16: a whole activation is 128 KiB.
+  const double whole = 256.0 * 256 * 2;
+  struct Row {
+    const char* plan;
+    double message;  // bytes per send
+    bool gathered;   // the consumer starts with an all-gather over its TP group
+  };
+  for (const Row& row : {
+           Row{R"({"placement": "homogeneous", "layout": {"tp": 2, "pp": 2}})", whole / 2, true},
+           Row{R"({"placement": "homogeneous", "layout": {"tp": 2, "pp": 2},
+                   "pipeline_scatter_gather": false})",
+               whole, false},
+           Row{R"({"placement": "homogeneous", "layout": {"tp": 2, "pp": 2},
+                   "sequence_parallel": true})",
+               whole / 2, false},
+           Row{R"({"placement": "homogeneous", "layout": {"pp": 2}})", whole, false},
+       }) {
+    INFO(row.plan);
+    const Case c = make(kTextModel, kUniformText, row.plan);
+    const Program p = lowered(c);
+    int sends = 0, gathers = 0;
+    for (std::size_t r = 0; r < p.ranks.size(); ++r) {
+      const auto& ops = p.ranks[r];
+      for (std::size_t i = 0; i < ops.size(); ++i) {
+        const Op& op = ops[i];
+        if (op.kind == OpKind::kSend && op.purpose == Purpose::kPp) {
+          ++sends;
+          CHECK(op.bytes == doctest::Approx(row.message));
+          CHECK(((op.flags & kOpTpScattered) != 0) == row.gathered);
+          if (row.gathered)  // the sender's own TP group
+            CHECK(p.groups[static_cast<std::size_t>(op.group)] ==
+                  RankList{static_cast<int64_t>(r - r % 2), static_cast<int64_t>(r - r % 2 + 1)});
+        }
+        if (op.kind != OpKind::kRecv || op.purpose != Purpose::kPp) continue;
+        // The next compute op consumes the message; it gathers a slice first.
+        std::size_t next = i + 1;
+        while (ops[next].kind != OpKind::kCompute) ++next;
+        const auto gather =
+            std::find_if(ops[next].nested.begin(), ops[next].nested.end(),
+                         [](const NestedCollective& n) { return n.purpose == Purpose::kPp; });
+        CHECK((gather != ops[next].nested.end()) == row.gathered);
+        if (gather == ops[next].nested.end()) continue;
+        ++gathers;
+        CHECK(gather == ops[next].nested.begin());  // before the layers' collectives
+        CHECK(gather->kind == CollectiveKind::kAllGather);
+        CHECK(gather->group == op.group);
+        CHECK(gather->bytes == doctest::Approx(whole));
+        double calls = 0;
+        for (const NestedCollective& n : ops[next].nested) calls += n.count;
+        CHECK(nested_calls(ops[next]) == calls - 1);  // no stall among the layers' kernels
+      }
+    }
+    CHECK(sends > 0);
+    CHECK(gathers == (row.gathered ? sends : 0));
   }
 }
