@@ -880,11 +880,11 @@ torch::Tensor Worker::tp_slice(const Op& op, const torch::Tensor& whole) const {
 }
 
 void Worker::gather_slices(const Op& op) {
+  // A forward consumes a received activation, a backward (or its recomputation) a gradient.
+  const Phase received = op.phase == Phase::kF ? Phase::kF : Phase::kB;
+  const Key key{op.module, op.chunk, op.microbatch, op.sub_microbatch};
   for (const NestedCollective& n : op.nested) {
     if (n.purpose != Purpose::kPp) continue;
-    // A forward consumes a received activation, a backward (or its recomputation) a gradient.
-    const Phase received = op.phase == Phase::kF ? Phase::kF : Phase::kB;
-    const Key key{op.module, op.chunk, op.microbatch, op.sub_microbatch};
     const auto found = slices_.find({key, received});
     TESSERA_CHECK(found != slices_.end(), op_name(*program_, op) + ": no slice received to gather");
     const auto [part, whole] = found->second;

@@ -39,8 +39,8 @@ struct NestedCollective {
   double bytes = 0;  // per call, per rank (NCCL-tests "size")
 };
 
-// What a Compute op's layers include besides the layer stack, and how its kernels run
-// (Op::flags; the kernel-level cost model reads them).
+// What a Compute op's layers include besides the layer stack, and how its kernels run (the
+// kernel-level cost model reads them); for a send or receive, how its message travels (Op::flags).
 enum OpFlag : uint16_t {
   kOpFrontEnd = 1,             // the embedding, or an encoder's patch / audio front end
   kOpHead = 2,                 // the LM head and its loss

@@ -215,7 +215,7 @@ TEST_CASE("one layer of the 22B model as Korthikanti et al. 2022 timed it (their
   // Forward and backward milliseconds of one transformer layer, GPT 22B, TP 8, micro-batch 4,
   // sequence 2048, on A100 (Korthikanti et al. 2022, Table 4). The backward's input-gradient
   // all-reduces run beside the weight-gradient GEMMs (tp_backward_overlap): without it the plain
-  // backward is priced 12% slow.
+  // backward is priced more than 10% slow.
   struct Row {
     const char* name;
     Recompute recompute;
