@@ -193,7 +193,8 @@ TrainBatch make_batch(const Scenario& s, DatasetKind kind, int64_t iteration) {
 }
 
 LlmLayout llm_layout(const ModelSpec& model, const TrainBatch& batch,
-                     const std::vector<int32_t>& samples, int64_t max_seq_len) {
+                     const std::vector<int32_t>& samples, int64_t max_seq_len,
+                     bool pad_to_longest) {
   LlmLayout l;
   std::vector<int64_t> ids, positions, targets, text_slots, media_slots, media_rows;
   // Each media item in the LLM sequence, per modality, in module_work()'s order: images, then
@@ -223,7 +224,8 @@ LlmLayout llm_layout(const ModelSpec& model, const TrainBatch& batch,
         rows += t;
   }
   std::map<Modality, int64_t> next_row = first_row;
-  int32_t item = 0;  // media items of this micro-batch
+  int32_t item = 0;     // media items of this micro-batch
+  int64_t longest = 0;  // the longest sample's tokens
   for (std::size_t k = 0; k < samples.size(); ++k) {
     const auto index = static_cast<std::size_t>(samples[k]);
     const Sample& sample = batch.batch.samples[index];
@@ -253,10 +255,25 @@ LlmLayout llm_layout(const ModelSpec& model, const TrainBatch& batch,
       l.item.push_back(-1);
     }
     const int64_t end = static_cast<int64_t>(ids.size());
+    longest = std::max(longest, end - begin);
     for (int64_t p = begin; p < end; ++p) {
       positions.push_back(p - begin);
       const bool next_is_text = p + 1 < end && l.item[static_cast<std::size_t>(p + 1)] < 0;
       targets.push_back(next_is_text ? ids[static_cast<std::size_t>(p + 1)] : -1);
+    }
+  }
+  if (pad_to_longest) {
+    // Every sample padded to the longest, the pads placed at the end (where they sit changes
+    // nothing): each is its own one-token "sample" that attends to itself alone and predicts
+    // nothing, so the samples' tokens compute what they would unpadded.
+    const int64_t pads =
+        longest * static_cast<int64_t>(samples.size()) - static_cast<int64_t>(ids.size());
+    for (int64_t p = 0; p < pads; ++p) {
+      ids.push_back(0);
+      positions.push_back(0);
+      targets.push_back(-1);
+      l.sample.push_back(static_cast<int32_t>(samples.size() + static_cast<std::size_t>(p)));
+      l.item.push_back(item++);
     }
   }
   l.tokens = static_cast<int64_t>(ids.size());

@@ -58,9 +58,13 @@ struct LlmLayout {
 };
 
 // Media rows come from the LLM's inputs concatenated in the order of ModuleSpec::inputs, each
-// input's rows being its modality's items in sample order.
+// input's rows being its modality's items in sample order. With `pad_to_longest`
+// (ParallelPlan::pad_to_longest) the sequence also holds the pads that bring every sample to the
+// longest one's length, as module_work() counts them: at the end, each attending to itself alone,
+// predicting nothing.
 LlmLayout llm_layout(const ModelSpec& model, const TrainBatch& batch,
-                     const std::vector<int32_t>& samples, int64_t max_seq_len);
+                     const std::vector<int32_t>& samples, int64_t max_seq_len,
+                     bool pad_to_longest = false);
 
 // Tokens a sample's media of `modality` become in the LLM sequence (before truncation): the
 // rows a projector of that modality produces for it.

@@ -46,7 +46,8 @@ std::vector<PlainStep> run_plain_loop(const Scenario& s, const TrainOptions& opt
     for (torch::Tensor& p : params) p.mutable_grad() = torch::zeros_like(p);
     double loss = 0;
     for (const std::vector<int32_t>& samples : assignment[0]) {
-      const LlmLayout layout = llm_layout(model, batch, samples, s.workload.max_seq_len);
+      const LlmLayout layout =
+          llm_layout(model, batch, samples, s.workload.max_seq_len, s.plan->pad_to_longest);
       torch::Tensor media = torch::zeros({0, llm_spec->transformer->hidden});
       if (encoder) {
         torch::Tensor features;

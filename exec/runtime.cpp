@@ -676,7 +676,8 @@ const Worker::MicroBatch& Worker::micro_batch(int mb) {
   if (const auto it = micro_batches_.find(mb); it != micro_batches_.end()) return it->second;
   MicroBatch& b = micro_batches_[mb];
   b.samples = my_micro_batches_[static_cast<std::size_t>(mb)];
-  b.layout = llm_layout(scenario_.model, batch_, b.samples, scenario_.workload.max_seq_len);
+  b.layout = llm_layout(scenario_.model, batch_, b.samples, scenario_.workload.max_seq_len,
+                        plan_.pad_to_longest);
   const Comm* cp = cp_[static_cast<std::size_t>(llm_)];
   const int64_t cp_size = cp == nullptr ? 1 : cp->size();
   std::vector<TokenTag> tags(b.layout.sample.size());

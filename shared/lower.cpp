@@ -479,7 +479,7 @@ const ModuleWork& Lowering::work_of(int module, std::span<const Sample* const> s
       std::make_tuple(module, static_cast<const void*>(samples.data()), samples.size());
   if (const auto it = work_cache_.find(key); it != work_cache_.end()) return it->second;
   return work_cache_[key] = module_work(model_, *modules_[static_cast<std::size_t>(module)].spec,
-                                        samples, workload_.max_seq_len);
+                                        samples, workload_.max_seq_len, plan_.pad_to_longest);
 }
 
 const Lowering::CpShare& Lowering::cp_share(std::span<const Sample* const> samples, int64_t cp,

@@ -55,13 +55,15 @@ std::vector<Item> items_for(const ModelSpec& model, const ModuleSpec& encoder, c
 }  // namespace
 
 ModuleWork module_work(const ModelSpec& model, const ModuleSpec& m,
-                       std::span<const Sample* const> samples, int64_t max_seq_len) {
+                       std::span<const Sample* const> samples, int64_t max_seq_len,
+                       bool pad_to_longest) {
   ModuleWork w;
   w.samples = static_cast<int64_t>(samples.size());
   const ModuleSpec* encoder = source_encoder(model, m);
   const ModuleSpec* llm = find_llm(model);
   const bool cross =
       llm != nullptr && llm->transformer && llm->transformer->cross_attention_layers > 0;
+  int64_t longest = 0;
   for (const Sample* s : samples) {
     if (encoder != nullptr) {
       for (const Item& item : items_for(model, *encoder, *s)) {
@@ -83,6 +85,7 @@ ModuleWork module_work(const ModelSpec& model, const ModuleSpec& m,
         (m.role == ModuleRole::kLlm && !cross) ? std::min(t.llm_sequence - t.text, max_seq_len) : 0;
     const int64_t text = std::min(t.text, max_seq_len - media);
     w.tokens += media + text;
+    longest = std::max(longest, media + text);
     w.text_tokens += text;
     w.output_tokens += media + text;
     double media_pairs = 0;
@@ -104,6 +107,11 @@ ModuleWork module_work(const ModelSpec& model, const ModuleSpec& m,
     }
     const double tx = static_cast<double>(text);
     w.attention_pairs += media_pairs + tx * static_cast<double>(media) + tx * (tx + 1) / 2;
+  }
+  if (pad_to_longest && m.role == ModuleRole::kLlm) {
+    const int64_t pads = longest * w.samples - w.tokens;
+    w.tokens += pads;
+    w.attention_pairs += static_cast<double>(pads);
   }
   return w;
 }

@@ -21,9 +21,13 @@ struct ModuleWork {
   int64_t text_tokens = 0;     // LLM: text tokens in its sequences (embedded by its vocabulary)
 };
 
+// With `pad_to_longest` (ParallelPlan::pad_to_longest), an LLM's samples are padded to the
+// longest of them: `tokens` counts the pads, each pad attends to itself alone (one pair), and
+// `text_tokens` and `output_tokens` stay the samples' own.
 // REQUIRES: samples only carry media the model has encoders for (validate_scenario).
 ModuleWork module_work(const ModelSpec& model, const ModuleSpec& module,
-                       std::span<const Sample* const> samples, int64_t max_seq_len);
+                       std::span<const Sample* const> samples, int64_t max_seq_len,
+                       bool pad_to_longest = false);
 
 // samples of [replica][micro-batch], as indices into Batch::samples. Arrival order deals the
 // batch to replicas in contiguous blocks and cuts each block into micro-batches; sorted order

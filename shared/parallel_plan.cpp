@@ -140,6 +140,7 @@ ParallelPlan read_plan(const Json& json, const std::string& file, const std::str
              p.tp_backward_overlap);
   r.optional({"pipeline_scatter_gather", "scatter_gather_tensors_in_pipeline"},
              p.pipeline_scatter_gather);
+  r.optional("pad_to_longest", p.pad_to_longest);
   r.finish();
   return p;
 }
@@ -175,6 +176,7 @@ Json to_json(const ParallelPlan& p) {
   if (p.tp_comm_overlap) j["tp_comm_overlap"] = true;
   if (!p.tp_backward_overlap) j["tp_backward_overlap"] = false;
   if (!p.pipeline_scatter_gather) j["pipeline_scatter_gather"] = false;
+  if (p.pad_to_longest) j["pad_to_longest"] = true;
   return j;
 }
 
@@ -434,6 +436,11 @@ void validate_plan(const ParallelPlan& plan, const ModelSpec& model, const Workl
   if (plan.tp_comm_overlap && !plan.sequence_parallel)
     top("tp_comm_overlap",
         "needs sequence_parallel (it overlaps its all-gathers and reduce-scatters)");
+  if (plan.pad_to_longest && llm_place != nullptr && llm_place->layout.cp > 1)
+    top("pad_to_longest",
+        "pads micro-batches of whole samples; context parallelism splits one packed sequence "
+        "(cp=" +
+            std::to_string(llm_place->layout.cp) + ")");
 }
 
 }  // namespace tessera

@@ -88,6 +88,11 @@ struct ParallelPlan {
   // receiving stage all-gathers the slices over its TP group (Megatron-LM's
   // `scatter_gather_tensors_in_pipeline`, on by default there too).
   bool pipeline_scatter_gather = true;
+  // Each sample of an LLM micro-batch padded to the micro-batch's longest, as Hugging Face's
+  // collator batches them (`padding="longest"`): the LLM's matrices, norms and head run on the
+  // pads too; its attention does not (flash attention unpads). false: samples packed back to
+  // back, each attending within itself (Megatron with variable-length attention).
+  bool pad_to_longest = false;
 
   bool operator==(const ParallelPlan&) const = default;
 };

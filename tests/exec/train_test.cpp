@@ -3,6 +3,7 @@
 // learnable, resume continues exactly, and a killed worker ends the job quickly.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
@@ -24,6 +25,7 @@
 #include "shared/entrain.hpp"
 #include "shared/json_reader.hpp"
 #include "shared/lower.hpp"
+#include "shared/microbatch.hpp"
 #include "shared/plan_source.hpp"
 #include "shared/scenario.hpp"
 #include "tests/exec/run_train.hpp"
@@ -667,6 +669,48 @@ TEST_CASE("makespan CP split: the executor shards tokens as lower() charges them
   REQUIRE(got.size() == reference.size());
   for (std::size_t i = 0; i < got.size(); ++i)
     CHECK(std::abs(got[i] - reference[i]) <= 1e-5 * std::abs(reference[i]));
+}
+
+TEST_CASE("padding to the longest sample: the executor's sequence holds the pads lower() counts") {
+  Diagnostics diag;
+  const auto s = load_scenario(kScenario, diag);
+  REQUIRE(s.has_value());
+  const exec::TrainBatch batch = exec::make_batch(*s, exec::DatasetKind::kSynthetic, 0);
+  const ModuleSpec& llm = *find_llm(s->model);
+  const std::vector<int32_t> four{0, 1, 2, 3};
+  std::vector<const Sample*> pointers;
+  int64_t longest = 0;
+  for (int32_t i : four) {
+    const Sample& sample = batch.batch.samples[static_cast<std::size_t>(i)];
+    pointers.push_back(&sample);
+    const Sample* one[] = {&sample};
+    longest = std::max(longest, module_work(s->model, llm, one, s->workload.max_seq_len).tokens);
+  }
+  const exec::LlmLayout packed = exec::llm_layout(s->model, batch, four, s->workload.max_seq_len);
+  const exec::LlmLayout padded =
+      exec::llm_layout(s->model, batch, four, s->workload.max_seq_len, true);
+  REQUIRE(padded.tokens > packed.tokens);  // the samples differ in length
+  CHECK(padded.tokens == 4 * longest);
+  CHECK(padded.tokens ==
+        module_work(s->model, llm, pointers, s->workload.max_seq_len, true).tokens);
+  CHECK((padded.targets >= 0).sum().item<int64_t>() == (packed.targets >= 0).sum().item<int64_t>());
+  // The pads change no loss: micro-batches of four, padded, on two pipeline stages and on two
+  // data-parallel replicas.
+  const std::vector<double> reference = train(R"({"tp": 1})", "padding-reference");
+  for (const auto& [layout, name] : std::vector<std::pair<std::string, std::string>>{
+           {R"({"pp": 2})", "pad-pp2"}, {R"({"dp": 2})", "pad-dp2"}}) {
+    const std::string plan = raw_plan(R"({"placement": "homogeneous", "layout": )" + layout +
+                                          R"(, "micro_batch_size": 4, "num_micro_batches": )" +
+                                          (name == "pad-pp2" ? "2" : "1") +
+                                          R"(, "schedule": "1f1b", "pad_to_longest": true})",
+                                      name);
+    const std::vector<double> got = train_with(kScenario, plan, name);
+    REQUIRE(got.size() == reference.size());
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      INFO(name << " step " << i << ": " << got[i] << " vs " << reference[i]);
+      CHECK(std::abs(got[i] - reference[i]) <= 1e-5 * std::abs(reference[i]));
+    }
+  }
 }
 
 TEST_CASE(

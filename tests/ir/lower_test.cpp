@@ -13,6 +13,7 @@
 #include "shared/estimate.hpp"
 #include "shared/evaluator.hpp"
 #include "shared/lower.hpp"
+#include "shared/microbatch.hpp"
 #include "shared/model_math.hpp"
 #include "shared/scenario.hpp"
 #include "shared/schedule.hpp"
@@ -871,4 +872,60 @@ TEST_CASE(
     CHECK(sends > 0);
     CHECK(gathers == (row.gathered ? sends : 0));
   }
+}
+
+TEST_CASE("padding to the longest sample: the LLM's ops count the pads, its attention does not") {
+  Diagnostics diag;
+  auto s = load_scenario(std::string(TESSERA_SOURCE_DIR) + "/scenarios/cpu-tiny.json", diag);
+  REQUIRE(s.has_value());
+  ParallelPlan plan;
+  plan.layout.pp = 2;
+  plan.micro_batch_size = 4;
+  plan.schedule = Schedule::k1F1B;
+  const Batch batch = draw_batch(s->workload, 0);
+  const Lowered packed = lower(s->model, s->cluster, plan, s->workload, batch);
+  plan.pad_to_longest = true;
+  const Lowered padded = lower(s->model, s->cluster, plan, s->workload, batch);
+  REQUIRE(packed.error.empty());
+  REQUIRE(padded.error.empty());
+  CHECK(check_program(padded.program).empty());
+  const int llm = static_cast<int>(find_llm(s->model) - s->model.modules.data());
+  const ModuleSpec& llm_spec = s->model.modules[static_cast<std::size_t>(llm)];
+  int64_t padded_somewhere = 0;
+  for (std::size_t r = 0; r < padded.program.ranks.size(); ++r) {
+    const auto& a = packed.program.ranks[r];
+    const auto& b = padded.program.ranks[r];
+    REQUIRE(a.size() == b.size());
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      if (a[i].kind != OpKind::kCompute) continue;
+      if (a[i].module != llm) {
+        CHECK(b[i].tokens == a[i].tokens);  // encoders and projectors are not padded
+        continue;
+      }
+      // By hand: the micro-batch's samples, each brought to the longest one's length.
+      int64_t longest = 0, own = 0;
+      const auto& samples =
+          padded.program.llm_microbatches[0][static_cast<std::size_t>(b[i].microbatch)];
+      for (int32_t id : samples) {
+        const Sample* one[] = {&batch.samples[static_cast<std::size_t>(id)]};
+        const int64_t t = module_work(s->model, llm_spec, one, s->workload.max_seq_len).tokens;
+        longest = std::max(longest, t);
+        own += t;
+      }
+      const int64_t pads = longest * static_cast<int64_t>(samples.size()) - own;
+      CHECK(a[i].tokens == own);
+      CHECK(b[i].tokens == own + pads);
+      CHECK(b[i].attention_pairs == doctest::Approx(a[i].attention_pairs + pads));
+      if (pads > 0) CHECK(b[i].flops > a[i].flops);
+      padded_somewhere += pads;
+    }
+  }
+  CHECK(padded_somewhere > 0);
+  CHECK(padded.program.llm_tokens == packed.program.llm_tokens);  // throughput counts samples' own
+  // Padding with context parallelism is refused, naming the key.
+  plan.layout = ModuleLayout{};
+  plan.layout.cp = 2;
+  Diagnostics refused;
+  validate_plan(plan, s->model, s->workload, s->cluster, "p.json", "plan", refused);
+  CHECK(refused.format().find("plan.pad_to_longest") != std::string::npos);
 }
