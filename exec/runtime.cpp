@@ -121,6 +121,9 @@ Worker::Worker(const Scenario& s, const ParallelPlan& plan, Groups& groups,
     torch::optim::AdamWOptions o(options.lr);
     o.betas({options.beta1, options.beta2}).eps(options.eps).weight_decay(options.weight_decay);
     if (plan.distributed_optimizer) {
+      TESSERA_CHECK(!plan.overlap_grad_reduce,
+                    "overlap_grad_reduce with distributed_optimizer (a reduce-scatter per "
+                    "gradient bucket) is not in the executor yet");
       // The slice this rank owns among the module's data(-context)-parallel group, the group
       // of the Program's gradient reduce-scatter.
       const Op* reduce = nullptr;
@@ -739,6 +742,7 @@ StepResult Worker::step(int64_t iteration) {
   received_.clear();
   has_w_.clear();
   sends_grad_.clear();
+  cuts_.clear();
   pending_.clear();
   loss_sum_ = 0;
   synchronized_ = false;
@@ -753,6 +757,10 @@ StepResult Worker::step(int64_t iteration) {
     if (fused_with_backward(ops, i)) fused_[i - 1] = fused_[i] = 1;
     if (op.kind == OpKind::kSend && op.phase == Phase::kB)
       sends_grad_.insert({op.module, op.chunk, op.microbatch, op.sub_microbatch});
+    // A backward in gradient-bucket pieces: its forward is cut where each piece begins.
+    if (op.kind == OpKind::kCompute && op.phase == Phase::kB && (op.flags & kOpGradientBucket) &&
+        op.first_layer > stage(op.module, op.chunk).begin())
+      cuts_[{op.module, op.chunk, op.microbatch, op.sub_microbatch}].push_back(op.first_layer);
     TESSERA_CHECK(!(op.kind == OpKind::kCompute && op.phase == Phase::kR),
                   "activation recomputation is not in the executor yet");
   }
@@ -979,14 +987,20 @@ void Worker::forward(const Op& op) {
                                     [](const torch::Tensor& t) { return t.requires_grad(); });
   // A frozen module with nothing trainable before it keeps no graph.
   torch::AutoGradMode graph(needs_graph);
+  Cuts* cuts = nullptr;
+  if (const auto it = cuts_.find(key); it != cuts_.end() && needs_graph) {
+    slot.cuts = Cuts{};
+    slot.cuts.layers = it->second;
+    cuts = &slot.cuts;
+  }
   torch::Tensor out;
   switch (spec.role) {
     case ModuleRole::kEncoder: {
       const std::vector<int32_t> samples = samples_for(op.module, op.microbatch);
       if (spec.modality == Modality::kAudio)
-        out = st.encode_audio(micro_batch_audio(batch_, samples));
+        out = st.encode_audio(micro_batch_audio(batch_, samples), cuts);
       else if (!inputs.empty())
-        out = st.encode(inputs[0]);
+        out = st.encode(inputs[0], cuts);
       else if (dip_) {
         // This sub-micro-batch's images of the LLM micro-batch.
         const auto [first, count] =
@@ -994,9 +1008,10 @@ void Worker::forward(const Op& op) {
         out =
             st.encode(micro_batch_images(spec, batch_,
                                          my_micro_batches_[static_cast<std::size_t>(op.microbatch)])
-                          .narrow(0, first, count));
+                          .narrow(0, first, count),
+                      cuts);
       } else {
-        out = st.encode(micro_batch_images(spec, batch_, samples));
+        out = st.encode(micro_batch_images(spec, batch_, samples), cuts);
       }
       break;
     }
@@ -1039,7 +1054,7 @@ void Worker::forward(const Op& op) {
       } else {
         h = inputs.at(0);
       }
-      h = st.blocks(h, b.attention);
+      h = st.blocks(h, b.attention, cuts);
       if (st.last()) {
         out = st.loss_sum(h, b.layout.targets.index_select(0, local)) /
               static_cast<double>(batch_.targets);
@@ -1056,18 +1071,8 @@ void Worker::forward(const Op& op) {
   slot.output = out;
 }
 
-void Worker::backward(const Op& op, bool weights) {
-  const Key key{op.module, op.chunk, op.microbatch, op.sub_microbatch};
+torch::Tensor Worker::output_gradient(const Op& op, Slot& slot) {
   Stage& st = stage(op.module, op.chunk);
-  Slot& slot = slots_.at(key);
-  const bool has_w = has_w_.count(key) > 0;
-  if (!slot.output.defined() || !slot.output.requires_grad()) {
-    // Nothing flowed through (a frozen module whose micro-batch has no media): zero gradients
-    // for the producers.
-    if (!weights && slot.input_grads.empty())
-      for (const torch::Tensor& in : slot.inputs) slot.input_grads.push_back(torch::zeros_like(in));
-    return;
-  }
   if (linked_boundary_ && consumer_of(op.module) >= 0) {
     absorb_self_links(op.module);
   }
@@ -1099,23 +1104,62 @@ void Worker::backward(const Op& op, bool weights) {
     }
     TESSERA_CHECK(grad.defined(), "no output gradient for " + op_name(*program_, op));
   }
+  return grad;
+}
+
+void Worker::backward(const Op& op, bool weights) {
+  const Key key{op.module, op.chunk, op.microbatch, op.sub_microbatch};
+  Stage& st = stage(op.module, op.chunk);
+  Slot& slot = slots_.at(key);
+  const bool has_w = has_w_.count(key) > 0;
+  if (!slot.output.defined() || !slot.output.requires_grad()) {
+    // Nothing flowed through (a frozen module whose micro-batch has no media): zero gradients
+    // for the producers.
+    if (!weights && slot.input_grads.empty())
+      for (const torch::Tensor& in : slot.inputs) slot.input_grads.push_back(torch::zeros_like(in));
+    return;
+  }
+  // A gradient bucket's piece runs layers [a, b) only: from the cut at b (or the stage's
+  // output) down to the cut at a (or the stage's inputs).
+  int64_t a = st.begin(), b = st.end();
+  if ((op.flags & kOpGradientBucket) != 0) {
+    a = op.first_layer;
+    b = op.first_layer + op.layers;
+  }
+  const bool top = b == st.end(), bottom = a == st.begin();
+  std::vector<torch::Tensor> outputs, grads;
+  if (top) {
+    outputs = {slot.output};
+    grads = {output_gradient(op, slot)};
+  } else {
+    outputs = slot.cuts.below.at(b);
+    grads = slot.cut_grads.at(b);
+  }
+  const std::vector<torch::Tensor>& starts = bottom ? slot.inputs : slot.cuts.above.at(a);
   std::vector<torch::Tensor> targets;
   if (!weights)
-    for (const torch::Tensor& in : slot.inputs)
+    for (const torch::Tensor& in : starts)
       if (in.requires_grad()) targets.push_back(in);
   if (weights || !has_w)
-    for (const Param& p : st.params())
-      if (p.tensor.requires_grad()) targets.push_back(p.tensor);
+    for (const Param* p : st.params_of(a, b))
+      if (p->tensor.requires_grad()) targets.push_back(p->tensor);
   if (!targets.empty())
-    torch::autograd::backward({slot.output}, {grad}, /*retain_graph=*/!weights && has_w,
+    torch::autograd::backward(outputs, grads, /*retain_graph=*/!weights && has_w,
                               /*create_graph=*/false, targets);
   if (!weights) {
-    for (const torch::Tensor& in : slot.inputs)
-      slot.input_grads.push_back(in.grad().defined() ? in.grad() : torch::zeros_like(in));
+    std::vector<torch::Tensor> start_grads;
+    for (const torch::Tensor& in : starts)
+      start_grads.push_back(in.grad().defined() ? in.grad() : torch::zeros_like(in));
+    if (bottom)
+      slot.input_grads = start_grads;
+    else
+      slot.cut_grads[a] = start_grads;
   }
-  if (weights || !has_w) {
+  if (bottom && (weights || !has_w)) {
     slot.output = torch::Tensor();
     slot.inputs.clear();
+    slot.cuts = Cuts{};
+    slot.cut_grads.clear();
   }
 }
 
@@ -1139,6 +1183,22 @@ void Worker::reduce_gradients(const Op& op) {
     return;
   }
   const Comm& comm = groups_.get(program_->groups[static_cast<std::size_t>(op.group)]);
+  if ((op.flags & kOpGradientBucket) != 0 && comm.size() > 1) {
+    // One bucket, summed in the background while the backward goes on; the global norm waits.
+    Reduction r;
+    std::vector<torch::Tensor> flat;
+    for (Param* p : stage(op.module, op.chunk).params_of(op.first_layer, op.first_layer + op.layers))
+      if (p->tensor.requires_grad()) {
+        r.grads.push_back(p->tensor.mutable_grad());
+        flat.push_back(r.grads.back().reshape({-1}));
+      }
+    if (flat.empty()) return;
+    r.flat = torch::cat(flat);
+    std::vector<at::Tensor> tensors{r.flat};
+    r.work = comm.group->allreduce(tensors);
+    reductions_.push_back(std::move(r));
+    return;
+  }
   std::vector<torch::Tensor> params = trainable(op.module);
   if (params.empty()) return;
   std::vector<torch::Tensor> grads;
@@ -1158,7 +1218,20 @@ void Worker::reduce_gradients(const Op& op) {
   }
 }
 
+void Worker::finish_reductions() {
+  for (Reduction& r : reductions_) {
+    r.work->wait();
+    int64_t at = 0;
+    for (torch::Tensor& g : r.grads) {
+      g.copy_(r.flat.narrow(0, at, g.numel()).view_as(g));
+      at += g.numel();
+    }
+  }
+  reductions_.clear();
+}
+
 void Worker::synchronize_norm_and_loss() {
+  finish_reductions();
   // Each distinct gradient counted once: a shard held by `copies` ranks contributes 1/copies.
   double norm2 = 0;
   for (auto& [m, sh] : shards_) {

@@ -83,6 +83,10 @@ class Worker {
     torch::Tensor output;                    // the activation handed on, or the loss sum
     std::vector<torch::Tensor> input_grads;  // after B, one per input
     torch::Tensor output_grad;               // received, or the consumer's input gradient
+    // A backward in gradient-bucket pieces: the forward's cuts, and the gradient at each cut
+    // once the piece above it has run.
+    Cuts cuts;
+    std::map<int64_t, std::vector<torch::Tensor>> cut_grads;
   };
   struct MicroBatch {
     std::vector<int32_t> samples;
@@ -143,7 +147,11 @@ class Worker {
   void compute(const Op& op);
   void forward(const Op& op);
   void backward(const Op& op, bool weights);
+  // The gradient the backward of `op`'s stage starts from (its output's).
+  torch::Tensor output_gradient(const Op& op, Slot& slot);
   void reduce_gradients(const Op& op);
+  // Waits for the bucket reductions in flight and puts their sums in place.
+  void finish_reductions();
   void optimizer_step(const Op& op);
   void gather_parameters(const Op& op);
   const torch::Tensor& shard_gradient(int module);
@@ -199,6 +207,14 @@ class Worker {
   std::set<Key> has_w_;       // (module, chunk, mb) with a W op of its own on this rank
   std::set<Key> sends_grad_;  // ... whose input gradient this rank sends back
   std::vector<char> fused_;   // per op: a B and the W right after it, run as one backward
+  std::map<Key, std::vector<int64_t>> cuts_;  // forwards cut for a backward in bucket pieces
+  // Gradient buckets being all-reduced while the backward goes on (overlap_grad_reduce).
+  struct Reduction {
+    c10::intrusive_ptr<c10d::Work> work;
+    torch::Tensor flat;                // the bucket's gradients, flattened, being summed
+    std::vector<torch::Tensor> grads;  // where the sums go back
+  };
+  std::vector<Reduction> reductions_;
   std::vector<std::pair<c10::intrusive_ptr<c10d::Work>, torch::Tensor>> pending_;
   // schedule dip
   bool dip_ = false;

@@ -1,5 +1,6 @@
 #include "exec/stage.hpp"
 
+#include <algorithm>
 #include <cmath>
 
 #include "shared/check.hpp"
@@ -57,8 +58,11 @@ Stage::Stage(const ModuleSpec& module, int64_t layer_begin, int64_t layer_end, u
   }
   if (module.role == ModuleRole::kLlm && first())
     embedding_ = Embedding(params_, name + ".embedding", arch.vocab, arch.hidden);
-  for (int64_t l = begin_; l < end_; ++l)
+  front_params_ = params_.params().size();
+  for (int64_t l = begin_; l < end_; ++l) {
     blocks_.emplace_back(params_, name + ".layers." + std::to_string(l), arch);
+    block_params_end_.push_back(params_.params().size());
+  }
   if (module.role == ModuleRole::kLlm && last()) {
     TESSERA_CHECK(!arch.tied_embeddings || first(),
                   name + ": tied embeddings across pipeline stages are not in the executor yet");
@@ -73,7 +77,46 @@ Stage::Stage(const ModuleSpec& module, int64_t layer_begin, int64_t layer_end, u
   }
 }
 
-torch::Tensor Stage::encode(const torch::Tensor& input) const {
+std::vector<Param*> Stage::params_of(int64_t a, int64_t b) {
+  std::vector<Param>& all = params_.params();
+  std::vector<Param*> out;
+  const bool bottom = a <= begin_, top = b >= end_;
+  // Projectors have no blocks: everything is their front end.
+  const std::size_t blocks_begin = front_params_;
+  const std::size_t blocks_end = block_params_end_.empty() ? front_params_ : block_params_end_.back();
+  const bool tied_head = last() && module_.transformer && module_.transformer->tied_embeddings;
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    bool in = false;
+    if (i < blocks_begin) {
+      in = bottom || (top && tied_head);
+    } else if (i < blocks_end) {
+      const auto block = static_cast<int64_t>(
+          std::upper_bound(block_params_end_.begin(), block_params_end_.end(), i) -
+          block_params_end_.begin());
+      in = begin_ + block >= a && begin_ + block < b;
+    } else {
+      in = top;
+    }
+    if (in) out.push_back(&all[i]);
+  }
+  return out;
+}
+
+torch::Tensor Stage::run_blocks(torch::Tensor x, const AttentionInputs& in, Cuts* cuts) const {
+  for (std::size_t i = 0; i < blocks_.size(); ++i) {
+    const int64_t layer = begin_ + static_cast<int64_t>(i);
+    if (cuts != nullptr &&
+        std::find(cuts->layers.begin(), cuts->layers.end(), layer) != cuts->layers.end()) {
+      cuts->below[layer].push_back(x);
+      x = x.detach().requires_grad_(true);
+      cuts->above[layer].push_back(x);
+    }
+    x = blocks_[i].forward(x, in);
+  }
+  return x;
+}
+
+torch::Tensor Stage::encode(const torch::Tensor& input, Cuts* cuts) const {
   torch::Tensor x = input;
   if (first()) {
     const Patching& p = *module_.patching;
@@ -85,13 +128,13 @@ torch::Tensor Stage::encode(const torch::Tensor& input) const {
     if (cls_.defined()) x = torch::cat({cls_.view({1, 1, -1}).expand({n, 1, cls_.size(0)}), x}, 1);
     if (positions_.defined()) x = x + positions_.narrow(0, 0, x.size(1)).unsqueeze(0);
   }
-  for (const Block& b : blocks_) x = b.forward(x, AttentionInputs{});
+  x = run_blocks(x, AttentionInputs{}, cuts);
   if (!last()) return x;
   if (module_.patching->class_token) x = x.narrow(1, 1, x.size(1) - 1);
   return x.reshape({-1, x.size(2)});
 }
 
-torch::Tensor Stage::encode_audio(const std::vector<torch::Tensor>& windows) const {
+torch::Tensor Stage::encode_audio(const std::vector<torch::Tensor>& windows, Cuts* cuts) const {
   const AudioFrontEnd& a = *module_.audio;
   std::vector<torch::Tensor> out;
   for (const torch::Tensor& mel : windows) {
@@ -100,7 +143,7 @@ torch::Tensor Stage::encode_audio(const std::vector<torch::Tensor>& windows) con
     x = torch::gelu(torch::conv1d(x, conv2_weight_, conv2_bias_, a.downsampling, 1));
     x = x.transpose(1, 2);  // (1, T, H)
     x = x + positions_.narrow(0, 0, x.size(1)).unsqueeze(0);
-    for (const Block& b : blocks_) x = b.forward(x, AttentionInputs{});
+    x = run_blocks(x, AttentionInputs{}, cuts);
     if (a.pooling > 1)
       x = torch::avg_pool1d(x.transpose(1, 2), {a.pooling}, {a.pooling}, {0}, /*ceil_mode=*/true)
               .transpose(1, 2);
@@ -126,10 +169,8 @@ torch::Tensor Stage::embed(const torch::Tensor& ids, const torch::Tensor& text_s
   return h.index_select(0, local);
 }
 
-torch::Tensor Stage::blocks(const torch::Tensor& h, const AttentionInputs& in) const {
-  torch::Tensor x = h.unsqueeze(0);
-  for (const Block& b : blocks_) x = b.forward(x, in);
-  return x.squeeze(0);
+torch::Tensor Stage::blocks(const torch::Tensor& h, const AttentionInputs& in, Cuts* cuts) const {
+  return run_blocks(h.unsqueeze(0), in, cuts).squeeze(0);
 }
 
 torch::Tensor Stage::loss_sum(const torch::Tensor& h, const torch::Tensor& targets) const {

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <vector>
 
 #include <torch/torch.h>
@@ -12,6 +13,15 @@
 #include "exec/layers.hpp"
 
 namespace tessera::exec {
+
+// A forward cut before some of the stage's layers, so that its backward can run piece by piece
+// (one gradient bucket at a time): at each cut, the output of the layers below it and the leaf
+// the layers above start from — one of each per pass through the layers (an audio encoder
+// passes once per window).
+struct Cuts {
+  std::vector<int64_t> layers;  // cut before each of these (neither the stage's first nor past it)
+  std::map<int64_t, std::vector<torch::Tensor>> below, above;
+};
 
 class Stage {
  public:
@@ -23,16 +33,22 @@ class Stage {
   const ModuleSpec& module() const { return module_; }
   bool first() const { return begin_ == 0; }
   bool last() const { return end_ == layers_; }
+  int64_t begin() const { return begin_; }
+  int64_t end() const { return end_; }
   bool trainable() const { return !module_.frozen; }
   std::vector<Param>& params() { return params_.params(); }
+  // The parameters layers [a, b) of this stage use: with the front end when a is the stage's
+  // first layer, with the back end (and a head tied to the embedding) when b is its end.
+  std::vector<Param*> params_of(int64_t a, int64_t b);
 
   // Encoder. first: pixels (N, C, S, S) -> (N, L, H); otherwise (N, L, H) -> (N, L, H);
   // last: -> (N·P, H), the LLM-bound tokens (CLS dropped).
-  torch::Tensor encode(const torch::Tensor& x) const;
+  torch::Tensor encode(const torch::Tensor& x, Cuts* cuts = nullptr) const;
   // Audio encoder (Whisper-style), whole: log-mel windows (mel_bins, frames) -> conv front end
   // (stride 1, then `downsampling`) -> learned positions -> blocks -> k:1 average pooling;
   // the windows' tokens concatenated, (rows, H).
-  torch::Tensor encode_audio(const std::vector<torch::Tensor>& windows) const;
+  torch::Tensor encode_audio(const std::vector<torch::Tensor>& windows,
+                             Cuts* cuts = nullptr) const;
   // Projector: (R, in) -> (R, out).
   torch::Tensor project(const torch::Tensor& x) const;
   // LLM, first slice: the sequence (T, H) with text ids embedded at `text_slots` and media rows
@@ -41,15 +57,22 @@ class Stage {
                       const torch::Tensor& media, const torch::Tensor& media_slots,
                       const torch::Tensor& media_rows, const torch::Tensor& local) const;
   // LLM blocks on (T_local, H).
-  torch::Tensor blocks(const torch::Tensor& h, const AttentionInputs& in) const;
+  torch::Tensor blocks(const torch::Tensor& h, const AttentionInputs& in,
+                       Cuts* cuts = nullptr) const;
   // LLM, last slice: summed cross-entropy of (T_local, H) against targets (T_local), -1 ignored.
   torch::Tensor loss_sum(const torch::Tensor& h, const torch::Tensor& targets) const;
 
  private:
+  // The layers from x on, cut where `cuts` asks.
+  torch::Tensor run_blocks(torch::Tensor x, const AttentionInputs& in, Cuts* cuts) const;
+
   const ModuleSpec& module_;
   int64_t begin_, end_, layers_;
   ParamSet params_;
   std::vector<Block> blocks_;
+  // params() holds the front end's parameters, then each block's, then the back end's.
+  std::size_t front_params_ = 0;
+  std::vector<std::size_t> block_params_end_;  // per block: one past its last parameter
   // Encoder front end.
   Linear patch_;
   torch::Tensor conv1_weight_, conv1_bias_, conv2_weight_, conv2_bias_;  // (H, mel|H, 3), (H)

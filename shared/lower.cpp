@@ -49,6 +49,22 @@ struct Coord {
   int64_t t = 0, c = 0, d = 0, p = 0;
 };
 
+using LayerRange = std::pair<int64_t, int64_t>;  // layers [first, end) of a module
+
+// Parameters of a module's layers [a, b), with the input side (embedding, patch or audio front
+// end) when a is 0 and the output head when b is the last layer; a projector whole.
+double range_parameters(const ModuleSpec& spec, int64_t a, int64_t b) {
+  double params = 0;
+  if (const auto& t = spec.transformer) {
+    const int64_t head = t->vocab > 0 && !t->tied_embeddings ? t->hidden * t->vocab : 0;
+    params += static_cast<double>((b - a) * layer_parameters(*t));
+    if (a == 0) params += static_cast<double>(embedding_parameters(spec) - head);  // input side
+    if (b == t->layers) params += static_cast<double>(head);                       // output head
+  }
+  if (spec.projector) params += static_cast<double>(projector_parameters(*spec.projector));
+  return params;
+}
+
 struct ModuleInfo {
   int index = 0;
   const ModuleSpec* spec = nullptr;
@@ -240,9 +256,10 @@ class Lowering {
       if (ops[static_cast<std::size_t>(i)].stream == StreamKind::kCompute) return i;
     return -1;
   }
-  // A Compute op of `m` on `rank` for layers [a, b) of micro-batch `mb` (-1: whole local batch).
+  // A Compute op of `m` on `rank` for the layers of virtual stage `k_chunk` (or only `piece`, a
+  // part of them) of micro-batch `mb` (-1: whole local batch).
   Op compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t mb, Phase phase,
-             std::span<const Sample* const> samples);
+             std::span<const Sample* const> samples, const LayerRange* piece = nullptr);
   int64_t tag(int kind, int a, int b, int64_t k, int dir, int32_t mb, int32_t sub) const {
     return ((((static_cast<int64_t>(kind) * 256 + a) * 256 + b) * 4096 + k) * 2 + dir) *
                (int64_t{1} << 20) +
@@ -266,6 +283,12 @@ class Lowering {
   std::deque<std::vector<const Sample*>> piece_sets_;
   void lower_colocated();
   void gradient_reduction(int64_t rank, const std::vector<int>& modules);  // also accounts memory
+  // overlap_grad_reduce: the pieces of virtual stage k's layers, last layers first, each holding
+  // about grad_bucket_mb of this rank's gradients (at least one layer each).
+  std::vector<LayerRange> gradient_buckets(const ModuleInfo& m, int64_t k) const;
+  // overlap_grad_reduce: the bucket reductions each rank emitted, per module; those modules get
+  // no reduction after the backward.
+  std::map<int64_t, std::map<int, std::vector<int32_t>>> bucket_reductions_;
   void account_memory(int64_t rank, const std::vector<int>& modules);
   const ModuleInfo& grid_of(const ModuleInfo& m) const;
   double parameters_on(const ModuleInfo& m, const Coord& x) const;
@@ -511,7 +534,7 @@ const Lowering::CpShare& Lowering::cp_share(std::span<const Sample* const> sampl
 }
 
 Op Lowering::compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t mb, Phase phase,
-                     std::span<const Sample* const> samples) {
+                     std::span<const Sample* const> samples, const LayerRange* piece) {
   const ModuleSpec& spec = *m.spec;
   const ModuleInfo& grid = m.host >= 0 ? modules_[static_cast<std::size_t>(m.host)] : m;
   // Homogeneous encoders share the LLM's grid.
@@ -531,7 +554,8 @@ Op Lowering::compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t
   }
   const double tp_shard = static_cast<double>(l.tp);
   const double dtype = static_cast<double>(dtype_bytes(model_.dtype));
-  const auto [layer_begin, layer_end] = m.chunk_layers[static_cast<std::size_t>(k_chunk)];
+  const auto [layer_begin, layer_end] =
+      piece != nullptr ? *piece : m.chunk_layers[static_cast<std::size_t>(k_chunk)];
   const int64_t layers = layer_end - layer_begin;
   const bool first_chunk = layer_begin == 0;
   const bool last_chunk = !spec.transformer || layer_end == spec.transformer->layers;
@@ -752,14 +776,7 @@ double Lowering::parameters_on(const ModuleInfo& m, const Coord& x) const {
   for (int64_t chunk = 0; chunk < chunks; ++chunk) {
     const int64_t k = split ? chunk * m.layout.pp + x.p : 0;
     const auto [a, b] = m.chunk_layers[static_cast<std::size_t>(k)];
-    if (const auto& t = m.spec->transformer) {
-      const int64_t head = t->vocab > 0 && !t->tied_embeddings ? t->hidden * t->vocab : 0;
-      params += static_cast<double>((b - a) * layer_parameters(*t));
-      if (a == 0)
-        params += static_cast<double>(embedding_parameters(*m.spec) - head);  // input side
-      if (b == t->layers) params += static_cast<double>(head);                // output head
-    }
-    if (m.spec->projector) params += static_cast<double>(projector_parameters(*m.spec->projector));
+    params += range_parameters(*m.spec, a, b);
   }
   return params / static_cast<double>(owner.layout.tp);
 }
@@ -779,12 +796,28 @@ void Lowering::account_memory(int64_t rank, const std::vector<int>& module_list)
   }
 }
 
+std::vector<LayerRange> Lowering::gradient_buckets(const ModuleInfo& m, int64_t k) const {
+  const auto [a, b] = m.chunk_layers[static_cast<std::size_t>(k)];
+  const double bytes_per_parameter = static_cast<double>(dtype_bytes(model_.dtype)) /
+                                     static_cast<double>(grid_of(m).layout.tp);
+  const double limit = plan_.grad_bucket_mb * 1e6;
+  std::vector<LayerRange> pieces;
+  int64_t end = b;
+  for (int64_t l = b - 1; l >= a; --l)
+    if (l == a || range_parameters(*m.spec, l, end) * bytes_per_parameter >= limit) {
+      pieces.emplace_back(l, end);
+      end = l;
+    }
+  return pieces;
+}
+
 void Lowering::gradient_reduction(int64_t rank, const std::vector<int>& module_list) {
   account_memory(rank, module_list);
   // Every gradient is reduced before any optimizer step: the step clips by the norm of all
   // gradients (Megatron's global clipping), so it waits for all of them.
   std::vector<Op> reductions;
   std::vector<int32_t> reduced;  // index of each reduction (or the last compute op)
+  const auto bucketed = bucket_reductions_.find(rank);
   for (int i : module_list) {
     const ModuleInfo& m = modules_[static_cast<std::size_t>(i)];
     if (!m.flow.trainable) continue;
@@ -798,11 +831,17 @@ void Lowering::gradient_reduction(int64_t rank, const std::vector<int>& module_l
         plan_.distributed_optimizer ? CollectiveKind::kReduceScatter : CollectiveKind::kAllReduce,
         Purpose::kDp, Phase::kF, i, g, grad_bytes);
     c.stage = static_cast<int16_t>(x.p);
+    reductions.push_back(c);
+    if (bucketed != bucket_reductions_.end())
+      if (const auto it = bucketed->second.find(i); it != bucketed->second.end()) {
+        // Reduced bucket by bucket during its last backward.
+        reduced.insert(reduced.end(), it->second.begin(), it->second.end());
+        continue;
+      }
     const int32_t dep = last_compute(rank);
     if (dep >= 0) c.deps = {dep};
     // A group of one has nothing to reduce.
     reduced.push_back(shards > 1 ? emit(rank, c) : dep);
-    reductions.push_back(c);
   }
   // The global gradient norm (and the loss) is all-reduced over every rank before any step:
   // each rank's steps wait for the slowest rank's gradients.
@@ -909,11 +948,21 @@ void Lowering::lower_pipelines() {
       std::map<std::pair<int32_t, int32_t>, int32_t> forward_done;
       std::map<std::tuple<int32_t, int32_t, int>, int32_t>
           forward_of;  // (mb, chunk, module) -> F op
+      const std::vector<ScheduleItem> order = order_for(owner, x.p, has_backward);
+      // overlap_grad_reduce: the owner's gradients of each chunk are bucketed and reduced during
+      // the chunk's last backward (gradients accumulate locally before it).
+      std::map<int32_t, int32_t> last_backward;  // chunk -> its last micro-batch's backward
+      const bool overlap = plan_.overlap_grad_reduce && owner.flow.trainable &&
+                           owner.spec->transformer &&
+                           p_.groups[static_cast<std::size_t>(dpcp_group(owner, x))].size() > 1;
+      if (overlap)
+        for (const ScheduleItem& item : order)
+          if (item.backward) last_backward[item.chunk] = item.microbatch;
       // Received encoder outputs live from their forward until their backward (or the forward,
       // when no gradient flows back): peak in-flight count times the largest micro-batch.
       double largest_input = 0;
       int32_t in_flight = 0, peak_in_flight = 0;
-      for (const ScheduleItem& item : order_for(owner, x.p, has_backward)) {
+      for (const ScheduleItem& item : order) {
         const int32_t mb = item.microbatch;
         const int64_t k = item.chunk * pp + x.p;  // virtual stage
         const bool first_virtual = k == 0, last_virtual = k == owner.chunks() - 1;
@@ -1043,15 +1092,41 @@ void Lowering::lower_pipelines() {
             last = emit(rank, r);
             deps = {last};
           }
-          Op b = compute(m, rank, static_cast<int32_t>(chunk_index), at_mb, Phase::kB, s);
-          b.deps = deps;
-          last = emit(rank, b);
-          deps = {last};
-          if (m.flow.trainable) {
-            Op w = compute(m, rank, static_cast<int32_t>(chunk_index), at_mb, Phase::kW, s);
-            w.deps = deps;
-            last = emit(rank, w);
+          // The whole chunk at once, or (its gradients reduced during this backward) piece by
+          // piece, each bucket's reduction starting once its weight gradients are done.
+          std::vector<LayerRange> pieces{LayerRange{-1, -1}};
+          const bool bucketed = overlap && m.index == owner_index &&
+                                last_backward.at(item.chunk) == at_mb;
+          if (bucketed) pieces = gradient_buckets(m, chunk_index);
+          for (const LayerRange& piece : pieces) {
+            const LayerRange* range = bucketed ? &piece : nullptr;
+            Op b = compute(m, rank, static_cast<int32_t>(chunk_index), at_mb, Phase::kB, s, range);
+            if (bucketed) b.flags |= kOpGradientBucket;
+            b.deps = deps;
+            last = emit(rank, b);
             deps = {last};
+            if (m.flow.trainable) {
+              Op w =
+                  compute(m, rank, static_cast<int32_t>(chunk_index), at_mb, Phase::kW, s, range);
+              if (bucketed) w.flags |= kOpGradientBucket;
+              w.deps = deps;
+              last = emit(rank, w);
+              deps = {last};
+            }
+            if (!bucketed) continue;
+            Op c = collective_op(plan_.distributed_optimizer ? CollectiveKind::kReduceScatter
+                                                             : CollectiveKind::kAllReduce,
+                                 Purpose::kDp, Phase::kF, m.index, dpcp_group(owner, x),
+                                 range_parameters(*m.spec, piece.first, piece.second) *
+                                     static_cast<double>(dtype_bytes(model_.dtype)) /
+                                     static_cast<double>(owner.layout.tp));
+            c.stage = static_cast<int16_t>(x.p);
+            c.chunk = static_cast<int16_t>(item.chunk);
+            c.first_layer = static_cast<int32_t>(piece.first);
+            c.layers = static_cast<int32_t>(piece.second - piece.first);
+            c.flags |= kOpGradientBucket;
+            c.deps = {last};
+            bucket_reductions_[rank][m.index].push_back(emit(rank, c));
           }
           release(rank, last, forward_of, std::make_tuple(at_mb, item.chunk, m.index));
         };

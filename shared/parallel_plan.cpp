@@ -141,6 +141,9 @@ ParallelPlan read_plan(const Json& json, const std::string& file, const std::str
   r.optional({"pipeline_scatter_gather", "scatter_gather_tensors_in_pipeline"},
              p.pipeline_scatter_gather);
   r.optional("pad_to_longest", p.pad_to_longest);
+  r.optional("overlap_grad_reduce", p.overlap_grad_reduce);
+  if (r.optional("grad_bucket_mb", p.grad_bucket_mb))
+    r.check_positive("grad_bucket_mb", p.grad_bucket_mb);
   r.finish();
   return p;
 }
@@ -177,6 +180,10 @@ Json to_json(const ParallelPlan& p) {
   if (!p.tp_backward_overlap) j["tp_backward_overlap"] = false;
   if (!p.pipeline_scatter_gather) j["pipeline_scatter_gather"] = false;
   if (p.pad_to_longest) j["pad_to_longest"] = true;
+  if (p.overlap_grad_reduce) {
+    j["overlap_grad_reduce"] = true;
+    j["grad_bucket_mb"] = p.grad_bucket_mb;
+  }
   return j;
 }
 
@@ -441,6 +448,14 @@ void validate_plan(const ParallelPlan& plan, const ModelSpec& model, const Workl
         "pads micro-batches of whole samples; context parallelism splits one packed sequence "
         "(cp=" +
             std::to_string(llm_place->layout.cp) + ")");
+  if (plan.overlap_grad_reduce && plan.placement == Placement::kColocated)
+    top("overlap_grad_reduce",
+        "the colocated lowering reduces gradients after the whole backward; overlap is lowered "
+        "for homogeneous and non_colocated pipelines");
+  if (plan.overlap_grad_reduce && plan.schedule == Schedule::kDip)
+    top("overlap_grad_reduce",
+        "schedule dip reduces gradients after the whole backward; overlap is lowered for the "
+        "other homogeneous schedules and non_colocated pipelines");
 }
 
 }  // namespace tessera

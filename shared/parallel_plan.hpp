@@ -93,6 +93,14 @@ struct ParallelPlan {
   // pads too; its attention does not (flash attention unpads). false: samples packed back to
   // back, each attending within itself (Megatron with variable-length attention).
   bool pad_to_longest = false;
+  // Data-parallel gradient reduction overlapped with the backward, as PyTorch DDP and
+  // Megatron-LM's `overlap_grad_reduce` run it: gradients accumulate locally over the
+  // micro-batches, and during each pipeline chunk's last backward every bucket of about
+  // `grad_bucket_mb` megabytes of gradients is reduced as soon as its layers are done
+  // (reduce-scattered with the distributed optimizer). false: one reduction per module after
+  // the rank's last backward.
+  bool overlap_grad_reduce = false;
+  double grad_bucket_mb = 80;  // Megatron-LM's 40M-parameter buckets in 16 bits; DDP uses 25
 
   bool operator==(const ParallelPlan&) const = default;
 };

@@ -55,12 +55,17 @@ std::string where(const Program& p, const Op& op) {
   return s;
 }
 
+std::string bucket(const Op& op) {
+  if ((op.flags & kOpGradientBucket) == 0) return "";
+  return ".L" + std::to_string(op.first_layer) + "-" + std::to_string(op.first_layer + op.layers);
+}
+
 }  // namespace
 
 std::string op_name(const Program& p, const Op& op) {
   switch (op.kind) {
     case OpKind::kCompute:
-      return where(p, op) + "." + phase_name(op.phase);
+      return where(p, op) + "." + phase_name(op.phase) + bucket(op);
     case OpKind::kSend:
       return "send:" + where(p, op) + "." + phase_name(op.phase) + ">r" + std::to_string(op.peer);
     case OpKind::kRecv:
@@ -69,7 +74,8 @@ std::string op_name(const Program& p, const Op& op) {
       return purpose_name(op.purpose) + ":" + collective_name(op.collective) + ":" + where(p, op) +
              (op.purpose == Purpose::kBoundary || op.purpose == Purpose::kPp
                   ? "." + phase_name(op.phase)
-                  : "");
+                  : "") +
+             bucket(op);
     case OpKind::kOptimizerStep:
       return "optimizer:" + where(p, op);
   }
@@ -82,7 +88,7 @@ bool fused_with_backward(const std::vector<Op>& ops, std::size_t i) {
   const Op& b = ops[i - 1];
   return w.kind == OpKind::kCompute && w.phase == Phase::kW && b.kind == OpKind::kCompute &&
          b.phase == Phase::kB && b.module == w.module && b.chunk == w.chunk &&
-         b.microbatch == w.microbatch;
+         b.microbatch == w.microbatch && b.first_layer == w.first_layer && b.layers == w.layers;
 }
 
 std::string op_id(const Program& p, int32_t rank, int32_t index) {

@@ -53,6 +53,10 @@ enum OpFlag : uint16_t {
                            // gradient GEMMs of the W op that follows (tp_backward_overlap)
   kOpTpScattered = 256,    // send/recv: this TP rank's 1/tp slice of a stage's activation (or its
                            // gradient); Op::group is the TP group whose all-gather reassembles it
+  kOpGradientBucket = 512,  // B, W or a data-parallel reduction of one gradient bucket: only the
+                            // layers [first_layer, first_layer + layers) of its chunk, with the
+                            // chunk's input side (first piece) or head (last) where it holds them
+                            // (overlap_grad_reduce)
 };
 
 struct Op {
@@ -116,7 +120,8 @@ struct Program {
 };
 
 // Readable, stable name: "llm.s1.mb3.F", "llm.s0.c1.mb3.B", "send:llm.s1.mb3.F>r17",
-// "dp:allreduce:llm.s1", "optimizer:llm.s0".
+// "dp:allreduce:llm.s1", "optimizer:llm.s0"; a gradient bucket's ops name their layers:
+// "llm.s0.mb7.B.L12-16", "dp:allreduce:llm.s0.L12-16".
 std::string op_name(const Program& program, const Op& op);
 // Op id: "it<iteration>.r<rank>.<index>".
 std::string op_id(const Program& program, int32_t rank, int32_t index);
