@@ -1187,7 +1187,8 @@ void Worker::reduce_gradients(const Op& op) {
     // One bucket, summed in the background while the backward goes on; the global norm waits.
     Reduction r;
     std::vector<torch::Tensor> flat;
-    for (Param* p : stage(op.module, op.chunk).params_of(op.first_layer, op.first_layer + op.layers))
+    for (Param* p :
+         stage(op.module, op.chunk).params_of(op.first_layer, op.first_layer + op.layers))
       if (p->tensor.requires_grad()) {
         r.grads.push_back(p->tensor.mutable_grad());
         flat.push_back(r.grads.back().reshape({-1}));

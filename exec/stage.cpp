@@ -83,7 +83,8 @@ std::vector<Param*> Stage::params_of(int64_t a, int64_t b) {
   const bool bottom = a <= begin_, top = b >= end_;
   // Projectors have no blocks: everything is their front end.
   const std::size_t blocks_begin = front_params_;
-  const std::size_t blocks_end = block_params_end_.empty() ? front_params_ : block_params_end_.back();
+  const std::size_t blocks_end =
+      block_params_end_.empty() ? front_params_ : block_params_end_.back();
   const bool tied_head = last() && module_.transformer && module_.transformer->tied_embeddings;
   for (std::size_t i = 0; i < all.size(); ++i) {
     bool in = false;

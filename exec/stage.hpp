@@ -47,8 +47,7 @@ class Stage {
   // Audio encoder (Whisper-style), whole: log-mel windows (mel_bins, frames) -> conv front end
   // (stride 1, then `downsampling`) -> learned positions -> blocks -> k:1 average pooling;
   // the windows' tokens concatenated, (rows, H).
-  torch::Tensor encode_audio(const std::vector<torch::Tensor>& windows,
-                             Cuts* cuts = nullptr) const;
+  torch::Tensor encode_audio(const std::vector<torch::Tensor>& windows, Cuts* cuts = nullptr) const;
   // Projector: (R, in) -> (R, out).
   torch::Tensor project(const torch::Tensor& x) const;
   // LLM, first slice: the sequence (T, H) with text ids embedded at `text_slots` and media rows

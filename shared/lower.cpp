@@ -798,8 +798,8 @@ void Lowering::account_memory(int64_t rank, const std::vector<int>& module_list)
 
 std::vector<LayerRange> Lowering::gradient_buckets(const ModuleInfo& m, int64_t k) const {
   const auto [a, b] = m.chunk_layers[static_cast<std::size_t>(k)];
-  const double bytes_per_parameter = static_cast<double>(dtype_bytes(model_.dtype)) /
-                                     static_cast<double>(grid_of(m).layout.tp);
+  const double bytes_per_parameter =
+      static_cast<double>(dtype_bytes(model_.dtype)) / static_cast<double>(grid_of(m).layout.tp);
   const double limit = plan_.grad_bucket_mb * 1e6;
   std::vector<LayerRange> pieces;
   int64_t end = b;
@@ -1095,8 +1095,8 @@ void Lowering::lower_pipelines() {
           // The whole chunk at once, or (its gradients reduced during this backward) piece by
           // piece, each bucket's reduction starting once its weight gradients are done.
           std::vector<LayerRange> pieces{LayerRange{-1, -1}};
-          const bool bucketed = overlap && m.index == owner_index &&
-                                last_backward.at(item.chunk) == at_mb;
+          const bool bucketed =
+              overlap && m.index == owner_index && last_backward.at(item.chunk) == at_mb;
           if (bucketed) pieces = gradient_buckets(m, chunk_index);
           for (const LayerRange& piece : pieces) {
             const LayerRange* range = bucketed ? &piece : nullptr;

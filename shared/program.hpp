@@ -49,10 +49,10 @@ enum OpFlag : uint16_t {
   kOpAttentionRecompute = 16,  // B: selective recomputation re-runs the attention core first
   kOpEagerElementwise = 32,    // norms, rotary and activation as chains of eager kernels
   kOpTpCommOverlap = 64,       // its nested TP collectives overlap its GEMMs (tp_comm_overlap)
-  kOpTpGradOverlap = 128,  // B: its layers' input-gradient TP collectives run beside the weight-
-                           // gradient GEMMs of the W op that follows (tp_backward_overlap)
-  kOpTpScattered = 256,    // send/recv: this TP rank's 1/tp slice of a stage's activation (or its
-                           // gradient); Op::group is the TP group whose all-gather reassembles it
+  kOpTpGradOverlap = 128,   // B: its layers' input-gradient TP collectives run beside the weight-
+                            // gradient GEMMs of the W op that follows (tp_backward_overlap)
+  kOpTpScattered = 256,     // send/recv: this TP rank's 1/tp slice of a stage's activation (or its
+                            // gradient); Op::group is the TP group whose all-gather reassembles it
   kOpGradientBucket = 512,  // B, W or a data-parallel reduction of one gradient bucket: only the
                             // layers [first_layer, first_layer + layers) of its chunk, with the
                             // chunk's input side (first piece) or head (last) where it holds them

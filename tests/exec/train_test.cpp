@@ -66,11 +66,12 @@ std::string plan_file(const std::string& layout) {
   return file.string();
 }
 
-std::vector<double> losses(const fs::path& out) {
+// One field of every step's line in loss.jsonl ("loss", "grad_norm", ...).
+std::vector<double> losses(const fs::path& out, const std::string& field = "loss") {
   std::vector<double> v;
   std::ifstream in(out / "loss.jsonl");
   std::string line;
-  while (std::getline(in, line)) v.push_back(Json::parse(line).at("loss").get<double>());
+  while (std::getline(in, line)) v.push_back(Json::parse(line).at(field).get<double>());
   return v;
 }
 
@@ -695,9 +696,9 @@ TEST_CASE("gradient reduction overlapped with the backward, bucket by bucket: th
   }
   // The gradient norm as well (it reads the reduced gradients), and the trace is the Program.
   const fs::path plain = fresh_dir("overlap-norm-plain"), bucketed = fresh_dir("overlap-norm");
-  const std::string without = raw_plan(
-      R"({"placement": "homogeneous", "layout": {"pp": 2, "dp": 2}, "schedule": "1f1b"})",
-      "overlap-without");
+  const std::string without =
+      raw_plan(R"({"placement": "homogeneous", "layout": {"pp": 2, "dp": 2}, "schedule": "1f1b"})",
+               "overlap-without");
   const std::string with = raw_plan(
       R"({"placement": "homogeneous", "layout": {"pp": 2, "dp": 2}, "schedule": "1f1b",
           "overlap_grad_reduce": true, "grad_bucket_mb": 0.0001})",
@@ -708,14 +709,7 @@ TEST_CASE("gradient reduction overlapped with the backward, bucket by bucket: th
     REQUIRE(r.code == 0);
   }
   check_trace_is_program(bucketed, kScenario, with);
-  auto norms = [](const fs::path& out) {
-    std::vector<double> v;
-    std::ifstream in(out / "loss.jsonl");
-    std::string line;
-    while (std::getline(in, line)) v.push_back(Json::parse(line).at("grad_norm").get<double>());
-    return v;
-  };
-  const std::vector<double> a = norms(plain), b = norms(bucketed);
+  const std::vector<double> a = losses(plain, "grad_norm"), b = losses(bucketed, "grad_norm");
   REQUIRE(a.size() == 2);
   REQUIRE(b.size() == 2);
   for (std::size_t i = 0; i < a.size(); ++i) CHECK(std::abs(a[i] - b[i]) <= 1e-5 * a[i]);

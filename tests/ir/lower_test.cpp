@@ -1010,8 +1010,9 @@ TEST_CASE("overlap_grad_reduce: the last backward of each chunk in bucket pieces
   CHECK(t.step_s < u.step_s);
   // Colocated plans and schedule dip reduce after the whole backward: refused, not ignored.
   Diagnostics diag;
-  Case co = make(kVlm, kUniformText,
-                 R"({"placement": "colocated", "modules": {"vision": {"dp": 2}, "llm": {"dp": 2}}})");
+  Case co =
+      make(kVlm, kUniformText,
+           R"({"placement": "colocated", "modules": {"vision": {"dp": 2}, "llm": {"dp": 2}}})");
   co.plan.overlap_grad_reduce = true;
   validate_plan(co.plan, co.model, co.workload, co.cluster, "p", "", diag);
   CHECK(diag.format().find("overlap_grad_reduce") != std::string::npos);
