@@ -592,14 +592,19 @@ Op Lowering::compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t
     attention = static_cast<double>(layers) * layer_attention_flops(a, pairs_local) / tp_shard;
     weights = static_cast<double>(layers * layer_parameters(a)) / static_cast<double>(l.tp);
     if (layers > 0) op.attention_pairs = pairs_local;
-    if (last_chunk && a.vocab > 0) {
+    // Full recomputation checkpoints the transformer layers only (Megatron-LM's checkpointed
+    // layer stack, Hugging Face's gradient checkpointing): the head, its loss and the front end
+    // keep their forward activations and are not run again.
+    const bool recomputed = phase == Phase::kR;
+    if (last_chunk && a.vocab > 0 && !recomputed) {
       op.flags |= kOpHead;
       if (phase != Phase::kW) op.logits = tokens_local * static_cast<double>(a.vocab) / tp_shard;
       linear += 2.0 * static_cast<double>(a.hidden * a.vocab) * tokens_local / tp_shard;
       weights += static_cast<double>(a.hidden * a.vocab) / static_cast<double>(l.tp);
     }
-    if (first_chunk && (a.vocab > 0 || spec.patching || spec.audio)) op.flags |= kOpFrontEnd;
-    if (first_chunk && (spec.patching || spec.audio)) {
+    if (first_chunk && (a.vocab > 0 || spec.patching || spec.audio) && !recomputed)
+      op.flags |= kOpFrontEnd;
+    if (first_chunk && (spec.patching || spec.audio) && !recomputed) {
       // Patch / conv front end, counted per encoder token.
       ModuleSpec front = spec;
       front.transformer->layers = 0;

@@ -125,10 +125,13 @@ class Pricer {
   // `tokens` of the whole micro-batch; `logits` (the head's, before sharding) count in F and B.
   // `whole_op`: the work is an op of its own (a module hosted on the stage), whose fixed cost
   // counts; otherwise it is part of the stage's op of its module, and only what it adds counts.
+  // `checkpointed`: full recomputation runs this work again (layers and projectors, not a
+  // module's front end or head; see Lowering::compute).
   double seconds(std::size_t m, double linear, double attention, int32_t layers, int32_t calls,
-                 double act, double tokens, double logits = 0, bool whole_op = false) const {
+                 double act, double tokens, double logits = 0, bool whole_op = false,
+                 bool checkpointed = true) const {
     const GradientFlow& f = flow_[m];
-    const bool recompute = plan_.recompute == Recompute::kFull && f.backward();
+    const bool recompute = plan_.recompute == Recompute::kFull && f.backward() && checkpointed;
     const Work w{layers, calls, act, tokens, logits, whole_op};
     double s = phase(m, Phase::kF, phase_flops(linear, attention, Phase::kF), w);
     if (f.backward()) s += phase(m, Phase::kB, phase_flops(linear, attention, Phase::kB), w);
@@ -198,7 +201,7 @@ double module_seconds(const Pricer& price, const ModelSpec& model, std::size_t m
              m,
              tokens * (forward_flops_per_token(spec, attended) -
                        static_cast<double>(a.layers) * layer_forward_flops_per_token(a, attended)),
-             0, 0, 0, 0, tokens, 0, true);  // the module's one op: its fixed cost counts here
+             0, 0, 0, 0, tokens, 0, true, false);  // the module's one op: its fixed cost counts
 }
 
 const ModuleLayout& layout_of(const ParallelPlan& plan, const ModelSpec& model, std::size_t m) {
@@ -230,12 +233,12 @@ ChainCosts chain_costs(const ModelSpec& model, std::size_t module, const Paralle
   ModuleSpec front = spec;
   front.transformer->layers = 0;
   front.transformer->vocab = 0;
-  c.first_extra =
-      price.seconds(module, tokens * forward_flops_per_token(front, 0), 0, 0, 0, 0, tokens);
+  c.first_extra = price.seconds(module, tokens * forward_flops_per_token(front, 0), 0, 0, 0, 0,
+                                tokens, 0, false, false);
   if (a.vocab > 0)
     c.last_extra = price.seconds(module, tokens * 2.0 * static_cast<double>(a.hidden * a.vocab), 0,
                                  0, 1, price.activation_bytes(tokens, a.hidden), tokens,
-                                 tokens * static_cast<double>(a.vocab));
+                                 tokens * static_cast<double>(a.vocab), false, false);
   // A homogeneous plan runs every other module on the LLM's first stage, on the LLM's grid
   // (under DIP the encoders are segments of their own, spread over every stage).
   if (plan.placement == Placement::kHomogeneous && spec.role == ModuleRole::kLlm &&

@@ -1017,3 +1017,33 @@ TEST_CASE("overlap_grad_reduce: the last backward of each chunk in bucket pieces
   validate_plan(co.plan, co.model, co.workload, co.cluster, "p", "", diag);
   CHECK(diag.format().find("overlap_grad_reduce") != std::string::npos);
 }
+
+TEST_CASE("full recomputation runs the layers again, not the embedding, head or loss") {
+  const Case c = make(
+      kTextModel, kUniformText,
+      R"({"placement": "homogeneous", "schedule": "1f1b", "layout": {"pp": 4}, "recompute": "full"})");
+  const Program p = lowered(c);
+  const TransformerArch& a = *c.model.modules[0].transformer;
+  const double head =
+      2.0 * static_cast<double>(a.hidden * a.vocab) * 256;  // one sample a micro-batch
+  int recomputes = 0;
+  for (const auto& ops : p.ranks) {
+    std::map<std::pair<int32_t, int>, const Op*> forward;
+    for (const Op& op : ops)
+      if (op.kind == OpKind::kCompute && op.phase == Phase::kF)
+        forward[{op.microbatch, op.stage}] = &op;
+    for (const Op& op : ops) {
+      if (op.kind != OpKind::kCompute || op.phase != Phase::kR) continue;
+      ++recomputes;
+      const Op& f = *forward.at({op.microbatch, op.stage});
+      CHECK((op.flags & (kOpHead | kOpFrontEnd)) == 0);
+      CHECK(op.logits == 0);
+      CHECK(op.layers == f.layers);
+      if ((f.flags & kOpHead) != 0)
+        CHECK(op.flops == doctest::Approx(f.flops - head));  // the head's forward, not again
+      else
+        CHECK(op.flops == doctest::Approx(f.flops));
+    }
+  }
+  CHECK(recomputes == 4 * 16);
+}
