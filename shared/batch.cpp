@@ -11,7 +11,7 @@ namespace tessera {
 
 namespace {
 
-Sample draw_sample(const WorkloadSpec& w, Rng& rng) {
+Sample draw_sample(const SampleSource& w, Rng& rng) {
   Sample s;
   s.text_tokens = sample_int(w.text_tokens, rng, kMaxTextTokens);
   if (w.image) {
@@ -33,6 +33,34 @@ Sample draw_sample(const WorkloadSpec& w, Rng& rng) {
                           sample_int(w.video->height, rng, kMaxMediaSide)});
   }
   return s;
+}
+
+// Which of `sources` (indices into `all`) a uniform draw `u` in [0, 1) picks, in proportion to
+// their weights.
+std::size_t pick_source(const std::vector<SampleSource>& all,
+                        const std::vector<std::size_t>& sources, double u) {
+  double total = 0;
+  for (std::size_t i : sources) total += all[i].weight;
+  double at = u * total;
+  for (std::size_t k = 0; k + 1 < sources.size(); ++k) {
+    if (at < all[sources[k]].weight) return sources[k];
+    at -= all[sources[k]].weight;
+  }
+  return sources.back();
+}
+
+// The sources a batch of `iteration` draws from: every one, or with group_batches those of one
+// group, chosen by the group's total weight with the iteration's own stream.
+std::vector<std::size_t> batch_sources(const WorkloadSpec& w, int64_t iteration) {
+  std::vector<std::size_t> all(w.sources.size());
+  std::iota(all.begin(), all.end(), std::size_t{0});
+  if (!w.group_batches || w.sources.size() < 2) return all;
+  Rng rng(mix64(w.seed ^ mix64(static_cast<uint64_t>(iteration) + 0x6a09e667ULL)));
+  const std::string& group = w.sources[pick_source(w.sources, all, rng.uniform())].group;
+  std::vector<std::size_t> members;
+  for (std::size_t i : all)
+    if (w.sources[i].group == group) members.push_back(i);
+  return members;
 }
 
 }  // namespace
@@ -59,11 +87,16 @@ Batch draw_batch(const WorkloadSpec& w, int64_t iteration) {
     }
     return batch;
   }
+  TESSERA_CHECK(!w.sources.empty());
+  const std::vector<std::size_t> sources = batch_sources(w, iteration);
   for (int64_t i = 0; i < w.global_batch; ++i) {
-    // One stream per sample: a sample does not change when the batch size does.
+    // One stream per sample: a sample does not change when the batch size does. A mixture's
+    // sample first picks its source from it (one source: nothing drawn, so nothing changes).
     Rng rng(mix64(w.seed) ^
             mix64(static_cast<uint64_t>(iteration) * 0x100000001b3ULL + static_cast<uint64_t>(i)));
-    batch.samples.push_back(draw_sample(w, rng));
+    const std::size_t source =
+        sources.size() > 1 ? pick_source(w.sources, sources, rng.uniform()) : sources[0];
+    batch.samples.push_back(draw_sample(w.sources[source], rng));
   }
   return batch;
 }

@@ -92,6 +92,8 @@ std::optional<Scenario> read_scenario(const Json& json, const std::string& file,
     pr.required("source_id", p.source_id);
     pr.optional("series", p.series);
     pr.optional("holdout", p.holdout);
+    if (pr.optional("iterations", p.iterations) && (p.iterations < 1 || p.iterations > 1024))
+      pr.error("iterations", "must be 1 to 1024, got " + std::to_string(p.iterations));
     pr.finish();
     s.published = p;
   }
@@ -116,16 +118,23 @@ void validate_scenario(const Scenario& s, Diagnostics& diag) {
   // Every modality the workload can produce needs an encoder.
   const std::string workload_file = s.workload_ref.empty() ? s.file : s.workload_ref;
   const std::string workload_path = s.workload_ref.empty() ? "workload" : "";
-  const std::pair<const std::optional<MediaDistribution>*, MediaUse> uses[] = {
-      {&s.workload.image, {Modality::kImage, "image"}},
-      {&s.workload.audio, {Modality::kAudio, "audio"}},
-      {&s.workload.video, {Modality::kVideo, "video"}}};
-  for (const auto& [dist, use] : uses) {
-    if (*dist && dist_upper_bound((*dist)->count) > 0 &&
-        encoder_for(s.model, use.modality) == nullptr)
-      diag.error(workload_file, join_path(join_path(workload_path, "samples"), use.name),
-                 "workload draws " + std::string(use.name) + " but model " + s.model.name +
-                     " has no " + use.name + " encoder");
+  const bool mixture = s.workload.sources.size() > 1 ||
+                       (s.workload.sources.size() == 1 && !s.workload.sources[0].name.empty());
+  for (std::size_t i = 0; i < s.workload.sources.size(); ++i) {
+    const SampleSource& source = s.workload.sources[i];
+    const std::string at = mixture ? index_path(join_path(workload_path, "samples"), i)
+                                   : join_path(workload_path, "samples");
+    const std::pair<const std::optional<MediaDistribution>*, MediaUse> uses[] = {
+        {&source.image, {Modality::kImage, "image"}},
+        {&source.audio, {Modality::kAudio, "audio"}},
+        {&source.video, {Modality::kVideo, "video"}}};
+    for (const auto& [dist, use] : uses) {
+      if (*dist && dist_upper_bound((*dist)->count) > 0 &&
+          encoder_for(s.model, use.modality) == nullptr)
+        diag.error(workload_file, join_path(at, use.name),
+                   "workload draws " + std::string(use.name) + " but model " + s.model.name +
+                       " has no " + use.name + " encoder");
+    }
   }
   for (std::size_t i = 0; i < s.workload.manifest_samples.size(); ++i) {
     const Sample& sample = s.workload.manifest_samples[i];
@@ -165,6 +174,7 @@ Json to_json(const Scenario& s) {
            {"source_id", s.published->source_id}};
     if (!s.published->series.empty()) p["series"] = s.published->series;
     if (s.published->holdout) p["holdout"] = true;
+    if (s.published->iterations != 1) p["iterations"] = s.published->iterations;
     j["published"] = p;
   }
   return j;

@@ -25,6 +25,9 @@ struct Published {
   std::string source_id;  // short name of the source: leave-one-source-out folds by it
   std::string series;     // the scaling series the row belongs to (ranked within it)
   bool holdout = false;   // kept aside as an independent check: never used to fit
+  // The published figure is a mean over this many steps or more: the prediction is the mean
+  // step of the workload's first `iterations` drawn batches (1 for data whose batches repeat).
+  int64_t iterations = 1;
   bool operator==(const Published&) const = default;
 };
 

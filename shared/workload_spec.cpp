@@ -89,6 +89,29 @@ void load_manifest(WorkloadSpec& w, const std::string& manifest_path, ObjectRead
     r.error("manifest", "'" + manifest_path + "' has no samples");
 }
 
+// The distributions of one sample source; finishes the reader (unknown keys are errors).
+void read_source(ObjectReader& s, SampleSource& out) {
+  read_dist(s, "text_tokens", out.text_tokens, true, kMaxTextTokens);
+  out.image = read_media(s, "image", Modality::kImage);
+  out.audio = read_media(s, "audio", Modality::kAudio);
+  out.video = read_media(s, "video", Modality::kVideo);
+  s.finish();
+}
+
+Json to_json(const SampleSource& source, bool mixture) {
+  Json s;
+  if (mixture) {
+    s["name"] = source.name;
+    s["weight"] = source.weight;
+    if (source.group != source.name) s["group"] = source.group;
+  }
+  s["text_tokens"] = to_json(source.text_tokens);
+  if (source.image) s["image"] = to_json(*source.image, Modality::kImage);
+  if (source.audio) s["audio"] = to_json(*source.audio, Modality::kAudio);
+  if (source.video) s["video"] = to_json(*source.video, Modality::kVideo);
+  return s;
+}
+
 }  // namespace
 
 bool read_sample(const Json& json, const std::string& file, const std::string& path, Sample& out,
@@ -170,6 +193,7 @@ WorkloadSpec read_workload(const Json& json, const std::string& file, const std:
   if (r.required("max_seq_len", w.max_seq_len) && r.check_positive("max_seq_len", w.max_seq_len) &&
       w.max_seq_len > (int64_t{1} << 26))
     r.error("max_seq_len", std::to_string(w.max_seq_len) + " tokens; at most 67108864 are taken");
+  r.optional("description", w.description);
   r.optional("packing", w.packing);
   r.optional("seed", w.seed);
   const bool has_manifest = r.optional("manifest", w.manifest);
@@ -178,16 +202,41 @@ WorkloadSpec read_workload(const Json& json, const std::string& file, const std:
     r.error("samples", has_manifest ? "give either samples or manifest, not both"
                                     : "required: samples (distributions) or manifest (JSONL file)");
   }
+  r.optional("group_batches", w.group_batches);
   if (has_samples) {
-    ObjectReader s(*r.find("samples"), file, r.path_of("samples"), diag);
-    if (s.valid()) {
-      read_dist(s, "text_tokens", w.text_tokens, true, kMaxTextTokens);
-      w.image = read_media(s, "image", Modality::kImage);
-      w.audio = read_media(s, "audio", Modality::kAudio);
-      w.video = read_media(s, "video", Modality::kVideo);
-      s.finish();
+    const Json& samples = *r.find("samples");
+    if (samples.is_array()) {
+      // A mixture: named sources with positive weights.
+      if (samples.empty()) r.error("samples", "a mixture needs at least one source");
+      for (std::size_t i = 0; i < samples.size(); ++i) {
+        const std::string at = index_path(r.path_of("samples"), i);
+        ObjectReader s(samples[i], file, at, diag);
+        if (!s.valid()) continue;
+        SampleSource source;
+        if (s.required("name", source.name) && source.name.empty())
+          s.error("name", "must not be empty");
+        if (s.required("weight", source.weight) && !(source.weight > 0 && source.weight < 1e12))
+          s.error("weight", "must be above 0 (and below 1e12)");
+        if (s.optional("group", source.group) && source.group.empty())
+          s.error("group", "must not be empty");
+        if (source.group.empty()) source.group = source.name;
+        read_source(s, source);
+        for (const SampleSource& other : w.sources)
+          if (other.name == source.name && !source.name.empty())
+            s.error("name", "'" + source.name + "' names an earlier source too");
+        w.sources.push_back(std::move(source));
+      }
+    } else {
+      ObjectReader s(samples, file, r.path_of("samples"), diag);
+      if (s.valid()) {
+        SampleSource source;
+        read_source(s, source);
+        w.sources.push_back(std::move(source));
+      }
     }
   }
+  if (w.group_batches && !(has_samples && r.find("samples")->is_array()))
+    r.error("group_batches", "needs samples given as a mixture (an array of sources)");
   if (has_manifest && !w.manifest.empty()) {
     const std::filesystem::path p(w.manifest);
     load_manifest(w, p.is_absolute() ? w.manifest : (std::filesystem::path(base_dir) / p).string(),
@@ -199,19 +248,20 @@ WorkloadSpec read_workload(const Json& json, const std::string& file, const std:
 
 Json to_json(const WorkloadSpec& w) {
   Json j;
+  if (!w.description.empty()) j["description"] = w.description;
   j["global_batch"] = w.global_batch;
   j["max_seq_len"] = w.max_seq_len;
   j["packing"] = w.packing;
   j["seed"] = w.seed;
   if (!w.manifest.empty()) {
     j["manifest"] = w.manifest;
+  } else if (w.sources.size() == 1 && w.sources[0].name.empty()) {
+    j["samples"] = to_json(w.sources[0], false);
   } else {
-    Json s;
-    s["text_tokens"] = to_json(w.text_tokens);
-    if (w.image) s["image"] = to_json(*w.image, Modality::kImage);
-    if (w.audio) s["audio"] = to_json(*w.audio, Modality::kAudio);
-    if (w.video) s["video"] = to_json(*w.video, Modality::kVideo);
+    Json s = Json::array();
+    for (const SampleSource& source : w.sources) s.push_back(to_json(source, true));
     j["samples"] = s;
+    if (w.group_batches) j["group_batches"] = true;
   }
   return j;
 }

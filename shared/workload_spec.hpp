@@ -56,16 +56,31 @@ inline constexpr double kMaxMediaSide = 1 << 16;  // pixels
 inline constexpr double kMaxFrames = 1 << 16;
 inline constexpr double kMaxAudioSeconds = 86400;
 
-struct WorkloadSpec {
-  int64_t global_batch = 0;  // samples per iteration
-  int64_t max_seq_len = 0;   // LLM sequence length cap (tokens)
-  bool packing = false;      // samples packed back to back into max_seq_len sequences
-  uint64_t seed = 0;
-  // Parametric source. Absent media kinds draw nothing.
+// One kind of sample: the distributions its text and media are drawn from. Absent media kinds
+// draw nothing.
+struct SampleSource {
+  std::string name;   // a mixture's sources are named
+  double weight = 1;  // a mixture draws each source in proportion to its weight
+  std::string group;  // with WorkloadSpec::group_batches, sources of one group share batches
   Distribution text_tokens;
   std::optional<MediaDistribution> image;
   std::optional<MediaDistribution> audio;
   std::optional<MediaDistribution> video;
+  bool operator==(const SampleSource&) const = default;
+};
+
+struct WorkloadSpec {
+  std::string description;   // where the distributions come from
+  int64_t global_batch = 0;  // samples per iteration
+  int64_t max_seq_len = 0;   // LLM sequence length cap (tokens)
+  bool packing = false;      // samples packed back to back into max_seq_len sequences
+  uint64_t seed = 0;
+  // Parametric: one source, or a weighted mixture of several (a data set's components).
+  std::vector<SampleSource> sources;
+  // A mixture draws each iteration's whole batch from the sources of one group (a source's
+  // group defaults to its name), the group chosen by its sources' total weight: as LLaVA's
+  // `group_by_modality_length` sampler keeps text-only and image samples in batches of their own.
+  bool group_batches = false;
   // Manifest source: a JSONL file, one sample per line (docs/FORMATS.md). When set, the
   // parametric fields are unused. `manifest` is as written; `manifest_samples` is its content.
   std::string manifest;

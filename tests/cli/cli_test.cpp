@@ -17,6 +17,7 @@
 
 #include <sys/wait.h>
 #include <unistd.h>
+#include <nlohmann/json.hpp>
 
 namespace fs = std::filesystem;
 
@@ -137,6 +138,40 @@ TEST_CASE("fidelity: published vs predicted per row and series, the fit and leav
   CHECK(bad.code == 2);
   CHECK(bad.output.find("default.json") != std::string::npos);
   CHECK(bad.output.find("published") != std::string::npos);
+}
+
+TEST_CASE("fidelity predicts a row of variable data as the mean step of its drawn iterations") {
+  // The LLaVA instruction-tuning row over 3 iterations, its files named by absolute path.
+  nlohmann::ordered_json row = nlohmann::ordered_json::parse(
+      std::ifstream(kSource + "/scenarios/published/llava-1.5-13b-instruct-a100-8.json"));
+  const std::string dir = kSource + "/scenarios/published/";
+  for (const char* key : {"model", "cluster", "workload"})
+    row[key] = dir + row[key].get<std::string>();
+  row["published"]["iterations"] = 3;
+  const fs::path file = scratch() / "llava-instruct-3.json";
+  std::ofstream(file) << row.dump();
+  double sum = 0;
+  for (int it = 0; it < 3; ++it) {
+    const Run e = run("estimate " + file.string() + " --iteration " + std::to_string(it));
+    const std::size_t at = e.output.find("step time");
+    REQUIRE(at != std::string::npos);
+    sum += std::stod(e.output.substr(at + 9));
+  }
+  const Run f = run("fidelity " + file.string() + " 2>/dev/null");
+  INFO(f.output);
+  REQUIRE(f.code == 0);
+  const std::size_t at = f.output.find("llava-1.5-13b-instruct-a100-8");
+  REQUIRE(at != std::string::npos);
+  std::istringstream line(f.output.substr(at));
+  std::string name, series, published, predicted;
+  line >> name >> series >> published >> predicted;
+  CHECK(std::stod(predicted) == doctest::Approx(sum / 3).epsilon(0.002));
+  // Out of range: exit 2, naming the key.
+  row["published"]["iterations"] = 0;
+  std::ofstream(file) << row.dump();
+  const Run bad = run("fidelity " + file.string());
+  CHECK(bad.code == 2);
+  CHECK(bad.output.find("published.iterations: must be 1 to 1024, got 0") != std::string::npos);
 }
 
 TEST_CASE("simulate prints the metrics and writes a Chrome trace per rank") {

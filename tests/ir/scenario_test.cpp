@@ -79,8 +79,10 @@ TEST_CASE("the default scenario: LLaVA-1.5-7B on 64 H100s with a variable multi-
   REQUIRE(s.has_value());
   CHECK(s->model.name == "llava-1.5-7b");
   CHECK(device_count(s->cluster) == 64);
-  REQUIRE(s->workload.image.has_value());
-  CHECK(dist_upper_bound(s->workload.image->count) > dist_lower_bound(s->workload.image->count));
+  REQUIRE(s->workload.sources.size() == 1);
+  const auto& image = s->workload.sources[0].image;
+  REQUIRE(image.has_value());
+  CHECK(dist_upper_bound(image->count) > dist_lower_bound(image->count));
 }
 
 TEST_CASE(

@@ -2,6 +2,8 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <set>
 
 #include <unistd.h>
 
@@ -136,4 +138,95 @@ TEST_CASE("sample_tokens routes media through the model's encoders") {
   CHECK(t.image_llm == 2 * 576);
   CHECK(t.image_encoder == 2 * 577);
   CHECK(t.llm_sequence == 100 + 2 * 576);
+}
+
+namespace {
+
+// Two sources told apart by their constant text lengths; media only in the first.
+const char* kMixture = R"({"global_batch": 400, "max_seq_len": 4096, "seed": 5, "samples": [
+  {"name": "captions", "weight": 3, "group": "image", "text_tokens": 10, "image": {"count": 1, "width": 336, "height": 336}},
+  {"name": "vqa", "weight": 1, "group": "image", "text_tokens": 20, "image": {"count": 1, "width": 336, "height": 336}},
+  {"name": "chat", "weight": 1, "text_tokens": 1000}]})";
+
+}  // namespace
+
+TEST_CASE("a mixture draws each source in proportion to its weight") {
+  Diagnostics diag;
+  const WorkloadSpec w = parse(kMixture, diag);
+  INFO(diag.format());
+  REQUIRE(diag.ok());
+  REQUIRE(w.sources.size() == 3);
+  CHECK(w.sources[2].group == "chat");  // a source's group defaults to its name
+  std::map<int64_t, int> drawn;
+  for (int it = 0; it < 5; ++it)
+    for (const Sample& s : draw_batch(w, it).samples) {
+      ++drawn[s.text_tokens];
+      CHECK(s.images.size() == (s.text_tokens == 1000 ? 0u : 1u));
+    }
+  // 2,000 samples at 3:1:1; each share within five standard deviations.
+  CHECK(std::abs(drawn[10] - 1200) < 5 * 22);
+  CHECK(std::abs(drawn[20] - 400) < 5 * 18);
+  CHECK(std::abs(drawn[1000] - 400) < 5 * 18);
+  // Read back from its JSON, the workload is the same.
+  Diagnostics again;
+  CHECK(read_workload(to_json(w), "w.json", "workload", ".", again) == w);
+  CHECK(again.ok());
+}
+
+TEST_CASE("group_batches: every batch comes from one group, chosen by the group's weight") {
+  Diagnostics diag;
+  Json j = Json::parse(kMixture);
+  j["group_batches"] = true;
+  j["global_batch"] = 16;
+  const WorkloadSpec w = read_workload(j, "w.json", "workload", ".", diag);
+  REQUIRE(diag.ok());
+  int chat_batches = 0, mixed_image_batches = 0;
+  for (int it = 0; it < 400; ++it) {
+    std::set<int64_t> lengths;
+    for (const Sample& s : draw_batch(w, it).samples) lengths.insert(s.text_tokens);
+    if (lengths.count(1000) != 0) {
+      CHECK(lengths.size() == 1);  // text-only samples never share a batch with images
+      ++chat_batches;
+    } else if (lengths.size() == 2) {
+      ++mixed_image_batches;  // within a group, its sources mix
+    }
+  }
+  CHECK(std::abs(chat_batches - 80) < 5 * 8);  // the chat group holds 1/5 of the weight
+  CHECK(mixed_image_batches > 250);
+  Diagnostics again;
+  CHECK(read_workload(to_json(w), "w.json", "workload", ".", again) == w);
+}
+
+TEST_CASE("a one-source workload draws as before: pinned values") {
+  Diagnostics diag;
+  const WorkloadSpec w = parse(kWorkload, diag);
+  REQUIRE(diag.ok());
+  const Batch b = draw_batch(w, 3);
+  // Literal values: a change of the generator, of the distributions' sampling or of the
+  // mixture's pick reaching one-source workloads shows up here.
+  CHECK(b.samples[0].text_tokens == 485);
+  CHECK(b.samples[1].text_tokens == 200);
+  CHECK(b.samples[0].images.size() == 1);
+  CHECK(b.samples[63].text_tokens == 292);
+}
+
+TEST_CASE("mixture errors name the source and key") {
+  Diagnostics diag;
+  parse(
+      R"({"global_batch": 4, "max_seq_len": 8, "group_batches": true, "samples": {"text_tokens": 4}})",
+      diag);
+  parse(R"({"global_batch": 4, "max_seq_len": 8, "samples": [
+    {"name": "a", "weight": 0, "text_tokens": 4},
+    {"name": "a", "weight": 1, "text_tokens": 4, "group": ""},
+    {"weight": 1, "text_tokens": 4, "imag": {}}]})",
+        diag);
+  const std::string text = diag.format();
+  INFO(text);
+  CHECK(text.find("workload.group_batches: needs samples given as a mixture") != std::string::npos);
+  CHECK(text.find("workload.samples[0].weight: must be above 0") != std::string::npos);
+  CHECK(text.find("workload.samples[1].name: 'a' names an earlier source too") !=
+        std::string::npos);
+  CHECK(text.find("workload.samples[1].group: must not be empty") != std::string::npos);
+  CHECK(text.find("workload.samples[2].name: required key is missing") != std::string::npos);
+  CHECK(text.find("workload.samples[2].imag: unknown key") != std::string::npos);
 }
