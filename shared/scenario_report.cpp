@@ -130,6 +130,21 @@ std::string scenario_report(const Scenario& s, const ReportOptions& options) {
   if (!w.manifest.empty())
     out << ", manifest " << w.manifest << " (" << w.manifest_samples.size() << " samples)";
   out << "\n";
+  if (w.sources.size() > 1 || (w.sources.size() == 1 && !w.sources[0].name.empty())) {
+    // A mixture: each source's share of the samples, and its group when batches are grouped.
+    double total = 0;
+    for (const SampleSource& source : w.sources) total += source.weight;
+    out << "  mixture of " << w.sources.size() << " sources"
+        << (w.group_batches ? ", each batch drawn from one group" : "") << ":";
+    for (const SampleSource& source : w.sources) {
+      char share[32];
+      std::snprintf(share, sizeof share, " %.1f%%", 100 * source.weight / total);
+      out << " " << source.name << share;
+      if (w.group_batches) out << " (" << source.group << ")";
+      out << (&source == &w.sources.back() ? "" : ",");
+    }
+    out << "\n";
+  }
   std::vector<double> text, image, audio, video, sequence, encoder;
   int64_t truncated = 0;
   for (int64_t it = 0; it < options.batches; ++it) {

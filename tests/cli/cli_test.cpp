@@ -166,6 +166,12 @@ TEST_CASE("fidelity predicts a row of variable data as the mean step of its draw
   std::string name, series, published, predicted;
   line >> name >> series >> published >> predicted;
   CHECK(std::stod(predicted) == doctest::Approx(sum / 3).epsilon(0.002));
+  // `show` names the mixture's sources, their shares and groups.
+  const Run show = run("show " + file.string());
+  INFO(show.output);
+  CHECK(show.output.find("mixture of 10 sources, each batch drawn from one group") !=
+        std::string::npos);
+  CHECK(show.output.find("sharegpt 6.1% (text)") != std::string::npos);
   // Out of range: exit 2, naming the key.
   row["published"]["iterations"] = 0;
   std::ofstream(file) << row.dump();

@@ -45,8 +45,7 @@ TEST_CASE("draw_batch is deterministic per (seed, iteration) and varies across i
   smaller.global_batch = 8;
   const Batch d = draw_batch(smaller, 3);
   CHECK(std::equal(d.samples.begin(), d.samples.end(), a.samples.begin()));
-  // The parametric draw is pinned: a change of the generator shows up here.
-  CHECK(a.samples[0].text_tokens == draw_batch(w, 3).samples[0].text_tokens);
+  // The draw's literal values are pinned below ("a one-source workload draws as before").
 }
 
 TEST_CASE(
