@@ -1099,20 +1099,21 @@ void Lowering::lower_pipelines() {
           }
           // The whole chunk at once, or (its gradients reduced during this backward) piece by
           // piece, each bucket's reduction starting once its weight gradients are done.
-          std::vector<LayerRange> pieces{LayerRange{-1, -1}};
           const bool bucketed =
               overlap && m.index == owner_index && last_backward.at(item.chunk) == at_mb;
-          if (bucketed) pieces = gradient_buckets(m, chunk_index);
+          const std::vector<LayerRange> pieces =
+              bucketed
+                  ? gradient_buckets(m, chunk_index)
+                  : std::vector<LayerRange>{m.chunk_layers[static_cast<std::size_t>(chunk_index)]};
           for (const LayerRange& piece : pieces) {
-            const LayerRange* range = bucketed ? &piece : nullptr;
-            Op b = compute(m, rank, static_cast<int32_t>(chunk_index), at_mb, Phase::kB, s, range);
+            Op b = compute(m, rank, static_cast<int32_t>(chunk_index), at_mb, Phase::kB, s, &piece);
             if (bucketed) b.flags |= kOpGradientBucket;
             b.deps = deps;
             last = emit(rank, b);
             deps = {last};
             if (m.flow.trainable) {
               Op w =
-                  compute(m, rank, static_cast<int32_t>(chunk_index), at_mb, Phase::kW, s, range);
+                  compute(m, rank, static_cast<int32_t>(chunk_index), at_mb, Phase::kW, s, &piece);
               if (bucketed) w.flags |= kOpGradientBucket;
               w.deps = deps;
               last = emit(rank, w);

@@ -118,12 +118,10 @@ void validate_scenario(const Scenario& s, Diagnostics& diag) {
   // Every modality the workload can produce needs an encoder.
   const std::string workload_file = s.workload_ref.empty() ? s.file : s.workload_ref;
   const std::string workload_path = s.workload_ref.empty() ? "workload" : "";
-  const bool mixture = s.workload.sources.size() > 1 ||
-                       (s.workload.sources.size() == 1 && !s.workload.sources[0].name.empty());
   for (std::size_t i = 0; i < s.workload.sources.size(); ++i) {
     const SampleSource& source = s.workload.sources[i];
-    const std::string at = mixture ? index_path(join_path(workload_path, "samples"), i)
-                                   : join_path(workload_path, "samples");
+    const std::string at = s.workload.mixture() ? index_path(join_path(workload_path, "samples"), i)
+                                                : join_path(workload_path, "samples");
     const std::pair<const std::optional<MediaDistribution>*, MediaUse> uses[] = {
         {&source.image, {Modality::kImage, "image"}},
         {&source.audio, {Modality::kAudio, "audio"}},

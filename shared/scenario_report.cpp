@@ -130,7 +130,7 @@ std::string scenario_report(const Scenario& s, const ReportOptions& options) {
   if (!w.manifest.empty())
     out << ", manifest " << w.manifest << " (" << w.manifest_samples.size() << " samples)";
   out << "\n";
-  if (w.sources.size() > 1 || (w.sources.size() == 1 && !w.sources[0].name.empty())) {
+  if (w.mixture()) {
     // A mixture: each source's share of the samples, and its group when batches are grouped.
     double total = 0;
     for (const SampleSource& source : w.sources) total += source.weight;

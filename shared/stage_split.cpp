@@ -201,7 +201,8 @@ double module_seconds(const Pricer& price, const ModelSpec& model, std::size_t m
              m,
              tokens * (forward_flops_per_token(spec, attended) -
                        static_cast<double>(a.layers) * layer_forward_flops_per_token(a, attended)),
-             0, 0, 0, 0, tokens, 0, true, false);  // the module's one op: its fixed cost counts
+             0, 0, 0, 0, tokens, 0, /*whole_op=*/true,
+             /*checkpointed=*/false);  // the module's one op: its fixed cost counts
 }
 
 const ModuleLayout& layout_of(const ParallelPlan& plan, const ModelSpec& model, std::size_t m) {
@@ -234,11 +235,12 @@ ChainCosts chain_costs(const ModelSpec& model, std::size_t module, const Paralle
   front.transformer->layers = 0;
   front.transformer->vocab = 0;
   c.first_extra = price.seconds(module, tokens * forward_flops_per_token(front, 0), 0, 0, 0, 0,
-                                tokens, 0, false, false);
+                                tokens, 0, /*whole_op=*/false, /*checkpointed=*/false);
   if (a.vocab > 0)
     c.last_extra = price.seconds(module, tokens * 2.0 * static_cast<double>(a.hidden * a.vocab), 0,
                                  0, 1, price.activation_bytes(tokens, a.hidden), tokens,
-                                 tokens * static_cast<double>(a.vocab), false, false);
+                                 tokens * static_cast<double>(a.vocab), /*whole_op=*/false,
+                                 /*checkpointed=*/false);
   // A homogeneous plan runs every other module on the LLM's first stage, on the LLM's grid
   // (under DIP the encoders are segments of their own, spread over every stage).
   if (plan.placement == Placement::kHomogeneous && spec.role == ModuleRole::kLlm &&

@@ -203,9 +203,10 @@ WorkloadSpec read_workload(const Json& json, const std::string& file, const std:
                                     : "required: samples (distributions) or manifest (JSONL file)");
   }
   r.optional("group_batches", w.group_batches);
+  const bool mixture = has_samples && r.find("samples")->is_array();
   if (has_samples) {
     const Json& samples = *r.find("samples");
-    if (samples.is_array()) {
+    if (mixture) {
       // A mixture: named sources with positive weights.
       if (samples.empty()) r.error("samples", "a mixture needs at least one source");
       for (std::size_t i = 0; i < samples.size(); ++i) {
@@ -235,7 +236,7 @@ WorkloadSpec read_workload(const Json& json, const std::string& file, const std:
       }
     }
   }
-  if (w.group_batches && !(has_samples && r.find("samples")->is_array()))
+  if (w.group_batches && !mixture)
     r.error("group_batches", "needs samples given as a mixture (an array of sources)");
   if (has_manifest && !w.manifest.empty()) {
     const std::filesystem::path p(w.manifest);
@@ -255,8 +256,8 @@ Json to_json(const WorkloadSpec& w) {
   j["seed"] = w.seed;
   if (!w.manifest.empty()) {
     j["manifest"] = w.manifest;
-  } else if (w.sources.size() == 1 && w.sources[0].name.empty()) {
-    j["samples"] = to_json(w.sources[0], false);
+  } else if (!w.mixture()) {
+    j["samples"] = to_json(w.sources.at(0), false);
   } else {
     Json s = Json::array();
     for (const SampleSource& source : w.sources) s.push_back(to_json(source, true));

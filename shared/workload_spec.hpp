@@ -81,6 +81,10 @@ struct WorkloadSpec {
   // group defaults to its name), the group chosen by its sources' total weight: as LLaVA's
   // `group_by_modality_length` sampler keeps text-only and image samples in batches of their own.
   bool group_batches = false;
+  // Samples given as a mixture (an array of named sources), even of one source.
+  bool mixture() const {
+    return sources.size() > 1 || (sources.size() == 1 && !sources[0].name.empty());
+  }
   // Manifest source: a JSONL file, one sample per line (docs/FORMATS.md). When set, the
   // parametric fields are unused. `manifest` is as written; `manifest_samples` is its content.
   std::string manifest;
