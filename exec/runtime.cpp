@@ -94,18 +94,26 @@ Worker::Worker(const Scenario& s, const ParallelPlan& plan, Groups& groups,
     for (const Op& op : ops)
       if (op.kind == OpKind::kCompute)
         stages[op.module] = std::max<int64_t>(stages[op.module], op.stage + 1);
-  // Each (module, chunk) here holds the layers its ops say.
+  // Each (module, chunk) here holds the layers its ops say (together: a gradient bucket's piece
+  // holds only some of them).
+  std::map<std::pair<int, int>, std::pair<int64_t, int64_t>> layers;
   for (const Op& op : p.ranks[static_cast<std::size_t>(rank_)]) {
-    if (op.kind != OpKind::kCompute || stages_.count({op.module, op.chunk})) continue;
-    const ModuleSpec& spec = model.modules[static_cast<std::size_t>(op.module)];
+    if (op.kind != OpKind::kCompute) continue;
+    const auto it =
+        layers.try_emplace({op.module, op.chunk}, op.first_layer, op.first_layer + op.layers).first;
+    it->second.first = std::min<int64_t>(it->second.first, op.first_layer);
+    it->second.second = std::max<int64_t>(it->second.second, op.first_layer + op.layers);
+  }
+  for (const auto& [key, range] : layers) {
+    const ModuleSpec& spec = model.modules[static_cast<std::size_t>(key.first)];
     TESSERA_CHECK(
-        tp_[static_cast<std::size_t>(op.module)] != nullptr,
+        tp_[static_cast<std::size_t>(key.first)] != nullptr,
         "rank " + std::to_string(rank_) + " runs " + spec.name + " but has no group for it");
     // A module without layers (a projector) is whole wherever its host's stage puts it.
-    const int64_t begin = spec.transformer ? op.first_layer : 0;
-    const int64_t count = spec.transformer ? op.layers : 0;
-    stages_[{op.module, op.chunk}] = std::make_unique<Stage>(
-        spec, begin, begin + count, options.seed, *tp_[static_cast<std::size_t>(op.module)]);
+    const int64_t begin = spec.transformer ? range.first : 0;
+    const int64_t end = spec.transformer ? range.second : 0;
+    stages_[key] = std::make_unique<Stage>(spec, begin, end, options.seed,
+                                           *tp_[static_cast<std::size_t>(key.first)]);
   }
   dip_ = plan.schedule == Schedule::kDip;
   if (dip_) {
@@ -121,47 +129,19 @@ Worker::Worker(const Scenario& s, const ParallelPlan& plan, Groups& groups,
     torch::optim::AdamWOptions o(options.lr);
     o.betas({options.beta1, options.beta2}).eps(options.eps).weight_decay(options.weight_decay);
     if (plan.distributed_optimizer) {
-      TESSERA_CHECK(!plan.overlap_grad_reduce,
-                    "overlap_grad_reduce with distributed_optimizer (a reduce-scatter per "
-                    "gradient bucket) is not in the executor yet");
-      // The slice this rank owns among the module's data(-context)-parallel group, the group
-      // of the Program's gradient reduce-scatter.
-      const Op* reduce = nullptr;
+      // The slices this rank owns among the module's data(-context)-parallel group, the group
+      // of the Program's gradient reduce-scatters.
+      int64_t parts = 1, index = 0;
       for (const Op& op : p.ranks[static_cast<std::size_t>(rank_)])
         if (op.kind == OpKind::kCollective && op.purpose == Purpose::kDp &&
-            op.module == static_cast<int>(m))
-          reduce = &op;
-      Shard shard;
-      std::vector<torch::Tensor> flat;
-      for (const torch::Tensor& t : params) flat.push_back(t.detach().reshape({-1}));
-      const torch::Tensor all = torch::cat(flat);
-      shard.total = all.numel();
-      int64_t parts = 1, index = 0;
-      if (reduce != nullptr) {
-        const RankList& g = p.groups[static_cast<std::size_t>(reduce->group)];
-        parts = static_cast<int64_t>(g.size());
-        index = std::find(g.begin(), g.end(), rank_) - g.begin();
-      }
-      const int64_t size = (shard.total + parts - 1) / parts;
-      shard.begin = index * size;
-      shard.parts = parts;
-      shard.flat = torch::zeros({size});
-      const int64_t n = std::max<int64_t>(0, std::min(size, shard.total - shard.begin));
-      if (n > 0) shard.flat.narrow(0, 0, n).copy_(all.narrow(0, shard.begin, n));
-      // Elements of TP-replicated parameters exist on every TP rank: they count 1/tp each.
-      std::vector<torch::Tensor> weights;
-      for (auto& [key, st] : stages_)
-        if (key.first == static_cast<int>(m))
-          for (const Param& prm : st->params())
-            if (prm.tensor.requires_grad())
-              weights.push_back(
-                  torch::full({prm.tensor.numel()}, prm.tp_sharded ? 1.0 : 1.0 / tp_[m]->size()));
-      const torch::Tensor weight = torch::cat(weights);
-      shard.norm_weight = torch::zeros({size});
-      if (n > 0) shard.norm_weight.narrow(0, 0, n).copy_(weight.narrow(0, shard.begin, n));
-      shard.flat.set_requires_grad(true);
-      params = {shard.flat};
-      shards_[static_cast<int>(m)] = shard;
+            op.module == static_cast<int>(m)) {
+          const RankList& g = p.groups[static_cast<std::size_t>(op.group)];
+          parts = static_cast<int64_t>(g.size());
+          index = std::find(g.begin(), g.end(), rank_) - g.begin();
+        }
+      shards_[static_cast<int>(m)] = std::make_unique<ShardedOptimizer>(
+          optimizer_buckets(p, static_cast<int>(m)), parts, index, o);
+      continue;
     }
     optimizers_[static_cast<int>(m)] = std::make_unique<torch::optim::AdamW>(params, o);
   }
@@ -182,6 +162,40 @@ std::vector<torch::Tensor> Worker::trainable(int module) {
       for (const Param& p : st->params())
         if (p.tensor.requires_grad()) out.push_back(p.tensor);
   return out;
+}
+
+std::vector<ShardedOptimizer::Bucket> Worker::optimizer_buckets(const Program& p, int module) {
+  const auto m = static_cast<std::size_t>(module);
+  std::vector<Param*> all;  // the module's trainable parameters on this rank, in order
+  for (auto& [key, st] : stages_)
+    if (key.first == module)
+      for (Param& prm : st->params())
+        if (prm.tensor.requires_grad()) all.push_back(&prm);
+  std::vector<ShardedOptimizer::Bucket> buckets;
+  // Each parameter belongs to the last bucket reduced that holds it: a tied embedding's
+  // gradient is complete only once the bottom piece has run.
+  std::map<const Param*, std::size_t> home;
+  for (const Op& op : p.ranks[static_cast<std::size_t>(rank_)])
+    if (op.kind == OpKind::kCollective && op.purpose == Purpose::kDp && op.module == module &&
+        op.collective == CollectiveKind::kReduceScatter && (op.flags & kOpGradientBucket) != 0) {
+      for (const Param* prm :
+           stage(module, op.chunk).params_of(op.first_layer, op.first_layer + op.layers))
+        if (prm->tensor.requires_grad()) home[prm] = buckets.size();
+      buckets.push_back({op.chunk, op.first_layer, {}, {}});
+    }
+  if (buckets.empty()) buckets.push_back({});  // the whole module
+  for (const Param* prm : all) {
+    std::size_t b = 0;
+    if (!home.empty()) {
+      const auto it = home.find(prm);
+      TESSERA_CHECK(it != home.end(), prm->name + " is in no gradient bucket of the Program");
+      b = it->second;
+    }
+    buckets[b].params.push_back(prm->tensor);
+    // Elements of TP-replicated parameters exist on every TP rank: they count 1/tp each.
+    buckets[b].norm_shares.push_back(prm->tp_sharded ? 1.0 : 1.0 / tp_[m]->size());
+  }
+  return buckets;
 }
 
 std::vector<int32_t> Worker::samples_for(int module, int mb) const {
@@ -743,6 +757,9 @@ StepResult Worker::step(int64_t iteration) {
   has_w_.clear();
   sends_grad_.clear();
   cuts_.clear();
+  forward_pieces_.clear();
+  piece_times_.clear();
+  gathers_.clear();
   pending_.clear();
   loss_sum_ = 0;
   synchronized_ = false;
@@ -761,10 +778,15 @@ StepResult Worker::step(int64_t iteration) {
     if (op.kind == OpKind::kCompute && op.phase == Phase::kB && (op.flags & kOpGradientBucket) &&
         op.first_layer > stage(op.module, op.chunk).begin())
       cuts_[{op.module, op.chunk, op.microbatch, op.sub_microbatch}].push_back(op.first_layer);
+    // A forward in pieces (overlap_param_gather): the bottom piece's op runs them all.
+    if (op.kind == OpKind::kCompute && op.phase == Phase::kF && (op.flags & kOpGradientBucket) &&
+        op.first_layer > stage(op.module, op.chunk).begin())
+      forward_pieces_[{op.module, op.chunk, op.microbatch, op.sub_microbatch}][op.first_layer] =
+          static_cast<int32_t>(i);
     TESSERA_CHECK(!(op.kind == OpKind::kCompute && op.phase == Phase::kR),
                   "activation recomputation is not in the executor yet");
   }
-  for (auto& [m, sh] : shards_) sh.grad = torch::Tensor();
+  for (auto& [m, sh] : shards_) sh->start_iteration();
   // Gradients start at zero every iteration, so every plan steps every parameter.
   for (auto& [key, st] : stages_)
     for (Param& prm : st->params())
@@ -772,6 +794,7 @@ StepResult Worker::step(int64_t iteration) {
 
   result.times.assign(ops.size(), OpTime{});
   const auto start = std::chrono::steady_clock::now();
+  started_ = start;
   result.prepare_s = std::chrono::duration<double>(start - prepare).count();
   result.started_s = std::chrono::duration<double>(start.time_since_epoch()).count();
   auto now = [&] {
@@ -779,12 +802,17 @@ StepResult Worker::step(int64_t iteration) {
   };
   for (std::size_t i = 0; i < ops.size(); ++i) {
     const Op& op = ops[i];
+    current_op_ = static_cast<int32_t>(i);
+    await_gathers(op);
     const double begin = now();
     const Key key{op.module, op.chunk, op.microbatch, op.sub_microbatch};
     switch (op.kind) {
       case OpKind::kCompute: {
         if (fused_[i] && op.phase == Phase::kW) break;  // done by its B
-        if (fused_[i]) has_w_.erase(key);               // B does the weights too
+        if (op.phase == Phase::kF && forward_pieces_.count(key) &&
+            forward_pieces_.at(key).count(op.first_layer))
+          break;                           // run by the bottom piece
+        if (fused_[i]) has_w_.erase(key);  // B does the weights too
         std::vector<CommRecord> inside;
         record_collectives(&inside);
         gather_slices(op);
@@ -867,6 +895,15 @@ StepResult Worker::step(int64_t iteration) {
     }
     result.times[i] = {begin, now()};
   }
+  // The pieces of a forward run by its bottom piece: each timed from the layer crossings.
+  for (const auto& [i, times] : piece_times_) {
+    OpTime& t = result.times[static_cast<std::size_t>(i)];
+    if (times.first > 0) t.start_s = times.first;
+    if (times.second > 0) t.finish_s = times.second;
+  }
+  for (auto& [i, pending] : gathers_)
+    for (PendingCollective& g : pending) g.finish();
+  gathers_.clear();
   for (auto& [work, tensor] : pending_) work->wait();
   pending_.clear();
   if (!synchronized_) synchronize_norm_and_loss();
@@ -992,6 +1029,23 @@ void Worker::forward(const Op& op) {
     slot.cuts = Cuts{};
     slot.cuts.layers = it->second;
     cuts = &slot.cuts;
+  }
+  if (const auto pieces = forward_pieces_.find(key); pieces != forward_pieces_.end()) {
+    // In pieces: each waits for its parameters' gather as the layers reach it.
+    if (cuts == nullptr) {
+      slot.cuts = Cuts{};
+      cuts = &slot.cuts;
+    }
+    cuts->entering = [this, &pieces = pieces->second,
+                      running = current_op_](int64_t layer) mutable {
+      const auto piece = pieces.find(layer);
+      if (piece == pieces.end() || piece_times_.count(piece->second)) return;
+      piece_times_[running].second = elapsed();
+      await_gathers(program_->ranks[static_cast<std::size_t>(rank_)]
+                                   [static_cast<std::size_t>(piece->second)]);
+      piece_times_[piece->second].first = elapsed();
+      running = piece->second;
+    };
   }
   torch::Tensor out;
   switch (spec.role) {
@@ -1171,33 +1225,33 @@ void Worker::reduce_gradients(const Op& op) {
   TESSERA_CHECK(op.collective == CollectiveKind::kAllReduce ||
                     op.collective == CollectiveKind::kReduceScatter,
                 op_name(*program_, op) + ": unexpected gradient collective");
+  const Comm& comm = groups_.get(program_->groups[static_cast<std::size_t>(op.group)]);
+  const bool bucketed = (op.flags & kOpGradientBucket) != 0;
   if (op.collective == CollectiveKind::kReduceScatter) {
-    // The sharded optimizer: each rank receives the sum of its slice only.
-    Shard& sh = shards_.at(op.module);
-    const Comm& comm = groups_.get(program_->groups[static_cast<std::size_t>(op.group)]);
-    std::vector<torch::Tensor> grads;
-    for (const torch::Tensor& p : trainable(op.module)) grads.push_back(p.grad().reshape({-1}));
-    torch::Tensor flat = torch::zeros({sh.flat.numel() * comm.size()});
-    flat.narrow(0, 0, sh.total).copy_(torch::cat(grads));
-    sh.grad = reduce_scatter(comm, flat);
+    // The sharded optimizer: each rank receives the sum of its slices only; a bucket's in the
+    // background while the backward goes on.
+    for (PendingCollective& r : shards_.at(op.module)->reduce_scatter(op, comm, bucketed))
+      reductions_.push_back(std::move(r));
     return;
   }
-  const Comm& comm = groups_.get(program_->groups[static_cast<std::size_t>(op.group)]);
-  if ((op.flags & kOpGradientBucket) != 0 && comm.size() > 1) {
+  if (bucketed && comm.size() > 1) {
     // One bucket, summed in the background while the backward goes on; the global norm waits.
-    Reduction r;
-    std::vector<torch::Tensor> flat;
+    std::vector<torch::Tensor> grads, flat;
     for (Param* p :
          stage(op.module, op.chunk).params_of(op.first_layer, op.first_layer + op.layers))
       if (p->tensor.requires_grad()) {
-        r.grads.push_back(p->tensor.mutable_grad());
-        flat.push_back(r.grads.back().reshape({-1}));
+        grads.push_back(p->tensor.mutable_grad());
+        flat.push_back(grads.back().reshape({-1}));
       }
     if (flat.empty()) return;
-    r.flat = torch::cat(flat);
-    std::vector<at::Tensor> tensors{r.flat};
-    r.work = comm.group->allreduce(tensors);
-    reductions_.push_back(std::move(r));
+    std::vector<at::Tensor> tensors{torch::cat(flat)};
+    reductions_.push_back({comm.group->allreduce(tensors), [grads, sum = tensors[0]]() mutable {
+                             int64_t at = 0;
+                             for (torch::Tensor& g : grads) {
+                               g.copy_(sum.narrow(0, at, g.numel()).view_as(g));
+                               at += g.numel();
+                             }
+                           }});
     return;
   }
   std::vector<torch::Tensor> params = trainable(op.module);
@@ -1220,14 +1274,7 @@ void Worker::reduce_gradients(const Op& op) {
 }
 
 void Worker::finish_reductions() {
-  for (Reduction& r : reductions_) {
-    r.work->wait();
-    int64_t at = 0;
-    for (torch::Tensor& g : r.grads) {
-      g.copy_(r.flat.narrow(0, at, g.numel()).view_as(g));
-      at += g.numel();
-    }
-  }
+  for (PendingCollective& r : reductions_) r.finish();
   reductions_.clear();
 }
 
@@ -1235,11 +1282,7 @@ void Worker::synchronize_norm_and_loss() {
   finish_reductions();
   // Each distinct gradient counted once: a shard held by `copies` ranks contributes 1/copies.
   double norm2 = 0;
-  for (auto& [m, sh] : shards_) {
-    // Reduced slices are disjoint within the group; TP-replicated elements count 1/tp.
-    const torch::Tensor& g = shard_gradient(m);
-    norm2 += (g.to(torch::kFloat64).pow(2) * sh.norm_weight).sum().item<double>();
-  }
+  for (auto& [m, sh] : shards_) norm2 += sh->norm_squared();
   for (auto& [key, st] : stages_) {
     const auto m = static_cast<std::size_t>(key.first);
     if (shards_.count(key.first)) continue;
@@ -1259,54 +1302,36 @@ void Worker::synchronize_norm_and_loss() {
 
 void Worker::optimizer_step(const Op& op) {
   if (!synchronized_) synchronize_norm_and_loss();
+  if (const auto shard = shards_.find(op.module); shard != shards_.end())
+    return shard->second->step(clip_coefficient_);
   const auto it = optimizers_.find(op.module);
   if (it == optimizers_.end()) return;
-  if (const auto shard = shards_.find(op.module); shard != shards_.end()) {
-    // This rank's slice of the reduced gradient drives its slice of the parameters.
-    Shard& sh = shard->second;
-    sh.flat.mutable_grad() = shard_gradient(op.module) * clip_coefficient_;
-    it->second->step();
-    if (sh.parts == 1) {  // no all-gather follows: the slice is the whole
-      torch::NoGradGuard no_grad;
-      int64_t at = 0;
-      for (torch::Tensor& p : trainable(op.module)) {
-        p.copy_(sh.flat.narrow(0, at, p.numel()).view_as(p));
-        at += p.numel();
-      }
-    }
-    return;
-  }
   if (clip_coefficient_ < 1.0)
     for (torch::Tensor& p : trainable(op.module)) p.mutable_grad().mul_(clip_coefficient_);
   it->second->step();
-}
-
-const torch::Tensor& Worker::shard_gradient(int module) {
-  Shard& sh = shards_.at(module);
-  if (!sh.grad.defined()) {
-    // A group of one reduces nothing (the Program has no reduce-scatter): the local gradient.
-    std::vector<torch::Tensor> grads;
-    for (const torch::Tensor& p : trainable(module)) grads.push_back(p.grad().reshape({-1}));
-    const torch::Tensor all = torch::cat(grads);
-    sh.grad = torch::zeros_like(sh.flat);
-    const int64_t n = std::max<int64_t>(0, std::min(sh.flat.numel(), sh.total - sh.begin));
-    if (n > 0) sh.grad.narrow(0, 0, n).copy_(all.narrow(0, sh.begin, n));
-  }
-  return sh.grad;
 }
 
 void Worker::gather_parameters(const Op& op) {
   const auto shard = shards_.find(op.module);
   TESSERA_CHECK(shard != shards_.end(), op_name(*program_, op) + ": no sharded optimizer here");
   const Comm& comm = groups_.get(program_->groups[static_cast<std::size_t>(op.group)]);
-  const Shard& sh = shard->second;
-  const std::vector<int64_t> rows(static_cast<std::size_t>(comm.size()), sh.flat.numel());
-  const torch::Tensor all = all_gather_rows(comm, sh.flat.detach(), rows);
-  torch::NoGradGuard no_grad;
-  int64_t at = 0;
-  for (torch::Tensor& p : trainable(op.module)) {
-    p.copy_(all.narrow(0, at, p.numel()).view_as(p));
-    at += p.numel();
+  // A bucket's gather (overlap_param_gather) runs in the background: the ops that depend on it
+  // wait for it.
+  const bool bucket = (op.flags & kOpGradientBucket) != 0;
+  std::vector<PendingCollective> pending = shard->second->all_gather(op, comm, bucket);
+  if (!pending.empty()) gathers_[current_op_] = std::move(pending);
+}
+
+double Worker::elapsed() const {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
+}
+
+void Worker::await_gathers(const Op& op) {
+  for (const int32_t dep : op.deps) {
+    const auto it = gathers_.find(dep);
+    if (it == gathers_.end()) continue;
+    for (PendingCollective& g : it->second) g.finish();
+    gathers_.erase(it);
   }
 }
 
@@ -1320,6 +1345,7 @@ int64_t Worker::parameter_bytes() const {
   for (const auto& [m, opt] : optimizers_)
     for (const auto& group : opt->param_groups())
       for (const torch::Tensor& t : group.params()) bytes += t.numel() * 4 * 2;
+  for (const auto& [m, sh] : shards_) bytes += sh->master().numel() * 4 * 2;
   return bytes;
 }
 
@@ -1331,6 +1357,14 @@ void Worker::save(const std::string& path) {
     torch::serialize::OutputArchive sub;
     opt->save(sub);
     archive.write("optimizer/" + std::to_string(m), sub);
+  }
+  // The distributed optimizer's slices hold the latest parameters (with overlap_param_gather
+  // the parameters above are gathered from them only as the next step begins).
+  for (auto& [m, sh] : shards_) {
+    torch::serialize::OutputArchive sub;
+    sh->adam().save(sub);
+    archive.write("optimizer/" + std::to_string(m), sub);
+    archive.write("shard/" + std::to_string(m), sh->master().detach());
   }
   archive.save_to(path);
 }
@@ -1350,6 +1384,17 @@ void Worker::load(const std::string& path) {
     torch::serialize::InputArchive sub;
     archive.read("optimizer/" + std::to_string(m), sub);
     opt->load(sub);
+  }
+  for (auto& [m, sh] : shards_) {
+    torch::serialize::InputArchive sub;
+    archive.read("optimizer/" + std::to_string(m), sub);
+    sh->adam().load(sub);
+    torch::Tensor master;
+    archive.read("shard/" + std::to_string(m), master);
+    TESSERA_CHECK(master.sizes() == sh->master().sizes(),
+                  path + ": the distributed optimizer's slice of module " + std::to_string(m) +
+                      " has another shape");
+    sh->master().detach().copy_(master);
   }
 }
 

@@ -4,6 +4,7 @@
 // nothing of its own; what runs, and when, is the Program's.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <future>
 #include <map>
@@ -18,6 +19,7 @@
 
 #include "exec/comm.hpp"
 #include "exec/data.hpp"
+#include "exec/sharded_optimizer.hpp"
 #include "exec/stage.hpp"
 #include "shared/dip_search.hpp"
 #include "shared/evaluator.hpp"
@@ -154,7 +156,9 @@ class Worker {
   void finish_reductions();
   void optimizer_step(const Op& op);
   void gather_parameters(const Op& op);
-  const torch::Tensor& shard_gradient(int module);
+  // The distributed optimizer's buckets of `module` on this rank: the Program's gradient buckets
+  // (reduce-scatter ops), or the whole module.
+  std::vector<ShardedOptimizer::Bucket> optimizer_buckets(const Program& p, int module);
   void synchronize_norm_and_loss();
   std::vector<torch::Tensor> trainable(int module);
 
@@ -171,17 +175,8 @@ class Worker {
   int64_t dp_index_ = 0, cp_index_ = 0, tp_index_ = 0;
   std::map<std::pair<int, int>, std::unique_ptr<Stage>> stages_;    // (module, chunk)
   std::map<int, std::unique_ptr<torch::optim::AdamW>> optimizers_;  // per module
-  // Distributed optimizer (ZeRO-1 style): per module, this rank's slice of the flattened
-  // parameters — the only parameters its AdamW holds state for.
-  struct Shard {
-    torch::Tensor flat;         // (shard) fp32 master copy of this rank's slice
-    torch::Tensor grad;         // (shard) its reduced gradient, after the reduce-scatter
-    torch::Tensor norm_weight;  // (shard) 1 / TP copies of each element (for the global norm)
-    int64_t begin = 0;          // offset of the slice in the flattened module parameters
-    int64_t total = 0;          // flattened parameters (before padding)
-    int64_t parts = 1;          // ranks sharing the module's optimizer state
-  };
-  std::map<int, Shard> shards_;
+  // Distributed optimizer: per module, this rank's slices and their AdamW.
+  std::map<int, std::unique_ptr<ShardedOptimizer>> shards_;
 
   // Per iteration.
   TrainBatch batch_;
@@ -208,13 +203,19 @@ class Worker {
   std::set<Key> sends_grad_;  // ... whose input gradient this rank sends back
   std::vector<char> fused_;   // per op: a B and the W right after it, run as one backward
   std::map<Key, std::vector<int64_t>> cuts_;  // forwards cut for a backward in bucket pieces
-  // Gradient buckets being all-reduced while the backward goes on (overlap_grad_reduce).
-  struct Reduction {
-    c10::intrusive_ptr<c10d::Work> work;
-    torch::Tensor flat;                // the bucket's gradients, flattened, being summed
-    std::vector<torch::Tensor> grads;  // where the sums go back
-  };
-  std::vector<Reduction> reductions_;
+  // Gradient buckets being reduced while the backward goes on (overlap_grad_reduce).
+  std::vector<PendingCollective> reductions_;
+  // overlap_param_gather: parameter buckets being gathered, by the index of their op; an op that
+  // depends on one waits for it. The first forward of a chunk runs in pieces: the bottom piece's
+  // op runs them all, each waiting for its gather as the layers reach it (key -> the other
+  // pieces' first layer -> op), and each piece's op is timed from those crossings.
+  std::map<int32_t, std::vector<PendingCollective>> gathers_;
+  std::map<Key, std::map<int64_t, int32_t>> forward_pieces_;
+  std::map<int32_t, std::pair<double, double>> piece_times_;
+  int32_t current_op_ = -1;
+  std::chrono::steady_clock::time_point started_;
+  double elapsed() const;
+  void await_gathers(const Op& op);
   std::vector<std::pair<c10::intrusive_ptr<c10d::Work>, torch::Tensor>> pending_;
   // schedule dip
   bool dip_ = false;

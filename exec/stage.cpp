@@ -106,6 +106,7 @@ std::vector<Param*> Stage::params_of(int64_t a, int64_t b) {
 torch::Tensor Stage::run_blocks(torch::Tensor x, const AttentionInputs& in, Cuts* cuts) const {
   for (std::size_t i = 0; i < blocks_.size(); ++i) {
     const int64_t layer = begin_ + static_cast<int64_t>(i);
+    if (cuts != nullptr && cuts->entering) cuts->entering(layer);
     if (cuts != nullptr &&
         std::find(cuts->layers.begin(), cuts->layers.end(), layer) != cuts->layers.end()) {
       cuts->below[layer].push_back(x);

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <vector>
 
@@ -21,6 +22,7 @@ namespace tessera::exec {
 struct Cuts {
   std::vector<int64_t> layers;  // cut before each of these (neither the stage's first nor past it)
   std::map<int64_t, std::vector<torch::Tensor>> below, above;
+  std::function<void(int64_t layer)> entering;  // if set, called before each layer runs
 };
 
 class Stage {

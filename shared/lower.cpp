@@ -7,6 +7,7 @@
 #include <functional>
 #include <map>
 #include <numeric>
+#include <set>
 
 #include "shared/check.hpp"
 #include "shared/context_split.hpp"
@@ -289,6 +290,14 @@ class Lowering {
   // overlap_grad_reduce: the bucket reductions each rank emitted, per module; those modules get
   // no reduction after the backward.
   std::map<int64_t, std::map<int, std::vector<int32_t>>> bucket_reductions_;
+  // overlap_param_gather: the modules whose parameters each rank gathers at the step's start
+  // (none after its optimizer step).
+  std::map<int64_t, std::set<int>> gathered_at_start_;
+  // The 16-bit gradients (or weights) of layers [a, b) of `m` on one rank of its grid.
+  double bucket_bytes(const ModuleInfo& m, int64_t a, int64_t b) const {
+    return range_parameters(*m.spec, a, b) * static_cast<double>(dtype_bytes(model_.dtype)) /
+           static_cast<double>(grid_of(m).layout.tp);
+  }
   void account_memory(int64_t rank, const std::vector<int>& modules);
   const ModuleInfo& grid_of(const ModuleInfo& m) const;
   double parameters_on(const ModuleInfo& m, const Coord& x) const;
@@ -803,13 +812,11 @@ void Lowering::account_memory(int64_t rank, const std::vector<int>& module_list)
 
 std::vector<LayerRange> Lowering::gradient_buckets(const ModuleInfo& m, int64_t k) const {
   const auto [a, b] = m.chunk_layers[static_cast<std::size_t>(k)];
-  const double bytes_per_parameter =
-      static_cast<double>(dtype_bytes(model_.dtype)) / static_cast<double>(grid_of(m).layout.tp);
   const double limit = plan_.grad_bucket_mb * 1e6;
   std::vector<LayerRange> pieces;
   int64_t end = b;
   for (int64_t l = b - 1; l >= a; --l)
-    if (l == a || range_parameters(*m.spec, l, end) * bytes_per_parameter >= limit) {
+    if (l == a || bucket_bytes(m, l, end) >= limit) {
       pieces.emplace_back(l, end);
       end = l;
     }
@@ -881,7 +888,9 @@ void Lowering::gradient_reduction(int64_t rank, const std::vector<int>& module_l
     std::sort(step.deps.begin(), step.deps.end());
     step.deps.erase(std::unique(step.deps.begin(), step.deps.end()), step.deps.end());
     const int32_t stepped = emit(rank, step);
-    if (plan_.distributed_optimizer && shards > 1) {
+    const auto at_start = gathered_at_start_.find(rank);
+    const bool gathered = at_start != gathered_at_start_.end() && at_start->second.count(c.module);
+    if (plan_.distributed_optimizer && shards > 1 && !gathered) {
       Op gather = c;
       gather.collective = CollectiveKind::kAllGather;
       gather.deps = {stepped};
@@ -963,6 +972,31 @@ void Lowering::lower_pipelines() {
       if (overlap)
         for (const ScheduleItem& item : order)
           if (item.backward) last_backward[item.chunk] = item.microbatch;
+      // overlap_param_gather: the step begins with the all-gathers of the parameters the previous
+      // step's optimizer updated (the steady state), bucket by bucket in the order the forward
+      // needs them, and each chunk's first forward runs in the same pieces, each piece waiting
+      // for its own bucket's gather.
+      std::map<int32_t, int32_t> first_forward;  // chunk -> its first micro-batch
+      std::map<std::pair<int32_t, int64_t>, int32_t> param_gathers;  // (chunk, first layer) -> op
+      if (overlap && plan_.overlap_param_gather) {
+        for (const ScheduleItem& item : order) {
+          if (item.backward || first_forward.count(item.chunk) > 0) continue;
+          first_forward[item.chunk] = item.microbatch;
+          const std::vector<LayerRange> pieces = gradient_buckets(owner, item.chunk * pp + x.p);
+          for (auto piece = pieces.rbegin(); piece != pieces.rend(); ++piece) {
+            Op g = collective_op(CollectiveKind::kAllGather, Purpose::kDp, Phase::kF, owner_index,
+                                 dpcp_group(owner, x),
+                                 bucket_bytes(owner, piece->first, piece->second));
+            g.stage = static_cast<int16_t>(x.p);
+            g.chunk = static_cast<int16_t>(item.chunk);
+            g.first_layer = static_cast<int32_t>(piece->first);
+            g.layers = static_cast<int32_t>(piece->second - piece->first);
+            g.flags |= kOpGradientBucket;
+            param_gathers[{item.chunk, piece->first}] = emit(rank, g);
+          }
+        }
+        gathered_at_start_[rank].insert(owner_index);
+      }
       // Received encoder outputs live from their forward until their backward (or the forward,
       // when no gradient flows back): peak in-flight count times the largest micro-batch.
       double largest_input = 0;
@@ -1021,9 +1055,14 @@ void Lowering::lower_pipelines() {
           // --- compute
           int32_t last = -1;
           auto run = [&](const ModuleInfo& m, int64_t chunk_index, Phase phase,
-                         std::span<const Sample* const> s) {
-            Op op = compute(m, rank, static_cast<int32_t>(chunk_index), mb, phase, s);
+                         std::span<const Sample* const> s, const LayerRange* piece = nullptr,
+                         int32_t gather = -1) {
+            Op op = compute(m, rank, static_cast<int32_t>(chunk_index), mb, phase, s, piece);
             op.deps = deps;
+            if (gather >= 0) {
+              op.deps.push_back(gather);
+              op.flags |= kOpGradientBucket;
+            }
             last = emit(rank, op);
             deps = {last};
             forward_of[{mb, item.chunk, m.index}] = last;
@@ -1031,7 +1070,22 @@ void Lowering::lower_pipelines() {
           if (first_virtual)
             for (int i : prefix)
               run(modules_[static_cast<std::size_t>(i)], 0, Phase::kF, samples_of(i, x.d, mb));
-          run(owner, k, Phase::kF, samples);
+          if (!param_gathers.empty() && first_forward.at(item.chunk) == mb) {
+            // Piece by piece, bottom up; the activations they stash are the whole forward's,
+            // kept (and freed by the backward) as one, from the last piece on.
+            const std::vector<LayerRange> pieces = gradient_buckets(owner, k);
+            auto& ops = p_.ranks[static_cast<std::size_t>(rank)];
+            double stash = 0;
+            for (auto piece = pieces.rbegin(); piece != pieces.rend(); ++piece) {
+              run(owner, k, Phase::kF, samples, &*piece,
+                  param_gathers.at({item.chunk, piece->first}));
+              stash += ops[static_cast<std::size_t>(last)].stash_bytes;
+              ops[static_cast<std::size_t>(last)].stash_bytes = 0;
+            }
+            ops[static_cast<std::size_t>(last)].stash_bytes = stash;
+          } else {
+            run(owner, k, Phase::kF, samples);
+          }
           if (last_virtual)
             for (int i : suffix) run(modules_[static_cast<std::size_t>(i)], 0, Phase::kF, samples);
           forward_done[{mb, item.chunk}] = last;
@@ -1123,9 +1177,7 @@ void Lowering::lower_pipelines() {
             Op c = collective_op(plan_.distributed_optimizer ? CollectiveKind::kReduceScatter
                                                              : CollectiveKind::kAllReduce,
                                  Purpose::kDp, Phase::kF, m.index, dpcp_group(owner, x),
-                                 range_parameters(*m.spec, piece.first, piece.second) *
-                                     static_cast<double>(dtype_bytes(model_.dtype)) /
-                                     static_cast<double>(owner.layout.tp));
+                                 bucket_bytes(m, piece.first, piece.second));
             c.stage = static_cast<int16_t>(x.p);
             c.chunk = static_cast<int16_t>(item.chunk);
             c.first_layer = static_cast<int32_t>(piece.first);

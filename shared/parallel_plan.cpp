@@ -142,6 +142,7 @@ ParallelPlan read_plan(const Json& json, const std::string& file, const std::str
              p.pipeline_scatter_gather);
   r.optional("pad_to_longest", p.pad_to_longest);
   r.optional("overlap_grad_reduce", p.overlap_grad_reduce);
+  r.optional("overlap_param_gather", p.overlap_param_gather);
   if (r.optional("grad_bucket_mb", p.grad_bucket_mb))
     r.check_positive("grad_bucket_mb", p.grad_bucket_mb);
   r.finish();
@@ -184,6 +185,7 @@ Json to_json(const ParallelPlan& p) {
     j["overlap_grad_reduce"] = true;
     j["grad_bucket_mb"] = p.grad_bucket_mb;
   }
+  if (p.overlap_param_gather) j["overlap_param_gather"] = true;
   return j;
 }
 
@@ -452,6 +454,12 @@ void validate_plan(const ParallelPlan& plan, const ModelSpec& model, const Workl
     top("overlap_grad_reduce",
         "the colocated lowering reduces gradients after the whole backward; overlap is lowered "
         "for homogeneous and non_colocated pipelines");
+  if (plan.overlap_param_gather && !plan.distributed_optimizer)
+    top("overlap_param_gather",
+        "needs distributed_optimizer (it overlaps the all-gather of the parameters each rank's "
+        "optimizer slice updated)");
+  else if (plan.overlap_param_gather && !plan.overlap_grad_reduce)
+    top("overlap_param_gather", "needs overlap_grad_reduce (it gathers that option's buckets)");
   if (plan.overlap_grad_reduce && plan.schedule == Schedule::kDip)
     top("overlap_grad_reduce",
         "schedule dip reduces gradients after the whole backward; overlap is lowered for the "

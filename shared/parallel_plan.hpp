@@ -101,6 +101,12 @@ struct ParallelPlan {
   // the rank's last backward.
   bool overlap_grad_reduce = false;
   double grad_bucket_mb = 80;  // Megatron-LM's 40M-parameter buckets in 16 bits; DDP uses 25
+  // The distributed optimizer's parameter all-gather overlapped with the next forward, as
+  // Megatron-LM's `overlap_param_gather` runs it (needs distributed_optimizer and
+  // overlap_grad_reduce, whose buckets it gathers): the parameters a step updated are gathered
+  // bucket by bucket while the next step's first forward of each chunk runs, each bucket's layers
+  // waiting for their own gather. false: one all-gather per module after the optimizer step.
+  bool overlap_param_gather = false;
 
   bool operator==(const ParallelPlan&) const = default;
 };

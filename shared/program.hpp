@@ -53,10 +53,11 @@ enum OpFlag : uint16_t {
                             // gradient GEMMs of the W op that follows (tp_backward_overlap)
   kOpTpScattered = 256,     // send/recv: this TP rank's 1/tp slice of a stage's activation (or its
                             // gradient); Op::group is the TP group whose all-gather reassembles it
-  kOpGradientBucket = 512,  // B, W or a data-parallel reduction of one gradient bucket: only the
-                            // layers [first_layer, first_layer + layers) of its chunk, with the
-                            // chunk's input side (first piece) or head (last) where it holds them
-                            // (overlap_grad_reduce)
+  kOpGradientBucket = 512,  // F, B, W, or a data-parallel reduction or parameter all-gather of
+                            // one gradient bucket: only the layers [first_layer, first_layer +
+                            // layers) of its chunk, with the chunk's input side (first piece) or
+                            // head (last) where it holds them (overlap_grad_reduce; F pieces and
+                            // gathers: overlap_param_gather)
 };
 
 struct Op {

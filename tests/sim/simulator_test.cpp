@@ -114,6 +114,8 @@ TEST_CASE(
       {kVlm,
        R"({"placement": "homogeneous", "schedule": "interleaved_1f1b", "layout": {"pp": 2, "vpp": 2, "dp": 2, "tp": 2}, "num_micro_batches": 8})"},
       {kVlm,
+       R"({"placement": "homogeneous", "schedule": "interleaved_1f1b", "layout": {"pp": 2, "vpp": 2, "dp": 2, "tp": 2}, "num_micro_batches": 8, "distributed_optimizer": true, "overlap_grad_reduce": true, "overlap_param_gather": true, "grad_bucket_mb": 1})"},
+      {kVlm,
        R"({"placement": "colocated", "schedule": "three_phase", "modules": {"vision": {"dp": 8}, "llm": {"tp": 2, "pp": 2, "dp": 2}}})"},
       {kVlm,
        R"({"placement": "colocated", "modules": {"vision": {"tp": 2, "dp": 4}, "llm": {"tp": 2, "dp": 4}}, "distributed_optimizer": true})"},
