@@ -14,6 +14,7 @@ packages=(
   libopenblas0-serial
   libeigen3-dev libcxxopts-dev nlohmann-json3-dev doctest-dev
   jq  # scripts/bench.sh reads `tessera simulate --json`
+  clang-format  # the `format` test
 )
 if [[ ${1:-} == --fuzz ]]; then
   packages+=(clang-14 libclang-rt-14-dev)
