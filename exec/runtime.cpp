@@ -8,7 +8,7 @@
 #include "shared/check.hpp"
 #include "shared/context_split.hpp"
 #include "shared/entrain.hpp"
-#include "shared/lower.hpp"
+#include "shared/lowering/lower.hpp"
 #include "shared/microbatch.hpp"
 #include "shared/model_math.hpp"
 

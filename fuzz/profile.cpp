@@ -9,7 +9,7 @@
 #include "fuzz/support.hpp"
 #include "shared/batch.hpp"
 #include "shared/evaluator.hpp"
-#include "shared/lower.hpp"
+#include "shared/lowering/lower.hpp"
 #include "shared/profile.hpp"
 #include "shared/scenario.hpp"
 

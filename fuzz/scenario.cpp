@@ -6,7 +6,7 @@
 
 #include "fuzz/support.hpp"
 #include "shared/batch.hpp"
-#include "shared/lower.hpp"
+#include "shared/lowering/lower.hpp"
 #include "shared/scenario.hpp"
 
 using namespace tessera;

@@ -6,7 +6,7 @@
 
 #include "shared/estimate.hpp"
 #include "shared/evaluator.hpp"
-#include "shared/lower.hpp"
+#include "shared/lowering/lower.hpp"
 
 namespace tessera {
 

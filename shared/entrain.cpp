@@ -5,7 +5,7 @@
 #include <set>
 
 #include "shared/check.hpp"
-#include "shared/lower.hpp"
+#include "shared/lowering/lower.hpp"
 #include "shared/model_math.hpp"
 
 namespace tessera {

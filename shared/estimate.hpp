@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "shared/cost_model.hpp"
-#include "shared/lower.hpp"
+#include "shared/lowering/lower.hpp"
 #include "shared/metrics.hpp"
 #include "shared/scenario.hpp"
 

@@ -7,7 +7,7 @@
 #include <map>
 
 #include "shared/check.hpp"
-#include "shared/lower.hpp"
+#include "shared/lowering/lower.hpp"
 
 namespace tessera {
 

@@ -6,7 +6,7 @@
 #include "shared/batch.hpp"
 #include "shared/check.hpp"
 #include "shared/cost_model.hpp"
-#include "shared/lower.hpp"
+#include "shared/lowering/lower.hpp"
 #include "shared/microbatch.hpp"
 #include "shared/model_math.hpp"
 

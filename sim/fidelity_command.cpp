@@ -13,7 +13,7 @@
 #include "shared/batch.hpp"
 #include "shared/evaluator.hpp"
 #include "shared/fidelity.hpp"
-#include "shared/lower.hpp"
+#include "shared/lowering/lower.hpp"
 #include "shared/stage_split.hpp"
 #include "sim/command_line.hpp"
 

@@ -24,7 +24,7 @@
 #include "shared/context_split.hpp"
 #include "shared/entrain.hpp"
 #include "shared/json_reader.hpp"
-#include "shared/lower.hpp"
+#include "shared/lowering/lower.hpp"
 #include "shared/microbatch.hpp"
 #include "shared/plan_source.hpp"
 #include "shared/scenario.hpp"

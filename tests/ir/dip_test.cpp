@@ -10,7 +10,7 @@
 #include "shared/dip_schedule.hpp"
 #include "shared/dip_search.hpp"
 #include "shared/evaluator.hpp"
-#include "shared/lower.hpp"
+#include "shared/lowering/lower.hpp"
 #include "shared/scenario.hpp"
 
 using namespace tessera;

@@ -8,7 +8,7 @@
 #include <set>
 
 #include "shared/entrain.hpp"
-#include "shared/lower.hpp"
+#include "shared/lowering/lower.hpp"
 #include "shared/scenario.hpp"
 
 using namespace tessera;

@@ -9,7 +9,7 @@
 #include "shared/collective_cost.hpp"
 #include "shared/cost_model.hpp"
 #include "shared/kernel_cost.hpp"
-#include "shared/lower.hpp"
+#include "shared/lowering/lower.hpp"
 #include "shared/scenario.hpp"
 
 using namespace tessera;

@@ -13,7 +13,7 @@
 #include "shared/entrain.hpp"
 #include "shared/estimate.hpp"
 #include "shared/evaluator.hpp"
-#include "shared/lower.hpp"
+#include "shared/lowering/lower.hpp"
 #include "shared/microbatch.hpp"
 #include "shared/model_math.hpp"
 #include "shared/scenario.hpp"

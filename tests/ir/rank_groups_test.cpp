@@ -6,7 +6,7 @@
 #include <sstream>
 
 #include "shared/batch.hpp"
-#include "shared/lower.hpp"
+#include "shared/lowering/lower.hpp"
 #include "shared/rank_groups.hpp"
 #include "shared/scenario.hpp"
 

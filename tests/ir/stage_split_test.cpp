@@ -6,7 +6,7 @@
 #include <functional>
 
 #include "shared/batch.hpp"
-#include "shared/lower.hpp"
+#include "shared/lowering/lower.hpp"
 #include "shared/stage_split.hpp"
 
 using namespace tessera;

@@ -11,7 +11,7 @@
 #include <unistd.h>
 
 #include "shared/evaluator.hpp"
-#include "shared/lower.hpp"
+#include "shared/lowering/lower.hpp"
 #include "sim/child_process.hpp"
 #include "sim/simulator.hpp"
 #include "sim/twins.hpp"

@@ -1,0 +1,183 @@
+// Lowering: one compute op — its FLOPs, nested collectives and stashed activations — and boundary
+// sizes.
+#include "shared/lowering/lowering.hpp"
+
+namespace tessera::lowering {
+
+Op Lowering::compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t mb, Phase phase,
+                     std::span<const Sample* const> samples, const LayerRange* piece) {
+  const ModuleSpec& spec = *m.spec;
+  const ModuleInfo& grid = m.host >= 0 ? modules_[static_cast<std::size_t>(m.host)] : m;
+  // Homogeneous encoders share the LLM's grid.
+  const ModuleInfo& layout_owner =
+      plan_.placement == Placement::kHomogeneous ? modules_[static_cast<std::size_t>(llm_)] : grid;
+  const ModuleLayout& l = layout_owner.layout;
+  const Coord x = layout_owner.coord(rank);
+  const ModuleWork& work = work_of(m.index, samples);
+  // This rank's share of the sequence: the LLM's tokens as context_split() deals them to the CP
+  // ranks (each rank its own tokens and attention pairs), an even share otherwise.
+  double tokens_local = static_cast<double>(work.tokens) / static_cast<double>(l.cp);
+  double pairs_local = work.attention_pairs / static_cast<double>(l.cp);
+  if (l.cp > 1 && spec.role == ModuleRole::kLlm) {
+    const CpShare& share = cp_share(samples, l.cp, x.d);
+    tokens_local = share.tokens[static_cast<std::size_t>(x.c)];
+    pairs_local = share.pairs[static_cast<std::size_t>(x.c)];
+  }
+  const double tp_shard = static_cast<double>(l.tp);
+  const double dtype = static_cast<double>(dtype_bytes(model_.dtype));
+  const auto [layer_begin, layer_end] =
+      piece != nullptr ? *piece : m.chunk_layers[static_cast<std::size_t>(k_chunk)];
+  const int64_t layers = layer_end - layer_begin;
+  const bool first_chunk = layer_begin == 0;
+  const bool last_chunk = !spec.transformer || layer_end == spec.transformer->layers;
+
+  Op op;
+  op.kind = OpKind::kCompute;
+  op.stream = StreamKind::kCompute;
+  op.phase = phase;
+  op.module = static_cast<int16_t>(m.index);
+  op.stage =
+      static_cast<int16_t>(plan_.placement == Placement::kHomogeneous ? x.p : grid.coord(rank).p);
+  op.chunk = static_cast<int16_t>(k_chunk / std::max<int64_t>(1, m.layout.pp));
+  if (plan_.placement == Placement::kHomogeneous && m.index != llm_) op.chunk = 0;
+  op.microbatch = mb;
+  op.layers = static_cast<int32_t>(layers);
+  op.first_layer = static_cast<int32_t>(layer_begin);
+  op.tokens = static_cast<int64_t>(tokens_local);
+  op.tp = static_cast<int16_t>(l.tp);
+  if (plan_.sequence_parallel && l.tp > 1) op.flags |= kOpSequenceParallel;
+  if (!plan_.flash_attention) op.flags |= kOpUnfusedAttention;
+  if (!plan_.fused_kernels) op.flags |= kOpEagerElementwise;
+  if (plan_.tp_comm_overlap && plan_.sequence_parallel && l.tp > 1) op.flags |= kOpTpCommOverlap;
+  if (plan_.recompute == Recompute::kSelective && phase == Phase::kB)
+    op.flags |= kOpAttentionRecompute;
+  // Every schedule runs a trainable module's W right after its B.
+  if (plan_.tp_backward_overlap && phase == Phase::kB && m.flow.trainable && l.tp > 1)
+    op.flags |= kOpTpGradOverlap;
+
+  double linear = 0, attention = 0, weights = 0;  // FLOPs of one forward on this rank
+  if (spec.transformer) {
+    const TransformerArch& a = *spec.transformer;
+    linear = static_cast<double>(layers) * 2.0 *
+             static_cast<double>(active_layer_matmul_parameters(a)) * tokens_local / tp_shard;
+    attention = static_cast<double>(layers) * layer_attention_flops(a, pairs_local) / tp_shard;
+    weights = static_cast<double>(layers * layer_parameters(a)) / static_cast<double>(l.tp);
+    if (layers > 0) op.attention_pairs = pairs_local;
+    // Full recomputation checkpoints the transformer layers only (Megatron-LM's checkpointed
+    // layer stack, Hugging Face's gradient checkpointing): the head, its loss and the front end
+    // keep their forward activations and are not run again.
+    const bool recomputed = phase == Phase::kR;
+    if (last_chunk && a.vocab > 0 && !recomputed) {
+      op.flags |= kOpHead;
+      if (phase != Phase::kW) op.logits = tokens_local * static_cast<double>(a.vocab) / tp_shard;
+      linear += 2.0 * static_cast<double>(a.hidden * a.vocab) * tokens_local / tp_shard;
+      weights += static_cast<double>(a.hidden * a.vocab) / static_cast<double>(l.tp);
+    }
+    if (first_chunk && (a.vocab > 0 || spec.patching || spec.audio) && !recomputed)
+      op.flags |= kOpFrontEnd;
+    if (first_chunk && (spec.patching || spec.audio) && !recomputed) {
+      // Patch / conv front end, counted per encoder token.
+      ModuleSpec front = spec;
+      front.transformer->layers = 0;
+      front.transformer->vocab = 0;
+      linear += forward_flops_per_token(front, 0) * tokens_local / tp_shard;
+      weights += static_cast<double>(embedding_parameters(front)) / static_cast<double>(l.tp);
+    }
+    // Nested collectives of the layer stack.
+    const double act = tokens_local * static_cast<double>(a.hidden) * dtype;
+    if (phase != Phase::kW && l.tp > 1) {
+      const int32_t g = tp_group(layout_owner, x);
+      if (plan_.sequence_parallel) {
+        op.nested.push_back(
+            {CollectiveKind::kAllGather, Purpose::kTp, g, static_cast<int32_t>(2 * layers), act});
+        op.nested.push_back({CollectiveKind::kReduceScatter, Purpose::kTp, g,
+                             static_cast<int32_t>(2 * layers), act});
+      } else {
+        op.nested.push_back(
+            {CollectiveKind::kAllReduce, Purpose::kTp, g, static_cast<int32_t>(2 * layers), act});
+      }
+    }
+    if (a.vocab > 0 && l.tp > 1) {
+      // Vocabulary-parallel embedding and loss: the embedding's partial rows are all-reduced in
+      // the forward (its backward is local); the loss all-reduces three fp32 numbers per token
+      // (max logit, sum of exponentials, target logit) and the head's input gradient.
+      const int32_t g = tp_group(layout_owner, x);
+      if (first_chunk && phase == Phase::kF)
+        op.nested.push_back({CollectiveKind::kAllReduce, Purpose::kTp, g, 1,
+                             static_cast<double>(work.text_tokens) / static_cast<double>(l.cp) *
+                                 static_cast<double>(a.hidden) * dtype});
+      if (last_chunk && phase == Phase::kF)
+        op.nested.push_back({CollectiveKind::kAllReduce, Purpose::kTp, g, 3, tokens_local * 4.0});
+      if (last_chunk && phase == Phase::kB)
+        op.nested.push_back({CollectiveKind::kAllReduce, Purpose::kTp, g, 1, act});
+    }
+    if (phase != Phase::kW && l.cp > 1 && layers > 0) {
+      // K/V of the whole sequence gathered per layer (ring exchange has the same volume);
+      // backward reduce-scatters their gradients.
+      const double kv = static_cast<double>(work.tokens) * 2.0 *
+                        static_cast<double>(a.kv_heads * a.head_dim) * dtype /
+                        static_cast<double>(l.tp);
+      op.nested.push_back(
+          {phase == Phase::kB ? CollectiveKind::kReduceScatter : CollectiveKind::kAllGather,
+           Purpose::kCp, cp_group(layout_owner, x), static_cast<int32_t>(layers), kv});
+    }
+    if (phase != Phase::kW && a.experts > 0 && l.ep > 1 && layers > 0) {
+      const double routed = tokens_local * static_cast<double>(a.top_k * a.hidden) * dtype /
+                            static_cast<double>(l.tp);
+      op.nested.push_back({CollectiveKind::kAllToAll, Purpose::kEp, ep_group(layout_owner, x),
+                           static_cast<int32_t>(2 * layers), routed});
+    }
+  }
+  if (spec.projector) {
+    const ProjectorArch& pr = *spec.projector;
+    const double w = static_cast<double>(pr.layers == 1 ? pr.in * pr.out
+                                                        : pr.in * pr.hidden + pr.hidden * pr.out);
+    linear += 2.0 * w * tokens_local / tp_shard;
+    weights += static_cast<double>(projector_parameters(pr)) / static_cast<double>(l.tp);
+    // Forward: the row-parallel output; backward: the input gradient, when one flows back.
+    if ((phase == Phase::kF || phase == Phase::kR ||
+         (phase == Phase::kB && m.flow.needs_input_grad)) &&
+        l.tp > 1)
+      op.nested.push_back({CollectiveKind::kAllReduce, Purpose::kTp, tp_group(layout_owner, x), 1,
+                           tokens_local * static_cast<double>(pr.out) * dtype});
+  }
+  op.flops = phase_flops(linear, attention, phase);
+  op.bytes = weights * dtype;
+  if (phase == Phase::kF && m.flow.backward()) {
+    // Activations kept for backward (flash attention: no s x s scores).
+    double stash = 0;
+    if (spec.transformer && layers > 0) {
+      ActivationOptions o;
+      o.tp = l.tp;
+      o.sequence_parallel = plan_.sequence_parallel;
+      o.flash_attention = plan_.flash_attention || plan_.recompute == Recompute::kSelective;
+      o.bytes_per_value = dtype_bytes(model_.dtype);
+      const double seq = work.samples > 0
+                             ? static_cast<double>(work.tokens) / static_cast<double>(work.samples)
+                             : 0;
+      const double per_token =
+          plan_.recompute == Recompute::kFull
+              ? static_cast<double>(spec.transformer->hidden) * dtype /
+                    (plan_.sequence_parallel ? static_cast<double>(l.tp) : 1.0)
+              : activation_bytes_per_token_per_layer(*spec.transformer, seq, o);
+      stash += per_token * tokens_local * static_cast<double>(layers);
+    }
+    if (spec.projector)
+      stash += tokens_local * static_cast<double>(spec.projector->in + spec.projector->hidden) *
+               dtype / static_cast<double>(l.tp);
+    op.stash_bytes = stash;
+  }
+  return op;
+}
+
+double Lowering::boundary_bytes(int producer_last, int consumer,
+                                std::span<const Sample* const> samples) {
+  const ModuleSpec& p = *modules_[static_cast<std::size_t>(producer_last)].spec;
+  const ModuleSpec& c = *modules_[static_cast<std::size_t>(consumer)].spec;
+  const ModuleWork& w = work_of(producer_last, samples);
+  const int64_t width =
+      c.transformer ? c.transformer->hidden : (p.projector ? p.projector->out : 0);
+  return static_cast<double>(w.output_tokens * width * dtype_bytes(model_.dtype));
+}
+
+}  // namespace tessera::lowering

@@ -1,0 +1,110 @@
+// Lowering: parameter memory, gradient buckets, gradient reductions and optimizer steps.
+#include "shared/lowering/lowering.hpp"
+
+namespace tessera::lowering {
+
+void Lowering::account_memory(int64_t rank, const std::vector<int>& module_list) {
+  RankMemory& mem = p_.memory[static_cast<std::size_t>(rank)];
+  for (int i : module_list) {
+    const ModuleInfo& m = modules_[static_cast<std::size_t>(i)];
+    const ModuleInfo& owner = grid_of(m);
+    const Coord x = owner.coord(rank);
+    const double params = parameters_on(m, x);
+    const int64_t shards = plan_.distributed_optimizer ? owner.layout.dp * owner.layout.cp : 1;
+    const RankMemory add = parameter_memory(params, m.flow.trainable, shards, model_.dtype);
+    mem.weight_bytes += add.weight_bytes;
+    mem.gradient_bytes += add.gradient_bytes;
+    mem.optimizer_bytes += add.optimizer_bytes;
+  }
+}
+
+std::vector<LayerRange> Lowering::gradient_buckets(const ModuleInfo& m, int64_t k) const {
+  const auto [a, b] = m.chunk_layers[static_cast<std::size_t>(k)];
+  const double limit = plan_.grad_bucket_mb * 1e6;
+  std::vector<LayerRange> pieces;
+  int64_t end = b;
+  for (int64_t l = b - 1; l >= a; --l)
+    if (l == a || bucket_bytes(m, l, end) >= limit) {
+      pieces.emplace_back(l, end);
+      end = l;
+    }
+  return pieces;
+}
+
+void Lowering::gradient_reduction(int64_t rank, const std::vector<int>& module_list) {
+  account_memory(rank, module_list);
+  // Every gradient is reduced before any optimizer step: the step clips by the norm of all
+  // gradients (Megatron's global clipping), so it waits for all of them.
+  std::vector<Op> reductions;
+  std::vector<int32_t> reduced;  // index of each reduction (or the last compute op)
+  const auto bucketed = bucket_reductions_.find(rank);
+  for (int i : module_list) {
+    const ModuleInfo& m = modules_[static_cast<std::size_t>(i)];
+    if (!m.flow.trainable) continue;
+    const ModuleInfo& owner = grid_of(m);
+    const Coord x = owner.coord(rank);
+    const double params = parameters_on(m, x);
+    const double grad_bytes = params * static_cast<double>(dtype_bytes(model_.dtype));
+    const int32_t g = dpcp_group(owner, x);
+    const int64_t shards = static_cast<int64_t>(p_.groups[static_cast<std::size_t>(g)].size());
+    Op c = collective_op(
+        plan_.distributed_optimizer ? CollectiveKind::kReduceScatter : CollectiveKind::kAllReduce,
+        Purpose::kDp, Phase::kF, i, g, grad_bytes);
+    c.stage = static_cast<int16_t>(x.p);
+    reductions.push_back(c);
+    if (bucketed != bucket_reductions_.end())
+      if (const auto it = bucketed->second.find(i); it != bucketed->second.end()) {
+        // Reduced bucket by bucket during its last backward.
+        reduced.insert(reduced.end(), it->second.begin(), it->second.end());
+        continue;
+      }
+    const int32_t dep = last_compute(rank);
+    if (dep >= 0) c.deps = {dep};
+    // A group of one has nothing to reduce.
+    reduced.push_back(shards > 1 ? emit(rank, c) : dep);
+  }
+  // The global gradient norm (and the loss) is all-reduced over every rank before any step:
+  // each rank's steps wait for the slowest rank's gradients.
+  if (p_.world > 1 &&
+      std::any_of(flow_.begin(), flow_.end(), [](const GradientFlow& f) { return f.trainable; })) {
+    RankList world(static_cast<std::size_t>(p_.world));
+    std::iota(world.begin(), world.end(), 0);
+    Op norm = collective_op(CollectiveKind::kAllReduce, Purpose::kNorm, Phase::kF, -1,
+                            group(std::move(world)), 16);  // two fp64 numbers
+    for (int32_t r : reduced)
+      if (r >= 0) norm.deps.push_back(r);
+    if (const int32_t dep = last_compute(rank); dep >= 0) norm.deps.push_back(dep);
+    std::sort(norm.deps.begin(), norm.deps.end());
+    norm.deps.erase(std::unique(norm.deps.begin(), norm.deps.end()), norm.deps.end());
+    reduced = {emit(rank, norm)};
+  }
+  for (std::size_t k = 0; k < reductions.size(); ++k) {
+    const Op& c = reductions[k];
+    const int64_t shards =
+        static_cast<int64_t>(p_.groups[static_cast<std::size_t>(c.group)].size());
+    const double params = c.bytes / static_cast<double>(dtype_bytes(model_.dtype));
+    Op step;
+    step.kind = OpKind::kOptimizerStep;
+    step.stream = StreamKind::kCompute;
+    step.module = c.module;
+    step.stage = c.stage;
+    // Adam reads and writes fp32 master weights and two moments, reads the gradient and writes
+    // the 16-bit weight: ~ (12 + 12 + 4 + 2) bytes per parameter it owns.
+    step.bytes = params * 30.0 / static_cast<double>(plan_.distributed_optimizer ? shards : 1);
+    for (int32_t r : reduced)
+      if (r >= 0) step.deps.push_back(r);
+    std::sort(step.deps.begin(), step.deps.end());
+    step.deps.erase(std::unique(step.deps.begin(), step.deps.end()), step.deps.end());
+    const int32_t stepped = emit(rank, step);
+    const auto at_start = gathered_at_start_.find(rank);
+    const bool gathered = at_start != gathered_at_start_.end() && at_start->second.count(c.module);
+    if (plan_.distributed_optimizer && shards > 1 && !gathered) {
+      Op gather = c;
+      gather.collective = CollectiveKind::kAllGather;
+      gather.deps = {stepped};
+      emit(rank, gather);
+    }
+  }
+}
+
+}  // namespace tessera::lowering

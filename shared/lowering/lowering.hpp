@@ -1,0 +1,388 @@
+// The lowering's working state, shared by the files of shared/lowering/ (not a public
+// interface: lower.hpp is). One Lowering turns one iteration of a plan into a Program; its
+// methods live by concern: ranks.cpp (grids, groups, schedule orders), samples.cpp (which
+// samples each micro-batch holds, their work), compute_op.cpp (what one compute op costs),
+// gradients.cpp (memory, gradient buckets, reductions and optimizer steps), pipelines.cpp
+// (homogeneous and non-colocated), colocated.cpp, dip.cpp, and lower.cpp (the driver).
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <cstdio>
+#include <deque>
+#include <functional>
+#include <map>
+#include <numeric>
+#include <set>
+
+#include "shared/check.hpp"
+#include "shared/context_split.hpp"
+#include "shared/cost_model.hpp"
+#include "shared/dip_schedule.hpp"
+#include "shared/entrain.hpp"
+#include "shared/lowering/lower.hpp"
+#include "shared/microbatch.hpp"
+#include "shared/model_math.hpp"
+#include "shared/schedule.hpp"
+#include "shared/stage_split.hpp"
+
+namespace tessera::lowering {
+
+// Coordinates of a rank in a module grid (Megatron order tp-cp-dp-pp).
+struct Coord {
+  int64_t t = 0, c = 0, d = 0, p = 0;
+};
+
+using LayerRange = std::pair<int64_t, int64_t>;  // layers [first, end) of a module
+
+// Parameters of a module's layers [a, b), with the input side (embedding, patch or audio front
+// end) when a is 0 and the output head when b is the last layer; a projector whole.
+inline double range_parameters(const ModuleSpec& spec, int64_t a, int64_t b) {
+  double params = 0;
+  if (const auto& t = spec.transformer) {
+    const int64_t head = t->vocab > 0 && !t->tied_embeddings ? t->hidden * t->vocab : 0;
+    params += static_cast<double>((b - a) * layer_parameters(*t));
+    if (a == 0) params += static_cast<double>(embedding_parameters(spec) - head);  // input side
+    if (b == t->layers) params += static_cast<double>(head);                       // output head
+  }
+  if (spec.projector) params += static_cast<double>(projector_parameters(*spec.projector));
+  return params;
+}
+
+struct ModuleInfo {
+  int index = 0;
+  const ModuleSpec* spec = nullptr;
+  ModuleLayout layout;
+  int64_t first = 0;
+  int host = -1;  // module whose ranks (last stage) this one borrows; -1: its own
+  GradientFlow flow;
+  std::vector<std::pair<int64_t, int64_t>>
+      chunk_layers;  // virtual stage k = chunk*pp + stage -> [begin, end)
+
+  int64_t rank(const Coord& x) const {
+    return first + x.t + layout.tp * (x.c + layout.cp * (x.d + layout.dp * x.p));
+  }
+  bool owns(int64_t r) const { return r >= first && r < first + layout.size(); }
+  Coord coord(int64_t r) const {
+    const int64_t local = r - first;
+    return {local % layout.tp, (local / layout.tp) % layout.cp,
+            (local / (layout.tp * layout.cp)) % layout.dp,
+            local / (layout.tp * layout.cp * layout.dp)};
+  }
+  int64_t chunks() const { return layout.pp * layout.vpp; }
+};
+
+// A send or receive on the p2p stream, about `about`'s module, stage, chunk and micro-batch.
+inline Op p2p_op(const Op& about, OpKind kind, Phase phase, int64_t peer, double bytes,
+                 int64_t tag) {
+  Op op = about;
+  op.kind = kind;
+  op.stream = StreamKind::kP2p;
+  op.phase = phase;
+  op.peer = static_cast<int32_t>(peer);
+  op.bytes = bytes;
+  op.tag = tag;
+  return op;
+}
+
+// A collective on the collective stream; callers add what else it needs (micro-batch, deps).
+inline Op collective_op(CollectiveKind kind, Purpose purpose, Phase phase, int module,
+                        int32_t group, double bytes) {
+  Op op;
+  op.kind = OpKind::kCollective;
+  op.stream = StreamKind::kCollective;
+  op.collective = kind;
+  op.purpose = purpose;
+  op.phase = phase;
+  op.module = static_cast<int16_t>(module);
+  op.group = group;
+  op.bytes = bytes;
+  return op;
+}
+
+class Lowering {
+ public:
+  Lowering(const ModelSpec& model, const ClusterSpec& cluster, const ParallelPlan& plan,
+           const WorkloadSpec& workload, const Batch& batch, const DipSchedule* dip, Lowered& out)
+      : model_(model),
+        cluster_(cluster),
+        plan_(plan),
+        workload_(workload),
+        batch_(batch),
+        dip_(dip ? *dip : DipSchedule{}),
+        out_(out),
+        p_(out.program) {}
+
+  void run();
+
+ private:
+  // --- set-up --------------------------------------------------------------------------
+  void place();
+  void assign_samples();
+  // The samples a replica of `module` handles in micro-batch `mb` (-1: all). Under Entrain the
+  // encoders and their projectors run the level-1 micro-batches, the LLM the level-2 ones;
+  // `encoder_level` asks for the level-1 ones of any module (the LLM's replica, say).
+  const std::vector<const Sample*>& samples_of(int module, int64_t replica, int32_t mb,
+                                               bool encoder_level = false);
+  // The encoder micro-batches of LLM replica `replica` whose last sample the LLM takes in its
+  // micro-batch `mb`, in order: {mb}, or under Entrain also mb - 1, or only mb - 1, or none.
+  const std::vector<int32_t>& encoder_microbatches_done(int64_t replica, int32_t mb);
+  const ModuleWork& work_of(int module, std::span<const Sample* const> samples);
+  // Tokens and attention pairs of each CP rank for the LLM sequence of `samples`, and the
+  // attention work's max/mean under the plan's split and under the uniform one.
+  struct CpShare {
+    std::vector<double> tokens, pairs;
+    double balance = 1, uniform_balance = 1;
+    int64_t replica = 0;  // the data-parallel replica (CP group) whose micro-batch it is
+  };
+  const CpShare& cp_share(std::span<const Sample* const> samples, int64_t cp, int64_t replica);
+
+  // Under DIP an encoder is a pipeline segment of its own on the LLM's stages.
+  bool dip_encoder(const ModuleInfo& m) const {
+    return plan_.schedule == Schedule::kDip && m.spec->role == ModuleRole::kEncoder;
+  }
+
+  // --- groups --------------------------------------------------------------------------
+  int32_t group(RankList members);
+  int32_t tp_group(const ModuleInfo& m, Coord x) {
+    RankList g;
+    for (x.t = 0; x.t < m.layout.tp; ++x.t) g.push_back(m.rank(x));
+    return group(g);
+  }
+  int32_t cp_group(const ModuleInfo& m, Coord x) {
+    RankList g;
+    for (x.c = 0; x.c < m.layout.cp; ++x.c) g.push_back(m.rank(x));
+    return group(g);
+  }
+  int32_t tpcp_group(const ModuleInfo& m, Coord x) {
+    RankList g;
+    for (x.c = 0; x.c < m.layout.cp; ++x.c)
+      for (x.t = 0; x.t < m.layout.tp; ++x.t) g.push_back(m.rank(x));
+    return group(g);
+  }
+  // Gradients are reduced over data and context replicas (Megatron's dp-cp group).
+  int32_t dpcp_group(const ModuleInfo& m, Coord x) {
+    RankList g;
+    for (x.d = 0; x.d < m.layout.dp; ++x.d)
+      for (x.c = 0; x.c < m.layout.cp; ++x.c) g.push_back(m.rank(x));
+    std::sort(g.begin(), g.end());
+    return group(g);
+  }
+  int32_t ep_group(const ModuleInfo& m, const Coord& x) {
+    const int64_t ep = m.layout.ep, j = x.c + m.layout.cp * x.d;  // index within cp*dp
+    const int64_t e_base = j - j % ep;
+    RankList g;
+    for (int64_t e = 0; e < ep; ++e) {
+      const int64_t jj = e_base + e;
+      g.push_back(m.rank({x.t, jj % m.layout.cp, jj / m.layout.cp, x.p}));
+    }
+    return group(g);
+  }
+
+  // --- ops -----------------------------------------------------------------------------
+  int32_t emit(int64_t rank, Op op) {
+    if (op.kind == OpKind::kCompute)
+      if (const auto it = gather_next_.find(rank); it != gather_next_.end()) {
+        op.nested.insert(op.nested.begin(), it->second);
+        gather_next_.erase(it);
+      }
+    auto& ops = p_.ranks[static_cast<std::size_t>(rank)];
+    ops.push_back(std::move(op));
+    return static_cast<int32_t>(ops.size() - 1);
+  }
+  // --- stage-to-stage messages (activations forward, their gradients backward) ----------
+  // Whether the TP ranks of `grid`'s stages exchange 1/tp slices (pipeline_scatter_gather):
+  // without sequence parallelism each holds the whole activation.
+  bool scatters(const ModuleInfo& grid) const {
+    return plan_.pipeline_scatter_gather && !plan_.sequence_parallel && grid.layout.tp > 1;
+  }
+  // Bytes one rank of `grid` sends a neighbouring stage for `tokens` tokens of `width` values:
+  // split over context parallelism and, sliced by sequence parallelism or scatter-gather, over TP.
+  double stage_message_bytes(const ModuleInfo& grid, int64_t tokens, int64_t width) const {
+    const int64_t tp_split = plan_.sequence_parallel || scatters(grid) ? grid.layout.tp : 1;
+    return static_cast<double>(tokens * width * dtype_bytes(model_.dtype)) /
+           static_cast<double>(grid.layout.cp * tp_split);
+  }
+  Op stage_message(const Op& about, OpKind kind, Phase phase, int64_t peer, const ModuleInfo& grid,
+                   const Coord& x, double bytes, int64_t tag) {
+    Op op = p2p_op(about, kind, phase, peer, bytes, tag);
+    if (scatters(grid)) {
+      op.flags |= kOpTpScattered;
+      op.group = tp_group(grid, x);
+    }
+    return op;
+  }
+  // Emits a stage message's receive. A slice is reassembled by an all-gather over the TP group
+  // at the start of the compute op that consumes it (Megatron gathers before it computes): the
+  // next compute op emitted on this rank. Returns the receive.
+  int32_t receive(int64_t rank, const Op& recv) {
+    if ((recv.flags & kOpTpScattered) != 0) {
+      const double members =
+          static_cast<double>(p_.groups[static_cast<std::size_t>(recv.group)].size());
+      gather_next_[rank] = NestedCollective{CollectiveKind::kAllGather, Purpose::kPp, recv.group, 1,
+                                            recv.bytes * members};
+    }
+    return emit(rank, recv);
+  }
+  std::map<int64_t, NestedCollective> gather_next_;  // rank -> the gather its next compute runs
+
+  // The op at `last` frees the activations its forward (found under `key`) stashed.
+  template <class Map, class Key>
+  void release(int64_t rank, int32_t last, const Map& forwards, const Key& key) {
+    const auto it = forwards.find(key);
+    if (it == forwards.end() || last < 0) return;
+    auto& ops = p_.ranks[static_cast<std::size_t>(rank)];
+    ops[static_cast<std::size_t>(last)].release_bytes =
+        ops[static_cast<std::size_t>(it->second)].stash_bytes;
+  }
+  int32_t last_compute(int64_t rank) const {
+    const auto& ops = p_.ranks[static_cast<std::size_t>(rank)];
+    for (int32_t i = static_cast<int32_t>(ops.size()) - 1; i >= 0; --i)
+      if (ops[static_cast<std::size_t>(i)].stream == StreamKind::kCompute) return i;
+    return -1;
+  }
+  // A Compute op of `m` on `rank` for the layers of virtual stage `k_chunk` (or only `piece`, a
+  // part of them) of micro-batch `mb` (-1: whole local batch).
+  Op compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t mb, Phase phase,
+             std::span<const Sample* const> samples, const LayerRange* piece = nullptr);
+  // A message's tag, unique among the messages between two ranks: its fields packed into 63
+  // bits (kind 8, two modules 8 each, virtual stage 12, direction 1, micro-batch 14,
+  // sub-micro-batch 6). A field out of its range would alias another message: checked.
+  int64_t tag(int kind, int a, int b, int64_t k, int dir, int32_t mb, int32_t sub) const {
+    const auto fits = [](int64_t value, int bits) { return value >= 0 && value < (1 << bits); };
+    TESSERA_CHECK(fits(kind, 8) && fits(a, 8) && fits(b, 8) && fits(k, 12) && fits(dir, 1) &&
+                      fits(mb, 14) && fits(sub, 6),
+                  "message tag fields out of range: kind " + std::to_string(kind) + ", modules " +
+                      std::to_string(a) + " " + std::to_string(b) + ", virtual stage " +
+                      std::to_string(k) + ", micro-batch " + std::to_string(mb) + ", sub " +
+                      std::to_string(sub));
+    return ((((static_cast<int64_t>(kind) * 256 + a) * 256 + b) * 4096 + k) * 2 + dir) *
+               (int64_t{1} << 20) +
+           static_cast<int64_t>(mb) * 64 + sub;
+  }
+
+  // --- placements ------------------------------------------------------------------------
+  void lower_pipelines();  // homogeneous and non_colocated
+  // schedule dip: encoder segments and the LLM segment on the ranks of a homogeneous pipeline.
+  std::string dip_unsupported() const;  // why this plan cannot run DIP ("" when it can)
+  void lower_dip();
+  struct DipSegment {
+    int encoder = -1;
+    std::vector<int> projectors;  // after the encoder, on its last stage, in order
+    int32_t backward_from = 0;    // first stage with a backward (P: none)
+    // [replica][mb][sub] -> the media of the sub-micro-batch, as samples without text
+    std::vector<std::vector<std::vector<const std::vector<const Sample*>*>>> pieces;
+  };
+  std::vector<DipSegment> dip_segments();
+  std::deque<Sample> piece_samples_;  // the sub-micro-batches' samples (stable addresses)
+  std::deque<std::vector<const Sample*>> piece_sets_;
+  void lower_colocated();
+  void gradient_reduction(int64_t rank, const std::vector<int>& modules);  // also accounts memory
+  // overlap_grad_reduce: the pieces of virtual stage k's layers, last layers first, each holding
+  // about grad_bucket_mb of this rank's gradients (at least one layer each).
+  std::vector<LayerRange> gradient_buckets(const ModuleInfo& m, int64_t k) const;
+  // overlap_grad_reduce: the bucket reductions each rank emitted, per module; those modules get
+  // no reduction after the backward.
+  std::map<int64_t, std::map<int, std::vector<int32_t>>> bucket_reductions_;
+  // overlap_param_gather: the modules whose parameters each rank gathers at the step's start
+  // (none after its optimizer step).
+  std::map<int64_t, std::set<int>> gathered_at_start_;
+  // The 16-bit gradients (or weights) of layers [a, b) of `m` on one rank of its grid.
+  double bucket_bytes(const ModuleInfo& m, int64_t a, int64_t b) const {
+    return range_parameters(*m.spec, a, b) * static_cast<double>(dtype_bytes(model_.dtype)) /
+           static_cast<double>(grid_of(m).layout.tp);
+  }
+  void account_memory(int64_t rank, const std::vector<int>& modules);
+  const ModuleInfo& grid_of(const ModuleInfo& m) const;
+  double parameters_on(const ModuleInfo& m, const Coord& x) const;
+  std::vector<ScheduleItem> order_for(const ModuleInfo& m, int64_t stage, bool has_backward) const;
+  int64_t graph_position(int module) const;
+  int64_t graph_depth() const;
+  bool feeds_interleaved(int module) const;  // some module downstream runs interleaved 1F1B
+
+  // Boundary messages between a producer host module and a consumer host module.
+  double boundary_bytes(int producer_last, int consumer, std::span<const Sample* const> samples);
+  // One boundary message of a micro-batch between a producer replica and a consumer replica:
+  // the producer's index among the replicas that fan in to one consumer (0 without fan-in), and
+  // the samples it carries. Producer and consumer list the same links, so sends and receives
+  // match; `replica` is the producer's (from_producer) or the consumer's.
+  struct BoundaryLink {
+    int64_t producer = 0, consumer = 0;
+    int32_t sub = 0;
+    const std::vector<const Sample*>* samples = nullptr;
+  };
+  std::vector<BoundaryLink> boundary_links(int producer_host, int consumer_host, int64_t replica,
+                                           bool from_producer, int32_t mb) {
+    const int64_t dp_p = modules_[static_cast<std::size_t>(producer_host)].layout.dp;
+    const int64_t dp_c = modules_[static_cast<std::size_t>(consumer_host)].layout.dp;
+    std::vector<BoundaryLink> links;
+    if (dp_p >= dp_c) {  // fan-in: k producers per consumer, each with its own samples
+      const int64_t k = dp_p / dp_c;
+      const int64_t first = from_producer ? replica : replica * k;
+      for (int64_t e = first; e < first + (from_producer ? 1 : k); ++e)
+        links.push_back({e, e / k, static_cast<int32_t>(e % k), &samples_of(producer_host, e, mb)});
+    } else {  // fan-out: one producer splits its samples over k consumers
+      const int64_t k = dp_c / dp_p;
+      const int64_t first = from_producer ? replica * k : replica;
+      for (int64_t d = first; d < first + (from_producer ? k : 1); ++d)
+        links.push_back({d / k, d, 0, &samples_of(consumer_host, d, mb)});
+    }
+    return links;
+  }
+
+  // The boundary message of `link` carrying module `module`'s output rows to `consumer_host`
+  // (phase F) or their gradient back (phase B), from or to `peer`; `about` gives the stage,
+  // chunk and micro-batch it belongs to.
+  Op boundary_message(Op about, OpKind kind, Phase phase, int64_t peer, int module,
+                      int consumer_host, const BoundaryLink& link, int32_t mb) {
+    about.module = static_cast<int16_t>(module);
+    Op op = p2p_op(
+        about, kind, phase, peer, boundary_bytes(module, consumer_host, *link.samples),
+        tag(1, module, consumer_host, link.consumer, phase == Phase::kB ? 1 : 0, mb, link.sub));
+    op.purpose = Purpose::kBoundary;
+    return op;
+  }
+
+  // What a boundary leader received reaches the rest of its TP x CP group by a broadcast (or
+  // directly when the leader is alone); appends what this rank's compute must wait for.
+  void share_boundary(int64_t rank, const ModuleInfo& owner, const Coord& x, Phase phase,
+                      int module, int32_t mb, double bytes, const std::vector<int32_t>& received,
+                      std::vector<int32_t>& deps) {
+    const int32_t g = tpcp_group(owner, x);
+    if (p_.groups[static_cast<std::size_t>(g)].size() == 1) {
+      deps.insert(deps.end(), received.begin(), received.end());
+      return;
+    }
+    Op b = collective_op(CollectiveKind::kBroadcast, Purpose::kBoundary, phase, module, g, bytes);
+    b.microbatch = mb;
+    b.deps = received;
+    deps.push_back(emit(rank, b));
+  }
+
+  const ModelSpec& model_;
+  const ClusterSpec& cluster_;
+  const ParallelPlan& plan_;
+  const WorkloadSpec& workload_;
+  const Batch& batch_;
+  const DipSchedule dip_;  // schedule dip: this batch's schedule
+  Lowered& out_;
+  Program& p_;
+
+  std::vector<ModuleInfo> modules_;
+  int llm_ = -1;
+  int64_t microbatches_ = 1;
+  MicrobatchAssignment llm_assignment_;  // [llm replica][mb] -> sample indices
+  // The encoders' micro-batches: llm_assignment_'s, or Entrain's level 1
+  MicrobatchAssignment encoder_assignment_;
+  bool entrain_ = false;
+  // [llm replica][llm mb] -> the encoder micro-batches whose last sample it takes ({mb} unless
+  // Entrain deferred one)
+  std::vector<std::vector<std::vector<int32_t>>> encoder_done_;
+  std::map<RankList, int32_t> group_ids_;
+  std::map<std::tuple<int64_t, int64_t, int32_t, bool>, std::vector<const Sample*>> sample_sets_;
+  std::map<std::tuple<int, const void*, std::size_t>, ModuleWork> work_cache_;
+  std::map<std::tuple<const void*, std::size_t, int64_t>, CpShare> cp_cache_;
+  std::vector<GradientFlow> flow_;
+};
+
+}  // namespace tessera::lowering
