@@ -1,14 +1,17 @@
 // Plan search and tessera sweep.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <set>
 
 #include <unistd.h>
 
 #include "shared/plan_search.hpp"
 #include "sim/sweep.hpp"
+#include "sim/sweep_plan.hpp"
 
 using namespace tessera;
 using namespace tessera::sim;
@@ -140,6 +143,48 @@ TEST_CASE("sequence_parallel and distributed_optimizer are search keys; sp only 
   read_search_space(Json::parse(R"({"sequence_parallel": [1]})"), "s.json", "search", diag);
   CHECK(diag.format().find("s.json: search.sequence_parallel: expected a non-empty array of true "
                            "and false") != std::string::npos);
+}
+
+TEST_CASE("planning a sweep forks nothing: the top K of each GPU count, and what run_sweep runs") {
+  const Scenario s = tiny(
+      R"({"tp": [1, 2], "cp": [1], "pp": [1, 2], "vpp": [1], "micro_batch_sizes": [1], "top_k": 3, "gpus": [2, 4]})");
+  SweepOptions options;
+  options.out_dir = scratch("plan").string();
+  SweepResult planned;
+  const std::vector<ChosenPlan> chosen = plan_sweep(s, options, planned);
+  CHECK_FALSE(fs::exists(options.out_dir));  // nothing written
+  CHECK(planned.top_k == 3);
+  CHECK(planned.ranked > 0);
+  CHECK(static_cast<int64_t>(planned.estimated.size()) == planned.ranked);
+  // Per GPU count, the first three chosen are the three best estimates (then the stage-split
+  // twins of chosen frozen-aware plans).
+  std::map<int64_t, std::vector<double>> chosen_rates;  // gpus -> tokens/s, in chosen order
+  std::set<std::string> keys;
+  for (const ChosenPlan& c : chosen) {
+    CHECK(keys.insert(c.ranked.candidate.key).second);  // no plan twice
+    chosen_rates[c.ranked.candidate.gpus].push_back(c.ranked.estimate.metrics.tokens_per_s);
+  }
+  REQUIRE(chosen_rates.size() == 2);
+  for (const auto& [gpus, rates] : chosen_rates) {
+    INFO(gpus << " GPUs");
+    REQUIRE(rates.size() >= 3);
+    std::vector<double> all;
+    for (const EstimatedPlan& e : planned.estimated)
+      if (e.gpus == gpus) all.push_back(e.tokens_per_s);
+    std::sort(all.rbegin(), all.rend());
+    REQUIRE(all.size() > 3);
+    std::vector<double> first(rates.begin(), rates.begin() + 3);
+    std::sort(first.rbegin(), first.rend());
+    CHECK(first == std::vector<double>(all.begin(), all.begin() + 3));
+  }
+  // run_sweep simulates exactly these plans.
+  const SweepResult ran = run_sweep(s, options, quiet);
+  std::set<std::string> simulated;
+  for (const SweepRow& row : ran.rows) simulated.insert(row.key);
+  CHECK(simulated == keys);
+  CHECK(ran.considered == planned.considered);
+  CHECK(ran.ranked == planned.ranked);
+  fs::remove_all(options.out_dir);
 }
 
 TEST_CASE("sweep: -j 1 and -j 2 agree; a resumed sweep equals an uninterrupted one") {

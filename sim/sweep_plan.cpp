@@ -1,0 +1,160 @@
+#include "sim/sweep_plan.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <set>
+
+#include "shared/check.hpp"
+#include "shared/entrain.hpp"
+#include "shared/scenario_report.hpp"
+
+namespace tessera::sim {
+
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+uint64_t fnv1a(const std::string& text) {
+  uint64_t h = 1469598103934665603ULL;
+  for (unsigned char c : text) h = (h ^ c) * 1099511628211ULL;
+  return h;
+}
+
+// The plan with its stage split left out: frozen-aware and uniform twins share it.
+std::string split_free_key(const ParallelPlan& plan) {
+  ParallelPlan p = plan;
+  p.stage_split = StageSplit::kUniform;
+  p.layout.stage_layers.clear();
+  for (auto& [name, l] : p.modules) l.stage_layers.clear();
+  return to_json(p).dump();
+}
+
+}  // namespace
+
+std::vector<Json> grid_points(const std::vector<SetAxis>& axes) {
+  std::vector<Json> points{Json::object()};
+  for (const SetAxis& axis : axes) {
+    std::vector<Json> next;
+    for (const Json& point : points)
+      for (const Json& value : axis.values) {
+        Json p = point;
+        p[axis.path] = value;
+        next.push_back(p);
+      }
+    points = std::move(next);
+  }
+  return points;
+}
+
+std::optional<Scenario> scenario_at(const Scenario& s, const Json& point, Diagnostics& diag) {
+  if (point.empty()) return s;
+  Json j = inline_scenario_json(s);
+  for (const auto& item : point.items()) {
+    const std::string problem = set_json_path(j, item.key(), item.value());
+    if (!problem.empty()) {
+      diag.error("--set", item.key(), problem);
+      return std::nullopt;
+    }
+  }
+  Diagnostics local;
+  auto at = read_scenario(j, s.file, local);
+  if (!at) {
+    for (const Diagnostic& d : local.errors())
+      diag.error("--set " + point.dump(), d.path, d.message);
+    return std::nullopt;
+  }
+  return at;
+}
+
+std::vector<ChosenPlan> plan_sweep(const Scenario& base, const SweepOptions& options,
+                                   SweepResult& result) {
+  // Enumerate and rank per grid point and GPU count; the best K of each get simulated.
+  std::vector<ChosenPlan> chosen;
+  for (const Json& point : grid_points(options.sets)) {
+    Diagnostics diag;
+    const auto at = scenario_at(base, point, diag);
+    TESSERA_CHECK(at.has_value(), "run_sweep needs valid grid points: " + diag.format());
+    auto s = std::make_shared<const Scenario>(*at);
+    SearchSpace space = s->search.value_or(SearchSpace{});
+    if (!options.placements.empty()) space.placements = options.placements;
+    std::vector<int64_t> gpus = options.gpus;
+    if (gpus.empty()) gpus = space.gpus;
+    if (gpus.empty()) gpus = {std::max<int64_t>(1, device_count(s->cluster))};
+    const int64_t top_k = options.top_k > 0 ? options.top_k : space.top_k;
+    result.top_k = top_k;
+    const double encoder_share =
+        options.profile_batches > 1
+            ? encoder_work_share(s->model, s->workload, options.profile_batches)
+            : 0;
+    if (options.profile_batches > 1) result.encoder_shares.push_back({point, encoder_share});
+    for (int64_t g : gpus) {
+      auto phase = std::chrono::steady_clock::now();
+      Enumeration e =
+          enumerate_plans(*s, space, g, options.cost ? &*options.cost : nullptr, encoder_share);
+      if (options.shard_count > 1) {
+        const std::string prefix = point.empty() ? "" : point.dump();
+        std::erase_if(e.valid, [&](const Candidate& c) {
+          return static_cast<int64_t>(fnv1a(prefix + c.key) %
+                                      static_cast<uint64_t>(options.shard_count)) !=
+                 options.shard_index - 1;
+        });
+      }
+      if (options.shard_index == 1) {
+        result.considered += e.considered;
+        for (const auto& [reason, count] : e.rejected) result.rejected[reason] += count;
+      }
+      result.valid += static_cast<int64_t>(e.valid.size());
+      result.enumerate_s += seconds_since(phase);
+      phase = std::chrono::steady_clock::now();
+      std::map<std::string, int64_t> rejected_here;
+      std::vector<RankedCandidate> ranked =
+          rank_candidates(*s, std::move(e.valid), 0, rejected_here, options.jobs,
+                          options.cost ? &*options.cost : nullptr, options.profile_batches);
+      result.estimate_s += seconds_since(phase);
+      for (const auto& [reason, count] : rejected_here) result.rejected[reason] += count;
+      result.ranked += static_cast<int64_t>(ranked.size());
+      const ModuleSpec* llm = find_llm(s->model);
+      for (const RankedCandidate& rc : ranked) {
+        const ParallelPlan& p = rc.candidate.plan;
+        ModuleLayout l = p.layout;
+        for (const auto& [name, layout] : p.modules)
+          if (llm != nullptr && name == llm->name) l = layout;
+        result.estimated.push_back(
+            {point, g, p.placement, l.tp, l.pp, rc.estimate.metrics.tokens_per_s});
+      }
+      // Stage-split twins: the same plan split frozen-aware and uniformly. The three best
+      // frozen-aware plans are compared with their twins by estimate; those among the chosen
+      // get their twin simulated beside them.
+      std::map<std::string, std::size_t> uniform_twin;  // split-free key -> index in ranked
+      for (std::size_t i = 0; i < ranked.size(); ++i)
+        if (ranked[i].candidate.plan.stage_split == StageSplit::kUniform)
+          uniform_twin.emplace(split_free_key(ranked[i].candidate.plan), i);
+      std::set<std::size_t> picked;
+      for (std::size_t i = 0; i < ranked.size() && static_cast<int64_t>(i) < top_k; ++i)
+        picked.insert(i);
+      std::size_t compared = 0;
+      for (std::size_t i = 0; i < ranked.size() && compared < 3; ++i) {
+        const ParallelPlan& p = ranked[i].candidate.plan;
+        if (p.stage_split != StageSplit::kFrozenAware) continue;
+        const auto twin = uniform_twin.find(split_free_key(p));
+        if (twin == uniform_twin.end()) continue;
+        result.split_gains.push_back({g, p, ranked[i].estimate.metrics.step_s,
+                                      ranked[twin->second].estimate.metrics.step_s});
+        ++compared;
+        if (picked.count(i) > 0) picked.insert(twin->second);
+      }
+      for (std::size_t i : picked) {
+        if (!point.empty())
+          ranked[i].candidate.key =
+              Json{{"point", point}, {"candidate", Json::parse(ranked[i].candidate.key)}}.dump();
+        chosen.push_back({std::move(ranked[i]), point, s});
+      }
+    }
+  }
+  return chosen;
+}
+
+}  // namespace tessera::sim
