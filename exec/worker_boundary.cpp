@@ -1,0 +1,410 @@
+// The Worker's boundary transport: encoder outputs to the LLM and their gradients back —
+// colocated (all-gathers and regroups), linked leader to leader (non-colocated, or into an LLM
+// pipeline) and Entrain's rows from two encoder micro-batches.
+#include "exec/runtime.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <set>
+
+#include "exec/worker_internal.hpp"
+#include "shared/check.hpp"
+#include "shared/context_split.hpp"
+#include "shared/entrain.hpp"
+#include "shared/lowering/lower.hpp"
+#include "shared/microbatch.hpp"
+#include "shared/model_math.hpp"
+
+namespace tessera::exec {
+
+torch::Tensor Worker::entrain_rows(int producer, int mb, std::vector<torch::Tensor>& leaves) {
+  // Where each sample's rows lie: in the output of the encoder micro-batch (mb or mb - 1) that
+  // holds it — the producer's on this rank, or what its boundary messages assembled here — those
+  // outputs stacked in that order.
+  std::map<int32_t, std::pair<int64_t, int64_t>> where;  // sample -> (first row, rows)
+  std::vector<torch::Tensor> outputs;
+  int64_t row = 0;
+  const std::vector<int32_t>& wanted = micro_batch(mb).samples;
+  auto wanted_in = [&](const RowMap& rows) {
+    return std::any_of(wanted.begin(), wanted.end(), [&](int32_t x) { return rows.count(x) > 0; });
+  };
+  for (int i = std::max(0, mb - 1); i <= mb; ++i) {
+    RowMap rows;  // from the first row of this micro-batch's output
+    torch::Tensor source;
+    if (linked_boundary_) {
+      if (i < mb && !linked_.count({producer, i})) continue;
+      const Boundary& b = assembled(producer, i);
+      rows = b.rows;
+      source = b.leaf;
+    } else {
+      lay_out_rows(producer, samples_for(producer, i), 0, rows);
+      if (!wanted_in(rows)) continue;  // (its slot may be gone already)
+      auto [it, fresh] = entrain_leaves_.try_emplace({producer, i});
+      if (fresh) {
+        const torch::Tensor& out = producer_slot(producer, i).output;
+        it->second = out.detach();
+        it->second.set_requires_grad(out.requires_grad());
+      }
+      source = it->second;
+    }
+    if (!wanted_in(rows)) continue;
+    for (const auto& [sample, range] : rows) where[sample] = {row + range.first, range.second};
+    row += source.size(0);
+    outputs.push_back(source);
+    leaves.push_back(source);
+  }
+  std::vector<int64_t> index;
+  for (int32_t sample : wanted)
+    if (const auto it = where.find(sample); it != where.end())
+      for (int64_t r = 0; r < it->second.second; ++r) index.push_back(it->second.first + r);
+  TESSERA_CHECK(!outputs.empty(),
+                "entrain: no encoder micro-batch feeds LLM micro-batch " + std::to_string(mb));
+  return torch::cat(outputs, 0).index_select(0, torch::tensor(index, torch::kInt64).view({-1}));
+}
+
+Worker::Boundary& Worker::boundary(int producer) {
+  if (const auto it = boundaries_.find(producer); it != boundaries_.end()) return it->second;
+  // No regroup op: the producer's replicas are the LLM's; this rank's own whole-batch output.
+  const torch::Tensor& out = producer_slot(producer, -1).output;
+  Boundary& b = boundaries_[producer];
+  b.leaf = out.detach();
+  b.leaf.set_requires_grad(out.requires_grad());
+  b.mine_rows = lay_out_rows(producer, samples_for(producer, -1), 0, b.rows);
+  return b;
+}
+
+void Worker::boundary_collective(const Op& op) {
+  if (op.collective == CollectiveKind::kBroadcast || op.collective == CollectiveKind::kAllReduce) {
+    const Comm& comm = groups_.get(program_->groups[static_cast<std::size_t>(op.group)]);
+    if (op.collective == CollectiveKind::kAllReduce) {
+      // Consumer with CP: each CP rank holds the gradient of its own tokens; sum them.
+      Boundary& b = assembled(op.module, op.microbatch);
+      if (!b.leaf.grad().defined()) b.leaf.mutable_grad() = torch::zeros_like(b.leaf);
+      all_reduce(comm, b.leaf.mutable_grad());
+      return;
+    }
+    if (op.phase == Phase::kF) {
+      // The consumer leader's received rows reach its TP x CP group.
+      Boundary& b = assembled(op.module, op.microbatch);
+      torch::Tensor t = b.leaf.detach();
+      broadcast(comm, t, 0);
+      b.leaf = t;
+      b.leaf.set_requires_grad(true);
+      return;
+    }
+    // Backward, producer side: the leader's received gradient reaches its TP x CP group (with
+    // a whole-batch output, the accumulated gradient after each micro-batch's part).
+    absorb_self_links(op.module);
+    Slot& slot = producer_slot(op.module, op.microbatch);
+    if (!slot.output_grad.defined()) slot.output_grad = torch::zeros_like(slot.output);
+    broadcast(comm, slot.output_grad, 0);
+    return;
+  }
+  TESSERA_CHECK(op.collective == CollectiveKind::kAllGather,
+                op_name(*program_, op) + ": unexpected boundary collective");
+  const auto m = static_cast<std::size_t>(op.module);
+  const Comm& comm = groups_.get(program_->groups[static_cast<std::size_t>(op.group)]);
+  if (op.phase == Phase::kF) {
+    // Fan-in: the k encoder replicas that share an LLM replica's batch, in replica order.
+    const int64_t k = comm.size(), base = dp_rank_[m] - dp_rank_[m] % k;
+    Boundary b;
+    int64_t row = 0;
+    for (int64_t j = 0; j < k; ++j) {
+      const int64_t first = row;
+      row = lay_out_rows(op.module, replica_samples(assignment_, dp_size_[m], base + j, -1), row,
+                         b.rows);
+      b.member_rows.push_back(row - first);
+      if (j == comm.rank) {
+        b.mine_first = first;
+        b.mine_rows = row - first;
+      }
+    }
+    const torch::Tensor& out = producer_slot(op.module, -1).output;
+    b.leaf = all_gather_rows(comm, out.detach().contiguous(), b.member_rows);
+    b.leaf.set_requires_grad(out.requires_grad());
+    // The LLM replica on this rank must find all of its samples here.
+    for (const auto& mb : my_micro_batches_)
+      for (int32_t sample : mb)
+        TESSERA_CHECK(b.rows.count(sample),
+                      op_name(*program_, op) +
+                          ": the regrouped rows miss a sample of this rank's "
+                          "LLM replica (encoder and LLM grids not aligned, e.g. an LLM pipeline): "
+                          "not in the executor yet");
+    boundaries_[op.module] = std::move(b);
+    return;
+  }
+  // Backward.
+  Boundary& b = boundaries_.at(op.module);
+  if (dp_size_[m] < dp_size_[static_cast<std::size_t>(llm_)]) {
+    // Fan-out: each member's LLM replica computed the gradient of its own samples' rows; the
+    // all-gather assembles all of this encoder replica's rows (replicas in order, as its output).
+    const int64_t k = comm.size();
+    std::vector<int64_t> member_rows;
+    int64_t first = 0;
+    for (int64_t j = 0; j < k; ++j) {
+      RowMap scratch;
+      const int64_t rows =
+          lay_out_rows(op.module,
+                       replica_samples(assignment_, dp_size_[static_cast<std::size_t>(llm_)],
+                                       dp_rank_[m] * k + j, -1),
+                       0, scratch);
+      if (j < comm.rank) first += rows;
+      member_rows.push_back(rows);
+    }
+    const torch::Tensor g = b.leaf.grad().defined() ? b.leaf.grad() : torch::zeros_like(b.leaf);
+    const torch::Tensor all = all_gather_rows(
+        comm, g.narrow(0, first, member_rows[static_cast<std::size_t>(comm.rank)]).contiguous(),
+        member_rows);
+    producer_slot(op.module, -1).output_grad = all;
+    return;
+  }
+  // Fan-in: this rank's rows of the gradient, exchanged over the group as the Program says.
+  const torch::Tensor g = b.leaf.grad().defined() ? b.leaf.grad() : torch::zeros_like(b.leaf);
+  const torch::Tensor all =
+      all_gather_rows(comm, g.narrow(0, b.mine_first, b.mine_rows).contiguous(), b.member_rows);
+  producer_slot(op.module, -1).output_grad = all.narrow(0, b.mine_first, b.mine_rows).contiguous();
+}
+
+int Worker::consumer_of(int producer) const {
+  const ModelSpec& model = scenario_.model;
+  const std::string& name = model.modules[static_cast<std::size_t>(producer)].name;
+  for (std::size_t c = 0; c < model.modules.size(); ++c) {
+    const auto& in = model.modules[c].inputs;
+    if (std::find(in.begin(), in.end(), name) != in.end()) return static_cast<int>(c);
+  }
+  return -1;
+}
+
+int64_t Worker::replica_of(int module, int64_t rank) const {
+  const std::string& name = scenario_.model.modules[static_cast<std::size_t>(module)].name;
+  for (const ModuleGroups& mg : module_groups_)
+    if (mg.module == name)
+      if (const Group* g = group_with(mg.dp, rank); g != nullptr) return index_in(g, rank);
+  TESSERA_CHECK(false, "rank " + std::to_string(rank) + " holds no replica of " + name);
+  return 0;
+}
+
+// Mirrors Lowering::boundary_links: with fan-in (producer dp >= consumer dp) a link per producer
+// replica carries that replica's samples; with fan-out a link per consumer replica carries the
+// consumer's.
+std::vector<int32_t> Worker::link_samples(int producer, int mb, int64_t peer,
+                                          bool consumer_side) const {
+  const int consumer = consumer_of(producer);
+  const int64_t dp_p = dp_size_[static_cast<std::size_t>(producer)];
+  const int64_t dp_c = dp_size_[static_cast<std::size_t>(consumer)];
+  // A producer replica's micro-batches: under Entrain level 1's.
+  const MicrobatchAssignment& produced = entrain_ ? encoder_assignment_ : assignment_;
+  if (dp_p >= dp_c)
+    return consumer_side ? replica_samples(produced, dp_p, replica_of(producer, peer), mb)
+                         : samples_for(producer, mb);
+  return consumer_side ? samples_for(consumer, mb)
+                       : replica_samples(assignment_, dp_c, replica_of(consumer, peer), mb);
+}
+
+std::vector<std::pair<int64_t, std::vector<int32_t>>> Worker::consumer_links(int producer,
+                                                                             int mb) const {
+  const int consumer = consumer_of(producer);
+  const int64_t dp_p = dp_size_[static_cast<std::size_t>(producer)];
+  const int64_t dp_c = dp_size_[static_cast<std::size_t>(consumer)];
+  std::vector<std::pair<int64_t, std::vector<int32_t>>> links;
+  if (dp_p >= dp_c) {
+    const int64_t k = dp_p / dp_c, first = dp_rank_[static_cast<std::size_t>(consumer)] * k;
+    for (int64_t e = first; e < first + k; ++e)
+      links.emplace_back(
+          e, replica_samples(entrain_ ? encoder_assignment_ : assignment_, dp_p, e, mb));
+  } else {
+    links.emplace_back(0, samples_for(consumer, mb));
+  }
+  return links;
+}
+
+// Row indices, in `order`'s layout (each sample's rows contiguous, samples in order), of
+// `samples`.
+int64_t Worker::lay_out_rows(int producer, const std::vector<int32_t>& samples, int64_t row,
+                             RowMap& where) const {
+  const ModelSpec& model = scenario_.model;
+  const Modality modality =
+      find_module(model, model.modules[static_cast<std::size_t>(producer)].inputs.front())
+          ->modality;
+  for (int32_t s : samples) {
+    const int64_t n =
+        llm_media_tokens(model, modality, batch_.batch.samples[static_cast<std::size_t>(s)]);
+    where[s] = {row, n};
+    row += n;
+  }
+  return row;
+}
+
+std::vector<int64_t> Worker::rows_of(int producer, const std::vector<int32_t>& samples,
+                                     const std::vector<int32_t>& order) const {
+  RowMap where;
+  lay_out_rows(producer, order, 0, where);
+  std::vector<int64_t> rows;
+  for (int32_t s : samples) {
+    const auto [first, n] = where.at(s);
+    for (int64_t r = 0; r < n; ++r) rows.push_back(first + r);
+  }
+  return rows;
+}
+
+int64_t Worker::producer_leader(int producer, int64_t replica) const {
+  const std::string& name = scenario_.model.modules[static_cast<std::size_t>(producer)].name;
+  for (const ModuleGroups& mg : module_groups_)
+    if (mg.module == name)
+      if (const Group* g = group_with(mg.dp, mg.first_rank); g != nullptr)
+        return (*g)[static_cast<std::size_t>(replica)];
+  return -1;
+}
+
+// A producer's output slot: per micro-batch (non-colocated), or the whole batch (colocated).
+Worker::Slot& Worker::producer_slot(int producer, int mb) {
+  for (auto& [k, other] : stages_)
+    if (k.first == producer && other->last()) {
+      if (const auto it = slots_.find({producer, k.second, mb, 0}); it != slots_.end())
+        return it->second;
+      return slots_.at({producer, k.second, -1, 0});
+    }
+  TESSERA_CHECK(false, "no output of module " + std::to_string(producer) + " on this rank");
+  return slots_.begin()->second;
+}
+
+// Links whose producer leader and consumer leader are this very rank carry no message: the
+// consumer's input gradient rows go straight into the producer's output gradient.
+void Worker::absorb_self_links(int producer) {
+  if (!absorbed_.insert(producer).second) return;
+  const int consumer = consumer_of(producer);
+  const bool consumer_leader = tp_index_ == 0 && cp_index_ == 0 &&
+                               std::any_of(stages_.begin(), stages_.end(), [&](const auto& e) {
+                                 return e.first.first == consumer && e.second->first();
+                               });
+  if (!consumer_leader) return;
+  const int64_t dp_p = dp_size_[static_cast<std::size_t>(producer)];
+  const int64_t dp_c = dp_size_[static_cast<std::size_t>(consumer)];
+  for (auto& [key, b] : linked_) {
+    if (key.first != producer || !b.leaf.grad().defined()) continue;
+    const int mb = key.second;
+    for (const auto& [link, samples] : consumer_links(producer, mb)) {
+      const int64_t replica =
+          dp_p >= dp_c ? link : dp_rank_[static_cast<std::size_t>(consumer)] / (dp_c / dp_p);
+      if (producer_leader(producer, replica) != rank_) continue;
+      Slot& slot = producer_slot(producer, mb);
+      const bool whole = slots_.count({producer, 0, mb, 0}) == 0;
+      const std::vector<int32_t> order =
+          whole ? samples_for(producer, -1) : samples_for(producer, mb);
+      std::vector<int64_t> from;
+      for (int32_t s : samples) {
+        const auto [first, n] = b.rows.at(s);
+        for (int64_t r = 0; r < n; ++r) from.push_back(first + r);
+      }
+      const auto to = torch::tensor(rows_of(producer, samples, order), torch::kInt64).view({-1});
+      if (!slot.output_grad.defined()) slot.output_grad = torch::zeros_like(slot.output);
+      slot.output_grad.index_copy_(
+          0, to, b.leaf.grad().index_select(0, torch::tensor(from, torch::kInt64).view({-1})));
+    }
+  }
+}
+
+Worker::Boundary& Worker::assembled(int producer, int mb) {
+  if (const auto it = linked_.find({producer, mb}); it != linked_.end()) return it->second;
+  // The consumer's input from `producer`: the links' rows in link order (the leader received
+  // them; the others get them by the broadcast, into a tensor of the same shape).
+  const ModuleSpec& spec = scenario_.model.modules[static_cast<std::size_t>(producer)];
+  Boundary& b = linked_[{producer, mb}];
+  std::vector<torch::Tensor> parts;
+  int64_t row = 0;
+  for (const auto& [link, samples] : consumer_links(producer, mb)) {
+    const int64_t rows = lay_out_rows(producer, samples, row, b.rows) - row;
+    const auto part = link_parts_.find({producer, mb, link});
+    torch::Tensor rows_here;
+    if (part != link_parts_.end()) {
+      rows_here = part->second;
+    } else {
+      // A link from this very rank (no message), or a rank that gets the rows by broadcast.
+      const int consumer = consumer_of(producer);
+      const int64_t dp_p = dp_size_[static_cast<std::size_t>(producer)];
+      const int64_t dp_c = dp_size_[static_cast<std::size_t>(consumer)];
+      const int64_t replica =
+          dp_p >= dp_c ? link : dp_rank_[static_cast<std::size_t>(consumer)] / (dp_c / dp_p);
+      const bool self = tp_index_ == 0 && cp_index_ == 0 &&
+                        producer_leader(producer, replica) == rank_ &&
+                        std::any_of(stages_.begin(), stages_.end(),
+                                    [&](const auto& e) { return e.first.first == producer; });
+      if (self) {
+        Slot& slot = producer_slot(producer, mb);
+        const bool whole = slots_.count({producer, 0, mb, 0}) == 0;
+        const std::vector<int32_t> order =
+            whole ? samples_for(producer, -1) : samples_for(producer, mb);
+        rows_here = slot.output.detach().index_select(
+            0, torch::tensor(rows_of(producer, samples, order), torch::kInt64).view({-1}));
+      } else {
+        rows_here = torch::zeros({rows, spec.projector->out});
+      }
+    }
+    parts.push_back(rows_here);
+    row += rows;
+  }
+  b.leaf = torch::cat(parts, 0);
+  b.leaf.set_requires_grad(true);
+  b.mine_rows = row;
+  return b;
+}
+
+void Worker::boundary_p2p(const Op& op) {
+  // op.module: the producer's last module (the projector); the consumer is the module it feeds.
+  const int producer = op.module;
+  const int mb = op.microbatch;
+  // The producer sends forward and receives gradients; the consumer the reverse (a colocated
+  // rank is both).
+  const bool producer_side = (op.kind == OpKind::kSend) == (op.phase == Phase::kF);
+  auto send = [&](torch::Tensor t) {
+    t = t.contiguous();
+    std::vector<at::Tensor> tensors{t};
+    pending_.emplace_back(groups_.world().group->send(tensors, op.peer, gloo_tag(op.tag)), t);
+  };
+  auto recv = [&](int64_t rows, int64_t width) {
+    torch::Tensor t = torch::zeros({rows, width});
+    std::vector<at::Tensor> tensors{t};
+    groups_.world().group->recv(tensors, op.peer, gloo_tag(op.tag))->wait();
+    return t;
+  };
+  const int64_t width = scenario_.model.modules[static_cast<std::size_t>(producer)].projector->out;
+  if (producer_side) {
+    Slot* slot = &producer_slot(producer, mb);
+    const bool whole = slots_.count({producer, 0, mb, 0}) == 0;  // colocated: the whole batch
+    if (op.kind == OpKind::kRecv) absorb_self_links(producer);
+    const std::vector<int32_t> mine = whole ? samples_for(producer, -1) : samples_for(producer, mb);
+    const std::vector<int32_t> link = link_samples(producer, mb, op.peer, false);
+    const torch::Tensor rows =
+        torch::tensor(rows_of(producer, link, mine), torch::kInt64).view({-1});
+    if (op.kind == OpKind::kSend)  // forward: this link's rows of the output
+      return send(slot->output.detach().index_select(0, rows));
+    // backward: this link's rows of the output gradient
+    const torch::Tensor g = recv(rows.size(0), width);
+    if (!slot->output_grad.defined()) slot->output_grad = torch::zeros_like(slot->output);
+    slot->output_grad.index_copy_(0, rows, g);
+    return;
+  }
+  const std::vector<int32_t> link = link_samples(producer, mb, op.peer, true);
+  const int consumer = consumer_of(producer);
+  const int64_t link_id =
+      dp_size_[static_cast<std::size_t>(producer)] >= dp_size_[static_cast<std::size_t>(consumer)]
+          ? replica_of(producer, op.peer)
+          : 0;
+  if (op.kind == OpKind::kRecv) {  // forward: a link's rows, kept until assembled
+    RowMap scratch;
+    link_parts_[{producer, mb, link_id}] = recv(lay_out_rows(producer, link, 0, scratch), width);
+    return;
+  }
+  // backward: this link's rows of the gradient of the assembled input
+  Boundary& b = assembled(producer, mb);
+  const torch::Tensor g = b.leaf.grad().defined() ? b.leaf.grad() : torch::zeros_like(b.leaf);
+  std::vector<int64_t> rows;
+  for (int32_t s : link) {
+    const auto [first, n] = b.rows.at(s);
+    for (int64_t r = 0; r < n; ++r) rows.push_back(first + r);
+  }
+  send(g.index_select(0, torch::tensor(rows, torch::kInt64).view({-1})));
+}
+
+}  // namespace tessera::exec

@@ -1,0 +1,114 @@
+// The Worker under schedule dip: sub-micro-batch pieces, their boundary messages, and the
+// next batch's schedule searched on a background thread.
+#include "exec/runtime.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <set>
+
+#include "exec/worker_internal.hpp"
+#include "shared/check.hpp"
+#include "shared/context_split.hpp"
+#include "shared/entrain.hpp"
+#include "shared/lowering/lower.hpp"
+#include "shared/microbatch.hpp"
+#include "shared/model_math.hpp"
+
+namespace tessera::exec {
+
+const std::vector<std::pair<int64_t, int64_t>>& Worker::dip_pieces(int encoder, int mb) {
+  const auto key = std::make_pair(encoder, mb);
+  if (const auto it = dip_pieces_.find(key); it != dip_pieces_.end()) return it->second;
+  const ModuleSpec& spec = scenario_.model.modules[static_cast<std::size_t>(encoder)];
+  std::vector<const Sample*> samples;
+  for (int32_t i : my_micro_batches_[static_cast<std::size_t>(mb)])
+    samples.push_back(&batch_.batch.samples[static_cast<std::size_t>(i)]);
+  // The lowering's cut (dip_schedule.hpp): each piece's first item, here images.
+  const auto items = dip_media_items(scenario_.model, spec, samples);
+  const std::vector<std::size_t> first = dip_piece_starts(
+      scenario_.model, spec, samples, items, plan_.layout.vpp, scenario_.workload.max_seq_len);
+  auto& out = dip_pieces_[key];
+  for (std::size_t j = 0; j < first.size(); ++j) {
+    const std::size_t end = j + 1 < first.size() ? first[j + 1] : items.size();
+    out.emplace_back(static_cast<int64_t>(first[j]), static_cast<int64_t>(end - first[j]));
+  }
+  return out;
+}
+
+void Worker::dip_boundary(const Op& op) {
+  const Key key{op.module, op.chunk, op.microbatch, op.sub_microbatch};
+  auto& world = *groups_.world().group;
+  if (op.kind == OpKind::kSend) {
+    torch::Tensor t;
+    if (op.phase == Phase::kF) {
+      t = slots_.at(key).output;
+    } else {
+      const torch::Tensor& leaf = dip_received_.at(key);
+      t = leaf.grad().defined() ? leaf.grad() : torch::zeros_like(leaf);
+    }
+    t = t.detach().contiguous();
+    std::vector<at::Tensor> tensors{t};
+    pending_.emplace_back(world.send(tensors, op.peer, gloo_tag(op.tag)), t);
+    return;
+  }
+  torch::Tensor t;
+  if (op.phase == Phase::kF) {
+    // The encoder behind this projector, and the piece's images' rows for the LLM.
+    const ModelSpec& model = scenario_.model;
+    const ModuleSpec* encoder = &model.modules[static_cast<std::size_t>(op.module)];
+    while (encoder->role != ModuleRole::kEncoder)
+      encoder = find_module(model, encoder->inputs.front());
+    const int64_t images = dip_pieces(module_index(model, encoder->name), op.microbatch)
+                               .at(static_cast<std::size_t>(op.sub_microbatch))
+                               .second;
+    const int64_t size = encoder->patching->image_size;
+    t = torch::zeros({images * image_tokens(*encoder, size, size).llm_tokens,
+                      model.modules[static_cast<std::size_t>(llm_)].transformer->hidden});
+  } else {
+    t = torch::zeros_like(slots_.at(key).output);
+  }
+  std::vector<at::Tensor> tensors{t};
+  world.recv(tensors, op.peer, gloo_tag(op.tag))->wait();
+  if (op.phase == Phase::kF) {
+    t.set_requires_grad(sends_grad_.count(key) > 0);
+    dip_received_[key] = t;
+  } else {
+    slots_.at(key).output_grad = t;
+  }
+}
+
+DipStepInfo Worker::dip_schedule_for_step(int64_t iteration) {
+  DipStepInfo info;
+  // Every rank runs the same search for the same batch; a collective decides whether all of
+  // them have it, so every rank lowers the same Program.
+  const bool pending = dip_next_.valid();
+  const bool ready =
+      pending && dip_next_.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
+  torch::Tensor flag = torch::tensor({ready ? 1.0 : 0.0}, torch::kFloat64);
+  all_reduce(groups_.world(), flag, c10d::ReduceOp::MIN);
+  if (flag.item<double>() > 0.5) {
+    const DipSearchResult r = dip_next_.get();
+    TESSERA_CHECK(r.error.empty(), r.error);
+    dip_schedule_ = r.schedule;
+    info.searched = true;
+    info.search_s = r.seconds;
+    info.scored = r.scored;
+    info.cached = r.cached;
+  } else {
+    info.late = pending;
+  }
+  info.schedule = dip_schedule_;
+  // The next batch, drawn now, and its schedule search from this one, while this step trains.
+  // Layers stay where they are: moving them would move weights and optimizer state between ranks.
+  if (!dip_next_.valid()) {
+    next_batch_ = make_batch(scenario_, options_.dataset, iteration + 1);
+    dip_next_ =
+        std::async(std::launch::async, [this, batch = next_batch_->batch, start = dip_schedule_] {
+          return dip_planner_->search(batch, start, /*move_layers=*/false);
+        });
+  }
+  return info;
+}
+
+}  // namespace tessera::exec
