@@ -204,6 +204,41 @@ TEST_CASE(
   CHECK_FALSE(r.classes.empty());
 }
 
+TEST_CASE(
+    "the shipped profile predicts the runs it was not fitted on as measured, better than without") {
+  // docs/PERFORMANCE.md (Calibration): the held-out half of the shipped set, its mean error with
+  // the shipped profile as measured when both were recorded, and without it.
+  const struct {
+    const char* run;
+    double calibrated_pct, uncalibrated_pct;
+  } held_out[] = {{"cpu-tiny-non-colocated", 21.3, 44.9},
+                  {"cpu-tiny-dp2-pp2", 17.2, 33.0},
+                  {"cpu-tiny-valm-tp2-dp2", 7.0, 59.0}};
+  const std::string file = kSource + "/traces/cpu-local/profile.json";
+  Diagnostics diag;
+  const auto profile = load_profile(file, diag);
+  INFO(diag.format());
+  REQUIRE(profile.has_value());
+  // Not fitted on them: the profile names the runs it came from.
+  for (const auto& h : held_out)
+    for (const std::string& fitted : profile->runs) CHECK(fs::path(fitted).filename() != h.run);
+  for (const auto& h : held_out) {
+    INFO(h.run);
+    const CalibrationRun run = load(kSource + "/traces/cpu-local/" + h.run);
+    const CostParams params = profile_cost_params(*profile, run.run.scenario.cluster, file, diag);
+    REQUIRE(diag.ok());
+    const ReplayResult calibrated = replay(run.run, run.traced, params, ReplayOptions{});
+    const ReplayResult analytic =
+        replay(run.run, run.traced, default_cost_params(run.run.scenario.cluster), ReplayOptions{});
+    REQUIRE(calibrated.error.empty());
+    REQUIRE(analytic.error.empty());
+    // As measured, plus a margin for model changes; and closer than the analytic defaults.
+    CHECK(std::abs(calibrated.mean_error_pct) <= h.calibrated_pct + 3);
+    CHECK(std::abs(analytic.mean_error_pct) >= h.uncalibrated_pct - 3);
+    CHECK(std::abs(calibrated.mean_error_pct) < std::abs(analytic.mean_error_pct));
+  }
+}
+
 TEST_CASE("a trace that does not match its plan is refused, naming the file and the event") {
   const Scenario s = tiny_tp2_pp2();
   const fs::path dir = scratch("mismatch");
