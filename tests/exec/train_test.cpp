@@ -89,38 +89,45 @@ std::vector<double> train(const std::string& layout, const std::string& name, in
   return losses(out);
 }
 
+// Each plan (a layout for plan_file, and a run name) against the single-rank run named
+// `reference`: losses within 1e-6 and gradient norms within 1e-5 (fp32 sums in another order
+// under CP and TP agree to 2e-6). The norm catches what AdamW hides from the losses: a constant
+// gradient scale, such as a doubled all-reduce.
+void check_against_one_rank(const std::string& reference,
+                            const std::vector<std::pair<std::string, std::string>>& plans) {
+  const std::vector<double> loss = losses(out_dir(reference));
+  const std::vector<double> norm = losses(out_dir(reference), "grad_norm");
+  REQUIRE(!loss.empty());
+  REQUIRE(norm.size() == loss.size());
+  for (const auto& [layout, name] : plans) {
+    const std::vector<double> got = train(layout, name);
+    const std::vector<double> got_norm = losses(out_dir(name), "grad_norm");
+    REQUIRE(got.size() == loss.size());
+    REQUIRE(got_norm.size() == norm.size());
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      INFO(name << " step " << i << ": loss " << got[i] << " vs " << loss[i] << ", norm "
+                << got_norm[i] << " vs " << norm[i]);
+      CHECK(std::abs(got[i] - loss[i]) <= 1e-6 * std::abs(loss[i]));
+      CHECK(std::abs(got_norm[i] - norm[i]) <= 1e-5 * std::abs(norm[i]));
+    }
+  }
+}
+
 }  // namespace
 
 TEST_CASE("parallel plans reproduce the single-rank losses (3 steps, fp32, clipping active)") {
-  const std::vector<double> reference = train(R"({"tp": 1})", "single");
-  const std::vector<double> reference_norm = losses(out_dir("single"), "grad_norm");
-  REQUIRE(reference.size() == 3);
-  REQUIRE(reference_norm.size() == 3);
-  for (const auto& [layout, name] : std::vector<std::pair<std::string, std::string>>{
-           {R"({"tp": 2})", "tp2"},
-           {R"({"pp": 2})", "pp2"},
-           {R"({"dp": 2})", "dp2"},
-           {R"({"cp": 2})", "cp2"},
-           {R"({"cp": 2}, "cp_split": "zigzag")", "cp2-zigzag"},
-           {R"({"tp": 2, "pp": 2})", "tp2pp2"},
-           {R"({"tp": 2, "pp": 2}, "pipeline_scatter_gather": false)", "tp2pp2-whole"},
-           {R"({"pp": 2, "vpp": 2}, "schedule": "interleaved_1f1b", "num_micro_batches": 8)",
-            "vpp2"},
-           {R"({"dp": 2, "tp": 2}, "distributed_optimizer": true)", "zero1"}}) {
-    // The gradient norm as well as the loss: AdamW hides a constant gradient scale from the
-    // losses (a doubled all-reduce), not from the norm. (The norms agree to 2e-6: fp32 sums in
-    // another order under CP and TP.)
-    const std::vector<double> got = train(layout, name);
-    const std::vector<double> norm = losses(out_dir(name), "grad_norm");
-    REQUIRE(got.size() == reference.size());
-    REQUIRE(norm.size() == reference_norm.size());
-    for (std::size_t i = 0; i < got.size(); ++i) {
-      INFO(name << " step " << i << ": loss " << got[i] << " vs " << reference[i] << ", norm "
-                << norm[i] << " vs " << reference_norm[i]);
-      CHECK(std::abs(got[i] - reference[i]) <= 1e-6 * std::abs(reference[i]));
-      CHECK(std::abs(norm[i] - reference_norm[i]) <= 1e-5 * std::abs(reference_norm[i]));
-    }
-  }
+  REQUIRE(train(R"({"tp": 1})", "single").size() == 3);
+  check_against_one_rank(
+      "single",
+      {{R"({"tp": 2})", "tp2"},
+       {R"({"pp": 2})", "pp2"},
+       {R"({"dp": 2})", "dp2"},
+       {R"({"cp": 2})", "cp2"},
+       {R"({"cp": 2}, "cp_split": "zigzag")", "cp2-zigzag"},
+       {R"({"tp": 2, "pp": 2})", "tp2pp2"},
+       {R"({"tp": 2, "pp": 2}, "pipeline_scatter_gather": false)", "tp2pp2-whole"},
+       {R"({"pp": 2, "vpp": 2}, "schedule": "interleaved_1f1b", "num_micro_batches": 8)", "vpp2"},
+       {R"({"dp": 2, "tp": 2}, "distributed_optimizer": true)", "zero1"}});
 }
 
 TEST_CASE("two encoders (frozen ViT, trainable Whisper-style audio) feed one LLM: plans agree") {
@@ -172,6 +179,26 @@ std::string raw_plan(const std::string& json, const std::string& name) {
   const fs::path file = dir / (name + ".json");
   std::ofstream(file) << json;
   return file.string();
+}
+
+// Two plans (JSON texts) trained two steps each reach the same gradient norms, and the second's
+// trace is its Program. Returns the second's plan file.
+std::string check_same_norms(const std::string& without, const std::string& with,
+                             const std::string& name) {
+  const std::string first = raw_plan(without, name + "-without");
+  const std::string second = raw_plan(with, name + "-with");
+  const fs::path a = fresh_dir(name + "-without"), b = fresh_dir(name + "-with");
+  for (const auto& [plan, out] : {std::pair{first, a}, std::pair{second, b}}) {
+    const Run r = run(kScenario + " --plan " + plan + " --steps 2 --out " + out.string());
+    INFO(r.output);
+    REQUIRE(r.code == 0);
+  }
+  check_trace_is_program(b, kScenario, second);
+  const std::vector<double> x = losses(a, "grad_norm"), y = losses(b, "grad_norm");
+  REQUIRE(x.size() == 2);
+  REQUIRE(y.size() == 2);
+  for (std::size_t i = 0; i < x.size(); ++i) CHECK(std::abs(x[i] - y[i]) <= 1e-5 * x[i]);
+  return second;
 }
 
 std::vector<double> train_with(const std::string& scenario, const std::string& plan,
@@ -688,44 +715,25 @@ TEST_CASE("makespan CP split: the executor shards tokens as lower() charges them
 TEST_CASE("gradient reduction overlapped with the backward, bucket by bucket: the same losses") {
   // The last micro-batch's backward of each chunk runs in pieces (the forward cut between them),
   // each bucket all-reduced in the background as soon as its piece is done.
-  const std::vector<double> reference = train(R"({"tp": 1})", "overlap-reference");
-  for (const auto& [layout, name] : std::vector<std::pair<std::string, std::string>>{
-           // a bucket per layer
-           {R"({"dp": 2}, "overlap_grad_reduce": true, "grad_bucket_mb": 0.0001)", "overlap-dp2"},
-           // two layers a bucket, the head with the top one
-           {R"({"pp": 2, "dp": 2}, "overlap_grad_reduce": true, "grad_bucket_mb": 1)",
-            "overlap-pp2dp2"},
-           {R"({"pp": 2, "vpp": 2, "dp": 2}, "schedule": "interleaved_1f1b",
+  train(R"({"tp": 1})", "overlap-reference");
+  check_against_one_rank(
+      "overlap-reference",
+      {// a bucket per layer
+       {R"({"dp": 2}, "overlap_grad_reduce": true, "grad_bucket_mb": 0.0001)", "overlap-dp2"},
+       // two layers a bucket, the head with the top one
+       {R"({"pp": 2, "dp": 2}, "overlap_grad_reduce": true, "grad_bucket_mb": 1)",
+        "overlap-pp2dp2"},
+       {R"({"pp": 2, "vpp": 2, "dp": 2}, "schedule": "interleaved_1f1b",
                "num_micro_batches": 4, "overlap_grad_reduce": true, "grad_bucket_mb": 0.0001)",
-            "overlap-vpp2dp2"},
-           {R"({"tp": 2, "dp": 2}, "overlap_grad_reduce": true, "grad_bucket_mb": 0.0001)",
-            "overlap-tp2dp2"}}) {
-    const std::vector<double> got = train(layout, name);
-    REQUIRE(got.size() == reference.size());
-    for (std::size_t i = 0; i < got.size(); ++i) {
-      INFO(name << " step " << i << ": " << got[i] << " vs " << reference[i]);
-      CHECK(std::abs(got[i] - reference[i]) <= 1e-5 * std::abs(reference[i]));
-    }
-  }
-  // The gradient norm as well (it reads the reduced gradients), and the trace is the Program.
-  const fs::path plain = fresh_dir("overlap-norm-plain"), bucketed = fresh_dir("overlap-norm");
-  const std::string without =
-      raw_plan(R"({"placement": "homogeneous", "layout": {"pp": 2, "dp": 2}, "schedule": "1f1b"})",
-               "overlap-without");
-  const std::string with = raw_plan(
+        "overlap-vpp2dp2"},
+       {R"({"tp": 2, "dp": 2}, "overlap_grad_reduce": true, "grad_bucket_mb": 0.0001)",
+        "overlap-tp2dp2"}});
+  // The gradient norm against the plan without overlap, and the trace is the Program.
+  check_same_norms(
+      R"({"placement": "homogeneous", "layout": {"pp": 2, "dp": 2}, "schedule": "1f1b"})",
       R"({"placement": "homogeneous", "layout": {"pp": 2, "dp": 2}, "schedule": "1f1b",
           "overlap_grad_reduce": true, "grad_bucket_mb": 0.0001})",
-      "overlap-with");
-  for (const auto& [plan, out] : {std::pair{without, plain}, std::pair{with, bucketed}}) {
-    const Run r = run(kScenario + " --plan " + plan + " --steps 2 --out " + out.string());
-    INFO(r.output);
-    REQUIRE(r.code == 0);
-  }
-  check_trace_is_program(bucketed, kScenario, with);
-  const std::vector<double> a = losses(plain, "grad_norm"), b = losses(bucketed, "grad_norm");
-  REQUIRE(a.size() == 2);
-  REQUIRE(b.size() == 2);
-  for (std::size_t i = 0; i < a.size(); ++i) CHECK(std::abs(a[i] - b[i]) <= 1e-5 * a[i]);
+      "overlap-norm");
 }
 
 TEST_CASE(
@@ -733,54 +741,30 @@ TEST_CASE(
     "the same losses, grad_norm and resumption") {
   // Each rank steps its slice of every bucket; the buckets are reduce-scattered during the last
   // backward and (overlap_param_gather) all-gathered while the next step's first forward runs.
-  const std::vector<double> reference = train(R"({"tp": 1})", "dopt-reference");
-  const std::vector<double> reference_norm = losses(out_dir("dopt-reference"), "grad_norm");
+  train(R"({"tp": 1})", "dopt-reference");
   const std::string both = R"(, "distributed_optimizer": true, "overlap_grad_reduce": true, )";
-  for (const auto& [layout, name] : std::vector<std::pair<std::string, std::string>>{
-           {R"({"dp": 2})" + both + R"("grad_bucket_mb": 0.0001)", "dopt-buckets-dp2"},
-           {R"({"dp": 2})" + both + R"("grad_bucket_mb": 0.0001, "overlap_param_gather": true)",
-            "dopt-gather-dp2"},
-           {R"({"pp": 2, "dp": 2})" + both + R"("grad_bucket_mb": 1, "overlap_param_gather": true)",
-            "dopt-gather-pp2dp2"},
-           {R"({"pp": 2, "vpp": 2, "dp": 2}, "schedule": "interleaved_1f1b",
+  check_against_one_rank(
+      "dopt-reference",
+      {{R"({"dp": 2})" + both + R"("grad_bucket_mb": 0.0001)", "dopt-buckets-dp2"},
+       {R"({"dp": 2})" + both + R"("grad_bucket_mb": 0.0001, "overlap_param_gather": true)",
+        "dopt-gather-dp2"},
+       {R"({"pp": 2, "dp": 2})" + both + R"("grad_bucket_mb": 1, "overlap_param_gather": true)",
+        "dopt-gather-pp2dp2"},
+       {R"({"pp": 2, "vpp": 2, "dp": 2}, "schedule": "interleaved_1f1b",
                "num_micro_batches": 4)" +
-                both + R"("grad_bucket_mb": 0.0001, "overlap_param_gather": true)",
-            "dopt-gather-vpp2dp2"},
-           {R"({"tp": 2, "dp": 2})" + both +
-                R"("grad_bucket_mb": 0.0001, "overlap_param_gather": true)",
-            "dopt-gather-tp2dp2"}}) {
-    const std::vector<double> got = train(layout, name);
-    const std::vector<double> norm = losses(out_dir(name), "grad_norm");
-    REQUIRE(got.size() == reference.size());
-    REQUIRE(norm.size() == reference_norm.size());
-    for (std::size_t i = 0; i < got.size(); ++i) {
-      INFO(name << " step " << i << ": loss " << got[i] << " vs " << reference[i] << ", norm "
-                << norm[i] << " vs " << reference_norm[i]);
-      CHECK(std::abs(got[i] - reference[i]) <= 1e-6 * std::abs(reference[i]));
-      CHECK(std::abs(norm[i] - reference_norm[i]) <= 1e-5 * std::abs(reference_norm[i]));
-    }
-  }
+            both + R"("grad_bucket_mb": 0.0001, "overlap_param_gather": true)",
+        "dopt-gather-vpp2dp2"},
+       {R"({"tp": 2, "dp": 2})" + both +
+            R"("grad_bucket_mb": 0.0001, "overlap_param_gather": true)",
+        "dopt-gather-tp2dp2"}});
   // grad_norm against the distributed optimizer without buckets, and the trace is the Program.
-  const fs::path plain = fresh_dir("dopt-norm-plain"), gathered = fresh_dir("dopt-norm-gathered");
-  const std::string without =
-      raw_plan(R"({"placement": "homogeneous", "layout": {"pp": 2, "dp": 2}, "schedule": "1f1b",
+  const std::string with = check_same_norms(
+      R"({"placement": "homogeneous", "layout": {"pp": 2, "dp": 2}, "schedule": "1f1b",
           "distributed_optimizer": true})",
-               "dopt-without");
-  const std::string with = raw_plan(
       R"({"placement": "homogeneous", "layout": {"pp": 2, "dp": 2}, "schedule": "1f1b",
           "distributed_optimizer": true, "overlap_grad_reduce": true, "grad_bucket_mb": 0.0001,
           "overlap_param_gather": true})",
-      "dopt-with");
-  for (const auto& [plan, out] : {std::pair{without, plain}, std::pair{with, gathered}}) {
-    const Run r = run(kScenario + " --plan " + plan + " --steps 2 --out " + out.string());
-    INFO(r.output);
-    REQUIRE(r.code == 0);
-  }
-  check_trace_is_program(gathered, kScenario, with);
-  const std::vector<double> a = losses(plain, "grad_norm"), b = losses(gathered, "grad_norm");
-  REQUIRE(a.size() == 2);
-  REQUIRE(b.size() == 2);
-  for (std::size_t i = 0; i < a.size(); ++i) CHECK(std::abs(a[i] - b[i]) <= 1e-5 * a[i]);
+      "dopt-norm");
   // The checkpoint holds the slices: resuming gathers the parameters the last step updated.
   const fs::path straight = fresh_dir("dopt-straight"), resumed = fresh_dir("dopt-resumed");
   REQUIRE(run(kScenario + " --plan " + with + " --steps 4 --out " + straight.string()).code == 0);
