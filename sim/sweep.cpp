@@ -21,10 +21,6 @@ namespace tessera::sim {
 
 namespace {
 
-double seconds_since(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
-
 // (In a child process.) One chosen plan simulated, its metrics averaged over the iterations.
 Json simulation_summary(const ChosenPlan& chosen, const SweepOptions& options) {
   const Candidate* c = &chosen.ranked.candidate;

@@ -13,10 +13,6 @@ namespace tessera::sim {
 
 namespace {
 
-double seconds_since(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
-
 uint64_t fnv1a(const std::string& text) {
   uint64_t h = 1469598103934665603ULL;
   for (unsigned char c : text) h = (h ^ c) * 1099511628211ULL;

@@ -3,6 +3,7 @@
 // chosen for simulation with the stage-split twins of the best frozen-aware plans.
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <vector>
 
@@ -10,6 +11,11 @@
 #include "sim/sweep.hpp"
 
 namespace tessera::sim {
+
+// Wall seconds since `start` (the sweep's phase timings).
+inline double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
 
 // A plan the sweep simulates: a ranked candidate of one grid point's scenario.
 struct ChosenPlan {

@@ -81,7 +81,8 @@ void Lowering::lower_pipelines() {
       // needs them, and each chunk's first forward runs in the same pieces, each piece waiting
       // for its own bucket's gather.
       std::map<int32_t, int32_t> first_forward;  // chunk -> its first micro-batch
-      std::map<std::pair<int32_t, int64_t>, int32_t> param_gathers;  // (chunk, first layer) -> op
+      // chunk -> its buckets bottom up, each with its gather op
+      std::map<int32_t, std::vector<std::pair<LayerRange, int32_t>>> param_gathers;
       if (overlap && plan_.overlap_param_gather) {
         for (const ScheduleItem& item : order) {
           if (item.backward || first_forward.count(item.chunk) > 0) continue;
@@ -96,7 +97,7 @@ void Lowering::lower_pipelines() {
             g.first_layer = static_cast<int32_t>(piece->first);
             g.layers = static_cast<int32_t>(piece->second - piece->first);
             g.flags |= kOpGradientBucket;
-            param_gathers[{item.chunk, piece->first}] = emit(rank, g);
+            param_gathers[item.chunk].emplace_back(*piece, emit(rank, g));
           }
         }
         gathered_at_start_[rank].insert(owner_index);
@@ -177,12 +178,10 @@ void Lowering::lower_pipelines() {
           if (!param_gathers.empty() && first_forward.at(item.chunk) == mb) {
             // Piece by piece, bottom up; the activations they stash are the whole forward's,
             // kept (and freed by the backward) as one, from the last piece on.
-            const std::vector<LayerRange> pieces = gradient_buckets(owner, k);
             auto& ops = p_.ranks[static_cast<std::size_t>(rank)];
             double stash = 0;
-            for (auto piece = pieces.rbegin(); piece != pieces.rend(); ++piece) {
-              run(owner, k, Phase::kF, samples, &*piece,
-                  param_gathers.at({item.chunk, piece->first}));
+            for (const auto& [piece, gather] : param_gathers.at(item.chunk)) {
+              run(owner, k, Phase::kF, samples, &piece, gather);
               stash += ops[static_cast<std::size_t>(last)].stash_bytes;
               ops[static_cast<std::size_t>(last)].stash_bytes = 0;
             }
