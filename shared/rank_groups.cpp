@@ -26,6 +26,13 @@ ModuleGroups layout_groups(const ModuleLayout& l, int64_t first) {
         g.tp.push_back(tp);
       }
   for (int64_t p = 0; p < PP; ++p)
+    for (int64_t d = 0; d < DP; ++d) {
+      Group tpcp;
+      for (int64_t c = 0; c < CP; ++c)
+        for (int64_t t = 0; t < TP; ++t) tpcp.push_back(dense(t, c, d, p));
+      g.tpcp.push_back(tpcp);
+    }
+  for (int64_t p = 0; p < PP; ++p)
     for (int64_t d = 0; d < DP; ++d)
       for (int64_t t = 0; t < TP; ++t) {
         Group cp;
@@ -76,6 +83,15 @@ ModuleGroups layout_groups(const ModuleLayout& l, int64_t first) {
   return g;
 }
 
+std::vector<int32_t> group_index(const std::vector<Group>& groups, int64_t first, int64_t size) {
+  std::vector<int32_t> index(static_cast<std::size_t>(size), -1);
+  for (std::size_t i = 0; i < groups.size(); ++i)
+    for (int64_t r : groups[i])
+      if (r >= first && r < first + size)
+        index[static_cast<std::size_t>(r - first)] = static_cast<int32_t>(i);
+  return index;
+}
+
 std::vector<ModuleGroups> rank_groups(const ParallelPlan& plan, const ModelSpec& model) {
   Diagnostics diag;
   const std::vector<PlacedModule> placed = place_modules(plan, model, "", "", diag);
@@ -105,6 +121,7 @@ std::vector<ModuleGroups> rank_groups(const ParallelPlan& plan, const ModelSpec&
       keep(g.cp);
       keep(g.dp);
       keep(g.dpcp);
+      keep(g.tpcp);
       keep(g.ep);
       keep(g.edp);
       g.pp.clear();

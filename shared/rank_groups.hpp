@@ -18,6 +18,7 @@ struct ModuleGroups {
   int64_t size = 0;
   std::vector<Group> tp, cp, dp, pp;
   std::vector<Group> dpcp;    // data and context replicas together: gradients reduce over it
+  std::vector<Group> tpcp;    // tensor and context ranks of one replica's stage
   std::vector<Group> ep;      // expert parallel (over cp·dp)
   std::vector<Group> edp;     // expert data parallel: replicas of one expert shard
   std::vector<Group> stages;  // all ranks of pipeline stage s, s = 0..pp-1
@@ -28,6 +29,10 @@ struct ModuleGroups {
 //   rank = first + tp_i + TP·(ep_i + EP·(edp_i + EDP·pp_i)), EDP = CP·DP/EP   (expert groups)
 // Every kind of group partitions the span. REQUIRES: degrees >= 1, ep divides cp·dp.
 ModuleGroups layout_groups(const ModuleLayout& layout, int64_t first_rank);
+
+// For each rank of [first, first + size), the index of the group in `groups` that holds it (-1
+// for a rank in none): how a caller finds a rank's group without rebuilding it.
+std::vector<int32_t> group_index(const std::vector<Group>& groups, int64_t first, int64_t size);
 
 // Groups of every module of a validated plan. Homogeneous: encoders and projectors live in the
 // LLM's first pipeline stage, so their groups are the LLM's restricted to stage 0.

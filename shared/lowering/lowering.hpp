@@ -23,6 +23,7 @@
 #include "shared/lowering/lower.hpp"
 #include "shared/microbatch.hpp"
 #include "shared/model_math.hpp"
+#include "shared/rank_groups.hpp"
 #include "shared/schedule.hpp"
 #include "shared/stage_split.hpp"
 
@@ -144,39 +145,37 @@ class Lowering {
 
   // --- groups --------------------------------------------------------------------------
   int32_t group(RankList members);
-  int32_t tp_group(const ModuleInfo& m, Coord x) {
-    RankList g;
-    for (x.t = 0; x.t < m.layout.tp; ++x.t) g.push_back(m.rank(x));
-    return group(g);
+  struct GroupIndex {  // per rank of a grid's span, its group's index in each kind's list
+    std::vector<int32_t> tp, cp, tpcp, dpcp, ep;
+  };
+  // A rank's group of one kind in `m`'s grid, as rank_groups() builds it (`m` owns the grid).
+  int32_t grid_group(const ModuleInfo& m, const Coord& x, std::vector<Group> ModuleGroups::*kind,
+                     std::vector<int32_t> GroupIndex::*index) {
+    const auto i = static_cast<std::size_t>(m.index);
+    const ModuleGroups& g = grids_[i];
+    const int64_t r = m.rank(x);
+    const bool in_span = r >= g.first_rank && r < g.first_rank + g.size;
+    const int32_t at =
+        in_span ? (grid_index_[i].*index)[static_cast<std::size_t>(r - g.first_rank)] : -1;
+    TESSERA_CHECK(at >= 0,
+                  "rank " + std::to_string(r) + " has no group in " + g.module + "'s grid");
+    return group((g.*kind)[static_cast<std::size_t>(at)]);
   }
-  int32_t cp_group(const ModuleInfo& m, Coord x) {
-    RankList g;
-    for (x.c = 0; x.c < m.layout.cp; ++x.c) g.push_back(m.rank(x));
-    return group(g);
+  int32_t tp_group(const ModuleInfo& m, const Coord& x) {
+    return grid_group(m, x, &ModuleGroups::tp, &GroupIndex::tp);
   }
-  int32_t tpcp_group(const ModuleInfo& m, Coord x) {
-    RankList g;
-    for (x.c = 0; x.c < m.layout.cp; ++x.c)
-      for (x.t = 0; x.t < m.layout.tp; ++x.t) g.push_back(m.rank(x));
-    return group(g);
+  int32_t cp_group(const ModuleInfo& m, const Coord& x) {
+    return grid_group(m, x, &ModuleGroups::cp, &GroupIndex::cp);
+  }
+  int32_t tpcp_group(const ModuleInfo& m, const Coord& x) {
+    return grid_group(m, x, &ModuleGroups::tpcp, &GroupIndex::tpcp);
   }
   // Gradients are reduced over data and context replicas (Megatron's dp-cp group).
-  int32_t dpcp_group(const ModuleInfo& m, Coord x) {
-    RankList g;
-    for (x.d = 0; x.d < m.layout.dp; ++x.d)
-      for (x.c = 0; x.c < m.layout.cp; ++x.c) g.push_back(m.rank(x));
-    std::sort(g.begin(), g.end());
-    return group(g);
+  int32_t dpcp_group(const ModuleInfo& m, const Coord& x) {
+    return grid_group(m, x, &ModuleGroups::dpcp, &GroupIndex::dpcp);
   }
   int32_t ep_group(const ModuleInfo& m, const Coord& x) {
-    const int64_t ep = m.layout.ep, j = x.c + m.layout.cp * x.d;  // index within cp*dp
-    const int64_t e_base = j - j % ep;
-    RankList g;
-    for (int64_t e = 0; e < ep; ++e) {
-      const int64_t jj = e_base + e;
-      g.push_back(m.rank({x.t, jj % m.layout.cp, jj / m.layout.cp, x.p}));
-    }
-    return group(g);
+    return grid_group(m, x, &ModuleGroups::ep, &GroupIndex::ep);
   }
 
   // --- ops -----------------------------------------------------------------------------
@@ -379,6 +378,10 @@ class Lowering {
   // Entrain deferred one)
   std::vector<std::vector<std::vector<int32_t>>> encoder_done_;
   std::map<RankList, int32_t> group_ids_;
+  // Each module's groups (rank_groups(), by module index) and where each rank of its span sits
+  // in them.
+  std::vector<ModuleGroups> grids_;
+  std::vector<GroupIndex> grid_index_;
   std::map<std::tuple<int64_t, int64_t, int32_t, bool>, std::vector<const Sample*>> sample_sets_;
   std::map<std::tuple<int, const void*, std::size_t>, ModuleWork> work_cache_;
   std::map<std::tuple<const void*, std::size_t, int64_t>, CpShare> cp_cache_;

@@ -52,6 +52,18 @@ void Lowering::place() {
       begin += n;
     }
   }
+  grids_.resize(model_.modules.size());
+  grid_index_.resize(model_.modules.size());
+  for (ModuleGroups& g : rank_groups(plan_, model_)) {
+    const auto i = static_cast<std::size_t>(find_module(model_, g.module) - model_.modules.data());
+    GroupIndex& at = grid_index_[i];
+    at.tp = group_index(g.tp, g.first_rank, g.size);
+    at.cp = group_index(g.cp, g.first_rank, g.size);
+    at.tpcp = group_index(g.tpcp, g.first_rank, g.size);
+    at.dpcp = group_index(g.dpcp, g.first_rank, g.size);
+    at.ep = group_index(g.ep, g.first_rank, g.size);
+    grids_[i] = std::move(g);
+  }
   p_.world = static_cast<int32_t>(world_size(plan_, model_));
   p_.ranks.assign(static_cast<std::size_t>(p_.world), {});
   p_.memory.assign(static_cast<std::size_t>(p_.world), {});

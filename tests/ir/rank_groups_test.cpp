@@ -55,6 +55,9 @@ TEST_CASE("tp=2, cp=2, dp=2: context groups sit between tensor and data groups")
   CHECK(g.tp == std::vector<Group>{{0, 1}, {2, 3}, {4, 5}, {6, 7}});
   CHECK(g.cp == std::vector<Group>{{0, 2}, {1, 3}, {4, 6}, {5, 7}});
   CHECK(g.dp == std::vector<Group>{{0, 4}, {1, 5}, {2, 6}, {3, 7}});
+  CHECK(g.tpcp == std::vector<Group>{{0, 1, 2, 3}, {4, 5, 6, 7}});
+  CHECK(group_index(g.cp, 0, 8) == std::vector<int32_t>{0, 1, 0, 1, 2, 3, 2, 3});
+  CHECK(group_index({{2, 3}}, 2, 3) == std::vector<int32_t>{0, 0, -1});
 }
 
 TEST_CASE("expert groups are carved out of cp*dp, and a span offsets every group") {
@@ -81,6 +84,7 @@ TEST_CASE("every kind of group partitions the span, up to 4096 ranks") {
             check_partition(g.dp, first, l.size(), dp);
             check_partition(g.pp, first, l.size(), pp);
             check_partition(g.dpcp, first, l.size(), cp * dp);
+            check_partition(g.tpcp, first, l.size(), tp * cp);
             check_partition(g.ep, first, l.size(), ep);
             check_partition(g.edp, first, l.size(), cp * dp / ep);
             check_partition(g.stages, first, l.size(), tp * cp * dp);
