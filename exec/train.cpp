@@ -172,7 +172,10 @@ int train_worker(const WorkerEnv& env, const TrainJob& job) {
   Groups groups(store, env.rank, env.world_size, group_options.timeout,
                 env.master_addr == "127.0.0.1" || env.master_addr == "localhost");
   const Scenario& s = job.scenario;
-  Worker worker(s, *s.plan, groups, job.options);
+  // Frozen-aware stage boundaries, resolved once: the Worker lowers and run.json records this plan,
+  // so a replay runs the very same split.
+  const ParallelPlan plan = resolve_stage_split(*s.plan, s.model, s.workload, s.cluster);
+  Worker worker(s, plan, groups, job.options);
   const Comm& world = groups.world();
   const bool lead = env.rank == 0;
   const fs::path out = out_dir;
@@ -291,8 +294,7 @@ int train_worker(const WorkerEnv& env, const TrainJob& job) {
     }
     Json run{{"scenario", inline_scenario_json(s)},
              {"scenario_file", job.scenario_file},
-             // with the stage boundaries lower() applied, so a replay runs the very same split
-             {"plan", to_json(resolve_stage_split(*s.plan, s.model, s.workload, s.cluster))},
+             {"plan", to_json(plan)},
              {"world", env.world_size},
              {"device", "cpu"},
              {"backend", "gloo"},

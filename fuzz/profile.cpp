@@ -12,6 +12,7 @@
 #include "shared/lowering/lower.hpp"
 #include "shared/profile.hpp"
 #include "shared/scenario.hpp"
+#include "shared/stage_split.hpp"
 
 using namespace tessera;
 
@@ -28,8 +29,9 @@ const Fixture& fixture() {
     const std::string file = std::string(TESSERA_SOURCE_DIR) + "/scenarios/cpu-tiny.json";
     std::optional<Scenario> s = load_scenario(file, diag);
     if (!s || !s->plan) fuzz::fail("the fixture scenario does not load:\n" + diag.format());
-    Lowered lowered =
-        lower(s->model, s->cluster, *s->plan, s->workload, draw_batch(s->workload, 0));
+    Lowered lowered = lower(s->model, s->cluster,
+                            resolve_stage_split(*s->plan, s->model, s->workload, s->cluster),
+                            s->workload, draw_batch(s->workload, 0));
     if (!lowered.error.empty()) fuzz::fail("the fixture scenario does not lower: " + lowered.error);
     return Fixture{std::move(*s), std::move(lowered.program)};
   }();

@@ -1,13 +1,15 @@
 // Fuzz target: a scenario file (model, workload, cluster, plan and search space inline) through
 // the reader and every validator. Properties: a refusal gives a reason; an accepted scenario
 // writes back (to_json) to JSON that reads to the same scenario; a small accepted plan lowers
-// (a batch drawn from its workload) to a Program that passes check_program.
+// (a batch drawn from its workload) to a Program that passes check_program, or is refused for
+// the reason lowering_refusal() gives.
 #include <cstdint>
 
 #include "fuzz/support.hpp"
 #include "shared/batch.hpp"
 #include "shared/lowering/lower.hpp"
 #include "shared/scenario.hpp"
+#include "shared/stage_split.hpp"
 
 using namespace tessera;
 
@@ -45,9 +47,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, std::size_t size) {
     return again ? std::optional<Json>(to_json(*again)) : std::nullopt;
   });
   if (small(*scenario)) {
+    // A validated plan lowers to a valid Program, or lower() refuses it for the reason
+    // lowering_refusal() states; never an internal error.
     const Scenario& s = *scenario;
-    const Lowered lowered =
-        lower(s.model, s.cluster, *s.plan, s.workload, draw_batch(s.workload, 0));
+    const ParallelPlan plan = resolve_stage_split(*s.plan, s.model, s.workload, s.cluster);
+    const Lowered lowered = lower(s.model, s.cluster, plan, s.workload, draw_batch(s.workload, 0));
+    if (lowered.error != lowering_refusal(plan, s.model))
+      fuzz::fail("lower() refused for another reason than lowering_refusal(): " + lowered.error);
     if (lowered.error.empty())
       for (const std::string& problem : check_program(lowered.program))
         fuzz::fail("the lowered Program is broken: " + problem);

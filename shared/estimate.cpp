@@ -8,6 +8,7 @@
 #include "shared/dip_search.hpp"
 #include "shared/evaluator.hpp"
 #include "shared/scenario_report.hpp"
+#include "shared/stage_split.hpp"
 
 namespace tessera {
 
@@ -19,10 +20,12 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 
 }  // namespace
 
-Estimate estimate(const Scenario& s, const ParallelPlan& plan, int64_t iteration,
+Estimate estimate(const Scenario& s, const ParallelPlan& given, int64_t iteration,
                   const CostParams& params) {
   Estimate e;
   const auto t0 = std::chrono::steady_clock::now();
+  // The frozen-aware stage boundaries, from these costs (a resolved plan is kept as it is).
+  const ParallelPlan plan = resolve_stage_split(given, s.model, s.workload, s.cluster, &params);
   const Batch batch = draw_batch(s.workload, iteration);
   const CostModel cost(s.cluster, s.model.dtype, params, s.model);
   // DIP: this batch's schedule, searched with the evaluator (lowering time includes it).

@@ -239,6 +239,23 @@ std::vector<PlacedModule> place_modules(const ParallelPlan& plan, const ModelSpe
   return placed;
 }
 
+bool stage_split_pending(const ParallelPlan& plan, const ModuleLayout& layout,
+                         const ModuleSpec& module) {
+  return plan.stage_split == StageSplit::kFrozenAware && layout.stage_layers.empty() &&
+         layout.pp * layout.vpp > 1 && module.transformer.has_value();
+}
+
+bool stage_split_resolved(const ParallelPlan& plan, const ModelSpec& model) {
+  if (plan.placement == Placement::kHomogeneous) {
+    const ModuleSpec* llm = find_llm(model);
+    return llm == nullptr || !stage_split_pending(plan, plan.layout, *llm);
+  }
+  for (const auto& [name, layout] : plan.modules)
+    if (const ModuleSpec* m = find_module(model, name); m && stage_split_pending(plan, layout, *m))
+      return false;
+  return true;
+}
+
 int64_t world_size(const ParallelPlan& plan, const ModelSpec& model) {
   if (plan.placement == Placement::kHomogeneous) return plan.layout.size();
   Diagnostics ignored;

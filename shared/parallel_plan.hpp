@@ -131,6 +131,13 @@ std::vector<PlacedModule> place_modules(const ParallelPlan& plan, const ModelSpe
                                         Diagnostics& diag);
 // Ranks the plan uses. REQUIRES: plan validated.
 int64_t world_size(const ParallelPlan& plan, const ModelSpec& model);
+// Whether the frozen-aware stage split still has to choose `layout`'s stage boundaries for
+// `module` (a transformer in several pipeline chunks with none given): stage_split.hpp resolves
+// them with the cost model, once, before anything lowers the plan.
+bool stage_split_pending(const ParallelPlan& plan, const ModuleLayout& layout,
+                         const ModuleSpec& module);
+// No layout of the plan has its stage split pending.
+bool stage_split_resolved(const ParallelPlan& plan, const ModelSpec& model);
 // Micro-batches per iteration (explicit or derived). REQUIRES: plan validated.
 int64_t micro_batches(const ParallelPlan& plan, const ModelSpec& model,
                       const WorkloadSpec& workload);

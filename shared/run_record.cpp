@@ -8,6 +8,7 @@
 
 #include "shared/check.hpp"
 #include "shared/lowering/lower.hpp"
+#include "shared/stage_split.hpp"
 
 namespace tessera {
 
@@ -90,6 +91,10 @@ std::optional<RunRecord> load_run(const std::string& dir, Diagnostics& diag) {
   r.finish();
   if (diag.errors().size() != before) return std::nullopt;
   if (run.scenario.cluster.kind == ClusterKind::kCpuLocal) run.scenario.cluster.cores = run.cores;
+  // The frozen-aware stage boundaries the run chose (from the default costs), resolved once here
+  // for every replay and trace check of the record.
+  Scenario& s = run.scenario;
+  s.plan = resolve_stage_split(*s.plan, s.model, s.workload, s.cluster);
   return run;
 }
 

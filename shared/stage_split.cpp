@@ -260,8 +260,8 @@ ParallelPlan resolve_stage_split(const ParallelPlan& plan, const ModelSpec& mode
   ParallelPlan out = plan;
   auto resolve = [&](ModuleLayout& layout, std::size_t module) {
     const ModuleSpec& spec = model.modules[module];
+    if (!stage_split_pending(out, layout, spec)) return;
     const int64_t chunks = layout.pp * layout.vpp;
-    if (!layout.stage_layers.empty() || chunks <= 1 || !spec.transformer) return;
     const ChainCosts c = chain_costs(model, module, out, workload, cluster, params);
     layout.stage_layers = linear_partition(c.layers, chunks, c.first_extra, c.last_extra);
   };

@@ -164,8 +164,10 @@ int run_lower(const Args& args, std::ostream& out, std::ostream& err) {
         << " ranks\n";
     return kBadInput;
   }
-  const Lowered lowered = lower(scenario->model, scenario->cluster, *scenario->plan,
-                                scenario->workload, draw_batch(scenario->workload, iteration));
+  const ParallelPlan plan =
+      resolve_stage_split(*scenario->plan, scenario->model, scenario->workload, scenario->cluster);
+  const Lowered lowered = lower(scenario->model, scenario->cluster, plan, scenario->workload,
+                                draw_batch(scenario->workload, iteration));
   if (!lowered.error.empty()) {
     err << options.program() << ": " << lowered.error << "\n";
     return kBadInput;

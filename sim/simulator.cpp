@@ -8,6 +8,7 @@
 
 #include "shared/calibrate.hpp"
 #include "shared/scenario_report.hpp"
+#include "shared/stage_split.hpp"
 #include "shared/trace_writer.hpp"
 #include "sim/child_process.hpp"
 
@@ -95,9 +96,12 @@ Timeline deserialize_timeline(const std::string& bytes, const Program& p) {
   return t;
 }
 
-SimulationResult simulate(const Scenario& s, const ParallelPlan& plan,
+SimulationResult simulate(const Scenario& s, const ParallelPlan& given,
                           const SimulateOptions& options) {
   SimulationResult result;
+  // The frozen-aware stage boundaries, from these costs (a resolved plan is kept as it is).
+  const ParallelPlan plan = resolve_stage_split(given, s.model, s.workload, s.cluster,
+                                                options.cost ? &*options.cost : nullptr);
   const CostModel cost(s.cluster, s.model.dtype,
                        options.cost ? *options.cost : default_cost_params(s.cluster), s.model);
   std::vector<Program> programs;

@@ -3,25 +3,6 @@
 
 namespace tessera::lowering {
 
-std::string Lowering::dip_unsupported() const {
-  const ModuleInfo& llm = modules_[static_cast<std::size_t>(llm_)];
-  if (llm.layout.pp < 2) return "schedule dip needs the LLM to have pp >= 2";
-  if (llm.layout.cp > 1) return "schedule dip with context parallelism (cp > 1) is not lowered yet";
-  for (const ModuleInfo& m : modules_) {
-    const ModuleSpec& spec = *m.spec;
-    if (spec.role == ModuleRole::kGenerator)
-      return "schedule dip: generator '" + spec.name + "' after the LLM is not lowered yet";
-    if (spec.role == ModuleRole::kEncoder) {
-      if (!spec.transformer || spec.transformer->layers < llm.layout.pp)
-        return "schedule dip: encoder '" + spec.name + "' needs at least one layer per stage (" +
-               std::to_string(llm.layout.pp) + ")";
-      if (!spec.inputs.empty())
-        return "schedule dip: encoder '" + spec.name + "' with inputs is not lowered yet";
-    }
-  }
-  return "";
-}
-
 std::vector<Lowering::DipSegment> Lowering::dip_segments() {
   const ModuleInfo& llm = modules_[static_cast<std::size_t>(llm_)];
   const int64_t P = llm.layout.pp;

@@ -31,60 +31,9 @@ std::vector<GradientFlow> gradient_flow(const ModelSpec& model) {
 namespace lowering {
 
 void Lowering::run() {
-  if (plan_.schedule == Schedule::kDip) {
-    // A schedule's layers (from a search, or read back from a run) must fit this plan.
-    if (const std::string why =
-            dip_schedule_problem(dip_, model_, plan_.layout.pp, plan_.layout.vpp);
-        !why.empty()) {
-      out_.error = "DIP schedule: " + why;
-      return;
-    }
-  }
+  out_.error = lowering_refusal(plan_, model_, &dip_);
+  if (!out_.error.empty()) return;
   place();
-  if (plan_.schedule == Schedule::kDip) {
-    if (const std::string why = dip_unsupported(); !why.empty()) {
-      out_.error = why;
-      return;
-    }
-  }
-  // Under DIP, Entrain's micro-batches are the LLM's (both levels); DIP cuts their media into
-  // sub-micro-batches itself, so level 1's encoder micro-batches play no part.
-  if (plan_.microbatching == MicrobatchPolicy::kEntrain && plan_.schedule != Schedule::kDip) {
-    // The LLM's micro-batch takes rows from its encoder micro-batch and the one before: a
-    // producer replica must hold whole LLM micro-batches (fan-in or equal), and the pipeline
-    // walks its micro-batches in order (no interleaving).
-    const int64_t dp = modules_[static_cast<std::size_t>(llm_)].layout.dp;
-    for (const ModuleInfo& m : modules_)
-      if (m.host < 0 && m.index != llm_ && plan_.placement == Placement::kNonColocated &&
-          m.layout.dp < dp) {
-        out_.error = "microbatching entrain: " + m.spec->name + " has fewer replicas (" +
-                     std::to_string(m.layout.dp) + ") than the LLM (" + std::to_string(dp) +
-                     "); Entrain needs each encoder replica to feed whole LLM micro-batches";
-        return;
-      }
-    for (const ModuleInfo& m : modules_)
-      if (m.layout.vpp > 1) {
-        out_.error = "microbatching entrain with interleaved 1F1B (vpp > 1) is not lowered yet";
-        return;
-      }
-  }
-  const int64_t dp_llm = modules_[static_cast<std::size_t>(llm_)].layout.dp;
-  for (const ModuleInfo& m : modules_) {
-    const int64_t dp =
-        m.host >= 0 ? modules_[static_cast<std::size_t>(m.host)].layout.dp : m.layout.dp;
-    if (dp % dp_llm != 0 && dp_llm % dp != 0) {
-      out_.error = "module " + m.spec->name + ": dp " + std::to_string(dp) + " and the LLM's dp " +
-                   std::to_string(dp_llm) + " must divide one another";
-      return;
-    }
-  }
-  if (plan_.placement == Placement::kColocated)
-    for (const ModuleInfo& m : modules_)
-      if (m.spec->role == ModuleRole::kGenerator && m.host < 0) {
-        out_.error = "colocated: give generator '" + m.spec->name +
-                     "' no layout of its own; it then runs in the LLM's last pipeline stage";
-        return;
-      }
   assign_samples();
   if (plan_.schedule == Schedule::kDip)
     lower_dip();
@@ -131,9 +80,9 @@ Lowered lower(const ModelSpec& model, const ClusterSpec& cluster, const Parallel
               const WorkloadSpec& workload, const Batch& batch, const DipSchedule* dip) {
   Lowered out;
   out.program.iteration = batch.iteration;
-  // Frozen-aware stage boundaries (stage_split.hpp), the same for every iteration.
-  const ParallelPlan resolved = resolve_stage_split(plan, model, workload, cluster);
-  lowering::Lowering(model, cluster, resolved, workload, batch, dip, out).run();
+  TESSERA_CHECK(stage_split_resolved(plan, model),
+                "lower() needs the frozen-aware stage split resolved first (resolve_stage_split)");
+  lowering::Lowering(model, cluster, plan, workload, batch, dip, out).run();
   // Debug builds verify every Program they produce, and so does any build run with
   // TESSERA_CHECK_PROGRAMS set (ctest sets it for every test).
 #ifdef NDEBUG

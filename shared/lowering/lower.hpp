@@ -36,7 +36,14 @@ struct GradientFlow {
 };
 std::vector<GradientFlow> gradient_flow(const ModelSpec& model);
 
-// REQUIRES: plan validated against model, workload and cluster; batch drawn from workload.
+// Why lower() refuses a validated plan (an option it cannot express yet), or "": lower() returns
+// exactly this as Lowered::error and lowers every other validated plan.
+std::string lowering_refusal(const ParallelPlan& plan, const ModelSpec& model,
+                             const DipSchedule* dip = nullptr);
+
+// REQUIRES: plan validated against model, workload and cluster, its frozen-aware stage split
+// resolved (stage_split_resolved; resolve_stage_split in stage_split.hpp does it with the cost
+// model); batch drawn from workload.
 // `dip`: the batch's schedule under schedule dip (dip_search.hpp); null: the starting one
 // (encoders in topological order, even layers).
 Lowered lower(const ModelSpec& model, const ClusterSpec& cluster, const ParallelPlan& plan,

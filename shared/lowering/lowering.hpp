@@ -25,7 +25,6 @@
 #include "shared/model_math.hpp"
 #include "shared/rank_groups.hpp"
 #include "shared/schedule.hpp"
-#include "shared/stage_split.hpp"
 
 namespace tessera::lowering {
 
@@ -263,7 +262,6 @@ class Lowering {
   // --- placements ------------------------------------------------------------------------
   void lower_pipelines();  // homogeneous and non_colocated
   // schedule dip: encoder segments and the LLM segment on the ranks of a homogeneous pipeline.
-  std::string dip_unsupported() const;  // why this plan cannot run DIP ("" when it can)
   void lower_dip();
   struct DipSegment {
     int encoder = -1;

@@ -28,6 +28,7 @@
 #include "shared/microbatch.hpp"
 #include "shared/plan_source.hpp"
 #include "shared/scenario.hpp"
+#include "shared/stage_split.hpp"
 #include "tests/exec/run_train.hpp"
 
 using namespace tessera;
@@ -430,7 +431,9 @@ void check_trace_is_program(const fs::path& out, const std::string& scenario,
   const auto s = load_scenario_with_plan(scenario, plan, diag);
   REQUIRE(s.has_value());
   const exec::TrainBatch batch = exec::make_batch(*s, exec::DatasetKind::kSynthetic, 0);
-  const Lowered lowered = lower(s->model, s->cluster, *s->plan, s->workload, batch.batch);
+  const Lowered lowered =
+      lower(s->model, s->cluster, resolve_stage_split(*s->plan, s->model, s->workload, s->cluster),
+            s->workload, batch.batch);
   REQUIRE(lowered.error.empty());
   for (int rank = 0; rank < lowered.program.world; ++rank) {
     std::ifstream in(out / "trace" / ("rank" + std::to_string(rank) + ".json"));
@@ -814,7 +817,9 @@ TEST_CASE("each rank holds the parameter state the Program's memory accounting s
     const auto s = load_scenario_with_plan(kScenario, plan, diag);
     REQUIRE(s.has_value());
     const exec::TrainBatch batch = exec::make_batch(*s, exec::DatasetKind::kSynthetic, 0);
-    const Lowered lowered = lower(s->model, s->cluster, *s->plan, s->workload, batch.batch);
+    const Lowered lowered = lower(s->model, s->cluster,
+                                  resolve_stage_split(*s->plan, s->model, s->workload, s->cluster),
+                                  s->workload, batch.batch);
     REQUIRE(lowered.error.empty());
     const Json ran = Json::parse(std::ifstream(out / "run.json"));
     const double dtype = static_cast<double>(dtype_bytes(s->model.dtype));
@@ -904,8 +909,10 @@ TEST_CASE(
     INFO(d.format());
     REQUIRE(with.has_value());
     for (int64_t it = 0; it < 3; ++it) {
-      const Lowered l = lower(with->model, with->cluster, *with->plan, with->workload,
-                              draw_batch(with->workload, it));
+      const Lowered l =
+          lower(with->model, with->cluster,
+                resolve_stage_split(*with->plan, with->model, with->workload, with->cluster),
+                with->workload, draw_batch(with->workload, it));
       REQUIRE(l.error.empty());
       for (const auto& ops : l.program.ranks)
         for (const Op& op : ops) most = std::max(most, op.sub_microbatch);

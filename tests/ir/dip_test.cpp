@@ -12,6 +12,7 @@
 #include "shared/evaluator.hpp"
 #include "shared/lowering/lower.hpp"
 #include "shared/scenario.hpp"
+#include "shared/stage_split.hpp"
 
 using namespace tessera;
 
@@ -112,8 +113,13 @@ TEST_CASE("dip lowering: a valid Program doing the same work as 1F1B, media cut 
     if (vpp == 1 && pp == 4) dip.plan->microbatching = MicrobatchPolicy::kEntrain;
     for (int64_t iteration : {0, 1, 2}) {
       const Batch batch = draw_batch(dip.workload, iteration);
-      const Lowered a = lower(dip.model, dip.cluster, *dip.plan, dip.workload, batch);
-      const Lowered b = lower(base.model, base.cluster, *base.plan, base.workload, batch);
+      const Lowered a = lower(dip.model, dip.cluster,
+                              resolve_stage_split(*dip.plan, dip.model, dip.workload, dip.cluster),
+                              dip.workload, batch);
+      const Lowered b =
+          lower(base.model, base.cluster,
+                resolve_stage_split(*base.plan, base.model, base.workload, base.cluster),
+                base.workload, batch);
       REQUIRE(a.error.empty());
       REQUIRE(b.error.empty());
       const auto problems = check_program(a.program);
@@ -151,14 +157,16 @@ TEST_CASE("dip lowering: what it does not lower yet is refused by name") {
   Scenario t = variable("dip", 4);
   t.plan->layout.cp = 2;
   t.plan->layout.pp = 2;
-  CHECK(lower(t.model, t.cluster, *t.plan, t.workload, batch).error.find("cp > 1") !=
-        std::string::npos);
+  CHECK(lower(t.model, t.cluster, resolve_stage_split(*t.plan, t.model, t.workload, t.cluster),
+              t.workload, batch)
+            .error.find("cp > 1") != std::string::npos);
 }
 
 TEST_CASE("dip search: never worse than its start, and an unchanged batch is answered from cache") {
   const Scenario s = variable("dip", 4);
   const CostModel cost(s.cluster, s.model.dtype, default_cost_params(s.cluster), s.model);
-  DipPlanner planner(s, *s.plan, cost);
+  const ParallelPlan plan = resolve_stage_split(*s.plan, s.model, s.workload, s.cluster);
+  DipPlanner planner(s, plan, cost);
   DipSchedule previous;
   for (int64_t iteration = 0; iteration < 4; ++iteration) {
     CAPTURE(iteration);
@@ -168,7 +176,7 @@ TEST_CASE("dip search: never worse than its start, and an unchanged batch is ans
     CHECK(r.step_s <= r.start_step_s);
     CHECK(r.scored > 1);
     // The chosen schedule lowers to what the search scored.
-    const Lowered l = lower(s.model, s.cluster, *s.plan, s.workload, batch, &r.schedule);
+    const Lowered l = lower(s.model, s.cluster, plan, s.workload, batch, &r.schedule);
     REQUIRE(l.error.empty());
     CHECK(evaluate(l.program, cost).step_s == doctest::Approx(r.step_s));
     // A deliberately poor start: the search improves on it.
@@ -209,8 +217,9 @@ TEST_CASE(
   CHECK_FALSE(dip_schedule_problem(zero, s.model, 4, 1).empty());
   // lower() refuses it by name instead of failing inside.
   const Batch batch = draw_batch(s.workload, 0);
-  CHECK(lower(s.model, s.cluster, *s.plan, s.workload, batch, &zero).error.find("DIP schedule") ==
-        0);
+  CHECK(lower(s.model, s.cluster, resolve_stage_split(*s.plan, s.model, s.workload, s.cluster),
+              s.workload, batch, &zero)
+            .error.find("DIP schedule") == 0);
   // Unknown modules and bad values are reported with their JSON path.
   Json bad = dip_schedule_to_json(schedule, s.model);
   bad["segment_order"] = {"camera"};

@@ -10,6 +10,7 @@
 #include "shared/entrain.hpp"
 #include "shared/lowering/lower.hpp"
 #include "shared/scenario.hpp"
+#include "shared/stage_split.hpp"
 
 using namespace tessera;
 
@@ -165,7 +166,9 @@ TEST_CASE("Entrain's work share counts FLOPs as the lowering does (one home: pha
     plan.schedule = Schedule::k1F1B;
     plan.recompute = Recompute::kNone;
     const Batch batch = draw_batch(s.workload, 0);
-    const Lowered lowered = lower(s.model, s.cluster, plan, s.workload, batch, nullptr);
+    const Lowered lowered =
+        lower(s.model, s.cluster, resolve_stage_split(plan, s.model, s.workload, s.cluster),
+              s.workload, batch, nullptr);
     REQUIRE(lowered.error.empty());
     double encoders = 0, total = 0;
     for (const Op& op : lowered.program.ranks[0]) {
@@ -191,7 +194,9 @@ TEST_CASE("the Program carries the micro-batches it was lowered with (Entrain: b
     ParallelPlan plan = *s->plan;
     plan.microbatching = policy;
     const Batch batch = draw_batch(s->workload, 0);
-    const Lowered lowered = lower(s->model, s->cluster, plan, s->workload, batch, nullptr);
+    const Lowered lowered =
+        lower(s->model, s->cluster, resolve_stage_split(plan, s->model, s->workload, s->cluster),
+              s->workload, batch, nullptr);
     REQUIRE(lowered.error.empty());
     const int64_t m = micro_batches(plan, s->model, s->workload);
     const int64_t dp = plan.layout.dp;

@@ -11,6 +11,7 @@
 #include "shared/kernel_cost.hpp"
 #include "shared/lowering/lower.hpp"
 #include "shared/scenario.hpp"
+#include "shared/stage_split.hpp"
 
 using namespace tessera;
 
@@ -180,7 +181,8 @@ TEST_CASE("tp_comm_overlap hides all but one chunk of the TP traffic behind the 
   REQUIRE(plan.sequence_parallel);
   plan.tp_comm_overlap = true;
   const Lowered lowered =
-      lower(s->model, s->cluster, plan, s->workload, draw_batch(s->workload, 0));
+      lower(s->model, s->cluster, resolve_stage_split(plan, s->model, s->workload, s->cluster),
+            s->workload, draw_batch(s->workload, 0));
   REQUIRE(lowered.error.empty());
   const CostModel cost(s->cluster, s->model.dtype, default_cost_params(s->cluster), s->model);
   const Program& p = lowered.program;
@@ -232,7 +234,9 @@ TEST_CASE("one layer of the 22B model as Korthikanti et al. 2022 timed it (their
   REQUIRE(s.has_value());
   // Seconds of rank 0's forward ops and of its backward ops (R, B, W).
   auto phases = [&](const ModelSpec& model, const ParallelPlan& plan) {
-    const Lowered lowered = lower(model, s->cluster, plan, s->workload, draw_batch(s->workload, 0));
+    const Lowered lowered =
+        lower(model, s->cluster, resolve_stage_split(plan, model, s->workload, s->cluster),
+              s->workload, draw_batch(s->workload, 0));
     REQUIRE(lowered.error.empty());
     const CostModel c(s->cluster, model.dtype, default_cost_params(s->cluster), model);
     double forward = 0, backward = 0;

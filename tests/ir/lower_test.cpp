@@ -18,6 +18,7 @@
 #include "shared/model_math.hpp"
 #include "shared/scenario.hpp"
 #include "shared/schedule.hpp"
+#include "shared/stage_split.hpp"
 
 using namespace tessera;
 
@@ -88,7 +89,8 @@ CostModel ideal(const Case& c) {
 }
 
 Program lowered(const Case& c, int64_t iteration = 0) {
-  Lowered l = lower(c.model, c.cluster, c.plan, c.workload, draw_batch(c.workload, iteration));
+  Lowered l = lower(c.model, c.cluster, resolve_stage_split(c.plan, c.model, c.workload, c.cluster),
+                    c.workload, draw_batch(c.workload, iteration));
   REQUIRE(l.error.empty());
   const auto problems = check_program(l.program);
   INFO((problems.empty() ? std::string() : problems.front()));
@@ -316,7 +318,9 @@ TEST_CASE(
 
 TEST_CASE("program checks catch broken programs") {
   Case c = make(kTextModel, kUniformText, R"({"placement": "homogeneous", "layout": {"pp": 2}})");
-  Program p = lower(c.model, c.cluster, c.plan, c.workload, draw_batch(c.workload, 0)).program;
+  Program p = lower(c.model, c.cluster, resolve_stage_split(c.plan, c.model, c.workload, c.cluster),
+                    c.workload, draw_batch(c.workload, 0))
+                  .program;
   REQUIRE(check_program(p).empty());
   Program missing = p;
   for (auto it = missing.ranks[1].begin(); it != missing.ranks[1].end(); ++it)
@@ -668,7 +672,9 @@ TEST_CASE("lower() charges each CP rank its own tokens and attention under the s
              (std::string(R"({"placement": "homogeneous", "layout": {"cp": 2}, "cp_split": ")") +
               split + "\"}")
                  .c_str());
-    const Lowered l = lower(c.model, c.cluster, c.plan, c.workload, draw_batch(c.workload, 0));
+    const Lowered l =
+        lower(c.model, c.cluster, resolve_stage_split(c.plan, c.model, c.workload, c.cluster),
+              c.workload, draw_batch(c.workload, 0));
     REQUIRE(l.error.empty());
     double f0 = 0, f1 = 0;
     for (const Op& op : l.program.ranks[0])
@@ -694,8 +700,9 @@ TEST_CASE("the CP balance note: mean over micro-batches and the worst CP group, 
   s->plan->layout.dp = 2;
   for (CpSplit policy : {CpSplit::kUniform, CpSplit::kZigzag, CpSplit::kMakespan}) {
     s->plan->cp_split = policy;
-    const Lowered l =
-        lower(s->model, s->cluster, *s->plan, s->workload, draw_batch(s->workload, 0));
+    const Lowered l = lower(s->model, s->cluster,
+                            resolve_stage_split(*s->plan, s->model, s->workload, s->cluster),
+                            s->workload, draw_batch(s->workload, 0));
     REQUIRE(l.error.empty());
     std::string note;
     for (const std::string& n : l.notes)
@@ -737,7 +744,8 @@ TEST_CASE("microbatching entrain: encoders run level 1, the LLM level 2; backwar
   bool deferred_somewhere = false;
   for (int64_t iteration = 0; iteration < 6; ++iteration) {
     const Batch batch = draw_batch(w, iteration);
-    const Lowered l = lower(s->model, s->cluster, plan, w, batch);
+    const Lowered l =
+        lower(s->model, s->cluster, resolve_stage_split(plan, s->model, w, s->cluster), w, batch);
     REQUIRE(l.error.empty());
     const EntrainAssignment a = entrain_assignment(batch, s->model, 1, 8, w.max_seq_len);
     deferred_somewhere |= a.encoder != a.llm;
@@ -771,7 +779,8 @@ TEST_CASE("microbatching entrain: encoders run level 1, the LLM level 2; backwar
                          a.llm[0][static_cast<std::size_t>(j)].end(), sample) > 0)
             CHECK(projector_backward_at.at(i) > llm_backward_at.at(j));
     // The program runs to the end.
-    CHECK(estimate(*s, plan, iteration, default_cost_params(s->cluster)).metrics.step_s > 0);
+    const ParallelPlan resolved = resolve_stage_split(plan, s->model, s->workload, s->cluster);
+    CHECK(estimate(*s, resolved, iteration, default_cost_params(s->cluster)).metrics.step_s > 0);
   }
   CHECK(deferred_somewhere);
   // Non-colocated with fan-in (2 ViT replicas per LLM replica) runs too; fan-out is refused.
@@ -784,10 +793,13 @@ TEST_CASE("microbatching entrain: encoders run level 1, the LLM level 2; backwar
   vision.dp = 2;
   llm_layout.pp = 2;
   nc.modules = {{"vision", vision}, {"llm", llm_layout}};
-  CHECK(estimate(*s, nc, 0, default_cost_params(s->cluster)).metrics.step_s > 0);
+  CHECK(estimate(*s, resolve_stage_split(nc, s->model, s->workload, s->cluster), 0,
+                 default_cost_params(s->cluster))
+            .metrics.step_s > 0);
   nc.modules = {{"vision", ModuleLayout{}}, {"llm", ModuleLayout{}}};
   nc.modules[1].second.dp = 2;
-  const Lowered refused = lower(s->model, s->cluster, nc, w, draw_batch(w, 0));
+  const Lowered refused = lower(
+      s->model, s->cluster, resolve_stage_split(nc, s->model, w, s->cluster), w, draw_batch(w, 0));
   CHECK(refused.error.find("Entrain needs each encoder replica to feed whole LLM micro-batches") !=
         std::string::npos);
 }
@@ -803,7 +815,8 @@ TEST_CASE("every compute op names its layer range: the virtual stages tile the l
     plan.stage_split = StageSplit::kUniform;
     plan.layout.stage_layers.clear();
     const Lowered lowered =
-        lower(s->model, s->cluster, plan, s->workload, draw_batch(s->workload, 0));
+        lower(s->model, s->cluster, resolve_stage_split(plan, s->model, s->workload, s->cluster),
+              s->workload, draw_batch(s->workload, 0));
     REQUIRE(lowered.error.empty());
     const Program& p = lowered.program;
     const auto llm = static_cast<int16_t>(std::find(p.modules.begin(), p.modules.end(), "llm") -
@@ -895,9 +908,13 @@ TEST_CASE("padding to the longest sample: the LLM's ops count the pads, its atte
   plan.micro_batch_size = 4;
   plan.schedule = Schedule::k1F1B;
   const Batch batch = draw_batch(s->workload, 0);
-  const Lowered packed = lower(s->model, s->cluster, plan, s->workload, batch);
+  const Lowered packed =
+      lower(s->model, s->cluster, resolve_stage_split(plan, s->model, s->workload, s->cluster),
+            s->workload, batch);
   plan.pad_to_longest = true;
-  const Lowered padded = lower(s->model, s->cluster, plan, s->workload, batch);
+  const Lowered padded =
+      lower(s->model, s->cluster, resolve_stage_split(plan, s->model, s->workload, s->cluster),
+            s->workload, batch);
   REQUIRE(packed.error.empty());
   REQUIRE(padded.error.empty());
   CHECK(check_program(padded.program).empty());

@@ -9,6 +9,7 @@
 #include "shared/lowering/lower.hpp"
 #include "shared/rank_groups.hpp"
 #include "shared/scenario.hpp"
+#include "shared/stage_split.hpp"
 
 using namespace tessera;
 
@@ -115,7 +116,9 @@ void check_lowered_groups(const Scenario& s, const ParallelPlan& plan) {
   validate_plan(plan, s.model, s.workload, s.cluster, "", "", diag);
   INFO(diag.format());
   REQUIRE(diag.ok());
-  const Lowered lowered = lower(s.model, s.cluster, plan, s.workload, draw_batch(s.workload, 0));
+  const Lowered lowered =
+      lower(s.model, s.cluster, resolve_stage_split(plan, s.model, s.workload, s.cluster),
+            s.workload, draw_batch(s.workload, 0));
   INFO(lowered.error);
   REQUIRE(lowered.error.empty());
   const Program& p = lowered.program;

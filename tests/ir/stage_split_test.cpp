@@ -186,7 +186,8 @@ TEST_CASE(
         std::vector<int64_t>{7, 5});
 
   // lower() cuts the stages there: the ops of stage 0 and 1 carry those layer counts.
-  const Lowered l = lower(model(true), c, aware, w, draw_batch(w, 0));
+  const Lowered l =
+      lower(model(true), c, resolve_stage_split(aware, model(true), w, c), w, draw_batch(w, 0));
   REQUIRE(l.error.empty());
   for (int32_t rank = 0; rank < 2; ++rank)
     for (const Op& op : l.program.ranks[static_cast<std::size_t>(rank)])

@@ -12,6 +12,7 @@
 
 #include "shared/evaluator.hpp"
 #include "shared/lowering/lower.hpp"
+#include "shared/stage_split.hpp"
 #include "sim/child_process.hpp"
 #include "sim/simulator.hpp"
 #include "sim/twins.hpp"
@@ -139,7 +140,8 @@ TEST_CASE(
     const ClusterSpec c = cluster(2, 4);
     validate_plan(plan, model, workload, c, "", "", diag);
     REQUIRE(diag.ok());
-    const Lowered l = lower(model, c, plan, workload, draw_batch(workload, 1));
+    const Lowered l = lower(model, c, resolve_stage_split(plan, model, workload, c), workload,
+                            draw_batch(workload, 1));
     REQUIRE(l.error.empty());
     const CostModel cost = cost_for(c, &model);
     const Timeline expected = evaluate(l.program, cost);
@@ -221,7 +223,9 @@ TwinCase twin_case() {
 
 TEST_CASE("twins: TP shards collapse, data-parallel replicas with different data do not") {
   const auto [model, workload, plan] = twin_case();
-  const Lowered l = lower(model, cluster(2, 4), plan, workload, draw_batch(workload, 0));
+  const Lowered l =
+      lower(model, cluster(2, 4), resolve_stage_split(plan, model, workload, cluster(2, 4)),
+            workload, draw_batch(workload, 0));
   const Twins t = find_twins(l.program);
   CHECK(t.classes == 4);  // 8 ranks, TP pairs
   for (int32_t r = 0; r < 8; ++r) CHECK(t.leader[static_cast<std::size_t>(r)] == r - r % 2);
@@ -231,7 +235,9 @@ TEST_CASE("twins' flows left to their leader's give the same times, and only whe
   // TP2 x DP2 x PP2 on two nodes of four: the pipeline's sends cross nodes, DP rings stay inside.
   const auto [model, workload, plan] = twin_case();
   auto run = [&](const ClusterSpec& c, bool nested_flows, bool fold) {
-    const Program p = lower(model, c, plan, workload, draw_batch(workload, 0)).program;
+    const Program p = lower(model, c, resolve_stage_split(plan, model, workload, c), workload,
+                            draw_batch(workload, 0))
+                          .program;
     const CostModel cost = cost_for(c, &model);
     const ChildResult child = run_in_child(
         [&] {
