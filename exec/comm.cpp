@@ -6,7 +6,7 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
-#include "shared/check.hpp"
+#include "shared/base/check.hpp"
 
 namespace tessera::exec {
 

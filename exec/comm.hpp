@@ -13,7 +13,7 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include "exec/torch_compat.hpp"
-#include "shared/program.hpp"
+#include "shared/program/program.hpp"
 
 namespace tessera::exec {
 

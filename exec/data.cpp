@@ -6,8 +6,8 @@
 #include <map>
 
 #include "exec/weights.hpp"
-#include "shared/check.hpp"
-#include "shared/model_math.hpp"
+#include "shared/base/check.hpp"
+#include "shared/model/model_math.hpp"
 
 namespace tessera::exec {
 

@@ -13,8 +13,8 @@
 
 #include <torch/torch.h>
 
-#include "shared/batch.hpp"
-#include "shared/scenario.hpp"
+#include "shared/layout/scenario.hpp"
+#include "shared/model/batch.hpp"
 
 namespace tessera::exec {
 

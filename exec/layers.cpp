@@ -4,8 +4,8 @@
 
 #include "exec/torch_compat.hpp"
 #include "exec/weights.hpp"
-#include "shared/check.hpp"
-#include "shared/model_math.hpp"
+#include "shared/base/check.hpp"
+#include "shared/model/model_math.hpp"
 
 namespace tessera::exec {
 

@@ -12,7 +12,7 @@
 #include <torch/torch.h>
 
 #include "exec/comm.hpp"
-#include "shared/model_spec.hpp"
+#include "shared/spec/model_spec.hpp"
 
 namespace tessera::exec {
 

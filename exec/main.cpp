@@ -14,7 +14,7 @@
 #include "exec/plain_loop.hpp"
 #include "exec/process_group.hpp"
 #include "exec/train.hpp"
-#include "shared/plan_source.hpp"
+#include "shared/layout/plan_source.hpp"
 
 namespace {
 

@@ -3,8 +3,8 @@
 #include <chrono>
 #include <cmath>
 
-#include "shared/check.hpp"
-#include "shared/microbatch.hpp"
+#include "shared/base/check.hpp"
+#include "shared/layout/microbatch.hpp"
 
 namespace tessera::exec {
 

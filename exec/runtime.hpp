@@ -21,12 +21,12 @@
 #include "exec/data.hpp"
 #include "exec/sharded_optimizer.hpp"
 #include "exec/stage.hpp"
-#include "shared/dip_search.hpp"
-#include "shared/evaluator.hpp"
-#include "shared/microbatch.hpp"
-#include "shared/program.hpp"
-#include "shared/rank_groups.hpp"
-#include "shared/scenario.hpp"
+#include "shared/cost/evaluator.hpp"
+#include "shared/layout/microbatch.hpp"
+#include "shared/layout/rank_groups.hpp"
+#include "shared/layout/scenario.hpp"
+#include "shared/program/program.hpp"
+#include "shared/search/dip_search.hpp"
 
 namespace tessera::exec {
 

@@ -14,7 +14,7 @@
 #include <torch/torch.h>
 
 #include "exec/comm.hpp"
-#include "shared/program.hpp"
+#include "shared/program/program.hpp"
 
 namespace tessera::exec {
 

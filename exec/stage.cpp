@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "shared/check.hpp"
+#include "shared/base/check.hpp"
 
 namespace tessera::exec {
 

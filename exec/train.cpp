@@ -13,10 +13,10 @@
 #include <torch/version.h>
 
 #include "exec/process_group.hpp"
-#include "shared/check.hpp"
-#include "shared/failpoint.hpp"
-#include "shared/stage_split.hpp"
-#include "shared/trace_writer.hpp"
+#include "shared/base/check.hpp"
+#include "shared/base/failpoint.hpp"
+#include "shared/records/trace_writer.hpp"
+#include "shared/search/stage_split.hpp"
 
 namespace tessera::exec {
 

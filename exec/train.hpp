@@ -8,7 +8,7 @@
 
 #include "exec/launcher.hpp"
 #include "exec/runtime.hpp"
-#include "shared/scenario.hpp"
+#include "shared/layout/scenario.hpp"
 
 namespace tessera::exec {
 

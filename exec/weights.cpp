@@ -2,7 +2,7 @@
 
 #include <cmath>
 
-#include "shared/check.hpp"
+#include "shared/base/check.hpp"
 
 namespace tessera::exec {
 

@@ -9,12 +9,12 @@
 #include <set>
 
 #include "exec/worker_internal.hpp"
-#include "shared/check.hpp"
-#include "shared/context_split.hpp"
-#include "shared/entrain.hpp"
+#include "shared/base/check.hpp"
+#include "shared/layout/context_split.hpp"
+#include "shared/layout/entrain.hpp"
+#include "shared/layout/microbatch.hpp"
 #include "shared/lowering/lower.hpp"
-#include "shared/microbatch.hpp"
-#include "shared/model_math.hpp"
+#include "shared/model/model_math.hpp"
 
 namespace tessera::exec {
 

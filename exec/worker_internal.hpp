@@ -7,9 +7,9 @@
 #include <string>
 #include <vector>
 
-#include "shared/check.hpp"
-#include "shared/model_spec.hpp"
-#include "shared/rank_groups.hpp"
+#include "shared/base/check.hpp"
+#include "shared/layout/rank_groups.hpp"
+#include "shared/spec/model_spec.hpp"
 
 namespace tessera::exec {
 

@@ -4,7 +4,7 @@
 #include <cstdint>
 
 #include "fuzz/support.hpp"
-#include "shared/hf_import.hpp"
+#include "shared/spec/hf_import.hpp"
 
 using namespace tessera;
 

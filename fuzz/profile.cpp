@@ -7,12 +7,12 @@
 #include <filesystem>
 
 #include "fuzz/support.hpp"
-#include "shared/batch.hpp"
-#include "shared/evaluator.hpp"
+#include "shared/cost/evaluator.hpp"
+#include "shared/cost/profile.hpp"
+#include "shared/layout/scenario.hpp"
 #include "shared/lowering/lower.hpp"
-#include "shared/profile.hpp"
-#include "shared/scenario.hpp"
-#include "shared/stage_split.hpp"
+#include "shared/model/batch.hpp"
+#include "shared/search/stage_split.hpp"
 
 using namespace tessera;
 

@@ -6,7 +6,7 @@
 #include <filesystem>
 
 #include "fuzz/support.hpp"
-#include "shared/run_record.hpp"
+#include "shared/records/run_record.hpp"
 
 using namespace tessera;
 namespace fs = std::filesystem;

@@ -6,10 +6,10 @@
 #include <cstdint>
 
 #include "fuzz/support.hpp"
-#include "shared/batch.hpp"
+#include "shared/layout/scenario.hpp"
 #include "shared/lowering/lower.hpp"
-#include "shared/scenario.hpp"
-#include "shared/stage_split.hpp"
+#include "shared/model/batch.hpp"
+#include "shared/search/stage_split.hpp"
 
 using namespace tessera;
 

@@ -7,7 +7,7 @@
 #include <string>
 #include <string_view>
 
-#include "shared/json_reader.hpp"
+#include "shared/base/json_reader.hpp"
 
 namespace tessera::fuzz {
 

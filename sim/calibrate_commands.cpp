@@ -3,10 +3,10 @@
 #include <filesystem>
 #include <ostream>
 
-#include "shared/calibrate.hpp"
-#include "shared/profile.hpp"
-#include "shared/run_record.hpp"
-#include "shared/scenario.hpp"
+#include "shared/cost/profile.hpp"
+#include "shared/layout/scenario.hpp"
+#include "shared/records/calibrate.hpp"
+#include "shared/records/run_record.hpp"
 #include "sim/command_line.hpp"
 #include "sim/replay.hpp"
 

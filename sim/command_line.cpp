@@ -2,8 +2,8 @@
 
 #include <sstream>
 
-#include "shared/plan_source.hpp"
-#include "shared/profile.hpp"
+#include "shared/cost/profile.hpp"
+#include "shared/layout/plan_source.hpp"
 
 namespace tessera::sim {
 

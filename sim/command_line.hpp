@@ -8,9 +8,9 @@
 
 #include <cxxopts.hpp>
 
-#include "shared/cost_model.hpp"
-#include "shared/diagnostics.hpp"
-#include "shared/scenario.hpp"
+#include "shared/base/diagnostics.hpp"
+#include "shared/cost/cost_model.hpp"
+#include "shared/layout/scenario.hpp"
 #include "sim/commands.hpp"
 #include "sim/sweep.hpp"
 

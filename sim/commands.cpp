@@ -10,13 +10,13 @@
 
 #include <cxxopts.hpp>
 
-#include "shared/estimate.hpp"
-#include "shared/hf_import.hpp"
-#include "shared/model_math.hpp"
-#include "shared/plan_source.hpp"
-#include "shared/scenario.hpp"
-#include "shared/scenario_report.hpp"
-#include "shared/stage_split.hpp"
+#include "shared/layout/plan_source.hpp"
+#include "shared/layout/scenario.hpp"
+#include "shared/model/model_math.hpp"
+#include "shared/search/estimate.hpp"
+#include "shared/search/scenario_report.hpp"
+#include "shared/search/stage_split.hpp"
+#include "shared/spec/hf_import.hpp"
 #include "sim/command_line.hpp"
 #include "sim/simulator.hpp"
 #include "sim/sweep.hpp"

@@ -10,11 +10,11 @@
 #include <ostream>
 #include <thread>
 
-#include "shared/batch.hpp"
-#include "shared/evaluator.hpp"
-#include "shared/fidelity.hpp"
+#include "shared/cost/evaluator.hpp"
+#include "shared/cost/fidelity.hpp"
 #include "shared/lowering/lower.hpp"
-#include "shared/stage_split.hpp"
+#include "shared/model/batch.hpp"
+#include "shared/search/stage_split.hpp"
 #include "sim/command_line.hpp"
 
 namespace tessera::sim {

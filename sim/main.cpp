@@ -3,7 +3,7 @@
 #include <exception>
 #include <iostream>
 
-#include "shared/check.hpp"
+#include "shared/base/check.hpp"
 #include "sim/commands.hpp"
 
 namespace {

@@ -5,8 +5,8 @@
 #include <cstdio>
 #include <map>
 
-#include "shared/calibrate.hpp"
-#include "shared/trace_writer.hpp"
+#include "shared/records/calibrate.hpp"
+#include "shared/records/trace_writer.hpp"
 #include "sim/simulator.hpp"
 
 namespace tessera::sim {

@@ -7,9 +7,9 @@
 #include <string>
 #include <vector>
 
-#include "shared/cost_model.hpp"
-#include "shared/json_reader.hpp"
-#include "shared/run_record.hpp"
+#include "shared/base/json_reader.hpp"
+#include "shared/cost/cost_model.hpp"
+#include "shared/records/run_record.hpp"
 
 namespace tessera::sim {
 

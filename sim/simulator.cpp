@@ -6,10 +6,10 @@
 #include <cstdio>
 #include <cstring>
 
-#include "shared/calibrate.hpp"
-#include "shared/scenario_report.hpp"
-#include "shared/stage_split.hpp"
-#include "shared/trace_writer.hpp"
+#include "shared/records/calibrate.hpp"
+#include "shared/records/trace_writer.hpp"
+#include "shared/search/scenario_report.hpp"
+#include "shared/search/stage_split.hpp"
 #include "sim/child_process.hpp"
 
 namespace tessera::sim {

@@ -8,11 +8,11 @@
 #include <string>
 #include <vector>
 
-#include "shared/batch.hpp"
-#include "shared/dip_search.hpp"
-#include "shared/estimate.hpp"
-#include "shared/metrics.hpp"
-#include "shared/scenario.hpp"
+#include "shared/cost/metrics.hpp"
+#include "shared/layout/scenario.hpp"
+#include "shared/model/batch.hpp"
+#include "shared/search/dip_search.hpp"
+#include "shared/search/estimate.hpp"
 #include "sim/simgrid/adapter.hpp"
 
 namespace tessera::sim {

@@ -4,10 +4,10 @@
 #include <ostream>
 #include <sstream>
 
-#include "shared/json_reader.hpp"
-#include "shared/plan_search.hpp"
-#include "shared/stage_allocation.hpp"
-#include "shared/stage_split.hpp"
+#include "shared/base/json_reader.hpp"
+#include "shared/search/plan_search.hpp"
+#include "shared/search/stage_allocation.hpp"
+#include "shared/search/stage_split.hpp"
 #include "sim/command_line.hpp"
 #include "sim/simulator.hpp"
 

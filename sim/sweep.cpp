@@ -11,8 +11,8 @@
 #include <sstream>
 #include <stdexcept>
 
-#include "shared/failpoint.hpp"
-#include "shared/scenario_report.hpp"
+#include "shared/base/failpoint.hpp"
+#include "shared/search/scenario_report.hpp"
 #include "sim/child_process.hpp"
 #include "sim/simulator.hpp"
 #include "sim/sweep_plan.hpp"

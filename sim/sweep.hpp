@@ -12,9 +12,9 @@
 #include <string>
 #include <vector>
 
-#include "shared/plan_search.hpp"
-#include "shared/scenario.hpp"
-#include "shared/sweep_rows.hpp"
+#include "shared/layout/scenario.hpp"
+#include "shared/layout/sweep_rows.hpp"
+#include "shared/search/plan_search.hpp"
 
 namespace tessera::sim {
 

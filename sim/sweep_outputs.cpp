@@ -7,8 +7,8 @@
 #include <sstream>
 #include <stdexcept>
 
-#include "shared/check.hpp"
-#include "shared/scenario_report.hpp"
+#include "shared/base/check.hpp"
+#include "shared/search/scenario_report.hpp"
 #include "sim/sweep.hpp"
 #include "sim/sweep_report.hpp"
 

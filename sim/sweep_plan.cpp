@@ -5,9 +5,9 @@
 #include <map>
 #include <set>
 
-#include "shared/check.hpp"
-#include "shared/entrain.hpp"
-#include "shared/scenario_report.hpp"
+#include "shared/base/check.hpp"
+#include "shared/layout/entrain.hpp"
+#include "shared/search/scenario_report.hpp"
 
 namespace tessera::sim {
 

@@ -7,7 +7,7 @@
 #include <memory>
 #include <vector>
 
-#include "shared/plan_search.hpp"
+#include "shared/search/plan_search.hpp"
 #include "sim/sweep.hpp"
 
 namespace tessera::sim {

@@ -8,7 +8,7 @@
 #include <set>
 #include <sstream>
 
-#include "shared/scenario_report.hpp"
+#include "shared/search/scenario_report.hpp"
 
 namespace tessera::sim {
 

@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "shared/program.hpp"
+#include "shared/program/program.hpp"
 
 namespace tessera::sim {
 

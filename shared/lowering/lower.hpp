@@ -10,11 +10,12 @@
 #include <string>
 #include <vector>
 
-#include "shared/batch.hpp"
-#include "shared/cluster_spec.hpp"
-#include "shared/dip_schedule.hpp"
-#include "shared/parallel_plan.hpp"
-#include "shared/program.hpp"
+#include "shared/layout/dip_schedule.hpp"
+#include "shared/layout/parallel_plan.hpp"
+#include "shared/model/batch.hpp"
+#include "shared/model/gradient_flow.hpp"
+#include "shared/program/program.hpp"
+#include "shared/spec/cluster_spec.hpp"
 
 namespace tessera {
 
@@ -26,15 +27,6 @@ struct Lowered {
   // by ModelSpec index — where the schedule search starts moving layers from.
   std::map<int32_t, std::vector<int64_t>> dip_layers;
 };
-
-// Per module: does it train, and does a gradient have to flow through it (some trainable
-// module upstream)? Derived from the model DAG, never from a switch.
-struct GradientFlow {
-  bool trainable = false;
-  bool needs_input_grad = false;
-  bool backward() const { return trainable || needs_input_grad; }
-};
-std::vector<GradientFlow> gradient_flow(const ModelSpec& model);
 
 // Why lower() refuses a validated plan (an option it cannot express yet), or "": lower() returns
 // exactly this as Lowered::error and lowers every other validated plan.

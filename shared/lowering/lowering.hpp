@@ -15,16 +15,16 @@
 #include <numeric>
 #include <set>
 
-#include "shared/check.hpp"
-#include "shared/context_split.hpp"
-#include "shared/cost_model.hpp"
-#include "shared/dip_schedule.hpp"
-#include "shared/entrain.hpp"
+#include "shared/base/check.hpp"
+#include "shared/cost/cost_model.hpp"
+#include "shared/layout/context_split.hpp"
+#include "shared/layout/dip_schedule.hpp"
+#include "shared/layout/entrain.hpp"
+#include "shared/layout/microbatch.hpp"
+#include "shared/layout/rank_groups.hpp"
+#include "shared/layout/schedule.hpp"
 #include "shared/lowering/lower.hpp"
-#include "shared/microbatch.hpp"
-#include "shared/model_math.hpp"
-#include "shared/rank_groups.hpp"
-#include "shared/schedule.hpp"
+#include "shared/model/model_math.hpp"
 
 namespace tessera::lowering {
 

@@ -4,9 +4,9 @@
 // allows one engine per process and never resets its clock (use run_in_child).
 #pragma once
 
-#include "shared/cost_model.hpp"
-#include "shared/evaluator.hpp"
-#include "shared/program.hpp"
+#include "shared/cost/cost_model.hpp"
+#include "shared/cost/evaluator.hpp"
+#include "shared/program/program.hpp"
 
 namespace tessera::sim {
 

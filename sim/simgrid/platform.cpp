@@ -2,7 +2,7 @@
 
 #include <string>
 
-#include "shared/check.hpp"
+#include "shared/base/check.hpp"
 #include "sim/simgrid/adapter.hpp"
 
 namespace sg4 = simgrid::s4u;

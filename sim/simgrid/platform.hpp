@@ -6,7 +6,7 @@
 
 #include <simgrid/s4u.hpp>
 
-#include "shared/cluster_spec.hpp"
+#include "shared/spec/cluster_spec.hpp"
 
 namespace tessera::sim {
 

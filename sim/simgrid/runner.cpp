@@ -7,8 +7,8 @@
 
 #include <simgrid/s4u.hpp>
 
-#include "shared/check.hpp"
-#include "shared/op_matching.hpp"
+#include "shared/base/check.hpp"
+#include "shared/program/op_matching.hpp"
 #include "sim/simgrid/adapter.hpp"
 #include "sim/simgrid/platform.hpp"
 #include "sim/twins.hpp"

@@ -785,7 +785,7 @@ TEST_CASE("a full disk or an unwritable folder: a clear error, exit 1, earlier r
 TEST_CASE("a simulation child that crashes is one failed row; the sweep completes") {
   const fs::path dir = scratch() / "child-crash";
   fs::remove_all(dir);
-  // The third simulation segfaults (an injected failpoint, shared/failpoint.hpp).
+  // The third simulation segfaults (an injected failpoint, shared/base/failpoint.hpp).
   const Run r = shell("TESSERA_FAILPOINT=sweep-simulation-crash:2 " + kTessera + " sweep " +
                       kSource + "/scenarios/cpu-tiny.json --top 16 -j 2 --out " + dir.string());
   INFO(r.output);

@@ -21,14 +21,14 @@
 
 #include "exec/data.hpp"
 #include "exec/launcher.hpp"
-#include "shared/context_split.hpp"
-#include "shared/entrain.hpp"
-#include "shared/json_reader.hpp"
+#include "shared/base/json_reader.hpp"
+#include "shared/layout/context_split.hpp"
+#include "shared/layout/entrain.hpp"
+#include "shared/layout/microbatch.hpp"
+#include "shared/layout/plan_source.hpp"
+#include "shared/layout/scenario.hpp"
 #include "shared/lowering/lower.hpp"
-#include "shared/microbatch.hpp"
-#include "shared/plan_source.hpp"
-#include "shared/scenario.hpp"
-#include "shared/stage_split.hpp"
+#include "shared/search/stage_split.hpp"
 #include "tests/exec/run_train.hpp"
 
 using namespace tessera;

@@ -7,12 +7,12 @@
 #include <map>
 #include <set>
 
-#include "shared/dip_schedule.hpp"
-#include "shared/dip_search.hpp"
-#include "shared/evaluator.hpp"
+#include "shared/cost/evaluator.hpp"
+#include "shared/layout/dip_schedule.hpp"
+#include "shared/layout/scenario.hpp"
 #include "shared/lowering/lower.hpp"
-#include "shared/scenario.hpp"
-#include "shared/stage_split.hpp"
+#include "shared/search/dip_search.hpp"
+#include "shared/search/stage_split.hpp"
 
 using namespace tessera;
 

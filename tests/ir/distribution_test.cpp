@@ -2,7 +2,7 @@
 
 #include <cmath>
 
-#include "shared/distribution.hpp"
+#include "shared/spec/distribution.hpp"
 
 using namespace tessera;
 

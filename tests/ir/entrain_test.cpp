@@ -7,10 +7,10 @@
 #include <map>
 #include <set>
 
-#include "shared/entrain.hpp"
+#include "shared/layout/entrain.hpp"
+#include "shared/layout/scenario.hpp"
 #include "shared/lowering/lower.hpp"
-#include "shared/scenario.hpp"
-#include "shared/stage_split.hpp"
+#include "shared/search/stage_split.hpp"
 
 using namespace tessera;
 

@@ -4,7 +4,7 @@
 
 #include <doctest/doctest.h>
 
-#include "shared/fidelity.hpp"
+#include "shared/cost/fidelity.hpp"
 
 using namespace tessera;
 

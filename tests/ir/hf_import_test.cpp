@@ -2,8 +2,8 @@
 
 #include <cmath>
 
-#include "shared/hf_import.hpp"
-#include "shared/model_math.hpp"
+#include "shared/model/model_math.hpp"
+#include "shared/spec/hf_import.hpp"
 
 using namespace tessera;
 

@@ -1,6 +1,6 @@
 #include <doctest/doctest.h>
 
-#include "shared/json_reader.hpp"
+#include "shared/base/json_reader.hpp"
 
 using namespace tessera;
 

@@ -6,12 +6,12 @@
 #include <cmath>
 #include <string>
 
-#include "shared/collective_cost.hpp"
-#include "shared/cost_model.hpp"
-#include "shared/kernel_cost.hpp"
+#include "shared/cost/collective_cost.hpp"
+#include "shared/cost/cost_model.hpp"
+#include "shared/cost/kernel_cost.hpp"
+#include "shared/layout/scenario.hpp"
 #include "shared/lowering/lower.hpp"
-#include "shared/scenario.hpp"
-#include "shared/stage_split.hpp"
+#include "shared/search/stage_split.hpp"
 
 using namespace tessera;
 

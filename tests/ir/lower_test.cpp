@@ -8,17 +8,17 @@
 #include <map>
 #include <set>
 
-#include "shared/context_split.hpp"
-#include "shared/cost_model.hpp"
-#include "shared/entrain.hpp"
-#include "shared/estimate.hpp"
-#include "shared/evaluator.hpp"
+#include "shared/cost/cost_model.hpp"
+#include "shared/cost/evaluator.hpp"
+#include "shared/layout/context_split.hpp"
+#include "shared/layout/entrain.hpp"
+#include "shared/layout/microbatch.hpp"
+#include "shared/layout/scenario.hpp"
+#include "shared/layout/schedule.hpp"
 #include "shared/lowering/lower.hpp"
-#include "shared/microbatch.hpp"
-#include "shared/model_math.hpp"
-#include "shared/scenario.hpp"
-#include "shared/schedule.hpp"
-#include "shared/stage_split.hpp"
+#include "shared/model/model_math.hpp"
+#include "shared/search/estimate.hpp"
+#include "shared/search/stage_split.hpp"
 
 using namespace tessera;
 

@@ -1,8 +1,8 @@
 // Iteration metrics from a Program and its Timeline: exposed communication, MFU and HFU.
 #include <doctest/doctest.h>
 
-#include "shared/metrics.hpp"
-#include "shared/scenario.hpp"
+#include "shared/cost/metrics.hpp"
+#include "shared/layout/scenario.hpp"
 
 using namespace tessera;
 

@@ -1,6 +1,6 @@
 #include <doctest/doctest.h>
 
-#include "shared/model_math.hpp"
+#include "shared/model/model_math.hpp"
 
 using namespace tessera;
 

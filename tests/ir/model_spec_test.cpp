@@ -1,6 +1,6 @@
 #include <doctest/doctest.h>
 
-#include "shared/model_spec.hpp"
+#include "shared/spec/model_spec.hpp"
 
 using namespace tessera;
 

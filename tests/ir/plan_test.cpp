@@ -1,7 +1,7 @@
 #include <doctest/doctest.h>
 
-#include "shared/rank_groups.hpp"
-#include "shared/scenario.hpp"
+#include "shared/layout/rank_groups.hpp"
+#include "shared/layout/scenario.hpp"
 
 using namespace tessera;
 

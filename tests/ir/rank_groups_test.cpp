@@ -5,11 +5,11 @@
 #include <set>
 #include <sstream>
 
-#include "shared/batch.hpp"
+#include "shared/layout/rank_groups.hpp"
+#include "shared/layout/scenario.hpp"
 #include "shared/lowering/lower.hpp"
-#include "shared/rank_groups.hpp"
-#include "shared/scenario.hpp"
-#include "shared/stage_split.hpp"
+#include "shared/model/batch.hpp"
+#include "shared/search/stage_split.hpp"
 
 using namespace tessera;
 

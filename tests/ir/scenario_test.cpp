@@ -6,10 +6,10 @@
 
 #include <unistd.h>
 
-#include "shared/batch.hpp"
-#include "shared/model_math.hpp"
-#include "shared/scenario.hpp"
-#include "shared/scenario_report.hpp"
+#include "shared/layout/scenario.hpp"
+#include "shared/model/batch.hpp"
+#include "shared/model/model_math.hpp"
+#include "shared/search/scenario_report.hpp"
 
 using namespace tessera;
 namespace fs = std::filesystem;

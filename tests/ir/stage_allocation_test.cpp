@@ -5,7 +5,7 @@
 
 #include <algorithm>
 
-#include "shared/stage_allocation.hpp"
+#include "shared/search/stage_allocation.hpp"
 
 using namespace tessera;
 

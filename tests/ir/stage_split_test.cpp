@@ -5,9 +5,9 @@
 #include <algorithm>
 #include <functional>
 
-#include "shared/batch.hpp"
 #include "shared/lowering/lower.hpp"
-#include "shared/stage_split.hpp"
+#include "shared/model/batch.hpp"
+#include "shared/search/stage_split.hpp"
 
 using namespace tessera;
 

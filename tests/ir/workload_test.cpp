@@ -7,7 +7,7 @@
 
 #include <unistd.h>
 
-#include "shared/batch.hpp"
+#include "shared/model/batch.hpp"
 
 using namespace tessera;
 namespace fs = std::filesystem;

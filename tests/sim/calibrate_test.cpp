@@ -10,11 +10,11 @@
 
 #include <unistd.h>
 
-#include "shared/batch.hpp"
-#include "shared/calibrate.hpp"
-#include "shared/plan_source.hpp"
-#include "shared/profile.hpp"
-#include "shared/run_record.hpp"
+#include "shared/cost/profile.hpp"
+#include "shared/layout/plan_source.hpp"
+#include "shared/model/batch.hpp"
+#include "shared/records/calibrate.hpp"
+#include "shared/records/run_record.hpp"
 #include "sim/replay.hpp"
 #include "sim/simulator.hpp"
 

@@ -10,9 +10,9 @@
 
 #include <unistd.h>
 
-#include "shared/evaluator.hpp"
+#include "shared/cost/evaluator.hpp"
 #include "shared/lowering/lower.hpp"
-#include "shared/stage_split.hpp"
+#include "shared/search/stage_split.hpp"
 #include "sim/child_process.hpp"
 #include "sim/simulator.hpp"
 #include "sim/twins.hpp"

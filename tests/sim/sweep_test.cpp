@@ -9,7 +9,7 @@
 
 #include <unistd.h>
 
-#include "shared/plan_search.hpp"
+#include "shared/search/plan_search.hpp"
 #include "sim/sweep.hpp"
 #include "sim/sweep_plan.hpp"
 

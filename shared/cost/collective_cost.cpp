@@ -1,0 +1,80 @@
+#include "shared/cost/collective_cost.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+
+#include "shared/base/check.hpp"
+#include "shared/cost/cost_model.hpp"
+
+namespace tessera {
+
+GroupSpan group_span(const ClusterSpec& cluster, const RankList& group) {
+  GroupSpan span;
+  if (group.empty() || cluster.devices_per_node <= 0) return span;
+  std::map<int64_t, int64_t> members;
+  for (int64_t r : group) ++members[r / cluster.devices_per_node];
+  span.nodes = static_cast<int64_t>(members.size());
+  span.per_node = 0;
+  for (const auto& [node, count] : members) span.per_node = std::max(span.per_node, count);
+  return span;
+}
+
+double curve_bus_bandwidth(const BusBandwidthCurve& curve, double bytes) {
+  TESSERA_CHECK(!curve.empty());
+  const auto& [first_bytes, first_bw] = curve.front();
+  // Below the first point the time stays the first point's: bandwidth grows with the size.
+  if (bytes <= first_bytes) return first_bw * bytes / first_bytes;
+  if (bytes >= curve.back().first) return curve.back().second;
+  const auto upper = std::upper_bound(curve.begin(), curve.end(), bytes,
+                                      [](double b, const auto& point) { return b < point.first; });
+  const auto lower = upper - 1;
+  const double f = std::log(bytes / lower->first) / std::log(upper->first / lower->first);
+  return lower->second + f * (upper->second - lower->second);
+}
+
+namespace {
+
+const BusBandwidthCurve& curve_for(const NodeCollectives& node, CollectiveKind kind) {
+  switch (kind) {
+    case CollectiveKind::kAllGather:
+    case CollectiveKind::kAllToAll:
+      return node.all_gather.empty() ? node.all_reduce : node.all_gather;
+    case CollectiveKind::kReduceScatter:
+      return node.reduce_scatter.empty() ? node.all_reduce : node.reduce_scatter;
+    case CollectiveKind::kAllReduce:
+    case CollectiveKind::kBroadcast:
+      return node.all_reduce;
+  }
+  return node.all_reduce;
+}
+
+}  // namespace
+
+double nccl_collective_s(const ClusterSpec& cluster, CollectiveKind kind, int64_t n,
+                         const GroupSpan& span, double bytes, double nic_efficiency) {
+  TESSERA_CHECK(!cluster.intra_node_collectives.empty());
+  if (n <= 1 || bytes <= 0) return 0;
+  const BusBandwidthCurve& curve = curve_for(cluster.intra_node_collectives, kind);
+  double bus = curve_bus_bandwidth(curve, bytes);
+  const double factor = bus_factor(kind, n);
+  if (span.nodes <= 1) return factor * bytes / bus;
+  // Across nodes: every ring crosses each node boundary on its own NIC; a node's members share
+  // min(members, NICs) NICs, and the fabric's oversubscription divides them.
+  const int64_t nics = std::min(span.per_node, cluster.inter_node.nics_per_node > 0
+                                                   ? cluster.inter_node.nics_per_node
+                                                   : cluster.devices_per_node);
+  const double rail = static_cast<double>(nics) * cluster.inter_node.link.bandwidth_bytes_per_s *
+                      nic_efficiency / std::max(1.0, cluster.inter_node.oversubscription);
+  // The node curve's shape in size, capped at what the NICs carry.
+  bus *= std::min(1.0, rail / curve.back().second);
+  const double latency = cluster.inter_node.link.latency_s;
+  const double nodes = static_cast<double>(span.nodes);
+  // Each step that crosses nodes pays the network latency: the steps of a ring over the nodes.
+  const double ring = factor * bytes / bus + latency_steps(kind, span.nodes) * latency;
+  if (kind != CollectiveKind::kAllReduce) return ring;
+  const double tree = factor * bytes / (0.92 * bus) + 2 * std::ceil(std::log2(nodes)) * latency;
+  return std::min(ring, tree);
+}
+
+}  // namespace tessera

@@ -1,0 +1,31 @@
+// Collectives priced as NCCL runs them on a GPU cluster whose node has measured bus-bandwidth
+// curves (ClusterSpec::intra_node_collectives): the bus bandwidth a message of its size reaches
+// inside a node; across nodes, rings that use min(members per node, NICs per node) NICs at once
+// (rail-aligned) and pay a network latency per step that crosses nodes; all-reduce as the faster
+// of a ring and a tree (log-depth latency, NCCL's 0.92 tree bandwidth). Sources: docs/FIDELITY.md.
+#pragma once
+
+#include <cstdint>
+
+#include "shared/program/program.hpp"
+#include "shared/spec/cluster_spec.hpp"
+
+namespace tessera {
+
+// Where a group's members sit: how many nodes it spans and the most members on one node.
+struct GroupSpan {
+  int64_t nodes = 1;
+  int64_t per_node = 1;
+};
+GroupSpan group_span(const ClusterSpec& cluster, const RankList& group);
+
+// Bus bandwidth of `curve` at `bytes` (see BusBandwidthCurve).
+double curve_bus_bandwidth(const BusBandwidthCurve& curve, double bytes);
+
+// Seconds of one collective of `bytes` (nccl-tests size) over `n` ranks placed as `span`.
+// `nic_efficiency`: the fraction of a NIC's line rate NCCL moves.
+// REQUIRES: !cluster.intra_node_collectives.empty().
+double nccl_collective_s(const ClusterSpec& cluster, CollectiveKind kind, int64_t n,
+                         const GroupSpan& span, double bytes, double nic_efficiency);
+
+}  // namespace tessera

@@ -1,0 +1,43 @@
+// evaluate(): executes a Program with the cost model and no network contention. Each stream of
+// a rank is a serial resource; a receive completes when its send does (pre-posted receives);
+// a collective starts when its last member reaches it. Exact for the model it implements, and
+// the reference the SimGrid simulator must match with contention switched off.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "shared/cost/cost_model.hpp"
+#include "shared/program/program.hpp"
+
+namespace tessera {
+
+struct OpTime {
+  double start_s = -1;
+  double finish_s = -1;
+};
+
+// A collective measured inside a compute op (the executor's TP all-reduces, CP gathers).
+struct NestedSlice {
+  int32_t op = 0;  // index of the enclosing op on its rank
+  CollectiveKind kind = CollectiveKind::kAllReduce;
+  double start_s = 0, finish_s = 0;
+  double bytes = 0;
+};
+
+struct Timeline {
+  std::vector<std::vector<OpTime>> ops;  // [rank][op]
+  double step_s = 0;
+  std::vector<double> compute_busy_s;  // per rank: time its compute stream was busy
+  std::vector<double>
+      peak_activation_bytes;  // per rank, from stash/release along the compute stream
+  std::string error;  // non-empty when the program cannot finish (a deadlock), naming stuck ops
+  std::vector<std::vector<NestedSlice>> nested;  // [rank]; executor only, may be empty
+  int64_t activities = 0;  // simulator only: SimGrid activities started (flows, sleeps, executions)
+  int64_t actors = 0;      // simulator only: actors run
+  int64_t folded_flows = 0;  // simulator only: twins' flows their class leader's stood for
+};
+
+Timeline evaluate(const Program& program, const CostModel& cost);
+
+}  // namespace tessera

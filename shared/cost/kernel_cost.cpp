@@ -1,0 +1,231 @@
+#include "shared/cost/kernel_cost.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "shared/base/check.hpp"
+#include "shared/model/model_math.hpp"
+
+namespace tessera {
+
+namespace {
+
+struct Gemm {
+  double m = 0, n = 0, k = 0;
+  double flops() const { return 2 * m * n * k; }
+};
+
+// The forward GEMMs of one layer of `a` for `tokens` rows, matrices split over `tp`: Q/K/V,
+// the attention output, and the MLP's input (gate and up together) and output projections. The
+// MLP's width is what a token multiplies with (dense, or its top-k experts).
+void layer_gemms(const TransformerArch& a, double tokens, double tp, std::vector<Gemm>& out) {
+  const double h = static_cast<double>(a.hidden);
+  const double q = static_cast<double>(a.heads * a.head_dim);
+  const double kv = static_cast<double>(a.kv_heads * a.head_dim);
+  const double mlp_params =
+      static_cast<double>(active_layer_matmul_parameters(a)) - h * (q + 2 * kv) - q * h;
+  const double matrices = a.gated_ffn ? 3 : 2;
+  const double inner = std::max(0.0, mlp_params / matrices / h);
+  out.push_back({tokens, (q + 2 * kv) / tp, h});
+  out.push_back({tokens, h, q / tp});
+  out.push_back({tokens, (matrices - 1) * inner / tp, h});
+  out.push_back({tokens, h, inner / tp});
+}
+
+// The same GEMM as a phase runs it: B computes the input gradient dX = dY·Wᵀ, W the weight
+// gradient dW = Xᵀ·dY (the tokens become the reduction).
+Gemm for_phase(const Gemm& g, Phase phase) {
+  switch (phase) {
+    case Phase::kB:
+      return {g.m, g.k, g.n};
+    case Phase::kW:
+      return {g.k, g.n, g.m};
+    case Phase::kF:
+    case Phase::kR:
+      return g;
+  }
+  return g;
+}
+
+double memory_s(const DeviceSpec& device, double bytes) {
+  return bytes / (device.memory_bandwidth_bytes_per_s * device.kernels->memory_efficiency);
+}
+
+}  // namespace
+
+double gemm_s(const DeviceSpec& device, double peak_flops, double m, double n, double k,
+              double bytes_per_value, double efficiency_scale) {
+  TESSERA_CHECK(device.kernels.has_value());
+  if (m <= 0 || n <= 0 || k <= 0) return 0;
+  const GemmKernels& g = device.kernels->gemm;
+  const double tiles =
+      std::ceil(m / static_cast<double>(g.tile_m)) * std::ceil(n / static_cast<double>(g.tile_n));
+  const double sms = static_cast<double>(g.sms);
+  // Every wave runs `sms` tiles' worth of time, full or not.
+  const double padded =
+      std::ceil(tiles / sms) * sms * static_cast<double>(g.tile_m * g.tile_n) * 2 * k;
+  const double compute = padded / (peak_flops * g.efficiency * efficiency_scale);
+  const double memory = memory_s(device, bytes_per_value * (m * k + k * n + m * n));
+  return std::max(compute, memory);
+}
+
+double kernel_compute_s(const ModuleSpec& module, const Op& op, const DeviceSpec& device,
+                        double peak_flops, double bpv, const KernelTuning& tuning) {
+  TESSERA_CHECK(device.kernels.has_value());
+  TESSERA_CHECK(op.kind == OpKind::kCompute);
+  const DeviceKernels& dk = *device.kernels;
+  const double tokens = static_cast<double>(op.tokens);
+  const double tp = std::max<double>(1, op.tp);
+  const double layers = static_cast<double>(op.layers);
+  const double scale = tuning.efficiency * dk.training_scale;
+  const bool backward = op.phase == Phase::kB;
+
+  // Matrix work: the op's GEMMs by shape, their rate applied to the op's non-attention FLOPs.
+  std::vector<Gemm> gemms;
+  double per_layer_flops = 0;
+  double kernels = 0;  // launches
+  double elementwise_bytes = 0;
+  double attention_counted = 0, attention_s = 0;
+  if (const auto& a = module.transformer; a && op.layers > 0) {
+    layer_gemms(*a, tokens, tp, gemms);
+    for (const Gemm& g : gemms) per_layer_flops += g.flops();
+    const double h = static_cast<double>(a->hidden);
+    const double q = static_cast<double>(a->heads * a->head_dim);
+    const double kv = static_cast<double>(a->kv_heads * a->head_dim);
+    // Per token and layer, forward: two norms and two residual adds over the hidden vector
+    // (read, write; 1/tp of the tokens under sequence parallelism), the MLP activation (gated:
+    // read two, write one), rotary embeddings on Q and K.
+    const double hidden_share = (op.flags & kOpSequenceParallel) != 0 ? h / tp : h;
+    const double inner = gemms[3].k;
+    const bool rotary = a->positions == 0;
+    double forward_bytes = 0, forward_kernels = 0;
+    if ((op.flags & kOpEagerElementwise) == 0) {
+      // Fused: each kernel reads its inputs and writes its output once.
+      forward_bytes = bpv * (10.0 * hidden_share + (a->gated_ffn ? 3.0 : 2.0) * inner +
+                             (rotary ? 2.0 * (q + kv) / tp : 0.0));
+      forward_kernels = 13;  // 4 GEMMs, attention, 8 element-wise
+    } else {
+      // PyTorch eager (Hugging Face Transformers): a norm casts to fp32, squares, averages,
+      // scales, casts back and multiplies by its weight (28 + 4·bpv bytes per value); rotary
+      // multiplies by cos, negates and concatenates halves, multiplies by sin and adds (10 values
+      // moved per value); a gated activation and its product run apart (5 per value).
+      forward_bytes = 2.0 * (28.0 + 4.0 * bpv) * hidden_share + bpv * 6.0 * hidden_share +
+                      bpv * (a->gated_ffn ? 5.0 : 2.0) * inner +
+                      (rotary ? bpv * 10.0 * (q + kv) / tp : 0.0);
+      // 4 GEMMs, attention, two norms of 7 kernels, two residual adds, the activation's 2, and
+      // rotary's 6 for each of Q and K.
+      forward_kernels = 4 + 1 + 2 * 7 + 2 + 2 + (rotary ? 12 : 0);
+    }
+    forward_bytes *= tokens * layers;
+    forward_kernels *= layers;
+    switch (op.phase) {
+      case Phase::kF:
+      case Phase::kR:
+        elementwise_bytes += forward_bytes;
+        kernels += forward_kernels;
+        break;
+      case Phase::kB:
+        elementwise_bytes += 2 * forward_bytes;
+        kernels += 2 * forward_kernels;
+        break;
+      case Phase::kW:
+        kernels += 4 * layers;
+        break;
+    }
+    // Attention as the lowering counts it (layer_attention_flops, phase_flops).
+    const double heads_local = static_cast<double>(a->heads) / tp;
+    const double forward_attention = layer_attention_flops(*a, op.attention_pairs) / tp * layers;
+    if (forward_attention > 0 && op.phase != Phase::kW) {
+      attention_counted = phase_flops(0, forward_attention, op.phase);
+      if ((op.flags & kOpUnfusedAttention) != 0) {
+        // Unfused: the full score matrix (masked half included) through two batched GEMMs,
+        // written, soft-maxed and read back (forward ~4 passes over it, backward ~6); selective
+        // recomputation runs the forward again before the backward.
+        const double scores = 2.0 * op.attention_pairs * heads_local * layers;
+        const double passes =
+            backward ? ((op.flags & kOpAttentionRecompute) != 0 ? 3.0 : 2.0) : 1.0;
+        attention_s = passes * (2 * forward_attention / (peak_flops * dk.gemm.efficiency * scale) +
+                                memory_s(device, scores * bpv * 4.0)) -
+                      (backward ? memory_s(device, scores * bpv * 2.0) : 0.0);
+        kernels += (backward ? 6.0 : 4.0) * layers;
+      } else {
+        const double keys = tokens > 0 ? op.attention_pairs / tokens : 0;
+        const double length_factor = scale * keys / (keys + dk.attention.half_keys);
+        attention_s = backward ? 2.5 * forward_attention /
+                                     (peak_flops * dk.attention.backward_efficiency * length_factor)
+                               : forward_attention /
+                                     (peak_flops * dk.attention.forward_efficiency * length_factor);
+      }
+    }
+  }
+  // The layer GEMMs run `layers` times; the head and a projector once.
+  double gemm_flops = per_layer_flops * layers, gemm_seconds = 0;
+  for (const Gemm& g : gemms) {
+    const Gemm p = for_phase(g, op.phase);
+    gemm_seconds += layers * gemm_s(device, peak_flops, p.m, p.n, p.k, bpv, scale);
+  }
+  auto add_gemm = [&](const Gemm& g) {
+    const Gemm p = for_phase(g, op.phase);
+    gemm_flops += g.flops();
+    gemm_seconds += gemm_s(device, peak_flops, p.m, p.n, p.k, bpv, scale);
+    kernels += 1;
+  };
+  if (const auto& a = module.transformer; a && (op.flags & kOpHead) != 0 && a->vocab > 0) {
+    add_gemm({tokens, static_cast<double>(a->vocab) / tp, static_cast<double>(a->hidden)});
+    // The loss: fp32 logits written, soft-maxed, read back (forward), their gradient (backward).
+    if (op.phase != Phase::kW) {
+      elementwise_bytes += op.logits * 4.0 * (backward ? 2.0 : 3.0);
+      kernels += 3;
+    }
+  }
+  if (const auto& a = module.transformer; a && (op.flags & kOpFrontEnd) != 0) {
+    // The embedding's gather (forward) and its gradient's scatter (weight phase).
+    if (op.phase != Phase::kB) elementwise_bytes += tokens * static_cast<double>(a->hidden) * bpv;
+    kernels += 1;
+  }
+  if (const auto& p = module.projector) {
+    const double in = static_cast<double>(p->in), out = static_cast<double>(p->out);
+    if (p->layers == 1) {
+      add_gemm({tokens, out / tp, in});
+    } else {
+      const double hidden = static_cast<double>(p->hidden);
+      add_gemm({tokens, hidden / tp, in});
+      add_gemm({tokens, out, hidden / tp});
+      if (op.phase != Phase::kW) {
+        elementwise_bytes += tokens * hidden / tp * bpv * 2.0;
+        kernels += 1;
+      }
+    }
+  }
+  const double linear = std::max(0.0, op.flops - attention_counted);
+  const double per_flop =
+      gemm_flops > 0 ? gemm_seconds / gemm_flops : 1.0 / (peak_flops * dk.gemm.efficiency * scale);
+  return linear * per_flop + attention_s + memory_s(device, elementwise_bytes) +
+         kernels * tuning.launch_s;
+}
+
+std::vector<double> column_parallel_wgrad_s(const ModuleSpec& module, const Op& op,
+                                            const DeviceSpec& device, double peak_flops, double bpv,
+                                            const KernelTuning& tuning) {
+  TESSERA_CHECK(device.kernels.has_value());
+  TESSERA_CHECK(op.kind == OpKind::kCompute);
+  std::vector<double> seconds;
+  if (!module.transformer || op.layers <= 0) return seconds;
+  std::vector<Gemm> gemms;
+  layer_gemms(*module.transformer, static_cast<double>(op.tokens), std::max<double>(1, op.tp),
+              gemms);
+  const double scale = tuning.efficiency * device.kernels->training_scale;
+  for (const std::size_t column : {std::size_t{0}, std::size_t{2}}) {  // Q/K/V, MLP input
+    const Gemm w = for_phase(gemms[column], Phase::kW);
+    seconds.push_back(gemm_s(device, peak_flops, w.m, w.n, w.k, bpv, scale));
+  }
+  return seconds;
+}
+
+double kernel_optimizer_s(const DeviceSpec& device, double bytes, const KernelTuning& tuning) {
+  TESSERA_CHECK(device.kernels.has_value());
+  return memory_s(device, bytes) + 4 * tuning.launch_s;
+}
+
+}  // namespace tessera

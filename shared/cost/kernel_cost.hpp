@@ -1,0 +1,46 @@
+// Kernel-level pricing of a Compute op on a GPU with DeviceKernels data: the op's matrix FLOPs
+// at the rate its GEMM shapes reach (tile and wave quantization, memory roofline), its attention
+// at the fused kernel's rate for its key length (or unfused, through memory), its element-wise
+// kernels (norms, activations, residuals, rotary, the loss's softmax) by the bytes they move,
+// and a fixed cost per kernel launched. The op's FLOPs stay the lowering's: this file only
+// decides how fast they run. Formulas and sources: docs/FIDELITY.md.
+#pragma once
+
+#include <vector>
+
+#include "shared/program/program.hpp"
+#include "shared/spec/cluster_spec.hpp"
+#include "shared/spec/model_spec.hpp"
+
+namespace tessera {
+
+// The global parameters of kernel-level pricing (docs/FIDELITY.md): the launch cost is fitted on
+// the published runs (`tessera fidelity --fit`); `efficiency` scales every device's GEMM and
+// attention rates on top of its own fitted DeviceKernels::training_scale (1: none).
+struct KernelTuning {
+  double efficiency = 1.0;
+  double launch_s = 6e-6;  // per kernel (fitted)
+};
+
+// Seconds of one GEMM C[m,n] = A[m,k]·B[k,n] of `bytes_per_value` operands on `device`.
+// REQUIRES: device.kernels.
+double gemm_s(const DeviceSpec& device, double peak_flops, double m, double n, double k,
+              double bytes_per_value, double efficiency_scale = 1.0);
+
+// Seconds of a Compute op of `module` (nested collectives excluded).
+// REQUIRES: device.kernels; op.kind == OpKind::kCompute.
+double kernel_compute_s(const ModuleSpec& module, const Op& op, const DeviceSpec& device,
+                        double peak_flops, double bytes_per_value, const KernelTuning& tuning);
+
+// Seconds of the weight-gradient GEMMs of one layer's column-parallel matrices (Q/K/V and the
+// MLP input), the GEMMs Megatron-LM runs while that matrix's input-gradient TP collective is in
+// flight (tp_backward_overlap); empty for a module without transformer layers.
+// REQUIRES: device.kernels; op.kind == OpKind::kCompute.
+std::vector<double> column_parallel_wgrad_s(const ModuleSpec& module, const Op& op,
+                                            const DeviceSpec& device, double peak_flops,
+                                            double bytes_per_value, const KernelTuning& tuning);
+
+// Seconds of an optimizer step moving `bytes` (fused multi-tensor Adam: a handful of launches).
+double kernel_optimizer_s(const DeviceSpec& device, double bytes, const KernelTuning& tuning);
+
+}  // namespace tessera

@@ -1,0 +1,48 @@
+// From a drawn batch to micro-batches, and what each module computes for a set of samples:
+// its tokens and its attention work under the multimodal mask (docs/ALGORITHMS.md §2:
+// text attends causally to every earlier token of its sample, media tokens bidirectionally
+// within their own image / tile / clip).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "shared/layout/parallel_plan.hpp"
+#include "shared/model/batch.hpp"
+
+namespace tessera {
+
+struct ModuleWork {
+  int64_t samples = 0;
+  int64_t tokens = 0;          // tokens the module processes (its own sequence)
+  double attention_pairs = 0;  // (query, key) pairs its attention computes, summed over samples
+  int64_t output_tokens = 0;   // tokens it hands on (projector/encoder: to the LLM)
+  int64_t text_tokens = 0;     // LLM: text tokens in its sequences (embedded by its vocabulary)
+};
+
+// With `pad_to_longest` (ParallelPlan::pad_to_longest), an LLM's samples are padded to the
+// longest of them: `tokens` counts the pads, each pad attends to itself alone (one pair), and
+// `text_tokens` and `output_tokens` stay the samples' own.
+// REQUIRES: samples only carry media the model has encoders for (validate_scenario).
+ModuleWork module_work(const ModelSpec& model, const ModuleSpec& module,
+                       std::span<const Sample* const> samples, int64_t max_seq_len,
+                       bool pad_to_longest = false);
+
+// samples of [replica][micro-batch], as indices into Batch::samples. Arrival order deals the
+// batch to replicas in contiguous blocks and cuts each block into micro-batches; sorted order
+// first sorts each replica's block by LLM sequence length, so micro-batches hold similar lengths.
+using MicrobatchAssignment = std::vector<std::vector<std::vector<int32_t>>>;
+MicrobatchAssignment assign_microbatches(const Batch& batch, const ModelSpec& model,
+                                         int64_t replicas, int64_t microbatches,
+                                         MicrobatchPolicy policy, int64_t max_seq_len);
+
+// The samples (indices into Batch::samples) that replica `replica` of a module with `dp`
+// data-parallel replicas handles in LLM micro-batch `mb` (-1: all of them), related to the LLM's
+// assignment by the ratio of data-parallel degrees: with k times more replicas each takes every
+// k-th sample of an LLM replica's batch (fan-in); with k times fewer each takes k LLM replicas'
+// micro-batches (fan-out). REQUIRES: dp and the LLM's replica count divide one another.
+std::vector<int32_t> replica_samples(const MicrobatchAssignment& llm, int64_t dp, int64_t replica,
+                                     int32_t mb);
+
+}  // namespace tessera

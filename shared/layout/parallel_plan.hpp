@@ -1,0 +1,150 @@
+// ParallelPlan: how a model is laid out on the ranks, per module, and how it is scheduled.
+// Placements (docs/ALGORITHMS.md §3): homogeneous (one layout; encoders in the LLM's first
+// pipeline stage with its TP/CP/DP), colocated (every module spans all ranks with its own
+// grid), non_colocated (modules own disjoint rank spans that tile the world).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "shared/spec/cluster_spec.hpp"
+#include "shared/spec/model_spec.hpp"
+#include "shared/spec/workload_spec.hpp"
+
+namespace tessera {
+
+enum class Placement { kHomogeneous, kColocated, kNonColocated };
+enum class Schedule { kGpipe, k1F1B, kInterleaved1F1B, kGraph1F1B, kThreePhase, kDip };
+enum class MicrobatchPolicy { kArrival, kSorted, kEntrain };
+enum class CpSplit { kUniform, kZigzag, kMakespan };
+enum class StageSplit { kFrozenAware, kUniform };
+enum class Recompute { kNone, kSelective, kFull };
+
+extern const EnumTable<Placement> kPlacements;
+extern const EnumTable<Schedule> kSchedules;
+extern const EnumTable<MicrobatchPolicy> kMicrobatching;
+extern const EnumTable<Recompute> kRecomputes;
+extern const EnumTable<StageSplit> kStageSplits;
+extern const EnumTable<CpSplit> kCpSplits;
+
+// Consecutive ranks [first, first + count).
+struct RankSpan {
+  int64_t first = 0;
+  int64_t count = 0;
+  bool operator==(const RankSpan&) const = default;
+};
+
+// One module's parallel grid. Megatron order: rank = tp + TP·(cp + CP·(dp + DP·pp)).
+struct ModuleLayout {
+  int64_t tp = 1;                     // tensor parallel
+  int64_t cp = 1;                     // context parallel
+  int64_t pp = 1;                     // pipeline stages
+  int64_t dp = 1;                     // data parallel replicas
+  int64_t ep = 1;                     // expert parallel, carved out of cp·dp (MoE layers only)
+  int64_t vpp = 1;                    // virtual pipeline chunks per stage (interleaved 1F1B)
+  std::optional<RankSpan> ranks;      // non_colocated: Default: consecutive in plan order
+  std::vector<int64_t> stage_layers;  // layers per (virtual) stage, pp·vpp entries. Default: even
+
+  int64_t size() const { return tp * cp * pp * dp; }
+  bool operator==(const ModuleLayout&) const = default;
+};
+
+struct ParallelPlan {
+  Placement placement = Placement::kHomogeneous;
+  ModuleLayout layout;  // homogeneous
+  // colocated / non_colocated, in plan order. A projector or generator without an entry runs
+  // with the module that feeds it (same ranks, that module's last stage).
+  std::vector<std::pair<std::string, ModuleLayout>> modules;
+  int64_t micro_batch_size = 1;   // samples per micro-batch
+  int64_t num_micro_batches = 0;  // Default (0): global_batch / (micro_batch_size · LLM dp)
+  Schedule schedule = Schedule::k1F1B;
+  MicrobatchPolicy microbatching = MicrobatchPolicy::kArrival;
+  CpSplit cp_split = CpSplit::kUniform;
+  StageSplit stage_split = StageSplit::kFrozenAware;
+  Recompute recompute = Recompute::kNone;
+  bool sequence_parallel = false;
+  bool distributed_optimizer = false;
+  // Attention through a fused (flash) kernel; false: unfused, the score matrix written to memory
+  // and kept for the backward (Megatron before FlashAttention).
+  bool flash_attention = true;
+  // Norms, rotary embeddings and the MLP activation as fused kernels (Megatron, Transformer
+  // Engine); false: PyTorch eager, as Hugging Face Transformers runs them (chains of element-wise
+  // kernels, norms in fp32).
+  bool fused_kernels = true;
+  // Tensor-parallel all-gathers and reduce-scatters overlapped with the GEMMs they feed
+  // (Transformer Engine's user buffers, Megatron/NeMo `tp_comm_overlap`); needs sequence
+  // parallelism. Priced by the cost model; the executor runs them without overlap.
+  bool tp_comm_overlap = false;
+  // A layer's input-gradient TP collective (all-reduce; reduce-scatter with sequence parallelism)
+  // runs while the layer computes its weight gradients, as Megatron-LM does by default
+  // (`async_tensor_model_parallel_allreduce`). Priced by the kernel-level cost model; the executor
+  // runs the collective before the weight gradients.
+  bool tp_backward_overlap = true;
+  // Without sequence parallelism every TP rank of a pipeline stage holds the whole activation;
+  // each sends only its 1/tp slice to its peer of the next stage, over its own link, and the
+  // receiving stage all-gathers the slices over its TP group (Megatron-LM's
+  // `scatter_gather_tensors_in_pipeline`, on by default there too).
+  bool pipeline_scatter_gather = true;
+  // Each sample of an LLM micro-batch padded to the micro-batch's longest, as Hugging Face's
+  // collator batches them (`padding="longest"`): the LLM's matrices, norms and head run on the
+  // pads too; its attention does not (flash attention unpads). false: samples packed back to
+  // back, each attending within itself (Megatron with variable-length attention).
+  bool pad_to_longest = false;
+  // Data-parallel gradient reduction overlapped with the backward, as PyTorch DDP and
+  // Megatron-LM's `overlap_grad_reduce` run it: gradients accumulate locally over the
+  // micro-batches, and during each pipeline chunk's last backward every bucket of about
+  // `grad_bucket_mb` megabytes of gradients is reduced as soon as its layers are done
+  // (reduce-scattered with the distributed optimizer). false: one reduction per module after
+  // the rank's last backward.
+  bool overlap_grad_reduce = false;
+  double grad_bucket_mb = 80;  // Megatron-LM's 40M-parameter buckets in 16 bits; DDP uses 25
+  // The distributed optimizer's parameter all-gather overlapped with the next forward, as
+  // Megatron-LM's `overlap_param_gather` runs it (needs distributed_optimizer and
+  // overlap_grad_reduce, whose buckets it gathers): the parameters a step updated are gathered
+  // bucket by bucket while the next step's first forward of each chunk runs, each bucket's layers
+  // waiting for their own gather. false: one all-gather per module after the optimizer step.
+  bool overlap_param_gather = false;
+
+  bool operator==(const ParallelPlan&) const = default;
+};
+
+ParallelPlan read_plan(const Json& json, const std::string& file, const std::string& path,
+                       Diagnostics& diag);
+Json to_json(const ParallelPlan& plan);
+Json to_json(const ModuleLayout& layout);
+
+// A module with its resolved layout and rank span.
+struct PlacedModule {
+  const ModuleSpec* module = nullptr;
+  ModuleLayout layout;
+  int64_t first_rank = 0;
+  std::string host;  // module whose ranks this one borrows ("" = its own layout)
+};
+
+// Resolves every module of `model` to a layout and span. Problems (unknown module, missing
+// layout) go to `diag` under `path`. Homogeneous: all modules get plan.layout.
+std::vector<PlacedModule> place_modules(const ParallelPlan& plan, const ModelSpec& model,
+                                        const std::string& file, const std::string& path,
+                                        Diagnostics& diag);
+// Ranks the plan uses. REQUIRES: plan validated.
+int64_t world_size(const ParallelPlan& plan, const ModelSpec& model);
+// Whether the frozen-aware stage split still has to choose `layout`'s stage boundaries for
+// `module` (a transformer in several pipeline chunks with none given): stage_split.hpp resolves
+// them with the cost model, once, before anything lowers the plan.
+bool stage_split_pending(const ParallelPlan& plan, const ModuleLayout& layout,
+                         const ModuleSpec& module);
+// No layout of the plan has its stage split pending.
+bool stage_split_resolved(const ParallelPlan& plan, const ModelSpec& model);
+// Micro-batches per iteration (explicit or derived). REQUIRES: plan validated.
+int64_t micro_batches(const ParallelPlan& plan, const ModelSpec& model,
+                      const WorkloadSpec& workload);
+
+// Every rule a plan must satisfy against its model, workload and cluster.
+void validate_plan(const ParallelPlan& plan, const ModelSpec& model, const WorkloadSpec& workload,
+                   const ClusterSpec& cluster, const std::string& file, const std::string& path,
+                   Diagnostics& diag);
+
+}  // namespace tessera

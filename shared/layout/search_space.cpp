@@ -1,0 +1,105 @@
+#include "shared/layout/search_space.hpp"
+
+#include <algorithm>
+
+namespace tessera {
+
+namespace {
+
+// A non-empty array of enum names under `key`, replacing `out` when present.
+template <class E>
+void read_enum_list(ObjectReader& r, std::string_view key, std::vector<E>& out,
+                    const EnumTable<E>& table) {
+  const Json* v = r.find(key);
+  if (v == nullptr) return;
+  if (!v->is_array() || v->empty()) {
+    std::string names;
+    for (const std::string& n : enum_names(table)) names += (names.empty() ? "" : ", ") + n;
+    return r.error(key, "expected a non-empty array of " + names);
+  }
+  out.clear();
+  for (std::size_t i = 0; i < v->size(); ++i) {
+    E x{};
+    if (read_enum((*v)[i], r.file(), index_path(r.path_of(key), i), x, table, r.diagnostics()))
+      out.push_back(x);
+  }
+}
+
+template <class E>
+Json enum_list(const std::vector<E>& values, const EnumTable<E>& table) {
+  Json j = Json::array();
+  for (E x : values) j.push_back(enum_name(x, table));
+  return j;
+}
+
+}  // namespace
+
+SearchSpace read_search_space(const Json& json, const std::string& file, const std::string& path,
+                              Diagnostics& diag) {
+  SearchSpace s;
+  ObjectReader r(json, file, path, diag);
+  if (!r.valid()) return s;
+  read_enum_list(r, "placements", s.placements, kPlacements);
+  const std::pair<const char*, std::vector<int64_t>*> lists[] = {
+      {"gpus", &s.gpus},
+      {"tp", &s.tp},
+      {"cp", &s.cp},
+      {"pp", &s.pp},
+      {"vpp", &s.vpp},
+      {"micro_batch_sizes", &s.micro_batch_sizes},
+      {"encoder_pp", &s.encoder_pp}};
+  for (const auto& [key, list] : lists) {
+    if (!r.optional(key, *list)) continue;
+    if (list->empty() && std::string_view(key) != "gpus") r.error(key, "must not be empty");
+    for (std::size_t i = 0; i < list->size(); ++i)
+      if ((*list)[i] < 1) diag.error(file, index_path(r.path_of(key), i), "must be >= 1");
+  }
+  read_enum_list(r, "recompute", s.recompute, kRecomputes);
+  for (auto [key, list] : {std::pair{"sequence_parallel", &s.sequence_parallel},
+                           std::pair{"distributed_optimizer", &s.distributed_optimizer}}) {
+    const Json* v = r.find(key);
+    if (v == nullptr) continue;
+    if (!v->is_array() || v->empty() ||
+        !std::all_of(v->begin(), v->end(), [](const Json& x) { return x.is_boolean(); })) {
+      r.error(key, "expected a non-empty array of true and false");
+      continue;
+    }
+    list->clear();
+    for (const Json& x : *v) list->push_back(x.get<bool>());
+  }
+  read_enum_list(r, "stage_splits", s.stage_splits, kStageSplits);
+  read_enum_list(r, "cp_splits", s.cp_splits, kCpSplits);
+  read_enum_list(r, "microbatching", s.microbatching, kMicrobatching);
+  read_enum_list(r, "homogeneous_schedules", s.homogeneous_schedules, kSchedules);
+  for (std::size_t i = 0; i < s.homogeneous_schedules.size(); ++i)
+    if (s.homogeneous_schedules[i] != Schedule::k1F1B &&
+        s.homogeneous_schedules[i] != Schedule::kDip)
+      diag.error(file, index_path(r.path_of("homogeneous_schedules"), i),
+                 "must be 1f1b (interleaved where vpp > 1) or dip");
+  if (r.optional("top_k", s.top_k)) r.check_positive("top_k", s.top_k);
+  r.finish();
+  return s;
+}
+
+Json to_json(const SearchSpace& s) {
+  Json j;
+  j["placements"] = enum_list(s.placements, kPlacements);
+  j["gpus"] = s.gpus;
+  j["tp"] = s.tp;
+  j["cp"] = s.cp;
+  j["pp"] = s.pp;
+  j["vpp"] = s.vpp;
+  j["micro_batch_sizes"] = s.micro_batch_sizes;
+  j["encoder_pp"] = s.encoder_pp;
+  j["recompute"] = enum_list(s.recompute, kRecomputes);
+  j["sequence_parallel"] = s.sequence_parallel;
+  j["distributed_optimizer"] = s.distributed_optimizer;
+  j["stage_splits"] = enum_list(s.stage_splits, kStageSplits);
+  j["cp_splits"] = enum_list(s.cp_splits, kCpSplits);
+  j["microbatching"] = enum_list(s.microbatching, kMicrobatching);
+  j["homogeneous_schedules"] = enum_list(s.homogeneous_schedules, kSchedules);
+  j["top_k"] = s.top_k;
+  return j;
+}
+
+}  // namespace tessera

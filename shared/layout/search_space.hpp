@@ -1,0 +1,49 @@
+// SearchSpace: the plans a sweep may consider (used by `tessera sweep`). Every list is a set of
+// candidate values; an empty `gpus` means the scenario cluster's device count.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "shared/layout/parallel_plan.hpp"
+
+namespace tessera {
+
+struct SearchSpace {
+  std::vector<Placement> placements = {Placement::kHomogeneous, Placement::kColocated,
+                                       Placement::kNonColocated};
+  std::vector<int64_t> gpus;
+  std::vector<int64_t> tp = {1, 2, 4, 8};
+  std::vector<int64_t> cp = {1, 2};
+  std::vector<int64_t> pp = {1, 2, 4, 8};
+  std::vector<int64_t> vpp = {1, 2};
+  std::vector<int64_t> micro_batch_sizes = {1, 2, 4};
+  // Pipeline stages of each encoder's own in non-colocated plans (its share of the devices is
+  // tp · encoder_pp · dp). Default 1: with data parallelism beside it, pipelining an encoder rarely
+  // pays and it triples the non-colocated candidates; `tessera stages` searches stage counts
+  // per module exhaustively for pipeline-only layouts.
+  std::vector<int64_t> encoder_pp = {1};
+  std::vector<Recompute> recompute = {Recompute::kNone, Recompute::kFull};
+  // Sequence parallelism (applies where tp > 1) and the distributed optimizer, each value tried.
+  std::vector<bool> sequence_parallel = {true};
+  std::vector<bool> distributed_optimizer = {true};
+  // Pipelined plans are tried with each (plans without a pipeline have nothing to split).
+  std::vector<StageSplit> stage_splits = {StageSplit::kFrozenAware, StageSplit::kUniform};
+  // Plans with context parallelism are tried with each. Default makespan alone: it keeps the
+  // zigzag or uniform split itself where those leave the busiest rank less work.
+  std::vector<CpSplit> cp_splits = {CpSplit::kMakespan};
+  // Micro-batching policies every plan is tried with (sorted, entrain).
+  std::vector<MicrobatchPolicy> microbatching = {MicrobatchPolicy::kArrival};
+  // Schedules of pipelined homogeneous plans: 1f1b (interleaved_1f1b where vpp > 1) and dip
+  // (encoder segments on the LLM's stages, searched per batch; slower to estimate).
+  std::vector<Schedule> homogeneous_schedules = {Schedule::k1F1B};
+  int64_t top_k = 16;  // best plans by the analytic estimate that get a full simulation
+
+  bool operator==(const SearchSpace&) const = default;
+};
+
+SearchSpace read_search_space(const Json& json, const std::string& file, const std::string& path,
+                              Diagnostics& diag);
+Json to_json(const SearchSpace& space);
+
+}  // namespace tessera

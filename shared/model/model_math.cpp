@@ -1,0 +1,298 @@
+#include "shared/model/model_math.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "shared/base/check.hpp"
+
+namespace tessera {
+
+namespace {
+
+int64_t norm_parameters(NormKind norm, int64_t width) {
+  return norm == NormKind::kLayerNorm ? 2 * width : width;
+}
+
+int64_t mlp_parameters(const TransformerArch& a, int64_t ffn) {
+  const int64_t matrices = a.gated_ffn ? 3 : 2;
+  int64_t n = matrices * a.hidden * ffn;
+  if (a.linear_bias) n += (a.gated_ffn ? 2 * ffn : ffn) + a.hidden;
+  return n;
+}
+
+int64_t ceil_div(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
+}
+
+// Qwen2-VL's smart_resize: both sides a multiple of `factor`, area within [min, max] pixels.
+// Python rounds half to even; std::nearbyint does the same in the default rounding mode.
+std::pair<int64_t, int64_t> smart_resize(int64_t height, int64_t width, int64_t factor,
+                                         int64_t min_pixels, int64_t max_pixels) {
+  const double f = static_cast<double>(factor);
+  auto round_by = [&](double x) { return static_cast<int64_t>(std::nearbyint(x / f)) * factor; };
+  auto floor_by = [&](double x) { return static_cast<int64_t>(std::floor(x / f)) * factor; };
+  auto ceil_by = [&](double x) { return static_cast<int64_t>(std::ceil(x / f)) * factor; };
+  int64_t h = std::max(factor, round_by(static_cast<double>(height)));
+  int64_t w = std::max(factor, round_by(static_cast<double>(width)));
+  const double area = static_cast<double>(height) * static_cast<double>(width);
+  if (h * w > max_pixels) {
+    const double beta = std::sqrt(area / static_cast<double>(max_pixels));
+    h = std::max(factor, floor_by(static_cast<double>(height) / beta));
+    w = std::max(factor, floor_by(static_cast<double>(width) / beta));
+  } else if (h * w < min_pixels) {
+    const double beta = std::sqrt(static_cast<double>(min_pixels) / area);
+    h = ceil_by(static_cast<double>(height) * beta);
+    w = ceil_by(static_cast<double>(width) * beta);
+  }
+  return {h, w};
+}
+
+// InternVL's dynamic_preprocess tile grid: among grids i x j with i*j <= max_tiles, the one
+// whose aspect ratio is closest to the image's; ties go to the larger grid when the image is
+// big enough to fill it. Returns the number of tiles.
+int64_t tile_count(int64_t width, int64_t height, int64_t tile, int64_t max_tiles) {
+  // Grids i x j of up to max_tiles tiles, fewest tiles first (i ascending within a count).
+  const double aspect = static_cast<double>(width) / static_cast<double>(height);
+  const double area = static_cast<double>(width) * static_cast<double>(height);
+  double best_diff = std::numeric_limits<double>::infinity();
+  std::pair<int64_t, int64_t> best{1, 1};
+  for (int64_t n = 1; n <= max_tiles; ++n)
+    for (int64_t i = 1; i <= n; ++i) {
+      if (n % i != 0) continue;
+      const int64_t j = n / i;
+      const double diff = std::fabs(aspect - static_cast<double>(i) / static_cast<double>(j));
+      if (diff < best_diff) {
+        best_diff = diff;
+        best = {i, j};
+      } else if (diff == best_diff &&
+                 area > 0.5 * static_cast<double>(tile * tile) * static_cast<double>(n)) {
+        best = {i, j};
+      }
+    }
+  return best.first * best.second;
+}
+
+// Tokens of one image-sized piece (one tile, or a fixed-size image).
+MediaTokens square_piece(const Patching& p, int64_t side) {
+  const int64_t grid = side / p.patch_size;
+  const int64_t merged = grid / p.spatial_merge;
+  return {grid * grid + (p.class_token ? 1 : 0), merged * merged, 1};
+}
+
+}  // namespace
+
+int64_t layer_parameters(const TransformerArch& a) {
+  const int64_t q = a.heads * a.head_dim;
+  const int64_t kv = a.kv_heads * a.head_dim;
+  int64_t n = a.hidden * q + 2 * a.hidden * kv + q * a.hidden;
+  if (a.linear_bias) {
+    n += q + 2 * kv + a.hidden;
+  } else if (a.qkv_bias) {
+    n += q + 2 * kv;
+  }
+  if (a.experts > 0) {
+    n += a.experts * mlp_parameters(a, a.moe_ffn) + a.hidden * a.experts;  // experts + router
+  } else {
+    n += mlp_parameters(a, a.ffn);
+  }
+  return n + 2 * norm_parameters(a.norm, a.hidden);
+}
+
+int64_t active_layer_matmul_parameters(const TransformerArch& a) {
+  const int64_t q = a.heads * a.head_dim;
+  const int64_t kv = a.kv_heads * a.head_dim;
+  const int64_t attention = a.hidden * q + 2 * a.hidden * kv + q * a.hidden;
+  const int64_t matrices = a.gated_ffn ? 3 : 2;
+  const int64_t mlp = a.experts > 0
+                          ? a.top_k * matrices * a.hidden * a.moe_ffn + a.hidden * a.experts
+                          : matrices * a.hidden * a.ffn;
+  return attention + mlp;
+}
+
+int64_t embedding_parameters(const ModuleSpec& m) {
+  if (!m.transformer) return 0;
+  const TransformerArch& a = *m.transformer;
+  int64_t n = norm_parameters(a.norm, a.hidden);  // final norm
+  n += a.vocab * a.hidden * (a.tied_embeddings ? 1 : 2);
+  n += a.positions * a.hidden;
+  if (m.patching) {
+    const Patching& p = *m.patching;
+    n += p.in_channels * p.patch_size * p.patch_size * p.temporal_patch * a.hidden;
+    if (a.linear_bias) n += a.hidden;
+    if (p.class_token) n += a.hidden;
+  }
+  if (m.audio) {
+    // Whisper: conv1 (mel -> hidden, kernel 3) and conv2 (hidden -> hidden, kernel 3, stride 2).
+    n += m.audio->mel_bins * a.hidden * 3 + a.hidden + a.hidden * a.hidden * 3 + a.hidden;
+  }
+  return n;
+}
+
+int64_t projector_parameters(const ProjectorArch& p) {
+  int64_t n = p.layers == 1 ? p.in * p.out : p.in * p.hidden + p.hidden * p.out;
+  if (p.bias) n += p.layers == 1 ? p.out : p.hidden + p.out;
+  if (p.input_norm) n += 2 * p.in;
+  return n;
+}
+
+int64_t module_parameters(const ModuleSpec& m) {
+  int64_t n = embedding_parameters(m);
+  if (m.transformer) n += m.transformer->layers * layer_parameters(*m.transformer);
+  if (m.projector) n += projector_parameters(*m.projector);
+  return n;
+}
+
+int64_t model_parameters(const ModelSpec& model) {
+  int64_t n = 0;
+  for (const ModuleSpec& m : model.modules) n += module_parameters(m);
+  return n;
+}
+
+int64_t trainable_parameters(const ModelSpec& model) {
+  int64_t n = 0;
+  for (const ModuleSpec& m : model.modules)
+    if (!m.frozen) n += module_parameters(m);
+  return n;
+}
+
+bool accepts_tp(const TransformerArch& a, int64_t tp, bool replicate_kv) {
+  if (tp < 1 || a.heads % tp != 0) return false;
+  const int64_t kv = a.kv_heads > 0 ? a.kv_heads : a.heads;
+  return kv % tp == 0 || (replicate_kv && tp % kv == 0);
+}
+
+double layer_attention_flops(const TransformerArch& a, double attention_pairs) {
+  return 4.0 * static_cast<double>(a.heads * a.head_dim) * attention_pairs;
+}
+
+double layer_forward_flops_per_token(const TransformerArch& a, double attended_tokens) {
+  // 2 FLOPs per weight, plus the attention scores of one query.
+  return 2.0 * static_cast<double>(active_layer_matmul_parameters(a)) +
+         layer_attention_flops(a, attended_tokens);
+}
+
+double phase_flops(double linear, double attention, Phase phase) {
+  switch (phase) {
+    case Phase::kF:
+    case Phase::kR:
+      return linear + attention;
+    case Phase::kB:
+      return linear + 2.0 * attention;
+    case Phase::kW:
+      return linear;
+  }
+  return 0;
+}
+
+double forward_flops_per_token(const ModuleSpec& m, double attended_tokens) {
+  double flops = 0;
+  if (m.transformer) {
+    const TransformerArch& a = *m.transformer;
+    flops += static_cast<double>(a.layers) * layer_forward_flops_per_token(a, attended_tokens);
+    if (a.vocab > 0) flops += 2.0 * static_cast<double>(a.hidden * a.vocab);  // output head
+    if (m.patching) {
+      const Patching& p = *m.patching;
+      flops += 2.0 * static_cast<double>(p.in_channels * p.patch_size * p.patch_size *
+                                         p.temporal_patch * a.hidden);
+    }
+    if (m.audio) {
+      // conv1 runs on every mel frame (downsampling frames per token), conv2 once per token.
+      flops += 2.0 * static_cast<double>(m.audio->downsampling * m.audio->mel_bins * a.hidden * 3 +
+                                         a.hidden * a.hidden * 3);
+    }
+  }
+  if (m.projector) {
+    const ProjectorArch& p = *m.projector;
+    flops += 2.0 *
+             static_cast<double>(p.layers == 1 ? p.in * p.out : p.in * p.hidden + p.hidden * p.out);
+  }
+  return flops;
+}
+
+double activation_bytes_per_token_per_layer(const TransformerArch& a, double seq_len,
+                                            const ActivationOptions& o) {
+  TESSERA_CHECK(o.tp >= 1);
+  const double t = static_cast<double>(o.tp);
+  const double v = static_cast<double>(o.bytes_per_value);
+  const double h = static_cast<double>(a.hidden);
+  const double q = static_cast<double>(a.heads * a.head_dim);
+  const double kv = static_cast<double>(a.kv_heads * a.head_dim);
+  const double heads = static_cast<double>(a.heads);
+  const double f = static_cast<double>(a.experts > 0 ? a.top_k * a.moe_ffn : a.ffn);
+  const double mask = o.dropout ? 1.0 : 0.0;  // a dropout mask is one byte per element
+
+  // Activations that are replicated across TP ranks unless sequence parallelism splits them:
+  // the two norm inputs, the inputs of the QKV and first MLP linears, the dropout masks after
+  // attention and MLP.
+  const double replicated = 2 * v * h + v * h + v * h + 2 * mask * h;
+  // Activations already split by TP: Q and K for the scores, V, the output-projection input,
+  // the MLP intermediates.
+  double split = v * (q + kv) + v * kv + v * q;
+  split += a.gated_ffn ? 3 * v * f : 2 * v * f;
+  if (o.flash_attention) {
+    split += 4.0 * heads;  // float32 log-sum-exp per head
+  } else {
+    // softmax output, its dropout mask and dropout output: a·s values per token.
+    split += heads * seq_len * (v + mask + (o.dropout ? v : 0.0));
+  }
+  return (o.sequence_parallel ? replicated / t : replicated) + split / t;
+}
+
+MediaTokens image_tokens(const ModuleSpec& encoder, int64_t width, int64_t height) {
+  TESSERA_CHECK(encoder.patching.has_value(), encoder.name + " has no patching");
+  TESSERA_CHECK(width > 0 && height > 0);
+  const Patching& p = *encoder.patching;
+  switch (p.resize) {
+    case ResizeMode::kFixed:
+      return square_piece(p, p.image_size);
+    case ResizeMode::kDynamic: {
+      const auto [h, w] =
+          smart_resize(height, width, p.patch_size * p.spatial_merge, p.min_pixels, p.max_pixels);
+      // A still image is repeated to fill one temporal patch: the token count is per image.
+      const int64_t patches = (h / p.patch_size) * (w / p.patch_size);
+      return {patches, patches / (p.spatial_merge * p.spatial_merge), 1};
+    }
+    case ResizeMode::kTiles: {
+      int64_t pieces = tile_count(width, height, p.tile_size, p.max_tiles);
+      if (p.thumbnail && pieces > 1) ++pieces;
+      const MediaTokens one = square_piece(p, p.tile_size);
+      return {one.encoder_tokens * pieces, one.llm_tokens * pieces, pieces};
+    }
+  }
+  TESSERA_CHECK(false, "unhandled resize mode");
+}
+
+MediaTokens video_tokens(const ModuleSpec& encoder, int64_t frames, int64_t width, int64_t height) {
+  TESSERA_CHECK(encoder.patching.has_value() && frames > 0);
+  const Patching& p = *encoder.patching;
+  const int64_t steps = ceil_div(frames, p.temporal_patch);
+  MediaTokens frame;
+  if (p.resize == ResizeMode::kDynamic) {
+    frame = image_tokens(encoder, width, height);
+  } else {
+    frame = square_piece(p, p.resize == ResizeMode::kFixed ? p.image_size : p.tile_size);
+  }
+  return {frame.encoder_tokens * steps, frame.llm_tokens * steps, steps};
+}
+
+MediaTokens audio_tokens(const ModuleSpec& encoder, double seconds) {
+  TESSERA_CHECK(encoder.audio.has_value() && seconds >= 0);
+  const AudioFrontEnd& a = *encoder.audio;
+  const int64_t windows =
+      std::max<int64_t>(1, static_cast<int64_t>(std::ceil(seconds / a.max_seconds)));
+  MediaTokens total{0, 0, windows};
+  double left = seconds;
+  for (int64_t w = 0; w < windows; ++w) {
+    const double span = a.pad_to_max ? a.max_seconds : std::min(left, a.max_seconds);
+    left -= a.max_seconds;
+    const int64_t frames =
+        static_cast<int64_t>(std::ceil(span * static_cast<double>(a.frames_per_second)));
+    const int64_t tokens = ceil_div(frames, a.downsampling);
+    total.encoder_tokens += tokens;
+    total.llm_tokens += ceil_div(tokens, a.pooling);
+  }
+  return total;
+}
+
+}  // namespace tessera

@@ -1,0 +1,76 @@
+// Derived quantities of a model, as pure functions of (architecture, tokens, precision):
+// parameter counts, forward FLOPs per token, activation bytes per token per layer, and the
+// tokens an image, video or audio clip becomes. Formulas: docs/ALGORITHMS.md §6.
+#pragma once
+
+#include <cstdint>
+
+#include "shared/program/program.hpp"
+#include "shared/spec/model_spec.hpp"
+
+namespace tessera {
+
+// --- Parameters -------------------------------------------------------------------------
+// Weights of one transformer layer (attention, MLP or all experts, norms, biases).
+int64_t layer_parameters(const TransformerArch& arch);
+// Weights of one layer that a token actually multiplies with (top_k experts, no biases/norms).
+int64_t active_layer_matmul_parameters(const TransformerArch& arch);
+// Everything outside the layer stack: embeddings, output head, patch/conv front end,
+// position embeddings, final norm.
+int64_t embedding_parameters(const ModuleSpec& module);
+int64_t projector_parameters(const ProjectorArch& projector);
+int64_t module_parameters(const ModuleSpec& module);
+int64_t model_parameters(const ModelSpec& model);
+// Parameters that receive gradients (modules not frozen).
+int64_t trainable_parameters(const ModelSpec& model);
+
+// --- Tensor parallelism -----------------------------------------------------------------
+// Whether a transformer splits over `tp` ranks: its query heads divide evenly, and its
+// key/value heads either divide too or, fewer than tp, are replicated (tp a multiple of them:
+// Megatron's rule for grouped-query attention). `replicate_kv` false: the even split only (the
+// executor does not replicate key/value heads).
+bool accepts_tp(const TransformerArch& arch, int64_t tp, bool replicate_kv = true);
+
+// --- FLOPs ------------------------------------------------------------------------------
+// Forward FLOPs for one token of `module` (multiply-add = 2 FLOPs) when each query attends to
+// `attended_tokens` keys on average. Conventions: Megatron/Korthikanti count the full s
+// (attended = sequence length); a causal kernel that skips masked tiles does about s/2.
+// Projectors count per output token; encoders include the patch/conv front end per token.
+double forward_flops_per_token(const ModuleSpec& module, double attended_tokens);
+// The same for one layer of a transformer, without the front end or output head.
+double layer_forward_flops_per_token(const TransformerArch& arch, double attended_tokens);
+// The attention-score part of a layer's forward: Q·K^T and P·V, 2·q FLOPs per query-key pair
+// each, over the pairs the kernel computes (causal: those the mask keeps).
+double layer_attention_flops(const TransformerArch& arch, double attention_pairs);
+// The FLOPs of a training phase from its forward's matrix (`linear`) and attention FLOPs — the
+// one count the lowering, the stage split and Entrain's work share use: the forward and its
+// recomputation do both once; the input-gradient backward does the matrices once and the
+// attention twice (dS, then dQ and dK/dV); the weight-gradient pass the matrices once.
+double phase_flops(double linear, double attention, Phase phase);
+
+// --- Activations ------------------------------------------------------------------------
+struct ActivationOptions {
+  int64_t tp = 1;                  // tensor-parallel degree
+  bool sequence_parallel = false;  // norms/dropout activations split over tp too
+  bool flash_attention = true;     // no s x s score matrix is stored
+  bool dropout = false;            // dropout masks stored (Korthikanti's model includes them)
+  int64_t bytes_per_value = 2;     // 16-bit activations
+};
+// Bytes kept for backward per token per layer, for a sequence of `seq_len` tokens.
+// With dropout, no flash attention and ffn = 4h this is Korthikanti et al.'s
+// s·b·h·(10 + 24/t + 5·a·s/(h·t)) divided by s·b (TP) and (34 + 5as/h)/t·h (TP + SP).
+double activation_bytes_per_token_per_layer(const TransformerArch& arch, double seq_len,
+                                            const ActivationOptions& options);
+
+// --- Tokens per media item ----------------------------------------------------------------
+struct MediaTokens {
+  int64_t encoder_tokens = 0;  // sequence the encoder processes (all tiles/windows, CLS included)
+  int64_t llm_tokens = 0;      // tokens handed to the LLM (after merge/pooling, CLS dropped)
+  int64_t pieces = 1;          // tiles (images), windows (audio): separate encoder sequences
+};
+// REQUIRES: `encoder` has patching (image/video) or an audio front end (audio).
+MediaTokens image_tokens(const ModuleSpec& encoder, int64_t width, int64_t height);
+MediaTokens video_tokens(const ModuleSpec& encoder, int64_t frames, int64_t width, int64_t height);
+MediaTokens audio_tokens(const ModuleSpec& encoder, double seconds);
+
+}  // namespace tessera

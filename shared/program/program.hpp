@@ -1,0 +1,148 @@
+// Program: the lowered form of one training iteration, one ordered op list per rank — the
+// contract between the simulator and the executor (docs/ALGORITHMS.md). lower() builds it,
+// check_program() verifies it, evaluate() and the SimGrid simulator execute it, the executor
+// interprets it with real tensors.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "shared/base/json_reader.hpp"
+
+namespace tessera {
+
+enum class OpKind : uint8_t { kCompute, kSend, kRecv, kCollective, kOptimizerStep };
+// F forward, B backward for inputs, W backward for weights, R recompute of the forward.
+enum class Phase : uint8_t { kF, kB, kW, kR };
+// Streams overlap as on a GPU; ops on one stream run in order. Receives are pre-posted (like
+// NCCL/Megatron's irecv) and occupy no stream: they complete when their message arrives.
+enum class StreamKind : uint8_t { kCompute, kCollective, kP2p };
+enum class CollectiveKind : uint8_t {
+  kAllReduce,
+  kAllGather,
+  kReduceScatter,
+  kAllToAll,
+  kBroadcast
+};
+// kNorm: the all-reduce of the global gradient norm (and the loss) every rank joins before any
+// optimizer step, as global gradient clipping needs.
+enum class Purpose : uint8_t { kTp, kCp, kDp, kEp, kBoundary, kPp, kNorm };
+
+// A collective run `count` times inside a Compute op's layers (TP all-reduces, CP K/V exchange,
+// EP all-to-all): on the critical path of the op.
+struct NestedCollective {
+  CollectiveKind kind = CollectiveKind::kAllReduce;
+  Purpose purpose = Purpose::kTp;
+  int32_t group = -1;  // Program::groups index
+  int32_t count = 0;
+  double bytes = 0;  // per call, per rank (NCCL-tests "size")
+};
+
+// What a Compute op's layers include besides the layer stack, and how its kernels run (the
+// kernel-level cost model reads them); for a send or receive, how its message travels (Op::flags).
+enum OpFlag : uint16_t {
+  kOpFrontEnd = 1,             // the embedding, or an encoder's patch / audio front end
+  kOpHead = 2,                 // the LM head and its loss
+  kOpUnfusedAttention = 4,     // attention without a fused (flash) kernel: scores through memory
+  kOpSequenceParallel = 8,     // norms and dropout run on 1/tp of the tokens (sequence parallelism)
+  kOpAttentionRecompute = 16,  // B: selective recomputation re-runs the attention core first
+  kOpEagerElementwise = 32,    // norms, rotary and activation as chains of eager kernels
+  kOpTpCommOverlap = 64,       // its nested TP collectives overlap its GEMMs (tp_comm_overlap)
+  kOpTpGradOverlap = 128,   // B: its layers' input-gradient TP collectives run beside the weight-
+                            // gradient GEMMs of the W op that follows (tp_backward_overlap)
+  kOpTpScattered = 256,     // send/recv: this TP rank's 1/tp slice of a stage's activation (or its
+                            // gradient); Op::group is the TP group whose all-gather reassembles it
+  kOpGradientBucket = 512,  // F, B, W, or a data-parallel reduction or parameter all-gather of
+                            // one gradient bucket: only the layers [first_layer, first_layer +
+                            // layers) of its chunk, with the chunk's input side (first piece) or
+                            // head (last) where it holds them (overlap_grad_reduce; F pieces and
+                            // gathers: overlap_param_gather)
+};
+
+struct Op {
+  OpKind kind = OpKind::kCompute;
+  StreamKind stream = StreamKind::kCompute;
+  Phase phase = Phase::kF;
+  CollectiveKind collective = CollectiveKind::kAllReduce;  // kCollective
+  Purpose purpose = Purpose::kPp;                          // kCollective, kSend, kRecv
+  int16_t module = -1;                                     // Program::modules index; -1 for none
+  int16_t stage = 0;                                       // pipeline stage of the module
+  int16_t chunk = 0;                                       // virtual pipeline chunk
+  int32_t microbatch = -1;                                 // -1: the whole local batch
+  int32_t sub_microbatch = 0;
+  int16_t tp = 1;           // compute: tensor-parallel shards of its matrices
+  uint16_t flags = 0;       // OpFlag bits
+  int32_t layers = 0;       // compute: transformer layers in this op
+  int32_t first_layer = 0;  // compute: the first of them in its module ([first, first + layers))
+  int64_t tokens = 0;       // compute: tokens processed on this rank
+  double flops = 0;         // compute: model FLOPs on this rank (recompute: the repeated forward)
+  double logits = 0;  // compute: vocabulary logits it computes (tokens × vocab / tp; LM head)
+  double attention_pairs = 0;  // compute: query-key pairs its attention scores per layer and head
+  double bytes = 0;        // compute/optimizer: memory traffic; send/recv/collective: message bytes
+  double stash_bytes = 0;  // F: activation bytes kept for the backward
+  double release_bytes = 0;   // last backward op of a (module, chunk, micro-batch): bytes it frees
+  int32_t peer = -1;          // send/recv: the other rank
+  int32_t group = -1;         // collective (and a kOpTpScattered send/recv): Program::groups index
+  int64_t tag = 0;            // send/recv: matches a send to its receive between two ranks
+  std::vector<int32_t> deps;  // earlier ops of this rank that must finish before this one starts
+  std::vector<NestedCollective> nested;
+};
+
+using RankList = std::vector<int64_t>;
+
+// What a rank holds in memory: parameter state from the plan, activations from the schedule.
+struct RankMemory {
+  double weight_bytes = 0;
+  double gradient_bytes = 0;
+  double optimizer_bytes = 0;
+  double activation_bytes = 0;  // peak of activations kept for backward (evaluate() fills it)
+  double boundary_bytes = 0;    // encoder outputs held at a module boundary (received, gathered)
+  double total() const {
+    return weight_bytes + gradient_bytes + optimizer_bytes + activation_bytes + boundary_bytes;
+  }
+};
+
+struct Program {
+  int64_t iteration = 0;
+  int32_t world = 0;
+  std::vector<std::string> modules;    // module names, indexed by Op::module
+  std::vector<RankList> groups;        // collective groups, indexed by Op::group / NestedCollective
+  std::vector<std::vector<Op>> ranks;  // ops per rank, in issue order
+  std::vector<RankMemory> memory;      // parameter state per rank (activation_bytes left 0)
+  // What the iteration computes, for metrics.
+  int64_t samples = 0;
+  int64_t llm_tokens = 0;  // tokens in the LLM sequences of the global batch
+  double model_flops = 0;  // F+B+W FLOPs of the iteration, all ranks (recompute excluded)
+  // The micro-batches as lowered: [LLM data-parallel replica][micro-batch] -> indices into the
+  // batch's samples; the encoders' are Entrain's level 1 (else the same). The executor runs
+  // exactly these.
+  std::vector<std::vector<std::vector<int32_t>>> llm_microbatches, encoder_microbatches;
+};
+
+// Readable, stable name: "llm.s1.mb3.F", "llm.s0.c1.mb3.B", "send:llm.s1.mb3.F>r17",
+// "dp:allreduce:llm.s1", "optimizer:llm.s0"; a gradient bucket's ops name their layers:
+// "llm.s0.mb7.B.L12-16", "dp:allreduce:llm.s0.L12-16".
+std::string op_name(const Program& program, const Op& op);
+// Op id: "it<iteration>.r<rank>.<index>".
+std::string op_id(const Program& program, int32_t rank, int32_t index);
+
+// Whether ops[i] is a W that directly follows its own B (same module, chunk and micro-batch):
+// the executor runs such a pair as one backward pass, and calibration measures it as one.
+bool fused_with_backward(const std::vector<Op>& ops, std::size_t i);
+
+// Structural checks: dependencies point to earlier ops of the same rank; every send has exactly
+// one receive with the same bytes and vice versa; every collective group's members enter the
+// group's collectives in the same order with the same kind and size (no deadlock); nested
+// collectives name valid groups. Returns one message per problem (empty = valid).
+std::vector<std::string> check_program(const Program& program);
+
+// Machine-readable op list of one rank (or all when rank < 0).
+Json program_to_json(const Program& program, int32_t rank);
+std::string phase_name(Phase phase);
+extern const EnumTable<Phase> kPhases;
+extern const EnumTable<CollectiveKind> kCollectiveKinds;  // "allreduce", ...
+std::string collective_name(CollectiveKind kind);
+std::string purpose_name(Purpose purpose);
+
+}  // namespace tessera

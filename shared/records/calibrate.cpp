@@ -1,0 +1,609 @@
+#include "shared/records/calibrate.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <set>
+
+#include <Eigen/Dense>
+
+#include "shared/base/check.hpp"
+
+namespace tessera {
+
+std::string class_name(const OpClass& c) {
+  const std::string where = c.local ? "intra_node" : "inter_node";
+  switch (c.type) {
+    case OpClass::Type::kCompute:
+      return enum_name(c.role, kModuleRoles) + " " + phase_name(c.phase) + " " +
+             size_class_name(c.size);
+    case OpClass::Type::kCollective:
+      return collective_name(c.kind) + " x" + std::to_string(c.group_size) + " " + where;
+    case OpClass::Type::kP2p:
+      return "p2p " + where;
+    case OpClass::Type::kOptimizer:
+      return "optimizer";
+  }
+  return "?";
+}
+
+namespace {
+
+struct Interval {
+  double from = 0, to = 0;
+};
+
+// Pieces of [start, finish] outside the (sorted) nested slices.
+std::vector<Interval> pure_pieces(double start, double finish, const std::vector<Interval>& holes) {
+  std::vector<Interval> out;
+  double at = start;
+  for (const Interval& h : holes) {
+    if (h.from > at) out.push_back({at, std::min(h.from, finish)});
+    at = std::max(at, h.to);
+  }
+  if (finish > at) out.push_back({at, finish});
+  return out;
+}
+
+// ∫ min(1, cores / n(t)) dt where n(t) counts the ranks computing: a cpu-local machine's cores
+// shared fairly among the ranks that compute (what the simulator's multicore host does).
+class CoreShare {
+ public:
+  CoreShare(const std::vector<Interval>& busy, int64_t cores) {
+    std::vector<std::pair<double, int>> edges;
+    for (const Interval& b : busy) {
+      edges.push_back({b.from, +1});
+      edges.push_back({b.to, -1});
+    }
+    std::sort(edges.begin(), edges.end());
+    int running = 0;
+    double integral = 0;
+    for (std::size_t k = 0; k < edges.size(); ++k) {
+      if (!at_.empty()) {
+        const double share = running <= cores ? 1.0 : static_cast<double>(cores) / running;
+        integral += share * (edges[k].first - at_.back());
+      }
+      running += edges[k].second;
+      at_.push_back(edges[k].first);
+      integral_.push_back(integral);
+      running_.push_back(running);
+    }
+    cores_ = cores;
+  }
+  double dedicated(const Interval& i) const { return value(i.to) - value(i.from); }
+
+ private:
+  double value(double t) const {
+    if (at_.empty() || t <= at_.front()) return 0;
+    const auto k =
+        static_cast<std::size_t>(std::upper_bound(at_.begin(), at_.end(), t) - at_.begin()) - 1;
+    const int n = running_[k];
+    const double share = n <= cores_ ? 1.0 : static_cast<double>(cores_) / n;
+    return integral_[k] + share * (t - at_[k]);
+  }
+  std::vector<double> at_, integral_;
+  std::vector<int> running_;
+  int64_t cores_ = 0;
+};
+
+OpClass collective_class(const CostModel& cost, CollectiveKind kind, const RankList& group) {
+  OpClass c;
+  c.type = OpClass::Type::kCollective;
+  c.kind = kind;
+  c.group_size = static_cast<int64_t>(group.size());
+  c.local = cost.same_node(group);
+  return c;
+}
+
+double overlap_length(const Interval& a, const std::vector<Interval>& others) {
+  double total = 0;
+  for (const Interval& o : others)
+    total += std::max(0.0, std::min(a.to, o.to) - std::max(a.from, o.from));
+  return total;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+}  // namespace
+
+std::vector<OpMeasure> measure_ops(const Program& p, const Timeline& t, const ModelSpec& model,
+                                   const ClusterSpec& cluster) {
+  const CostModel cost(cluster, model.dtype, CostParams{}, model);
+  const std::size_t world = p.ranks.size();
+  // Per rank: nested slices by op, pure compute pieces, collective-stream intervals.
+  std::vector<std::map<int32_t, std::vector<Interval>>> holes(world);
+  for (std::size_t r = 0; r < world && r < t.nested.size(); ++r)
+    for (const NestedSlice& n : t.nested[r]) holes[r][n.op].push_back({n.start_s, n.finish_s});
+  std::vector<Interval> busy;
+  std::vector<std::vector<Interval>> collective_busy(world);
+  for (std::size_t r = 0; r < world; ++r)
+    for (std::size_t i = 0; i < p.ranks[r].size(); ++i) {
+      const Op& op = p.ranks[r][i];
+      const OpTime& o = t.ops[r][i];
+      if (op.kind == OpKind::kCompute || op.kind == OpKind::kOptimizerStep) {
+        auto& h = holes[r][static_cast<int32_t>(i)];
+        std::sort(h.begin(), h.end(),
+                  [](const Interval& a, const Interval& b) { return a.from < b.from; });
+        for (const Interval& piece : pure_pieces(o.start_s, o.finish_s, h)) busy.push_back(piece);
+      } else if (op.kind == OpKind::kCollective) {
+        collective_busy[r].push_back({o.start_s, o.finish_s});
+      }
+    }
+  const bool shared = cluster.kind == ClusterKind::kCpuLocal && cluster.cores > 0;
+  const CoreShare share(busy, shared ? cluster.cores : 1 << 30);
+
+  std::vector<OpMeasure> out;
+  auto compute_time = [&](std::size_t r, std::size_t i, double& dedicated, double& pure,
+                          double& overlapped) {
+    const OpTime& o = t.ops[r][i];
+    for (const Interval& piece :
+         pure_pieces(o.start_s, o.finish_s, holes[r][static_cast<int32_t>(i)])) {
+      dedicated += share.dedicated(piece);
+      pure += piece.to - piece.from;
+      overlapped += overlap_length(piece, collective_busy[r]);
+    }
+  };
+  // Collective instances: each member's entries on a group, in order.
+  std::map<std::pair<int32_t, int64_t>,
+           std::vector<std::pair<Interval, std::pair<CollectiveKind, double>>>>
+      entries;
+  for (std::size_t r = 0; r < world; ++r) {
+    const auto& ops = p.ranks[r];
+    for (std::size_t i = 0; i < ops.size(); ++i) {
+      const Op& op = ops[i];
+      const OpTime& o = t.ops[r][i];
+      const std::string where = "r" + std::to_string(r) + ":" + op_name(p, op);
+      if (op.kind == OpKind::kCompute) {
+        if (fused_with_backward(ops, i)) continue;  // measured with its B
+        OpMeasure m;
+        m.cls.type = OpClass::Type::kCompute;
+        m.cls.role = model.modules[static_cast<std::size_t>(op.module)].role;
+        m.cls.size = size_class(model.modules[static_cast<std::size_t>(op.module)]);
+        m.cls.phase = op.phase;
+        m.op = where;
+        m.x = op.flops;
+        m.token_layers = static_cast<double>(op.tokens * op.layers);
+        m.logits = op.logits;
+        m.calls = nested_calls(op);
+        double pure = 0, overlapped = 0;
+        compute_time(r, i, m.seconds, pure, overlapped);
+        m.wall_s = o.finish_s - o.start_s;
+        if (fused_with_backward(ops, i + 1)) {  // the executor ran the W inside this B
+          m.x += ops[i + 1].flops;
+          compute_time(r, i + 1, m.seconds, pure, overlapped);
+          m.wall_s += t.ops[r][i + 1].finish_s - t.ops[r][i + 1].start_s;
+        }
+        m.overlap = pure > 0 ? overlapped / pure : 0;
+        out.push_back(m);
+      } else if (op.kind == OpKind::kOptimizerStep) {
+        OpMeasure m;
+        m.cls.type = OpClass::Type::kOptimizer;
+        m.op = where;
+        m.x = op.bytes;
+        double pure = 0, overlapped = 0;
+        compute_time(r, i, m.seconds, pure, overlapped);
+        m.wall_s = o.finish_s - o.start_s;
+        out.push_back(m);
+      } else if (op.kind == OpKind::kSend) {
+        OpMeasure m;
+        m.cls.type = OpClass::Type::kP2p;
+        m.cls.local = cost.same_node({static_cast<int64_t>(r), op.peer});
+        m.op = where;
+        m.x = op.bytes;
+        m.seconds = m.wall_s = o.finish_s - o.start_s;
+        out.push_back(m);
+      } else if (op.kind == OpKind::kCollective) {
+        entries[{op.group, static_cast<int64_t>(r)}].push_back(
+            {{o.start_s, o.finish_s}, {op.collective, op.bytes}});
+      }
+    }
+    if (r < t.nested.size())
+      for (const NestedSlice& n : t.nested[r]) {
+        const Op& op = ops[static_cast<std::size_t>(n.op)];
+        for (const NestedCollective& nc : op.nested)
+          if (nc.kind == n.kind && std::abs(nc.bytes - n.bytes) <= 1e-6 * std::max(1.0, nc.bytes)) {
+            entries[{nc.group, static_cast<int64_t>(r)}].push_back(
+                {{n.start_s, n.finish_s}, {n.kind, n.bytes}});
+            break;
+          }
+      }
+  }
+  for (auto& [key, list] : entries)
+    std::stable_sort(list.begin(), list.end(),
+                     [](const auto& a, const auto& b) { return a.first.from < b.first.from; });
+  for (std::size_t g = 0; g < p.groups.size(); ++g) {
+    const RankList& members = p.groups[g];
+    if (members.size() < 2) continue;
+    const auto first = entries.find({static_cast<int32_t>(g), members.front()});
+    if (first == entries.end()) continue;
+    const std::size_t count = first->second.size();
+    bool aligned = true;
+    for (int64_t m : members) {
+      const auto e = entries.find({static_cast<int32_t>(g), m});
+      aligned = aligned && e != entries.end() && e->second.size() == count;
+    }
+    if (!aligned) continue;  // a member's slices are missing: no instance can be matched
+    for (std::size_t j = 0; j < count; ++j) {
+      // The last member to arrive waits for nobody: its duration is the collective's.
+      const Interval* last = nullptr;
+      for (int64_t m : members) {
+        const Interval& iv = entries[{static_cast<int32_t>(g), m}][j].first;
+        if (last == nullptr || iv.from > last->from) last = &iv;
+      }
+      const auto& [kind, bytes] = first->second[j].second;
+      OpMeasure m;
+      m.cls = collective_class(cost, kind, members);
+      m.op = "g" + std::to_string(g) + "#" + std::to_string(j);
+      m.x = bytes;
+      m.seconds = m.wall_s = std::max(0.0, last->to - last->from);
+      out.push_back(m);
+    }
+  }
+  return out;
+}
+
+namespace {
+
+struct Fit {
+  std::vector<double> coef;  // one per regressor column
+  FitStats stats;
+  bool separable = true;  // the first size regressor took more than one value
+};
+
+// Least squares with non-negative coefficients: seconds = Σ coef_j · column_j. Minimizes the
+// squared error (so the fitted class's total time equals the measured total, which is what a
+// step time adds up); among the column subsets whose unconstrained fit is non-negative, the one
+// with the least error (an exact NNLS for the two or three columns used here).
+Fit fit_columns(const std::vector<std::vector<double>>& columns, const std::vector<double>& ys) {
+  const std::size_t n = ys.size(), k = columns.size();
+  Fit fit;
+  fit.coef.assign(k, 0);
+  fit.stats.samples = static_cast<int64_t>(n);
+  const std::vector<double>& size = columns.size() > 1 ? columns[1] : columns[0];
+  fit.stats.min_x = *std::min_element(size.begin(), size.end());
+  fit.stats.max_x = *std::max_element(size.begin(), size.end());
+  fit.separable = fit.stats.max_x > fit.stats.min_x * 1.05;
+  // Subsets that fit equally well (to 1e-10 of the signal) keep the earliest: fixed cost and
+  // FLOP rate before the columns that refine them, when the data cannot tell them apart.
+  double signal = 0;
+  for (double y : ys) signal += y * y;
+  const double tie = 1e-10 * signal;
+  double best = -1;
+  for (unsigned mask = 1; mask < (1u << k); ++mask) {
+    std::vector<std::size_t> used;
+    for (std::size_t j = 0; j < k; ++j)
+      if (mask & (1u << j)) used.push_back(j);
+    if (used.size() > n) continue;
+    Eigen::MatrixXd m(static_cast<Eigen::Index>(n), static_cast<Eigen::Index>(used.size()));
+    Eigen::VectorXd v(static_cast<Eigen::Index>(n));
+    for (std::size_t r = 0; r < n; ++r) {
+      for (std::size_t c = 0; c < used.size(); ++c)
+        m(static_cast<Eigen::Index>(r), static_cast<Eigen::Index>(c)) = columns[used[c]][r];
+      v(static_cast<Eigen::Index>(r)) = ys[r];
+    }
+    const Eigen::VectorXd x = m.colPivHouseholderQr().solve(v);
+    if ((x.array() < 0).any() || !x.allFinite()) continue;
+    const double error = (m * x - v).squaredNorm();
+    if (best < 0 || error < best - tie) {
+      best = error;
+      fit.coef.assign(k, 0);
+      for (std::size_t c = 0; c < used.size(); ++c)
+        fit.coef[used[c]] = x(static_cast<Eigen::Index>(c));
+    }
+  }
+  double sy = 0;
+  for (double y : ys) sy += y;
+  // Residual: RMS error over the mean sample (single ops are noisy on a shared machine).
+  fit.stats.residual = std::sqrt(std::max(0.0, best) / static_cast<double>(n)) /
+                       std::max(sy / static_cast<double>(n), 1e-12);
+  return fit;
+}
+
+// Quantiles of measured / fitted over every instance, scaled to mean 1 (FitStats::spread).
+std::vector<double> spread_of(const std::vector<std::vector<double>>& columns,
+                              const std::vector<double>& coef,
+                              const std::vector<std::vector<double>>& raw) {
+  constexpr std::size_t kQuantiles = 16;
+  std::vector<double> ratios;
+  for (std::size_t r = 0; r < raw.size(); ++r) {
+    double fitted = 0;
+    for (std::size_t j = 0; j < coef.size(); ++j) fitted += coef[j] * columns[j][r];
+    if (fitted > 0)
+      for (double v : raw[r]) ratios.push_back(v / fitted);
+  }
+  if (ratios.size() < kQuantiles) return {};
+  std::sort(ratios.begin(), ratios.end());
+  std::vector<double> q;
+  double sum = 0;
+  for (std::size_t k = 0; k < kQuantiles; ++k) {
+    const double pos =
+        (static_cast<double>(k) + 0.5) / kQuantiles * static_cast<double>(ratios.size() - 1);
+    const auto lo = static_cast<std::size_t>(pos);
+    const std::size_t hi = std::min(lo + 1, ratios.size() - 1);
+    q.push_back(ratios[lo] + (ratios[hi] - ratios[lo]) * (pos - static_cast<double>(lo)));
+    sum += q.back();
+  }
+  if (sum <= 0) return {};
+  for (double& v : q) v *= static_cast<double>(kQuantiles) / sum;
+  return q;
+}
+
+}  // namespace
+
+Profile calibrate(const std::vector<CalibrationRun>& runs, const CalibrateOptions& options) {
+  TESSERA_CHECK(!runs.empty());
+  Profile profile;
+  const RunRecord& first = runs.front().run;
+  profile.cluster_kind = first.scenario.cluster.kind;
+  profile.device = first.scenario.cluster.device.name;
+  profile.cores = first.cores;
+  profile.cpu = first.cpu;
+  profile.warmup_iterations = options.warmup_iterations;
+  // Medians over the warm iterations of each op of each run.
+  // class, op, size, tokens·layers, logits, nested calls
+  using Key = std::tuple<OpClass, std::string, double, double, double, double>;
+  std::map<Key, std::vector<double>> samples, overlaps;
+  int64_t used = 0;
+  for (const CalibrationRun& c : runs) {
+    profile.runs.push_back(c.run.dir);
+    for (std::size_t k = static_cast<std::size_t>(options.warmup_iterations); k < c.traced.size();
+         ++k) {
+      ++used;
+      for (const OpMeasure& m : measure_ops(c.traced[k].program, c.traced[k].timeline,
+                                            c.run.scenario.model, c.run.scenario.cluster)) {
+        const Key key{m.cls, c.run.dir + "/" + m.op, m.x, m.token_layers, m.logits, m.calls};
+        samples[key].push_back(m.seconds);
+        overlaps[key].push_back(m.overlap);
+      }
+    }
+  }
+  if (used == 0)
+    profile.warnings.push_back("no traced iteration after the " +
+                               std::to_string(options.warmup_iterations) +
+                               " warm-up iterations: nothing was fitted");
+  // Per class: the regressors (1, size[, tokens·layers]) and the seconds of each sample.
+  struct Samples {
+    std::vector<double> x, token_layers, logits, calls, y;
+    std::vector<std::vector<double>> raw;  // every measured instance behind each median
+    void add(double size, double tl, double lg, double nc, double seconds,
+             const std::vector<double>& all) {
+      x.push_back(size);
+      token_layers.push_back(tl);
+      logits.push_back(lg);
+      calls.push_back(nc);
+      y.push_back(seconds);
+      raw.push_back(all);
+    }
+  };
+  std::map<OpClass, Samples> by_class, overlapped;
+  for (const auto& [key, values] : samples) {
+    const auto& [cls, op, x, tl, lg, nc] = key;
+    const double y = median(values);
+    if (y <= 0) continue;
+    // Compute that ran alongside its rank's collectives is kept apart (the slowdown below).
+    if (cls.type == OpClass::Type::kCompute && median(overlaps[key]) > 0.5)
+      overlapped[cls].add(x, tl, lg, nc, y, values);
+    else
+      by_class[cls].add(x, tl, lg, nc, y, values);
+  }
+  for (auto& [cls, o] : overlapped)
+    if (by_class[cls].y.size() < 3) {  // too few quiet samples: fit on all of them
+      for (std::size_t k = 0; k < o.y.size(); ++k)
+        by_class[cls].add(o.x[k], o.token_layers[k], o.logits[k], o.calls[k], o.y[k], o.raw[k]);
+      o = {};
+    }
+  std::vector<ComputeFit> compute;
+  for (const auto& [cls, d] : by_class) {
+    if (d.y.empty()) continue;
+    std::vector<std::vector<double>> columns{std::vector<double>(d.y.size(), 1.0), d.x};
+    if (cls.type == OpClass::Type::kCompute) {
+      columns.push_back(d.token_layers);
+      columns.push_back(d.logits);
+      columns.push_back(d.calls);
+    }
+    Fit fit = fit_columns(columns, d.y);
+    fit.stats.spread = spread_of(columns, fit.coef, d.raw);
+    const std::string name = class_name(cls);
+    if (fit.stats.samples < 3)
+      profile.warnings.push_back(name + ": " + std::to_string(fit.stats.samples) +
+                                 " samples, too few for a reliable fit");
+    else if (!fit.separable)
+      profile.warnings.push_back(name + ": one size measured, fixed cost and rate not separable");
+    if (fit.stats.residual > 0.5)
+      profile.warnings.push_back(name + ": residual " +
+                                 std::to_string(static_cast<int>(fit.stats.residual * 100)) +
+                                 "% of the mean sample (noisy, or not fixed cost + rate)");
+    const double a = fit.coef[0], b = fit.coef[1];
+    switch (cls.type) {
+      case OpClass::Type::kCompute:
+        profile.compute.push_back({cls.role, cls.phase, cls.size, a, b, fit.coef[2], fit.coef[3],
+                                   fit.coef[4], fit.stats});
+        break;
+      case OpClass::Type::kCollective: {
+        LinkFit f;
+        f.kind = cls.kind;
+        f.group_size = cls.group_size;
+        f.local = cls.local;
+        const double steps = latency_steps(cls.kind, cls.group_size);
+        f.latency_s = steps > 0 ? a / steps : 0;
+        f.bandwidth_bytes_per_s = b > 0 ? bus_factor(cls.kind, cls.group_size) / b : 1e18;
+        f.stats = fit.stats;
+        profile.collectives.push_back(f);
+        break;
+      }
+      case OpClass::Type::kP2p: {
+        LinkFit f;
+        f.local = cls.local;
+        f.latency_s = a;
+        f.bandwidth_bytes_per_s = b > 0 ? 1 / b : 1e18;
+        f.stats = fit.stats;
+        profile.p2p.push_back(f);
+        break;
+      }
+      case OpClass::Type::kOptimizer:
+        profile.optimizer = OptimizerFit{a, b > 0 ? 1 / b : 1e18, fit.stats};
+        break;
+    }
+  }
+  // The slowdown of compute overlapping collectives: measured over fitted, for those samples.
+  std::vector<double> ratios;
+  for (const auto& [cls, o] : overlapped)
+    for (const ComputeFit& f : profile.compute)
+      if (f.role == cls.role && f.phase == cls.phase && f.size == cls.size)
+        for (std::size_t k = 0; k < o.y.size(); ++k)
+          ratios.push_back(o.y[k] / (f.overhead_s + f.seconds_per_flop * o.x[k] +
+                                     f.seconds_per_token_layer * o.token_layers[k] +
+                                     f.seconds_per_logit * o.logits[k] +
+                                     f.seconds_per_nested_call * o.calls[k]));
+  profile.overlap_stats.samples = static_cast<int64_t>(ratios.size());
+  if (!ratios.empty()) {
+    profile.overlap_slowdown = std::max(1.0, median(ratios));
+    double sq = 0;
+    for (double r : ratios) sq += (r - profile.overlap_slowdown) * (r - profile.overlap_slowdown);
+    profile.overlap_stats.residual =
+        std::sqrt(sq / static_cast<double>(ratios.size())) / profile.overlap_slowdown;
+    profile.overlap_stats.min_x = *std::min_element(ratios.begin(), ratios.end());
+    profile.overlap_stats.max_x = *std::max_element(ratios.begin(), ratios.end());
+  }
+  if (const ClusterSpec* target = options.target) {
+    if (target->device.name != profile.device)
+      profile.warnings.push_back("the target cluster's device \"" + target->device.name +
+                                 "\" is not the measured \"" + profile.device +
+                                 "\": its compute keeps the analytic defaults");
+    const bool inter = std::any_of(profile.collectives.begin(), profile.collectives.end(),
+                                   [](const LinkFit& f) { return !f.local; });
+    if (target->kind == ClusterKind::kGpu && target->nodes > 1 && !inter)
+      profile.warnings.push_back(
+          "only intra-node communication was measured: collectives across "
+          "the node boundary of \"" +
+          target->name + "\" keep the analytic defaults");
+    int64_t largest = 0;
+    for (const LinkFit& f : profile.collectives) largest = std::max(largest, f.group_size);
+    const int64_t devices = device_count(*target);
+    if (devices > largest && largest > 0)
+      profile.warnings.push_back("collectives were measured on groups of up to " +
+                                 std::to_string(largest) + " ranks; larger groups on \"" +
+                                 target->name + "\" (" + std::to_string(devices) +
+                                 " devices) extrapolate the latency and bus bandwidth");
+  }
+  return profile;
+}
+
+std::vector<std::string> profile_coverage(const CostParams& params, const Program& p,
+                                          const ModelSpec& model, const ClusterSpec& cluster) {
+  if (params.compute_fits.empty() && params.collective_fits.empty() && params.p2p_fits.empty())
+    return {};
+  // The cost model's own lookups: what it would price each op with.
+  const CostModel cost(cluster, model.dtype, params, model);
+  std::map<std::string, int64_t> uncovered, beyond;
+  auto outside = [](const FitStats& s, double x) { return x > 2 * s.max_x || x < 0.5 * s.min_x; };
+  auto check_link = [&](const LinkFit* fit, const OpClass& k, double bytes) {
+    if (fit == nullptr)
+      ++uncovered[class_name(k)];
+    else if ((k.type == OpClass::Type::kCollective && fit->group_size != k.group_size) ||
+             outside(fit->stats, bytes))
+      ++beyond[class_name(k)];
+  };
+  auto check_collective = [&](CollectiveKind kind, int32_t group, double bytes) {
+    const OpClass k = collective_class(cost, kind, p.groups[static_cast<std::size_t>(group)]);
+    check_link(cost.collective_fit(kind, k.group_size, k.local), k, bytes);
+  };
+  for (std::size_t r = 0; r < p.ranks.size(); ++r)
+    for (const Op& op : p.ranks[r]) {
+      if (op.kind == OpKind::kCompute) {
+        const ModuleSpec& m = model.modules[static_cast<std::size_t>(op.module)];
+        OpClass c;
+        c.role = m.role;
+        c.phase = op.phase;
+        c.size = size_class(m);
+        const ComputeFit* fit = cost.compute_fit(op);
+        if (fit == nullptr)
+          ++uncovered[class_name(c)];
+        else if (fit->size != c.size || (fit->phase == op.phase && outside(fit->stats, op.flops)))
+          ++beyond[class_name(c)];
+        for (const NestedCollective& n : op.nested) check_collective(n.kind, n.group, n.bytes);
+      } else if (op.kind == OpKind::kCollective) {
+        check_collective(op.collective, op.group, op.bytes);
+      } else if (op.kind == OpKind::kSend) {
+        OpClass k;
+        k.type = OpClass::Type::kP2p;
+        k.local = cost.same_node({static_cast<int64_t>(r), op.peer});
+        check_link(cost.p2p_fit(k.local), k, op.bytes);
+      }
+    }
+  std::vector<std::string> notes;
+  for (const auto& [name, count] : uncovered)
+    notes.push_back("profile: " + std::to_string(count) + " ops of class \"" + name +
+                    "\" have no fit and use the analytic defaults");
+  for (const auto& [name, count] : beyond)
+    notes.push_back("profile: " + std::to_string(count) + " ops of class \"" + name +
+                    "\" lie outside the measured sizes or group sizes (extrapolated)");
+  return notes;
+}
+
+std::string format_profile(const Profile& p) {
+  std::string out;
+  char line[320];
+  std::snprintf(line, sizeof line,
+                "machine: %s, %s, %lld cores (%s); %zu runs, warm-up %lld iterations left out\n",
+                enum_name(p.cluster_kind, kClusterKinds).c_str(), p.device.c_str(),
+                static_cast<long long>(p.cores), p.cpu.c_str(), p.runs.size(),
+                static_cast<long long>(p.warmup_iterations));
+  out += line;
+  auto stats = [](const FitStats& s) {
+    char text[128];
+    std::snprintf(text, sizeof text, "%7lld  %6.1f%%  %9.3g .. %-9.3g",
+                  static_cast<long long>(s.samples), 100 * s.residual, s.min_x, s.max_x);
+    return std::string(text);
+  };
+  out +=
+      "\ncompute class        fixed (us)  rate (GFLOP/s)  token-layer (ns)  logit (ns)  "
+      "call (us)  samples  residual  FLOPs measured\n";
+  for (const ComputeFit& f : p.compute) {
+    std::snprintf(line, sizeof line, "%-20s %10.1f  %14.3f  %16.1f  %10.2f  %9.1f  %s\n",
+                  (enum_name(f.role, kModuleRoles) + " " + phase_name(f.phase) + " " +
+                   size_class_name(f.size))
+                      .c_str(),
+                  f.overhead_s * 1e6, f.seconds_per_flop > 0 ? 1e-9 / f.seconds_per_flop : 0.0,
+                  f.seconds_per_token_layer * 1e9, f.seconds_per_logit * 1e9,
+                  f.seconds_per_nested_call * 1e6, stats(f.stats).c_str());
+    out += line;
+  }
+  out +=
+      "\ncommunication class        latency (us)  bandwidth (GB/s)  samples  residual  bytes "
+      "measured\n";
+  for (const auto* list : {&p.collectives, &p.p2p})
+    for (const LinkFit& f : *list) {
+      const std::string name = list == &p.p2p
+                                   ? std::string("p2p ") + (f.local ? "intra_node" : "inter_node")
+                                   : collective_name(f.kind) + " x" + std::to_string(f.group_size) +
+                                         " " + (f.local ? "intra_node" : "inter_node");
+      // A fit with no size term (every message the same size) has unbounded bandwidth.
+      std::snprintf(line, sizeof line, "%-26s %12.1f  %16s  %s\n", name.c_str(), f.latency_s * 1e6,
+                    f.bandwidth_bytes_per_s >= 1e17
+                        ? "-"
+                        : std::to_string(f.bandwidth_bytes_per_s * 1e-9).c_str(),
+                    stats(f.stats).c_str());
+      out += line;
+    }
+  if (p.optimizer) {
+    std::snprintf(line, sizeof line, "%-26s %12.1f  %16.3f  %s\n", "optimizer (fixed, bytes/s)",
+                  p.optimizer->overhead_s * 1e6, p.optimizer->bandwidth_bytes_per_s * 1e-9,
+                  stats(p.optimizer->stats).c_str());
+    out += line;
+  }
+  std::snprintf(line, sizeof line,
+                "\ncompute overlapping a collective: %.3fx slower (%lld samples, spread %.1f%%)\n",
+                p.overlap_slowdown, static_cast<long long>(p.overlap_stats.samples),
+                100 * p.overlap_stats.residual);
+  out += line;
+  for (const std::string& w : p.warnings) out += "warning: " + w + "\n";
+  return out;
+}
+
+}  // namespace tessera

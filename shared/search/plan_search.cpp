@@ -1,0 +1,257 @@
+#include "shared/search/plan_search.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <set>
+#include <thread>
+
+#include "shared/search/stage_split.hpp"
+
+namespace tessera {
+
+namespace {
+
+ModuleLayout layout(int64_t tp, int64_t cp, int64_t pp, int64_t dp, int64_t vpp) {
+  ModuleLayout l;
+  l.tp = tp;
+  l.cp = cp;
+  l.pp = pp;
+  l.dp = dp;
+  l.vpp = vpp;
+  return l;
+}
+
+// The LLM-side grids of the space on `gpus` devices: (tp, cp, pp, vpp, micro-batch size).
+struct LlmChoice {
+  int64_t tp, cp, pp, dp, vpp, mbs;
+  Recompute recompute;
+  bool sequence_parallel, distributed_optimizer;
+};
+std::vector<LlmChoice> llm_choices(const SearchSpace& space, int64_t gpus) {
+  std::vector<LlmChoice> out;
+  for (int64_t tp : space.tp)
+    for (int64_t cp : space.cp)
+      for (int64_t pp : space.pp) {
+        if (gpus % (tp * cp * pp) != 0) continue;  // the grid does not tile the devices
+        for (int64_t vpp : space.vpp) {
+          if (vpp > 1 && pp == 1) continue;  // virtual stages need a pipeline
+          for (int64_t mbs : space.micro_batch_sizes)
+            for (Recompute recompute : space.recompute)
+              // Sequence parallelism splits over tp: one value where tp = 1.
+              for (bool sp : tp > 1 ? space.sequence_parallel : std::vector<bool>{false})
+                for (bool distributed : space.distributed_optimizer)
+                  out.push_back(
+                      {tp, cp, pp, gpus / (tp * cp * pp), vpp, mbs, recompute, sp, distributed});
+        }
+      }
+  return out;
+}
+
+void base_options(ParallelPlan& p, const LlmChoice& c) {
+  p.micro_batch_size = c.mbs;
+  p.recompute = c.recompute;
+  p.sequence_parallel = c.sequence_parallel && c.tp > 1;
+  p.distributed_optimizer = c.distributed_optimizer;
+  p.stage_split = StageSplit::kUniform;  // plans without a pipeline; consider() varies it
+}
+
+}  // namespace
+
+ClusterSpec cluster_with_devices(const ClusterSpec& cluster, int64_t gpus) {
+  ClusterSpec c = cluster;
+  if (c.kind == ClusterKind::kCpuLocal) return c;
+  if (gpus <= c.devices_per_node) {
+    c.nodes = 1;
+    c.devices_per_node = gpus;
+  } else {
+    c.nodes = (gpus + c.devices_per_node - 1) / c.devices_per_node;
+  }
+  return c;
+}
+
+std::string rejection_reason(const std::string& m) {
+  const std::pair<const char*, const char*> rules[] = {
+      {"kv_heads", "kv_heads vs tp"},
+      {"heads=", "heads % tp"},
+      {"experts", "experts % ep"},
+      {"fewer than pp*vpp", "layers < pp*vpp"},
+      {"not divisible into", "sequence % cp"},
+      {"global_batch", "batch divisibility"},
+      {"interleaved 1F1B needs", "micro-batches % pp"},
+      {"must divide one another", "boundary dp"},
+      {"ranks, cluster", "world != devices"},
+      {"needs", "memory"},
+  };
+  for (const auto& [needle, reason] : rules)
+    if (m.find(needle) != std::string::npos) return reason;
+  return m.substr(0, 40);
+}
+
+Enumeration enumerate_plans(const Scenario& s, const SearchSpace& space, int64_t gpus,
+                            const CostParams* cost, double encoder_share) {
+  Enumeration e;
+  const ClusterSpec cluster = cluster_with_devices(s.cluster, gpus);
+  const ModuleSpec* llm = find_llm(s.model);
+  std::vector<const ModuleSpec*> encoders;
+  for (const ModuleSpec& m : s.model.modules)
+    if (m.role == ModuleRole::kEncoder) encoders.push_back(&m);
+  auto consider_one = [&](ParallelPlan plan) {
+    ++e.considered;
+    Diagnostics diag;
+    validate_plan(plan, s.model, s.workload, cluster, "", "", diag);
+    if (!diag.ok()) {
+      ++e.rejected[rejection_reason(diag.errors().front().message)];
+      return;
+    }
+    // Frozen-aware boundaries go into the plan, so a run of it uses them as they are.
+    plan = resolve_stage_split(plan, s.model, s.workload, cluster, cost);
+    const Json key = {{"gpus", gpus}, {"plan", to_json(plan)}};
+    e.valid.push_back({key.dump(), gpus, std::move(plan)});
+  };
+  // A pipelined plan once per stage split of the space, a context-parallel one once per CP
+  // split; others once.
+  auto consider = [&](ParallelPlan plan) {
+    bool pipelined = plan.layout.pp * plan.layout.vpp > 1, context = plan.layout.cp > 1;
+    for (const auto& [name, l] : plan.modules) {
+      pipelined = pipelined || l.pp * l.vpp > 1;
+      context = context || l.cp > 1;
+    }
+    const std::vector<StageSplit> stage_splits =
+        pipelined ? space.stage_splits : std::vector<StageSplit>{plan.stage_split};
+    const std::vector<CpSplit> cp_splits =
+        context ? space.cp_splits : std::vector<CpSplit>{plan.cp_split};
+    for (StageSplit stage : stage_splits)
+      for (CpSplit cp : cp_splits)
+        for (MicrobatchPolicy policy : space.microbatching) {
+          plan.stage_split = stage;
+          plan.cp_split = cp;
+          plan.microbatching = policy;
+          consider_one(plan);
+        }
+  };
+  for (Placement placement : space.placements) {
+    for (const LlmChoice& c : llm_choices(space, gpus)) {
+      const Schedule pipeline = c.vpp > 1 ? Schedule::kInterleaved1F1B : Schedule::k1F1B;
+      if (placement == Placement::kHomogeneous) {
+        for (Schedule schedule : space.homogeneous_schedules) {
+          if (schedule == Schedule::kDip && (c.pp < 2 || encoders.empty())) continue;
+          ParallelPlan p;
+          p.placement = placement;
+          p.layout = layout(c.tp, c.cp, c.pp, c.dp, c.vpp);
+          p.schedule = schedule == Schedule::kDip ? schedule : pipeline;
+          base_options(p, c);
+          consider(p);
+        }
+      } else if (placement == Placement::kColocated && !encoders.empty()) {
+        // Every encoder on all devices with its own TP (and DP = the rest); the LLM grid c.
+        for (int64_t tp_e : space.tp) {
+          if (gpus % tp_e != 0 || c.vpp > 1) continue;
+          ParallelPlan p;
+          p.placement = placement;
+          for (const ModuleSpec* enc : encoders)
+            p.modules.emplace_back(enc->name, layout(tp_e, 1, 1, gpus / tp_e, 1));
+          p.modules.emplace_back(llm->name, layout(c.tp, c.cp, c.pp, c.dp, 1));
+          p.schedule = Schedule::kThreePhase;
+          base_options(p, c);
+          consider(p);
+        }
+      }
+    }
+    if (placement != Placement::kNonColocated || encoders.empty()) continue;
+    // Non-colocated: the encoders share 1/16 .. 1/2 of the devices equally, each with its own
+    // TP; the LLM takes the rest with any grid of the space.
+    // Each encoder's devices: 1/16 .. 1/2 of them shared equally, and with an encoder work
+    // share (Entrain's static layout) the devices in that proportion.
+    const auto n_enc = static_cast<int64_t>(encoders.size());
+    std::set<int64_t> shares;
+    for (int64_t fraction : {16, 8, 4, 2}) {
+      const int64_t share = gpus / fraction / n_enc;
+      if (share >= 1 && share * fraction * n_enc == gpus) shares.insert(share);
+    }
+    if (encoder_share > 0) {
+      const auto share = static_cast<int64_t>(
+          std::llround(static_cast<double>(gpus) * encoder_share / static_cast<double>(n_enc)));
+      if (share >= 1 && share * n_enc < gpus) shares.insert(share);
+    }
+    for (int64_t share : shares) {
+      const int64_t rest = gpus - share * n_enc;
+      for (int64_t tp_e : space.tp)
+        for (int64_t pp_e : space.encoder_pp) {
+          // Encoders pipelined over pp_e stages of their own (Cornstarch's per-module stage
+          // counts).
+          if (share % (tp_e * pp_e) != 0) continue;
+          for (const LlmChoice& c : llm_choices(space, rest)) {
+            ParallelPlan p;
+            p.placement = placement;
+            int64_t first = 0;
+            for (const ModuleSpec* enc : encoders) {
+              ModuleLayout l = layout(tp_e, 1, pp_e, share / (tp_e * pp_e), 1);
+              l.ranks = RankSpan{first, share};
+              first += share;
+              p.modules.emplace_back(enc->name, l);
+            }
+            ModuleLayout l = layout(c.tp, c.cp, c.pp, c.dp, c.vpp);
+            l.ranks = RankSpan{first, rest};
+            p.modules.emplace_back(llm->name, l);
+            p.schedule = c.vpp > 1 ? Schedule::kInterleaved1F1B : Schedule::kGraph1F1B;
+            base_options(p, c);
+            consider(p);
+          }
+        }
+    }
+  }
+  return e;
+}
+
+std::vector<RankedCandidate> rank_candidates(const Scenario& s, std::vector<Candidate> candidates,
+                                             int64_t iteration,
+                                             std::map<std::string, int64_t>& rejected, int threads,
+                                             const CostParams* cost, int64_t batches) {
+  // Estimates are pure: each thread takes every n-th candidate; results are kept by index.
+  std::vector<Estimate> estimates(candidates.size());
+  auto work = [&](std::size_t first, std::size_t stride) {
+    for (std::size_t i = first; i < candidates.size(); i += stride) {
+      Scenario sized = s;
+      sized.cluster = cluster_with_devices(s.cluster, candidates[i].gpus);
+      const CostParams params = cost != nullptr ? *cost : default_cost_params(sized.cluster);
+      estimates[i] = estimate(sized, candidates[i].plan, iteration, params);
+      // More batches: the mean step and throughput over them; infeasible if any is.
+      for (int64_t k = 1; k < batches && estimates[i].metrics.step_s > 0; ++k) {
+        const Estimate more = estimate(sized, candidates[i].plan, iteration + k, params);
+        Estimate& e = estimates[i];
+        if (more.metrics.step_s <= 0 || !more.feasible) {
+          e = more;
+          break;
+        }
+        const auto w = static_cast<double>(k);
+        e.metrics.step_s = (e.metrics.step_s * w + more.metrics.step_s) / (w + 1);
+        e.metrics.samples_per_s =
+            (e.metrics.samples_per_s * w + more.metrics.samples_per_s) / (w + 1);
+        e.metrics.tokens_per_s = (e.metrics.tokens_per_s * w + more.metrics.tokens_per_s) / (w + 1);
+      }
+    }
+  };
+  const auto n = static_cast<std::size_t>(std::max(1, threads));
+  std::vector<std::thread> pool;
+  for (std::size_t t = 1; t < n; ++t) pool.emplace_back(work, t, n);
+  work(0, n);
+  for (std::thread& t : pool) t.join();
+  std::vector<RankedCandidate> ranked;
+  for (std::size_t i = 0; i < candidates.size(); ++i) {
+    Estimate& e = estimates[i];
+    if (e.metrics.step_s <= 0 || !e.feasible) {
+      ++rejected[e.metrics.step_s <= 0 ? rejection_reason(e.reason) : "memory"];
+      continue;
+    }
+    ranked.push_back({std::move(candidates[i]), std::move(e)});
+  }
+  std::stable_sort(ranked.begin(), ranked.end(),
+                   [](const RankedCandidate& a, const RankedCandidate& b) {
+                     if (a.estimate.metrics.step_s != b.estimate.metrics.step_s)
+                       return a.estimate.metrics.step_s < b.estimate.metrics.step_s;
+                     return a.candidate.key < b.candidate.key;
+                   });
+  return ranked;
+}
+
+}  // namespace tessera

@@ -1,0 +1,60 @@
+#include "shared/spec/device_kernels.hpp"
+
+namespace tessera {
+
+namespace {
+
+// A fraction of a peak: (0, 1].
+void read_fraction(ObjectReader& r, std::string_view key, double& out) {
+  if (!r.optional(key, out)) return;
+  if (!(out > 0 && out <= 1)) r.error(key, "must be in (0, 1], got " + std::to_string(out));
+}
+
+}  // namespace
+
+DeviceKernels read_device_kernels(const Json& json, const std::string& file,
+                                  const std::string& path, Diagnostics& diag) {
+  DeviceKernels k;
+  ObjectReader r(json, file, path, diag);
+  if (!r.valid()) return k;
+  if (const Json* g = r.find("gemm")) {
+    ObjectReader gr(*g, file, r.path_of("gemm"), diag);
+    if (gr.required("sms", k.gemm.sms)) gr.check_positive("sms", k.gemm.sms);
+    if (gr.optional("tile_m", k.gemm.tile_m)) gr.check_positive("tile_m", k.gemm.tile_m);
+    if (gr.optional("tile_n", k.gemm.tile_n)) gr.check_positive("tile_n", k.gemm.tile_n);
+    read_fraction(gr, "efficiency", k.gemm.efficiency);
+    gr.finish();
+  } else {
+    r.missing("gemm");
+  }
+  if (const Json* a = r.find("attention")) {
+    ObjectReader ar(*a, file, r.path_of("attention"), diag);
+    read_fraction(ar, "forward_efficiency", k.attention.forward_efficiency);
+    read_fraction(ar, "backward_efficiency", k.attention.backward_efficiency);
+    if (ar.optional("half_keys", k.attention.half_keys))
+      ar.check_at_least("half_keys", k.attention.half_keys, 0.0);
+    ar.finish();
+  }
+  read_fraction(r, "memory_efficiency", k.memory_efficiency);
+  if (r.optional("training_scale", k.training_scale) &&
+      !(k.training_scale > 0 && k.training_scale <= 2))
+    r.error("training_scale", "must be in (0, 2], got " + std::to_string(k.training_scale));
+  r.finish();
+  return k;
+}
+
+Json to_json(const DeviceKernels& k) {
+  return Json{{"gemm",
+               {{"sms", k.gemm.sms},
+                {"tile_m", k.gemm.tile_m},
+                {"tile_n", k.gemm.tile_n},
+                {"efficiency", k.gemm.efficiency}}},
+              {"attention",
+               {{"forward_efficiency", k.attention.forward_efficiency},
+                {"backward_efficiency", k.attention.backward_efficiency},
+                {"half_keys", k.attention.half_keys}}},
+              {"memory_efficiency", k.memory_efficiency},
+              {"training_scale", k.training_scale}};
+}
+
+}  // namespace tessera

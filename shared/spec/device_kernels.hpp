@@ -1,0 +1,55 @@
+// DeviceKernels: how fast one GPU runs the kernels a transformer step is made of — dense matrix
+// multiplications by shape, attention kernels, memory-bound element-wise kernels and the fixed
+// cost of each launch. Read from a device file (scenarios/devices/) that a cluster names; every
+// number there cites its public source (docs/FIDELITY.md). kernel_cost.hpp turns an op into
+// seconds with them.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "shared/base/json_reader.hpp"
+
+namespace tessera {
+
+// Dense GEMMs as a roofline with tile and wave quantization: the output is cut into
+// tile_m x tile_n tiles, `sms` of them run at once (one wave), and a full wave of full tiles
+// sustains `efficiency` of the dense peak. A GEMM's time is the larger of its padded FLOPs at
+// that rate and its operand bytes at the achieved memory bandwidth.
+struct GemmKernels {
+  int64_t sms = 0;
+  int64_t tile_m = 256;
+  int64_t tile_n = 128;
+  double efficiency = 0.8;
+  bool operator==(const GemmKernels&) const = default;
+};
+
+// Fused (flash) attention sustains forward_efficiency / backward_efficiency of the dense peak at
+// long sequences, less for short ones: efficiency · L / (L + half_keys) where L is the mean
+// number of keys a query attends to. The backward recomputes the scores: it does 2.5x the
+// forward's FLOPs (FlashAttention's own count). A plan with `flash_attention: false` runs
+// unfused attention instead (kernel_cost.hpp): batched GEMMs and the score matrix through memory.
+struct AttentionKernels {
+  double forward_efficiency = 0.6;
+  double backward_efficiency = 0.5;
+  double half_keys = 256;
+  bool operator==(const AttentionKernels&) const = default;
+};
+
+struct DeviceKernels {
+  GemmKernels gemm;
+  AttentionKernels attention;
+  // Fraction of the memory bandwidth that streaming element-wise kernels reach.
+  double memory_efficiency = 0.85;
+  // Share of the GEMM and attention rates above that kernels reach inside a training step
+  // (framework, clocks under sustained load): fitted on the published runs of this device by
+  // `tessera fidelity --fit`; 1 for a device without published runs.
+  double training_scale = 1.0;
+  bool operator==(const DeviceKernels&) const = default;
+};
+
+DeviceKernels read_device_kernels(const Json& json, const std::string& file,
+                                  const std::string& path, Diagnostics& diag);
+Json to_json(const DeviceKernels& kernels);
+
+}  // namespace tessera

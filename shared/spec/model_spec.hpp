@@ -1,0 +1,147 @@
+// ModelSpec: a multimodal model as a DAG of modules (encoders -> projectors -> LLM [-> generator]).
+// Plain data; derived quantities (parameters, FLOPs, activation bytes, tokens per image) live in
+// model_math.hpp. JSON layout is documented in docs/FORMATS.md.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "shared/base/json_reader.hpp"
+
+namespace tessera {
+
+enum class ModuleRole { kEncoder, kProjector, kLlm, kGenerator };
+enum class Modality { kImage, kAudio, kVideo, kText };
+enum class NormKind { kRmsNorm, kLayerNorm };
+enum class DType { kBf16, kFp16, kFp32, kFp8 };
+// How an image is turned into encoder input.
+enum class ResizeMode {
+  kFixed,    // resized to image_size x image_size (CLIP/SigLIP, LLaVA-1.5)
+  kDynamic,  // native resolution within [min_pixels, max_pixels] (Qwen2-VL)
+  kTiles,    // cut into up to max_tiles tiles of tile_size (InternVL, LLaVA-NeXT, Mllama)
+};
+
+extern const EnumTable<ModuleRole> kModuleRoles;
+extern const EnumTable<Modality> kModalities;
+extern const EnumTable<DType> kDTypes;
+
+// A stack of identical transformer layers (attention + MLP or MoE).
+struct TransformerArch {
+  int64_t layers = 0;
+  int64_t hidden = 0;
+  int64_t heads = 0;
+  int64_t kv_heads = 0;          // grouped-query attention. Default: heads
+  int64_t head_dim = 0;          // Default: hidden / heads
+  int64_t ffn = 0;               // MLP inner width
+  bool gated_ffn = false;        // SwiGLU-style: gate, up, down (3 matrices) instead of 2
+  int64_t vocab = 0;             // LLM/generator: token embedding rows and output head. 0: none
+  bool tied_embeddings = false;  // output head shares the embedding matrix
+  bool linear_bias = false;      // every linear has a bias (ViT, CLIP, Whisper)
+  bool qkv_bias = false;         // only q, k, v have a bias (Qwen2)
+  NormKind norm = NormKind::kRmsNorm;
+  int64_t experts = 0;  // MoE experts per layer; 0 = dense MLP
+  int64_t top_k = 0;    // experts active per token
+  int64_t moe_ffn = 0;  // inner width of one expert. Default: ffn
+  // Of `layers`, how many attend to media through cross-attention (Mllama). When > 0, media
+  // tokens do not enter this module's sequence.
+  int64_t cross_attention_layers = 0;
+  int64_t positions = 0;  // learned absolute position embeddings (ViT, Whisper); 0 = rotary
+
+  bool operator==(const TransformerArch&) const = default;
+};
+
+// Image/video patching of a vision encoder.
+struct Patching {
+  int64_t patch_size = 14;
+  int64_t in_channels = 3;
+  int64_t spatial_merge = 1;   // tokens merged s x s after the encoder (Qwen2-VL 2, InternVL 2)
+  int64_t temporal_patch = 1;  // video frames merged into one patch (Qwen2-VL 2)
+  bool class_token = false;    // encoder prepends a CLS token per image/tile; never sent to the LLM
+  ResizeMode resize = ResizeMode::kFixed;
+  int64_t image_size = 0;  // kFixed: side in pixels
+  int64_t min_pixels = 0;  // kDynamic
+  int64_t max_pixels = 0;  // kDynamic
+  int64_t tile_size = 0;   // kTiles: side of one tile in pixels
+  int64_t max_tiles = 0;   // kTiles
+  bool thumbnail = false;  // kTiles: a downscaled whole image is added when tiles > 1
+
+  bool operator==(const Patching&) const = default;
+};
+
+// Audio front end of an audio encoder (Whisper-style: log-mel frames -> 2 convs -> tokens).
+struct AudioFrontEnd {
+  int64_t mel_bins = 128;
+  int64_t frames_per_second = 100;  // mel frames per second of audio (10 ms hop)
+  int64_t downsampling = 2;         // conv stride: encoder tokens = frames / downsampling
+  int64_t pooling = 1;              // tokens pooled k:1 before the LLM (Qwen2-Audio 2)
+  double max_seconds = 30;          // one encoder window; longer clips use several windows
+  bool pad_to_max = true;           // Whisper pads every window to max_seconds
+
+  bool operator==(const AudioFrontEnd&) const = default;
+};
+
+// An MLP projector: in -> hidden -> out (layers 2) or in -> out (layers 1).
+struct ProjectorArch {
+  int64_t in = 0;
+  int64_t hidden = 0;  // Default: out
+  int64_t out = 0;
+  int64_t layers = 2;
+  bool bias = true;
+  bool input_norm = false;  // LayerNorm on the input (InternVL mlp1, Qwen2-VL merger)
+
+  bool operator==(const ProjectorArch&) const = default;
+};
+
+struct ModuleSpec {
+  std::string name;
+  ModuleRole role = ModuleRole::kLlm;
+  Modality modality = Modality::kText;
+  std::vector<std::string> inputs;  // names of the modules feeding this one
+  bool frozen = false;              // no gradients, no optimizer state for its parameters
+  std::optional<TransformerArch> transformer;
+  std::optional<Patching> patching;
+  std::optional<AudioFrontEnd> audio;
+  std::optional<ProjectorArch> projector;
+
+  bool operator==(const ModuleSpec&) const = default;
+};
+
+// The published size a model file is checked against (tests/ir/scenario_library_test.cpp).
+struct ReferenceSize {
+  double params = 0;
+  std::string source;
+  bool operator==(const ReferenceSize&) const = default;
+};
+
+struct ModelSpec {
+  std::string name;
+  DType dtype = DType::kBf16;       // training precision of weights and activations
+  std::vector<ModuleSpec> modules;  // in any order; inputs define the DAG
+  std::optional<ReferenceSize> reference;
+
+  bool operator==(const ModelSpec&) const = default;
+};
+
+// Reads a model from JSON at `path` of `file`; records every problem (structure and semantics).
+ModelSpec read_model(const Json& json, const std::string& file, const std::string& path,
+                     Diagnostics& diag);
+Json to_json(const ModelSpec& model);
+
+// Semantic checks (DAG, roles, shapes); read_model calls it. Paths are under `path`.
+void validate_model(const ModelSpec& model, const std::string& file, const std::string& path,
+                    Diagnostics& diag);
+
+// Lookups. REQUIRES for the pointer-returning ones: nothing; nullptr when absent.
+const ModuleSpec* find_module(const ModelSpec& model, std::string_view name);
+const ModuleSpec* find_llm(const ModelSpec& model);
+// The encoder that turns media of `modality` into tokens: an encoder of that modality, or for
+// video the image encoder when there is no video encoder (Qwen2-VL shares one ViT).
+const ModuleSpec* encoder_for(const ModelSpec& model, Modality modality);
+// Modules in a topological order (inputs before consumers). REQUIRES: model validated.
+std::vector<const ModuleSpec*> topological_order(const ModelSpec& model);
+
+int64_t dtype_bytes(DType dtype);
+
+}  // namespace tessera
