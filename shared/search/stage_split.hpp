@@ -46,9 +46,9 @@ ChainCosts chain_costs(const ModelSpec& model, std::size_t module, const Paralle
 
 // The plan with `stage_layers` filled for every pipelined module, by the frozen-aware partition
 // of its chain costs, when the plan asks for `frozen_aware` and gives no layers itself; as given
-// otherwise (uniform: even layers, lower()'s default). lower() resolves a plan without layers
-// with the analytic defaults; planning with a calibration profile resolves it first, with
-// `params`, so the split follows the measured costs.
+// otherwise (uniform: even layers, lower()'s default). lower() needs this done first; estimate(),
+// simulate() and the commands do it once with their costs (`params`: a calibration profile's, so
+// the split follows the measured costs; null: the analytic defaults).
 ParallelPlan resolve_stage_split(const ParallelPlan& plan, const ModelSpec& model,
                                  const WorkloadSpec& workload, const ClusterSpec& cluster,
                                  const CostParams* params = nullptr);
