@@ -98,10 +98,8 @@ std::string executor_plan_support(const ParallelPlan& plan, const ModelSpec& mod
         tp = l.tp;
         field = "plan.modules." + module + ".tp";
       }
-    const int64_t kv = m.transformer->kv_heads > 0 ? m.transformer->kv_heads : m.transformer->heads;
-    if (kv % tp != 0)
-      return field + ": " + m.name + "'s " + std::to_string(kv) +
-             " key/value heads replicated over tp " + std::to_string(tp) + next;
+    if (const std::string why = tp_refusal(*m.transformer, m.name, tp, false); !why.empty())
+      return field + ": " + why + next;
   }
   if (plan.placement == Placement::kColocated) {
     for (const auto& [module, l] : plan.modules)

@@ -90,9 +90,8 @@ torch::Tensor Norm::forward(const torch::Tensor& x) const {
 Attention::Attention(ParamSet& ps, const std::string& name, const TransformerArch& arch) {
   const int64_t tp = ps.tp().size();
   const int64_t kv = arch.kv_heads > 0 ? arch.kv_heads : arch.heads;
-  TESSERA_CHECK(accepts_tp(arch, tp, false),
-                name + ": " + std::to_string(arch.heads) + " heads and " + std::to_string(kv) +
-                    " key/value heads must both divide by tp " + std::to_string(tp));
+  const std::string why = tp_refusal(arch, name, tp, false);
+  TESSERA_CHECK(why.empty(), "tp " + why);
   head_dim = arch.head_dim > 0 ? arch.head_dim : arch.hidden / arch.heads;
   heads = arch.heads / tp;
   kv_heads = kv / tp;

@@ -303,14 +303,7 @@ void validate_plan(const ParallelPlan& plan, const ModelSpec& model, const Workl
       const TransformerArch* a = q.module->transformer ? &*q.module->transformer : nullptr;
       if (a == nullptr || q.module->role == ModuleRole::kProjector) continue;
       const std::string who = q.module->name;
-      if (a->heads % l.tp != 0)
-        err(p, "tp",
-            std::to_string(l.tp) + " does not divide " + who +
-                " heads=" + std::to_string(a->heads));
-      else if (!accepts_tp(*a, l.tp))
-        err(p, "tp",
-            std::to_string(l.tp) + " and " + who + " kv_heads=" + std::to_string(a->kv_heads) +
-                " must divide one another");
+      if (const std::string why = tp_refusal(*a, who, l.tp); !why.empty()) err(p, "tp", why);
       if (l.ep > 1 && a->experts == 0 && q.module == p.module)
         err(p, "ep", "ep=" + std::to_string(l.ep) + " but " + who + " has no experts");
       if (a->experts > 0 && a->experts % l.ep != 0)

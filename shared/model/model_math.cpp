@@ -156,10 +156,17 @@ int64_t trainable_parameters(const ModelSpec& model) {
   return n;
 }
 
-bool accepts_tp(const TransformerArch& a, int64_t tp, bool replicate_kv) {
-  if (tp < 1 || a.heads % tp != 0) return false;
+std::string tp_refusal(const TransformerArch& a, const std::string& who, int64_t tp,
+                       bool replicate_kv) {
+  const std::string t = std::to_string(tp);
+  if (tp < 1 || a.heads % tp != 0)
+    return t + " does not divide " + who + " heads=" + std::to_string(a.heads);
   const int64_t kv = a.kv_heads > 0 ? a.kv_heads : a.heads;
-  return kv % tp == 0 || (replicate_kv && tp % kv == 0);
+  if (kv % tp == 0 || (replicate_kv && tp % kv == 0)) return "";
+  return replicate_kv
+             ? t + " and " + who + " kv_heads=" + std::to_string(kv) + " must divide one another"
+             : t + " does not divide " + who + " kv_heads=" + std::to_string(kv) +
+                   " (key/value heads are not replicated here)";
 }
 
 double layer_attention_flops(const TransformerArch& a, double attention_pairs) {

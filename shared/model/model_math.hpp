@@ -29,7 +29,12 @@ int64_t trainable_parameters(const ModelSpec& model);
 // key/value heads either divide too or, fewer than tp, are replicated (tp a multiple of them:
 // Megatron's rule for grouped-query attention). `replicate_kv` false: the even split only (the
 // executor does not replicate key/value heads).
-bool accepts_tp(const TransformerArch& arch, int64_t tp, bool replicate_kv = true);
+// tp_refusal() says why not, naming the module `who` ("" when it splits).
+std::string tp_refusal(const TransformerArch& arch, const std::string& who, int64_t tp,
+                       bool replicate_kv = true);
+inline bool accepts_tp(const TransformerArch& arch, int64_t tp, bool replicate_kv = true) {
+  return tp_refusal(arch, "", tp, replicate_kv).empty();
+}
 
 // --- FLOPs ------------------------------------------------------------------------------
 // Forward FLOPs for one token of `module` (multiply-add = 2 FLOPs) when each query attends to

@@ -143,4 +143,13 @@ TEST_CASE("accepts_tp: the one rule for the tensor parallelism a transformer tak
   a.kv_heads = 25;
   CHECK(accepts_tp(a, 5));
   CHECK_FALSE(accepts_tp(a, 2));
+  // Its refusals, which validation and the executor report.
+  CHECK(tp_refusal(a, "vit", 2) == "2 does not divide vit heads=25");
+  a.heads = 32;
+  a.kv_heads = 8;
+  CHECK(tp_refusal(a, "llm", 16).empty());
+  CHECK(tp_refusal(a, "llm", 16, false) ==
+        "16 does not divide llm kv_heads=8 (key/value heads are not replicated here)");
+  a.kv_heads = 12;
+  CHECK(tp_refusal(a, "llm", 8) == "8 and llm kv_heads=12 must divide one another");
 }
