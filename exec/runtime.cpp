@@ -72,26 +72,18 @@ Worker::Worker(const Scenario& s, const ParallelPlan& plan, Groups& groups,
     for (const Op& op : ops)
       if (op.kind == OpKind::kCompute)
         stages[op.module] = std::max<int64_t>(stages[op.module], op.stage + 1);
-  // Each (module, chunk) here holds the layers its ops say (together: a gradient bucket's piece
-  // holds only some of them).
-  std::map<std::pair<int, int>, std::pair<int64_t, int64_t>> layers;
-  for (const Op& op : p.ranks[static_cast<std::size_t>(rank_)]) {
-    if (op.kind != OpKind::kCompute) continue;
-    const auto it =
-        layers.try_emplace({op.module, op.chunk}, op.first_layer, op.first_layer + op.layers).first;
-    it->second.first = std::min<int64_t>(it->second.first, op.first_layer);
-    it->second.second = std::max<int64_t>(it->second.second, op.first_layer + op.layers);
-  }
-  for (const auto& [key, range] : layers) {
+  // Each (module, chunk) here holds the layers the Program gives its stage.
+  std::map<std::pair<int, int>, const ChunkLayers*> held;
+  for (const Op& op : p.ranks[static_cast<std::size_t>(rank_)])
+    if (op.kind == OpKind::kCompute)
+      held.try_emplace({op.module, op.chunk}, find_chunk_layers(p, op.module, op.stage, op.chunk));
+  for (const auto& [key, layers] : held) {
     const ModuleSpec& spec = model.modules[static_cast<std::size_t>(key.first)];
-    TESSERA_CHECK(
-        tp_[static_cast<std::size_t>(key.first)] != nullptr,
-        "rank " + std::to_string(rank_) + " runs " + spec.name + " but has no group for it");
-    // A module without layers (a projector) is whole wherever its host's stage puts it.
-    const int64_t begin = spec.transformer ? range.first : 0;
-    const int64_t end = spec.transformer ? range.second : 0;
-    stages_[key] = std::make_unique<Stage>(spec, begin, end, options.seed,
-                                           *tp_[static_cast<std::size_t>(key.first)]);
+    TESSERA_CHECK(tp_[static_cast<std::size_t>(key.first)] != nullptr && layers != nullptr,
+                  "rank " + std::to_string(rank_) + " runs " + spec.name +
+                      " but has no group or layers for it");
+    stages_[key] = std::make_unique<Stage>(spec, layers->first_layer, layers->end_layer,
+                                           options.seed, *tp_[static_cast<std::size_t>(key.first)]);
   }
   dip_ = plan.schedule == Schedule::kDip;
   if (dip_) {

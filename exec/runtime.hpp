@@ -114,9 +114,7 @@ class Worker {
   // Non-colocated boundary (per producer module and micro-batch): the samples each link of a
   // leader-to-leader message carries, rows of a module's output per sample, the assembled input.
   int consumer_of(int producer) const;
-  int64_t replica_of(int module, int64_t rank) const;
-  std::vector<int32_t> link_samples(int producer, int mb, int64_t peer, bool consumer_side) const;
-  std::vector<std::pair<int64_t, std::vector<int32_t>>> consumer_links(int producer, int mb) const;
+  std::vector<int32_t> consumer_links(int producer, int mb) const;
   // Lays `samples`' rows of `producer`'s output out from `row` on (each sample's rows together,
   // samples in order) into `where`; returns the row after them.
   // Entrain: the rows of LLM micro-batch `mb`'s samples from producer `producer`'s micro-batch
@@ -190,7 +188,7 @@ class Worker {
   std::map<std::pair<int, int>, torch::Tensor> entrain_leaves_;
   std::map<int, Boundary> boundaries_;
   std::map<std::pair<int, int>, Boundary> linked_;                     // (producer, mb)
-  std::map<std::tuple<int, int, int64_t>, torch::Tensor> link_parts_;  // (producer, mb, link)
+  std::map<std::tuple<int, int, int32_t>, torch::Tensor> link_parts_;  // (producer, mb, link)
   std::set<int> absorbed_;  // producers whose same-rank links' gradients are in place
   bool linked_boundary_ =
       false;  // boundary messages leader to leader (non-colocated, or an LLM pipeline)

@@ -176,47 +176,22 @@ int Worker::consumer_of(int producer) const {
   return -1;
 }
 
-int64_t Worker::replica_of(int module, int64_t rank) const {
-  const std::string& name = scenario_.model.modules[static_cast<std::size_t>(module)].name;
-  for (const ModuleGroups& mg : module_groups_)
-    if (mg.module == name)
-      if (const Group* g = group_with(mg.dp, rank); g != nullptr) return index_in(g, rank);
-  TESSERA_CHECK(false, "rank " + std::to_string(rank) + " holds no replica of " + name);
-  return 0;
-}
-
-// Mirrors Lowering::boundary_links: with fan-in (producer dp >= consumer dp) a link per producer
-// replica carries that replica's samples; with fan-out a link per consumer replica carries the
-// consumer's.
-std::vector<int32_t> Worker::link_samples(int producer, int mb, int64_t peer,
-                                          bool consumer_side) const {
-  const int consumer = consumer_of(producer);
-  const int64_t dp_p = dp_size_[static_cast<std::size_t>(producer)];
-  const int64_t dp_c = dp_size_[static_cast<std::size_t>(consumer)];
-  // A producer replica's micro-batches: under Entrain level 1's.
-  const MicrobatchAssignment& produced = entrain_ ? encoder_assignment_ : assignment_;
-  if (dp_p >= dp_c)
-    return consumer_side ? replica_samples(produced, dp_p, replica_of(producer, peer), mb)
-                         : samples_for(producer, mb);
-  return consumer_side ? samples_for(consumer, mb)
-                       : replica_samples(assignment_, dp_c, replica_of(consumer, peer), mb);
-}
-
-std::vector<std::pair<int64_t, std::vector<int32_t>>> Worker::consumer_links(int producer,
-                                                                             int mb) const {
-  const int consumer = consumer_of(producer);
-  const int64_t dp_p = dp_size_[static_cast<std::size_t>(producer)];
-  const int64_t dp_c = dp_size_[static_cast<std::size_t>(consumer)];
-  std::vector<std::pair<int64_t, std::vector<int32_t>>> links;
-  if (dp_p >= dp_c) {
-    const int64_t k = dp_p / dp_c, first = dp_rank_[static_cast<std::size_t>(consumer)] * k;
-    for (int64_t e = first; e < first + k; ++e)
-      links.emplace_back(
-          e, replica_samples(entrain_ ? encoder_assignment_ : assignment_, dp_p, e, mb));
-  } else {
-    links.emplace_back(0, samples_for(consumer, mb));
+// This rank's links of `producer`'s micro-batch `mb` as a consumer: the Program's links into its
+// replica, in the order its input is assembled (by producer replica).
+std::vector<int32_t> Worker::consumer_links(int producer, int mb) const {
+  const std::vector<BoundaryLink>& links = program_->links;
+  std::vector<int32_t> mine;
+  for (std::size_t i = 0; i < links.size(); ++i) {
+    const BoundaryLink& l = links[i];
+    if (l.producer == producer && l.microbatch == mb &&
+        l.consumer_replica == dp_rank_[static_cast<std::size_t>(l.consumer)])
+      mine.push_back(static_cast<int32_t>(i));
   }
-  return links;
+  std::sort(mine.begin(), mine.end(), [&](int32_t a, int32_t b) {
+    return links[static_cast<std::size_t>(a)].producer_replica <
+           links[static_cast<std::size_t>(b)].producer_replica;
+  });
+  return mine;
 }
 
 // Row indices, in `order`'s layout (each sample's rows contiguous, samples in order), of
@@ -279,25 +254,23 @@ void Worker::absorb_self_links(int producer) {
                                  return e.first.first == consumer && e.second->first();
                                });
   if (!consumer_leader) return;
-  const int64_t dp_p = dp_size_[static_cast<std::size_t>(producer)];
-  const int64_t dp_c = dp_size_[static_cast<std::size_t>(consumer)];
   for (auto& [key, b] : linked_) {
     if (key.first != producer || !b.leaf.grad().defined()) continue;
     const int mb = key.second;
-    for (const auto& [link, samples] : consumer_links(producer, mb)) {
-      const int64_t replica =
-          dp_p >= dp_c ? link : dp_rank_[static_cast<std::size_t>(consumer)] / (dp_c / dp_p);
-      if (producer_leader(producer, replica) != rank_) continue;
+    for (const int32_t i : consumer_links(producer, mb)) {
+      const BoundaryLink& link = program_->links[static_cast<std::size_t>(i)];
+      if (producer_leader(producer, link.producer_replica) != rank_) continue;
       Slot& slot = producer_slot(producer, mb);
       const bool whole = slots_.count({producer, 0, mb, 0}) == 0;
       const std::vector<int32_t> order =
           whole ? samples_for(producer, -1) : samples_for(producer, mb);
       std::vector<int64_t> from;
-      for (int32_t s : samples) {
+      for (int32_t s : link.samples) {
         const auto [first, n] = b.rows.at(s);
         for (int64_t r = 0; r < n; ++r) from.push_back(first + r);
       }
-      const auto to = torch::tensor(rows_of(producer, samples, order), torch::kInt64).view({-1});
+      const auto to =
+          torch::tensor(rows_of(producer, link.samples, order), torch::kInt64).view({-1});
       if (!slot.output_grad.defined()) slot.output_grad = torch::zeros_like(slot.output);
       slot.output_grad.index_copy_(
           0, to, b.leaf.grad().index_select(0, torch::tensor(from, torch::kInt64).view({-1})));
@@ -313,21 +286,17 @@ Worker::Boundary& Worker::assembled(int producer, int mb) {
   Boundary& b = linked_[{producer, mb}];
   std::vector<torch::Tensor> parts;
   int64_t row = 0;
-  for (const auto& [link, samples] : consumer_links(producer, mb)) {
-    const int64_t rows = lay_out_rows(producer, samples, row, b.rows) - row;
-    const auto part = link_parts_.find({producer, mb, link});
+  for (const int32_t i : consumer_links(producer, mb)) {
+    const BoundaryLink& link = program_->links[static_cast<std::size_t>(i)];
+    const int64_t rows = lay_out_rows(producer, link.samples, row, b.rows) - row;
+    const auto part = link_parts_.find({producer, mb, i});
     torch::Tensor rows_here;
     if (part != link_parts_.end()) {
       rows_here = part->second;
     } else {
       // A link from this very rank (no message), or a rank that gets the rows by broadcast.
-      const int consumer = consumer_of(producer);
-      const int64_t dp_p = dp_size_[static_cast<std::size_t>(producer)];
-      const int64_t dp_c = dp_size_[static_cast<std::size_t>(consumer)];
-      const int64_t replica =
-          dp_p >= dp_c ? link : dp_rank_[static_cast<std::size_t>(consumer)] / (dp_c / dp_p);
       const bool self = tp_index_ == 0 && cp_index_ == 0 &&
-                        producer_leader(producer, replica) == rank_ &&
+                        producer_leader(producer, link.producer_replica) == rank_ &&
                         std::any_of(stages_.begin(), stages_.end(),
                                     [&](const auto& e) { return e.first.first == producer; });
       if (self) {
@@ -336,7 +305,7 @@ Worker::Boundary& Worker::assembled(int producer, int mb) {
         const std::vector<int32_t> order =
             whole ? samples_for(producer, -1) : samples_for(producer, mb);
         rows_here = slot.output.detach().index_select(
-            0, torch::tensor(rows_of(producer, samples, order), torch::kInt64).view({-1}));
+            0, torch::tensor(rows_of(producer, link.samples, order), torch::kInt64).view({-1}));
       } else {
         rows_here = torch::zeros({rows, spec.projector->out});
       }
@@ -354,6 +323,7 @@ void Worker::boundary_p2p(const Op& op) {
   // op.module: the producer's last module (the projector); the consumer is the module it feeds.
   const int producer = op.module;
   const int mb = op.microbatch;
+  TESSERA_CHECK(op.link >= 0, op_name(*program_, op) + ": a boundary message without its link");
   // The producer sends forward and receives gradients; the consumer the reverse (a colocated
   // rank is both).
   const bool producer_side = (op.kind == OpKind::kSend) == (op.phase == Phase::kF);
@@ -374,7 +344,7 @@ void Worker::boundary_p2p(const Op& op) {
     const bool whole = slots_.count({producer, 0, mb, 0}) == 0;  // colocated: the whole batch
     if (op.kind == OpKind::kRecv) absorb_self_links(producer);
     const std::vector<int32_t> mine = whole ? samples_for(producer, -1) : samples_for(producer, mb);
-    const std::vector<int32_t> link = link_samples(producer, mb, op.peer, false);
+    const std::vector<int32_t>& link = program_->links[static_cast<std::size_t>(op.link)].samples;
     const torch::Tensor rows =
         torch::tensor(rows_of(producer, link, mine), torch::kInt64).view({-1});
     if (op.kind == OpKind::kSend)  // forward: this link's rows of the output
@@ -385,15 +355,10 @@ void Worker::boundary_p2p(const Op& op) {
     slot->output_grad.index_copy_(0, rows, g);
     return;
   }
-  const std::vector<int32_t> link = link_samples(producer, mb, op.peer, true);
-  const int consumer = consumer_of(producer);
-  const int64_t link_id =
-      dp_size_[static_cast<std::size_t>(producer)] >= dp_size_[static_cast<std::size_t>(consumer)]
-          ? replica_of(producer, op.peer)
-          : 0;
+  const std::vector<int32_t>& link = program_->links[static_cast<std::size_t>(op.link)].samples;
   if (op.kind == OpKind::kRecv) {  // forward: a link's rows, kept until assembled
     RowMap scratch;
-    link_parts_[{producer, mb, link_id}] = recv(lay_out_rows(producer, link, 0, scratch), width);
+    link_parts_[{producer, mb, op.link}] = recv(lay_out_rows(producer, link, 0, scratch), width);
     return;
   }
   // backward: this link's rows of the gradient of the assembled input

@@ -96,6 +96,11 @@ std::vector<ModuleGroups> rank_groups(const ParallelPlan& plan, const ModelSpec&
   Diagnostics diag;
   const std::vector<PlacedModule> placed = place_modules(plan, model, "", "", diag);
   TESSERA_CHECK(diag.ok(), "rank_groups needs a validated plan: " + diag.format());
+  return rank_groups(plan, placed);
+}
+
+std::vector<ModuleGroups> rank_groups(const ParallelPlan& plan,
+                                      const std::vector<PlacedModule>& placed) {
   std::vector<ModuleGroups> out;
   for (const PlacedModule& p : placed) {
     ModuleGroups g = layout_groups(p.layout, p.first_rank);

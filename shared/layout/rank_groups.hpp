@@ -37,5 +37,8 @@ std::vector<int32_t> group_index(const std::vector<Group>& groups, int64_t first
 // Groups of every module of a validated plan. Homogeneous: encoders and projectors live in the
 // LLM's first pipeline stage, so their groups are the LLM's restricted to stage 0.
 std::vector<ModuleGroups> rank_groups(const ParallelPlan& plan, const ModelSpec& model);
+// The same, with the plan's modules already placed (place_modules).
+std::vector<ModuleGroups> rank_groups(const ParallelPlan& plan,
+                                      const std::vector<PlacedModule>& placed);
 
 }  // namespace tessera

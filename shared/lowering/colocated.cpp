@@ -53,7 +53,7 @@ void Lowering::lower_colocated() {
         boundary_done.push_back(encoder_forward[i]);
         if (x.t != 0 || x.c != 0) continue;
         for (int32_t mb = 0; mb < static_cast<int32_t>(microbatches_); ++mb)
-          for (const BoundaryLink& link : boundary_links(grid_index, llm_, x.d, true, mb)) {
+          for (const Link& link : boundary_links(grid_index, i, llm_, x.d, true, mb)) {
             const int64_t to = llm.rank({0, 0, link.consumer, 0});
             if (to == rank) continue;
             Op about;
@@ -123,7 +123,7 @@ void Lowering::lower_colocated() {
             const ModuleInfo& grid = modules_[static_cast<std::size_t>(grid_index)];
             std::vector<int32_t> received;
             if (y.t == 0 && y.c == 0)
-              for (const BoundaryLink& link : boundary_links(grid_index, llm_, y.d, false, mb)) {
+              for (const Link& link : boundary_links(grid_index, i, llm_, y.d, false, mb)) {
                 const int64_t from = grid.rank({0, 0, link.producer, 0});
                 if (from == rank) continue;
                 received.push_back(emit(rank, boundary_message(about, OpKind::kRecv, Phase::kF,
@@ -195,7 +195,7 @@ void Lowering::lower_colocated() {
           const int grid_index = m.host >= 0 ? m.host : i;
           const ModuleInfo& grid = modules_[static_cast<std::size_t>(grid_index)];
           if (y.t != 0 || y.c != 0) continue;
-          for (const BoundaryLink& link : boundary_links(grid_index, llm_, y.d, false, mb)) {
+          for (const Link& link : boundary_links(grid_index, i, llm_, y.d, false, mb)) {
             const int64_t to = grid.rank({0, 0, link.producer, 0});
             if (to == rank) continue;
             Op send = boundary_message(about, OpKind::kSend, Phase::kB, to, i, llm_, link, mb);
@@ -240,7 +240,7 @@ void Lowering::lower_colocated() {
       for (int32_t mb = 0; mb < static_cast<int32_t>(microbatches_); ++mb) {
         std::vector<int32_t> received;
         if (x.t == 0 && x.c == 0)
-          for (const BoundaryLink& link : boundary_links(grid_index, llm_, x.d, true, mb)) {
+          for (const Link& link : boundary_links(grid_index, i, llm_, x.d, true, mb)) {
             const int64_t from = llm.rank({0, 0, link.consumer, 0});
             if (from == rank) continue;
             Op about;

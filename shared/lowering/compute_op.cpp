@@ -41,6 +41,10 @@ Op Lowering::compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t
   op.chunk = static_cast<int16_t>(k_chunk / std::max<int64_t>(1, m.layout.pp));
   if (plan_.placement == Placement::kHomogeneous && m.index != llm_) op.chunk = 0;
   op.microbatch = mb;
+  const LayerRange held = m.chunk_layers[static_cast<std::size_t>(k_chunk)];
+  const auto [at, added] = chunk_held_.try_emplace({op.module, op.stage, op.chunk}, held);
+  TESSERA_CHECK(added || at->second == held, "chunk " + std::to_string(op.chunk) + " of " +
+                                                 spec.name + " holds two layer ranges");
   op.layers = static_cast<int32_t>(layers);
   op.first_layer = static_cast<int32_t>(layer_begin);
   op.tokens = static_cast<int64_t>(tokens_local);

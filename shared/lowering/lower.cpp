@@ -8,9 +8,12 @@ namespace tessera {
 namespace lowering {
 
 void Lowering::run() {
-  out_.error = lowering_refusal(plan_, model_, &dip_);
+  Diagnostics diag;
+  const std::vector<PlacedModule> placed = place_modules(plan_, model_, "", "", diag);
+  TESSERA_CHECK(diag.ok(), "lower() needs a validated plan: " + diag.format());
+  out_.error = lowering_refusal(plan_, model_, &dip_, placed);
   if (!out_.error.empty()) return;
-  place();
+  place(placed);
   assign_samples();
   if (plan_.schedule == Schedule::kDip)
     lower_dip();
@@ -19,6 +22,12 @@ void Lowering::run() {
   else
     lower_pipelines();
   TESSERA_CHECK(gather_next_.empty(), "a received activation slice has no compute op to gather it");
+  for (const auto& [key, range] : chunk_held_) {
+    const auto [module, stage, chunk] = key;
+    p_.chunk_layers.push_back({static_cast<int16_t>(module), static_cast<int16_t>(stage),
+                               static_cast<int16_t>(chunk), static_cast<int32_t>(range.first),
+                               static_cast<int32_t>(range.second)});
+  }
   if (!cp_cache_.empty()) {
     // How evenly the CP groups' attention work is spread, against the uniform split: the mean
     // over all micro-batches, and the CP group (data-parallel replica) whose micro-batches are

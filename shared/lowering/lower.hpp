@@ -32,6 +32,9 @@ struct Lowered {
 // exactly this as Lowered::error and lowers every other validated plan.
 std::string lowering_refusal(const ParallelPlan& plan, const ModelSpec& model,
                              const DipSchedule* dip = nullptr);
+// The same, with the plan's modules already placed (place_modules).
+std::string lowering_refusal(const ParallelPlan& plan, const ModelSpec& model,
+                             const DipSchedule* dip, const std::vector<PlacedModule>& placed);
 
 // REQUIRES: plan validated against model, workload and cluster, its frozen-aware stage split
 // resolved (stage_split_resolved; resolve_stage_split in stage_split.hpp does it with the cost

@@ -117,7 +117,7 @@ class Lowering {
 
  private:
   // --- set-up --------------------------------------------------------------------------
-  void place();
+  void place(const std::vector<PlacedModule>& placed);
   void assign_samples();
   // The samples a replica of `module` handles in micro-batch `mb` (-1: all). Under Entrain the
   // encoders and their projectors run the level-1 micro-batches, the LLM the level-2 ones;
@@ -303,16 +303,19 @@ class Lowering {
   // the producer's index among the replicas that fan in to one consumer (0 without fan-in), and
   // the samples it carries. Producer and consumer list the same links, so sends and receives
   // match; `replica` is the producer's (from_producer) or the consumer's.
-  struct BoundaryLink {
+  // Each link is also the Program's (Program::links; `index`), which the executor reads.
+  struct Link {
     int64_t producer = 0, consumer = 0;
     int32_t sub = 0;
     const std::vector<const Sample*>* samples = nullptr;
+    int32_t index = -1;
   };
-  std::vector<BoundaryLink> boundary_links(int producer_host, int consumer_host, int64_t replica,
-                                           bool from_producer, int32_t mb) {
+  // The links of `producer_host`'s output, sent by its last module `producer_last`.
+  std::vector<Link> boundary_links(int producer_host, int producer_last, int consumer_host,
+                                   int64_t replica, bool from_producer, int32_t mb) {
     const int64_t dp_p = modules_[static_cast<std::size_t>(producer_host)].layout.dp;
     const int64_t dp_c = modules_[static_cast<std::size_t>(consumer_host)].layout.dp;
-    std::vector<BoundaryLink> links;
+    std::vector<Link> links;
     if (dp_p >= dp_c) {  // fan-in: k producers per consumer, each with its own samples
       const int64_t k = dp_p / dp_c;
       const int64_t first = from_producer ? replica : replica * k;
@@ -324,19 +327,39 @@ class Lowering {
       for (int64_t d = first; d < first + (from_producer ? k : 1); ++d)
         links.push_back({d / k, d, 0, &samples_of(consumer_host, d, mb)});
     }
+    for (Link& link : links) link.index = program_link(producer_last, consumer_host, mb, link);
     return links;
+  }
+  // The Program's link for `link` of `producer_last`'s output to `consumer_host`, added on first
+  // use.
+  int32_t program_link(int producer_last, int consumer_host, int32_t mb, const Link& link) {
+    const auto key =
+        std::make_tuple(producer_last, consumer_host, mb, link.producer, link.consumer);
+    const auto [it, added] = link_ids_.try_emplace(key, static_cast<int32_t>(p_.links.size()));
+    if (added) {
+      tessera::BoundaryLink& l = p_.links.emplace_back();
+      l.producer = static_cast<int16_t>(producer_last);
+      l.consumer = static_cast<int16_t>(consumer_host);
+      l.microbatch = mb;
+      l.producer_replica = link.producer;
+      l.consumer_replica = link.consumer;
+      for (const Sample* s : *link.samples)
+        l.samples.push_back(static_cast<int32_t>(s - batch_.samples.data()));
+    }
+    return it->second;
   }
 
   // The boundary message of `link` carrying module `module`'s output rows to `consumer_host`
   // (phase F) or their gradient back (phase B), from or to `peer`; `about` gives the stage,
   // chunk and micro-batch it belongs to.
   Op boundary_message(Op about, OpKind kind, Phase phase, int64_t peer, int module,
-                      int consumer_host, const BoundaryLink& link, int32_t mb) {
+                      int consumer_host, const Link& link, int32_t mb) {
     about.module = static_cast<int16_t>(module);
     Op op = p2p_op(
         about, kind, phase, peer, boundary_bytes(module, consumer_host, *link.samples),
         tag(1, module, consumer_host, link.consumer, phase == Phase::kB ? 1 : 0, mb, link.sub));
     op.purpose = Purpose::kBoundary;
+    op.link = link.index;
     return op;
   }
 
@@ -381,6 +404,11 @@ class Lowering {
   std::vector<ModuleGroups> grids_;
   std::vector<GroupIndex> grid_index_;
   std::map<std::tuple<int64_t, int64_t, int32_t, bool>, std::vector<const Sample*>> sample_sets_;
+  // (producer's last module, consumer, micro-batch, producer replica, consumer replica) ->
+  // Program::links index
+  std::map<std::tuple<int, int, int32_t, int64_t, int64_t>, int32_t> link_ids_;
+  // (module, stage, chunk) -> the layers it holds (Program::chunk_layers)
+  std::map<std::tuple<int, int, int>, LayerRange> chunk_held_;
   std::map<std::tuple<int, const void*, std::size_t>, ModuleWork> work_cache_;
   std::map<std::tuple<const void*, std::size_t, int64_t>, CpShare> cp_cache_;
   std::vector<GradientFlow> flow_;

@@ -138,8 +138,8 @@ void Lowering::lower_pipelines() {
               const ModuleInfo& prod = modules_[static_cast<std::size_t>(producer_host)];
               std::vector<int32_t> received;
               if (leader) {
-                for (const BoundaryLink& link :
-                     boundary_links(producer_host, owner_index, x.d, false, mb)) {
+                for (const Link& link :
+                     boundary_links(producer_host, producer_last, owner_index, x.d, false, mb)) {
                   received.push_back(emit(
                       rank, boundary_message(about, OpKind::kRecv, Phase::kF,
                                              prod.rank({0, 0, link.producer, prod.layout.pp - 1}),
@@ -203,8 +203,8 @@ void Lowering::lower_pipelines() {
           } else if (leader) {
             for (int consumer_host : consumers) {
               const ModuleInfo& cons = modules_[static_cast<std::size_t>(consumer_host)];
-              for (const BoundaryLink& link :
-                   boundary_links(owner_index, consumer_host, x.d, true, mb)) {
+              for (const Link& link :
+                   boundary_links(owner_index, last_module, consumer_host, x.d, true, mb)) {
                 Op send = boundary_message(about, OpKind::kSend, Phase::kF,
                                            cons.rank({0, 0, link.consumer, 0}), last_module,
                                            consumer_host, link, mb);
@@ -229,8 +229,8 @@ void Lowering::lower_pipelines() {
             if (!cons.flow.backward() || !(suffix_backward || owner_backward)) continue;
             std::vector<int32_t> received;
             if (leader) {
-              for (const BoundaryLink& link :
-                   boundary_links(owner_index, consumer_host, x.d, true, mb)) {
+              for (const Link& link :
+                   boundary_links(owner_index, last_module, consumer_host, x.d, true, mb)) {
                 received.push_back(
                     emit(rank, boundary_message(about, OpKind::kRecv, Phase::kB,
                                                 cons.rank({0, 0, link.consumer, 0}), last_module,
@@ -333,8 +333,8 @@ void Lowering::lower_pipelines() {
                 dep = emit(rank, sum);
               }
               if (!leader) continue;
-              for (const BoundaryLink& link :
-                   boundary_links(producer_host, owner_index, x.d, false, i)) {
+              for (const Link& link :
+                   boundary_links(producer_host, producer_last, owner_index, x.d, false, i)) {
                 Op send = boundary_message(about_i, OpKind::kSend, Phase::kB,
                                            prod.rank({0, 0, link.producer, prod.layout.pp - 1}),
                                            producer_last, owner_index, link, i);

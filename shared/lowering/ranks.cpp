@@ -9,10 +9,7 @@ int32_t Lowering::group(RankList members) {
   return it->second;
 }
 
-void Lowering::place() {
-  Diagnostics diag;
-  const std::vector<PlacedModule> placed = place_modules(plan_, model_, "", "", diag);
-  TESSERA_CHECK(diag.ok(), "lower() needs a validated plan: " + diag.format());
+void Lowering::place(const std::vector<PlacedModule>& placed) {
   flow_ = gradient_flow(model_);
   modules_.resize(model_.modules.size());
   for (const PlacedModule& pm : placed) {
@@ -42,7 +39,9 @@ void Lowering::place() {
     const int64_t chunks = !split ? 1 : dip_encoder(m) ? m.layout.pp : m.chunks();
     const auto dip_layers = dip_.layers.find(m.index);
     const bool dip_given = plan_.schedule == Schedule::kDip && dip_layers != dip_.layers.end();
-    const bool plan_given = !m.layout.stage_layers.empty() && split && !dip_encoder(m);
+    // A module without layers (a projector) borrows its host's layout but none of its layers.
+    const bool plan_given =
+        !m.layout.stage_layers.empty() && split && !dip_encoder(m) && layers > 0;
     int64_t begin = 0;
     for (int64_t k = 0; k < chunks; ++k) {
       const int64_t n = dip_given    ? dip_layers->second[static_cast<std::size_t>(k)]
@@ -54,7 +53,7 @@ void Lowering::place() {
   }
   grids_.resize(model_.modules.size());
   grid_index_.resize(model_.modules.size());
-  for (ModuleGroups& g : rank_groups(plan_, model_)) {
+  for (ModuleGroups& g : rank_groups(plan_, placed)) {
     const auto i = static_cast<std::size_t>(find_module(model_, g.module) - model_.modules.data());
     GroupIndex& at = grid_index_[i];
     at.tp = group_index(g.tp, g.first_rank, g.size);

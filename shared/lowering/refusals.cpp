@@ -27,6 +27,14 @@ std::string dip_refusal(const PlacedModule& llm, const ModelSpec& model) {
 
 std::string lowering_refusal(const ParallelPlan& plan, const ModelSpec& model,
                              const DipSchedule* dip) {
+  Diagnostics diag;
+  const std::vector<PlacedModule> placed = place_modules(plan, model, "", "", diag);
+  TESSERA_CHECK(diag.ok(), "lower() needs a validated plan: " + diag.format());
+  return lowering_refusal(plan, model, dip, placed);
+}
+
+std::string lowering_refusal(const ParallelPlan& plan, const ModelSpec& model,
+                             const DipSchedule* dip, const std::vector<PlacedModule>& placed) {
   if (plan.schedule == Schedule::kDip) {
     // A schedule's layers (from a search, or read back from a run) must fit this plan.
     if (const std::string why = dip_schedule_problem(dip ? *dip : DipSchedule{}, model,
@@ -34,9 +42,6 @@ std::string lowering_refusal(const ParallelPlan& plan, const ModelSpec& model,
         !why.empty())
       return "DIP schedule: " + why;
   }
-  Diagnostics diag;
-  const std::vector<PlacedModule> placed = place_modules(plan, model, "", "", diag);
-  TESSERA_CHECK(diag.ok(), "lower() needs a validated plan: " + diag.format());
   const auto llm = std::find_if(placed.begin(), placed.end(), [](const PlacedModule& p) {
     return p.module->role == ModuleRole::kLlm;
   });

@@ -96,6 +96,18 @@ std::string op_id(const Program& p, int32_t rank, int32_t index) {
          std::to_string(index);
 }
 
+const ChunkLayers* find_chunk_layers(const Program& p, int module, int stage, int chunk) {
+  const auto key = std::make_tuple(module, stage, chunk);
+  const auto it = std::lower_bound(
+      p.chunk_layers.begin(), p.chunk_layers.end(), key, [](const ChunkLayers& c, const auto& k) {
+        return std::make_tuple(int{c.module}, int{c.stage}, int{c.chunk}) < k;
+      });
+  return it != p.chunk_layers.end() && it->module == module && it->stage == stage &&
+                 it->chunk == chunk
+             ? &*it
+             : nullptr;
+}
+
 std::vector<std::string> check_program(const Program& p) {
   std::vector<std::string> problems;
   auto complain = [&](int32_t rank, int32_t index, const std::string& what) {
@@ -105,8 +117,13 @@ std::vector<std::string> check_program(const Program& p) {
           op_name(p, p.ranks[static_cast<std::size_t>(rank)][static_cast<std::size_t>(index)]) +
           "): " + what);
   };
-  // (src, dst, tag) -> count and bytes of sends and receives.
-  std::map<std::tuple<int32_t, int32_t, int64_t>, std::pair<int, double>> sends, recvs;
+  // (src, dst, tag) -> count, bytes and boundary link of sends and receives.
+  struct Posted {
+    int count = 0;
+    double bytes = 0;
+    int32_t link = -1;
+  };
+  std::map<std::tuple<int32_t, int32_t, int64_t>, Posted> sends, recvs;
   // group -> per member, the sequence of (kind, bytes) it enters.
   std::map<int32_t, std::map<int32_t, std::vector<std::pair<int, double>>>> entered;
   const auto groups = static_cast<int32_t>(p.groups.size());
@@ -129,8 +146,19 @@ std::vector<std::string> check_program(const Program& p) {
           auto key = op.kind == OpKind::kSend ? std::make_tuple(r, op.peer, op.tag)
                                               : std::make_tuple(op.peer, r, op.tag);
           auto& entry = (op.kind == OpKind::kSend ? sends : recvs)[key];
-          ++entry.first;
-          entry.second = op.bytes;
+          ++entry.count;
+          entry.bytes = op.bytes;
+          entry.link = op.link;
+          if (op.link >= 0 && (op.link >= static_cast<int32_t>(p.links.size()) ||
+                               p.links[static_cast<std::size_t>(op.link)].producer != op.module))
+            complain(r, i, "boundary message names no link of its module");
+          break;
+        }
+        case OpKind::kCompute: {
+          const ChunkLayers* held = find_chunk_layers(p, op.module, op.stage, op.chunk);
+          if (held == nullptr || op.first_layer < held->first_layer ||
+              op.first_layer + op.layers > held->end_layer)
+            complain(r, i, "runs layers its chunk does not hold");
           break;
         }
         case OpKind::kCollective: {
@@ -156,12 +184,15 @@ std::vector<std::string> check_program(const Program& p) {
         "r" + std::to_string(src) + "->r" + std::to_string(dst) + " tag " + std::to_string(tag);
     if (it == recvs.end())
       problems.push_back("send " + pair + " has no receive");
-    else if (it->second.first != s.first)
-      problems.push_back("send " + pair + " posted " + std::to_string(s.first) +
-                         " times, received " + std::to_string(it->second.first));
-    else if (it->second.second != s.second)
-      problems.push_back("send " + pair + " sends " + std::to_string(s.second) +
-                         " bytes, the receive expects " + std::to_string(it->second.second));
+    else if (it->second.count != s.count)
+      problems.push_back("send " + pair + " posted " + std::to_string(s.count) +
+                         " times, received " + std::to_string(it->second.count));
+    else if (it->second.bytes != s.bytes)
+      problems.push_back("send " + pair + " sends " + std::to_string(s.bytes) +
+                         " bytes, the receive expects " + std::to_string(it->second.bytes));
+    else if (it->second.link != s.link)
+      problems.push_back("send " + pair + " carries link " + std::to_string(s.link) +
+                         ", the receive expects link " + std::to_string(it->second.link));
   }
   for (const auto& [key, r] : recvs)
     if (!sends.contains(key)) {

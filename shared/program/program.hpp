@@ -85,11 +85,35 @@ struct Op {
   int32_t peer = -1;          // send/recv: the other rank
   int32_t group = -1;         // collective (and a kOpTpScattered send/recv): Program::groups index
   int64_t tag = 0;            // send/recv: matches a send to its receive between two ranks
+  int32_t link = -1;          // boundary send/recv of a link: Program::links index (DIP's
+                              // messages carry sub-micro-batches instead: -1)
   std::vector<int32_t> deps;  // earlier ops of this rank that must finish before this one starts
   std::vector<NestedCollective> nested;
 };
 
 using RankList = std::vector<int64_t>;
+
+// The layers [first_layer, end_layer) a module's chunk holds on a pipeline stage: what the
+// executor builds there. A gradient bucket's compute ops run a part of them.
+struct ChunkLayers {
+  int16_t module = -1;
+  int16_t stage = 0;
+  int16_t chunk = 0;
+  int32_t first_layer = 0, end_layer = 0;
+};
+
+// One boundary link: the rows of micro-batch `microbatch` that replica `producer_replica` of a
+// producer (its last module, a projector: Op::module of the link's messages) hands to replica
+// `consumer_replica` of the module it feeds. With fan-in (more producer than consumer replicas)
+// each producer replica's link carries its own samples; with fan-out each consumer replica's
+// carries that replica's share. The consumer assembles its input from its links in order of
+// producer replica. A link whose two ends are one rank has no message.
+struct BoundaryLink {
+  int16_t producer = -1, consumer = -1;
+  int32_t microbatch = -1;
+  int64_t producer_replica = 0, consumer_replica = 0;
+  std::vector<int32_t> samples;  // indices into the batch's samples, in row order
+};
 
 // What a rank holds in memory: parameter state from the plan, activations from the schedule.
 struct RankMemory {
@@ -118,7 +142,14 @@ struct Program {
   // batch's samples; the encoders' are Entrain's level 1 (else the same). The executor runs
   // exactly these.
   std::vector<std::vector<std::vector<int32_t>>> llm_microbatches, encoder_microbatches;
+  // Every (module, stage, chunk) a compute op runs, sorted: the layers it holds.
+  std::vector<ChunkLayers> chunk_layers;
+  // The boundary links of heterogeneous plans, in the order the lowering met them.
+  std::vector<BoundaryLink> links;
 };
+
+// The layers of (module, stage, chunk), or nullptr when no compute op runs it.
+const ChunkLayers* find_chunk_layers(const Program& program, int module, int stage, int chunk);
 
 // Readable, stable name: "llm.s1.mb3.F", "llm.s0.c1.mb3.B", "send:llm.s1.mb3.F>r17",
 // "dp:allreduce:llm.s1", "optimizer:llm.s0"; a gradient bucket's ops name their layers:
@@ -134,7 +165,9 @@ bool fused_with_backward(const std::vector<Op>& ops, std::size_t i);
 // Structural checks: dependencies point to earlier ops of the same rank; every send has exactly
 // one receive with the same bytes and vice versa; every collective group's members enter the
 // group's collectives in the same order with the same kind and size (no deadlock); nested
-// collectives name valid groups. Returns one message per problem (empty = valid).
+// collectives name valid groups; each compute op's layers lie within its chunk's (chunk_layers);
+// a message that names a boundary link names one of its module's, the same at both ends. Returns
+// one message per problem (empty = valid).
 std::vector<std::string> check_program(const Program& program);
 
 // Machine-readable op list of one rank (or all when rank < 0).

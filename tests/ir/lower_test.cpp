@@ -345,6 +345,126 @@ TEST_CASE("program checks catch broken programs") {
   // The evaluator reports the deadlock instead of hanging.
   const Timeline t = evaluate(reordered, ideal(c));
   CHECK(t.error.find("cannot finish") != std::string::npos);
+  // A compute op beyond the layers its chunk holds.
+  Program overrun = p;
+  for (Op& op : overrun.ranks[1])
+    if (op.kind == OpKind::kCompute) {
+      op.layers += 1;
+      break;
+    }
+  CHECK(check_program(overrun).front().find("layers its chunk does not hold") != std::string::npos);
+}
+
+TEST_CASE("program checks catch a boundary message on the wrong link") {
+  Case c = make(
+      kVlm,
+      R"({"global_batch": 8, "max_seq_len": 1024, "samples": {"text_tokens": 64, "image": {"count": 1, "width": 64, "height": 64}}})",
+      R"({"placement": "non_colocated", "schedule": "graph_1f1b", "modules": {"vision": {"dp": 2}, "llm": {"dp": 1}}})");
+  const Program p = lowered(c);
+  REQUIRE(p.links.size() >= 2);
+  Program swapped = p;
+  Program nowhere = p;
+  for (std::size_t r = 0; r < p.ranks.size(); ++r)
+    for (std::size_t i = 0; i < p.ranks[r].size(); ++i)
+      if (p.ranks[r][i].kind == OpKind::kSend && p.ranks[r][i].purpose == Purpose::kBoundary) {
+        Op& op = swapped.ranks[r][i];
+        op.link = (op.link + 1) % static_cast<int32_t>(p.links.size());
+        nowhere.ranks[r][i].link = static_cast<int32_t>(p.links.size());
+      }
+  const auto wrong = check_program(swapped);
+  REQUIRE_FALSE(wrong.empty());
+  CHECK(wrong.front().find("the receive expects link") != std::string::npos);
+  CHECK(check_program(nowhere).front().find("names no link of its module") != std::string::npos);
+}
+
+TEST_CASE("boundary links: each consumer replica's links carry its micro-batch's samples") {
+  const char* workload =
+      R"({"global_batch": 16, "max_seq_len": 1024, "seed": 3, "samples": {"text_tokens": {"dist": "uniform", "min": 32, "max": 300},
+    "image": {"count": {"dist": "choice", "values": [0, 1, 2]}, "width": 64, "height": 64}}})";
+  struct Expect {
+    const char* plan;
+    int64_t links_per_consumer;  // fan-in degree, or 1
+  };
+  for (
+      const Expect& e : {
+          Expect{
+              R"({"placement": "non_colocated", "schedule": "graph_1f1b", "modules": {"vision": {"dp": 4}, "llm": {"tp": 2, "pp": 2, "dp": 2}}})",
+              2},
+          Expect{
+              R"({"placement": "non_colocated", "schedule": "graph_1f1b", "modules": {"vision": {"dp": 2, "pp": 2}, "llm": {"tp": 2, "cp": 2, "dp": 4}}})",
+              1},
+          Expect{
+              R"({"placement": "colocated", "schedule": "three_phase", "modules": {"vision": {"dp": 8}, "llm": {"tp": 2, "pp": 2, "dp": 2}}})",
+              4},
+      }) {
+    INFO(e.plan);
+    const Case c = make(kVlm, workload, e.plan);
+    const Program p = lowered(c);
+    REQUIRE_FALSE(p.links.empty());
+    // (micro-batch, consumer replica) -> producer replica -> samples
+    std::map<std::pair<int32_t, int64_t>, std::map<int64_t, std::vector<int32_t>>> into;
+    for (const BoundaryLink& link : p.links) {
+      CHECK(p.modules[static_cast<std::size_t>(link.producer)] == "proj");
+      CHECK(p.modules[static_cast<std::size_t>(link.consumer)] == "llm");
+      CHECK(into[{link.microbatch, link.consumer_replica}]
+                .emplace(link.producer_replica, link.samples)
+                .second);
+    }
+    const auto& llm = p.llm_microbatches;
+    CHECK(into.size() == llm.size() * llm.front().size());
+    for (const auto& [at, links] : into) {
+      CHECK(static_cast<int64_t>(links.size()) == e.links_per_consumer);
+      // In order of producer replica, the links' samples are the consumer's micro-batch.
+      std::vector<int32_t> assembled;
+      for (const auto& [producer, samples] : links)
+        assembled.insert(assembled.end(), samples.begin(), samples.end());
+      std::vector<int32_t> expected =
+          llm[static_cast<std::size_t>(at.second)][static_cast<std::size_t>(at.first)];
+      std::sort(assembled.begin(), assembled.end());
+      std::sort(expected.begin(), expected.end());
+      CHECK(assembled == expected);
+    }
+    // Every boundary message names its link, and the link's ends are the message's ranks'
+    // replicas (checked by check_program in lowered(): both ends name the same link).
+    int64_t messages = 0;
+    for (const auto& ops : p.ranks)
+      for (const Op& op : ops)
+        if ((op.kind == OpKind::kSend || op.kind == OpKind::kRecv) &&
+            op.purpose == Purpose::kBoundary) {
+          ++messages;
+          REQUIRE(op.link >= 0);
+          CHECK(p.links[static_cast<std::size_t>(op.link)].microbatch == op.microbatch);
+        }
+    CHECK(messages > 0);
+  }
+}
+
+TEST_CASE("chunk layers: each stage's chunks hold the plan's layers") {
+  Case c = make(
+      kTextModel, kUniformText,
+      R"({"placement": "homogeneous", "schedule": "interleaved_1f1b", "layout": {"pp": 2, "vpp": 2}})");
+  const Program p = lowered(c);
+  // 8 layers over 4 virtual stages: chunk c of stage s holds virtual stage c * 2 + s.
+  REQUIRE(p.chunk_layers.size() == 4);
+  for (const ChunkLayers& held : p.chunk_layers) {
+    const int32_t k = held.chunk * 2 + held.stage;
+    CHECK(held.first_layer == 2 * k);
+    CHECK(held.end_layer == 2 * k + 2);
+  }
+  CHECK(find_chunk_layers(p, 0, 1, 1)->first_layer == 6);
+  CHECK(find_chunk_layers(p, 0, 2, 0) == nullptr);
+  // A projector in its encoder's last stage holds none of the encoder's layers, even where the
+  // frozen-aware split gives that stage some.
+  const Case v = make(
+      kVlm,
+      R"({"global_batch": 4, "max_seq_len": 1024, "samples": {"text_tokens": 64, "image": {"count": 1, "width": 64, "height": 64}}})",
+      R"({"placement": "non_colocated", "schedule": "graph_1f1b", "modules": {"vision": {"pp": 2}, "llm": {"pp": 2}}})");
+  const Program nc = lowered(v);
+  REQUIRE(find_chunk_layers(nc, 1, 1, 0) != nullptr);
+  CHECK(find_chunk_layers(nc, 1, 1, 0)->end_layer == 0);
+  CHECK(find_chunk_layers(nc, 0, 1, 0)->end_layer == 4);
+  for (const Op& op : nc.ranks[1])
+    if (op.kind == OpKind::kCompute && op.module == 1) CHECK(op.layers == 0);
 }
 
 TEST_CASE("cost model: ring all-reduce and p2p times") {
