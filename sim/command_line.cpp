@@ -89,6 +89,19 @@ int report_problems(const Diagnostics& diag, std::ostream& err) {
   return kBadInput;
 }
 
+void add_iteration_option(cxxopts::Options& options) {
+  options.add_options()("iteration", "which iteration's batch to draw",
+                        cxxopts::value<int64_t>()->default_value("0"));
+}
+
+std::optional<int64_t> iteration_option(const cxxopts::Options& options,
+                                        const cxxopts::ParseResult& args, std::ostream& err) {
+  const int64_t iteration = args["iteration"].as<int64_t>();
+  if (iteration >= 0) return iteration;
+  err << options.program() << ": --iteration must be >= 0\n";
+  return std::nullopt;
+}
+
 void add_profile_option(cxxopts::Options& options) {
   options.add_options()("profile",
                         "calibration profile (tessera calibrate): its fitted costs replace the "

@@ -39,6 +39,12 @@ std::optional<Scenario> scenario_with_plan(const cxxopts::ParseResult& args,
 // --plan, shared by the commands that run one plan.
 void add_plan_option(cxxopts::Options& options);
 
+// --iteration, shared by the commands that draw one batch, and its value: nullopt after telling
+// `err` why it is not one (a negative number).
+void add_iteration_option(cxxopts::Options& options);
+std::optional<int64_t> iteration_option(const cxxopts::Options& options,
+                                        const cxxopts::ParseResult& args, std::ostream& err);
+
 // --profile, shared by the commands that predict: a calibration profile's fits replace the
 // analytic defaults.
 void add_profile_option(cxxopts::Options& options);

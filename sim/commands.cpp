@@ -140,21 +140,18 @@ int run_lower(const Args& args, std::ostream& out, std::ostream& err) {
       "simulator predicts and the executor runs. A dry run.");
   add_plan_option(options);
   add_set_option(options, "change a scenario field first: json.path=value (repeatable)");
+  add_iteration_option(options);
   options.add_options()("rank", "only this rank (default: all)",
-                        cxxopts::value<int>()->default_value("-1"))(
-      "iteration", "which iteration's batch to draw",
-      cxxopts::value<int64_t>()->default_value("0"))("json", "machine-readable output");
+                        cxxopts::value<int>()->default_value("-1"))("json",
+                                                                    "machine-readable output");
   int code = kOk;
   std::string file;
   const auto result =
       parse_with_input(options, "scenario file", "<scenario.json>", args, out, err, file, code);
   if (!result) return code;
   const int rank = (*result)["rank"].as<int>();
-  const int64_t iteration = (*result)["iteration"].as<int64_t>();
-  if (iteration < 0) {
-    err << options.program() << ": --iteration must be >= 0\n";
-    return kBadInput;
-  }
+  const std::optional<int64_t> iteration = iteration_option(options, *result, err);
+  if (!iteration) return kBadInput;
   Diagnostics diag;
   const auto scenario = scenario_with_plan(*result, file, diag);
   if (!scenario) return report_problems(diag, err);
@@ -167,7 +164,7 @@ int run_lower(const Args& args, std::ostream& out, std::ostream& err) {
   const ParallelPlan plan =
       resolve_stage_split(*scenario->plan, scenario->model, scenario->workload, scenario->cluster);
   const Lowered lowered = lower(scenario->model, scenario->cluster, plan, scenario->workload,
-                                draw_batch(scenario->workload, iteration));
+                                draw_batch(scenario->workload, *iteration));
   if (!lowered.error.empty()) {
     err << options.program() << ": " << lowered.error << "\n";
     return kBadInput;
@@ -210,18 +207,14 @@ int run_estimate(const Args& args, std::ostream& out, std::ostream& err) {
   add_plan_option(options);
   add_set_option(options, "change a scenario field first: json.path=value (repeatable)");
   add_profile_option(options);
-  options.add_options()("iteration", "which iteration's batch to draw",
-                        cxxopts::value<int64_t>()->default_value("0"));
+  add_iteration_option(options);
   int code = kOk;
   std::string file;
   const auto result =
       parse_with_input(options, "scenario file", "<scenario.json>", args, out, err, file, code);
   if (!result) return code;
-  const int64_t iteration = (*result)["iteration"].as<int64_t>();
-  if (iteration < 0) {
-    err << options.program() << ": --iteration must be >= 0\n";
-    return kBadInput;
-  }
+  const std::optional<int64_t> iteration = iteration_option(options, *result, err);
+  if (!iteration) return kBadInput;
   Diagnostics diag;
   const auto scenario = scenario_with_plan(*result, file, diag);
   if (!scenario) return report_problems(diag, err);
@@ -232,10 +225,10 @@ int run_estimate(const Args& args, std::ostream& out, std::ostream& err) {
       resolve_stage_split(*scenario->plan, scenario->model, scenario->workload, scenario->cluster,
                           cost ? &*cost : nullptr);
   const Estimate e =
-      estimate(*scenario, plan, iteration, cost ? *cost : default_cost_params(scenario->cluster));
+      estimate(*scenario, plan, *iteration, cost ? *cost : default_cost_params(scenario->cluster));
   out << "scenario " << scenario->name << ": " << enum_name(scenario->plan->placement, kPlacements)
       << " plan on " << world_size(*scenario->plan, scenario->model) << " ranks, iteration "
-      << iteration << "\n";
+      << *iteration << "\n";
   out << stage_layers_line(plan, scenario->model, cost.has_value());
   out << format_estimate(e, *scenario);
   if (e.metrics.step_s > 0) return kOk;  // an infeasible plan is a prediction too

@@ -1,8 +1,42 @@
 #include "shared/layout/rank_groups.hpp"
 
+#include <array>
+#include <span>
+
 #include "shared/base/check.hpp"
 
 namespace tessera {
+
+namespace {
+
+// A rank's coordinates on four axes: (t, c, d, p) in the dense grid, (t, e, d, p) in the
+// expert grid.
+using Coords = std::array<int64_t, 4>;
+constexpr int T = 0, C = 1, E = 1, D = 2, P = 3;
+
+// Calls visit() for every value of the `axes` of x, the first axis varying slowest.
+template <class Visit>
+void each(Coords& x, const Coords& sizes, std::span<const int> axes, Visit&& visit) {
+  if (axes.empty()) return visit();
+  const auto a = static_cast<std::size_t>(axes.front());
+  for (x[a] = 0; x[a] < sizes[a]; ++x[a]) each(x, sizes, axes.subspan(1), visit);
+}
+
+// One group per value of the `across` axes, holding the ranks along the `along` axes (each list
+// with its first axis varying slowest).
+template <class Rank>
+std::vector<Group> groups(const Coords& sizes, std::initializer_list<int> across,
+                          std::initializer_list<int> along, Rank rank) {
+  std::vector<Group> out;
+  Coords x{};
+  each(x, sizes, across, [&] {
+    Group& g = out.emplace_back();
+    each(x, sizes, along, [&] { g.push_back(rank(x)); });
+  });
+  return out;
+}
+
+}  // namespace
 
 ModuleGroups layout_groups(const ModuleLayout& l, int64_t first) {
   TESSERA_CHECK(l.tp >= 1 && l.cp >= 1 && l.dp >= 1 && l.pp >= 1 && l.ep >= 1);
@@ -10,76 +44,22 @@ ModuleGroups layout_groups(const ModuleLayout& l, int64_t first) {
   ModuleGroups g;
   g.first_rank = first;
   g.size = l.size();
-  const int64_t TP = l.tp, CP = l.cp, DP = l.dp, PP = l.pp, EP = l.ep, EDP = l.cp * l.dp / l.ep;
-  auto dense = [&](int64_t t, int64_t c, int64_t d, int64_t p) {
-    return first + t + TP * (c + CP * (d + DP * p));
+  const Coords dense{l.tp, l.cp, l.dp, l.pp}, expert{l.tp, l.ep, l.cp * l.dp / l.ep, l.pp};
+  auto dense_rank = [&](const Coords& x) {
+    return first + x[T] + l.tp * (x[C] + l.cp * (x[D] + l.dp * x[P]));
   };
-  auto expert = [&](int64_t t, int64_t e, int64_t d, int64_t p) {
-    return first + t + TP * (e + EP * (d + EDP * p));
+  auto expert_rank = [&](const Coords& x) {
+    return first + x[T] + l.tp * (x[E] + expert[E] * (x[D] + expert[D] * x[P]));
   };
-
-  for (int64_t p = 0; p < PP; ++p)
-    for (int64_t d = 0; d < DP; ++d)
-      for (int64_t c = 0; c < CP; ++c) {
-        Group tp;
-        for (int64_t t = 0; t < TP; ++t) tp.push_back(dense(t, c, d, p));
-        g.tp.push_back(tp);
-      }
-  for (int64_t p = 0; p < PP; ++p)
-    for (int64_t d = 0; d < DP; ++d) {
-      Group tpcp;
-      for (int64_t c = 0; c < CP; ++c)
-        for (int64_t t = 0; t < TP; ++t) tpcp.push_back(dense(t, c, d, p));
-      g.tpcp.push_back(tpcp);
-    }
-  for (int64_t p = 0; p < PP; ++p)
-    for (int64_t d = 0; d < DP; ++d)
-      for (int64_t t = 0; t < TP; ++t) {
-        Group cp;
-        for (int64_t c = 0; c < CP; ++c) cp.push_back(dense(t, c, d, p));
-        g.cp.push_back(cp);
-      }
-  for (int64_t p = 0; p < PP; ++p)
-    for (int64_t c = 0; c < CP; ++c)
-      for (int64_t t = 0; t < TP; ++t) {
-        Group dp;
-        for (int64_t d = 0; d < DP; ++d) dp.push_back(dense(t, c, d, p));
-        g.dp.push_back(dp);
-      }
-  for (int64_t p = 0; p < PP; ++p)
-    for (int64_t t = 0; t < TP; ++t) {
-      Group dpcp;
-      for (int64_t d = 0; d < DP; ++d)
-        for (int64_t c = 0; c < CP; ++c) dpcp.push_back(dense(t, c, d, p));
-      g.dpcp.push_back(dpcp);
-    }
-  for (int64_t d = 0; d < DP; ++d)
-    for (int64_t c = 0; c < CP; ++c)
-      for (int64_t t = 0; t < TP; ++t) {
-        Group pp;
-        for (int64_t p = 0; p < PP; ++p) pp.push_back(dense(t, c, d, p));
-        g.pp.push_back(pp);
-      }
-  for (int64_t p = 0; p < PP; ++p)
-    for (int64_t d = 0; d < EDP; ++d)
-      for (int64_t t = 0; t < TP; ++t) {
-        Group ep;
-        for (int64_t e = 0; e < EP; ++e) ep.push_back(expert(t, e, d, p));
-        g.ep.push_back(ep);
-      }
-  for (int64_t p = 0; p < PP; ++p)
-    for (int64_t e = 0; e < EP; ++e)
-      for (int64_t t = 0; t < TP; ++t) {
-        Group edp;
-        for (int64_t d = 0; d < EDP; ++d) edp.push_back(expert(t, e, d, p));
-        g.edp.push_back(edp);
-      }
-  const int64_t stage_size = TP * CP * DP;
-  for (int64_t p = 0; p < PP; ++p) {
-    Group stage;
-    for (int64_t r = 0; r < stage_size; ++r) stage.push_back(first + p * stage_size + r);
-    g.stages.push_back(stage);
-  }
+  g.tp = groups(dense, {P, D, C}, {T}, dense_rank);
+  g.tpcp = groups(dense, {P, D}, {C, T}, dense_rank);
+  g.cp = groups(dense, {P, D, T}, {C}, dense_rank);
+  g.dp = groups(dense, {P, C, T}, {D}, dense_rank);
+  g.dpcp = groups(dense, {P, T}, {D, C}, dense_rank);
+  g.pp = groups(dense, {D, C, T}, {P}, dense_rank);
+  g.ep = groups(expert, {P, D, T}, {E}, expert_rank);
+  g.edp = groups(expert, {P, E, T}, {D}, expert_rank);
+  g.stages = groups(dense, {P}, {D, C, T}, dense_rank);
   return g;
 }
 
