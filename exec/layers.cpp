@@ -98,7 +98,8 @@ Attention::Attention(ParamSet& ps, const std::string& name, const TransformerArc
   rotary = arch.positions == 0;
   const bool qkv_bias = arch.linear_bias || arch.qkv_bias;
   q = Linear(ps, name + ".q", arch.hidden, arch.heads * head_dim, qkv_bias, Split::kColumn);
-  k = Linear(ps, name + ".k", arch.hidden, kv * head_dim, qkv_bias, Split::kColumn);
+  k = Linear(ps, name + ".k", arch.hidden, kv * head_dim, qkv_bias && arch.key_bias,
+             Split::kColumn);
   v = Linear(ps, name + ".v", arch.hidden, kv * head_dim, qkv_bias, Split::kColumn);
   o = Linear(ps, name + ".o", arch.heads * head_dim, arch.hidden, arch.linear_bias, Split::kRow);
 }

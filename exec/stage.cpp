@@ -47,7 +47,7 @@ Stage::Stage(const ModuleSpec& module, int64_t layer_begin, int64_t layer_end, u
     const int64_t patches = (p.image_size / p.patch_size) * (p.image_size / p.patch_size);
     const int64_t length = patches + (p.class_token ? 1 : 0);
     patch_ = Linear(params_, name + ".patch", p.in_channels * p.patch_size * p.patch_size,
-                    arch.hidden, true, Split::kReplicated);
+                    arch.hidden, arch.linear_bias && p.conv_bias, Split::kReplicated);
     if (p.class_token) cls_ = params_.weight(name + ".cls", {arch.hidden}, 0.02);
     if (arch.positions > 0) {
       TESSERA_CHECK(arch.positions >= length, name + ": " + std::to_string(arch.positions) +
@@ -55,6 +55,7 @@ Stage::Stage(const ModuleSpec& module, int64_t layer_begin, int64_t layer_end, u
                                                   std::to_string(length));
       positions_ = params_.weight(name + ".positions", {arch.positions, arch.hidden}, 0.02);
     }
+    if (p.pre_norm) pre_norm_ = Norm(params_, name + ".pre_norm", arch.hidden, arch.norm);
   }
   if (module.role == ModuleRole::kLlm && first())
     embedding_ = Embedding(params_, name + ".embedding", arch.vocab, arch.hidden);
@@ -129,6 +130,7 @@ torch::Tensor Stage::encode(const torch::Tensor& input, Cuts* cuts) const {
     x = patch_.forward(x);
     if (cls_.defined()) x = torch::cat({cls_.view({1, 1, -1}).expand({n, 1, cls_.size(0)}), x}, 1);
     if (positions_.defined()) x = x + positions_.narrow(0, 0, x.size(1)).unsqueeze(0);
+    if (pre_norm_.weight.defined()) x = pre_norm_.forward(x);
   }
   x = run_blocks(x, AttentionInputs{}, cuts);
   if (!last()) return x;

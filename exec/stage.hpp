@@ -78,6 +78,7 @@ class Stage {
   Linear patch_;
   torch::Tensor conv1_weight_, conv1_bias_, conv2_weight_, conv2_bias_;  // (H, mel|H, 3), (H)
   torch::Tensor cls_, positions_;
+  Norm pre_norm_;  // over the patch embeddings (Patching::pre_norm)
   // Projector.
   Norm input_norm_;
   Linear fc1_, fc2_;

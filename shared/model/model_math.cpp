@@ -86,10 +86,11 @@ int64_t layer_parameters(const TransformerArch& a) {
   const int64_t q = a.heads * a.head_dim;
   const int64_t kv = a.kv_heads * a.head_dim;
   int64_t n = a.hidden * q + 2 * a.hidden * kv + q * a.hidden;
+  const int64_t qkv = q + (a.key_bias ? 2 : 1) * kv;  // the biases of q, k, v
   if (a.linear_bias) {
-    n += q + 2 * kv + a.hidden;
+    n += qkv + a.hidden;
   } else if (a.qkv_bias) {
-    n += q + 2 * kv;
+    n += qkv;
   }
   if (a.experts > 0) {
     n += a.experts * mlp_parameters(a, a.moe_ffn) + a.hidden * a.experts;  // experts + router
@@ -119,8 +120,9 @@ int64_t embedding_parameters(const ModuleSpec& m) {
   if (m.patching) {
     const Patching& p = *m.patching;
     n += p.in_channels * p.patch_size * p.patch_size * p.temporal_patch * a.hidden;
-    if (a.linear_bias) n += a.hidden;
+    if (a.linear_bias && p.conv_bias) n += a.hidden;
     if (p.class_token) n += a.hidden;
+    if (p.pre_norm) n += norm_parameters(a.norm, a.hidden);
   }
   if (m.audio) {
     // Whisper: conv1 (mel -> hidden, kernel 3) and conv2 (hidden -> hidden, kernel 3, stride 2).

@@ -157,6 +157,9 @@ ModuleSpec vit_module(const HfReader& v, bool siglip) {
   p.image_size = v.get("image_size", 224);
   p.resize = ResizeMode::kFixed;
   p.class_token = !siglip;
+  // CLIP: a patch convolution without bias, and a norm (pre_layrnorm) before the first layer.
+  p.conv_bias = siglip;
+  p.pre_norm = !siglip;
   const int64_t grid = p.patch_size > 0 ? p.image_size / p.patch_size : 0;
   a.positions = grid * grid + (p.class_token ? 1 : 0);
   ModuleSpec m = encoder_module("vision", Modality::kImage, a);
@@ -214,6 +217,7 @@ ModelSpec import_qwen_vl(const HfReader& root, bool qwen25) {
   p.in_channels = v.has("in_chans") ? v.get("in_chans", 3) : v.get("in_channels", 3);
   p.spatial_merge = v.get("spatial_merge_size", 2);
   p.temporal_patch = v.get("temporal_patch_size", 2);
+  p.conv_bias = false;
   p.resize = ResizeMode::kDynamic;
   p.min_pixels = 56 * 56;  // preprocessor_config.json defaults
   p.max_pixels = 28 * 28 * 16384;
@@ -225,8 +229,10 @@ ModelSpec import_qwen_vl(const HfReader& root, bool qwen25) {
     v.error(qwen25 ? "out_hidden_size" : "hidden_size",
             std::to_string(out) + " does not match the LLM hidden_size " +
                 std::to_string(llm.transformer->hidden));
+  // The merger's norm (ln_q) normalizes each encoder token before the merge: it is the encoder's
+  // final norm, so the projector has none of its own.
   const int64_t merged = a.hidden * p.spatial_merge * p.spatial_merge;
-  return vlm(vision, projector_module("vision_projector", "vision", merged, merged, out, 2, true),
+  return vlm(vision, projector_module("vision_projector", "vision", merged, merged, out, 2, false),
              llm);
 }
 
@@ -332,6 +338,7 @@ ModelSpec import_whisper(const HfReader& r) {
                                    r.get("encoder_attention_heads", 20),
                                    r.get("encoder_ffn_dim", 5120), NormKind::kLayerNorm);
   a.positions = r.get("max_source_positions", 1500);
+  a.key_bias = false;  // Whisper's k_proj has no bias
   AudioFrontEnd fe;
   fe.mel_bins = r.get("num_mel_bins", 80);
   fe.max_seconds = static_cast<double>(a.positions * fe.downsampling) /

@@ -63,6 +63,7 @@ TransformerArch read_transformer(ObjectReader& r) {
   r.optional("tied_embeddings", a.tied_embeddings);
   r.optional("linear_bias", a.linear_bias);
   r.optional("qkv_bias", a.qkv_bias);
+  r.optional("key_bias", a.key_bias);
   r.optional_enum("norm", a.norm, kNorms);
   if (r.optional("experts", a.experts) && r.check_at_least<int64_t>("experts", a.experts, 0))
     at_most(r, "experts", a.experts, kMaxExperts);
@@ -106,6 +107,8 @@ Patching read_patching(ObjectReader& r) {
   positive(r, "spatial_merge", p.spatial_merge, false, kMaxPatch);
   positive(r, "temporal_patch", p.temporal_patch, false, kMaxPatch);
   r.optional("class_token", p.class_token);
+  r.optional("conv_bias", p.conv_bias);
+  r.optional("pre_norm", p.pre_norm);
   r.required_enum("resize", p.resize, kResizeModes);
   switch (p.resize) {
     case ResizeMode::kFixed:
@@ -218,6 +221,7 @@ Json to_json(const TransformerArch& a) {
   j["tied_embeddings"] = a.tied_embeddings;
   j["linear_bias"] = a.linear_bias;
   j["qkv_bias"] = a.qkv_bias;
+  if (!a.key_bias) j["key_bias"] = false;
   j["norm"] = enum_name(a.norm, kNorms);
   if (a.experts > 0) {
     j["experts"] = a.experts;
@@ -236,6 +240,8 @@ Json to_json(const Patching& p) {
   j["spatial_merge"] = p.spatial_merge;
   j["temporal_patch"] = p.temporal_patch;
   j["class_token"] = p.class_token;
+  if (!p.conv_bias) j["conv_bias"] = false;
+  if (p.pre_norm) j["pre_norm"] = true;
   j["resize"] = enum_name(p.resize, kResizeModes);
   switch (p.resize) {
     case ResizeMode::kFixed:

@@ -40,6 +40,7 @@ struct TransformerArch {
   bool tied_embeddings = false;  // output head shares the embedding matrix
   bool linear_bias = false;      // every linear has a bias (ViT, CLIP, Whisper)
   bool qkv_bias = false;         // only q, k, v have a bias (Qwen2)
+  bool key_bias = true;          // with either: the key projection has one too (Whisper's not)
   NormKind norm = NormKind::kRmsNorm;
   int64_t experts = 0;  // MoE experts per layer; 0 = dense MLP
   int64_t top_k = 0;    // experts active per token
@@ -59,6 +60,9 @@ struct Patching {
   int64_t spatial_merge = 1;   // tokens merged s x s after the encoder (Qwen2-VL 2, InternVL 2)
   int64_t temporal_patch = 1;  // video frames merged into one patch (Qwen2-VL 2)
   bool class_token = false;    // encoder prepends a CLS token per image/tile; never sent to the LLM
+  bool conv_bias = true;       // with transformer.linear_bias: the patch convolution has a bias too
+                               // (CLIP's and Qwen2-VL's have none)
+  bool pre_norm = false;       // a norm over the patch embeddings before the first layer (CLIP)
   ResizeMode resize = ResizeMode::kFixed;
   int64_t image_size = 0;  // kFixed: side in pixels
   int64_t min_pixels = 0;  // kDynamic
@@ -89,7 +93,7 @@ struct ProjectorArch {
   int64_t out = 0;
   int64_t layers = 2;
   bool bias = true;
-  bool input_norm = false;  // LayerNorm on the input (InternVL mlp1, Qwen2-VL merger)
+  bool input_norm = false;  // LayerNorm on the input (InternVL's mlp1)
 
   bool operator==(const ProjectorArch&) const = default;
 };
