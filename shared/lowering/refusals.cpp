@@ -6,8 +6,8 @@ namespace tessera {
 
 namespace {
 
+// validate_plan has refused an LLM without a pipeline (pp 1) already.
 std::string dip_refusal(const PlacedModule& llm, const ModelSpec& model) {
-  if (llm.layout.pp < 2) return "schedule dip needs the LLM to have pp >= 2";
   if (llm.layout.cp > 1) return "schedule dip with context parallelism (cp > 1) is not lowered yet";
   for (const ModuleSpec& spec : model.modules) {
     if (spec.role == ModuleRole::kGenerator)

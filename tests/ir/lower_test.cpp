@@ -644,6 +644,36 @@ TEST_CASE("a generator after the LLM lowers in every placement") {
   }
 }
 
+TEST_CASE("lowering_refusal: the validated plans lower() cannot express, each with its reason") {
+  const char* workload =
+      R"({"global_batch": 8, "max_seq_len": 512, "samples": {"text_tokens": 40, "image": {"count": 1, "width": 64, "height": 64}}})";
+  const std::vector<std::pair<const char*, const char*>> refused = {
+      {R"({"placement": "homogeneous", "schedule": "dip", "layout": {"pp": 2, "cp": 2}})",
+       "schedule dip with context parallelism (cp > 1) is not lowered yet"},
+      {R"({"placement": "non_colocated", "microbatching": "entrain", "modules": {"vision": {"dp": 1}, "llm": {"dp": 2}}})",
+       "microbatching entrain: vision has fewer replicas (1) than the LLM (2)"},
+      {R"({"placement": "homogeneous", "schedule": "interleaved_1f1b", "microbatching": "entrain", "layout": {"pp": 2, "vpp": 2}})",
+       "microbatching entrain with interleaved 1F1B (vpp > 1) is not lowered yet"},
+  };
+  for (const auto& [plan, reason] : refused) {
+    INFO(std::string(plan));
+    const Case c = make(kVlm, workload, plan);
+    const std::string why = lowering_refusal(c.plan, c.model);
+    CHECK(why.starts_with(reason));
+    const Lowered l =
+        lower(c.model, c.cluster, resolve_stage_split(c.plan, c.model, c.workload, c.cluster),
+              c.workload, draw_batch(c.workload, 0));
+    CHECK(l.error == why);
+    CHECK(l.program.ranks.empty());
+  }
+  // The same model and workload with a plan it can express: no reason, a Program.
+  const Case ok = make(
+      kVlm, workload,
+      R"({"placement": "non_colocated", "microbatching": "entrain", "modules": {"vision": {"dp": 2}, "llm": {"dp": 2}}})");
+  CHECK(lowering_refusal(ok.plan, ok.model).empty());
+  CHECK_FALSE(lowered(ok).ranks.empty());
+}
+
 TEST_CASE(
     "memory model: mixed-precision Adam holds 18 bytes per trainable parameter, 6 + 12/dp "
     "sharded") {
