@@ -64,10 +64,13 @@ Stage::Stage(const ModuleSpec& module, int64_t layer_begin, int64_t layer_end, u
     blocks_.emplace_back(params_, name + ".layers." + std::to_string(l), arch);
     block_params_end_.push_back(params_.params().size());
   }
+  // Every transformer ends in its final norm: the LLM's before its head, an encoder's over its
+  // output (SigLIP's post-layernorm, Whisper's and Qwen2-Audio's last norm, Qwen2-VL's merger
+  // norm; CLIP's, which LLaVA's features skip, is applied too).
+  if (last()) final_norm_ = Norm(params_, name + ".final_norm", arch.hidden, arch.norm);
   if (module.role == ModuleRole::kLlm && last()) {
     TESSERA_CHECK(!arch.tied_embeddings || first(),
                   name + ": tied embeddings across pipeline stages are not in the executor yet");
-    final_norm_ = Norm(params_, name + ".final_norm", arch.hidden, arch.norm);
     if (arch.tied_embeddings) {
       head_.weight = embedding_.weight;
       head_.split = Split::kColumn;
@@ -134,6 +137,7 @@ torch::Tensor Stage::encode(const torch::Tensor& input, Cuts* cuts) const {
   }
   x = run_blocks(x, AttentionInputs{}, cuts);
   if (!last()) return x;
+  x = final_norm_.forward(x);
   if (module_.patching->class_token) x = x.narrow(1, 1, x.size(1) - 1);
   return x.reshape({-1, x.size(2)});
 }
@@ -151,7 +155,7 @@ torch::Tensor Stage::encode_audio(const std::vector<torch::Tensor>& windows, Cut
     if (a.pooling > 1)
       x = torch::avg_pool1d(x.transpose(1, 2), {a.pooling}, {a.pooling}, {0}, /*ceil_mode=*/true)
               .transpose(1, 2);
-    out.push_back(x.squeeze(0));
+    out.push_back(final_norm_.forward(x.squeeze(0)));  // after pooling, as Qwen2-Audio does
   }
   if (out.empty()) return torch::zeros({0, module_.transformer->hidden});
   return torch::cat(out, 0);

@@ -1,7 +1,7 @@
 // One module's slice on this rank — the layers [begin, end) of a virtual pipeline stage, with
 // the module's front end on its first slice (patch embedding, token embedding) and its back end
-// on its last (CLS removal, final norm + LM head + loss). Shapes come from the ModuleSpec, so a
-// tiny scenario and a full-size model run the same code.
+// on its last (final norm; then CLS removal, or the LM head and loss). Shapes come from the
+// ModuleSpec, so a tiny scenario and a full-size model run the same code.
 #pragma once
 
 #include <cstdint>

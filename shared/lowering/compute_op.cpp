@@ -65,7 +65,7 @@ Op Lowering::compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t
     linear = static_cast<double>(layers) * 2.0 *
              static_cast<double>(active_layer_matmul_parameters(a)) * tokens_local / tp_shard;
     attention = static_cast<double>(layers) * layer_attention_flops(a, pairs_local) / tp_shard;
-    weights = static_cast<double>(layers * layer_parameters(a)) / static_cast<double>(l.tp);
+    weights = static_cast<double>(layers) * layer_parameters(a, l.tp);
     if (layers > 0) op.attention_pairs = pairs_local;
     // Full recomputation checkpoints the transformer layers only (Megatron-LM's checkpointed
     // layer stack, Hugging Face's gradient checkpointing): the head, its loss and the front end
@@ -75,8 +75,11 @@ Op Lowering::compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t
       op.flags |= kOpHead;
       if (phase != Phase::kW) op.logits = tokens_local * static_cast<double>(a.vocab) / tp_shard;
       linear += 2.0 * static_cast<double>(a.hidden * a.vocab) * tokens_local / tp_shard;
-      weights += static_cast<double>(a.hidden * a.vocab) / static_cast<double>(l.tp);
+      // A tied head multiplies with the input side's embedding.
+      if (a.tied_embeddings)
+        weights += static_cast<double>(a.hidden * a.vocab) / static_cast<double>(l.tp);
     }
+    if (last_chunk && !recomputed) weights += output_side_parameters(spec, l.tp);
     if (first_chunk && (a.vocab > 0 || spec.patching || spec.audio) && !recomputed)
       op.flags |= kOpFrontEnd;
     if (first_chunk && (spec.patching || spec.audio) && !recomputed) {
@@ -85,7 +88,7 @@ Op Lowering::compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t
       front.transformer->layers = 0;
       front.transformer->vocab = 0;
       linear += forward_flops_per_token(front, 0) * tokens_local / tp_shard;
-      weights += static_cast<double>(embedding_parameters(front)) / static_cast<double>(l.tp);
+      weights += input_side_parameters(front, l.tp);
     }
     // Nested collectives of the layer stack.
     const double act = tokens_local * static_cast<double>(a.hidden) * dtype;
@@ -137,7 +140,7 @@ Op Lowering::compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t
     const double w = static_cast<double>(pr.layers == 1 ? pr.in * pr.out
                                                         : pr.in * pr.hidden + pr.hidden * pr.out);
     linear += 2.0 * w * tokens_local / tp_shard;
-    weights += static_cast<double>(projector_parameters(pr)) / static_cast<double>(l.tp);
+    weights += projector_parameters(pr, l.tp);
     // Forward: the row-parallel output; backward: the input gradient, when one flows back.
     if ((phase == Phase::kF || phase == Phase::kR ||
          (phase == Phase::kB && m.flow.needs_input_grad)) &&

@@ -35,17 +35,17 @@ struct Coord {
 
 using LayerRange = std::pair<int64_t, int64_t>;  // layers [first, end) of a module
 
-// Parameters of a module's layers [a, b), with the input side (embedding, patch or audio front
-// end) when a is 0 and the output head when b is the last layer; a projector whole.
-inline double range_parameters(const ModuleSpec& spec, int64_t a, int64_t b) {
+// Parameters of a module's layers [a, b) on one of `tp` tensor-parallel ranks, with the input
+// side (embedding, patch or audio front end) when a is 0 and the output side (final norm,
+// output head) when b is the last layer; a projector whole.
+inline double range_parameters(const ModuleSpec& spec, int64_t a, int64_t b, int64_t tp) {
   double params = 0;
   if (const auto& t = spec.transformer) {
-    const int64_t head = t->vocab > 0 && !t->tied_embeddings ? t->hidden * t->vocab : 0;
-    params += static_cast<double>((b - a) * layer_parameters(*t));
-    if (a == 0) params += static_cast<double>(embedding_parameters(spec) - head);  // input side
-    if (b == t->layers) params += static_cast<double>(head);                       // output head
+    params += static_cast<double>(b - a) * layer_parameters(*t, tp);
+    if (a == 0) params += input_side_parameters(spec, tp);
+    if (b == t->layers) params += output_side_parameters(spec, tp);
   }
-  if (spec.projector) params += static_cast<double>(projector_parameters(*spec.projector));
+  if (spec.projector) params += projector_parameters(*spec.projector, tp);
   return params;
 }
 
@@ -286,8 +286,8 @@ class Lowering {
   std::map<int64_t, std::set<int>> gathered_at_start_;
   // The 16-bit gradients (or weights) of layers [a, b) of `m` on one rank of its grid.
   double bucket_bytes(const ModuleInfo& m, int64_t a, int64_t b) const {
-    return range_parameters(*m.spec, a, b) * static_cast<double>(dtype_bytes(model_.dtype)) /
-           static_cast<double>(grid_of(m).layout.tp);
+    return range_parameters(*m.spec, a, b, grid_of(m).layout.tp) *
+           static_cast<double>(dtype_bytes(model_.dtype));
   }
   void account_memory(int64_t rank, const std::vector<int>& modules);
   const ModuleInfo& grid_of(const ModuleInfo& m) const;

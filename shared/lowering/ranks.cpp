@@ -142,9 +142,9 @@ double Lowering::parameters_on(const ModuleInfo& m, const Coord& x) const {
   for (int64_t chunk = 0; chunk < chunks; ++chunk) {
     const int64_t k = split ? chunk * m.layout.pp + x.p : 0;
     const auto [a, b] = m.chunk_layers[static_cast<std::size_t>(k)];
-    params += range_parameters(*m.spec, a, b);
+    params += range_parameters(*m.spec, a, b, owner.layout.tp);
   }
-  return params / static_cast<double>(owner.layout.tp);
+  return params;
 }
 
 }  // namespace tessera::lowering

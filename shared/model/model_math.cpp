@@ -14,11 +14,18 @@ int64_t norm_parameters(NormKind norm, int64_t width) {
   return norm == NormKind::kLayerNorm ? 2 * width : width;
 }
 
-int64_t mlp_parameters(const TransformerArch& a, int64_t ffn) {
+// An MLP of width `ffn` on one of `tp` ranks: the up (and gate) projections split by columns
+// with their biases, the down projection by rows, its bias whole.
+double mlp_parameters(const TransformerArch& a, int64_t ffn, double tp) {
   const int64_t matrices = a.gated_ffn ? 3 : 2;
-  int64_t n = matrices * a.hidden * ffn;
-  if (a.linear_bias) n += (a.gated_ffn ? 2 * ffn : ffn) + a.hidden;
+  double n = static_cast<double>(matrices * a.hidden * ffn) / tp;
+  if (a.linear_bias) n += static_cast<double>(a.gated_ffn ? 2 * ffn : ffn) / tp + a.hidden;
   return n;
+}
+
+// Exact as long as counts stay below 2^53.
+int64_t whole(double parameters) {
+  return std::llround(parameters);
 }
 
 int64_t ceil_div(int64_t a, int64_t b) {
@@ -82,22 +89,31 @@ MediaTokens square_piece(const Patching& p, int64_t side) {
 
 }  // namespace
 
-int64_t layer_parameters(const TransformerArch& a) {
-  const int64_t q = a.heads * a.head_dim;
-  const int64_t kv = a.kv_heads * a.head_dim;
-  int64_t n = a.hidden * q + 2 * a.hidden * kv + q * a.hidden;
-  const int64_t qkv = q + (a.key_bias ? 2 : 1) * kv;  // the biases of q, k, v
+double layer_parameters(const TransformerArch& a, int64_t tp) {
+  const auto t = static_cast<double>(tp);
+  // Key/value heads fewer than tp are replicated: each rank holds one.
+  const double kv_share = a.kv_heads >= tp ? static_cast<double>(a.kv_heads) / t : 1.0;
+  const auto q = static_cast<double>(a.heads * a.head_dim) / t;
+  const double kv = kv_share * static_cast<double>(a.head_dim);
+  const auto hidden = static_cast<double>(a.hidden);
+  double n = hidden * q + 2 * hidden * kv + q * hidden;
+  const double qkv = q + (a.key_bias ? 2 : 1) * kv;  // the biases of q, k, v
   if (a.linear_bias) {
-    n += qkv + a.hidden;
+    n += qkv + hidden;  // and the output projection's, whole
   } else if (a.qkv_bias) {
     n += qkv;
   }
   if (a.experts > 0) {
-    n += a.experts * mlp_parameters(a, a.moe_ffn) + a.hidden * a.experts;  // experts + router
+    n += static_cast<double>(a.experts) * mlp_parameters(a, a.moe_ffn, t) +
+         hidden * static_cast<double>(a.experts);  // experts + router
   } else {
-    n += mlp_parameters(a, a.ffn);
+    n += mlp_parameters(a, a.ffn, t);
   }
-  return n + 2 * norm_parameters(a.norm, a.hidden);
+  return n + static_cast<double>(2 * norm_parameters(a.norm, a.hidden));
+}
+
+int64_t layer_parameters(const TransformerArch& a) {
+  return whole(layer_parameters(a, 1));
 }
 
 int64_t active_layer_matmul_parameters(const TransformerArch& a) {
@@ -111,31 +127,54 @@ int64_t active_layer_matmul_parameters(const TransformerArch& a) {
   return attention + mlp;
 }
 
-int64_t embedding_parameters(const ModuleSpec& m) {
+double input_side_parameters(const ModuleSpec& m, int64_t tp) {
   if (!m.transformer) return 0;
   const TransformerArch& a = *m.transformer;
-  int64_t n = norm_parameters(a.norm, a.hidden);  // final norm
-  n += a.vocab * a.hidden * (a.tied_embeddings ? 1 : 2);
-  n += a.positions * a.hidden;
+  double n = static_cast<double>(a.vocab * a.hidden) / static_cast<double>(tp);
+  n += static_cast<double>(a.positions * a.hidden);
   if (m.patching) {
     const Patching& p = *m.patching;
-    n += p.in_channels * p.patch_size * p.patch_size * p.temporal_patch * a.hidden;
-    if (a.linear_bias && p.conv_bias) n += a.hidden;
-    if (p.class_token) n += a.hidden;
-    if (p.pre_norm) n += norm_parameters(a.norm, a.hidden);
+    n += static_cast<double>(p.in_channels * p.patch_size * p.patch_size * p.temporal_patch *
+                             a.hidden);
+    if (a.linear_bias && p.conv_bias) n += static_cast<double>(a.hidden);
+    if (p.class_token) n += static_cast<double>(a.hidden);
+    if (p.pre_norm) n += static_cast<double>(norm_parameters(a.norm, a.hidden));
   }
   if (m.audio) {
     // Whisper: conv1 (mel -> hidden, kernel 3) and conv2 (hidden -> hidden, kernel 3, stride 2).
-    n += m.audio->mel_bins * a.hidden * 3 + a.hidden + a.hidden * a.hidden * 3 + a.hidden;
+    n += static_cast<double>(m.audio->mel_bins * a.hidden * 3 + a.hidden + a.hidden * a.hidden * 3 +
+                             a.hidden);
   }
   return n;
 }
 
-int64_t projector_parameters(const ProjectorArch& p) {
-  int64_t n = p.layers == 1 ? p.in * p.out : p.in * p.hidden + p.hidden * p.out;
-  if (p.bias) n += p.layers == 1 ? p.out : p.hidden + p.out;
-  if (p.input_norm) n += 2 * p.in;
+double output_side_parameters(const ModuleSpec& m, int64_t tp) {
+  if (!m.transformer) return 0;
+  const TransformerArch& a = *m.transformer;
+  const int64_t head = a.tied_embeddings ? 0 : a.vocab * a.hidden;
+  return static_cast<double>(norm_parameters(a.norm, a.hidden)) +
+         static_cast<double>(head) / static_cast<double>(tp);
+}
+
+int64_t embedding_parameters(const ModuleSpec& m) {
+  return whole(input_side_parameters(m, 1) + output_side_parameters(m, 1));
+}
+
+double projector_parameters(const ProjectorArch& p, int64_t tp) {
+  const auto t = static_cast<double>(tp);
+  double n = 0;
+  if (p.layers == 1) {
+    n = static_cast<double>(p.in * p.out + (p.bias ? p.out : 0));  // whole on every rank
+  } else {
+    n = static_cast<double>(p.in * p.hidden + p.hidden * p.out) / t;
+    if (p.bias) n += static_cast<double>(p.hidden) / t + static_cast<double>(p.out);
+  }
+  if (p.input_norm) n += static_cast<double>(2 * p.in);
   return n;
+}
+
+int64_t projector_parameters(const ProjectorArch& p) {
+  return whole(projector_parameters(p, 1));
 }
 
 int64_t module_parameters(const ModuleSpec& m) {

@@ -11,14 +11,27 @@
 namespace tessera {
 
 // --- Parameters -------------------------------------------------------------------------
+// The overloads taking `tp` count what one of `tp` tensor-parallel ranks holds, as Megatron
+// splits a module and the executor does: attention and MLP matrices, their column-parallel
+// biases, the vocabulary embedding and the output head divided over tp; norms, row-parallel
+// output biases, MoE routers, position embeddings, class tokens, patch and audio front ends and
+// single-layer projectors whole on every rank; key/value heads fewer than tp replicated, one per
+// rank. At tp 1 they are the module's counts, which the overloads without tp return exactly.
+//
 // Weights of one transformer layer (attention, MLP or all experts, norms, biases).
 int64_t layer_parameters(const TransformerArch& arch);
+double layer_parameters(const TransformerArch& arch, int64_t tp);
 // Weights of one layer that a token actually multiplies with (top_k experts, no biases/norms).
 int64_t active_layer_matmul_parameters(const TransformerArch& arch);
-// Everything outside the layer stack: embeddings, output head, patch/conv front end,
-// position embeddings, final norm.
+// Everything outside the layer stack: the input side and the output side.
 int64_t embedding_parameters(const ModuleSpec& module);
+// Before the first layer: vocabulary embedding, position embeddings, patch or audio front end,
+// class token, the norm over the patch embeddings.
+double input_side_parameters(const ModuleSpec& module, int64_t tp);
+// After the last layer: the final norm and an untied output head.
+double output_side_parameters(const ModuleSpec& module, int64_t tp);
 int64_t projector_parameters(const ProjectorArch& projector);
+double projector_parameters(const ProjectorArch& projector, int64_t tp);
 int64_t module_parameters(const ModuleSpec& module);
 int64_t model_parameters(const ModelSpec& model);
 // Parameters that receive gradients (modules not frozen).

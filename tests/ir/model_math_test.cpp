@@ -153,3 +153,42 @@ TEST_CASE("accepts_tp: the one rule for the tensor parallelism a transformer tak
   a.kv_heads = 12;
   CHECK(tp_refusal(a, "llm", 8) == "8 and llm kv_heads=12 must divide one another");
 }
+
+TEST_CASE("parameters per tensor-parallel rank: matrices split, norms and row biases whole") {
+  // Llama-3-8B's layer at tp 8: 4096·4096·2/8 (q, o) + 4096·1024·2/8 (k, v) + 3·4096·14336/8
+  // (MLP) split, and its two RMSNorms (2·4096) on every rank.
+  const TransformerArch l8 = llama(32, 4096, 32, 8, 14336, 128256, false);
+  CHECK(layer_parameters(l8, 1) == static_cast<double>(layer_parameters(l8)));
+  CHECK(layer_parameters(l8, 8) ==
+        4096.0 * 4096 * 2 / 8 + 4096.0 * 1024 * 2 / 8 + 3.0 * 4096 * 14336 / 8 + 2 * 4096);
+  // Key/value heads fewer than tp are replicated: at tp 16 each rank holds one of the eight.
+  CHECK(layer_parameters(l8, 16) ==
+        4096.0 * 4096 * 2 / 16 + 4096.0 * 128 * 2 + 3.0 * 4096 * 14336 / 16 + 2 * 4096);
+  // The vocabulary embedding and the head split; the final norm does not.
+  const ModuleSpec m = module_of(l8);
+  CHECK(input_side_parameters(m, 4) == 128256.0 * 4096 / 4);
+  CHECK(output_side_parameters(m, 4) == 4096 + 128256.0 * 4096 / 4);
+  CHECK(input_side_parameters(m, 1) + output_side_parameters(m, 1) ==
+        static_cast<double>(embedding_parameters(m)));
+
+  // A biased GPT layer (LayerNorm, ffn 4h) at tp 2: q, k, v biases and the MLP's first bias
+  // split with their matrices; the output projection's and the MLP's last bias whole.
+  TransformerArch g = gpt(1, 64, 4, 0);
+  g.linear_bias = true;
+  g.norm = NormKind::kLayerNorm;
+  const double matrices = 4.0 * 64 * 64 + 2.0 * 64 * 256;
+  CHECK(layer_parameters(g, 1) == matrices + 3 * 64 + 64 + 256 + 64 + 2 * 2 * 64);
+  CHECK(layer_parameters(g, 2) == matrices / 2 + 3 * 64 / 2 + 64 + 256 / 2 + 64 + 2 * 2 * 64);
+
+  // A two-layer projector splits like an MLP; a single linear one is whole on every rank.
+  ProjectorArch p;
+  p.in = 1024;
+  p.hidden = 4096;
+  p.out = 4096;
+  p.layers = 2;
+  p.bias = true;
+  CHECK(projector_parameters(p, 2) == (1024.0 * 4096 + 4096.0 * 4096 + 4096) / 2 + 4096);
+  CHECK(projector_parameters(p, 1) == static_cast<double>(projector_parameters(p)));
+  p.layers = 1;
+  CHECK(projector_parameters(p, 4) == 1024.0 * 4096 + 4096);
+}
