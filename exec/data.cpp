@@ -58,6 +58,10 @@ std::string executor_support(const ModelSpec& model) {
   for (const ModuleSpec& m : model.modules) {
     if (m.role == ModuleRole::kGenerator)
       return m.name + ": generators are not in the executor yet";
+    if (m.transformer && m.transformer->gated_layers > 0)
+      return m.name + ": gated layers (Mllama's) are not in the executor yet";
+    if (m.transformer && m.transformer->extra_embeddings > 0)
+      return m.name + ": embedding rows beyond the vocabulary are not in the executor yet";
     if (m.role != ModuleRole::kEncoder) continue;
     if (m.modality == Modality::kVideo)
       return m.name + ": video encoders are not in the executor yet";

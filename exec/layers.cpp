@@ -134,10 +134,10 @@ Mlp::Mlp(ParamSet& ps, const std::string& name, const TransformerArch& arch)
     : gated(arch.gated_ffn) {
   TESSERA_CHECK(arch.experts == 0,
                 name + ": mixture-of-experts layers are not in the executor yet");
-  up = Linear(ps, name + ".up", arch.hidden, arch.ffn, arch.linear_bias, Split::kColumn);
-  if (gated)
-    gate = Linear(ps, name + ".gate", arch.hidden, arch.ffn, arch.linear_bias, Split::kColumn);
-  down = Linear(ps, name + ".down", arch.ffn, arch.hidden, arch.linear_bias, Split::kRow);
+  const bool bias = arch.linear_bias || arch.mlp_bias;
+  up = Linear(ps, name + ".up", arch.hidden, arch.ffn, bias, Split::kColumn);
+  if (gated) gate = Linear(ps, name + ".gate", arch.hidden, arch.ffn, bias, Split::kColumn);
+  down = Linear(ps, name + ".down", arch.ffn, arch.hidden, bias, Split::kRow);
 }
 
 torch::Tensor Mlp::forward(const torch::Tensor& x) const {

@@ -41,7 +41,7 @@ using LayerRange = std::pair<int64_t, int64_t>;  // layers [first, end) of a mod
 inline double range_parameters(const ModuleSpec& spec, int64_t a, int64_t b, int64_t tp) {
   double params = 0;
   if (const auto& t = spec.transformer) {
-    params += static_cast<double>(b - a) * layer_parameters(*t, tp);
+    params += stack_parameters(*t, a, b, tp);
     if (a == 0) params += input_side_parameters(spec, tp);
     if (b == t->layers) params += output_side_parameters(spec, tp);
   }

@@ -19,7 +19,8 @@ int64_t norm_parameters(NormKind norm, int64_t width) {
 double mlp_parameters(const TransformerArch& a, int64_t ffn, double tp) {
   const int64_t matrices = a.gated_ffn ? 3 : 2;
   double n = static_cast<double>(matrices * a.hidden * ffn) / tp;
-  if (a.linear_bias) n += static_cast<double>(a.gated_ffn ? 2 * ffn : ffn) / tp + a.hidden;
+  if (a.linear_bias || a.mlp_bias)
+    n += static_cast<double>(a.gated_ffn ? 2 * ffn : ffn) / tp + static_cast<double>(a.hidden);
   return n;
 }
 
@@ -116,6 +117,20 @@ int64_t layer_parameters(const TransformerArch& a) {
   return whole(layer_parameters(a, 1));
 }
 
+double stack_parameters(const TransformerArch& a, int64_t first, int64_t end, int64_t tp) {
+  double n = static_cast<double>(end - first) * layer_parameters(a, tp);
+  // The gated layers are the stack's last ones (Mllama's global layers follow its local ones):
+  // two gates each.
+  const int64_t gated_from = a.layers - a.gated_layers;
+  n += 2.0 * static_cast<double>(std::max<int64_t>(0, end - std::max(first, gated_from)));
+  // A cross-attention layer adds norms over its queries and keys and two gates (Mllama); they
+  // are spread evenly over the stack, so a slice of it holds its share.
+  const double cross = static_cast<double>(a.cross_attention_layers) *
+                       static_cast<double>(2 * norm_parameters(a.norm, a.head_dim) + 2);
+  if (a.layers > 0) n += cross * static_cast<double>(end - first) / static_cast<double>(a.layers);
+  return n;
+}
+
 int64_t active_layer_matmul_parameters(const TransformerArch& a) {
   const int64_t q = a.heads * a.head_dim;
   const int64_t kv = a.kv_heads * a.head_dim;
@@ -130,7 +145,8 @@ int64_t active_layer_matmul_parameters(const TransformerArch& a) {
 double input_side_parameters(const ModuleSpec& m, int64_t tp) {
   if (!m.transformer) return 0;
   const TransformerArch& a = *m.transformer;
-  double n = static_cast<double>(a.vocab * a.hidden) / static_cast<double>(tp);
+  double n =
+      static_cast<double>((a.vocab + a.extra_embeddings) * a.hidden) / static_cast<double>(tp);
   n += static_cast<double>(a.positions * a.hidden);
   if (m.patching) {
     const Patching& p = *m.patching;
@@ -139,6 +155,12 @@ double input_side_parameters(const ModuleSpec& m, int64_t tp) {
     if (a.linear_bias && p.conv_bias) n += static_cast<double>(a.hidden);
     if (p.class_token) n += static_cast<double>(a.hidden);
     if (p.pre_norm) n += static_cast<double>(norm_parameters(a.norm, a.hidden));
+    if (p.aspect_ratios > 0) {
+      // Mllama: per arrangement of tiles (and one for none), a position embedding of every
+      // patch of every tile, and one before and one after the layers per tile; three gates.
+      n += static_cast<double>((p.aspect_ratios + 1) * p.max_tiles * a.hidden * (a.positions + 2)) +
+           3;
+    }
   }
   if (m.audio) {
     // Whisper: conv1 (mel -> hidden, kernel 3) and conv2 (hidden -> hidden, kernel 3, stride 2).
@@ -179,7 +201,7 @@ int64_t projector_parameters(const ProjectorArch& p) {
 
 int64_t module_parameters(const ModuleSpec& m) {
   int64_t n = embedding_parameters(m);
-  if (m.transformer) n += m.transformer->layers * layer_parameters(*m.transformer);
+  if (m.transformer) n += whole(stack_parameters(*m.transformer, 0, m.transformer->layers, 1));
   if (m.projector) n += projector_parameters(*m.projector);
   return n;
 }

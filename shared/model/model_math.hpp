@@ -21,6 +21,9 @@ namespace tessera {
 // Weights of one transformer layer (attention, MLP or all experts, norms, biases).
 int64_t layer_parameters(const TransformerArch& arch);
 double layer_parameters(const TransformerArch& arch, int64_t tp);
+// Layers [first, end) of the stack: their layer_parameters() and, where the model has them, the
+// gates of gated layers and the extra norms and gates of cross-attention layers.
+double stack_parameters(const TransformerArch& arch, int64_t first, int64_t end, int64_t tp);
 // Weights of one layer that a token actually multiplies with (top_k experts, no biases/norms).
 int64_t active_layer_matmul_parameters(const TransformerArch& arch);
 // Everything outside the layer stack: the input side and the output side.

@@ -310,18 +310,37 @@ ModelSpec import_mllama(const HfReader& root) {
     else
       text.error("cross_attention_layers", "expected an array of layer indices");
   }
+  // The token embedding has 8 rows beyond vocab_size, for the image tokens (Hugging Face's
+  // MllamaTextModel: vocab_size + 8).
+  llm.transformer->extra_embeddings = 8;
   const HfReader v = root.sub("vision_config");
-  // Mllama's vision tower: a local transformer plus a global one of the same width; its head
-  // count is `attention_heads`, not num_attention_heads.
-  TransformerArch a = encoder_arch(v.get("num_hidden_layers", 32) + v.get("num_global_layers", 8),
+  // Mllama's vision tower: a local transformer plus a global one of the same width whose layers
+  // are gated; its head count is `attention_heads`, not num_attention_heads. Its attention has
+  // no biases, its MLP has; so does not the patch convolution.
+  const int64_t global = v.get("num_global_layers", 8);
+  TransformerArch a = encoder_arch(v.get("num_hidden_layers", 32) + global,
                                    v.get("hidden_size", 1280), v.get("attention_heads", 16),
                                    v.get("intermediate_size", 5120), NormKind::kLayerNorm);
+  a.linear_bias = false;
+  a.mlp_bias = true;
+  a.gated_layers = global;
   Patching p;
   p.patch_size = v.get("patch_size", 14);
   p.tile_size = v.get("image_size", 560);
   p.max_tiles = v.get("max_num_tiles", 4);
   p.resize = ResizeMode::kTiles;
   p.class_token = true;
+  p.pre_norm = true;
+  // Tile arrangements: `supported_aspect_ratios`, by default every w x h tiles with w·h at most
+  // max_num_tiles (8 for 4 tiles).
+  if (const Json* ratios = v.raw("supported_aspect_ratios"); ratios != nullptr) {
+    if (ratios->is_array())
+      p.aspect_ratios = static_cast<int64_t>(ratios->size());
+    else
+      v.error("supported_aspect_ratios", "expected an array of [width, height] tile counts");
+  } else {
+    for (int64_t w = 1; w <= p.max_tiles; ++w) p.aspect_ratios += p.max_tiles / w;
+  }
   const int64_t grid = p.patch_size > 0 ? p.tile_size / p.patch_size : 0;
   a.positions = grid * grid + 1;
   ModuleSpec vision = encoder_module("vision", Modality::kImage, a);

@@ -64,6 +64,7 @@ TransformerArch read_transformer(ObjectReader& r) {
   r.optional("linear_bias", a.linear_bias);
   r.optional("qkv_bias", a.qkv_bias);
   r.optional("key_bias", a.key_bias);
+  r.optional("mlp_bias", a.mlp_bias);
   r.optional_enum("norm", a.norm, kNorms);
   if (r.optional("experts", a.experts) && r.check_at_least<int64_t>("experts", a.experts, 0))
     at_most(r, "experts", a.experts, kMaxExperts);
@@ -71,6 +72,11 @@ TransformerArch read_transformer(ObjectReader& r) {
   positive(r, "moe_ffn", a.moe_ffn, false, kMaxFfn);
   if (r.optional("cross_attention_layers", a.cross_attention_layers))
     r.check_at_least<int64_t>("cross_attention_layers", a.cross_attention_layers, 0);
+  if (r.optional("gated_layers", a.gated_layers))
+    r.check_at_least<int64_t>("gated_layers", a.gated_layers, 0);
+  if (r.optional("extra_embeddings", a.extra_embeddings) &&
+      r.check_at_least<int64_t>("extra_embeddings", a.extra_embeddings, 0))
+    at_most(r, "extra_embeddings", a.extra_embeddings, kMaxVocab);
   if (r.optional("positions", a.positions) &&
       r.check_at_least<int64_t>("positions", a.positions, 0))
     at_most(r, "positions", a.positions, kMaxPositions);
@@ -96,6 +102,9 @@ TransformerArch read_transformer(ObjectReader& r) {
   }
   if (a.cross_attention_layers > a.layers)
     r.error("cross_attention_layers", "exceeds layers=" + std::to_string(a.layers));
+  if (a.gated_layers > a.layers)
+    r.error("gated_layers", "exceeds layers=" + std::to_string(a.layers));
+  if (a.extra_embeddings > 0 && a.vocab == 0) r.error("extra_embeddings", "given without a vocab");
   r.finish();
   return a;
 }
@@ -110,6 +119,9 @@ Patching read_patching(ObjectReader& r) {
   r.optional("conv_bias", p.conv_bias);
   r.optional("pre_norm", p.pre_norm);
   r.required_enum("resize", p.resize, kResizeModes);
+  if (r.optional("aspect_ratios", p.aspect_ratios) &&
+      r.check_at_least<int64_t>("aspect_ratios", p.aspect_ratios, 0))
+    at_most(r, "aspect_ratios", p.aspect_ratios, kMaxHeads);
   switch (p.resize) {
     case ResizeMode::kFixed:
       // Not necessarily a multiple of patch_size: the patch convolution floors (SigLIP 384/14).
@@ -130,14 +142,14 @@ Patching read_patching(ObjectReader& r) {
   }
   // Fields of the other resize modes get a targeted message instead of "unknown key".
   const std::string mode = enum_name(p.resize, kResizeModes);
-  for (const char* key :
-       {"image_size", "min_pixels", "max_pixels", "tile_size", "max_tiles", "thumbnail"}) {
+  for (const char* key : {"image_size", "min_pixels", "max_pixels", "tile_size", "max_tiles",
+                          "thumbnail", "aspect_ratios"}) {
     const bool used =
         (p.resize == ResizeMode::kFixed && key == std::string_view("image_size")) ||
         (p.resize == ResizeMode::kDynamic && std::string_view(key).ends_with("_pixels")) ||
         (p.resize == ResizeMode::kTiles &&
          (std::string_view(key).starts_with("tile") || key == std::string_view("max_tiles") ||
-          key == std::string_view("thumbnail")));
+          key == std::string_view("thumbnail") || key == std::string_view("aspect_ratios")));
     if (!used && r.has(key)) r.error(key, "not used with resize=" + mode);
   }
   const int64_t side = p.resize == ResizeMode::kFixed ? p.image_size : p.tile_size;
@@ -222,6 +234,7 @@ Json to_json(const TransformerArch& a) {
   j["linear_bias"] = a.linear_bias;
   j["qkv_bias"] = a.qkv_bias;
   if (!a.key_bias) j["key_bias"] = false;
+  if (a.mlp_bias) j["mlp_bias"] = true;
   j["norm"] = enum_name(a.norm, kNorms);
   if (a.experts > 0) {
     j["experts"] = a.experts;
@@ -229,6 +242,8 @@ Json to_json(const TransformerArch& a) {
     j["moe_ffn"] = a.moe_ffn;
   }
   if (a.cross_attention_layers > 0) j["cross_attention_layers"] = a.cross_attention_layers;
+  if (a.gated_layers > 0) j["gated_layers"] = a.gated_layers;
+  if (a.extra_embeddings > 0) j["extra_embeddings"] = a.extra_embeddings;
   if (a.positions > 0) j["positions"] = a.positions;
   return j;
 }
@@ -255,6 +270,7 @@ Json to_json(const Patching& p) {
       j["tile_size"] = p.tile_size;
       j["max_tiles"] = p.max_tiles;
       j["thumbnail"] = p.thumbnail;
+      if (p.aspect_ratios > 0) j["aspect_ratios"] = p.aspect_ratios;
       break;
   }
   return j;

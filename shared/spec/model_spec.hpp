@@ -41,6 +41,7 @@ struct TransformerArch {
   bool linear_bias = false;      // every linear has a bias (ViT, CLIP, Whisper)
   bool qkv_bias = false;         // only q, k, v have a bias (Qwen2)
   bool key_bias = true;          // with either: the key projection has one too (Whisper's not)
+  bool mlp_bias = false;  // without linear_bias: the MLP's linears have biases (Mllama's ViT)
   NormKind norm = NormKind::kRmsNorm;
   int64_t experts = 0;  // MoE experts per layer; 0 = dense MLP
   int64_t top_k = 0;    // experts active per token
@@ -48,7 +49,12 @@ struct TransformerArch {
   // Of `layers`, how many attend to media through cross-attention (Mllama). When > 0, media
   // tokens do not enter this module's sequence.
   int64_t cross_attention_layers = 0;
-  int64_t positions = 0;  // learned absolute position embeddings (ViT, Whisper); 0 = rotary
+  // Of `layers`, how many scale their attention and MLP outputs by a learned tanh gate, one
+  // scalar each (Mllama's global encoder layers).
+  int64_t gated_layers = 0;
+  int64_t extra_embeddings = 0;  // token-embedding rows beyond `vocab` that the head does not
+                                 // predict (Mllama's 8 image tokens)
+  int64_t positions = 0;         // learned absolute position embeddings (ViT, Whisper); 0 = rotary
 
   bool operator==(const TransformerArch&) const = default;
 };
@@ -63,6 +69,9 @@ struct Patching {
   bool conv_bias = true;       // with transformer.linear_bias: the patch convolution has a bias too
                                // (CLIP's and Qwen2-VL's have none)
   bool pre_norm = false;       // a norm over the patch embeddings before the first layer (CLIP)
+  // kTiles: learned position embeddings per tile arrangement (Mllama): this many supported
+  // aspect ratios, plus one row for none. 0: none.
+  int64_t aspect_ratios = 0;
   ResizeMode resize = ResizeMode::kFixed;
   int64_t image_size = 0;  // kFixed: side in pixels
   int64_t min_pixels = 0;  // kDynamic

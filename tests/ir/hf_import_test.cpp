@@ -84,9 +84,21 @@ TEST_CASE("Mllama: attention_heads, global layers and cross-attention") {
   CHECK(module(m, "vision").transformer->heads == 16);
   CHECK(module(m, "vision").transformer->layers == 40);
   CHECK(module(m, "llm").transformer->cross_attention_layers == 8);
-  // Published: 10,670,220,835 (the Instruct checkpoint, same architecture). The import leaves
-  // out the tile and gated position embeddings and the cross-attention gates and norms: 0.7%.
-  CHECK(std::fabs(params(m) - 10'670'220'835.0) / 10'670'220'835.0 < 0.008);
+  // Its tile machinery: gated global layers, per-aspect-ratio position embeddings (8
+  // arrangements of up to 4 tiles), a norm before the layers, bias-free attention with biased
+  // MLPs; the LLM's embedding has 8 image-token rows beyond its vocabulary.
+  CHECK(module(m, "vision").transformer->gated_layers == 8);
+  CHECK(module(m, "vision").patching->aspect_ratios == 8);
+  CHECK(module(m, "llm").transformer->extra_embeddings == 8);
+  // The published safetensors count (Llama-3.2-11B-Vision-Instruct, the same architecture).
+  CHECK(params(m) == 10'670'220'835.0);
+  // Given aspect ratios are counted, not derived from max_num_tiles.
+  Diagnostics diag;
+  Json config = *read_json_file(kHf + "llama-3.2-11b-vision.json", diag);
+  config["vision_config"]["supported_aspect_ratios"] = Json::array({Json::array({1, 1})});
+  const auto one = import_hf_config(config, "c.json", HfImportOptions{}, diag);
+  REQUIRE(one.has_value());
+  CHECK(module(*one, "vision").patching->aspect_ratios == 1);
 }
 
 TEST_CASE("Whisper, SigLIP and CLIP import as encoders") {

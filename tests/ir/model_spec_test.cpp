@@ -28,6 +28,36 @@ TEST_CASE("a valid model reads and round-trips through JSON") {
   CHECK(again == m);
 }
 
+TEST_CASE("Mllama's fields read, round-trip, and are refused where they mean nothing") {
+  const char* text = R"({"name": "t", "modules": [
+    {"name": "vision", "role": "encoder", "modality": "image",
+     "transformer": {"layers": 4, "hidden": 64, "heads": 4, "ffn": 256, "mlp_bias": true, "gated_layers": 2, "norm": "layernorm", "positions": 17},
+     "patching": {"patch_size": 8, "resize": "tiles", "tile_size": 32, "max_tiles": 4, "class_token": true, "pre_norm": true, "aspect_ratios": 8}},
+    {"name": "proj", "role": "projector", "inputs": ["vision"], "projector": {"in": 64, "out": 128, "layers": 1}},
+    {"name": "llm", "role": "llm", "inputs": ["proj"],
+     "transformer": {"layers": 5, "hidden": 128, "heads": 4, "ffn": 344, "vocab": 100, "extra_embeddings": 8, "cross_attention_layers": 1}}]})";
+  Diagnostics diag;
+  const ModelSpec m = read_model(Json::parse(text), "m.json", "", diag);
+  REQUIRE(diag.ok());
+  CHECK(m.modules[0].transformer->mlp_bias);
+  CHECK(m.modules[0].transformer->gated_layers == 2);
+  CHECK(m.modules[0].patching->aspect_ratios == 8);
+  CHECK(m.modules[2].transformer->extra_embeddings == 8);
+  CHECK(read_model(to_json(m), "", "", diag) == m);
+  CHECK(diag.ok());
+
+  const std::string e = errors_of(R"({"name": "t", "modules": [
+    {"name": "vision", "role": "encoder", "modality": "image",
+     "transformer": {"layers": 1, "hidden": 16, "heads": 2, "ffn": 8, "gated_layers": 2, "extra_embeddings": 3},
+     "patching": {"resize": "fixed", "image_size": 28, "aspect_ratios": 8}},
+    {"name": "llm", "role": "llm", "inputs": ["vision"], "transformer": {"layers": 1, "hidden": 16, "heads": 2, "ffn": 8, "vocab": 4}}]})");
+  CHECK(e.find("modules[0].transformer.gated_layers: exceeds layers=1") != std::string::npos);
+  CHECK(e.find("modules[0].transformer.extra_embeddings: given without a vocab") !=
+        std::string::npos);
+  CHECK(e.find("modules[0].patching.aspect_ratios: not used with resize=fixed") !=
+        std::string::npos);
+}
+
 TEST_CASE("model validation reports every problem with its path") {
   const std::string e = errors_of(R"({"name": "t", "modules": [
     {"name": "llm", "role": "llm", "inputs": ["projj"],
