@@ -18,6 +18,7 @@
 #include "shared/search/stage_split.hpp"
 #include "shared/spec/hf_import.hpp"
 #include "sim/command_line.hpp"
+#include "sim/progress.hpp"
 #include "sim/simulator.hpp"
 #include "sim/sweep.hpp"
 
@@ -407,33 +408,12 @@ int run_sweep(const Args& args, std::ostream& out, std::ostream& err) {
   }
   const bool emit = result->count("emit-plan") > 0;
   const int64_t emit_rank = emit ? (*result)["emit-plan"].as<int64_t>() : 0;
-  // Progress: a bar with ETA on a terminal, a line every 10% otherwise.
-  const bool terminal = ::isatty(2) != 0;
-  const auto started = std::chrono::steady_clock::now();
-  std::size_t last_decile = 0;
-  const SweepResult r = run_sweep(
-      *scenario, sweep, [&](std::size_t done, std::size_t total, const std::string& line) {
-        const double elapsed =
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-        const double eta =
-            done > 0 ? elapsed * static_cast<double>(total - done) / static_cast<double>(done) : 0;
-        char text[160];
-        if (terminal) {
-          const int width = 30,
-                    filled = static_cast<int>(width * done / std::max<std::size_t>(1, total));
-          std::snprintf(text, sizeof text, "\r[%s%s] %zu/%zu simulated, ETA %.0f s  ",
-                        std::string(static_cast<std::size_t>(filled), '#').c_str(),
-                        std::string(static_cast<std::size_t>(width - filled), '.').c_str(), done,
-                        total, eta);
-          err << text << (done == total ? "\n" : "") << std::flush;
-        } else if (done * 10 / std::max<std::size_t>(1, total) > last_decile || done == total) {
-          last_decile = done * 10 / std::max<std::size_t>(1, total);
-          std::snprintf(text, sizeof text,
-                        "%zu/%zu simulated, %.0f s elapsed, ETA %.0f s; last: ", done, total,
-                        elapsed, eta);
-          err << text << line << "\n";
-        }
-      });
+  Progress progress(err, ::isatty(2) != 0);
+  const SweepResult r =
+      run_sweep(*scenario, sweep,
+                [&](const std::string& phase, const std::string& what, std::size_t done,
+                    std::size_t total, const std::string& last,
+                    bool failed) { progress.update(phase, what, done, total, last, failed); });
   (emit ? err : out) << format_sweep(r, *scenario, static_cast<std::size_t>(rows));
   if (emit) {
     if (emit_rank < 1 || emit_rank > static_cast<int64_t>(r.rows.size()) ||

@@ -107,12 +107,11 @@ SweepRow row_of(const ChosenPlan& chosen, const ChildResult& child) {
 
 }  // namespace
 
-SweepResult run_sweep(
-    const Scenario& base, const SweepOptions& options,
-    const std::function<void(std::size_t, std::size_t, const std::string&)>& progress) {
+SweepResult run_sweep(const Scenario& base, const SweepOptions& options,
+                      const SweepProgress& progress) {
   SweepResult result;
   result.out_dir = options.out_dir;
-  std::vector<ChosenPlan> chosen = plan_sweep(base, options, result);
+  std::vector<ChosenPlan> chosen = plan_sweep(base, options, result, progress);
   const Scenario& s = base;
   namespace fs = std::filesystem;
   fs::create_directories(options.out_dir);
@@ -149,6 +148,7 @@ SweepResult run_sweep(
   std::size_t finished = 0;
   const auto simulation_start = std::chrono::steady_clock::now();
   result.simulated = static_cast<int64_t>(tasks.size());
+  if (!tasks.empty()) progress("simulated", "", 0, tasks.size(), "", false);
   run_children(
       tasks, options.jobs, options.timeout_s * static_cast<double>(options.iterations) + 60,
       [&](std::size_t i, const ChildResult& child) {
@@ -162,7 +162,7 @@ SweepResult run_sweep(
         const std::string line =
             describe_layout(row.plan, s.model) +
             (row.ok ? ": step " + std::to_string(row.step_s) + " s" : ": failed: " + row.failure);
-        progress(++finished, todo.size(), line);
+        progress("simulated", "", ++finished, todo.size(), line, !row.ok);
       });
   result.simulate_s = seconds_since(simulation_start);
   if (!write_error.empty()) throw std::runtime_error(write_error);

@@ -92,11 +92,17 @@ void write_sweep_outputs(const SweepResult& result, const Scenario& scenario,
 std::string merge_sweeps(const std::vector<std::string>& dirs, const std::string& out_dir,
                          SweepResult& merged, std::optional<Scenario>& scenario);
 
-// `progress(done, total, line)` is called as each simulation finishes.
+// A sweep's progress, phase by phase: `done` of `total` items of `phase` ("enumerated",
+// "estimated", "simulated") for `what` (the grid point and GPU count, or ""), the last item
+// finished described by `last` (may be empty), `failed` when it failed. Called from one thread
+// at a time.
+using SweepProgress =
+    std::function<void(const std::string& phase, const std::string& what, std::size_t done,
+                       std::size_t total, const std::string& last, bool failed)>;
+
 // REQUIRES: scenario validated; every grid point valid (check with scenario_at first).
-SweepResult run_sweep(
-    const Scenario& scenario, const SweepOptions& options,
-    const std::function<void(std::size_t, std::size_t, const std::string&)>& progress);
+SweepResult run_sweep(const Scenario& scenario, const SweepOptions& options,
+                      const SweepProgress& progress);
 
 // "llm t4 p2 d8 | vision t1 d64" — the layout of a plan, module by module.
 std::string describe_layout(const ParallelPlan& plan, const ModelSpec& model);

@@ -66,7 +66,11 @@ std::optional<Scenario> scenario_at(const Scenario& s, const Json& point, Diagno
 }
 
 std::vector<ChosenPlan> plan_sweep(const Scenario& base, const SweepOptions& options,
-                                   SweepResult& result) {
+                                   SweepResult& result, const SweepProgress& progress) {
+  const auto report = [&](const char* phase, const std::string& what, std::size_t done,
+                          std::size_t total, const std::string& last) {
+    if (progress) progress(phase, what, done, total, last, false);
+  };
   // Enumerate and rank per grid point and GPU count; the best K of each get simulated.
   std::vector<ChosenPlan> chosen;
   for (const Json& point : grid_points(options.sets)) {
@@ -87,7 +91,10 @@ std::vector<ChosenPlan> plan_sweep(const Scenario& base, const SweepOptions& opt
             : 0;
     if (options.profile_batches > 1) result.encoder_shares.push_back({point, encoder_share});
     for (int64_t g : gpus) {
+      const std::string what =
+          (point.empty() ? "" : point.dump() + " ") + "at " + std::to_string(g) + " GPUs";
       auto phase = std::chrono::steady_clock::now();
+      report("enumerated", what, 0, 1, "");
       Enumeration e =
           enumerate_plans(*s, space, g, options.cost ? &*options.cost : nullptr, encoder_share);
       if (options.shard_count > 1) {
@@ -104,11 +111,19 @@ std::vector<ChosenPlan> plan_sweep(const Scenario& base, const SweepOptions& opt
       }
       result.valid += static_cast<int64_t>(e.valid.size());
       result.enumerate_s += seconds_since(phase);
+      const auto considered = static_cast<std::size_t>(e.considered);
+      report("enumerated", what, considered, considered,
+             std::to_string(e.valid.size()) +
+                 (options.shard_count > 1 ? " valid in this shard" : " valid"));
       phase = std::chrono::steady_clock::now();
       std::map<std::string, int64_t> rejected_here;
-      std::vector<RankedCandidate> ranked =
-          rank_candidates(*s, std::move(e.valid), 0, rejected_here, options.jobs,
-                          options.cost ? &*options.cost : nullptr, options.profile_batches);
+      const std::size_t estimating = e.valid.size();
+      report("estimated", what, 0, estimating, "");
+      std::vector<RankedCandidate> ranked = rank_candidates(
+          *s, std::move(e.valid), 0, rejected_here, options.jobs,
+          options.cost ? &*options.cost : nullptr, options.profile_batches,
+          [&](std::size_t done, std::size_t total) { report("estimated", what, done, total, ""); });
+      if (estimating == 0) report("estimated", what, 0, 0, "");
       result.estimate_s += seconds_since(phase);
       for (const auto& [reason, count] : rejected_here) result.rejected[reason] += count;
       result.ranked += static_cast<int64_t>(ranked.size());

@@ -27,6 +27,6 @@ struct ChosenPlan {
 // The plans to simulate; `result` gets the counts, every estimate, the timings of enumeration
 // and estimation, and the split gains. REQUIRES: as run_sweep.
 std::vector<ChosenPlan> plan_sweep(const Scenario& base, const SweepOptions& options,
-                                   SweepResult& result);
+                                   SweepResult& result, const SweepProgress& progress = {});
 
 }  // namespace tessera::sim

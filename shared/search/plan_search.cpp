@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <mutex>
 #include <set>
 #include <thread>
 
@@ -206,9 +207,12 @@ Enumeration enumerate_plans(const Scenario& s, const SearchSpace& space, int64_t
 std::vector<RankedCandidate> rank_candidates(const Scenario& s, std::vector<Candidate> candidates,
                                              int64_t iteration,
                                              std::map<std::string, int64_t>& rejected, int threads,
-                                             const CostParams* cost, int64_t batches) {
+                                             const CostParams* cost, int64_t batches,
+                                             const EstimateProgress& progress) {
   // Estimates are pure: each thread takes every n-th candidate; results are kept by index.
   std::vector<Estimate> estimates(candidates.size());
+  std::mutex reporting;
+  std::size_t done = 0;
   auto work = [&](std::size_t first, std::size_t stride) {
     for (std::size_t i = first; i < candidates.size(); i += stride) {
       Scenario sized = s;
@@ -228,6 +232,10 @@ std::vector<RankedCandidate> rank_candidates(const Scenario& s, std::vector<Cand
         e.metrics.samples_per_s =
             (e.metrics.samples_per_s * w + more.metrics.samples_per_s) / (w + 1);
         e.metrics.tokens_per_s = (e.metrics.tokens_per_s * w + more.metrics.tokens_per_s) / (w + 1);
+      }
+      if (progress) {
+        const std::lock_guard<std::mutex> lock(reporting);
+        progress(++done, candidates.size());
       }
     }
   };

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -49,11 +50,14 @@ struct RankedCandidate {
 // batches from `iteration` on) on `threads` threads, moves plans
 // that do not fit in memory into `rejected` ("memory"), and sorts the rest by step time (then
 // key). The result does not depend on `threads`. `cost`: a calibration profile's parameters
-// (nullptr: default_cost_params()).
+// (nullptr: default_cost_params()). `progress(done, total)`, when given, is called as each
+// candidate is estimated, one call at a time.
+using EstimateProgress = std::function<void(std::size_t done, std::size_t total)>;
 std::vector<RankedCandidate> rank_candidates(const Scenario& scenario,
                                              std::vector<Candidate> candidates, int64_t iteration,
                                              std::map<std::string, int64_t>& rejected,
                                              int threads = 1, const CostParams* cost = nullptr,
-                                             int64_t batches = 1);
+                                             int64_t batches = 1,
+                                             const EstimateProgress& progress = {});
 
 }  // namespace tessera

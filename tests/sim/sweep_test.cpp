@@ -42,7 +42,8 @@ Scenario tiny(const char* search) {
   return *s;
 }
 
-const auto quiet = [](std::size_t, std::size_t, const std::string&) {};
+const auto quiet = [](const std::string&, const std::string&, std::size_t, std::size_t,
+                      const std::string&, bool) {};
 
 fs::path scratch(const char* name) {
   const fs::path dir =
