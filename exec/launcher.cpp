@@ -101,26 +101,36 @@ void stop_all(std::vector<Child>& children, double grace_s) {
 }  // namespace
 
 std::optional<WorkerEnv> worker_env_from_environment(std::string& problem) {
-  const char* rank = std::getenv("RANK");
-  const char* world = std::getenv("WORLD_SIZE");
-  if (rank == nullptr && world == nullptr) return std::nullopt;
+  // torchrun's names; else, inside an srun step of more than one task, Slurm's. (A batch script
+  // itself has SLURM_PROCID 0 and the job's SLURM_NTASKS but no step: it is not a worker.)
+  const char *rank_name = "RANK", *world_name = "WORLD_SIZE", *local_name = "LOCAL_RANK";
+  if (std::getenv(rank_name) == nullptr && std::getenv(world_name) == nullptr) {
+    int step_tasks = 0;
+    if (!parse_int(std::getenv("SLURM_STEP_NUM_TASKS"), step_tasks) || step_tasks < 2)
+      return std::nullopt;
+    rank_name = "SLURM_PROCID";
+    world_name = "SLURM_STEP_NUM_TASKS";
+    local_name = "SLURM_LOCALID";
+  }
+  const std::string rank_var = rank_name, world_var = world_name, local_var = local_name;
   WorkerEnv env;
-  if (!parse_int(rank, env.rank))
-    problem = "RANK must be a non-negative integer";
-  else if (!parse_int(world, env.world_size) || env.world_size < 1)
-    problem = "WORLD_SIZE must be a positive integer";
+  if (!parse_int(std::getenv(rank_name), env.rank))
+    problem = rank_var + " must be a non-negative integer";
+  else if (!parse_int(std::getenv(world_name), env.world_size) || env.world_size < 1)
+    problem = world_var + " must be a positive integer";
   else if (env.rank >= env.world_size)
-    problem = "RANK must be < WORLD_SIZE";
-  const char* local = std::getenv("LOCAL_RANK");
+    problem = rank_var + " must be < " + world_var;
+  const char* local = std::getenv(local_name);
   env.local_rank = env.rank;
   if (local != nullptr && !parse_int(local, env.local_rank))
-    problem = "LOCAL_RANK must be a non-negative integer";
+    problem = local_var + " must be a non-negative integer";
   if (const char* addr = std::getenv("MASTER_ADDR"); addr != nullptr && *addr != '\0')
     env.master_addr = addr;
   const char* port = std::getenv("MASTER_PORT");
   if (port == nullptr || !parse_int(port, env.master_port) || env.master_port < 1 ||
       env.master_port > 65535)
-    problem = problem.empty() ? "MASTER_PORT must be a port number when RANK is set" : problem;
+    problem = problem.empty() ? "MASTER_PORT must be a port number when " + rank_var + " is set"
+                              : problem;
   return env;
 }
 

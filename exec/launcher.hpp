@@ -19,8 +19,10 @@ struct WorkerEnv {
   int master_port = 0;                    // MASTER_PORT
 };
 
-// A worker started by an external launcher (Slurm, torchrun): nullopt when RANK or WORLD_SIZE
-// is not set; an error message in `problem` when they are set but malformed.
+// A worker started by an external launcher: torchrun's RANK, WORLD_SIZE and LOCAL_RANK, or,
+// when those are not set, an srun step's SLURM_PROCID, SLURM_STEP_NUM_TASKS and SLURM_LOCALID
+// (a step of two tasks or more); MASTER_ADDR and MASTER_PORT either way. nullopt when neither is
+// there; an error message in `problem` when they are set but malformed.
 std::optional<WorkerEnv> worker_env_from_environment(std::string& problem);
 
 struct LaunchOptions {

@@ -2,7 +2,10 @@
 # Installs every Debian package Tessera's build and tests need, from a bare bookworm machine.
 # Idempotent: when everything is already installed it returns at once without touching apt.
 # Must run as root (or with sudo available) the first time.
-# Usage: scripts/setup.sh [--fuzz]   (--fuzz: also clang 14 and its libFuzzer, for scripts/fuzz.sh)
+# Usage: scripts/setup.sh [--fuzz] [--slurm]
+#   --fuzz   also clang 14 and its libFuzzer, for scripts/fuzz.sh
+#   --slurm  also Slurm's controller, node daemon and client and munge, for the batch scripts in
+#            scripts/slurm/ and their integration test (scripts/test.sh asks for it)
 set -euo pipefail
 
 packages=(
@@ -16,9 +19,16 @@ packages=(
   jq  # scripts/bench.sh reads `tessera simulate --json`
   clang-format  # the `format` test
 )
-if [[ ${1:-} == --fuzz ]]; then
-  packages+=(clang-14 libclang-rt-14-dev)
-fi
+for option in "$@"; do
+  case $option in
+    --fuzz) packages+=(clang-14 libclang-rt-14-dev) ;;
+    --slurm) packages+=(slurmctld slurmd slurm-client munge) ;;
+    *)
+      echo "setup: unknown option $option (--fuzz, --slurm)" >&2
+      exit 2
+      ;;
+  esac
+done
 
 missing=()
 for p in "${packages[@]}"; do

@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-scripts/setup.sh
+scripts/setup.sh --slurm
 jobs=$(nproc)
 if [[ ${1:-} == --sanitize ]]; then
   shift

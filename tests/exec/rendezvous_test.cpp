@@ -120,3 +120,40 @@ TEST_CASE("torchrun environment variables") {
     ::unsetenv(v);
   CHECK_FALSE(worker_env_from_environment(problem).has_value());
 }
+
+TEST_CASE("Slurm step environment variables, when torchrun's are not set") {
+  // A batch script: the job's task count, but no step: not a worker.
+  ::setenv("SLURM_PROCID", "0", 1);
+  ::setenv("SLURM_NTASKS", "4", 1);
+  std::string problem;
+  CHECK_FALSE(worker_env_from_environment(problem).has_value());
+  // A step of one task launches its own workers.
+  ::setenv("SLURM_STEP_NUM_TASKS", "1", 1);
+  CHECK_FALSE(worker_env_from_environment(problem).has_value());
+  // A task of a 4-task step.
+  ::setenv("SLURM_STEP_NUM_TASKS", "4", 1);
+  ::setenv("SLURM_PROCID", "2", 1);
+  ::setenv("SLURM_LOCALID", "0", 1);
+  ::setenv("MASTER_PORT", "29500", 1);
+  auto env = worker_env_from_environment(problem);
+  REQUIRE(env.has_value());
+  CHECK(problem.empty());
+  CHECK(env->rank == 2);
+  CHECK(env->world_size == 4);
+  CHECK(env->local_rank == 0);
+  ::setenv("SLURM_PROCID", "5", 1);
+  worker_env_from_environment(problem);
+  CHECK(problem == "SLURM_PROCID must be < SLURM_STEP_NUM_TASKS");
+  // torchrun's variables win.
+  ::setenv("RANK", "1", 1);
+  ::setenv("WORLD_SIZE", "2", 1);
+  problem.clear();
+  env = worker_env_from_environment(problem);
+  REQUIRE(env.has_value());
+  CHECK(problem.empty());
+  CHECK(env->rank == 1);
+  CHECK(env->world_size == 2);
+  for (const char* v : {"RANK", "WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS",
+                        "SLURM_STEP_NUM_TASKS", "SLURM_LOCALID", "MASTER_PORT"})
+    ::unsetenv(v);
+}
