@@ -7,7 +7,9 @@
 #   comm   the Gloo all-reduce of tessera-train across message sizes (2 ranks on loopback)
 #   cli    tessera validate/show on the scenario library
 #   exec   tessera-train on scenarios/cpu-tiny.json: single-rank step against a plain LibTorch
-#          loop of the same model and batch, tracing on/off, and the parallel plans' step times
+#          loop of the same model and batch, tracing on/off — rounds of the three back to back,
+#          the median and range of each round's ratio (TESSERA_BENCH_PAIRS rounds, default 7) —
+#          and the parallel plans' step times
 #   reproduce-cornstarch  Cornstarch simulated: the nine Cornstarch model pairs (scenarios/cornstarch/,
 #          16 H100 as 8 stages of TP 2, 24 micro-batches) planned freeze-unaware vs frozen-aware by
 #          `tessera stages`, and the CP table: one image-and-text sequence of 8k-128k tokens on
@@ -132,23 +134,41 @@ if [[ $what == exec || $what == all ]]; then
   plan() { echo "{\"placement\": \"homogeneous\", \"micro_batch_size\": 1, \"schedule\": \"1f1b\", \"layout\": $1}" >"$plans/$2.json"; echo "$plans/$2.json"; }
   # median of column $2 (a JSON field) of loss.jsonl $1, steps 5 and later (warm-up excluded)
   median() { grep -o "\"$2\":[0-9.e-]*" "$1" | tail -n +6 | cut -d: -f2 | sort -g |
-             awk '{ v[NR] = $1 } END { printf "%.4f", (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+             awk '{ v[NR] = $1 } END { printf "%.5f", (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
   steps=${TESSERA_BENCH_STEPS:-40}
+  pairs=${TESSERA_BENCH_PAIRS:-7}
   echo "== tessera-train on $scenario (fp32, CPU, Gloo, one thread per rank), $steps steps, medians of steps 5.. =="
+  echo "-- overhead: $pairs rounds of plain loop, tessera-train and tessera-train traced, back to back"
+  echo "   (order reversed every other round, so drift of a noisy machine falls on both sides) --"
   single=$(plan '{"tp": 1}' single)
-  "$train" plain-loop "$scenario" --plan "$single" --steps "$steps" |
-    awk '{ print $5 }' | tail -n +6 | sort -g |
-    awk '{ v[NR] = $1 } END { printf "%.4f\n", (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }' >"$plans/plain.txt"
   rm -rf out/bench-exec && mkdir -p out/bench-exec
-  "$train" "$scenario" --plan "$single" --steps "$steps" --trace-steps 0 --out out/bench-exec/untraced >/dev/null
-  "$train" "$scenario" --plan "$single" --steps "$steps" --trace-steps "$steps" --out out/bench-exec/traced >/dev/null
-  plain=$(cat "$plans/plain.txt")
-  untraced=$(median out/bench-exec/untraced/loss.jsonl wall_s)
-  traced=$(median out/bench-exec/traced/loss.jsonl wall_s)
-  awk -v p="$plain" -v u="$untraced" -v t="$traced" 'BEGIN {
-    printf "plain LibTorch loop          %.4f s/step\n", p
-    printf "tessera-train, no trace      %.4f s/step   overhead vs plain %+.1f%%\n", u, 100 * (u / p - 1)
-    printf "tessera-train, traced        %.4f s/step   tracing costs %+.1f%%\n", t, 100 * (t / u - 1) }'
+  run_plain() {
+    "$train" plain-loop "$scenario" --plan "$single" --steps "$steps" |
+      awk '{ print $5 }' | tail -n +6 | sort -g |
+      awk '{ v[NR] = $1 } END { printf "%.5f", (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
+  }
+  run_train() {  # $1: traced steps
+    "$train" "$scenario" --plan "$single" --steps "$steps" --trace-steps "$1" --out out/bench-exec/run >/dev/null
+    median out/bench-exec/run/loss.jsonl wall_s
+  }
+  : >"$plans/ratios.txt"
+  for round in $(seq "$pairs"); do
+    if ((round % 2)); then
+      p=$(run_plain) u=$(run_train 0) t=$(run_train "$steps")
+    else
+      t=$(run_train "$steps") u=$(run_train 0) p=$(run_plain)
+    fi
+    echo "$p $u $t" | tee -a "$plans/ratios.txt" |
+      awk -v r="$round" '{ printf "round %d: plain %.4f s, tessera-train %.4f s (%+.1f%%), traced %.4f s (%+.1f%%)\n", r, $1, $2, 100 * ($2 / $1 - 1), $3, 100 * ($3 / $2 - 1) }'
+  done
+  # Median and range over the rounds of each round's own ratio.
+  summary() {
+    sort -g | awk -v what="$1" '{ v[NR] = $1 } END {
+      m = (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2
+      printf "%-34s median %+.1f%%, range %+.1f%% .. %+.1f%% over %d rounds\n", what, 100 * (m - 1), 100 * (v[1] - 1), 100 * (v[NR] - 1), NR }'
+  }
+  awk '{ print $2 / $1 }' "$plans/ratios.txt" | summary "tessera-train over plain loop:"
+  awk '{ print $3 / $2 }' "$plans/ratios.txt" | summary "tracing every step:"
   echo "-- parallel plans (step: the slowest rank's ops; 2 cores shared by all ranks) --"
   for layout in '{"tp": 1}' '{"tp": 2}' '{"pp": 2}' '{"dp": 2}' '{"cp": 2}' '{"tp": 2, "pp": 2}'; do
     name=$(echo "$layout" | tr -dc 'a-z0-9')
