@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# Benchmarks that print figures (never pass/fail). Usage: scripts/bench.sh [lower|sim|sweep|comm|cli|exec|reproduce-cornstarch|cornstarch-exec|reproduce-variability|variability-exec|published|accuracy|all]
+# Benchmarks that print figures (never pass/fail). Usage: scripts/bench.sh [lower|scale|sim|sweep|comm|cli|exec|reproduce-cornstarch|cornstarch-exec|reproduce-variability|variability-exec|published|accuracy|all]
 #   lower  lowering + evaluation of one iteration of a 1024-rank plan with 64 micro-batches
+#   scale  (not in all) wall time and peak RSS of estimate, simulate and sweep at 1k-8k GPUs: the
+#          default plan at 1,024 and 8,192 devices, GPT 530B on 2,520 and 1T on 3,072 A100s (Narayanan et al. 2021);
+#          each cut at SCALE_TIMEOUT seconds (default 600)
 #   sim    tessera simulate, one iteration of the default plan at 64, 1024 and 8192 devices
 #   sweep  the default sweep with -j 1 and -j 2, and a headless-Chromium screenshot of its report
 #          (needs the Debian package chromium; skipped without it)
@@ -102,6 +105,37 @@ if [[ $what == sweep || $what == all ]]; then
   else
     echo "chromium not installed: report screenshot skipped"
   fi
+fi
+
+if [[ $what == scale ]]; then
+  # Not part of `all`: at today's speed it runs for most of an hour.
+  limit=${SCALE_TIMEOUT:-600}
+  echo "== scale: wall time and peak RSS of estimate, simulate and sweep on the largest plans (each cut at $limit s) =="
+  measure() {  # label, then the tessera command line
+    local label=$1 wall rss code
+    shift
+    /usr/bin/time -o /tmp/tessera-bench-scale.time -f "%e %M" timeout "$limit" "$tessera" "$@" \
+      >/dev/null 2>/tmp/tessera-bench-scale.err && code=0 || code=$?
+    read -r wall rss <<<"$(tail -1 /tmp/tessera-bench-scale.time)"
+    if [[ $code -eq 124 ]]; then
+      printf "%-58s did not finish in %s s\n" "$label" "$limit"
+    elif [[ $code -ne 0 ]]; then
+      printf "%-58s failed (exit %s): %s\n" "$label" "$code" "$(tail -1 /tmp/tessera-bench-scale.err)"
+    else
+      printf "%-58s %8.2f s  peak RSS %6.0f MiB\n" "$label" "$wall" "$((rss / 1024))"
+    fi
+  }
+  for scenario in default-1024 published/narayanan-529.6b published/narayanan-1008b default-8192; do
+    measure "estimate $scenario" estimate "scenarios/$scenario.json"
+  done
+  for scenario in default-1024 published/narayanan-529.6b published/narayanan-1008b default-8192; do
+    measure "simulate --nested timed $scenario" simulate "scenarios/$scenario.json" --iterations 1 --nested timed
+  done
+  measure "simulate (ring flows) default-8192" simulate scenarios/default-8192.json --iterations 1
+  out=$(mktemp -d)
+  measure "sweep default.json --gpus 1024 --top 10" sweep scenarios/default.json --gpus 1024 --top 10 --out "$out/1024"
+  measure "sweep narayanan-1008b --gpus 3072 --top 10" sweep scenarios/published/narayanan-1008b.json --gpus 3072 --top 10 --out "$out/3072"
+  rm -rf "$out"
 fi
 
 if [[ $what == comm || $what == all ]]; then
