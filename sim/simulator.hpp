@@ -39,6 +39,9 @@ struct SimulatedIteration {
   int64_t folded_flows = 0;  // twins' flows not simulated: their class leader's stood for them
   int64_t actors = 0;        // actors that ran (one per twin class and stream)
   double wall_s = 0;         // wall time of the simulation (child process included)
+  // The analytic estimate of the same Program (evaluate(): every transfer its α–β time, no
+  // link shared), for the line that says how far contention moved the simulation from it.
+  double estimate_step_s = 0;
   // schedule dip: this iteration's schedule search, started from the previous iteration's.
   std::optional<DipSearchResult> dip;
 };

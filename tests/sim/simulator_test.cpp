@@ -417,3 +417,29 @@ TEST_CASE("--nested timed equals ring flows when nothing else shares the NVLink 
         doctest::Approx(flows.iterations[0].metrics.step_s).epsilon(1e-3));
   CHECK(timed.iterations[0].activities < flows.iterations[0].activities / 2);
 }
+
+TEST_CASE("tessera simulate says how far contention moved it from the estimate") {
+  Diagnostics diag;
+  const auto s = load_scenario(kSource + "/scenarios/default.json", diag);
+  REQUIRE(s.has_value());
+  SimulateOptions options;
+  options.iterations = 1;
+  options.contention = false;
+  const SimulationResult alone = simulate(*s, *s->plan, options);
+  REQUIRE(alone.feasible);
+  const SimulatedIteration& a = alone.iterations.front();
+  CHECK(a.estimate_step_s == doctest::Approx(a.metrics.step_s).epsilon(1e-12));
+  CHECK(format_simulation(alone, *s).find("against the estimate: equal") != std::string::npos);
+  // With contention the data-parallel all-reduces of the eight replicas share node uplinks.
+  options.contention = true;
+  const SimulationResult shared = simulate(*s, *s->plan, options);
+  REQUIRE(shared.feasible);
+  const SimulatedIteration& b = shared.iterations.front();
+  CHECK(b.estimate_step_s == doctest::Approx(a.estimate_step_s).epsilon(1e-12));
+  CHECK(b.metrics.step_s > b.estimate_step_s);
+  const std::string text = format_simulation(shared, *s);
+  INFO(text);
+  CHECK(text.find("against the estimate: +") != std::string::npos);
+  CHECK(simulation_to_json(shared)["iterations"][0]["estimate_step_s"].get<double>() ==
+        b.estimate_step_s);
+}
