@@ -6,6 +6,8 @@
 #include <set>
 #include <thread>
 
+#include "shared/search/memory_bound.hpp"
+#include "shared/search/scenario_report.hpp"
 #include "shared/search/stage_split.hpp"
 
 namespace tessera {
@@ -213,26 +215,37 @@ std::vector<RankedCandidate> rank_candidates(const Scenario& s, std::vector<Cand
   std::vector<Estimate> estimates(candidates.size());
   std::mutex reporting;
   std::size_t done = 0;
+  // One candidate's estimate. A plan whose parameter state alone cannot fit is dropped before
+  // it is lowered: its Program would cost as much as a fitting plan's, only to be refused.
+  auto priced = [&](const Candidate& c) {
+    Scenario sized = s;
+    sized.cluster = cluster_with_devices(s.cluster, c.gpus);
+    const double capacity = memory_capacity_bytes(sized.cluster, world_size(c.plan, s.model));
+    if (const RankMemory floor = mean_parameter_memory(c.plan, s.model); floor.total() > capacity) {
+      Estimate e;
+      e.failure = PlanFailure::kOutOfMemory;
+      e.capacity_bytes = capacity;
+      e.reason = "the ranks' parameter state needs " + human_bytes(floor.total()) +
+                 " each on average > " + human_bytes(capacity);
+      return e;
+    }
+    const CostParams params = cost != nullptr ? *cost : default_cost_params(sized.cluster);
+    Estimate e = estimate(sized, c.plan, iteration, params);
+    // More batches: the mean step and throughput over them; infeasible if any is.
+    for (int64_t k = 1; k < batches && e.metrics.step_s > 0; ++k) {
+      const Estimate more = estimate(sized, c.plan, iteration + k, params);
+      if (more.metrics.step_s <= 0 || !more.feasible) return more;
+      const auto w = static_cast<double>(k);
+      e.metrics.step_s = (e.metrics.step_s * w + more.metrics.step_s) / (w + 1);
+      e.metrics.samples_per_s =
+          (e.metrics.samples_per_s * w + more.metrics.samples_per_s) / (w + 1);
+      e.metrics.tokens_per_s = (e.metrics.tokens_per_s * w + more.metrics.tokens_per_s) / (w + 1);
+    }
+    return e;
+  };
   auto work = [&](std::size_t first, std::size_t stride) {
     for (std::size_t i = first; i < candidates.size(); i += stride) {
-      Scenario sized = s;
-      sized.cluster = cluster_with_devices(s.cluster, candidates[i].gpus);
-      const CostParams params = cost != nullptr ? *cost : default_cost_params(sized.cluster);
-      estimates[i] = estimate(sized, candidates[i].plan, iteration, params);
-      // More batches: the mean step and throughput over them; infeasible if any is.
-      for (int64_t k = 1; k < batches && estimates[i].metrics.step_s > 0; ++k) {
-        const Estimate more = estimate(sized, candidates[i].plan, iteration + k, params);
-        Estimate& e = estimates[i];
-        if (more.metrics.step_s <= 0 || !more.feasible) {
-          e = more;
-          break;
-        }
-        const auto w = static_cast<double>(k);
-        e.metrics.step_s = (e.metrics.step_s * w + more.metrics.step_s) / (w + 1);
-        e.metrics.samples_per_s =
-            (e.metrics.samples_per_s * w + more.metrics.samples_per_s) / (w + 1);
-        e.metrics.tokens_per_s = (e.metrics.tokens_per_s * w + more.metrics.tokens_per_s) / (w + 1);
-      }
+      estimates[i] = priced(candidates[i]);
       if (progress) {
         const std::lock_guard<std::mutex> lock(reporting);
         progress(++done, candidates.size());

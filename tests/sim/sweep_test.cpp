@@ -9,7 +9,11 @@
 
 #include <unistd.h>
 
+#include "shared/lowering/lower.hpp"
+#include "shared/model/batch.hpp"
+#include "shared/search/memory_bound.hpp"
 #include "shared/search/plan_search.hpp"
+#include "shared/search/stage_split.hpp"
 #include "sim/sweep.hpp"
 #include "sim/sweep_plan.hpp"
 
@@ -275,4 +279,67 @@ TEST_CASE("sweep shards merge into exactly the unsharded ranking") {
   CHECK(merged.rejected == whole.rejected);
   for (const char* name : {"whole", "shard1", "shard2", "shard3", "merged"})
     fs::remove_all(scratch(name));
+}
+
+TEST_CASE("the parameter-state floor never exceeds what the lowered Program holds, every family") {
+  const Scenario s =
+      tiny(R"({"tp": [1, 2], "cp": [1], "pp": [1, 2], "vpp": [1], "micro_batch_sizes": [1],
+              "distributed_optimizer": [false, true]})");
+  int checked = 0;
+  for (const Candidate& c : enumerate_plans(s, *s.search, 4).valid) {
+    INFO(c.key);
+    const ParallelPlan plan = resolve_stage_split(c.plan, s.model, s.workload, s.cluster);
+    Scenario sized = s;
+    sized.cluster = cluster_with_devices(s.cluster, c.gpus);
+    const Lowered lowered =
+        lower(s.model, sized.cluster, plan, s.workload, draw_batch(s.workload, 0));
+    REQUIRE(lowered.error.empty());
+    double busiest = 0;
+    for (const RankMemory& m : lowered.program.memory)
+      busiest = std::max(busiest, m.weight_bytes + m.gradient_bytes + m.optimizer_bytes);
+    CHECK(mean_parameter_memory(plan, s.model).total() <= busiest * (1 + 1e-12));
+    ++checked;
+  }
+  CHECK(checked > 20);
+  // One rank per replica with the whole model: the floor is every rank's state exactly.
+  const Candidate* whole = nullptr;
+  const Enumeration e = enumerate_plans(s, *s.search, 4);
+  for (const Candidate& c : e.valid)
+    if (c.plan.placement == Placement::kHomogeneous && c.plan.layout.dp == 4) whole = &c;
+  REQUIRE(whole != nullptr);
+  const Lowered lowered =
+      lower(s.model, s.cluster, whole->plan, s.workload, draw_batch(s.workload, 0));
+  const RankMemory& m = lowered.program.memory[0];
+  CHECK(mean_parameter_memory(whole->plan, s.model).total() ==
+        doctest::Approx(m.weight_bytes + m.gradient_bytes + m.optimizer_bytes).epsilon(1e-12));
+}
+
+TEST_CASE("plans dropped by the parameter-state floor are exactly those the estimate rejects") {
+  Scenario s = tiny(R"({"tp": [1, 2], "cp": [1], "pp": [1, 2], "vpp": [1], "micro_batch_sizes": [1],
+              "distributed_optimizer": [false, true]})");
+  // A device just large enough for some plans' parameter state and not for others'.
+  s.cluster.device.memory_bytes = 2.2e7;
+  const std::vector<Candidate> valid = enumerate_plans(s, *s.search, 4).valid;
+  std::map<std::string, int64_t> rejected;
+  const std::vector<RankedCandidate> ranked = rank_candidates(s, valid, 0, rejected, 2);
+  std::set<std::string> kept;
+  for (const RankedCandidate& r : ranked) kept.insert(r.candidate.key);
+  // The full estimate of every candidate, floor or not.
+  std::set<std::string> fit;
+  int64_t floored = 0;
+  for (const Candidate& c : valid) {
+    Scenario sized = s;
+    sized.cluster = cluster_with_devices(s.cluster, c.gpus);
+    const Estimate e = estimate(sized, c.plan, 0, default_cost_params(sized.cluster));
+    if (e.feasible) fit.insert(c.key);
+    if (mean_parameter_memory(c.plan, s.model).total() > e.capacity_bytes) {
+      ++floored;
+      CHECK_FALSE(e.feasible);
+    }
+  }
+  CHECK(kept == fit);
+  CHECK(rejected["memory"] == static_cast<int64_t>(valid.size() - fit.size()));
+  CHECK(floored > 0);  // the floor dropped some
+  CHECK(floored <= static_cast<int64_t>(valid.size() - fit.size()));
+  CHECK_FALSE(fit.empty());
 }
