@@ -226,7 +226,9 @@ int run_estimate(const Args& args, std::ostream& out, std::ostream& err) {
       resolve_stage_split(*scenario->plan, scenario->model, scenario->workload, scenario->cluster,
                           cost ? &*cost : nullptr);
   const Estimate e =
-      estimate(*scenario, plan, *iteration, cost ? *cost : default_cost_params(scenario->cluster));
+      estimate(*scenario, plan, *iteration, cost ? *cost : default_cost_params(scenario->cluster),
+               [&](const std::string& line) { err << line << "\n"
+                                                  << std::flush; });
   out << "scenario " << scenario->name << ": " << enum_name(scenario->plan->placement, kPlacements)
       << " plan on " << world_size(*scenario->plan, scenario->model) << " ranks, iteration "
       << *iteration << "\n";
@@ -287,6 +289,7 @@ int run_simulate(const Args& args, std::ostream& out, std::ostream& err) {
   const ParallelPlan plan =
       resolve_stage_split(*scenario->plan, scenario->model, scenario->workload, scenario->cluster,
                           sim.cost ? &*sim.cost : nullptr);
+  sim.progress = [&](const std::string& line) { err << line << "\n" << std::flush; };
   const SimulationResult r = simulate(*scenario, plan, sim);
   if ((*result).count("json")) {
     out << simulation_to_json(r).dump(1) << "\n";

@@ -140,6 +140,15 @@ SimulationResult simulate(const Scenario& s, const ParallelPlan& given,
           result.notes.push_back(std::move(note));
     }
     const Program& p = lowered.program;
+    const double lower_s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    const bool tell = options.progress && lower_s >= 1;
+    int64_t ops = 0;
+    for (const auto& rank_ops : p.ranks) ops += static_cast<int64_t>(rank_ops.size());
+    if (tell)
+      options.progress("iteration " + std::to_string(iteration) + " (" + std::to_string(k + 1) +
+                       " of " + std::to_string(count) +
+                       "): " + lowering_note(ops, p.world, lower_s) + "; simulating");
     // Memory first: a plan that does not fit is reported, not simulated.
     const std::vector<RankMemory> memory = memory_per_rank(p);
     result.capacity_bytes = memory_capacity_bytes(s.cluster, p.world);
@@ -178,11 +187,16 @@ SimulationResult simulate(const Scenario& s, const ParallelPlan& given,
     it.iteration = iteration;
     it.metrics = compute_metrics(p, t, s.model, s.cluster, batch);
     it.estimate_step_s = evaluate(p, cost).step_s;
-    for (const auto& ops : p.ranks) it.ops += static_cast<int64_t>(ops.size());
+    it.ops = ops;
     it.activities = t.activities;
     it.folded_flows = t.folded_flows;
     it.actors = t.actors;
     it.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    if (tell) {
+      char text[96];
+      std::snprintf(text, sizeof text, ": simulated, %.1f s in all", it.wall_s);
+      options.progress("iteration " + std::to_string(iteration) + text);
+    }
     it.dip = std::move(search);
     result.iterations.push_back(std::move(it));
     if (!options.trace_dir.empty() || options.keep_timelines) {

@@ -29,6 +29,9 @@ struct SimulateOptions {
   // schedule dip, with `batches`: the schedule each ran (no search); empty: search per batch
   std::vector<DipSchedule> dip_schedules;
   bool keep_timelines = false;  // return every iteration's Program and Timeline
+  // Hears, for a plan whose lowering takes a second or more, when each iteration is lowered and
+  // when it has been simulated (long work shows it is under way).
+  std::function<void(const std::string&)> progress;
 };
 
 struct SimulatedIteration {

@@ -21,7 +21,8 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 }  // namespace
 
 Estimate estimate(const Scenario& s, const ParallelPlan& given, int64_t iteration,
-                  const CostParams& params) {
+                  const CostParams& params,
+                  const std::function<void(const std::string&)>& progress) {
   Estimate e;
   const auto t0 = std::chrono::steady_clock::now();
   // The frozen-aware stage boundaries, from these costs (a resolved plan is kept as it is).
@@ -46,6 +47,8 @@ Estimate estimate(const Scenario& s, const ParallelPlan& given, int64_t iteratio
   }
   const Program& p = lowered.program;
   for (const auto& ops : p.ranks) e.ops += static_cast<int64_t>(ops.size());
+  if (progress && e.lower_s >= 1)
+    progress(lowering_note(e.ops, p.world, e.lower_s) + "; evaluating");
   const auto t1 = std::chrono::steady_clock::now();
   const Timeline timeline = evaluate(p, cost);
   e.evaluate_s = seconds_since(t1);
@@ -69,6 +72,13 @@ Estimate estimate(const Scenario& s, const ParallelPlan& given, int64_t iteratio
                ", boundary " + human_bytes(m.boundary_bytes) + ")";
   }
   return e;
+}
+
+std::string lowering_note(int64_t ops, int64_t ranks, double seconds) {
+  char text[96];
+  std::snprintf(text, sizeof text, "lowered %.3g M ops on %lld ranks in %.1f s",
+                static_cast<double>(ops) / 1e6, static_cast<long long>(ranks), seconds);
+  return text;
 }
 
 double memory_capacity_bytes(const ClusterSpec& cluster, int64_t world) {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -34,10 +35,14 @@ struct Estimate {
   double lower_s = 0, evaluate_s = 0;  // wall time of the two steps
 };
 
-// REQUIRES: scenario validated, with a plan.
+// REQUIRES: scenario validated, with a plan. `progress`, when given, hears of a lowering that
+// took a second or more before the evaluation starts (long work shows it is under way).
 Estimate estimate(const Scenario& scenario, const ParallelPlan& plan, int64_t iteration,
-                  const CostParams& params);
+                  const CostParams& params,
+                  const std::function<void(const std::string&)>& progress = {});
 std::string format_estimate(const Estimate& e, const Scenario& scenario);
+// "lowered 12.5 M ops on 3072 ranks in 3.3 s": a progress line of estimate and simulate.
+std::string lowering_note(int64_t ops, int64_t ranks, double seconds);
 // The metrics block shared by `tessera estimate` and `tessera simulate`.
 std::string format_metrics(const IterationMetrics& m, const ClusterSpec& cluster, DType dtype,
                            double capacity_bytes);
