@@ -315,8 +315,8 @@ ModelSpec import_mllama(const HfReader& root) {
   llm.transformer->extra_embeddings = 8;
   const HfReader v = root.sub("vision_config");
   // Mllama's vision tower: a local transformer plus a global one of the same width whose layers
-  // are gated; its head count is `attention_heads`, not num_attention_heads. Its attention has
-  // no biases, its MLP has; so does not the patch convolution.
+  // are gated; its head count is `attention_heads`, not num_attention_heads. Its attention and
+  // patch convolution have no biases; its MLP has.
   const int64_t global = v.get("num_global_layers", 8);
   TransformerArch a = encoder_arch(v.get("num_hidden_layers", 32) + global,
                                    v.get("hidden_size", 1280), v.get("attention_heads", 16),

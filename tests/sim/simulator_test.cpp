@@ -25,6 +25,15 @@ namespace {
 
 const std::string kSource = TESSERA_SOURCE_DIR;
 
+// A scenario of the library (scenarios/NAME.json), read and validated.
+std::optional<Scenario> library_scenario(const std::string& name) {
+  Diagnostics diag;
+  std::optional<Scenario> s = load_scenario(kSource + "/scenarios/" + name + ".json", diag);
+  INFO(diag.format());
+  REQUIRE(s.has_value());
+  return s;
+}
+
 const char* kVlm = R"({"name": "vlm", "modules": [
   {"name": "vision", "role": "encoder", "modality": "image",
    "transformer": {"layers": 4, "hidden": 128, "heads": 4, "ffn": 512, "linear_bias": true, "norm": "layernorm"},
@@ -300,9 +309,7 @@ TEST_CASE("a program that cannot finish ends the simulation with the stuck ops n
 }
 
 TEST_CASE("tessera simulate: infeasible plans are reported, not simulated") {
-  Diagnostics diag;
-  const auto s = load_scenario(kSource + "/scenarios/qwen2-vl-7b-video.json", diag);
-  REQUIRE(s.has_value());
+  const auto s = library_scenario("qwen2-vl-7b-video");
   SimulateOptions options;
   options.iterations = 1;
   const SimulationResult r = simulate(*s, *s->plan, options);
@@ -312,9 +319,7 @@ TEST_CASE("tessera simulate: infeasible plans are reported, not simulated") {
 }
 
 TEST_CASE("traces: one valid Chrome-trace JSON per rank, slices nest per thread, flows pair up") {
-  Diagnostics diag;
-  const auto s = load_scenario(kSource + "/scenarios/cpu-tiny.json", diag);
-  REQUIRE(s.has_value());
+  const auto s = library_scenario("cpu-tiny");
   const fs::path dir = fs::temp_directory_path() / ("tessera-trace-" + std::to_string(::getpid()));
   SimulateOptions options;
   options.iterations = 2;
@@ -364,9 +369,7 @@ TEST_CASE("golden simulator outputs for small scenarios with fixed seeds") {
   const bool update = std::getenv("TESSERA_UPDATE_GOLDEN") != nullptr;
   for (const char* name : {"cpu-tiny", "qwen2-audio-7b", "llava-1.5-13b-captioning", "default"}) {
     INFO(name);
-    Diagnostics diag;
-    const auto s = load_scenario(kSource + "/scenarios/" + name + ".json", diag);
-    REQUIRE(s.has_value());
+    const auto s = library_scenario(name);
     SimulateOptions options;
     options.iterations = 2;
     const SimulationResult r = simulate(*s, *s->plan, options);
@@ -401,9 +404,7 @@ TEST_CASE("golden simulator outputs for small scenarios with fixed seeds") {
 TEST_CASE("--nested timed equals ring flows when nothing else shares the NVLink links") {
   // The default plan's TP groups sit inside a node and only their own collectives use those
   // links while they run, so timing them instead of flowing them changes nothing.
-  Diagnostics diag;
-  const auto s = load_scenario(kSource + "/scenarios/default.json", diag);
-  REQUIRE(s.has_value());
+  const auto s = library_scenario("default");
   SimulateOptions options;
   options.iterations = 1;
   const SimulationResult flows = simulate(*s, *s->plan, options);
@@ -419,9 +420,7 @@ TEST_CASE("--nested timed equals ring flows when nothing else shares the NVLink 
 }
 
 TEST_CASE("tessera simulate says how far contention moved it from the estimate") {
-  Diagnostics diag;
-  const auto s = load_scenario(kSource + "/scenarios/default.json", diag);
-  REQUIRE(s.has_value());
+  const auto s = library_scenario("default");
   SimulateOptions options;
   options.iterations = 1;
   options.contention = false;
@@ -449,9 +448,8 @@ TEST_CASE("on an oversubscribed fabric the simulation ranks two plans the other 
   // the NIC here); the simulation shares an uplink only among the transfers that meet on it. The
   // 16-way data-parallel plan looks faster to the estimate, the 4-stage pipeline with 8 replicas
   // (less DP traffic per node) is faster simulated.
+  const auto s = library_scenario("default-oversubscribed");
   Diagnostics diag;
-  const auto s = load_scenario(kSource + "/scenarios/default-oversubscribed.json", diag);
-  REQUIRE(s.has_value());
   const ParallelPlan wide = read_plan(
       Json::parse(
           R"({"placement": "homogeneous", "layout": {"tp": 2, "pp": 2, "vpp": 2, "dp": 16}, "micro_batch_size": 2, "schedule": "interleaved_1f1b", "stage_split": "uniform", "sequence_parallel": true, "distributed_optimizer": true})"),
