@@ -147,8 +147,8 @@ SimulationResult simulate(const Scenario& s, const ParallelPlan& given,
     for (const auto& rank_ops : p.ranks) ops += static_cast<int64_t>(rank_ops.size());
     if (tell)
       options.progress("iteration " + std::to_string(iteration) + " (" + std::to_string(k + 1) +
-                       " of " + std::to_string(count) +
-                       "): " + lowering_note(ops, p.world, lower_s) + "; simulating");
+                       " of " + std::to_string(count) + "): " + lowering_note(p, lower_s) +
+                       "; simulating");
     // Memory first: a plan that does not fit is reported, not simulated.
     const std::vector<RankMemory> memory = memory_per_rank(p);
     result.capacity_bytes = memory_capacity_bytes(s.cluster, p.world);

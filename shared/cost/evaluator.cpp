@@ -54,6 +54,10 @@ Timeline evaluate(const Program& p, const CostModel& cost) {
     }
     total += ops.size();
   }
+  // How many members arrive at each group's collectives: those that run their own ops.
+  std::vector<int32_t> arrivals(p.groups.size());
+  for (std::size_t g = 0; g < p.groups.size(); ++g)
+    arrivals[g] = static_cast<int32_t>(active_members(p, p.groups[g]));
   std::vector<int32_t> arrived(members.size(), 0);
   std::vector<double> ready_at(members.size(), 0);
   std::vector<std::array<std::size_t, kStreams>> cursor(world, {0, 0, 0});
@@ -127,9 +131,9 @@ Timeline evaluate(const Program& p, const CostModel& cost) {
               }
               const auto& who = members[static_cast<std::size_t>(inst)];
               // Every member of the group must arrive, not just those whose programs enter it.
-              const auto group_size =
-                  static_cast<int32_t>(p.groups[static_cast<std::size_t>(op.group)].size());
-              if (arrived[static_cast<std::size_t>(inst)] < group_size) break;
+              if (arrived[static_cast<std::size_t>(inst)] <
+                  arrivals[static_cast<std::size_t>(op.group)])
+                break;
               const double begin = ready_at[static_cast<std::size_t>(inst)];
               const double end =
                   begin + cost.collective_s(op.collective,
@@ -168,11 +172,12 @@ Timeline evaluate(const Program& p, const CostModel& cost) {
                   ready_at[static_cast<std::size_t>(inst)] =
                       std::max(ready_at[static_cast<std::size_t>(inst)], at);
                 }
-                if (arrived[static_cast<std::size_t>(inst)] < static_cast<int32_t>(group.size())) {
+                const int32_t expected = arrivals[static_cast<std::size_t>(nc.group)];
+                if (arrived[static_cast<std::size_t>(inst)] < expected) {
                   blocked = true;
                   break;
                 }
-                if (arrived[static_cast<std::size_t>(inst)] == static_cast<int32_t>(group.size()) &&
+                if (arrived[static_cast<std::size_t>(inst)] == expected &&
                     !nested_woken[static_cast<std::size_t>(inst)]) {
                   nested_woken[static_cast<std::size_t>(inst)] =
                       1;  // the last arrival wakes the others
@@ -233,6 +238,12 @@ Timeline evaluate(const Program& p, const CostModel& cost) {
     }
     t.peak_activation_bytes[r] = peak;
     for (const OpTime& o : t.ops[r]) t.step_s = std::max(t.step_s, o.finish_s);
+  }
+  // A folded Program's represented ranks ran as their representative did.
+  for (std::size_t r = 0; r < world; ++r) {
+    const auto by = static_cast<std::size_t>(representative(p, static_cast<int64_t>(r)));
+    t.compute_busy_s[r] = t.compute_busy_s[by];
+    t.peak_activation_bytes[r] = t.peak_activation_bytes[by];
   }
   return t;
 }

@@ -2,6 +2,9 @@
 // a rank is a serial resource; a receive completes when its send does (pre-posted receives);
 // a collective starts when its last member reaches it. Exact for the model it implements, and
 // the reference the SimGrid simulator must match with contention switched off.
+// A folded Program (Program::represented_by) runs its representatives only; each represented
+// rank's times are its representative's (its ops are empty here too), and its per-rank figures
+// (compute_busy_s, peak_activation_bytes) are copied.
 #pragma once
 
 #include <string>
@@ -26,7 +29,7 @@ struct NestedSlice {
 };
 
 struct Timeline {
-  std::vector<std::vector<OpTime>> ops;  // [rank][op]
+  std::vector<std::vector<OpTime>> ops;  // [rank][op] (a folded Program's representatives only)
   double step_s = 0;
   std::vector<double> compute_busy_s;  // per rank: time its compute stream was busy
   std::vector<double>

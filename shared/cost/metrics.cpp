@@ -64,11 +64,61 @@ double uncovered_s(const std::vector<Interval>& a, const std::vector<Interval>& 
   return total;
 }
 
+// What one rank's ops did, from their times.
+struct RankFigures {
+  bool pipelined = false;     // some op runs on a pipeline stage after the first
+  double hardware_flops = 0;  // recomputation included
+  double busy_s = 0;          // computing: compute ops and optimizer steps, not transfers
+  // The time some transfer runs while the rank computes nothing (pipeline sends and receives,
+  // data-parallel reductions and gathers, boundary transfers, the gradient norm; nested
+  // TP/CP/EP collectives are part of their compute op), and the boundary transfers' part.
+  double exposed_s = 0, exposed_boundary_s = 0;
+  std::vector<double> module_busy;                        // per module
+  std::vector<std::map<int32_t, double>> per_microbatch;  // per module: micro-batch -> seconds
+};
+
+RankFigures rank_figures(const Program& p, const std::vector<Op>& ops,
+                         const std::vector<OpTime>& times) {
+  RankFigures f;
+  f.module_busy.assign(p.modules.size(), 0);
+  f.per_microbatch.resize(p.modules.size());
+  std::vector<Interval> compute, comm, boundary;
+  for (std::size_t i = 0; i < ops.size(); ++i) {
+    const Op& op = ops[i];
+    const OpTime& time = times[i];
+    f.pipelined = f.pipelined || op.stage > 0;
+    if (is_comm(op)) {
+      comm.push_back({time.start_s, time.finish_s});
+      if (op.purpose == Purpose::kBoundary) boundary.push_back({time.start_s, time.finish_s});
+      continue;
+    }
+    compute.push_back({time.start_s, time.finish_s});
+    if (op.kind != OpKind::kCompute) continue;
+    f.hardware_flops += op.flops;
+    if (op.module >= 0) {
+      const double duration = time.finish_s - time.start_s;
+      f.module_busy[static_cast<std::size_t>(op.module)] += duration;
+      if (op.microbatch >= 0)
+        f.per_microbatch[static_cast<std::size_t>(op.module)][op.microbatch] += duration;
+    }
+  }
+  const std::vector<Interval> computing = merged(std::move(compute));
+  for (const Interval& x : computing) f.busy_s += x.finish - x.start;
+  f.exposed_s = uncovered_s(merged(std::move(comm)), computing);
+  f.exposed_boundary_s = uncovered_s(merged(std::move(boundary)), computing);
+  return f;
+}
+
 }  // namespace
 
 std::vector<RankMemory> memory_per_rank(const Program& p) {
   std::vector<RankMemory> memory = p.memory;
   for (std::size_t r = 0; r < p.ranks.size(); ++r) {
+    if (const auto by = static_cast<std::size_t>(representative(p, static_cast<int64_t>(r)));
+        by != r) {
+      memory[r].activation_bytes = memory[by].activation_bytes;
+      continue;
+    }
     double live = 0, peak = 0;
     for (const Op& op : p.ranks[r]) {
       if (op.stream != StreamKind::kCompute || op.kind == OpKind::kRecv) continue;
@@ -190,42 +240,21 @@ IterationMetrics compute_metrics(const Program& p, const Timeline& t, const Mode
   m.bubble.assign(world, 0);
   m.exposed_comm_s.assign(world, 0);
   m.memory = memory_per_rank(p);
+  // Each rank's figures, from its representative's ops (its own unless the Program is folded),
+  // summed over ranks in rank order.
+  std::vector<RankFigures> figures(world);
   std::vector<double> module_busy(p.modules.size(), 0);
-  // [module][rank] -> micro-batch -> compute seconds
-  std::vector<std::map<std::size_t, std::map<int32_t, double>>> per_microbatch(p.modules.size());
   double worst = -1, hardware_flops = 0;
   for (std::size_t r = 0; r < world; ++r) {
-    const auto& ops = p.ranks[r];
-    // Exposed communication: the time some transfer of this rank runs while it computes nothing
-    // (pipeline sends and receives, data-parallel reductions and gathers, boundary transfers,
-    // the gradient norm; nested TP/CP/EP collectives are part of their compute op).
-    std::vector<Interval> compute, comm, boundary;
-    for (std::size_t i = 0; i < ops.size(); ++i) {
-      const Op& op = ops[i];
-      const OpTime& time = t.ops[r][i];
-      m.pipelined = m.pipelined || op.stage > 0;
-      if (is_comm(op)) {
-        comm.push_back({time.start_s, time.finish_s});
-        if (op.purpose == Purpose::kBoundary) boundary.push_back({time.start_s, time.finish_s});
-        continue;
-      }
-      compute.push_back({time.start_s, time.finish_s});
-      if (op.kind != OpKind::kCompute) continue;
-      hardware_flops += op.flops;
-      if (op.module >= 0) {
-        const double duration = time.finish_s - time.start_s;
-        module_busy[static_cast<std::size_t>(op.module)] += duration;
-        if (op.microbatch >= 0)
-          per_microbatch[static_cast<std::size_t>(op.module)][r][op.microbatch] += duration;
-      }
-    }
-    const std::vector<Interval> computing = merged(std::move(compute));
-    double busy = 0;  // computing: compute ops and optimizer steps, not transfers
-    for (const Interval& x : computing) busy += x.finish - x.start;
-    m.exposed_comm_s[r] = uncovered_s(merged(std::move(comm)), computing);
-    m.exposed_boundary_mean_s +=
-        uncovered_s(merged(std::move(boundary)), computing) / static_cast<double>(world);
-    m.bubble[r] = busy > 0 ? (m.step_s - busy) / busy : 0;
+    const auto by = static_cast<std::size_t>(representative(p, static_cast<int64_t>(r)));
+    if (by == r) figures[r] = rank_figures(p, p.ranks[r], t.ops[r]);
+    const RankFigures& f = figures[by];
+    m.pipelined = m.pipelined || f.pipelined;
+    hardware_flops += f.hardware_flops;
+    for (std::size_t i = 0; i < p.modules.size(); ++i) module_busy[i] += f.module_busy[i];
+    m.exposed_comm_s[r] = f.exposed_s;
+    m.exposed_boundary_mean_s += f.exposed_boundary_s / static_cast<double>(world);
+    m.bubble[r] = f.busy_s > 0 ? (m.step_s - f.busy_s) / f.busy_s : 0;
     if (m.memory[r].total() > worst) {
       worst = m.memory[r].total();
       m.peak_rank = static_cast<int64_t>(r);
@@ -241,7 +270,10 @@ IterationMetrics compute_metrics(const Program& p, const Timeline& t, const Mode
     m.module_busy_s.emplace_back(p.modules[i], module_busy[i]);
     MicrobatchVariability v{p.modules[i], 0, 0, 0};
     int64_t ranks = 0;
-    for (const auto& [rank, times] : per_microbatch[i]) {
+    for (std::size_t r = 0; r < world; ++r) {
+      const auto& times =
+          figures[static_cast<std::size_t>(representative(p, static_cast<int64_t>(r)))]
+              .per_microbatch[i];
       if (times.size() < 2) continue;
       double sum = 0, most = 0;
       for (const auto& [mb, seconds] : times) {

@@ -67,10 +67,13 @@ void Lowering::gradient_reduction(int64_t rank, const std::vector<int>& module_l
   // each rank's steps wait for the slowest rank's gradients.
   if (p_.world > 1 &&
       std::any_of(flow_.begin(), flow_.end(), [](const GradientFlow& f) { return f.trainable; })) {
-    RankList world(static_cast<std::size_t>(p_.world));
-    std::iota(world.begin(), world.end(), 0);
-    Op norm = collective_op(CollectiveKind::kAllReduce, Purpose::kNorm, Phase::kF, -1,
-                            group(std::move(world)), 16);  // two fp64 numbers
+    if (norm_group_ < 0) {
+      RankList world(static_cast<std::size_t>(p_.world));
+      std::iota(world.begin(), world.end(), 0);
+      norm_group_ = group(std::move(world));
+    }
+    Op norm = collective_op(CollectiveKind::kAllReduce, Purpose::kNorm, Phase::kF, -1, norm_group_,
+                            16);  // two fp64 numbers
     for (int32_t r : reduced)
       if (r >= 0) norm.deps.push_back(r);
     if (const int32_t dep = last_compute(rank); dep >= 0) norm.deps.push_back(dep);

@@ -15,6 +15,7 @@ void Lowering::run() {
   if (!out_.error.empty()) return;
   place(placed);
   assign_samples();
+  if (folding_ == RankFolding::kIdentical) fold_ranks();
   if (plan_.schedule == Schedule::kDip)
     lower_dip();
   else if (plan_.placement == Placement::kColocated)
@@ -31,7 +32,7 @@ void Lowering::run() {
   if (!cp_cache_.empty()) {
     // How evenly the CP groups' attention work is spread, against the uniform split: the mean
     // over all micro-batches, and the CP group (data-parallel replica) whose micro-batches are
-    // worst on average.
+    // worst on average. Folded replicas stand for the others, all alike.
     double chosen = 0, uniform = 0;
     std::map<int64_t, std::array<double, 3>> groups;  // replica -> chosen, uniform, count
     for (const auto& [key, share] : cp_cache_) {
@@ -51,24 +52,30 @@ void Lowering::run() {
                   "cp_split %s: attention work max/mean over the CP ranks %.3f (uniform split: "
                   "%.3f), mean of %zu micro-batches; worst of %zu CP groups %.3f (uniform: %.3f)",
                   enum_name(plan_.cp_split, kCpSplits).c_str(), chosen / n, uniform / n,
-                  cp_cache_.size(), groups.size(), worst[0] / worst[2], worst[1] / worst[2]);
+                  cp_cache_.size() * replicas_folded_, groups.size() * replicas_folded_,
+                  worst[0] / worst[2], worst[1] / worst[2]);
     out_.notes.push_back(line);
   }
+  // A represented rank holds what its representative does.
+  for (std::size_t r = 0; r < p_.memory.size(); ++r)
+    p_.memory[r] = p_.memory[static_cast<std::size_t>(representative(p_, static_cast<int64_t>(r)))];
   // Model FLOPs of the iteration (recompute excluded), summed over ranks.
-  for (const auto& ops : p_.ranks)
-    for (const Op& op : ops)
+  for (std::size_t r = 0; r < p_.ranks.size(); ++r)
+    for (const Op& op :
+         p_.ranks[static_cast<std::size_t>(representative(p_, static_cast<int64_t>(r)))])
       if (op.kind == OpKind::kCompute && op.phase != Phase::kR) p_.model_flops += op.flops;
 }
 
 }  // namespace lowering
 
 Lowered lower(const ModelSpec& model, const ClusterSpec& cluster, const ParallelPlan& plan,
-              const WorkloadSpec& workload, const Batch& batch, const DipSchedule* dip) {
+              const WorkloadSpec& workload, const Batch& batch, const DipSchedule* dip,
+              RankFolding folding) {
   Lowered out;
   out.program.iteration = batch.iteration;
   TESSERA_CHECK(stage_split_resolved(plan, model),
                 "lower() needs the frozen-aware stage split resolved first (resolve_stage_split)");
-  lowering::Lowering(model, cluster, plan, workload, batch, dip, out).run();
+  lowering::Lowering(model, cluster, plan, workload, batch, dip, folding, out).run();
   // Debug builds verify every Program they produce, and so does any build run with
   // TESSERA_CHECK_PROGRAMS set (ctest sets it for every test).
 #ifdef NDEBUG

@@ -36,12 +36,22 @@ std::string lowering_refusal(const ParallelPlan& plan, const ModelSpec& model,
 std::string lowering_refusal(const ParallelPlan& plan, const ModelSpec& model,
                              const DipSchedule* dip, const std::vector<PlacedModule>& placed);
 
+// Whether lower() folds ranks that would run the same ops at the same times into one class
+// (Program::represented_by). kIdentical folds, in homogeneous placements outside DIP, the
+// tensor-parallel shards of each stage and — when every data-parallel replica's micro-batches
+// hold samples of the same shapes as the first replica's — the replicas too, provided every
+// member's groups and pipeline neighbours sit on the cluster's nodes as its representative's
+// do (so every cost is the same); otherwise it folds less or nothing. The evaluator and the
+// metrics read folded Programs; the simulator and the executor need every rank's ops (kOff).
+enum class RankFolding : uint8_t { kOff, kIdentical };
+
 // REQUIRES: plan validated against model, workload and cluster, its frozen-aware stage split
 // resolved (stage_split_resolved; resolve_stage_split in stage_split.hpp does it with the cost
 // model); batch drawn from workload.
 // `dip`: the batch's schedule under schedule dip (dip_search.hpp); null: the starting one
 // (encoders in topological order, even layers).
 Lowered lower(const ModelSpec& model, const ClusterSpec& cluster, const ParallelPlan& plan,
-              const WorkloadSpec& workload, const Batch& batch, const DipSchedule* dip = nullptr);
+              const WorkloadSpec& workload, const Batch& batch, const DipSchedule* dip = nullptr,
+              RankFolding folding = RankFolding::kOff);
 
 }  // namespace tessera

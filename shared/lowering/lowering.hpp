@@ -103,13 +103,15 @@ inline Op collective_op(CollectiveKind kind, Purpose purpose, Phase phase, int m
 class Lowering {
  public:
   Lowering(const ModelSpec& model, const ClusterSpec& cluster, const ParallelPlan& plan,
-           const WorkloadSpec& workload, const Batch& batch, const DipSchedule* dip, Lowered& out)
+           const WorkloadSpec& workload, const Batch& batch, const DipSchedule* dip,
+           RankFolding folding, Lowered& out)
       : model_(model),
         cluster_(cluster),
         plan_(plan),
         workload_(workload),
         batch_(batch),
         dip_(dip ? *dip : DipSchedule{}),
+        folding_(folding),
         out_(out),
         p_(out.program) {}
 
@@ -119,6 +121,16 @@ class Lowering {
   // --- set-up --------------------------------------------------------------------------
   void place(const std::vector<PlacedModule>& placed);
   void assign_samples();
+  // RankFolding::kIdentical: which ranks lower their ops (Program::represented_by; folding.cpp).
+  void fold_ranks();
+  // Every data-parallel replica's micro-batches hold samples of the same shapes as replica 0's,
+  // at both of Entrain's levels, and finish the same encoder micro-batches.
+  bool identical_replicas();
+  // Whether every rank of the LLM's grid, represented by the rank at coordinates `to(x)`, has
+  // groups and pipeline neighbours placed on the nodes as that rank's are.
+  bool same_costs(const std::function<Coord(const Coord&)>& to) const;
+  // Whether `rank` lowers its own ops (a folded Program's representative, or any rank).
+  bool lowers(int64_t rank) const { return representative(p_, rank) == rank; }
   // The samples a replica of `module` handles in micro-batch `mb` (-1: all). Under Entrain the
   // encoders and their projectors run the level-1 micro-batches, the LLM the level-2 ones;
   // `encoder_level` asks for the level-1 ones of any module (the LLM's replica, say).
@@ -385,6 +397,8 @@ class Lowering {
   const WorkloadSpec& workload_;
   const Batch& batch_;
   const DipSchedule dip_;  // schedule dip: this batch's schedule
+  const RankFolding folding_;
+  std::size_t replicas_folded_ = 1;  // data-parallel replicas each representative stands for
   Lowered& out_;
   Program& p_;
 
@@ -399,6 +413,7 @@ class Lowering {
   // Entrain deferred one)
   std::vector<std::vector<std::vector<int32_t>>> encoder_done_;
   std::map<RankList, int32_t> group_ids_;
+  int32_t norm_group_ = -1;  // every rank: the gradient norm's all-reduce
   // Each module's groups (rank_groups(), by module index) and where each rank of its span sits
   // in them.
   std::vector<ModuleGroups> grids_;

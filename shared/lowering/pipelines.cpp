@@ -57,6 +57,7 @@ void Lowering::lower_pipelines() {
 
     const int64_t pp = owner.layout.pp, vpp = owner.layout.vpp;
     for (int64_t rank = owner.first; rank < owner.first + owner.layout.size(); ++rank) {
+      if (!lowers(rank)) continue;  // a folded Program's represented rank
       const Coord x = owner.coord(rank);
       const bool first_stage = x.p == 0, last_stage = x.p == pp - 1;
       const bool has_backward =

@@ -108,6 +108,12 @@ const ChunkLayers* find_chunk_layers(const Program& p, int module, int stage, in
              : nullptr;
 }
 
+int64_t active_members(const Program& p, const RankList& group) {
+  if (p.represented_by.empty()) return static_cast<int64_t>(group.size());
+  return std::count_if(group.begin(), group.end(),
+                       [&](int64_t r) { return representative(p, r) == r; });
+}
+
 std::vector<std::string> check_program(const Program& p) {
   std::vector<std::string> problems;
   auto complain = [&](int32_t rank, int32_t index, const std::string& what) {
@@ -127,6 +133,23 @@ std::vector<std::string> check_program(const Program& p) {
   // group -> per member, the sequence of (kind, bytes) it enters.
   std::map<int32_t, std::map<int32_t, std::vector<std::pair<int, double>>>> entered;
   const auto groups = static_cast<int32_t>(p.groups.size());
+  if (!p.represented_by.empty()) {
+    if (p.represented_by.size() != p.ranks.size()) {
+      problems.push_back("represented_by names " + std::to_string(p.represented_by.size()) +
+                         " ranks of " + std::to_string(p.ranks.size()));
+      return problems;
+    }
+    for (int32_t r = 0; r < static_cast<int32_t>(p.ranks.size()); ++r) {
+      const int32_t by = p.represented_by[static_cast<std::size_t>(r)];
+      if (by < 0 || by > r || representative(p, by) != by)
+        problems.push_back("rank " + std::to_string(r) + " is represented by " +
+                           std::to_string(by) + ", not a lower rank that represents itself");
+      else if (by != r && !p.ranks[static_cast<std::size_t>(r)].empty())
+        problems.push_back("rank " + std::to_string(r) + " is represented by rank " +
+                           std::to_string(by) + " but has ops of its own");
+    }
+    if (!problems.empty()) return problems;
+  }
   for (int32_t r = 0; r < static_cast<int32_t>(p.ranks.size()); ++r) {
     const auto& ops = p.ranks[static_cast<std::size_t>(r)];
     for (int32_t i = 0; i < static_cast<int32_t>(ops.size()); ++i) {
@@ -141,6 +164,10 @@ std::vector<std::string> check_program(const Program& p) {
         case OpKind::kRecv: {
           if (op.peer < 0 || op.peer >= p.world || op.peer == r) {
             complain(r, i, "invalid peer " + std::to_string(op.peer));
+            break;
+          }
+          if (representative(p, op.peer) != op.peer) {
+            complain(r, i, "peer " + std::to_string(op.peer) + " has no ops of its own (folded)");
             break;
           }
           auto key = op.kind == OpKind::kSend ? std::make_tuple(r, op.peer, op.tag)
@@ -201,11 +228,10 @@ std::vector<std::string> check_program(const Program& p) {
                          std::to_string(tag) + " has no send");
     }
   for (const auto& [group, members] : entered) {
-    const RankList& expected = p.groups[static_cast<std::size_t>(group)];
-    if (members.size() != expected.size()) {
+    const auto expected = active_members(p, p.groups[static_cast<std::size_t>(group)]);
+    if (static_cast<int64_t>(members.size()) != expected) {
       problems.push_back("group " + std::to_string(group) + ": " + std::to_string(members.size()) +
-                         " of " + std::to_string(expected.size()) +
-                         " members enter its collectives");
+                         " of " + std::to_string(expected) + " members enter its collectives");
       continue;
     }
     const auto& first = members.begin()->second;

@@ -146,7 +146,22 @@ struct Program {
   std::vector<ChunkLayers> chunk_layers;
   // The boundary links of heterogeneous plans, in the order the lowering met them.
   std::vector<BoundaryLink> links;
+  // A folded Program (lower() with RankFolding::kIdentical): ranks that would run the same ops
+  // at the same times — tensor-parallel shards, and data-parallel replicas whose micro-batches
+  // have the same shapes — are a class whose representative (its lowest rank) alone has ops;
+  // represented_by[r] names r's (r itself for a representative). A representative's peers are
+  // representatives; a collective counts only the representatives among its group's members as
+  // arriving, and costs its whole group. Empty: every rank has its own ops.
+  std::vector<int32_t> represented_by;
 };
+
+// The rank whose ops and times stand for `rank`'s: itself unless the Program is folded.
+inline int32_t representative(const Program& program, int64_t rank) {
+  return program.represented_by.empty() ? static_cast<int32_t>(rank)
+                                        : program.represented_by[static_cast<std::size_t>(rank)];
+}
+// The members of `group` that run their own ops: all of them unless the Program is folded.
+int64_t active_members(const Program& program, const RankList& group);
 
 // The layers of (module, stage, chunk), or nullptr when no compute op runs it.
 const ChunkLayers* find_chunk_layers(const Program& program, int module, int stage, int chunk);

@@ -35,8 +35,9 @@ Estimate estimate(const Scenario& s, const ParallelPlan& given, int64_t iteratio
     DipPlanner planner(s, plan, cost);
     dip = planner.search(batch, DipSchedule{});
   }
-  Lowered lowered =
-      lower(s.model, s.cluster, plan, s.workload, batch, dip ? &dip->schedule : nullptr);
+  // Identical ranks fold into one (exact: the evaluator gives each the times it would).
+  Lowered lowered = lower(s.model, s.cluster, plan, s.workload, batch,
+                          dip ? &dip->schedule : nullptr, RankFolding::kIdentical);
   e.lower_s = seconds_since(t0);
   e.notes = lowered.notes;
   if (dip && dip->error.empty()) e.notes.push_back(describe_dip_search(*dip, s.model));
@@ -46,9 +47,11 @@ Estimate estimate(const Scenario& s, const ParallelPlan& given, int64_t iteratio
     return e;
   }
   const Program& p = lowered.program;
-  for (const auto& ops : p.ranks) e.ops += static_cast<int64_t>(ops.size());
-  if (progress && e.lower_s >= 1)
-    progress(lowering_note(e.ops, p.world, e.lower_s) + "; evaluating");
+  for (std::size_t r = 0; r < p.ranks.size(); ++r) {
+    e.ops += static_cast<int64_t>(p.ranks[r].size());
+    e.ranks_lowered += representative(p, static_cast<int64_t>(r)) == static_cast<int32_t>(r);
+  }
+  if (progress && e.lower_s >= 1) progress(lowering_note(p, e.lower_s) + "; evaluating");
   const auto t1 = std::chrono::steady_clock::now();
   const Timeline timeline = evaluate(p, cost);
   e.evaluate_s = seconds_since(t1);
@@ -74,10 +77,20 @@ Estimate estimate(const Scenario& s, const ParallelPlan& given, int64_t iteratio
   return e;
 }
 
-std::string lowering_note(int64_t ops, int64_t ranks, double seconds) {
-  char text[96];
-  std::snprintf(text, sizeof text, "lowered %.3g M ops on %lld ranks in %.1f s",
-                static_cast<double>(ops) / 1e6, static_cast<long long>(ranks), seconds);
+std::string lowering_note(const Program& p, double seconds) {
+  int64_t ops = 0, lowered = 0;
+  for (std::size_t r = 0; r < p.ranks.size(); ++r) {
+    ops += static_cast<int64_t>(p.ranks[r].size());
+    lowered += representative(p, static_cast<int64_t>(r)) == static_cast<int32_t>(r);
+  }
+  char text[128];
+  if (lowered == p.world)
+    std::snprintf(text, sizeof text, "lowered %.3g M ops on %lld ranks in %.1f s",
+                  static_cast<double>(ops) / 1e6, static_cast<long long>(p.world), seconds);
+  else
+    std::snprintf(text, sizeof text, "lowered %.3g M ops on %lld ranks standing for %lld in %.1f s",
+                  static_cast<double>(ops) / 1e6, static_cast<long long>(lowered),
+                  static_cast<long long>(p.world), seconds);
   return text;
 }
 
@@ -155,8 +168,13 @@ std::string format_estimate(const Estimate& e, const Scenario& s) {
   out += format_metrics(e.metrics, s.cluster, s.model.dtype, e.capacity_bytes);
   if (!e.feasible) out += "infeasible: " + e.reason + "\n";
   char line[256];
-  std::snprintf(line, sizeof line, "(%lld ops lowered in %.3f s, evaluated in %.3f s)\n",
-                static_cast<long long>(e.ops), e.lower_s, e.evaluate_s);
+  const std::string ranks = e.ranks_lowered == static_cast<int64_t>(e.metrics.memory.size())
+                                ? std::string()
+                                : " on " + std::to_string(e.ranks_lowered) + " of " +
+                                      std::to_string(e.metrics.memory.size()) +
+                                      " ranks, each standing for those identical to it,";
+  std::snprintf(line, sizeof line, "(%lld ops lowered%s in %.3f s, evaluated in %.3f s)\n",
+                static_cast<long long>(e.ops), ranks.c_str(), e.lower_s, e.evaluate_s);
   return out + line;
 }
 

@@ -31,7 +31,8 @@ struct Estimate {
   IterationMetrics metrics;  // step_s == 0 when the iteration was not executed
   RankMemory peak_memory;    // metrics.memory[metrics.peak_rank]
   double capacity_bytes = 0;
-  int64_t ops = 0;
+  int64_t ops = 0;            // ops lowered
+  int64_t ranks_lowered = 0;  // ranks whose ops were lowered: all, or a folded Program's classes
   double lower_s = 0, evaluate_s = 0;  // wall time of the two steps
 };
 
@@ -41,8 +42,9 @@ Estimate estimate(const Scenario& scenario, const ParallelPlan& plan, int64_t it
                   const CostParams& params,
                   const std::function<void(const std::string&)>& progress = {});
 std::string format_estimate(const Estimate& e, const Scenario& scenario);
-// "lowered 12.5 M ops on 3072 ranks in 3.3 s": a progress line of estimate and simulate.
-std::string lowering_note(int64_t ops, int64_t ranks, double seconds);
+// "lowered 12.5 M ops on 3072 ranks in 3.3 s" (or, folded, "lowered 0.26 M ops on 64 ranks
+// standing for 3072 in 0.1 s"): a progress line of estimate and simulate.
+std::string lowering_note(const Program& program, double seconds);
 // The metrics block shared by `tessera estimate` and `tessera simulate`.
 std::string format_metrics(const IterationMetrics& m, const ClusterSpec& cluster, DType dtype,
                            double capacity_bytes);

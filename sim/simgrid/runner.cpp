@@ -546,6 +546,8 @@ class Run {
 }  // namespace
 
 Timeline run_program(const Program& program, const CostModel& cost, const RunOptions& options) {
+  TESSERA_CHECK(program.represented_by.empty(),
+                "the simulator runs every rank's ops: lower with RankFolding::kOff");
   auto engine = make_engine();
   // Preparing the run (op matching, twins) and building the platform are independent: overlap
   // them on the machine's second core.
