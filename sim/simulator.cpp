@@ -16,6 +16,17 @@ namespace tessera::sim {
 
 namespace {
 
+// Whether a calibration profile makes single op instances vary (FitStats::spread): each rank
+// draws its own factors.
+bool varies(const CostParams& params) {
+  const auto spread = [](const auto& fits) {
+    return std::any_of(fits.begin(), fits.end(),
+                       [](const auto& f) { return !f.stats.spread.empty(); });
+  };
+  return spread(params.compute_fits) || spread(params.collective_fits) || spread(params.p2p_fits) ||
+         (params.optimizer_fit && !params.optimizer_fit->stats.spread.empty());
+}
+
 double quantile(std::vector<double> v, double q) {
   std::sort(v.begin(), v.end());
   const double pos = q * static_cast<double>(v.size() - 1);
@@ -112,6 +123,11 @@ SimulationResult simulate(const Scenario& s, const ParallelPlan& given,
   if (plan.schedule == Schedule::kDip) dip_planner.emplace(s, plan, cost);
   const int64_t count =
       options.batches.empty() ? options.iterations : static_cast<int64_t>(options.batches.size());
+  // Identical ranks fold into one class (exact: each member's transfers still run as flows)
+  // unless every rank's timeline is wanted, a profile's measured spread makes each rank's ops
+  // vary on their own, or the ranks share one machine's cores.
+  const bool fold = options.trace_dir.empty() && !options.keep_timelines &&
+                    !varies(cost.params()) && s.cluster.kind != ClusterKind::kCpuLocal;
   for (int64_t k = 0; k < count; ++k) {
     const auto started = std::chrono::steady_clock::now();
     const Batch batch = options.batches.empty()
@@ -126,7 +142,8 @@ SimulationResult simulate(const Scenario& s, const ParallelPlan& given,
       if (search->error.empty()) dip_schedule = search->schedule;
     }
     Lowered lowered =
-        lower(s.model, s.cluster, plan, s.workload, batch, dip_planner ? &dip_schedule : nullptr);
+        lower(s.model, s.cluster, plan, s.workload, batch, dip_planner ? &dip_schedule : nullptr,
+              fold ? RankFolding::kIdentical : RankFolding::kOff);
     if (!lowered.error.empty()) {
       result.reason = lowered.error;
       result.failure = PlanFailure::kRefused;

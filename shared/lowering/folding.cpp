@@ -24,9 +24,29 @@ void Lowering::fold_ranks() {
   }
   p_.represented_by.resize(static_cast<std::size_t>(p_.world));
   std::iota(p_.represented_by.begin(), p_.represented_by.end(), 0);
-  for (int64_t r = llm.first; r < llm.first + llm.layout.size(); ++r)
-    p_.represented_by[static_cast<std::size_t>(r)] =
-        static_cast<int32_t>(llm.rank(to(llm.coord(r))));
+  class_members_.resize(static_cast<std::size_t>(p_.world));
+  for (int64_t r = llm.first; r < llm.first + llm.layout.size(); ++r) {
+    const int64_t by = llm.rank(to(llm.coord(r)));
+    p_.represented_by[static_cast<std::size_t>(r)] = static_cast<int32_t>(by);
+    class_members_[static_cast<std::size_t>(by)].push_back(r);
+  }
+}
+
+void Lowering::record_member_groups(std::size_t module, int64_t rank, int32_t id,
+                                    std::vector<Group> ModuleGroups::*kind,
+                                    std::vector<int32_t> GroupIndex::*index) {
+  if (p_.member_groups.size() <= static_cast<std::size_t>(id))
+    p_.member_groups.resize(p_.groups.size());
+  if (!p_.member_groups[static_cast<std::size_t>(id)].empty()) return;
+  const ModuleGroups& g = grids_[module];
+  std::vector<int32_t> used;
+  for (const int64_t member : class_members_[static_cast<std::size_t>(rank)]) {
+    const int32_t at =
+        (grid_index_[module].*index)[static_cast<std::size_t>(member - g.first_rank)];
+    used.push_back(group((g.*kind)[static_cast<std::size_t>(at)]));
+  }
+  p_.member_groups.resize(p_.groups.size());
+  p_.member_groups[static_cast<std::size_t>(id)] = std::move(used);
 }
 
 bool Lowering::identical_replicas() {

@@ -170,8 +170,15 @@ class Lowering {
         in_span ? (grid_index_[i].*index)[static_cast<std::size_t>(r - g.first_rank)] : -1;
     TESSERA_CHECK(at >= 0,
                   "rank " + std::to_string(r) + " has no group in " + g.module + "'s grid");
-    return group((g.*kind)[static_cast<std::size_t>(at)]);
+    const int32_t id = group((g.*kind)[static_cast<std::size_t>(at)]);
+    if (!class_members_.empty()) record_member_groups(i, r, id, kind, index);
+    return id;
   }
+  // A folded Program: the groups the members of representative `rank`'s class use in place of
+  // its group `id` of one kind in module `module`'s grid (Program::member_groups).
+  void record_member_groups(std::size_t module, int64_t rank, int32_t id,
+                            std::vector<Group> ModuleGroups::*kind,
+                            std::vector<int32_t> GroupIndex::*index);
   int32_t tp_group(const ModuleInfo& m, const Coord& x) {
     return grid_group(m, x, &ModuleGroups::tp, &GroupIndex::tp);
   }
@@ -399,6 +406,8 @@ class Lowering {
   const DipSchedule dip_;  // schedule dip: this batch's schedule
   const RankFolding folding_;
   std::size_t replicas_folded_ = 1;  // data-parallel replicas each representative stands for
+  // A folded Program: per representative, the ranks of its class in rank order; empty otherwise.
+  std::vector<std::vector<int64_t>> class_members_;
   Lowered& out_;
   Program& p_;
 

@@ -29,7 +29,11 @@ OpMatching match_ops(const Program& p) {
     const uint64_t key = static_cast<uint64_t>(group) << 33 | static_cast<uint64_t>(sequence) << 1 |
                          static_cast<uint64_t>(nested);
     const auto [it, added] = ids.emplace(key, static_cast<int32_t>(m.instance_group.size()));
-    if (added) m.instance_group.push_back(group);
+    if (added) {
+      m.instance_group.push_back(group);
+      m.instance_sequence.push_back(sequence);
+      m.instance_nested.push_back(static_cast<char>(nested));
+    }
     return it->second;
   };
   // Per rank, its receives sorted by (source, tag): millions at 8192 ranks, searched by

@@ -18,6 +18,9 @@ struct OpMatching {
   std::vector<std::vector<int32_t>> instance_of;
   std::vector<int32_t> nested_instance;  // the instance of each nested collective
   std::vector<int32_t> instance_group;   // the group of each instance
+  // Each instance's place in its group's sequence (k), and whether that is the nested one.
+  std::vector<int32_t> instance_sequence;
+  std::vector<char> instance_nested;
   // [rank][op]: a send's receive, a receive's send — the op's index on `op.peer`; -1 unmatched.
   std::vector<std::vector<int32_t>> peer_op;
   std::size_t instances() const { return instance_group.size(); }

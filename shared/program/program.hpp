@@ -153,6 +153,12 @@ struct Program {
   // representatives; a collective counts only the representatives among its group's members as
   // arriving, and costs its whole group. Empty: every rank has its own ops.
   std::vector<int32_t> represented_by;
+  // A folded Program: for each group a representative's ops name (collectives, nested ones, TP
+  // gathers), the group each rank of its class uses in its place, in rank order (the
+  // representative's own first); empty where every rank of the class uses the group itself (the
+  // gradient norm's). A represented rank's messages go to its representative's peers moved by
+  // the difference of the two ranks.
+  std::vector<std::vector<int32_t>> member_groups;
 };
 
 // The rank whose ops and times stand for `rank`'s: itself unless the Program is folded.

@@ -4,6 +4,7 @@
 #include <optional>
 #include <thread>
 #include <tuple>
+#include <unordered_map>
 
 #include <simgrid/s4u.hpp>
 
@@ -26,12 +27,18 @@ constexpr double kHostSpeed = 1e9;  // platform.cpp sizes hosts in these units
 //
 // Twins (twins.hpp): ranks that provably run the same ops at the same times — TP and uniform-CP
 // shards. One actor runs a whole class; every twin's transfers still become flows, so links
-// carry all of the traffic.
+// carry all of the traffic. A folded Program (Program::represented_by) names its classes
+// itself: only representatives have ops and times, and a member's transfers are its
+// representative's moved to the member's peers and groups (Program::member_groups).
 class Run {
  public:
   // Pure preparation, no SimGrid call: it runs on a thread while the platform is built.
   Run(const Program& p, const CostModel& cost, const RunOptions& options)
-      : p_(p), cost_(cost), options_(options), twins_(find_twins(p)) {
+      : p_(p),
+        cost_(cost),
+        options_(options),
+        folded_(!p.represented_by.empty()),
+        twins_(folded_ ? folded_classes(p) : find_twins(p)) {
     const std::size_t world = p.ranks.size();
     times_.resize(world);
     nested_.resize(world);
@@ -44,6 +51,7 @@ class Run {
     instances_.resize(match.instances());
     for (std::size_t k = 0; k < instances_.size(); ++k)
       instances_[k].group = match.instance_group[k];
+    if (folded_) add_member_instances(match);
     // An instance completes when every class that owns one of its members has arrived.
     for (Instance& in : instances_) {
       std::vector<int32_t> classes;
@@ -101,6 +109,53 @@ class Run {
     return true;
   }
 
+  // A folded Program's classes: each representative with its members, in rank order.
+  static Twins folded_classes(const Program& p) {
+    Twins t;
+    t.leader = p.represented_by;
+    t.offsets.resize(p.ranks.size());
+    for (std::size_t r = 0; r < p.ranks.size(); ++r) {
+      const int32_t l = t.leader[r];
+      t.offsets[static_cast<std::size_t>(l)].push_back(static_cast<int32_t>(r) - l);
+      if (l == static_cast<int32_t>(r)) ++t.classes;
+    }
+    return t;
+  }
+
+  // A folded Program: the instances the members of each class enter in place of their
+  // representative's — the same place in the sequence of the member's group.
+  void add_member_instances(const OpMatching& match) {
+    std::unordered_map<uint64_t, int32_t> ids;
+    member_instance_.resize(match.instances());
+    for (std::size_t k = 0; k < match.instances(); ++k) {
+      const auto& groups = p_.member_groups[static_cast<std::size_t>(match.instance_group[k])];
+      if (groups.empty()) continue;  // every member uses the group itself
+      for (const int32_t g : groups) {
+        if (g == match.instance_group[k]) {
+          member_instance_[k].push_back(static_cast<int32_t>(k));
+          continue;
+        }
+        const uint64_t key = static_cast<uint64_t>(g) << 33 |
+                             static_cast<uint64_t>(match.instance_sequence[k]) << 1 |
+                             static_cast<uint64_t>(match.instance_nested[k]);
+        const auto [it, added] = ids.emplace(key, static_cast<int32_t>(instances_.size()));
+        if (added) instances_.emplace_back().group = g;
+        member_instance_[k].push_back(it->second);
+      }
+    }
+  }
+
+  // The instance that the member `k` of `leader`'s class (its offsets' index) enters at op `i`
+  // (nested index `n`, or -1 for a stream collective).
+  int32_t instance(int32_t leader, std::size_t k, int32_t i, int32_t n) const {
+    const int32_t rank = folded_ ? leader : leader + offsets(leader)[k];
+    const int32_t base = instance_of_[static_cast<std::size_t>(rank)][static_cast<std::size_t>(i)];
+    const int32_t inst = n < 0 ? base : nested_ids_[static_cast<std::size_t>(base + n)];
+    if (!folded_) return inst;
+    const auto& members = member_instance_[static_cast<std::size_t>(inst)];
+    return members.empty() ? inst : members[k];
+  }
+
   void start(std::vector<sg4::Host*> hosts) {
     hosts_ = std::move(hosts);
     waiters_.resize(p_.ranks.size());
@@ -143,6 +198,8 @@ class Run {
           t.compute_busy_s[r] += o.finish_s - o.start_s;
       }
     if (shown > 0) t.error = "the program cannot finish: ops never ran, e.g. " + stuck;
+    for (std::size_t r = 0; r < p_.ranks.size(); ++r)
+      t.compute_busy_s[r] = t.compute_busy_s[static_cast<std::size_t>(twins_.leader[r])];
     t.activities = activities_;
     t.actors = actors_;
     t.folded_flows = folded_flows_;
@@ -161,6 +218,12 @@ class Run {
 
   const std::vector<int32_t>& offsets(int32_t leader) const {
     return twins_.offsets[static_cast<std::size_t>(leader)];
+  }
+  // The members of `leader`'s class that have ops and times: all of them, or in a folded
+  // Program the representative alone.
+  const std::vector<int32_t>& timed(int32_t leader) const {
+    static const std::vector<int32_t> alone{0};
+    return folded_ ? alone : offsets(leader);
   }
 
   // The factor by which this instance of compute op `i` of `rank` varies around its fitted
@@ -188,7 +251,7 @@ class Run {
     const Op& op = p_.ranks[static_cast<std::size_t>(leader)][static_cast<std::size_t>(i)];
     const NestedCollective& nc = op.nested[static_cast<std::size_t>(n)];
     const double each = (end - last) / std::max(1, nc.count);
-    for (int32_t d : offsets(leader))
+    for (int32_t d : timed(leader))
       for (int32_t c = 0; c < nc.count; ++c)
         nested_[static_cast<std::size_t>(leader + d)].push_back(
             {i, nc.kind, c == 0 ? arrived : last + c * each, last + (c + 1) * each, nc.bytes});
@@ -206,7 +269,7 @@ class Run {
 
   // Sets the times of op `i` on `rank` and on all of its twins.
   void finish_class(int32_t leader, int32_t i, double start, double end) {
-    for (int32_t d : offsets(leader))
+    for (int32_t d : timed(leader))
       times_[static_cast<std::size_t>(leader + d)][static_cast<std::size_t>(i)] = {start, end};
     wake(leader);
   }
@@ -302,10 +365,8 @@ class Run {
   void collective(int32_t leader, int32_t i, int32_t n) {
     const Op& op = p_.ranks[static_cast<std::size_t>(leader)][static_cast<std::size_t>(i)];
     std::vector<int32_t> mine;  // distinct instances of this class's ranks
-    for (int32_t d : offsets(leader)) {
-      const int32_t base =
-          instance_of_[static_cast<std::size_t>(leader + d)][static_cast<std::size_t>(i)];
-      const int32_t inst = n < 0 ? base : nested_ids_[static_cast<std::size_t>(base + n)];
+    for (std::size_t k = 0; k < offsets(leader).size(); ++k) {
+      const int32_t inst = instance(leader, k, i, n);
       if (std::find(mine.begin(), mine.end(), inst) == mine.end()) mine.push_back(inst);
     }
     const double now = sg4::Engine::get_clock();
@@ -391,13 +452,10 @@ class Run {
     if (op.nested.empty()) return seconds;
     if (options_.contention && options_.nested_flows) return -1;
     for (std::size_t n = 0; n < op.nested.size(); ++n) {
-      for (int32_t d : offsets(leader)) {
-        const int32_t base =
-            instance_of_[static_cast<std::size_t>(leader + d)][static_cast<std::size_t>(i)];
-        if (instances_[static_cast<std::size_t>(nested_ids_[static_cast<std::size_t>(base) + n])]
+      for (std::size_t k = 0; k < offsets(leader).size(); ++k)
+        if (instances_[static_cast<std::size_t>(instance(leader, k, i, static_cast<int32_t>(n)))]
                 .needed != 1)
           return -1;
-      }
       const NestedCollective& nc = op.nested[n];
       seconds += nc.count * cost_.collective_s(
                                 nc.kind, p_.groups[static_cast<std::size_t>(nc.group)], nc.bytes);
@@ -439,7 +497,7 @@ class Run {
         sleep(total);
         double at = start;
         for (const auto& [index, seconds] : run) {
-          for (int32_t d : offsets(leader))
+          for (int32_t d : timed(leader))
             times_[static_cast<std::size_t>(leader + d)][static_cast<std::size_t>(index)] = {
                 at, at + seconds};
           at += seconds;
@@ -477,10 +535,14 @@ class Run {
                 ++folded_flows_;
                 continue;
               }
+              // A folded member's message: its representative's, moved by the same offset.
               const Op& twin =
-                  p_.ranks[static_cast<std::size_t>(leader + d)][static_cast<std::size_t>(i)];
+                  folded_
+                      ? op
+                      : p_.ranks[static_cast<std::size_t>(leader + d)][static_cast<std::size_t>(i)];
+              const int32_t peer = folded_ ? op.peer + d : twin.peer;
               flows.push_back({hosts_[static_cast<std::size_t>(leader + d)],
-                               hosts_[static_cast<std::size_t>(twin.peer)],
+                               hosts_[static_cast<std::size_t>(peer)],
                                static_cast<uint64_t>(twin.bytes)});
             }
             run_flows(flows);
@@ -494,7 +556,7 @@ class Run {
                                                             static_cast<uint64_t>(i), 2))));
           }
           const double end = sg4::Engine::get_clock();
-          for (int32_t d : offsets(leader)) {
+          for (int32_t d : timed(leader)) {
             const int32_t rank = leader + d;
             const Op& twin = p_.ranks[static_cast<std::size_t>(rank)][static_cast<std::size_t>(i)];
             const int32_t receive =
@@ -524,7 +586,11 @@ class Run {
   const CostModel& cost_;
   RunOptions options_;
   std::vector<sg4::Host*> hosts_;
+  bool folded_ = false;  // a folded Program (Program::represented_by)
   Twins twins_;
+  // A folded Program: [representative's instance] -> the instance each member of its class
+  // enters in its place (empty: the same one).
+  std::vector<std::vector<int32_t>> member_instance_;
   std::vector<std::vector<OpTime>> times_;
   std::vector<std::vector<NestedSlice>> nested_;     // [rank]: nested collectives as they ran
   std::vector<int32_t> collectives_running_;         // [class leader]: stream collectives in flight
@@ -546,8 +612,6 @@ class Run {
 }  // namespace
 
 Timeline run_program(const Program& program, const CostModel& cost, const RunOptions& options) {
-  TESSERA_CHECK(program.represented_by.empty(),
-                "the simulator runs every rank's ops: lower with RankFolding::kOff");
   auto engine = make_engine();
   // Preparing the run (op matching, twins) and building the platform are independent: overlap
   // them on the machine's second core.
