@@ -5,6 +5,17 @@
 
 namespace tessera::sim {
 
+namespace {
+
+// A rate as people read it: whole numbers from 10 a second, a decimal below (slow simulations).
+std::string per_second(double rate) {
+  char text[32];
+  std::snprintf(text, sizeof text, rate >= 10 ? "%.0f" : "%.1f", rate);
+  return text;
+}
+
+}  // namespace
+
 void Progress::update(const std::string& phase, const std::string& what, std::size_t done,
                       std::size_t total, const std::string& last, bool notable) {
   const Clock::time_point now = Clock::now();
@@ -36,9 +47,10 @@ void Progress::update(const std::string& phase, const std::string& what, std::si
     if (!finished && now - printed_ < std::chrono::milliseconds(100) && done > 1) return;
     printed_ = now;
     const std::size_t width = 24, filled = width * std::min(done, total) / total;
-    std::snprintf(text, sizeof text, "\r[%s%s] %zu/%zu %s, %.0f/s, %s %.0f s   ",
+    std::snprintf(text, sizeof text, "\r[%s%s] %zu/%zu %s, %s/s, %s %.0f s   ",
                   std::string(filled, '#').c_str(), std::string(width - filled, '.').c_str(), done,
-                  total, label.c_str(), rate, finished ? "took" : "ETA", finished ? elapsed : eta);
+                  total, label.c_str(), per_second(rate).c_str(), finished ? "took" : "ETA",
+                  finished ? elapsed : eta);
     err_ << text << (finished ? "\n" : "") << std::flush;
   } else {
     // A line per tenth once the phase has run 2 s (quick phases get their closing line only),
@@ -49,11 +61,11 @@ void Progress::update(const std::string& phase, const std::string& what, std::si
     printed_ = now;
     printed_tenth_ = tenth;
     if (finished)
-      std::snprintf(text, sizeof text, "%zu %s in %.1f s (%.0f/s)", done, label.c_str(), elapsed,
-                    rate);
+      std::snprintf(text, sizeof text, "%zu %s in %.1f s (%s/s)", done, label.c_str(), elapsed,
+                    per_second(rate).c_str());
     else
-      std::snprintf(text, sizeof text, "%zu/%zu %s, %.1f s elapsed, %.0f/s, ETA %.0f s", done,
-                    total, label.c_str(), elapsed, rate, eta);
+      std::snprintf(text, sizeof text, "%zu/%zu %s, %.1f s elapsed, %s/s, ETA %.0f s", done, total,
+                    label.c_str(), elapsed, per_second(rate).c_str(), eta);
     err_ << text << (last.empty() ? "" : "; last: " + last) << "\n" << std::flush;
   }
   if (finished) open_ = false;

@@ -84,6 +84,9 @@ Timeline deserialize_timeline(const std::string& bytes, const Program& p) {
         t.compute_busy_s[r] += o.finish_s - o.start_s;
     }
   }
+  for (std::size_t r = 0; r < p.ranks.size(); ++r)  // a folded Program's represented ranks
+    t.compute_busy_s[r] =
+        t.compute_busy_s[static_cast<std::size_t>(representative(p, static_cast<int64_t>(r)))];
   t.nested.resize(p.ranks.size());
   for (std::size_t r = 0; r < p.ranks.size(); ++r) {
     int64_t n = 0;

@@ -148,6 +148,18 @@ std::vector<std::string> check_program(const Program& p) {
         problems.push_back("rank " + std::to_string(r) + " is represented by rank " +
                            std::to_string(by) + " but has ops of its own");
     }
+    if (p.member_groups.size() != p.groups.size())
+      problems.push_back("member_groups names " + std::to_string(p.member_groups.size()) +
+                         " groups of " + std::to_string(p.groups.size()));
+    for (std::size_t g = 0; g < p.member_groups.size() && problems.empty(); ++g) {
+      const auto& used = p.member_groups[g];
+      const bool valid = std::all_of(used.begin(), used.end(), [&](int32_t id) {
+        return id >= 0 && id < static_cast<int32_t>(p.groups.size());
+      });
+      if (!valid || (!used.empty() && used.front() != static_cast<int32_t>(g)))
+        problems.push_back("member_groups of group " + std::to_string(g) +
+                           " names no group or does not start with the group itself");
+    }
     if (!problems.empty()) return problems;
   }
   for (int32_t r = 0; r < static_cast<int32_t>(p.ranks.size()); ++r) {

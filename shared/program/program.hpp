@@ -187,8 +187,10 @@ bool fused_with_backward(const std::vector<Op>& ops, std::size_t i);
 // one receive with the same bytes and vice versa; every collective group's members enter the
 // group's collectives in the same order with the same kind and size (no deadlock); nested
 // collectives name valid groups; each compute op's layers lie within its chunk's (chunk_layers);
-// a message that names a boundary link names one of its module's, the same at both ends. Returns
-// one message per problem (empty = valid).
+// a message that names a boundary link names one of its module's, the same at both ends. A
+// folded Program: represented ranks have no ops, their representatives' peers are
+// representatives, a group's collectives are entered by its representatives, and member_groups
+// names groups. Returns one message per problem (empty = valid).
 std::vector<std::string> check_program(const Program& program);
 
 // Machine-readable op list of one rank (or all when rank < 0).
