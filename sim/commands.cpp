@@ -253,9 +253,10 @@ int run_simulate(const Args& args, std::ostream& out, std::ostream& err) {
       "contention", "on: flows share links; off: timed transfers (equals estimate)",
       cxxopts::value<std::string>()->default_value("on"))(
       "nested",
-      "nested TP/CP/EP collectives as ring flows over their links (flows) or as synchronized timed "
-      "activities (timed: faster, no link sharing)",
-      cxxopts::value<std::string>()->default_value("flows"))(
+      "nested TP/CP/EP collectives as ring flows over their links (flows), as synchronized timed "
+      "activities (timed: faster, no link sharing), or timed where nothing else used their links "
+      "meanwhile and flows where something did (auto: the flows' times, mostly at timed speed)",
+      cxxopts::value<std::string>()->default_value("auto"))(
       "trace", "write one Chrome-trace JSON per rank into this folder",
       cxxopts::value<std::string>())("timeout", "seconds allowed per simulated iteration",
                                      cxxopts::value<double>()->default_value("600"))(
@@ -272,14 +273,17 @@ int run_simulate(const Args& args, std::ostream& out, std::ostream& err) {
   const std::string contention = (*result)["contention"].as<std::string>();
   const std::string nested = (*result)["nested"].as<std::string>();
   if (sim.iterations < 1 || sim.first_iteration < 0 || sim.timeout_s <= 0 ||
-      (contention != "on" && contention != "off") || (nested != "flows" && nested != "timed")) {
+      (contention != "on" && contention != "off") ||
+      (nested != "auto" && nested != "flows" && nested != "timed")) {
     err << options.program()
         << ": --iterations >= 1, --first-iteration >= 0, --timeout > 0, --contention on|off, "
-        << "--nested flows|timed\n";
+        << "--nested auto|flows|timed\n";
     return kBadInput;
   }
   sim.contention = contention == "on";
-  sim.nested_flows = nested == "flows";
+  sim.nested = nested == "flows"   ? NestedMode::kFlows
+               : nested == "timed" ? NestedMode::kTimed
+                                   : NestedMode::kAuto;
   if (result->count("trace")) sim.trace_dir = (*result)["trace"].as<std::string>();
   Diagnostics diag;
   const auto scenario = scenario_with_plan(*result, file, diag);

@@ -44,6 +44,8 @@ std::string serialize_timeline(const Timeline& t) {
   out.append(reinterpret_cast<const char*>(&t.activities), sizeof t.activities);
   out.append(reinterpret_cast<const char*>(&t.actors), sizeof t.actors);
   out.append(reinterpret_cast<const char*>(&t.folded_flows), sizeof t.folded_flows);
+  const int64_t shared = t.nested_shared_links ? 1 : 0;
+  out.append(reinterpret_cast<const char*>(&shared), sizeof shared);
   for (const auto& ops : t.ops)
     for (const OpTime& o : ops) out.append(reinterpret_cast<const char*>(&o), sizeof o);
   for (std::size_t r = 0; r < t.ops.size(); ++r) {
@@ -58,7 +60,7 @@ std::string serialize_timeline(const Timeline& t) {
 
 Timeline deserialize_timeline(const std::string& bytes, const Program& p) {
   Timeline t;
-  std::size_t at = 3 * sizeof(int64_t);
+  std::size_t at = 4 * sizeof(int64_t);
   if (bytes.size() < at) {
     t.error = "simulation returned no timeline";
     return t;
@@ -66,6 +68,9 @@ Timeline deserialize_timeline(const std::string& bytes, const Program& p) {
   std::memcpy(&t.activities, bytes.data(), sizeof t.activities);
   std::memcpy(&t.actors, bytes.data() + sizeof t.activities, sizeof t.actors);
   std::memcpy(&t.folded_flows, bytes.data() + 2 * sizeof(int64_t), sizeof t.folded_flows);
+  int64_t shared = 0;
+  std::memcpy(&shared, bytes.data() + 3 * sizeof(int64_t), sizeof shared);
+  t.nested_shared_links = shared != 0;
   t.ops.resize(p.ranks.size());
   t.compute_busy_s.assign(p.ranks.size(), 0);
   t.peak_activation_bytes.assign(p.ranks.size(), 0);
@@ -186,18 +191,35 @@ SimulationResult simulate(const Scenario& s, const ParallelPlan& given,
           human_bytes(worst->boundary_bytes) + ") in iteration " + std::to_string(iteration);
       return result;
     }
-    RunOptions run{options.contention, options.nested_flows};
+    RunOptions run{options.contention, options.nested == NestedMode::kFlows};
     // cpu-local plans run on the Gloo executor, whose one thread per rank issues ops in order.
     run.serial_host = s.cluster.kind == ClusterKind::kCpuLocal;
-    const ChildResult child = run_in_child(
-        [&] { return serialize_timeline(run_program(p, cost, run)); }, options.timeout_s);
+    ChildResult child = run_in_child([&] { return serialize_timeline(run_program(p, cost, run)); },
+                                     options.timeout_s);
+    Timeline t;
+    if (child.ok) t = deserialize_timeline(child.output, p);
+    const bool nested = std::any_of(p.ranks.begin(), p.ranks.end(), [](const auto& rank_ops) {
+      return std::any_of(rank_ops.begin(), rank_ops.end(),
+                         [](const Op& op) { return !op.nested.empty(); });
+    });
+    const bool alone =
+        nested && child.ok && options.contention && !run.nested_flows && !t.nested_shared_links;
+    bool retried = false;
+    if (child.ok && t.error.empty() && options.nested == NestedMode::kAuto &&
+        t.nested_shared_links) {
+      // Timed nested collectives may have met other transfers on their links: flows decide.
+      run.nested_flows = true;
+      retried = true;
+      child = run_in_child([&] { return serialize_timeline(run_program(p, cost, run)); },
+                           options.timeout_s);
+      if (child.ok) t = deserialize_timeline(child.output, p);
+    }
     if (!child.ok) {
       result.failure = PlanFailure::kFailed;
       result.reason =
           "simulation of iteration " + std::to_string(iteration) + " failed: " + child.error;
       return result;
     }
-    Timeline t = deserialize_timeline(child.output, p);
     if (!t.error.empty()) {
       result.failure = PlanFailure::kFailed;
       result.reason = "iteration " + std::to_string(iteration) + ": " + t.error;
@@ -210,6 +232,10 @@ SimulationResult simulate(const Scenario& s, const ParallelPlan& given,
     it.ops = ops;
     it.activities = t.activities;
     it.folded_flows = t.folded_flows;
+    it.nested_flows = run.nested_flows;
+    it.nested_alone = alone;
+    it.nested_retried = retried;
+    it.nested_shared = nested && options.contention && !run.nested_flows && t.nested_shared_links;
     it.actors = t.actors;
     it.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
     if (tell) {
@@ -331,6 +357,24 @@ std::string format_simulation(const SimulationResult& r, const Scenario& s) {
     out += "symmetry: " + std::to_string(r.iterations.front().folded_flows) +
            " flows of TP twins were not simulated; their class leader's identical flows stood "
            "for them (exact: no link is shared between them)\n\n";
+  int64_t alone = 0, retried = 0, shared = 0;
+  for (const SimulatedIteration& it : r.iterations) {
+    alone += it.nested_alone;
+    retried += it.nested_retried;
+  }
+  for (const SimulatedIteration& it : r.iterations) shared += it.nested_shared;
+  const auto n = std::to_string(r.iterations.size());
+  if (alone > 0)
+    out += "nested collectives: timed in " + std::to_string(alone) + " of " + n +
+           " iterations, alone on their links there, so ring flows would give the same times\n";
+  if (retried > 0)
+    out += "nested collectives: ring flows in " + std::to_string(retried) + " of " + n +
+           " iterations, where timed ones would have met other transfers on their links\n";
+  if (shared > 0)
+    out += "nested collectives: timed; other transfers used their links meanwhile in " +
+           std::to_string(shared) + " of " + n +
+           " iterations, where ring flows can differ (--nested auto or flows)\n";
+  if (alone + retried + shared > 0) out += "\n";
   // The iteration closest to the median, in full.
   const SimulatedIteration* median = &r.iterations.front();
   for (const SimulatedIteration& it : r.iterations)
@@ -385,6 +429,7 @@ Json simulation_to_json(const SimulationResult& r) {
                           {"ops", it.ops},
                           {"activities", it.activities},
                           {"folded_flows", it.folded_flows},
+                          {"nested_collectives", it.nested_flows ? "flows" : "timed"},
                           {"actors", it.actors},
                           {"wall_s", it.wall_s}});
     if (it.dip)

@@ -17,11 +17,16 @@
 
 namespace tessera::sim {
 
+// How nested TP/CP/EP collectives run (RunOptions::nested_flows). kAuto: as timed activities,
+// and an iteration where one of them may have shared links with another transfer
+// (Timeline::nested_shared_links) again with ring flows — the flows' times either way.
+enum class NestedMode : uint8_t { kAuto, kFlows, kTimed };
+
 struct SimulateOptions {
   int64_t first_iteration = 0;
   int64_t iterations = 3;
   bool contention = true;
-  bool nested_flows = true;        // see RunOptions::nested_flows
+  NestedMode nested = NestedMode::kAuto;
   double timeout_s = 600;          // per simulated iteration
   std::string trace_dir;           // non-empty: write one Chrome trace per rank there
   std::optional<CostParams> cost;  // a calibration profile's; default_cost_params() when absent
@@ -41,7 +46,13 @@ struct SimulatedIteration {
   int64_t activities = 0;    // SimGrid activities (flows, sleeps, executions)
   int64_t folded_flows = 0;  // twins' flows not simulated: their class leader's stood for them
   int64_t actors = 0;        // actors that ran (one per twin class and stream)
-  double wall_s = 0;         // wall time of the simulation (child process included)
+  // Whether its nested collectives ran as ring flows (kFlows, or kAuto where timed ones may have
+  // shared links), and whether timed ones were found alone on their links (kAuto, kTimed).
+  bool nested_flows = false;
+  bool nested_alone = false;
+  bool nested_retried = false;  // kAuto ran it again with ring flows
+  bool nested_shared = false;   // kTimed, and timed ones may have met other transfers
+  double wall_s = 0;            // wall time of the simulation (child process included)
   // The analytic estimate of the same Program (evaluate(): every transfer its α–β time, no
   // link shared), for the line that says how far contention moved the simulation from it.
   double estimate_step_s = 0;

@@ -39,6 +39,11 @@ struct Timeline {
   int64_t activities = 0;  // simulator only: SimGrid activities started (flows, sleeps, executions)
   int64_t actors = 0;      // simulator only: actors run
   int64_t folded_flows = 0;  // simulator only: twins' flows their class leader's stood for
+  // Simulator only, nested collectives as timed activities: whether one of them may have run
+  // while another transfer used its links (a compute op with nested collectives overlapped a
+  // transfer over its rank's NVLink links, or a nested group spans nodes) — then ring flows
+  // could give other times. False: ring flows would give exactly these.
+  bool nested_shared_links = false;
 };
 
 Timeline evaluate(const Program& program, const CostModel& cost);

@@ -21,7 +21,8 @@ struct RunOptions {
   bool contention = true;
   // With contention on, nested TP/CP/EP collectives (inside compute ops) run as ring flows over
   // their members' links (true), or as timed activities synchronized among their members
-  // (false: faster, but they no longer share links with other traffic).
+  // (false: faster, but they no longer share links with other traffic; the Timeline says
+  // whether anything else used their links meanwhile: nested_shared_links).
   bool nested_flows = true;
   // With contention on, twins' flows are left to their class leader's when that is exact
   // (runner.cpp, leader_flows_suffice). Off only to test that it is exact.

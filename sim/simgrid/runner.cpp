@@ -73,6 +73,21 @@ class Run {
             watched_[r][static_cast<std::size_t>(d)] = 1;
     }
     leader_flows_only_ = leader_flows_suffice();
+    watch_nvlink_ = options_.contention && !options_.nested_flows &&
+                    cost_.cluster().kind != ClusterKind::kCpuLocal;
+    if (watch_nvlink_) {
+      nvlink_busy_.resize(world);
+      for (std::size_t r = 0; r < world; ++r)
+        for (const Op& op : p.ranks[r])
+          for (const NestedCollective& nc : op.nested) {
+            const auto g = static_cast<std::size_t>(nc.group);
+            nested_spans_nodes_ = nested_spans_nodes_ || !cost_.same_node(p.groups[g]);
+            if (folded_)
+              for (const int32_t m : p.member_groups[g])
+                nested_spans_nodes_ =
+                    nested_spans_nodes_ || !cost_.same_node(p.groups[static_cast<std::size_t>(m)]);
+          }
+    }
   }
 
   // Twins' flows are translations of their leader's. When every flow a class leader starts
@@ -203,6 +218,7 @@ class Run {
     t.activities = activities_;
     t.actors = actors_;
     t.folded_flows = folded_flows_;
+    t.nested_shared_links = watch_nvlink_ && (nested_spans_nodes_ || nested_met_transfers());
     t.nested = nested_;
     return t;
   }
@@ -282,6 +298,34 @@ class Run {
       waiters_[static_cast<std::size_t>(leader)].push_back(sg4::Actor::self());
       sg4::this_actor::suspend();
     }
+  }
+
+  // NVLink links carry transfers between ranks of one node. With nested collectives timed,
+  // each rank's transfers over them are remembered, to check afterwards that none ran while the
+  // rank was in a compute op with nested collectives (whose ring flows would have used them).
+  void used_nvlink(int32_t a, int32_t b, double start, double end) {
+    if (!watch_nvlink_ || !cost_.same_node({a, b})) return;
+    nvlink_busy_[static_cast<std::size_t>(a)].emplace_back(start, end);
+    nvlink_busy_[static_cast<std::size_t>(b)].emplace_back(start, end);
+  }
+  bool nested_met_transfers() const {
+    for (std::size_t r = 0; r < p_.ranks.size(); ++r) {
+      const auto leader = static_cast<std::size_t>(twins_.leader[r]);
+      std::vector<std::pair<double, double>> nested;  // compute ops with nested collectives
+      for (std::size_t i = 0; i < p_.ranks[leader].size(); ++i)
+        if (!p_.ranks[leader][i].nested.empty())
+          nested.emplace_back(times_[leader][i].start_s, times_[leader][i].finish_s);
+      auto busy = nvlink_busy_[r];
+      if (nested.empty() || busy.empty()) continue;
+      std::sort(busy.begin(), busy.end());  // nested ones are in stream order already
+      std::size_t j = 0;
+      for (const auto& [start, finish] : nested) {
+        while (j < busy.size() && busy[j].second <= start) ++j;
+        for (std::size_t k = j; k < busy.size() && busy[k].first < finish; ++k)
+          if (busy[k].second > start) return true;
+      }
+    }
+    return false;
   }
 
   void sleep(double seconds) {
@@ -419,6 +463,14 @@ class Run {
         }
         run_flows(flows);
         sleep(extra);
+        for (int32_t inst : complete) {
+          const RankList& group =
+              p_.groups[static_cast<std::size_t>(instances_[static_cast<std::size_t>(inst)].group)];
+          for (std::size_t m = 0; m < group.size(); ++m)
+            used_nvlink(static_cast<int32_t>(group[m]),
+                        static_cast<int32_t>(group[(m + 1) % group.size()]), now,
+                        sg4::Engine::get_clock());
+        }
       }
       const double end = sg4::Engine::get_clock();
       for (int32_t inst : complete) {
@@ -546,6 +598,14 @@ class Run {
                                static_cast<uint64_t>(twin.bytes)});
             }
             run_flows(flows);
+            for (int32_t d : offsets(leader))
+              used_nvlink(
+                  leader + d,
+                  folded_
+                      ? op.peer + d
+                      : p_.ranks[static_cast<std::size_t>(leader + d)][static_cast<std::size_t>(i)]
+                            .peer,
+                  start, sg4::Engine::get_clock());
           } else {
             const auto* spread = cost_.p2p_spread(leader, op.peer);
             sleep(cost_.p2p_s(leader, op.peer, op.bytes) *
@@ -607,6 +667,10 @@ class Run {
   int64_t actors_ = 0;
   bool leader_flows_only_ = false;  // leader_flows_suffice()
   int64_t folded_flows_ = 0;        // twins' flows that their leader's stood for
+  // Nested collectives timed: [rank] -> intervals of its transfers over NVLink links, and
+  // whether some nested group spans nodes (its ring flows would cross NICs).
+  bool watch_nvlink_ = false, nested_spans_nodes_ = false;
+  std::vector<std::vector<std::pair<double, double>>> nvlink_busy_;
 };
 
 }  // namespace

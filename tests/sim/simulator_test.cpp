@@ -407,11 +407,18 @@ TEST_CASE("--nested timed equals ring flows when nothing else shares the NVLink 
   const auto s = library_scenario("default");
   SimulateOptions options;
   options.iterations = 1;
+  options.nested = NestedMode::kFlows;
   const SimulationResult flows = simulate(*s, *s->plan, options);
-  options.nested_flows = false;
+  options.nested = NestedMode::kTimed;
   const SimulationResult timed = simulate(*s, *s->plan, options);
   REQUIRE(flows.feasible);
   REQUIRE(timed.feasible);
+  // The run itself finds them alone, so --nested auto keeps them timed.
+  CHECK(timed.iterations[0].nested_alone);
+  options.nested = NestedMode::kAuto;
+  const SimulationResult automatic = simulate(*s, *s->plan, options);
+  CHECK_FALSE(automatic.iterations[0].nested_flows);
+  CHECK(automatic.iterations[0].metrics.step_s == timed.iterations[0].metrics.step_s);
   // Within 1e-3: flows carry each collective's NCCL-curve time at their ring's slowest link and
   // agree to about 1e-4 (an open difference; with α–β links they agreed to 1e-9).
   CHECK(timed.iterations[0].metrics.step_s ==
@@ -536,4 +543,46 @@ TEST_CASE("a folded Program simulates to the full Program's times, op by op, con
     }
     CHECK(mismatched == 0);
   }
+}
+
+TEST_CASE("--nested auto runs ring flows where timed nested collectives met other transfers") {
+  // One node, TP 2 x DP 2, gradients reduced bucket by bucket during the backward: the DP rings
+  // cross NVLink while the TP all-reduces of the next buckets' backward run on the same links.
+  Diagnostics diag;
+  Scenario s;
+  s.name = "nvlink-shared";
+  s.model = read_model(Json::parse(R"({"name": "gpt", "modules": [
+    {"name": "llm", "role": "llm", "transformer": {"layers": 8, "hidden": 1024, "heads": 8, "ffn": 4096, "vocab": 1000}}]})"),
+                       "", "", diag);
+  s.workload = read_workload(
+      Json::parse(R"({"global_batch": 8, "max_seq_len": 1024, "samples": {"text_tokens": 1024}})"),
+      "", "", ".", diag);
+  s.cluster = cluster(1, 4, 5e10);
+  s.cluster.intra_node.bandwidth_bytes_per_s = 2e10;  // slow enough for the rings to overlap
+  ParallelPlan plan = read_plan(
+      Json::parse(
+          R"({"placement": "homogeneous", "layout": {"tp": 2, "dp": 2}, "overlap_grad_reduce": true, "grad_bucket_mb": 4})"),
+      "", "", diag);
+  REQUIRE(diag.ok());
+  plan = resolve_stage_split(plan, s.model, s.workload, s.cluster);
+  SimulateOptions options;
+  options.iterations = 1;
+  options.nested = NestedMode::kTimed;
+  const SimulationResult timed = simulate(s, plan, options);
+  options.nested = NestedMode::kFlows;
+  const SimulationResult flows = simulate(s, plan, options);
+  options.nested = NestedMode::kAuto;
+  const SimulationResult automatic = simulate(s, plan, options);
+  REQUIRE(timed.feasible);
+  REQUIRE(flows.feasible);
+  REQUIRE(automatic.feasible);
+  CHECK(timed.iterations[0].nested_shared);
+  CHECK_FALSE(timed.iterations[0].nested_alone);
+  CHECK(automatic.iterations[0].nested_retried);
+  CHECK(automatic.iterations[0].nested_flows);
+  CHECK(automatic.iterations[0].metrics.step_s == flows.iterations[0].metrics.step_s);
+  // And here it matters: the timed run missed the rings' share of the links.
+  CHECK(timed.iterations[0].metrics.step_s < flows.iterations[0].metrics.step_s);
+  const std::string text = format_simulation(automatic, s);
+  CHECK(text.find("nested collectives: ring flows in 1 of 1 iterations") != std::string::npos);
 }
