@@ -108,7 +108,7 @@ if [[ $what == sweep || $what == all ]]; then
 fi
 
 if [[ $what == scale ]]; then
-  # Not part of `all`: at today's speed it runs for most of an hour.
+  # Not part of `all`: a few minutes.
   limit=${SCALE_TIMEOUT:-600}
   echo "== scale: wall time and peak RSS of estimate, simulate and sweep on the largest plans (each cut at $limit s) =="
   measure() {  # label, then the tessera command line
@@ -129,9 +129,9 @@ if [[ $what == scale ]]; then
     measure "estimate $scenario" estimate "scenarios/$scenario.json"
   done
   for scenario in default-1024 published/narayanan-529.6b published/narayanan-1008b default-8192; do
-    measure "simulate --nested timed $scenario" simulate "scenarios/$scenario.json" --iterations 1 --nested timed
+    measure "simulate $scenario" simulate "scenarios/$scenario.json" --iterations 1
   done
-  measure "simulate (ring flows) default-8192" simulate scenarios/default-8192.json --iterations 1
+  measure "simulate --nested flows default-8192" simulate scenarios/default-8192.json --iterations 1 --nested flows
   out=$(mktemp -d)
   measure "sweep default.json --gpus 1024 --top 10" sweep scenarios/default.json --gpus 1024 --top 10 --out "$out/1024"
   measure "sweep narayanan-1008b --gpus 3072 --top 10" sweep scenarios/published/narayanan-1008b.json --gpus 3072 --top 10 --out "$out/3072"

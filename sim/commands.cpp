@@ -337,8 +337,10 @@ int run_sweep(const Args& args, std::ostream& out, std::ostream& err) {
       "rank plans by the mean estimate over N drawn batches, and give non-colocated encoders "
       "the device share of their mean work over them too (Entrain's static layout)",
       cxxopts::value<int64_t>()->default_value("1"))(
-      "nested", "nested collectives as ring flows or timed activities",
-      cxxopts::value<std::string>()->default_value("timed"))(
+      "nested",
+      "nested collectives as ring flows, timed activities, or timed where nothing else used "
+      "their links meanwhile (auto; see simulate)",
+      cxxopts::value<std::string>()->default_value("auto"))(
       "rows", "rows of the table", cxxopts::value<int64_t>()->default_value("10"))(
       "set", "sweep a scenario field: json.path=v1,v2,... (repeat for a grid)",
       cxxopts::value<std::vector<std::string>>())(
@@ -378,13 +380,16 @@ int run_sweep(const Args& args, std::ostream& out, std::ostream& err) {
   const std::string nested = (*result)["nested"].as<std::string>();
   const int64_t rows = (*result)["rows"].as<int64_t>();
   if ((result->count("top") && sweep.top_k < 1) || sweep.jobs < 1 || sweep.iterations < 1 ||
-      rows < 1 || sweep.profile_batches < 1 || (nested != "flows" && nested != "timed")) {
+      rows < 1 || sweep.profile_batches < 1 ||
+      (nested != "auto" && nested != "flows" && nested != "timed")) {
     err << options.program()
         << ": --top, --jobs, --iterations, --profile-batches, --rows >= 1 and --nested "
-           "flows|timed\n";
+           "auto|flows|timed\n";
     return kBadInput;
   }
-  sweep.nested_flows = nested == "flows";
+  sweep.nested = nested == "flows"   ? NestedMode::kFlows
+                 : nested == "timed" ? NestedMode::kTimed
+                                     : NestedMode::kAuto;
   Diagnostics diag;
   const auto scenario = load_scenario(file, diag);
   if (!scenario) return report_problems(diag, err);

@@ -163,8 +163,9 @@ int run_fidelity(const Args& args, std::ostream& out, std::ostream& err) {
     std::string error;
     double model_flops = 0;
     for (int64_t it = 0; it < s.published->iterations && error.empty(); ++it) {
-      programs.push_back(
-          lower(s.model, s.cluster, plan, s.workload, draw_batch(s.workload, it), nullptr));
+      // Identical ranks folded: the evaluator's times are exactly the full Program's.
+      programs.push_back(lower(s.model, s.cluster, plan, s.workload, draw_batch(s.workload, it),
+                               nullptr, RankFolding::kIdentical));
       error = programs.back().error;
       model_flops += programs.back().program.model_flops;
     }

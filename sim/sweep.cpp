@@ -28,7 +28,7 @@ Json simulation_summary(const ChosenPlan& chosen, const SweepOptions& options) {
   sized.cluster = cluster_with_devices(sized.cluster, c->gpus);
   SimulateOptions sim;
   sim.iterations = options.iterations;
-  sim.nested = options.nested_flows ? NestedMode::kFlows : NestedMode::kTimed;
+  sim.nested = options.nested;
   sim.timeout_s = options.timeout_s;
   sim.cost = options.cost;
   // Already inside a child: run each iteration's engine in a grandchild as usual.

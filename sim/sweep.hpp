@@ -15,6 +15,7 @@
 #include "shared/layout/scenario.hpp"
 #include "shared/layout/sweep_rows.hpp"
 #include "shared/search/plan_search.hpp"
+#include "sim/simulator.hpp"
 
 namespace tessera::sim {
 
@@ -43,8 +44,8 @@ struct SweepOptions {
   // Batches the analytic ranking averages over; > 1 also adds the encoders' mean work share
   // of the devices to the non-colocated candidates (Entrain's static layout).
   int64_t profile_batches = 1;
-  bool nested_flows = false;
-  double timeout_s = 600;  // per simulated plan
+  NestedMode nested = NestedMode::kAuto;  // of the simulated plans
+  double timeout_s = 600;                 // per simulated plan
   // --shard i/n: this run estimates and simulates only the valid candidates whose key hashes to
   // i-1 modulo n (shard 1 also counts the considered and rejected plans).
   int64_t shard_index = 1, shard_count = 1;
