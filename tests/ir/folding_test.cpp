@@ -8,22 +8,16 @@
 #include "shared/layout/scenario.hpp"
 #include "shared/lowering/lower.hpp"
 #include "shared/search/stage_split.hpp"
+#include "tests/ir/small_models.hpp"
 
 using namespace tessera;
 
 namespace {
 
-const char* kGpt = R"({"name": "gpt", "modules": [
-  {"name": "llm", "role": "llm", "transformer": {"layers": 8, "hidden": 256, "heads": 8, "ffn": 1024, "vocab": 1000}}]})";
+using test::kTextModel;
+using test::kVlm;
 const char* kMoe = R"({"name": "moe", "modules": [
   {"name": "llm", "role": "llm", "transformer": {"layers": 4, "hidden": 256, "heads": 8, "ffn": 512, "vocab": 1000, "experts": 4, "top_k": 2}}]})";
-const char* kVlm = R"({"name": "vlm", "modules": [
-  {"name": "vision", "role": "encoder", "modality": "image", "frozen": true,
-   "transformer": {"layers": 4, "hidden": 128, "heads": 4, "ffn": 512, "linear_bias": true, "norm": "layernorm"},
-   "patching": {"patch_size": 8, "resize": "fixed", "image_size": 64}},
-  {"name": "proj", "role": "projector", "inputs": ["vision"], "projector": {"in": 128, "out": 256}},
-  {"name": "llm", "role": "llm", "inputs": ["proj"],
-   "transformer": {"layers": 8, "hidden": 256, "heads": 8, "kv_heads": 4, "ffn": 688, "gated_ffn": true, "vocab": 1000}}]})";
 
 const char* kFixedText =
     R"({"global_batch": 16, "max_seq_len": 512, "samples": {"text_tokens": 256}})";
@@ -164,10 +158,10 @@ TEST_CASE(
   };
   for (const Plan& p : plans) {
     INFO(std::string(p.plan));
-    const Folded f = lower_both(kGpt, kFixedText, p.plan, c);
+    const Folded f = lower_both(kTextModel, kFixedText, p.plan, c);
     CHECK(classes(f.folded.program) == p.classes);
     Diagnostics diag;
-    check_exact(f, read_model(Json::parse(kGpt), "m", "", diag), c);
+    check_exact(f, read_model(Json::parse(kTextModel), "m", "", diag), c);
   }
   INFO("MoE with expert parallelism over the replicas");
   const char* moe = R"({"placement": "homogeneous", "layout": {"tp": 2, "dp": 4, "ep": 2}})";
@@ -201,15 +195,15 @@ TEST_CASE("folding: a member whose groups sit on the nodes otherwise than its re
   // devices per node the middle replica's pair straddles two nodes, so replicas cannot stand for
   // each other — only TP shards fold, and the times stay exact.
   Diagnostics diag;
-  const ModelSpec gpt = read_model(Json::parse(kGpt), "m", "", diag);
+  const ModelSpec gpt = read_model(Json::parse(kTextModel), "m", "", diag);
   const char* plan = R"({"placement": "homogeneous", "layout": {"tp": 2, "dp": 3}})";
   const char* fixed =
       R"({"global_batch": 12, "max_seq_len": 512, "samples": {"text_tokens": 256}})";
-  const Folded aligned = lower_both(kGpt, fixed, plan, cluster(3, 2));
+  const Folded aligned = lower_both(kTextModel, fixed, plan, cluster(3, 2));
   CHECK(classes(aligned.folded.program) == 1);
   check_exact(aligned, gpt, cluster(3, 2));
   const ClusterSpec straddling = cluster(2, 3);
-  const Folded f = lower_both(kGpt, fixed, plan, straddling);
+  const Folded f = lower_both(kTextModel, fixed, plan, straddling);
   CHECK(classes(f.folded.program) == 3);
   check_exact(f, gpt, straddling);
 }
