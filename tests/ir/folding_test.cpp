@@ -207,3 +207,38 @@ TEST_CASE("folding: a member whose groups sit on the nodes otherwise than its re
   CHECK(classes(f.folded.program) == 3);
   check_exact(f, gpt, straddling);
 }
+
+TEST_CASE("folding: every homogeneous layout of a small GPT on three node shapes stays exact") {
+  // Every TP x CP x PP x DP of 16 devices, with and without interleaving, on nodes of 8, 4 and
+  // 2: whatever folds (TP shards, replicas, both, or nothing where members sit otherwise on the
+  // nodes) gives every op the full Program's times.
+  Diagnostics diag;
+  const ModelSpec gpt = read_model(Json::parse(kTextModel), "m", "", diag);
+  const char* fixed =
+      R"({"global_batch": 32, "max_seq_len": 512, "samples": {"text_tokens": 256}})";
+  int64_t lowered = 0, folded = 0;
+  for (const auto& [nodes, per_node] : {std::pair{2, 8}, {4, 4}, {8, 2}}) {
+    const ClusterSpec c = cluster(nodes, per_node);
+    for (int tp : {1, 2, 4, 8})
+      for (int cp : {1, 2})
+        for (int pp : {1, 2, 4})
+          for (int vpp : {1, 2})
+            for (int dp : {1, 2, 4}) {
+              if (tp * cp * pp * dp != 16 || (vpp > 1 && pp == 1)) continue;
+              Json plan = {
+                  {"placement", "homogeneous"},
+                  {"layout", {{"tp", tp}, {"cp", cp}, {"pp", pp}, {"vpp", vpp}, {"dp", dp}}},
+                  {"sequence_parallel", tp > 1},
+                  {"distributed_optimizer", dp > 1}};
+              if (vpp > 1) plan["schedule"] = "interleaved_1f1b";
+              const std::string text = plan.dump();
+              INFO(text << " on " << nodes << " nodes of " << per_node);
+              const Folded f = lower_both(kTextModel, fixed, text.c_str(), c);
+              check_exact(f, gpt, c);
+              ++lowered;
+              folded += !f.folded.program.represented_by.empty();
+            }
+  }
+  CHECK(lowered > 30);
+  CHECK(folded > lowered / 2);
+}
