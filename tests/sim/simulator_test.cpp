@@ -479,10 +479,15 @@ TEST_CASE("on an oversubscribed fabric the simulation ranks two plans the other 
   CHECK(format_simulation(b, *s).find("against the estimate: -") != std::string::npos);
 }
 
-TEST_CASE("a folded Program simulates to the full Program's times, op by op, contention and all") {
-  // Fixed-length text: TP shards and DP replicas fold. Each member's transfers still run as
-  // flows, so links shared between classes (an oversubscribed uplink, DP rings across nodes)
-  // carry what they would.
+namespace {
+
+// Simulates `plan_text` for a small GPT on fixed-length text, folded and not, and checks that
+// every rank's ops (its representative's, folded) take the same times to 1e-12.
+void check_folded_simulation(const std::string& plan_text, const ClusterSpec& c,
+                             bool nested_flows) {
+  INFO(plan_text << (nested_flows ? ", nested flows" : ", nested timed") << ", " << c.nodes
+                 << " nodes of " << c.devices_per_node << ", oversubscription "
+                 << c.inter_node.oversubscription);
   Diagnostics diag;
   const ModelSpec gpt = read_model(Json::parse(R"({"name": "gpt", "modules": [
     {"name": "llm", "role": "llm", "transformer": {"layers": 8, "hidden": 256, "heads": 8, "ffn": 1024, "vocab": 1000}}]})"),
@@ -490,59 +495,67 @@ TEST_CASE("a folded Program simulates to the full Program's times, op by op, con
   const WorkloadSpec fixed = read_workload(
       Json::parse(R"({"global_batch": 16, "max_seq_len": 512, "samples": {"text_tokens": 256}})"),
       "", "", ".", diag);
+  ParallelPlan plan = read_plan(Json::parse(plan_text), "", "", diag);
+  validate_plan(plan, gpt, fixed, c, "", "", diag);
+  INFO(diag.format());
   REQUIRE(diag.ok());
-  struct Case {
-    const char* plan;
-    ClusterSpec cluster;
-    bool nested_flows;
+  plan = resolve_stage_split(plan, gpt, fixed, c);
+  const Batch batch = draw_batch(fixed, 0);
+  const Program full = lower(gpt, c, plan, fixed, batch).program;
+  const Program folded =
+      lower(gpt, c, plan, fixed, batch, nullptr, RankFolding::kIdentical).program;
+  const CostModel cost = cost_for(c, &gpt);
+  auto run = [&](const Program& p) {
+    const ChildResult child = run_in_child(
+        [&] {
+          return serialize_timeline(run_program(p, cost, RunOptions{true, nested_flows}));
+        },
+        120);
+    REQUIRE(child.ok);
+    Timeline t = deserialize_timeline(child.output, p);
+    REQUIRE(t.error.empty());
+    return t;
   };
-  const std::vector<Case> cases = {
-      {R"({"placement": "homogeneous", "layout": {"tp": 2, "pp": 2, "dp": 2}, "sequence_parallel": true})",
-       cluster(2, 4, 2e9), true},
-      {R"({"placement": "homogeneous", "layout": {"tp": 2, "pp": 2, "dp": 2}})", cluster(2, 4, 2e9),
-       false},
-      {R"({"placement": "homogeneous", "layout": {"tp": 2, "dp": 4}, "overlap_grad_reduce": true, "grad_bucket_mb": 0.5})",
-       cluster(2, 4, 2e9, 2), false},
-      {R"({"placement": "homogeneous", "schedule": "interleaved_1f1b", "layout": {"pp": 2, "vpp": 2, "dp": 4}})",
-       cluster(4, 2, 2e9, 2), true},
-  };
-  for (const Case& c : cases) {
-    INFO(std::string(c.plan) << (c.nested_flows ? ", nested flows" : ", nested timed"));
-    const ParallelPlan plan =
-        resolve_stage_split(read_plan(Json::parse(c.plan), "", "", diag), gpt, fixed, c.cluster);
-    REQUIRE(diag.ok());
-    const Batch batch = draw_batch(fixed, 0);
-    const Program full = lower(gpt, c.cluster, plan, fixed, batch).program;
-    const Program folded =
-        lower(gpt, c.cluster, plan, fixed, batch, nullptr, RankFolding::kIdentical).program;
-    REQUIRE_FALSE(folded.represented_by.empty());
-    const CostModel cost = cost_for(c.cluster, &gpt);
-    auto run = [&](const Program& p) {
-      const ChildResult child = run_in_child(
-          [&] {
-            return serialize_timeline(run_program(p, cost, RunOptions{true, c.nested_flows}));
-          },
-          120);
-      REQUIRE(child.ok);
-      Timeline t = deserialize_timeline(child.output, p);
-      REQUIRE(t.error.empty());
-      return t;
-    };
-    const Timeline a = run(full);
-    const Timeline b = run(folded);
-    CHECK(b.step_s == doctest::Approx(a.step_s).epsilon(1e-12));
-    CHECK(b.actors <= a.actors);
-    int64_t mismatched = 0;
-    for (int64_t r = 0; r < full.world; ++r) {
-      const auto by = static_cast<std::size_t>(representative(folded, r));
-      const auto& mine = a.ops[static_cast<std::size_t>(r)];
-      REQUIRE(mine.size() == b.ops[by].size());
-      for (std::size_t i = 0; i < mine.size(); ++i)
-        mismatched += !(b.ops[by][i].start_s == doctest::Approx(mine[i].start_s).epsilon(1e-12) &&
-                        b.ops[by][i].finish_s == doctest::Approx(mine[i].finish_s).epsilon(1e-12));
-    }
-    CHECK(mismatched == 0);
+  const Timeline a = run(full);
+  const Timeline b = run(folded);
+  CHECK(b.step_s == doctest::Approx(a.step_s).epsilon(1e-12));
+  CHECK(b.actors <= a.actors);
+  int64_t mismatched = 0;
+  for (int64_t r = 0; r < full.world; ++r) {
+    const auto by = static_cast<std::size_t>(representative(folded, r));
+    const auto& mine = a.ops[static_cast<std::size_t>(r)];
+    REQUIRE(mine.size() == b.ops[by].size());
+    for (std::size_t i = 0; i < mine.size(); ++i)
+      mismatched += !(b.ops[by][i].start_s == doctest::Approx(mine[i].start_s).epsilon(1e-12) &&
+                      b.ops[by][i].finish_s == doctest::Approx(mine[i].finish_s).epsilon(1e-12));
   }
+  CHECK(mismatched == 0);
+}
+
+}  // namespace
+
+TEST_CASE("a folded Program simulates to the full Program's times, op by op, contention and all") {
+  // Fixed-length text: TP shards and DP replicas fold. Each member's transfers still run as
+  // flows, so links shared between classes (an oversubscribed uplink, DP rings across nodes)
+  // carry what they would.
+  check_folded_simulation(
+      R"({"placement": "homogeneous", "layout": {"tp": 2, "pp": 2, "dp": 2}, "sequence_parallel": true})",
+      cluster(2, 4, 2e9), true);
+  check_folded_simulation(
+      R"({"placement": "homogeneous", "layout": {"tp": 2, "dp": 4}, "overlap_grad_reduce": true, "grad_bucket_mb": 0.5})",
+      cluster(2, 4, 2e9, 2), false);
+  // Every TP x PP x DP layout of 8 devices, interleaved where pipelined, on a non-blocking and
+  // a 2:1 oversubscribed fabric of nodes of 4 and of 2.
+  for (const ClusterSpec& c : {cluster(2, 4, 2e9), cluster(2, 4, 2e9, 2), cluster(4, 2, 2e9, 2)})
+    for (int tp : {1, 2, 4})
+      for (int pp : {1, 2, 4})
+        for (int dp : {1, 2, 4, 8}) {
+          if (tp * pp * dp != 8) continue;
+          Json plan = {{"placement", "homogeneous"},
+                       {"layout", {{"tp", tp}, {"pp", pp}, {"dp", dp}, {"vpp", pp > 1 ? 2 : 1}}}};
+          if (pp > 1) plan["schedule"] = "interleaved_1f1b";
+          check_folded_simulation(plan.dump(), c, tp > 1);
+        }
 }
 
 TEST_CASE("--nested auto runs ring flows where timed nested collectives met other transfers") {
