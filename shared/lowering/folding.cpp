@@ -43,6 +43,8 @@ void Lowering::record_member_groups(std::size_t module, int64_t rank, int32_t id
   for (const int64_t member : class_members_[static_cast<std::size_t>(rank)]) {
     const int32_t at =
         (grid_index_[module].*index)[static_cast<std::size_t>(member - g.first_rank)];
+    TESSERA_CHECK(at >= 0, "rank " + std::to_string(member) + " has no group in " + g.module +
+                               "'s grid, unlike its representative");
     used.push_back(group((g.*kind)[static_cast<std::size_t>(at)]));
   }
   p_.member_groups.resize(p_.groups.size());

@@ -41,8 +41,9 @@ std::string lowering_refusal(const ParallelPlan& plan, const ModelSpec& model,
 // tensor-parallel shards of each stage and — when every data-parallel replica's micro-batches
 // hold samples of the same shapes as the first replica's — the replicas too, provided every
 // member's groups and pipeline neighbours sit on the cluster's nodes as its representative's
-// do (so every cost is the same); otherwise it folds less or nothing. The evaluator and the
-// metrics read folded Programs; the simulator and the executor need every rank's ops (kOff).
+// do (so every cost is the same); otherwise it folds less or nothing. The evaluator, the
+// metrics and the SimGrid simulator read folded Programs; the executor, its traces and replays
+// need every rank's ops (kOff).
 enum class RankFolding : uint8_t { kOff, kIdentical };
 
 // REQUIRES: plan validated against model, workload and cluster, its frozen-aware stage split
