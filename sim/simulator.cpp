@@ -168,8 +168,6 @@ SimulationResult simulate(const Scenario& s, const ParallelPlan& given,
     const double lower_s =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
     const bool tell = options.progress && lower_s >= 1;
-    int64_t ops = 0;
-    for (const auto& rank_ops : p.ranks) ops += static_cast<int64_t>(rank_ops.size());
     if (tell)
       options.progress("iteration " + std::to_string(iteration) + " (" + std::to_string(k + 1) +
                        " of " + std::to_string(count) + "): " + lowering_note(p, lower_s) +
@@ -194,25 +192,27 @@ SimulationResult simulate(const Scenario& s, const ParallelPlan& given,
     RunOptions run{options.contention, options.nested == NestedMode::kFlows};
     // cpu-local plans run on the Gloo executor, whose one thread per rank issues ops in order.
     run.serial_host = s.cluster.kind == ClusterKind::kCpuLocal;
-    ChildResult child = run_in_child([&] { return serialize_timeline(run_program(p, cost, run)); },
-                                     options.timeout_s);
+    ChildResult child;
     Timeline t;
-    if (child.ok) t = deserialize_timeline(child.output, p);
+    const auto simulate_once = [&] {
+      child = run_in_child([&] { return serialize_timeline(run_program(p, cost, run)); },
+                           options.timeout_s);
+      if (child.ok) t = deserialize_timeline(child.output, p);
+    };
+    simulate_once();
+    using NestedCheck = SimulatedIteration::NestedCheck;
+    NestedCheck check = NestedCheck::kNone;
     const bool nested = std::any_of(p.ranks.begin(), p.ranks.end(), [](const auto& rank_ops) {
       return std::any_of(rank_ops.begin(), rank_ops.end(),
                          [](const Op& op) { return !op.nested.empty(); });
     });
-    const bool alone =
-        nested && child.ok && options.contention && !run.nested_flows && !t.nested_shared_links;
-    bool retried = false;
+    if (child.ok && nested && options.contention && !run.nested_flows)
+      check = t.nested_shared_links ? NestedCheck::kShared : NestedCheck::kAlone;
     if (child.ok && t.error.empty() && options.nested == NestedMode::kAuto &&
-        t.nested_shared_links) {
+        check == NestedCheck::kShared) {
       // Timed nested collectives may have met other transfers on their links: flows decide.
       run.nested_flows = true;
-      retried = true;
-      child = run_in_child([&] { return serialize_timeline(run_program(p, cost, run)); },
-                           options.timeout_s);
-      if (child.ok) t = deserialize_timeline(child.output, p);
+      simulate_once();
     }
     if (!child.ok) {
       result.failure = PlanFailure::kFailed;
@@ -229,13 +229,11 @@ SimulationResult simulate(const Scenario& s, const ParallelPlan& given,
     it.iteration = iteration;
     it.metrics = compute_metrics(p, t, s.model, s.cluster, batch);
     it.estimate_step_s = evaluate(p, cost).step_s;
-    it.ops = ops;
+    it.ops = op_count(p);
     it.activities = t.activities;
     it.folded_flows = t.folded_flows;
     it.nested_flows = run.nested_flows;
-    it.nested_alone = alone;
-    it.nested_retried = retried;
-    it.nested_shared = nested && options.contention && !run.nested_flows && t.nested_shared_links;
+    it.nested_check = check;
     it.actors = t.actors;
     it.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
     if (tell) {
@@ -359,10 +357,11 @@ std::string format_simulation(const SimulationResult& r, const Scenario& s) {
            "for them (exact: no link is shared between them)\n\n";
   int64_t alone = 0, retried = 0, shared = 0;
   for (const SimulatedIteration& it : r.iterations) {
-    alone += it.nested_alone;
-    retried += it.nested_retried;
+    using NestedCheck = SimulatedIteration::NestedCheck;
+    alone += it.nested_check == NestedCheck::kAlone;
+    retried += it.nested_check == NestedCheck::kShared && it.nested_flows;
+    shared += it.nested_check == NestedCheck::kShared && !it.nested_flows;
   }
-  for (const SimulatedIteration& it : r.iterations) shared += it.nested_shared;
   const auto n = std::to_string(r.iterations.size());
   if (alone > 0)
     out += "nested collectives: timed in " + std::to_string(alone) + " of " + n +

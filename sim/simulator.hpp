@@ -46,13 +46,12 @@ struct SimulatedIteration {
   int64_t activities = 0;    // SimGrid activities (flows, sleeps, executions)
   int64_t folded_flows = 0;  // twins' flows not simulated: their class leader's stood for them
   int64_t actors = 0;        // actors that ran (one per twin class and stream)
-  // Whether its nested collectives ran as ring flows (kFlows, or kAuto where timed ones may have
-  // shared links), and whether timed ones were found alone on their links (kAuto, kTimed).
+  // Whether its nested collectives ran as ring flows (kFlows, or kAuto after a timed run found
+  // them sharing links), and what a timed run found (Timeline::nested_shared_links): kNone
+  // when none ran timed with contention on, or the program has no nested collectives.
   bool nested_flows = false;
-  bool nested_alone = false;
-  bool nested_retried = false;  // kAuto ran it again with ring flows
-  bool nested_shared = false;   // kTimed, and timed ones may have met other transfers
-  double wall_s = 0;            // wall time of the simulation (child process included)
+  enum class NestedCheck : uint8_t { kNone, kAlone, kShared } nested_check = NestedCheck::kNone;
+  double wall_s = 0;  // wall time of the simulation (child process included)
   // The analytic estimate of the same Program (evaluate(): every transfer its α–β time, no
   // link shared), for the line that says how far contention moved the simulation from it.
   double estimate_step_s = 0;

@@ -35,9 +35,8 @@ void Lowering::fold_ranks() {
 void Lowering::record_member_groups(std::size_t module, int64_t rank, int32_t id,
                                     std::vector<Group> ModuleGroups::*kind,
                                     std::vector<int32_t> GroupIndex::*index) {
-  if (p_.member_groups.size() <= static_cast<std::size_t>(id))
-    p_.member_groups.resize(p_.groups.size());
-  if (!p_.member_groups[static_cast<std::size_t>(id)].empty()) return;
+  const auto at_id = static_cast<std::size_t>(id);
+  if (at_id < p_.member_groups.size() && !p_.member_groups[at_id].empty()) return;  // recorded
   const ModuleGroups& g = grids_[module];
   std::vector<int32_t> used;
   for (const int64_t member : class_members_[static_cast<std::size_t>(rank)]) {
@@ -47,8 +46,8 @@ void Lowering::record_member_groups(std::size_t module, int64_t rank, int32_t id
                                "'s grid, unlike its representative");
     used.push_back(group((g.*kind)[static_cast<std::size_t>(at)]));
   }
-  p_.member_groups.resize(p_.groups.size());
-  p_.member_groups[static_cast<std::size_t>(id)] = std::move(used);
+  p_.member_groups.resize(p_.groups.size());  // `used` may have added groups
+  p_.member_groups[at_id] = std::move(used);
 }
 
 bool Lowering::identical_replicas() {

@@ -56,10 +56,12 @@ void Lowering::run() {
                   worst[0] / worst[2], worst[1] / worst[2]);
     out_.notes.push_back(line);
   }
-  if (!p_.represented_by.empty()) p_.member_groups.resize(p_.groups.size());
-  // A represented rank holds what its representative does.
-  for (std::size_t r = 0; r < p_.memory.size(); ++r)
-    p_.memory[r] = p_.memory[static_cast<std::size_t>(representative(p_, static_cast<int64_t>(r)))];
+  if (!p_.represented_by.empty()) {
+    p_.member_groups.resize(p_.groups.size());
+    // A represented rank holds what its representative does.
+    for (std::size_t r = 0; r < p_.memory.size(); ++r)
+      p_.memory[r] = p_.memory[static_cast<std::size_t>(p_.represented_by[r])];
+  }
   // Model FLOPs of the iteration (recompute excluded), summed over ranks.
   for (std::size_t r = 0; r < p_.ranks.size(); ++r)
     for (const Op& op :

@@ -114,6 +114,19 @@ int64_t active_members(const Program& p, const RankList& group) {
                        [&](int64_t r) { return representative(p, r) == r; });
 }
 
+int64_t op_count(const Program& p) {
+  int64_t ops = 0;
+  for (const auto& rank_ops : p.ranks) ops += static_cast<int64_t>(rank_ops.size());
+  return ops;
+}
+
+int64_t lowered_ranks(const Program& p) {
+  int64_t ranks = 0;
+  for (std::size_t r = 0; r < p.ranks.size(); ++r)
+    ranks += representative(p, static_cast<int64_t>(r)) == static_cast<int32_t>(r);
+  return ranks;
+}
+
 std::vector<std::string> check_program(const Program& p) {
   std::vector<std::string> problems;
   auto complain = [&](int32_t rank, int32_t index, const std::string& what) {

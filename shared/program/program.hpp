@@ -168,6 +168,9 @@ inline int32_t representative(const Program& program, int64_t rank) {
 }
 // The members of `group` that run their own ops: all of them unless the Program is folded.
 int64_t active_members(const Program& program, const RankList& group);
+// Ops of all ranks, and ranks with ops of their own (all of them unless the Program is folded).
+int64_t op_count(const Program& program);
+int64_t lowered_ranks(const Program& program);
 
 // The layers of (module, stage, chunk), or nullptr when no compute op runs it.
 const ChunkLayers* find_chunk_layers(const Program& program, int module, int stage, int chunk);

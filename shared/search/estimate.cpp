@@ -47,10 +47,8 @@ Estimate estimate(const Scenario& s, const ParallelPlan& given, int64_t iteratio
     return e;
   }
   const Program& p = lowered.program;
-  for (std::size_t r = 0; r < p.ranks.size(); ++r) {
-    e.ops += static_cast<int64_t>(p.ranks[r].size());
-    e.ranks_lowered += representative(p, static_cast<int64_t>(r)) == static_cast<int32_t>(r);
-  }
+  e.ops = op_count(p);
+  e.ranks_lowered = lowered_ranks(p);
   if (progress && e.lower_s >= 1) progress(lowering_note(p, e.lower_s) + "; evaluating");
   const auto t1 = std::chrono::steady_clock::now();
   const Timeline timeline = evaluate(p, cost);
@@ -78,11 +76,7 @@ Estimate estimate(const Scenario& s, const ParallelPlan& given, int64_t iteratio
 }
 
 std::string lowering_note(const Program& p, double seconds) {
-  int64_t ops = 0, lowered = 0;
-  for (std::size_t r = 0; r < p.ranks.size(); ++r) {
-    ops += static_cast<int64_t>(p.ranks[r].size());
-    lowered += representative(p, static_cast<int64_t>(r)) == static_cast<int32_t>(r);
-  }
+  const int64_t ops = op_count(p), lowered = lowered_ranks(p);
   char text[128];
   if (lowered == p.world)
     std::snprintf(text, sizeof text, "lowered %.3g M ops on %lld ranks in %.1f s",

@@ -77,16 +77,20 @@ class Run {
                     cost_.cluster().kind != ClusterKind::kCpuLocal;
     if (watch_nvlink_) {
       nvlink_busy_.resize(world);
-      for (std::size_t r = 0; r < world; ++r)
-        for (const Op& op : p.ranks[r])
+      // Every group a nested collective runs on (a folded class's members' groups too), once.
+      std::vector<char> nested_group(p.groups.size(), 0);
+      for (const auto& ops : p.ranks)
+        for (const Op& op : ops)
           for (const NestedCollective& nc : op.nested) {
             const auto g = static_cast<std::size_t>(nc.group);
-            nested_spans_nodes_ = nested_spans_nodes_ || !cost_.same_node(p.groups[g]);
+            nested_group[g] = 1;
             if (folded_)
               for (const int32_t m : p.member_groups[g])
-                nested_spans_nodes_ =
-                    nested_spans_nodes_ || !cost_.same_node(p.groups[static_cast<std::size_t>(m)]);
+                nested_group[static_cast<std::size_t>(m)] = 1;
           }
+      for (std::size_t g = 0; g < p.groups.size(); ++g)
+        nested_spans_nodes_ =
+            nested_spans_nodes_ || (nested_group[g] && !cost_.same_node(p.groups[g]));
     }
   }
 
@@ -308,21 +312,25 @@ class Run {
     nvlink_busy_[static_cast<std::size_t>(a)].emplace_back(start, end);
     nvlink_busy_[static_cast<std::size_t>(b)].emplace_back(start, end);
   }
-  bool nested_met_transfers() const {
-    for (std::size_t r = 0; r < p_.ranks.size(); ++r) {
-      const auto leader = static_cast<std::size_t>(twins_.leader[r]);
-      std::vector<std::pair<double, double>> nested;  // compute ops with nested collectives
-      for (std::size_t i = 0; i < p_.ranks[leader].size(); ++i)
-        if (!p_.ranks[leader][i].nested.empty())
-          nested.emplace_back(times_[leader][i].start_s, times_[leader][i].finish_s);
-      auto busy = nvlink_busy_[r];
-      if (nested.empty() || busy.empty()) continue;
-      std::sort(busy.begin(), busy.end());  // nested ones are in stream order already
-      std::size_t j = 0;
-      for (const auto& [start, finish] : nested) {
-        while (j < busy.size() && busy[j].second <= start) ++j;
-        for (std::size_t k = j; k < busy.size() && busy[k].first < finish; ++k)
-          if (busy[k].second > start) return true;
+  bool nested_met_transfers() {
+    for (std::size_t l = 0; l < p_.ranks.size(); ++l) {
+      if (twins_.leader[l] != static_cast<int32_t>(l)) continue;
+      // The class's compute ops with nested collectives, in stream order; its members ran them
+      // at the same times.
+      std::vector<std::pair<double, double>> nested;
+      for (std::size_t i = 0; i < p_.ranks[l].size(); ++i)
+        if (!p_.ranks[l][i].nested.empty())
+          nested.emplace_back(times_[l][i].start_s, times_[l][i].finish_s);
+      if (nested.empty()) continue;
+      for (const int32_t d : offsets(static_cast<int32_t>(l))) {
+        auto& busy = nvlink_busy_[l + static_cast<std::size_t>(d)];
+        std::sort(busy.begin(), busy.end());
+        std::size_t j = 0;
+        for (const auto& [start, finish] : nested) {
+          while (j < busy.size() && busy[j].second <= start) ++j;
+          for (std::size_t k = j; k < busy.size() && busy[k].first < finish; ++k)
+            if (busy[k].second > start) return true;
+        }
       }
     }
     return false;
@@ -582,30 +590,26 @@ class Run {
           // Every twin sends its own message to its own peer.
           if (options_.contention && !cost_.calibrated_p2p(leader, op.peer)) {
             std::vector<Flow> flows;
+            std::vector<std::pair<int32_t, int32_t>> ends;  // (sender, receiver) of each twin
             for (int32_t d : offsets(leader)) {
-              if (leader_flows_only_ && d != 0) {
-                ++folded_flows_;
-                continue;
-              }
               // A folded member's message: its representative's, moved by the same offset.
               const Op& twin =
                   folded_
                       ? op
                       : p_.ranks[static_cast<std::size_t>(leader + d)][static_cast<std::size_t>(i)];
               const int32_t peer = folded_ ? op.peer + d : twin.peer;
+              ends.emplace_back(leader + d, peer);
+              if (leader_flows_only_ && d != 0) {
+                ++folded_flows_;
+                continue;
+              }
               flows.push_back({hosts_[static_cast<std::size_t>(leader + d)],
                                hosts_[static_cast<std::size_t>(peer)],
                                static_cast<uint64_t>(twin.bytes)});
             }
             run_flows(flows);
-            for (int32_t d : offsets(leader))
-              used_nvlink(
-                  leader + d,
-                  folded_
-                      ? op.peer + d
-                      : p_.ranks[static_cast<std::size_t>(leader + d)][static_cast<std::size_t>(i)]
-                            .peer,
-                  start, sg4::Engine::get_clock());
+            for (const auto& [from, to] : ends)
+              used_nvlink(from, to, start, sg4::Engine::get_clock());
           } else {
             const auto* spread = cost_.p2p_spread(leader, op.peer);
             sleep(cost_.p2p_s(leader, op.peer, op.bytes) *

@@ -69,12 +69,6 @@ Folded lower_both(const char* model_text, const char* workload_text, const char*
   return f;
 }
 
-int64_t classes(const Program& p) {
-  int64_t n = 0;
-  for (int64_t r = 0; r < p.world; ++r) n += representative(p, r) == r;
-  return n;
-}
-
 // Every rank's ops in the folded Program (its representative's) are the full Program's with the
 // peers' representatives, and evaluate to the same times; the metrics agree to the bit.
 void check_exact(const Folded& f, const ModelSpec& model, const ClusterSpec& c) {
@@ -159,14 +153,14 @@ TEST_CASE(
   for (const Plan& p : plans) {
     INFO(std::string(p.plan));
     const Folded f = lower_both(kTextModel, kFixedText, p.plan, c);
-    CHECK(classes(f.folded.program) == p.classes);
+    CHECK(lowered_ranks(f.folded.program) == p.classes);
     Diagnostics diag;
     check_exact(f, read_model(Json::parse(kTextModel), "m", "", diag), c);
   }
   INFO("MoE with expert parallelism over the replicas");
   const char* moe = R"({"placement": "homogeneous", "layout": {"tp": 2, "dp": 4, "ep": 2}})";
   const Folded f = lower_both(kMoe, kFixedText, moe, c);
-  CHECK(classes(f.folded.program) == 1);
+  CHECK(lowered_ranks(f.folded.program) == 1);
   Diagnostics diag;
   check_exact(f, read_model(Json::parse(kMoe), "m", "", diag), c);
 }
@@ -177,10 +171,10 @@ TEST_CASE("folding: replicas with different data stay apart; encoders in stage 0
   Diagnostics diag;
   const ModelSpec vlm = read_model(Json::parse(kVlm), "m", "", diag);
   const Folded same = lower_both(kVlm, kFixedImages, plan, c);
-  CHECK(classes(same.folded.program) == 2);
+  CHECK(lowered_ranks(same.folded.program) == 2);
   check_exact(same, vlm, c);
   const Folded different = lower_both(kVlm, kVariableImages, plan, c);
-  CHECK(classes(different.folded.program) == 4);  // TP shards only
+  CHECK(lowered_ranks(different.folded.program) == 4);  // TP shards only
   check_exact(different, vlm, c);
   // Placements other than homogeneous do not fold.
   const Folded colocated = lower_both(
@@ -200,11 +194,11 @@ TEST_CASE("folding: a member whose groups sit on the nodes otherwise than its re
   const char* fixed =
       R"({"global_batch": 12, "max_seq_len": 512, "samples": {"text_tokens": 256}})";
   const Folded aligned = lower_both(kTextModel, fixed, plan, cluster(3, 2));
-  CHECK(classes(aligned.folded.program) == 1);
+  CHECK(lowered_ranks(aligned.folded.program) == 1);
   check_exact(aligned, gpt, cluster(3, 2));
   const ClusterSpec straddling = cluster(2, 3);
   const Folded f = lower_both(kTextModel, fixed, plan, straddling);
-  CHECK(classes(f.folded.program) == 3);
+  CHECK(lowered_ranks(f.folded.program) == 3);
   check_exact(f, gpt, straddling);
 }
 

@@ -414,7 +414,7 @@ TEST_CASE("--nested timed equals ring flows when nothing else shares the NVLink 
   REQUIRE(flows.feasible);
   REQUIRE(timed.feasible);
   // The run itself finds them alone, so --nested auto keeps them timed.
-  CHECK(timed.iterations[0].nested_alone);
+  CHECK(timed.iterations[0].nested_check == SimulatedIteration::NestedCheck::kAlone);
   options.nested = NestedMode::kAuto;
   const SimulationResult automatic = simulate(*s, *s->plan, options);
   CHECK_FALSE(automatic.iterations[0].nested_flows);
@@ -589,9 +589,9 @@ TEST_CASE("--nested auto runs ring flows where timed nested collectives met othe
   REQUIRE(timed.feasible);
   REQUIRE(flows.feasible);
   REQUIRE(automatic.feasible);
-  CHECK(timed.iterations[0].nested_shared);
-  CHECK_FALSE(timed.iterations[0].nested_alone);
-  CHECK(automatic.iterations[0].nested_retried);
+  CHECK(timed.iterations[0].nested_check == SimulatedIteration::NestedCheck::kShared);
+  CHECK_FALSE(timed.iterations[0].nested_flows);
+  CHECK(automatic.iterations[0].nested_check == SimulatedIteration::NestedCheck::kShared);
   CHECK(automatic.iterations[0].nested_flows);
   CHECK(automatic.iterations[0].metrics.step_s == flows.iterations[0].metrics.step_s);
   // And here it matters: the timed run missed the rings' share of the links.
