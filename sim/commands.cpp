@@ -257,6 +257,11 @@ int run_simulate(const Args& args, std::ostream& out, std::ostream& err) {
       "activities (timed: faster, no link sharing), or timed where nothing else used their links "
       "meanwhile and flows where something did (auto: the flows' times, mostly at timed speed)",
       cxxopts::value<std::string>()->default_value("auto"))(
+      "periodic",
+      "on: where every micro-batch is alike and the schedule is 1F1B, simulate a shortened batch "
+      "and repeat its steady phase, when a check op by op shows it repeats (exact); off: "
+      "simulate every micro-batch",
+      cxxopts::value<std::string>()->default_value("on"))(
       "trace", "write one Chrome-trace JSON per rank into this folder",
       cxxopts::value<std::string>())("timeout", "seconds allowed per simulated iteration",
                                      cxxopts::value<double>()->default_value("600"))(
@@ -272,14 +277,17 @@ int run_simulate(const Args& args, std::ostream& out, std::ostream& err) {
   sim.timeout_s = (*result)["timeout"].as<double>();
   const std::string contention = (*result)["contention"].as<std::string>();
   const std::string nested = (*result)["nested"].as<std::string>();
+  const std::string periodic = (*result)["periodic"].as<std::string>();
   if (sim.iterations < 1 || sim.first_iteration < 0 || sim.timeout_s <= 0 ||
       (contention != "on" && contention != "off") ||
-      (nested != "auto" && nested != "flows" && nested != "timed")) {
+      (nested != "auto" && nested != "flows" && nested != "timed") ||
+      (periodic != "on" && periodic != "off")) {
     err << options.program()
         << ": --iterations >= 1, --first-iteration >= 0, --timeout > 0, --contention on|off, "
-        << "--nested auto|flows|timed\n";
+        << "--nested auto|flows|timed, --periodic on|off\n";
     return kBadInput;
   }
+  sim.periodic = periodic == "on";
   sim.contention = contention == "on";
   sim.nested = nested == "flows"   ? NestedMode::kFlows
                : nested == "timed" ? NestedMode::kTimed

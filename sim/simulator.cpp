@@ -11,6 +11,7 @@
 #include "shared/search/scenario_report.hpp"
 #include "shared/search/stage_split.hpp"
 #include "sim/child_process.hpp"
+#include "sim/periodic.hpp"
 
 namespace tessera::sim {
 
@@ -194,26 +195,57 @@ SimulationResult simulate(const Scenario& s, const ParallelPlan& given,
     run.serial_host = s.cluster.kind == ClusterKind::kCpuLocal;
     ChildResult child;
     Timeline t;
-    const auto simulate_once = [&] {
-      child = run_in_child([&] { return serialize_timeline(run_program(p, cost, run)); },
-                           options.timeout_s);
-      if (child.ok) t = deserialize_timeline(child.output, p);
-    };
-    simulate_once();
     using NestedCheck = SimulatedIteration::NestedCheck;
     NestedCheck check = NestedCheck::kNone;
     const bool nested = std::any_of(p.ranks.begin(), p.ranks.end(), [](const auto& rank_ops) {
       return std::any_of(rank_ops.begin(), rank_ops.end(),
                          [](const Op& op) { return !op.nested.empty(); });
     });
-    if (child.ok && nested && options.contention && !run.nested_flows)
-      check = t.nested_shared_links ? NestedCheck::kShared : NestedCheck::kAlone;
-    if (child.ok && t.error.empty() && options.nested == NestedMode::kAuto &&
-        check == NestedCheck::kShared) {
-      // Timed nested collectives may have met other transfers on their links: flows decide.
-      run.nested_flows = true;
-      simulate_once();
+    const auto simulate_once = [&](const Program& program) {
+      child = run_in_child([&] { return serialize_timeline(run_program(program, cost, run)); },
+                           options.timeout_s);
+      if (child.ok) t = deserialize_timeline(child.output, program);
+    };
+    const auto simulate_program = [&](const Program& program) {
+      run.nested_flows = options.nested == NestedMode::kFlows;
+      simulate_once(program);
+      check = NestedCheck::kNone;
+      if (child.ok && nested && options.contention && !run.nested_flows)
+        check = t.nested_shared_links ? NestedCheck::kShared : NestedCheck::kAlone;
+      if (child.ok && t.error.empty() && options.nested == NestedMode::kAuto &&
+          check == NestedCheck::kShared) {
+        // Timed nested collectives may have met other transfers on their links: flows decide.
+        run.nested_flows = true;
+        simulate_once(program);
+      }
+    };
+    SimulatedIteration it;
+    // Alike micro-batches in a 1F1B pipeline: a shortened batch's steady phase stands for the
+    // full batch's where it repeats; elsewhere the full batch runs.
+    std::optional<PeriodicShortening> shortening;
+    if (fold && options.periodic) shortening = periodic_shortening(s, plan, batch, p);
+    if (shortening) {
+      const Lowered short_run = lower(s.model, s.cluster, shortening->plan, shortening->workload,
+                                      shortening->batch, nullptr, RankFolding::kIdentical);
+      if (short_run.error.empty()) {
+        simulate_program(short_run.program);
+        if (child.ok && t.error.empty()) {
+          PeriodicExtension extended = extend_periodic(p, short_run.program, t, *shortening);
+          it.microbatches = shortening->full_microbatches;
+          if (extended.failure.empty()) {
+            t = std::move(extended.timeline);
+            it.simulated_microbatches = shortening->microbatches;
+            it.period_microbatches = extended.period_microbatches;
+            it.period_s = extended.period_s;
+          } else {
+            it.periodic_failure = extended.failure;
+          }
+        }
+      } else {
+        it.periodic_failure = short_run.error;
+      }
     }
+    if (it.simulated_microbatches == 0) simulate_program(p);
     if (!child.ok) {
       result.failure = PlanFailure::kFailed;
       result.reason =
@@ -225,7 +257,6 @@ SimulationResult simulate(const Scenario& s, const ParallelPlan& given,
       result.reason = "iteration " + std::to_string(iteration) + ": " + t.error;
       return result;
     }
-    SimulatedIteration it;
     it.iteration = iteration;
     it.metrics = compute_metrics(p, t, s.model, s.cluster, batch);
     it.estimate_step_s = evaluate(p, cost).step_s;
@@ -355,6 +386,29 @@ std::string format_simulation(const SimulationResult& r, const Scenario& s) {
     out += "symmetry: " + std::to_string(r.iterations.front().folded_flows) +
            " flows of TP twins were not simulated; their class leader's identical flows stood "
            "for them (exact: no link is shared between them)\n\n";
+  {
+    // Periodic folding: how many iterations a short run stood for, and why one could not.
+    const SimulatedIteration& first = r.iterations.front();
+    const auto folded = std::count_if(r.iterations.begin(), r.iterations.end(),
+                                      [](const auto& it) { return it.simulated_microbatches > 0; });
+    if (folded > 0) {
+      std::snprintf(line, sizeof line,
+                    "periodic steady state: in %lld of %zu iterations, %d of %d micro-batches per "
+                    "pipeline simulated; the others repeat its steady phase (a period of %d "
+                    "micro-batch%s, %.4g s), checked op by op around the cut\n\n",
+                    static_cast<long long>(folded), r.iterations.size(),
+                    first.simulated_microbatches, first.microbatches, first.period_microbatches,
+                    first.period_microbatches == 1 ? "" : "es", first.period_s);
+      out += line;
+    }
+    for (const SimulatedIteration& it : r.iterations)
+      if (!it.periodic_failure.empty()) {
+        out += "periodic steady state: not found in iteration " + std::to_string(it.iteration) +
+               " (" + it.periodic_failure + "); all " + std::to_string(it.microbatches) +
+               " micro-batches simulated\n\n";
+        break;
+      }
+  }
   int64_t alone = 0, retried = 0, shared = 0;
   for (const SimulatedIteration& it : r.iterations) {
     using NestedCheck = SimulatedIteration::NestedCheck;
@@ -430,7 +484,9 @@ Json simulation_to_json(const SimulationResult& r) {
                           {"folded_flows", it.folded_flows},
                           {"nested_collectives", it.nested_flows ? "flows" : "timed"},
                           {"actors", it.actors},
+                          {"simulated_microbatches", it.simulated_microbatches},
                           {"wall_s", it.wall_s}});
+    if (!it.periodic_failure.empty()) iterations.back()["periodic_failure"] = it.periodic_failure;
     if (it.dip)
       iterations.back()["dip_search"] = {{"scored", it.dip->scored},
                                          {"cached", it.dip->cached},

@@ -34,6 +34,9 @@ struct SimulateOptions {
   // schedule dip, with `batches`: the schedule each ran (no search); empty: search per batch
   std::vector<DipSchedule> dip_schedules;
   bool keep_timelines = false;  // return every iteration's Program and Timeline
+  // Fixed-shape micro-batches in a 1F1B pipeline: simulate a shortened batch and extend its
+  // repeating steady phase to the full batch (periodic.hpp), where that is exact.
+  bool periodic = true;
   // Hears, for a plan whose lowering takes a second or more, when each iteration is lowered and
   // when it has been simulated (long work shows it is under way).
   std::function<void(const std::string&)> progress;
@@ -51,6 +54,12 @@ struct SimulatedIteration {
   // when none ran timed with contention on, or the program has no nested collectives.
   bool nested_flows = false;
   enum class NestedCheck : uint8_t { kNone, kAlone, kShared } nested_check = NestedCheck::kNone;
+  // Periodic folding: the micro-batches per pipeline simulated, of how many, and the steady
+  // phase's period; simulated_microbatches 0: the full batch ran. periodic_failure: why a short
+  // run could not stand for the full one (the full batch ran instead).
+  int32_t simulated_microbatches = 0, microbatches = 0, period_microbatches = 0;
+  double period_s = 0;
+  std::string periodic_failure;
   double wall_s = 0;  // wall time of the simulation (child process included)
   // The analytic estimate of the same Program (evaluate(): every transfer its α–β time, no
   // link shared), for the line that says how far contention moved the simulation from it.

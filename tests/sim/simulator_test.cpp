@@ -14,6 +14,7 @@
 #include "shared/lowering/lower.hpp"
 #include "shared/search/stage_split.hpp"
 #include "sim/child_process.hpp"
+#include "sim/periodic.hpp"
 #include "sim/simulator.hpp"
 #include "sim/twins.hpp"
 
@@ -556,6 +557,160 @@ TEST_CASE("a folded Program simulates to the full Program's times, op by op, con
           if (pp > 1) plan["schedule"] = "interleaved_1f1b";
           check_folded_simulation(plan.dump(), c, tp > 1);
         }
+}
+
+namespace {
+
+// A fixed-length GPT plan simulated in full and through a short run extended by its period:
+// every op's start and finish agree. Returns the extension (its failure names a mismatch).
+PeriodicExtension check_periodic_simulation(const std::string& plan_text, const ClusterSpec& c,
+                                            int64_t global_batch, bool perturb = false) {
+  INFO(plan_text << ", " << c.nodes << " nodes of " << c.devices_per_node << ", oversubscription "
+                 << c.inter_node.oversubscription);
+  Diagnostics diag;
+  Scenario s;
+  s.model = read_model(Json::parse(R"({"name": "gpt", "modules": [
+    {"name": "llm", "role": "llm", "transformer": {"layers": 8, "hidden": 256, "heads": 8, "ffn": 1024, "vocab": 1000}}]})"),
+                       "", "", diag);
+  s.workload = read_workload(Json{{"global_batch", global_batch},
+                                  {"max_seq_len", 512},
+                                  {"samples", {{"text_tokens", 256}}}},
+                             "", "", ".", diag);
+  s.cluster = c;
+  ParallelPlan plan = read_plan(Json::parse(plan_text), "", "", diag);
+  validate_plan(plan, s.model, s.workload, c, "", "", diag);
+  INFO(diag.format());
+  REQUIRE(diag.ok());
+  plan = resolve_stage_split(plan, s.model, s.workload, c);
+  const Batch batch = draw_batch(s.workload, 0);
+  const Program full =
+      lower(s.model, c, plan, s.workload, batch, nullptr, RankFolding::kIdentical).program;
+  const std::optional<PeriodicShortening> how = periodic_shortening(s, plan, batch, full);
+  REQUIRE(how.has_value());
+  const Lowered shortened =
+      lower(s.model, c, how->plan, how->workload, how->batch, nullptr, RankFolding::kIdentical);
+  REQUIRE(shortened.error.empty());
+  const CostModel cost = cost_for(c, &s.model);
+  auto run = [&](const Program& p) {
+    const ChildResult child = run_in_child(
+        [&] {
+          return serialize_timeline(run_program(p, cost, RunOptions{true, false}));
+        },
+        120);
+    REQUIRE(child.ok);
+    Timeline t = deserialize_timeline(child.output, p);
+    REQUIRE(t.error.empty());
+    return t;
+  };
+  Timeline short_run = run(shortened.program);
+  if (perturb)  // the middle forwards of rank 0 later and later: no period repeats
+    for (std::size_t i = 0; i < shortened.program.ranks[0].size(); ++i) {
+      const Op& op = shortened.program.ranks[0][i];
+      if (op.kind == OpKind::kCompute && op.phase == Phase::kF &&
+          op.microbatch >= how->microbatches / 4 && op.microbatch < 3 * how->microbatches / 4)
+        short_run.ops[0][i].finish_s += 1e-7 * op.microbatch;
+    }
+  PeriodicExtension extended = extend_periodic(full, shortened.program, short_run, *how);
+  if (!extended.failure.empty()) return extended;
+  const Timeline whole = run(full);
+  CHECK(extended.timeline.step_s == doctest::Approx(whole.step_s).epsilon(1e-12));
+  const double tolerance = 1e-9 * whole.step_s;
+  int64_t mismatched = 0;
+  for (std::size_t r = 0; r < full.ranks.size(); ++r) {
+    REQUIRE(extended.timeline.ops[r].size() == whole.ops[r].size());
+    for (std::size_t i = 0; i < whole.ops[r].size(); ++i)
+      mismatched +=
+          std::fabs(extended.timeline.ops[r][i].start_s - whole.ops[r][i].start_s) > tolerance ||
+          std::fabs(extended.timeline.ops[r][i].finish_s - whole.ops[r][i].finish_s) > tolerance;
+  }
+  CHECK(mismatched == 0);
+  CHECK(extended.timeline.compute_busy_s[0] ==
+        doctest::Approx(whole.compute_busy_s[0]).epsilon(1e-9));
+  return extended;
+}
+
+}  // namespace
+
+TEST_CASE("a short run's repeating steady phase stands for the full batch, op by op") {
+  const auto ok = [](const PeriodicExtension& e) {
+    INFO(e.failure);
+    CHECK(e.failure.empty());
+    CHECK(e.period_s > 0);
+  };
+  // 1F1B (a period of one micro-batch) and interleaved 1F1B (one of `pp`), TP and DP folded, on
+  // a non-blocking and a 2:1 oversubscribed fabric whose uplinks the pipeline's and the
+  // replicas' transfers share.
+  for (const ClusterSpec& c : {cluster(2, 4, 2e9), cluster(4, 2, 2e9, 2)}) {
+    ok(check_periodic_simulation(
+        R"({"placement": "homogeneous", "layout": {"tp": 2, "pp": 4}, "sequence_parallel": true})",
+        c, 64));
+    if (c.nodes == 2)
+      ok(check_periodic_simulation(
+          R"({"placement": "homogeneous", "layout": {"pp": 4, "dp": 2}, "recompute": "full"})", c,
+          128));
+    ok(check_periodic_simulation(
+        R"({"placement": "homogeneous", "layout": {"tp": 2, "pp": 2, "dp": 2, "vpp": 2}, "schedule": "interleaved_1f1b"})",
+        c, 64));
+    // Buckets reduced during the last backward, parameters gathered during the first forward.
+    ok(check_periodic_simulation(
+        R"({"placement": "homogeneous", "layout": {"pp": 2, "dp": 4}, "distributed_optimizer": true, "overlap_grad_reduce": true, "overlap_param_gather": true, "grad_bucket_mb": 0.5})",
+        c, 192));
+  }
+  // Each stage on a node of its own behind a 2:1 uplink: the replicas' pipeline transfers meet
+  // there, and the steady phase still drifts after 28 micro-batches (by 0.2% a period): refused.
+  const PeriodicExtension drifting = check_periodic_simulation(
+      R"({"placement": "homogeneous", "layout": {"pp": 4, "dp": 2}, "recompute": "full"})",
+      cluster(4, 2, 2e9, 2), 128);
+  CHECK(drifting.failure.find("does not repeat") != std::string::npos);
+  // A steady phase that does not repeat is refused, naming the op.
+  const PeriodicExtension late =
+      check_periodic_simulation(R"({"placement": "homogeneous", "layout": {"pp": 4, "dp": 2}})",
+                                cluster(2, 4, 2e9), 128, true);
+  CHECK(late.failure.find("does not repeat 4 micro-batches later") != std::string::npos);
+}
+
+TEST_CASE("simulate folds the periodic steady phase of fixed-length data, and only that") {
+  Diagnostics diag;
+  Scenario s;
+  s.name = "periodic";
+  s.model = read_model(Json::parse(R"({"name": "gpt", "modules": [
+    {"name": "llm", "role": "llm", "transformer": {"layers": 8, "hidden": 256, "heads": 8, "ffn": 1024, "vocab": 1000}}]})"),
+                       "", "", diag);
+  s.workload = read_workload(
+      Json::parse(R"({"global_batch": 64, "max_seq_len": 512, "samples": {"text_tokens": 256}})"),
+      "", "", ".", diag);
+  s.cluster = cluster(2, 4, 2e9, 2);
+  ParallelPlan plan = read_plan(
+      Json::parse(R"({"placement": "homogeneous", "layout": {"tp": 2, "pp": 4}})"), "", "", diag);
+  REQUIRE(diag.ok());
+  plan = resolve_stage_split(plan, s.model, s.workload, s.cluster);
+  SimulateOptions options;
+  options.iterations = 1;
+  const SimulationResult folded = simulate(s, plan, options);
+  options.periodic = false;
+  const SimulationResult whole = simulate(s, plan, options);
+  REQUIRE(folded.feasible);
+  REQUIRE(whole.feasible);
+  CHECK(folded.iterations[0].simulated_microbatches == 28);
+  CHECK(folded.iterations[0].microbatches == 64);
+  CHECK(whole.iterations[0].simulated_microbatches == 0);
+  CHECK(folded.iterations[0].activities < whole.iterations[0].activities);
+  CHECK(folded.step_mean_s == doctest::Approx(whole.step_mean_s).epsilon(1e-12));
+  CHECK(folded.iterations[0].metrics.bubble_mean ==
+        doctest::Approx(whole.iterations[0].metrics.bubble_mean).epsilon(1e-9));
+  CHECK(format_simulation(folded, s).find("28 of 64 micro-batches per pipeline simulated") !=
+        std::string::npos);
+  // Samples of different lengths: every micro-batch simulated.
+  s.workload = read_workload(
+      Json::parse(
+          R"({"global_batch": 64, "max_seq_len": 512, "samples": {"text_tokens": {"dist": "uniform", "min": 64, "max": 256}}})"),
+      "", "", ".", diag);
+  REQUIRE(diag.ok());
+  options.periodic = true;
+  const SimulationResult variable = simulate(s, plan, options);
+  REQUIRE(variable.feasible);
+  CHECK(variable.iterations[0].simulated_microbatches == 0);
+  CHECK(variable.iterations[0].periodic_failure.empty());
 }
 
 TEST_CASE("--nested auto runs ring flows where timed nested collectives met other transfers") {
