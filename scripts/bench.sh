@@ -131,6 +131,9 @@ if [[ $what == scale ]]; then
   for scenario in default-1024 published/narayanan-529.6b published/narayanan-1008b default-8192; do
     measure "simulate $scenario" simulate "scenarios/$scenario.json" --iterations 1
   done
+  for scenario in published/narayanan-529.6b published/narayanan-1008b; do
+    measure "simulate --periodic off $scenario" simulate "scenarios/$scenario.json" --iterations 1 --periodic off
+  done
   measure "simulate --nested flows default-8192" simulate scenarios/default-8192.json --iterations 1 --nested flows
   out=$(mktemp -d)
   measure "sweep default.json --gpus 1024 --top 10" sweep scenarios/default.json --gpus 1024 --top 10 --out "$out/1024"

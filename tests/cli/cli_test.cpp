@@ -205,6 +205,9 @@ TEST_CASE("simulate prints the metrics and writes a Chrome trace per rank") {
   CHECK(infeasible.code == 0);
   CHECK(infeasible.output.find("infeasible: rank") != std::string::npos);
   CHECK(run("simulate " + kSource + "/scenarios/cpu-tiny.json --contention maybe").code == 2);
+  const Run periodic = run("simulate " + kSource + "/scenarios/cpu-tiny.json --periodic maybe");
+  CHECK(periodic.code == 2);
+  CHECK(periodic.output.find("--periodic on|off") != std::string::npos);
   fs::remove_all(dir.parent_path());
 }
 

@@ -482,6 +482,22 @@ TEST_CASE("on an oversubscribed fabric the simulation ranks two plans the other 
 
 namespace {
 
+const char* kSmallGpt = R"({"name": "gpt", "modules": [
+  {"name": "llm", "role": "llm", "transformer": {"layers": 8, "hidden": 256, "heads": 8, "ffn": 1024, "vocab": 1000}}]})";
+
+// One SimGrid simulation of `p`, with contention, in a child process of its own.
+Timeline simulate_in_child(const Program& p, const CostModel& cost, bool nested_flows) {
+  const ChildResult child = run_in_child(
+      [&] {
+        return serialize_timeline(run_program(p, cost, RunOptions{true, nested_flows}));
+      },
+      120);
+  REQUIRE(child.ok);
+  Timeline t = deserialize_timeline(child.output, p);
+  REQUIRE(t.error.empty());
+  return t;
+}
+
 // Simulates `plan_text` for a small GPT on fixed-length text, folded and not, and checks that
 // every rank's ops (its representative's, folded) take the same times to 1e-12.
 void check_folded_simulation(const std::string& plan_text, const ClusterSpec& c,
@@ -490,9 +506,7 @@ void check_folded_simulation(const std::string& plan_text, const ClusterSpec& c,
                  << " nodes of " << c.devices_per_node << ", oversubscription "
                  << c.inter_node.oversubscription);
   Diagnostics diag;
-  const ModelSpec gpt = read_model(Json::parse(R"({"name": "gpt", "modules": [
-    {"name": "llm", "role": "llm", "transformer": {"layers": 8, "hidden": 256, "heads": 8, "ffn": 1024, "vocab": 1000}}]})"),
-                                   "", "", diag);
+  const ModelSpec gpt = read_model(Json::parse(kSmallGpt), "", "", diag);
   const WorkloadSpec fixed = read_workload(
       Json::parse(R"({"global_batch": 16, "max_seq_len": 512, "samples": {"text_tokens": 256}})"),
       "", "", ".", diag);
@@ -506,17 +520,7 @@ void check_folded_simulation(const std::string& plan_text, const ClusterSpec& c,
   const Program folded =
       lower(gpt, c, plan, fixed, batch, nullptr, RankFolding::kIdentical).program;
   const CostModel cost = cost_for(c, &gpt);
-  auto run = [&](const Program& p) {
-    const ChildResult child = run_in_child(
-        [&] {
-          return serialize_timeline(run_program(p, cost, RunOptions{true, nested_flows}));
-        },
-        120);
-    REQUIRE(child.ok);
-    Timeline t = deserialize_timeline(child.output, p);
-    REQUIRE(t.error.empty());
-    return t;
-  };
+  auto run = [&](const Program& p) { return simulate_in_child(p, cost, nested_flows); };
   const Timeline a = run(full);
   const Timeline b = run(folded);
   CHECK(b.step_s == doctest::Approx(a.step_s).epsilon(1e-12));
@@ -569,9 +573,7 @@ PeriodicExtension check_periodic_simulation(const std::string& plan_text, const 
                  << c.inter_node.oversubscription);
   Diagnostics diag;
   Scenario s;
-  s.model = read_model(Json::parse(R"({"name": "gpt", "modules": [
-    {"name": "llm", "role": "llm", "transformer": {"layers": 8, "hidden": 256, "heads": 8, "ffn": 1024, "vocab": 1000}}]})"),
-                       "", "", diag);
+  s.model = read_model(Json::parse(kSmallGpt), "", "", diag);
   s.workload = read_workload(Json{{"global_batch", global_batch},
                                   {"max_seq_len", 512},
                                   {"samples", {{"text_tokens", 256}}}},
@@ -591,17 +593,7 @@ PeriodicExtension check_periodic_simulation(const std::string& plan_text, const 
       lower(s.model, c, how->plan, how->workload, how->batch, nullptr, RankFolding::kIdentical);
   REQUIRE(shortened.error.empty());
   const CostModel cost = cost_for(c, &s.model);
-  auto run = [&](const Program& p) {
-    const ChildResult child = run_in_child(
-        [&] {
-          return serialize_timeline(run_program(p, cost, RunOptions{true, false}));
-        },
-        120);
-    REQUIRE(child.ok);
-    Timeline t = deserialize_timeline(child.output, p);
-    REQUIRE(t.error.empty());
-    return t;
-  };
+  auto run = [&](const Program& p) { return simulate_in_child(p, cost, false); };
   Timeline short_run = run(shortened.program);
   if (perturb)  // the middle forwards of rank 0 later and later: no period repeats
     for (std::size_t i = 0; i < shortened.program.ranks[0].size(); ++i) {
@@ -673,9 +665,7 @@ TEST_CASE("simulate folds the periodic steady phase of fixed-length data, and on
   Diagnostics diag;
   Scenario s;
   s.name = "periodic";
-  s.model = read_model(Json::parse(R"({"name": "gpt", "modules": [
-    {"name": "llm", "role": "llm", "transformer": {"layers": 8, "hidden": 256, "heads": 8, "ffn": 1024, "vocab": 1000}}]})"),
-                       "", "", diag);
+  s.model = read_model(Json::parse(kSmallGpt), "", "", diag);
   s.workload = read_workload(
       Json::parse(R"({"global_batch": 64, "max_seq_len": 512, "samples": {"text_tokens": 256}})"),
       "", "", ".", diag);
