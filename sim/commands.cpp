@@ -26,13 +26,19 @@ namespace tessera::sim {
 
 namespace {
 
-// "stage layers     llm 3,5 (frozen_aware)" for a pipelined plan, else "".
+// "stage layers     llm 3,5 (frozen_aware)" for a pipelined plan, else "". Runs of stages
+// with the same count are compressed ("llm 1,2×62,1").
 std::string stage_layers_line(const ParallelPlan& plan, const ModelSpec& model, bool profile) {
   bool pipelined = plan.layout.pp * plan.layout.vpp > 1;
   for (const auto& [name, l] : plan.modules) pipelined = pipelined || l.pp * l.vpp > 1;
   if (!pipelined) return "";
-  return "stage layers     " + stage_layers_text(plan, model) + " (" +
-         enum_name(plan.stage_split, kStageSplits) +
+  // With nothing frozen the frozen-aware split is a plain cost-balanced one.
+  const bool frozen = std::any_of(model.modules.begin(), model.modules.end(),
+                                  [](const ModuleSpec& m) { return m.frozen; });
+  const std::string split = plan.stage_split == StageSplit::kFrozenAware && !frozen
+                                ? "cost-balanced; nothing is frozen"
+                                : enum_name(plan.stage_split, kStageSplits);
+  return "stage layers     " + stage_layers_text(plan, model) + " (" + split +
          (profile && plan.stage_split == StageSplit::kFrozenAware ? ", priced with the profile"
                                                                   : "") +
          (plan.schedule == Schedule::kDip ? "; DIP's search moves layers per batch from there"

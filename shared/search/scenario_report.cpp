@@ -44,7 +44,9 @@ std::string arch_summary(const ModuleSpec& m) {
 
 std::string list_groups(const std::vector<Group>& groups, int64_t max) {
   std::ostringstream out;
-  out << groups.size() << " x " << (groups.empty() ? 0 : groups.front().size()) << ": ";
+  const std::size_t size = groups.empty() ? 0 : groups.front().size();
+  out << groups.size() << (groups.size() == 1 ? " group" : " groups") << " of " << size
+      << (size == 1 ? " rank" : " ranks") << ": ";
   for (std::size_t i = 0; i < groups.size() && static_cast<int64_t>(i) < max; ++i) {
     out << (i ? " " : "") << "[";
     const Group& g = groups[i];
@@ -201,18 +203,19 @@ std::string scenario_report(const Scenario& s, const ReportOptions& options) {
   if (s.plan) {
     const ParallelPlan& p = *s.plan;
     out << "\nplan: " << enum_name(p.placement, kPlacements) << ", " << world_size(p, s.model)
-        << " ranks, schedule " << enum_name(p.schedule, kSchedules) << ", micro-batch "
-        << p.micro_batch_size << " x " << micro_batches(p, s.model, w) << "\n";
+        << " ranks, schedule " << enum_name(p.schedule, kSchedules) << ", "
+        << micro_batches(p, s.model, w) << " micro-batches of " << p.micro_batch_size
+        << (p.micro_batch_size == 1 ? " sample" : " samples") << " per replica\n";
     for (const ModuleGroups& g : rank_groups(p, s.model)) {
       out << "  " << g.module << ": ranks [" << g.first_rank << ", " << g.first_rank + g.size
           << ")\n";
-      out << "    tp " << list_groups(g.tp, options.max_groups) << "\n";
+      out << "    tp: " << list_groups(g.tp, options.max_groups) << "\n";
       if (g.cp.front().size() > 1)
-        out << "    cp " << list_groups(g.cp, options.max_groups) << "\n";
-      out << "    dp " << list_groups(g.dp, options.max_groups) << "\n";
-      out << "    pp " << list_groups(g.pp, options.max_groups) << "\n";
+        out << "    cp: " << list_groups(g.cp, options.max_groups) << "\n";
+      out << "    dp: " << list_groups(g.dp, options.max_groups) << "\n";
+      out << "    pp: " << list_groups(g.pp, options.max_groups) << "\n";
       if (g.ep.front().size() > 1)
-        out << "    ep " << list_groups(g.ep, options.max_groups) << "\n";
+        out << "    ep: " << list_groups(g.ep, options.max_groups) << "\n";
     }
   } else {
     out << "\nplan: none given\n";

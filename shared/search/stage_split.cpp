@@ -278,11 +278,23 @@ ParallelPlan resolve_stage_split(const ParallelPlan& plan, const ModelSpec& mode
 
 namespace {
 
+// "1,5,5,5,5,4,3": layers per (virtual) stage; three or more equal neighbours as "5×4".
 std::string layers_text(const ModuleLayout& l) {
   if (l.stage_layers.empty()) return "even";
   std::string out;
-  for (std::size_t i = 0; i < l.stage_layers.size(); ++i)
-    out += (i ? "," : "") + std::to_string(l.stage_layers[i]);
+  const std::vector<int64_t>& v = l.stage_layers;
+  for (std::size_t i = 0; i < v.size();) {
+    std::size_t run = 1;
+    while (i + run < v.size() && v[i + run] == v[i]) ++run;
+    const std::string one = std::to_string(v[i]);
+    out += out.empty() ? "" : ",";
+    if (run >= 3) {
+      out += one + "×" + std::to_string(run);
+    } else {
+      out += one + (run == 2 ? "," + one : "");
+    }
+    i += run;
+  }
   return out;
 }
 

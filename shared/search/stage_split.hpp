@@ -54,7 +54,8 @@ ParallelPlan resolve_stage_split(const ParallelPlan& plan, const ModelSpec& mode
                                  const CostParams* params = nullptr);
 
 // Layers per stage of each pipelined module: "llm 3,5" (homogeneous), "vision even | llm 6,6,5"
-// (non-colocated; "even" where the plan gives none).
+// (non-colocated; "even" where the plan gives none); a run of three or more stages with the same
+// count as "count×stages": "llm 1,2×62,1".
 std::string stage_layers_text(const ParallelPlan& plan, const ModelSpec& model);
 
 }  // namespace tessera

@@ -67,7 +67,7 @@ TEST_CASE("validate and show accept the default scenario") {
   CHECK(s.code == 0);
   CHECK(s.output.find("model llava-1.5-7b") != std::string::npos);
   CHECK(s.output.find("LLM sequence") != std::string::npos);
-  CHECK(s.output.find("tp 16 x 4: [0,1,2,3]") != std::string::npos);
+  CHECK(s.output.find("tp: 16 groups of 4 ranks: [0,1,2,3]") != std::string::npos);
 }
 
 TEST_CASE("lower prints the per-rank op lists; estimate prints a prediction") {
@@ -294,6 +294,12 @@ TEST_CASE("--set changes the scenario, and a --plan given beside it, before vali
   INFO(uniform.output);
   CHECK(uniform.code == 0);
   CHECK(uniform.output.find("stage layers     llm even (uniform)") != std::string::npos);
+  // 105 virtual stages of one layer each, in a model with nothing frozen.
+  const Run long_pipeline = run("estimate " + kSource +
+                                "/scenarios/published/narayanan-529.6b.json --set "
+                                "plan.stage_split=frozen_aware");
+  CHECK(long_pipeline.output.find(
+            "stage layers     llm 1×105 (cost-balanced; nothing is frozen)") != std::string::npos);
   // A change that makes the plan invalid is reported like any bad input.
   const Run bad = run(base + " --set plan.layout.pp=16");
   CHECK(bad.code == 2);
