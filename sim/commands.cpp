@@ -340,6 +340,10 @@ int run_sweep(const Args& args, std::ostream& out, std::ostream& err) {
       "placements", "homogeneous,colocated,non_colocated (default: the search space's)",
       cxxopts::value<std::vector<std::string>>())(
       "top", "plans simulated per GPU count (default: the search space's top_k)",
+      cxxopts::value<int64_t>())(
+      "refine",
+      "plans of the first ranking the second stage estimates again with Entrain, sorting, DIP "
+      "and the CP splits (0: none; default: the search space's refine.top; none in a shard)",
       cxxopts::value<int64_t>())("j,jobs", "simulations in parallel",
                                  cxxopts::value<int>()->default_value(std::to_string(
                                      std::max(1u, std::thread::hardware_concurrency()))))(
@@ -387,6 +391,7 @@ int run_sweep(const Args& args, std::ostream& out, std::ostream& err) {
       sweep.placements.push_back(p);
     }
   if (result->count("top")) sweep.top_k = (*result)["top"].as<int64_t>();
+  if (result->count("refine")) sweep.refine_top = (*result)["refine"].as<int64_t>();
   sweep.jobs = (*result)["jobs"].as<int>();
   sweep.resume = result->count("resume") > 0;
   sweep.iterations = (*result)["iterations"].as<int64_t>();
@@ -394,11 +399,11 @@ int run_sweep(const Args& args, std::ostream& out, std::ostream& err) {
   const std::string nested = (*result)["nested"].as<std::string>();
   const int64_t rows = (*result)["rows"].as<int64_t>();
   if ((result->count("top") && sweep.top_k < 1) || sweep.jobs < 1 || sweep.iterations < 1 ||
-      rows < 1 || sweep.profile_batches < 1 ||
+      rows < 1 || sweep.profile_batches < 1 || (result->count("refine") && sweep.refine_top < 0) ||
       (nested != "auto" && nested != "flows" && nested != "timed")) {
     err << options.program()
-        << ": --top, --jobs, --iterations, --profile-batches, --rows >= 1 and --nested "
-           "auto|flows|timed\n";
+        << ": --top, --jobs, --iterations, --profile-batches, --rows >= 1, --refine >= 0 and "
+           "--nested auto|flows|timed\n";
     return kBadInput;
   }
   sweep.nested = nested == "flows"   ? NestedMode::kFlows

@@ -37,6 +37,9 @@ struct SweepOptions {
   std::vector<int64_t> gpus;          // Default: the search space's, else the cluster's devices
   std::vector<Placement> placements;  // Default: the search space's
   int64_t top_k = -1;                 // Default: the search space's top_k
+  // Plans the second stage refines (SearchSpace::refine.top); -1: the search space's. A sharded
+  // run has no second stage: it needs the whole first ranking.
+  int64_t refine_top = -1;
   int jobs = 2;
   std::string out_dir;
   bool resume = false;
@@ -70,18 +73,33 @@ struct SplitGain {
   double frozen_aware_s = 0, uniform_s = 0;
 };
 
+// The search's second stage: a costlier technique tried on a plan of the first ranking
+// (SearchSpace::refine), by the analytic estimate.
+struct TechniqueGain {
+  Json point;
+  int64_t gpus = 0;
+  ParallelPlan base;
+  double base_s = 0;
+  std::string technique;  // "entrain", "dip+sorted", "cp zigzag", ...
+  double variant_s = 0;
+};
+
 struct SweepResult {
   std::vector<SweepRow> rows;  // every simulated plan, grouped by grid point, best first
   std::map<std::string, int64_t> rejected;
   int64_t considered = 0, valid = 0, ranked = 0;
   std::vector<EstimatedPlan> estimated;  // every plan that was estimated
   std::vector<SplitGain> split_gains;    // the best pipelined plans, per GPU count and point
+  // The second stage: plans refined, variants estimated (and how many did not fit or were
+  // refused), what each technique did to its base plan.
+  int64_t refined_bases = 0, refined = 0, refined_rejected = 0;
+  std::vector<TechniqueGain> technique_gains;
   // --profile-batches > 1: the encoders' mean share of the work, per grid point
   std::vector<std::pair<Json, double>> encoder_shares;
   int64_t top_k = 0;
   std::string out_dir;
-  double enumerate_s = 0, estimate_s = 0, simulate_s = 0;  // wall time of the three phases
-  int64_t simulated = 0;                                   // simulations run by this invocation
+  double enumerate_s = 0, estimate_s = 0, refine_s = 0, simulate_s = 0;  // wall time per phase
+  int64_t simulated = 0;  // simulations run by this invocation
 };
 
 // Writes results.jsonl (whole), results.csv, summary.json and report.html for `result`.

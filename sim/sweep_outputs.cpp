@@ -10,6 +10,7 @@
 #include "shared/base/check.hpp"
 #include "shared/search/scenario_report.hpp"
 #include "sim/sweep.hpp"
+#include "sim/sweep_families.hpp"
 #include "sim/sweep_report.hpp"
 
 namespace tessera::sim {
@@ -153,8 +154,9 @@ std::string merge_sweeps(const std::vector<std::string>& dirs, const std::string
     for (SweepRow& row : load_sweep_rows((fs::path(dir) / "results.jsonl").string()))
       if (seen.insert(row.key).second) rows.push_back(std::move(row));
   }
-  // Each shard simulated its own best K by estimate, so the best K overall are among them:
-  // keep, per (grid point, GPU count), the K best estimates — exactly what one run simulates.
+  // Each shard simulated its own best K by estimate and its best plan of each placement family,
+  // so the best K overall and each family's best are among them: keep, per (grid point, GPU
+  // count), those — exactly what one run simulates.
   std::map<std::pair<std::string, int64_t>, std::vector<SweepRow>> groups;
   for (SweepRow& row : rows) groups[{row.point.dump(), row.gpus}].push_back(std::move(row));
   for (auto& [key, group] : groups) {
@@ -162,9 +164,12 @@ std::string merge_sweeps(const std::vector<std::string>& dirs, const std::string
       return a.estimate_step_s != b.estimate_step_s ? a.estimate_step_s < b.estimate_step_s
                                                     : a.key < b.key;
     });
-    if (static_cast<int64_t>(group.size()) > merged.top_k)
-      group.resize(static_cast<std::size_t>(merged.top_k));
-    for (SweepRow& row : group) merged.rows.push_back(std::move(row));
+    std::set<Placement> families;
+    for (std::size_t i = 0; i < group.size(); ++i)
+      if (static_cast<int64_t>(i) < merged.top_k || families.count(group[i].plan.placement) == 0) {
+        families.insert(group[i].plan.placement);
+        merged.rows.push_back(std::move(group[i]));
+      }
   }
   sort_rows(merged.rows);
   Diagnostics diag;
@@ -183,8 +188,38 @@ std::string format_sweep(const SweepResult& r, const Scenario& s, std::size_t sh
   out << "; " << rejected << " rejected:";
   for (const auto& [reason, count] : r.rejected) out << " " << count << " " << reason << ",";
   out.seekp(-1, std::ios_base::end);
-  out << "\n\n";
+  out << "\n";
+  if (r.refined_bases > 0)
+    out << "second stage: the best " << r.refined_bases
+        << " plans (each placement family's best among them) tried with Entrain, sorted "
+           "micro-batches, DIP and CP splits: "
+        << r.refined << " variants, " << r.refined - r.refined_rejected << " estimated, "
+        << r.refined_rejected << " did not fit or were refused\n";
+  out << "\n";
   char line[512];
+  // The families side by side first: the best simulated plan of each, and why the fastest wins.
+  for (const auto& group : family_bests(r.rows)) {
+    const SweepRow& first = *group.front();
+    std::string where;
+    for (const auto& item : first.point.items())
+      where += (where.empty() ? " at " : ", ") + item.key() + "=" + item.value().dump();
+    out << "best of each placement family on " << first.gpus << " GPUs" << where
+        << " (simulated; per rank and step: compute, exposed communication, idle):\n";
+    for (const SweepRow* row : group) {
+      const StepParts parts = step_parts(*row);
+      char step[32];
+      std::snprintf(step, sizeof step, "%.4g s", row->step_s);
+      std::snprintf(line, sizeof line,
+                    "  %-14s %-56s %-10s %-10.4g tokens/s  %.3g + %.3g + %.3g s\n",
+                    enum_name(row->plan.placement, kPlacements).c_str(),
+                    describe_layout(row->plan, s.model).c_str(), step, row->tokens_per_s,
+                    parts.compute_s, parts.exposed_s, parts.idle_s);
+      out << line;
+    }
+    for (std::size_t i = 1; i < group.size(); ++i)
+      out << "  " << why_faster(*group.front(), *group[i]) << "\n";
+    out << "\n";
+  }
   const bool points = std::any_of(r.rows.begin(), r.rows.end(),
                                   [](const SweepRow& row) { return !row.point.empty(); });
   std::snprintf(line, sizeof line,
@@ -239,36 +274,23 @@ std::string format_sweep(const SweepResult& r, const Scenario& s, std::size_t sh
         100 * share, point.empty() ? "" : " at ", point.empty() ? "" : point.dump().c_str());
     out << line;
   }
-  // The best homogeneous plan beside the best heterogeneous one.
-  const SweepRow* homogeneous = nullptr;
-  const SweepRow* heterogeneous = nullptr;
-  for (const SweepRow& row : r.rows) {
-    if (!row.ok) continue;
-    if (row.plan.placement == Placement::kHomogeneous && homogeneous == nullptr) homogeneous = &row;
-    if (row.plan.placement != Placement::kHomogeneous && heterogeneous == nullptr)
-      heterogeneous = &row;
-  }
-  if (homogeneous != nullptr && heterogeneous != nullptr) {
-    std::snprintf(line, sizeof line,
-                  "\nbest heterogeneous (%s, %s) vs best homogeneous (%s): %.2fx tokens/s\n",
-                  enum_name(heterogeneous->plan.placement, kPlacements).c_str(),
-                  describe_layout(heterogeneous->plan, s.model).c_str(),
-                  describe_layout(homogeneous->plan, s.model).c_str(),
-                  heterogeneous->tokens_per_s / homogeneous->tokens_per_s);
-    out << line;
+  if (const std::vector<std::string> lines = technique_lines(r, s.model); !lines.empty()) {
+    out << "\nwhat the second stage's techniques did to each family's best first-stage plan "
+           "(analytic estimate, speed-up):\n";
+    for (const std::string& l : lines) out << l << "\n";
   }
   if (r.enumerate_s + r.estimate_s + r.simulate_s > 0) {
     auto rate = [](double n, double seconds) { return seconds > 0 ? n / seconds : 0.0; };
-    std::snprintf(line, sizeof line,
-                  "\ntiming: enumerated and validated %lld in %.2f s (%.0f/s), estimated %lld in "
-                  "%.2f s (%.0f/s), "
-                  "simulated %lld in %.2f s (%.1f/s)\n",
-                  static_cast<long long>(r.considered), r.enumerate_s,
-                  rate(static_cast<double>(r.considered), r.enumerate_s),
-                  static_cast<long long>(r.valid), r.estimate_s,
-                  rate(static_cast<double>(r.valid), r.estimate_s),
-                  static_cast<long long>(r.simulated), r.simulate_s,
-                  rate(static_cast<double>(r.simulated), r.simulate_s));
+    std::snprintf(
+        line, sizeof line,
+        "\ntiming: enumerated and validated %lld in %.2f s (%.0f/s), estimated %lld in "
+        "%.2f s (%.0f/s), refined %lld in %.2f s, "
+        "simulated %lld in %.2f s (%.1f/s)\n",
+        static_cast<long long>(r.considered), r.enumerate_s,
+        rate(static_cast<double>(r.considered), r.enumerate_s), static_cast<long long>(r.valid),
+        r.estimate_s, rate(static_cast<double>(r.valid), r.estimate_s),
+        static_cast<long long>(r.refined), r.refine_s, static_cast<long long>(r.simulated),
+        r.simulate_s, rate(static_cast<double>(r.simulated), r.simulate_s));
     out << line;
   }
   out << "\nreport: " << r.out_dir

@@ -28,6 +28,54 @@ std::string split_free_key(const ParallelPlan& plan) {
   return to_json(p).dump();
 }
 
+// The search's second stage (SearchSpace::refine) on one ranking: its best `refine.top` plans
+// and each placement family's best, again with the costlier techniques; the variants that fit
+// join the ranking, which is sorted again, and what each technique did is recorded.
+template <class Report>
+void refine(const Scenario& s, const SearchSpace& space, const Json& point, int64_t gpus,
+            const std::string& what, const SweepOptions& options,
+            std::vector<RankedCandidate>& ranked, SweepResult& result, const Report& report) {
+  const int64_t top = options.refine_top >= 0 ? options.refine_top : space.refine.top;
+  if (top <= 0 || ranked.empty()) return;
+  std::vector<const Candidate*> bases;
+  std::vector<double> base_s;
+  std::set<Placement> families;
+  std::set<std::string> known;
+  for (std::size_t i = 0; i < ranked.size(); ++i) {
+    const Candidate& c = ranked[i].candidate;
+    known.insert(c.key);
+    if (static_cast<int64_t>(i) < top || families.count(c.plan.placement) == 0) {
+      bases.push_back(&c);
+      base_s.push_back(ranked[i].estimate.metrics.step_s);
+      families.insert(c.plan.placement);
+    }
+  }
+  std::vector<Refinement> variants = refinements(s, space, bases, gpus, known);
+  result.refined_bases += static_cast<int64_t>(bases.size());
+  std::map<std::string, const Refinement*> by_key;
+  std::vector<Candidate> candidates;
+  for (const Refinement& v : variants) {
+    by_key[v.candidate.key] = &v;
+    candidates.push_back(v.candidate);
+  }
+  report("refined", what, 0, candidates.size(), "");
+  std::map<std::string, int64_t> rejected;
+  std::vector<RankedCandidate> more = rank_candidates(
+      s, std::move(candidates), 0, rejected, options.jobs, options.cost ? &*options.cost : nullptr,
+      options.profile_batches,
+      [&](std::size_t done, std::size_t total) { report("refined", what, done, total, ""); });
+  if (variants.empty()) report("refined", what, 0, 0, "");
+  for (const auto& [reason, count] : rejected) result.refined_rejected += count;
+  result.refined += static_cast<int64_t>(variants.size());
+  for (const RankedCandidate& rc : more) {
+    const Refinement& v = *by_key.at(rc.candidate.key);
+    result.technique_gains.push_back({point, gpus, bases[v.base]->plan, base_s[v.base], v.technique,
+                                      rc.estimate.metrics.step_s});
+  }
+  for (RankedCandidate& rc : more) ranked.push_back(std::move(rc));
+  sort_by_estimate(ranked);
+}
+
 }  // namespace
 
 std::vector<Json> grid_points(const std::vector<SetAxis>& axes) {
@@ -127,6 +175,12 @@ std::vector<ChosenPlan> plan_sweep(const Scenario& base, const SweepOptions& opt
       result.estimate_s += seconds_since(phase);
       for (const auto& [reason, count] : rejected_here) result.rejected[reason] += count;
       result.ranked += static_cast<int64_t>(ranked.size());
+      // Second stage: the most promising plans with the costlier techniques (not in a shard,
+      // which holds part of the first ranking only).
+      phase = std::chrono::steady_clock::now();
+      if (options.shard_count == 1)
+        refine(*s, space, point, g, what, options, ranked, result, report);
+      result.refine_s += seconds_since(phase);
       const ModuleSpec* llm = find_llm(s->model);
       for (const RankedCandidate& rc : ranked) {
         const ParallelPlan& p = rc.candidate.plan;
@@ -143,9 +197,15 @@ std::vector<ChosenPlan> plan_sweep(const Scenario& base, const SweepOptions& opt
       for (std::size_t i = 0; i < ranked.size(); ++i)
         if (ranked[i].candidate.plan.stage_split == StageSplit::kUniform)
           uniform_twin.emplace(split_free_key(ranked[i].candidate.plan), i);
+      // The best K, and the best plan of each placement family even when it ranks lower.
       std::set<std::size_t> picked;
-      for (std::size_t i = 0; i < ranked.size() && static_cast<int64_t>(i) < top_k; ++i)
-        picked.insert(i);
+      std::set<Placement> families;
+      for (std::size_t i = 0; i < ranked.size(); ++i)
+        if (static_cast<int64_t>(i) < top_k ||
+            families.count(ranked[i].candidate.plan.placement) == 0) {
+          picked.insert(i);
+          families.insert(ranked[i].candidate.plan.placement);
+        }
       std::size_t compared = 0;
       for (std::size_t i = 0; i < ranked.size() && compared < 3; ++i) {
         const ParallelPlan& p = ranked[i].candidate.plan;

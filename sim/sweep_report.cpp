@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "shared/search/scenario_report.hpp"
+#include "sim/sweep_families.hpp"
 
 namespace tessera::sim {
 
@@ -99,6 +100,46 @@ std::string line_chart(const std::string& title, const std::string& y_label,
   return svg.str();
 }
 
+// One bar per family: what a single GPU count (or grid point) has instead of a line.
+std::string bar_chart(const std::string& title, const std::string& y_label,
+                      const std::map<std::string, double>& bars) {
+  const double w = 640, h = 320, left = 80, top = 40, bottom = 50;
+  double y_max = 0;
+  for (const auto& [name, v] : bars) y_max = std::max(y_max, v);
+  if (y_max <= 0) y_max = 1;
+  const double slot = (w - left - 40) / static_cast<double>(std::max<std::size_t>(1, bars.size()));
+  auto y_at = [&](double v) { return top + (h - top - bottom) * (1 - v / (y_max * 1.1)); };
+  std::ostringstream svg;
+  svg << "<svg xmlns='http://www.w3.org/2000/svg' width='" << w << "' height='" << h << "'>";
+  svg << "<text x='" << w / 2 << "' y='20' text-anchor='middle' font-weight='bold'>" << esc(title)
+      << "</text>";
+  svg << "<line x1='" << left << "' y1='" << h - bottom << "' x2='" << w - 40 << "' y2='"
+      << h - bottom << "' stroke='#333'/>";
+  for (int t = 0; t <= 4; ++t) {
+    const double v = y_max * 1.1 * t / 4;
+    svg << "<text x='" << left - 6 << "' y='" << y_at(v) + 4
+        << "' text-anchor='end' font-size='11'>" << human_si(v) << "</text>";
+    svg << "<line x1='" << left << "' y1='" << y_at(v) << "' x2='" << w - 40 << "' y2='" << y_at(v)
+        << "' stroke='#eee'/>";
+  }
+  svg << "<text x='20' y='" << (top + h - bottom) / 2 << "' transform='rotate(-90 20 "
+      << (top + h - bottom) / 2 << ")' text-anchor='middle' font-size='12'>" << esc(y_label)
+      << "</text>";
+  int k = 0;
+  for (const auto& [name, v] : bars) {
+    const double x = left + slot * (k + 0.2), width = slot * 0.6;
+    svg << "<rect x='" << x << "' y='" << y_at(v) << "' width='" << width << "' height='"
+        << h - bottom - y_at(v) << "' fill='" << kColors[k % 6] << "'/>";
+    svg << "<text x='" << x + width / 2 << "' y='" << y_at(v) - 5
+        << "' text-anchor='middle' font-size='11'>" << human_si(v) << "</text>";
+    svg << "<text x='" << x + width / 2 << "' y='" << h - bottom + 18
+        << "' text-anchor='middle' font-size='12'>" << esc(name) << "</text>";
+    ++k;
+  }
+  svg << "</svg>";
+  return svg.str();
+}
+
 // Best estimated tokens/s of homogeneous plans per (TP, PP).
 std::string heat_map(const std::vector<EstimatedPlan>& estimated) {
   std::map<std::pair<int64_t, int64_t>, double> best;
@@ -155,18 +196,18 @@ std::string heat_map(const std::vector<EstimatedPlan>& estimated) {
 
 // Step time of the top plans split into compute, exposed communication, boundary transfers
 // and other idle time (pipeline bubble and load imbalance).
-std::string breakdown(const std::vector<const SweepRow*>& rows, const ModelSpec& model) {
+std::string breakdown(const std::vector<const SweepRow*>& rows, const ModelSpec& model,
+                      const std::string& title) {
   if (rows.empty()) return "";
   double longest = 0;
   for (const SweepRow* r : rows) longest = std::max(longest, r->step_s);
-  const double bar = 22, left = 260, width = 420, top = 40;
+  const double bar = 22, left = 330, width = 420, top = 40;
   const double h = top + bar * 1.5 * static_cast<double>(rows.size()) + 40;
   std::ostringstream svg;
   svg << "<svg xmlns='http://www.w3.org/2000/svg' width='" << left + 640 << "' height='" << h
       << "'>";
-  svg << "<text x='" << (left + width) / 2
-      << "' y='20' text-anchor='middle' font-weight='bold'>Step time of the top plans (mean over "
-         "ranks)</text>";
+  svg << "<text x='" << (left + width) / 2 << "' y='20' text-anchor='middle' font-weight='bold'>"
+      << esc(title) << "</text>";
   const char* names[] = {"compute", "exposed communication", "boundary", "bubble and imbalance"};
   const char* colors[] = {"#4c78a8", "#e45756", "#f58518", "#bab0ac"};
   for (std::size_t i = 0; i < rows.size(); ++i) {
@@ -177,7 +218,8 @@ std::string breakdown(const std::vector<const SweepRow*>& rows, const ModelSpec&
                             std::max(0.0, r.step_s - r.compute_s - r.exposed_comm_s)};
     svg << "<text x='" << left - 6 << "' y='" << y + bar * 0.7
         << "' text-anchor='end' font-size='11'>" << i + 1 << ". "
-        << esc(describe_layout(r.plan, model)) << "</text>";
+        << esc(enum_name(r.plan.placement, kPlacements) + " " + describe_layout(r.plan, model))
+        << "</text>";
     double x = left;
     for (int k = 0; k < 4; ++k) {
       const double len = width * parts[k] / longest;
@@ -220,6 +262,45 @@ std::string sweep_report_html(const SweepResult& r, const Scenario& s) {
     first = false;
   }
   html << ").</p>";
+  if (r.refined_bases > 0)
+    html << "<p>Second stage: the best " << r.refined_bases
+         << " plans of the first ranking (each placement family's best among them) again with "
+            "Entrain, sorted micro-batches, DIP and the CP splits: "
+         << r.refined << " variants, " << r.refined - r.refined_rejected << " estimated.</p>";
+
+  // First the families side by side: each one's best simulated plan, and why the fastest wins.
+  for (const auto& group : family_bests(r.rows)) {
+    const SweepRow& lead = *group.front();
+    std::string where;
+    for (const auto& item : lead.point.items())
+      where += (where.empty() ? " at " : ", ") + item.key() + "=" + item.value().dump();
+    html << "<h2>Best plan of each placement family on " << lead.gpus << " GPUs" << esc(where)
+         << "</h2><table class='families'><tr><th>placement</th><th>layout</th><th>step "
+            "(s)</th><th>tokens/s</th><th>TFLOP/s/GPU</th><th>compute (s)</th><th>exposed comm "
+            "(s)</th><th>idle (s)</th></tr>";
+    for (const SweepRow* row : group) {
+      const StepParts parts = step_parts(*row);
+      html << "<tr><td class='l'>" << enum_name(row->plan.placement, kPlacements)
+           << "</td><td class='l'>" << esc(describe_layout(row->plan, s.model)) << "</td><td>"
+           << num(row->step_s, "%.4g") << "</td><td>" << num(row->tokens_per_s, "%.4g")
+           << "</td><td>" << num(row->tflops_per_device, "%.4g") << "</td><td>"
+           << num(parts.compute_s) << "</td><td>" << num(parts.exposed_s) << "</td><td>"
+           << num(parts.idle_s) << "</td></tr>";
+    }
+    html << "</table><ul class='why'>";
+    for (std::size_t i = 1; i < group.size(); ++i)
+      html << "<li>" << esc(why_faster(lead, *group[i])) << "</li>";
+    html << "</ul><div class='charts'>"
+         << breakdown(group, s.model, "Where each family's best step goes (mean over ranks)")
+         << "</div>";
+  }
+  if (const std::vector<std::string> lines = technique_lines(r, s.model); !lines.empty()) {
+    html << "<h2>What the second stage's techniques did</h2><p>Each family's best first-stage "
+            "plan with Entrain, sorted micro-batches, DIP or another CP split: speed-up by the "
+            "analytic estimate.</p><ul>";
+    for (const std::string& l : lines) html << "<li>" << esc(l) << "</li>";
+    html << "</ul>";
+  }
 
   // Chart 1: best simulated tokens/s per placement family against GPU count, or against the
   // grid point when the sweep has a --set axis.
@@ -254,18 +335,27 @@ std::string sweep_report_html(const SweepResult& r, const Scenario& s) {
   std::string axis = "GPU count";
   if (by_point)
     for (const auto& item : r.rows.front().point.items()) axis = item.key();
-  html << "<div class='charts'>"
-       << line_chart("Best simulated throughput per placement vs " + axis, "tokens/s", xs, series);
+  html << "<div class='charts'>";
+  if (xs.size() == 1) {  // one GPU count: a bar per family
+    std::map<std::string, double> bars;
+    for (const auto& [family, values] : best) bars[family] = values.begin()->second;
+    html << bar_chart("Best simulated throughput per placement (" + xs.front() + ")", "tokens/s",
+                      bars);
+  } else {
+    html << line_chart("Best simulated throughput per placement vs " + axis, "tokens/s", xs,
+                       series);
+  }
   html << heat_map(r.estimated) << "</div>";
   std::vector<const SweepRow*> top;
   for (const SweepRow& row : r.rows)
     if (row.ok && top.size() < 10) top.push_back(&row);
-  html << "<div class='charts'>" << breakdown(top, s.model) << "</div>";
+  html << "<div class='charts'>"
+       << breakdown(top, s.model, "Step time of the top plans (mean over ranks)") << "</div>";
 
   html << "<h2>Simulated "
           "plans</h2><table><tr><th>#</th><th>point</th><th>GPUs</th><th>placement</th><th>layout</"
           "th><th>MBS</th><th>GBS</th>"
-       << "<th>schedule</th><th>step "
+       << "<th>schedule</th><th>micro-batching</th><th>recompute</th><th>SP</th><th>step "
           "(s)</th><th>tokens/s</th><th>TFLOP/s/GPU</th><th>MFU</th><th>peak memory</th><th>idle "
           "%</th></tr>";
   for (std::size_t i = 0; i < r.rows.size(); ++i) {
@@ -277,7 +367,10 @@ std::string sweep_report_html(const SweepResult& r, const Scenario& s) {
          << "</td><td class='l'>" << enum_name(row.plan.placement, kPlacements)
          << "</td><td class='l'>" << esc(describe_layout(row.plan, s.model)) << "</td><td>"
          << row.plan.micro_batch_size << "</td><td>" << row.global_batch << "</td><td class='l'>"
-         << enum_name(row.plan.schedule, kSchedules) << "</td>";
+         << enum_name(row.plan.schedule, kSchedules) << "</td><td class='l'>"
+         << enum_name(row.plan.microbatching, kMicrobatching) << "</td><td class='l'>"
+         << enum_name(row.plan.recompute, kRecomputes) << "</td><td class='l'>"
+         << (row.plan.sequence_parallel ? "yes" : "no") << "</td>";
     if (row.ok) {
       html << "<td>" << num(row.step_s, "%.4g") << "</td><td>" << num(row.tokens_per_s, "%.4g")
            << "</td><td>" << num(row.tflops_per_device, "%.4g") << "</td><td>"

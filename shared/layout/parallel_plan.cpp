@@ -256,6 +256,24 @@ bool stage_split_resolved(const ParallelPlan& plan, const ModelSpec& model) {
   return true;
 }
 
+std::vector<int64_t> even_stage_layers(int64_t layers, int64_t chunks) {
+  std::vector<int64_t> out;
+  for (int64_t k = 0; k < chunks; ++k)
+    out.push_back(layers / chunks + (k < layers % chunks ? 1 : 0));
+  return out;
+}
+
+bool splits_evenly(const ParallelPlan& plan, const ModelSpec& model) {
+  const auto even = [](const ModuleLayout& l, const ModuleSpec* m) {
+    return l.stage_layers.empty() || m == nullptr || !m->transformer ||
+           l.stage_layers == even_stage_layers(m->transformer->layers, l.pp * l.vpp);
+  };
+  if (plan.placement == Placement::kHomogeneous) return even(plan.layout, find_llm(model));
+  return std::all_of(plan.modules.begin(), plan.modules.end(), [&](const auto& named) {
+    return even(named.second, find_module(model, named.first));
+  });
+}
+
 int64_t world_size(const ParallelPlan& plan, const ModelSpec& model) {
   if (plan.placement == Placement::kHomogeneous) return plan.layout.size();
   Diagnostics ignored;

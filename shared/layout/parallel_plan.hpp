@@ -138,6 +138,12 @@ bool stage_split_pending(const ParallelPlan& plan, const ModuleLayout& layout,
                          const ModuleSpec& module);
 // No layout of the plan has its stage split pending.
 bool stage_split_resolved(const ParallelPlan& plan, const ModelSpec& model);
+// Layers of each of `chunks` (virtual) stages when the plan gives none: as even as possible,
+// earlier stages taking the remainder.
+std::vector<int64_t> even_stage_layers(int64_t layers, int64_t chunks);
+// Whether every layout's stage boundaries are the even ones (given as such, or none given): a
+// resolved frozen-aware plan that is the same plan as its uniform twin.
+bool splits_evenly(const ParallelPlan& plan, const ModelSpec& model);
 // Micro-batches per iteration (explicit or derived). REQUIRES: plan validated.
 int64_t micro_batches(const ParallelPlan& plan, const ModelSpec& model,
                       const WorkloadSpec& workload);

@@ -6,16 +6,19 @@ namespace tessera {
 
 namespace {
 
-// A non-empty array of enum names under `key`, replacing `out` when present.
+// An array of enum names under `key` (non-empty unless `may_be_empty`), replacing `out` when
+// present.
 template <class E>
 void read_enum_list(ObjectReader& r, std::string_view key, std::vector<E>& out,
-                    const EnumTable<E>& table) {
+                    const EnumTable<E>& table, bool may_be_empty = false) {
   const Json* v = r.find(key);
   if (v == nullptr) return;
-  if (!v->is_array() || v->empty()) {
+  if (!v->is_array() || (v->empty() && !may_be_empty)) {
     std::string names;
     for (const std::string& n : enum_names(table)) names += (names.empty() ? "" : ", ") + n;
-    return r.error(key, "expected a non-empty array of " + names);
+    return r.error(key, std::string(may_be_empty ? "expected an array of "
+                                                 : "expected a non-empty array of ") +
+                            names);
   }
   out.clear();
   for (std::size_t i = 0; i < v->size(); ++i) {
@@ -77,6 +80,17 @@ SearchSpace read_search_space(const Json& json, const std::string& file, const s
       diag.error(file, index_path(r.path_of("homogeneous_schedules"), i),
                  "must be 1f1b (interleaved where vpp > 1) or dip");
   if (r.optional("top_k", s.top_k)) r.check_positive("top_k", s.top_k);
+  if (const Json* refine = r.find("refine"); refine != nullptr) {
+    ObjectReader rr(*refine, file, r.path_of("refine"), diag);
+    if (rr.valid()) {
+      if (rr.optional("top", s.refine.top) && s.refine.top < 0)
+        rr.error("top", "must be >= 0 (0: no second stage)");
+      read_enum_list(rr, "microbatching", s.refine.microbatching, kMicrobatching, true);
+      rr.optional("dip", s.refine.dip);
+      read_enum_list(rr, "cp_splits", s.refine.cp_splits, kCpSplits, true);
+      rr.finish();
+    }
+  }
   r.finish();
   return s;
 }
@@ -99,6 +113,10 @@ Json to_json(const SearchSpace& s) {
   j["microbatching"] = enum_list(s.microbatching, kMicrobatching);
   j["homogeneous_schedules"] = enum_list(s.homogeneous_schedules, kSchedules);
   j["top_k"] = s.top_k;
+  j["refine"] = {{"top", s.refine.top},
+                 {"microbatching", enum_list(s.refine.microbatching, kMicrobatching)},
+                 {"dip", s.refine.dip},
+                 {"cp_splits", enum_list(s.refine.cp_splits, kCpSplits)}};
   return j;
 }
 

@@ -38,6 +38,18 @@ struct SearchSpace {
   // (encoder segments on the LLM's stages, searched per batch; slower to estimate).
   std::vector<Schedule> homogeneous_schedules = {Schedule::k1F1B};
   int64_t top_k = 16;  // best plans by the analytic estimate that get a full simulation
+  // Two-stage search: the best `refine.top` plans of the first ranking, and each placement
+  // family's best, are estimated again with the costlier techniques — each micro-batching policy
+  // listed, DIP (pipelined homogeneous plans of models with encoders), with each policy too, and
+  // each CP split listed (plans with cp > 1) — and ranked with the rest.
+  struct Refine {
+    int64_t top = 16;  // 0: no second stage
+    std::vector<MicrobatchPolicy> microbatching = {MicrobatchPolicy::kSorted,
+                                                   MicrobatchPolicy::kEntrain};
+    bool dip = true;
+    std::vector<CpSplit> cp_splits = {CpSplit::kUniform, CpSplit::kZigzag};
+    bool operator==(const Refine&) const = default;
+  } refine;
 
   bool operator==(const SearchSpace&) const = default;
 };

@@ -42,11 +42,12 @@ void Lowering::place(const std::vector<PlacedModule>& placed) {
     // A module without layers (a projector) borrows its host's layout but none of its layers.
     const bool plan_given =
         !m.layout.stage_layers.empty() && split && !dip_encoder(m) && layers > 0;
+    const std::vector<int64_t> even = even_stage_layers(layers, chunks);
     int64_t begin = 0;
     for (int64_t k = 0; k < chunks; ++k) {
       const int64_t n = dip_given    ? dip_layers->second[static_cast<std::size_t>(k)]
                         : plan_given ? m.layout.stage_layers[static_cast<std::size_t>(k)]
-                                     : layers / chunks + (k < layers % chunks ? 1 : 0);
+                                     : even[static_cast<std::size_t>(k)];
       m.chunk_layers.emplace_back(begin, begin + n);
       begin += n;
     }

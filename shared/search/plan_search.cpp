@@ -50,6 +50,11 @@ std::vector<LlmChoice> llm_choices(const SearchSpace& space, int64_t gpus) {
   return out;
 }
 
+// A candidate's stable id: the canonical JSON of (gpus, plan).
+std::string candidate_key(int64_t gpus, const ParallelPlan& plan) {
+  return Json{{"gpus", gpus}, {"plan", to_json(plan)}}.dump();
+}
+
 void base_options(ParallelPlan& p, const LlmChoice& c) {
   p.micro_batch_size = c.mbs;
   p.recompute = c.recompute;
@@ -108,8 +113,15 @@ Enumeration enumerate_plans(const Scenario& s, const SearchSpace& space, int64_t
     }
     // Frozen-aware boundaries go into the plan, so a run of it uses them as they are.
     plan = resolve_stage_split(plan, s.model, s.workload, cluster, cost);
-    const Json key = {{"gpus", gpus}, {"plan", to_json(plan)}};
-    e.valid.push_back({key.dump(), gpus, std::move(plan)});
+    // Where they come out even, the plan is its uniform twin: considered once, as that.
+    if (plan.stage_split == StageSplit::kFrozenAware && splits_evenly(plan, s.model) &&
+        std::find(space.stage_splits.begin(), space.stage_splits.end(), StageSplit::kUniform) !=
+            space.stage_splits.end()) {
+      ++e.rejected["same as its uniform split"];
+      return;
+    }
+    std::string key = candidate_key(gpus, plan);
+    e.valid.push_back({std::move(key), gpus, std::move(plan)});
   };
   // A pipelined plan once per stage split of the space, a context-parallel one once per CP
   // split; others once.
@@ -206,6 +218,56 @@ Enumeration enumerate_plans(const Scenario& s, const SearchSpace& space, int64_t
   return e;
 }
 
+std::vector<Refinement> refinements(const Scenario& s, const SearchSpace& space,
+                                    const std::vector<const Candidate*>& bases, int64_t gpus,
+                                    const std::set<std::string>& known) {
+  const ClusterSpec cluster = cluster_with_devices(s.cluster, gpus);
+  const bool has_encoders =
+      std::any_of(s.model.modules.begin(), s.model.modules.end(),
+                  [](const ModuleSpec& m) { return m.role == ModuleRole::kEncoder; });
+  std::vector<Refinement> out;
+  std::set<std::string> seen = known;
+  for (std::size_t b = 0; b < bases.size(); ++b) {
+    const ParallelPlan& base = bases[b]->plan;
+    std::vector<std::pair<std::string, ParallelPlan>> variants;
+    const auto with_policy = [](ParallelPlan p, MicrobatchPolicy policy) {
+      p.microbatching = policy;
+      return p;
+    };
+    for (MicrobatchPolicy policy : space.refine.microbatching)
+      if (policy != base.microbatching)
+        variants.emplace_back(enum_name(policy, kMicrobatching), with_policy(base, policy));
+    if (space.refine.dip && has_encoders && base.placement == Placement::kHomogeneous &&
+        base.layout.pp > 1 && base.schedule != Schedule::kDip) {
+      ParallelPlan dip = base;
+      dip.schedule = Schedule::kDip;
+      variants.emplace_back("dip", dip);
+      for (MicrobatchPolicy policy : space.refine.microbatching)
+        if (policy != base.microbatching)
+          variants.emplace_back("dip+" + enum_name(policy, kMicrobatching),
+                                with_policy(dip, policy));
+    }
+    bool context = base.layout.cp > 1;
+    for (const auto& [name, l] : base.modules) context = context || l.cp > 1;
+    if (context)
+      for (CpSplit split : space.refine.cp_splits)
+        if (split != base.cp_split) {
+          ParallelPlan p = base;
+          p.cp_split = split;
+          variants.emplace_back("cp " + enum_name(split, kCpSplits), p);
+        }
+    for (auto& [technique, plan] : variants) {
+      Diagnostics diag;
+      validate_plan(plan, s.model, s.workload, cluster, "", "", diag);
+      if (!diag.ok()) continue;
+      std::string key = candidate_key(gpus, plan);
+      if (!seen.insert(key).second) continue;
+      out.push_back({{std::move(key), gpus, std::move(plan)}, b, technique});
+    }
+  }
+  return out;
+}
+
 std::vector<RankedCandidate> rank_candidates(const Scenario& s, std::vector<Candidate> candidates,
                                              int64_t iteration,
                                              std::map<std::string, int64_t>& rejected, int threads,
@@ -266,13 +328,17 @@ std::vector<RankedCandidate> rank_candidates(const Scenario& s, std::vector<Cand
     }
     ranked.push_back({std::move(candidates[i]), std::move(e)});
   }
+  sort_by_estimate(ranked);
+  return ranked;
+}
+
+void sort_by_estimate(std::vector<RankedCandidate>& ranked) {
   std::stable_sort(ranked.begin(), ranked.end(),
                    [](const RankedCandidate& a, const RankedCandidate& b) {
                      if (a.estimate.metrics.step_s != b.estimate.metrics.step_s)
                        return a.estimate.metrics.step_s < b.estimate.metrics.step_s;
                      return a.candidate.key < b.candidate.key;
                    });
-  return ranked;
 }
 
 }  // namespace tessera

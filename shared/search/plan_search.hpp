@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -38,6 +39,19 @@ ClusterSpec cluster_with_devices(const ClusterSpec& cluster, int64_t gpus);
 Enumeration enumerate_plans(const Scenario& scenario, const SearchSpace& space, int64_t gpus,
                             const CostParams* cost = nullptr, double encoder_share = 0);
 
+// The second stage of the search (SearchSpace::refine): each of `bases` again with one costlier
+// technique, or DIP with a micro-batching policy — every variant that validates on `gpus`
+// devices and is not among `known` (candidate keys), with the technique it tries ("entrain",
+// "dip+sorted", "cp zigzag") and the index of its base.
+struct Refinement {
+  Candidate candidate;
+  std::size_t base = 0;
+  std::string technique;
+};
+std::vector<Refinement> refinements(const Scenario& scenario, const SearchSpace& space,
+                                    const std::vector<const Candidate*>& bases, int64_t gpus,
+                                    const std::set<std::string>& known);
+
 // A short name for why a plan was rejected, from its first validation message.
 std::string rejection_reason(const std::string& message);
 
@@ -59,5 +73,8 @@ std::vector<RankedCandidate> rank_candidates(const Scenario& scenario,
                                              int threads = 1, const CostParams* cost = nullptr,
                                              int64_t batches = 1,
                                              const EstimateProgress& progress = {});
+
+// Sorts by step time, then key (a total order: the same on every machine and thread count).
+void sort_by_estimate(std::vector<RankedCandidate>& ranked);
 
 }  // namespace tessera

@@ -148,6 +148,23 @@ TEST_CASE("sequence_parallel and distributed_optimizer are search keys; sp only 
   read_search_space(Json::parse(R"({"sequence_parallel": [1]})"), "s.json", "search", diag);
   CHECK(diag.format().find("s.json: search.sequence_parallel: expected a non-empty array of true "
                            "and false") != std::string::npos);
+  // The second stage's keys, read back as written.
+  Diagnostics refine_diag;
+  const SearchSpace refine = read_search_space(
+      Json::parse(
+          R"({"refine": {"top": 4, "microbatching": ["entrain"], "dip": false, "cp_splits": []}})"),
+      "s.json", "search", refine_diag);
+  CHECK(refine_diag.ok());
+  CHECK(refine.refine.top == 4);
+  CHECK(refine.refine.microbatching == std::vector<MicrobatchPolicy>{MicrobatchPolicy::kEntrain});
+  CHECK_FALSE(refine.refine.dip);
+  CHECK(refine.refine.cp_splits.empty());
+  Diagnostics round_trip;
+  CHECK(read_search_space(to_json(refine), "", "", round_trip) == refine);
+  read_search_space(Json::parse(R"({"refine": {"top": -1, "depth": 2}})"), "s.json", "search",
+                    refine_diag);
+  CHECK(refine_diag.format().find("s.json: search.refine.top: must be >= 0") != std::string::npos);
+  CHECK(refine_diag.format().find("search.refine.depth") != std::string::npos);
 }
 
 TEST_CASE("planning a sweep forks nothing: the top K of each GPU count, and what run_sweep runs") {
@@ -160,7 +177,10 @@ TEST_CASE("planning a sweep forks nothing: the top K of each GPU count, and what
   CHECK_FALSE(fs::exists(options.out_dir));  // nothing written
   CHECK(planned.top_k == 3);
   CHECK(planned.ranked > 0);
-  CHECK(static_cast<int64_t>(planned.estimated.size()) == planned.ranked);
+  // Every estimate: the first stage's and the second stage's variants that fit.
+  CHECK(planned.refined > 0);
+  CHECK(static_cast<int64_t>(planned.estimated.size()) ==
+        planned.ranked + planned.refined - planned.refined_rejected);
   // Per GPU count, the first three chosen are the three best estimates (then the stage-split
   // twins of chosen frozen-aware plans).
   std::map<int64_t, std::vector<double>> chosen_rates;  // gpus -> tokens/s, in chosen order
@@ -190,6 +210,51 @@ TEST_CASE("planning a sweep forks nothing: the top K of each GPU count, and what
   CHECK(ran.considered == planned.considered);
   CHECK(ran.ranked == planned.ranked);
   fs::remove_all(options.out_dir);
+}
+
+TEST_CASE(
+    "the second stage refines the best plans with Entrain, sorting and DIP; every family's "
+    "best is simulated") {
+  const Scenario s = tiny(
+      R"({"tp": [1, 2], "cp": [1], "pp": [2], "vpp": [1], "micro_batch_sizes": [1], "top_k": 2,
+          "gpus": [4], "refine": {"top": 2}})");
+  SweepOptions options;
+  options.out_dir = scratch("refine").string();
+  SweepResult planned;
+  const std::vector<ChosenPlan> chosen = plan_sweep(s, options, planned);
+  // Two bases and every family's best (three families here), each with its variants.
+  CHECK(planned.refined_bases >= 3);
+  std::set<std::string> techniques;
+  for (const TechniqueGain& g : planned.technique_gains) {
+    techniques.insert(g.technique);
+    CHECK(g.base_s > 0);
+    CHECK(g.variant_s > 0);
+    if (g.technique.starts_with("dip")) {  // only pipelined homogeneous plans get DIP
+      CHECK(g.base.placement == Placement::kHomogeneous);
+      CHECK(g.base.layout.pp > 1);
+    }
+  }
+  CHECK(techniques.count("sorted") == 1);
+  CHECK(techniques.count("entrain") == 1);
+  CHECK(techniques.count("dip") == 1);
+  // The chosen plans: the best two, and the best of each family however low it ranks.
+  std::set<Placement> estimated_families, chosen_families;
+  for (const EstimatedPlan& e : planned.estimated) estimated_families.insert(e.placement);
+  for (const ChosenPlan& c : chosen) chosen_families.insert(c.ranked.candidate.plan.placement);
+  CHECK(estimated_families.size() == 3);
+  CHECK(chosen_families == estimated_families);
+  // No second stage: nothing refined, and no variant among the chosen.
+  options.refine_top = 0;
+  SweepResult first_only;
+  const std::vector<ChosenPlan> plain = plan_sweep(s, options, first_only);
+  CHECK(first_only.refined == 0);
+  CHECK(first_only.technique_gains.empty());
+  for (const ChosenPlan& c : plain) {
+    CHECK(c.ranked.candidate.plan.microbatching == MicrobatchPolicy::kArrival);
+    CHECK(c.ranked.candidate.plan.schedule != Schedule::kDip);
+  }
+  // A frozen-aware split that comes out even is the uniform plan: counted once.
+  CHECK(first_only.rejected.count("same as its uniform split") == 1);
 }
 
 TEST_CASE("sweep: -j 1 and -j 2 agree; a resumed sweep equals an uninterrupted one") {
@@ -253,6 +318,7 @@ TEST_CASE("sweep shards merge into exactly the unsharded ranking") {
   SweepOptions options;
   options.out_dir = scratch("whole").string();
   options.scenario_file = "unused";
+  options.refine_top = 0;  // a shard has no second stage: it needs the whole first ranking
   const SweepResult whole = run_sweep(s, options, quiet);
   std::vector<std::string> dirs;
   for (int64_t i = 1; i <= 3; ++i) {

@@ -1,0 +1,34 @@
+// The placement families side by side: the best simulated plan of each (homogeneous, colocated,
+// non-colocated) per grid point and GPU count, where its step time goes, and in words why the
+// fastest wins. The terminal table and report.html both lead with it.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "shared/layout/sweep_rows.hpp"
+#include "sim/sweep.hpp"
+
+namespace tessera::sim {
+
+// Per (grid point, GPU count), in the rows' order: the best successful row of each placement
+// family, fastest first.
+std::vector<std::vector<const SweepRow*>> family_bests(const std::vector<SweepRow>& rows);
+
+// Where a row's step goes, per rank on average: computing, exposed communication (boundary
+// transfers included), and idle otherwise (pipeline bubble, imbalance, waits).
+struct StepParts {
+  double compute_s = 0, exposed_s = 0, idle_s = 0;
+};
+StepParts step_parts(const SweepRow& row);
+
+// "colocated beats homogeneous by 4.2% (0.84 s vs 0.88 s per step): homogeneous's ranks sit idle
+// 0.035 s longer per step (pipeline bubble, imbalance and waits)" — the part of the step that
+// grew most names the reason.
+std::string why_faster(const SweepRow& winner, const SweepRow& other);
+
+// What each second-stage technique did to the best first-stage plan of each family
+// (TechniqueGain), as lines "  colocated llm t2 d32 | vision t1 d64 sp dopt: sorted 1.004x, ...".
+std::vector<std::string> technique_lines(const SweepResult& result, const ModelSpec& model);
+
+}  // namespace tessera::sim
