@@ -50,19 +50,20 @@ std::string why_faster(const SweepRow& winner, const SweepRow& other) {
   char part[256];
   if (compute >= exposed && compute >= idle) {
     std::snprintf(part, sizeof part,
-                  "%s's ranks compute %.3g s longer per step (%.3g s vs %.3g s: more work per "
-                  "rank, or slower kernels on smaller shards)",
+                  "the %s plan's ranks compute %.3g s longer per step (%.3g s vs %.3g s: more "
+                  "work per rank, or slower kernels on smaller shards)",
                   b.c_str(), compute, o.compute_s, w.compute_s);
   } else if (exposed >= idle) {
     const double boundary = other.exposed_boundary_s - winner.exposed_boundary_s;
     std::snprintf(part, sizeof part,
-                  "%s leaves %.3g s more communication exposed per step (%.3g s vs %.3g s%s)",
+                  "the %s plan leaves %.3g s more communication exposed per step (%.3g s vs %.3g "
+                  "s%s)",
                   b.c_str(), exposed, o.exposed_s, w.exposed_s,
                   boundary > exposed / 2 ? ", most of it at the module boundary" : "");
   } else {
     std::snprintf(part, sizeof part,
-                  "%s's ranks sit idle %.3g s longer per step (%.3g s vs %.3g s: pipeline "
-                  "bubble, load imbalance and waits)",
+                  "the %s plan's ranks sit idle %.3g s longer per step (%.3g s vs %.3g s: "
+                  "pipeline bubble, load imbalance and waits)",
                   b.c_str(), idle, o.idle_s, w.idle_s);
   }
   because = part;

@@ -22,9 +22,9 @@ struct StepParts {
 };
 StepParts step_parts(const SweepRow& row);
 
-// "colocated beats homogeneous by 4.2% (0.84 s vs 0.88 s per step): homogeneous's ranks sit idle
-// 0.035 s longer per step (pipeline bubble, imbalance and waits)" — the part of the step that
-// grew most names the reason.
+// "colocated beats homogeneous by 4.2% (0.84 s vs 0.88 s per step): the homogeneous plan's ranks
+// sit idle 0.035 s longer per step (...: pipeline bubble, load imbalance and waits)" — the part of
+// the step that grew most names the reason.
 std::string why_faster(const SweepRow& winner, const SweepRow& other);
 
 // What each second-stage technique did to the best first-stage plan of each family
