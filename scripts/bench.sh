@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Benchmarks that print figures (never pass/fail). Usage: scripts/bench.sh [lower|scale|sim|sweep|comm|cli|exec|reproduce-cornstarch|cornstarch-exec|reproduce-variability|variability-exec|published|accuracy|all]
+# Benchmarks that print figures (never pass/fail). Usage: scripts/bench.sh [lower|scale|sim|demo|sweep|comm|cli|exec|reproduce-cornstarch|cornstarch-exec|reproduce-variability|variability-exec|published|accuracy|all]
 #   lower  lowering + evaluation of one iteration of a 1024-rank plan with 64 micro-batches
 #   scale  (not in all) wall time and peak RSS of estimate, simulate and sweep at 1k-8k GPUs: the
 #          default plan at 1,024 and 8,192 devices, GPT 530B on 2,520 and 1T on 3,072 A100s (Narayanan et al. 2021);
 #          each cut at SCALE_TIMEOUT seconds (default 600)
 #   sim    tessera simulate, one iteration of the default plan at 64, 1024 and 8192 devices
+#   demo   scripts/demo.sh as a newcomer runs it; its report rendered in headless Chromium: a
+#          screenshot, and which of the families and techniques the rendered page shows
 #   sweep  the default sweep with -j 1 and -j 2, and a headless-Chromium screenshot of its report
 #          (needs the Debian package chromium; skipped without it)
 #   comm   the Gloo all-reduce of tessera-train across message sizes (2 ranks on loopback)
@@ -84,6 +86,31 @@ if [[ $what == sim || $what == all ]]; then
                name, nested, $2, $7, $8, $9, $10, wall, $8 / $10, rss / 1024 }' /tmp/tessera-bench-sim.txt
     done
   done
+fi
+
+if [[ $what == demo || $what == all ]]; then
+  # The main job as a newcomer runs it, and its report as a browser renders it.
+  echo "== demo: scripts/demo.sh, its report rendered and checked in headless Chromium =="
+  start=$(date +%s.%N)
+  scripts/demo.sh >out/bench-demo.txt 2>/dev/null
+  end=$(date +%s.%N)
+  awk -v s="$start" -v e="$end" 'BEGIN { printf "scripts/demo.sh: %.1f s wall (set-up and build checks included)\n", e - s }'
+  grep -A4 '^best of each placement family' out/bench-demo.txt
+  if command -v chromium >/dev/null; then
+    browser=(chromium --headless --no-sandbox --disable-gpu --disable-quic --no-first-run
+      --disable-background-networking --disable-component-update --disable-sync
+      --user-data-dir="$(mktemp -d)")
+    report="file://$PWD/out/sweep-default/report.html"
+    "${browser[@]}" --window-size=1300,1900 --screenshot="$PWD/out/bench-demo-report.png" "$report" >/dev/null 2>&1
+    echo "report screenshot: out/bench-demo-report.png ($(stat -c %s out/bench-demo-report.png) bytes)"
+    "${browser[@]}" --dump-dom "$report" 2>/dev/null >out/bench-demo-report.dom
+    for text in "Best plan of each placement family" ">homogeneous<" ">colocated<" ">non_colocated<" \
+      "beats" "What the second stage" "entrain" "sorted" "dip"; do
+      if grep -q -- "$text" out/bench-demo-report.dom; then echo "rendered report shows: $text"; else echo "rendered report lacks: $text"; fi
+    done
+  else
+    echo "chromium not installed (scripts/setup.sh --browser): report check skipped"
+  fi
 fi
 
 if [[ $what == sweep || $what == all ]]; then

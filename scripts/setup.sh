@@ -2,8 +2,10 @@
 # Installs every Debian package Tessera's build and tests need, from a bare bookworm machine.
 # Idempotent: when everything is already installed it returns at once without touching apt.
 # Must run as root (or with sudo available) the first time.
-# Usage: scripts/setup.sh [--fuzz] [--slurm]
+# Usage: scripts/setup.sh [--fuzz] [--slurm] [--browser]
 #   --fuzz   also clang 14 and its libFuzzer, for scripts/fuzz.sh
+#   --browser also Chromium, whose headless mode renders and checks the sweep report
+#            (scripts/bench.sh sweep and demo)
 #   --slurm  also Slurm's controller, node daemon and client and munge, for the batch scripts in
 #            scripts/slurm/ and their integration test (scripts/test.sh asks for it)
 set -euo pipefail
@@ -23,8 +25,9 @@ for option in "$@"; do
   case $option in
     --fuzz) packages+=(clang-14 libclang-rt-14-dev) ;;
     --slurm) packages+=(slurmctld slurmd slurm-client munge) ;;
+    --browser) packages+=(chromium) ;;
     *)
-      echo "setup: unknown option $option (--fuzz, --slurm)" >&2
+      echo "setup: unknown option $option (--fuzz, --slurm, --browser)" >&2
       exit 2
       ;;
   esac
