@@ -209,11 +209,13 @@ std::string format_sweep(const SweepResult& r, const Scenario& s, std::size_t sh
       const StepParts parts = step_parts(*row);
       char step[32];
       std::snprintf(step, sizeof step, "%.4g s", row->step_s);
-      std::snprintf(line, sizeof line,
-                    "  %-14s %-56s %-10s %-10.4g tokens/s  %.3g + %.3g + %.3g s\n",
-                    enum_name(row->plan.placement, kPlacements).c_str(),
-                    describe_layout(row->plan, s.model).c_str(), step, row->tokens_per_s,
-                    parts.compute_s, parts.exposed_s, parts.idle_s);
+      std::snprintf(
+          line, sizeof line,
+          "  %-14s %-56s  %-10s  %-10.4g tokens/s  %-6.1f TFLOP/s/GPU  %.3g + %.3g + %.3g "
+          "s\n",
+          enum_name(row->plan.placement, kPlacements).c_str(),
+          describe_layout(row->plan, s.model).c_str(), step, row->tokens_per_s,
+          row->tflops_per_device, parts.compute_s, parts.exposed_s, parts.idle_s);
       out << line;
     }
     for (std::size_t i = 1; i < group.size(); ++i)

@@ -1,6 +1,7 @@
 #include "shared/search/plan_search.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <mutex>
 #include <set>
@@ -183,6 +184,11 @@ Enumeration enumerate_plans(const Scenario& s, const SearchSpace& space, int64_t
       const int64_t share = gpus / fraction / n_enc;
       if (share >= 1 && share * fraction * n_enc == gpus) shares.insert(share);
     }
+    // Devices beyond the largest power of two, for the encoders: the LLM keeps a grid as large
+    // as the homogeneous plans' (72 GPUs: 64 for the LLM, 8 for the encoders).
+    if (const auto llm_devices = static_cast<int64_t>(std::bit_floor(static_cast<uint64_t>(gpus)));
+        llm_devices < gpus && (gpus - llm_devices) % n_enc == 0)
+      shares.insert((gpus - llm_devices) / n_enc);
     if (encoder_share > 0) {
       const auto share = static_cast<int64_t>(
           std::llround(static_cast<double>(gpus) * encoder_share / static_cast<double>(n_enc)));
