@@ -106,10 +106,11 @@ std::string executor_plan_support(const ParallelPlan& plan, const ModelSpec& mod
       return field + ": " + why + next;
   }
   if (plan.placement == Placement::kColocated) {
+    const ModuleSpec* llm = find_llm(model);
     for (const auto& [module, l] : plan.modules)
-      if (l.cp > 1)
-        return "plan.modules." + module + ".cp: context parallelism in a colocated plan" + next +
-               " (the boundary has no context-parallel gradient sum)";
+      if (l.cp > 1 && module != llm->name)
+        return "plan.modules." + module +
+               ".cp: context parallelism of an encoder in a colocated plan" + next;
   }
   return "";
 }

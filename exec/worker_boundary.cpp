@@ -78,8 +78,9 @@ void Worker::boundary_collective(const Op& op) {
   if (op.collective == CollectiveKind::kBroadcast || op.collective == CollectiveKind::kAllReduce) {
     const Comm& comm = groups_.get(program_->groups[static_cast<std::size_t>(op.group)]);
     if (op.collective == CollectiveKind::kAllReduce) {
-      // Consumer with CP: each CP rank holds the gradient of its own tokens; sum them.
-      Boundary& b = assembled(op.module, op.microbatch);
+      // Consumer with CP: each CP rank holds the gradient of its own tokens; sum them (a
+      // colocated LLM's whole-batch boundary, or one micro-batch's linked rows).
+      Boundary& b = op.microbatch < 0 ? boundary(op.module) : assembled(op.module, op.microbatch);
       if (!b.leaf.grad().defined()) b.leaf.mutable_grad() = torch::zeros_like(b.leaf);
       all_reduce(comm, b.leaf.mutable_grad());
       return;

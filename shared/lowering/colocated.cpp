@@ -24,8 +24,9 @@ void Lowering::lower_colocated() {
     std::vector<int32_t> boundary_done;
     std::map<int, int32_t> encoder_forward;  // module -> its F op
     std::vector<std::pair<int, int32_t>>
-        boundary_groups;      // (projector/encoder output module, group)
-    std::vector<int> linked;  // outputs sent leader to leader (LLM pipeline)
+        boundary_groups;         // (projector/encoder output module, group)
+    std::vector<int> linked;     // outputs sent leader to leader (LLM pipeline)
+    std::vector<int> regrouped;  // outputs regrouped in place (no LLM pipeline)
     for (int i : encoders) {
       const ModuleInfo& m = modules_[static_cast<std::size_t>(i)];
       const ModuleInfo& grid = m.host >= 0 ? modules_[static_cast<std::size_t>(m.host)] : m;
@@ -64,6 +65,7 @@ void Lowering::lower_colocated() {
           }
         continue;
       }
+      regrouped.push_back(i);
       // The (gathered) encoder outputs stay in memory from phase 1 until the LLM has run.
       p_.memory[static_cast<std::size_t>(rank)].boundary_bytes += boundary_bytes(
           i, llm_,
@@ -194,12 +196,21 @@ void Lowering::lower_colocated() {
           if (!m.flow.backward()) continue;
           const int grid_index = m.host >= 0 ? m.host : i;
           const ModuleInfo& grid = modules_[static_cast<std::size_t>(grid_index)];
+          int32_t ready = last;
+          if (llm.layout.cp > 1) {
+            // Each CP rank holds the gradient of its own tokens' rows: summed over CP first.
+            Op sum = collective_op(CollectiveKind::kAllReduce, Purpose::kBoundary, Phase::kB, i,
+                                   cp_group(llm, y), boundary_bytes(i, llm_, samples));
+            sum.microbatch = mb;
+            sum.deps = {last};
+            ready = emit(rank, sum);
+          }
           if (y.t != 0 || y.c != 0) continue;
           for (const Link& link : boundary_links(grid_index, i, llm_, y.d, false, mb)) {
             const int64_t to = grid.rank({0, 0, link.producer, 0});
             if (to == rank) continue;
             Op send = boundary_message(about, OpKind::kSend, Phase::kB, to, i, llm_, link, mb);
-            send.deps = {last};
+            send.deps = {ready};
             emit(rank, send);
           }
         }
@@ -214,6 +225,18 @@ void Lowering::lower_colocated() {
     // Phase 3: encoder-output gradients regrouped to every rank, one encoder backward for the
     // whole batch, then one gradient reduction for all modules.
     std::vector<int32_t> grads_ready;
+    std::map<int, int32_t> cp_summed;  // output module -> its gradient's sum over the LLM's CP
+    if (llm.layout.cp > 1 && llm.flow.needs_input_grad)
+      for (int i : regrouped) {
+        if (!modules_[static_cast<std::size_t>(i)].flow.backward()) continue;
+        // Each CP rank holds the gradient of its own tokens' rows of the replica's batch.
+        Op sum =
+            collective_op(CollectiveKind::kAllReduce, Purpose::kBoundary, Phase::kB, i,
+                          cp_group(llm, y), boundary_bytes(i, llm_, samples_of(llm_, y.d, -1)));
+        if (const int32_t dep = last_compute(rank); dep >= 0) sum.deps = {dep};
+        cp_summed[i] = emit(rank, sum);
+        grads_ready.push_back(cp_summed[i]);
+      }
     for (const auto& [i, g] : boundary_groups) {
       if (g < 0 || !modules_[static_cast<std::size_t>(i)].flow.backward() ||
           !llm.flow.needs_input_grad)
@@ -227,8 +250,10 @@ void Lowering::lower_colocated() {
           boundary_bytes(i, llm_,
                          dp_e > dp_l ? samples_of(llm_, grid.coord(rank).d / (dp_e / dp_l), -1)
                                      : samples_of(i, grid.coord(rank).d, -1)));
-      const int32_t dep = last_compute(rank);
-      if (dep >= 0) gather.deps = {dep};
+      if (const auto summed = cp_summed.find(i); summed != cp_summed.end())
+        gather.deps = {summed->second};
+      else if (const int32_t dep = last_compute(rank); dep >= 0)
+        gather.deps = {dep};
       grads_ready.push_back(emit(rank, gather));
     }
     for (int i : linked) {

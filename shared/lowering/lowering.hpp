@@ -263,19 +263,20 @@ class Lowering {
   Op compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t mb, Phase phase,
              std::span<const Sample* const> samples, const LayerRange* piece = nullptr);
   // A message's tag, unique among the messages between two ranks: its fields packed into 63
-  // bits (kind 8, two modules 8 each, virtual stage 12, direction 1, micro-batch 14,
-  // sub-micro-batch 6). A field out of its range would alias another message: checked.
+  // bits (kind 8, two modules 8 each, virtual stage 12, direction 1, micro-batch 14, sub 12: a
+  // DIP sub-micro-batch, or a producer replica among the up to 4,096 feeding one consumer). A
+  // field out of its range would alias another message: checked.
   int64_t tag(int kind, int a, int b, int64_t k, int dir, int32_t mb, int32_t sub) const {
     const auto fits = [](int64_t value, int bits) { return value >= 0 && value < (1 << bits); };
     TESSERA_CHECK(fits(kind, 8) && fits(a, 8) && fits(b, 8) && fits(k, 12) && fits(dir, 1) &&
-                      fits(mb, 14) && fits(sub, 6),
+                      fits(mb, 14) && fits(sub, 12),
                   "message tag fields out of range: kind " + std::to_string(kind) + ", modules " +
                       std::to_string(a) + " " + std::to_string(b) + ", virtual stage " +
                       std::to_string(k) + ", micro-batch " + std::to_string(mb) + ", sub " +
                       std::to_string(sub));
     return ((((static_cast<int64_t>(kind) * 256 + a) * 256 + b) * 4096 + k) * 2 + dir) *
-               (int64_t{1} << 20) +
-           static_cast<int64_t>(mb) * 64 + sub;
+               (int64_t{1} << 26) +
+           static_cast<int64_t>(mb) * 4096 + sub;
   }
 
   // --- placements ------------------------------------------------------------------------

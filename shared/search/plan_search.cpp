@@ -1,8 +1,10 @@
 #include "shared/search/plan_search.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <cmath>
+#include <exception>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -311,13 +313,22 @@ std::vector<RankedCandidate> rank_candidates(const Scenario& s, std::vector<Cand
     }
     return e;
   };
+  // A failure on any thread (an internal error) stops them all and reaches the caller.
+  std::exception_ptr failure;
+  std::atomic<bool> failed = false;
   auto work = [&](std::size_t first, std::size_t stride) {
-    for (std::size_t i = first; i < candidates.size(); i += stride) {
-      estimates[i] = priced(candidates[i]);
-      if (progress) {
-        const std::lock_guard<std::mutex> lock(reporting);
-        progress(++done, candidates.size());
+    try {
+      for (std::size_t i = first; i < candidates.size() && !failed; i += stride) {
+        estimates[i] = priced(candidates[i]);
+        if (progress) {
+          const std::lock_guard<std::mutex> lock(reporting);
+          progress(++done, candidates.size());
+        }
       }
+    } catch (...) {
+      const std::lock_guard<std::mutex> lock(reporting);
+      if (!failure) failure = std::current_exception();
+      failed = true;
     }
   };
   const auto n = static_cast<std::size_t>(std::max(1, threads));
@@ -325,6 +336,7 @@ std::vector<RankedCandidate> rank_candidates(const Scenario& s, std::vector<Cand
   for (std::size_t t = 1; t < n; ++t) pool.emplace_back(work, t, n);
   work(0, n);
   for (std::thread& t : pool) t.join();
+  if (failure) std::rethrow_exception(failure);
   std::vector<RankedCandidate> ranked;
   for (std::size_t i = 0; i < candidates.size(); ++i) {
     Estimate& e = estimates[i];

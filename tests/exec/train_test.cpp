@@ -258,14 +258,31 @@ TEST_CASE("colocated placements: each module its own grid, the boundary regroups
   for (const Json& e : trace.at("traceEvents"))
     if (e.value("name", "").find("gloo:boundary:allgather") == 0) ++boundary;
   CHECK(boundary == 2);  // forward regroup and gradient regroup
+  // The LLM with context parallelism: each CP rank holds the gradient of its own tokens'
+  // encoder rows, summed over CP before the regroup (fan-in, same DP) or before the leader's send
+  // (an LLM pipeline); losses and gradient norms as on one rank.
+  const std::vector<double> reference_norm = losses(out_dir("colo-reference"), "grad_norm");
+  for (const auto& [modules, name] :
+       {std::pair<std::string, std::string>{
+            R"({"vision": {"tp": 1, "dp": 4}, "llm": {"cp": 2, "dp": 2}})", "colo-cp2-fan-in"},
+        {R"({"vision": {"tp": 2, "dp": 2}, "llm": {"cp": 2, "dp": 2}})", "colo-cp2-same-dp"},
+        {R"({"vision": {"tp": 2, "dp": 2}, "llm": {"cp": 2, "pp": 2}})", "colo-cp2-pp2"}}) {
+    INFO(name);
+    const std::string plan = raw_plan(
+        R"({"placement": "colocated", "schedule": "three_phase", "micro_batch_size": 1, "modules": )" +
+            modules + "}",
+        name);
+    check_parity(train_with(kScenario, plan, name), reference);
+    check_parity(losses(out_dir(name), "grad_norm"), reference_norm);
+  }
   // What the executor cannot run yet is refused up front, naming the plan file and field.
   const std::string with_cp = raw_plan(
       R"({"placement": "colocated", "schedule": "three_phase", "micro_batch_size": 1,
-          "modules": {"vision": {"dp": 2}, "llm": {"cp": 2}}})",
-      "colo-cp");
+          "modules": {"vision": {"cp": 2, "dp": 2}, "llm": {"dp": 4}}})",
+      "colo-encoder-cp");
   const Run refused = run(kScenario + " --plan " + with_cp);
   CHECK(refused.code == 2);
-  CHECK(refused.output.find("colo-cp.json: plan.modules.llm.cp") != std::string::npos);
+  CHECK(refused.output.find("colo-encoder-cp.json: plan.modules.vision.cp") != std::string::npos);
   // A projector on ranks of its own: the executor's boundaries start at a projector.
   const Run projector = run(kScenario + " --plan " +
                             raw_plan(R"({"placement": "non_colocated",
