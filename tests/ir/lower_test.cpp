@@ -1308,3 +1308,15 @@ TEST_CASE("full recomputation runs the layers again, not the embedding, head or 
   }
   CHECK(recomputes == 4 * 16);
 }
+
+TEST_CASE("a non-colocated LLM replica fed by 128 encoder replicas: every link's messages match") {
+  // 128 producer replicas per consumer: the tags of their messages must stay distinct (they once
+  // held only 64).
+  const Case c = make(
+      kVlm,
+      R"({"global_batch": 128, "max_seq_len": 512, "samples": {"text_tokens": 64, "image": {"count": 1, "width": 64, "height": 64}}})",
+      R"({"placement": "non_colocated", "schedule": "graph_1f1b", "modules": {"vision": {"dp": 128}, "llm": {"dp": 1}}, "micro_batch_size": 128})");
+  const Program p = lowered(c);  // check_program: every send has exactly its receive
+  CHECK(p.world == 129);
+  CHECK(p.links.size() == 128);
+}
