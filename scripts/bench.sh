@@ -302,14 +302,14 @@ if [[ $what == accuracy || $what == all ]]; then
 fi
 
 if [[ $what == reproduce-hetero ]]; then
-  # Not part of `all`: 10-20 minutes. The heterogeneous-parallelism regime: fused sequences of
-  # L tokens, half of them image tokens (each image a bounded encoder sequence), 32k x GPUs/8
-  # tokens per step; per (pair, L, GPUs) the best plan of each family by a full sweep (the
-  # family bests are simulated), and non-colocated also with an eighth more GPUs for the
-  # encoders, so that the LLM keeps the homogeneous plans' grid.
+  # Not part of `all`: an hour at 64-1024 GPUs. The heterogeneous-parallelism regime: fused
+  # sequences of L tokens, half of them image tokens (each image a bounded encoder sequence),
+  # 16k tokens per GPU and step; per (pair, L, GPUs) the best homogeneous and colocated plans by
+  # a sweep of both families (their bests are simulated), and the best non-colocated plan with
+  # an eighth more GPUs for the encoders, so that the LLM keeps the homogeneous plans' grid.
   echo "== reproduce-hetero: best homogeneous vs colocated vs non-colocated (simulated), H100s =="
-  echo "| pair | tokens | GPUs | homogeneous | TFLOP/s/GPU | colocated | TFLOP/s/GPU | colocated gain | non-colocated (same GPUs) | tokens/s gain | non-colocated (+1/8 GPUs) | tokens/s gain | TFLOP/s/GPU gain |"
-  echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+  echo "| pair | tokens | GPUs | homogeneous | TFLOP/s/GPU | colocated | TFLOP/s/GPU | colocated gain | non-colocated (+1/8 GPUs for the encoder) | tokens/s gain | TFLOP/s/GPU gain |"
+  echo "|---|---|---|---|---|---|---|---|---|---|---|"
   mkdir -p out/hetero
   for pair in vitl-7b:576 internvit6b-70b:256; do
     name=${pair%%:*} per_image=${pair##*:}
@@ -317,27 +317,26 @@ if [[ $what == reproduce-hetero ]]; then
       images=$((tokens / 2 / per_image))
       text=$((tokens - images * per_image))
       for gpus in ${HETERO_GPUS:-64 256 1024}; do
-        batch=$((4 * gpus * 8192 / tokens))
+        batch=$((2 * gpus * 8192 / tokens))
         sets=(--set "workload.max_seq_len=$tokens" --set "workload.global_batch=$batch"
           --set "workload.samples.text_tokens=$text" --set "workload.samples.image.count=$images")
         dir=out/hetero/$name-$tokens-$gpus
         "$tessera" sweep "scenarios/hetero/$name.json" --gpus "$gpus" -j 2 --out "$dir" "${sets[@]}" \
-          >"$dir.txt" 2>/dev/null || true
+          --placements homogeneous,colocated >"$dir.txt" 2>/dev/null || true
         "$tessera" sweep "scenarios/hetero/$name.json" --gpus $((gpus + gpus / 8)) -j 2 \
           --placements non_colocated --out "$dir-nc" "${sets[@]}" >"$dir-nc.txt" 2>/dev/null || true
         # "  colocated   <layout>  <step> s  <tokens/s>  tokens/s  <TFLOP/s>  TFLOP/s/GPU  ..."
         # (module layouts joined by " + " in the table)
         family() { awk -F'  +' -v f="$2" '$2 == f { l = $3; gsub(/ \| /, " + ", l); print l "\t" $5 "\t" $7; exit }' "$1"; }
         awk -v p="$name" -v l="$tokens" -v g="$gpus" -v h="$(family "$dir.txt" homogeneous)" \
-            -v c="$(family "$dir.txt" colocated)" -v n="$(family "$dir.txt" non_colocated)" \
+            -v c="$(family "$dir.txt" colocated)" \
             -v e="$(family "$dir-nc.txt" non_colocated)" 'function num(s) { sub(/ .*/, "", s); return s + 0 }
-          BEGIN { split(h, H, "\t"); split(c, C, "\t"); split(n, N, "\t"); split(e, E, "\t")
-            ht = num(H[3]); hr = num(H[2]); ct = num(C[3]); nr = num(N[2]); er = num(E[2]); et = num(E[3])
-            printf "| %s | %d | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", p, l, g,
+          BEGIN { split(h, H, "\t"); split(c, C, "\t"); split(e, E, "\t")
+            ht = num(H[3]); hr = num(H[2]); ct = num(C[3]); er = num(E[2]); et = num(E[3])
+            printf "| %s | %d | %d | %s | %s | %s | %s | %s | %s | %s | %s |\n", p, l, g,
               (h == "" ? "none fits" : H[1]), (ht ? sprintf("%.1f", ht) : ""),
               (c == "" ? "none fits" : C[1]), (ct ? sprintf("%.1f", ct) : ""),
               (ht && ct ? sprintf("%+.1f%%", 100 * (ct / ht - 1)) : ""),
-              (n == "" ? "none fits" : N[1]), (hr && nr ? sprintf("%+.1f%%", 100 * (nr / hr - 1)) : ""),
               (e == "" ? "none fits" : E[1]), (hr && er ? sprintf("%+.1f%%", 100 * (er / hr - 1)) : ""),
               (ht && et ? sprintf("%+.1f%%", 100 * (et / ht - 1)) : "") }'
       done
