@@ -14,10 +14,18 @@ Op Lowering::compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t
   const ModuleLayout& l = layout_owner.layout;
   const Coord x = layout_owner.coord(rank);
   const ModuleWork& work = work_of(m.index, samples);
+  // Context parallelism splits the LLM's sequence. An encoder (or projector) on the LLM's grid
+  // — a homogeneous plan — runs whole on every CP rank, as Megatron-LM and the executor run it:
+  // each CP rank encodes its micro-batch's media and keeps its own tokens' rows. A module on a
+  // grid of its own splits over that grid's CP.
+  const bool replicated_over_cp = plan_.placement == Placement::kHomogeneous &&
+                                  spec.role != ModuleRole::kLlm &&
+                                  spec.role != ModuleRole::kGenerator;
+  const double cp_split = replicated_over_cp ? 1.0 : static_cast<double>(l.cp);
   // This rank's share of the sequence: the LLM's tokens as context_split() deals them to the CP
   // ranks (each rank its own tokens and attention pairs), an even share otherwise.
-  double tokens_local = static_cast<double>(work.tokens) / static_cast<double>(l.cp);
-  double pairs_local = work.attention_pairs / static_cast<double>(l.cp);
+  double tokens_local = static_cast<double>(work.tokens) / cp_split;
+  double pairs_local = work.attention_pairs / cp_split;
   if (l.cp > 1 && spec.role == ModuleRole::kLlm) {
     const CpShare& share = cp_share(samples, l.cp, x.d);
     tokens_local = share.tokens[static_cast<std::size_t>(x.c)];
@@ -118,7 +126,7 @@ Op Lowering::compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t
       if (last_chunk && phase == Phase::kB)
         op.nested.push_back({CollectiveKind::kAllReduce, Purpose::kTp, g, 1, act});
     }
-    if (phase != Phase::kW && l.cp > 1 && layers > 0) {
+    if (phase != Phase::kW && l.cp > 1 && layers > 0 && !replicated_over_cp) {
       // K/V of the whole sequence gathered per layer (ring exchange has the same volume);
       // backward reduce-scatters their gradients.
       const double kv = static_cast<double>(work.tokens) * 2.0 *

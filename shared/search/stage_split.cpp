@@ -241,15 +241,18 @@ ChainCosts chain_costs(const ModelSpec& model, std::size_t module, const Paralle
                                  0, 1, price.activation_bytes(tokens, a.hidden), tokens,
                                  tokens * static_cast<double>(a.vocab), /*whole_op=*/false,
                                  /*checkpointed=*/false);
-  // A homogeneous plan runs every other module on the LLM's first stage, on the LLM's grid
-  // (under DIP the encoders are segments of their own, spread over every stage).
+  // A homogeneous plan runs every other module on the LLM's first stage, on the LLM's grid —
+  // sharded over its TP, whole on every CP rank, as lower() runs them (compute_op.cpp) — and
+  // under DIP as segments of their own, spread over every stage.
   if (plan.placement == Placement::kHomogeneous && spec.role == ModuleRole::kLlm &&
-      plan.schedule != Schedule::kDip)
+      plan.schedule != Schedule::kDip) {
+    const Pricer hosted(model, plan, cluster, layout.tp, 1, params);
     for (std::size_t i = 0; i < model.modules.size(); ++i)
       if (i != module) {
         const MeanWork mw = mean_work(model, model.modules[i], workload);
-        c.first_extra += module_seconds(price, model, i, mbs * mw.tokens, mw.attended);
+        c.first_extra += module_seconds(hosted, model, i, mbs * mw.tokens, mw.attended);
       }
+  }
   return c;
 }
 

@@ -1320,3 +1320,29 @@ TEST_CASE("a non-colocated LLM replica fed by 128 encoder replicas: every link's
   CHECK(p.world == 129);
   CHECK(p.links.size() == 128);
 }
+
+TEST_CASE("homogeneous encoders run whole on every CP rank, as the executor runs them") {
+  // Each CP rank encodes its micro-batch's images and keeps its own tokens' rows: the encoder's
+  // and projector's ops hold every image token, with no CP exchange; the LLM's hold half.
+  const char* workload =
+      R"({"global_batch": 4, "max_seq_len": 1024, "samples": {"text_tokens": 64, "image": {"count": 2, "width": 64, "height": 64}}})";
+  const Case one = make(kVlm, workload, R"({"placement": "homogeneous", "layout": {"dp": 1}})");
+  const Case two = make(kVlm, workload, R"({"placement": "homogeneous", "layout": {"cp": 2}})");
+  const Program p1 = lowered(one), p2 = lowered(two);
+  const auto forward_tokens = [](const Program& p, int32_t rank, const std::string& module) {
+    for (const Op& op : p.ranks[static_cast<std::size_t>(rank)])
+      if (op.kind == OpKind::kCompute && op.phase == Phase::kF && op.microbatch == 0 &&
+          p.modules[static_cast<std::size_t>(op.module)] == module) {
+        for (const NestedCollective& n : op.nested)
+          if (module != "llm") CHECK(n.purpose != Purpose::kCp);
+        return op.tokens;
+      }
+    return int64_t{-1};
+  };
+  for (int32_t rank : {0, 1}) {
+    CHECK(forward_tokens(p2, rank, "vision") == forward_tokens(p1, 0, "vision"));
+    CHECK(forward_tokens(p2, rank, "proj") == forward_tokens(p1, 0, "proj"));
+    CHECK(forward_tokens(p2, rank, "llm") < forward_tokens(p1, 0, "llm"));
+  }
+  CHECK(forward_tokens(p1, 0, "vision") > 0);
+}
