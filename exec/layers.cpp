@@ -101,7 +101,8 @@ Attention::Attention(ParamSet& ps, const std::string& name, const TransformerArc
   k = Linear(ps, name + ".k", arch.hidden, kv * head_dim, qkv_bias && arch.key_bias,
              Split::kColumn);
   v = Linear(ps, name + ".v", arch.hidden, kv * head_dim, qkv_bias, Split::kColumn);
-  o = Linear(ps, name + ".o", arch.heads * head_dim, arch.hidden, arch.linear_bias, Split::kRow);
+  o = Linear(ps, name + ".o", arch.heads * head_dim, arch.hidden, arch.linear_bias || arch.out_bias,
+             Split::kRow);
 }
 
 torch::Tensor Attention::forward(const torch::Tensor& x, const AttentionInputs& in) const {

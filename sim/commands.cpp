@@ -108,7 +108,8 @@ int run_import_hf(const Args& args, std::ostream& out, std::ostream& err) {
                                supported + ".");
   options.add_options()("freeze", "modules to mark frozen, comma separated (vision,llm,...)",
                         cxxopts::value<std::vector<std::string>>())(
-      "name", "model name (default: _name_or_path, else the folder name)",
+      "name",
+      "model name (default: _name_or_path, else the file name, or its folder for a config.json)",
       cxxopts::value<std::string>())("o,output",
                                      "write the model here (atomically) instead of standard output",
                                      cxxopts::value<std::string>());
@@ -122,11 +123,13 @@ int run_import_hf(const Args& args, std::ostream& out, std::ostream& err) {
   Diagnostics diag;
   const auto json = read_json_file(file, diag);
   if (!json) return report_problems(diag, err);
-  auto model = import_hf_config(*json, file, import, diag);
+  std::vector<std::string> left_out;
+  auto model = import_hf_config(*json, file, import, diag, &left_out);
   if (!model) return report_problems(diag, err);
   if (result->count("name")) model->name = (*result)["name"].as<std::string>();
   const std::string text = to_json(*model).dump(2) + "\n";
   if (!result->count("output")) {
+    for (const std::string& part : left_out) err << "left out: " << part << "\n";
     out << text;
     return kOk;
   }
@@ -137,6 +140,7 @@ int run_import_hf(const Args& args, std::ostream& out, std::ostream& err) {
     return 1;
   }
   out << "wrote " << target << "\n" << model_report(*model);
+  for (const std::string& part : left_out) out << "left out: " << part << "\n";
   return kOk;
 }
 

@@ -101,8 +101,9 @@ double layer_parameters(const TransformerArch& a, int64_t tp) {
   const double qkv = q + (a.key_bias ? 2 : 1) * kv;  // the biases of q, k, v
   if (a.linear_bias) {
     n += qkv + hidden;  // and the output projection's, whole
-  } else if (a.qkv_bias) {
-    n += qkv;
+  } else {
+    if (a.qkv_bias) n += qkv;
+    if (a.out_bias) n += hidden;
   }
   if (a.experts > 0) {
     n += static_cast<double>(a.experts) * mlp_parameters(a, a.moe_ffn, t) +

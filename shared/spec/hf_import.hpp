@@ -19,8 +19,11 @@ struct HfImportOptions {
 const std::vector<std::string>& supported_hf_model_types();
 
 // nullopt when the config cannot be imported; every problem is in `diag`, naming `file` and
-// the JSON path of the offending key.
+// the JSON path of the offending key. A key that shapes the architecture and that the import
+// does not read is such a problem. `left_out` (optional) gets the parts of the checkpoint a
+// training run does not hold and that the model leaves out, each as "json.path: why".
 std::optional<ModelSpec> import_hf_config(const Json& config, const std::string& file,
-                                          const HfImportOptions& options, Diagnostics& diag);
+                                          const HfImportOptions& options, Diagnostics& diag,
+                                          std::vector<std::string>* left_out = nullptr);
 
 }  // namespace tessera

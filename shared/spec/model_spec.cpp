@@ -65,6 +65,7 @@ TransformerArch read_transformer(ObjectReader& r) {
   r.optional("qkv_bias", a.qkv_bias);
   r.optional("key_bias", a.key_bias);
   r.optional("mlp_bias", a.mlp_bias);
+  r.optional("out_bias", a.out_bias);
   r.optional_enum("norm", a.norm, kNorms);
   if (r.optional("experts", a.experts) && r.check_at_least<int64_t>("experts", a.experts, 0))
     at_most(r, "experts", a.experts, kMaxExperts);
@@ -235,6 +236,7 @@ Json to_json(const TransformerArch& a) {
   j["qkv_bias"] = a.qkv_bias;
   if (!a.key_bias) j["key_bias"] = false;
   if (a.mlp_bias) j["mlp_bias"] = true;
+  if (a.out_bias) j["out_bias"] = true;
   j["norm"] = enum_name(a.norm, kNorms);
   if (a.experts > 0) {
     j["experts"] = a.experts;

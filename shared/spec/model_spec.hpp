@@ -42,6 +42,7 @@ struct TransformerArch {
   bool qkv_bias = false;         // only q, k, v have a bias (Qwen2)
   bool key_bias = true;          // with either: the key projection has one too (Whisper's not)
   bool mlp_bias = false;  // without linear_bias: the MLP's linears have biases (Mllama's ViT)
+  bool out_bias = false;  // without linear_bias: the attention output has a bias (InternViT-6B)
   NormKind norm = NormKind::kRmsNorm;
   int64_t experts = 0;  // MoE experts per layer; 0 = dense MLP
   int64_t top_k = 0;    // experts active per token

@@ -52,6 +52,7 @@ TEST_CASE("Qwen2.5-VL: hidden_size is the encoder width, out_hidden_size the LLM
 
 TEST_CASE("LLaVA-1.5 (sparse text_config falls back to Llama defaults)") {
   const ModelSpec m = import("llava-1.5-7b-hf.json", {"vision"});
+  CHECK(m.name == "llava-1.5-7b-hf");  // no _name_or_path: the file's name
   CHECK(module(m, "llm").transformer->hidden == 4096);
   CHECK(module(m, "llm").transformer->vocab == 32064);
   CHECK(module(m, "vision").frozen);
@@ -142,6 +143,23 @@ TEST_CASE("import errors: unknown model_type lists what is supported; bad --free
   CHECK(d3.format().find(
             "c.json: vision_config.num_hidden_layers: expected an integer, got string") !=
         std::string::npos);
+
+  // A key that shapes the architecture and that the import does not read is an error.
+  Diagnostics d5;
+  Json experts = *llava;
+  experts["text_config"]["num_local_experts"] = 8;  // read: an MoE LLM
+  experts["vision_config"]["num_experts"] = 8;      // read by no one
+  CHECK_FALSE(import_hf_config(experts, "c.json", {}, d5).has_value());
+  CHECK(d5.format() ==
+        "c.json: vision_config.num_experts: this key shapes the architecture, and the import of "
+        "model_type 'llava' does not read it: refusing rather than ignoring it\n");
+  // What the import leaves out, it says.
+  Diagnostics d6;
+  std::vector<std::string> left_out;
+  REQUIRE(import_hf_config(*llava, "c.json", {}, d6, &left_out).has_value());
+  CHECK(left_out == std::vector<std::string>{"vision_config.projection_dim: the projection into "
+                                             "the joint text-image space, which a VLM does not "
+                                             "run"});
 
   // Found by fuzz/hf_config: an image size of 3e17 overflowed int64 squaring its patch grid.
   Diagnostics d4;

@@ -1,0 +1,210 @@
+#include "shared/spec/hf_families.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include "shared/spec/hf_modules.hpp"
+
+namespace tessera::hf {
+
+ModelSpec import_qwen_vl(const Reader& root, bool qwen25) {
+  // Flat shape: LLM keys at top level. Newer exports nest them in text_config.
+  const Reader text = root.has("text_config") ? root.sub("text_config") : root;
+  ModuleSpec llm = llm_module(text, qwen25 ? "qwen2_5_vl" : "qwen2_vl");
+  const Reader v = root.sub("vision_config");
+  const int64_t layers = v.get("depth", 32);
+  const int64_t heads = v.get("num_heads", 16);
+  // Qwen2.5-VL attends within windows of window_size pixels in most layers; the cost model
+  // prices every encoder layer as full attention over the image (an upper bound).
+  v.known({"window_size"});
+  TransformerArch a;
+  if (qwen25) {
+    // Qwen2.5-VL: hidden_size is the encoder width, out_hidden_size the LLM width.
+    a = encoder_arch(layers, v.get("hidden_size", 1280), heads, v.get("intermediate_size", 3420),
+                     NormKind::kRmsNorm);
+    a.gated_ffn = true;
+  } else {
+    // Qwen2-VL trap: vision_config.hidden_size is the LLM width (checked below); the encoder
+    // width is embed_dim.
+    const int64_t width = v.get("embed_dim", 1280);
+    const double ratio = v.get_double("mlp_ratio", 4.0);
+    a = encoder_arch(layers, width, heads,
+                     static_cast<int64_t>(std::llround(static_cast<double>(width) * ratio)),
+                     NormKind::kLayerNorm);
+  }
+  Patching p;
+  p.patch_size = v.get("patch_size", 14);
+  p.in_channels = v.has("in_chans") ? v.get("in_chans", 3) : v.get("in_channels", 3);
+  p.spatial_merge = v.get("spatial_merge_size", 2);
+  p.temporal_patch = v.get("temporal_patch_size", 2);
+  p.conv_bias = false;
+  p.resize = ResizeMode::kDynamic;
+  p.min_pixels = 56 * 56;  // preprocessor_config.json defaults
+  p.max_pixels = 28 * 28 * 16384;
+  ModuleSpec vision = encoder_module("vision", Modality::kImage, a);
+  vision.patching = p;
+  const int64_t out = v.get(qwen25 ? "out_hidden_size" : "hidden_size", llm.transformer->hidden);
+  if (out != llm.transformer->hidden)
+    v.error(qwen25 ? "out_hidden_size" : "hidden_size",
+            std::to_string(out) + " does not match the LLM hidden_size " +
+                std::to_string(llm.transformer->hidden));
+  // The merger's norm (ln_q) normalizes each encoder token before the merge: it is the encoder's
+  // final norm, so the projector has none of its own.
+  const int64_t merged = a.hidden * p.spatial_merge * p.spatial_merge;
+  return vlm(vision, projector_module("vision_projector", "vision", merged, merged, out, 2, false),
+             llm);
+}
+
+ModelSpec import_llava(const Reader& root, bool next) {
+  const Reader text = root.sub("text_config");
+  const Reader v = root.sub("vision_config");
+  ModuleSpec llm = llm_module(text, text.get_string("model_type", "llama"));
+  // Older llava-hf exports keep the vocabulary size and embedding tying at the top level.
+  if (const int64_t vocab = root.get("vocab_size", 0); vocab > 0 && !text.has("vocab_size"))
+    llm.transformer->vocab = vocab;
+  if (!text.has("tie_word_embeddings") && root.has("tie_word_embeddings"))
+    llm.transformer->tied_embeddings = root.get_bool("tie_word_embeddings", false);
+  const bool siglip = v.get_string("model_type", "clip_vision_model").starts_with("siglip");
+  ModuleSpec vision = vit_module(v, siglip);
+  if (next) {
+    // LLaVA-NeXT "anyres": tiles of the base resolution from image_grid_pinpoints plus the
+    // downscaled base image.
+    Patching& p = *vision.patching;
+    p.tile_size = p.image_size;
+    p.resize = ResizeMode::kTiles;
+    p.thumbnail = true;
+    int64_t max_tiles = 4;
+    if (const Json* pins = root.raw("image_grid_pinpoints"); pins != nullptr && pins->is_array()) {
+      for (const Json& pin : *pins)
+        if (pin.is_array() && pin.size() == 2 && pin[0].is_number_integer() &&
+            pin[1].is_number_integer() && p.tile_size > 0)
+          // In double: a pinpoint of absurd size must not overflow (validation refuses the count).
+          max_tiles = static_cast<int64_t>(std::min(
+              1e15, std::max<double>(
+                        static_cast<double>(max_tiles),
+                        std::floor(pin[0].get<double>() / static_cast<double>(p.tile_size)) *
+                            std::floor(pin[1].get<double>() / static_cast<double>(p.tile_size)))));
+    }
+    p.max_tiles = max_tiles;
+    p.image_size = 0;
+  }
+  const int64_t h = llm.transformer->hidden;
+  return vlm(
+      vision,
+      projector_module("vision_projector", "vision", vision.transformer->hidden, h, h, 2, false),
+      llm);
+}
+
+ModelSpec import_internvl(const Reader& root, bool remote_code) {
+  const Reader text = root.sub(remote_code ? "llm_config" : "text_config");
+  std::string llm_type = text.get_string("model_type", "qwen2");
+  ModuleSpec llm = llm_module(text, llm_type);
+  const Reader v = root.sub("vision_config");
+  TransformerArch a =
+      encoder_arch(v.get("num_hidden_layers", 24), v.get("hidden_size", 1024),
+                   v.get("num_attention_heads", 16), v.get("intermediate_size", 4096),
+                   v.get_string("norm_type", "layer_norm") == "rms_norm" ? NormKind::kRmsNorm
+                                                                         : NormKind::kLayerNorm);
+  // qkv_bias in the remote-code shape, attention_bias in the hf one.
+  if (!v.get_bool(remote_code ? "qkv_bias" : "attention_bias", true)) {
+    // InternViT-6B: q, k and v without biases; the attention's output projection and the MLP
+    // keep theirs.
+    a.linear_bias = false;
+    a.out_bias = true;
+    a.mlp_bias = true;
+  }
+  Patching p;
+  p.patch_size = v.get("patch_size", 14);
+  const int64_t tile = v.get("image_size", 448);
+  p.tile_size = root.has("force_image_size") ? root.get("force_image_size", tile) : tile;
+  p.resize = ResizeMode::kTiles;
+  // Without dynamic_image_size every image is one tile.
+  p.max_tiles = root.get_bool("dynamic_image_size", true) ? root.get("max_dynamic_patch", 12) : 1;
+  p.thumbnail = root.get_bool("use_thumbnail", true);
+  p.class_token = true;
+  const double ratio = root.get_double("downsample_ratio", 0.5);
+  p.spatial_merge = ratio > 0 ? static_cast<int64_t>(std::llround(1.0 / ratio)) : 0;
+  if (p.spatial_merge < 1) root.error("downsample_ratio", "must be in (0, 1]");
+  const int64_t grid = p.patch_size > 0 ? p.tile_size / p.patch_size : 0;
+  a.positions = grid * grid + 1;
+  ModuleSpec vision = encoder_module("vision", Modality::kImage, a);
+  vision.patching = p;
+  const int64_t h = llm.transformer->hidden;
+  const int64_t merged = a.hidden * p.spatial_merge * p.spatial_merge;
+  return vlm(vision, projector_module("vision_projector", "vision", merged, h, h, 2, true), llm);
+}
+
+ModelSpec import_mllama(const Reader& root) {
+  const Reader text = root.sub("text_config");
+  ModuleSpec llm = llm_module(text, "llama");
+  if (const Json* cross = text.raw("cross_attention_layers"); cross != nullptr) {
+    if (cross->is_array())
+      llm.transformer->cross_attention_layers = static_cast<int64_t>(cross->size());
+    else
+      text.error("cross_attention_layers", "expected an array of layer indices");
+  }
+  // The token embedding has 8 rows beyond vocab_size, for the image tokens (Hugging Face's
+  // MllamaTextModel: vocab_size + 8).
+  llm.transformer->extra_embeddings = 8;
+  const Reader v = root.sub("vision_config");
+  // Mllama's vision tower: a local transformer plus a global one of the same width whose layers
+  // are gated; its head count is `attention_heads`, not num_attention_heads. Its attention and
+  // patch convolution have no biases; its MLP has.
+  const int64_t global = v.get("num_global_layers", 8);
+  TransformerArch a = encoder_arch(v.get("num_hidden_layers", 32) + global,
+                                   v.get("hidden_size", 1280), v.get("attention_heads", 16),
+                                   v.get("intermediate_size", 5120), NormKind::kLayerNorm);
+  a.linear_bias = false;
+  a.mlp_bias = true;
+  a.gated_layers = global;
+  Patching p;
+  p.patch_size = v.get("patch_size", 14);
+  p.tile_size = v.get("image_size", 560);
+  p.max_tiles = v.get("max_num_tiles", 4);
+  p.resize = ResizeMode::kTiles;
+  p.class_token = true;
+  p.pre_norm = true;
+  // Tile arrangements: `supported_aspect_ratios`, by default every w x h tiles with w·h at most
+  // max_num_tiles (8 for 4 tiles).
+  if (const Json* ratios = v.raw("supported_aspect_ratios"); ratios != nullptr) {
+    if (ratios->is_array())
+      p.aspect_ratios = static_cast<int64_t>(ratios->size());
+    else
+      v.error("supported_aspect_ratios", "expected an array of [width, height] tile counts");
+  } else {
+    for (int64_t w = 1; w <= p.max_tiles; ++w) p.aspect_ratios += p.max_tiles / w;
+  }
+  const int64_t grid = p.patch_size > 0 ? p.tile_size / p.patch_size : 0;
+  a.positions = grid * grid + 1;
+  ModuleSpec vision = encoder_module("vision", Modality::kImage, a);
+  vision.patching = p;
+  // The projector reads the last layer's output and those of intermediate_layers_indices,
+  // concatenated: vision_output_dim wide.
+  v.known({"intermediate_layers_indices"});
+  const int64_t out = v.get("vision_output_dim", 7680);
+  return vlm(vision,
+             projector_module("vision_projector", "vision", out, llm.transformer->hidden,
+                              llm.transformer->hidden, 1, false),
+             llm);
+}
+
+ModelSpec import_whisper(const Reader& root) {
+  ModuleSpec audio = whisper_encoder(root, 80);
+  root.leave_out({"decoder_layers", "decoder_attention_heads", "decoder_ffn_dim", "vocab_size"},
+                 "Whisper's text decoder, which a speech-LLM does not run (the encoder alone is "
+                 "imported)");
+  ModelSpec model;
+  model.modules = {std::move(audio)};
+  return model;
+}
+
+ModelSpec import_clip(const Reader& root, bool siglip) {
+  ModelSpec model;
+  model.modules = {vit_module(root.sub("vision_config"), siglip)};
+  root.leave_out("text_config",
+                 "the text tower, which a VLM does not run (the vision tower alone is imported)");
+  root.leave_out("projection_dim", "the projection into the joint text-image space");
+  return model;
+}
+
+}  // namespace tessera::hf

@@ -1,0 +1,23 @@
+// The model families `tessera import-hf` reads: each assembles a ModelSpec from one config.json
+// shape, module by module (hf_modules.hpp), and names what it leaves out.
+#pragma once
+
+#include "shared/spec/hf_reader.hpp"
+#include "shared/spec/model_spec.hpp"
+
+namespace tessera::hf {
+
+// Qwen2-VL (flat: LLM keys at the top level) and Qwen2.5-VL.
+ModelSpec import_qwen_vl(const Reader& root, bool qwen25);
+// LLaVA-1.5 and LLaVA-NeXT (anyres tiles).
+ModelSpec import_llava(const Reader& root, bool next);
+// InternVL: the remote-code shape (llm_config) and the hf one (text_config).
+ModelSpec import_internvl(const Reader& root, bool remote_code);
+// Llama 3.2 Vision (Mllama): cross-attention to tiled images.
+ModelSpec import_mllama(const Reader& root);
+// Whisper's encoder.
+ModelSpec import_whisper(const Reader& root);
+// CLIP's or SigLIP's vision tower, from the two-tower config.
+ModelSpec import_clip(const Reader& root, bool siglip);
+
+}  // namespace tessera::hf

@@ -1,0 +1,79 @@
+// Reading a HuggingFace config.json: typed keys with the config classes' defaults, every problem
+// naming the file and JSON path, and a ledger of the keys read, so that a key which shapes the
+// architecture but which no importer reads is an error rather than silently ignored.
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "shared/base/diagnostics.hpp"
+#include "shared/base/json_reader.hpp"
+
+namespace tessera::hf {
+
+// What one import read of a config: the keys consulted (full JSON paths), the objects it
+// opened, and the parts it left out on purpose with the reason.
+struct Ledger {
+  std::set<std::string> read;
+  std::map<std::string, const Json*> blocks;  // JSON path ("" for the root) -> object
+  std::vector<std::string> left_out;          // "text_config: CLIP's text tower, ..."
+};
+
+class Reader {
+ public:
+  // The root of `config` (an object), read from `file`.
+  Reader(const Json& config, std::string file, Diagnostics& diag);
+
+  // Whether `key` is present and not null; consulting a key counts as reading it.
+  bool has(std::string_view key) const;
+  const Json* raw(std::string_view key) const;
+
+  // An integer (or the first of a [n, n] pair, as newer configs write image sizes).
+  int64_t get(std::string_view key, int64_t fallback) const;
+  double get_double(std::string_view key, double fallback) const;
+  bool get_bool(std::string_view key, bool fallback) const;
+  std::string get_string(std::string_view key, std::string fallback) const;
+  // The integers of an array key (empty when absent; an error when not integers).
+  std::vector<int64_t> get_ints(std::string_view key) const;
+  // A nested config; absent gives a reader that answers defaults.
+  Reader sub(std::string_view key) const;
+
+  // Keys the import knows and deliberately does not use, each with a reason in the caller's
+  // comment (a cost the model does not price, a field the config class duplicates).
+  void known(std::initializer_list<std::string_view> keys) const;
+  // A part of the checkpoint that a training run of the model does not hold (a CLIP text tower,
+  // a speech generator): recorded in the import's summary with `why`.
+  void leave_out(std::string_view key, const std::string& why) const;
+  // The same for a part that is a set of keys of this object (Whisper's decoder sizes).
+  void leave_out(std::initializer_list<std::string_view> keys, const std::string& why) const;
+
+  void error(std::string_view key, const std::string& message) const;
+  const std::string& file() const { return file_; }
+  const std::string& path() const { return path_; }
+  const Ledger& ledger() const { return *ledger_; }
+
+ private:
+  Reader(const Json* json, std::string file, std::string path, Diagnostics& diag,
+         std::shared_ptr<Ledger> ledger);
+  void mark(std::string_view key) const;
+
+  const Json* json_;
+  std::string file_;
+  std::string path_;
+  Diagnostics* diag_;
+  std::shared_ptr<Ledger> ledger_;
+};
+
+// Errors for the keys of every object the import opened that look architectural (layer, head,
+// width, expert, vocabulary, window, pooling, ... counts and switches), were not read, and are
+// not on the list of keys known not to change what the model holds or computes.
+void check_unread(const Ledger& ledger, const std::string& file, const std::string& model_type,
+                  Diagnostics& diag);
+
+}  // namespace tessera::hf
