@@ -104,6 +104,11 @@ std::string executor_plan_support(const ParallelPlan& plan, const ModelSpec& mod
       }
     if (const std::string why = tp_refusal(*m.transformer, m.name, tp, false); !why.empty())
       return field + ": " + why + next;
+    if (m.transformer->qk_norm && tp > 1)
+      return field + ": " + m.name +
+             "'s query/key norms under tensor parallelism (the norm weights' gradient would "
+             "need a sum over TP)" +
+             next;
   }
   if (plan.placement == Placement::kColocated) {
     const ModuleSpec* llm = find_llm(model);

@@ -103,6 +103,13 @@ Attention::Attention(ParamSet& ps, const std::string& name, const TransformerArc
   v = Linear(ps, name + ".v", arch.hidden, kv * head_dim, qkv_bias, Split::kColumn);
   o = Linear(ps, name + ".o", arch.heads * head_dim, arch.hidden, arch.linear_bias || arch.out_bias,
              Split::kRow);
+  if (arch.qk_norm) {
+    // Refused under TP (plan_refusal): each rank's heads would give the one weight a partial
+    // gradient.
+    TESSERA_CHECK(tp == 1, name + ": query/key norms under tensor parallelism");
+    q_norm = Norm(ps, name + ".q_norm", head_dim, arch.norm);
+    k_norm = Norm(ps, name + ".k_norm", head_dim, arch.norm);
+  }
 }
 
 torch::Tensor Attention::forward(const torch::Tensor& x, const AttentionInputs& in) const {
@@ -111,6 +118,10 @@ torch::Tensor Attention::forward(const torch::Tensor& x, const AttentionInputs& 
   torch::Tensor qh = q.forward_entered(entered).view({b, l, heads, head_dim});
   torch::Tensor kh = k.forward_entered(entered).view({b, l, kv_heads, head_dim});
   torch::Tensor vh = v.forward_entered(entered).view({b, l, kv_heads, head_dim});
+  if (q_norm.weight.defined()) {
+    qh = q_norm.forward(qh);
+    kh = k_norm.forward(kh);
+  }
   if (rotary && in.positions_q.defined()) {
     qh = rotary_embed(qh, in.positions_q);
     kh = rotary_embed(kh, in.positions_q);
@@ -152,11 +163,19 @@ Block::Block(ParamSet& ps, const std::string& name, const TransformerArch& arch)
     : norm1(ps, name + ".norm1", arch.hidden, arch.norm),
       norm2(ps, name + ".norm2", arch.hidden, arch.norm),
       attention(ps, name + ".attn", arch),
-      mlp(ps, name + ".mlp", arch) {}
+      mlp(ps, name + ".mlp", arch) {
+  if (arch.post_norms) {
+    post1 = Norm(ps, name + ".post1", arch.hidden, arch.norm);
+    post2 = Norm(ps, name + ".post2", arch.hidden, arch.norm);
+  }
+}
 
 torch::Tensor Block::forward(const torch::Tensor& x, const AttentionInputs& in) const {
-  const torch::Tensor h = x + attention.forward(norm1.forward(x), in);
-  return h + mlp.forward(norm2.forward(h));
+  const bool post = post1.weight.defined();
+  const torch::Tensor a = attention.forward(norm1.forward(x), in);
+  const torch::Tensor h = x + (post ? post1.forward(a) : a);
+  const torch::Tensor m = mlp.forward(norm2.forward(h));
+  return h + (post ? post2.forward(m) : m);
 }
 
 Embedding::Embedding(ParamSet& ps, const std::string& name, int64_t vocab, int64_t hidden)

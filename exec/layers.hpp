@@ -79,6 +79,7 @@ struct Attention {
   Attention(ParamSet& ps, const std::string& name, const TransformerArch& arch);
   torch::Tensor forward(const torch::Tensor& x, const AttentionInputs& in) const;  // (B, L, H)
   Linear q, k, v, o;
+  Norm q_norm, k_norm;                            // per head, when the architecture has them
   int64_t heads = 0, kv_heads = 0, head_dim = 0;  // per TP rank
   bool rotary = false;
 };
@@ -96,6 +97,7 @@ struct Block {
   Block(ParamSet& ps, const std::string& name, const TransformerArch& arch);
   torch::Tensor forward(const torch::Tensor& x, const AttentionInputs& in) const;
   Norm norm1, norm2;
+  Norm post1, post2;  // after attention and MLP, when the architecture has them
   Attention attention;
   Mlp mlp;
 };

@@ -17,7 +17,7 @@ Stage::Stage(const ModuleSpec& module, int64_t layer_begin, int64_t layer_end, u
   const std::string& name = module.name;
   if (module.role == ModuleRole::kProjector) {
     const ProjectorArch& p = *module.projector;
-    if (p.input_norm) input_norm_ = Norm(params_, name + ".input_norm", p.in, NormKind::kLayerNorm);
+    if (p.input_norm) input_norm_ = Norm(params_, name + ".input_norm", p.in, p.norm);
     const int64_t hidden = p.hidden > 0 ? p.hidden : p.out;
     if (p.layers >= 2) {
       fc1_ = Linear(params_, name + ".fc1", p.in, hidden, p.bias, Split::kColumn);

@@ -111,7 +111,11 @@ double layer_parameters(const TransformerArch& a, int64_t tp) {
   } else {
     n += mlp_parameters(a, a.ffn, t);
   }
-  return n + static_cast<double>(2 * norm_parameters(a.norm, a.hidden));
+  // Norms: before attention and MLP, after them too with post_norms; per-head query and key
+  // norms, whole on every rank.
+  n += static_cast<double>((a.post_norms ? 4 : 2) * norm_parameters(a.norm, a.hidden));
+  if (a.qk_norm) n += static_cast<double>(2 * norm_parameters(a.norm, a.head_dim));
+  return n;
 }
 
 int64_t layer_parameters(const TransformerArch& a) {
@@ -192,7 +196,7 @@ double projector_parameters(const ProjectorArch& p, int64_t tp) {
     n = static_cast<double>(p.in * p.hidden + p.hidden * p.out) / t;
     if (p.bias) n += static_cast<double>(p.hidden) / t + static_cast<double>(p.out);
   }
-  if (p.input_norm) n += static_cast<double>(2 * p.in);
+  if (p.input_norm) n += static_cast<double>(norm_parameters(p.norm, p.in));
   return n;
 }
 

@@ -198,6 +198,61 @@ ModelSpec import_whisper(const Reader& root) {
   return model;
 }
 
+ModelSpec import_qwen2_audio(const Reader& root) {
+  ModuleSpec llm = llm_module(root.sub("text_config"), "qwen2");
+  root.known({"vocab_size"});  // the LLM's, repeated
+  ModuleSpec audio = whisper_encoder(root.sub("audio_config"), 128);
+  // An average pool of stride 2 after the encoder: 25 LLM tokens per second of audio.
+  audio.audio->pooling = 2;
+  const int64_t h = llm.transformer->hidden;
+  ModuleSpec projector =
+      projector_module("audio_projector", "audio", audio.transformer->hidden, h, h, 1, false);
+  return vlm(std::move(audio), std::move(projector), std::move(llm));
+}
+
+ModelSpec import_gemma3(const Reader& root) {
+  ModuleSpec llm = llm_module(root.sub("text_config"), "gemma3_text");
+  ModuleSpec vision = vit_module(root.sub("vision_config"), true);
+  // The patch grid is average-pooled to mm_tokens_per_image tokens (64 x 64 -> 16 x 16 at 896
+  // pixels), then normalized and projected by one bias-free matrix.
+  Patching& p = *vision.patching;
+  const int64_t grid = p.patch_size > 0 ? p.image_size / p.patch_size : 0;
+  const int64_t tokens = root.get("mm_tokens_per_image", 256);
+  const auto side = static_cast<int64_t>(std::llround(std::sqrt(static_cast<double>(tokens))));
+  if (tokens < 1 || side * side != tokens || grid % side != 0)
+    root.error("mm_tokens_per_image", std::to_string(tokens) + " is not a square that pools the " +
+                                          std::to_string(grid) + "x" + std::to_string(grid) +
+                                          " patch grid evenly");
+  else
+    p.spatial_merge = grid / side;
+  const int64_t h = llm.transformer->hidden;
+  ModuleSpec projector =
+      projector_module("vision_projector", "vision", vision.transformer->hidden, h, h, 1, true);
+  projector.projector->bias = false;
+  projector.projector->norm = NormKind::kRmsNorm;
+  return vlm(std::move(vision), std::move(projector), std::move(llm));
+}
+
+ModelSpec import_paligemma(const Reader& root) {
+  const Reader text = root.sub("text_config");
+  ModuleSpec llm = llm_module(text, text.get_string("model_type", "gemma"));
+  // Stale copies of the text model's sizes, which the transformers code ignores.
+  root.known({"hidden_size", "num_hidden_layers", "_vocab_size", "projection_dim"});
+  text.known({"num_image_tokens"});
+  const Reader v = root.sub("vision_config");
+  // PaliGemma's projection_dim is its projector's output: the LLM width.
+  const int64_t h = llm.transformer->hidden;
+  if (const int64_t out = v.get("projection_dim", h); out != h)
+    v.error("projection_dim",
+            std::to_string(out) + " does not match the LLM hidden_size " + std::to_string(h));
+  ModuleSpec vision = vit_module(v, true);
+  // The position table has a row per patch whatever num_positions says.
+  v.known({"num_image_tokens", "num_positions"});
+  ModuleSpec projector =
+      projector_module("vision_projector", "vision", vision.transformer->hidden, h, h, 1, false);
+  return vlm(std::move(vision), std::move(projector), std::move(llm));
+}
+
 ModelSpec import_clip(const Reader& root, bool siglip) {
   ModelSpec model;
   model.modules = {vit_module(root.sub("vision_config"), siglip)};

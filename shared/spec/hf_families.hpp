@@ -17,6 +17,13 @@ ModelSpec import_internvl(const Reader& root, bool remote_code);
 ModelSpec import_mllama(const Reader& root);
 // Whisper's encoder.
 ModelSpec import_whisper(const Reader& root);
+// Qwen2-Audio: a Whisper encoder, pooled 2:1, a linear projector and a Qwen2 LLM.
+ModelSpec import_qwen2_audio(const Reader& root);
+// Gemma 3: a SigLIP tower pooled to 256 tokens an image, a normalized linear projection and a
+// Gemma 3 LLM.
+ModelSpec import_gemma3(const Reader& root);
+// PaliGemma (1 and 2): a SigLIP tower, a linear projection and a Gemma LLM.
+ModelSpec import_paligemma(const Reader& root);
 // CLIP's or SigLIP's vision tower, from the two-tower config.
 ModelSpec import_clip(const Reader& root, bool siglip);
 

@@ -13,6 +13,12 @@ namespace {
 
 using hf::Reader;
 
+ModelSpec tower(ModuleSpec module) {
+  ModelSpec model;
+  model.modules = {std::move(module)};
+  return model;
+}
+
 // model_type -> the family that imports it.
 struct Family {
   const char* type;
@@ -27,12 +33,13 @@ constexpr Family kFamilies[] = {
     {"internvl", [](const Reader& r) { return hf::import_internvl(r, false); }},
     {"mllama", hf::import_mllama},
     {"whisper", hf::import_whisper},
+    {"qwen2_audio", hf::import_qwen2_audio},
+    {"gemma3", hf::import_gemma3},
+    {"paligemma", hf::import_paligemma},
     {"siglip", [](const Reader& r) { return hf::import_clip(r, true); }},
-    {"siglip_vision_model",
-     [](const Reader& r) { return ModelSpec{.modules = {hf::vit_module(r, true)}}; }},
+    {"siglip_vision_model", [](const Reader& r) { return tower(hf::vit_module(r, true)); }},
     {"clip", [](const Reader& r) { return hf::import_clip(r, false); }},
-    {"clip_vision_model",
-     [](const Reader& r) { return ModelSpec{.modules = {hf::vit_module(r, false)}}; }},
+    {"clip_vision_model", [](const Reader& r) { return tower(hf::vit_module(r, false)); }},
 };
 
 }  // namespace

@@ -6,16 +6,26 @@ namespace tessera::hf {
 
 namespace {
 
-// Decoder-only LLM defaults of HF's config classes, for sparse text_config blocks (llava-hf).
+// Decoder-only LLM defaults of HF's config classes, for sparse text_config blocks (llava-hf,
+// Gemma 3), and what the family always has.
 struct LlmDefaults {
   int64_t hidden, ffn, layers, heads, kv_heads, vocab;
-  bool qkv_bias;
+  bool qkv_bias = false;
+  int64_t head_dim = 0;  // 0: hidden / heads
+  bool tied = false;
+  bool qk_norm = false;
+  bool post_norms = false;
 };
 LlmDefaults llm_defaults(const std::string& model_type) {
-  if (model_type == "mistral") return {4096, 14336, 32, 32, 8, 32000, false};
+  if (model_type == "mistral") return {4096, 14336, 32, 32, 8, 32000};
   if (model_type == "qwen2") return {4096, 22016, 32, 32, 32, 151936, true};
-  if (model_type == "internlm2") return {4096, 11008, 32, 32, 32, 103168, false};
-  return {4096, 11008, 32, 32, 32, 32000, false};  // llama (Vicuna, Llama 2)
+  if (model_type == "internlm2") return {4096, 11008, 32, 32, 32, 103168};
+  if (model_type == "gemma") return {3072, 24576, 28, 16, 16, 256000, false, 256, true};
+  // Gemma 2 and 3: four norms per layer; Gemma 3 normalizes queries and keys too.
+  if (model_type == "gemma2") return {2304, 9216, 26, 8, 4, 256000, false, 256, true, false, true};
+  if (model_type == "gemma3_text")
+    return {2304, 9216, 26, 8, 4, 262208, false, 256, true, true, true};
+  return {4096, 11008, 32, 32, 32, 32000};  // llama (Vicuna, Llama 2)
 }
 
 }  // namespace
@@ -28,16 +38,25 @@ ModuleSpec llm_module(const Reader& r, const std::string& model_type) {
   a.layers = r.get("num_hidden_layers", d.layers);
   a.heads = r.get("num_attention_heads", d.heads);
   a.kv_heads = r.get("num_key_value_heads", a.heads == d.heads ? d.kv_heads : a.heads);
-  a.head_dim = r.get("head_dim", a.heads > 0 ? a.hidden / a.heads : 0);
+  a.head_dim = r.get("head_dim", d.head_dim > 0 ? d.head_dim
+                                 : a.heads > 0  ? a.hidden / a.heads
+                                                : 0);
   a.vocab = r.get("vocab_size", d.vocab);
   a.gated_ffn = true;
-  a.tied_embeddings = r.get_bool("tie_word_embeddings", false);
+  a.tied_embeddings = r.get_bool("tie_word_embeddings", d.tied);
+  a.qk_norm = d.qk_norm;
+  a.post_norms = d.post_norms;
   a.qkv_bias = model_type == "qwen2" || model_type == "qwen2_vl" || model_type == "qwen2_5_vl" ||
                r.get_bool("attention_bias", false) || d.qkv_bias;
   a.norm = NormKind::kRmsNorm;
   // Attention within a sliding window, where a config turns one on, is priced as full attention
   // (an upper bound); multimodal rotary positions (use_mrope) change no parameter or FLOP.
-  r.known({"sliding_window", "use_sliding_window", "use_mrope"});
+  r.known({"sliding_window", "use_sliding_window", "use_mrope", "sliding_window_pattern",
+           "layer_types"});
+  // Gemma's logit soft-capping, attention scale and local rotary base: no parameter, no FLOP
+  // to speak of.
+  r.known({"attn_logit_softcapping", "final_logit_softcapping", "query_pre_attn_scalar",
+           "cache_implementation"});
   if (r.has("num_local_experts") || r.has("num_experts")) {
     a.experts =
         r.has("num_local_experts") ? r.get("num_local_experts", 0) : r.get("num_experts", 0);
@@ -94,6 +113,11 @@ ModuleSpec vit_module(const Reader& v, bool siglip) {
   // CLIP: a patch convolution without bias, and a norm (pre_layrnorm) before the first layer.
   p.conv_bias = siglip;
   p.pre_norm = !siglip;
+  // SigLIP's attention-pooling head: a VLM takes the patch features before it.
+  if (v.get_bool("vision_use_head", false))
+    v.leave_out("vision_use_head",
+                "the attention-pooling head of the vision tower, which a VLM "
+                "does not run");
   const int64_t grid = p.patch_size > 0 ? p.image_size / p.patch_size : 0;
   a.positions = grid * grid + (p.class_token ? 1 : 0);
   ModuleSpec m = encoder_module("vision", Modality::kImage, a);

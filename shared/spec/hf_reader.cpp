@@ -89,9 +89,10 @@ void Reader::known(std::initializer_list<std::string_view> keys) const {
 }
 
 void Reader::leave_out(std::string_view key, const std::string& why) const {
-  if (!has(key)) return;
-  // Everything under it counts as read: the part is left out whole.
+  // A key the family read is used, not left out.
   const std::string at = join_path(path_, key);
+  if (ledger_->read.contains(at) || !has(key)) return;
+  // Everything under it counts as read: the part is left out whole.
   ledger_->read.insert(at);
   ledger_->left_out.push_back(at + ": " + why);
   if (const Json* v = raw(key); v->is_object()) ledger_->blocks.erase(at);

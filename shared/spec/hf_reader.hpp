@@ -48,7 +48,8 @@ class Reader {
   // comment (a cost the model does not price, a field the config class duplicates).
   void known(std::initializer_list<std::string_view> keys) const;
   // A part of the checkpoint that a training run of the model does not hold (a CLIP text tower,
-  // a speech generator): recorded in the import's summary with `why`.
+  // a speech generator): recorded in the import's summary with `why`. Nothing when the key is
+  // absent or already read.
   void leave_out(std::string_view key, const std::string& why) const;
   // The same for a part that is a set of keys of this object (Whisper's decoder sizes).
   void leave_out(std::initializer_list<std::string_view> keys, const std::string& why) const;

@@ -67,6 +67,8 @@ TransformerArch read_transformer(ObjectReader& r) {
   r.optional("mlp_bias", a.mlp_bias);
   r.optional("out_bias", a.out_bias);
   r.optional_enum("norm", a.norm, kNorms);
+  r.optional("qk_norm", a.qk_norm);
+  r.optional("post_norms", a.post_norms);
   if (r.optional("experts", a.experts) && r.check_at_least<int64_t>("experts", a.experts, 0))
     at_most(r, "experts", a.experts, kMaxExperts);
   if (r.optional("top_k", a.top_k)) r.check_at_least<int64_t>("top_k", a.top_k, 0);
@@ -185,6 +187,7 @@ ProjectorArch read_projector(ObjectReader& r) {
     r.error("layers", "must be 1 or 2, got " + std::to_string(p.layers));
   r.optional("bias", p.bias);
   r.optional("input_norm", p.input_norm);
+  r.optional_enum("norm", p.norm, kNorms);
   if (p.hidden == 0) p.hidden = p.out;
   r.finish();
   return p;
@@ -238,6 +241,8 @@ Json to_json(const TransformerArch& a) {
   if (a.mlp_bias) j["mlp_bias"] = true;
   if (a.out_bias) j["out_bias"] = true;
   j["norm"] = enum_name(a.norm, kNorms);
+  if (a.qk_norm) j["qk_norm"] = true;
+  if (a.post_norms) j["post_norms"] = true;
   if (a.experts > 0) {
     j["experts"] = a.experts;
     j["top_k"] = a.top_k;
@@ -285,8 +290,10 @@ Json to_json(const AudioFrontEnd& a) {
 }
 
 Json to_json(const ProjectorArch& p) {
-  return Json{{"in", p.in},         {"hidden", p.hidden}, {"out", p.out},
-              {"layers", p.layers}, {"bias", p.bias},     {"input_norm", p.input_norm}};
+  Json j{{"in", p.in},         {"hidden", p.hidden}, {"out", p.out},
+         {"layers", p.layers}, {"bias", p.bias},     {"input_norm", p.input_norm}};
+  if (p.input_norm && p.norm != NormKind::kLayerNorm) j["norm"] = enum_name(p.norm, kNorms);
+  return j;
 }
 
 }  // namespace

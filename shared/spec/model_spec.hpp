@@ -44,9 +44,12 @@ struct TransformerArch {
   bool mlp_bias = false;  // without linear_bias: the MLP's linears have biases (Mllama's ViT)
   bool out_bias = false;  // without linear_bias: the attention output has a bias (InternViT-6B)
   NormKind norm = NormKind::kRmsNorm;
-  int64_t experts = 0;  // MoE experts per layer; 0 = dense MLP
-  int64_t top_k = 0;    // experts active per token
-  int64_t moe_ffn = 0;  // inner width of one expert. Default: ffn
+  bool qk_norm = false;  // queries and keys normalized per head before attention (Gemma 3, Qwen3)
+  bool post_norms = false;  // attention and MLP outputs normalized too, before each residual add
+                            // (Gemma 2 and 3: four norms per layer)
+  int64_t experts = 0;      // MoE experts per layer; 0 = dense MLP
+  int64_t top_k = 0;        // experts active per token
+  int64_t moe_ffn = 0;      // inner width of one expert. Default: ffn
   // Of `layers`, how many attend to media through cross-attention (Mllama). When > 0, media
   // tokens do not enter this module's sequence.
   int64_t cross_attention_layers = 0;
@@ -103,7 +106,8 @@ struct ProjectorArch {
   int64_t out = 0;
   int64_t layers = 2;
   bool bias = true;
-  bool input_norm = false;  // LayerNorm on the input (InternVL's mlp1)
+  bool input_norm = false;  // a norm on the input (InternVL's mlp1, Gemma 3's soft-embedding norm)
+  NormKind norm = NormKind::kLayerNorm;  // of input_norm
 
   bool operator==(const ProjectorArch&) const = default;
 };

@@ -294,6 +294,54 @@ TEST_CASE("colocated placements: each module its own grid, the boundary regroups
                               "ranks of its own") != std::string::npos);
 }
 
+TEST_CASE(
+    "Gemma 3 and InternViT-6B layers (query/key norms, four norms per layer, a normalized "
+    "linear projector, biased attention outputs): plans agree with one rank") {
+  Json s = Json::parse(std::ifstream(kScenario));
+  s["cluster"] = std::string(TESSERA_SOURCE_DIR) + "/scenarios/clusters/cpu-local.json";
+  Json& modules = s["model"]["modules"];
+  modules[0]["frozen"] = false;
+  Json& vit = modules[0]["transformer"];
+  vit["linear_bias"] = false;
+  vit["mlp_bias"] = true;
+  vit["out_bias"] = true;
+  modules[1]["projector"] = Json{{"in", 64},      {"out", 128},         {"layers", 1},
+                                 {"bias", false}, {"input_norm", true}, {"norm", "rmsnorm"}};
+  modules[2]["transformer"]["qk_norm"] = true;
+  modules[2]["transformer"]["post_norms"] = true;
+  const fs::path scenario = fresh_dir("gemma-like") / "scenario.json";
+  fs::create_directories(scenario.parent_path());
+  std::ofstream(scenario) << s.dump(2);
+  auto trained = [&](const std::string& layout, const std::string& name) {
+    const fs::path out = fresh_dir(name);
+    const Run r = run(scenario.string() + " --plan " + plan_file(layout) + " --steps 3 --out " +
+                      out.string());
+    INFO(r.output);
+    REQUIRE(r.code == 0);
+    return std::pair{losses(out), losses(out, "grad_norm")};
+  };
+  const auto [loss, norm] = trained(R"({"tp": 1})", "gemma-like-1");
+  REQUIRE(loss.size() == 3);
+  for (const auto& [layout, name] :
+       std::vector<std::pair<std::string, std::string>>{{R"({"pp": 2})", "gemma-like-pp2"},
+                                                        {R"({"dp": 2})", "gemma-like-dp2"},
+                                                        {R"({"cp": 2})", "gemma-like-cp2"}}) {
+    const auto [got, got_norm] = trained(layout, name);
+    REQUIRE(got.size() == 3);
+    for (std::size_t i = 0; i < 3; ++i) {
+      INFO(name << " step " << i);
+      CHECK(std::abs(got[i] - loss[i]) <= 1e-6 * std::abs(loss[i]));
+      CHECK(std::abs(got_norm[i] - norm[i]) <= 1e-5 * std::abs(norm[i]));
+    }
+  }
+  // Under TP each rank's heads would give the shared norm weights a partial gradient: refused.
+  const Run tp2 = run(scenario.string() + " --plan " + plan_file(R"({"tp": 2})") +
+                      " --steps 1 --out " + fresh_dir("gemma-like-tp2").string());
+  CHECK(tp2.code == 2);
+  CHECK(tp2.output.find("plan.layout.tp: llm's query/key norms under tensor parallelism") !=
+        std::string::npos);
+}
+
 TEST_CASE("frozen LLM behind a trainable projector (LLaVA stage 1) still passes gradients back") {
   Diagnostics diag;
   auto s = load_scenario(kScenario, diag);

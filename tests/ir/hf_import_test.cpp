@@ -121,6 +121,54 @@ TEST_CASE("Whisper, SigLIP and CLIP import as encoders") {
   CHECK(model_parameters(c) == 303'507'456);  // the published vision tower of 427,944,193
 }
 
+TEST_CASE("Qwen2-Audio: a Whisper encoder pooled 2:1 into a Qwen2 LLM") {
+  const ModelSpec m = import("qwen2-audio-7b-instruct.json");
+  CHECK(m.name == "qwen2-audio-7b-instruct");
+  const ModuleSpec& audio = module(m, "audio");
+  CHECK(audio.audio->mel_bins == 128);
+  CHECK(audio_tokens(audio, 30).encoder_tokens == 1500);
+  CHECK(audio_tokens(audio, 30).llm_tokens == 750);
+  CHECK(module(m, "audio_projector").projector->layers == 1);
+  // The sparse text_config takes Qwen2Config's defaults: 4096 wide, 32 layers and heads.
+  CHECK(module(m, "llm").transformer->hidden == 4096);
+  CHECK(module(m, "llm").transformer->vocab == 156032);
+  // Published: model.safetensors.index.json total_size 16,794,189,824 bytes of bf16 of
+  // mispeech/r1-aqa, a full fine-tune of Qwen2-Audio-7B-Instruct with its 876 tensors.
+  CHECK(model_parameters(m) == 8'397'094'912);
+}
+
+TEST_CASE("Gemma 3: SigLIP pooled to 256 tokens, query/key norms and four norms per layer") {
+  // gemma-3-4b-it's sparse config: heads, head_dim and the vocabulary are Gemma3TextConfig's.
+  const ModelSpec m = import("gemma-3-4b-it.json");
+  const TransformerArch& llm = *module(m, "llm").transformer;
+  CHECK(llm.heads == 8);
+  CHECK(llm.kv_heads == 4);
+  CHECK(llm.head_dim == 256);
+  CHECK(llm.vocab == 262208);
+  CHECK(llm.tied_embeddings);
+  CHECK(llm.qk_norm);
+  CHECK(llm.post_norms);
+  CHECK(image_tokens(module(m, "vision"), 1200, 900).encoder_tokens == 4096);
+  CHECK(image_tokens(module(m, "vision"), 1200, 900).llm_tokens == 256);
+  CHECK_FALSE(module(m, "vision_projector").projector->bias);
+  // Published: model.safetensors.index.json total_size 8,600,158,944 bytes of bf16 for
+  // google/medgemma-4b-it, a fine-tune of gemma-3-4b with its architecture.
+  CHECK(model_parameters(m) == 4'300'079'472);
+  // google/medgemma-27b-it (Gemma 3 27B), a mirror's config.json and index: total_size
+  // 54,864,813,280 bytes of bf16.
+  CHECK(model_parameters(import("medgemma-27b-it.json")) == 27'432'406'640);
+}
+
+TEST_CASE("PaliGemma 2: stale top-level sizes are ignored, the text_config's Gemma 2 counts") {
+  const ModelSpec m = import("paligemma2-3b-ft-docci-448.json");
+  CHECK(m.name == "google/paligemma2-3b-ft-docci-448");
+  CHECK(module(m, "llm").transformer->hidden == 2304);
+  CHECK(module(m, "llm").transformer->post_norms);
+  CHECK_FALSE(module(m, "llm").transformer->qk_norm);
+  CHECK(image_tokens(module(m, "vision"), 640, 480).llm_tokens == 1024);
+  CHECK(std::fabs(params(m) - 3.0e9) / 3.0e9 < 0.02);  // only "3B" is published
+}
+
 TEST_CASE("import errors: unknown model_type lists what is supported; bad --freeze; wrong types") {
   Diagnostics diag;
   const auto gpt2 = read_json_file(kHf + "gpt2.json", diag);
