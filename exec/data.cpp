@@ -62,6 +62,8 @@ std::string executor_support(const ModelSpec& model) {
       return m.name + ": gated layers (Mllama's) are not in the executor yet";
     if (m.transformer && m.transformer->extra_embeddings > 0)
       return m.name + ": embedding rows beyond the vocabulary are not in the executor yet";
+    if (m.projector && m.projector->separators > 0)
+      return m.name + ": learned separators between image pieces are not in the executor yet";
     if (m.role != ModuleRole::kEncoder) continue;
     if (m.modality == Modality::kVideo)
       return m.name + ": video encoders are not in the executor yet";

@@ -197,6 +197,7 @@ double projector_parameters(const ProjectorArch& p, int64_t tp) {
     if (p.bias) n += static_cast<double>(p.hidden) / t + static_cast<double>(p.out);
   }
   if (p.input_norm) n += static_cast<double>(norm_parameters(p.norm, p.in));
+  n += static_cast<double>(p.separators * p.in);  // whole on every rank
   return n;
 }
 

@@ -253,6 +253,109 @@ ModelSpec import_paligemma(const Reader& root) {
   return vlm(std::move(vision), std::move(projector), std::move(llm));
 }
 
+ModelSpec import_phi3_vision(const Reader& root) {
+  ModuleSpec llm = llm_module(root, "phi3");  // flat: the LLM's keys at the top level
+  const Reader tower = root.sub("img_processor");
+  // config.json names its vision tower without its sizes; the remote code hard-codes them.
+  const std::string name = tower.get_string("model_name", "openai/clip-vit-large-patch14-336");
+  if (name != "openai/clip-vit-large-patch14-336")
+    tower.error("model_name", "'" + name +
+                                  "': the config does not give this vision tower's sizes, and "
+                                  "the import knows only openai/clip-vit-large-patch14-336's");
+  Json clip{{"hidden_size", 1024},       {"num_hidden_layers", 24}, {"num_attention_heads", 16},
+            {"intermediate_size", 4096}, {"patch_size", 14},        {"image_size", 336}};
+  Diagnostics none;
+  ModuleSpec vision = vit_module(Reader(clip, "", none), false);
+  const int64_t width = vision.transformer->hidden;
+  if (const int64_t out = tower.get("image_dim_out", width); out != width)
+    tower.error("image_dim_out",
+                std::to_string(out) + " is not the tower's width " + std::to_string(width));
+  tower.known({"name"});
+  // HD transform: crops of 336 pixels and the whole image downscaled, each 24 x 24 patches
+  // merged 2 x 2 into 144 tokens of 4 x 1024 channels.
+  Patching& p = *vision.patching;
+  p.tile_size = p.image_size;
+  p.image_size = 0;
+  p.resize = ResizeMode::kTiles;
+  p.max_tiles = 16;  // the processor's num_crops for single images (not in config.json)
+  p.thumbnail = true;
+  const int64_t grid = p.tile_size / p.patch_size;
+  const int64_t tokens = tower.get("num_img_tokens", 144);
+  for (int64_t merge = 1; merge <= grid; ++merge)
+    if (grid % merge == 0 && (grid / merge) * (grid / merge) == tokens) p.spatial_merge = merge;
+  if ((grid / p.spatial_merge) * (grid / p.spatial_merge) != tokens)
+    tower.error("num_img_tokens", std::to_string(tokens) + " does not merge the " +
+                                      std::to_string(grid) + "x" + std::to_string(grid) +
+                                      " patch grid evenly");
+  const Reader embed = root.sub("embd_layer");
+  // The remote code asserts both; the separators are learned embeddings of the merged width.
+  if (!embed.get_bool("use_hd_transform", false) ||
+      !embed.get_bool("with_learnable_separator", false))
+    embed.error("use_hd_transform",
+                "Phi-3-vision runs the HD transform with learned separators "
+                "only (use_hd_transform and with_learnable_separator true)");
+  embed.known({"hd_transform_order", "embedding_cls"});
+  const std::string projection = embed.get_string("projection_cls", "mlp");
+  if (projection != "mlp" && projection != "linear")
+    embed.error("projection_cls", "'" + projection + "': expected mlp or linear");
+  const int64_t h = llm.transformer->hidden;
+  const int64_t merged = width * p.spatial_merge * p.spatial_merge;
+  ModuleSpec projector = projector_module("vision_projector", "vision", merged, h, h,
+                                          projection == "mlp" ? 2 : 1, false);
+  projector.projector->separators = 2;  // glb_GN and sub_GN
+  return vlm(std::move(vision), std::move(projector), std::move(llm));
+}
+
+ModelSpec import_idefics3(const Reader& root) {
+  const Reader text = root.sub("text_config");
+  ModuleSpec llm = llm_module(text, text.get_string("model_type", "llama"));
+  if (!text.has("tie_word_embeddings"))
+    llm.transformer->tied_embeddings = root.get_bool("tie_word_embeddings", false);
+  root.known({"vocab_size", "use_reentrant_checkpointing"});  // the LLM's; a training switch
+  // Keys of the training code the checkpoints came from; transformers reads the top-level
+  // scale_factor instead.
+  text.known({"pixel_shuffle_factor", "qk_layer_norms", "use_resampler", "is_llama_config",
+              "neftune_noise_alpha", "rope_interleaved"});
+  const Reader v = root.sub("vision_config");
+  // Idefics3VisionConfig's defaults fill what SmolVLM2 configs leave out (12 layers, 3072 wide).
+  Json tower{{"hidden_size", v.get("hidden_size", 1152)},
+             {"num_hidden_layers", v.get("num_hidden_layers", 12)},
+             {"num_attention_heads", v.get("num_attention_heads", 16)},
+             {"intermediate_size", v.get("intermediate_size", 3072)},
+             {"patch_size", v.get("patch_size", 32)},
+             {"image_size", v.get("image_size", 224)},
+             {"num_channels", v.get("num_channels", 3)}};
+  v.known({"use_base_siglip", "tie_word_embeddings"});
+  Diagnostics none;
+  ModuleSpec vision = vit_module(Reader(tower, "", none), true);
+  // Images are resized to size.longest_edge and cut into tiles of max_image_size.longest_edge
+  // (plus the whole image downscaled); each tile's patches are pixel-shuffled scale_factor^2
+  // into one token.
+  Patching& p = *vision.patching;
+  const int64_t tile = v.sub("max_image_size").get("longest_edge", p.image_size);
+  const int64_t longest = v.sub("size").get("longest_edge", 4 * tile);
+  if (tile != p.image_size)
+    v.error("max_image_size", "tiles of " + std::to_string(tile) +
+                                  " pixels for an encoder of image_size " +
+                                  std::to_string(p.image_size));
+  p.tile_size = tile;
+  p.image_size = 0;
+  p.resize = ResizeMode::kTiles;
+  const int64_t across = tile > 0 ? (longest + tile - 1) / tile : 0;
+  p.max_tiles = across * across;
+  p.thumbnail = true;
+  p.spatial_merge = root.get("scale_factor", 2);
+  const int64_t grid = p.patch_size > 0 ? tile / p.patch_size : 0;
+  if (p.spatial_merge < 1 || grid % p.spatial_merge != 0)
+    root.error("scale_factor", std::to_string(p.spatial_merge) + " does not divide the " +
+                                   std::to_string(grid) + "-patch side of a tile");
+  const int64_t h = llm.transformer->hidden;
+  const int64_t merged = vision.transformer->hidden * p.spatial_merge * p.spatial_merge;
+  ModuleSpec projector = projector_module("vision_projector", "vision", merged, h, h, 1, false);
+  projector.projector->bias = false;
+  return vlm(std::move(vision), std::move(projector), std::move(llm));
+}
+
 ModelSpec import_clip(const Reader& root, bool siglip) {
   ModelSpec model;
   model.modules = {vit_module(root.sub("vision_config"), siglip)};

@@ -24,6 +24,11 @@ ModelSpec import_qwen2_audio(const Reader& root);
 ModelSpec import_gemma3(const Reader& root);
 // PaliGemma (1 and 2): a SigLIP tower, a linear projection and a Gemma LLM.
 ModelSpec import_paligemma(const Reader& root);
+// Phi-3-vision and Phi-3.5-vision: CLIP ViT-L/14-336 crops merged 2 x 2, an MLP with learned
+// separators, and a Phi-3 LLM.
+ModelSpec import_phi3_vision(const Reader& root);
+// Idefics3 and SmolVLM: SigLIP tiles pixel-shuffled into a linear projection, and a Llama LLM.
+ModelSpec import_idefics3(const Reader& root);
 // CLIP's or SigLIP's vision tower, from the two-tower config.
 ModelSpec import_clip(const Reader& root, bool siglip);
 

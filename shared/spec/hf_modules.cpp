@@ -20,6 +20,7 @@ LlmDefaults llm_defaults(const std::string& model_type) {
   if (model_type == "mistral") return {4096, 14336, 32, 32, 8, 32000};
   if (model_type == "qwen2") return {4096, 22016, 32, 32, 32, 151936, true};
   if (model_type == "internlm2") return {4096, 11008, 32, 32, 32, 103168};
+  if (model_type == "phi3") return {3072, 8192, 32, 32, 32, 32064};
   if (model_type == "gemma") return {3072, 24576, 28, 16, 16, 256000, false, 256, true};
   // Gemma 2 and 3: four norms per layer; Gemma 3 normalizes queries and keys too.
   if (model_type == "gemma2") return {2304, 9216, 26, 8, 4, 256000, false, 256, true, false, true};

@@ -146,10 +146,11 @@ bool known_harmless(std::string_view key) {
                                                               "hidden_activation",
                                                               "max_window_layers"};
   if (std::find(kExact.begin(), kExact.end(), key) != kExact.end()) return true;
-  return key.ends_with("_dropout") || key.ends_with("dropout_rate") || key.ends_with("_eps") ||
-         key.ends_with("_token_id") || key.ends_with("_token_index") || key.ends_with("_act") ||
-         key.starts_with("rope_") || key.starts_with("initializer_") ||
-         key.starts_with("output_") || key.starts_with("use_flash");
+  return key.ends_with("max_position_embeddings") || key.ends_with("_dropout") ||
+         key.ends_with("dropout_rate") || key.ends_with("_eps") || key.ends_with("_token_id") ||
+         key.ends_with("_token_index") || key.ends_with("_act") || key.starts_with("rope_") ||
+         key.starts_with("initializer_") || key.starts_with("output_") ||
+         key.starts_with("use_flash");
 }
 
 }  // namespace

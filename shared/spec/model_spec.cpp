@@ -188,6 +188,8 @@ ProjectorArch read_projector(ObjectReader& r) {
   r.optional("bias", p.bias);
   r.optional("input_norm", p.input_norm);
   r.optional_enum("norm", p.norm, kNorms);
+  if (r.optional("separators", p.separators))
+    r.check_at_least<int64_t>("separators", p.separators, 0);
   if (p.hidden == 0) p.hidden = p.out;
   r.finish();
   return p;
@@ -293,6 +295,7 @@ Json to_json(const ProjectorArch& p) {
   Json j{{"in", p.in},         {"hidden", p.hidden}, {"out", p.out},
          {"layers", p.layers}, {"bias", p.bias},     {"input_norm", p.input_norm}};
   if (p.input_norm && p.norm != NormKind::kLayerNorm) j["norm"] = enum_name(p.norm, kNorms);
+  if (p.separators > 0) j["separators"] = p.separators;
   return j;
 }
 

@@ -108,6 +108,9 @@ struct ProjectorArch {
   bool bias = true;
   bool input_norm = false;  // a norm on the input (InternVL's mlp1, Gemma 3's soft-embedding norm)
   NormKind norm = NormKind::kLayerNorm;  // of input_norm
+  // Learned embeddings of width `in` that mark where an image's pieces meet (Phi-3-vision's
+  // global and sub-image separators).
+  int64_t separators = 0;
 
   bool operator==(const ProjectorArch&) const = default;
 };

@@ -169,6 +169,37 @@ TEST_CASE("PaliGemma 2: stale top-level sizes are ignored, the text_config's Gem
   CHECK(std::fabs(params(m) - 3.0e9) / 3.0e9 < 0.02);  // only "3B" is published
 }
 
+TEST_CASE("Phi-3.5-vision: the CLIP tower named, not sized, in config.json; learned separators") {
+  const ModelSpec m = import("phi-3.5-vision-instruct.json");
+  CHECK(module(m, "vision").transformer->layers == 24);
+  CHECK(module(m, "vision").patching->spatial_merge == 2);
+  CHECK(image_tokens(module(m, "vision"), 336, 336).llm_tokens == 144);
+  CHECK(module(m, "vision_projector").projector->in == 4096);
+  CHECK(module(m, "vision_projector").projector->separators == 2);
+  // Published: the Hub's safetensors metadata, 4,146,621,440 BF16 parameters.
+  CHECK(model_parameters(m) == 4'146'621'440);
+  Diagnostics diag;
+  Json other = *read_json_file(kHf + "phi-3.5-vision-instruct.json", diag);
+  other["img_processor"]["model_name"] = "openai/clip-vit-base-patch32";
+  CHECK_FALSE(import_hf_config(other, "c.json", {}, diag).has_value());
+  CHECK(diag.format().find("c.json: img_processor.model_name: 'openai/clip-vit-base-patch32': "
+                           "the config does not give this vision tower's sizes") !=
+        std::string::npos);
+}
+
+TEST_CASE("SmolVLM2: pixel-shuffled SigLIP tiles, the vision config's defaults") {
+  const ModelSpec m = import("smolvlm2-500m-video-instruct.json");
+  const ModuleSpec& vision = module(m, "vision");
+  CHECK(vision.transformer->layers == 12);  // left out of the config: the class default
+  CHECK(vision.patching->tile_size == 512);
+  CHECK(vision.patching->max_tiles == 16);
+  CHECK(image_tokens(vision, 512, 512).llm_tokens == 64);
+  CHECK(module(m, "vision_projector").projector->in == 768 * 16);
+  CHECK_FALSE(module(m, "llm").transformer->tied_embeddings);
+  // Published: model.safetensors of 2.03 GB in fp32 (the Hub's rounded size): 507.5 M.
+  CHECK(std::fabs(params(m) - 507.5e6) / 507.5e6 < 0.003);
+}
+
 TEST_CASE("import errors: unknown model_type lists what is supported; bad --freeze; wrong types") {
   Diagnostics diag;
   const auto gpt2 = read_json_file(kHf + "gpt2.json", diag);
