@@ -2,16 +2,17 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 #include "shared/spec/hf_modules.hpp"
 
 namespace tessera::hf {
 
-ModelSpec import_qwen_vl(const Reader& root, bool qwen25) {
-  // Flat shape: LLM keys at top level. Newer exports nest them in text_config.
-  const Reader text = root.has("text_config") ? root.sub("text_config") : root;
-  ModuleSpec llm = llm_module(text, qwen25 ? "qwen2_5_vl" : "qwen2_vl");
-  const Reader v = root.sub("vision_config");
+namespace {
+
+// The native-resolution ViT of Qwen2-VL / Qwen2.5-VL (and Qwen2.5-Omni) and its merger into an
+// LLM of width `llm_hidden`.
+std::pair<ModuleSpec, ModuleSpec> qwen_vision(const Reader& v, bool qwen25, int64_t llm_hidden) {
   const int64_t layers = v.get("depth", 32);
   const int64_t heads = v.get("num_heads", 16);
   // Qwen2.5-VL attends within windows of window_size pixels in most layers; the cost model
@@ -23,6 +24,9 @@ ModelSpec import_qwen_vl(const Reader& root, bool qwen25) {
     a = encoder_arch(layers, v.get("hidden_size", 1280), heads, v.get("intermediate_size", 3420),
                      NormKind::kRmsNorm);
     a.gated_ffn = true;
+    // Qwen2.5-Omni's copy repeats the width as embed_dim; its full-attention layers and video
+    // time steps change no parameter.
+    v.known({"embed_dim", "fullatt_block_indexes", "tokens_per_second"});
   } else {
     // Qwen2-VL trap: vision_config.hidden_size is the LLM width (checked below); the encoder
     // width is embed_dim.
@@ -43,16 +47,67 @@ ModelSpec import_qwen_vl(const Reader& root, bool qwen25) {
   p.max_pixels = 28 * 28 * 16384;
   ModuleSpec vision = encoder_module("vision", Modality::kImage, a);
   vision.patching = p;
-  const int64_t out = v.get(qwen25 ? "out_hidden_size" : "hidden_size", llm.transformer->hidden);
-  if (out != llm.transformer->hidden)
-    v.error(qwen25 ? "out_hidden_size" : "hidden_size",
-            std::to_string(out) + " does not match the LLM hidden_size " +
-                std::to_string(llm.transformer->hidden));
+  const int64_t out = v.get(qwen25 ? "out_hidden_size" : "hidden_size", llm_hidden);
+  if (out != llm_hidden)
+    v.error(
+        qwen25 ? "out_hidden_size" : "hidden_size",
+        std::to_string(out) + " does not match the LLM hidden_size " + std::to_string(llm_hidden));
   // The merger's norm (ln_q) normalizes each encoder token before the merge: it is the encoder's
   // final norm, so the projector has none of its own.
   const int64_t merged = a.hidden * p.spatial_merge * p.spatial_merge;
-  return vlm(vision, projector_module("vision_projector", "vision", merged, merged, out, 2, false),
-             llm);
+  return {std::move(vision),
+          projector_module("vision_projector", "vision", merged, merged, out, 2, false)};
+}
+
+}  // namespace
+
+ModelSpec import_qwen_vl(const Reader& root, bool qwen25) {
+  // Flat shape: LLM keys at top level. Newer exports nest them in text_config.
+  const Reader text = root.has("text_config") ? root.sub("text_config") : root;
+  ModuleSpec llm = llm_module(text, qwen25 ? "qwen2_5_vl" : "qwen2_vl");
+  auto [vision, projector] =
+      qwen_vision(root.sub("vision_config"), qwen25, llm.transformer->hidden);
+  return vlm(std::move(vision), std::move(projector), std::move(llm));
+}
+
+ModelSpec import_qwen_omni(const Reader& root) {
+  // The thinker (encoders and the LLM) trains; the talker and the waveform generator turn its
+  // output into speech and are trained apart.
+  root.leave_out("talker_config",
+                 "the talker, which turns the thinker's output into speech "
+                 "tokens; a thinker training run does not hold it");
+  root.leave_out("token2wav_config",
+                 "the waveform generator (DiT and BigVGAN), which a thinker "
+                 "training run does not hold");
+  root.known({"enable_audio_output", "enable_talker"});
+  const Reader thinker = root.sub("thinker_config");
+  ModuleSpec llm = llm_module(thinker.sub("text_config"), "qwen2");
+  const int64_t h = llm.transformer->hidden;
+  auto [vision, vision_projector] = qwen_vision(thinker.sub("vision_config"), true, h);
+  // Audio: Whisper's encoder with sinusoidal positions, attending within windows of
+  // 2 * n_window mel frames (2 s) of the clip's real length, pooled 2:1, normalized (ln_post,
+  // the encoder's final norm) and projected to the LLM width inside the encoder (`proj`).
+  const Reader a = thinker.sub("audio_config");
+  ModuleSpec audio = whisper_encoder(a, 128);
+  audio.transformer->positions = 0;
+  AudioFrontEnd& fe = *audio.audio;
+  fe.pooling = 2;
+  fe.max_seconds =
+      static_cast<double>(2 * a.get("n_window", 100)) / static_cast<double>(fe.frames_per_second);
+  fe.pad_to_max = false;
+  if (const int64_t out = a.get("output_dim", h); out != h)
+    a.error("output_dim",
+            std::to_string(out) + " does not match the LLM hidden_size " + std::to_string(h));
+  ModuleSpec audio_projector =
+      projector_module("audio_projector", "audio", audio.transformer->hidden, h, h, 1, false);
+  // The audio's begin and end embeddings (audio_bos_eos_token), rows of the LLM's width.
+  llm.transformer->extra_embeddings = 2;
+  thinker.known({"position_id_per_seconds", "seconds_per_chunk"});
+  llm.inputs = {vision_projector.name, audio_projector.name};
+  ModelSpec model;
+  model.modules = {std::move(vision), std::move(vision_projector), std::move(audio),
+                   std::move(audio_projector), std::move(llm)};
+  return model;
 }
 
 ModelSpec import_llava(const Reader& root, bool next) {

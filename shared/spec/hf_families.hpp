@@ -9,6 +9,9 @@ namespace tessera::hf {
 
 // Qwen2-VL (flat: LLM keys at the top level) and Qwen2.5-VL.
 ModelSpec import_qwen_vl(const Reader& root, bool qwen25);
+// Qwen2.5-Omni's thinker: a Qwen2.5-VL vision tower, a windowed Whisper-style audio encoder and
+// a Qwen2 LLM (the talker and the waveform generator are left out).
+ModelSpec import_qwen_omni(const Reader& root);
 // LLaVA-1.5 and LLaVA-NeXT (anyres tiles).
 ModelSpec import_llava(const Reader& root, bool next);
 // InternVL: the remote-code shape (llm_config) and the hf one (text_config).

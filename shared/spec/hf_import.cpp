@@ -34,6 +34,7 @@ constexpr Family kFamilies[] = {
     {"mllama", hf::import_mllama},
     {"whisper", hf::import_whisper},
     {"qwen2_audio", hf::import_qwen2_audio},
+    {"qwen2_5_omni", hf::import_qwen_omni},
     {"gemma3", hf::import_gemma3},
     {"paligemma", hf::import_paligemma},
     {"phi3_v", hf::import_phi3_vision},

@@ -137,6 +137,28 @@ TEST_CASE("Qwen2-Audio: a Whisper encoder pooled 2:1 into a Qwen2 LLM") {
   CHECK(model_parameters(m) == 8'397'094'912);
 }
 
+TEST_CASE("Qwen2.5-Omni: the thinker's two encoders and LLM; the talker is left out") {
+  // The keys of Qwen/Qwen2.5-Omni-7B's config.json that shape the thinker, as its published
+  // copies give them (the talker and token2wav blocks are not in this file).
+  const ModelSpec m = import("qwen2.5-omni-7b.json");
+  CHECK(m.name == "qwen2.5-omni-7b");  // the file's: the root names no checkpoint
+  const ModuleSpec& audio = module(m, "audio");
+  CHECK(audio.transformer->positions == 0);  // sinusoidal
+  CHECK(audio_tokens(audio, 30).llm_tokens == 750);
+  CHECK(module(m, "llm").inputs == std::vector<std::string>{"vision_projector", "audio_projector"});
+  // Published: model.safetensors.index.json total_size 17,863,627,776 bytes of bf16 (1,346
+  // tensors) of thinker-only full fine-tunes of Qwen2.5-Omni-7B (yaolily/TimeChat-Captioner-
+  // GRPO-7B, AVoCaDO-Captioner/AVoCaDO).
+  CHECK(model_parameters(m) == 8'931'813'888);
+  Diagnostics diag;
+  Json full = *read_json_file(kHf + "qwen2.5-omni-7b.json", diag);
+  full["talker_config"] = Json{{"hidden_size", 896}, {"num_hidden_layers", 24}};
+  std::vector<std::string> left_out;
+  REQUIRE(import_hf_config(full, "c.json", {}, diag, &left_out).has_value());
+  REQUIRE(left_out.size() == 1);
+  CHECK(left_out[0].starts_with("talker_config: the talker"));
+}
+
 TEST_CASE("Gemma 3: SigLIP pooled to 256 tokens, query/key norms and four norms per layer") {
   // gemma-3-4b-it's sparse config: heads, head_dim and the vocabulary are Gemma3TextConfig's.
   const ModelSpec m = import("gemma-3-4b-it.json");
