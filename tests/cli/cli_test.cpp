@@ -436,6 +436,35 @@ TEST_CASE("import-hf writes a loadable model atomically, and writes nothing on b
   fs::remove_all(dir);
 }
 
+TEST_CASE("every imported family plans: its model estimates on 8 GPUs as a user's scenario") {
+  const fs::path dir = scratch();
+  for (const auto& [config, workload] : std::vector<std::pair<std::string, std::string>>{
+           {"gemma-3-4b-it", "llava-instruct"},
+           {"paligemma2-3b-ft-docci-448", "llava-instruct"},
+           {"phi-3.5-vision-instruct", "llava-instruct"},
+           {"smolvlm2-500m-video-instruct", "llava-instruct"},
+           {"qwen2-audio-7b-instruct", "audio-text"},
+           {"qwen2.5-omni-7b", "audio-visual"}}) {
+    INFO(config);
+    const std::string model = (dir / (config + ".model.json")).string();
+    const Run imported =
+        run("import-hf " + kSource + "/tests/data/hf/" + config + ".json -o " + model);
+    INFO(imported.output);
+    REQUIRE(imported.code == 0);
+    const fs::path scenario = dir / (config + ".scenario.json");
+    std::ofstream(scenario) << R"({"name": "imported", "model": ")" << model
+                            << R"(", "workload": ")" << kSource << "/scenarios/workloads/"
+                            << workload << R"(.json", "cluster": ")" << kSource
+                            << R"(/scenarios/clusters/dgx-h100-8.json", "plan": {"placement":
+        "homogeneous", "layout": {"pp": 2, "dp": 4}, "micro_batch_size": 1}})";
+    const Run estimated = run("estimate " + scenario.string());
+    INFO(estimated.output);
+    CHECK(estimated.code == 0);
+    CHECK(estimated.output.find("step time") != std::string::npos);
+  }
+  fs::remove_all(dir);
+}
+
 TEST_CASE(
     "calibrate writes a profile that replay and simulate take; bad input exits 2, writes nothing") {
   const fs::path dir = scratch() / "calibrate";
