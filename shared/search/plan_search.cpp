@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "shared/search/memory_bound.hpp"
+#include "shared/search/memory_gate.hpp"
 #include "shared/search/scenario_report.hpp"
 #include "shared/search/stage_split.hpp"
 
@@ -285,6 +286,9 @@ std::vector<RankedCandidate> rank_candidates(const Scenario& s, std::vector<Cand
   std::vector<Estimate> estimates(candidates.size());
   std::mutex reporting;
   std::size_t done = 0;
+  // Side by side, the estimates' Programs share the memory this machine has now (with a margin
+  // for the rest of the process).
+  MemoryGate gate(0.6 * available_memory_bytes());
   // One candidate's estimate. A plan whose parameter state alone cannot fit is dropped before
   // it is lowered: its Program would cost as much as a fitting plan's, only to be refused.
   auto priced = [&](const Candidate& c) {
@@ -300,6 +304,14 @@ std::vector<RankedCandidate> rank_candidates(const Scenario& s, std::vector<Cand
       return e;
     }
     const CostParams params = cost != nullptr ? *cost : default_cost_params(sized.cluster);
+    const double footprint =
+        threads > 1 ? lowering_footprint_bytes(c.plan, s.model, s.workload) : 0;
+    gate.acquire(footprint);
+    struct Release {
+      MemoryGate& gate;
+      double bytes;
+      ~Release() { gate.release(bytes); }
+    } release{gate, footprint};
     Estimate e = estimate(sized, c.plan, iteration, params);
     // More batches: the mean step and throughput over them; infeasible if any is.
     for (int64_t k = 1; k < batches && e.metrics.step_s > 0; ++k) {
