@@ -5,16 +5,11 @@
 
 namespace tessera::sim {
 
-namespace {
-
-// A rate as people read it: whole numbers from 10 a second, a decimal below (slow simulations).
 std::string per_second(double rate) {
   char text[32];
-  std::snprintf(text, sizeof text, rate >= 10 ? "%.0f" : "%.1f", rate);
+  std::snprintf(text, sizeof text, rate >= 10 ? "%.0f" : rate >= 1 ? "%.1f" : "%.2g", rate);
   return text;
 }
-
-}  // namespace
 
 void Progress::update(const std::string& phase, const std::string& what, std::size_t done,
                       std::size_t total, const std::string& last, bool notable) {

@@ -10,6 +10,10 @@
 
 namespace tessera::sim {
 
+// A rate as people read it: whole numbers from 10 a second, one decimal from 1, two significant
+// digits below (a slow phase's 0.34/s, not 0/s).
+std::string per_second(double rate);
+
 class Progress {
  public:
   Progress(std::ostream& err, bool terminal) : err_(err), terminal_(terminal) {}

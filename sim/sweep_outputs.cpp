@@ -9,6 +9,7 @@
 
 #include "shared/base/check.hpp"
 #include "shared/search/scenario_report.hpp"
+#include "sim/progress.hpp"
 #include "sim/sweep.hpp"
 #include "sim/sweep_families.hpp"
 #include "sim/sweep_report.hpp"
@@ -282,17 +283,17 @@ std::string format_sweep(const SweepResult& r, const Scenario& s, std::size_t sh
     for (const std::string& l : lines) out << l << "\n";
   }
   if (r.enumerate_s + r.estimate_s + r.simulate_s > 0) {
-    auto rate = [](double n, double seconds) { return seconds > 0 ? n / seconds : 0.0; };
-    std::snprintf(
-        line, sizeof line,
-        "\ntiming: enumerated and validated %lld in %.2f s (%.0f/s), estimated %lld in "
-        "%.2f s (%.0f/s), refined %lld in %.2f s, "
-        "simulated %lld in %.2f s (%.1f/s)\n",
-        static_cast<long long>(r.considered), r.enumerate_s,
-        rate(static_cast<double>(r.considered), r.enumerate_s), static_cast<long long>(r.valid),
-        r.estimate_s, rate(static_cast<double>(r.valid), r.estimate_s),
-        static_cast<long long>(r.refined), r.refine_s, static_cast<long long>(r.simulated),
-        r.simulate_s, rate(static_cast<double>(r.simulated), r.simulate_s));
+    auto rate = [](double n, double seconds) { return per_second(seconds > 0 ? n / seconds : 0); };
+    std::snprintf(line, sizeof line,
+                  "\ntiming: enumerated and validated %lld in %.2f s (%s/s), estimated %lld in "
+                  "%.2f s (%s/s), refined %lld in %.2f s, simulated %lld in %.2f s (%s/s)\n",
+                  static_cast<long long>(r.considered), r.enumerate_s,
+                  rate(static_cast<double>(r.considered), r.enumerate_s).c_str(),
+                  static_cast<long long>(r.valid), r.estimate_s,
+                  rate(static_cast<double>(r.valid), r.estimate_s).c_str(),
+                  static_cast<long long>(r.refined), r.refine_s,
+                  static_cast<long long>(r.simulated), r.simulate_s,
+                  rate(static_cast<double>(r.simulated), r.simulate_s).c_str());
     out << line;
   }
   out << "\nreport: " << r.out_dir

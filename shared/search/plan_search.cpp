@@ -1,5 +1,7 @@
 #include "shared/search/plan_search.hpp"
 
+#include <malloc.h>
+
 #include <algorithm>
 #include <atomic>
 #include <bit>
@@ -289,6 +291,7 @@ std::vector<RankedCandidate> rank_candidates(const Scenario& s, std::vector<Cand
   // Side by side, the estimates' Programs share the memory this machine has now (with a margin
   // for the rest of the process).
   MemoryGate gate(0.6 * available_memory_bytes());
+  constexpr double kTrimAbove = 1e9;
   // One candidate's estimate. A plan whose parameter state alone cannot fit is dropped before
   // it is lowered: its Program would cost as much as a fitting plan's, only to be refused.
   auto priced = [&](const Candidate& c) {
@@ -304,8 +307,7 @@ std::vector<RankedCandidate> rank_candidates(const Scenario& s, std::vector<Cand
       return e;
     }
     const CostParams params = cost != nullptr ? *cost : default_cost_params(sized.cluster);
-    const double footprint =
-        threads > 1 ? lowering_footprint_bytes(c.plan, s.model, s.workload) : 0;
+    const double footprint = lowering_footprint_bytes(c.plan, s.model, s.workload);
     gate.acquire(footprint);
     struct Release {
       MemoryGate& gate;
@@ -313,6 +315,9 @@ std::vector<RankedCandidate> rank_candidates(const Scenario& s, std::vector<Cand
       ~Release() { gate.release(bytes); }
     } release{gate, footprint};
     Estimate e = estimate(sized, c.plan, iteration, params);
+    // A large Program's pages go back to the system at once, so that the next one has them
+    // (glibc keeps freed memory in each thread's arena otherwise).
+    if (footprint > kTrimAbove) malloc_trim(0);
     // More batches: the mean step and throughput over them; infeasible if any is.
     for (int64_t k = 1; k < batches && e.metrics.step_s > 0; ++k) {
       const Estimate more = estimate(sized, c.plan, iteration + k, params);
