@@ -14,13 +14,7 @@ Op Lowering::compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t
   const ModuleLayout& l = layout_owner.layout;
   const Coord x = layout_owner.coord(rank);
   const ModuleWork& work = work_of(m.index, samples);
-  // Context parallelism splits the LLM's sequence. An encoder (or projector) on the LLM's grid
-  // — a homogeneous plan — runs whole on every CP rank, as Megatron-LM and the executor run it:
-  // each CP rank encodes its micro-batch's media and keeps its own tokens' rows. A module on a
-  // grid of its own splits over that grid's CP.
-  const bool replicated_over_cp = plan_.placement == Placement::kHomogeneous &&
-                                  spec.role != ModuleRole::kLlm &&
-                                  spec.role != ModuleRole::kGenerator;
+  const bool replicated_over_cp = whole_on_cp_ranks(m);
   const double cp_split = replicated_over_cp ? 1.0 : static_cast<double>(l.cp);
   // This rank's share of the sequence: the LLM's tokens as context_split() deals them to the CP
   // ranks (each rank its own tokens and attention pairs), an even share otherwise.

@@ -62,11 +62,17 @@ void Lowering::run() {
     for (std::size_t r = 0; r < p_.memory.size(); ++r)
       p_.memory[r] = p_.memory[static_cast<std::size_t>(p_.represented_by[r])];
   }
-  // Model FLOPs of the iteration (recompute excluded), summed over ranks.
+  // Model FLOPs of the iteration (recompute excluded), summed over ranks. A module run whole on
+  // every CP rank repeats its work there: the model's FLOPs count it once.
+  const int64_t llm_cp = modules_[static_cast<std::size_t>(llm_)].layout.cp;
   for (std::size_t r = 0; r < p_.ranks.size(); ++r)
     for (const Op& op :
          p_.ranks[static_cast<std::size_t>(representative(p_, static_cast<int64_t>(r)))])
-      if (op.kind == OpKind::kCompute && op.phase != Phase::kR) p_.model_flops += op.flops;
+      if (op.kind == OpKind::kCompute && op.phase != Phase::kR) {
+        const bool repeated =
+            op.module >= 0 && whole_on_cp_ranks(modules_[static_cast<std::size_t>(op.module)]);
+        p_.model_flops += repeated ? op.flops / static_cast<double>(llm_cp) : op.flops;
+      }
 }
 
 }  // namespace lowering

@@ -131,6 +131,14 @@ class Lowering {
   bool same_costs(const std::function<Coord(const Coord&)>& to) const;
   // Whether `rank` lowers its own ops (a folded Program's representative, or any rank).
   bool lowers(int64_t rank) const { return representative(p_, rank) == rank; }
+  // Context parallelism splits the LLM's sequence. An encoder (or projector) on the LLM's grid
+  // — a homogeneous plan — runs whole on every CP rank, as Megatron-LM and the executor run it:
+  // each CP rank encodes its micro-batch's media and keeps its own tokens' rows. A module on a
+  // grid of its own splits over that grid's CP.
+  bool whole_on_cp_ranks(const ModuleInfo& m) const {
+    return plan_.placement == Placement::kHomogeneous && m.spec->role != ModuleRole::kLlm &&
+           m.spec->role != ModuleRole::kGenerator;
+  }
   // The samples a replica of `module` handles in micro-batch `mb` (-1: all). Under Entrain the
   // encoders and their projectors run the level-1 micro-batches, the LLM the level-2 ones;
   // `encoder_level` asks for the level-1 ones of any module (the LLM's replica, say).

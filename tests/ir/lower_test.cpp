@@ -1345,4 +1345,7 @@ TEST_CASE("homogeneous encoders run whole on every CP rank, as the executor runs
     CHECK(forward_tokens(p2, rank, "llm") < forward_tokens(p1, 0, "llm"));
   }
   CHECK(forward_tokens(p1, 0, "vision") > 0);
+  // The repeated encoding is work, not model FLOPs: the iteration's model FLOPs are the same
+  // with and without CP (the LLM's split over its CP ranks, the encoder counted once).
+  CHECK(p2.model_flops == doctest::Approx(p1.model_flops).epsilon(1e-12));
 }
