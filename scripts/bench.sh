@@ -48,6 +48,7 @@
 #          on half of the plans each time, and replays every plan with it and without it
 set -euo pipefail
 cd "$(dirname "$0")/.."
+mkdir -p out  # every benchmark writes its figures and reports here (a fresh clone has none)
 what=${1:-all}
 build=${TESSERA_BUILD_DIR:-build}
 scripts/setup.sh >/dev/null
