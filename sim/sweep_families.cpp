@@ -30,6 +30,13 @@ std::vector<std::vector<const SweepRow*>> family_bests(const std::vector<SweepRo
   return out;
 }
 
+std::string point_text(const Json& point) {
+  std::string out;
+  for (const auto& item : point.items())
+    out += (out.empty() ? "" : ", ") + item.key() + "=" + item.value().dump();
+  return out;
+}
+
 StepParts step_parts(const SweepRow& row) {
   StepParts p;
   p.compute_s = row.compute_s;

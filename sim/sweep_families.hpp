@@ -3,6 +3,8 @@
 // fastest wins. The terminal table and report.html both lead with it.
 #pragma once
 
+#include <cstdint>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -10,6 +12,22 @@
 #include "sim/sweep.hpp"
 
 namespace tessera::sim {
+
+// Of a ranking, best first, the positions a sweep keeps: the best `k`, and the best of each
+// placement family even when it ranks lower. `placement_of(item)` names an item's family.
+template <class Item, class PlacementOf>
+std::vector<std::size_t> best_k_and_each_family(const std::vector<Item>& ranked, int64_t k,
+                                                const PlacementOf& placement_of) {
+  std::vector<std::size_t> kept;
+  std::set<Placement> families;
+  for (std::size_t i = 0; i < ranked.size(); ++i)
+    if (families.insert(placement_of(ranked[i])).second || static_cast<int64_t>(i) < k)
+      kept.push_back(i);
+  return kept;
+}
+
+// A grid point as "workload.max_seq_len=8192, workload.global_batch=32" ("" for none).
+std::string point_text(const Json& point);
 
 // Per (grid point, GPU count), in the rows' order: the best successful row of each placement
 // family, fastest first.

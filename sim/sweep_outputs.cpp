@@ -165,12 +165,9 @@ std::string merge_sweeps(const std::vector<std::string>& dirs, const std::string
       return a.estimate_step_s != b.estimate_step_s ? a.estimate_step_s < b.estimate_step_s
                                                     : a.key < b.key;
     });
-    std::set<Placement> families;
-    for (std::size_t i = 0; i < group.size(); ++i)
-      if (static_cast<int64_t>(i) < merged.top_k || families.count(group[i].plan.placement) == 0) {
-        families.insert(group[i].plan.placement);
-        merged.rows.push_back(std::move(group[i]));
-      }
+    for (std::size_t i : best_k_and_each_family(
+             group, merged.top_k, [](const SweepRow& row) { return row.plan.placement; }))
+      merged.rows.push_back(std::move(group[i]));
   }
   sort_rows(merged.rows);
   Diagnostics diag;
@@ -201,10 +198,9 @@ std::string format_sweep(const SweepResult& r, const Scenario& s, std::size_t sh
   // The families side by side first: the best simulated plan of each, and why the fastest wins.
   for (const auto& group : family_bests(r.rows)) {
     const SweepRow& first = *group.front();
-    std::string where;
-    for (const auto& item : first.point.items())
-      where += (where.empty() ? " at " : ", ") + item.key() + "=" + item.value().dump();
-    out << "best of each placement family on " << first.gpus << " GPUs" << where
+    const std::string where = point_text(first.point);
+    out << "best of each placement family on " << first.gpus << " GPUs"
+        << (where.empty() ? "" : " at " + where)
         << " (simulated; per rank and step: compute, exposed communication, idle):\n";
     for (const SweepRow* row : group) {
       const StepParts parts = step_parts(*row);
@@ -232,12 +228,8 @@ std::string format_sweep(const SweepResult& r, const Scenario& s, std::size_t sh
   out << line;
   for (std::size_t i = 0; i < r.rows.size() && i < shown; ++i) {
     const SweepRow& row = r.rows[i];
-    if (points && (i == 0 || row.point != r.rows[i - 1].point)) {
-      std::string where;
-      for (const auto& item : row.point.items())
-        where += (where.empty() ? "" : ", ") + item.key() + "=" + item.value().dump();
-      out << "at " << where << ":\n";
-    }
+    if (points && (i == 0 || row.point != r.rows[i - 1].point))
+      out << "at " << point_text(row.point) << ":\n";
     if (!row.ok) {
       std::snprintf(line, sizeof line, "%-4zu %-5lld %-14s %-56s failed: %s\n", i + 1,
                     static_cast<long long>(row.gpus),

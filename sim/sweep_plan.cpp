@@ -8,6 +8,7 @@
 #include "shared/base/check.hpp"
 #include "shared/layout/entrain.hpp"
 #include "shared/search/scenario_report.hpp"
+#include "sim/sweep_families.hpp"
 
 namespace tessera::sim {
 
@@ -28,6 +29,10 @@ std::string split_free_key(const ParallelPlan& plan) {
   return to_json(p).dump();
 }
 
+Placement placement_of(const RankedCandidate& rc) {
+  return rc.candidate.plan.placement;
+}
+
 // The search's second stage (SearchSpace::refine) on one ranking: its best `refine.top` plans
 // and each placement family's best, again with the costlier techniques; the variants that fit
 // join the ranking, which is sorted again, and what each technique did is recorded.
@@ -37,18 +42,13 @@ void refine(const Scenario& s, const SearchSpace& space, const Json& point, int6
             std::vector<RankedCandidate>& ranked, SweepResult& result, const Report& report) {
   const int64_t top = options.refine_top >= 0 ? options.refine_top : space.refine.top;
   if (top <= 0 || ranked.empty()) return;
+  std::set<std::string> known;
+  for (const RankedCandidate& rc : ranked) known.insert(rc.candidate.key);
   std::vector<const Candidate*> bases;
   std::vector<double> base_s;
-  std::set<Placement> families;
-  std::set<std::string> known;
-  for (std::size_t i = 0; i < ranked.size(); ++i) {
-    const Candidate& c = ranked[i].candidate;
-    known.insert(c.key);
-    if (static_cast<int64_t>(i) < top || families.count(c.plan.placement) == 0) {
-      bases.push_back(&c);
-      base_s.push_back(ranked[i].estimate.metrics.step_s);
-      families.insert(c.plan.placement);
-    }
+  for (std::size_t i : best_k_and_each_family(ranked, top, placement_of)) {
+    bases.push_back(&ranked[i].candidate);
+    base_s.push_back(ranked[i].estimate.metrics.step_s);
   }
   std::vector<Refinement> variants = refinements(s, space, bases, gpus, known);
   result.refined_bases += static_cast<int64_t>(bases.size());
@@ -198,14 +198,8 @@ std::vector<ChosenPlan> plan_sweep(const Scenario& base, const SweepOptions& opt
         if (ranked[i].candidate.plan.stage_split == StageSplit::kUniform)
           uniform_twin.emplace(split_free_key(ranked[i].candidate.plan), i);
       // The best K, and the best plan of each placement family even when it ranks lower.
-      std::set<std::size_t> picked;
-      std::set<Placement> families;
-      for (std::size_t i = 0; i < ranked.size(); ++i)
-        if (static_cast<int64_t>(i) < top_k ||
-            families.count(ranked[i].candidate.plan.placement) == 0) {
-          picked.insert(i);
-          families.insert(ranked[i].candidate.plan.placement);
-        }
+      const std::vector<std::size_t> best = best_k_and_each_family(ranked, top_k, placement_of);
+      std::set<std::size_t> picked(best.begin(), best.end());
       std::size_t compared = 0;
       for (std::size_t i = 0; i < ranked.size() && compared < 3; ++i) {
         const ParallelPlan& p = ranked[i].candidate.plan;

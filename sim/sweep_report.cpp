@@ -213,9 +213,9 @@ std::string breakdown(const std::vector<const SweepRow*>& rows, const ModelSpec&
   for (std::size_t i = 0; i < rows.size(); ++i) {
     const SweepRow& r = *rows[i];
     const double y = top + bar * 1.5 * static_cast<double>(i);
-    const double parts[] = {r.compute_s, r.exposed_comm_s - r.exposed_boundary_s,
-                            r.exposed_boundary_s,
-                            std::max(0.0, r.step_s - r.compute_s - r.exposed_comm_s)};
+    const StepParts step = step_parts(r);
+    const double parts[] = {step.compute_s, step.exposed_s - r.exposed_boundary_s,
+                            r.exposed_boundary_s, step.idle_s};
     svg << "<text x='" << left - 6 << "' y='" << y + bar * 0.7
         << "' text-anchor='end' font-size='11'>" << i + 1 << ". "
         << esc(enum_name(r.plan.placement, kPlacements) + " " + describe_layout(r.plan, model))
@@ -271,10 +271,9 @@ std::string sweep_report_html(const SweepResult& r, const Scenario& s) {
   // First the families side by side: each one's best simulated plan, and why the fastest wins.
   for (const auto& group : family_bests(r.rows)) {
     const SweepRow& lead = *group.front();
-    std::string where;
-    for (const auto& item : lead.point.items())
-      where += (where.empty() ? " at " : ", ") + item.key() + "=" + item.value().dump();
-    html << "<h2>Best plan of each placement family on " << lead.gpus << " GPUs" << esc(where)
+    const std::string where = point_text(lead.point);
+    html << "<h2>Best plan of each placement family on " << lead.gpus << " GPUs"
+         << esc(where.empty() ? "" : " at " + where)
          << "</h2><table class='families'><tr><th>placement</th><th>layout</th><th>step "
             "(s)</th><th>tokens/s</th><th>TFLOP/s/GPU</th><th>compute (s)</th><th>exposed comm "
             "(s)</th><th>idle (s)</th></tr>";
