@@ -104,8 +104,8 @@ Attention::Attention(ParamSet& ps, const std::string& name, const TransformerArc
   o = Linear(ps, name + ".o", arch.heads * head_dim, arch.hidden, arch.linear_bias || arch.out_bias,
              Split::kRow);
   if (arch.qk_norm) {
-    // Refused under TP (plan_refusal): each rank's heads would give the one weight a partial
-    // gradient.
+    // Refused under TP (executor_plan_support): each rank's heads would give the one weight a
+    // partial gradient.
     TESSERA_CHECK(tp == 1, name + ": query/key norms under tensor parallelism");
     q_norm = Norm(ps, name + ".q_norm", head_dim, arch.norm);
     k_norm = Norm(ps, name + ".k_norm", head_dim, arch.norm);

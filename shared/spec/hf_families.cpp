@@ -59,6 +59,18 @@ std::pair<ModuleSpec, ModuleSpec> qwen_vision(const Reader& v, bool qwen25, int6
           projector_module("vision_projector", "vision", merged, merged, out, 2, false)};
 }
 
+// The s of the s x s merge (average pooling, or concatenation) that turns a grid x grid patch
+// grid into the number of tokens `key` gives; 1, and an error, when no s does.
+int64_t merge_to_tokens(const Reader& r, std::string_view key, int64_t fallback, int64_t grid) {
+  const int64_t tokens = r.get(key, fallback);
+  const int64_t side =
+      tokens >= 1 ? std::llround(std::sqrt(static_cast<double>(tokens))) : int64_t{0};
+  if (side >= 1 && side * side == tokens && side <= grid && grid % side == 0) return grid / side;
+  r.error(key, std::to_string(tokens) + " tokens do not merge the " + std::to_string(grid) + "x" +
+                   std::to_string(grid) + " patch grid evenly");
+  return 1;
+}
+
 }  // namespace
 
 ModelSpec import_qwen_vl(const Reader& root, bool qwen25) {
@@ -272,14 +284,7 @@ ModelSpec import_gemma3(const Reader& root) {
   // pixels), then normalized and projected by one bias-free matrix.
   Patching& p = *vision.patching;
   const int64_t grid = p.patch_size > 0 ? p.image_size / p.patch_size : 0;
-  const int64_t tokens = root.get("mm_tokens_per_image", 256);
-  const auto side = static_cast<int64_t>(std::llround(std::sqrt(static_cast<double>(tokens))));
-  if (tokens < 1 || side * side != tokens || grid % side != 0)
-    root.error("mm_tokens_per_image", std::to_string(tokens) + " is not a square that pools the " +
-                                          std::to_string(grid) + "x" + std::to_string(grid) +
-                                          " patch grid evenly");
-  else
-    p.spatial_merge = grid / side;
+  p.spatial_merge = merge_to_tokens(root, "mm_tokens_per_image", 256, grid);
   const int64_t h = llm.transformer->hidden;
   ModuleSpec projector =
       projector_module("vision_projector", "vision", vision.transformer->hidden, h, h, 1, true);
@@ -335,13 +340,7 @@ ModelSpec import_phi3_vision(const Reader& root) {
   p.max_tiles = 16;  // the processor's num_crops for single images (not in config.json)
   p.thumbnail = true;
   const int64_t grid = p.tile_size / p.patch_size;
-  const int64_t tokens = tower.get("num_img_tokens", 144);
-  for (int64_t merge = 1; merge <= grid; ++merge)
-    if (grid % merge == 0 && (grid / merge) * (grid / merge) == tokens) p.spatial_merge = merge;
-  if ((grid / p.spatial_merge) * (grid / p.spatial_merge) != tokens)
-    tower.error("num_img_tokens", std::to_string(tokens) + " does not merge the " +
-                                      std::to_string(grid) + "x" + std::to_string(grid) +
-                                      " patch grid evenly");
+  p.spatial_merge = merge_to_tokens(tower, "num_img_tokens", 144, grid);
   const Reader embed = root.sub("embd_layer");
   // The remote code asserts both; the separators are learned embeddings of the merged width.
   if (!embed.get_bool("use_hd_transform", false) ||

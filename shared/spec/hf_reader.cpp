@@ -68,13 +68,6 @@ std::string Reader::get_string(std::string_view key, std::string fallback) const
   return out;
 }
 
-std::vector<int64_t> Reader::get_ints(std::string_view key) const {
-  const Json* v = raw(key);
-  std::vector<int64_t> out;
-  if (v != nullptr && !read_value(*v, file_, join_path(path_, key), out, *diag_)) out.clear();
-  return out;
-}
-
 Reader Reader::sub(std::string_view key) const {
   const Json* v = raw(key);
   if (v != nullptr && !v->is_object()) {

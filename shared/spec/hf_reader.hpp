@@ -39,8 +39,6 @@ class Reader {
   double get_double(std::string_view key, double fallback) const;
   bool get_bool(std::string_view key, bool fallback) const;
   std::string get_string(std::string_view key, std::string fallback) const;
-  // The integers of an array key (empty when absent; an error when not integers).
-  std::vector<int64_t> get_ints(std::string_view key) const;
   // A nested config; absent gives a reader that answers defaults.
   Reader sub(std::string_view key) const;
 
@@ -55,8 +53,6 @@ class Reader {
   void leave_out(std::initializer_list<std::string_view> keys, const std::string& why) const;
 
   void error(std::string_view key, const std::string& message) const;
-  const std::string& file() const { return file_; }
-  const std::string& path() const { return path_; }
   const Ledger& ledger() const { return *ledger_; }
 
  private:
