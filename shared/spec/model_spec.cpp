@@ -188,8 +188,9 @@ ProjectorArch read_projector(ObjectReader& r) {
   r.optional("bias", p.bias);
   r.optional("input_norm", p.input_norm);
   r.optional_enum("norm", p.norm, kNorms);
-  if (r.optional("separators", p.separators))
-    r.check_at_least<int64_t>("separators", p.separators, 0);
+  if (r.optional("separators", p.separators) &&
+      r.check_at_least<int64_t>("separators", p.separators, 0))
+    at_most(r, "separators", p.separators, kMaxLayers);
   if (p.hidden == 0) p.hidden = p.out;
   r.finish();
   return p;

@@ -101,7 +101,9 @@ TEST_CASE("architecture integers past their limits are refused") {
      "patching": {"patch_size": 8, "resize": "fixed", "image_size": 300008000000000068}},
     {"name": "llm", "role": "llm", "inputs": ["vision"],
      "transformer": {"layers": 5000, "hidden": 9000000, "heads": 4, "ffn": 344, "vocab": 100000000,
-                     "experts": 100000, "top_k": 2}}]})");
+                     "experts": 100000, "top_k": 2}},
+    {"name": "proj", "role": "projector", "inputs": ["vision"],
+     "projector": {"in": 64, "out": 64, "separators": 3000000000000000000}}]})");
   INFO(text);
   CHECK(
       text.find("modules[0].patching.image_size: 300008000000000068 is over the limit of 65536") !=
@@ -114,4 +116,7 @@ TEST_CASE("architecture integers past their limits are refused") {
         std::string::npos);
   CHECK(text.find("modules[1].transformer.experts: 100000 is over the limit of 512") !=
         std::string::npos);
+  CHECK(
+      text.find("modules[2].projector.separators: 3000000000000000000 is over the limit of 1024") !=
+      std::string::npos);
 }
