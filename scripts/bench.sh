@@ -303,7 +303,7 @@ if [[ $what == accuracy || $what == all ]]; then
 fi
 
 if [[ $what == reproduce-hetero ]]; then
-  # Not part of `all`: an hour at 64-1024 GPUs. The heterogeneous-parallelism regime: fused
+  # Not part of `all`: about 40 minutes at 64-1024 GPUs. The heterogeneous-parallelism regime: fused
   # sequences of L tokens, half of them image tokens (each image a bounded encoder sequence),
   # 16k tokens per GPU and step; per (pair, L, GPUs) the best homogeneous and colocated plans by
   # a sweep of both families (their bests are simulated), and the best non-colocated plan with
