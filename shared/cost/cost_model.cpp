@@ -287,8 +287,9 @@ double CostModel::dedicated_compute_s(const Op& op) const {
   TESSERA_CHECK(op.kind == OpKind::kCompute);
   if (const ComputeFit* f = compute_fit(op)) {
     const bool fused = op.phase == Phase::kW && f->phase == Phase::kB;
-    if (fused) return fixed_compute_s(op) + op.flops * f->seconds_per_flop;
-    return fixed_compute_s(op) + op.flops * f->seconds_per_flop +
+    const double priced = op.flops + op.expert_wait_flops;
+    if (fused) return fixed_compute_s(op) + priced * f->seconds_per_flop;
+    return fixed_compute_s(op) + priced * f->seconds_per_flop +
            static_cast<double>(op.tokens * op.layers) * f->seconds_per_token_layer +
            op.logits * f->seconds_per_logit + nested_calls(op) * f->seconds_per_nested_call;
   }
@@ -299,7 +300,8 @@ double CostModel::dedicated_compute_s(const Op& op) const {
                             params_.kernel_tuning);
   double seconds =
       fixed_compute_s(op) + static_cast<double>(op.layers) * params_.overhead_per_layer_s;
-  if (op.flops > 0) seconds += op.flops / (peak_flops(cluster_, dtype_) * efficiency(op));
+  if (const double priced = op.flops + op.expert_wait_flops; priced > 0)
+    seconds += priced / (peak_flops(cluster_, dtype_) * efficiency(op));
   return seconds;
 }
 

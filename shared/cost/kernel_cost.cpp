@@ -198,7 +198,7 @@ double kernel_compute_s(const ModuleSpec& module, const Op& op, const DeviceSpec
       }
     }
   }
-  const double linear = std::max(0.0, op.flops - attention_counted);
+  const double linear = std::max(0.0, op.flops + op.expert_wait_flops - attention_counted);
   const double per_flop =
       gemm_flops > 0 ? gemm_seconds / gemm_flops : 1.0 / (peak_flops * dk.gemm.efficiency * scale);
   return linear * per_flop + attention_s + memory_s(device, elementwise_bytes) +

@@ -49,6 +49,7 @@ SearchSpace read_search_space(const Json& json, const std::string& file, const s
       {"cp", &s.cp},
       {"pp", &s.pp},
       {"vpp", &s.vpp},
+      {"ep", &s.ep},
       {"micro_batch_sizes", &s.micro_batch_sizes},
       {"encoder_pp", &s.encoder_pp}};
   for (const auto& [key, list] : lists) {
@@ -103,6 +104,7 @@ Json to_json(const SearchSpace& s) {
   j["cp"] = s.cp;
   j["pp"] = s.pp;
   j["vpp"] = s.vpp;
+  j["ep"] = s.ep;
   j["micro_batch_sizes"] = s.micro_batch_sizes;
   j["encoder_pp"] = s.encoder_pp;
   j["recompute"] = enum_list(s.recompute, kRecomputes);

@@ -18,6 +18,9 @@ struct SearchSpace {
   std::vector<int64_t> pp = {1, 2, 4, 8};
   std::vector<int64_t> vpp = {1, 2};
   std::vector<int64_t> micro_batch_sizes = {1, 2, 4};
+  // Expert parallelism of an LLM with experts (each value dividing its experts and cp·dp);
+  // ignored for a dense one.
+  std::vector<int64_t> ep = {1, 2, 4, 8};
   // Pipeline stages of each encoder's own in non-colocated plans (its share of the devices is
   // tp · encoder_pp · dp). Default 1: with data parallelism beside it, pipelining an encoder rarely
   // pays and it triples the non-colocated candidates; `tessera stages` searches stage counts

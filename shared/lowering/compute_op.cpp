@@ -67,7 +67,7 @@ Op Lowering::compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t
     linear = static_cast<double>(layers) * 2.0 *
              static_cast<double>(active_layer_matmul_parameters(a)) * tokens_local / tp_shard;
     attention = static_cast<double>(layers) * layer_attention_flops(a, pairs_local) / tp_shard;
-    weights = static_cast<double>(layers) * layer_parameters(a, l.tp);
+    weights = static_cast<double>(layers) * layer_parameters(a, l.tp, l.ep);
     if (layers > 0) op.attention_pairs = pairs_local;
     // Full recomputation checkpoints the transformer layers only (Megatron-LM's checkpointed
     // layer stack, Hugging Face's gradient checkpointing): the head, its loss and the front end
@@ -130,11 +130,23 @@ Op Lowering::compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t
           {phase == Phase::kB ? CollectiveKind::kReduceScatter : CollectiveKind::kAllGather,
            Purpose::kCp, cp_group(layout_owner, x), static_cast<int32_t>(layers), kv});
     }
-    if (phase != Phase::kW && a.experts > 0 && l.ep > 1 && layers > 0) {
-      const double routed = tokens_local * static_cast<double>(a.top_k * a.hidden) * dtype /
-                            static_cast<double>(l.tp);
-      op.nested.push_back({CollectiveKind::kAllToAll, Purpose::kEp, ep_group(layout_owner, x),
-                           static_cast<int32_t>(2 * layers), routed});
+    if (a.experts > 0 && l.ep > 1 && layers > 0) {
+      // Every layer dispatches each token's hidden vector to its top-k experts' ranks and
+      // combines their outputs back (all-to-all; backward the same for the gradients). The
+      // busiest rank under a skewed router receives and computes more than its even share, and
+      // the group waits for it.
+      const double busiest = busiest_expert_load(m.index, layer_begin, layer_end);
+      const double routed_flops =
+          static_cast<double>(layers) * 2.0 *
+          static_cast<double>(a.top_k * (a.gated_ffn ? 3 : 2) * a.hidden * a.moe_ffn) *
+          tokens_local / tp_shard;
+      op.expert_wait_flops = routed_flops * (busiest - 1.0);
+      if (phase != Phase::kW) {
+        const double routed = tokens_local * static_cast<double>(a.top_k * a.hidden) * dtype /
+                              static_cast<double>(l.tp) * std::max(1.0, busiest);
+        op.nested.push_back({CollectiveKind::kAllToAll, Purpose::kEp, ep_group(layout_owner, x),
+                             static_cast<int32_t>(2 * layers), routed});
+      }
     }
   }
   if (spec.projector) {

@@ -9,12 +9,19 @@ void Lowering::account_memory(int64_t rank, const std::vector<int>& module_list)
     const ModuleInfo& m = modules_[static_cast<std::size_t>(i)];
     const ModuleInfo& owner = grid_of(m);
     const Coord x = owner.coord(rank);
-    const double params = parameters_on(m, x);
-    const int64_t shards = plan_.distributed_optimizer ? owner.layout.dp * owner.layout.cp : 1;
-    const RankMemory add = parameter_memory(params, m.flow.trainable, shards, model_.dtype);
-    mem.weight_bytes += add.weight_bytes;
-    mem.gradient_bytes += add.gradient_bytes;
-    mem.optimizer_bytes += add.optimizer_bytes;
+    const double params = parameters_on(m, x), experts = split_expert_parameters_on(m, x);
+    // The distributed optimizer shards state over the replicas of each parameter: dp·cp of
+    // them, dp·cp / ep of a routed expert.
+    const int64_t replicas = owner.layout.dp * owner.layout.cp;
+    const int64_t shards = plan_.distributed_optimizer ? replicas : 1;
+    const int64_t expert_shards = plan_.distributed_optimizer ? replicas / owner.layout.ep : 1;
+    for (const RankMemory& add :
+         {parameter_memory(params - experts, m.flow.trainable, shards, model_.dtype),
+          parameter_memory(experts, m.flow.trainable, expert_shards, model_.dtype)}) {
+      mem.weight_bytes += add.weight_bytes;
+      mem.gradient_bytes += add.gradient_bytes;
+      mem.optimizer_bytes += add.optimizer_bytes;
+    }
   }
 }
 
@@ -43,15 +50,14 @@ void Lowering::gradient_reduction(int64_t rank, const std::vector<int>& module_l
     if (!m.flow.trainable) continue;
     const ModuleInfo& owner = grid_of(m);
     const Coord x = owner.coord(rank);
-    const double params = parameters_on(m, x);
-    const double grad_bytes = params * static_cast<double>(dtype_bytes(model_.dtype));
-    const int32_t g = dpcp_group(owner, x);
-    const int64_t shards = static_cast<int64_t>(p_.groups[static_cast<std::size_t>(g)].size());
-    Op c = collective_op(
+    const double bytes = static_cast<double>(dtype_bytes(model_.dtype));
+    Op shape = collective_op(
         plan_.distributed_optimizer ? CollectiveKind::kReduceScatter : CollectiveKind::kAllReduce,
-        Purpose::kDp, Phase::kF, i, g, grad_bytes);
-    c.stage = static_cast<int16_t>(x.p);
-    reductions.push_back(c);
+        Purpose::kDp, Phase::kF, i, dpcp_group(owner, x), 0);
+    shape.stage = static_cast<int16_t>(x.p);
+    const std::vector<Op> ops = dp_collectives(shape, owner, x, parameters_on(m, x) * bytes,
+                                               split_expert_parameters_on(m, x) * bytes);
+    reductions.insert(reductions.end(), ops.begin(), ops.end());
     if (bucketed != bucket_reductions_.end())
       if (const auto it = bucketed->second.find(i); it != bucketed->second.end()) {
         // Reduced bucket by bucket during its last backward.
@@ -59,9 +65,12 @@ void Lowering::gradient_reduction(int64_t rank, const std::vector<int>& module_l
         continue;
       }
     const int32_t dep = last_compute(rank);
-    if (dep >= 0) c.deps = {dep};
-    // A group of one has nothing to reduce.
-    reduced.push_back(shards > 1 ? emit(rank, c) : dep);
+    for (Op c : ops) {
+      if (dep >= 0) c.deps = {dep};
+      // A group of one has nothing to reduce.
+      const bool alone = p_.groups[static_cast<std::size_t>(c.group)].size() == 1;
+      reduced.push_back(alone ? dep : emit(rank, c));
+    }
   }
   // The global gradient norm (and the loss) is all-reduced over every rank before any step:
   // each rank's steps wait for the slowest rank's gradients.
@@ -81,19 +90,28 @@ void Lowering::gradient_reduction(int64_t rank, const std::vector<int>& module_l
     norm.deps.erase(std::unique(norm.deps.begin(), norm.deps.end()), norm.deps.end());
     reduced = {emit(rank, norm)};
   }
+  // One optimizer step per module (a module's routed experts, reduced apart, step with it).
+  const auto shards_of = [&](const Op& c) {
+    return static_cast<int64_t>(p_.groups[static_cast<std::size_t>(c.group)].size());
+  };
   for (std::size_t k = 0; k < reductions.size(); ++k) {
     const Op& c = reductions[k];
-    const int64_t shards =
-        static_cast<int64_t>(p_.groups[static_cast<std::size_t>(c.group)].size());
-    const double params = c.bytes / static_cast<double>(dtype_bytes(model_.dtype));
+    if ((c.flags & kOpRoutedExperts) != 0) continue;
+    const std::size_t end =
+        k + 1 < reductions.size() && (reductions[k + 1].flags & kOpRoutedExperts) != 0 ? k + 2
+                                                                                       : k + 1;
+    // Adam reads and writes fp32 master weights and two moments, reads the gradient and writes
+    // the 16-bit weight: ~ (12 + 12 + 4 + 2) bytes per parameter it owns.
+    double step_bytes = 0;
+    for (std::size_t j = k; j < end; ++j)
+      step_bytes += reductions[j].bytes / static_cast<double>(dtype_bytes(model_.dtype)) * 30.0 /
+                    static_cast<double>(plan_.distributed_optimizer ? shards_of(reductions[j]) : 1);
     Op step;
     step.kind = OpKind::kOptimizerStep;
     step.stream = StreamKind::kCompute;
     step.module = c.module;
     step.stage = c.stage;
-    // Adam reads and writes fp32 master weights and two moments, reads the gradient and writes
-    // the 16-bit weight: ~ (12 + 12 + 4 + 2) bytes per parameter it owns.
-    step.bytes = params * 30.0 / static_cast<double>(plan_.distributed_optimizer ? shards : 1);
+    step.bytes = step_bytes;
     for (int32_t r : reduced)
       if (r >= 0) step.deps.push_back(r);
     std::sort(step.deps.begin(), step.deps.end());
@@ -101,12 +119,13 @@ void Lowering::gradient_reduction(int64_t rank, const std::vector<int>& module_l
     const int32_t stepped = emit(rank, step);
     const auto at_start = gathered_at_start_.find(rank);
     const bool gathered = at_start != gathered_at_start_.end() && at_start->second.count(c.module);
-    if (plan_.distributed_optimizer && shards > 1 && !gathered) {
-      Op gather = c;
-      gather.collective = CollectiveKind::kAllGather;
-      gather.deps = {stepped};
-      emit(rank, gather);
-    }
+    for (std::size_t j = k; j < end; ++j)
+      if (plan_.distributed_optimizer && shards_of(reductions[j]) > 1 && !gathered) {
+        Op gather = reductions[j];
+        gather.collective = CollectiveKind::kAllGather;
+        gather.deps = {stepped};
+        emit(rank, gather);
+      }
   }
 }
 

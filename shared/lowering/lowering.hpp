@@ -35,13 +35,14 @@ struct Coord {
 
 using LayerRange = std::pair<int64_t, int64_t>;  // layers [first, end) of a module
 
-// Parameters of a module's layers [a, b) on one of `tp` tensor-parallel ranks, with the input
-// side (embedding, patch or audio front end) when a is 0 and the output side (final norm,
-// output head) when b is the last layer; a projector whole.
-inline double range_parameters(const ModuleSpec& spec, int64_t a, int64_t b, int64_t tp) {
+// Parameters of a module's layers [a, b) on one of `tp` tensor-parallel ranks (routed experts
+// over `ep`), with the input side (embedding, patch or audio front end) when a is 0 and the
+// output side (final norm, output head) when b is the last layer; a projector whole.
+inline double range_parameters(const ModuleSpec& spec, int64_t a, int64_t b, int64_t tp,
+                               int64_t ep = 1) {
   double params = 0;
   if (const auto& t = spec.transformer) {
-    params += stack_parameters(*t, a, b, tp);
+    params += stack_parameters(*t, a, b, tp, ep);
     if (a == 0) params += input_side_parameters(spec, tp);
     if (b == t->layers) params += output_side_parameters(spec, tp);
   }
@@ -165,7 +166,7 @@ class Lowering {
   // --- groups --------------------------------------------------------------------------
   int32_t group(RankList members);
   struct GroupIndex {  // per rank of a grid's span, its group's index in each kind's list
-    std::vector<int32_t> tp, cp, tpcp, dpcp, ep;
+    std::vector<int32_t> tp, cp, tpcp, dpcp, ep, edp;
   };
   // A rank's group of one kind in `m`'s grid, as rank_groups() builds it (`m` owns the grid).
   int32_t grid_group(const ModuleInfo& m, const Coord& x, std::vector<Group> ModuleGroups::*kind,
@@ -202,6 +203,10 @@ class Lowering {
   }
   int32_t ep_group(const ModuleInfo& m, const Coord& x) {
     return grid_group(m, x, &ModuleGroups::ep, &GroupIndex::ep);
+  }
+  // Routed experts' gradients are reduced over the replicas of one expert shard.
+  int32_t edp_group(const ModuleInfo& m, const Coord& x) {
+    return grid_group(m, x, &ModuleGroups::edp, &GroupIndex::edp);
   }
 
   // --- ops -----------------------------------------------------------------------------
@@ -314,12 +319,52 @@ class Lowering {
   std::map<int64_t, std::set<int>> gathered_at_start_;
   // The 16-bit gradients (or weights) of layers [a, b) of `m` on one rank of its grid.
   double bucket_bytes(const ModuleInfo& m, int64_t a, int64_t b) const {
-    return range_parameters(*m.spec, a, b, grid_of(m).layout.tp) *
+    const ModuleLayout& l = grid_of(m).layout;
+    return range_parameters(*m.spec, a, b, l.tp, l.ep) *
+           static_cast<double>(dtype_bytes(model_.dtype));
+  }
+  // Of those, the routed experts' where EP splits them (0 otherwise).
+  double bucket_expert_bytes(const ModuleInfo& m, int64_t a, int64_t b) const {
+    const ModuleLayout& l = grid_of(m).layout;
+    if (!m.spec->transformer || l.ep == 1) return 0;
+    return static_cast<double>(b - a) * expert_layer_parameters(*m.spec->transformer, l.tp, l.ep) *
            static_cast<double>(dtype_bytes(model_.dtype));
   }
   void account_memory(int64_t rank, const std::vector<int>& modules);
+  // The data-parallel collective `shape` (kind, purpose, module, its dp-cp group) of `bytes` of
+  // module state on rank x of `owner`'s grid, `expert_bytes` of them routed experts that EP
+  // splits: those in a second op over their expert-data-parallel group (kOpRoutedExperts).
+  std::vector<Op> dp_collectives(const Op& shape, const ModuleInfo& owner, const Coord& x,
+                                 double bytes, double expert_bytes) {
+    Op rest = shape, experts = shape;
+    rest.bytes = bytes;
+    if (expert_bytes <= 0) return {rest};
+    rest.bytes = bytes - expert_bytes;
+    experts.bytes = expert_bytes;
+    experts.group = edp_group(owner, x);
+    experts.flags |= kOpRoutedExperts;
+    return {rest, experts};
+  }
+  // Emits dp_collectives(), the second after the first; returns the ops' indices.
+  std::vector<int32_t> emit_dp_collectives(int64_t rank, const Op& shape, const ModuleInfo& owner,
+                                           const Coord& x, double bytes, double expert_bytes) {
+    std::vector<int32_t> ids;
+    for (Op op : dp_collectives(shape, owner, x, bytes, expert_bytes)) {
+      if (!ids.empty()) op.deps = {ids.back()};
+      ids.push_back(emit(rank, std::move(op)));
+    }
+    return ids;
+  }
   const ModuleInfo& grid_of(const ModuleInfo& m) const;
+  // The layer ranges of `m` rank x holds: one per virtual chunk.
+  std::vector<LayerRange> held_layers(const ModuleInfo& m, const Coord& x) const;
   double parameters_on(const ModuleInfo& m, const Coord& x) const;
+  // Of those, the routed experts' when the module's grid splits them over EP ranks (their
+  // gradients reduced over expert-data-parallel replicas); 0 otherwise.
+  double split_expert_parameters_on(const ModuleInfo& m, const Coord& x) const;
+  // The busiest EP rank's expert load over layers [first, end) of module `module` (1 without
+  // experts, EP or router skew; expert_load.hpp).
+  double busiest_expert_load(int module, int64_t first, int64_t end);
   std::vector<ScheduleItem> order_for(const ModuleInfo& m, int64_t stage, bool has_backward) const;
   int64_t graph_position(int module) const;
   int64_t graph_depth() const;
@@ -421,6 +466,9 @@ class Lowering {
   Program& p_;
 
   std::vector<ModuleInfo> modules_;
+  // Per module with experts split over EP under a skewed router: prefix sums of the busiest EP
+  // rank's load per layer (filled on first use).
+  std::map<int, std::vector<double>> expert_load_prefix_;
   int llm_ = -1;
   int64_t microbatches_ = 1;
   MicrobatchAssignment llm_assignment_;  // [llm replica][mb] -> sample indices

@@ -91,14 +91,18 @@ void Lowering::lower_pipelines() {
           const std::vector<LayerRange> pieces = gradient_buckets(owner, item.chunk * pp + x.p);
           for (auto piece = pieces.rbegin(); piece != pieces.rend(); ++piece) {
             Op g = collective_op(CollectiveKind::kAllGather, Purpose::kDp, Phase::kF, owner_index,
-                                 dpcp_group(owner, x),
-                                 bucket_bytes(owner, piece->first, piece->second));
+                                 dpcp_group(owner, x), 0);
             g.stage = static_cast<int16_t>(x.p);
             g.chunk = static_cast<int16_t>(item.chunk);
             g.first_layer = static_cast<int32_t>(piece->first);
             g.layers = static_cast<int32_t>(piece->second - piece->first);
             g.flags |= kOpGradientBucket;
-            param_gathers[item.chunk].emplace_back(*piece, emit(rank, g));
+            // The piece's forward waits for the last gather (the others precede it).
+            param_gathers[item.chunk].emplace_back(
+                *piece, emit_dp_collectives(rank, g, owner, x,
+                                            bucket_bytes(owner, piece->first, piece->second),
+                                            bucket_expert_bytes(owner, piece->first, piece->second))
+                            .back());
           }
         }
         gathered_at_start_[rank].insert(owner_index);
@@ -280,15 +284,17 @@ void Lowering::lower_pipelines() {
             if (!bucketed) continue;
             Op c = collective_op(plan_.distributed_optimizer ? CollectiveKind::kReduceScatter
                                                              : CollectiveKind::kAllReduce,
-                                 Purpose::kDp, Phase::kF, m.index, dpcp_group(owner, x),
-                                 bucket_bytes(m, piece.first, piece.second));
+                                 Purpose::kDp, Phase::kF, m.index, dpcp_group(owner, x), 0);
             c.stage = static_cast<int16_t>(x.p);
             c.chunk = static_cast<int16_t>(item.chunk);
             c.first_layer = static_cast<int32_t>(piece.first);
             c.layers = static_cast<int32_t>(piece.second - piece.first);
             c.flags |= kOpGradientBucket;
             c.deps = {last};
-            bucket_reductions_[rank][m.index].push_back(emit(rank, c));
+            for (int32_t id :
+                 emit_dp_collectives(rank, c, m, x, bucket_bytes(m, piece.first, piece.second),
+                                     bucket_expert_bytes(m, piece.first, piece.second)))
+              bucket_reductions_[rank][m.index].push_back(id);
           }
           release(rank, last, forward_of, std::make_tuple(at_mb, item.chunk, m.index));
         };

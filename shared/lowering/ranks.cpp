@@ -1,5 +1,6 @@
 // Lowering: module grids, process groups and the per-stage schedule orders.
 #include "shared/lowering/lowering.hpp"
+#include "shared/model/expert_load.hpp"
 
 namespace tessera::lowering {
 
@@ -62,6 +63,7 @@ void Lowering::place(const std::vector<PlacedModule>& placed) {
     at.tpcp = group_index(g.tpcp, g.first_rank, g.size);
     at.dpcp = group_index(g.dpcp, g.first_rank, g.size);
     at.ep = group_index(g.ep, g.first_rank, g.size);
+    at.edp = group_index(g.edp, g.first_rank, g.size);
     grids_[i] = std::move(g);
   }
   p_.world = static_cast<int32_t>(world_size(plan_, model_));
@@ -134,18 +136,49 @@ const ModuleInfo& Lowering::grid_of(const ModuleInfo& m) const {
   return m.host >= 0 ? modules_[static_cast<std::size_t>(m.host)] : m;
 }
 
-double Lowering::parameters_on(const ModuleInfo& m, const Coord& x) const {
-  const ModuleInfo& owner = grid_of(m);
-  double params = 0;
+std::vector<LayerRange> Lowering::held_layers(const ModuleInfo& m, const Coord& x) const {
   const bool split =
       plan_.placement != Placement::kHomogeneous || m.index == llm_ || dip_encoder(m);
   const int64_t chunks = !split ? 1 : dip_encoder(m) ? 1 : m.layout.vpp;
-  for (int64_t chunk = 0; chunk < chunks; ++chunk) {
-    const int64_t k = split ? chunk * m.layout.pp + x.p : 0;
-    const auto [a, b] = m.chunk_layers[static_cast<std::size_t>(k)];
-    params += range_parameters(*m.spec, a, b, owner.layout.tp);
-  }
+  std::vector<LayerRange> held;
+  for (int64_t chunk = 0; chunk < chunks; ++chunk)
+    held.push_back(m.chunk_layers[static_cast<std::size_t>(split ? chunk * m.layout.pp + x.p : 0)]);
+  return held;
+}
+
+double Lowering::parameters_on(const ModuleInfo& m, const Coord& x) const {
+  const ModuleLayout& l = grid_of(m).layout;
+  double params = 0;
+  for (const auto& [a, b] : held_layers(m, x))
+    params += range_parameters(*m.spec, a, b, l.tp, l.ep);
   return params;
+}
+
+double Lowering::split_expert_parameters_on(const ModuleInfo& m, const Coord& x) const {
+  const ModuleLayout& l = grid_of(m).layout;
+  const auto& t = m.spec->transformer;
+  if (!t || t->experts == 0 || l.ep == 1) return 0;
+  double params = 0;
+  for (const auto& [a, b] : held_layers(m, x))
+    params += static_cast<double>(b - a) * expert_layer_parameters(*t, l.tp, l.ep);
+  return params;
+}
+
+double Lowering::busiest_expert_load(int module, int64_t first, int64_t end) {
+  const ModuleInfo& m = modules_[static_cast<std::size_t>(module)];
+  const auto& t = m.spec->transformer;
+  const int64_t ep = grid_of(m).layout.ep;
+  if (!t || t->experts == 0 || ep == 1 || workload_.router_skew == 0 || end <= first) return 1;
+  std::vector<double>& prefix = expert_load_prefix_[module];
+  if (prefix.empty()) {
+    prefix.push_back(0);
+    for (int64_t l = 0; l < t->layers; ++l)
+      prefix.push_back(prefix.back() + expert_load(t->experts, ep, t->capacity_factor,
+                                                   workload_.router_skew, workload_.seed, l)
+                                           .busiest);
+  }
+  return (prefix[static_cast<std::size_t>(end)] - prefix[static_cast<std::size_t>(first)]) /
+         static_cast<double>(end - first);
 }
 
 }  // namespace tessera::lowering

@@ -90,7 +90,13 @@ MediaTokens square_piece(const Patching& p, int64_t side) {
 
 }  // namespace
 
-double layer_parameters(const TransformerArch& a, int64_t tp) {
+double expert_layer_parameters(const TransformerArch& a, int64_t tp, int64_t ep) {
+  if (a.experts == 0) return 0;
+  return static_cast<double>(a.experts / ep) *
+         mlp_parameters(a, a.moe_ffn, static_cast<double>(tp));
+}
+
+double layer_parameters(const TransformerArch& a, int64_t tp, int64_t ep) {
   const auto t = static_cast<double>(tp);
   // Key/value heads fewer than tp are replicated: each rank holds one.
   const double kv_share = a.kv_heads >= tp ? static_cast<double>(a.kv_heads) / t : 1.0;
@@ -106,8 +112,8 @@ double layer_parameters(const TransformerArch& a, int64_t tp) {
     if (a.out_bias) n += hidden;
   }
   if (a.experts > 0) {
-    n += static_cast<double>(a.experts) * mlp_parameters(a, a.moe_ffn, t) +
-         hidden * static_cast<double>(a.experts);  // experts + router
+    n += expert_layer_parameters(a, tp, ep) + hidden * static_cast<double>(a.experts);  // + router
+    if (a.shared_expert_ffn > 0) n += mlp_parameters(a, a.shared_expert_ffn, t);
   } else {
     n += mlp_parameters(a, a.ffn, t);
   }
@@ -122,8 +128,9 @@ int64_t layer_parameters(const TransformerArch& a) {
   return whole(layer_parameters(a, 1));
 }
 
-double stack_parameters(const TransformerArch& a, int64_t first, int64_t end, int64_t tp) {
-  double n = static_cast<double>(end - first) * layer_parameters(a, tp);
+double stack_parameters(const TransformerArch& a, int64_t first, int64_t end, int64_t tp,
+                        int64_t ep) {
+  double n = static_cast<double>(end - first) * layer_parameters(a, tp, ep);
   // The gated layers are the stack's last ones (Mllama's global layers follow its local ones):
   // two gates each.
   const int64_t gated_from = a.layers - a.gated_layers;
@@ -141,9 +148,10 @@ int64_t active_layer_matmul_parameters(const TransformerArch& a) {
   const int64_t kv = a.kv_heads * a.head_dim;
   const int64_t attention = a.hidden * q + 2 * a.hidden * kv + q * a.hidden;
   const int64_t matrices = a.gated_ffn ? 3 : 2;
-  const int64_t mlp = a.experts > 0
-                          ? a.top_k * matrices * a.hidden * a.moe_ffn + a.hidden * a.experts
-                          : matrices * a.hidden * a.ffn;
+  const int64_t mlp =
+      a.experts > 0
+          ? (a.top_k * a.moe_ffn + a.shared_expert_ffn) * matrices * a.hidden + a.hidden * a.experts
+          : matrices * a.hidden * a.ffn;
   return attention + mlp;
 }
 
@@ -295,7 +303,8 @@ double activation_bytes_per_token_per_layer(const TransformerArch& a, double seq
   const double q = static_cast<double>(a.heads * a.head_dim);
   const double kv = static_cast<double>(a.kv_heads * a.head_dim);
   const double heads = static_cast<double>(a.heads);
-  const double f = static_cast<double>(a.experts > 0 ? a.top_k * a.moe_ffn : a.ffn);
+  const double f =
+      static_cast<double>(a.experts > 0 ? a.top_k * a.moe_ffn + a.shared_expert_ffn : a.ffn);
   const double mask = o.dropout ? 1.0 : 0.0;  // a dropout mask is one byte per element
 
   // Activations that are replicated across TP ranks unless sequence parallelism splits them:

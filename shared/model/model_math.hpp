@@ -18,13 +18,21 @@ namespace tessera {
 // single-layer projectors whole on every rank; key/value heads fewer than tp replicated, one per
 // rank. At tp 1 they are the module's counts, which the overloads without tp return exactly.
 //
-// Weights of one transformer layer (attention, MLP or all experts, norms, biases).
+// Routed experts go to `ep` expert-parallel ranks, experts / ep each (and each expert's matrices
+// over tp); a shared expert and the router stay on every rank of the group.
+//
+// Weights of one transformer layer (attention, MLP or experts, norms, biases).
 int64_t layer_parameters(const TransformerArch& arch);
-double layer_parameters(const TransformerArch& arch, int64_t tp);
+double layer_parameters(const TransformerArch& arch, int64_t tp, int64_t ep = 1);
+// Of those, the routed experts' (0 without experts): gradients reduced over expert-data-parallel
+// replicas rather than all data-parallel ones.
+double expert_layer_parameters(const TransformerArch& arch, int64_t tp, int64_t ep);
 // Layers [first, end) of the stack: their layer_parameters() and, where the model has them, the
 // gates of gated layers and the extra norms and gates of cross-attention layers.
-double stack_parameters(const TransformerArch& arch, int64_t first, int64_t end, int64_t tp);
-// Weights of one layer that a token actually multiplies with (top_k experts, no biases/norms).
+double stack_parameters(const TransformerArch& arch, int64_t first, int64_t end, int64_t tp,
+                        int64_t ep = 1);
+// Weights of one layer that a token actually multiplies with (top_k experts and a shared
+// expert, no biases/norms).
 int64_t active_layer_matmul_parameters(const TransformerArch& arch);
 // Everything outside the layer stack: the input side and the output side.
 int64_t embedding_parameters(const ModuleSpec& module);

@@ -75,7 +75,7 @@ std::string op_name(const Program& p, const Op& op) {
              (op.purpose == Purpose::kBoundary || op.purpose == Purpose::kPp
                   ? "." + phase_name(op.phase)
                   : "") +
-             bucket(op);
+             bucket(op) + ((op.flags & kOpRoutedExperts) != 0 ? ".experts" : "");
     case OpKind::kOptimizerStep:
       return "optimizer:" + where(p, op);
   }
@@ -292,6 +292,7 @@ Json program_to_json(const Program& p, int32_t rank) {
         j["layers"] = op.layers;
         j["tokens"] = op.tokens;
         j["flops"] = op.flops;
+        if (op.expert_wait_flops != 0) j["expert_wait_flops"] = op.expert_wait_flops;
         if (op.logits > 0) j["logits"] = op.logits;
         j["bytes"] = op.bytes;
         if (!op.nested.empty()) {

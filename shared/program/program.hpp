@@ -58,6 +58,10 @@ enum OpFlag : uint16_t {
                             // layers) of its chunk, with the chunk's input side (first piece) or
                             // head (last) where it holds them (overlap_grad_reduce; F pieces and
                             // gathers: overlap_param_gather)
+  kOpRoutedExperts = 1024,  // a data-parallel reduction, parameter all-gather or optimizer step
+                            // of the routed experts alone, over their expert-data-parallel group
+                            // (EP > 1: experts are replicated over fewer ranks than the rest of
+                            // the module); without it, such an op carries everything else
 };
 
 struct Op {
@@ -77,6 +81,11 @@ struct Op {
   int32_t first_layer = 0;  // compute: the first of them in its module ([first, first + layers))
   int64_t tokens = 0;       // compute: tokens processed on this rank
   double flops = 0;         // compute: model FLOPs on this rank (recompute: the repeated forward)
+  // compute: FLOPs the busiest rank of its expert-parallel group runs beyond its even share of
+  // the routed tokens (a skewed router), which this rank waits for at the combining all-to-all;
+  // priced as time, never counted as model or hardware FLOPs (negative when dropped tokens leave
+  // the busiest rank less than its even share).
+  double expert_wait_flops = 0;
   double logits = 0;  // compute: vocabulary logits it computes (tokens × vocab / tp; LM head)
   double attention_pairs = 0;  // compute: query-key pairs its attention scores per layer and head
   double bytes = 0;        // compute/optimizer: memory traffic; send/recv/collective: message bytes

@@ -13,13 +13,19 @@ RankMemory mean_parameter_memory(const ParallelPlan& plan, const ModelSpec& mode
   for (const PlacedModule& m : placed) {
     const ModuleLayout& l = m.layout;  // a hosted module's is its host's
     const int64_t replicas = l.dp * l.cp;
-    const RankMemory one =
-        parameter_memory(static_cast<double>(module_parameters(*m.module)), !m.module->frozen,
-                         plan.distributed_optimizer ? replicas : 1, model.dtype);
-    const auto copies = static_cast<double>(replicas);
-    total.weight_bytes += one.weight_bytes * copies;
-    total.gradient_bytes += one.gradient_bytes * copies;
-    total.optimizer_bytes += one.optimizer_bytes * copies;
+    // Routed experts split over EP have replicas / ep copies; the rest `replicas`.
+    const auto& t = m.module->transformer;
+    const double experts =
+        t && l.ep > 1 ? static_cast<double>(t->layers) * expert_layer_parameters(*t, 1, 1) : 0.0;
+    const double params = static_cast<double>(module_parameters(*m.module));
+    for (const auto& [count, copies] :
+         {std::pair{params - experts, replicas}, std::pair{experts, replicas / l.ep}}) {
+      const RankMemory one = parameter_memory(count, !m.module->frozen,
+                                              plan.distributed_optimizer ? copies : 1, model.dtype);
+      total.weight_bytes += one.weight_bytes * static_cast<double>(copies);
+      total.gradient_bytes += one.gradient_bytes * static_cast<double>(copies);
+      total.optimizer_bytes += one.optimizer_bytes * static_cast<double>(copies);
+    }
   }
   const auto world = static_cast<double>(world_size(plan, model));
   total.weight_bytes /= world;

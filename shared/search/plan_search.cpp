@@ -20,37 +20,45 @@ namespace tessera {
 
 namespace {
 
-ModuleLayout layout(int64_t tp, int64_t cp, int64_t pp, int64_t dp, int64_t vpp) {
+ModuleLayout layout(int64_t tp, int64_t cp, int64_t pp, int64_t dp, int64_t vpp, int64_t ep = 1) {
   ModuleLayout l;
   l.tp = tp;
   l.cp = cp;
   l.pp = pp;
   l.dp = dp;
   l.vpp = vpp;
+  l.ep = ep;
   return l;
 }
 
-// The LLM-side grids of the space on `gpus` devices: (tp, cp, pp, vpp, micro-batch size).
+// The LLM-side grids of the space on `gpus` devices: (tp, cp, pp, vpp, ep, micro-batch size).
 struct LlmChoice {
-  int64_t tp, cp, pp, dp, vpp, mbs;
+  int64_t tp, cp, pp, dp, vpp, ep, mbs;
   Recompute recompute;
   bool sequence_parallel, distributed_optimizer;
 };
-std::vector<LlmChoice> llm_choices(const SearchSpace& space, int64_t gpus) {
+
+// `experts`: the LLM's per layer (0: dense, EP 1 only).
+std::vector<LlmChoice> llm_choices(const SearchSpace& space, int64_t gpus, int64_t experts) {
   std::vector<LlmChoice> out;
   for (int64_t tp : space.tp)
     for (int64_t cp : space.cp)
       for (int64_t pp : space.pp) {
         if (gpus % (tp * cp * pp) != 0) continue;  // the grid does not tile the devices
+        const int64_t dp = gpus / (tp * cp * pp);
+        // EP is carved out of cp·dp and splits the experts evenly.
+        std::vector<int64_t> eps;
+        for (int64_t ep : experts > 0 ? space.ep : std::vector<int64_t>{1})
+          if (ep == 1 || (experts % ep == 0 && (cp * dp) % ep == 0)) eps.push_back(ep);
         for (int64_t vpp : space.vpp) {
           if (vpp > 1 && pp == 1) continue;  // virtual stages need a pipeline
-          for (int64_t mbs : space.micro_batch_sizes)
-            for (Recompute recompute : space.recompute)
-              // Sequence parallelism splits over tp: one value where tp = 1.
-              for (bool sp : tp > 1 ? space.sequence_parallel : std::vector<bool>{false})
-                for (bool distributed : space.distributed_optimizer)
-                  out.push_back(
-                      {tp, cp, pp, gpus / (tp * cp * pp), vpp, mbs, recompute, sp, distributed});
+          for (int64_t ep : eps)
+            for (int64_t mbs : space.micro_batch_sizes)
+              for (Recompute recompute : space.recompute)
+                // Sequence parallelism splits over tp: one value where tp = 1.
+                for (bool sp : tp > 1 ? space.sequence_parallel : std::vector<bool>{false})
+                  for (bool distributed : space.distributed_optimizer)
+                    out.push_back({tp, cp, pp, dp, vpp, ep, mbs, recompute, sp, distributed});
         }
       }
   return out;
@@ -109,6 +117,7 @@ Enumeration enumerate_plans(const Scenario& s, const SearchSpace& space, int64_t
   std::vector<const ModuleSpec*> encoders;
   for (const ModuleSpec& m : s.model.modules)
     if (m.role == ModuleRole::kEncoder) encoders.push_back(&m);
+  const int64_t experts = llm != nullptr && llm->transformer ? llm->transformer->experts : 0;
   auto consider_one = [&](ParallelPlan plan) {
     ++e.considered;
     Diagnostics diag;
@@ -151,14 +160,14 @@ Enumeration enumerate_plans(const Scenario& s, const SearchSpace& space, int64_t
         }
   };
   for (Placement placement : space.placements) {
-    for (const LlmChoice& c : llm_choices(space, gpus)) {
+    for (const LlmChoice& c : llm_choices(space, gpus, experts)) {
       const Schedule pipeline = c.vpp > 1 ? Schedule::kInterleaved1F1B : Schedule::k1F1B;
       if (placement == Placement::kHomogeneous) {
         for (Schedule schedule : space.homogeneous_schedules) {
           if (schedule == Schedule::kDip && (c.pp < 2 || encoders.empty())) continue;
           ParallelPlan p;
           p.placement = placement;
-          p.layout = layout(c.tp, c.cp, c.pp, c.dp, c.vpp);
+          p.layout = layout(c.tp, c.cp, c.pp, c.dp, c.vpp, c.ep);
           p.schedule = schedule == Schedule::kDip ? schedule : pipeline;
           base_options(p, c);
           consider(p);
@@ -171,7 +180,7 @@ Enumeration enumerate_plans(const Scenario& s, const SearchSpace& space, int64_t
           p.placement = placement;
           for (const ModuleSpec* enc : encoders)
             p.modules.emplace_back(enc->name, layout(tp_e, 1, 1, gpus / tp_e, 1));
-          p.modules.emplace_back(llm->name, layout(c.tp, c.cp, c.pp, c.dp, 1));
+          p.modules.emplace_back(llm->name, layout(c.tp, c.cp, c.pp, c.dp, 1, c.ep));
           p.schedule = Schedule::kThreePhase;
           base_options(p, c);
           consider(p);
@@ -206,7 +215,7 @@ Enumeration enumerate_plans(const Scenario& s, const SearchSpace& space, int64_t
           // Encoders pipelined over pp_e stages of their own (Cornstarch's per-module stage
           // counts).
           if (share % (tp_e * pp_e) != 0) continue;
-          for (const LlmChoice& c : llm_choices(space, rest)) {
+          for (const LlmChoice& c : llm_choices(space, rest, experts)) {
             ParallelPlan p;
             p.placement = placement;
             int64_t first = 0;
@@ -216,7 +225,7 @@ Enumeration enumerate_plans(const Scenario& s, const SearchSpace& space, int64_t
               first += share;
               p.modules.emplace_back(enc->name, l);
             }
-            ModuleLayout l = layout(c.tp, c.cp, c.pp, c.dp, c.vpp);
+            ModuleLayout l = layout(c.tp, c.cp, c.pp, c.dp, c.vpp, c.ep);
             l.ranks = RankSpan{first, rest};
             p.modules.emplace_back(llm->name, l);
             p.schedule = c.vpp > 1 ? Schedule::kInterleaved1F1B : Schedule::kGraph1F1B;

@@ -73,6 +73,11 @@ TransformerArch read_transformer(ObjectReader& r) {
     at_most(r, "experts", a.experts, kMaxExperts);
   if (r.optional("top_k", a.top_k)) r.check_at_least<int64_t>("top_k", a.top_k, 0);
   positive(r, "moe_ffn", a.moe_ffn, false, kMaxFfn);
+  positive(r, "shared_expert_ffn", a.shared_expert_ffn, false, kMaxFfn);
+  if (r.optional("capacity_factor", a.capacity_factor) &&
+      (!(a.capacity_factor == 0 || a.capacity_factor >= 1) || a.capacity_factor > 1024))
+    r.error("capacity_factor",
+            "must be 0 (dropless) or in [1, 1024], got " + std::to_string(a.capacity_factor));
   if (r.optional("cross_attention_layers", a.cross_attention_layers))
     r.check_at_least<int64_t>("cross_attention_layers", a.cross_attention_layers, 0);
   if (r.optional("gated_layers", a.gated_layers))
@@ -100,8 +105,10 @@ TransformerArch read_transformer(ObjectReader& r) {
       r.error("top_k", "must be in [1, experts=" + std::to_string(a.experts) + "], got " +
                            std::to_string(a.top_k));
     if (a.moe_ffn == 0) a.moe_ffn = a.ffn;
-  } else if (a.top_k != 0) {
-    r.error("top_k", "given without experts");
+  } else {
+    if (a.top_k != 0) r.error("top_k", "given without experts");
+    if (a.shared_expert_ffn != 0) r.error("shared_expert_ffn", "given without experts");
+    if (a.capacity_factor != 0) r.error("capacity_factor", "given without experts");
   }
   if (a.cross_attention_layers > a.layers)
     r.error("cross_attention_layers", "exceeds layers=" + std::to_string(a.layers));
@@ -250,6 +257,8 @@ Json to_json(const TransformerArch& a) {
     j["experts"] = a.experts;
     j["top_k"] = a.top_k;
     j["moe_ffn"] = a.moe_ffn;
+    if (a.shared_expert_ffn > 0) j["shared_expert_ffn"] = a.shared_expert_ffn;
+    if (a.capacity_factor > 0) j["capacity_factor"] = a.capacity_factor;
   }
   if (a.cross_attention_layers > 0) j["cross_attention_layers"] = a.cross_attention_layers;
   if (a.gated_layers > 0) j["gated_layers"] = a.gated_layers;

@@ -50,6 +50,13 @@ struct TransformerArch {
   int64_t experts = 0;      // MoE experts per layer; 0 = dense MLP
   int64_t top_k = 0;        // experts active per token
   int64_t moe_ffn = 0;      // inner width of one expert. Default: ffn
+  // Inner width of the shared expert MLP every token also passes through beside its routed
+  // experts (Llama 4's one shared expert, DeepSeek's and Kimi's n shared experts together). 0:
+  // none.
+  int64_t shared_expert_ffn = 0;
+  // Tokens one expert takes per micro-batch, as a multiple of its even share (tokens · top_k /
+  // experts); the rest are dropped (GShard, Switch). 0: dropless (Megatron's default, MegaBlocks).
+  double capacity_factor = 0;
   // Of `layers`, how many attend to media through cross-attention (Mllama). When > 0, media
   // tokens do not enter this module's sequence.
   int64_t cross_attention_layers = 0;

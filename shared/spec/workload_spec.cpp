@@ -196,6 +196,8 @@ WorkloadSpec read_workload(const Json& json, const std::string& file, const std:
   r.optional("description", w.description);
   r.optional("packing", w.packing);
   r.optional("seed", w.seed);
+  if (r.optional("router_skew", w.router_skew) && !(w.router_skew >= 0 && w.router_skew <= 8))
+    r.error("router_skew", "must be in [0, 8], got " + std::to_string(w.router_skew));
   const bool has_manifest = r.optional("manifest", w.manifest);
   const bool has_samples = r.has("samples");
   if (has_manifest == has_samples) {
@@ -254,6 +256,7 @@ Json to_json(const WorkloadSpec& w) {
   j["max_seq_len"] = w.max_seq_len;
   j["packing"] = w.packing;
   j["seed"] = w.seed;
+  if (w.router_skew > 0) j["router_skew"] = w.router_skew;
   if (!w.manifest.empty()) {
     j["manifest"] = w.manifest;
   } else if (!w.mixture()) {

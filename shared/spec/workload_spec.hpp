@@ -75,6 +75,10 @@ struct WorkloadSpec {
   int64_t max_seq_len = 0;   // LLM sequence length cap (tokens)
   bool packing = false;      // samples packed back to back into max_seq_len sequences
   uint64_t seed = 0;
+  // How unevenly a mixture-of-experts router spreads tokens: expert popularity follows a Zipf law
+  // of this exponent over a random order of each layer's experts (drawn from `seed`); 0: every
+  // expert gets its even share. See expert_load.hpp.
+  double router_skew = 0;
   // Parametric: one source, or a weighted mixture of several (a data set's components).
   std::vector<SampleSource> sources;
   // A mixture draws each iteration's whole batch from the sources of one group (a source's

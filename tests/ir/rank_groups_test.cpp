@@ -150,7 +150,8 @@ void check_lowered_groups(const Scenario& s, const ParallelPlan& plan) {
         CHECK(named(g.ep, members));
         break;
       case Purpose::kDp:
-        CHECK(named(g.dpcp, members));
+        // A routed expert's replicas are fewer: those of its expert shard.
+        CHECK(named((op.flags & kOpRoutedExperts) != 0 ? g.edp : g.dpcp, members));
         break;
       default:
         return;  // boundaries, pipeline messages and the global norm are not grid groups
@@ -206,6 +207,14 @@ TEST_CASE("the lowering's groups are rank_groups()'s, for every placement family
   cp.layout.cp = 2;
   cp.layout.dp = big.plan->layout.dp / 2;
   check_lowered_groups(big, cp);
+  // Expert parallelism, alone and beside TP, with the distributed optimizer.
+  const Scenario moe = scenario("cpu-tiny-moe.json");
+  for (const char* f : {"cpu-tiny-moe-ep2.json", "cpu-tiny-moe-ep2-tp2.json"}) {
+    INFO(f);
+    ParallelPlan plan = plan_file(f);
+    plan.distributed_optimizer = true;
+    check_lowered_groups(moe, plan);
+  }
   const Scenario variable = scenario("cpu-tiny-variable.json");
   ParallelPlan dip = *variable.plan;
   dip.schedule = Schedule::kDip;

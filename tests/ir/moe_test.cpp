@@ -1,0 +1,178 @@
+// Mixture of experts: the router's load model, expert parallelism in the lowering (experts split
+// over EP ranks, their gradients reduced over expert-data-parallel replicas, the dispatch and
+// combine all-to-alls) and the search over EP.
+#include <doctest/doctest.h>
+
+#include <set>
+#include <string>
+
+#include "shared/layout/scenario.hpp"
+#include "shared/lowering/lower.hpp"
+#include "shared/model/batch.hpp"
+#include "shared/model/expert_load.hpp"
+#include "shared/model/model_math.hpp"
+#include "shared/search/estimate.hpp"
+#include "shared/search/plan_search.hpp"
+#include "shared/search/stage_split.hpp"
+
+using namespace tessera;
+
+namespace {
+
+Scenario moe_scenario() {
+  Diagnostics diag;
+  auto s = load_scenario(std::string(TESSERA_SOURCE_DIR) + "/scenarios/cpu-tiny-moe.json", diag);
+  INFO(diag.format());
+  REQUIRE(s.has_value());
+  return *s;
+}
+
+ParallelPlan with_ep(const Scenario& s, int64_t dp, int64_t ep, bool distributed = false) {
+  ParallelPlan p = *s.plan;
+  p.layout.dp = dp;
+  p.layout.ep = ep;
+  p.distributed_optimizer = distributed;
+  return p;
+}
+
+Program lowered(const Scenario& s, const ParallelPlan& plan) {
+  Diagnostics diag;
+  validate_plan(plan, s.model, s.workload, s.cluster, "", "", diag);
+  INFO(diag.format());
+  REQUIRE(diag.ok());
+  Lowered l = lower(s.model, s.cluster, resolve_stage_split(plan, s.model, s.workload, s.cluster),
+                    s.workload, draw_batch(s.workload, 0));
+  REQUIRE(l.error.empty());
+  const auto problems = check_program(l.program);
+  INFO((problems.empty() ? std::string() : problems.front()));
+  CHECK(problems.empty());
+  return std::move(l.program);
+}
+
+const TransformerArch& llm_arch(const Scenario& s) {
+  return *s.model.modules.back().transformer;
+}
+
+}  // namespace
+
+TEST_CASE("expert load: even without skew, skewed by a Zipf law, clipped by a capacity") {
+  // No skew: every rank its even share.
+  CHECK(expert_load(8, 4, 0, 0, 1, 0).busiest == 1);
+  CHECK(expert_load(8, 4, 0, 0, 1, 0).kept == 1);
+  // One rank holds every expert: it always has all the tokens, the even share.
+  CHECK(expert_load(8, 1, 0, 1.5, 1, 3).busiest == doctest::Approx(1));
+  // Zipf 1 over 8 experts on 8 ranks: the most popular expert takes 1/H_8 of the tokens, 8/H_8
+  // = 2.94 times its share, whichever rank the drawn order gives it.
+  const double h8 = 1 + 1. / 2 + 1. / 3 + 1. / 4 + 1. / 5 + 1. / 6 + 1. / 7 + 1. / 8;
+  CHECK(expert_load(8, 8, 0, 1.0, 7, 0).busiest == doctest::Approx(8 / h8));
+  // Two experts per rank: the busiest rank's load depends on the order drawn, which the seed
+  // and the layer fix; it lies between the even share and the two most popular experts'.
+  for (int64_t layer = 0; layer < 16; ++layer) {
+    const ExpertLoad l = expert_load(8, 4, 0, 1.0, 7, layer);
+    CHECK(l.busiest == expert_load(8, 4, 0, 1.0, 7, layer).busiest);
+    CHECK(l.busiest > 1);
+    CHECK(l.busiest <= (1 + 1. / 2) / h8 * 8 / 2 + 1e-12);
+    CHECK(l.kept == doctest::Approx(1));
+  }
+  bool differs = false;
+  for (int64_t layer = 1; layer < 16; ++layer)
+    differs = differs || expert_load(8, 4, 0, 1.0, 7, layer).busiest !=
+                             expert_load(8, 4, 0, 1.0, 7, 0).busiest;
+  CHECK(differs);
+  // A capacity factor of 1.25 keeps at most 1.25 shares per expert and drops the rest.
+  const ExpertLoad capped = expert_load(8, 8, 1.25, 1.0, 7, 0);
+  CHECK(capped.busiest == doctest::Approx(1.25));
+  CHECK(capped.kept < 1);
+}
+
+TEST_CASE("EP splits the routed experts; their gradients are reduced over expert-DP replicas") {
+  const Scenario s = moe_scenario();
+  const TransformerArch& a = llm_arch(s);
+  const double expert_weights = static_cast<double>(a.layers) * expert_layer_parameters(a, 1, 1);
+  REQUIRE(expert_weights > 0);
+  // dp 4: EP 1 holds all 8 experts on every rank, EP 2 four, and reduces them over 2 replicas.
+  const Program one = lowered(s, with_ep(s, 4, 1)), two = lowered(s, with_ep(s, 4, 2));
+  const double bytes = 4;  // fp32
+  CHECK(one.memory[0].weight_bytes - two.memory[0].weight_bytes ==
+        doctest::Approx(expert_weights / 2 * bytes));
+  int expert_reductions = 0;
+  for (const auto& ops : {one.ranks[0], two.ranks[0]})
+    for (const Op& op : ops)
+      if (op.kind == OpKind::kCollective && op.purpose == Purpose::kDp &&
+          (op.flags & kOpRoutedExperts) != 0) {
+        ++expert_reductions;
+        CHECK(two.groups[static_cast<std::size_t>(op.group)].size() == 2);
+        CHECK(op.bytes == doctest::Approx(expert_weights / 2 * bytes));
+        CHECK(op_name(two, op).ends_with(".experts"));
+      }
+  CHECK(expert_reductions == 1);  // EP 2's, none for EP 1
+  // Each rank dispatches and combines through the all-to-all of its EP group, twice per layer.
+  bool dispatched = false;
+  for (const Op& op : two.ranks[1])
+    for (const NestedCollective& n : op.nested)
+      if (n.purpose == Purpose::kEp) {
+        dispatched = true;
+        CHECK(n.kind == CollectiveKind::kAllToAll);
+        CHECK(n.count == 2 * op.layers);
+        CHECK(two.groups[static_cast<std::size_t>(n.group)].size() == 2);
+      }
+  CHECK(dispatched);
+  // The distributed optimizer shards each parameter's state over its replicas: dp of a dense
+  // one, dp / ep of a routed expert, so a rank keeps the same optimizer state with EP as
+  // without, and less weight and gradient memory.
+  const Program d1 = lowered(s, with_ep(s, 4, 1, true)), d2 = lowered(s, with_ep(s, 4, 2, true));
+  CHECK(d2.memory[0].optimizer_bytes == doctest::Approx(d1.memory[0].optimizer_bytes));
+  CHECK(d2.memory[0].gradient_bytes < d1.memory[0].gradient_bytes);
+}
+
+TEST_CASE("a skewed router makes the EP group wait for its busiest rank") {
+  Scenario s = moe_scenario();
+  const ParallelPlan plan = with_ep(s, 2, 2);
+  const auto llm_ops = [&](const Program& p) {
+    double wait = 0, all_to_all = 0;
+    for (const Op& op : p.ranks[0]) {
+      if (op.kind != OpKind::kCompute || p.modules[static_cast<std::size_t>(op.module)] != "llm")
+        continue;
+      wait += op.expert_wait_flops;
+      for (const NestedCollective& n : op.nested)
+        if (n.purpose == Purpose::kEp) all_to_all += n.bytes;
+    }
+    return std::pair{wait, all_to_all};
+  };
+  REQUIRE(s.workload.router_skew == 1.0);
+  const auto [skewed_wait, skewed_bytes] = llm_ops(lowered(s, plan));
+  const double skewed_step = estimate(s, plan, 0, CostParams{}).metrics.step_s;
+  s.workload.router_skew = 0;
+  const auto [even_wait, even_bytes] = llm_ops(lowered(s, plan));
+  const double even_step = estimate(s, plan, 0, CostParams{}).metrics.step_s;
+  CHECK(even_wait == 0);
+  CHECK(skewed_wait > 0);
+  CHECK(skewed_bytes > even_bytes);
+  CHECK(skewed_step > even_step);
+  // A capacity factor of 1 keeps no expert above its share: the busiest rank has at most its
+  // even share (it drops the rest), so nobody waits.
+  s.workload.router_skew = 1.0;
+  s.model.modules.back().transformer->capacity_factor = 1.0;
+  CHECK(llm_ops(lowered(s, plan)).first <= 0);
+}
+
+TEST_CASE("the search tries EP where the LLM has experts, and only there") {
+  Scenario s = moe_scenario();
+  SearchSpace space;
+  space.placements = {Placement::kHomogeneous};
+  space.tp = {1};
+  space.pp = {1};
+  space.cp = {1};
+  space.vpp = {1};
+  space.recompute = {Recompute::kNone};
+  space.micro_batch_sizes = {1};
+  std::set<int64_t> eps;
+  for (const Candidate& c : enumerate_plans(s, space, 4).valid) eps.insert(c.plan.layout.ep);
+  CHECK(eps == std::set<int64_t>{1, 2, 4});  // 8 does not divide dp = 4
+  s.model.modules.back().transformer->experts = 0;
+  s.model.modules.back().transformer->top_k = 0;
+  s.model.modules.back().transformer->shared_expert_ffn = 0;
+  eps.clear();
+  for (const Candidate& c : enumerate_plans(s, space, 4).valid) eps.insert(c.plan.layout.ep);
+  CHECK(eps == std::set<int64_t>{1});
+}
