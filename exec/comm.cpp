@@ -145,6 +145,23 @@ torch::Tensor reduce_scatter(const Comm& comm, const torch::Tensor& t) {
   return out[0];
 }
 
+torch::Tensor all_to_all_rows(const Comm& comm, const torch::Tensor& t,
+                              const std::vector<int64_t>& send_rows,
+                              const std::vector<int64_t>& recv_rows) {
+  if (comm.size() < 2) return t;
+  std::vector<int64_t> shape = t.sizes().vec();
+  shape[0] = 0;
+  for (int64_t r : recv_rows) shape[0] += r;
+  torch::Tensor out = torch::empty(shape, t.options());
+  torch::Tensor in = t.contiguous();
+  std::vector<int64_t> out_counts = recv_rows, in_counts = send_rows;
+  const double start = start_s();
+  wait_recorded(comm.group->alltoall_base(out, in, out_counts, in_counts),
+                CollectiveKind::kAllToAll, static_cast<double>(in.numel() * in.element_size()),
+                start);
+  return out;
+}
+
 namespace {
 
 using torch::autograd::AutogradContext;
@@ -201,6 +218,22 @@ struct GatherRows : torch::autograd::Function<GatherRows> {
   }
 };
 
+struct ExchangeRows : torch::autograd::Function<ExchangeRows> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, int64_t comm,
+                               std::vector<int64_t> send_rows, std::vector<int64_t> recv_rows) {
+    ctx->saved_data["comm"] = comm;
+    ctx->saved_data["send"] = send_rows;
+    ctx->saved_data["recv"] = recv_rows;
+    return all_to_all_rows(*reinterpret_cast<const Comm*>(static_cast<intptr_t>(comm)), x,
+                           send_rows, recv_rows);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    return {all_to_all_rows(comm_of(ctx), grads[0], ctx->saved_data["recv"].toIntVector(),
+                            ctx->saved_data["send"].toIntVector()),
+            torch::Tensor(), torch::Tensor(), torch::Tensor()};
+  }
+};
+
 }  // namespace
 
 torch::Tensor copy_to_group(const torch::Tensor& x, const Comm& comm) {
@@ -217,6 +250,13 @@ torch::Tensor gather_rows(const torch::Tensor& x, const Comm& comm,
                           const std::vector<int64_t>& rows) {
   if (comm.size() < 2) return x;
   return GatherRows::apply(x, handle(comm), rows);
+}
+
+torch::Tensor exchange_rows(const torch::Tensor& x, const Comm& comm,
+                            const std::vector<int64_t>& send_rows,
+                            const std::vector<int64_t>& recv_rows) {
+  if (comm.size() < 2) return x;
+  return ExchangeRows::apply(x, handle(comm), send_rows, recv_rows);
 }
 
 }  // namespace tessera::exec

@@ -71,6 +71,12 @@ void broadcast(const Comm& comm, torch::Tensor& t, int root = 0);
 // returns this member's contiguous 1/size of the sum.
 torch::Tensor reduce_scatter(const Comm& comm, const torch::Tensor& t);
 
+// Sends rows [Σ send_rows[<i], + send_rows[i]) of `t` to member i and returns the rows received,
+// member by member: recv_rows[i] from member i (what member i sends this one).
+torch::Tensor all_to_all_rows(const Comm& comm, const torch::Tensor& t,
+                              const std::vector<int64_t>& send_rows,
+                              const std::vector<int64_t>& recv_rows);
+
 // Autograd-aware (Megatron's f and g): identity forward / all-reduce backward, and the reverse.
 torch::Tensor copy_to_group(const torch::Tensor& x, const Comm& comm);
 torch::Tensor reduce_from_group(const torch::Tensor& x, const Comm& comm);
@@ -78,5 +84,9 @@ torch::Tensor reduce_from_group(const torch::Tensor& x, const Comm& comm);
 // rows (a reduce-scatter).
 torch::Tensor gather_rows(const torch::Tensor& x, const Comm& comm,
                           const std::vector<int64_t>& rows);
+// all_to_all_rows forward; backward sends each row's gradient back where the row came from.
+torch::Tensor exchange_rows(const torch::Tensor& x, const Comm& comm,
+                            const std::vector<int64_t>& send_rows,
+                            const std::vector<int64_t>& recv_rows);
 
 }  // namespace tessera::exec

@@ -62,6 +62,14 @@ std::string executor_support(const ModelSpec& model) {
       return m.name + ": gated layers (Mllama's) are not in the executor yet";
     if (m.transformer && m.transformer->extra_embeddings > 0)
       return m.name + ": embedding rows beyond the vocabulary are not in the executor yet";
+    if (m.transformer && m.transformer->experts > 0 && m.transformer->capacity_factor > 0)
+      return m.name +
+             ": token dropping (capacity_factor) is not in the executor: which tokens an expert "
+             "drops depends on how the batch is grouped, so a run has no single-rank reference; "
+             "it runs dropless";
+    if (m.transformer && m.transformer->experts > 0 &&
+        (m.transformer->linear_bias || m.transformer->mlp_bias))
+      return m.name + ": experts with biases are not in the executor yet";
     if (m.projector && m.projector->separators > 0)
       return m.name + ": learned separators between image pieces are not in the executor yet";
     if (m.role != ModuleRole::kEncoder) continue;
@@ -90,6 +98,12 @@ std::string executor_plan_support(const ParallelPlan& plan, const ModelSpec& mod
     }
   }
   if (plan.recompute != Recompute::kNone) return "plan.recompute: activation recomputation" + next;
+  bool expert_parallel = plan.layout.ep > 1;
+  for (const auto& [module, l] : plan.modules) expert_parallel = expert_parallel || l.ep > 1;
+  if (expert_parallel && plan.distributed_optimizer)
+    return "plan.distributed_optimizer: the sharded optimizer with expert parallelism (routed "
+           "experts shard over their own replicas)" +
+           next;
   if (plan.schedule == Schedule::kDip)
     for (const ModuleSpec& m : model.modules)
       if (m.role == ModuleRole::kEncoder && m.modality != Modality::kImage)

@@ -142,14 +142,12 @@ torch::Tensor Attention::forward(const torch::Tensor& x, const AttentionInputs& 
   return o.forward(out.transpose(1, 2).reshape({b, l, heads * head_dim}));
 }
 
-Mlp::Mlp(ParamSet& ps, const std::string& name, const TransformerArch& arch)
+Mlp::Mlp(ParamSet& ps, const std::string& name, const TransformerArch& arch, int64_t width)
     : gated(arch.gated_ffn) {
-  TESSERA_CHECK(arch.experts == 0,
-                name + ": mixture-of-experts layers are not in the executor yet");
   const bool bias = arch.linear_bias || arch.mlp_bias;
-  up = Linear(ps, name + ".up", arch.hidden, arch.ffn, bias, Split::kColumn);
-  if (gated) gate = Linear(ps, name + ".gate", arch.hidden, arch.ffn, bias, Split::kColumn);
-  down = Linear(ps, name + ".down", arch.ffn, arch.hidden, bias, Split::kRow);
+  up = Linear(ps, name + ".up", arch.hidden, width, bias, Split::kColumn);
+  if (gated) gate = Linear(ps, name + ".gate", arch.hidden, width, bias, Split::kColumn);
+  down = Linear(ps, name + ".down", width, arch.hidden, bias, Split::kRow);
 }
 
 torch::Tensor Mlp::forward(const torch::Tensor& x) const {
@@ -159,11 +157,94 @@ torch::Tensor Mlp::forward(const torch::Tensor& x) const {
   return down.forward(torch::gelu(up.forward_entered(entered)));
 }
 
-Block::Block(ParamSet& ps, const std::string& name, const TransformerArch& arch)
+torch::Tensor Mlp::partial(const torch::Tensor& entered) const {
+  const torch::Tensor inner =
+      gated ? torch::silu(gate.forward_entered(entered)) * up.forward_entered(entered)
+            : torch::gelu(up.forward_entered(entered));
+  return torch::matmul(inner, down.weight.t());
+}
+
+Moe::Moe(ParamSet& ps, const std::string& name, const TransformerArch& arch, const Comm& group)
+    : top_k(arch.top_k), total(arch.experts), ep(&group) {
+  TESSERA_CHECK(arch.experts % group.size() == 0, name + ": " + std::to_string(group.size()) +
+                                                      " EP ranks do not divide " +
+                                                      std::to_string(arch.experts) + " experts");
+  router = Linear(ps, name + ".router", arch.hidden, arch.experts, false, Split::kReplicated);
+  const int64_t local = arch.experts / group.size();
+  first_expert = group.rank * local;
+  const std::size_t from = ps.params().size();
+  for (int64_t e = first_expert; e < first_expert + local; ++e)
+    experts.emplace_back(ps, name + ".experts." + std::to_string(e), arch, arch.moe_ffn);
+  ps.mark_experts(from);
+  if (arch.shared_expert_ffn > 0) {
+    shared = Mlp(ps, name + ".shared", arch, arch.shared_expert_ffn);
+    has_shared = true;
+  }
+}
+
+torch::Tensor Moe::forward(const torch::Tensor& x) const {
+  const int64_t hidden = x.size(-1);
+  const torch::Tensor tokens = x.reshape({-1, hidden});
+  // Route: each token's top_k experts and their weights. The router is replicated over TP, its
+  // input too, so every TP rank routes alike.
+  const torch::Tensor probs = torch::softmax(router.forward(tokens).to(torch::kFloat32), -1);
+  const auto [top, chosen] = probs.topk(top_k, -1);
+  const torch::Tensor weights = (top / top.sum(-1, true)).to(x.scalar_type()).reshape({-1});
+  // Assignments (token, expert) ordered by expert, so each EP rank's are contiguous.
+  const torch::Tensor expert_of = chosen.reshape({-1});
+  const torch::Tensor order = std::get<1>(expert_of.sort(/*stable=*/true, 0, false));
+  const torch::Tensor sorted_expert = expert_of.index_select(0, order);
+  const torch::Tensor token_of = order.div(top_k, "floor");
+  // Tokens per expert, and so per EP rank (each holds `local` experts in a row).
+  const int64_t local = total / ep->size();
+  const torch::Tensor per_expert = sorted_expert.bincount({}, total).to(torch::kInt64);
+  std::vector<int64_t> send(static_cast<std::size_t>(ep->size()));
+  for (int r = 0; r < ep->size(); ++r)
+    send[static_cast<std::size_t>(r)] =
+        per_expert.narrow(0, r * local, local).sum().item<int64_t>();
+  // Dispatch: every member learns how many rows each other sends each of its experts (one small
+  // all-to-all), then the rows travel, sorted by expert within each sender's block.
+  torch::Tensor from_each = per_expert.view({ep->size(), local});  // [sender][local expert]
+  if (ep->size() > 1) {
+    const std::vector<int64_t> ones(static_cast<std::size_t>(ep->size()), 1);
+    from_each = all_to_all_rows(*ep, from_each, ones, ones);
+  }
+  std::vector<int64_t> recv(static_cast<std::size_t>(ep->size()));
+  for (int r = 0; r < ep->size(); ++r)
+    recv[static_cast<std::size_t>(r)] = from_each[r].sum().item<int64_t>();
+  const torch::Tensor rows = exchange_rows(tokens.index_select(0, token_of), *ep, send, recv);
+  const torch::Tensor row_expert =
+      torch::arange(local).repeat({ep->size()}).repeat_interleave(from_each.reshape({-1}));
+  // This rank's experts on their rows; the TP sum of their row-parallel outputs at once.
+  const Comm& tp = *router.tp;
+  const torch::Tensor entered = copy_to_group(rows, tp);
+  // Zero rows that still hang on `rows`: a rank whose experts receive nothing keeps both
+  // all-to-alls in its autograd graph, so its backward sends and receives with the others.
+  torch::Tensor out = entered * 0;
+  for (int64_t e = 0; e < local; ++e) {
+    const torch::Tensor at = (row_expert == e).nonzero().reshape({-1});
+    if (at.numel() == 0) continue;
+    out = out.index_copy(0, at,
+                         experts[static_cast<std::size_t>(e)].partial(entered.index_select(0, at)));
+  }
+  out = reduce_from_group(out, tp);
+  // Combine: the rows come back to their tokens, weighted.
+  const torch::Tensor back = exchange_rows(out, *ep, recv, send);
+  torch::Tensor y = torch::zeros_like(tokens).index_add(
+      0, token_of, back * weights.index_select(0, order).unsqueeze(1));
+  if (has_shared) y = y + shared.forward(tokens);
+  return y.view(x.sizes());
+}
+
+Block::Block(ParamSet& ps, const std::string& name, const TransformerArch& arch, const Comm& ep)
     : norm1(ps, name + ".norm1", arch.hidden, arch.norm),
       norm2(ps, name + ".norm2", arch.hidden, arch.norm),
       attention(ps, name + ".attn", arch),
-      mlp(ps, name + ".mlp", arch) {
+      routed(arch.experts > 0) {
+  if (routed)
+    moe = Moe(ps, name + ".mlp", arch, ep);
+  else
+    mlp = Mlp(ps, name + ".mlp", arch, arch.ffn);
   if (arch.post_norms) {
     post1 = Norm(ps, name + ".post1", arch.hidden, arch.norm);
     post2 = Norm(ps, name + ".post2", arch.hidden, arch.norm);
@@ -174,7 +255,8 @@ torch::Tensor Block::forward(const torch::Tensor& x, const AttentionInputs& in) 
   const bool post = post1.weight.defined();
   const torch::Tensor a = attention.forward(norm1.forward(x), in);
   const torch::Tensor h = x + (post ? post1.forward(a) : a);
-  const torch::Tensor m = mlp.forward(norm2.forward(h));
+  const torch::Tensor normed = norm2.forward(h);
+  const torch::Tensor m = routed ? moe.forward(normed) : mlp.forward(normed);
   return h + (post ? post2.forward(m) : m);
 }
 

@@ -1,7 +1,8 @@
 // The parallel building blocks of the executor's models (Megatron-style tensor parallelism):
 // column/row-parallel linears with the f/g conjugate collectives, vocab-parallel embedding and
 // cross-entropy, norms, rotary embeddings, grouped-query attention under an additive mask (with
-// context-parallel K/V gathering), dense and gated MLPs, and pre-norm transformer blocks.
+// context-parallel K/V gathering), dense and gated MLPs, mixture-of-experts layers with expert
+// parallelism, and pre-norm transformer blocks.
 // Tensors are plain members; every parameter is registered in a ParamSet under its global name.
 #pragma once
 
@@ -20,6 +21,9 @@ struct Param {
   std::string name;      // global, plan-independent: "llm.layers.3.attn.q.weight"
   torch::Tensor tensor;  // this rank's shard
   bool tp_sharded = false;
+  // A routed expert's: held by one EP rank, its gradient reduced over the expert-data-parallel
+  // replicas only.
+  bool expert = false;
 };
 
 // Creates parameters from the seed (weights.hpp) and keeps the list.
@@ -33,6 +37,10 @@ class ParamSet {
   torch::Tensor constant(const std::string& name, std::vector<int64_t> shape, double value,
                          int64_t shard_dim = -1);
   std::vector<Param>& params() { return params_; }
+  // Marks the parameters added since the list had `from` entries as a routed expert's.
+  void mark_experts(std::size_t from) {
+    for (std::size_t i = from; i < params_.size(); ++i) params_[i].expert = true;
+  }
   const Comm& tp() const { return tp_; }
 
  private:
@@ -86,20 +94,44 @@ struct Attention {
 
 struct Mlp {
   Mlp() = default;
-  Mlp(ParamSet& ps, const std::string& name, const TransformerArch& arch);
+  // Inner width `width` (the dense MLP's ffn, one expert's moe_ffn, a shared expert's).
+  Mlp(ParamSet& ps, const std::string& name, const TransformerArch& arch, int64_t width);
   torch::Tensor forward(const torch::Tensor& x) const;
+  // The row-parallel output before its sum over TP, for an input already entered into the TP
+  // group (the caller sums several experts' outputs at once). No output bias.
+  torch::Tensor partial(const torch::Tensor& entered) const;
   Linear up, gate, down;  // gate only when gated
   bool gated = false;
 };
 
+// A mixture-of-experts MLP. The router (replicated) scores every expert for each token; the
+// token goes to its top_k experts, weighted by their softmax probabilities renormalised over the
+// k (Mixtral's rule); every expert keeps all its tokens (dropless). Member r of the EP group
+// holds experts [r·E/ep, (r+1)·E/ep): tokens travel there and back by all-to-all. A shared
+// expert, if any, sees every token.
+struct Moe {
+  Moe() = default;
+  Moe(ParamSet& ps, const std::string& name, const TransformerArch& arch, const Comm& ep);
+  torch::Tensor forward(const torch::Tensor& x) const;  // (..., H) -> (..., H)
+  Linear router;                                        // (experts, hidden)
+  std::vector<Mlp> experts;                             // this rank's, from first_expert on
+  Mlp shared;
+  bool has_shared = false;
+  int64_t top_k = 0, total = 0, first_expert = 0;
+  const Comm* ep = nullptr;
+};
+
 struct Block {
   Block() = default;
-  Block(ParamSet& ps, const std::string& name, const TransformerArch& arch);
+  // `ep`: the expert-parallel group of an MoE layer (a group of one holds every expert).
+  Block(ParamSet& ps, const std::string& name, const TransformerArch& arch, const Comm& ep);
   torch::Tensor forward(const torch::Tensor& x, const AttentionInputs& in) const;
   Norm norm1, norm2;
   Norm post1, post2;  // after attention and MLP, when the architecture has them
   Attention attention;
-  Mlp mlp;
+  Mlp mlp;  // a dense layer's
+  Moe moe;  // an MoE layer's
+  bool routed = false;
 };
 
 // Vocab-parallel embedding: rows [rank·V/tp, (rank+1)·V/tp) on each TP rank.

@@ -36,7 +36,7 @@ Worker::Worker(const Scenario& s, const ParallelPlan& plan, Groups& groups,
   std::set<std::pair<std::size_t, std::vector<int64_t>>> needed;
   for (const RankList& g : p.groups) needed.insert({g.size(), g});
   for (const ModuleGroups& mg : module_groups_)
-    for (const auto* kind : {&mg.tp, &mg.cp, &mg.dp})
+    for (const auto* kind : {&mg.tp, &mg.cp, &mg.dp, &mg.ep, &mg.edp})
       for (const Group& g : *kind) needed.insert({g.size(), g});
   std::vector<std::vector<int64_t>> ordered;
   for (const auto& [size, g] : needed) ordered.push_back(g);
@@ -45,7 +45,9 @@ Worker::Worker(const Scenario& s, const ParallelPlan& plan, Groups& groups,
   const std::size_t modules = model.modules.size();
   tp_.assign(modules, nullptr);
   cp_.assign(modules, nullptr);
+  ep_.assign(modules, nullptr);
   dpcp_.assign(modules, 1);
+  edp_.assign(modules, 1);
   dp_size_.assign(modules, 1);
   dp_rank_.assign(modules, 0);
   for (const ModuleGroups& mg : module_groups_) {
@@ -58,6 +60,10 @@ Worker::Worker(const Scenario& s, const ParallelPlan& plan, Groups& groups,
     tp_[m] = &groups_.get(*tp);
     cp_[m] = &groups_.get(*cp);
     dpcp_[m] = static_cast<int64_t>(dp->size() * cp->size());
+    if (const Group* ep = group_with(mg.ep, rank_); ep != nullptr) {
+      ep_[m] = &groups_.get(*ep);
+      edp_[m] = dpcp_[m] / static_cast<int64_t>(ep->size());
+    }
     dp_rank_[m] = index_in(dp, rank_);
     if (model.modules[m].role == ModuleRole::kLlm) {
       tp_index_ = index_in(tp, rank_);
@@ -83,7 +89,8 @@ Worker::Worker(const Scenario& s, const ParallelPlan& plan, Groups& groups,
                   "rank " + std::to_string(rank_) + " runs " + spec.name +
                       " but has no group or layers for it");
     stages_[key] = std::make_unique<Stage>(spec, layers->first_layer, layers->end_layer,
-                                           options.seed, *tp_[static_cast<std::size_t>(key.first)]);
+                                           options.seed, *tp_[static_cast<std::size_t>(key.first)],
+                                           ep_[static_cast<std::size_t>(key.first)]);
   }
   dip_ = plan.schedule == Schedule::kDip;
   if (dip_) {

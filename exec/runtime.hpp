@@ -167,8 +167,9 @@ class Worker {
   int rank_;
   int llm_ = -1;  // the LLM's module index
   std::vector<ModuleGroups> module_groups_;
-  std::vector<const Comm*> tp_, cp_;        // per module: this rank's groups (null: not here)
+  std::vector<const Comm*> tp_, cp_, ep_;   // per module: this rank's groups (null: not here)
   std::vector<int64_t> dpcp_;               // per module: ranks holding the same shard
+  std::vector<int64_t> edp_;                // per module: ranks holding the same routed expert
   std::vector<int64_t> dp_size_, dp_rank_;  // per module: data-parallel degree, this rank's replica
   int64_t dp_index_ = 0, cp_index_ = 0, tp_index_ = 0;
   std::map<std::pair<int, int>, std::unique_ptr<Stage>> stages_;    // (module, chunk)

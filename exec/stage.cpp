@@ -8,7 +8,7 @@
 namespace tessera::exec {
 
 Stage::Stage(const ModuleSpec& module, int64_t layer_begin, int64_t layer_end, uint64_t seed,
-             const Comm& tp)
+             const Comm& tp, const Comm* ep)
     : module_(module),
       begin_(layer_begin),
       end_(layer_end),
@@ -60,8 +60,10 @@ Stage::Stage(const ModuleSpec& module, int64_t layer_begin, int64_t layer_end, u
   if (module.role == ModuleRole::kLlm && first())
     embedding_ = Embedding(params_, name + ".embedding", arch.vocab, arch.hidden);
   front_params_ = params_.params().size();
+  static const Comm every_expert{{0}, 0, {}};  // a group of one
   for (int64_t l = begin_; l < end_; ++l) {
-    blocks_.emplace_back(params_, name + ".layers." + std::to_string(l), arch);
+    blocks_.emplace_back(params_, name + ".layers." + std::to_string(l), arch,
+                         ep != nullptr ? *ep : every_expert);
     block_params_end_.push_back(params_.params().size());
   }
   // Every transformer ends in its final norm: the LLM's before its head, an encoder's over its

@@ -61,6 +61,13 @@ void Worker::reduce_gradients(const Op& op) {
                 op_name(*program_, op) + ": unexpected gradient collective");
   const Comm& comm = groups_.get(program_->groups[static_cast<std::size_t>(op.group)]);
   const bool bucketed = (op.flags & kOpGradientBucket) != 0;
+  // Routed experts' gradients are reduced apart, over their own replicas (kOpRoutedExperts).
+  const bool experts = (op.flags & kOpRoutedExperts) != 0;
+  const bool split = ep_[static_cast<std::size_t>(op.module)] != nullptr &&
+                     ep_[static_cast<std::size_t>(op.module)]->size() > 1;
+  const auto reduced_here = [&](const Param& p) {
+    return p.tensor.requires_grad() && (!split || p.expert == experts);
+  };
   if (op.collective == CollectiveKind::kReduceScatter) {
     // The sharded optimizer: each rank receives the sum of its slices only; a bucket's in the
     // background while the backward goes on.
@@ -73,7 +80,7 @@ void Worker::reduce_gradients(const Op& op) {
     std::vector<torch::Tensor> grads, flat;
     for (Param* p :
          stage(op.module, op.chunk).params_of(op.first_layer, op.first_layer + op.layers))
-      if (p->tensor.requires_grad()) {
+      if (reduced_here(*p)) {
         grads.push_back(p->tensor.mutable_grad());
         flat.push_back(grads.back().reshape({-1}));
       }
@@ -88,7 +95,11 @@ void Worker::reduce_gradients(const Op& op) {
                            }});
     return;
   }
-  std::vector<torch::Tensor> params = trainable(op.module);
+  std::vector<torch::Tensor> params;
+  for (auto& [key, st] : stages_)
+    if (key.first == op.module)
+      for (const Param& p : st->params())
+        if (reduced_here(p)) params.push_back(p.tensor);
   if (params.empty()) return;
   std::vector<torch::Tensor> grads;
   for (const torch::Tensor& p : params) grads.push_back(p.grad().view({-1}));
@@ -122,7 +133,8 @@ void Worker::synchronize_norm_and_loss() {
     if (shards_.count(key.first)) continue;
     for (const Param& p : st->params()) {
       if (!p.tensor.requires_grad()) continue;
-      const double copies = static_cast<double>((p.tp_sharded ? 1 : tp_[m]->size()) * dpcp_[m]);
+      const double copies = static_cast<double>((p.tp_sharded ? 1 : tp_[m]->size()) *
+                                                (p.expert ? edp_[m] : dpcp_[m]));
       norm2 += p.tensor.grad().to(torch::kFloat64).pow(2).sum().item<double>() / copies;
     }
   }

@@ -131,21 +131,28 @@ Op Lowering::compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t
            Purpose::kCp, cp_group(layout_owner, x), static_cast<int32_t>(layers), kv});
     }
     if (a.experts > 0 && l.ep > 1 && layers > 0) {
-      // Every layer dispatches each token's hidden vector to its top-k experts' ranks and
-      // combines their outputs back (all-to-all; backward the same for the gradients). The
-      // busiest rank under a skewed router receives and computes more than its even share, and
-      // the group waits for it.
+      // Every layer tells each EP rank how many tokens it sends each of its experts (a small
+      // all-to-all, forward only), dispatches each token's hidden vector to its top-k experts'
+      // ranks and combines their outputs back (all-to-all; backward the same for the
+      // gradients). Each TP rank sends its own copy of the tokens, 1/tp of them under sequence
+      // parallelism. The busiest rank under a skewed router receives and computes more than its
+      // even share, and the group waits for it.
       const double busiest = busiest_expert_load(m.index, layer_begin, layer_end);
       const double routed_flops =
           static_cast<double>(layers) * 2.0 *
           static_cast<double>(a.top_k * (a.gated_ffn ? 3 : 2) * a.hidden * a.moe_ffn) *
           tokens_local / tp_shard;
       op.expert_wait_flops = routed_flops * (busiest - 1.0);
+      const int32_t g = ep_group(layout_owner, x);
+      if (phase == Phase::kF || phase == Phase::kR)
+        op.nested.push_back({CollectiveKind::kAllToAll, Purpose::kEp, g,
+                             static_cast<int32_t>(layers), static_cast<double>(a.experts) * 8.0});
       if (phase != Phase::kW) {
         const double routed = tokens_local * static_cast<double>(a.top_k * a.hidden) * dtype /
-                              static_cast<double>(l.tp) * std::max(1.0, busiest);
-        op.nested.push_back({CollectiveKind::kAllToAll, Purpose::kEp, ep_group(layout_owner, x),
-                             static_cast<int32_t>(2 * layers), routed});
+                              (plan_.sequence_parallel ? static_cast<double>(l.tp) : 1.0) *
+                              std::max(1.0, busiest);
+        op.nested.push_back(
+            {CollectiveKind::kAllToAll, Purpose::kEp, g, static_cast<int32_t>(2 * layers), routed});
       }
     }
   }

@@ -342,6 +342,91 @@ TEST_CASE(
         std::string::npos);
 }
 
+TEST_CASE(
+    "a mixture-of-experts LLM with expert parallelism (EP 2, EP 2 x TP 2, EP 2 of DP 4, EP 2 "
+    "beside PP 2 with bucketed reductions): plans agree with one rank") {
+  // 8 experts, top 2, a shared expert; the router trains too.
+  const std::string moe = std::string(TESSERA_SOURCE_DIR) + "/scenarios/cpu-tiny-moe.json";
+  auto trained = [&](const std::string& layout, const std::string& name) {
+    const fs::path out = fresh_dir(name);
+    const Run r = run(moe + " --plan " + plan_file(layout) + " --steps 3 --out " + out.string());
+    INFO(r.output);
+    REQUIRE(r.code == 0);
+    return std::pair{losses(out), losses(out, "grad_norm")};
+  };
+  const auto [loss, norm] = trained(R"({"tp": 1})", "moe-1");
+  REQUIRE(loss.size() == 3);
+  for (const auto& [layout, name] : std::vector<std::pair<std::string, std::string>>{
+           {R"({"dp": 2, "ep": 2})", "moe-ep2"},
+           {R"({"tp": 2, "dp": 2, "ep": 2})", "moe-ep2-tp2"},
+           {R"({"dp": 4, "ep": 2})", "moe-ep2-dp4"},
+           {R"({"pp": 2, "dp": 2, "ep": 2}, "overlap_grad_reduce": true)", "moe-ep2-pp2"}}) {
+    const auto [got, got_norm] = trained(layout, name);
+    REQUIRE(got.size() == 3);
+    for (std::size_t i = 0; i < 3; ++i) {
+      INFO(name << " step " << i << ": loss " << got[i] << " vs " << loss[i] << ", norm "
+                << got_norm[i] << " vs " << norm[i]);
+      CHECK(std::abs(got[i] - loss[i]) <= 1e-6 * std::abs(loss[i]));
+      CHECK(std::abs(got_norm[i] - norm[i]) <= 1e-5 * std::abs(norm[i]));
+    }
+  }
+  // The executed ops are the Program's, its routed experts' own reduction included; the
+  // dispatch and combine all-to-alls show inside the compute ops that ran them.
+  const std::string ep4 = plan_file(R"({"dp": 4, "ep": 2})");
+  check_trace_is_program(out_dir("moe-ep2-dp4"), moe, ep4);
+  std::ifstream in(out_dir("moe-ep2-dp4") / "trace" / "rank0.json");
+  int all_to_all = 0, expert_reductions = 0;
+  const Json trace = Json::parse(in);
+  for (const Json& e : trace.at("traceEvents")) {
+    const std::string name = e.value("name", "");
+    all_to_all += name == "gloo:alltoall" ? 1 : 0;
+    expert_reductions += name.ends_with(".experts") ? 1 : 0;
+  }
+  CHECK(all_to_all > 0);
+  CHECK(expert_reductions > 0);
+  // Regression: with few tokens and many experts, some rank's experts receive no rows; its
+  // backward still takes part in both all-to-alls (16 experts, top 1, EP 4 of DP 4).
+  Json sparse = Json::parse(std::ifstream(moe));
+  sparse["cluster"] = std::string(TESSERA_SOURCE_DIR) + "/scenarios/clusters/cpu-local.json";
+  sparse["model"]["modules"][2]["transformer"]["experts"] = 16;
+  sparse["model"]["modules"][2]["transformer"]["top_k"] = 1;
+  sparse["workload"]["samples"] =
+      Json{{"text_tokens", Json{{"dist", "uniform"}, {"min", 1}, {"max", 3}}}};
+  const fs::path sparse_file = fresh_dir("moe-sparse") / "scenario.json";
+  fs::create_directories(sparse_file.parent_path());
+  std::ofstream(sparse_file) << sparse.dump(2);
+  std::vector<std::vector<double>> sparse_norms;
+  for (const char* layout : {R"({"tp": 1})", R"({"dp": 4, "ep": 4})"}) {
+    const fs::path out = fresh_dir("moe-sparse-run");
+    const Run r = run(sparse_file.string() + " --plan " + plan_file(layout) + " --steps 2 --out " +
+                      out.string());
+    INFO(r.output);
+    REQUIRE(r.code == 0);
+    sparse_norms.push_back(losses(out, "grad_norm"));
+  }
+  REQUIRE(sparse_norms[0].size() == 2);
+  for (std::size_t i = 0; i < 2; ++i)
+    CHECK(std::abs(sparse_norms[1][i] - sparse_norms[0][i]) <= 1e-5 * sparse_norms[0][i]);
+  // Refused, each with its reason: the sharded optimizer with EP, and token dropping.
+  const Run sharded =
+      run(moe + " --plan " + plan_file(R"({"dp": 2, "ep": 2}, "distributed_optimizer": true)") +
+          " --steps 1 --out " + fresh_dir("moe-sharded").string());
+  CHECK(sharded.code == 2);
+  CHECK(sharded.output.find("plan.distributed_optimizer: the sharded optimizer with expert "
+                            "parallelism") != std::string::npos);
+  Json dropping = Json::parse(std::ifstream(moe));
+  dropping["cluster"] = std::string(TESSERA_SOURCE_DIR) + "/scenarios/clusters/cpu-local.json";
+  dropping["model"]["modules"][2]["transformer"]["capacity_factor"] = 1.25;
+  const fs::path file = fresh_dir("moe-capacity") / "scenario.json";
+  fs::create_directories(file.parent_path());
+  std::ofstream(file) << dropping.dump(2);
+  const Run capped =
+      run(file.string() + " --steps 1 --out " + fresh_dir("moe-capacity-run").string());
+  CHECK(capped.code == 2);
+  CHECK(capped.output.find("token dropping (capacity_factor) is not in the executor") !=
+        std::string::npos);
+}
+
 TEST_CASE("frozen LLM behind a trainable projector (LLaVA stage 1) still passes gradients back") {
   Diagnostics diag;
   auto s = load_scenario(kScenario, diag);

@@ -106,17 +106,23 @@ TEST_CASE("EP splits the routed experts; their gradients are reduced over expert
         CHECK(op_name(two, op).ends_with(".experts"));
       }
   CHECK(expert_reductions == 1);  // EP 2's, none for EP 1
-  // Each rank dispatches and combines through the all-to-all of its EP group, twice per layer.
-  bool dispatched = false;
-  for (const Op& op : two.ranks[1])
+  // Each rank exchanges its token counts per expert (forward), dispatches and combines through
+  // all-to-alls of its EP group, per layer; the backward sends the gradients both ways.
+  int dispatched = 0;
+  for (const Op& op : two.ranks[1]) {
+    if (op.kind != OpKind::kCompute || two.modules[static_cast<std::size_t>(op.module)] != "llm")
+      continue;
+    int32_t count = 0;
     for (const NestedCollective& n : op.nested)
       if (n.purpose == Purpose::kEp) {
-        dispatched = true;
         CHECK(n.kind == CollectiveKind::kAllToAll);
-        CHECK(n.count == 2 * op.layers);
         CHECK(two.groups[static_cast<std::size_t>(n.group)].size() == 2);
+        count += n.count;
       }
-  CHECK(dispatched);
+    CHECK(count == (op.phase == Phase::kF ? 3 : op.phase == Phase::kB ? 2 : 0) * op.layers);
+    ++dispatched;
+  }
+  CHECK(dispatched > 0);
   // The distributed optimizer shards each parameter's state over its replicas: dp of a dense
   // one, dp / ep of a routed expert, so a rank keeps the same optimizer state with EP as
   // without, and less weight and gradient memory.
