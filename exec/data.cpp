@@ -98,12 +98,6 @@ std::string executor_plan_support(const ParallelPlan& plan, const ModelSpec& mod
     }
   }
   if (plan.recompute != Recompute::kNone) return "plan.recompute: activation recomputation" + next;
-  bool expert_parallel = plan.layout.ep > 1;
-  for (const auto& [module, l] : plan.modules) expert_parallel = expert_parallel || l.ep > 1;
-  if (expert_parallel && plan.distributed_optimizer)
-    return "plan.distributed_optimizer: the sharded optimizer with expert parallelism (routed "
-           "experts shard over their own replicas)" +
-           next;
   if (plan.schedule == Schedule::kDip)
     for (const ModuleSpec& m : model.modules)
       if (m.role == ModuleRole::kEncoder && m.modality != Modality::kImage)

@@ -60,7 +60,10 @@ Worker::Worker(const Scenario& s, const ParallelPlan& plan, Groups& groups,
     tp_[m] = &groups_.get(*tp);
     cp_[m] = &groups_.get(*cp);
     dpcp_[m] = static_cast<int64_t>(dp->size() * cp->size());
-    if (const Group* ep = group_with(mg.ep, rank_); ep != nullptr) {
+    // Modules without experts share the grid's EP groups (homogeneous plans) but have no use
+    // for them.
+    const auto& arch = model.modules[m].transformer;
+    if (const Group* ep = group_with(mg.ep, rank_); ep != nullptr && arch && arch->experts > 0) {
       ep_[m] = &groups_.get(*ep);
       edp_[m] = dpcp_[m] / static_cast<int64_t>(ep->size());
     }
@@ -106,18 +109,22 @@ Worker::Worker(const Scenario& s, const ParallelPlan& plan, Groups& groups,
     torch::optim::AdamWOptions o(options.lr);
     o.betas({options.beta1, options.beta2}).eps(options.eps).weight_decay(options.weight_decay);
     if (plan.distributed_optimizer) {
-      // The slices this rank owns among the module's data(-context)-parallel group, the group
-      // of the Program's gradient reduce-scatters.
-      int64_t parts = 1, index = 0;
-      for (const Op& op : p.ranks[static_cast<std::size_t>(rank_)])
-        if (op.kind == OpKind::kCollective && op.purpose == Purpose::kDp &&
-            op.module == static_cast<int>(m)) {
-          const RankList& g = p.groups[static_cast<std::size_t>(op.group)];
-          parts = static_cast<int64_t>(g.size());
-          index = std::find(g.begin(), g.end(), rank_) - g.begin();
-        }
-      shards_[static_cast<int>(m)] = std::make_unique<ShardedOptimizer>(
-          optimizer_buckets(p, static_cast<int>(m)), parts, index, o);
+      // The slices this rank owns among the group of the Program's gradient reduce-scatters:
+      // the module's data(-context)-parallel group, and its routed experts' replicas.
+      const int module = static_cast<int>(m);
+      for (const bool experts :
+           experts_split(module) ? std::vector<bool>{false, true} : std::vector<bool>{false}) {
+        int64_t parts = 1, index = 0;
+        for (const Op& op : p.ranks[static_cast<std::size_t>(rank_)])
+          if (op.kind == OpKind::kCollective && op.purpose == Purpose::kDp && op.module == module &&
+              ((op.flags & kOpRoutedExperts) != 0) == experts) {
+            const RankList& g = p.groups[static_cast<std::size_t>(op.group)];
+            parts = static_cast<int64_t>(g.size());
+            index = std::find(g.begin(), g.end(), rank_) - g.begin();
+          }
+        shards_[{module, experts}] = std::make_unique<ShardedOptimizer>(
+            optimizer_buckets(p, module, experts), parts, index, o);
+      }
       continue;
     }
     optimizers_[static_cast<int>(m)] = std::make_unique<torch::optim::AdamW>(params, o);

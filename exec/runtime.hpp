@@ -156,7 +156,9 @@ class Worker {
   void gather_parameters(const Op& op);
   // The distributed optimizer's buckets of `module` on this rank: the Program's gradient buckets
   // (reduce-scatter ops), or the whole module.
-  std::vector<ShardedOptimizer::Bucket> optimizer_buckets(const Program& p, int module);
+  // The distributed optimizer's buckets of `module`'s routed experts (`experts`), or of the rest.
+  std::vector<ShardedOptimizer::Bucket> optimizer_buckets(const Program& p, int module,
+                                                          bool experts);
   void synchronize_norm_and_loss();
   std::vector<torch::Tensor> trainable(int module);
 
@@ -167,7 +169,8 @@ class Worker {
   int rank_;
   int llm_ = -1;  // the LLM's module index
   std::vector<ModuleGroups> module_groups_;
-  std::vector<const Comm*> tp_, cp_, ep_;   // per module: this rank's groups (null: not here)
+  // Per module: this rank's groups (null: not here; EP: null without experts).
+  std::vector<const Comm*> tp_, cp_, ep_;
   std::vector<int64_t> dpcp_;               // per module: ranks holding the same shard
   std::vector<int64_t> edp_;                // per module: ranks holding the same routed expert
   std::vector<int64_t> dp_size_, dp_rank_;  // per module: data-parallel degree, this rank's replica
@@ -175,7 +178,14 @@ class Worker {
   std::map<std::pair<int, int>, std::unique_ptr<Stage>> stages_;    // (module, chunk)
   std::map<int, std::unique_ptr<torch::optim::AdamW>> optimizers_;  // per module
   // Distributed optimizer: per module, this rank's slices and their AdamW.
-  std::map<int, std::unique_ptr<ShardedOptimizer>> shards_;
+  // Per (module, its routed experts): the distributed optimizer. Routed experts split over EP
+  // share their state with their own replicas, apart from the rest of the module.
+  std::map<std::pair<int, bool>, std::unique_ptr<ShardedOptimizer>> shards_;
+  // Whether `module`'s routed experts are split over EP ranks here (reduced and stepped apart).
+  bool experts_split(int module) const {
+    const Comm* ep = ep_[static_cast<std::size_t>(module)];
+    return ep != nullptr && ep->size() > 1;
+  }
 
   // Per iteration.
   TrainBatch batch_;

@@ -30,6 +30,16 @@ int64_t Worker::parameter_bytes() const {
   return bytes;
 }
 
+namespace {
+
+// A distributed optimizer's name in a checkpoint: its module's index, ".experts" for the
+// module's routed experts.
+std::string shard_name(const std::pair<int, bool>& key) {
+  return std::to_string(key.first) + (key.second ? ".experts" : "");
+}
+
+}  // namespace
+
 void Worker::save(const std::string& path) {
   torch::serialize::OutputArchive archive;
   for (auto& [key, st] : stages_)
@@ -41,11 +51,11 @@ void Worker::save(const std::string& path) {
   }
   // The distributed optimizer's slices hold the latest parameters (with overlap_param_gather
   // the parameters above are gathered from them only as the next step begins).
-  for (auto& [m, sh] : shards_) {
+  for (auto& [key, sh] : shards_) {
     torch::serialize::OutputArchive sub;
     sh->adam().save(sub);
-    archive.write("optimizer/" + std::to_string(m), sub);
-    archive.write("shard/" + std::to_string(m), sh->master().detach());
+    archive.write("optimizer/" + shard_name(key), sub);
+    archive.write("shard/" + shard_name(key), sh->master().detach());
   }
   archive.save_to(path);
 }
@@ -66,15 +76,15 @@ void Worker::load(const std::string& path) {
     archive.read("optimizer/" + std::to_string(m), sub);
     opt->load(sub);
   }
-  for (auto& [m, sh] : shards_) {
+  for (auto& [key, sh] : shards_) {
     torch::serialize::InputArchive sub;
-    archive.read("optimizer/" + std::to_string(m), sub);
+    archive.read("optimizer/" + shard_name(key), sub);
     sh->adam().load(sub);
     torch::Tensor master;
-    archive.read("shard/" + std::to_string(m), master);
-    TESSERA_CHECK(master.sizes() == sh->master().sizes(),
-                  path + ": the distributed optimizer's slice of module " + std::to_string(m) +
-                      " has another shape");
+    archive.read("shard/" + shard_name(key), master);
+    TESSERA_CHECK(
+        master.sizes() == sh->master().sizes(),
+        path + ": the distributed optimizer's slice " + shard_name(key) + " has another shape");
     sh->master().detach().copy_(master);
   }
 }

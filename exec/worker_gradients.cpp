@@ -17,23 +17,29 @@
 
 namespace tessera::exec {
 
-std::vector<ShardedOptimizer::Bucket> Worker::optimizer_buckets(const Program& p, int module) {
+std::vector<ShardedOptimizer::Bucket> Worker::optimizer_buckets(const Program& p, int module,
+                                                                bool experts) {
   const auto m = static_cast<std::size_t>(module);
+  const bool split = experts_split(module);
+  const auto held = [&](const Param& prm) {
+    return prm.tensor.requires_grad() && (!split || prm.expert == experts);
+  };
   std::vector<Param*> all;  // the module's trainable parameters on this rank, in order
   for (auto& [key, st] : stages_)
     if (key.first == module)
       for (Param& prm : st->params())
-        if (prm.tensor.requires_grad()) all.push_back(&prm);
+        if (held(prm)) all.push_back(&prm);
   std::vector<ShardedOptimizer::Bucket> buckets;
   // Each parameter belongs to the last bucket reduced that holds it: a tied embedding's
   // gradient is complete only once the bottom piece has run.
   std::map<const Param*, std::size_t> home;
   for (const Op& op : p.ranks[static_cast<std::size_t>(rank_)])
     if (op.kind == OpKind::kCollective && op.purpose == Purpose::kDp && op.module == module &&
-        op.collective == CollectiveKind::kReduceScatter && (op.flags & kOpGradientBucket) != 0) {
+        op.collective == CollectiveKind::kReduceScatter && (op.flags & kOpGradientBucket) != 0 &&
+        ((op.flags & kOpRoutedExperts) != 0) == (split && experts)) {
       for (const Param* prm :
            stage(module, op.chunk).params_of(op.first_layer, op.first_layer + op.layers))
-        if (prm->tensor.requires_grad()) home[prm] = buckets.size();
+        if (held(*prm)) home[prm] = buckets.size();
       buckets.push_back({op.chunk, op.first_layer, {}, {}});
     }
   if (buckets.empty()) buckets.push_back({});  // the whole module
@@ -63,15 +69,15 @@ void Worker::reduce_gradients(const Op& op) {
   const bool bucketed = (op.flags & kOpGradientBucket) != 0;
   // Routed experts' gradients are reduced apart, over their own replicas (kOpRoutedExperts).
   const bool experts = (op.flags & kOpRoutedExperts) != 0;
-  const bool split = ep_[static_cast<std::size_t>(op.module)] != nullptr &&
-                     ep_[static_cast<std::size_t>(op.module)]->size() > 1;
+  const bool split = experts_split(op.module);
   const auto reduced_here = [&](const Param& p) {
     return p.tensor.requires_grad() && (!split || p.expert == experts);
   };
   if (op.collective == CollectiveKind::kReduceScatter) {
     // The sharded optimizer: each rank receives the sum of its slices only; a bucket's in the
     // background while the backward goes on.
-    for (PendingCollective& r : shards_.at(op.module)->reduce_scatter(op, comm, bucketed))
+    for (PendingCollective& r :
+         shards_.at({op.module, split && experts})->reduce_scatter(op, comm, bucketed))
       reductions_.push_back(std::move(r));
     return;
   }
@@ -130,7 +136,7 @@ void Worker::synchronize_norm_and_loss() {
   for (auto& [m, sh] : shards_) norm2 += sh->norm_squared();
   for (auto& [key, st] : stages_) {
     const auto m = static_cast<std::size_t>(key.first);
-    if (shards_.count(key.first)) continue;
+    if (shards_.count({key.first, false})) continue;
     for (const Param& p : st->params()) {
       if (!p.tensor.requires_grad()) continue;
       const double copies = static_cast<double>((p.tp_sharded ? 1 : tp_[m]->size()) *
@@ -148,8 +154,12 @@ void Worker::synchronize_norm_and_loss() {
 
 void Worker::optimizer_step(const Op& op) {
   if (!synchronized_) synchronize_norm_and_loss();
-  if (const auto shard = shards_.find(op.module); shard != shards_.end())
-    return shard->second->step(clip_coefficient_);
+  if (const auto shard = shards_.find({op.module, false}); shard != shards_.end()) {
+    shard->second->step(clip_coefficient_);
+    if (const auto experts = shards_.find({op.module, true}); experts != shards_.end())
+      experts->second->step(clip_coefficient_);
+    return;
+  }
   const auto it = optimizers_.find(op.module);
   if (it == optimizers_.end()) return;
   if (clip_coefficient_ < 1.0)
@@ -158,7 +168,8 @@ void Worker::optimizer_step(const Op& op) {
 }
 
 void Worker::gather_parameters(const Op& op) {
-  const auto shard = shards_.find(op.module);
+  const auto shard =
+      shards_.find({op.module, experts_split(op.module) && (op.flags & kOpRoutedExperts) != 0});
   TESSERA_CHECK(shard != shards_.end(), op_name(*program_, op) + ": no sharded optimizer here");
   const Comm& comm = groups_.get(program_->groups[static_cast<std::size_t>(op.group)]);
   // A bucket's gather (overlap_param_gather) runs in the background: the ops that depend on it
