@@ -19,9 +19,17 @@ Stage::Stage(const ModuleSpec& module, int64_t layer_begin, int64_t layer_end, u
     const ProjectorArch& p = *module.projector;
     if (p.input_norm) input_norm_ = Norm(params_, name + ".input_norm", p.in, p.norm);
     const int64_t hidden = p.hidden > 0 ? p.hidden : p.out;
-    if (p.layers >= 2) {
+    if (p.layers == 2) {
       fc1_ = Linear(params_, name + ".fc1", p.in, hidden, p.bias, Split::kColumn);
       fc2_ = Linear(params_, name + ".fc2", hidden, p.out, p.bias, Split::kRow);
+    } else if (p.layers > 2) {
+      // Whole on every TP rank (projector_splits): in -> hidden -> ... -> hidden -> out.
+      fc1_ = Linear(params_, name + ".fc1", p.in, hidden, p.bias, Split::kReplicated);
+      for (int64_t i = 2; i < p.layers; ++i)
+        middle_.emplace_back(params_, name + ".fc" + std::to_string(i), hidden, hidden, p.bias,
+                             Split::kReplicated);
+      fc2_ = Linear(params_, name + ".fc" + std::to_string(p.layers), hidden, p.out, p.bias,
+                    Split::kReplicated);
     } else {
       fc1_ = Linear(params_, name + ".fc1", p.in, p.out, p.bias, Split::kReplicated);
     }
@@ -165,8 +173,10 @@ torch::Tensor Stage::encode_audio(const std::vector<torch::Tensor>& windows, Cut
 
 torch::Tensor Stage::project(const torch::Tensor& input) const {
   torch::Tensor x = input_norm_.weight.defined() ? input_norm_.forward(input) : input;
-  if (module_.projector->layers >= 2) return fc2_.forward(torch::gelu(fc1_.forward(x)));
-  return fc1_.forward(x);
+  if (module_.projector->layers == 1) return fc1_.forward(x);
+  x = torch::gelu(fc1_.forward(x));
+  for (const Linear& l : middle_) x = torch::gelu(l.forward(x));
+  return fc2_.forward(x);
 }
 
 torch::Tensor Stage::embed(const torch::Tensor& ids, const torch::Tensor& text_slots,

@@ -82,6 +82,7 @@ class Stage {
   // Projector.
   Norm input_norm_;
   Linear fc1_, fc2_;
+  std::vector<Linear> middle_;  // a projector of more than two layers: hidden -> hidden
   // LLM front and back end.
   Embedding embedding_;
   Norm final_norm_;

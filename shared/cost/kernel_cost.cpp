@@ -191,10 +191,11 @@ double kernel_compute_s(const ModuleSpec& module, const Op& op, const DeviceSpec
     } else {
       const double hidden = static_cast<double>(p->hidden);
       add_gemm({tokens, hidden / tp, in});
+      for (int64_t i = 2; i < p->layers; ++i) add_gemm({tokens, hidden / tp, hidden});
       add_gemm({tokens, out, hidden / tp});
       if (op.phase != Phase::kW) {
-        elementwise_bytes += tokens * hidden / tp * bpv * 2.0;
-        kernels += 1;
+        elementwise_bytes += static_cast<double>(p->layers - 1) * tokens * hidden / tp * bpv * 2.0;
+        kernels += static_cast<double>(p->layers - 1);
       }
     }
   }

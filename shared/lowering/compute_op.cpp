@@ -158,14 +158,14 @@ Op Lowering::compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t
   }
   if (spec.projector) {
     const ProjectorArch& pr = *spec.projector;
-    const double w = static_cast<double>(pr.layers == 1 ? pr.in * pr.out
-                                                        : pr.in * pr.hidden + pr.hidden * pr.out);
+    const auto w = static_cast<double>(projector_matmul_parameters(pr));
     linear += 2.0 * w * tokens_local / tp_shard;
     weights += projector_parameters(pr, l.tp);
-    // Forward: the row-parallel output; backward: the input gradient, when one flows back.
+    // Split over TP, forward: the row-parallel output; backward: the input gradient, when one
+    // flows back.
     if ((phase == Phase::kF || phase == Phase::kR ||
          (phase == Phase::kB && m.flow.needs_input_grad)) &&
-        l.tp > 1)
+        l.tp > 1 && projector_splits(pr))
       op.nested.push_back({CollectiveKind::kAllReduce, Purpose::kTp, tp_group(layout_owner, x), 1,
                            tokens_local * static_cast<double>(pr.out) * dtype});
   }

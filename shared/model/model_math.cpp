@@ -195,13 +195,19 @@ int64_t embedding_parameters(const ModuleSpec& m) {
   return whole(input_side_parameters(m, 1) + output_side_parameters(m, 1));
 }
 
+int64_t projector_matmul_parameters(const ProjectorArch& p) {
+  if (p.layers == 1) return p.in * p.out;
+  return p.in * p.hidden + (p.layers - 2) * p.hidden * p.hidden + p.hidden * p.out;
+}
+
 double projector_parameters(const ProjectorArch& p, int64_t tp) {
   const auto t = static_cast<double>(tp);
+  const auto biases = static_cast<double>(p.bias ? p.hidden * (p.layers - 1) + p.out : 0);
   double n = 0;
-  if (p.layers == 1) {
-    n = static_cast<double>(p.in * p.out + (p.bias ? p.out : 0));  // whole on every rank
+  if (!projector_splits(p)) {
+    n = static_cast<double>(projector_matmul_parameters(p)) + biases;  // whole on every rank
   } else {
-    n = static_cast<double>(p.in * p.hidden + p.hidden * p.out) / t;
+    n = static_cast<double>(projector_matmul_parameters(p)) / t;
     if (p.bias) n += static_cast<double>(p.hidden) / t + static_cast<double>(p.out);
   }
   if (p.input_norm) n += static_cast<double>(norm_parameters(p.norm, p.in));
@@ -288,8 +294,7 @@ double forward_flops_per_token(const ModuleSpec& m, double attended_tokens) {
   }
   if (m.projector) {
     const ProjectorArch& p = *m.projector;
-    flops += 2.0 *
-             static_cast<double>(p.layers == 1 ? p.in * p.out : p.in * p.hidden + p.hidden * p.out);
+    flops += 2.0 * static_cast<double>(projector_matmul_parameters(p));
   }
   return flops;
 }

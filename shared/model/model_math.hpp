@@ -43,6 +43,13 @@ double input_side_parameters(const ModuleSpec& module, int64_t tp);
 double output_side_parameters(const ModuleSpec& module, int64_t tp);
 int64_t projector_parameters(const ProjectorArch& projector);
 double projector_parameters(const ProjectorArch& projector, int64_t tp);
+// A projector's matrices: in·out (one layer), else in·hidden + (layers−2)·hidden² + hidden·out.
+int64_t projector_matmul_parameters(const ProjectorArch& projector);
+// Whether TP splits a projector: two layers, column- then row-parallel (their output summed over
+// TP). One layer, or three and more, run whole on every TP rank.
+inline bool projector_splits(const ProjectorArch& projector) {
+  return projector.layers == 2;
+}
 int64_t module_parameters(const ModuleSpec& module);
 int64_t model_parameters(const ModelSpec& model);
 // Parameters that receive gradients (modules not frozen).

@@ -36,7 +36,7 @@ std::string arch_summary(const ModuleSpec& m) {
   if (m.projector) {
     const ProjectorArch& p = *m.projector;
     out << "mlp " << p.in;
-    if (p.layers == 2) out << "->" << p.hidden;
+    for (int64_t i = 1; i < p.layers; ++i) out << "->" << p.hidden;
     out << "->" << p.out;
   }
   return out.str();

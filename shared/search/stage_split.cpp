@@ -186,8 +186,7 @@ double module_seconds(const Pricer& price, const ModelSpec& model, std::size_t m
   const ModuleSpec& spec = model.modules[m];
   if (spec.projector) {
     const ProjectorArch& pr = *spec.projector;
-    const double w = static_cast<double>(pr.layers == 1 ? pr.in * pr.out
-                                                        : pr.in * pr.hidden + pr.hidden * pr.out);
+    const auto w = static_cast<double>(projector_matmul_parameters(pr));
     return price.seconds(m, 2.0 * w * tokens, 0, 0, 1, price.activation_bytes(tokens, pr.out),
                          tokens, 0, true);
   }

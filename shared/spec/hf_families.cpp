@@ -293,6 +293,64 @@ ModelSpec import_gemma3(const Reader& root) {
   return vlm(std::move(vision), std::move(projector), std::move(llm));
 }
 
+ModelSpec import_llama4(const Reader& root) {
+  const Reader text = root.sub("text_config");
+  ModuleSpec llm = llm_module(text, "llama4_text");
+  TransformerArch& a = *llm.transformer;
+  // Every layer's MLP is `num_local_experts` routed experts of width intermediate_size and one
+  // shared expert as wide; intermediate_size_mlp is the width of dense layers, which a layer
+  // pattern with interleave_moe_layer_step > 1 would put between them (Maverick).
+  a.shared_expert_ffn = a.moe_ffn;
+  a.ffn = text.get("intermediate_size_mlp", a.ffn);
+  if (const int64_t step = text.get("interleave_moe_layer_step", 1); step != 1)
+    text.error("interleave_moe_layer_step",
+               std::to_string(step) +
+                   ": dense layers between the MoE layers are not in the IR yet (every layer of "
+                   "a model is dense or every one has experts)");
+  // Query/key L2 norms without weights, rotary on 3 of 4 layers, chunked local attention,
+  // attention temperature tuning, router training terms: no parameter, FLOPs to speak of none
+  // (chunked attention is priced as full attention, an upper bound).
+  text.known({"use_qk_norm", "no_rope_layers", "attention_chunk_size", "attn_scale",
+              "attn_temperature_tuning", "floor_scale", "router_aux_loss_coef",
+              "router_jitter_noise", "output_router_logits", "moe_layers"});
+  const Reader v = root.sub("vision_config");
+  ModuleSpec vision = vit_module(v, false);  // CLIP-like: class token, bias-free patches, pre-norm
+  // The patch grid is pixel-shuffled (2 x 2 patches into one token of 4 x the channels), then an
+  // adapter MLP (intermediate_size -> projector_input_dim -> projector_output_dim, both with
+  // GELU) and the projector (vision_output_dim -> LLM width) map it: one three-layer projector.
+  Patching& p = *vision.patching;
+  const double ratio = v.get_double("pixel_shuffle_ratio", 0.5);
+  p.spatial_merge = ratio > 0 ? std::lround(1.0 / ratio) : 0;
+  if (p.spatial_merge < 1 || std::abs(1.0 / static_cast<double>(p.spatial_merge) - ratio) > 1e-9)
+    v.error("pixel_shuffle_ratio", "expected 1/n for a whole n, got " + std::to_string(ratio));
+  const int64_t shuffled = vision.transformer->hidden * p.spatial_merge * p.spatial_merge;
+  const int64_t adapter_in = v.get("intermediate_size", shuffled);
+  if (adapter_in != shuffled)
+    v.error("intermediate_size", std::to_string(adapter_in) + " is not the pixel-shuffled width " +
+                                     std::to_string(shuffled));
+  const int64_t width = v.get("projector_input_dim", 4096);
+  for (const char* key : {"projector_output_dim", "vision_output_dim"})
+    if (const int64_t w = v.get(key, width); w != width)
+      v.error(key, std::to_string(w) + " differs from projector_input_dim " +
+                       std::to_string(width) + " (the adapter's layers chain these widths)");
+  ModuleSpec projector =
+      projector_module("vision_projector", "vision", shuffled, width, a.hidden, 3, false);
+  projector.projector->bias = false;  // the adapter's linears have none
+  if (v.get_bool("multi_modal_projector_bias", false))
+    v.error("multi_modal_projector_bias",
+            "a bias on the projector's last linear alone is not in the IR yet");
+  // Images are cut into tiles of image_size, up to 16 and a downscaled whole image beside them
+  // (the image processor's max_patches default; config.json does not say).
+  p.tile_size = p.image_size;
+  p.image_size = 0;
+  p.resize = ResizeMode::kTiles;
+  p.max_tiles = 16;
+  p.thumbnail = true;
+  v.known({"projector_dropout", "vision_feature_layer", "vision_feature_select_strategy",
+           "rope_theta", "norm_eps"});
+  return vlm(std::move(vision), std::move(projector), std::move(llm));
+}
+
 ModelSpec import_paligemma(const Reader& root) {
   const Reader text = root.sub("text_config");
   ModuleSpec llm = llm_module(text, text.get_string("model_type", "gemma"));

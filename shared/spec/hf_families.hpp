@@ -25,6 +25,7 @@ ModelSpec import_qwen2_audio(const Reader& root);
 // Gemma 3: a SigLIP tower pooled to 256 tokens an image, a normalized linear projection and a
 // Gemma 3 LLM.
 ModelSpec import_gemma3(const Reader& root);
+ModelSpec import_llama4(const Reader& root);
 // PaliGemma (1 and 2): a SigLIP tower, a linear projection and a Gemma LLM.
 ModelSpec import_paligemma(const Reader& root);
 // Phi-3-vision and Phi-3.5-vision: CLIP ViT-L/14-336 crops merged 2 x 2, an MLP with learned

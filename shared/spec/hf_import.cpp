@@ -36,6 +36,7 @@ constexpr Family kFamilies[] = {
     {"qwen2_audio", hf::import_qwen2_audio},
     {"qwen2_5_omni", hf::import_qwen_omni},
     {"gemma3", hf::import_gemma3},
+    {"llama4", hf::import_llama4},
     {"paligemma", hf::import_paligemma},
     {"phi3_v", hf::import_phi3_vision},
     {"idefics3", hf::import_idefics3},

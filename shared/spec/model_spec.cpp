@@ -190,8 +190,8 @@ ProjectorArch read_projector(ObjectReader& r) {
   positive(r, "in", p.in, true, kMaxHidden * 8);
   positive(r, "hidden", p.hidden, false, kMaxHidden * 8);
   positive(r, "out", p.out, true, kMaxHidden);
-  if (r.optional("layers", p.layers) && (p.layers < 1 || p.layers > 2))
-    r.error("layers", "must be 1 or 2, got " + std::to_string(p.layers));
+  if (r.optional("layers", p.layers) && (p.layers < 1 || p.layers > 8))
+    r.error("layers", "must be in [1, 8], got " + std::to_string(p.layers));
   r.optional("bias", p.bias);
   r.optional("input_norm", p.input_norm);
   r.optional_enum("norm", p.norm, kNorms);

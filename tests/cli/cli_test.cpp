@@ -13,6 +13,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include <sys/wait.h>
@@ -438,13 +439,17 @@ TEST_CASE("import-hf writes a loadable model atomically, and writes nothing on b
 
 TEST_CASE("every imported family plans: its model estimates on 8 GPUs as a user's scenario") {
   const fs::path dir = scratch();
-  for (const auto& [config, workload] : std::vector<std::pair<std::string, std::string>>{
-           {"gemma-3-4b-it", "llava-instruct"},
-           {"paligemma2-3b-ft-docci-448", "llava-instruct"},
-           {"phi-3.5-vision-instruct", "llava-instruct"},
-           {"smolvlm2-500m-video-instruct", "llava-instruct"},
-           {"qwen2-audio-7b-instruct", "audio-text"},
-           {"qwen2.5-omni-7b", "audio-visual"}}) {
+  // Llama 4 Scout's 16 experts over 4 EP ranks: 27 GB of routed experts per rank.
+  const std::string dense = R"({"pp": 2, "dp": 4})", experts = R"({"pp": 2, "dp": 4, "ep": 4})";
+  for (const auto& [config, workload, layout] :
+       std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"gemma-3-4b-it", "llava-instruct", dense},
+           {"paligemma2-3b-ft-docci-448", "llava-instruct", dense},
+           {"phi-3.5-vision-instruct", "llava-instruct", dense},
+           {"smolvlm2-500m-video-instruct", "llava-instruct", dense},
+           {"qwen2-audio-7b-instruct", "audio-text", dense},
+           {"qwen2.5-omni-7b", "audio-visual", dense},
+           {"llama-4-scout-17b-16e-instruct", "llava-instruct", experts}}) {
     INFO(config);
     const std::string model = (dir / (config + ".model.json")).string();
     const Run imported =
@@ -456,7 +461,8 @@ TEST_CASE("every imported family plans: its model estimates on 8 GPUs as a user'
                             << R"(", "workload": ")" << kSource << "/scenarios/workloads/"
                             << workload << R"(.json", "cluster": ")" << kSource
                             << R"(/scenarios/clusters/dgx-h100-8.json", "plan": {"placement":
-        "homogeneous", "layout": {"pp": 2, "dp": 4}, "micro_batch_size": 1}})";
+        "homogeneous", "layout": )"
+                            << layout << R"(, "micro_batch_size": 1}})";
     const Run estimated = run("estimate " + scenario.string());
     INFO(estimated.output);
     CHECK(estimated.code == 0);

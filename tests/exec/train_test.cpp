@@ -427,6 +427,29 @@ TEST_CASE(
         std::string::npos);
 }
 
+TEST_CASE("a three-layer projector runs whole on every TP rank: TP 2 agrees with one rank") {
+  Json s = Json::parse(std::ifstream(kScenario));
+  s["cluster"] = std::string(TESSERA_SOURCE_DIR) + "/scenarios/clusters/cpu-local.json";
+  s["model"]["modules"][1]["projector"]["layers"] = 3;
+  const fs::path scenario = fresh_dir("projector3") / "scenario.json";
+  fs::create_directories(scenario.parent_path());
+  std::ofstream(scenario) << s.dump(2);
+  std::vector<std::pair<std::vector<double>, std::vector<double>>> runs;
+  for (const char* layout : {R"({"tp": 1})", R"({"tp": 2})"}) {
+    const fs::path out = fresh_dir("projector3-run");
+    const Run r = run(scenario.string() + " --plan " + plan_file(layout) + " --steps 3 --out " +
+                      out.string());
+    INFO(r.output);
+    REQUIRE(r.code == 0);
+    runs.emplace_back(losses(out), losses(out, "grad_norm"));
+  }
+  REQUIRE(runs[0].first.size() == 3);
+  for (std::size_t i = 0; i < 3; ++i) {
+    CHECK(std::abs(runs[1].first[i] - runs[0].first[i]) <= 1e-6 * runs[0].first[i]);
+    CHECK(std::abs(runs[1].second[i] - runs[0].second[i]) <= 1e-5 * runs[0].second[i]);
+  }
+}
+
 TEST_CASE("frozen LLM behind a trainable projector (LLaVA stage 1) still passes gradients back") {
   Diagnostics diag;
   auto s = load_scenario(kScenario, diag);

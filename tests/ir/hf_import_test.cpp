@@ -1,6 +1,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <fstream>
 
 #include "shared/model/model_math.hpp"
 #include "shared/spec/hf_import.hpp"
@@ -119,6 +120,37 @@ TEST_CASE("Whisper, SigLIP and CLIP import as encoders") {
   const ModelSpec c = import("clip-vit-large-patch14-336.json");
   CHECK(image_tokens(c.modules[0], 500, 500).encoder_tokens == 577);
   CHECK(model_parameters(c) == 303'507'456);  // the published vision tower of 427,944,193
+}
+
+TEST_CASE("Llama 4 Scout: 16 routed experts and a shared one per layer, a pixel-shuffled ViT") {
+  // The config as bundled by ai-dynamo/aiconfigurator (aic-core/src/aiconfigurator_core/
+  // model_configs/meta-llama--Llama-4-Scout-17B-16E-Instruct_config.json), whose keys for the
+  // architecture are all there.
+  const ModelSpec m = import("llama-4-scout-17b-16e-instruct.json");
+  const TransformerArch& llm = *module(m, "llm").transformer;
+  CHECK(llm.experts == 16);
+  CHECK(llm.top_k == 1);
+  CHECK(llm.moe_ffn == 8192);
+  CHECK(llm.shared_expert_ffn == 8192);
+  CHECK_FALSE(llm.tied_embeddings);
+  const ModuleSpec& vision = module(m, "vision");
+  CHECK(vision.patching->spatial_merge == 2);                   // pixel_shuffle_ratio 0.5
+  CHECK(image_tokens(vision, 336, 336).llm_tokens == 144);  // one tile of 24 x 24 patches
+  CHECK(image_tokens(vision, 672, 336).llm_tokens == 3 * 144);  // two, and the whole image
+  const ProjectorArch& p = *module(m, "vision_projector").projector;
+  CHECK(p.layers == 3);
+  CHECK(projector_matmul_parameters(p) == 5632 * 4096 + 4096 * 4096 + 4096 * 5120);
+  // Published: the Hub's safetensors metadata of meta-llama/Llama-4-Scout-17B-16E-Instruct,
+  // parameters.BF16 = 108,641,793,536 ("109B total, 17B activated" on the model card).
+  CHECK(model_parameters(m) == 108'641'793'536);
+  // Maverick's dense layers between MoE layers are refused, naming the key.
+  Json maverick = Json::parse(std::ifstream(std::string(TESSERA_SOURCE_DIR) +
+                                            "/tests/data/hf/llama-4-scout-17b-16e-instruct.json"));
+  maverick["text_config"]["interleave_moe_layer_step"] = 2;
+  Diagnostics diag;
+  CHECK_FALSE(import_hf_config(maverick, "c.json", {}, diag).has_value());
+  CHECK(diag.format().find("c.json: text_config.interleave_moe_layer_step: 2: dense layers") !=
+        std::string::npos);
 }
 
 TEST_CASE("Qwen2-Audio: a Whisper encoder pooled 2:1 into a Qwen2 LLM") {

@@ -191,4 +191,16 @@ TEST_CASE("parameters per tensor-parallel rank: matrices split, norms and row bi
   CHECK(projector_parameters(p, 1) == static_cast<double>(projector_parameters(p)));
   p.layers = 1;
   CHECK(projector_parameters(p, 4) == 1024.0 * 4096 + 4096);
+  // Three layers (Llama 4's adapter and projector: 5632 -> 4096 -> 4096 -> 5120) are whole on
+  // every rank too; with biases, one after each layer.
+  p = {};
+  p.in = 5632;
+  p.hidden = 4096;
+  p.out = 5120;
+  p.layers = 3;
+  p.bias = false;
+  CHECK(projector_matmul_parameters(p) == 5632 * 4096 + 4096 * 4096 + 4096 * 5120);
+  CHECK(projector_parameters(p, 4) == 5632.0 * 4096 + 4096.0 * 4096 + 4096.0 * 5120);
+  p.bias = true;
+  CHECK(projector_parameters(p) == 5632 * 4096 + 4096 * 4096 + 4096 * 5120 + 2 * 4096 + 5120);
 }
