@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Benchmarks that print figures (never pass/fail). Usage: scripts/bench.sh [lower|scale|sim|demo|sweep|comm|cli|exec|reproduce-hetero|reproduce-cornstarch|cornstarch-exec|reproduce-variability|variability-exec|published|accuracy|all]
+# Benchmarks that print figures (never pass/fail). Usage: scripts/bench.sh [lower|scale|sim|demo|sweep|comm|cli|exec|moe|reproduce-hetero|reproduce-cornstarch|cornstarch-exec|reproduce-variability|variability-exec|published|accuracy|all]
 #   lower  lowering + evaluation of one iteration of a 1024-rank plan with 64 micro-batches
 #   scale  (not in all) wall time and peak RSS of estimate, simulate and sweep at 1k-8k GPUs: the
 #          default plan at 1,024 and 8,192 devices, GPT 530B on 2,520 and 1T on 3,072 A100s (Narayanan et al. 2021);
@@ -15,6 +15,10 @@
 #          loop of the same model and batch, tracing on/off — rounds of the three back to back,
 #          the median and range of each round's ratio (TESSERA_BENCH_PAIRS rounds, default 7) —
 #          and the parallel plans' step times
+#   moe    mixture of experts: Llama 4 Scout (scenarios/llama-4-scout.json, 64 H100s) on TP 2 x
+#          PP 4 x DP 8 with EP 1, 2, 4, 8 under router skews 0, 0.5, 1 (estimated step time and
+#          peak memory), the sweep's best plans at skew 0 and 1, and the executor's step time on
+#          scenarios/cpu-tiny-moe.json with EP 2 against one rank (median of steps 2..20)
 #   reproduce-hetero  (not in all) the heterogeneous-parallelism regime: ViT-L/14 + 7B and
 #          InternViT-6B + 70B at 8k-128k fused tokens on 64, 256 and 1,024 H100s; the best
 #          homogeneous, colocated and non-colocated plans by full sweeps (HETERO_LENGTHS,
@@ -247,6 +251,34 @@ if [[ $what == exec || $what == all ]]; then
       "$(tail -1 "out/bench-exec/$name/loss.jsonl" | grep -o '"loss":[0-9.]*' | cut -d: -f2)"
   done
   rm -rf "$plans"
+fi
+
+if [[ $what == moe || $what == all ]]; then
+  root=$(mktemp -d /tmp/tessera-moe.XXXXXX)
+  echo "Llama 4 Scout, 64 H100s, TP 2 x PP 4 x DP 8, micro-batch 1: estimated step (s) and peak memory"
+  for skew in 0 0.5 1; do
+    for ep in 1 2 4 8; do
+      echo "{\"placement\": \"homogeneous\", \"layout\": {\"tp\": 2, \"pp\": 4, \"dp\": 8, \"ep\": $ep}, \"micro_batch_size\": 1, \"schedule\": \"1f1b\", \"sequence_parallel\": true, \"distributed_optimizer\": true}" >"$root/ep$ep.json"
+      "$tessera" estimate scenarios/llama-4-scout.json --plan "$root/ep$ep.json" --set workload.router_skew=$skew |
+        awk -v skew="$skew" -v ep="$ep" '/^step time/ { step = $3 } /^peak memory/ { mem = $3 " " $4 }
+          END { printf "  router_skew %-4s EP %d: step %s s, peak memory %s\n", skew, ep, step, mem }'
+    done
+  done
+  start=$(date +%s.%N)
+  "$tessera" sweep scenarios/llama-4-scout.json --top 4 --refine 0 --set workload.router_skew=0,1 \
+    --out "$root/sweep" >"$root/sweep.txt" 2>&1
+  end=$(date +%s.%N)
+  echo "sweep over both skews: $(elapsed "$start" "$end") s; best of each family:"
+  sed -n '/^best of each placement family/,/^$/p' "$root/sweep.txt" | grep -E '^best|^  (homogeneous|colocated|non_colocated) '
+  plans=$root
+  echo '{"placement": "homogeneous", "layout": {"tp": 1}, "micro_batch_size": 1, "schedule": "1f1b"}' >"$plans/one.json"
+  echo '{"placement": "homogeneous", "layout": {"dp": 2, "ep": 2}, "micro_batch_size": 1, "schedule": "1f1b"}' >"$plans/ep2.json"
+  for p in one ep2; do
+    "$build/exec/tessera-train" scenarios/cpu-tiny-moe.json --plan "$plans/$p.json" --steps 20 --trace-steps 0 \
+      --no-checkpoint --out "$root/$p" >/dev/null
+    echo "cpu-tiny-moe $p: step_s median p10 p90 over steps 2..20: $(step_stats "$root/$p")"
+  done
+  rm -rf "$root"
 fi
 
 if [[ $what == published || $what == all ]]; then
