@@ -224,6 +224,7 @@ StepResult Worker::step(int64_t iteration) {
   has_w_.clear();
   sends_grad_.clear();
   cuts_.clear();
+  recomputed_.clear();
   forward_pieces_.clear();
   piece_times_.clear();
   gathers_.clear();
@@ -250,8 +251,8 @@ StepResult Worker::step(int64_t iteration) {
         op.first_layer > stage(op.module, op.chunk).begin())
       forward_pieces_[{op.module, op.chunk, op.microbatch, op.sub_microbatch}][op.first_layer] =
           static_cast<int32_t>(i);
-    TESSERA_CHECK(!(op.kind == OpKind::kCompute && op.phase == Phase::kR),
-                  "activation recomputation is not in the executor yet");
+    if (op.kind == OpKind::kCompute && op.phase == Phase::kR)
+      recomputed_.insert({op.module, op.chunk, op.microbatch, op.sub_microbatch});
   }
   for (auto& [m, sh] : shards_) sh->start_iteration();
   // Gradients start at zero every iteration, so every plan steps every parameter.
@@ -420,6 +421,7 @@ void Worker::deliver(const Key& key, Phase phase, torch::Tensor t) {
 
 void Worker::compute(const Op& op) {
   if (op.phase == Phase::kF) return forward(op);
+  if (op.phase == Phase::kR) return recompute(op);
   backward(op, op.phase == Phase::kW);
 }
 

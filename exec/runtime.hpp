@@ -147,6 +147,7 @@ class Worker {
   void compute(const Op& op);
   void forward(const Op& op);
   void backward(const Op& op, bool weights);
+  void recompute(const Op& op);  // R: the layers of a checkpointed forward again
   // The gradient the backward of `op`'s stage starts from (its output's).
   torch::Tensor output_gradient(const Op& op, Slot& slot);
   void reduce_gradients(const Op& op);
@@ -212,6 +213,7 @@ class Worker {
   std::set<Key> sends_grad_;  // ... whose input gradient this rank sends back
   std::vector<char> fused_;   // per op: a B and the W right after it, run as one backward
   std::map<Key, std::vector<int64_t>> cuts_;  // forwards cut for a backward in bucket pieces
+  std::set<Key> recomputed_;  // forwards whose layers an R op runs again (full recomputation)
   // Gradient buckets being reduced while the backward goes on (overlap_grad_reduce).
   std::vector<PendingCollective> reductions_;
   // overlap_param_gather: parameter buckets being gathered, by the index of their op; an op that

@@ -118,6 +118,27 @@ std::vector<Param*> Stage::params_of(int64_t a, int64_t b) {
 }
 
 torch::Tensor Stage::run_blocks(torch::Tensor x, const AttentionInputs& in, Cuts* cuts) const {
+  if (cuts == nullptr || !cuts->checkpoint) return run_layers(x, in, cuts);
+  cuts->stack_inputs.push_back(x);
+  cuts->stack_attention.push_back(in);
+  torch::Tensor h;
+  {
+    torch::NoGradGuard no_activations;
+    h = run_layers(x, in, cuts);
+  }
+  torch::Tensor leaf = h.detach();
+  leaf.set_requires_grad(x.requires_grad() || trainable());
+  cuts->stack_leaves.push_back(leaf);
+  return leaf;
+}
+
+void Stage::rerun(Cuts& cuts) const {
+  cuts.stack_outputs.clear();
+  for (std::size_t i = 0; i < cuts.stack_inputs.size(); ++i)
+    cuts.stack_outputs.push_back(run_layers(cuts.stack_inputs[i], cuts.stack_attention[i], &cuts));
+}
+
+torch::Tensor Stage::run_layers(torch::Tensor x, const AttentionInputs& in, Cuts* cuts) const {
   for (std::size_t i = 0; i < blocks_.size(); ++i) {
     const int64_t layer = begin_ + static_cast<int64_t>(i);
     if (cuts != nullptr && cuts->entering) cuts->entering(layer);

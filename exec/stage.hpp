@@ -23,6 +23,13 @@ struct Cuts {
   std::vector<int64_t> layers;  // cut before each of these (neither the stage's first nor past it)
   std::map<int64_t, std::vector<torch::Tensor>> below, above;
   std::function<void(int64_t layer)> entering;  // if set, called before each layer runs
+  // Full recomputation (`checkpoint`): the forward runs the layers without keeping their
+  // activations, recording per pass its input (with the front end's graph) and attention inputs,
+  // and the leaf its output became (the back end's graph starts there); Stage::rerun runs the
+  // layers again from those inputs, with their graph, into `stack_outputs`.
+  bool checkpoint = false;
+  std::vector<torch::Tensor> stack_inputs, stack_leaves, stack_outputs;
+  std::vector<AttentionInputs> stack_attention;
 };
 
 class Stage {
@@ -62,10 +69,14 @@ class Stage {
                        Cuts* cuts = nullptr) const;
   // LLM, last slice: summed cross-entropy of (T_local, H) against targets (T_local), -1 ignored.
   torch::Tensor loss_sum(const torch::Tensor& h, const torch::Tensor& targets) const;
+  // Full recomputation: the layers again from each pass `cuts` recorded (cut where cuts.layers
+  // say), their outputs into cuts.stack_outputs.
+  void rerun(Cuts& cuts) const;
 
  private:
-  // The layers from x on, cut where `cuts` asks.
+  // The layers from x on, cut where `cuts` asks; without their activations when it checkpoints.
   torch::Tensor run_blocks(torch::Tensor x, const AttentionInputs& in, Cuts* cuts) const;
+  torch::Tensor run_layers(torch::Tensor x, const AttentionInputs& in, Cuts* cuts) const;
 
   const ModuleSpec& module_;
   int64_t begin_, end_, layers_;

@@ -86,7 +86,13 @@ void Worker::forward(const Op& op) {
   // A frozen module with nothing trainable before it keeps no graph.
   torch::AutoGradMode graph(needs_graph);
   Cuts* cuts = nullptr;
-  if (const auto it = cuts_.find(key); it != cuts_.end() && needs_graph) {
+  if (recomputed_.count(key) && needs_graph) {
+    // Full recomputation: no activations kept now; the R op runs the layers again (and cuts
+    // them for a backward in pieces then).
+    slot.cuts = Cuts{};
+    slot.cuts.checkpoint = true;
+    cuts = &slot.cuts;
+  } else if (const auto it = cuts_.find(key); it != cuts_.end() && needs_graph) {
     slot.cuts = Cuts{};
     slot.cuts.layers = it->second;
     cuts = &slot.cuts;
@@ -222,6 +228,16 @@ torch::Tensor Worker::output_gradient(const Op& op, Slot& slot) {
   return grad;
 }
 
+void Worker::recompute(const Op& op) {
+  Slot& slot = slots_.at({op.module, op.chunk, op.microbatch, op.sub_microbatch});
+  if (!slot.cuts.checkpoint) return;  // no graph was needed (nothing trains, nothing flows back)
+  slot.cuts.entering = nullptr;       // the parameters are here since the forward
+  if (const auto it = cuts_.find({op.module, op.chunk, op.microbatch, op.sub_microbatch});
+      it != cuts_.end())
+    slot.cuts.layers = it->second;
+  stage(op.module, op.chunk).rerun(slot.cuts);
+}
+
 void Worker::backward(const Op& op, bool weights) {
   const Key key{op.module, op.chunk, op.microbatch, op.sub_microbatch};
   Stage& st = stage(op.module, op.chunk);
@@ -243,7 +259,26 @@ void Worker::backward(const Op& op, bool weights) {
   }
   const bool top = b == st.end(), bottom = a == st.begin();
   std::vector<torch::Tensor> outputs, grads;
-  if (top) {
+  if (top && slot.cuts.checkpoint) {
+    // Recomputed layers: the back end's gradient down to the leaves the layers' outputs became
+    // (with its parameters'), then on from the layers run again.
+    if (!weights) {
+      const torch::Tensor grad = output_gradient(op, slot);
+      if (slot.output.grad_fn()) {
+        std::vector<torch::Tensor> leaves;
+        for (const torch::Tensor& leaf : slot.cuts.stack_leaves)
+          if (leaf.requires_grad()) leaves.push_back(leaf);
+        for (const Param* p : st.params_of(st.end(), st.end()))
+          if (p->tensor.requires_grad()) leaves.push_back(p->tensor);
+        if (!leaves.empty()) torch::autograd::backward({slot.output}, {grad}, false, false, leaves);
+      } else {
+        slot.cuts.stack_leaves.at(0).mutable_grad() = grad;  // the output is the layers' own
+      }
+    }
+    outputs = slot.cuts.stack_outputs;
+    for (const torch::Tensor& leaf : slot.cuts.stack_leaves)
+      grads.push_back(leaf.grad().defined() ? leaf.grad() : torch::zeros_like(leaf));
+  } else if (top) {
     outputs = {slot.output};
     grads = {output_gradient(op, slot)};
   } else {

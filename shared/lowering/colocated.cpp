@@ -171,7 +171,7 @@ void Lowering::lower_colocated() {
         for (auto it = suffix.rbegin(); it != suffix.rend(); ++it) {
           const ModuleInfo& g = modules_[static_cast<std::size_t>(*it)];
           for (Phase phase : {Phase::kR, Phase::kB, Phase::kW}) {
-            if (phase == Phase::kR && plan_.recompute != Recompute::kFull) continue;
+            if (phase == Phase::kR && !recomputes(g)) continue;
             if (phase == Phase::kW && !g.flow.trainable) continue;
             Op op = compute(g, rank, 0, mb, phase, samples);
             op.deps = deps;
@@ -182,7 +182,7 @@ void Lowering::lower_colocated() {
         }
       for (Phase phase : {Phase::kR, Phase::kB, Phase::kW}) {
         if (!llm.flow.backward()) break;
-        if (phase == Phase::kR && plan_.recompute != Recompute::kFull) continue;
+        if (phase == Phase::kR && !recomputes(llm)) continue;
         if (phase == Phase::kW && !llm.flow.trainable) continue;
         Op op = compute(llm, rank, static_cast<int32_t>(k), mb, phase, samples);
         op.deps = deps;
@@ -287,7 +287,7 @@ void Lowering::lower_colocated() {
       const Coord x = grid.coord(rank);
       const auto& samples = samples_of(*it, x.d, -1);
       for (Phase phase : {Phase::kR, Phase::kB, Phase::kW}) {
-        if (phase == Phase::kR && plan_.recompute != Recompute::kFull) continue;
+        if (phase == Phase::kR && !recomputes(m)) continue;
         if (phase == Phase::kW && !m.flow.trainable) continue;
         Op op = compute(m, rank, 0, -1, phase, samples);
         op.deps = deps;

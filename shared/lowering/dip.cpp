@@ -168,8 +168,7 @@ void Lowering::lower_dip() {
           auto run_back = [&](const ModuleInfo& m, int32_t k,
                               std::span<const Sample* const> samples) {
             if (!m.flow.backward()) return;
-            if (plan_.recompute == Recompute::kFull && m.spec->transformer)
-              run(m, k, Phase::kR, samples);
+            if (recomputes(m)) run(m, k, Phase::kR, samples);
             run(m, k, Phase::kB, samples);
             if (m.flow.trainable) run(m, k, Phase::kW, samples);
             const int16_t chunk = m.index == llm_ ? static_cast<int16_t>(k / P) : 0;

@@ -253,7 +253,7 @@ void Lowering::lower_pipelines() {
         auto run_back = [&](const ModuleInfo& m, int64_t chunk_index,
                             std::span<const Sample* const> s, int32_t at_mb) {
           if (!m.flow.backward()) return;
-          if (plan_.recompute == Recompute::kFull && m.spec->transformer) {
+          if (recomputes(m)) {
             Op r = compute(m, rank, static_cast<int32_t>(chunk_index), at_mb, Phase::kR, s);
             r.deps = deps;
             last = emit(rank, r);

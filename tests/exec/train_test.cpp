@@ -427,6 +427,71 @@ TEST_CASE(
         std::string::npos);
 }
 
+TEST_CASE(
+    "full activation recomputation: the layers run again before their backward, and every "
+    "placement reaches the single-rank losses") {
+  // Reference: one rank, no recomputation. Each plan recomputes its modules' layers (R ops);
+  // the losses and gradient norms stay the single rank's.
+  const std::string plans = std::string(TESSERA_SOURCE_DIR) + "/scenarios/plans/";
+  auto trained = [&](const std::string& scenario, const std::string& plan,
+                     const std::string& name) {
+    const fs::path out = fresh_dir(name);
+    const Run r = run(scenario + " --plan " + plan + " --steps 3 --out " + out.string());
+    INFO(r.output);
+    REQUIRE(r.code == 0);
+    return std::pair{losses(out), losses(out, "grad_norm")};
+  };
+  // A plan file's JSON with recomputation (and `extra` fields) on.
+  auto recomputing = [&](const std::string& file, const std::string& extra = "") {
+    Json p = Json::parse(std::ifstream(plans + file));
+    p["recompute"] = "full";
+    if (!extra.empty()) p.update(Json::parse(extra));
+    return raw_plan(p.dump(), "recompute-" + file);
+  };
+  const std::string valm = std::string(TESSERA_SOURCE_DIR) + "/scenarios/cpu-tiny-valm.json";
+  const std::string moe = std::string(TESSERA_SOURCE_DIR) + "/scenarios/cpu-tiny-moe.json";
+  for (const auto& [scenario, reference, cases] : std::vector<
+           std::tuple<std::string, std::string, std::vector<std::pair<std::string, std::string>>>>{
+           {kScenario,
+            "recompute-ref",
+            {{recomputing("cpu-tiny-tp2-pp2.json"), "recompute-tp2-pp2"},
+             {recomputing("cpu-tiny-dp2-pp2.json",
+                          R"({"overlap_grad_reduce": true, "distributed_optimizer": true,
+                              "overlap_param_gather": true})"),
+              "recompute-dp2-pp2-overlap"},
+             {recomputing("cpu-tiny-dp2-pp2.json", R"({"microbatching": "entrain"})"),
+              "recompute-entrain"},
+             {recomputing("cpu-tiny-colocated.json"), "recompute-colocated"},
+             {recomputing("cpu-tiny-non-colocated.json"), "recompute-non-colocated"}}},
+           {valm,
+            "recompute-valm-ref",
+            {{recomputing("cpu-tiny-valm-tp2-dp2.json"), "recompute-valm-tp2-dp2"},
+             {recomputing("cpu-tiny-valm-non-colocated.json"), "recompute-valm-non-colocated"}}},
+           {moe, "recompute-moe-ref", {{recomputing("cpu-tiny-moe-ep2.json"), "recompute-moe"}}}}) {
+    const auto [loss, norm] = trained(scenario, plan_file(R"({"tp": 1})"), reference);
+    REQUIRE(loss.size() == 3);
+    for (const auto& [plan, name] : cases) {
+      const auto [got, got_norm] = trained(scenario, plan, name);
+      REQUIRE(got.size() == 3);
+      for (std::size_t i = 0; i < 3; ++i) {
+        INFO(name << " step " << i << ": loss " << got[i] << " vs " << loss[i] << ", norm "
+                  << got_norm[i] << " vs " << norm[i]);
+        CHECK(std::abs(got[i] - loss[i]) <= 1e-6 * std::abs(loss[i]));
+        CHECK(std::abs(got_norm[i] - norm[i]) <= 1e-5 * std::abs(norm[i]));
+      }
+    }
+  }
+  // The R ops run where the Program puts them, with the layers' TP collectives inside them.
+  const std::string tp2 = recomputing("cpu-tiny-tp2-pp2.json");
+  check_trace_is_program(out_dir("recompute-tp2-pp2"), kScenario, tp2);
+  std::ifstream in(out_dir("recompute-tp2-pp2") / "trace" / "rank0.json");
+  const Json trace = Json::parse(in);
+  int recomputed = 0;
+  for (const Json& e : trace.at("traceEvents"))
+    recomputed += e.value("name", "").ends_with(".R") ? 1 : 0;
+  CHECK(recomputed > 0);
+}
+
 TEST_CASE("a three-layer projector runs whole on every TP rank: TP 2 agrees with one rank") {
   Json s = Json::parse(std::ifstream(kScenario));
   s["cluster"] = std::string(TESSERA_SOURCE_DIR) + "/scenarios/clusters/cpu-local.json";
