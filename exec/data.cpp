@@ -97,8 +97,6 @@ std::string executor_plan_support(const ParallelPlan& plan, const ModelSpec& mod
                enum_name(m->modality, kModalities) + " encoder in a non-colocated plan" + next;
     }
   }
-  if (plan.recompute == Recompute::kSelective)
-    return "plan.recompute: selective recomputation (of the attention core)" + next;
   if (plan.schedule == Schedule::kDip)
     for (const ModuleSpec& m : model.modules)
       if (m.role == ModuleRole::kEncoder && m.modality != Modality::kImage)

@@ -27,6 +27,33 @@ torch::Tensor rotary_embed(const torch::Tensor& x, const torch::Tensor& position
   return torch::cat({a * cos - b * sin, b * cos + a * sin}, -1);
 }
 
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// softmax(q kᵀ / sqrt(d) + bias) v keeping q, k, v and the mask only; the backward computes the
+// core again, with its graph, and differentiates that.
+struct RecomputedAttention : torch::autograd::Function<RecomputedAttention> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& q, const torch::Tensor& k,
+                               const torch::Tensor& v, const torch::Tensor& bias) {
+    ctx->save_for_backward({q, k, v});
+    ctx->saved_data["bias"] = bias;
+    return attention(q, k, v, bias);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list saved = ctx->get_saved_variables();
+    variable_list inputs;
+    for (const torch::Tensor& t : saved) inputs.push_back(t.detach().requires_grad_(true));
+    torch::Tensor out;
+    {
+      torch::AutoGradMode graph(true);
+      out = attention(inputs[0], inputs[1], inputs[2], ctx->saved_data["bias"].toTensor());
+    }
+    variable_list g = torch::autograd::grad({out}, inputs, {grads[0]});
+    g.push_back(torch::Tensor());
+    return g;
+  }
+};
+
 }  // namespace
 
 torch::Tensor ParamSet::add(const std::string& name, torch::Tensor full, int64_t shard_dim) {
@@ -138,7 +165,9 @@ torch::Tensor Attention::forward(const torch::Tensor& x, const AttentionInputs& 
   qh = qh.transpose(1, 2);  // (B, heads, Lq, d)
   kh = kh.transpose(1, 2);
   vh = vh.transpose(1, 2);
-  const torch::Tensor out = attention(qh, kh, vh, in.bias);  // (B, heads, Lq, d)
+  const torch::Tensor out = recompute_core && torch::GradMode::is_enabled()
+                                ? RecomputedAttention::apply(qh, kh, vh, in.bias)
+                                : attention(qh, kh, vh, in.bias);  // (B, heads, Lq, d)
   return o.forward(out.transpose(1, 2).reshape({b, l, heads * head_dim}));
 }
 
@@ -278,9 +307,6 @@ torch::Tensor Embedding::forward(const torch::Tensor& ids) const {
 }
 
 namespace {
-
-using torch::autograd::AutogradContext;
-using torch::autograd::variable_list;
 
 struct VocabParallelCrossEntropy : torch::autograd::Function<VocabParallelCrossEntropy> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& logits,

@@ -90,6 +90,9 @@ struct Attention {
   Norm q_norm, k_norm;                            // per head, when the architecture has them
   int64_t heads = 0, kv_heads = 0, head_dim = 0;  // per TP rank
   bool rotary = false;
+  // Selective recomputation: the attention core (scores, softmax, weighted values) keeps only
+  // its inputs and runs again in the backward.
+  bool recompute_core = false;
 };
 
 struct Mlp {

@@ -95,6 +95,8 @@ Worker::Worker(const Scenario& s, const ParallelPlan& plan, Groups& groups,
                                            options.seed, *tp_[static_cast<std::size_t>(key.first)],
                                            ep_[static_cast<std::size_t>(key.first)]);
   }
+  if (plan.recompute == Recompute::kSelective)
+    for (auto& [key, st] : stages_) st->recompute_attention_cores();
   dip_ = plan.schedule == Schedule::kDip;
   if (dip_) {
     dip_cost_ =

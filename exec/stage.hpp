@@ -72,6 +72,10 @@ class Stage {
   // Full recomputation: the layers again from each pass `cuts` recorded (cut where cuts.layers
   // say), their outputs into cuts.stack_outputs.
   void rerun(Cuts& cuts) const;
+  // Selective recomputation: every layer's attention core runs again in the backward.
+  void recompute_attention_cores() {
+    for (Block& b : blocks_) b.attention.recompute_core = true;
+  }
 
  private:
   // The layers from x on, cut where `cuts` asks; without their activations when it checkpoints.

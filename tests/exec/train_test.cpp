@@ -428,8 +428,8 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "full activation recomputation: the layers run again before their backward, and every "
-    "placement reaches the single-rank losses") {
+    "activation recomputation (full: the layers run again before their backward; selective: "
+    "the attention cores in it): every placement reaches the single-rank losses") {
   // Reference: one rank, no recomputation. Each plan recomputes its modules' layers (R ops);
   // the losses and gradient norms stay the single rank's.
   const std::string plans = std::string(TESSERA_SOURCE_DIR) + "/scenarios/plans/";
@@ -446,7 +446,8 @@ TEST_CASE(
     Json p = Json::parse(std::ifstream(plans + file));
     p["recompute"] = "full";
     if (!extra.empty()) p.update(Json::parse(extra));
-    return raw_plan(p.dump(), "recompute-" + file);
+    const std::string text = p.dump();
+    return raw_plan(text, "recompute-" + std::to_string(std::hash<std::string>{}(text)));
   };
   const std::string valm = std::string(TESSERA_SOURCE_DIR) + "/scenarios/cpu-tiny-valm.json";
   const std::string moe = std::string(TESSERA_SOURCE_DIR) + "/scenarios/cpu-tiny-moe.json";
@@ -455,6 +456,8 @@ TEST_CASE(
            {kScenario,
             "recompute-ref",
             {{recomputing("cpu-tiny-tp2-pp2.json"), "recompute-tp2-pp2"},
+             {recomputing("cpu-tiny-tp2-pp2.json", R"({"recompute": "selective"})"),
+              "recompute-selective-tp2-pp2"},
              {recomputing("cpu-tiny-dp2-pp2.json",
                           R"({"overlap_grad_reduce": true, "distributed_optimizer": true,
                               "overlap_param_gather": true})"),

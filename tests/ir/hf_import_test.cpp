@@ -135,7 +135,7 @@ TEST_CASE("Llama 4 Scout: 16 routed experts and a shared one per layer, a pixel-
   CHECK_FALSE(llm.tied_embeddings);
   const ModuleSpec& vision = module(m, "vision");
   CHECK(vision.patching->spatial_merge == 2);                   // pixel_shuffle_ratio 0.5
-  CHECK(image_tokens(vision, 336, 336).llm_tokens == 144);  // one tile of 24 x 24 patches
+  CHECK(image_tokens(vision, 336, 336).llm_tokens == 144);      // one tile of 24 x 24 patches
   CHECK(image_tokens(vision, 672, 336).llm_tokens == 3 * 144);  // two, and the whole image
   const ProjectorArch& p = *module(m, "vision_projector").projector;
   CHECK(p.layers == 3);
