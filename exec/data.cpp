@@ -111,7 +111,7 @@ std::string executor_plan_support(const ParallelPlan& plan, const ModelSpec& mod
         tp = l.tp;
         field = "plan.modules." + module + ".tp";
       }
-    if (const std::string why = tp_refusal(*m.transformer, m.name, tp, false); !why.empty())
+    if (const std::string why = tp_refusal(*m.transformer, m.name, tp); !why.empty())
       return field + ": " + why + next;
     if (m.transformer->qk_norm && tp > 1)
       return field + ": " + m.name +

@@ -59,7 +59,16 @@ struct RecomputedAttention : torch::autograd::Function<RecomputedAttention> {
 torch::Tensor ParamSet::add(const std::string& name, torch::Tensor full, int64_t shard_dim) {
   torch::Tensor local = shard_dim < 0 ? full : shard(full, shard_dim, tp_.rank, tp_.size());
   local.set_requires_grad(trainable_);
-  params_.push_back({name, local, shard_dim >= 0 && tp_.size() > 1});
+  const bool sharded = shard_dim >= 0 && tp_.size() > 1;
+  params_.push_back({name, local, sharded ? 1 : tp_.size()});
+  return local;
+}
+
+torch::Tensor ParamSet::rows_of(const std::string& name, torch::Tensor full, int64_t first,
+                                int64_t rows, int64_t copies) {
+  torch::Tensor local = full.narrow(0, first, rows).clone();
+  local.set_requires_grad(trainable_);
+  params_.push_back({name, local, copies, /*kv_replica=*/true});
   return local;
 }
 
@@ -117,17 +126,39 @@ torch::Tensor Norm::forward(const torch::Tensor& x) const {
 Attention::Attention(ParamSet& ps, const std::string& name, const TransformerArch& arch) {
   const int64_t tp = ps.tp().size();
   const int64_t kv = arch.kv_heads > 0 ? arch.kv_heads : arch.heads;
-  const std::string why = tp_refusal(arch, name, tp, false);
+  const std::string why = tp_refusal(arch, name, tp);
   TESSERA_CHECK(why.empty(), "tp " + why);
   head_dim = arch.head_dim > 0 ? arch.head_dim : arch.hidden / arch.heads;
   heads = arch.heads / tp;
-  kv_heads = kv / tp;
   rotary = arch.positions == 0;
   const bool qkv_bias = arch.linear_bias || arch.qkv_bias;
   q = Linear(ps, name + ".q", arch.hidden, arch.heads * head_dim, qkv_bias, Split::kColumn);
-  k = Linear(ps, name + ".k", arch.hidden, kv * head_dim, qkv_bias && arch.key_bias,
-             Split::kColumn);
-  v = Linear(ps, name + ".v", arch.hidden, kv * head_dim, qkv_bias, Split::kColumn);
+  if (kv >= tp) {
+    kv_heads = kv / tp;
+    k = Linear(ps, name + ".k", arch.hidden, kv * head_dim, qkv_bias && arch.key_bias,
+               Split::kColumn);
+    v = Linear(ps, name + ".v", arch.hidden, kv * head_dim, qkv_bias, Split::kColumn);
+  } else {
+    // Fewer key/value heads than ranks: each rank holds the one its query heads use, replicated
+    // on tp / kv ranks (Megatron's rule); their gradients are summed over those ranks.
+    kv_heads = 1;
+    const int64_t copies = tp / kv, head = ps.tp().rank / copies;
+    const auto replica = [&](const std::string& n, bool bias) {
+      Linear l;
+      l.split = Split::kColumn;
+      l.tp = &ps.tp();
+      l.weight = ps.rows_of(
+          n + ".weight",
+          seeded_uniform(ps.seed(), n + ".weight", {kv * head_dim, arch.hidden}, kInitScale),
+          head * head_dim, head_dim, copies);
+      if (bias)
+        l.bias = ps.rows_of(n + ".bias", torch::zeros({kv * head_dim}), head * head_dim, head_dim,
+                            copies);
+      return l;
+    };
+    k = replica(name + ".k", qkv_bias && arch.key_bias);
+    v = replica(name + ".v", qkv_bias);
+  }
   o = Linear(ps, name + ".o", arch.heads * head_dim, arch.hidden, arch.linear_bias || arch.out_bias,
              Split::kRow);
   if (arch.qk_norm) {

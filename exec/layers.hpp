@@ -20,7 +20,10 @@ namespace tessera::exec {
 struct Param {
   std::string name;      // global, plan-independent: "llm.layers.3.attn.q.weight"
   torch::Tensor tensor;  // this rank's shard
-  bool tp_sharded = false;
+  // The TP ranks holding this same tensor: 1 for a shard, tp for a replicated one, tp / kv_heads
+  // for a key/value head replicated over fewer ranks (its gradient summed over them).
+  int64_t tp_copies = 1;
+  bool kv_replica = false;
   // A routed expert's: held by one EP rank, its gradient reduced over the expert-data-parallel
   // replicas only.
   bool expert = false;
@@ -36,12 +39,17 @@ class ParamSet {
                        int64_t shard_dim = -1);
   torch::Tensor constant(const std::string& name, std::vector<int64_t> shape, double value,
                          int64_t shard_dim = -1);
+  // Parameters of rows [first, first + rows) (along dim 0) of the seeded tensor, held by
+  // `copies` TP ranks: a key/value head replicated over them.
+  torch::Tensor rows_of(const std::string& name, torch::Tensor full, int64_t first, int64_t rows,
+                        int64_t copies);
   std::vector<Param>& params() { return params_; }
   // Marks the parameters added since the list had `from` entries as a routed expert's.
   void mark_experts(std::size_t from) {
     for (std::size_t i = from; i < params_.size(); ++i) params_[i].expert = true;
   }
   const Comm& tp() const { return tp_; }
+  uint64_t seed() const { return seed_; }
 
  private:
   torch::Tensor add(const std::string& name, torch::Tensor full, int64_t shard_dim);

@@ -356,6 +356,8 @@ StepResult Worker::step(int64_t iteration) {
           boundary_collective(op);
         else if (op.purpose == Purpose::kNorm)
           synchronize_norm_and_loss();
+        else if (op.purpose == Purpose::kTp && (op.flags & kOpKvReplicas) != 0)
+          sum_kv_replicas(op);
         else
           reduce_gradients(op);
         break;

@@ -148,6 +148,9 @@ class Worker {
   void forward(const Op& op);
   void backward(const Op& op, bool weights);
   void recompute(const Op& op);  // R: the layers of a checkpointed forward again
+  // The gradients of key/value heads replicated over TP ranks, summed over them (a bucket's
+  // layers, or the whole module's).
+  void sum_kv_replicas(const Op& op);
   // The gradient the backward of `op`'s stage starts from (its output's).
   torch::Tensor output_gradient(const Op& op, Slot& slot);
   void reduce_gradients(const Op& op);

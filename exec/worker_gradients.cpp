@@ -19,7 +19,6 @@ namespace tessera::exec {
 
 std::vector<ShardedOptimizer::Bucket> Worker::optimizer_buckets(const Program& p, int module,
                                                                 bool experts) {
-  const auto m = static_cast<std::size_t>(module);
   const bool split = experts_split(module);
   const auto held = [&](const Param& prm) {
     return prm.tensor.requires_grad() && (!split || prm.expert == experts);
@@ -52,7 +51,7 @@ std::vector<ShardedOptimizer::Bucket> Worker::optimizer_buckets(const Program& p
     }
     buckets[b].params.push_back(prm->tensor);
     // Elements of TP-replicated parameters exist on every TP rank: they count 1/tp each.
-    buckets[b].norm_shares.push_back(prm->tp_sharded ? 1.0 : 1.0 / tp_[m]->size());
+    buckets[b].norm_shares.push_back(1.0 / static_cast<double>(prm->tp_copies));
   }
   return buckets;
 }
@@ -124,6 +123,31 @@ void Worker::reduce_gradients(const Op& op) {
   }
 }
 
+void Worker::sum_kv_replicas(const Op& op) {
+  const Comm& comm = groups_.get(program_->groups[static_cast<std::size_t>(op.group)]);
+  std::vector<torch::Tensor> grads, flat;
+  const auto collect = [&](Stage& st, int64_t a, int64_t b) {
+    for (Param* p : st.params_of(a, b))
+      if (p->kv_replica && p->tensor.requires_grad()) {
+        grads.push_back(p->tensor.mutable_grad());
+        flat.push_back(grads.back().reshape({-1}));
+      }
+  };
+  if ((op.flags & kOpGradientBucket) != 0)
+    collect(stage(op.module, op.chunk), op.first_layer, op.first_layer + op.layers);
+  else
+    for (auto& [key, st] : stages_)
+      if (key.first == op.module) collect(*st, st->begin(), st->end());
+  if (flat.empty()) return;
+  torch::Tensor sum = torch::cat(flat);
+  all_reduce(comm, sum);
+  int64_t at = 0;
+  for (torch::Tensor& g : grads) {
+    g.copy_(sum.narrow(0, at, g.numel()).view_as(g));
+    at += g.numel();
+  }
+}
+
 void Worker::finish_reductions() {
   for (PendingCollective& r : reductions_) r.finish();
   reductions_.clear();
@@ -139,8 +163,7 @@ void Worker::synchronize_norm_and_loss() {
     if (shards_.count({key.first, false})) continue;
     for (const Param& p : st->params()) {
       if (!p.tensor.requires_grad()) continue;
-      const double copies = static_cast<double>((p.tp_sharded ? 1 : tp_[m]->size()) *
-                                                (p.expert ? edp_[m] : dpcp_[m]));
+      const double copies = static_cast<double>(p.tp_copies * (p.expert ? edp_[m] : dpcp_[m]));
       norm2 += p.tensor.grad().to(torch::kFloat64).pow(2).sum().item<double>() / copies;
     }
   }

@@ -85,6 +85,14 @@ std::vector<ModuleGroups> rank_groups(const ParallelPlan& plan,
   for (const PlacedModule& p : placed) {
     ModuleGroups g = layout_groups(p.layout, p.first_rank);
     g.module = p.module->name;
+    const auto& arch = p.module->transformer;
+    const int64_t share = arch && arch->kv_heads > 0 && arch->kv_heads < p.layout.tp
+                              ? p.layout.tp / arch->kv_heads
+                              : 1;
+    for (const Group& tp : g.tp)
+      for (std::size_t i = 0; i < tp.size(); i += static_cast<std::size_t>(share))
+        g.kv.emplace_back(tp.begin() + static_cast<std::ptrdiff_t>(i),
+                          tp.begin() + static_cast<std::ptrdiff_t>(i) + share);
     // A borrowed layout runs on its host's last stage; a homogeneous encoder on stage 0 — under
     // DIP on every stage (a segment of its own), with its projector on the last.
     const bool homogeneous = plan.placement == Placement::kHomogeneous;
@@ -109,6 +117,7 @@ std::vector<ModuleGroups> rank_groups(const ParallelPlan& plan,
       keep(g.tpcp);
       keep(g.ep);
       keep(g.edp);
+      keep(g.kv);
       g.pp.clear();
       for (int64_t r : g.stages[static_cast<std::size_t>(stage)]) g.pp.push_back({r});
       g.stages = {g.stages[static_cast<std::size_t>(stage)]};

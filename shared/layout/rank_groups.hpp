@@ -22,6 +22,10 @@ struct ModuleGroups {
   std::vector<Group> ep;      // expert parallel (over cp·dp)
   std::vector<Group> edp;     // expert data parallel: replicas of one expert shard
   std::vector<Group> stages;  // all ranks of pipeline stage s, s = 0..pp-1
+  // Within a TP group, the ranks holding one key/value head when the module has fewer of them
+  // than TP (each replicated on tp / kv_heads consecutive ranks): their gradients are summed
+  // over it. Groups of one otherwise.
+  std::vector<Group> kv;
 };
 
 // Groups of one grid placed at `first_rank`, Megatron order tp-cp-ep-dp-pp:

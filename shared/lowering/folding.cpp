@@ -103,7 +103,8 @@ bool Lowering::same_costs(const std::function<Coord(const Coord&)>& to) const {
           kinds[] = {
               {&ModuleGroups::tp, &GroupIndex::tp},     {&ModuleGroups::cp, &GroupIndex::cp},
               {&ModuleGroups::tpcp, &GroupIndex::tpcp}, {&ModuleGroups::dpcp, &GroupIndex::dpcp},
-              {&ModuleGroups::ep, &GroupIndex::ep},     {&ModuleGroups::edp, &GroupIndex::edp}};
+              {&ModuleGroups::ep, &GroupIndex::ep},     {&ModuleGroups::edp, &GroupIndex::edp},
+              {&ModuleGroups::kv, &GroupIndex::kv}};
       for (const auto& [groups, index] : kinds) {
         const int32_t a = (at.*index)[static_cast<std::size_t>(r - g.first_rank)];
         const int32_t b = (at.*index)[static_cast<std::size_t>(by - g.first_rank)];

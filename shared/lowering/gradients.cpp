@@ -64,7 +64,12 @@ void Lowering::gradient_reduction(int64_t rank, const std::vector<int>& module_l
         reduced.insert(reduced.end(), it->second.begin(), it->second.end());
         continue;
       }
-    const int32_t dep = last_compute(rank);
+    double kv_bytes = 0;
+    for (const auto& [a, b] : held_layers(m, x)) kv_bytes += bucket_kv_bytes(m, a, b);
+    Op kv = shape;
+    kv.deps.clear();
+    if (const int32_t last = last_compute(rank); last >= 0) kv.deps = {last};
+    const int32_t dep = sum_kv_replicas(rank, m, x, kv_bytes, kv);
     for (Op c : ops) {
       if (dep >= 0) c.deps = {dep};
       // A group of one has nothing to reduce.

@@ -173,7 +173,7 @@ class Lowering {
   // --- groups --------------------------------------------------------------------------
   int32_t group(RankList members);
   struct GroupIndex {  // per rank of a grid's span, its group's index in each kind's list
-    std::vector<int32_t> tp, cp, tpcp, dpcp, ep, edp;
+    std::vector<int32_t> tp, cp, tpcp, dpcp, ep, edp, kv;
   };
   // A rank's group of one kind in `m`'s grid, as rank_groups() builds it (`m` owns the grid).
   int32_t grid_group(const ModuleInfo& m, const Coord& x, std::vector<Group> ModuleGroups::*kind,
@@ -210,6 +210,10 @@ class Lowering {
   }
   int32_t ep_group(const ModuleInfo& m, const Coord& x) {
     return grid_group(m, x, &ModuleGroups::ep, &GroupIndex::ep);
+  }
+  // Key/value heads replicated over TP ranks: their gradients are summed over those ranks.
+  int32_t kv_group(const ModuleInfo& m, const Coord& x) {
+    return grid_group(m, x, &ModuleGroups::kv, &GroupIndex::kv);
   }
   // Routed experts' gradients are reduced over the replicas of one expert shard.
   int32_t edp_group(const ModuleInfo& m, const Coord& x) {
@@ -329,6 +333,28 @@ class Lowering {
     const ModuleLayout& l = grid_of(m).layout;
     return range_parameters(*m.spec, a, b, l.tp, l.ep) *
            static_cast<double>(dtype_bytes(model_.dtype));
+  }
+  // Of those, the key/value heads replicated over TP ranks (0 when the module has as many as TP).
+  double bucket_kv_bytes(const ModuleInfo& m, int64_t a, int64_t b) const {
+    const ModuleLayout& l = grid_of(m).layout;
+    if (!m.spec->transformer || l.tp == 1) return 0;
+    return static_cast<double>(b - a) * kv_replica_parameters(*m.spec->transformer, l.tp) *
+           static_cast<double>(dtype_bytes(model_.dtype));
+  }
+  // The sum over TP ranks of `bytes` of replicated key/value heads' gradients of `m`
+  // (kOpKvReplicas), shaped as `shape` (its stage, and a bucket's layers), after shape.deps and
+  // before their data-parallel reduction; returns its index, or shape's dependency when there is
+  // nothing to sum.
+  int32_t sum_kv_replicas(int64_t rank, const ModuleInfo& m, const Coord& x, double bytes,
+                          Op shape) {
+    const int32_t dep = shape.deps.empty() ? -1 : shape.deps.front();
+    if (bytes <= 0) return dep;
+    shape.purpose = Purpose::kTp;
+    shape.collective = CollectiveKind::kAllReduce;
+    shape.group = kv_group(m, x);  // the module's own heads' groups
+    shape.bytes = bytes;
+    shape.flags |= kOpKvReplicas;
+    return emit(rank, std::move(shape));
   }
   // Of those, the routed experts' where EP splits them (0 otherwise).
   double bucket_expert_bytes(const ModuleInfo& m, int64_t a, int64_t b) const {

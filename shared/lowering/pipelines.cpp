@@ -291,6 +291,8 @@ void Lowering::lower_pipelines() {
             c.layers = static_cast<int32_t>(piece.second - piece.first);
             c.flags |= kOpGradientBucket;
             c.deps = {last};
+            c.deps = {
+                sum_kv_replicas(rank, m, x, bucket_kv_bytes(m, piece.first, piece.second), c)};
             for (int32_t id :
                  emit_dp_collectives(rank, c, m, x, bucket_bytes(m, piece.first, piece.second),
                                      bucket_expert_bytes(m, piece.first, piece.second)))

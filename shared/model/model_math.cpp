@@ -90,6 +90,13 @@ MediaTokens square_piece(const Patching& p, int64_t side) {
 
 }  // namespace
 
+double kv_replica_parameters(const TransformerArch& a, int64_t tp) {
+  if (a.kv_heads >= tp) return 0;
+  const bool bias = a.linear_bias || a.qkv_bias;
+  const auto d = static_cast<double>(a.head_dim);
+  return 2.0 * static_cast<double>(a.hidden) * d + (bias ? (a.key_bias ? 2.0 : 1.0) * d : 0.0);
+}
+
 double expert_layer_parameters(const TransformerArch& a, int64_t tp, int64_t ep) {
   if (a.experts == 0) return 0;
   return static_cast<double>(a.experts / ep) *
@@ -239,17 +246,13 @@ int64_t trainable_parameters(const ModelSpec& model) {
   return n;
 }
 
-std::string tp_refusal(const TransformerArch& a, const std::string& who, int64_t tp,
-                       bool replicate_kv) {
+std::string tp_refusal(const TransformerArch& a, const std::string& who, int64_t tp) {
   const std::string t = std::to_string(tp);
   if (tp < 1 || a.heads % tp != 0)
     return t + " does not divide " + who + " heads=" + std::to_string(a.heads);
   const int64_t kv = a.kv_heads > 0 ? a.kv_heads : a.heads;
-  if (kv % tp == 0 || (replicate_kv && tp % kv == 0)) return "";
-  return replicate_kv
-             ? t + " and " + who + " kv_heads=" + std::to_string(kv) + " must divide one another"
-             : t + " does not divide " + who + " kv_heads=" + std::to_string(kv) +
-                   " (key/value heads are not replicated here)";
+  if (kv % tp == 0 || tp % kv == 0) return "";
+  return t + " and " + who + " kv_heads=" + std::to_string(kv) + " must divide one another";
 }
 
 double layer_attention_flops(const TransformerArch& a, double attention_pairs) {

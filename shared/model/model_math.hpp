@@ -24,6 +24,9 @@ namespace tessera {
 // Weights of one transformer layer (attention, MLP or experts, norms, biases).
 int64_t layer_parameters(const TransformerArch& arch);
 double layer_parameters(const TransformerArch& arch, int64_t tp, int64_t ep = 1);
+// Of those, the key/value head a rank holds when the layer has fewer of them than tp (0
+// otherwise): replicated on tp / kv_heads ranks, whose gradients sum over them.
+double kv_replica_parameters(const TransformerArch& arch, int64_t tp);
 // Of those, the routed experts' (0 without experts): gradients reduced over expert-data-parallel
 // replicas rather than all data-parallel ones.
 double expert_layer_parameters(const TransformerArch& arch, int64_t tp, int64_t ep);
@@ -58,13 +61,11 @@ int64_t trainable_parameters(const ModelSpec& model);
 // --- Tensor parallelism -----------------------------------------------------------------
 // Whether a transformer splits over `tp` ranks: its query heads divide evenly, and its
 // key/value heads either divide too or, fewer than tp, are replicated (tp a multiple of them:
-// Megatron's rule for grouped-query attention). `replicate_kv` false: the even split only (the
-// executor does not replicate key/value heads).
+// Megatron's rule for grouped-query attention).
 // tp_refusal() says why not, naming the module `who` ("" when it splits).
-std::string tp_refusal(const TransformerArch& arch, const std::string& who, int64_t tp,
-                       bool replicate_kv = true);
-inline bool accepts_tp(const TransformerArch& arch, int64_t tp, bool replicate_kv = true) {
-  return tp_refusal(arch, "", tp, replicate_kv).empty();
+std::string tp_refusal(const TransformerArch& arch, const std::string& who, int64_t tp);
+inline bool accepts_tp(const TransformerArch& arch, int64_t tp) {
+  return tp_refusal(arch, "", tp).empty();
 }
 
 // --- FLOPs ------------------------------------------------------------------------------

@@ -75,7 +75,8 @@ std::string op_name(const Program& p, const Op& op) {
              (op.purpose == Purpose::kBoundary || op.purpose == Purpose::kPp
                   ? "." + phase_name(op.phase)
                   : "") +
-             bucket(op) + ((op.flags & kOpRoutedExperts) != 0 ? ".experts" : "");
+             bucket(op) + ((op.flags & kOpRoutedExperts) != 0 ? ".experts" : "") +
+             ((op.flags & kOpKvReplicas) != 0 ? ".kv" : "");
     case OpKind::kOptimizerStep:
       return "optimizer:" + where(p, op);
   }

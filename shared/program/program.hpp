@@ -62,6 +62,8 @@ enum OpFlag : uint16_t {
                             // of the routed experts alone, over their expert-data-parallel group
                             // (EP > 1: experts are replicated over fewer ranks than the rest of
                             // the module); without it, such an op carries everything else
+  kOpKvReplicas = 2048,     // a TP all-reduce of the gradients of key/value heads replicated
+                            // over TP ranks (fewer heads than TP), over the ranks sharing each
 };
 
 struct Op {

@@ -21,8 +21,7 @@ struct Pipelined {
 // the module runs the largest tp that does and data-parallel over the rest.
 int64_t module_tp(const TransformerArch& t, int64_t budget_tp) {
   int64_t tp = budget_tp;
-  // The even split only: these plans go to the executor too.
-  while (tp > 1 && (budget_tp % tp != 0 || !accepts_tp(t, tp, false))) --tp;
+  while (tp > 1 && (budget_tp % tp != 0 || !accepts_tp(t, tp))) --tp;
   return tp;
 }
 

@@ -495,6 +495,52 @@ TEST_CASE(
   CHECK(recomputed > 0);
 }
 
+TEST_CASE("key/value heads replicated over TP ranks: their gradients summed, plans agree") {
+  // One key/value head in the LLM: TP 2 and TP 4 replicate it 2 and 4 ways.
+  Json s = Json::parse(std::ifstream(kScenario));
+  s["cluster"] = std::string(TESSERA_SOURCE_DIR) + "/scenarios/clusters/cpu-local.json";
+  s["model"]["modules"][2]["transformer"]["kv_heads"] = 1;
+  const fs::path scenario = fresh_dir("kv1") / "scenario.json";
+  fs::create_directories(scenario.parent_path());
+  std::ofstream(scenario) << s.dump(2);
+  auto trained = [&](const std::string& layout, const std::string& name) {
+    const fs::path out = fresh_dir(name);
+    const Run r = run(scenario.string() + " --plan " + plan_file(layout) + " --steps 3 --out " +
+                      out.string());
+    INFO(r.output);
+    REQUIRE(r.code == 0);
+    return std::pair{losses(out), losses(out, "grad_norm")};
+  };
+  const auto [loss, norm] = trained(R"({"tp": 1})", "kv1-1");
+  REQUIRE(loss.size() == 3);
+  for (const auto& [layout, name] : std::vector<std::pair<std::string, std::string>>{
+           {R"({"tp": 2, "pp": 2})", "kv1-tp2-pp2"},
+           {R"({"tp": 4})", "kv1-tp4"},
+           {R"({"tp": 2, "dp": 2}, "overlap_grad_reduce": true, "distributed_optimizer": true,
+               "overlap_param_gather": true)",
+            "kv1-tp2-dp2-overlap"}}) {
+    const auto [got, got_norm] = trained(layout, name);
+    REQUIRE(got.size() == 3);
+    for (std::size_t i = 0; i < 3; ++i) {
+      INFO(name << " step " << i << ": loss " << got[i] << " vs " << loss[i] << ", norm "
+                << got_norm[i] << " vs " << norm[i]);
+      CHECK(std::abs(got[i] - loss[i]) <= 1e-6 * std::abs(loss[i]));
+      CHECK(std::abs(got_norm[i] - norm[i]) <= 1e-5 * std::abs(norm[i]));
+    }
+  }
+  // The sums run where the Program puts them (one per bucket, before its data-parallel
+  // reduction).
+  check_trace_is_program(out_dir("kv1-tp2-dp2-overlap"), scenario.string(),
+                         plan_file(R"({"tp": 2, "dp": 2}, "overlap_grad_reduce": true,
+               "distributed_optimizer": true, "overlap_param_gather": true)"));
+  std::ifstream in(out_dir("kv1-tp2-dp2-overlap") / "trace" / "rank0.json");
+  const Json trace = Json::parse(in);
+  int sums = 0;
+  for (const Json& e : trace.at("traceEvents"))
+    sums += e.value("name", "").ends_with(".kv") ? 1 : 0;
+  CHECK(sums > 0);
+}
+
 TEST_CASE("a three-layer projector runs whole on every TP rank: TP 2 agrees with one rank") {
   Json s = Json::parse(std::ifstream(kScenario));
   s["cluster"] = std::string(TESSERA_SOURCE_DIR) + "/scenarios/clusters/cpu-local.json";

@@ -137,7 +137,6 @@ TEST_CASE("accepts_tp: the one rule for the tensor parallelism a transformer tak
   a.kv_heads = 8;
   CHECK(accepts_tp(a, 8));
   CHECK(accepts_tp(a, 16));  // key/value heads replicated two ways
-  CHECK_FALSE(accepts_tp(a, 16, false));
   CHECK_FALSE(accepts_tp(a, 3));
   a.heads = 25;  // InternViT-6B
   a.kv_heads = 25;
@@ -148,8 +147,6 @@ TEST_CASE("accepts_tp: the one rule for the tensor parallelism a transformer tak
   a.heads = 32;
   a.kv_heads = 8;
   CHECK(tp_refusal(a, "llm", 16).empty());
-  CHECK(tp_refusal(a, "llm", 16, false) ==
-        "16 does not divide llm kv_heads=8 (key/value heads are not replicated here)");
   a.kv_heads = 12;
   CHECK(tp_refusal(a, "llm", 8) == "8 and llm kv_heads=12 must divide one another");
 }

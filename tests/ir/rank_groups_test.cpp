@@ -141,7 +141,8 @@ void check_lowered_groups(const Scenario& s, const ParallelPlan& plan) {
     INFO(op_name(p, op) << " on group " << group);
     switch (purpose) {
       case Purpose::kTp:
-        CHECK(named(g.tp, members));
+        // Replicated key/value heads' gradients: the TP ranks sharing each head.
+        CHECK(named((op.flags & kOpKvReplicas) != 0 ? g.kv : g.tp, members));
         break;
       case Purpose::kCp:
         CHECK(named(g.cp, members));
@@ -207,6 +208,11 @@ TEST_CASE("the lowering's groups are rank_groups()'s, for every placement family
   cp.layout.cp = 2;
   cp.layout.dp = big.plan->layout.dp / 2;
   check_lowered_groups(big, cp);
+  // Key/value heads replicated over TP ranks (the LLM's 2 on TP 4): their gradients' sums.
+  ParallelPlan tp4 = plan_file("cpu-tiny-tp2-pp2.json");
+  tp4.layout.tp = 4;
+  tp4.layout.pp = 1;
+  check_lowered_groups(tiny, tp4);
   // Expert parallelism, alone and beside TP, with the distributed optimizer.
   const Scenario moe = scenario("cpu-tiny-moe.json");
   for (const char* f : {"cpu-tiny-moe-ep2.json", "cpu-tiny-moe-ep2-tp2.json"}) {
