@@ -89,9 +89,6 @@ std::string executor_plan_support(const ParallelPlan& plan, const ModelSpec& mod
     const ModuleSpec* llm = find_llm(model);
     for (const auto& [module, l] : plan.modules) {
       const ModuleSpec* m = find_module(model, module);
-      if (m != nullptr && m->role == ModuleRole::kProjector)
-        return "plan.modules." + module + ": a projector on ranks of its own (not its encoder's)" +
-               next;
       if (module != llm->name && l.pp > 1 && m != nullptr && m->modality != Modality::kImage)
         return "plan.modules." + module + ".pp: a pipelined " +
                enum_name(m->modality, kModalities) + " encoder in a non-colocated plan" + next;

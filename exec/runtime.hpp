@@ -126,6 +126,9 @@ class Worker {
                                const std::vector<int32_t>& order) const;
   Boundary& assembled(int producer, int mb);
   int64_t producer_leader(int producer, int64_t replica) const;
+  // The width of the rows a boundary carries from `producer`: a projector's output, or an
+  // encoder's hidden state (into a projector on ranks of its own).
+  int64_t boundary_width(int producer) const;
   Slot& producer_slot(int producer, int mb);
   void absorb_self_links(int producer);
   void boundary_p2p(const Op& op);

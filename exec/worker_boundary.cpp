@@ -200,9 +200,12 @@ std::vector<int32_t> Worker::consumer_links(int producer, int mb) const {
 int64_t Worker::lay_out_rows(int producer, const std::vector<int32_t>& samples, int64_t row,
                              RowMap& where) const {
   const ModelSpec& model = scenario_.model;
-  const Modality modality =
-      find_module(model, model.modules[static_cast<std::size_t>(producer)].inputs.front())
-          ->modality;
+  // A projector's rows are its encoder's tokens; an encoder's (feeding a projector on other
+  // ranks), its own.
+  const ModuleSpec& spec = model.modules[static_cast<std::size_t>(producer)];
+  const Modality modality = spec.role == ModuleRole::kProjector
+                                ? find_module(model, spec.inputs.front())->modality
+                                : spec.modality;
   for (int32_t s : samples) {
     const int64_t n =
         llm_media_tokens(model, modality, batch_.batch.samples[static_cast<std::size_t>(s)]);
@@ -222,6 +225,11 @@ std::vector<int64_t> Worker::rows_of(int producer, const std::vector<int32_t>& s
     for (int64_t r = 0; r < n; ++r) rows.push_back(first + r);
   }
   return rows;
+}
+
+int64_t Worker::boundary_width(int producer) const {
+  const ModuleSpec& spec = scenario_.model.modules[static_cast<std::size_t>(producer)];
+  return spec.projector ? spec.projector->out : spec.transformer->hidden;
 }
 
 int64_t Worker::producer_leader(int producer, int64_t replica) const {
@@ -283,7 +291,6 @@ Worker::Boundary& Worker::assembled(int producer, int mb) {
   if (const auto it = linked_.find({producer, mb}); it != linked_.end()) return it->second;
   // The consumer's input from `producer`: the links' rows in link order (the leader received
   // them; the others get them by the broadcast, into a tensor of the same shape).
-  const ModuleSpec& spec = scenario_.model.modules[static_cast<std::size_t>(producer)];
   Boundary& b = linked_[{producer, mb}];
   std::vector<torch::Tensor> parts;
   int64_t row = 0;
@@ -308,7 +315,7 @@ Worker::Boundary& Worker::assembled(int producer, int mb) {
         rows_here = slot.output.detach().index_select(
             0, torch::tensor(rows_of(producer, link.samples, order), torch::kInt64).view({-1}));
       } else {
-        rows_here = torch::zeros({rows, spec.projector->out});
+        rows_here = torch::zeros({rows, boundary_width(producer)});
       }
     }
     parts.push_back(rows_here);
@@ -339,7 +346,7 @@ void Worker::boundary_p2p(const Op& op) {
     groups_.world().group->recv(tensors, op.peer, gloo_tag(op.tag))->wait();
     return t;
   };
-  const int64_t width = scenario_.model.modules[static_cast<std::size_t>(producer)].projector->out;
+  const int64_t width = boundary_width(producer);
   if (producer_side) {
     Slot* slot = &producer_slot(producer, mb);
     const bool whole = slots_.count({producer, 0, mb, 0}) == 0;  // colocated: the whole batch

@@ -25,6 +25,7 @@ void Worker::forward(const Op& op) {
   Slot& slot = slots_[key];
   // A module's input from a module on this rank: the producer's output, cut from its graph
   // (the producer's own B op continues from the gradient this op's B computes).
+  torch::Tensor remote_order;  // rows of a linked input in this micro-batch's sample order
   auto from_producer = [&](const std::string& name) {
     const int producer = module_index(model, name);
     for (auto& [k, other] : stages_)
@@ -35,9 +36,17 @@ void Worker::forward(const Op& op) {
         leaf.set_requires_grad(out.requires_grad());
         return leaf;
       }
-    TESSERA_CHECK(false, name + " does not run on rank " + std::to_string(rank_) +
-                             " (boundaries across ranks are not in the executor yet)");
-    return torch::Tensor();
+    // On other ranks (a non-colocated projector of its own): the leaf of the rows its links
+    // brought (whose gradient goes back along them), taken in this micro-batch's sample order.
+    TESSERA_CHECK(linked_boundary_, name + " does not run on rank " + std::to_string(rank_));
+    const Boundary& b = assembled(producer, op.microbatch);
+    std::vector<int64_t> rows;
+    for (int32_t sample : samples_for(op.module, op.microbatch)) {
+      const auto [first, n] = b.rows.at(sample);
+      for (int64_t r = 0; r < n; ++r) rows.push_back(first + r);
+    }
+    remote_order = torch::tensor(rows, torch::kInt64).view({-1});
+    return b.leaf;
   };
   std::vector<torch::Tensor> inputs;
   std::vector<torch::Tensor> entrain_parts;  // Entrain: the LLM's media rows, per input
@@ -137,7 +146,8 @@ void Worker::forward(const Op& op) {
       break;
     }
     case ModuleRole::kProjector:
-      out = st.project(inputs.at(0));
+      out = st.project(remote_order.defined() ? inputs.at(0).index_select(0, remote_order)
+                                              : inputs.at(0));
       break;
     case ModuleRole::kLlm: {
       const MicroBatch& b = micro_batch(op.microbatch);

@@ -541,6 +541,64 @@ TEST_CASE("key/value heads replicated over TP ranks: their gradients summed, pla
   CHECK(sums > 0);
 }
 
+TEST_CASE("a non-colocated projector on ranks of its own: plans agree with one rank") {
+  // The encoder's rows travel to the projector's ranks by links, and its gradient back; the
+  // audio encoder trains, so a lost gradient would show in the norm.
+  const std::string valm = std::string(TESSERA_SOURCE_DIR) + "/scenarios/cpu-tiny-valm.json";
+  auto trained = [&](const std::string& scenario, const std::string& plan,
+                     const std::string& name) {
+    const fs::path out = fresh_dir(name);
+    const Run r = run(scenario + " --plan " + plan + " --steps 3 --out " + out.string());
+    INFO(r.output);
+    REQUIRE(r.code == 0);
+    return std::pair{losses(out), losses(out, "grad_norm")};
+  };
+  const auto own = [](const std::string& modules, const std::string& name) {
+    return raw_plan(R"({"placement": "non_colocated", "schedule": "graph_1f1b",
+                        "micro_batch_size": 1, "modules": )" +
+                        modules + "}",
+                    name);
+  };
+  for (const auto& [scenario, reference, cases] : std::vector<
+           std::tuple<std::string, std::string, std::vector<std::pair<std::string, std::string>>>>{
+           {kScenario,
+            "projector-ref",
+            {{own(R"({"vision": {"dp": 2}, "vision_projector": {"dp": 1}, "llm": {"dp": 1}})",
+                  "projector-fan-in"),
+              "projector-fan-in"},
+             {own(R"({"vision": {"dp": 1}, "vision_projector": {"tp": 2}, "llm": {"tp": 2}})",
+                  "projector-tp2"),
+              "projector-tp2"}}},
+           {valm,
+            "projector-valm-ref",
+            {{own(R"({"vision": {"dp": 1}, "vision_projector": {"dp": 1}, "audio": {"dp": 1},
+                      "audio_projector": {"dp": 1}, "llm": {"pp": 2}})",
+                  "projector-valm-both"),
+              "projector-valm-both"},
+             {own(R"({"vision": {"dp": 1}, "audio": {"dp": 2}, "audio_projector": {"dp": 1},
+                      "llm": {"dp": 1}})",
+                  "projector-valm-fan-in"),
+              "projector-valm-fan-in"}}}}) {
+    const auto [loss, norm] = trained(scenario, plan_file(R"({"tp": 1})"), reference);
+    REQUIRE(loss.size() == 3);
+    for (const auto& [plan, name] : cases) {
+      const auto [got, got_norm] = trained(scenario, plan, name);
+      REQUIRE(got.size() == 3);
+      for (std::size_t i = 0; i < 3; ++i) {
+        INFO(name << " step " << i << ": loss " << got[i] << " vs " << loss[i] << ", norm "
+                  << got_norm[i] << " vs " << norm[i]);
+        CHECK(std::abs(got[i] - loss[i]) <= 1e-6 * std::abs(loss[i]));
+        CHECK(std::abs(got_norm[i] - norm[i]) <= 1e-5 * std::abs(norm[i]));
+      }
+    }
+  }
+  check_trace_is_program(
+      out_dir("projector-valm-both"), valm,
+      own(R"({"vision": {"dp": 1}, "vision_projector": {"dp": 1}, "audio": {"dp": 1},
+                      "audio_projector": {"dp": 1}, "llm": {"pp": 2}})",
+          "projector-valm-both"));
+}
+
 TEST_CASE("a three-layer projector runs whole on every TP rank: TP 2 agrees with one rank") {
   Json s = Json::parse(std::ifstream(kScenario));
   s["cluster"] = std::string(TESSERA_SOURCE_DIR) + "/scenarios/clusters/cpu-local.json";
