@@ -344,15 +344,6 @@ TEST_CASE("colocated placements: each module its own grid, the boundary regroups
   const Run refused = run(kScenario + " --plan " + with_cp);
   CHECK(refused.code == 2);
   CHECK(refused.output.find("colo-encoder-cp.json: plan.modules.vision.cp") != std::string::npos);
-  // A projector on ranks of its own: the executor's boundaries start at a projector.
-  const Run projector = run(kScenario + " --plan " +
-                            raw_plan(R"({"placement": "non_colocated",
-      "schedule": "graph_1f1b", "micro_batch_size": 1,
-      "modules": {"vision": {"dp": 1}, "vision_projector": {"dp": 1}, "llm": {"tp": 2}}})",
-                                     "own-projector"));
-  CHECK(projector.code == 2);
-  CHECK(projector.output.find("own-projector.json: plan.modules.vision_projector: a projector on "
-                              "ranks of its own") != std::string::npos);
 }
 
 TEST_CASE(
