@@ -179,8 +179,11 @@ torch::Tensor Stage::encode_audio(const std::vector<torch::Tensor>& windows, Cut
   for (const torch::Tensor& mel : windows) {
     torch::Tensor x =
         torch::gelu(torch::conv1d(mel.unsqueeze(0), conv1_weight_, conv1_bias_, 1, 1));
-    x = torch::gelu(torch::conv1d(x, conv2_weight_, conv2_bias_, a.downsampling, 1));
-    x = x.transpose(1, 2);  // (1, T, H)
+    // GELU after the transpose: LibTorch 1.13's CPU GELU backward misreads a transposed
+    // gradient of a contiguous input (garbage conv gradients), not a contiguous gradient of a
+    // transposed input.
+    x = torch::gelu(torch::conv1d(x, conv2_weight_, conv2_bias_, a.downsampling, 1)
+                        .transpose(1, 2));  // (1, T, H)
     x = x + positions_.narrow(0, 0, x.size(1)).unsqueeze(0);
     x = run_blocks(x, AttentionInputs{}, cuts);
     if (a.pooling > 1)
