@@ -85,15 +85,6 @@ std::string executor_support(const ModelSpec& model) {
 
 std::string executor_plan_support(const ParallelPlan& plan, const ModelSpec& model) {
   const std::string next = " is not in the executor yet";
-  if (plan.placement == Placement::kNonColocated) {
-    const ModuleSpec* llm = find_llm(model);
-    for (const auto& [module, l] : plan.modules) {
-      const ModuleSpec* m = find_module(model, module);
-      if (module != llm->name && l.pp > 1 && m != nullptr && m->modality != Modality::kImage)
-        return "plan.modules." + module + ".pp: a pipelined " +
-               enum_name(m->modality, kModalities) + " encoder in a non-colocated plan" + next;
-    }
-  }
   if (plan.schedule == Schedule::kDip)
     for (const ModuleSpec& m : model.modules)
       if (m.role == ModuleRole::kEncoder && m.modality != Modality::kImage)

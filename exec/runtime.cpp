@@ -317,6 +317,14 @@ StepResult Worker::step(int64_t iteration) {
           if (spec.role == ModuleRole::kLlm) {
             t = torch::zeros({static_cast<int64_t>(micro_batch(op.microbatch).local.size()),
                               spec.transformer->hidden});
+          } else if (spec.role == ModuleRole::kEncoder && spec.modality == Modality::kAudio) {
+            // A pipelined audio encoder: its windows' tokens back to back between its stages.
+            int64_t tokens = 0;
+            for (const int64_t n : stage(op.module, op.chunk)
+                                       .audio_tokens(micro_batch_audio(
+                                           batch_, samples_for(op.module, op.microbatch))))
+              tokens += n;
+            t = torch::zeros({tokens, spec.transformer->hidden});
           } else {
             // A pipelined image encoder: (images, tokens per image, hidden) between its stages.
             TESSERA_CHECK(

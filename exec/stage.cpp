@@ -36,8 +36,7 @@ Stage::Stage(const ModuleSpec& module, int64_t layer_begin, int64_t layer_end, u
     return;
   }
   const TransformerArch& arch = *module.transformer;
-  if (module.role == ModuleRole::kEncoder && module.modality == Modality::kAudio) {
-    TESSERA_CHECK(first() && last(), name + ": audio encoders run whole (one pipeline stage)");
+  if (module.role == ModuleRole::kEncoder && module.modality == Modality::kAudio && first()) {
     const AudioFrontEnd& a = *module.audio;
     conv1_weight_ = params_.weight(name + ".conv1.weight", {arch.hidden, a.mel_bins, 3}, 0.02);
     conv1_bias_ = params_.constant(name + ".conv1.bias", {arch.hidden}, 0.0);
@@ -173,19 +172,45 @@ torch::Tensor Stage::encode(const torch::Tensor& input, Cuts* cuts) const {
   return x.reshape({-1, x.size(2)});
 }
 
-torch::Tensor Stage::encode_audio(const std::vector<torch::Tensor>& windows, Cuts* cuts) const {
+std::vector<int64_t> Stage::audio_tokens(const std::vector<torch::Tensor>& windows) const {
+  // conv1: kernel 3, stride 1, padding 1 (frames kept); conv2: kernel 3, stride `downsampling`,
+  // padding 1.
+  const int64_t stride = module_.audio->downsampling;
+  std::vector<int64_t> tokens;
+  for (const torch::Tensor& mel : windows) tokens.push_back((mel.size(1) - 1) / stride + 1);
+  return tokens;
+}
+
+torch::Tensor Stage::encode_audio(const std::vector<torch::Tensor>& windows,
+                                  const torch::Tensor& input, Cuts* cuts) const {
   const AudioFrontEnd& a = *module_.audio;
+  std::vector<torch::Tensor> xs;  // per window (1, T, H)
+  if (first()) {
+    for (const torch::Tensor& mel : windows) {
+      torch::Tensor x =
+          torch::gelu(torch::conv1d(mel.unsqueeze(0), conv1_weight_, conv1_bias_, 1, 1));
+      // GELU after the transpose: LibTorch 1.13's CPU GELU backward misreads a transposed
+      // gradient of a contiguous input (garbage conv gradients), not a contiguous gradient of a
+      // transposed input.
+      x = torch::gelu(
+          torch::conv1d(x, conv2_weight_, conv2_bias_, a.downsampling, 1).transpose(1, 2));
+      xs.push_back(x + positions_.narrow(0, 0, x.size(1)).unsqueeze(0));
+    }
+  } else {
+    // The previous stage's windows, their tokens back to back.
+    int64_t at = 0;
+    for (const int64_t n : audio_tokens(windows)) {
+      xs.push_back(input.narrow(0, at, n).unsqueeze(0));
+      at += n;
+    }
+  }
   std::vector<torch::Tensor> out;
-  for (const torch::Tensor& mel : windows) {
-    torch::Tensor x =
-        torch::gelu(torch::conv1d(mel.unsqueeze(0), conv1_weight_, conv1_bias_, 1, 1));
-    // GELU after the transpose: LibTorch 1.13's CPU GELU backward misreads a transposed
-    // gradient of a contiguous input (garbage conv gradients), not a contiguous gradient of a
-    // transposed input.
-    x = torch::gelu(torch::conv1d(x, conv2_weight_, conv2_bias_, a.downsampling, 1)
-                        .transpose(1, 2));  // (1, T, H)
-    x = x + positions_.narrow(0, 0, x.size(1)).unsqueeze(0);
+  for (torch::Tensor x : xs) {
     x = run_blocks(x, AttentionInputs{}, cuts);
+    if (!last()) {
+      out.push_back(x.squeeze(0));  // on to the next stage
+      continue;
+    }
     if (a.pooling > 1)
       x = torch::avg_pool1d(x.transpose(1, 2), {a.pooling}, {a.pooling}, {0}, /*ceil_mode=*/true)
               .transpose(1, 2);

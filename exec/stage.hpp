@@ -56,7 +56,12 @@ class Stage {
   // Audio encoder (Whisper-style), whole: log-mel windows (mel_bins, frames) -> conv front end
   // (stride 1, then `downsampling`) -> learned positions -> blocks -> k:1 average pooling;
   // the windows' tokens concatenated, (rows, H).
-  torch::Tensor encode_audio(const std::vector<torch::Tensor>& windows, Cuts* cuts = nullptr) const;
+  // On a later stage `input` holds the previous stage's windows, their tokens back to back (it
+  // passes them on so); the first stage ignores it.
+  torch::Tensor encode_audio(const std::vector<torch::Tensor>& windows, const torch::Tensor& input,
+                             Cuts* cuts = nullptr) const;
+  // Each window's tokens after the conv front end.
+  std::vector<int64_t> audio_tokens(const std::vector<torch::Tensor>& windows) const;
   // Projector: (R, in) -> (R, out).
   torch::Tensor project(const torch::Tensor& x) const;
   // LLM, first slice: the sequence (T, H) with text ids embedded at `text_slots` and media rows
