@@ -358,10 +358,13 @@ class Lowering {
   }
   // Of those, the routed experts' where EP splits them (0 otherwise).
   double bucket_expert_bytes(const ModuleInfo& m, int64_t a, int64_t b) const {
+    return expert_range_parameters(m, a, b) * static_cast<double>(dtype_bytes(model_.dtype));
+  }
+  // The routed experts' parameters of layers [a, b) of `m` on one rank, where EP splits them.
+  double expert_range_parameters(const ModuleInfo& m, int64_t a, int64_t b) const {
     const ModuleLayout& l = grid_of(m).layout;
     if (!m.spec->transformer || l.ep == 1) return 0;
-    return static_cast<double>(b - a) * expert_layer_parameters(*m.spec->transformer, l.tp, l.ep) *
-           static_cast<double>(dtype_bytes(model_.dtype));
+    return static_cast<double>(b - a) * expert_layer_parameters(*m.spec->transformer, l.tp, l.ep);
   }
   void account_memory(int64_t rank, const std::vector<int>& modules);
   // The data-parallel collective `shape` (kind, purpose, module, its dp-cp group) of `bytes` of

@@ -290,7 +290,7 @@ void Lowering::lower_pipelines() {
             c.first_layer = static_cast<int32_t>(piece.first);
             c.layers = static_cast<int32_t>(piece.second - piece.first);
             c.flags |= kOpGradientBucket;
-            c.deps = {last};
+            c.deps = {last};  // the sum of replicated key/value gradients waits for it, then this
             c.deps = {
                 sum_kv_replicas(rank, m, x, bucket_kv_bytes(m, piece.first, piece.second), c)};
             for (int32_t id :

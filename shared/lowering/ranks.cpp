@@ -156,12 +156,8 @@ double Lowering::parameters_on(const ModuleInfo& m, const Coord& x) const {
 }
 
 double Lowering::split_expert_parameters_on(const ModuleInfo& m, const Coord& x) const {
-  const ModuleLayout& l = grid_of(m).layout;
-  const auto& t = m.spec->transformer;
-  if (!t || t->experts == 0 || l.ep == 1) return 0;
   double params = 0;
-  for (const auto& [a, b] : held_layers(m, x))
-    params += static_cast<double>(b - a) * expert_layer_parameters(*t, l.tp, l.ep);
+  for (const auto& [a, b] : held_layers(m, x)) params += expert_range_parameters(m, a, b);
   return params;
 }
 
