@@ -296,11 +296,12 @@ torch::Tensor Moe::forward(const torch::Tensor& x) const {
   return y.view(x.sizes());
 }
 
-Block::Block(ParamSet& ps, const std::string& name, const TransformerArch& arch, const Comm& ep)
+Block::Block(ParamSet& ps, const std::string& name, const TransformerArch& arch, int64_t layer,
+             const Comm& ep)
     : norm1(ps, name + ".norm1", arch.hidden, arch.norm),
       norm2(ps, name + ".norm2", arch.hidden, arch.norm),
       attention(ps, name + ".attn", arch),
-      routed(arch.experts > 0) {
+      routed(moe_layer(arch, layer)) {
   if (routed)
     moe = Moe(ps, name + ".mlp", arch, ep);
   else

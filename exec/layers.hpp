@@ -134,8 +134,10 @@ struct Moe {
 
 struct Block {
   Block() = default;
-  // `ep`: the expert-parallel group of an MoE layer (a group of one holds every expert).
-  Block(ParamSet& ps, const std::string& name, const TransformerArch& arch, const Comm& ep);
+  // Layer `layer` of a stack of `arch`: an MoE layer where the pattern says (moe_layer()), its
+  // experts over `ep` (a group of one holds every expert); a dense one otherwise.
+  Block(ParamSet& ps, const std::string& name, const TransformerArch& arch, int64_t layer,
+        const Comm& ep);
   torch::Tensor forward(const torch::Tensor& x, const AttentionInputs& in) const;
   Norm norm1, norm2;
   Norm post1, post2;  // after attention and MLP, when the architecture has them

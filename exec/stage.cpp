@@ -69,7 +69,7 @@ Stage::Stage(const ModuleSpec& module, int64_t layer_begin, int64_t layer_end, u
   front_params_ = params_.params().size();
   static const Comm every_expert{{0}, 0, {}};  // a group of one
   for (int64_t l = begin_; l < end_; ++l) {
-    blocks_.emplace_back(params_, name + ".layers." + std::to_string(l), arch,
+    blocks_.emplace_back(params_, name + ".layers." + std::to_string(l), arch, l,
                          ep != nullptr ? *ep : every_expert);
     block_params_end_.push_back(params_.params().size());
   }

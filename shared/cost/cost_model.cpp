@@ -267,13 +267,10 @@ double CostModel::hidden_input_gradient_s(const Program& program, const Op& op) 
   if (grad == nullptr) return 0;
   const double call =
       collective_s(grad->kind, program.groups[static_cast<std::size_t>(grad->group)], grad->bytes);
-  double hidden = 0;
-  for (const double wgrad :
-       column_parallel_wgrad_s(modules_[static_cast<std::size_t>(op.module)], op, cluster_.device,
-                               peak_flops(cluster_, dtype_),
-                               static_cast<double>(dtype_bytes(dtype_)), params_.kernel_tuning))
-    hidden += std::min(call, wgrad);
-  return hidden * static_cast<double>(op.layers);
+  return column_parallel_wgrad_hidden_s(modules_[static_cast<std::size_t>(op.module)], op,
+                                        cluster_.device, peak_flops(cluster_, dtype_),
+                                        static_cast<double>(dtype_bytes(dtype_)),
+                                        params_.kernel_tuning, call);
 }
 
 double CostModel::dedicated_compute_s(const Op& op) const {

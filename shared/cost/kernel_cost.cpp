@@ -13,13 +13,16 @@ namespace {
 
 struct Gemm {
   double m = 0, n = 0, k = 0;
+  double count = 1;  // layers that run it
   double flops() const { return 2 * m * n * k; }
 };
 
-// The forward GEMMs of one layer of `a` for `tokens` rows, matrices split over `tp`: Q/K/V,
-// the attention output, and the MLP's input (gate and up together) and output projections. The
-// MLP's width is what a token multiplies with (dense, or its top-k experts).
-void layer_gemms(const TransformerArch& a, double tokens, double tp, std::vector<Gemm>& out) {
+// The forward GEMMs of one layer of `a` for `tokens` rows, matrices split over `tp`, run by
+// `count` layers: Q/K/V, the attention output, and the MLP's input (gate and up together) and
+// output projections. The MLP's width is what a token multiplies with (dense, or its top-k
+// experts).
+void layer_gemms(const TransformerArch& a, double tokens, double tp, double count,
+                 std::vector<Gemm>& out) {
   const double h = static_cast<double>(a.hidden);
   const double q = static_cast<double>(a.heads * a.head_dim);
   const double kv = static_cast<double>(a.kv_heads * a.head_dim);
@@ -27,10 +30,21 @@ void layer_gemms(const TransformerArch& a, double tokens, double tp, std::vector
       static_cast<double>(active_layer_matmul_parameters(a)) - h * (q + 2 * kv) - q * h;
   const double matrices = a.gated_ffn ? 3 : 2;
   const double inner = std::max(0.0, mlp_params / matrices / h);
-  out.push_back({tokens, (q + 2 * kv) / tp, h});
-  out.push_back({tokens, h, q / tp});
-  out.push_back({tokens, (matrices - 1) * inner / tp, h});
-  out.push_back({tokens, h, inner / tp});
+  out.push_back({tokens, (q + 2 * kv) / tp, h, count});
+  out.push_back({tokens, h, q / tp, count});
+  out.push_back({tokens, (matrices - 1) * inner / tp, h, count});
+  out.push_back({tokens, h, inner / tp, count});
+}
+
+// The GEMMs of an op's layers, four per kind of layer it holds (MoE, dense), in that order.
+std::vector<Gemm> op_layer_gemms(const TransformerArch& a, const Op& op) {
+  std::vector<Gemm> out;
+  const double tokens = static_cast<double>(op.tokens), tp = std::max<double>(1, op.tp);
+  const int64_t moe = moe_layers(a, op.first_layer, op.first_layer + op.layers);
+  if (moe > 0) layer_gemms(a, tokens, tp, static_cast<double>(moe), out);
+  if (op.layers > moe)
+    layer_gemms(dense_layer_arch(a), tokens, tp, static_cast<double>(op.layers - moe), out);
+  return out;
 }
 
 // The same GEMM as a phase runs it: B computes the input gradient dX = dY·Wᵀ, W the weight
@@ -38,9 +52,9 @@ void layer_gemms(const TransformerArch& a, double tokens, double tp, std::vector
 Gemm for_phase(const Gemm& g, Phase phase) {
   switch (phase) {
     case Phase::kB:
-      return {g.m, g.k, g.n};
+      return {g.m, g.k, g.n, g.count};
     case Phase::kW:
-      return {g.k, g.n, g.m};
+      return {g.k, g.n, g.m, g.count};
     case Phase::kF:
     case Phase::kR:
       return g;
@@ -83,13 +97,11 @@ double kernel_compute_s(const ModuleSpec& module, const Op& op, const DeviceSpec
 
   // Matrix work: the op's GEMMs by shape, their rate applied to the op's non-attention FLOPs.
   std::vector<Gemm> gemms;
-  double per_layer_flops = 0;
   double kernels = 0;  // launches
   double elementwise_bytes = 0;
   double attention_counted = 0, attention_s = 0;
   if (const auto& a = module.transformer; a && op.layers > 0) {
-    layer_gemms(*a, tokens, tp, gemms);
-    for (const Gemm& g : gemms) per_layer_flops += g.flops();
+    gemms = op_layer_gemms(*a, op);
     const double h = static_cast<double>(a->hidden);
     const double q = static_cast<double>(a->heads * a->head_dim);
     const double kv = static_cast<double>(a->kv_heads * a->head_dim);
@@ -97,7 +109,8 @@ double kernel_compute_s(const ModuleSpec& module, const Op& op, const DeviceSpec
     // (read, write; 1/tp of the tokens under sequence parallelism), the MLP activation (gated:
     // read two, write one), rotary embeddings on Q and K.
     const double hidden_share = (op.flags & kOpSequenceParallel) != 0 ? h / tp : h;
-    const double inner = gemms[3].k;
+    double inner = 0;  // the MLP's inner width, averaged over the layers
+    for (std::size_t i = 3; i < gemms.size(); i += 4) inner += gemms[i].k * gemms[i].count / layers;
     const bool rotary = a->positions == 0;
     double forward_bytes = 0, forward_kernels = 0;
     if ((op.flags & kOpEagerElementwise) == 0) {
@@ -159,11 +172,12 @@ double kernel_compute_s(const ModuleSpec& module, const Op& op, const DeviceSpec
       }
     }
   }
-  // The layer GEMMs run `layers` times; the head and a projector once.
-  double gemm_flops = per_layer_flops * layers, gemm_seconds = 0;
+  // The layer GEMMs run once per layer of their kind; the head and a projector once.
+  double gemm_flops = 0, gemm_seconds = 0;
   for (const Gemm& g : gemms) {
     const Gemm p = for_phase(g, op.phase);
-    gemm_seconds += layers * gemm_s(device, peak_flops, p.m, p.n, p.k, bpv, scale);
+    gemm_flops += g.count * g.flops();
+    gemm_seconds += g.count * gemm_s(device, peak_flops, p.m, p.n, p.k, bpv, scale);
   }
   auto add_gemm = [&](const Gemm& g) {
     const Gemm p = for_phase(g, op.phase);
@@ -206,22 +220,21 @@ double kernel_compute_s(const ModuleSpec& module, const Op& op, const DeviceSpec
          kernels * tuning.launch_s;
 }
 
-std::vector<double> column_parallel_wgrad_s(const ModuleSpec& module, const Op& op,
-                                            const DeviceSpec& device, double peak_flops, double bpv,
-                                            const KernelTuning& tuning) {
+double column_parallel_wgrad_hidden_s(const ModuleSpec& module, const Op& op,
+                                      const DeviceSpec& device, double peak_flops, double bpv,
+                                      const KernelTuning& tuning, double call_s) {
   TESSERA_CHECK(device.kernels.has_value());
   TESSERA_CHECK(op.kind == OpKind::kCompute);
-  std::vector<double> seconds;
-  if (!module.transformer || op.layers <= 0) return seconds;
-  std::vector<Gemm> gemms;
-  layer_gemms(*module.transformer, static_cast<double>(op.tokens), std::max<double>(1, op.tp),
-              gemms);
+  if (!module.transformer || op.layers <= 0) return 0;
   const double scale = tuning.efficiency * device.kernels->training_scale;
-  for (const std::size_t column : {std::size_t{0}, std::size_t{2}}) {  // Q/K/V, MLP input
-    const Gemm w = for_phase(gemms[column], Phase::kW);
-    seconds.push_back(gemm_s(device, peak_flops, w.m, w.n, w.k, bpv, scale));
-  }
-  return seconds;
+  double hidden = 0;
+  const std::vector<Gemm> gemms = op_layer_gemms(*module.transformer, op);
+  for (std::size_t kind = 0; kind < gemms.size(); kind += 4)
+    for (const std::size_t column : {kind, kind + 2}) {  // Q/K/V, MLP input
+      const Gemm w = for_phase(gemms[column], Phase::kW);
+      hidden += w.count * std::min(call_s, gemm_s(device, peak_flops, w.m, w.n, w.k, bpv, scale));
+    }
+  return hidden;
 }
 
 double kernel_optimizer_s(const DeviceSpec& device, double bytes, const KernelTuning& tuning) {

@@ -32,13 +32,15 @@ double gemm_s(const DeviceSpec& device, double peak_flops, double m, double n, d
 double kernel_compute_s(const ModuleSpec& module, const Op& op, const DeviceSpec& device,
                         double peak_flops, double bytes_per_value, const KernelTuning& tuning);
 
-// Seconds of the weight-gradient GEMMs of one layer's column-parallel matrices (Q/K/V and the
-// MLP input), the GEMMs Megatron-LM runs while that matrix's input-gradient TP collective is in
-// flight (tp_backward_overlap); empty for a module without transformer layers.
+// Seconds of the weight-gradient GEMMs of an op's column-parallel matrices (Q/K/V and the MLP
+// input, per layer), the GEMMs Megatron-LM runs while that matrix's input-gradient TP collective
+// of `call_s` seconds is in flight (tp_backward_overlap): each hides at most one call. 0 for a
+// module without transformer layers.
 // REQUIRES: device.kernels; op.kind == OpKind::kCompute.
-std::vector<double> column_parallel_wgrad_s(const ModuleSpec& module, const Op& op,
-                                            const DeviceSpec& device, double peak_flops,
-                                            double bytes_per_value, const KernelTuning& tuning);
+double column_parallel_wgrad_hidden_s(const ModuleSpec& module, const Op& op,
+                                      const DeviceSpec& device, double peak_flops,
+                                      double bytes_per_value, const KernelTuning& tuning,
+                                      double call_s);
 
 // Seconds of an optimizer step moving `bytes` (fused multi-tensor Adam: a handful of launches).
 double kernel_optimizer_s(const DeviceSpec& device, double bytes, const KernelTuning& tuning);

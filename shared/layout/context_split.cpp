@@ -76,9 +76,12 @@ std::vector<std::vector<int64_t>> context_split(CpSplit policy, int64_t tokens, 
 }
 
 double cp_linear_tiles(const TransformerArch& a) {
-  // Per block of 128 queries: 2·P FLOPs per token of linear work against 4·q FLOPs per
-  // (query, key) pair, 128·32 pairs a tile.
-  return 2.0 * static_cast<double>(active_layer_matmul_parameters(a)) /
+  // Per block of 128 queries: 2·P FLOPs per token of linear work (P averaged over the stack's
+  // layers) against 4·q FLOPs per (query, key) pair, 128·32 pairs a tile.
+  const double matmul = sum_over_layers(a, 0, a.layers, [](const TransformerArch& x) {
+    return static_cast<double>(active_layer_matmul_parameters(x));
+  });
+  return 2.0 * matmul / static_cast<double>(std::max<int64_t>(1, a.layers)) /
          layer_attention_flops(a, 32.0);
 }
 

@@ -64,10 +64,15 @@ Op Lowering::compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t
   double linear = 0, attention = 0, weights = 0;  // FLOPs of one forward on this rank
   if (spec.transformer) {
     const TransformerArch& a = *spec.transformer;
-    linear = static_cast<double>(layers) * 2.0 *
-             static_cast<double>(active_layer_matmul_parameters(a)) * tokens_local / tp_shard;
+    linear = sum_over_layers(a, layer_begin, layer_end,
+                             [&](const TransformerArch& x) {
+                               return 2.0 * static_cast<double>(active_layer_matmul_parameters(x));
+                             }) *
+             tokens_local / tp_shard;
     attention = static_cast<double>(layers) * layer_attention_flops(a, pairs_local) / tp_shard;
-    weights = static_cast<double>(layers) * layer_parameters(a, l.tp, l.ep);
+    weights = sum_over_layers(a, layer_begin, layer_end, [&](const TransformerArch& x) {
+      return layer_parameters(x, l.tp, l.ep);
+    });
     if (layers > 0) op.attention_pairs = pairs_local;
     // Full recomputation checkpoints the transformer layers only (Megatron-LM's checkpointed
     // layer stack, Hugging Face's gradient checkpointing): the head, its loss and the front end
@@ -130,7 +135,8 @@ Op Lowering::compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t
           {phase == Phase::kB ? CollectiveKind::kReduceScatter : CollectiveKind::kAllGather,
            Purpose::kCp, cp_group(layout_owner, x), static_cast<int32_t>(layers), kv});
     }
-    if (a.experts > 0 && l.ep > 1 && layers > 0) {
+    const int64_t moe = moe_layers(a, layer_begin, layer_end);
+    if (l.ep > 1 && moe > 0) {
       // Every layer tells each EP rank how many tokens it sends each of its experts (a small
       // all-to-all, forward only), dispatches each token's hidden vector to its top-k experts'
       // ranks and combines their outputs back (all-to-all; backward the same for the
@@ -139,20 +145,20 @@ Op Lowering::compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t
       // even share, and the group waits for it.
       const double busiest = busiest_expert_load(m.index, layer_begin, layer_end);
       const double routed_flops =
-          static_cast<double>(layers) * 2.0 *
+          static_cast<double>(moe) * 2.0 *
           static_cast<double>(a.top_k * (a.gated_ffn ? 3 : 2) * a.hidden * a.moe_ffn) *
           tokens_local / tp_shard;
       op.expert_wait_flops = routed_flops * (busiest - 1.0);
       const int32_t g = ep_group(layout_owner, x);
       if (phase == Phase::kF || phase == Phase::kR)
-        op.nested.push_back({CollectiveKind::kAllToAll, Purpose::kEp, g,
-                             static_cast<int32_t>(layers), static_cast<double>(a.experts) * 8.0});
+        op.nested.push_back({CollectiveKind::kAllToAll, Purpose::kEp, g, static_cast<int32_t>(moe),
+                             static_cast<double>(a.experts) * 8.0});
       if (phase != Phase::kW) {
         const double routed = tokens_local * static_cast<double>(a.top_k * a.hidden) * dtype /
                               (plan_.sequence_parallel ? static_cast<double>(l.tp) : 1.0) *
                               std::max(1.0, busiest);
         op.nested.push_back(
-            {CollectiveKind::kAllToAll, Purpose::kEp, g, static_cast<int32_t>(2 * layers), routed});
+            {CollectiveKind::kAllToAll, Purpose::kEp, g, static_cast<int32_t>(2 * moe), routed});
       }
     }
   }
@@ -186,9 +192,13 @@ Op Lowering::compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t
       const double per_token =
           plan_.recompute == Recompute::kFull
               ? static_cast<double>(spec.transformer->hidden) * dtype /
-                    (plan_.sequence_parallel ? static_cast<double>(l.tp) : 1.0)
-              : activation_bytes_per_token_per_layer(*spec.transformer, seq, o);
-      stash += per_token * tokens_local * static_cast<double>(layers);
+                    (plan_.sequence_parallel ? static_cast<double>(l.tp) : 1.0) *
+                    static_cast<double>(layers)
+              : sum_over_layers(*spec.transformer, layer_begin, layer_end,
+                                [&](const TransformerArch& x) {
+                                  return activation_bytes_per_token_per_layer(x, seq, o);
+                                });
+      stash += per_token * tokens_local;
     }
     if (spec.projector)
       stash += tokens_local * static_cast<double>(spec.projector->in + spec.projector->hidden) *

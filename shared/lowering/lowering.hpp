@@ -364,7 +364,8 @@ class Lowering {
   double expert_range_parameters(const ModuleInfo& m, int64_t a, int64_t b) const {
     const ModuleLayout& l = grid_of(m).layout;
     if (!m.spec->transformer || l.ep == 1) return 0;
-    return static_cast<double>(b - a) * expert_layer_parameters(*m.spec->transformer, l.tp, l.ep);
+    const TransformerArch& t = *m.spec->transformer;
+    return static_cast<double>(moe_layers(t, a, b)) * expert_layer_parameters(t, l.tp, l.ep);
   }
   void account_memory(int64_t rank, const std::vector<int>& modules);
   // The data-parallel collective `shape` (kind, purpose, module, its dp-cp group) of `bytes` of

@@ -165,17 +165,21 @@ double Lowering::busiest_expert_load(int module, int64_t first, int64_t end) {
   const ModuleInfo& m = modules_[static_cast<std::size_t>(module)];
   const auto& t = m.spec->transformer;
   const int64_t ep = grid_of(m).layout.ep;
-  if (!t || t->experts == 0 || ep == 1 || workload_.router_skew == 0 || end <= first) return 1;
+  const int64_t moe = t ? moe_layers(*t, first, end) : 0;
+  if (moe == 0 || ep == 1 || workload_.router_skew == 0) return 1;
+  // Over the MoE layers of the range (dense layers route nothing).
   std::vector<double>& prefix = expert_load_prefix_[module];
   if (prefix.empty()) {
     prefix.push_back(0);
     for (int64_t l = 0; l < t->layers; ++l)
-      prefix.push_back(prefix.back() + expert_load(t->experts, ep, t->capacity_factor,
-                                                   workload_.router_skew, workload_.seed, l)
-                                           .busiest);
+      prefix.push_back(prefix.back() + (moe_layer(*t, l)
+                                            ? expert_load(t->experts, ep, t->capacity_factor,
+                                                          workload_.router_skew, workload_.seed, l)
+                                                  .busiest
+                                            : 0.0));
   }
   return (prefix[static_cast<std::size_t>(end)] - prefix[static_cast<std::size_t>(first)]) /
-         static_cast<double>(end - first);
+         static_cast<double>(moe);
 }
 
 }  // namespace tessera::lowering

@@ -90,6 +90,27 @@ MediaTokens square_piece(const Patching& p, int64_t side) {
 
 }  // namespace
 
+bool moe_layer(const TransformerArch& a, int64_t layer) {
+  if (a.experts == 0 || layer < a.dense_layers) return false;
+  return (layer - a.dense_layers + 1) % a.moe_every == 0;
+}
+
+int64_t moe_layers(const TransformerArch& a, int64_t first, int64_t end) {
+  if (a.experts == 0) return 0;
+  // MoE layers in [0, n): every moe_every-th of those past the dense ones.
+  auto below = [&](int64_t n) { return std::max<int64_t>(0, n - a.dense_layers) / a.moe_every; };
+  return std::max<int64_t>(0, below(end) - below(first));
+}
+
+TransformerArch dense_layer_arch(const TransformerArch& a) {
+  TransformerArch d = a;
+  d.experts = d.top_k = d.moe_ffn = d.shared_expert_ffn = 0;
+  d.capacity_factor = 0;
+  d.dense_layers = 0;
+  d.moe_every = 1;
+  return d;
+}
+
 double kv_replica_parameters(const TransformerArch& a, int64_t tp) {
   if (a.kv_heads >= tp) return 0;
   const bool bias = a.linear_bias || a.qkv_bias;
@@ -137,7 +158,8 @@ int64_t layer_parameters(const TransformerArch& a) {
 
 double stack_parameters(const TransformerArch& a, int64_t first, int64_t end, int64_t tp,
                         int64_t ep) {
-  double n = static_cast<double>(end - first) * layer_parameters(a, tp, ep);
+  double n = sum_over_layers(a, first, end,
+                             [&](const TransformerArch& x) { return layer_parameters(x, tp, ep); });
   // The gated layers are the stack's last ones (Mllama's global layers follow its local ones):
   // two gates each.
   const int64_t gated_from = a.layers - a.gated_layers;
@@ -282,7 +304,9 @@ double forward_flops_per_token(const ModuleSpec& m, double attended_tokens) {
   double flops = 0;
   if (m.transformer) {
     const TransformerArch& a = *m.transformer;
-    flops += static_cast<double>(a.layers) * layer_forward_flops_per_token(a, attended_tokens);
+    flops += sum_over_layers(a, 0, a.layers, [&](const TransformerArch& x) {
+      return layer_forward_flops_per_token(x, attended_tokens);
+    });
     if (a.vocab > 0) flops += 2.0 * static_cast<double>(a.hidden * a.vocab);  // output head
     if (m.patching) {
       const Patching& p = *m.patching;

@@ -10,6 +10,26 @@
 
 namespace tessera {
 
+// --- Layer pattern ------------------------------------------------------------------------
+// Whether layer `layer` of a stack has experts: every layer of an MoE stack but its first
+// dense_layers and, after them, all but every moe_every-th.
+bool moe_layer(const TransformerArch& arch, int64_t layer);
+// How many of layers [first, end) have experts.
+int64_t moe_layers(const TransformerArch& arch, int64_t first, int64_t end);
+// The architecture of a stack's dense layers: `arch` without its experts.
+TransformerArch dense_layer_arch(const TransformerArch& arch);
+// `per_layer(kind)` summed over layers [first, end), each layer priced by the architecture of
+// its kind (MoE or dense). Every per-layer count over a range goes through here.
+template <class F>
+double sum_over_layers(const TransformerArch& arch, int64_t first, int64_t end, F per_layer) {
+  const int64_t moe = moe_layers(arch, first, end);
+  const int64_t dense = end - first - moe;
+  double sum = 0;
+  if (moe > 0) sum += static_cast<double>(moe) * per_layer(arch);
+  if (dense > 0) sum += static_cast<double>(dense) * per_layer(dense_layer_arch(arch));
+  return sum;
+}
+
 // --- Parameters -------------------------------------------------------------------------
 // The overloads taking `tp` count what one of `tp` tensor-parallel ranks holds, as Megatron
 // splits a module and the executor does: attention and MLP matrices, their column-parallel
@@ -21,7 +41,8 @@ namespace tessera {
 // Routed experts go to `ep` expert-parallel ranks, experts / ep each (and each expert's matrices
 // over tp); a shared expert and the router stay on every rank of the group.
 //
-// Weights of one transformer layer (attention, MLP or experts, norms, biases).
+// Weights of one transformer layer (attention, MLP or experts, norms, biases) of `arch`'s kind:
+// an MoE layer where `arch` has experts (dense_layer_arch() gives the others).
 int64_t layer_parameters(const TransformerArch& arch);
 double layer_parameters(const TransformerArch& arch, int64_t tp, int64_t ep = 1);
 // Of those, the key/value head a rank holds when the layer has fewer of them than tp (0

@@ -15,8 +15,9 @@ RankMemory mean_parameter_memory(const ParallelPlan& plan, const ModelSpec& mode
     const int64_t replicas = l.dp * l.cp;
     // Routed experts split over EP have replicas / ep copies; the rest `replicas`.
     const auto& t = m.module->transformer;
-    const double experts =
-        t && l.ep > 1 ? static_cast<double>(t->layers) * expert_layer_parameters(*t, 1, 1) : 0.0;
+    const double experts = t && l.ep > 1 ? static_cast<double>(moe_layers(*t, 0, t->layers)) *
+                                               expert_layer_parameters(*t, 1, 1)
+                                         : 0.0;
     const double params = static_cast<double>(module_parameters(*m.module));
     for (const auto& [count, copies] :
          {std::pair{params - experts, replicas}, std::pair{experts, replicas / l.ep}}) {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <optional>
 
 #include "shared/base/check.hpp"
 #include "shared/cost/cost_model.hpp"
@@ -127,17 +128,18 @@ class Pricer {
   // counts; otherwise it is part of the stage's op of its module, and only what it adds counts.
   // `checkpointed`: full recomputation runs this work again (layers and projectors, not a
   // module's front end or head; see Lowering::compute).
+  // `first_layer`: the first of the layers, which says their kind (MoE or dense).
   double seconds(std::size_t m, double linear, double attention, int32_t layers, int32_t calls,
                  double act, double tokens, double logits = 0, bool whole_op = false,
-                 bool checkpointed = true) const {
+                 bool checkpointed = true, int32_t first_layer = 0) const {
     const GradientFlow& f = flow_[m];
     const bool recompute = plan_.recompute == Recompute::kFull && f.backward() && checkpointed;
-    const Work w{layers, calls, act, tokens, logits, whole_op};
+    const Work w{layers, first_layer, calls, act, tokens, logits, whole_op};
     double s = phase(m, Phase::kF, phase_flops(linear, attention, Phase::kF), w);
     if (f.backward()) s += phase(m, Phase::kB, phase_flops(linear, attention, Phase::kB), w);
     if (f.trainable)
       s += phase(m, Phase::kW, phase_flops(linear, attention, Phase::kW),
-                 {layers, 0, act, tokens, 0, whole_op});
+                 {layers, first_layer, 0, act, tokens, 0, whole_op});
     if (recompute) s += phase(m, Phase::kR, phase_flops(linear, attention, Phase::kR), w);
     return s;
   }
@@ -148,7 +150,7 @@ class Pricer {
 
  private:
   struct Work {
-    int32_t layers = 0, calls = 0;
+    int32_t layers = 0, first_layer = 0, calls = 0;
     double act = 0, tokens = 0, logits = 0;
     bool whole_op = false;
   };
@@ -158,6 +160,7 @@ class Pricer {
     op.module = static_cast<int16_t>(m);
     op.phase = ph;
     op.layers = w.layers;
+    op.first_layer = w.first_layer;
     op.tokens = static_cast<int64_t>(w.tokens / cp_);
     op.logits = w.logits / shard_;
     op.flops = flops / shard_;
@@ -180,6 +183,15 @@ std::pair<double, double> layer_flops(const TransformerArch& a, double tokens, d
   return {tokens * layer_forward_flops_per_token(a, attended) - attention, attention};
 }
 
+// Layer `layer` of module `m` (architecture `a`) for `tokens` tokens attending `attended` keys.
+double layer_seconds(const Pricer& price, std::size_t m, const TransformerArch& a, int64_t layer,
+                     double tokens, double attended) {
+  const auto [linear, attention] =
+      layer_flops(moe_layer(a, layer) ? a : dense_layer_arch(a), tokens, attended);
+  return price.seconds(m, linear, attention, 1, 2, price.activation_bytes(tokens, a.hidden), tokens,
+                       0, false, true, static_cast<int32_t>(layer));
+}
+
 // The whole of module `m` for one micro-batch (its layers, front end, head or projector).
 double module_seconds(const Pricer& price, const ModelSpec& model, std::size_t m, double tokens,
                       double attended) {
@@ -192,16 +204,17 @@ double module_seconds(const Pricer& price, const ModelSpec& model, std::size_t m
   }
   if (!spec.transformer) return 0;
   const TransformerArch& a = *spec.transformer;
-  const auto [linear, attention] = layer_flops(a, tokens, attended);
-  return static_cast<double>(a.layers) * price.seconds(m, linear, attention, 1, 2,
-                                                       price.activation_bytes(tokens, a.hidden),
-                                                       tokens) +
-         price.seconds(
-             m,
-             tokens * (forward_flops_per_token(spec, attended) -
-                       static_cast<double>(a.layers) * layer_forward_flops_per_token(a, attended)),
-             0, 0, 0, 0, tokens, 0, /*whole_op=*/true,
-             /*checkpointed=*/false);  // the module's one op: its fixed cost counts
+  double layers = 0;
+  for (int64_t l = 0; l < a.layers; ++l) layers += layer_seconds(price, m, a, l, tokens, attended);
+  return layers + price.seconds(
+                      m,
+                      tokens * (forward_flops_per_token(spec, attended) -
+                                sum_over_layers(a, 0, a.layers,
+                                                [&](const TransformerArch& x) {
+                                                  return layer_forward_flops_per_token(x, attended);
+                                                })),
+                      0, 0, 0, 0, tokens, 0, /*whole_op=*/true,
+                      /*checkpointed=*/false);  // the module's one op: its fixed cost counts
 }
 
 const ModuleLayout& layout_of(const ParallelPlan& plan, const ModelSpec& model, std::size_t m) {
@@ -224,11 +237,14 @@ ChainCosts chain_costs(const ModelSpec& model, std::size_t module, const Paralle
   const TransformerArch& a = *spec.transformer;
   const MeanWork w = mean_work(model, spec, workload);
   const double tokens = mbs * w.tokens;
-  const auto [linear, attention] = layer_flops(a, tokens, w.attended);
   ChainCosts c;
-  c.layers.assign(static_cast<std::size_t>(a.layers),
-                  price.seconds(module, linear, attention, 1, 2,
-                                price.activation_bytes(tokens, a.hidden), tokens));
+  // Layers of one kind cost the same: price each kind once.
+  std::optional<double> moe, dense;
+  for (int64_t l = 0; l < a.layers; ++l) {
+    std::optional<double>& kind = moe_layer(a, l) ? moe : dense;
+    if (!kind) kind = layer_seconds(price, module, a, l, tokens, w.attended);
+    c.layers.push_back(*kind);
+  }
   // Front end (patches, mel frames) on the first stage; the head and loss on the last.
   ModuleSpec front = spec;
   front.transformer->layers = 0;

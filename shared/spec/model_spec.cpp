@@ -78,6 +78,9 @@ TransformerArch read_transformer(ObjectReader& r) {
       (!(a.capacity_factor == 0 || a.capacity_factor >= 1) || a.capacity_factor > 1024))
     r.error("capacity_factor",
             "must be 0 (dropless) or in [1, 1024], got " + std::to_string(a.capacity_factor));
+  if (r.optional("dense_layers", a.dense_layers))
+    r.check_at_least<int64_t>("dense_layers", a.dense_layers, 0);
+  if (r.optional("moe_every", a.moe_every)) r.check_at_least<int64_t>("moe_every", a.moe_every, 1);
   if (r.optional("cross_attention_layers", a.cross_attention_layers))
     r.check_at_least<int64_t>("cross_attention_layers", a.cross_attention_layers, 0);
   if (r.optional("gated_layers", a.gated_layers))
@@ -105,10 +108,20 @@ TransformerArch read_transformer(ObjectReader& r) {
       r.error("top_k", "must be in [1, experts=" + std::to_string(a.experts) + "], got " +
                            std::to_string(a.top_k));
     if (a.moe_ffn == 0) a.moe_ffn = a.ffn;
+    if (a.dense_layers >= a.layers && a.layers > 0)
+      r.error("dense_layers",
+              std::to_string(a.dense_layers) +
+                  " leaves no layer with experts of layers=" + std::to_string(a.layers));
+    else if (a.moe_every > a.layers - a.dense_layers && a.layers > 0)
+      r.error("moe_every", std::to_string(a.moe_every) + " leaves no layer with experts after " +
+                               std::to_string(a.dense_layers) +
+                               " dense of layers=" + std::to_string(a.layers));
   } else {
     if (a.top_k != 0) r.error("top_k", "given without experts");
     if (a.shared_expert_ffn != 0) r.error("shared_expert_ffn", "given without experts");
     if (a.capacity_factor != 0) r.error("capacity_factor", "given without experts");
+    if (a.dense_layers != 0) r.error("dense_layers", "given without experts");
+    if (a.moe_every != 1) r.error("moe_every", "given without experts");
   }
   if (a.cross_attention_layers > a.layers)
     r.error("cross_attention_layers", "exceeds layers=" + std::to_string(a.layers));
@@ -259,6 +272,8 @@ Json to_json(const TransformerArch& a) {
     j["moe_ffn"] = a.moe_ffn;
     if (a.shared_expert_ffn > 0) j["shared_expert_ffn"] = a.shared_expert_ffn;
     if (a.capacity_factor > 0) j["capacity_factor"] = a.capacity_factor;
+    if (a.dense_layers > 0) j["dense_layers"] = a.dense_layers;
+    if (a.moe_every > 1) j["moe_every"] = a.moe_every;
   }
   if (a.cross_attention_layers > 0) j["cross_attention_layers"] = a.cross_attention_layers;
   if (a.gated_layers > 0) j["gated_layers"] = a.gated_layers;

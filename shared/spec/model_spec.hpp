@@ -57,6 +57,11 @@ struct TransformerArch {
   // Tokens one expert takes per micro-batch, as a multiple of its even share (tokens · top_k /
   // experts); the rest are dropped (GShard, Switch). 0: dropless (Megatron's default, MegaBlocks).
   double capacity_factor = 0;
+  // Layers of an MoE stack that keep a dense MLP of width `ffn`: the first `dense_layers`
+  // (DeepSeek's and Kimi's first_k_dense_replace), and after them all but every `moe_every`-th
+  // (Llama 4 Maverick's interleave_moe_layer_step: 2 puts experts in layers 1, 3, 5, ...).
+  int64_t dense_layers = 0;
+  int64_t moe_every = 1;
   // Of `layers`, how many attend to media through cross-attention (Mllama). When > 0, media
   // tokens do not enter this module's sequence.
   int64_t cross_attention_layers = 0;

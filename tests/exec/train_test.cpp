@@ -412,6 +412,20 @@ TEST_CASE(
       "moe-sparse");
   check_plans_agree(sparse, "moe-sparse-1",
                     {{plan_file(R"({"dp": 4, "ep": 4})"), "moe-sparse-ep4"}}, 2);
+  // Dense layers among the MoE ones (dense, dense, MoE, dense): a pipeline stage of dense layers
+  // only has no experts to route to and no routed-expert reduction.
+  const std::string pattern = edited_scenario(
+      moe,
+      [](Json& s) {
+        s["model"]["modules"][2]["transformer"]["dense_layers"] = 1;
+        s["model"]["modules"][2]["transformer"]["moe_every"] = 2;
+      },
+      "moe-pattern");
+  check_plans_agree(
+      pattern, "moe-pattern-1",
+      {{plan_file(R"({"dp": 2, "ep": 2})"), "moe-pattern-ep2"},
+       {plan_file(R"({"pp": 2, "dp": 2, "ep": 2, "stage_layers": [2, 2]})"), "moe-pattern-pp2"}},
+      2);
   // Refused with its reason: token dropping.
   const std::string capped = edited_scenario(
       moe, [](Json& s) { s["model"]["modules"][2]["transformer"]["capacity_factor"] = 1.25; },
@@ -1035,23 +1049,34 @@ TEST_CASE("each rank holds the parameter state the Program's memory accounting s
   // as Megatron splits a module over TP (norms, row-parallel biases and patch embeddings whole
   // on every rank). The two agree to the byte.
   const std::string plans = std::string(TESSERA_SOURCE_DIR) + "/scenarios/plans/";
-  for (const auto& [layout, name] : std::vector<std::pair<std::string, std::string>>{
-           {R"({"tp": 1})", "state-single"},
-           {R"({"pp": 2})", "state-pp2"},
-           {R"({"dp": 2}, "distributed_optimizer": true)", "state-dopt"},
-           {R"({"tp": 2})", "state-tp2"},
-           {"cpu-tiny-tp2-pp2.json", "state-tp2-pp2"},
-           {"cpu-tiny-colocated.json", "state-colocated"},
-           {"cpu-tiny-non-colocated.json", "state-non-colocated"}}) {
+  // An MoE LLM whose layers are dense, dense, MoE, dense: the experts on stage 1 only.
+  const std::string pattern = edited_scenario(
+      std::string(TESSERA_SOURCE_DIR) + "/scenarios/cpu-tiny-moe.json",
+      [](Json& s) {
+        s["model"]["modules"][2]["transformer"]["dense_layers"] = 1;
+        s["model"]["modules"][2]["transformer"]["moe_every"] = 2;
+      },
+      "state-moe-pattern-scenario");
+  for (const auto& [scenario, layout, name] :
+       std::vector<std::tuple<std::string, std::string, std::string>>{
+           {kScenario, R"({"tp": 1})", "state-single"},
+           {kScenario, R"({"pp": 2})", "state-pp2"},
+           {kScenario, R"({"dp": 2}, "distributed_optimizer": true)", "state-dopt"},
+           {kScenario, R"({"tp": 2})", "state-tp2"},
+           {kScenario, "cpu-tiny-tp2-pp2.json", "state-tp2-pp2"},
+           {kScenario, "cpu-tiny-colocated.json", "state-colocated"},
+           {kScenario, "cpu-tiny-non-colocated.json", "state-non-colocated"},
+           {pattern, R"({"pp": 2, "dp": 2, "ep": 2, "stage_layers": [2, 2]})",
+            "state-moe-pattern"}}) {
     const std::string plan =
         layout.starts_with("{") ? plan_file(layout) : plans + layout;  // a layout, or a file
     INFO(name);
     const fs::path out = fresh_dir(name);
-    const Run r = run(kScenario + " --plan " + plan + " --steps 1 --out " + out.string());
+    const Run r = run(scenario + " --plan " + plan + " --steps 1 --out " + out.string());
     INFO(r.output);
     REQUIRE(r.code == 0);
     Diagnostics diag;
-    const auto s = load_scenario_with_plan(kScenario, plan, diag);
+    const auto s = load_scenario_with_plan(scenario, plan, diag);
     REQUIRE(s.has_value());
     const exec::TrainBatch batch = exec::make_batch(*s, exec::DatasetKind::kSynthetic, 0);
     const Lowered lowered = lower(s->model, s->cluster,

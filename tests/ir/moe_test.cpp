@@ -5,6 +5,7 @@
 
 #include <set>
 #include <string>
+#include <tuple>
 
 #include "shared/layout/scenario.hpp"
 #include "shared/lowering/lower.hpp"
@@ -181,4 +182,90 @@ TEST_CASE("the search tries EP where the LLM has experts, and only there") {
   eps.clear();
   for (const Candidate& c : enumerate_plans(s, space, 4).valid) eps.insert(c.plan.layout.ep);
   CHECK(eps == std::set<int64_t>{1});
+}
+
+TEST_CASE("layer patterns: dense layers before and between the MoE layers") {
+  TransformerArch a = llm_arch(moe_scenario());
+  a.layers = 7;
+  // DeepSeek's first_k_dense_replace 1; Llama 4 Maverick's interleave step 2; both.
+  for (const auto& [dense, every, expected] :
+       {std::tuple{0, 1, std::set<int64_t>{0, 1, 2, 3, 4, 5, 6}},
+        std::tuple{1, 1, std::set<int64_t>{1, 2, 3, 4, 5, 6}},
+        std::tuple{0, 2, std::set<int64_t>{1, 3, 5}}, std::tuple{1, 2, std::set<int64_t>{2, 4, 6}},
+        std::tuple{2, 3, std::set<int64_t>{4}}}) {
+    a.dense_layers = dense;
+    a.moe_every = every;
+    std::set<int64_t> moe;
+    for (int64_t l = 0; l < a.layers; ++l)
+      if (moe_layer(a, l)) moe.insert(l);
+    CHECK(moe == expected);
+    double params = 0;
+    for (int64_t first = 0; first <= a.layers; ++first)
+      for (int64_t end = first; end <= a.layers; ++end) {
+        int64_t count = 0;
+        for (int64_t l = first; l < end; ++l) count += moe.contains(l) ? 1 : 0;
+        CHECK(moe_layers(a, first, end) == count);
+      }
+    for (int64_t l = 0; l < a.layers; ++l)
+      params += layer_parameters(moe.contains(l) ? a : dense_layer_arch(a), 2, 2);
+    CHECK(stack_parameters(a, 0, a.layers, 2, 2) == doctest::Approx(params));
+  }
+  CHECK(layer_parameters(dense_layer_arch(a)) < layer_parameters(a));
+}
+
+TEST_CASE("a dense layer in an MoE stack routes nothing: no all-to-all, no expert weights") {
+  Scenario s = moe_scenario();
+  // Four layers: dense, dense, MoE, dense.
+  TransformerArch& a = *s.model.modules.back().transformer;
+  a.dense_layers = 1;
+  a.moe_every = 2;
+  REQUIRE(moe_layers(a, 0, a.layers) == 1);
+  ParallelPlan plan = with_ep(s, 2, 2);
+  plan.layout.pp = 2;  // stage 0 holds layers 0-1 (no experts), stage 1 layers 2-3
+  plan.layout.stage_layers = {2, 2};
+  const Program p = lowered(s, plan);
+  for (std::size_t r = 0; r < p.ranks.size(); ++r) {
+    for (const Op& op : p.ranks[r]) {
+      if (op.kind == OpKind::kCompute && p.modules[static_cast<std::size_t>(op.module)] == "llm") {
+        int32_t count = 0;
+        for (const NestedCollective& n : op.nested)
+          if (n.purpose == Purpose::kEp) count += n.count;
+        const int64_t moe = moe_layers(a, op.first_layer, op.first_layer + op.layers);
+        CHECK(moe == (op.first_layer == 2 ? 1 : 0));
+        CHECK(count == (op.phase == Phase::kF ? 3 : op.phase == Phase::kB ? 2 : 0) * moe);
+      }
+      // Only the stage with the MoE layer reduces routed experts apart.
+      if (op.kind == OpKind::kCollective && (op.flags & kOpRoutedExperts) != 0)
+        CHECK(op.stage == 1);
+    }
+  }
+  // Stage 0's two dense layers hold a dense MLP's weights where every layer with experts held
+  // its share of the experts.
+  a.dense_layers = 0;
+  a.moe_every = 1;
+  const Program all_moe = lowered(s, plan);
+  const double dense_saving =
+      2 * (layer_parameters(a, 1, 2) - layer_parameters(dense_layer_arch(a), 1, 2));
+  CHECK(all_moe.memory[0].weight_bytes - p.memory[0].weight_bytes ==
+        doctest::Approx(dense_saving * 4));  // fp32
+}
+
+TEST_CASE("a layer pattern needs experts and leaves some") {
+  const auto errors = [](const std::string& transformer) {
+    Diagnostics diag;
+    read_model(Json::parse(R"({"name": "m", "modules": [{"name": "llm", "role": "llm",
+        "transformer": {"layers": 4, "hidden": 64, "heads": 4, "ffn": 128, "vocab": 64, )" +
+                           transformer + "}}]}"),
+               "m.json", "", diag);
+    return diag.format();
+  };
+  CHECK(errors(R"("experts": 4, "top_k": 1, "dense_layers": 1, "moe_every": 3)").empty());
+  CHECK(errors(R"("dense_layers": 1)").find("given without experts") != std::string::npos);
+  CHECK(errors(R"("experts": 4, "top_k": 1, "dense_layers": 4)").find("leaves no layer") !=
+        std::string::npos);
+  CHECK(
+      errors(R"("experts": 4, "top_k": 1, "dense_layers": 1, "moe_every": 4)").find("moe_every") !=
+      std::string::npos);
+  CHECK(errors(R"("experts": 4, "top_k": 1, "moe_every": 0)").find("moe_every") !=
+        std::string::npos);
 }
