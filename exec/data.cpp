@@ -70,8 +70,10 @@ std::string executor_support(const ModelSpec& model) {
     if (m.transformer && m.transformer->experts > 0 &&
         (m.transformer->linear_bias || m.transformer->mlp_bias))
       return m.name + ": experts with biases are not in the executor yet";
-    if (m.projector && m.projector->separators > 0)
-      return m.name + ": learned separators between image pieces are not in the executor yet";
+    if (m.projector && (m.projector->separators > 0 || m.projector->output_embeddings > 0))
+      return m.name +
+             ": learned separators and newlines between image pieces are not in the executor "
+             "yet (they mark tiles, which it does not cut)";
     if (m.role != ModuleRole::kEncoder) continue;
     if (m.modality == Modality::kVideo)
       return m.name + ": video encoders are not in the executor yet";

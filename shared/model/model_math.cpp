@@ -84,23 +84,11 @@ int64_t tile_count(int64_t width, int64_t height, int64_t tile, int64_t max_tile
 // Tokens of one image-sized piece (one tile, or a fixed-size image).
 MediaTokens square_piece(const Patching& p, int64_t side) {
   const int64_t grid = side / p.patch_size;
-  const int64_t merged = grid / p.spatial_merge;
+  const int64_t merged = ceil_div(grid, p.spatial_merge);  // merge_padding pads a partial block
   return {grid * grid + (p.class_token ? 1 : 0), merged * merged, 1};
 }
 
 }  // namespace
-
-bool moe_layer(const TransformerArch& a, int64_t layer) {
-  if (a.experts == 0 || layer < a.dense_layers) return false;
-  return (layer - a.dense_layers + 1) % a.moe_every == 0;
-}
-
-int64_t moe_layers(const TransformerArch& a, int64_t first, int64_t end) {
-  if (a.experts == 0) return 0;
-  // MoE layers in [0, n): every moe_every-th of those past the dense ones.
-  auto below = [&](int64_t n) { return std::max<int64_t>(0, n - a.dense_layers) / a.moe_every; };
-  return std::max<int64_t>(0, below(end) - below(first));
-}
 
 TransformerArch dense_layer_arch(const TransformerArch& a) {
   TransformerArch d = a;
@@ -240,7 +228,8 @@ double projector_parameters(const ProjectorArch& p, int64_t tp) {
     if (p.bias) n += static_cast<double>(p.hidden) / t + static_cast<double>(p.out);
   }
   if (p.input_norm) n += static_cast<double>(norm_parameters(p.norm, p.in));
-  n += static_cast<double>(p.separators * p.in);  // whole on every rank
+  // Whole on every rank.
+  n += static_cast<double>(p.separators * p.in + p.output_embeddings * p.out);
   return n;
 }
 

@@ -10,12 +10,7 @@
 
 namespace tessera {
 
-// --- Layer pattern ------------------------------------------------------------------------
-// Whether layer `layer` of a stack has experts: every layer of an MoE stack but its first
-// dense_layers and, after them, all but every moe_every-th.
-bool moe_layer(const TransformerArch& arch, int64_t layer);
-// How many of layers [first, end) have experts.
-int64_t moe_layers(const TransformerArch& arch, int64_t first, int64_t end);
+// --- Layer pattern (moe_layer() and moe_layers() in model_spec.hpp) ---------------------------
 // The architecture of a stack's dense layers: `arch` without its experts.
 TransformerArch dense_layer_arch(const TransformerArch& arch);
 // `per_layer(kind)` summed over layers [first, end), each layer priced by the architecture of

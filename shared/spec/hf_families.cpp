@@ -156,10 +156,10 @@ ModelSpec import_llava(const Reader& root, bool next) {
     p.image_size = 0;
   }
   const int64_t h = llm.transformer->hidden;
-  return vlm(
-      vision,
-      projector_module("vision_projector", "vision", vision.transformer->hidden, h, h, 2, false),
-      llm);
+  ModuleSpec projector =
+      projector_module("vision_projector", "vision", vision.transformer->hidden, h, h, 2, false);
+  if (next) projector.projector->output_embeddings = 1;  // image_newline, after each row of tiles
+  return vlm(std::move(vision), std::move(projector), std::move(llm));
 }
 
 ModelSpec import_internvl(const Reader& root, bool remote_code) {
@@ -297,22 +297,33 @@ ModelSpec import_llama4(const Reader& root) {
   const Reader text = root.sub("text_config");
   ModuleSpec llm = llm_module(text, "llama4_text");
   TransformerArch& a = *llm.transformer;
-  // Every layer's MLP is `num_local_experts` routed experts of width intermediate_size and one
-  // shared expert as wide; intermediate_size_mlp is the width of dense layers, which a layer
-  // pattern with interleave_moe_layer_step > 1 would put between them (Maverick).
+  // An MoE layer's MLP is `num_local_experts` routed experts of width intermediate_size and one
+  // shared expert as wide; every interleave_moe_layer_step-th layer has experts (layers 1, 3,
+  // 5, ... for Maverick's 2), the others a dense MLP of width intermediate_size_mlp.
   a.shared_expert_ffn = a.moe_ffn;
   a.ffn = text.get("intermediate_size_mlp", a.ffn);
-  if (const int64_t step = text.get("interleave_moe_layer_step", 1); step != 1)
+  a.moe_every = text.get("interleave_moe_layer_step", 1);
+  if (a.moe_every < 1 || a.moe_every > a.layers) {
     text.error("interleave_moe_layer_step",
-               std::to_string(step) +
-                   ": dense layers between the MoE layers are not in the IR yet (every layer of "
-                   "a model is dense or every one has experts)");
+               std::to_string(a.moe_every) +
+                   " must be in [1, num_hidden_layers=" + std::to_string(a.layers) + "]");
+    a.moe_every = 1;
+  }
+  // An explicit list of MoE layers must be the one the step gives.
+  if (const Json* listed = text.raw("moe_layers"); listed != nullptr) {
+    std::vector<int64_t> expected;
+    for (int64_t l = 0; l < a.layers; ++l)
+      if (moe_layer(a, l)) expected.push_back(l);
+    if (!listed->is_array() || *listed != Json(expected))
+      text.error("moe_layers", "must list every interleave_moe_layer_step-th layer (" +
+                                   std::to_string(a.moe_every) + "), the only pattern imported");
+  }
   // Query/key L2 norms without weights, rotary on 3 of 4 layers, chunked local attention,
   // attention temperature tuning, router training terms: no parameter, FLOPs to speak of none
   // (chunked attention is priced as full attention, an upper bound).
   text.known({"use_qk_norm", "no_rope_layers", "attention_chunk_size", "attn_scale",
               "attn_temperature_tuning", "floor_scale", "router_aux_loss_coef",
-              "router_jitter_noise", "output_router_logits", "moe_layers"});
+              "router_jitter_noise", "output_router_logits"});
   const Reader v = root.sub("vision_config");
   ModuleSpec vision = vit_module(v, false);  // CLIP-like: class token, bias-free patches, pre-norm
   // The patch grid is pixel-shuffled (2 x 2 patches into one token of 4 x the channels), then an
@@ -465,6 +476,117 @@ ModelSpec import_idefics3(const Reader& root) {
   const int64_t merged = vision.transformer->hidden * p.spatial_merge * p.spatial_merge;
   ModuleSpec projector = projector_module("vision_projector", "vision", merged, h, h, 1, false);
   projector.projector->bias = false;
+  return vlm(std::move(vision), std::move(projector), std::move(llm));
+}
+
+ModelSpec import_deepseek_vl2(const Reader& root) {
+  // DeepseekV2Config's defaults fill what the language block leaves out.
+  const Reader text = root.sub("language_config");
+  Json sizes{{"hidden_size", text.get("hidden_size", 5120)},
+             {"intermediate_size", text.get("intermediate_size", 12288)},
+             {"num_hidden_layers", text.get("num_hidden_layers", 30)},
+             {"num_attention_heads", text.get("num_attention_heads", 32)},
+             {"vocab_size", text.get("vocab_size", 102400)},
+             {"attention_bias", text.get_bool("attention_bias", false)}};
+  sizes["num_key_value_heads"] = text.get("num_key_value_heads", sizes["num_attention_heads"]);
+  Diagnostics none;
+  ModuleSpec llm = llm_module(Reader(sizes, "", none), "deepseek_v2");
+  TransformerArch& a = *llm.transformer;
+  a.tied_embeddings = text.get_bool("tie_word_embeddings", false);
+  if (text.get_bool("use_mla", true))
+    text.error("use_mla",
+               "multi-head latent attention (DeepSeek-VL2-Small and the full model) is not in the "
+               "IR yet; DeepSeek-VL2-Tiny's plain attention is");
+  // Without MLA, the latent ranks and head splits are unused (Tiny writes them null or 0).
+  text.known({"kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"});
+  a.experts = text.get("n_routed_experts", 0);
+  if (a.experts > 0) {
+    a.top_k = text.get("num_experts_per_tok", 6);
+    a.moe_ffn = text.get("moe_intermediate_size", 1407);
+    a.shared_expert_ffn = a.moe_ffn * text.get("n_shared_experts", 0);
+    a.dense_layers = text.get("first_k_dense_replace", 0);
+    if (const int64_t every = text.get("moe_layer_freq", 1); every != 1)
+      text.error("moe_layer_freq", std::to_string(every) +
+                                       ": DeepSeek's experts in every n-th layer counted from "
+                                       "layer 0 are not the IR's pattern (moe_every counts after "
+                                       "the dense layers); only 1 is imported");
+    // noaux_tc adds a learned bias per expert to the router's scores.
+    if (const std::string method = text.get_string("topk_method", "greedy");
+        method != "greedy" && method != "group_limited_greedy")
+      text.error("topk_method", "'" + method +
+                                    "': a router with a learned score bias is not in the IR "
+                                    "yet (greedy and group_limited_greedy are)");
+  }
+  // Routing details without parameters; the inert head switches (the LM head is always built,
+  // untied).
+  text.known({"n_group", "topk_group", "norm_topk_prob", "routed_scaling_factor", "scoring_func",
+              "aux_loss_alpha", "seq_aux", "ep_size", "lm_head", "rm_head", "rope_scaling"});
+  // The vision tower: a timm SigLIP ViT (config: layers, width, mlp_ratio; heads and image size
+  // from VisionEncoderConfig's defaults), all of its layers kept.
+  const Reader v = root.sub("vision_config");
+  const int64_t width = v.get("width", 1024);
+  const double ratio = v.get_double("mlp_ratio", 3.7362);
+  Json tower{{"hidden_size", width},
+             {"num_hidden_layers", v.get("layers", 24)},
+             {"num_attention_heads", v.get("heads", 16)},
+             {"intermediate_size",
+              static_cast<int64_t>(static_cast<double>(width) * ratio)},  // timm truncates
+             {"patch_size", v.get("patch_size", 16)},
+             {"image_size", v.get("image_size", 384)}};
+  ModuleSpec vision = vit_module(Reader(tower, "", none), true);
+  // The tower builds SigLIP's attention-pooling head (global_pool "map") and never runs it
+  // (ignore_head); its class token is off.
+  v.leave_out("model_name",
+              "the vision tower's attention-pooling head, built but not run (ignore_head)");
+  v.known({"select_layer", "ignore_head", "global_pool", "weight_init", "deterministic",
+           "num_recomputing_layers"});
+  if (v.get_bool("class_token", false))
+    v.error("class_token", "a class token in DeepSeek-VL2's tower is not imported");
+  // Images: the best of candidate_resolutions (grids of up to 3 x 3 tiles and 1 x 9 of 384
+  // pixels) cut into tiles, with a downscaled global view; each tile's 27 x 27 patches padded to
+  // 28 x 28 and merged 2 x 2 (196 tokens).
+  Patching& p = *vision.patching;
+  p.tile_size = p.image_size;
+  p.image_size = 0;
+  p.resize = ResizeMode::kTiles;
+  p.thumbnail = true;
+  p.max_tiles = 1;
+  if (const Json* res = root.raw("candidate_resolutions"); res != nullptr && res->is_array())
+    for (const Json& r : *res)
+      if (r.is_array() && r.size() == 2 && r[0].is_number_integer() && r[1].is_number_integer() &&
+          p.tile_size > 0)
+        p.max_tiles = std::max<int64_t>(
+            p.max_tiles, std::min<int64_t>(1 << 20, r[0].get<int64_t>() / p.tile_size) *
+                             std::min<int64_t>(1 << 20, r[1].get<int64_t>() / p.tile_size));
+  root.known({"global_view_pos"});  // where the global view goes: no parameter
+  const Reader pc = root.sub("projector_config");
+  if (const std::string type = pc.get_string("projector_type", "downsample_mlp_gelu");
+      type != "downsample_mlp_gelu")
+    pc.error("projector_type", "'" + type + "': only downsample_mlp_gelu is imported");
+  if (pc.get_bool("token_pooling", false))
+    pc.error("token_pooling", "the token-pooling projector is not imported");
+  p.spatial_merge = pc.get("downsample_ratio", 2);
+  p.merge_padding = true;
+  const int64_t in = pc.get("input_dim", width) * p.spatial_merge * p.spatial_merge;
+  const int64_t h = a.hidden;
+  if (const int64_t n = pc.get("n_embed", h); n != h)
+    pc.error("n_embed", std::to_string(n) + " is not the LLM's hidden_size " + std::to_string(h));
+  const int64_t depth = pc.get("depth", 2);
+  if (pc.get("mlp_ratio", 1) != 1)
+    pc.error("mlp_ratio", "a projector wider than the LLM is not imported");
+  ModuleSpec projector = projector_module("vision_projector", "vision", in, h, h, depth, false);
+  // "2D" tiles: a learned newline after each row of tokens and a view separator between the
+  // global view and the tiles; "1D": one learned indicator per tile position.
+  const std::string tag = root.get_string("tile_tag", "2D");
+  if (tag == "2D") {
+    projector.projector->output_embeddings = 2;
+  } else if (tag == "1D") {
+    const Json* res = root.raw("candidate_resolutions");
+    projector.projector->output_embeddings =
+        (res != nullptr && res->is_array() ? static_cast<int64_t>(res->size()) : 0) + 1;
+  } else {
+    root.error("tile_tag", "'" + tag + "': expected 2D or 1D");
+  }
   return vlm(std::move(vision), std::move(projector), std::move(llm));
 }
 

@@ -33,6 +33,9 @@ ModelSpec import_paligemma(const Reader& root);
 ModelSpec import_phi3_vision(const Reader& root);
 // Idefics3 and SmolVLM: SigLIP tiles pixel-shuffled into a linear projection, and a Llama LLM.
 ModelSpec import_idefics3(const Reader& root);
+// DeepSeek-VL2: SigLIP-SO400M tiles merged 2 x 2 into an MLP, and a DeepSeekMoE LLM whose first
+// layers are dense.
+ModelSpec import_deepseek_vl2(const Reader& root);
 // CLIP's or SigLIP's vision tower, from the two-tower config.
 ModelSpec import_clip(const Reader& root, bool siglip);
 

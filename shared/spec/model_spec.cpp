@@ -9,6 +9,18 @@
 
 namespace tessera {
 
+bool moe_layer(const TransformerArch& a, int64_t layer) {
+  if (a.experts == 0 || layer < a.dense_layers) return false;
+  return (layer - a.dense_layers + 1) % a.moe_every == 0;
+}
+
+int64_t moe_layers(const TransformerArch& a, int64_t first, int64_t end) {
+  if (a.experts == 0) return 0;
+  // MoE layers in [0, n): every moe_every-th of those past the dense ones.
+  auto below = [&](int64_t n) { return std::max<int64_t>(0, n - a.dense_layers) / a.moe_every; };
+  return std::max<int64_t>(0, below(end) - below(first));
+}
+
 const EnumTable<ModuleRole> kModuleRoles = {{"encoder", ModuleRole::kEncoder},
                                             {"projector", ModuleRole::kProjector},
                                             {"llm", ModuleRole::kLlm},
@@ -138,6 +150,7 @@ Patching read_patching(ObjectReader& r) {
   positive(r, "in_channels", p.in_channels, false, kMaxPatch);
   positive(r, "spatial_merge", p.spatial_merge, false, kMaxPatch);
   positive(r, "temporal_patch", p.temporal_patch, false, kMaxPatch);
+  r.optional("merge_padding", p.merge_padding);
   r.optional("class_token", p.class_token);
   r.optional("conv_bias", p.conv_bias);
   r.optional("pre_norm", p.pre_norm);
@@ -176,7 +189,7 @@ Patching read_patching(ObjectReader& r) {
     if (!used && r.has(key)) r.error(key, "not used with resize=" + mode);
   }
   const int64_t side = p.resize == ResizeMode::kFixed ? p.image_size : p.tile_size;
-  if (side > 0 && p.patch_size > 0 && p.spatial_merge > 0 &&
+  if (side > 0 && p.patch_size > 0 && p.spatial_merge > 0 && !p.merge_padding &&
       (side / p.patch_size) % p.spatial_merge != 0)
     r.error("spatial_merge", std::to_string(p.spatial_merge) + " does not divide the patch grid " +
                                  std::to_string(side / p.patch_size));
@@ -211,6 +224,9 @@ ProjectorArch read_projector(ObjectReader& r) {
   if (r.optional("separators", p.separators) &&
       r.check_at_least<int64_t>("separators", p.separators, 0))
     at_most(r, "separators", p.separators, kMaxLayers);
+  if (r.optional("output_embeddings", p.output_embeddings) &&
+      r.check_at_least<int64_t>("output_embeddings", p.output_embeddings, 0))
+    at_most(r, "output_embeddings", p.output_embeddings, kMaxLayers);
   if (p.hidden == 0) p.hidden = p.out;
   r.finish();
   return p;
@@ -287,6 +303,7 @@ Json to_json(const Patching& p) {
   j["patch_size"] = p.patch_size;
   j["in_channels"] = p.in_channels;
   j["spatial_merge"] = p.spatial_merge;
+  if (p.merge_padding) j["merge_padding"] = true;
   j["temporal_patch"] = p.temporal_patch;
   j["class_token"] = p.class_token;
   if (!p.conv_bias) j["conv_bias"] = false;
@@ -321,6 +338,7 @@ Json to_json(const ProjectorArch& p) {
          {"layers", p.layers}, {"bias", p.bias},     {"input_norm", p.input_norm}};
   if (p.input_norm && p.norm != NormKind::kLayerNorm) j["norm"] = enum_name(p.norm, kNorms);
   if (p.separators > 0) j["separators"] = p.separators;
+  if (p.output_embeddings > 0) j["output_embeddings"] = p.output_embeddings;
   return j;
 }
 

@@ -75,16 +75,25 @@ struct TransformerArch {
   bool operator==(const TransformerArch&) const = default;
 };
 
+// Whether layer `layer` of a stack has experts: every layer of an MoE stack but its first
+// dense_layers and, after them, all but every moe_every-th.
+bool moe_layer(const TransformerArch& arch, int64_t layer);
+// How many of layers [first, end) have experts.
+int64_t moe_layers(const TransformerArch& arch, int64_t first, int64_t end);
+
 // Image/video patching of a vision encoder.
 struct Patching {
   int64_t patch_size = 14;
   int64_t in_channels = 3;
   int64_t spatial_merge = 1;   // tokens merged s x s after the encoder (Qwen2-VL 2, InternVL 2)
   int64_t temporal_patch = 1;  // video frames merged into one patch (Qwen2-VL 2)
-  bool class_token = false;    // encoder prepends a CLS token per image/tile; never sent to the LLM
-  bool conv_bias = true;       // with transformer.linear_bias: the patch convolution has a bias too
-                               // (CLIP's and Qwen2-VL's have none)
-  bool pre_norm = false;       // a norm over the patch embeddings before the first layer (CLIP)
+  // A patch grid the merge does not divide is padded up to a multiple of it (DeepSeek-VL2: 27
+  // patches to 28); otherwise the merge must divide the grid.
+  bool merge_padding = false;
+  bool class_token = false;  // encoder prepends a CLS token per image/tile; never sent to the LLM
+  bool conv_bias = true;     // with transformer.linear_bias: the patch convolution has a bias too
+                             // (CLIP's and Qwen2-VL's have none)
+  bool pre_norm = false;     // a norm over the patch embeddings before the first layer (CLIP)
   // kTiles: learned position embeddings per tile arrangement (Mllama): this many supported
   // aspect ratios, plus one row for none. 0: none.
   int64_t aspect_ratios = 0;
@@ -123,6 +132,9 @@ struct ProjectorArch {
   // Learned embeddings of width `in` that mark where an image's pieces meet (Phi-3-vision's
   // global and sub-image separators).
   int64_t separators = 0;
+  // Learned embeddings of width `out` the projector places among its output tokens
+  // (LLaVA-NeXT's image_newline; DeepSeek-VL2's image_newline and view separator).
+  int64_t output_embeddings = 0;
 
   bool operator==(const ProjectorArch&) const = default;
 };

@@ -449,7 +449,8 @@ TEST_CASE("every imported family plans: its model estimates on 8 GPUs as a user'
            {"smolvlm2-500m-video-instruct", "llava-instruct", dense},
            {"qwen2-audio-7b-instruct", "audio-text", dense},
            {"qwen2.5-omni-7b", "audio-visual", dense},
-           {"llama-4-scout-17b-16e-instruct", "llava-instruct", experts}}) {
+           {"llama-4-scout-17b-16e-instruct", "llava-instruct", experts},
+           {"deepseek-vl2-tiny", "llava-instruct", experts}}) {
     INFO(config);
     const std::string model = (dir / (config + ".model.json")).string();
     const Run imported =

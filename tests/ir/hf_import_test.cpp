@@ -143,13 +143,73 @@ TEST_CASE("Llama 4 Scout: 16 routed experts and a shared one per layer, a pixel-
   // Published: the Hub's safetensors metadata of meta-llama/Llama-4-Scout-17B-16E-Instruct,
   // parameters.BF16 = 108,641,793,536 ("109B total, 17B activated" on the model card).
   CHECK(model_parameters(m) == 108'641'793'536);
-  // Maverick's dense layers between MoE layers are refused, naming the key.
-  Json maverick = Json::parse(std::ifstream(std::string(TESSERA_SOURCE_DIR) +
-                                            "/tests/data/hf/llama-4-scout-17b-16e-instruct.json"));
-  maverick["text_config"]["interleave_moe_layer_step"] = 2;
+}
+
+TEST_CASE("Llama 4 Maverick: experts in every second layer, dense MLPs between") {
+  // The config as bundled by ai-dynamo/aiconfigurator (model_configs/
+  // meta-llama--Llama-4-Maverick-17B-128E-Instruct_config.json, commit 64c5ddb6).
+  const ModelSpec m = import("llama-4-maverick-17b-128e-instruct.json");
+  const TransformerArch& llm = *module(m, "llm").transformer;
+  CHECK(llm.experts == 128);
+  CHECK(llm.moe_every == 2);
+  CHECK(llm.ffn == 16384);  // intermediate_size_mlp, the dense layers' width
+  CHECK(llm.moe_ffn == 8192);
+  CHECK(moe_layers(llm, 0, llm.layers) == 24);
+  CHECK_FALSE(moe_layer(llm, 0));
+  CHECK(moe_layer(llm, 47));
+  // Published: the Hub's safetensors metadata of meta-llama/Llama-4-Maverick-17B-128E-Instruct,
+  // parameters.BF16 = 401,583,781,376 ("400B total" on the model card).
+  CHECK(model_parameters(m) == 401'583'781'376);
+  // An explicit moe_layers list must be the step's; another pattern is refused, naming the key.
+  Json other = Json::parse(std::ifstream(kHf + "llama-4-maverick-17b-128e-instruct.json"));
+  std::vector<int64_t> odd;
+  for (int64_t l = 1; l < 48; l += 2) odd.push_back(l);
+  other["text_config"]["moe_layers"] = odd;
+  Diagnostics ok;
+  CHECK(import_hf_config(other, "c.json", {}, ok).has_value());
+  other["text_config"]["moe_layers"] = std::vector<int64_t>{0, 1};
   Diagnostics diag;
-  CHECK_FALSE(import_hf_config(maverick, "c.json", {}, diag).has_value());
-  CHECK(diag.format().find("c.json: text_config.interleave_moe_layer_step: 2: dense layers") !=
+  CHECK_FALSE(import_hf_config(other, "c.json", {}, diag).has_value());
+  CHECK(diag.format().find("c.json: text_config.moe_layers: must list every") != std::string::npos);
+}
+
+TEST_CASE(
+    "DeepSeek-VL2-Tiny: a DeepSeekMoE LLM with a dense first layer, SigLIP tiles merged 2x2") {
+  // The config of deepseek-ai/deepseek-vl2-tiny: top level and language block up to lm_head as
+  // published (mirrored at huggingface.co/Isotr0py/deepseek-vl2-tiny); the rest of the language
+  // block is the DeepSeekMoE-3B block DeepSeek ships again in DeepSeek-OCR's config.
+  const ModelSpec m = import("deepseek-vl2-tiny.json");
+  const TransformerArch& llm = *module(m, "llm").transformer;
+  CHECK(llm.experts == 64);
+  CHECK(llm.top_k == 6);
+  CHECK(llm.moe_ffn == 896);
+  CHECK(llm.shared_expert_ffn == 2 * 896);
+  CHECK(llm.dense_layers == 1);
+  CHECK(llm.ffn == 6848);  // the dense layer's
+  CHECK(moe_layers(llm, 0, llm.layers) == 11);
+  CHECK_FALSE(llm.tied_embeddings);
+  const ModuleSpec& vision = module(m, "vision");
+  CHECK(vision.transformer->layers == 27);
+  CHECK(vision.transformer->ffn == 4304);  // int(1152 · 3.7362)
+  CHECK(vision.patching->max_tiles == 9);  // 1152 x 1152 and 384 x 3456
+  // A tile: 27 x 27 patches padded to 28 x 28, merged 2 x 2.
+  CHECK(image_tokens(vision, 384, 384).llm_tokens == 196);
+  const ProjectorArch& p = *module(m, "vision_projector").projector;
+  CHECK(p.in == 4 * 1152);
+  CHECK(p.output_embeddings == 2);  // image_newline, view_seperator
+  // Published: 3,370,501,440 parameters (the checkpoint's one BF16 shard of 6.74 GB; "3.37B" on
+  // the model page), with the tower's attention-pooling head, which the import leaves out
+  // because the model never runs it: a probe, attention, a norm and an MLP of width 4304.
+  const int64_t width = 1152, mlp = 4304;
+  const int64_t head =
+      width + (4 * width * width + 4 * width) + 2 * width + (2 * width * mlp + mlp + width);
+  CHECK(model_parameters(m) + head == 3'370'501'440);
+  // Multi-head latent attention (the Small and full models) is refused, naming the key.
+  Json mla = Json::parse(std::ifstream(kHf + "deepseek-vl2-tiny.json"));
+  mla["language_config"]["use_mla"] = true;
+  Diagnostics diag;
+  CHECK_FALSE(import_hf_config(mla, "c.json", {}, diag).has_value());
+  CHECK(diag.format().find("c.json: language_config.use_mla: multi-head latent attention") !=
         std::string::npos);
 }
 
