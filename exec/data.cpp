@@ -70,6 +70,8 @@ std::string executor_support(const ModelSpec& model) {
     if (m.transformer && m.transformer->experts > 0 &&
         (m.transformer->linear_bias || m.transformer->mlp_bias))
       return m.name + ": experts with biases are not in the executor yet";
+    if (m.projector && m.projector->deepstack > 0)
+      return m.name + ": DeepStack projector copies are not in the executor yet";
     if (m.projector && (m.projector->separators > 0 || m.projector->output_embeddings > 0))
       return m.name +
              ": learned separators and newlines between image pieces are not in the executor "

@@ -202,7 +202,8 @@ Op Lowering::compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t
     }
     if (spec.projector)
       stash += tokens_local * static_cast<double>(spec.projector->in + spec.projector->hidden) *
-               dtype / static_cast<double>(l.tp);
+               static_cast<double>(1 + spec.projector->deepstack) * dtype /
+               static_cast<double>(l.tp);
     op.stash_bytes = stash;
   }
   return op;
@@ -215,7 +216,9 @@ double Lowering::boundary_bytes(int producer_last, int consumer,
   const ModuleWork& w = work_of(producer_last, samples);
   const int64_t width =
       c.transformer ? c.transformer->hidden : (p.projector ? p.projector->out : 0);
-  return static_cast<double>(w.output_tokens * width * dtype_bytes(model_.dtype));
+  // DeepStack: each copy's output travels beside the projector's.
+  const int64_t copies = p.projector ? 1 + p.projector->deepstack : 1;
+  return static_cast<double>(w.output_tokens * width * copies * dtype_bytes(model_.dtype));
 }
 
 }  // namespace tessera::lowering

@@ -213,21 +213,26 @@ int64_t embedding_parameters(const ModuleSpec& m) {
 }
 
 int64_t projector_matmul_parameters(const ProjectorArch& p) {
-  if (p.layers == 1) return p.in * p.out;
-  return p.in * p.hidden + (p.layers - 2) * p.hidden * p.hidden + p.hidden * p.out;
+  const int64_t one =
+      p.layers == 1 ? p.in * p.out
+                    : p.in * p.hidden + (p.layers - 2) * p.hidden * p.hidden + p.hidden * p.out;
+  return (1 + p.deepstack) * one;
 }
 
 double projector_parameters(const ProjectorArch& p, int64_t tp) {
   const auto t = static_cast<double>(tp);
+  const auto copies = static_cast<double>(1 + p.deepstack);
   const auto biases = static_cast<double>(p.bias ? p.hidden * (p.layers - 1) + p.out : 0);
   double n = 0;
   if (!projector_splits(p)) {
-    n = static_cast<double>(projector_matmul_parameters(p)) + biases;  // whole on every rank
+    n = static_cast<double>(projector_matmul_parameters(p)) + copies * biases;  // whole
   } else {
     n = static_cast<double>(projector_matmul_parameters(p)) / t;
-    if (p.bias) n += static_cast<double>(p.hidden) / t + static_cast<double>(p.out);
+    if (p.bias) n += copies * (static_cast<double>(p.hidden) / t + static_cast<double>(p.out));
   }
   if (p.input_norm) n += static_cast<double>(norm_parameters(p.norm, p.in));
+  // Each DeepStack copy normalizes its input.
+  n += static_cast<double>(p.deepstack * norm_parameters(p.norm, p.in));
   // Whole on every rank.
   n += static_cast<double>(p.separators * p.in + p.output_embeddings * p.out);
   return n;

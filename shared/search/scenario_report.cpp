@@ -30,7 +30,12 @@ std::string arch_summary(const ModuleSpec& m) {
     out << a.layers << "L h" << a.hidden << " a" << a.heads;
     if (a.kv_heads != a.heads) out << "/kv" << a.kv_heads;
     out << " ffn" << a.ffn << (a.gated_ffn ? "g" : "");
-    if (a.experts > 0) out << " moe" << a.experts << "x" << a.top_k;
+    if (a.experts > 0) {
+      out << " moe" << a.experts << "x" << a.top_k;
+      // Which layers have them: "in 11 of 12" where some are dense.
+      if (const int64_t moe = moe_layers(a, 0, a.layers); moe < a.layers)
+        out << " in " << moe << " of " << a.layers;
+    }
     if (a.cross_attention_layers > 0) out << " xattn" << a.cross_attention_layers;
   }
   if (m.projector) {
@@ -38,6 +43,7 @@ std::string arch_summary(const ModuleSpec& m) {
     out << "mlp " << p.in;
     for (int64_t i = 1; i < p.layers; ++i) out << "->" << p.hidden;
     out << "->" << p.out;
+    if (p.deepstack > 0) out << " +" << p.deepstack << " deepstack";
   }
   return out.str();
 }

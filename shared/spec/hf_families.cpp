@@ -10,16 +10,26 @@ namespace tessera::hf {
 
 namespace {
 
-// The native-resolution ViT of Qwen2-VL / Qwen2.5-VL (and Qwen2.5-Omni) and its merger into an
-// LLM of width `llm_hidden`.
-std::pair<ModuleSpec, ModuleSpec> qwen_vision(const Reader& v, bool qwen25, int64_t llm_hidden) {
+enum class QwenVit { k2, k25, k3 };
+
+// The native-resolution ViT of Qwen2-VL / Qwen2.5-VL (and Qwen2.5-Omni) / Qwen3-VL and its
+// merger into an LLM of width `llm_hidden`.
+std::pair<ModuleSpec, ModuleSpec> qwen_vision(const Reader& v, QwenVit generation,
+                                              int64_t llm_hidden) {
+  const bool qwen25 = generation == QwenVit::k25;
   const int64_t layers = v.get("depth", 32);
   const int64_t heads = v.get("num_heads", 16);
   // Qwen2.5-VL attends within windows of window_size pixels in most layers; the cost model
   // prices every encoder layer as full attention over the image (an upper bound).
   v.known({"window_size"});
   TransformerArch a;
-  if (qwen25) {
+  if (generation == QwenVit::k3) {
+    // Qwen3-VL: a SigLIP-like tower (LayerNorm, plain MLP) with a learned position table,
+    // interpolated to each image's grid, beside its 2D rotary positions.
+    a = encoder_arch(layers, v.get("hidden_size", 1152), heads, v.get("intermediate_size", 4304),
+                     NormKind::kLayerNorm);
+    a.positions = v.get("num_position_embeddings", 2304);
+  } else if (qwen25) {
     // Qwen2.5-VL: hidden_size is the encoder width, out_hidden_size the LLM width.
     a = encoder_arch(layers, v.get("hidden_size", 1280), heads, v.get("intermediate_size", 3420),
                      NormKind::kRmsNorm);
@@ -41,22 +51,38 @@ std::pair<ModuleSpec, ModuleSpec> qwen_vision(const Reader& v, bool qwen25, int6
   p.in_channels = v.has("in_chans") ? v.get("in_chans", 3) : v.get("in_channels", 3);
   p.spatial_merge = v.get("spatial_merge_size", 2);
   p.temporal_patch = v.get("temporal_patch_size", 2);
-  p.conv_bias = false;
+  p.conv_bias = generation == QwenVit::k3;
   p.resize = ResizeMode::kDynamic;
   p.min_pixels = 56 * 56;  // preprocessor_config.json defaults
   p.max_pixels = 28 * 28 * 16384;
   ModuleSpec vision = encoder_module("vision", Modality::kImage, a);
   vision.patching = p;
-  const int64_t out = v.get(qwen25 ? "out_hidden_size" : "hidden_size", llm_hidden);
+  const char* out_key = generation == QwenVit::k2 ? "hidden_size" : "out_hidden_size";
+  const int64_t out = v.get(out_key, llm_hidden);
   if (out != llm_hidden)
-    v.error(
-        qwen25 ? "out_hidden_size" : "hidden_size",
-        std::to_string(out) + " does not match the LLM hidden_size " + std::to_string(llm_hidden));
+    v.error(out_key, std::to_string(out) + " does not match the LLM hidden_size " +
+                         std::to_string(llm_hidden));
   // The merger's norm (ln_q) normalizes each encoder token before the merge: it is the encoder's
   // final norm, so the projector has none of its own.
   const int64_t merged = a.hidden * p.spatial_merge * p.spatial_merge;
-  return {std::move(vision),
-          projector_module("vision_projector", "vision", merged, merged, out, 2, false)};
+  ModuleSpec projector =
+      projector_module("vision_projector", "vision", merged, merged, out, 2, false);
+  if (generation == QwenVit::k3) {
+    // DeepStack: a merger per listed encoder layer (normalizing the merged tokens), whose
+    // outputs add into the visual tokens after the LLM's first layers.
+    if (const Json* taps = v.raw("deepstack_visual_indexes"); taps != nullptr) {
+      bool inside = taps->is_array();
+      for (const Json& t : inside ? *taps : Json::array())
+        inside =
+            inside && t.is_number_integer() && t.get<int64_t>() >= 0 && t.get<int64_t>() < layers;
+      if (inside)
+        projector.projector->deepstack = static_cast<int64_t>(taps->size());
+      else
+        v.error("deepstack_visual_indexes",
+                "expected a list of encoder layers in [0, depth=" + std::to_string(layers) + ")");
+    }
+  }
+  return {std::move(vision), std::move(projector)};
 }
 
 // The s of the s x s merge (average pooling, or concatenation) that turns a grid x grid patch
@@ -77,8 +103,21 @@ ModelSpec import_qwen_vl(const Reader& root, bool qwen25) {
   // Flat shape: LLM keys at top level. Newer exports nest them in text_config.
   const Reader text = root.has("text_config") ? root.sub("text_config") : root;
   ModuleSpec llm = llm_module(text, qwen25 ? "qwen2_5_vl" : "qwen2_vl");
+  auto [vision, projector] = qwen_vision(
+      root.sub("vision_config"), qwen25 ? QwenVit::k25 : QwenVit::k2, llm.transformer->hidden);
+  return vlm(std::move(vision), std::move(projector), std::move(llm));
+}
+
+ModelSpec import_qwen3_vl(const Reader& root) {
+  const Reader text = root.sub("text_config");
+  ModuleSpec llm = llm_module(text, "qwen3");
+  if (!text.has("tie_word_embeddings"))
+    llm.transformer->tied_embeddings = root.get_bool("tie_word_embeddings", false);
   auto [vision, projector] =
-      qwen_vision(root.sub("vision_config"), qwen25, llm.transformer->hidden);
+      qwen_vision(root.sub("vision_config"), QwenVit::k3, llm.transformer->hidden);
+  if (projector.projector->deepstack > llm.transformer->layers)
+    root.sub("vision_config")
+        .error("deepstack_visual_indexes", "more DeepStack levels than LLM layers");
   return vlm(std::move(vision), std::move(projector), std::move(llm));
 }
 
@@ -95,7 +134,7 @@ ModelSpec import_qwen_omni(const Reader& root) {
   const Reader thinker = root.sub("thinker_config");
   ModuleSpec llm = llm_module(thinker.sub("text_config"), "qwen2");
   const int64_t h = llm.transformer->hidden;
-  auto [vision, vision_projector] = qwen_vision(thinker.sub("vision_config"), true, h);
+  auto [vision, vision_projector] = qwen_vision(thinker.sub("vision_config"), QwenVit::k25, h);
   // Audio: Whisper's encoder with sinusoidal positions, attending within windows of
   // 2 * n_window mel frames (2 s) of the clip's real length, pooled 2:1, normalized (ln_post,
   // the encoder's final norm) and projected to the LLM width inside the encoder (`proj`).
@@ -131,6 +170,8 @@ ModelSpec import_llava(const Reader& root, bool next) {
     llm.transformer->vocab = vocab;
   if (!text.has("tie_word_embeddings") && root.has("tie_word_embeddings"))
     llm.transformer->tied_embeddings = root.get_bool("tie_word_embeddings", false);
+  else
+    root.known({"tie_word_embeddings"});  // the text model's own switch decides
   const bool siglip = v.get_string("model_type", "clip_vision_model").starts_with("siglip");
   ModuleSpec vision = vit_module(v, siglip);
   if (next) {
@@ -160,6 +201,30 @@ ModelSpec import_llava(const Reader& root, bool next) {
       projector_module("vision_projector", "vision", vision.transformer->hidden, h, h, 2, false);
   if (next) projector.projector->output_embeddings = 1;  // image_newline, after each row of tiles
   return vlm(std::move(vision), std::move(projector), std::move(llm));
+}
+
+ModelSpec import_llava_onevision(const Reader& root) {
+  ModelSpec m = import_llava(root, true);
+  // anyres_max_N: the tiles of the best pinpoint grid (up to 6 x 6 of them) run through the
+  // tower, and their features are scaled down to at most N tiles' worth before the LLM. The IR
+  // ties an image's encoder and LLM tokens to one tile count: it takes N, right for the LLM's
+  // sequence and low for the tower on the largest images.
+  const std::string ratio = root.get_string("vision_aspect_ratio", "anyres_max_9");
+  const std::string prefix = "anyres_max_";
+  int64_t tiles = 0;
+  if (ratio.starts_with(prefix) && ratio.size() > prefix.size() &&
+      ratio.size() < prefix.size() + 4 &&
+      std::all_of(ratio.begin() + static_cast<std::ptrdiff_t>(prefix.size()), ratio.end(),
+                  [](char c) { return c >= '0' && c <= '9'; }))
+    tiles = std::stoll(ratio.substr(prefix.size()));
+  if (tiles < 1)
+    root.error("vision_aspect_ratio", "'" + ratio + "': expected anyres_max_N");
+  else
+    m.modules[0].patching->max_tiles = std::min(m.modules[0].patching->max_tiles, tiles);
+  if (!root.get_bool("use_image_newline_parameter", true))
+    m.modules[1].projector->output_embeddings = 0;
+  if (!root.get_bool("multimodal_projector_bias", true)) m.modules[1].projector->bias = false;
+  return m;
 }
 
 ModelSpec import_internvl(const Reader& root, bool remote_code) {

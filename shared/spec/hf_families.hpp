@@ -9,11 +9,16 @@ namespace tessera::hf {
 
 // Qwen2-VL (flat: LLM keys at the top level) and Qwen2.5-VL.
 ModelSpec import_qwen_vl(const Reader& root, bool qwen25);
+// Qwen3-VL (dense): the native-resolution ViT with DeepStack mergers and a Qwen3 LLM.
+ModelSpec import_qwen3_vl(const Reader& root);
 // Qwen2.5-Omni's thinker: a Qwen2.5-VL vision tower, a windowed Whisper-style audio encoder and
 // a Qwen2 LLM (the talker and the waveform generator are left out).
 ModelSpec import_qwen_omni(const Reader& root);
 // LLaVA-1.5 and LLaVA-NeXT (anyres tiles).
 ModelSpec import_llava(const Reader& root, bool next);
+// LLaVA-OneVision: LLaVA-NeXT's tiles with a SigLIP tower, the features of at most N tiles
+// (anyres_max_N) reaching a Qwen2 LLM.
+ModelSpec import_llava_onevision(const Reader& root);
 // InternVL: the remote-code shape (llm_config) and the hf one (text_config).
 ModelSpec import_internvl(const Reader& root, bool remote_code);
 // Llama 3.2 Vision (Mllama): cross-attention to tiled images.

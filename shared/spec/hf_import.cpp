@@ -27,8 +27,10 @@ struct Family {
 constexpr Family kFamilies[] = {
     {"qwen2_vl", [](const Reader& r) { return hf::import_qwen_vl(r, false); }},
     {"qwen2_5_vl", [](const Reader& r) { return hf::import_qwen_vl(r, true); }},
+    {"qwen3_vl", hf::import_qwen3_vl},
     {"llava", [](const Reader& r) { return hf::import_llava(r, false); }},
     {"llava_next", [](const Reader& r) { return hf::import_llava(r, true); }},
+    {"llava_onevision", hf::import_llava_onevision},
     {"internvl_chat", [](const Reader& r) { return hf::import_internvl(r, true); }},
     {"internvl", [](const Reader& r) { return hf::import_internvl(r, false); }},
     {"mllama", hf::import_mllama},
@@ -82,10 +84,12 @@ std::optional<ModelSpec> import_hf_config(const Json& config, const std::string&
   ModelSpec model = family->import(root);
   hf::check_unread(root.ledger(), file, type, diag);
   if (left_out != nullptr) *left_out = root.ledger().left_out;
-  // Name: the checkpoint's _name_or_path when present; else the file's name, or its folder's
-  // when the file is a checkpoint's config.json.
+  // Name: the checkpoint's _name_or_path when it is a Hub id ("org/model"); else the file's name,
+  // or its folder's when the file is a checkpoint's config.json. A local path the checkpoint was
+  // saved from ("/raid/user/ov-500") names a machine, not the model.
   const std::filesystem::path path(file);
   std::string name = root.get_string("_name_or_path", "");
+  if (name.starts_with("/") || name.starts_with(".") || name.starts_with("~")) name.clear();
   if (name.empty())
     name = path.filename() == "config.json" ? path.parent_path().filename().string()
                                             : path.stem().string();

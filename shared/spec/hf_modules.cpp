@@ -19,6 +19,8 @@ struct LlmDefaults {
 LlmDefaults llm_defaults(const std::string& model_type) {
   if (model_type == "mistral") return {4096, 14336, 32, 32, 8, 32000};
   if (model_type == "qwen2") return {4096, 22016, 32, 32, 32, 151936, true};
+  // Qwen3: per-head query/key norms, no q/k/v biases, head_dim 128 whatever the width.
+  if (model_type == "qwen3") return {4096, 12288, 36, 32, 8, 151936, false, 128, false, true};
   if (model_type == "internlm2") return {4096, 11008, 32, 32, 32, 103168};
   if (model_type == "phi3") return {3072, 8192, 32, 32, 32, 32064};
   if (model_type == "gemma") return {3072, 24576, 28, 16, 16, 256000, false, 256, true};

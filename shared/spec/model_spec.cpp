@@ -224,6 +224,9 @@ ProjectorArch read_projector(ObjectReader& r) {
   if (r.optional("separators", p.separators) &&
       r.check_at_least<int64_t>("separators", p.separators, 0))
     at_most(r, "separators", p.separators, kMaxLayers);
+  if (r.optional("deepstack", p.deepstack) &&
+      r.check_at_least<int64_t>("deepstack", p.deepstack, 0))
+    at_most(r, "deepstack", p.deepstack, kMaxLayers);
   if (r.optional("output_embeddings", p.output_embeddings) &&
       r.check_at_least<int64_t>("output_embeddings", p.output_embeddings, 0))
     at_most(r, "output_embeddings", p.output_embeddings, kMaxLayers);
@@ -339,6 +342,7 @@ Json to_json(const ProjectorArch& p) {
   if (p.input_norm && p.norm != NormKind::kLayerNorm) j["norm"] = enum_name(p.norm, kNorms);
   if (p.separators > 0) j["separators"] = p.separators;
   if (p.output_embeddings > 0) j["output_embeddings"] = p.output_embeddings;
+  if (p.deepstack > 0) j["deepstack"] = p.deepstack;
   return j;
 }
 

@@ -135,6 +135,10 @@ struct ProjectorArch {
   // Learned embeddings of width `out` the projector places among its output tokens
   // (LLaVA-NeXT's image_newline; DeepSeek-VL2's image_newline and view separator).
   int64_t output_embeddings = 0;
+  // Copies of this projector, each with a norm over its input, fed by an intermediate layer of
+  // the encoder; the n copies' outputs add into the media tokens after the LLM's first n layers
+  // (Qwen3-VL's DeepStack). Counted in the projector's parameters, FLOPs and output.
+  int64_t deepstack = 0;
 
   bool operator==(const ProjectorArch&) const = default;
 };

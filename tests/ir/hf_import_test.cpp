@@ -70,6 +70,57 @@ TEST_CASE("LLaVA-NeXT: anyres tiles from image_grid_pinpoints, Mistral defaults"
   CHECK(std::fabs(params(m) - 7.57e9) / 7.57e9 < 0.02);  // only a rounded count is published
 }
 
+TEST_CASE("Qwen3-VL: a learned position table, DeepStack mergers, a Qwen3 LLM with q/k norms") {
+  // Qwen/Qwen3-VL-8B-Instruct's config.json at revision 0c351dd0 (as dumped byte for byte in a
+  // model report; the same fields print from AutoConfig and in Ollama's GGUF metadata).
+  const ModelSpec m = import("qwen3-vl-8b-instruct.json");
+  const TransformerArch& llm = *module(m, "llm").transformer;
+  CHECK(llm.qk_norm);
+  CHECK_FALSE(llm.qkv_bias);
+  CHECK(llm.head_dim == 128);
+  CHECK_FALSE(llm.tied_embeddings);  // the top level's tie_word_embeddings
+  const ModuleSpec& vision = module(m, "vision");
+  CHECK(vision.transformer->positions == 2304);
+  CHECK(vision.patching->conv_bias);
+  CHECK(vision.patching->patch_size == 16);
+  const ProjectorArch& p = *module(m, "vision_projector").projector;
+  CHECK(p.deepstack == 3);  // taps after encoder layers 8, 16, 24
+  CHECK(p.in == 4608);
+  // Published: the Hub's safetensors metadata, parameters.BF16 = 8,767,123,696
+  // (model.safetensors.index.json total_size 17,534,247,392 bytes).
+  CHECK(model_parameters(m) == 8'767'123'696);
+  // A DeepStack tap outside the encoder is refused, naming the key.
+  Json bad = Json::parse(std::ifstream(kHf + "qwen3-vl-8b-instruct.json"));
+  bad["vision_config"]["deepstack_visual_indexes"] = std::vector<int64_t>{8, 16, 27};
+  Diagnostics diag;
+  CHECK_FALSE(import_hf_config(bad, "c.json", {}, diag).has_value());
+  CHECK(diag.format().find("c.json: vision_config.deepstack_visual_indexes: expected a list") !=
+        std::string::npos);
+}
+
+TEST_CASE("LLaVA-OneVision: SigLIP tiles, at most 9 tiles' features, an image newline, Qwen2") {
+  // llava-hf/llava-onevision-qwen2-0.5b-ov-hf's config.json at revision 66d62be8, put together
+  // from the Hub's blame page and commit diffs (its 2,591 bytes match the published size).
+  const ModelSpec m = import("llava-onevision-qwen2-0.5b-ov-hf.json");
+  CHECK(m.name == "llava-onevision-qwen2-0.5b-ov-hf");  // not _name_or_path's local folder
+  const ModuleSpec& vision = module(m, "vision");
+  CHECK(vision.transformer->layers == 26);
+  CHECK(vision.patching->resize == ResizeMode::kTiles);
+  CHECK(vision.patching->max_tiles == 9);  // anyres_max_9 of the 6 x 6 pinpoint grids
+  CHECK(image_tokens(vision, 384, 384).llm_tokens == 729);
+  CHECK(module(m, "vision_projector").projector->output_embeddings == 1);  // image_newline
+  CHECK(module(m, "llm").transformer->tied_embeddings);  // text_config's, over the top level's
+  // Only the size of the checkpoint's single FP16 file is published: 1.79 GB, two bytes a
+  // parameter (an untied head would make it 2.06 GB).
+  CHECK(std::fabs(2 * params(m) - 1.79e9) <= 0.005e9);
+  Json bad = Json::parse(std::ifstream(kHf + "llava-onevision-qwen2-0.5b-ov-hf.json"));
+  bad["vision_aspect_ratio"] = "anyres";
+  Diagnostics diag;
+  CHECK_FALSE(import_hf_config(bad, "c.json", {}, diag).has_value());
+  CHECK(diag.format().find("c.json: vision_aspect_ratio: 'anyres': expected anyres_max_N") !=
+        std::string::npos);
+}
+
 TEST_CASE("InternVL, remote-code shape (llm_config) and hf shape (text_config)") {
   const ModelSpec a = import("internvl2-8b.json");
   CHECK(image_tokens(module(a, "vision"), 448, 448).llm_tokens == 256);
