@@ -7,6 +7,7 @@
 
 #include "exec/weights.hpp"
 #include "shared/base/check.hpp"
+#include "shared/layout/microbatch.hpp"
 #include "shared/model/model_math.hpp"
 
 namespace tessera::exec {
@@ -15,6 +16,21 @@ namespace {
 
 const ModuleSpec* image_encoder(const ModelSpec& model) {
   return encoder_for(model, Modality::kImage);
+}
+
+// A clip's frames in pieces of `t` frames, each (C·t, S, S) with a frame's channels for each time
+// step (a 3-D patch's layout: channel, then time); the last frame repeats to fill the last piece.
+std::vector<torch::Tensor> temporal_pieces(const torch::Tensor& frames, int64_t t) {
+  std::vector<torch::Tensor> pieces;
+  const int64_t f = frames.size(0);
+  for (int64_t first = 0; first < f; first += t) {
+    std::vector<torch::Tensor> step;
+    for (int64_t k = 0; k < t; ++k) step.push_back(frames[std::min(first + k, f - 1)]);
+    // (t, C, S, S) -> (C, t, S, S) -> (C·t, S, S)
+    pieces.push_back(torch::stack(step).transpose(0, 1).reshape(
+        {frames.size(1) * t, frames.size(2), frames.size(3)}));
+  }
+  return pieces;
 }
 
 // Caption vocabulary of the shapes data set.
@@ -76,13 +92,14 @@ std::string executor_support(const ModelSpec& model) {
       return m.name +
              ": learned separators and newlines between image pieces are not in the executor "
              "yet (they mark tiles, which it does not cut)";
-    if (m.role != ModuleRole::kEncoder) continue;
-    if (m.modality == Modality::kVideo)
-      return m.name + ": video encoders are not in the executor yet";
-    if (m.modality == Modality::kImage &&
-        (!m.patching || m.patching->resize != ResizeMode::kFixed || m.patching->spatial_merge != 1))
+    if (m.role != ModuleRole::kEncoder || m.modality == Modality::kAudio) continue;
+    if (m.patching->resize != ResizeMode::kFixed)
       return m.name +
-             ": only fixed-size image encoders without token merging are in the executor so far";
+             ": only fixed-size image and video encoders are in the executor so far (it resizes "
+             "every image and frame to image_size; tiles and native resolutions are not cut)";
+    if (m.patching->merge_padding &&
+        (m.patching->image_size / m.patching->patch_size) % m.patching->spatial_merge != 0)
+      return m.name + ": a padded token merge is not in the executor yet";
   }
   return "";
 }
@@ -91,7 +108,7 @@ std::string executor_plan_support(const ParallelPlan& plan, const ModelSpec& mod
   const std::string next = " is not in the executor yet";
   if (plan.schedule == Schedule::kDip)
     for (const ModuleSpec& m : model.modules)
-      if (m.role == ModuleRole::kEncoder && m.modality != Modality::kImage)
+      if (m.role == ModuleRole::kEncoder && m.modality == Modality::kAudio)
         return "plan.schedule: dip with the " + enum_name(m.modality, kModalities) + " encoder " +
                m.name + " cut over pipeline stages" + next;
   for (const ModuleSpec& m : model.modules) {
@@ -168,6 +185,13 @@ TrainBatch make_batch(const Scenario& s, DatasetKind kind, int64_t iteration) {
           d.images.push_back(
               seeded_uniform(key, "image" + std::to_string(k), {channels, size, size}, 0.5));
       }
+      if (const ModuleSpec* video = encoder_for(s.model, Modality::kVideo); video != nullptr) {
+        const int64_t size = video->patching->image_size;
+        const int64_t channels = video->patching->in_channels;
+        for (std::size_t k = 0; k < sample.videos.size(); ++k)
+          d.videos.push_back(seeded_uniform(key, "video" + std::to_string(k),
+                                            {sample.videos[k].frames, channels, size, size}, 0.5));
+      }
       if (const ModuleSpec* audio = encoder_for(s.model, Modality::kAudio); audio != nullptr) {
         const AudioFrontEnd& a = *audio->audio;
         for (std::size_t k = 0; k < sample.audio_seconds.size(); ++k) {
@@ -206,33 +230,25 @@ LlmLayout llm_layout(const ModelSpec& model, const TrainBatch& batch,
                      bool pad_to_longest) {
   LlmLayout l;
   std::vector<int64_t> ids, positions, targets, text_slots, media_slots, media_rows;
-  // Each media item in the LLM sequence, per modality, in module_work()'s order: images, then
-  // audio clips; each with its LLM token count.
-  const ModuleSpec* image = image_encoder(model);
-  const ModuleSpec* audio = encoder_for(model, Modality::kAudio);
-  auto items = [&](const Sample& s, Modality modality) {
+  // Each media item in the LLM sequence in module_work()'s order (media_encoders(), each
+  // encoder's media_items()), with its LLM token count.
+  auto items = [&](const Sample& s, const ModuleSpec* encoder) {
     std::vector<int64_t> tokens;
-    if (modality == Modality::kImage && image != nullptr)
-      for (const ImageItem& i : s.images)
-        tokens.push_back(image_tokens(*image, i.width, i.height).llm_tokens);
-    if (modality == Modality::kAudio && audio != nullptr)
-      for (double seconds : s.audio_seconds)
-        tokens.push_back(audio_tokens(*audio, seconds).llm_tokens);
+    for (const MediaItem& item : media_items(model, *encoder, s)) tokens.push_back(item.llm_tokens);
     return tokens;
   };
-  // Rows of the media tensor: the LLM's inputs in order, each holding its modality's rows.
+  // Rows of the media tensor: the LLM's inputs in order, each holding its encoder's rows.
   const ModuleSpec* llm = find_llm(model);
-  std::map<Modality, int64_t> first_row;
+  std::map<const ModuleSpec*, int64_t> first_row;
   int64_t rows = 0;
   for (const std::string& input : llm->inputs) {
-    const ModuleSpec* projector = find_module(model, input);
-    const ModuleSpec* source = find_module(model, projector->inputs.front());
-    first_row[source->modality] = rows;
+    const ModuleSpec* source = source_encoder(model, *find_module(model, input));
+    first_row[source] = rows;
     for (int32_t i : samples)
-      for (int64_t t : items(batch.batch.samples[static_cast<std::size_t>(i)], source->modality))
-        rows += t;
+      for (int64_t t : items(batch.batch.samples[static_cast<std::size_t>(i)], source)) rows += t;
   }
-  std::map<Modality, int64_t> next_row = first_row;
+  std::map<const ModuleSpec*, int64_t> next_row = first_row;
+  const std::vector<const ModuleSpec*> encoders = media_encoders(model);
   int32_t item = 0;     // media items of this micro-batch
   int64_t longest = 0;  // the longest sample's tokens
   for (std::size_t k = 0; k < samples.size(); ++k) {
@@ -241,9 +257,9 @@ LlmLayout llm_layout(const ModelSpec& model, const TrainBatch& batch,
     const SampleData& data = batch.data[index];
     const int64_t begin = static_cast<int64_t>(ids.size());
     int64_t media_left = max_seq_len;
-    for (Modality modality : {Modality::kImage, Modality::kAudio}) {
-      for (int64_t tokens : items(sample, modality)) {
-        const int64_t row = next_row[modality];
+    for (const ModuleSpec* encoder : encoders) {
+      for (int64_t tokens : items(sample, encoder)) {
+        const int64_t row = next_row[encoder];
         for (int64_t t = 0; t < tokens && media_left > 0; ++t, --media_left) {
           media_slots.push_back(static_cast<int64_t>(ids.size()));
           media_rows.push_back(row + t);
@@ -251,7 +267,7 @@ LlmLayout llm_layout(const ModelSpec& model, const TrainBatch& batch,
           l.sample.push_back(static_cast<int32_t>(k));
           l.item.push_back(item);
         }
-        next_row[modality] += tokens;
+        next_row[encoder] += tokens;
         ++item;
       }
     }
@@ -298,15 +314,9 @@ LlmLayout llm_layout(const ModelSpec& model, const TrainBatch& batch,
   return l;
 }
 
-int64_t llm_media_tokens(const ModelSpec& model, Modality modality, const Sample& sample) {
+int64_t llm_media_tokens(const ModelSpec& model, const ModuleSpec& encoder, const Sample& sample) {
   int64_t tokens = 0;
-  if (const ModuleSpec* e = encoder_for(model, modality); e != nullptr) {
-    if (modality == Modality::kImage)
-      for (const ImageItem& i : sample.images)
-        tokens += image_tokens(*e, i.width, i.height).llm_tokens;
-    if (modality == Modality::kAudio)
-      for (double seconds : sample.audio_seconds) tokens += audio_tokens(*e, seconds).llm_tokens;
-  }
+  for (const MediaItem& item : media_items(model, encoder, sample)) tokens += item.llm_tokens;
   return tokens;
 }
 
@@ -330,15 +340,25 @@ torch::Tensor attention_bias(const LlmLayout& l, const std::vector<int64_t>& que
   return bias;
 }
 
-torch::Tensor micro_batch_images(const ModuleSpec& encoder, const TrainBatch& batch,
-                                 const std::vector<int32_t>& samples) {
-  std::vector<torch::Tensor> images;
-  for (int32_t i : samples)
-    for (const torch::Tensor& img : batch.data[static_cast<std::size_t>(i)].images)
-      images.push_back(img);
-  const int64_t size = encoder.patching->image_size;
-  if (images.empty()) return torch::zeros({0, encoder.patching->in_channels, size, size});
-  return torch::stack(images);
+torch::Tensor micro_batch_pieces(const ModelSpec& model, const ModuleSpec& encoder,
+                                 const TrainBatch& batch, const std::vector<int32_t>& samples) {
+  const Patching& p = *encoder.patching;
+  const bool images = encoder_for(model, Modality::kImage) == &encoder;
+  const bool videos = encoder_for(model, Modality::kVideo) == &encoder;
+  std::vector<torch::Tensor> pieces;
+  for (int32_t i : samples) {
+    const SampleData& d = batch.data[static_cast<std::size_t>(i)];
+    if (images)
+      for (const torch::Tensor& img : d.images)
+        pieces.push_back(temporal_pieces(img.unsqueeze(0), p.temporal_patch).front());
+    if (videos)
+      for (const torch::Tensor& clip : d.videos)
+        for (torch::Tensor& piece : temporal_pieces(clip, p.temporal_patch))
+          pieces.push_back(std::move(piece));
+  }
+  if (pieces.empty())
+    return torch::zeros({0, p.in_channels * p.temporal_patch, p.image_size, p.image_size});
+  return torch::stack(pieces);
 }
 
 std::vector<torch::Tensor> micro_batch_audio(const TrainBatch& batch,

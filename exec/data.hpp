@@ -23,6 +23,7 @@ enum class DatasetKind { kSynthetic, kShapes };
 struct SampleData {
   std::vector<int64_t> text;          // token ids (length Sample::text_tokens)
   std::vector<torch::Tensor> images;  // (C, S, S) each, S = the encoder's image_size
+  std::vector<torch::Tensor> videos;  // (F, C, S, S) each: a clip's F frames
   // Per audio clip, its encoder windows: (mel_bins, frames) log-mel features each, padded to
   // max_seconds when the front end pads (audio_tokens() counts the same windows).
   std::vector<std::vector<torch::Tensor>> audio;
@@ -34,8 +35,9 @@ struct TrainBatch {
   int64_t targets = 0;           // predicted text tokens in the whole batch (loss normalizer)
 };
 
-// Checks that the executor can run `model` (image encoders with fixed resize, Whisper-style audio
-// encoders, projectors, a decoder LLM). Returns a problem, or "".
+// Checks that the executor can run `model` (image and video encoders with fixed resize, their
+// patches optionally spanning several frames and their tokens merged s x s; Whisper-style audio
+// encoders; projectors; a decoder LLM). Returns a problem, or "".
 std::string executor_support(const ModelSpec& model);
 
 // Checks that the executor can run `plan` (validated against `model`). Returns a problem, or "".
@@ -66,17 +68,20 @@ LlmLayout llm_layout(const ModelSpec& model, const TrainBatch& batch,
                      const std::vector<int32_t>& samples, int64_t max_seq_len,
                      bool pad_to_longest = false);
 
-// Tokens a sample's media of `modality` become in the LLM sequence (before truncation): the
-// rows a projector of that modality produces for it.
-int64_t llm_media_tokens(const ModelSpec& model, Modality modality, const Sample& sample);
+// Tokens a sample's media that `encoder` encodes become in the LLM sequence (before
+// truncation): the rows the encoder's projector produces for it.
+int64_t llm_media_tokens(const ModelSpec& model, const ModuleSpec& encoder, const Sample& sample);
 
 // Additive mask (queries, keys): 0 where the query attends to the key, -inf elsewhere.
 torch::Tensor attention_bias(const LlmLayout& layout, const std::vector<int64_t>& queries,
                              const std::vector<int64_t>& keys);
 
-// Images of the samples, (N, C, S, S) in sample order; (0, C, S, S) when none.
-torch::Tensor micro_batch_images(const ModuleSpec& encoder, const TrainBatch& batch,
-                                 const std::vector<int32_t>& samples);
+// The pieces `encoder` runs for the samples, (P, C·T, S, S) with T its temporal_patch: per
+// sample (in order) its media_items() — an image as one piece (repeated T times over time), a
+// clip as ceil(F / T) pieces of T frames each (the last frame repeated to fill the last).
+// (0, C·T, S, S) when none.
+torch::Tensor micro_batch_pieces(const ModelSpec& model, const ModuleSpec& encoder,
+                                 const TrainBatch& batch, const std::vector<int32_t>& samples);
 
 // Audio encoder windows of the micro-batch, in sample and clip order.
 std::vector<torch::Tensor> micro_batch_audio(const TrainBatch& batch,

@@ -14,10 +14,12 @@ std::vector<PlainStep> run_plain_loop(const Scenario& s, const TrainOptions& opt
   TESSERA_CHECK(world_size(*s.plan, model) == 1, "the plain loop runs single-rank plans");
   TESSERA_CHECK(
       find_llm(model)->inputs.size() <= 1 && encoder_for(model, Modality::kAudio) == nullptr,
-      "the plain loop runs an image encoder -> projector -> LLM chain");
+      "the plain loop runs an image or video encoder -> projector -> LLM chain");
   static const Comm alone{{0}, 0, {}};
   const ModuleSpec* llm_spec = find_llm(model);
-  const ModuleSpec* encoder_spec = encoder_for(model, Modality::kImage);
+  const ModuleSpec* encoder_spec =
+      llm_spec->inputs.empty() ? nullptr
+                               : source_encoder(model, *find_module(model, llm_spec->inputs[0]));
   const ModuleSpec* projector_spec = nullptr;
   for (const ModuleSpec& m : model.modules)
     if (m.role == ModuleRole::kProjector) projector_spec = &m;
@@ -53,7 +55,7 @@ std::vector<PlainStep> run_plain_loop(const Scenario& s, const TrainOptions& opt
         torch::Tensor features;
         {
           torch::AutoGradMode graph(encoder->trainable());
-          features = encoder->encode(micro_batch_images(*encoder_spec, batch, samples));
+          features = encoder->encode(micro_batch_pieces(model, *encoder_spec, batch, samples));
         }
         media = projector->project(features);
       }

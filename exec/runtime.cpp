@@ -326,22 +326,24 @@ StepResult Worker::step(int64_t iteration) {
               tokens += n;
             t = torch::zeros({tokens, spec.transformer->hidden});
           } else {
-            // A pipelined image encoder: (images, tokens per image, hidden) between its stages.
+            // A pipelined image or video encoder: (pieces, tokens per piece, hidden) between its
+            // stages.
             TESSERA_CHECK(
-                spec.role == ModuleRole::kEncoder && spec.modality == Modality::kImage,
+                spec.role == ModuleRole::kEncoder && spec.patching,
                 "activations of " + spec.name + " across ranks are not in the executor yet");
-            int64_t images = 0;
+            int64_t pieces = 0;
             if (dip_)
-              images = dip_pieces(op.module, op.microbatch)
+              pieces = dip_pieces(op.module, op.microbatch)
                            .at(static_cast<std::size_t>(op.sub_microbatch))
-                           .second;
+                           .count;
             else
               for (int32_t sample : samples_for(op.module, op.microbatch))
-                images += static_cast<int64_t>(
-                    batch_.data[static_cast<std::size_t>(sample)].images.size());
+                for (const MediaItem& item : media_items(
+                         model, spec, batch_.batch.samples[static_cast<std::size_t>(sample)]))
+                  pieces += item.pieces;
             const int64_t size = spec.patching->image_size;
             t = torch::zeros(
-                {images, image_tokens(spec, size, size).encoder_tokens, spec.transformer->hidden});
+                {pieces, image_tokens(spec, size, size).encoder_tokens, spec.transformer->hidden});
           }
         } else {
           t = torch::zeros_like(slots_.at(key).output);

@@ -135,8 +135,12 @@ class Worker {
   // schedule dip: the encoder outputs of each sub-micro-batch between the encoder's last stage
   // and the LLM's first (forward), and their gradients back.
   void dip_boundary(const Op& op);
-  // (first image, images) of an encoder's sub-micro-batches of LLM micro-batch `mb`
-  const std::vector<std::pair<int64_t, int64_t>>& dip_pieces(int encoder, int mb);
+  // An encoder's sub-micro-batch of an LLM micro-batch under DIP: pieces [first, first + count)
+  // of micro_batch_pieces(), and the rows they become for the LLM.
+  struct DipPiece {
+    int64_t first = 0, count = 0, llm_rows = 0;
+  };
+  const std::vector<DipPiece>& dip_pieces(int encoder, int mb);
   // The schedule for this step: the background search's, or the previous one when it is late
   // on some rank; then starts the search for the next batch.
   DipStepInfo dip_schedule_for_step(int64_t iteration);
@@ -236,7 +240,7 @@ class Worker {
   std::vector<std::pair<c10::intrusive_ptr<c10d::Work>, torch::Tensor>> pending_;
   // schedule dip
   bool dip_ = false;
-  std::map<std::pair<int, int>, std::vector<std::pair<int64_t, int64_t>>> dip_pieces_;
+  std::map<std::pair<int, int>, std::vector<DipPiece>> dip_pieces_;
   std::map<Key, torch::Tensor> dip_received_;  // LLM first stage: each piece's encoder output
   std::unique_ptr<CostModel> dip_cost_;
   std::unique_ptr<DipPlanner> dip_planner_;

@@ -53,8 +53,10 @@ Stage::Stage(const ModuleSpec& module, int64_t layer_begin, int64_t layer_end, u
     const Patching& p = *module.patching;
     const int64_t patches = (p.image_size / p.patch_size) * (p.image_size / p.patch_size);
     const int64_t length = patches + (p.class_token ? 1 : 0);
-    patch_ = Linear(params_, name + ".patch", p.in_channels * p.patch_size * p.patch_size,
-                    arch.hidden, arch.linear_bias && p.conv_bias, Split::kReplicated);
+    // A patch spans temporal_patch frames (Qwen2-VL's 3-D patches): C·T·p·p inputs.
+    patch_ = Linear(params_, name + ".patch",
+                    p.in_channels * p.temporal_patch * p.patch_size * p.patch_size, arch.hidden,
+                    arch.linear_bias && p.conv_bias, Split::kReplicated);
     if (p.class_token) cls_ = params_.weight(name + ".cls", {arch.hidden}, 0.02);
     if (arch.positions > 0) {
       TESSERA_CHECK(arch.positions >= length, name + ": " + std::to_string(arch.positions) +
@@ -168,7 +170,16 @@ torch::Tensor Stage::encode(const torch::Tensor& input, Cuts* cuts) const {
   x = run_blocks(x, AttentionInputs{}, cuts);
   if (!last()) return x;
   x = final_norm_.forward(x);
-  if (module_.patching->class_token) x = x.narrow(1, 1, x.size(1) - 1);
+  const Patching& p = *module_.patching;
+  if (p.class_token) x = x.narrow(1, 1, x.size(1) - 1);
+  if (const int64_t s = p.spatial_merge; s > 1) {
+    // Each s x s block of neighbouring patches becomes one token of s²·hidden values (Qwen2-VL's
+    // merger, InternVL's pixel shuffle), blocks in row-major order.
+    const int64_t n = x.size(0), side = p.image_size / p.patch_size, h = x.size(2);
+    x = x.reshape({n, side / s, s, side / s, s, h})
+            .permute({0, 1, 3, 2, 4, 5})
+            .reshape({n, (side / s) * (side / s), s * s * h});
+  }
   return x.reshape({-1, x.size(2)});
 }
 

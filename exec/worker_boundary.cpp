@@ -202,13 +202,11 @@ int64_t Worker::lay_out_rows(int producer, const std::vector<int32_t>& samples, 
   const ModelSpec& model = scenario_.model;
   // A projector's rows are its encoder's tokens; an encoder's (feeding a projector on other
   // ranks), its own.
-  const ModuleSpec& spec = model.modules[static_cast<std::size_t>(producer)];
-  const Modality modality = spec.role == ModuleRole::kProjector
-                                ? find_module(model, spec.inputs.front())->modality
-                                : spec.modality;
+  const ModuleSpec& encoder =
+      *source_encoder(model, model.modules[static_cast<std::size_t>(producer)]);
   for (int32_t s : samples) {
     const int64_t n =
-        llm_media_tokens(model, modality, batch_.batch.samples[static_cast<std::size_t>(s)]);
+        llm_media_tokens(model, encoder, batch_.batch.samples[static_cast<std::size_t>(s)]);
     where[s] = {row, n};
     row += n;
   }
@@ -229,7 +227,10 @@ std::vector<int64_t> Worker::rows_of(int producer, const std::vector<int32_t>& s
 
 int64_t Worker::boundary_width(int producer) const {
   const ModuleSpec& spec = scenario_.model.modules[static_cast<std::size_t>(producer)];
-  return spec.projector ? spec.projector->out : spec.transformer->hidden;
+  if (spec.projector) return spec.projector->out;
+  // An encoder's tokens, s x s of them merged into one of s² times the width.
+  const int64_t merge = spec.patching ? spec.patching->spatial_merge : 1;
+  return spec.transformer->hidden * merge * merge;
 }
 
 int64_t Worker::producer_leader(int producer, int64_t replica) const {

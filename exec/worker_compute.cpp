@@ -134,15 +134,15 @@ void Worker::forward(const Op& op) {
         out = st.encode(inputs[0], cuts);
       else if (dip_) {
         // This sub-micro-batch's images of the LLM micro-batch.
-        const auto [first, count] =
+        const DipPiece piece =
             dip_pieces(op.module, op.microbatch).at(static_cast<std::size_t>(op.sub_microbatch));
         out =
-            st.encode(micro_batch_images(spec, batch_,
+            st.encode(micro_batch_pieces(scenario_.model, spec, batch_,
                                          my_micro_batches_[static_cast<std::size_t>(op.microbatch)])
-                          .narrow(0, first, count),
+                          .narrow(0, piece.first, piece.count),
                       cuts);
       } else {
-        out = st.encode(micro_batch_images(spec, batch_, samples), cuts);
+        out = st.encode(micro_batch_pieces(scenario_.model, spec, batch_, samples), cuts);
       }
       break;
     }

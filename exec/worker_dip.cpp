@@ -17,21 +17,32 @@
 
 namespace tessera::exec {
 
-const std::vector<std::pair<int64_t, int64_t>>& Worker::dip_pieces(int encoder, int mb) {
+const std::vector<Worker::DipPiece>& Worker::dip_pieces(int encoder, int mb) {
   const auto key = std::make_pair(encoder, mb);
   if (const auto it = dip_pieces_.find(key); it != dip_pieces_.end()) return it->second;
   const ModuleSpec& spec = scenario_.model.modules[static_cast<std::size_t>(encoder)];
   std::vector<const Sample*> samples;
   for (int32_t i : my_micro_batches_[static_cast<std::size_t>(mb)])
     samples.push_back(&batch_.batch.samples[static_cast<std::size_t>(i)]);
-  // The lowering's cut (dip_schedule.hpp): each piece's first item, here images.
+  // The lowering's cut (dip_schedule.hpp): each piece's first item (an image or a clip).
   const auto items = dip_media_items(scenario_.model, spec, samples);
   const std::vector<std::size_t> first = dip_piece_starts(
       scenario_.model, spec, samples, items, plan_.layout.vpp, scenario_.workload.max_seq_len);
+  // Each item's encoder pieces (a clip's temporal steps) and LLM rows.
+  std::vector<MediaItem> sizes;
+  for (const auto& [owner, item] : items)
+    sizes.push_back(media_items(scenario_.model, spec, item).at(0));
   auto& out = dip_pieces_[key];
+  int64_t piece = 0;
   for (std::size_t j = 0; j < first.size(); ++j) {
     const std::size_t end = j + 1 < first.size() ? first[j + 1] : items.size();
-    out.emplace_back(static_cast<int64_t>(first[j]), static_cast<int64_t>(end - first[j]));
+    DipPiece d{piece, 0, 0};
+    for (std::size_t i = first[j]; i < end; ++i) {
+      d.count += sizes[i].pieces;
+      d.llm_rows += sizes[i].llm_tokens;
+    }
+    piece += d.count;
+    out.push_back(d);
   }
   return out;
 }
@@ -54,17 +65,14 @@ void Worker::dip_boundary(const Op& op) {
   }
   torch::Tensor t;
   if (op.phase == Phase::kF) {
-    // The encoder behind this projector, and the piece's images' rows for the LLM.
+    // The encoder behind this projector, and the piece's rows for the LLM.
     const ModelSpec& model = scenario_.model;
-    const ModuleSpec* encoder = &model.modules[static_cast<std::size_t>(op.module)];
-    while (encoder->role != ModuleRole::kEncoder)
-      encoder = find_module(model, encoder->inputs.front());
-    const int64_t images = dip_pieces(module_index(model, encoder->name), op.microbatch)
-                               .at(static_cast<std::size_t>(op.sub_microbatch))
-                               .second;
-    const int64_t size = encoder->patching->image_size;
-    t = torch::zeros({images * image_tokens(*encoder, size, size).llm_tokens,
-                      model.modules[static_cast<std::size_t>(llm_)].transformer->hidden});
+    const ModuleSpec* encoder =
+        source_encoder(model, model.modules[static_cast<std::size_t>(op.module)]);
+    const int64_t rows = dip_pieces(module_index(model, encoder->name), op.microbatch)
+                             .at(static_cast<std::size_t>(op.sub_microbatch))
+                             .llm_rows;
+    t = torch::zeros({rows, model.modules[static_cast<std::size_t>(llm_)].transformer->hidden});
   } else {
     t = torch::zeros_like(slots_.at(key).output);
   }

@@ -8,10 +8,6 @@
 
 namespace tessera {
 
-namespace {
-
-// Which raw media a module's input comes from: its own modality for an encoder, its producer's
-// for a projector.
 const ModuleSpec* source_encoder(const ModelSpec& model, const ModuleSpec& m) {
   if (m.role == ModuleRole::kEncoder) return &m;
   if (m.role == ModuleRole::kProjector && !m.inputs.empty()) {
@@ -21,16 +17,9 @@ const ModuleSpec* source_encoder(const ModelSpec& model, const ModuleSpec& m) {
   return nullptr;
 }
 
-// Media of one sample that `encoder` turns into tokens, as (encoder tokens per piece, pieces,
-// LLM tokens).
-struct Item {
-  int64_t piece_tokens;
-  int64_t pieces;
-  int64_t llm_tokens;
-};
-
-std::vector<Item> items_for(const ModelSpec& model, const ModuleSpec& encoder, const Sample& s) {
-  std::vector<Item> items;
+std::vector<MediaItem> media_items(const ModelSpec& model, const ModuleSpec& encoder,
+                                   const Sample& s) {
+  std::vector<MediaItem> items;
   if (encoder_for(model, Modality::kImage) == &encoder)
     for (const ImageItem& i : s.images) {
       const MediaTokens t = image_tokens(encoder, i.width, i.height);
@@ -52,7 +41,15 @@ std::vector<Item> items_for(const ModelSpec& model, const ModuleSpec& encoder, c
   return items;
 }
 
-}  // namespace
+std::vector<const ModuleSpec*> media_encoders(const ModelSpec& model) {
+  std::vector<const ModuleSpec*> encoders;
+  for (Modality modality : {Modality::kImage, Modality::kVideo, Modality::kAudio}) {
+    const ModuleSpec* enc = encoder_for(model, modality);
+    if (enc != nullptr && std::find(encoders.begin(), encoders.end(), enc) == encoders.end())
+      encoders.push_back(enc);
+  }
+  return encoders;
+}
 
 ModuleWork module_work(const ModelSpec& model, const ModuleSpec& m,
                        std::span<const Sample* const> samples, int64_t max_seq_len,
@@ -66,7 +63,7 @@ ModuleWork module_work(const ModelSpec& model, const ModuleSpec& m,
   int64_t longest = 0;
   for (const Sample* s : samples) {
     if (encoder != nullptr) {
-      for (const Item& item : items_for(model, *encoder, *s)) {
+      for (const MediaItem& item : media_items(model, *encoder, *s)) {
         if (m.role == ModuleRole::kEncoder) {
           w.tokens += item.piece_tokens * item.pieces;
           w.attention_pairs += static_cast<double>(item.pieces) *
@@ -92,14 +89,8 @@ ModuleWork module_work(const ModelSpec& model, const ModuleSpec& m,
     if (media > 0) {
       // Each image/clip attends within itself (bidirectional), clamped to what fits.
       int64_t left = media;
-      std::vector<const ModuleSpec*> encoders;  // distinct: one ViT may serve images and video
-      for (Modality modality : {Modality::kImage, Modality::kVideo, Modality::kAudio}) {
-        const ModuleSpec* enc = encoder_for(model, modality);
-        if (enc != nullptr && std::find(encoders.begin(), encoders.end(), enc) == encoders.end())
-          encoders.push_back(enc);
-      }
-      for (const ModuleSpec* enc : encoders)
-        for (const Item& item : items_for(model, *enc, *s)) {
+      for (const ModuleSpec* enc : media_encoders(model))
+        for (const MediaItem& item : media_items(model, *enc, *s)) {
           const double n = static_cast<double>(std::min(item.llm_tokens, left));
           media_pairs += n * n;
           left -= static_cast<int64_t>(n);

@@ -21,6 +21,26 @@ struct ModuleWork {
   int64_t text_tokens = 0;     // LLM: text tokens in its sequences (embedded by its vocabulary)
 };
 
+// One media item of a sample as an encoder takes it: `pieces` separate encoder sequences (tiles,
+// audio windows, a fixed-size encoder's video frames in temporal steps) of `piece_tokens` each,
+// and the `llm_tokens` it becomes in the LLM's sequence.
+struct MediaItem {
+  int64_t piece_tokens = 0;
+  int64_t pieces = 0;
+  int64_t llm_tokens = 0;
+};
+// The media items of `sample` that `encoder` turns into tokens, in the order the encoder and the
+// LLM take them: its images where it is the image encoder, then its videos where it is the
+// video encoder (one ViT may be both), then its audio clips where it is the audio encoder.
+std::vector<MediaItem> media_items(const ModelSpec& model, const ModuleSpec& encoder,
+                                   const Sample& sample);
+// The encoder whose tokens `module` (an encoder, or a projector fed by one) carries; null for
+// others.
+const ModuleSpec* source_encoder(const ModelSpec& model, const ModuleSpec& module);
+// The distinct encoders of `model` in the order their media enter a sample's LLM sequence:
+// the image encoder, the video encoder (when another), the audio encoder.
+std::vector<const ModuleSpec*> media_encoders(const ModelSpec& model);
+
 // With `pad_to_longest` (ParallelPlan::pad_to_longest), an LLM's samples are padded to the
 // longest of them: `tokens` counts the pads, each pad attends to itself alone (one pair), and
 // `text_tokens` and `output_tokens` stay the samples' own.

@@ -214,8 +214,12 @@ double Lowering::boundary_bytes(int producer_last, int consumer,
   const ModuleSpec& p = *modules_[static_cast<std::size_t>(producer_last)].spec;
   const ModuleSpec& c = *modules_[static_cast<std::size_t>(consumer)].spec;
   const ModuleWork& w = work_of(producer_last, samples);
-  const int64_t width =
-      c.transformer ? c.transformer->hidden : (p.projector ? p.projector->out : 0);
+  // The consumer's input width: an LLM's hidden size, a projector's input (an encoder's merged
+  // tokens); else the producing projector's output.
+  const int64_t width = c.transformer ? c.transformer->hidden
+                        : c.projector ? c.projector->in
+                        : p.projector ? p.projector->out
+                                      : 0;
   // DeepStack: each copy's output travels beside the projector's.
   const int64_t copies = p.projector ? 1 + p.projector->deepstack : 1;
   return static_cast<double>(w.output_tokens * width * copies * dtype_bytes(model_.dtype));

@@ -519,6 +519,60 @@ TEST_CASE("a non-colocated projector on ranks of its own: plans agree with one r
   check_trace_is_program(out_dir("projector-valm-both"), valm, both);
 }
 
+TEST_CASE("video clips through a ViT of 2-frame patches, tokens merged 2x2: plans agree") {
+  // One trainable ViT for images and 1-5 frame clips (Qwen2-VL's shape at a fixed size): a clip
+  // runs as ceil(frames / 2) pieces of two frames, an image as one piece of itself twice; each
+  // piece's 4 x 4 patches become 2 x 2 tokens of 4 x 64 values for the projector.
+  const std::string video = std::string(TESSERA_SOURCE_DIR) + "/scenarios/cpu-tiny-video.json";
+  const std::string non_colocated =
+      raw_plan(R"({"placement": "non_colocated", "schedule": "graph_1f1b", "micro_batch_size": 1,
+               "modules": {"vision": {"pp": 2}, "vision_projector": {"dp": 1},
+                           "llm": {"dp": 1}}})",
+               "video-non-colocated");
+  const std::string dip = raw_plan(R"({"placement": "homogeneous", "layout": {"pp": 2, "vpp": 2},
+      "micro_batch_size": 2, "schedule": "dip"})",
+                                   "video-dip");
+  check_plans_agree(video, "video-1",
+                    {{plan_file(R"({"tp": 2, "pp": 2})"), "video-tp2-pp2"},
+                     {plan_file(R"({"dp": 2}, "overlap_grad_reduce": true)"), "video-dp2"},
+                     {non_colocated, "video-non-colocated"}});
+  // DIP cuts micro-batches of two samples into pieces of whole images and clips: with a deeper
+  // ViT and one or two clips a sample, some micro-batch is cut in two.
+  const std::string deeper = edited_scenario(
+      video,
+      [](Json& s) {
+        s["model"]["modules"][0]["transformer"]["layers"] = 8;
+        s["workload"]["samples"]["video"]["count"] = Json{{"dist", "choice"}, {"values", {1, 2}}};
+      },
+      "video-deeper");
+  Diagnostics diag;
+  const auto with = load_scenario_with_plan(deeper, dip, diag);
+  INFO(diag.format());
+  REQUIRE(with.has_value());
+  int32_t most = 0;
+  for (int64_t it = 0; it < 2; ++it) {
+    const Lowered l =
+        lower(with->model, with->cluster,
+              resolve_stage_split(*with->plan, with->model, with->workload, with->cluster),
+              with->workload, draw_batch(with->workload, it));
+    REQUIRE(l.error.empty());
+    for (const auto& ops : l.program.ranks)
+      for (const Op& op : ops) most = std::max(most, op.sub_microbatch);
+  }
+  CHECK(most >= 1);
+  check_plans_agree(deeper, "video-dip-1", {{dip, "video-dip"}}, 2);
+  check_trace_is_program(out_dir("video-non-colocated"), video, non_colocated);
+  // A clip of its own encoder: the same ViT as a video encoder, the samples' images dropped.
+  const std::string own = edited_scenario(
+      video,
+      [](Json& s) {
+        s["model"]["modules"][0]["modality"] = "video";
+        s["workload"]["samples"].erase("image");
+      },
+      "video-own");
+  check_plans_agree(own, "video-own-1", {{plan_file(R"({"pp": 2})"), "video-own-pp2"}});
+}
+
 TEST_CASE("a three-layer projector runs whole on every TP rank: TP 2 agrees with one rank") {
   const std::string scenario = edited_scenario(
       kScenario, [](Json& s) { s["model"]["modules"][1]["projector"]["layers"] = 3; },

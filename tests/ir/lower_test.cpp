@@ -370,6 +370,28 @@ TEST_CASE("program checks catch a boundary message on the wrong link") {
   CHECK(check_program(nowhere).front().find("names no link of its module") != std::string::npos);
 }
 
+TEST_CASE("an encoder's tokens reach a projector on ranks of its own at the projector's width") {
+  // The ViT's 8 x 8 patches merged 2 x 2: 16 tokens an image of 4 x 128 values each.
+  std::string model = kVlm;
+  const auto replace = [&](const std::string& from, const std::string& to) {
+    model.replace(model.find(from), from.size(), to);
+  };
+  replace(R"("image_size": 64})", R"("image_size": 64, "spatial_merge": 2})");
+  replace(R"("in": 128)", R"("in": 512)");
+  Case c = make(
+      model.c_str(),
+      R"({"global_batch": 4, "max_seq_len": 1024, "samples": {"text_tokens": 64, "image": {"count": 1, "width": 64, "height": 64}}})",
+      R"({"placement": "non_colocated", "schedule": "graph_1f1b", "modules": {"vision": {"dp": 1}, "proj": {"dp": 1}, "llm": {"dp": 1}}})");
+  const Program p = lowered(c);
+  double sent = 0;
+  for (const auto& ops : p.ranks)
+    for (const Op& op : ops)
+      if (op.kind == OpKind::kSend && op.purpose == Purpose::kBoundary && op.phase == Phase::kF &&
+          p.modules[static_cast<std::size_t>(op.module)] == "vision")
+        sent += op.bytes;
+  CHECK(sent == doctest::Approx(4.0 * 16 * 512 * 2));  // 4 images, bf16
+}
+
 TEST_CASE("boundary links: each consumer replica's links carry its micro-batch's samples") {
   const char* workload =
       R"({"global_batch": 16, "max_seq_len": 1024, "seed": 3, "samples": {"text_tokens": {"dist": "uniform", "min": 32, "max": 300},
