@@ -106,11 +106,6 @@ std::string executor_support(const ModelSpec& model) {
 
 std::string executor_plan_support(const ParallelPlan& plan, const ModelSpec& model) {
   const std::string next = " is not in the executor yet";
-  if (plan.schedule == Schedule::kDip)
-    for (const ModuleSpec& m : model.modules)
-      if (m.role == ModuleRole::kEncoder && m.modality == Modality::kAudio)
-        return "plan.schedule: dip with the " + enum_name(m.modality, kModalities) + " encoder " +
-               m.name + " cut over pipeline stages" + next;
   for (const ModuleSpec& m : model.modules) {
     if (!m.transformer) continue;
     int64_t tp = plan.layout.tp;

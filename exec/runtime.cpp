@@ -320,9 +320,7 @@ StepResult Worker::step(int64_t iteration) {
           } else if (spec.role == ModuleRole::kEncoder && spec.modality == Modality::kAudio) {
             // A pipelined audio encoder: its windows' tokens back to back between its stages.
             int64_t tokens = 0;
-            for (const int64_t n : stage(op.module, op.chunk)
-                                       .audio_tokens(micro_batch_audio(
-                                           batch_, samples_for(op.module, op.microbatch))))
+            for (const int64_t n : stage(op.module, op.chunk).audio_tokens(audio_windows(op)))
               tokens += n;
             t = torch::zeros({tokens, spec.transformer->hidden});
           } else {

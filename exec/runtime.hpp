@@ -141,6 +141,9 @@ class Worker {
     int64_t first = 0, count = 0, llm_rows = 0;
   };
   const std::vector<DipPiece>& dip_pieces(int encoder, int mb);
+  // The audio windows an op of an audio encoder runs: its micro-batch's, under DIP its
+  // sub-micro-batch's.
+  std::vector<torch::Tensor> audio_windows(const Op& op);
   // The schedule for this step: the background search's, or the previous one when it is late
   // on some rank; then starts the search for the next batch.
   DipStepInfo dip_schedule_for_step(int64_t iteration);

@@ -128,8 +128,8 @@ void Worker::forward(const Op& op) {
     case ModuleRole::kEncoder: {
       const std::vector<int32_t> samples = samples_for(op.module, op.microbatch);
       if (spec.modality == Modality::kAudio)
-        out = st.encode_audio(micro_batch_audio(batch_, samples),
-                              inputs.empty() ? torch::Tensor() : inputs[0], cuts);
+        out =
+            st.encode_audio(audio_windows(op), inputs.empty() ? torch::Tensor() : inputs[0], cuts);
       else if (!inputs.empty())
         out = st.encode(inputs[0], cuts);
       else if (dip_) {

@@ -47,6 +47,16 @@ const std::vector<Worker::DipPiece>& Worker::dip_pieces(int encoder, int mb) {
   return out;
 }
 
+std::vector<torch::Tensor> Worker::audio_windows(const Op& op) {
+  if (!dip_) return micro_batch_audio(batch_, samples_for(op.module, op.microbatch));
+  const std::vector<torch::Tensor> all =
+      micro_batch_audio(batch_, my_micro_batches_[static_cast<std::size_t>(op.microbatch)]);
+  const DipPiece piece =
+      dip_pieces(op.module, op.microbatch).at(static_cast<std::size_t>(op.sub_microbatch));
+  const auto first = all.begin() + piece.first;
+  return {first, first + piece.count};
+}
+
 void Worker::dip_boundary(const Op& op) {
   const Key key{op.module, op.chunk, op.microbatch, op.sub_microbatch};
   auto& world = *groups_.world().group;

@@ -573,6 +573,43 @@ TEST_CASE("video clips through a ViT of 2-frame patches, tokens merged 2x2: plan
   check_plans_agree(own, "video-own-1", {{plan_file(R"({"pp": 2})"), "video-own-pp2"}});
 }
 
+TEST_CASE("schedule dip with an audio encoder: its windows cut into sub-micro-batches agree") {
+  // The audio-visual model with a deeper trainable audio encoder and two or three clips of two
+  // windows a sample: each micro-batch's clips (their windows) go through the encoder's segments
+  // in pieces.
+  const std::string valm = edited_scenario(
+      std::string(TESSERA_SOURCE_DIR) + "/scenarios/cpu-tiny-valm.json",
+      [](Json& s) {
+        s["model"]["modules"][2]["transformer"]["layers"] = 16;
+        Json& audio = s["workload"]["samples"]["audio"];
+        audio["count"] = Json{{"dist", "choice"}, {"values", {2, 3}}};
+        audio["seconds"] = Json{{"dist", "uniform"}, {"min", 2.5}, {"max", 3.5}};
+      },
+      "dip-audio");
+  const std::string dip = raw_plan(R"({"placement": "homogeneous", "layout": {"pp": 2, "vpp": 2},
+      "micro_batch_size": 2, "schedule": "dip"})",
+                                   "dip-audio-plan");
+  Diagnostics diag;
+  const auto with = load_scenario_with_plan(valm, dip, diag);
+  INFO(diag.format());
+  REQUIRE(with.has_value());
+  int32_t most = 0;
+  for (int64_t it = 0; it < 2; ++it) {
+    const Lowered l =
+        lower(with->model, with->cluster,
+              resolve_stage_split(*with->plan, with->model, with->workload, with->cluster),
+              with->workload, draw_batch(with->workload, it));
+    REQUIRE(l.error.empty());
+    for (const auto& ops : l.program.ranks)
+      for (const Op& op : ops)
+        if (op.module >= 0 && l.program.modules[static_cast<std::size_t>(op.module)] == "audio")
+          most = std::max(most, op.sub_microbatch);
+  }
+  CHECK(most >= 1);
+  check_plans_agree(valm, "dip-audio-1", {{dip, "dip-audio-run"}}, 2);
+  check_trace_is_program(out_dir("dip-audio-run"), valm, dip);
+}
+
 TEST_CASE("a three-layer projector runs whole on every TP rank: TP 2 agrees with one rank") {
   const std::string scenario = edited_scenario(
       kScenario, [](Json& s) { s["model"]["modules"][1]["projector"]["layers"] = 3; },
