@@ -24,14 +24,17 @@ struct Gemm {
 void layer_gemms(const TransformerArch& a, double tokens, double tp, double count,
                  std::vector<Gemm>& out) {
   const double h = static_cast<double>(a.hidden);
-  const double q = static_cast<double>(a.heads * a.head_dim);
-  const double kv = static_cast<double>(a.kv_heads * a.head_dim);
-  const double mlp_params =
-      static_cast<double>(active_layer_matmul_parameters(a)) - h * (q + 2 * kv) - q * h;
+  const double attention = static_cast<double>(attention_matmul_parameters(a));
+  // The attention output's input: the heads' values.
+  const double values = static_cast<double>(a.heads) *
+                        static_cast<double>(a.v_head_dim > 0 ? a.v_head_dim : a.head_dim);
+  const double mlp_params = static_cast<double>(active_layer_matmul_parameters(a)) - attention;
   const double matrices = a.gated_ffn ? 3 : 2;
   const double inner = std::max(0.0, mlp_params / matrices / h);
-  out.push_back({tokens, (q + 2 * kv) / tp, h, count});
-  out.push_back({tokens, h, q / tp, count});
+  // Q/K/V as one GEMM of the input (multi-head latent attention's down- and up-projections
+  // folded into it), and the output projection.
+  out.push_back({tokens, (attention - values * h) / h / tp, h, count});
+  out.push_back({tokens, h, values / tp, count});
   out.push_back({tokens, (matrices - 1) * inner / tp, h, count});
   out.push_back({tokens, h, inner / tp, count});
 }

@@ -128,9 +128,8 @@ Op Lowering::compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t
     if (phase != Phase::kW && l.cp > 1 && layers > 0 && !replicated_over_cp) {
       // K/V of the whole sequence gathered per layer (ring exchange has the same volume);
       // backward reduce-scatters their gradients.
-      const double kv = static_cast<double>(work.tokens) * 2.0 *
-                        static_cast<double>(a.kv_heads * a.head_dim) * dtype /
-                        static_cast<double>(l.tp);
+      const double kv = static_cast<double>(work.tokens) * static_cast<double>(key_value_width(a)) *
+                        dtype / static_cast<double>(l.tp);
       op.nested.push_back(
           {phase == Phase::kB ? CollectiveKind::kReduceScatter : CollectiveKind::kAllGather,
            Purpose::kCp, cp_group(layout_owner, x), static_cast<int32_t>(layers), kv});

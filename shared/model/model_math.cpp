@@ -24,6 +24,34 @@ double mlp_parameters(const TransformerArch& a, int64_t ffn, double tp) {
   return n;
 }
 
+// A value head's width (head_dim unless multi-head latent attention says otherwise).
+double value_head_dim(const TransformerArch& a) {
+  return static_cast<double>(a.v_head_dim > 0 ? a.v_head_dim : a.head_dim);
+}
+
+// Multi-head latent attention's matrices on one of `tp` ranks, as Megatron-LM splits them: the
+// down-projections of queries and of keys/values (with the rotary key values) and the latents'
+// norms whole on every rank (replicated), the up-projections split by heads (columns), the
+// output by rows.
+double latent_attention_parameters(const TransformerArch& a, double tp) {
+  const auto h = static_cast<double>(a.hidden), heads = static_cast<double>(a.heads);
+  const auto hd = static_cast<double>(a.head_dim), vd = value_head_dim(a);
+  const auto kv_rank = static_cast<double>(a.kv_lora_rank),
+             q_rank = static_cast<double>(a.q_lora_rank);
+  const auto rope = static_cast<double>(a.rope_head_dim);
+  double n = 0;
+  if (a.q_lora_rank > 0) {
+    n += h * q_rank + static_cast<double>(norm_parameters(a.norm, a.q_lora_rank)) +
+         q_rank * heads * hd / tp;
+  } else {
+    n += h * heads * hd / tp;
+  }
+  n += h * (kv_rank + rope) + static_cast<double>(norm_parameters(a.norm, a.kv_lora_rank));
+  n += kv_rank * heads * (hd - rope + vd) / tp;
+  n += heads * vd * h / tp;
+  return n;
+}
+
 // Exact as long as counts stay below 2^53.
 int64_t whole(double parameters) {
   return std::llround(parameters);
@@ -114,21 +142,28 @@ double expert_layer_parameters(const TransformerArch& a, int64_t tp, int64_t ep)
 
 double layer_parameters(const TransformerArch& a, int64_t tp, int64_t ep) {
   const auto t = static_cast<double>(tp);
-  // Key/value heads fewer than tp are replicated: each rank holds one.
-  const double kv_share = a.kv_heads >= tp ? static_cast<double>(a.kv_heads) / t : 1.0;
-  const auto q = static_cast<double>(a.heads * a.head_dim) / t;
-  const double kv = kv_share * static_cast<double>(a.head_dim);
   const auto hidden = static_cast<double>(a.hidden);
-  double n = hidden * q + 2 * hidden * kv + q * hidden;
-  const double qkv = q + (a.key_bias ? 2 : 1) * kv;  // the biases of q, k, v
-  if (a.linear_bias) {
-    n += qkv + hidden;  // and the output projection's, whole
+  double n = 0;
+  if (a.kv_lora_rank > 0) {
+    n = latent_attention_parameters(a, t);  // no biases (validated)
   } else {
-    if (a.qkv_bias) n += qkv;
-    if (a.out_bias) n += hidden;
+    // Key/value heads fewer than tp are replicated: each rank holds one.
+    const double kv_share = a.kv_heads >= tp ? static_cast<double>(a.kv_heads) / t : 1.0;
+    const auto q = static_cast<double>(a.heads * a.head_dim) / t;
+    const double kv = kv_share * static_cast<double>(a.head_dim);
+    n = hidden * q + 2 * hidden * kv + q * hidden;
+    const double qkv = q + (a.key_bias ? 2 : 1) * kv;  // the biases of q, k, v
+    if (a.linear_bias) {
+      n += qkv + hidden;  // and the output projection's, whole
+    } else {
+      if (a.qkv_bias) n += qkv;
+      if (a.out_bias) n += hidden;
+    }
   }
   if (a.experts > 0) {
-    n += expert_layer_parameters(a, tp, ep) + hidden * static_cast<double>(a.experts);  // + router
+    // The experts, and the router (with its per-expert bias) whole on every rank.
+    n += expert_layer_parameters(a, tp, ep) +
+         (hidden + (a.router_bias ? 1.0 : 0.0)) * static_cast<double>(a.experts);
     if (a.shared_expert_ffn > 0) n += mlp_parameters(a, a.shared_expert_ffn, t);
   } else {
     n += mlp_parameters(a, a.ffn, t);
@@ -160,10 +195,25 @@ double stack_parameters(const TransformerArch& a, int64_t first, int64_t end, in
   return n;
 }
 
-int64_t active_layer_matmul_parameters(const TransformerArch& a) {
+int64_t attention_matmul_parameters(const TransformerArch& a) {
+  if (a.kv_lora_rank > 0) {
+    // Without the latents' norms.
+    int64_t norms = norm_parameters(a.norm, a.kv_lora_rank);
+    if (a.q_lora_rank > 0) norms += norm_parameters(a.norm, a.q_lora_rank);
+    return whole(latent_attention_parameters(a, 1)) - norms;
+  }
   const int64_t q = a.heads * a.head_dim;
   const int64_t kv = a.kv_heads * a.head_dim;
-  const int64_t attention = a.hidden * q + 2 * a.hidden * kv + q * a.hidden;
+  return a.hidden * q + 2 * a.hidden * kv + q * a.hidden;
+}
+
+int64_t key_value_width(const TransformerArch& a) {
+  if (a.kv_lora_rank > 0) return a.heads * (a.head_dim + static_cast<int64_t>(value_head_dim(a)));
+  return 2 * a.kv_heads * a.head_dim;
+}
+
+int64_t active_layer_matmul_parameters(const TransformerArch& a) {
+  const int64_t attention = attention_matmul_parameters(a);
   const int64_t matrices = a.gated_ffn ? 3 : 2;
   const int64_t mlp =
       a.experts > 0
@@ -230,7 +280,9 @@ double projector_parameters(const ProjectorArch& p, int64_t tp) {
     n = static_cast<double>(projector_matmul_parameters(p)) / t;
     if (p.bias) n += copies * (static_cast<double>(p.hidden) / t + static_cast<double>(p.out));
   }
-  if (p.input_norm) n += static_cast<double>(norm_parameters(p.norm, p.in));
+  if (p.input_norm)
+    n += static_cast<double>(
+        norm_parameters(p.norm, p.input_norm_width > 0 ? p.input_norm_width : p.in));
   // Each DeepStack copy normalizes its input.
   n += static_cast<double>(p.deepstack * norm_parameters(p.norm, p.in));
   // Whole on every rank.
@@ -272,7 +324,9 @@ std::string tp_refusal(const TransformerArch& a, const std::string& who, int64_t
 }
 
 double layer_attention_flops(const TransformerArch& a, double attention_pairs) {
-  return 4.0 * static_cast<double>(a.heads * a.head_dim) * attention_pairs;
+  // Q·Kᵀ over head_dim, P·V over the value head.
+  return 2.0 * static_cast<double>(a.heads) *
+         (static_cast<double>(a.head_dim) + value_head_dim(a)) * attention_pairs;
 }
 
 double layer_forward_flops_per_token(const TransformerArch& a, double attended_tokens) {
@@ -327,7 +381,7 @@ double activation_bytes_per_token_per_layer(const TransformerArch& a, double seq
   const double v = static_cast<double>(o.bytes_per_value);
   const double h = static_cast<double>(a.hidden);
   const double q = static_cast<double>(a.heads * a.head_dim);
-  const double kv = static_cast<double>(a.kv_heads * a.head_dim);
+  const double kv = static_cast<double>(key_value_width(a)) / 2;  // per K and V, averaged
   const double heads = static_cast<double>(a.heads);
   const double f =
       static_cast<double>(a.experts > 0 ? a.top_k * a.moe_ffn + a.shared_expert_ffn : a.ffn);
@@ -340,6 +394,11 @@ double activation_bytes_per_token_per_layer(const TransformerArch& a, double seq
   // Activations already split by TP: Q and K for the scores, V, the output-projection input,
   // the MLP intermediates.
   double split = v * (q + kv) + v * kv + v * q;
+  // Multi-head latent attention also keeps its latents (and the query latent) for backward;
+  // they are whole on every TP rank.
+  double latent = 0;
+  if (a.kv_lora_rank > 0)
+    latent = v * static_cast<double>(2 * a.kv_lora_rank + a.rope_head_dim + 2 * a.q_lora_rank);
   split += a.gated_ffn ? 3 * v * f : 2 * v * f;
   if (o.flash_attention) {
     split += 4.0 * heads;  // float32 log-sum-exp per head
@@ -347,7 +406,7 @@ double activation_bytes_per_token_per_layer(const TransformerArch& a, double seq
     // softmax output, its dropout mask and dropout output: a·s values per token.
     split += heads * seq_len * (v + mask + (o.dropout ? v : 0.0));
   }
-  return (o.sequence_parallel ? replicated / t : replicated) + split / t;
+  return (o.sequence_parallel ? replicated / t : replicated) + split / t + latent;
 }
 
 MediaTokens image_tokens(const ModuleSpec& encoder, int64_t width, int64_t height) {

@@ -50,6 +50,11 @@ double expert_layer_parameters(const TransformerArch& arch, int64_t tp, int64_t 
 // gates of gated layers and the extra norms and gates of cross-attention layers.
 double stack_parameters(const TransformerArch& arch, int64_t first, int64_t end, int64_t tp,
                         int64_t ep = 1);
+// The attention's matrices of one layer (standard or multi-head latent attention).
+int64_t attention_matmul_parameters(const TransformerArch& arch);
+// Key and value values one token holds for attention, over all heads (2·kv_heads·head_dim, or
+// multi-head latent attention's heads·(head_dim + v_head_dim) once expanded).
+int64_t key_value_width(const TransformerArch& arch);
 // Weights of one layer that a token actually multiplies with (top_k experts and a shared
 // expert, no biases/norms).
 int64_t active_layer_matmul_parameters(const TransformerArch& arch);

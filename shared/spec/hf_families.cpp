@@ -544,9 +544,12 @@ ModelSpec import_idefics3(const Reader& root) {
   return vlm(std::move(vision), std::move(projector), std::move(llm));
 }
 
-ModelSpec import_deepseek_vl2(const Reader& root) {
-  // DeepseekV2Config's defaults fill what the language block leaves out.
-  const Reader text = root.sub("language_config");
+namespace {
+
+// A DeepSeek-V2/V3 language model (DeepSeek-VL2's language_config, Kimi-VL's text_config):
+// DeepseekV2Config's defaults for what the block leaves out; multi-head latent attention unless
+// use_mla is false (V3 always has it); MoE with shared experts after the first dense layers.
+ModuleSpec deepseek_llm(const Reader& text) {
   Json sizes{{"hidden_size", text.get("hidden_size", 5120)},
              {"intermediate_size", text.get("intermediate_size", 12288)},
              {"num_hidden_layers", text.get("num_hidden_layers", 30)},
@@ -558,12 +561,23 @@ ModelSpec import_deepseek_vl2(const Reader& root) {
   ModuleSpec llm = llm_module(Reader(sizes, "", none), "deepseek_v2");
   TransformerArch& a = *llm.transformer;
   a.tied_embeddings = text.get_bool("tie_word_embeddings", false);
-  if (text.get_bool("use_mla", true))
-    text.error("use_mla",
-               "multi-head latent attention (DeepSeek-VL2-Small and the full model) is not in the "
-               "IR yet; DeepSeek-VL2-Tiny's plain attention is");
-  // Without MLA, the latent ranks and head splits are unused (Tiny writes them null or 0).
-  text.known({"kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"});
+  if (text.get_bool("use_mla", true)) {
+    // Keys and values of every head come up from the latent; num_key_value_heads is unused.
+    a.kv_heads = a.heads;
+    a.kv_lora_rank = text.get("kv_lora_rank", 512);
+    a.q_lora_rank = text.get("q_lora_rank", 0);  // null: queries projected directly
+    a.rope_head_dim = text.get("qk_rope_head_dim", 64);
+    a.head_dim = text.get("qk_nope_head_dim", 128) + a.rope_head_dim;
+    a.v_head_dim = text.get("v_head_dim", 128);
+    if (a.kv_lora_rank < 1 || a.rope_head_dim < 1)
+      text.error("kv_lora_rank",
+                 "multi-head latent attention needs kv_lora_rank and "
+                 "qk_rope_head_dim above 0");
+  } else {
+    // Without MLA, the latent ranks and head splits are unused (Tiny writes them null or 0).
+    text.known(
+        {"kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"});
+  }
   a.experts = text.get("n_routed_experts", 0);
   if (a.experts > 0) {
     a.top_k = text.get("num_experts_per_tok", 6);
@@ -575,17 +589,26 @@ ModelSpec import_deepseek_vl2(const Reader& root) {
                                        ": DeepSeek's experts in every n-th layer counted from "
                                        "layer 0 are not the IR's pattern (moe_every counts after "
                                        "the dense layers); only 1 is imported");
-    // noaux_tc adds a learned bias per expert to the router's scores.
-    if (const std::string method = text.get_string("topk_method", "greedy");
-        method != "greedy" && method != "group_limited_greedy")
-      text.error("topk_method", "'" + method +
-                                    "': a router with a learned score bias is not in the IR "
-                                    "yet (greedy and group_limited_greedy are)");
+    // noaux_tc (V3, Kimi) adds a learned bias per expert to the router's scores.
+    const std::string method = text.get_string("topk_method", "greedy");
+    a.router_bias = method == "noaux_tc";
+    if (method != "greedy" && method != "group_limited_greedy" && method != "noaux_tc")
+      text.error("topk_method",
+                 "'" + method + "': expected greedy, group_limited_greedy or noaux_tc");
   }
   // Routing details without parameters; the inert head switches (the LM head is always built,
-  // untied).
+  // untied unless tie_word_embeddings).
   text.known({"n_group", "topk_group", "norm_topk_prob", "routed_scaling_factor", "scoring_func",
-              "aux_loss_alpha", "seq_aux", "ep_size", "lm_head", "rm_head", "rope_scaling"});
+              "aux_loss_alpha", "seq_aux", "ep_size", "lm_head", "rm_head", "rope_scaling",
+              "num_nextn_predict_layers"});
+  return llm;
+}
+
+}  // namespace
+
+ModelSpec import_deepseek_vl2(const Reader& root) {
+  ModuleSpec llm = deepseek_llm(root.sub("language_config"));
+  const TransformerArch& a = *llm.transformer;
   // The vision tower: a timm SigLIP ViT (config: layers, width, mlp_ratio; heads and image size
   // from VisionEncoderConfig's defaults), all of its layers kept.
   const Reader v = root.sub("vision_config");
@@ -598,6 +621,7 @@ ModelSpec import_deepseek_vl2(const Reader& root) {
               static_cast<int64_t>(static_cast<double>(width) * ratio)},  // timm truncates
              {"patch_size", v.get("patch_size", 16)},
              {"image_size", v.get("image_size", 384)}};
+  Diagnostics none;
   ModuleSpec vision = vit_module(Reader(tower, "", none), true);
   // The tower builds SigLIP's attention-pooling head (global_pool "map") and never runs it
   // (ignore_head); its class token is off.
@@ -652,6 +676,43 @@ ModelSpec import_deepseek_vl2(const Reader& root) {
   } else {
     root.error("tile_tag", "'" + tag + "': expected 2D or 1D");
   }
+  return vlm(std::move(vision), std::move(projector), std::move(llm));
+}
+
+ModelSpec import_kimi_vl(const Reader& root) {
+  ModuleSpec llm = deepseek_llm(root.sub("text_config"));
+  // MoonViT: a SigLIP-like tower at native resolution, a learned 2-D position table (scaled to
+  // each image's grid) beside 2-D rotary positions; its patches merged merge_kernel_size.
+  const Reader v = root.sub("vision_config");
+  const int64_t width = v.get("hidden_size", 1152);
+  TransformerArch a =
+      encoder_arch(v.get("num_hidden_layers", 27), width, v.get("num_attention_heads", 16),
+                   v.get("intermediate_size", 4304), NormKind::kLayerNorm);
+  a.positions = v.get("init_pos_emb_height", 64) * v.get("init_pos_emb_width", 64);
+  Patching p;
+  p.patch_size = v.get("patch_size", 14);
+  p.resize = ResizeMode::kDynamic;
+  int64_t merge = 2;
+  if (const Json* k = v.raw("merge_kernel_size"); k != nullptr) {
+    if (k->is_array() && k->size() == 2 && (*k)[0].is_number_integer() && (*k)[0] == (*k)[1] &&
+        (*k)[0].get<int64_t>() >= 1 && (*k)[0].get<int64_t>() <= 64)
+      merge = (*k)[0].get<int64_t>();
+    else
+      v.error("merge_kernel_size", "expected [s, s] with 1 <= s <= 64");
+  }
+  p.spatial_merge = merge;
+  // The image processor's default in_token_limit of 4096 patches (not in config.json).
+  p.min_pixels = p.patch_size * merge * p.patch_size * merge;
+  p.max_pixels = 4096 * p.patch_size * p.patch_size;
+  ModuleSpec vision = encoder_module("vision", Modality::kImage, a);
+  vision.patching = p;
+  // The projector: a LayerNorm over each encoder token (pre_norm), the merged tokens through
+  // linear -> GELU -> linear to the LLM width.
+  const int64_t merged = width * merge * merge;
+  ModuleSpec projector = projector_module("vision_projector", "vision", merged, merged,
+                                          llm.transformer->hidden, 2, true);
+  projector.projector->input_norm_width = width;
+  root.known({"media_placeholder_token_id", "ignore_index"});
   return vlm(std::move(vision), std::move(projector), std::move(llm));
 }
 

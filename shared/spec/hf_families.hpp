@@ -41,6 +41,9 @@ ModelSpec import_idefics3(const Reader& root);
 // DeepSeek-VL2: SigLIP-SO400M tiles merged 2 x 2 into an MLP, and a DeepSeekMoE LLM whose first
 // layers are dense.
 ModelSpec import_deepseek_vl2(const Reader& root);
+// Kimi-VL: MoonViT at native resolution merged 2 x 2 into an MLP, and a DeepSeek-V3 MoE LLM with
+// multi-head latent attention.
+ModelSpec import_kimi_vl(const Reader& root);
 // CLIP's or SigLIP's vision tower, from the two-tower config.
 ModelSpec import_clip(const Reader& root, bool siglip);
 

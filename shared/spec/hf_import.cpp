@@ -43,6 +43,7 @@ constexpr Family kFamilies[] = {
     {"phi3_v", hf::import_phi3_vision},
     {"idefics3", hf::import_idefics3},
     {"deepseek_vl_v2", hf::import_deepseek_vl2},
+    {"kimi_vl", hf::import_kimi_vl},
     {"smolvlm", hf::import_idefics3},
     {"siglip", [](const Reader& r) { return hf::import_clip(r, true); }},
     {"siglip_vision_model", [](const Reader& r) { return tower(hf::vit_module(r, true)); }},

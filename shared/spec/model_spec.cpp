@@ -68,6 +68,11 @@ TransformerArch read_transformer(ObjectReader& r) {
   positive(r, "heads", a.heads, true, kMaxHeads);
   positive(r, "kv_heads", a.kv_heads, false, kMaxHeads);
   positive(r, "head_dim", a.head_dim, false, kMaxHeads);
+  positive(r, "kv_lora_rank", a.kv_lora_rank, false, kMaxHidden);
+  positive(r, "q_lora_rank", a.q_lora_rank, false, kMaxHidden);
+  positive(r, "rope_head_dim", a.rope_head_dim, false, kMaxHeads);
+  positive(r, "v_head_dim", a.v_head_dim, false, kMaxHeads);
+  r.optional("router_bias", a.router_bias);
   positive(r, "ffn", a.ffn, true, kMaxFfn);
   r.optional("gated_ffn", a.gated_ffn);
   if (r.optional("vocab", a.vocab) && r.check_at_least<int64_t>("vocab", a.vocab, 0))
@@ -115,6 +120,26 @@ TransformerArch read_transformer(ObjectReader& r) {
                            std::to_string(a.hidden) + "; give head_dim explicitly");
     a.head_dim = a.hidden / a.heads;
   }
+  if (a.v_head_dim == 0) a.v_head_dim = a.head_dim;
+  if (a.kv_lora_rank > 0) {
+    if (a.kv_heads != a.heads)
+      r.error("kv_heads", "multi-head latent attention has as many key/value heads as heads");
+    if (a.rope_head_dim >= a.head_dim)
+      r.error("rope_head_dim",
+              std::to_string(a.rope_head_dim) +
+                  " leaves no non-rotary part of head_dim=" + std::to_string(a.head_dim));
+    if (a.linear_bias || a.qkv_bias || a.qk_norm)
+      r.error("kv_lora_rank",
+              "multi-head latent attention with attention biases or query/key norms is not in "
+              "the IR");
+  } else {
+    for (const auto& [key, value] :
+         {std::pair{"q_lora_rank", a.q_lora_rank}, std::pair{"rope_head_dim", a.rope_head_dim}})
+      if (value != 0) r.error(key, "given without kv_lora_rank (multi-head latent attention)");
+    if (a.v_head_dim != a.head_dim)
+      r.error("v_head_dim", "differs from head_dim without kv_lora_rank");
+  }
+  if (a.router_bias && a.experts == 0) r.error("router_bias", "given without experts");
   if (a.experts > 0) {
     if (a.top_k < 1 || a.top_k > a.experts)
       r.error("top_k", "must be in [1, experts=" + std::to_string(a.experts) + "], got " +
@@ -220,6 +245,7 @@ ProjectorArch read_projector(ObjectReader& r) {
     r.error("layers", "must be in [1, 8], got " + std::to_string(p.layers));
   r.optional("bias", p.bias);
   r.optional("input_norm", p.input_norm);
+  positive(r, "input_norm_width", p.input_norm_width, false, kMaxHidden);
   r.optional_enum("norm", p.norm, kNorms);
   if (r.optional("separators", p.separators) &&
       r.check_at_least<int64_t>("separators", p.separators, 0))
@@ -273,6 +299,12 @@ Json to_json(const TransformerArch& a) {
   j["heads"] = a.heads;
   j["kv_heads"] = a.kv_heads;
   j["head_dim"] = a.head_dim;
+  if (a.kv_lora_rank > 0) {
+    j["kv_lora_rank"] = a.kv_lora_rank;
+    if (a.q_lora_rank > 0) j["q_lora_rank"] = a.q_lora_rank;
+    j["rope_head_dim"] = a.rope_head_dim;
+    j["v_head_dim"] = a.v_head_dim;
+  }
   j["ffn"] = a.ffn;
   j["gated_ffn"] = a.gated_ffn;
   j["vocab"] = a.vocab;
@@ -292,6 +324,7 @@ Json to_json(const TransformerArch& a) {
     if (a.shared_expert_ffn > 0) j["shared_expert_ffn"] = a.shared_expert_ffn;
     if (a.capacity_factor > 0) j["capacity_factor"] = a.capacity_factor;
     if (a.dense_layers > 0) j["dense_layers"] = a.dense_layers;
+    if (a.router_bias) j["router_bias"] = true;
     if (a.moe_every > 1) j["moe_every"] = a.moe_every;
   }
   if (a.cross_attention_layers > 0) j["cross_attention_layers"] = a.cross_attention_layers;
@@ -340,6 +373,7 @@ Json to_json(const ProjectorArch& p) {
   Json j{{"in", p.in},         {"hidden", p.hidden}, {"out", p.out},
          {"layers", p.layers}, {"bias", p.bias},     {"input_norm", p.input_norm}};
   if (p.input_norm && p.norm != NormKind::kLayerNorm) j["norm"] = enum_name(p.norm, kNorms);
+  if (p.input_norm_width > 0) j["input_norm_width"] = p.input_norm_width;
   if (p.separators > 0) j["separators"] = p.separators;
   if (p.output_embeddings > 0) j["output_embeddings"] = p.output_embeddings;
   if (p.deepstack > 0) j["deepstack"] = p.deepstack;

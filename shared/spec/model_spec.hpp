@@ -32,8 +32,17 @@ struct TransformerArch {
   int64_t layers = 0;
   int64_t hidden = 0;
   int64_t heads = 0;
-  int64_t kv_heads = 0;          // grouped-query attention. Default: heads
-  int64_t head_dim = 0;          // Default: hidden / heads
+  int64_t kv_heads = 0;  // grouped-query attention. Default: heads
+  int64_t head_dim = 0;  // of queries and keys. Default: hidden / heads
+  // Multi-head latent attention (DeepSeek-V2/V3, Kimi) where kv_lora_rank > 0: keys and values
+  // come up from a shared latent of kv_lora_rank values (normalized), plus rope_head_dim rotary
+  // key values shared by all heads; queries through a latent of q_lora_rank when > 0. head_dim
+  // is then a query/key head (rope_head_dim of it rotary), v_head_dim a value head. Keys and
+  // values have `heads` heads.
+  int64_t kv_lora_rank = 0;
+  int64_t q_lora_rank = 0;
+  int64_t rope_head_dim = 0;
+  int64_t v_head_dim = 0;        // Default: head_dim
   int64_t ffn = 0;               // MLP inner width
   bool gated_ffn = false;        // SwiGLU-style: gate, up, down (3 matrices) instead of 2
   int64_t vocab = 0;             // LLM/generator: token embedding rows and output head. 0: none
@@ -57,6 +66,9 @@ struct TransformerArch {
   // Tokens one expert takes per micro-batch, as a multiple of its even share (tokens · top_k /
   // experts); the rest are dropped (GShard, Switch). 0: dropless (Megatron's default, MegaBlocks).
   double capacity_factor = 0;
+  // The router adds a learned bias per expert to its scores (DeepSeek-V3's and Kimi's
+  // e_score_correction_bias).
+  bool router_bias = false;
   // Layers of an MoE stack that keep a dense MLP of width `ffn`: the first `dense_layers`
   // (DeepSeek's and Kimi's first_k_dense_replace), and after them all but every `moe_every`-th
   // (Llama 4 Maverick's interleave_moe_layer_step: 2 puts experts in layers 1, 3, 5, ...).
@@ -129,6 +141,9 @@ struct ProjectorArch {
   bool bias = true;
   bool input_norm = false;  // a norm on the input (InternVL's mlp1, Gemma 3's soft-embedding norm)
   NormKind norm = NormKind::kLayerNorm;  // of input_norm
+  // The width input_norm normalizes: `in` (0), or each encoder token before an s x s merge
+  // concatenates them (in / s²: Kimi-VL's pre_norm).
+  int64_t input_norm_width = 0;
   // Learned embeddings of width `in` that mark where an image's pieces meet (Phi-3-vision's
   // global and sub-image separators).
   int64_t separators = 0;

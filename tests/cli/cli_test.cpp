@@ -451,6 +451,7 @@ TEST_CASE("every imported family plans: its model estimates on 8 GPUs as a user'
            {"qwen2.5-omni-7b", "audio-visual", dense},
            {"llama-4-scout-17b-16e-instruct", "llava-instruct", experts},
            {"deepseek-vl2-tiny", "llava-instruct", experts},
+           {"kimi-vl-a3b-instruct", "llava-instruct", experts},
            {"qwen3-vl-8b-instruct", "llava-instruct", dense},
            {"llava-onevision-qwen2-0.5b-ov-hf", "llava-instruct", dense}}) {
     INFO(config);

@@ -255,13 +255,42 @@ TEST_CASE(
   const int64_t head =
       width + (4 * width * width + 4 * width) + 2 * width + (2 * width * mlp + mlp + width);
   CHECK(model_parameters(m) + head == 3'370'501'440);
-  // Multi-head latent attention (the Small and full models) is refused, naming the key.
+  // Multi-head latent attention (the Small and full models) needs its latent and rotary sizes.
   Json mla = Json::parse(std::ifstream(kHf + "deepseek-vl2-tiny.json"));
   mla["language_config"]["use_mla"] = true;
   Diagnostics diag;
   CHECK_FALSE(import_hf_config(mla, "c.json", {}, diag).has_value());
-  CHECK(diag.format().find("c.json: language_config.use_mla: multi-head latent attention") !=
-        std::string::npos);
+  CHECK(diag.format().find("c.json: language_config.kv_lora_rank: multi-head latent attention "
+                           "needs") != std::string::npos);
+}
+
+TEST_CASE("Kimi-VL: MoonViT at native resolution, a DeepSeek-V3 LLM with latent attention") {
+  // moonshotai/Kimi-VL-A3B-Instruct's config.json: vision_config and text_config as quoted from
+  // the Hub's raw file (the text block's last keys as its parent Moonlight-16B-A3B publishes
+  // them, rope_theta as the Kimi-VL report gives it).
+  const ModelSpec m = import("kimi-vl-a3b-instruct.json");
+  const TransformerArch& llm = *module(m, "llm").transformer;
+  CHECK(llm.kv_lora_rank == 512);
+  CHECK(llm.q_lora_rank == 0);  // null: queries projected directly
+  CHECK(llm.head_dim == 128 + 64);
+  CHECK(llm.v_head_dim == 128);
+  CHECK(llm.router_bias);  // noaux_tc
+  CHECK(llm.dense_layers == 1);
+  // Per layer: q 2048 x 16·192, the latent 2048 x (512 + 64) and its norm, keys and values up
+  // 512 x 16·(128 + 128), the output 16·128 x 2048.
+  CHECK(attention_matmul_parameters(llm) == 2048 * 3072 + 2048 * 576 + 512 * 4096 + 2048 * 2048);
+  const ModuleSpec& vision = module(m, "vision");
+  CHECK(vision.transformer->positions == 64 * 64);
+  CHECK(vision.patching->resize == ResizeMode::kDynamic);
+  CHECK(vision.patching->spatial_merge == 2);
+  // Published: the vision tower and projector, 447,545,840 (kornia/kimi-vl-a3b-instruct-vision,
+  // a bit-identical copy of those tensors).
+  CHECK(module_parameters(vision) + module_parameters(module(m, "vision_projector")) ==
+        447'545'840);
+  // Published: the Hub's safetensors total, 16,407,657,776 elements, which holds a 64-value
+  // rotary frequency buffer per decoder layer besides the parameters (its parent Moonlight's
+  // published total has the same 27 x 64 more than its parameters).
+  CHECK(model_parameters(m) + 27 * 64 == 16'407'657'776);
 }
 
 TEST_CASE("Qwen2-Audio: a Whisper encoder pooled 2:1 into a Qwen2 LLM") {

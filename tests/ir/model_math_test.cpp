@@ -201,3 +201,39 @@ TEST_CASE("parameters per tensor-parallel rank: matrices split, norms and row bi
   p.bias = true;
   CHECK(projector_parameters(p) == 5632 * 4096 + 4096 * 4096 + 4096 * 5120 + 2 * 4096 + 5120);
 }
+
+TEST_CASE(
+    "multi-head latent attention: down-projections whole on every TP rank, up-projections "
+    "and heads split; keys and values expand to every head") {
+  // DeepSeek-V2-Lite's attention: 16 heads of 128 + 64 rotary query/key values, values of 128,
+  // a 512-value key/value latent, queries projected directly.
+  TransformerArch a = llama(1, 2048, 16, 16, 10944, 0, false);
+  a.kv_lora_rank = 512;
+  a.rope_head_dim = 64;
+  a.head_dim = 192;
+  a.v_head_dim = 128;
+  const double q = 2048.0 * 16 * 192, down = 2048.0 * (512 + 64), up = 512.0 * 16 * (128 + 128),
+               out = 16.0 * 128 * 2048, mlp = 3.0 * 2048 * 10944;
+  CHECK(attention_matmul_parameters(a) == q + down + up + out);
+  // The latent's norm (512) and the layer's two norms whole; at TP 4 the down-projection too.
+  CHECK(layer_parameters(a, 1) == q + down + 512 + up + out + mlp + 2 * 2048);
+  CHECK(layer_parameters(a, 4) == (q + up + out + mlp) / 4 + down + 512 + 2 * 2048);
+  // A query latent adds its down-projection and norm, whole, and replaces q by its up-projection.
+  a.q_lora_rank = 1536;
+  CHECK(layer_parameters(a, 4) ==
+        (1536.0 * 16 * 192 + up + out + mlp) / 4 + 2048.0 * 1536 + 1536 + down + 512 + 2 * 2048);
+  // Scores over 192 values a head, values of 128: 2·16·(192 + 128) FLOPs per (query, key) pair.
+  CHECK(layer_attention_flops(a, 1) == 2.0 * 16 * (192 + 128));
+  // Context parallelism gathers every head's keys and values, not the latent.
+  CHECK(key_value_width(a) == 16 * (192 + 128));
+  // The latents are kept for backward beside the expanded keys and values: against standard
+  // attention of 192-value heads, the latents (two of 512 values, the rotary 64, two of 1536)
+  // more, and values of 128 rather than 192 a head (K and V kept twice each, 2 bytes a value).
+  ActivationOptions o;
+  TransformerArch standard = a;
+  standard.kv_lora_rank = standard.q_lora_rank = standard.rope_head_dim = 0;
+  standard.v_head_dim = 0;
+  CHECK(activation_bytes_per_token_per_layer(a, 1024, o) -
+            activation_bytes_per_token_per_layer(standard, 1024, o) ==
+        doctest::Approx(2.0 * (2 * 512 + 64 + 2 * 1536) + 2.0 * 2 * 16 * (160.0 - 192)));
+}
