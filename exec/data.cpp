@@ -86,10 +86,6 @@ std::string executor_support(const ModelSpec& model) {
     if (m.transformer && m.transformer->experts > 0 &&
         (m.transformer->linear_bias || m.transformer->mlp_bias))
       return m.name + ": experts with biases are not in the executor yet";
-    if (m.transformer && m.transformer->kv_lora_rank > 0)
-      return m.name + ": multi-head latent attention is not in the executor yet";
-    if (m.transformer && m.transformer->router_bias)
-      return m.name + ": a router score bias is not in the executor yet";
     if (m.projector && m.projector->input_norm_width > 0 &&
         m.projector->input_norm_width != m.projector->in)
       return m.name + ": a norm before the token merge is not in the executor yet";

@@ -131,6 +131,28 @@ Attention::Attention(ParamSet& ps, const std::string& name, const TransformerArc
   head_dim = arch.head_dim > 0 ? arch.head_dim : arch.hidden / arch.heads;
   heads = arch.heads / tp;
   rotary = arch.positions == 0;
+  value_dim = arch.v_head_dim > 0 ? arch.v_head_dim : head_dim;
+  if (arch.kv_lora_rank > 0) {
+    // Multi-head latent attention (no biases: validated).
+    kv_rank = arch.kv_lora_rank;
+    rope_dim = arch.rope_head_dim;
+    kv_heads = heads;  // keys and values expand to every head
+    if (arch.q_lora_rank > 0) {
+      q_down =
+          Linear(ps, name + ".q_down", arch.hidden, arch.q_lora_rank, false, Split::kReplicated);
+      q_latent_norm = Norm(ps, name + ".q_latent_norm", arch.q_lora_rank, arch.norm);
+      q = Linear(ps, name + ".q", arch.q_lora_rank, arch.heads * head_dim, false, Split::kColumn);
+    } else {
+      q = Linear(ps, name + ".q", arch.hidden, arch.heads * head_dim, false, Split::kColumn);
+    }
+    kv_down =
+        Linear(ps, name + ".kv_down", arch.hidden, kv_rank + rope_dim, false, Split::kReplicated);
+    kv_latent_norm = Norm(ps, name + ".kv_latent_norm", kv_rank, arch.norm);
+    kv_up = Linear(ps, name + ".kv_up", kv_rank, arch.heads * (head_dim - rope_dim + value_dim),
+                   false, Split::kColumn);
+    o = Linear(ps, name + ".o", arch.heads * value_dim, arch.hidden, false, Split::kRow);
+    return;
+  }
   const bool qkv_bias = arch.linear_bias || arch.qkv_bias;
   q = Linear(ps, name + ".q", arch.hidden, arch.heads * head_dim, qkv_bias, Split::kColumn);
   if (kv >= tp) {
@@ -172,15 +194,46 @@ Attention::Attention(ParamSet& ps, const std::string& name, const TransformerArc
 
 torch::Tensor Attention::forward(const torch::Tensor& x, const AttentionInputs& in) const {
   const int64_t b = x.size(0), l = x.size(1);
-  const torch::Tensor entered = copy_to_group(x, *q.tp);
-  torch::Tensor qh = q.forward_entered(entered).view({b, l, heads, head_dim});
-  torch::Tensor kh = k.forward_entered(entered).view({b, l, kv_heads, head_dim});
-  torch::Tensor vh = v.forward_entered(entered).view({b, l, kv_heads, head_dim});
+  torch::Tensor qh, kh, vh;
+  if (kv_rank > 0) {
+    // The latents from the whole input on every rank, normalized, then entered into the TP
+    // group: that sums their gradients from every rank's heads, so the whole-on-every-rank
+    // weights (down-projections and latent norms) get the same full gradient everywhere.
+    const torch::Tensor query_in =
+        q_down.weight.defined() ? copy_to_group(q_latent_norm.forward(q_down.forward(x)), *q.tp)
+                                : copy_to_group(x, *q.tp);
+    qh = q.forward_entered(query_in).view({b, l, heads, head_dim});
+    const torch::Tensor down = kv_down.forward(x);
+    const torch::Tensor latent = copy_to_group(
+        torch::cat(
+            {kv_latent_norm.forward(down.narrow(2, 0, kv_rank)), down.narrow(2, kv_rank, rope_dim)},
+            2),
+        *q.tp);
+    const torch::Tensor kv = kv_up.forward_entered(latent.narrow(2, 0, kv_rank))
+                                 .view({b, l, heads, head_dim - rope_dim + value_dim});
+    // Rotary positions on the last rope_dim values of each query head and on the one rotary
+    // key every head shares.
+    torch::Tensor q_rope = qh.narrow(3, head_dim - rope_dim, rope_dim);
+    torch::Tensor k_rope = latent.narrow(2, kv_rank, rope_dim).unsqueeze(2);
+    if (in.positions_q.defined()) {
+      q_rope = rotary_embed(q_rope, in.positions_q);
+      k_rope = rotary_embed(k_rope, in.positions_q);
+    }
+    qh = torch::cat({qh.narrow(3, 0, head_dim - rope_dim), q_rope}, 3);
+    kh = torch::cat({kv.narrow(3, 0, head_dim - rope_dim), k_rope.expand({b, l, heads, rope_dim})},
+                    3);
+    vh = kv.narrow(3, head_dim - rope_dim, value_dim);
+  } else {
+    const torch::Tensor entered = copy_to_group(x, *q.tp);
+    qh = q.forward_entered(entered).view({b, l, heads, head_dim});
+    kh = k.forward_entered(entered).view({b, l, kv_heads, head_dim});
+    vh = v.forward_entered(entered).view({b, l, kv_heads, head_dim});
+  }
   if (q_norm.weight.defined()) {
     qh = q_norm.forward(qh);
     kh = k_norm.forward(kh);
   }
-  if (rotary && in.positions_q.defined()) {
+  if (rotary && in.positions_q.defined() && kv_rank == 0) {
     qh = rotary_embed(qh, in.positions_q);
     kh = rotary_embed(kh, in.positions_q);
   }
@@ -199,7 +252,7 @@ torch::Tensor Attention::forward(const torch::Tensor& x, const AttentionInputs& 
   const torch::Tensor out = recompute_core && torch::GradMode::is_enabled()
                                 ? RecomputedAttention::apply(qh, kh, vh, in.bias)
                                 : attention(qh, kh, vh, in.bias);  // (B, heads, Lq, d)
-  return o.forward(out.transpose(1, 2).reshape({b, l, heads * head_dim}));
+  return o.forward(out.transpose(1, 2).reshape({b, l, heads * value_dim}));
 }
 
 Mlp::Mlp(ParamSet& ps, const std::string& name, const TransformerArch& arch, int64_t width)
@@ -229,7 +282,9 @@ Moe::Moe(ParamSet& ps, const std::string& name, const TransformerArch& arch, con
   TESSERA_CHECK(arch.experts % group.size() == 0, name + ": " + std::to_string(group.size()) +
                                                       " EP ranks do not divide " +
                                                       std::to_string(arch.experts) + " experts");
-  router = Linear(ps, name + ".router", arch.hidden, arch.experts, false, Split::kReplicated);
+  // With router_bias, a learned bias per expert on the scores.
+  router =
+      Linear(ps, name + ".router", arch.hidden, arch.experts, arch.router_bias, Split::kReplicated);
   const int64_t local = arch.experts / group.size();
   first_expert = group.rank * local;
   const std::size_t from = ps.params().size();

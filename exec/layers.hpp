@@ -98,6 +98,11 @@ struct Attention {
   Norm q_norm, k_norm;                            // per head, when the architecture has them
   int64_t heads = 0, kv_heads = 0, head_dim = 0;  // per TP rank
   bool rotary = false;
+  // Multi-head latent attention (kv_lora_rank > 0): the down-projections and latent norms whole
+  // on every TP rank, the up-projections (`q` from the query latent, `kv_up`) split by heads.
+  Linear q_down, kv_down, kv_up;
+  Norm q_latent_norm, kv_latent_norm;
+  int64_t kv_rank = 0, rope_dim = 0, value_dim = 0;
   // Selective recomputation: the attention core (scores, softmax, weighted values) keeps only
   // its inputs and runs again in the backward.
   bool recompute_core = false;

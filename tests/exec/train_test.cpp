@@ -426,6 +426,28 @@ TEST_CASE(
       {{plan_file(R"({"dp": 2, "ep": 2})"), "moe-pattern-ep2"},
        {plan_file(R"({"pp": 2, "dp": 2, "ep": 2, "stage_layers": [2, 2]})"), "moe-pattern-pp2"}},
       2);
+  // Multi-head latent attention (a query latent, rotary keys shared by the heads, values
+  // narrower than the query/key heads) and a router score bias, DeepSeek-V3's shape: the
+  // whole-on-every-rank down-projections get the same full gradient on every TP rank.
+  const std::string latent = edited_scenario(
+      moe,
+      [](Json& s) {
+        Json& t = s["model"]["modules"][2]["transformer"];
+        t["kv_heads"] = 4;
+        t["head_dim"] = 40;
+        t["kv_lora_rank"] = 32;
+        t["q_lora_rank"] = 48;
+        t["rope_head_dim"] = 8;
+        t["v_head_dim"] = 24;
+        t["router_bias"] = true;
+        t["dense_layers"] = 1;
+      },
+      "moe-latent");
+  check_plans_agree(latent, "moe-latent-1",
+                    {{plan_file(R"({"tp": 2, "pp": 2})"), "moe-latent-tp2-pp2"},
+                     {plan_file(R"({"tp": 2, "dp": 2, "ep": 2})"), "moe-latent-ep2-tp2"},
+                     {plan_file(R"({"cp": 2})"), "moe-latent-cp2"}},
+                    2);
   // Refused with its reason: token dropping.
   const std::string capped = edited_scenario(
       moe, [](Json& s) { s["model"]["modules"][2]["transformer"]["capacity_factor"] = 1.25; },
@@ -1140,12 +1162,21 @@ TEST_CASE("each rank holds the parameter state the Program's memory accounting s
   // as Megatron splits a module over TP (norms, row-parallel biases and patch embeddings whole
   // on every rank). The two agree to the byte.
   const std::string plans = std::string(TESSERA_SOURCE_DIR) + "/scenarios/plans/";
-  // An MoE LLM whose layers are dense, dense, MoE, dense: the experts on stage 1 only.
+  // An MoE LLM whose layers are dense, dense, MoE, dense (the experts on stage 1 only), with
+  // multi-head latent attention (its down-projections whole on every TP rank) and a router bias.
   const std::string pattern = edited_scenario(
       std::string(TESSERA_SOURCE_DIR) + "/scenarios/cpu-tiny-moe.json",
       [](Json& s) {
-        s["model"]["modules"][2]["transformer"]["dense_layers"] = 1;
-        s["model"]["modules"][2]["transformer"]["moe_every"] = 2;
+        Json& t = s["model"]["modules"][2]["transformer"];
+        t["dense_layers"] = 1;
+        t["moe_every"] = 2;
+        t["kv_heads"] = 4;
+        t["head_dim"] = 40;
+        t["kv_lora_rank"] = 32;
+        t["q_lora_rank"] = 48;
+        t["rope_head_dim"] = 8;
+        t["v_head_dim"] = 24;
+        t["router_bias"] = true;
       },
       "state-moe-pattern-scenario");
   for (const auto& [scenario, layout, name] :
@@ -1157,8 +1188,8 @@ TEST_CASE("each rank holds the parameter state the Program's memory accounting s
            {kScenario, "cpu-tiny-tp2-pp2.json", "state-tp2-pp2"},
            {kScenario, "cpu-tiny-colocated.json", "state-colocated"},
            {kScenario, "cpu-tiny-non-colocated.json", "state-non-colocated"},
-           {pattern, R"({"pp": 2, "dp": 2, "ep": 2, "stage_layers": [2, 2]})",
-            "state-moe-pattern"}}) {
+           {pattern, R"({"pp": 2, "dp": 2, "ep": 2, "stage_layers": [2, 2]})", "state-moe-pattern"},
+           {pattern, R"({"tp": 2, "pp": 2})", "state-moe-latent-tp2"}}) {
     const std::string plan =
         layout.starts_with("{") ? plan_file(layout) : plans + layout;  // a layout, or a file
     INFO(name);
