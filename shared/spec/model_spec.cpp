@@ -61,6 +61,12 @@ bool positive(ObjectReader& r, std::string_view key, int64_t& out, bool required
   return present && r.check_positive(key, out) && at_most(r, key, out, limit);
 }
 
+// An optional count: 0 or more, at most `limit`.
+bool count(ObjectReader& r, std::string_view key, int64_t& out, int64_t limit) {
+  return r.optional(key, out) && r.check_at_least<int64_t>(key, out, 0) &&
+         at_most(r, key, out, limit);
+}
+
 TransformerArch read_transformer(ObjectReader& r) {
   TransformerArch a;
   positive(r, "layers", a.layers, true, kMaxLayers);
@@ -75,8 +81,7 @@ TransformerArch read_transformer(ObjectReader& r) {
   r.optional("router_bias", a.router_bias);
   positive(r, "ffn", a.ffn, true, kMaxFfn);
   r.optional("gated_ffn", a.gated_ffn);
-  if (r.optional("vocab", a.vocab) && r.check_at_least<int64_t>("vocab", a.vocab, 0))
-    at_most(r, "vocab", a.vocab, kMaxVocab);
+  count(r, "vocab", a.vocab, kMaxVocab);
   r.optional("tied_embeddings", a.tied_embeddings);
   r.optional("linear_bias", a.linear_bias);
   r.optional("qkv_bias", a.qkv_bias);
@@ -86,28 +91,20 @@ TransformerArch read_transformer(ObjectReader& r) {
   r.optional_enum("norm", a.norm, kNorms);
   r.optional("qk_norm", a.qk_norm);
   r.optional("post_norms", a.post_norms);
-  if (r.optional("experts", a.experts) && r.check_at_least<int64_t>("experts", a.experts, 0))
-    at_most(r, "experts", a.experts, kMaxExperts);
-  if (r.optional("top_k", a.top_k)) r.check_at_least<int64_t>("top_k", a.top_k, 0);
+  count(r, "experts", a.experts, kMaxExperts);
+  count(r, "top_k", a.top_k, kMaxExperts);
   positive(r, "moe_ffn", a.moe_ffn, false, kMaxFfn);
   positive(r, "shared_expert_ffn", a.shared_expert_ffn, false, kMaxFfn);
   if (r.optional("capacity_factor", a.capacity_factor) &&
       (!(a.capacity_factor == 0 || a.capacity_factor >= 1) || a.capacity_factor > 1024))
     r.error("capacity_factor",
             "must be 0 (dropless) or in [1, 1024], got " + std::to_string(a.capacity_factor));
-  if (r.optional("dense_layers", a.dense_layers))
-    r.check_at_least<int64_t>("dense_layers", a.dense_layers, 0);
-  if (r.optional("moe_every", a.moe_every)) r.check_at_least<int64_t>("moe_every", a.moe_every, 1);
-  if (r.optional("cross_attention_layers", a.cross_attention_layers))
-    r.check_at_least<int64_t>("cross_attention_layers", a.cross_attention_layers, 0);
-  if (r.optional("gated_layers", a.gated_layers))
-    r.check_at_least<int64_t>("gated_layers", a.gated_layers, 0);
-  if (r.optional("extra_embeddings", a.extra_embeddings) &&
-      r.check_at_least<int64_t>("extra_embeddings", a.extra_embeddings, 0))
-    at_most(r, "extra_embeddings", a.extra_embeddings, kMaxVocab);
-  if (r.optional("positions", a.positions) &&
-      r.check_at_least<int64_t>("positions", a.positions, 0))
-    at_most(r, "positions", a.positions, kMaxPositions);
+  count(r, "dense_layers", a.dense_layers, kMaxLayers);
+  positive(r, "moe_every", a.moe_every, false, kMaxLayers);
+  count(r, "cross_attention_layers", a.cross_attention_layers, kMaxLayers);
+  count(r, "gated_layers", a.gated_layers, kMaxLayers);
+  count(r, "extra_embeddings", a.extra_embeddings, kMaxVocab);
+  count(r, "positions", a.positions, kMaxPositions);
 
   // Semantic checks that need several fields.
   if (a.kv_heads == 0) a.kv_heads = a.heads;
@@ -180,9 +177,7 @@ Patching read_patching(ObjectReader& r) {
   r.optional("conv_bias", p.conv_bias);
   r.optional("pre_norm", p.pre_norm);
   r.required_enum("resize", p.resize, kResizeModes);
-  if (r.optional("aspect_ratios", p.aspect_ratios) &&
-      r.check_at_least<int64_t>("aspect_ratios", p.aspect_ratios, 0))
-    at_most(r, "aspect_ratios", p.aspect_ratios, kMaxHeads);
+  count(r, "aspect_ratios", p.aspect_ratios, kMaxHeads);
   switch (p.resize) {
     case ResizeMode::kFixed:
       // Not necessarily a multiple of patch_size: the patch convolution floors (SigLIP 384/14).
@@ -247,15 +242,9 @@ ProjectorArch read_projector(ObjectReader& r) {
   r.optional("input_norm", p.input_norm);
   positive(r, "input_norm_width", p.input_norm_width, false, kMaxHidden);
   r.optional_enum("norm", p.norm, kNorms);
-  if (r.optional("separators", p.separators) &&
-      r.check_at_least<int64_t>("separators", p.separators, 0))
-    at_most(r, "separators", p.separators, kMaxLayers);
-  if (r.optional("deepstack", p.deepstack) &&
-      r.check_at_least<int64_t>("deepstack", p.deepstack, 0))
-    at_most(r, "deepstack", p.deepstack, kMaxLayers);
-  if (r.optional("output_embeddings", p.output_embeddings) &&
-      r.check_at_least<int64_t>("output_embeddings", p.output_embeddings, 0))
-    at_most(r, "output_embeddings", p.output_embeddings, kMaxLayers);
+  count(r, "separators", p.separators, kMaxLayers);
+  count(r, "deepstack", p.deepstack, kMaxLayers);
+  count(r, "output_embeddings", p.output_embeddings, kMaxLayers);
   if (p.hidden == 0) p.hidden = p.out;
   r.finish();
   return p;

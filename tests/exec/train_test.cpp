@@ -233,6 +233,31 @@ namespace {
 void check_trace_is_program(const fs::path& out, const std::string& scenario,
                             const std::string& plan);
 
+// The highest DIP sub-micro-batch index among the ops (of `module`, or all) of the Programs the
+// plan lowers to for the scenario's first `iterations` batches: 0 when DIP cuts no micro-batch
+// in two or more pieces.
+int32_t most_sub_microbatch(const std::string& scenario, const std::string& plan,
+                            const std::string& module = "", int64_t iterations = 2) {
+  Diagnostics diag;
+  const auto with = load_scenario_with_plan(scenario, plan, diag);
+  INFO(diag.format());
+  REQUIRE(with.has_value());
+  int32_t most = 0;
+  for (int64_t it = 0; it < iterations; ++it) {
+    const Lowered l =
+        lower(with->model, with->cluster,
+              resolve_stage_split(*with->plan, with->model, with->workload, with->cluster),
+              with->workload, draw_batch(with->workload, it));
+    REQUIRE(l.error.empty());
+    for (const auto& ops : l.program.ranks)
+      for (const Op& op : ops)
+        if (module.empty() ||
+            (op.module >= 0 && l.program.modules[static_cast<std::size_t>(op.module)] == module))
+          most = std::max(most, op.sub_microbatch);
+  }
+  return most;
+}
+
 // A plan file with `json` as is.
 std::string raw_plan(const std::string& json, const std::string& name) {
   const fs::path dir =
@@ -567,21 +592,7 @@ TEST_CASE("video clips through a ViT of 2-frame patches, tokens merged 2x2: plan
         s["workload"]["samples"]["video"]["count"] = Json{{"dist", "choice"}, {"values", {1, 2}}};
       },
       "video-deeper");
-  Diagnostics diag;
-  const auto with = load_scenario_with_plan(deeper, dip, diag);
-  INFO(diag.format());
-  REQUIRE(with.has_value());
-  int32_t most = 0;
-  for (int64_t it = 0; it < 2; ++it) {
-    const Lowered l =
-        lower(with->model, with->cluster,
-              resolve_stage_split(*with->plan, with->model, with->workload, with->cluster),
-              with->workload, draw_batch(with->workload, it));
-    REQUIRE(l.error.empty());
-    for (const auto& ops : l.program.ranks)
-      for (const Op& op : ops) most = std::max(most, op.sub_microbatch);
-  }
-  CHECK(most >= 1);
+  CHECK(most_sub_microbatch(deeper, dip) >= 1);
   check_plans_agree(deeper, "video-dip-1", {{dip, "video-dip"}}, 2);
   check_trace_is_program(out_dir("video-non-colocated"), video, non_colocated);
   // A clip of its own encoder: the same ViT as a video encoder, the samples' images dropped.
@@ -611,23 +622,7 @@ TEST_CASE("schedule dip with an audio encoder: its windows cut into sub-micro-ba
   const std::string dip = raw_plan(R"({"placement": "homogeneous", "layout": {"pp": 2, "vpp": 2},
       "micro_batch_size": 2, "schedule": "dip"})",
                                    "dip-audio-plan");
-  Diagnostics diag;
-  const auto with = load_scenario_with_plan(valm, dip, diag);
-  INFO(diag.format());
-  REQUIRE(with.has_value());
-  int32_t most = 0;
-  for (int64_t it = 0; it < 2; ++it) {
-    const Lowered l =
-        lower(with->model, with->cluster,
-              resolve_stage_split(*with->plan, with->model, with->workload, with->cluster),
-              with->workload, draw_batch(with->workload, it));
-    REQUIRE(l.error.empty());
-    for (const auto& ops : l.program.ranks)
-      for (const Op& op : ops)
-        if (op.module >= 0 && l.program.modules[static_cast<std::size_t>(op.module)] == "audio")
-          most = std::max(most, op.sub_microbatch);
-  }
-  CHECK(most >= 1);
+  CHECK(most_sub_microbatch(valm, dip, "audio") >= 1);
   check_plans_agree(valm, "dip-audio-1", {{dip, "dip-audio-run"}}, 2);
   check_trace_is_program(out_dir("dip-audio-run"), valm, dip);
 }
@@ -1286,23 +1281,8 @@ TEST_CASE(
   // Without pieces beyond the first, this would test nothing new: some micro-batch of these
   // iterations has its images in two or more sub-micro-batches (with Entrain's micro-batches;
   // PP4 cuts each micro-batch's images in one piece here).
-  int32_t most = 0;
-  for (const std::string& plan_path : {pp4, pp2v2}) {
-    Diagnostics d;
-    const auto with = with_plan(*s, plan_path, d);
-    INFO(d.format());
-    REQUIRE(with.has_value());
-    for (int64_t it = 0; it < 3; ++it) {
-      const Lowered l =
-          lower(with->model, with->cluster,
-                resolve_stage_split(*with->plan, with->model, with->workload, with->cluster),
-                with->workload, draw_batch(with->workload, it));
-      REQUIRE(l.error.empty());
-      for (const auto& ops : l.program.ranks)
-        for (const Op& op : ops) most = std::max(most, op.sub_microbatch);
-    }
-  }
-  CHECK(most >= 1);
+  CHECK(std::max(most_sub_microbatch(trainable, pp4, "", 3),
+                 most_sub_microbatch(trainable, pp2v2, "", 3)) >= 1);
   const std::string single = raw_plan(R"({"placement": "homogeneous", "layout": {"tp": 1},
       "micro_batch_size": 2, "schedule": "1f1b"})",
                                       "dip-reference");
