@@ -121,7 +121,10 @@ TransformerArch read_transformer(ObjectReader& r) {
   if (a.kv_lora_rank > 0) {
     if (a.kv_heads != a.heads)
       r.error("kv_heads", "multi-head latent attention has as many key/value heads as heads");
-    if (a.rope_head_dim >= a.head_dim)
+    if (a.rope_head_dim % 2 != 0)
+      r.error("rope_head_dim",
+              std::to_string(a.rope_head_dim) + " is odd: rotary embeddings turn pairs of values");
+    else if (a.rope_head_dim >= a.head_dim)
       r.error("rope_head_dim",
               std::to_string(a.rope_head_dim) +
                   " leaves no non-rotary part of head_dim=" + std::to_string(a.head_dim));

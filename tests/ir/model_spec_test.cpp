@@ -120,3 +120,25 @@ TEST_CASE("architecture integers past their limits are refused") {
       text.find("modules[2].projector.separators: 3000000000000000000 is over the limit of 1024") !=
       std::string::npos);
 }
+
+TEST_CASE("multi-head latent attention: its fields are checked together") {
+  const auto errors = [](const std::string& attention) {
+    Diagnostics diag;
+    read_model(Json::parse(R"({"name": "m", "modules": [{"name": "llm", "role": "llm",
+        "transformer": {"layers": 2, "hidden": 64, "heads": 4, "ffn": 128, "vocab": 64, )" +
+                           attention + "}}]}"),
+               "m.json", "", diag);
+    return diag.format();
+  };
+  CHECK(errors(R"("head_dim": 24, "kv_lora_rank": 16, "rope_head_dim": 8, "v_head_dim": 16)")
+            .empty());
+  CHECK(errors(R"("head_dim": 24, "kv_lora_rank": 16, "rope_head_dim": 7)").find("is odd") !=
+        std::string::npos);
+  CHECK(errors(R"("head_dim": 24, "kv_lora_rank": 16, "rope_head_dim": 24)")
+            .find("leaves no non-rotary part") != std::string::npos);
+  CHECK(errors(R"("kv_heads": 2, "kv_lora_rank": 16, "rope_head_dim": 8)")
+            .find("as many key/value heads as heads") != std::string::npos);
+  CHECK(errors(R"("rope_head_dim": 8)").find("given without kv_lora_rank") != std::string::npos);
+  CHECK(errors(R"("v_head_dim": 8)").find("differs from head_dim") != std::string::npos);
+  CHECK(errors(R"("router_bias": true)").find("given without experts") != std::string::npos);
+}
