@@ -270,6 +270,13 @@ if [[ $what == moe || $what == all ]]; then
   end=$(date +%s.%N)
   echo "sweep over both skews: $(elapsed "$start" "$end") s; best of each family:"
   sed -n '/^best of each placement family/,/^$/p' "$root/sweep.txt" | grep -E '^best|^  (homogeneous|colocated|non_colocated) '
+  # Kimi-VL-A3B: latent attention, one dense layer before 26 MoE layers, 64 experts.
+  start=$(date +%s.%N)
+  "$tessera" sweep scenarios/kimi-vl-a3b.json --top 4 --refine 0 --set workload.router_skew=0,1 \
+    --out "$root/sweep-kimi" >"$root/sweep-kimi.txt" 2>&1
+  end=$(date +%s.%N)
+  echo "Kimi-VL-A3B sweep over both skews: $(elapsed "$start" "$end") s; best of each family:"
+  sed -n '/^best of each placement family/,/^$/p' "$root/sweep-kimi.txt" | grep -E '^best|^  (homogeneous|colocated|non_colocated) '
   plans=$root
   echo '{"placement": "homogeneous", "layout": {"tp": 1}, "micro_batch_size": 1, "schedule": "1f1b"}' >"$plans/one.json"
   echo '{"placement": "homogeneous", "layout": {"dp": 2, "ep": 2}, "micro_batch_size": 1, "schedule": "1f1b"}' >"$plans/ep2.json"
