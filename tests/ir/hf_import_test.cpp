@@ -264,6 +264,23 @@ TEST_CASE(
                            "needs") != std::string::npos);
 }
 
+TEST_CASE(
+    "DeepSeek-VL2 (full): latent attention and a router bias from DeepseekV2Config's defaults") {
+  // deepseek-ai/deepseek-vl2's config.json (2,171 bytes, as mirrored in earl-juanico/rca), whose
+  // language block leaves layers, heads and the latent sizes to DeepseekV2Config's defaults.
+  const ModelSpec m = import("deepseek-vl2.json");
+  const TransformerArch& llm = *module(m, "llm").transformer;
+  CHECK(llm.layers == 30);
+  CHECK(llm.heads == 32);
+  CHECK(llm.kv_lora_rank == 512);
+  CHECK(llm.head_dim == 128 + 64);
+  CHECK(llm.experts == 72);
+  CHECK(llm.router_bias);  // noaux_tc
+  // Only a rounded count is published ("27.5B" on the Hub), with the tower's unused pooling
+  // head (15,238,352) the import leaves out.
+  CHECK(std::fabs(params(m) + 15'238'352 - 27.5e9) <= 0.05e9);
+}
+
 TEST_CASE("Kimi-VL: MoonViT at native resolution, a DeepSeek-V3 LLM with latent attention") {
   // moonshotai/Kimi-VL-A3B-Instruct's config.json: vision_config and text_config as quoted from
   // the Hub's raw file (the text block's last keys as its parent Moonlight-16B-A3B publishes
