@@ -131,7 +131,7 @@ Attention::Attention(ParamSet& ps, const std::string& name, const TransformerArc
   head_dim = arch.head_dim > 0 ? arch.head_dim : arch.hidden / arch.heads;
   heads = arch.heads / tp;
   rotary = arch.positions == 0;
-  value_dim = arch.v_head_dim > 0 ? arch.v_head_dim : head_dim;
+  value_dim = value_head_dim(arch);
   if (arch.kv_lora_rank > 0) {
     // Multi-head latent attention (no biases: validated).
     kv_rank = arch.kv_lora_rank;

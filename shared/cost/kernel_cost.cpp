@@ -26,8 +26,7 @@ void layer_gemms(const TransformerArch& a, double tokens, double tp, double coun
   const double h = static_cast<double>(a.hidden);
   const double attention = static_cast<double>(attention_matmul_parameters(a));
   // The attention output's input: the heads' values.
-  const double values = static_cast<double>(a.heads) *
-                        static_cast<double>(a.v_head_dim > 0 ? a.v_head_dim : a.head_dim);
+  const double values = static_cast<double>(a.heads * value_head_dim(a));
   const double mlp_params = static_cast<double>(active_layer_matmul_parameters(a)) - attention;
   const double matrices = a.gated_ffn ? 3 : 2;
   const double inner = std::max(0.0, mlp_params / matrices / h);

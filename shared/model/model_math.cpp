@@ -24,18 +24,13 @@ double mlp_parameters(const TransformerArch& a, int64_t ffn, double tp) {
   return n;
 }
 
-// A value head's width (head_dim unless multi-head latent attention says otherwise).
-double value_head_dim(const TransformerArch& a) {
-  return static_cast<double>(a.v_head_dim > 0 ? a.v_head_dim : a.head_dim);
-}
-
 // Multi-head latent attention's matrices on one of `tp` ranks, as Megatron-LM splits them: the
 // down-projections of queries and of keys/values (with the rotary key values) and the latents'
 // norms whole on every rank (replicated), the up-projections split by heads (columns), the
 // output by rows.
 double latent_attention_parameters(const TransformerArch& a, double tp) {
   const auto h = static_cast<double>(a.hidden), heads = static_cast<double>(a.heads);
-  const auto hd = static_cast<double>(a.head_dim), vd = value_head_dim(a);
+  const auto hd = static_cast<double>(a.head_dim), vd = static_cast<double>(value_head_dim(a));
   const auto kv_rank = static_cast<double>(a.kv_lora_rank),
              q_rank = static_cast<double>(a.q_lora_rank);
   const auto rope = static_cast<double>(a.rope_head_dim);
@@ -127,6 +122,10 @@ TransformerArch dense_layer_arch(const TransformerArch& a) {
   return d;
 }
 
+int64_t value_head_dim(const TransformerArch& a) {
+  return a.v_head_dim > 0 ? a.v_head_dim : a.head_dim;
+}
+
 double kv_replica_parameters(const TransformerArch& a, int64_t tp) {
   if (a.kv_heads >= tp) return 0;
   const bool bias = a.linear_bias || a.qkv_bias;
@@ -208,7 +207,7 @@ int64_t attention_matmul_parameters(const TransformerArch& a) {
 }
 
 int64_t key_value_width(const TransformerArch& a) {
-  if (a.kv_lora_rank > 0) return a.heads * (a.head_dim + static_cast<int64_t>(value_head_dim(a)));
+  if (a.kv_lora_rank > 0) return a.heads * (a.head_dim + value_head_dim(a));
   return 2 * a.kv_heads * a.head_dim;
 }
 
@@ -325,8 +324,8 @@ std::string tp_refusal(const TransformerArch& a, const std::string& who, int64_t
 
 double layer_attention_flops(const TransformerArch& a, double attention_pairs) {
   // Q·Kᵀ over head_dim, P·V over the value head.
-  return 2.0 * static_cast<double>(a.heads) *
-         (static_cast<double>(a.head_dim) + value_head_dim(a)) * attention_pairs;
+  return 2.0 * static_cast<double>(a.heads) * static_cast<double>(a.head_dim + value_head_dim(a)) *
+         attention_pairs;
 }
 
 double layer_forward_flops_per_token(const TransformerArch& a, double attended_tokens) {

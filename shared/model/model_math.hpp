@@ -50,6 +50,8 @@ double expert_layer_parameters(const TransformerArch& arch, int64_t tp, int64_t 
 // gates of gated layers and the extra norms and gates of cross-attention layers.
 double stack_parameters(const TransformerArch& arch, int64_t first, int64_t end, int64_t tp,
                         int64_t ep = 1);
+// A value head's width: v_head_dim, which defaults to head_dim.
+int64_t value_head_dim(const TransformerArch& arch);
 // The attention's matrices of one layer (standard or multi-head latent attention).
 int64_t attention_matmul_parameters(const TransformerArch& arch);
 // Key and value values one token holds for attention, over all heads (2·kv_heads·head_dim, or

@@ -97,6 +97,19 @@ int64_t merge_to_tokens(const Reader& r, std::string_view key, int64_t fallback,
   return 1;
 }
 
+// The most tiles of `tile` pixels among a list of [width, height] resolutions (LLaVA-NeXT's
+// image_grid_pinpoints, DeepSeek-VL2's candidate_resolutions), and at least `fewest`. In double:
+// a resolution of absurd size must not overflow (validation refuses the count).
+int64_t most_tiles(const Json* resolutions, int64_t tile, int64_t fewest) {
+  double most = static_cast<double>(fewest);
+  if (resolutions != nullptr && resolutions->is_array() && tile > 0)
+    for (const Json& r : *resolutions)
+      if (r.is_array() && r.size() == 2 && r[0].is_number_integer() && r[1].is_number_integer())
+        most = std::max(most, std::floor(r[0].get<double>() / static_cast<double>(tile)) *
+                                  std::floor(r[1].get<double>() / static_cast<double>(tile)));
+  return static_cast<int64_t>(std::min(1e15, most));
+}
+
 }  // namespace
 
 ModelSpec import_qwen_vl(const Reader& root, bool qwen25) {
@@ -181,19 +194,7 @@ ModelSpec import_llava(const Reader& root, bool next) {
     p.tile_size = p.image_size;
     p.resize = ResizeMode::kTiles;
     p.thumbnail = true;
-    int64_t max_tiles = 4;
-    if (const Json* pins = root.raw("image_grid_pinpoints"); pins != nullptr && pins->is_array()) {
-      for (const Json& pin : *pins)
-        if (pin.is_array() && pin.size() == 2 && pin[0].is_number_integer() &&
-            pin[1].is_number_integer() && p.tile_size > 0)
-          // In double: a pinpoint of absurd size must not overflow (validation refuses the count).
-          max_tiles = static_cast<int64_t>(std::min(
-              1e15, std::max<double>(
-                        static_cast<double>(max_tiles),
-                        std::floor(pin[0].get<double>() / static_cast<double>(p.tile_size)) *
-                            std::floor(pin[1].get<double>() / static_cast<double>(p.tile_size)))));
-    }
-    p.max_tiles = max_tiles;
+    p.max_tiles = most_tiles(root.raw("image_grid_pinpoints"), p.tile_size, 4);
     p.image_size = 0;
   }
   const int64_t h = llm.transformer->hidden;
@@ -639,14 +640,7 @@ ModelSpec import_deepseek_vl2(const Reader& root) {
   p.image_size = 0;
   p.resize = ResizeMode::kTiles;
   p.thumbnail = true;
-  p.max_tiles = 1;
-  if (const Json* res = root.raw("candidate_resolutions"); res != nullptr && res->is_array())
-    for (const Json& r : *res)
-      if (r.is_array() && r.size() == 2 && r[0].is_number_integer() && r[1].is_number_integer() &&
-          p.tile_size > 0)
-        p.max_tiles = std::max<int64_t>(
-            p.max_tiles, std::min<int64_t>(1 << 20, r[0].get<int64_t>() / p.tile_size) *
-                             std::min<int64_t>(1 << 20, r[1].get<int64_t>() / p.tile_size));
+  p.max_tiles = most_tiles(root.raw("candidate_resolutions"), p.tile_size, 1);
   root.known({"global_view_pos"});  // where the global view goes: no parameter
   const Reader pc = root.sub("projector_config");
   if (const std::string type = pc.get_string("projector_type", "downsample_mlp_gelu");
