@@ -161,6 +161,19 @@ std::string edited_scenario(const std::string& file, const std::function<void(Js
   return path.string();
 }
 
+// cpu-tiny-moe's LLM (`transformer`, 4 heads of 128 wide) given DeepSeek-V3's attention and
+// router: multi-head latent attention with a query latent, rotary keys shared by the heads and
+// values narrower than the query/key heads, and a router score bias.
+void deepseek_v3_shape(Json& transformer) {
+  transformer["kv_heads"] = 4;
+  transformer["head_dim"] = 40;
+  transformer["kv_lora_rank"] = 32;
+  transformer["q_lora_rank"] = 48;
+  transformer["rope_head_dim"] = 8;
+  transformer["v_head_dim"] = 24;
+  transformer["router_bias"] = true;
+}
+
 // How many events of rank 0's trace in run `name` have a name `match` accepts.
 int rank0_events(const std::string& name, const std::function<bool(const std::string&)>& match) {
   std::ifstream in(out_dir(name) / "trace" / "rank0.json");
@@ -458,13 +471,7 @@ TEST_CASE(
       moe,
       [](Json& s) {
         Json& t = s["model"]["modules"][2]["transformer"];
-        t["kv_heads"] = 4;
-        t["head_dim"] = 40;
-        t["kv_lora_rank"] = 32;
-        t["q_lora_rank"] = 48;
-        t["rope_head_dim"] = 8;
-        t["v_head_dim"] = 24;
-        t["router_bias"] = true;
+        deepseek_v3_shape(t);
         t["dense_layers"] = 1;
       },
       "moe-latent");
@@ -1165,13 +1172,7 @@ TEST_CASE("each rank holds the parameter state the Program's memory accounting s
         Json& t = s["model"]["modules"][2]["transformer"];
         t["dense_layers"] = 1;
         t["moe_every"] = 2;
-        t["kv_heads"] = 4;
-        t["head_dim"] = 40;
-        t["kv_lora_rank"] = 32;
-        t["q_lora_rank"] = 48;
-        t["rope_head_dim"] = 8;
-        t["v_head_dim"] = 24;
-        t["router_bias"] = true;
+        deepseek_v3_shape(t);
       },
       "state-moe-pattern-scenario");
   for (const auto& [scenario, layout, name] :

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <fstream>
+#include <functional>
 
 #include "shared/model/model_math.hpp"
 #include "shared/spec/hf_import.hpp"
@@ -20,6 +21,15 @@ ModelSpec import(const std::string& name, std::vector<std::string> freeze = {}) 
   INFO(diag.format());
   REQUIRE(model.has_value());
   return *model;
+}
+
+// What importing fixture `name` with `edit` applied reports; the import must fail.
+std::string import_errors(const std::string& name, const std::function<void(Json&)>& edit) {
+  Json config = Json::parse(std::ifstream(kHf + name));
+  edit(config);
+  Diagnostics diag;
+  CHECK_FALSE(import_hf_config(config, "c.json", {}, diag).has_value());
+  return diag.format();
 }
 
 double params(const ModelSpec& m) {
@@ -90,11 +100,12 @@ TEST_CASE("Qwen3-VL: a learned position table, DeepStack mergers, a Qwen3 LLM wi
   // (model.safetensors.index.json total_size 17,534,247,392 bytes).
   CHECK(model_parameters(m) == 8'767'123'696);
   // A DeepStack tap outside the encoder is refused, naming the key.
-  Json bad = Json::parse(std::ifstream(kHf + "qwen3-vl-8b-instruct.json"));
-  bad["vision_config"]["deepstack_visual_indexes"] = std::vector<int64_t>{8, 16, 27};
-  Diagnostics diag;
-  CHECK_FALSE(import_hf_config(bad, "c.json", {}, diag).has_value());
-  CHECK(diag.format().find("c.json: vision_config.deepstack_visual_indexes: expected a list") !=
+  CHECK(import_errors(
+            "qwen3-vl-8b-instruct.json",
+            [](Json& c) {
+              c["vision_config"]["deepstack_visual_indexes"] = std::vector<int64_t>{8, 16, 27};
+            })
+            .find("c.json: vision_config.deepstack_visual_indexes: expected a list") !=
         std::string::npos);
 }
 
@@ -113,12 +124,10 @@ TEST_CASE("LLaVA-OneVision: SigLIP tiles, at most 9 tiles' features, an image ne
   // Only a rounded count is published: "894M params" on the Hub (its one FP16 file is 1.79 GB;
   // an untied head would make it 2.06 GB).
   CHECK(std::fabs(params(m) - 894e6) <= 0.5e6);
-  Json bad = Json::parse(std::ifstream(kHf + "llava-onevision-qwen2-0.5b-ov-hf.json"));
-  bad["vision_aspect_ratio"] = "anyres";
-  Diagnostics diag;
-  CHECK_FALSE(import_hf_config(bad, "c.json", {}, diag).has_value());
-  CHECK(diag.format().find("c.json: vision_aspect_ratio: 'anyres': expected anyres_max_N") !=
-        std::string::npos);
+  CHECK(
+      import_errors("llava-onevision-qwen2-0.5b-ov-hf.json", [](Json& c) {
+        c["vision_aspect_ratio"] = "anyres";
+      }).find("c.json: vision_aspect_ratio: 'anyres': expected anyres_max_N") != std::string::npos);
 }
 
 TEST_CASE("InternVL, remote-code shape (llm_config) and hf shape (text_config)") {
@@ -218,10 +227,9 @@ TEST_CASE("Llama 4 Maverick: experts in every second layer, dense MLPs between")
   other["text_config"]["moe_layers"] = odd;
   Diagnostics ok;
   CHECK(import_hf_config(other, "c.json", {}, ok).has_value());
-  other["text_config"]["moe_layers"] = std::vector<int64_t>{0, 1};
-  Diagnostics diag;
-  CHECK_FALSE(import_hf_config(other, "c.json", {}, diag).has_value());
-  CHECK(diag.format().find("c.json: text_config.moe_layers: must list every") != std::string::npos);
+  CHECK(import_errors("llama-4-maverick-17b-128e-instruct.json", [](Json& c) {
+          c["text_config"]["moe_layers"] = std::vector<int64_t>{0, 1};
+        }).find("c.json: text_config.moe_layers: must list every") != std::string::npos);
 }
 
 TEST_CASE(
@@ -256,12 +264,10 @@ TEST_CASE(
       width + (4 * width * width + 4 * width) + 2 * width + (2 * width * mlp + mlp + width);
   CHECK(model_parameters(m) + head == 3'370'501'440);
   // Multi-head latent attention (the Small and full models) needs its latent and rotary sizes.
-  Json mla = Json::parse(std::ifstream(kHf + "deepseek-vl2-tiny.json"));
-  mla["language_config"]["use_mla"] = true;
-  Diagnostics diag;
-  CHECK_FALSE(import_hf_config(mla, "c.json", {}, diag).has_value());
-  CHECK(diag.format().find("c.json: language_config.kv_lora_rank: multi-head latent attention "
-                           "needs") != std::string::npos);
+  CHECK(import_errors("deepseek-vl2-tiny.json",
+                      [](Json& c) { c["language_config"]["use_mla"] = true; })
+            .find("c.json: language_config.kv_lora_rank: multi-head latent attention needs") !=
+        std::string::npos);
 }
 
 TEST_CASE(

@@ -10,6 +10,14 @@ static std::string errors_of(const char* text) {
   return diag.format();
 }
 
+// The problems of a one-module model whose 4-layer LLM has `fields` besides its sizes.
+static std::string transformer_errors(const std::string& fields) {
+  const std::string text = R"({"name": "m", "modules": [{"name": "llm", "role": "llm",
+      "transformer": {"layers": 4, "hidden": 64, "heads": 4, "ffn": 128, "vocab": 64, )" +
+                           fields + "}}]}";
+  return errors_of(text.c_str());
+}
+
 TEST_CASE("a valid model reads and round-trips through JSON") {
   const char* text = R"({"name": "t", "modules": [
     {"name": "vision", "role": "encoder", "modality": "image", "frozen": true,
@@ -122,23 +130,32 @@ TEST_CASE("architecture integers past their limits are refused") {
 }
 
 TEST_CASE("multi-head latent attention: its fields are checked together") {
-  const auto errors = [](const std::string& attention) {
-    Diagnostics diag;
-    read_model(Json::parse(R"({"name": "m", "modules": [{"name": "llm", "role": "llm",
-        "transformer": {"layers": 2, "hidden": 64, "heads": 4, "ffn": 128, "vocab": 64, )" +
-                           attention + "}}]}"),
-               "m.json", "", diag);
-    return diag.format();
-  };
-  CHECK(errors(R"("head_dim": 24, "kv_lora_rank": 16, "rope_head_dim": 8, "v_head_dim": 16)")
+  CHECK(transformer_errors(
+            R"("head_dim": 24, "kv_lora_rank": 16, "rope_head_dim": 8, "v_head_dim": 16)")
             .empty());
-  CHECK(errors(R"("head_dim": 24, "kv_lora_rank": 16, "rope_head_dim": 7)").find("is odd") !=
-        std::string::npos);
-  CHECK(errors(R"("head_dim": 24, "kv_lora_rank": 16, "rope_head_dim": 24)")
+  CHECK(transformer_errors(R"("head_dim": 24, "kv_lora_rank": 16, "rope_head_dim": 7)")
+            .find("is odd") != std::string::npos);
+  CHECK(transformer_errors(R"("head_dim": 24, "kv_lora_rank": 16, "rope_head_dim": 24)")
             .find("leaves no non-rotary part") != std::string::npos);
-  CHECK(errors(R"("kv_heads": 2, "kv_lora_rank": 16, "rope_head_dim": 8)")
+  CHECK(transformer_errors(R"("kv_heads": 2, "kv_lora_rank": 16, "rope_head_dim": 8)")
             .find("as many key/value heads as heads") != std::string::npos);
-  CHECK(errors(R"("rope_head_dim": 8)").find("given without kv_lora_rank") != std::string::npos);
-  CHECK(errors(R"("v_head_dim": 8)").find("differs from head_dim") != std::string::npos);
-  CHECK(errors(R"("router_bias": true)").find("given without experts") != std::string::npos);
+  CHECK(transformer_errors(R"("rope_head_dim": 8)").find("given without kv_lora_rank") !=
+        std::string::npos);
+  CHECK(transformer_errors(R"("v_head_dim": 8)").find("differs from head_dim") !=
+        std::string::npos);
+  CHECK(transformer_errors(R"("router_bias": true)").find("given without experts") !=
+        std::string::npos);
+}
+
+TEST_CASE("a layer pattern needs experts and leaves some") {
+  CHECK(
+      transformer_errors(R"("experts": 4, "top_k": 1, "dense_layers": 1, "moe_every": 3)").empty());
+  CHECK(transformer_errors(R"("dense_layers": 1)").find("given without experts") !=
+        std::string::npos);
+  CHECK(transformer_errors(R"("experts": 4, "top_k": 1, "dense_layers": 4)")
+            .find("leaves no layer") != std::string::npos);
+  CHECK(transformer_errors(R"("experts": 4, "top_k": 1, "dense_layers": 1, "moe_every": 4)")
+            .find("moe_every") != std::string::npos);
+  CHECK(transformer_errors(R"("experts": 4, "top_k": 1, "moe_every": 0)").find("moe_every") !=
+        std::string::npos);
 }

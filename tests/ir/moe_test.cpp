@@ -249,23 +249,3 @@ TEST_CASE("a dense layer in an MoE stack routes nothing: no all-to-all, no exper
   CHECK(all_moe.memory[0].weight_bytes - p.memory[0].weight_bytes ==
         doctest::Approx(dense_saving * 4));  // fp32
 }
-
-TEST_CASE("a layer pattern needs experts and leaves some") {
-  const auto errors = [](const std::string& transformer) {
-    Diagnostics diag;
-    read_model(Json::parse(R"({"name": "m", "modules": [{"name": "llm", "role": "llm",
-        "transformer": {"layers": 4, "hidden": 64, "heads": 4, "ffn": 128, "vocab": 64, )" +
-                           transformer + "}}]}"),
-               "m.json", "", diag);
-    return diag.format();
-  };
-  CHECK(errors(R"("experts": 4, "top_k": 1, "dense_layers": 1, "moe_every": 3)").empty());
-  CHECK(errors(R"("dense_layers": 1)").find("given without experts") != std::string::npos);
-  CHECK(errors(R"("experts": 4, "top_k": 1, "dense_layers": 4)").find("leaves no layer") !=
-        std::string::npos);
-  CHECK(
-      errors(R"("experts": 4, "top_k": 1, "dense_layers": 1, "moe_every": 4)").find("moe_every") !=
-      std::string::npos);
-  CHECK(errors(R"("experts": 4, "top_k": 1, "moe_every": 0)").find("moe_every") !=
-        std::string::npos);
-}
