@@ -98,6 +98,11 @@ int run_show(const Args& args, std::ostream& out, std::ostream& err) {
   return kOk;
 }
 
+static void print_import_notes(const HfImportNotes& notes, std::ostream& out) {
+  for (const std::string& part : notes.left_out) out << "left out: " << part << "\n";
+  for (const std::string& keys : notes.unused) out << "not used: " << keys << "\n";
+}
+
 int run_import_hf(const Args& args, std::ostream& out, std::ostream& err) {
   std::string supported;
   for (const std::string& t : supported_hf_model_types())
@@ -123,13 +128,13 @@ int run_import_hf(const Args& args, std::ostream& out, std::ostream& err) {
   Diagnostics diag;
   const auto json = read_json_file(file, diag);
   if (!json) return report_problems(diag, err);
-  std::vector<std::string> left_out;
-  auto model = import_hf_config(*json, file, import, diag, &left_out);
+  HfImportNotes notes;
+  auto model = import_hf_config(*json, file, import, diag, &notes);
   if (!model) return report_problems(diag, err);
   if (result->count("name")) model->name = (*result)["name"].as<std::string>();
   const std::string text = to_json(*model).dump(2) + "\n";
   if (!result->count("output")) {
-    for (const std::string& part : left_out) err << "left out: " << part << "\n";
+    print_import_notes(notes, err);
     out << text;
     return kOk;
   }
@@ -140,7 +145,7 @@ int run_import_hf(const Args& args, std::ostream& out, std::ostream& err) {
     return 1;
   }
   out << "wrote " << target << "\n" << model_report(*model);
-  for (const std::string& part : left_out) out << "left out: " << part << "\n";
+  print_import_notes(notes, out);
   return kOk;
 }
 

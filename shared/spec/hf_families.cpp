@@ -48,7 +48,9 @@ std::pair<ModuleSpec, ModuleSpec> qwen_vision(const Reader& v, QwenVit generatio
   }
   Patching p;
   p.patch_size = v.get("patch_size", 14);
+  v.alias("spatial_patch_size", p.patch_size, "patch_size");  // Qwen2-VL repeats it
   p.in_channels = v.has("in_chans") ? v.get("in_chans", 3) : v.get("in_channels", 3);
+  v.alias("in_channels", p.in_channels, "in_chans");  // Qwen2.5-Omni writes both
   p.spatial_merge = v.get("spatial_merge_size", 2);
   p.temporal_patch = v.get("temporal_patch_size", 2);
   p.conv_bias = generation == QwenVit::k3;
@@ -175,6 +177,14 @@ ModelSpec import_qwen_omni(const Reader& root) {
 }
 
 ModelSpec import_llava(const Reader& root, bool next) {
+  // The original LLaVA repository saves its checkpoints with model_type "llava" too, in a shape
+  // of its own: the LLM's keys at the top level and the vision tower by name alone.
+  if (root.has("mm_vision_tower")) {
+    root.refuse("mm_vision_tower",
+                "the original LLaVA repository's format, which names its vision tower without "
+                "its sizes; import the Hugging Face conversion of the checkpoint (llava-hf/...)");
+    return {};
+  }
   const Reader text = root.sub("text_config");
   const Reader v = root.sub("vision_config");
   ModuleSpec llm = llm_module(text, text.get_string("model_type", "llama"));
@@ -185,7 +195,10 @@ ModelSpec import_llava(const Reader& root, bool next) {
     llm.transformer->tied_embeddings = root.get_bool("tie_word_embeddings", false);
   else
     root.known({"tie_word_embeddings"});  // the text model's own switch decides
-  const bool siglip = v.get_string("model_type", "clip_vision_model").starts_with("siglip");
+  const std::string tower = v.get_string("model_type", "clip_vision_model");
+  const bool siglip = tower.starts_with("siglip");
+  if (!siglip && tower != "clip_vision_model")
+    v.refuse("model_type", "'" + tower + "': the import reads CLIP and SigLIP vision towers only");
   ModuleSpec vision = vit_module(v, siglip);
   if (next) {
     // LLaVA-NeXT "anyres": tiles of the base resolution from image_grid_pinpoints plus the
@@ -200,7 +213,12 @@ ModelSpec import_llava(const Reader& root, bool next) {
   const int64_t h = llm.transformer->hidden;
   ModuleSpec projector =
       projector_module("vision_projector", "vision", vision.transformer->hidden, h, h, 2, false);
-  if (next) projector.projector->output_embeddings = 1;  // image_newline, after each row of tiles
+  // LLaVA-NeXT: a learned image_newline after each row of tiles, unless the config turns it off.
+  const bool newline = root.get_bool("use_image_newline_parameter", next);
+  if (newline && !next)
+    root.error("use_image_newline_parameter",
+               "LLaVA-1.5 has no image newline; true is not imported");
+  if (next && newline) projector.projector->output_embeddings = 1;
   return vlm(std::move(vision), std::move(projector), std::move(llm));
 }
 
@@ -222,10 +240,27 @@ ModelSpec import_llava_onevision(const Reader& root) {
     root.error("vision_aspect_ratio", "'" + ratio + "': expected anyres_max_N");
   else
     m.modules[0].patching->max_tiles = std::min(m.modules[0].patching->max_tiles, tiles);
-  if (!root.get_bool("use_image_newline_parameter", true))
-    m.modules[1].projector->output_embeddings = 0;
   if (!root.get_bool("multimodal_projector_bias", true)) m.modules[1].projector->bias = false;
   return m;
+}
+
+// InternVL's switches of parts the import does not build, each accepted at the value that leaves
+// the part out, and its settings that change no parameter or token count.
+void internvl_switches(const Reader& root, const Reader& v, bool remote_code) {
+  if (remote_code) {
+    root.require("select_layer", -1, "the projector would read an earlier layer's output");
+    root.require("use_backbone_lora", 0, "LoRA adapters on the vision tower");
+    root.require("use_llm_lora", 0, "LoRA adapters on the language model");
+    v.require("qk_normalization", false, "InternViT-6B's query/key norms over the full width");
+    // The fewest tiles an image is cut into: the import prices images up to max_dynamic_patch.
+    root.unused({"min_dynamic_patch"}, "the fewest tiles per image, a setting of preprocessing");
+  } else {
+    v.require("use_qk_norm", false, "InternViT-6B's query/key norms over the full width");
+    v.require("use_mask_token", false, "a mask-token embedding, used only in pre-training");
+    v.require("use_mean_pooling", true, "a norm after the last layer");
+    v.require("use_absolute_position_embeddings", true,
+              "the import builds a learned position table");
+  }
 }
 
 ModelSpec import_internvl(const Reader& root, bool remote_code) {
@@ -233,6 +268,7 @@ ModelSpec import_internvl(const Reader& root, bool remote_code) {
   std::string llm_type = text.get_string("model_type", "qwen2");
   ModuleSpec llm = llm_module(text, llm_type);
   const Reader v = root.sub("vision_config");
+  internvl_switches(root, v, remote_code);
   TransformerArch a =
       encoder_arch(v.get("num_hidden_layers", 24), v.get("hidden_size", 1024),
                    v.get("num_attention_heads", 16), v.get("intermediate_size", 4096),
@@ -248,6 +284,7 @@ ModelSpec import_internvl(const Reader& root, bool remote_code) {
   }
   Patching p;
   p.patch_size = v.get("patch_size", 14);
+  p.in_channels = v.get("num_channels", 3);
   const int64_t tile = v.get("image_size", 448);
   p.tile_size = root.has("force_image_size") ? root.get("force_image_size", tile) : tile;
   p.resize = ResizeMode::kTiles;
@@ -292,6 +329,7 @@ ModelSpec import_mllama(const Reader& root) {
   a.gated_layers = global;
   Patching p;
   p.patch_size = v.get("patch_size", 14);
+  p.in_channels = v.get("num_channels", 3);
   p.tile_size = v.get("image_size", 560);
   p.max_tiles = v.get("max_num_tiles", 4);
   p.resize = ResizeMode::kTiles;
@@ -433,6 +471,8 @@ ModelSpec import_paligemma(const Reader& root) {
   ModuleSpec llm = llm_module(text, text.get_string("model_type", "gemma"));
   // Stale copies of the text model's sizes, which the transformers code ignores.
   root.known({"hidden_size", "num_hidden_layers", "_vocab_size", "projection_dim"});
+  // Older exports repeat the vocabulary at the top level.
+  root.alias("vocab_size", llm.transformer->vocab, "text_config.vocab_size");
   text.known({"num_image_tokens"});
   const Reader v = root.sub("vision_config");
   // PaliGemma's projection_dim is its projector's output: the LLM width.
@@ -608,6 +648,14 @@ ModuleSpec deepseek_llm(const Reader& text) {
 }  // namespace
 
 ModelSpec import_deepseek_vl2(const Reader& root) {
+  // DeepSeek-OCR shares the model_type with encoders of its own: one width per encoder.
+  if (const Json* w = root.sub("vision_config").raw("width"); w != nullptr && w->is_object()) {
+    std::string encoders;
+    for (const auto& [name, _] : w->items()) encoders += (encoders.empty() ? "" : ", ") + name;
+    root.refuse("vision_config.width", "DeepSeek-OCR's encoders (" + encoders +
+                                           "): a SAM encoder feeding a second one is not imported");
+    return {};
+  }
   ModuleSpec llm = deepseek_llm(root.sub("language_config"));
   const TransformerArch& a = *llm.transformer;
   // The vision tower: a timm SigLIP ViT (config: layers, width, mlp_ratio; heads and image size
@@ -710,7 +758,24 @@ ModelSpec import_kimi_vl(const Reader& root) {
   return vlm(std::move(vision), std::move(projector), std::move(llm));
 }
 
+// transformers 4.2x and older wrote each tower's config twice: as given (`vision_config_dict`) and
+// complete (`vision_config`, which the import reads). The copy must agree where both say a key.
+void config_dict_copy(const Reader& root, std::string_view copy, std::string_view config) {
+  const Json* a = root.raw(copy);
+  if (a == nullptr) return;
+  const Json* b = root.raw(config);
+  if (a->is_object() && b != nullptr && b->is_object())
+    for (const auto& [key, value] : a->items())
+      if (b->contains(key) && (*b)[key] != value)
+        root.error(std::string(copy) + "." + key,
+                   value.dump() + " differs from " + std::string(config) + "." + key + " = " +
+                       (*b)[key].dump() + ": the two are copies of one config");
+  root.unused({copy}, "copies of the towers' configs that older transformers versions wrote");
+}
+
 ModelSpec import_clip(const Reader& root, bool siglip) {
+  config_dict_copy(root, "vision_config_dict", "vision_config");
+  config_dict_copy(root, "text_config_dict", "text_config");
   ModelSpec model;
   model.modules = {vit_module(root.sub("vision_config"), siglip)};
   root.leave_out("text_config",

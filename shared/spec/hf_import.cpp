@@ -64,7 +64,7 @@ const std::vector<std::string>& supported_hf_model_types() {
 
 std::optional<ModelSpec> import_hf_config(const Json& config, const std::string& file,
                                           const HfImportOptions& options, Diagnostics& diag,
-                                          std::vector<std::string>* left_out) {
+                                          HfImportNotes* notes) {
   const std::size_t before = diag.errors().size();
   if (!config.is_object()) {
     diag.error(file, "", "expected a JSON object, got " + json_type_name(config));
@@ -83,8 +83,20 @@ std::optional<ModelSpec> import_hf_config(const Json& config, const std::string&
     return std::nullopt;
   }
   ModelSpec model = family->import(root);
-  hf::check_unread(root.ledger(), file, type, diag);
-  if (left_out != nullptr) *left_out = root.ledger().left_out;
+  std::optional<bool> tied;
+  for (const ModuleSpec& m : model.modules)
+    if (m.role == ModuleRole::kLlm && m.transformer) tied = m.transformer->tied_embeddings;
+  hf::Ledger& ledger = root.ledger();
+  hf::check_unread(ledger, file, type, tied, diag);
+  if (notes != nullptr) {
+    notes->left_out = ledger.left_out;
+    notes->unused.clear();
+    for (const auto& [why, paths] : ledger.unused) {
+      std::string line;
+      for (const std::string& p : paths) line += (line.empty() ? "" : ", ") + p;
+      notes->unused.push_back(line + ": " + why);
+    }
+  }
   // Name: the checkpoint's _name_or_path when it is a Hub id ("org/model"); else the file's name,
   // or its folder's when the file is a checkpoint's config.json. A local path the checkpoint was
   // saved from ("/raid/user/ov-500") names a machine, not the model.

@@ -18,12 +18,22 @@ struct HfImportOptions {
 
 const std::vector<std::string>& supported_hf_model_types();
 
+// What an import did not take from the config, for its summary.
+struct HfImportNotes {
+  // Parts of the checkpoint that a training run does not hold, left out of the model, each as
+  // "json.path: why".
+  std::vector<std::string> left_out;
+  // Keys accepted without being read because their values change nothing the import builds,
+  // grouped by reason: "text_config.num_beams, vision_config.top_k: why".
+  std::vector<std::string> unused;
+};
+
 // nullopt when the config cannot be imported; every problem is in `diag`, naming `file` and
-// the JSON path of the offending key. A key that shapes the architecture and that the import
-// does not read is such a problem. `left_out` (optional) gets the parts of the checkpoint a
-// training run does not hold and that the model leaves out, each as "json.path: why".
+// the JSON path of the offending key. A key that the import does not read and whose value would
+// change the network it builds is such a problem. `notes` (optional) gets what the model leaves
+// out and the keys accepted unread.
 std::optional<ModelSpec> import_hf_config(const Json& config, const std::string& file,
                                           const HfImportOptions& options, Diagnostics& diag,
-                                          std::vector<std::string>* left_out = nullptr);
+                                          HfImportNotes* notes = nullptr);
 
 }  // namespace tessera

@@ -158,6 +158,13 @@ ModuleSpec whisper_encoder(const Reader& r, int64_t mel_bins) {
                                    r.get("encoder_ffn_dim", 5120), NormKind::kLayerNorm);
   a.positions = r.get("max_source_positions", 1500);
   a.key_bias = false;  // Whisper's k_proj has no bias
+  // WhisperConfig writes its encoder depth twice.
+  r.alias("num_hidden_layers", a.layers, "encoder_layers");
+  // The audio-classification head of WhisperForAudioClassification, and the median filter that
+  // smooths word timestamps at inference.
+  r.leave_out("classifier_proj_size",
+              "the audio-classification head, which neither transcription nor a speech-LLM runs");
+  r.unused({"median_filter_width"}, "the smoothing of word timestamps at inference");
   // scale_embedding multiplies the input by sqrt(d_model): no parameters, no work to speak of.
   r.known({"scale_embedding"});
   AudioFrontEnd fe;

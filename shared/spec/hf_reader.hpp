@@ -7,6 +7,7 @@
 #include <initializer_list>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <string_view>
@@ -18,11 +19,13 @@
 namespace tessera::hf {
 
 // What one import read of a config: the keys consulted (full JSON paths), the objects it
-// opened, and the parts it left out on purpose with the reason.
+// opened, the parts it left out on purpose with the reason, and the keys it accepted without
+// reading them because their values change nothing it builds (grouped by that reason).
 struct Ledger {
   std::set<std::string> read;
-  std::map<std::string, const Json*> blocks;  // JSON path ("" for the root) -> object
-  std::vector<std::string> left_out;          // "text_config: CLIP's text tower, ..."
+  std::map<std::string, const Json*> blocks;               // JSON path ("" for the root) -> object
+  std::vector<std::string> left_out;                       // "text_config: CLIP's text tower, ..."
+  std::map<std::string, std::vector<std::string>> unused;  // reason -> JSON paths
 };
 
 class Reader {
@@ -52,8 +55,22 @@ class Reader {
   // The same for a part that is a set of keys of this object (Whisper's decoder sizes).
   void leave_out(std::initializer_list<std::string_view> keys, const std::string& why) const;
 
+  // A key that repeats a size the import reads under another name (Whisper's num_hidden_layers
+  // for encoder_layers, Qwen2-VL's spatial_patch_size for patch_size): accepted when it agrees
+  // with `value`, the size read as `read_as`, an error naming both when it does not.
+  void alias(std::string_view key, int64_t value, std::string_view read_as) const;
+  // A key whose value changes nothing the import builds, for `why` (a part used only at
+  // inference, a setting of the training loop): listed among the keys not used.
+  void unused(std::initializer_list<std::string_view> keys, const std::string& why) const;
+  // A switch or count whose one value the import builds (InternVL's select_layer -1, LoRA off):
+  // any other value is an error saying what it would change, `why`.
+  void require(std::string_view key, const Json& built, const std::string& why) const;
+
   void error(std::string_view key, const std::string& message) const;
-  const Ledger& ledger() const { return *ledger_; }
+  // An error that refuses this whole object (a format the import does not read): its other keys,
+  // and those of the objects under it, are not reported one by one.
+  void refuse(std::string_view key, const std::string& message) const;
+  Ledger& ledger() const { return *ledger_; }
 
  private:
   Reader(const Json* json, std::string file, std::string path, Diagnostics& diag,
@@ -67,10 +84,14 @@ class Reader {
   std::shared_ptr<Ledger> ledger_;
 };
 
-// Errors for the keys of every object the import opened that look architectural (layer, head,
-// width, expert, vocabulary, window, pooling, ... counts and switches), were not read, and are
-// not on the list of keys known not to change what the model holds or computes.
-void check_unread(const Ledger& ledger, const std::string& file, const std::string& model_type,
-                  Diagnostics& diag);
+// The keys of every object the import opened that look architectural (layer, head, width,
+// expert, vocabulary, window, pooling, ... counts and switches) and were not read: each is an
+// error when its value would change the network from what the import builds, and is recorded
+// in the ledger's `unused` when it would not — a PretrainedConfig attribute every config class
+// inherits, at a value that changes nothing (empty pruned_heads, generation settings, the
+// output-tying switch of a block without an output layer). `tied_llm` is whether the imported
+// language model ties its output layer to its input embedding (nullopt: the model has none).
+void check_unread(Ledger& ledger, const std::string& file, const std::string& model_type,
+                  std::optional<bool> tied_llm, Diagnostics& diag);
 
 }  // namespace tessera::hf

@@ -348,10 +348,10 @@ TEST_CASE("Qwen2.5-Omni: the thinker's two encoders and LLM; the talker is left 
   Diagnostics diag;
   Json full = *read_json_file(kHf + "qwen2.5-omni-7b.json", diag);
   full["talker_config"] = Json{{"hidden_size", 896}, {"num_hidden_layers", 24}};
-  std::vector<std::string> left_out;
-  REQUIRE(import_hf_config(full, "c.json", {}, diag, &left_out).has_value());
-  REQUIRE(left_out.size() == 1);
-  CHECK(left_out[0].starts_with("talker_config: the talker"));
+  HfImportNotes notes;
+  REQUIRE(import_hf_config(full, "c.json", {}, diag, &notes).has_value());
+  REQUIRE(notes.left_out.size() == 1);
+  CHECK(notes.left_out[0].starts_with("talker_config: the talker"));
 }
 
 TEST_CASE("Gemma 3: SigLIP pooled to 256 tokens, query/key norms and four norms per layer") {
@@ -455,11 +455,12 @@ TEST_CASE("import errors: unknown model_type lists what is supported; bad --free
         "model_type 'llava' does not read it: refusing rather than ignoring it\n");
   // What the import leaves out, it says.
   Diagnostics d6;
-  std::vector<std::string> left_out;
-  REQUIRE(import_hf_config(*llava, "c.json", {}, d6, &left_out).has_value());
-  CHECK(left_out == std::vector<std::string>{"vision_config.projection_dim: the projection into "
-                                             "the joint text-image space, which a VLM does not "
-                                             "run"});
+  HfImportNotes notes;
+  REQUIRE(import_hf_config(*llava, "c.json", {}, d6, &notes).has_value());
+  CHECK(notes.left_out ==
+        std::vector<std::string>{"vision_config.projection_dim: the projection into "
+                                 "the joint text-image space, which a VLM does not "
+                                 "run"});
 
   // Found by fuzz/hf_config: an image size of 3e17 overflowed int64 squaring its patch grid.
   Diagnostics d4;
@@ -468,4 +469,163 @@ TEST_CASE("import errors: unknown model_type lists what is supported; bad --free
   CHECK_FALSE(import_hf_config(huge, "c.json", {}, d4).has_value());
   CHECK(d4.format().find("c.json: vision_config.image_size: 300008000000000068 is out of range") !=
         std::string::npos);
+}
+
+namespace {
+
+// The keys `name` with `edit` applied accepts without reading, by reason; the import must pass.
+std::vector<std::string> unused_keys(const std::string& name,
+                                     const std::function<void(Json&)>& edit) {
+  Json config = Json::parse(std::ifstream(kHf + name));
+  edit(config);
+  Diagnostics diag;
+  HfImportNotes notes;
+  INFO(name);
+  CHECK(import_hf_config(config, "c.json", {}, diag, &notes).has_value());
+  INFO(diag.format());
+  return notes.unused;
+}
+
+bool has_line(const std::vector<std::string>& lines, const std::string& text) {
+  return std::find(lines.begin(), lines.end(), text) != lines.end();
+}
+
+}  // namespace
+
+TEST_CASE(
+    "inherited attributes: accepted at values that change nothing, refused where they would") {
+  // Older transformers versions write every PretrainedConfig attribute into every sub-config.
+  const auto unused = unused_keys("llava-1.5-7b-hf.json", [](Json& c) {
+    c["vision_config"]["pruned_heads"] = Json::object();
+    c["vision_config"]["num_beams"] = 1;
+    c["vision_config"]["top_k"] = 50;
+    c["vision_config"]["tie_word_embeddings"] = true;  // a tower has no output layer to tie
+    c["vision_config"]["chunk_size_feed_forward"] = 0;
+    c["vision_config"]["add_cross_attention"] = false;
+  });
+  INFO(unused.size());
+  CHECK(has_line(unused, "vision_config.pruned_heads: inherited attributes at their defaults"));
+  CHECK(has_line(unused,
+                 "vision_config.num_beams, vision_config.top_k: generation settings every "
+                 "config class inherits; generate() alone reads them"));
+  CHECK(has_line(unused,
+                 "vision_config.tie_word_embeddings: output tying in a block without an "
+                 "output layer"));
+  CHECK(import_errors("llava-1.5-7b-hf.json",
+                      [](Json& c) {
+                        c["vision_config"]["pruned_heads"] = Json{{"3", {0, 1}}};
+                      })
+            .find("c.json: vision_config.pruned_heads: heads pruned from layers {\"3\":[0,1]}") !=
+        std::string::npos);
+  CHECK(import_errors("llava-1.5-7b-hf.json",
+                      [](Json& c) { c["vision_config"]["add_cross_attention"] = true; })
+            .find("vision_config.add_cross_attention: cross-attention added to every layer") !=
+        std::string::npos);
+  // Beside experts, a top_k other than generate()'s default may be the routing width.
+  CHECK(import_errors("llama-4-scout-17b-16e-instruct.json", [](Json& c) {
+          c["text_config"]["top_k"] = 2;
+        }).find("text_config.top_k: top_k beside experts") != std::string::npos);
+  // At the top of a composite config, the output tying must agree with the language model's.
+  CHECK(import_errors("internvl3-1b-hf.json", [](Json& c) { c["tie_word_embeddings"] = false; })
+            .find("c.json: tie_word_embeddings: false, but the language model's block says true") !=
+        std::string::npos);
+  CHECK(has_line(
+      unused_keys("internvl3-1b-hf.json", [](Json& c) { c["tie_word_embeddings"] = true; }),
+      "tie_word_embeddings: the model's output tying, which the language model's own "
+      "switch repeats"));
+}
+
+TEST_CASE(
+    "aliases, inference-only parts and training-code settings are accepted; conflicts are not") {
+  // Qwen2-VL repeats its patch size; Whisper its encoder depth; Qwen2.5-Omni its channels.
+  CHECK(import_errors("qwen2-vl-7b-instruct.json",
+                      [](Json& c) { c["vision_config"]["spatial_patch_size"] = 16; })
+            .find("c.json: vision_config.spatial_patch_size: 16 differs from "
+                  "vision_config.patch_size = 14, which the import reads") != std::string::npos);
+  unused_keys("qwen2-vl-7b-instruct.json",
+              [](Json& c) { c["vision_config"]["spatial_patch_size"] = 14; });
+  CHECK(import_errors("whisper-large-v3.json", [](Json& c) { c["num_hidden_layers"] = 12; })
+            .find("c.json: num_hidden_layers: 12 differs from encoder_layers = 32") !=
+        std::string::npos);
+  CHECK(has_line(unused_keys("whisper-large-v3.json",
+                             [](Json& c) {
+                               c["num_hidden_layers"] = 32;
+                               c["median_filter_width"] = 7;
+                             }),
+                 "median_filter_width: the smoothing of word timestamps at inference"));
+  // Settings of the code that trained the model, not of its network.
+  CHECK(has_line(unused_keys("internvl3-1b-hf.json",
+                             [](Json& c) {
+                               c["text_config"]["ep_size"] = 1;
+                               c["text_config"]["use_deepep"] = false;
+                               c["vision_config"]["hidden_dropout_prob"] = 0.0;
+                               c["vision_config"]["layer_scale_init_value"] = 0.1;
+                             }),
+                 "text_config.ep_size, text_config.use_deepep: settings of the training code "
+                 "(its expert-parallel size, DeepEP, FlashAttention 3), not of the network"));
+  // An image newline switched on where the family has none.
+  CHECK(
+      import_errors("llava-1.5-7b-hf.json", [](Json& c) {
+        c["use_image_newline_parameter"] = true;
+      }).find("use_image_newline_parameter: LLaVA-1.5 has no image newline") != std::string::npos);
+}
+
+TEST_CASE("InternVL's switches of parts the import does not build are refused when on") {
+  const std::string remote = import_errors("internvl2-8b.json", [](Json& c) {
+    c["select_layer"] = -4;
+    c["use_llm_lora"] = 16;
+    c["vision_config"]["qk_normalization"] = true;
+  });
+  CHECK(remote.find("c.json: select_layer: -4: the projector would read an earlier layer's output "
+                    "(the import builds -1)") != std::string::npos);
+  CHECK(remote.find("c.json: use_llm_lora: 16: LoRA adapters on the language model") !=
+        std::string::npos);
+  CHECK(remote.find("vision_config.qk_normalization: true") != std::string::npos);
+  const std::string hf = import_errors("internvl3-1b-hf.json", [](Json& c) {
+    c["vision_config"]["use_mean_pooling"] = false;
+    c["vision_config"]["use_mask_token"] = true;
+  });
+  CHECK(hf.find("vision_config.use_mean_pooling: false: a norm after the last layer") !=
+        std::string::npos);
+  CHECK(hf.find("vision_config.use_mask_token: true") != std::string::npos);
+}
+
+TEST_CASE("formats that share a model_type with an imported family are refused as a whole") {
+  // The original LLaVA repository's checkpoints, Pixtral's tower under llava, DeepSeek-OCR.
+  const std::string original = import_errors("llava-1.5-7b-hf.json", [](Json& c) {
+    c["mm_vision_tower"] = "openai/clip-vit-large-patch14-336";
+    c["mm_hidden_size"] = 1024;
+  });
+  CHECK(original ==
+        "c.json: mm_vision_tower: the original LLaVA repository's format, which names its vision "
+        "tower without its sizes; import the Hugging Face conversion of the checkpoint "
+        "(llava-hf/...)\n");
+  const std::string pixtral = import_errors("llava-1.5-7b-hf.json", [](Json& c) {
+    c["vision_config"]["model_type"] = "pixtral";
+    c["vision_config"]["head_dim"] = 64;
+  });
+  CHECK(pixtral ==
+        "c.json: vision_config.model_type: 'pixtral': the import reads CLIP and SigLIP "
+        "vision towers only\n");
+  CHECK(import_errors("deepseek-vl2-tiny.json",
+                      [](Json& c) {
+                        c["vision_config"]["width"] = Json{{"sam_vit_b", {{"width", 768}}}};
+                      }) ==
+        "c.json: vision_config.width: DeepSeek-OCR's encoders (sam_vit_b): a SAM encoder "
+        "feeding a second one is not imported\n");
+}
+
+TEST_CASE("CLIP's older configs: the towers' *_config_dict copies must agree with the configs") {
+  const auto unused = unused_keys("clip-vit-large-patch14-336.json", [](Json& c) {
+    c["vision_config_dict"] = Json{{"hidden_size", c["vision_config"]["hidden_size"]}};
+  });
+  CHECK(has_line(unused,
+                 "vision_config_dict: copies of the towers' configs that older "
+                 "transformers versions wrote"));
+  CHECK(import_errors("clip-vit-large-patch14-336.json",
+                      [](Json& c) {
+                        c["vision_config_dict"] = Json{{"hidden_size", 768}};
+                      })
+            .find("c.json: vision_config_dict.hidden_size: 768 differs from "
+                  "vision_config.hidden_size = 1024") != std::string::npos);
 }
