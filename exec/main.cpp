@@ -309,6 +309,7 @@ int plain_loop(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   const std::string command = argc > 1 ? argv[1] : "";
+  tessera::set_warning_reporter(tessera::print_warnings_once(std::cerr));
   if (command == "comm-check") return comm_check(argc - 1, argv + 1);
   if (command == "plain-loop") return plain_loop(argc - 1, argv + 1);
   if (command.empty() || command == "-h" || command == "--help") {

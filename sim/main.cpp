@@ -4,6 +4,7 @@
 #include <iostream>
 
 #include "shared/base/check.hpp"
+#include "shared/base/diagnostics.hpp"
 #include "sim/commands.hpp"
 
 namespace {
@@ -26,6 +27,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::string name = argv[1];
+  tessera::set_warning_reporter(tessera::print_warnings_once(std::cerr));
   if (name == "-h" || name == "--help" || name == "help") {
     usage(std::cout);
     return 0;

@@ -1,26 +1,75 @@
 #include "shared/base/diagnostics.hpp"
 
 #include <algorithm>
+#include <memory>
+#include <ostream>
+#include <set>
 #include <sstream>
 
 namespace tessera {
+
+namespace {
+
+WarningReporter& warning_reporter() {
+  static WarningReporter reporter;
+  return reporter;
+}
+
+// "file: path: message", each part only when present.
+std::string line_of(const Diagnostic& d) {
+  std::string line;
+  if (!d.file.empty()) line += d.file + ": ";
+  if (!d.path.empty()) line += d.path + ": ";
+  return line + d.message;
+}
+
+}  // namespace
+
+void set_warning_reporter(WarningReporter reporter) {
+  warning_reporter() = std::move(reporter);
+}
+
+WarningReporter print_warnings_once(std::ostream& err) {
+  auto printed = std::make_shared<std::set<std::string>>();
+  return [&err, printed](const Diagnostic& d) {
+    if (printed->insert(line_of(d)).second) err << "warning: " << line_of(d) << "\n";
+  };
+}
 
 void Diagnostics::error(std::string file, std::string path, std::string message) {
   errors_.push_back({std::move(file), std::move(path), std::move(message)});
 }
 
-void Diagnostics::append(const Diagnostics& other) {
-  errors_.insert(errors_.end(), other.errors_.begin(), other.errors_.end());
+void Diagnostics::warn(std::string file, std::string path, std::string message) {
+  const Diagnostic d{std::move(file), std::move(path), std::move(message)};
+  // A file read twice (a cluster named by several scenario parts) warns once.
+  for (const Diagnostic& w : warnings_)
+    if (w.file == d.file && w.path == d.path && w.message == d.message) return;
+  warnings_.push_back(d);
+  if (warning_reporter()) warning_reporter()(warnings_.back());
 }
 
-std::string Diagnostics::format() const {
+void Diagnostics::append(const Diagnostics& other) {
+  errors_.insert(errors_.end(), other.errors_.begin(), other.errors_.end());
+  for (const Diagnostic& w : other.warnings_) warn(w.file, w.path, w.message);
+}
+
+namespace {
+
+std::string format_lines(const std::vector<Diagnostic>& lines, std::string_view prefix) {
   std::ostringstream out;
-  for (const Diagnostic& d : errors_) {
-    if (!d.file.empty()) out << d.file << ": ";
-    if (!d.path.empty()) out << d.path << ": ";
-    out << d.message << "\n";
-  }
+  for (const Diagnostic& d : lines) out << prefix << line_of(d) << "\n";
   return out.str();
+}
+
+}  // namespace
+
+std::string Diagnostics::format() const {
+  return format_lines(errors_, "");
+}
+
+std::string Diagnostics::format_warnings() const {
+  return format_lines(warnings_, "warning: ");
 }
 
 int edit_distance(std::string_view a, std::string_view b) {

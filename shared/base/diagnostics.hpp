@@ -3,6 +3,8 @@
 // of a file at once rather than one per run.
 #pragma once
 
+#include <functional>
+#include <iosfwd>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -18,17 +20,33 @@ struct Diagnostic {
 class Diagnostics {
  public:
   void error(std::string file, std::string path, std::string message);
+  // Something valid that the user should know costs them (a GPU without kernel data): reported
+  // beside the results, never a reason to refuse. Each new warning also goes to the warning
+  // reporter, when a program has set one.
+  void warn(std::string file, std::string path, std::string message);
   void append(const Diagnostics& other);
 
   bool ok() const { return errors_.empty(); }
   const std::vector<Diagnostic>& errors() const { return errors_; }
+  const std::vector<Diagnostic>& warnings() const { return warnings_; }
 
   // One line per problem: "file: path: message".
   std::string format() const;
+  // One line per warning: "warning: file: path: message".
+  std::string format_warnings() const;
 
  private:
   std::vector<Diagnostic> errors_;
+  std::vector<Diagnostic> warnings_;
 };
+
+// Where warnings go as they are found: the programs' main() sets one that prints each distinct
+// warning once to stderr, so that every command shows them whatever it does with its results.
+// Unset (the default, in tests) they are only kept in their Diagnostics.
+using WarningReporter = std::function<void(const Diagnostic&)>;
+void set_warning_reporter(WarningReporter reporter);
+// The reporter the programs use: "warning: file: path: message" on `err`, each line once.
+WarningReporter print_warnings_once(std::ostream& err);
 
 // Thrown only by the *_or_throw helpers that callers use when they have already validated
 // their input (tests, internal code); user-facing paths return Diagnostics instead.

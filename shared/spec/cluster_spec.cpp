@@ -2,6 +2,8 @@
 
 #include <filesystem>
 
+#include "shared/spec/device_catalog.hpp"
+
 namespace tessera {
 
 namespace fs = std::filesystem;
@@ -62,8 +64,28 @@ DeviceSpec read_device(const Json& json, const std::string& file, const std::str
       device.kernels = read_device_kernels(*k, file, dr.path_of("kernels"), diag);
   }
   dr.optional("description", device.description);
+  std::vector<std::string> aliases;  // other names of the device, for the shipped catalog
+  dr.optional("aliases", aliases);
   dr.finish();
   return device;
+}
+
+// What pricing compute without kernel data costs in accuracy, as measured on the published runs
+// (docs/FIDELITY.md, "Without kernel data").
+constexpr const char* kNoKernelsCost =
+    "its compute is priced at a flat share of peak, which predicts Megatron-LM's 2021 Table 1 at "
+    "10.5% mean error (max 30.4%) where kernel data gives 4.6% (max 10.9%).";
+
+// A cluster's "device" string names a device file when it looks like a path, else a shipped
+// device.
+bool names_file(const std::string& device) {
+  return device.ends_with(".json") || device.find('/') != std::string::npos;
+}
+
+std::string shipped_list() {
+  std::string names;
+  for (const std::string& n : shipped_device_names()) names += (names.empty() ? "" : ", ") + n;
+  return names;
 }
 
 // A bus-bandwidth curve: [[bytes, bytes_per_s], ...] with sizes increasing.
@@ -119,7 +141,8 @@ ClusterSpec read_cluster(const Json& json, const std::string& file, const std::s
       return {};
     }
     // The base's device file stays relative to the base.
-    if (merged->is_object() && merged->contains("device") && (*merged)["device"].is_string())
+    if (merged->is_object() && merged->contains("device") && (*merged)["device"].is_string() &&
+        names_file((*merged)["device"].get<std::string>()))
       (*merged)["device"] =
           fs::absolute(referenced_path((*merged)["device"].get<std::string>(), target))
               .lexically_normal()
@@ -151,15 +174,34 @@ ClusterSpec read_cluster(const Json& json, const std::string& file, const std::s
   }
 
   if (const Json* d = r.find("device")) {
-    if (d->is_string()) {
+    if (d->is_string() && names_file(d->get<std::string>())) {
       // A device file, relative to the file that names it.
       std::string target;
       if (const auto device_json =
               read_referenced_json(d->get<std::string>(), file, r.path_of("device"), diag, &target))
         c.device = read_device(*device_json, target, "", c.kind, diag);
+    } else if (d->is_string()) {
+      if (const auto shipped = shipped_device(d->get<std::string>()))
+        c.device = read_device(shipped->json, shipped->file, "", c.kind, diag);
+      else
+        r.error("device", "no shipped device is named '" + d->get<std::string>() +
+                              "' (shipped: " + shipped_list() +
+                              "); give a device file (.json) or write the device inline");
     } else {
-      c.device = read_device(*d, file, r.path_of("device"), c.kind, diag);
+      // Inline. A name that is a shipped device's gives that device, with the fields written
+      // here over its own ("kernels": null drops its kernel data).
+      Json device = *d;
+      if (d->is_object() && d->contains("name") && (*d)["name"].is_string())
+        if (auto shipped = shipped_device((*d)["name"].get<std::string>())) {
+          device = std::move(shipped->json);
+          device.merge_patch(*d);
+        }
+      c.device = read_device(device, file, r.path_of("device"), c.kind, diag);
     }
+    if (c.kind == ClusterKind::kGpu && !c.device.kernels && !c.device.name.empty())
+      diag.warn(file, r.path_of("device"),
+                "'" + c.device.name + "' has no kernel data: " + kNoKernelsCost +
+                    " Name a shipped device (" + shipped_list() + ") or give \"kernels\".");
   } else {
     r.missing("device");
   }

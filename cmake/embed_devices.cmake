@@ -1,0 +1,20 @@
+# Writes OUT, a C++ source holding the text of every device file in FILES (a ;-list), so that a
+# cluster can name a shipped device without knowing where the source tree is. Run at build time
+# by shared/CMakeLists.txt whenever a device file changes.
+set(body "// Generated from scenarios/devices/ by cmake/embed_devices.cmake: do not edit.\n")
+string(APPEND body "#include \"shared/spec/device_catalog.hpp\"\n\nnamespace tessera {\n\n")
+string(APPEND body "const std::vector<ShippedDeviceFile>& shipped_device_files() {\n")
+string(APPEND body "  static const std::vector<ShippedDeviceFile> files = {\n")
+list(SORT FILES)
+foreach(file IN LISTS FILES)
+  file(READ "${file}" text)
+  get_filename_component(name "${file}" NAME)
+  string(FIND "${text}" ")tessera_device\"" clash)
+  if(NOT clash EQUAL -1)
+    message(FATAL_ERROR "${file} contains the raw-string delimiter )tessera_device\"")
+  endif()
+  string(APPEND body "      {\"${name}\", R\"tessera_device(${text})tessera_device\"},\n")
+endforeach()
+string(APPEND body "  };\n  return files;\n}\n\n}  // namespace tessera\n")
+file(WRITE "${OUT}.tmp" "${body}")
+file(COPY_FILE "${OUT}.tmp" "${OUT}" ONLY_IF_DIFFERENT)
