@@ -71,6 +71,39 @@ TEST_CASE("validate and show accept the default scenario") {
   CHECK(s.output.find("tp: 16 groups of 4 ranks: [0,1,2,3]") != std::string::npos);
 }
 
+TEST_CASE("a cluster names its GPU; a GPU without kernel data is estimated with a warning") {
+  const fs::path dir = scratch() / "devices";
+  fs::create_directories(dir);
+  const auto scenario = [&](const std::string& name, const std::string& device) {
+    const fs::path file = dir / (name + ".json");
+    std::ofstream(file) << R"({"model": ")" << kSource << R"(/scenarios/models/llava-1.5-7b.json",
+      "workload": {"global_batch": 8, "max_seq_len": 2048,
+                   "samples": {"text_tokens": 500}},
+      "cluster": {"name": "c", "kind": "gpu", "nodes": 1, "devices_per_node": 8,
+                  "device": )"
+                        << device << R"(,
+                  "intra_node": {"bandwidth_bytes_per_s": 4.5e11, "latency_s": 3e-6}},
+      "plan": {"placement": "homogeneous", "layout": {"tp": 8}, "micro_batch_size": 1}})";
+    return file.string();
+  };
+  const Run named = run("estimate " + scenario("named", R"("NVIDIA H200")"));
+  INFO(named.output);
+  CHECK(named.code == 0);
+  CHECK(named.output.find("warning") == std::string::npos);
+  const Run flat =
+      run("estimate " + scenario("flat", R"({"name": "H200-SXM-141GB", "kernels": null})"));
+  INFO(flat.output);
+  CHECK(flat.code == 0);
+  CHECK(flat.output.find("warning: " + (dir / "flat.json").string() +
+                         ": cluster.device: 'H200-SXM-141GB' has no kernel data: its compute is "
+                         "priced at a flat share of peak") != std::string::npos);
+  const Run unknown = run("validate " + scenario("unknown", R"("Gaudi3")"));
+  CHECK(unknown.code == 2);
+  CHECK(unknown.output.find("cluster.device: no shipped device is named 'Gaudi3'") !=
+        std::string::npos);
+  fs::remove_all(dir);
+}
+
 TEST_CASE("lower prints the per-rank op lists; estimate prints a prediction") {
   const Run l = run("lower " + kSource + "/scenarios/default.json --rank 32");
   INFO(l.output);
