@@ -103,6 +103,8 @@ std::string executor_support(const ModelSpec& model) {
     if (m.patching->merge_padding &&
         (m.patching->image_size / m.patching->patch_size) % m.patching->spatial_merge != 0)
       return m.name + ": a padded token merge is not in the executor yet";
+    if (m.patching->video_pool != 1)
+      return m.name + ": pooling video frames' tokens is not in the executor yet";
   }
   return "";
 }

@@ -119,6 +119,7 @@ torch::Tensor Linear::forward_entered(const torch::Tensor& x) const {
 }
 
 torch::Tensor Norm::forward(const torch::Tensor& x) const {
+  if (!weight.defined()) return x;
   if (kind == NormKind::kLayerNorm) return torch::layer_norm(x, {x.size(-1)}, weight, bias, 1e-5);
   return x * torch::rsqrt(x.pow(2).mean(-1, true) + 1e-6) * weight;
 }
@@ -365,15 +366,23 @@ Block::Block(ParamSet& ps, const std::string& name, const TransformerArch& arch,
     post1 = Norm(ps, name + ".post1", arch.hidden, arch.norm);
     post2 = Norm(ps, name + ".post2", arch.hidden, arch.norm);
   }
+  if (arch.layer_scale) {
+    // InternViT's initial scale (layer_scale_init_value).
+    scale1 = ps.constant(name + ".ls1", {arch.hidden}, 0.1);
+    scale2 = ps.constant(name + ".ls2", {arch.hidden}, 0.1);
+  }
 }
 
 torch::Tensor Block::forward(const torch::Tensor& x, const AttentionInputs& in) const {
   const bool post = post1.weight.defined();
-  const torch::Tensor a = attention.forward(norm1.forward(x), in);
-  const torch::Tensor h = x + (post ? post1.forward(a) : a);
+  const bool scaled = scale1.defined();
+  torch::Tensor a = attention.forward(norm1.forward(x), in);
+  if (post) a = post1.forward(a);
+  const torch::Tensor h = x + (scaled ? a * scale1 : a);
   const torch::Tensor normed = norm2.forward(h);
-  const torch::Tensor m = routed ? moe.forward(normed) : mlp.forward(normed);
-  return h + (post ? post2.forward(m) : m);
+  torch::Tensor m = routed ? moe.forward(normed) : mlp.forward(normed);
+  if (post) m = post2.forward(m);
+  return h + (scaled ? m * scale2 : m);
 }
 
 Embedding::Embedding(ParamSet& ps, const std::string& name, int64_t vocab, int64_t hidden)

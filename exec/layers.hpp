@@ -77,6 +77,7 @@ struct Linear {
 struct Norm {
   Norm() = default;
   Norm(ParamSet& ps, const std::string& name, int64_t hidden, NormKind kind);
+  // x itself when the norm was never built (a stack without a final norm).
   torch::Tensor forward(const torch::Tensor& x) const;
   torch::Tensor weight, bias;  // (hidden); bias only for LayerNorm
   NormKind kind = NormKind::kRmsNorm;
@@ -145,7 +146,8 @@ struct Block {
         const Comm& ep);
   torch::Tensor forward(const torch::Tensor& x, const AttentionInputs& in) const;
   Norm norm1, norm2;
-  Norm post1, post2;  // after attention and MLP, when the architecture has them
+  Norm post1, post2;             // after attention and MLP, when the architecture has them
+  torch::Tensor scale1, scale2;  // per-channel scales of the two outputs (layer_scale)
   Attention attention;
   Mlp mlp;  // a dense layer's
   Moe moe;  // an MoE layer's

@@ -77,8 +77,9 @@ Stage::Stage(const ModuleSpec& module, int64_t layer_begin, int64_t layer_end, u
   }
   // Every transformer ends in its final norm: the LLM's before its head, an encoder's over its
   // output (SigLIP's post-layernorm, Whisper's and Qwen2-Audio's last norm, Qwen2-VL's merger
-  // norm; CLIP's, which LLaVA's features skip, is applied too).
-  if (last()) final_norm_ = Norm(params_, name + ".final_norm", arch.hidden, arch.norm);
+  // norm; CLIP's, which LLaVA's features skip, is applied too), unless it has none (InternViT).
+  if (last() && arch.final_norm)
+    final_norm_ = Norm(params_, name + ".final_norm", arch.hidden, arch.norm);
   if (module.role == ModuleRole::kLlm && last()) {
     TESSERA_CHECK(!arch.tied_embeddings || first(),
                   name + ": tied embeddings across pipeline stages are not in the executor yet");

@@ -43,9 +43,16 @@ cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_CO
   -DCMAKE_CXX_FLAGS="$flags" -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" >/dev/null
 cmake --build "$build" --parallel "$(nproc)" --target "${targets[@]/#/fuzz_}"
 
+# Seeds kept elsewhere in the tree (fuzz/CMakeLists.txt names the same ones for the replay).
+extra_seeds() {
+  case $1 in
+    hf_config) echo tests/data/hf-corpus/configs ;;
+  esac
+}
+
 # A dictionary per target: every key and string of its seeds, so mutations write JSON words.
 dictionary() {
-  cat "fuzz/corpus/$1"/* | grep -o '"[A-Za-z0-9_#.:+-]\{1,40\}"' | sort -u |
+  cat "fuzz/corpus/$1"/* $(for d in $(extra_seeds "$1"); do echo "$d"/*; done) | grep -o '"[A-Za-z0-9_#.:+-]\{1,40\}"' | sort -u |
     sed 's/"/\\"/g; s/.*/"&"/'
 }
 
@@ -57,7 +64,7 @@ run_one() {
   ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
     "$build/fuzz/fuzz_$t" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=4096 \
     -dict="$build/$t.dict" -artifact_prefix="$build/artifacts/$t/" -print_final_stats=1 \
-    "$build/corpus/$t" "fuzz/corpus/$t" "fuzz/regressions/$t" >"$build/logs/$t.log" 2>&1 || rc=$?
+    "$build/corpus/$t" "fuzz/corpus/$t" "fuzz/regressions/$t" $(extra_seeds "$t") >"$build/logs/$t.log" 2>&1 || rc=$?
   local execs corpus findings
   execs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$build/logs/$t.log" | grep -o '[0-9]*$' || echo 0)
   corpus=$(find "$build/corpus/$t" -type f | wc -l)

@@ -168,8 +168,9 @@ double layer_parameters(const TransformerArch& a, int64_t tp, int64_t ep) {
     n += mlp_parameters(a, a.ffn, t);
   }
   // Norms: before attention and MLP, after them too with post_norms; per-head query and key
-  // norms, whole on every rank.
+  // norms and layer scales, whole on every rank.
   n += static_cast<double>((a.post_norms ? 4 : 2) * norm_parameters(a.norm, a.hidden));
+  if (a.layer_scale) n += static_cast<double>(2 * a.hidden);
   if (a.qk_norm) n += static_cast<double>(2 * norm_parameters(a.norm, a.head_dim));
   return n;
 }
@@ -253,7 +254,7 @@ double output_side_parameters(const ModuleSpec& m, int64_t tp) {
   if (!m.transformer) return 0;
   const TransformerArch& a = *m.transformer;
   const int64_t head = a.tied_embeddings ? 0 : a.vocab * a.hidden;
-  return static_cast<double>(norm_parameters(a.norm, a.hidden)) +
+  return static_cast<double>(a.final_norm ? norm_parameters(a.norm, a.hidden) : 0) +
          static_cast<double>(head) / static_cast<double>(tp);
 }
 
@@ -432,6 +433,15 @@ MediaTokens image_tokens(const ModuleSpec& encoder, int64_t width, int64_t heigh
   TESSERA_CHECK(false, "unhandled resize mode");
 }
 
+namespace {
+
+// The side in pixels of one square piece of a fixed-size or tiled encoder.
+int64_t frame_side(const Patching& p) {
+  return p.resize == ResizeMode::kFixed ? p.image_size : p.tile_size;
+}
+
+}  // namespace
+
 MediaTokens video_tokens(const ModuleSpec& encoder, int64_t frames, int64_t width, int64_t height) {
   TESSERA_CHECK(encoder.patching.has_value() && frames > 0);
   const Patching& p = *encoder.patching;
@@ -440,7 +450,14 @@ MediaTokens video_tokens(const ModuleSpec& encoder, int64_t frames, int64_t widt
   if (p.resize == ResizeMode::kDynamic) {
     frame = image_tokens(encoder, width, height);
   } else {
-    frame = square_piece(p, p.resize == ResizeMode::kFixed ? p.image_size : p.tile_size);
+    frame = square_piece(p, frame_side(p));
+  }
+  if (p.video_pool > 1) {
+    // Square frames (validation refuses pooling with dynamic resizing): each side of the merged
+    // token grid shrinks by the stride, rounding up.
+    const int64_t side = ceil_div(frame_side(p) / p.patch_size, p.spatial_merge);
+    const int64_t pooled = ceil_div(side, p.video_pool);
+    frame.llm_tokens = pooled * pooled;
   }
   return {frame.encoder_tokens * steps, frame.llm_tokens * steps, steps};
 }

@@ -112,12 +112,39 @@ int64_t most_tiles(const Json* resolutions, int64_t tile, int64_t fewest) {
   return static_cast<int64_t>(std::min(1e15, most));
 }
 
+// Which layers of a Qwen MoE language model (Qwen3-VL's 30B-A3B and 235B-A22B) have experts:
+// every decoder_sparse_step-th layer (counting from 1) outside mlp_only_layers. The IR expresses
+// a dense prefix and a step; a list of dense layers elsewhere is refused.
+void qwen_moe_pattern(const Reader& text, TransformerArch& a) {
+  a.moe_every = text.get("decoder_sparse_step", 1);
+  if (a.moe_every < 1 || a.moe_every > a.layers) {
+    text.error("decoder_sparse_step",
+               std::to_string(a.moe_every) +
+                   " must be in [1, num_hidden_layers=" + std::to_string(a.layers) + "]");
+    a.moe_every = 1;
+  }
+  if (const Json* dense = text.raw("mlp_only_layers"); dense != nullptr) {
+    bool prefix = dense->is_array();
+    for (std::size_t i = 0; prefix && i < dense->size(); ++i)
+      prefix = (*dense)[i].is_number_integer() && (*dense)[i].get<int64_t>() == int64_t(i);
+    if (prefix && (dense->empty() || a.moe_every == 1))
+      a.dense_layers = static_cast<int64_t>(dense->size());
+    else
+      text.error("mlp_only_layers",
+                 "only a prefix of dense layers (0, 1, ..., k-1) with experts in every later "
+                 "layer is in the IR");
+  }
+  // Renormalized top-k weights and the balancing loss: no parameter, no FLOP to speak of.
+  text.known({"norm_topk_prob", "router_aux_loss_coef", "output_router_logits"});
+}
+
 }  // namespace
 
 ModelSpec import_qwen_vl(const Reader& root, bool qwen25) {
   // Flat shape: LLM keys at top level. Newer exports nest them in text_config.
   const Reader text = root.has("text_config") ? root.sub("text_config") : root;
   ModuleSpec llm = llm_module(text, qwen25 ? "qwen2_5_vl" : "qwen2_vl");
+  if (root.has("text_config")) root.repeated_in(text);
   auto [vision, projector] = qwen_vision(
       root.sub("vision_config"), qwen25 ? QwenVit::k25 : QwenVit::k2, llm.transformer->hidden);
   return vlm(std::move(vision), std::move(projector), std::move(llm));
@@ -126,6 +153,7 @@ ModelSpec import_qwen_vl(const Reader& root, bool qwen25) {
 ModelSpec import_qwen3_vl(const Reader& root) {
   const Reader text = root.sub("text_config");
   ModuleSpec llm = llm_module(text, "qwen3");
+  if (llm.transformer->experts > 0) qwen_moe_pattern(text, *llm.transformer);
   if (!text.has("tie_word_embeddings"))
     llm.transformer->tied_embeddings = root.get_bool("tie_word_embeddings", false);
   auto [vision, projector] =
@@ -213,6 +241,7 @@ ModelSpec import_llava(const Reader& root, bool next) {
   const int64_t h = llm.transformer->hidden;
   ModuleSpec projector =
       projector_module("vision_projector", "vision", vision.transformer->hidden, h, h, 2, false);
+  projector.projector->bias = root.get_bool("multimodal_projector_bias", true);
   // LLaVA-NeXT: a learned image_newline after each row of tiles, unless the config turns it off.
   const bool newline = root.get_bool("use_image_newline_parameter", next);
   if (newline && !next)
@@ -220,6 +249,29 @@ ModelSpec import_llava(const Reader& root, bool next) {
                "LLaVA-1.5 has no image newline; true is not imported");
   if (next && newline) projector.projector->output_embeddings = 1;
   return vlm(std::move(vision), std::move(projector), std::move(llm));
+}
+
+ModelSpec import_llava_next_video(const Reader& root) {
+  ModelSpec m = import_llava(root, true);
+  if (m.modules.empty()) return m;
+  // Each video frame runs through the tower at the base resolution (one tile), and its token
+  // grid is pooled before the projector: average or max pooling has no parameters; the conv
+  // mode's learned pooling is not imported.
+  const std::string mode = root.get_string("spatial_pool_mode", "average");
+  if (mode != "average" && mode != "max")
+    root.error("spatial_pool_mode", "'" + mode +
+                                        "': a learned (conv) pooling of video frames is not in "
+                                        "the IR; average and max are");
+  // The conv mode's output width; the parameter-free modes keep the tower's.
+  if (mode != "conv") root.known({"spatial_pool_out_channels"});
+  const int64_t stride = root.get("spatial_pool_stride", 2);
+  if (stride < 1)
+    root.error("spatial_pool_stride", std::to_string(stride) + " must be at least 1");
+  else
+    m.modules[0].patching->video_pool = stride;
+  // The processor's token count of a default clip: the IR counts each clip's own frames.
+  root.known({"video_seq_length"});
+  return m;
 }
 
 ModelSpec import_llava_onevision(const Reader& root) {
@@ -240,7 +292,6 @@ ModelSpec import_llava_onevision(const Reader& root) {
     root.error("vision_aspect_ratio", "'" + ratio + "': expected anyres_max_N");
   else
     m.modules[0].patching->max_tiles = std::min(m.modules[0].patching->max_tiles, tiles);
-  if (!root.get_bool("multimodal_projector_bias", true)) m.modules[1].projector->bias = false;
   return m;
 }
 
@@ -267,6 +318,12 @@ ModelSpec import_internvl(const Reader& root, bool remote_code) {
   const Reader text = root.sub(remote_code ? "llm_config" : "text_config");
   std::string llm_type = text.get_string("model_type", "qwen2");
   ModuleSpec llm = llm_module(text, llm_type);
+  // InternLM2 (InternVL2-2B, -8B, -26B): one switch for the biases of its fused qkv and output
+  // projections.
+  if (llm_type == "internlm2" && text.get_bool("bias", false)) {
+    llm.transformer->qkv_bias = true;
+    llm.transformer->out_bias = true;
+  }
   const Reader v = root.sub("vision_config");
   internvl_switches(root, v, remote_code);
   TransformerArch a =
@@ -282,6 +339,10 @@ ModelSpec import_internvl(const Reader& root, bool remote_code) {
     a.out_bias = true;
     a.mlp_bias = true;
   }
+  // InternViT scales both residual branches per channel and ends without a norm: the
+  // projector normalizes the merged tokens itself.
+  a.layer_scale = true;
+  a.final_norm = false;
   Patching p;
   p.patch_size = v.get("patch_size", 14);
   p.in_channels = v.get("num_channels", 3);
@@ -723,6 +784,7 @@ ModelSpec import_deepseek_vl2(const Reader& root) {
 
 ModelSpec import_kimi_vl(const Reader& root) {
   ModuleSpec llm = deepseek_llm(root.sub("text_config"));
+  root.alias("vocab_size", llm.transformer->vocab, "text_config.vocab_size");
   // MoonViT: a SigLIP-like tower at native resolution, a learned 2-D position table (scaled to
   // each image's grid) beside 2-D rotary positions; its patches merged merge_kernel_size.
   const Reader v = root.sub("vision_config");

@@ -18,6 +18,10 @@ Reader::Reader(const Json* json, std::string file, std::string path, Diagnostics
   if (json_ != nullptr) ledger_->blocks.emplace(path_, json_);
 }
 
+namespace {
+bool looks_architectural(std::string_view key);
+}  // namespace
+
 void Reader::mark(std::string_view key) const {
   ledger_->read.insert(join_path(path_, key));
 }
@@ -108,6 +112,27 @@ void Reader::alias(std::string_view key, int64_t value, std::string_view read_as
 void Reader::unused(std::initializer_list<std::string_view> keys, const std::string& why) const {
   for (const std::string_view key : keys)
     if (has(key)) ledger_->unused[why].push_back(join_path(path_, key));
+}
+
+void Reader::repeated_in(const Reader& block) const {
+  if (json_ == nullptr || block.json_ == nullptr) return;
+  for (const auto& [key, value] : json_->items()) {
+    const std::string at = join_path(path_, key);
+    if (ledger_->read.contains(at) || !block.json_->contains(key) || !looks_architectural(key))
+      continue;
+    const Json& copy = (*block.json_)[key];
+    mark(key);
+    // A null in the block is the block's class clearing a setting that is off there (Qwen2.5-VL's
+    // text config drops sliding_window when use_sliding_window is false).
+    if (copy == value || copy.is_null())
+      ledger_
+          ->unused["the language model's keys, repeated at the top level (" + block.path_ +
+                   " is read)"]
+          .push_back(at);
+    else
+      error(key, value.dump() + " differs from " + join_path(block.path_, key) + " = " +
+                     copy.dump() + ": the two are copies of one setting");
+  }
 }
 
 void Reader::require(std::string_view key, const Json& built, const std::string& why) const {
@@ -203,6 +228,11 @@ Verdict known_attribute(std::string_view key, const Json& value, bool root, bool
     return {true,
             "settings of the training code (its expert-parallel size, DeepEP, FlashAttention 3), "
             "not of the network",
+            ""};
+  if (key == "quantization_config" && root)
+    return {true,
+            "the checkpoint's storage format (quantized weights): the network is the same, and "
+            "trains in the plan's precision",
             ""};
   if (key == "chunk_size_feed_forward")
     return {true, "feed-forward chunking, which trades memory for nothing in the network", ""};

@@ -62,6 +62,10 @@ class Reader {
   // A key whose value changes nothing the import builds, for `why` (a part used only at
   // inference, a setting of the training loop): listed among the keys not used.
   void unused(std::initializer_list<std::string_view> keys, const std::string& why) const;
+  // The keys of this object that `block` (a sub-config the import reads) repeats, as newer
+  // transformers versions write a VLM's language-model keys at both levels: accepted where the
+  // two agree, an error naming both where they do not.
+  void repeated_in(const Reader& block) const;
   // A switch or count whose one value the import builds (InternVL's select_layer -1, LoRA off):
   // any other value is an error saying what it would change, `why`.
   void require(std::string_view key, const Json& built, const std::string& why) const;

@@ -91,6 +91,8 @@ TransformerArch read_transformer(ObjectReader& r) {
   r.optional_enum("norm", a.norm, kNorms);
   r.optional("qk_norm", a.qk_norm);
   r.optional("post_norms", a.post_norms);
+  r.optional("layer_scale", a.layer_scale);
+  r.optional("final_norm", a.final_norm);
   count(r, "experts", a.experts, kMaxExperts);
   count(r, "top_k", a.top_k, kMaxExperts);
   positive(r, "moe_ffn", a.moe_ffn, false, kMaxFfn);
@@ -175,6 +177,7 @@ Patching read_patching(ObjectReader& r) {
   positive(r, "in_channels", p.in_channels, false, kMaxPatch);
   positive(r, "spatial_merge", p.spatial_merge, false, kMaxPatch);
   positive(r, "temporal_patch", p.temporal_patch, false, kMaxPatch);
+  positive(r, "video_pool", p.video_pool, false, kMaxPatch);
   r.optional("merge_padding", p.merge_padding);
   r.optional("class_token", p.class_token);
   r.optional("conv_bias", p.conv_bias);
@@ -191,6 +194,8 @@ Patching read_patching(ObjectReader& r) {
       positive(r, "min_pixels", p.min_pixels, true, kMaxPixels);
       positive(r, "max_pixels", p.max_pixels, true, kMaxPixels);
       if (p.max_pixels < p.min_pixels) r.error("max_pixels", "must be >= min_pixels");
+      if (p.video_pool != 1)
+        r.error("video_pool", "pools square frames: needs resize fixed or tiles, not dynamic");
       break;
     case ResizeMode::kTiles:
       if (positive(r, "tile_size", p.tile_size, true, kMaxSide) && p.tile_size < p.patch_size)
@@ -309,6 +314,8 @@ Json to_json(const TransformerArch& a) {
   j["norm"] = enum_name(a.norm, kNorms);
   if (a.qk_norm) j["qk_norm"] = true;
   if (a.post_norms) j["post_norms"] = true;
+  if (a.layer_scale) j["layer_scale"] = true;
+  if (!a.final_norm) j["final_norm"] = false;
   if (a.experts > 0) {
     j["experts"] = a.experts;
     j["top_k"] = a.top_k;
@@ -333,6 +340,7 @@ Json to_json(const Patching& p) {
   j["spatial_merge"] = p.spatial_merge;
   if (p.merge_padding) j["merge_padding"] = true;
   j["temporal_patch"] = p.temporal_patch;
+  if (p.video_pool != 1) j["video_pool"] = p.video_pool;
   j["class_token"] = p.class_token;
   if (!p.conv_bias) j["conv_bias"] = false;
   if (p.pre_norm) j["pre_norm"] = true;

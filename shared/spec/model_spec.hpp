@@ -54,11 +54,14 @@ struct TransformerArch {
   bool out_bias = false;  // without linear_bias: the attention output has a bias (InternViT-6B)
   NormKind norm = NormKind::kRmsNorm;
   bool qk_norm = false;  // queries and keys normalized per head before attention (Gemma 3, Qwen3)
-  bool post_norms = false;  // attention and MLP outputs normalized too, before each residual add
-                            // (Gemma 2 and 3: four norms per layer)
-  int64_t experts = 0;      // MoE experts per layer; 0 = dense MLP
-  int64_t top_k = 0;        // experts active per token
-  int64_t moe_ffn = 0;      // inner width of one expert. Default: ffn
+  bool post_norms = false;   // attention and MLP outputs normalized too, before each residual add
+                             // (Gemma 2 and 3: four norms per layer)
+  bool layer_scale = false;  // learned per-channel scales on the attention and MLP outputs
+                             // (InternViT's ls1 and ls2)
+  bool final_norm = true;    // a norm after the last layer (InternViT has none)
+  int64_t experts = 0;       // MoE experts per layer; 0 = dense MLP
+  int64_t top_k = 0;         // experts active per token
+  int64_t moe_ffn = 0;       // inner width of one expert. Default: ffn
   // Inner width of the shared expert MLP every token also passes through beside its routed
   // experts (Llama 4's one shared expert, DeepSeek's and Kimi's n shared experts together). 0:
   // none.
@@ -99,6 +102,9 @@ struct Patching {
   int64_t in_channels = 3;
   int64_t spatial_merge = 1;   // tokens merged s x s after the encoder (Qwen2-VL 2, InternVL 2)
   int64_t temporal_patch = 1;  // video frames merged into one patch (Qwen2-VL 2)
+  // A video frame's tokens average-pooled s x s (ceil) before the projector, without parameters
+  // (LLaVA-NeXT-Video's spatial_pool_stride 2); images keep all of theirs.
+  int64_t video_pool = 1;
   // A patch grid the merge does not divide is padded up to a multiple of it (DeepSeek-VL2: 27
   // patches to 28); otherwise the merge must divide the grid.
   bool merge_padding = false;

@@ -415,6 +415,22 @@ TEST_CASE(
 }
 
 TEST_CASE(
+    "InternViT's layer scales and its stack without a final norm: plans agree with one rank") {
+  const std::string scenario = edited_scenario(
+      kScenario,
+      [](Json& s) {
+        Json& vit = s["model"]["modules"][0];
+        vit["frozen"] = false;
+        vit["transformer"]["layer_scale"] = true;
+        vit["transformer"]["final_norm"] = false;
+      },
+      "internvit-like");
+  check_plans_agree(scenario, "internvit-like-1",
+                    {{plan_file(R"({"tp": 2})"), "internvit-like-tp2"},
+                     {plan_file(R"({"pp": 2})"), "internvit-like-pp2"}});
+}
+
+TEST_CASE(
     "a mixture-of-experts LLM with expert parallelism (EP 2, EP 2 x TP 2, EP 2 of DP 4, EP 2 "
     "beside PP 2 with bucketed reductions, the distributed optimizer): plans agree with one "
     "rank") {

@@ -629,3 +629,63 @@ TEST_CASE("CLIP's older configs: the towers' *_config_dict copies must agree wit
             .find("c.json: vision_config_dict.hidden_size: 768 differs from "
                   "vision_config.hidden_size = 1024") != std::string::npos);
 }
+
+TEST_CASE("Qwen3-VL MoE: 128 experts of which 8 per token in every layer, or after dense ones") {
+  const std::string moe = "../hf-corpus/configs/Qwen--Qwen3-VL-30B-A3B-Instruct.json";
+  const ModelSpec m = import(moe);
+  const TransformerArch& a = *module(m, "llm").transformer;
+  CHECK(a.experts == 128);
+  CHECK(a.top_k == 8);
+  CHECK(a.moe_ffn == 768);
+  CHECK(a.moe_every == 1);
+  CHECK(a.dense_layers == 0);
+  CHECK(a.qk_norm);
+  CHECK(model_parameters(m) == 31'070'754'032);  // the checkpoint index's bf16 bytes / 2
+  // A dense prefix is the IR's dense_layers; every second layer is its moe_every; dense layers
+  // anywhere else are refused.
+  Json config = Json::parse(std::ifstream(kHf + moe));
+  config["text_config"]["mlp_only_layers"] = {0, 1};
+  Diagnostics diag;
+  auto prefixed = import_hf_config(config, "c.json", {}, diag);
+  REQUIRE(prefixed.has_value());
+  CHECK(find_llm(*prefixed)->transformer->dense_layers == 2);
+  config["text_config"]["mlp_only_layers"] = Json::array();
+  config["text_config"]["decoder_sparse_step"] = 2;
+  auto stepped = import_hf_config(config, "c.json", {}, diag);
+  REQUIRE(stepped.has_value());
+  CHECK(find_llm(*stepped)->transformer->moe_every == 2);
+  CHECK_FALSE(moe_layer(*find_llm(*stepped)->transformer, 0));
+  CHECK(moe_layer(*find_llm(*stepped)->transformer, 1));
+  const std::string errors =
+      import_errors(moe, [](Json& c) { c["text_config"]["mlp_only_layers"] = {3}; });
+  CHECK(errors.find("text_config.mlp_only_layers") != std::string::npos);
+}
+
+TEST_CASE("LLaVA-NeXT-Video: LLaVA-NeXT whose video frames are pooled 2 x 2 before the LLM") {
+  const std::string video = "../hf-corpus/configs/llava-hf--LLaVA-NeXT-Video-7B-32K-hf--bnb4.json";
+  const ModelSpec m = import(video);
+  const ModuleSpec& vision = module(m, "vision");
+  CHECK(vision.patching->video_pool == 2);
+  CHECK(vision.patching->resize == ResizeMode::kTiles);
+  // A 336 px frame is 24 x 24 patches; pooled 12 x 12 = 144 LLM tokens, and all 577 encoder
+  // tokens (with the class token) run through the tower. Images keep their 576 per tile.
+  const MediaTokens clip = video_tokens(vision, 8, 336, 336);
+  CHECK(clip.encoder_tokens == 8 * 577);
+  CHECK(clip.llm_tokens == 8 * 144);
+  CHECK(image_tokens(vision, 336, 336).llm_tokens == 576);
+  CHECK(module(m, "vision_projector").projector->bias);
+  CHECK(import_errors(video, [](Json& c) {
+          c["spatial_pool_mode"] = "conv";
+        }).find("spatial_pool_mode") != std::string::npos);
+  // The pooling of square frames cannot go with native-resolution resizing.
+  Json written = to_json(m);
+  for (Json& mod : written["modules"])
+    if (mod["name"] == "vision") {
+      mod["patching"]["resize"] = "dynamic";
+      mod["patching"]["min_pixels"] = 3136;
+      mod["patching"]["max_pixels"] = 1003520;
+    }
+  Diagnostics diag;
+  read_model(written, "m.json", "", diag);
+  CHECK(diag.format().find("video_pool: pools square frames") != std::string::npos);
+}
