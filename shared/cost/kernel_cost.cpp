@@ -201,7 +201,13 @@ double kernel_compute_s(const ModuleSpec& module, const Op& op, const DeviceSpec
     kernels += 1;
   }
   if (const auto& p = module.projector) {
-    const double in = static_cast<double>(p->in), out = static_cast<double>(p->out);
+    double in = static_cast<double>(p->in);
+    const double out = static_cast<double>(p->out);
+    if (p->merger > 0) {
+      // The merger runs whole on every rank before the MLP.
+      add_gemm({tokens, static_cast<double>(p->merger), in});
+      in = static_cast<double>(p->merger);
+    }
     if (p->layers == 1) {
       add_gemm({tokens, out / tp, in});
     } else {

@@ -163,8 +163,10 @@ Op Lowering::compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t
   }
   if (spec.projector) {
     const ProjectorArch& pr = *spec.projector;
-    const auto w = static_cast<double>(projector_matmul_parameters(pr));
-    linear += 2.0 * w * tokens_local / tp_shard;
+    // The merger, whole on every rank, and the MLP after it, split where projector_splits.
+    const auto merger = static_cast<double>((1 + pr.deepstack) * pr.in * pr.merger);
+    const auto w = static_cast<double>(projector_matmul_parameters(pr)) - merger;
+    linear += 2.0 * (w / tp_shard + merger) * tokens_local;
     weights += projector_parameters(pr, l.tp);
     // Split over TP, forward: the row-parallel output; backward: the input gradient, when one
     // flows back.
@@ -200,7 +202,9 @@ Op Lowering::compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t
       stash += per_token * tokens_local;
     }
     if (spec.projector)
-      stash += tokens_local * static_cast<double>(spec.projector->in + spec.projector->hidden) *
+      stash += tokens_local *
+               static_cast<double>(spec.projector->in + spec.projector->merger +
+                                   spec.projector->hidden) *
                static_cast<double>(1 + spec.projector->deepstack) * dtype /
                static_cast<double>(l.tp);
     op.stash_bytes = stash;

@@ -263,9 +263,11 @@ int64_t embedding_parameters(const ModuleSpec& m) {
 }
 
 int64_t projector_matmul_parameters(const ProjectorArch& p) {
+  const int64_t in = p.merger > 0 ? p.merger : p.in;
   const int64_t one =
-      p.layers == 1 ? p.in * p.out
-                    : p.in * p.hidden + (p.layers - 2) * p.hidden * p.hidden + p.hidden * p.out;
+      (p.merger > 0 ? p.in * p.merger : 0) +
+      (p.layers == 1 ? in * p.out
+                     : in * p.hidden + (p.layers - 2) * p.hidden * p.hidden + p.hidden * p.out);
   return (1 + p.deepstack) * one;
 }
 
@@ -277,7 +279,9 @@ double projector_parameters(const ProjectorArch& p, int64_t tp) {
   if (!projector_splits(p)) {
     n = static_cast<double>(projector_matmul_parameters(p)) + copies * biases;  // whole
   } else {
-    n = static_cast<double>(projector_matmul_parameters(p)) / t;
+    // The merger stays whole; the MLP after it splits.
+    const auto merger = static_cast<double>((1 + p.deepstack) * p.in * p.merger);
+    n = (static_cast<double>(projector_matmul_parameters(p)) - merger) / t + merger;
     if (p.bias) n += copies * (static_cast<double>(p.hidden) / t + static_cast<double>(p.out));
   }
   if (p.input_norm)

@@ -69,8 +69,8 @@ double input_side_parameters(const ModuleSpec& module, int64_t tp);
 double output_side_parameters(const ModuleSpec& module, int64_t tp);
 int64_t projector_parameters(const ProjectorArch& projector);
 double projector_parameters(const ProjectorArch& projector, int64_t tp);
-// A projector's matrices: in·out (one layer), else in·hidden + (layers−2)·hidden² + hidden·out;
-// times 1 + deepstack.
+// A projector's matrices: in·out (one layer), else in·hidden + (layers−2)·hidden² + hidden·out,
+// with `merger` for `in` and in·merger more where it merges first; times 1 + deepstack.
 int64_t projector_matmul_parameters(const ProjectorArch& projector);
 // Whether TP splits a projector: two layers, column- then row-parallel (their output summed over
 // TP). One layer, or three and more, run whole on every TP rank.

@@ -41,6 +41,7 @@ std::string arch_summary(const ModuleSpec& m) {
   if (m.projector) {
     const ProjectorArch& p = *m.projector;
     out << "mlp " << p.in;
+    if (p.merger > 0) out << "=>" << p.merger;
     for (int64_t i = 1; i < p.layers; ++i) out << "->" << p.hidden;
     out << "->" << p.out;
     if (p.deepstack > 0) out << " +" << p.deepstack << " deepstack";

@@ -112,17 +112,22 @@ int64_t most_tiles(const Json* resolutions, int64_t tile, int64_t fewest) {
   return static_cast<int64_t>(std::min(1e15, most));
 }
 
+// The step of an MoE stack's expert layers (every n-th layer has experts), read from `key` into
+// moe_every; outside [1, layers] an error, and 1.
+void read_moe_step(const Reader& text, std::string_view key, TransformerArch& a) {
+  a.moe_every = text.get(key, 1);
+  if (a.moe_every < 1 || a.moe_every > a.layers) {
+    text.error(key, std::to_string(a.moe_every) +
+                        " must be in [1, num_hidden_layers=" + std::to_string(a.layers) + "]");
+    a.moe_every = 1;
+  }
+}
+
 // Which layers of a Qwen MoE language model (Qwen3-VL's 30B-A3B and 235B-A22B) have experts:
 // every decoder_sparse_step-th layer (counting from 1) outside mlp_only_layers. The IR expresses
 // a dense prefix and a step; a list of dense layers elsewhere is refused.
 void qwen_moe_pattern(const Reader& text, TransformerArch& a) {
-  a.moe_every = text.get("decoder_sparse_step", 1);
-  if (a.moe_every < 1 || a.moe_every > a.layers) {
-    text.error("decoder_sparse_step",
-               std::to_string(a.moe_every) +
-                   " must be in [1, num_hidden_layers=" + std::to_string(a.layers) + "]");
-    a.moe_every = 1;
-  }
+  read_moe_step(text, "decoder_sparse_step", a);
   if (const Json* dense = text.raw("mlp_only_layers"); dense != nullptr) {
     bool prefix = dense->is_array();
     for (std::size_t i = 0; prefix && i < dense->size(); ++i)
@@ -136,6 +141,36 @@ void qwen_moe_pattern(const Reader& text, TransformerArch& a) {
   }
   // Renormalized top-k weights and the balancing loss: no parameter, no FLOP to speak of.
   text.known({"norm_topk_prob", "router_aux_loss_coef", "output_router_logits"});
+}
+
+// Pixtral's vision encoder (Pixtral-12B, Mistral 3): a ViT without biases, with RMSNorm, gated
+// SiLU MLPs, 2-D rotary positions, a norm over the patch embeddings (ln_pre) and none after the
+// last layer.
+ModuleSpec pixtral_vision(const Reader& v) {
+  TransformerArch a = encoder_arch(v.get("num_hidden_layers", 24), v.get("hidden_size", 1024),
+                                   v.get("num_attention_heads", 16),
+                                   v.get("intermediate_size", 4096), NormKind::kRmsNorm);
+  a.head_dim = v.get("head_dim", a.head_dim);
+  a.linear_bias = false;
+  a.gated_ffn = true;
+  a.final_norm = false;
+  v.known({"rope_theta", "rope_parameters"});  // the 2-D rotary base: no parameter
+  Patching p;
+  p.patch_size = v.get("patch_size", 16);
+  p.in_channels = v.get("num_channels", 3);
+  p.conv_bias = false;
+  p.pre_norm = true;
+  // Images keep their aspect ratio, scaled down until neither side exceeds image_size. The IR's
+  // native-resolution mode bounds the area to image_size² instead: the same tokens for square
+  // images, more than Pixtral cuts for an image longer than image_size on one side. The [IMG_BREAK]
+  // token after each row of patches is a vocabulary token the IR does not count.
+  const int64_t side = v.get("image_size", 1024);
+  p.resize = ResizeMode::kDynamic;
+  p.min_pixels = p.patch_size * p.patch_size;
+  p.max_pixels = side * side;
+  ModuleSpec vision = encoder_module("vision", Modality::kImage, a);
+  vision.patching = p;
+  return vision;
 }
 
 }  // namespace
@@ -206,13 +241,15 @@ ModelSpec import_qwen_omni(const Reader& root) {
 
 ModelSpec import_llava(const Reader& root, bool next) {
   // The original LLaVA repository saves its checkpoints with model_type "llava" too, in a shape
-  // of its own: the LLM's keys at the top level and the vision tower by name alone.
-  if (root.has("mm_vision_tower")) {
-    root.refuse("mm_vision_tower",
-                "the original LLaVA repository's format, which names its vision tower without "
-                "its sizes; import the Hugging Face conversion of the checkpoint (llava-hf/...)");
-    return {};
-  }
+  // of its own: the LLM's keys at the top level and the vision tower by name alone (Video-LLaVA's
+  // fork names an image and a video tower).
+  for (const char* tower : {"mm_vision_tower", "mm_image_tower", "mm_video_tower"})
+    if (root.has(tower)) {
+      root.refuse(tower,
+                  "the original LLaVA repository's format, which names its vision tower without "
+                  "its sizes; import the Hugging Face conversion of the checkpoint (llava-hf/...)");
+      return {};
+    }
   const Reader text = root.sub("text_config");
   const Reader v = root.sub("vision_config");
   ModuleSpec llm = llm_module(text, text.get_string("model_type", "llama"));
@@ -225,9 +262,12 @@ ModelSpec import_llava(const Reader& root, bool next) {
     root.known({"tie_word_embeddings"});  // the text model's own switch decides
   const std::string tower = v.get_string("model_type", "clip_vision_model");
   const bool siglip = tower.starts_with("siglip");
-  if (!siglip && tower != "clip_vision_model")
-    v.refuse("model_type", "'" + tower + "': the import reads CLIP and SigLIP vision towers only");
-  ModuleSpec vision = vit_module(v, siglip);
+  const bool pixtral = tower == "pixtral" && !next;  // Pixtral-12B's llava-hf conversion
+  if (!siglip && !pixtral && tower != "clip_vision_model")
+    v.refuse("model_type", "'" + tower +
+                               "': the import reads CLIP, SigLIP and (LLaVA-1.5's shape) Pixtral "
+                               "vision towers");
+  ModuleSpec vision = pixtral ? pixtral_vision(v) : vit_module(v, siglip);
   if (next) {
     // LLaVA-NeXT "anyres": tiles of the base resolution from image_grid_pinpoints plus the
     // downscaled base image.
@@ -243,11 +283,49 @@ ModelSpec import_llava(const Reader& root, bool next) {
       projector_module("vision_projector", "vision", vision.transformer->hidden, h, h, 2, false);
   projector.projector->bias = root.get_bool("multimodal_projector_bias", true);
   // LLaVA-NeXT: a learned image_newline after each row of tiles, unless the config turns it off.
-  const bool newline = root.get_bool("use_image_newline_parameter", next);
-  if (newline && !next)
-    root.error("use_image_newline_parameter",
-               "LLaVA-1.5 has no image newline; true is not imported");
-  if (next && newline) projector.projector->output_embeddings = 1;
+  // LLaVA-1.5's model (LlavaForConditionalGeneration) has none whatever the switch says: configs
+  // merged from LLaVA-NeXT checkpoints carry it over.
+  if (next) {
+    if (root.get_bool("use_image_newline_parameter", true))
+      projector.projector->output_embeddings = 1;
+  } else {
+    root.unused({"use_image_newline_parameter"},
+                "LLaVA-1.5's model builds no image newline whatever this says (a LLaVA-NeXT "
+                "setting carried over)");
+  }
+  return vlm(std::move(vision), std::move(projector), std::move(llm));
+}
+
+ModelSpec import_mistral3(const Reader& root) {
+  const Reader text = root.sub("text_config");
+  ModuleSpec llm = llm_module(text, text.get_string("model_type", "mistral"));
+  if (!text.has("tie_word_embeddings") && root.has("tie_word_embeddings"))
+    llm.transformer->tied_embeddings = root.get_bool("tie_word_embeddings", false);
+  else
+    root.known({"tie_word_embeddings"});  // the text model's own switch decides
+  const Reader v = root.sub("vision_config");
+  if (const std::string tower = v.get_string("model_type", "pixtral"); tower != "pixtral") {
+    v.refuse("model_type", "'" + tower + "': Mistral 3 is imported with its Pixtral tower");
+    return {};
+  }
+  ModuleSpec vision = pixtral_vision(v);
+  const int64_t s = root.get("spatial_merge_size", 2);
+  if (s < 1 || s > 8) {
+    root.error("spatial_merge_size", std::to_string(s) + " must be in [1, 8]");
+    return {};
+  }
+  vision.patching->spatial_merge = s;
+  // The projector normalizes each patch (RMSNorm), concatenates s x s neighbours, merges them
+  // back to one patch's width without a bias (the patch merger), and maps that to the LLM's
+  // width in a two-layer GELU MLP.
+  const int64_t w = vision.transformer->hidden;
+  const int64_t h = llm.transformer->hidden;
+  ModuleSpec projector = projector_module("vision_projector", "vision", w * s * s, h, h, 2, true);
+  ProjectorArch& pr = *projector.projector;
+  pr.merger = w;
+  pr.input_norm_width = w;
+  pr.norm = NormKind::kRmsNorm;
+  pr.bias = root.get_bool("multimodal_projector_bias", false);
   return vlm(std::move(vision), std::move(projector), std::move(llm));
 }
 
@@ -467,13 +545,7 @@ ModelSpec import_llama4(const Reader& root) {
   // 5, ... for Maverick's 2), the others a dense MLP of width intermediate_size_mlp.
   a.shared_expert_ffn = a.moe_ffn;
   a.ffn = text.get("intermediate_size_mlp", a.ffn);
-  a.moe_every = text.get("interleave_moe_layer_step", 1);
-  if (a.moe_every < 1 || a.moe_every > a.layers) {
-    text.error("interleave_moe_layer_step",
-               std::to_string(a.moe_every) +
-                   " must be in [1, num_hidden_layers=" + std::to_string(a.layers) + "]");
-    a.moe_every = 1;
-  }
+  read_moe_step(text, "interleave_moe_layer_step", a);
   // An explicit list of MoE layers must be the one the step gives.
   if (const Json* listed = text.raw("moe_layers"); listed != nullptr) {
     std::vector<int64_t> expected;
@@ -532,8 +604,11 @@ ModelSpec import_paligemma(const Reader& root) {
   ModuleSpec llm = llm_module(text, text.get_string("model_type", "gemma"));
   // Stale copies of the text model's sizes, which the transformers code ignores.
   root.known({"hidden_size", "num_hidden_layers", "_vocab_size", "projection_dim"});
-  // Older exports repeat the vocabulary at the top level.
-  root.alias("vocab_size", llm.transformer->vocab, "text_config.vocab_size");
+  // Older exports repeat the vocabulary at the top level; the language model is built from
+  // text_config's (tiny test models show the two apart).
+  root.unused({"vocab_size"},
+              "a top-level copy: the language model is built from "
+              "text_config.vocab_size");
   text.known({"num_image_tokens"});
   const Reader v = root.sub("vision_config");
   // PaliGemma's projection_dim is its projector's output: the LLM width.

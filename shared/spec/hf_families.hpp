@@ -19,6 +19,7 @@ ModelSpec import_llava(const Reader& root, bool next);
 // LLaVA-OneVision: LLaVA-NeXT's tiles with a SigLIP tower, the features of at most N tiles
 // (anyres_max_N) reaching a Qwen2 LLM.
 ModelSpec import_llava_next_video(const Reader& root);
+ModelSpec import_mistral3(const Reader& root);
 ModelSpec import_llava_onevision(const Reader& root);
 // InternVL: the remote-code shape (llm_config) and the hf one (text_config).
 ModelSpec import_internvl(const Reader& root, bool remote_code);

@@ -32,6 +32,7 @@ constexpr Family kFamilies[] = {
     {"llava", [](const Reader& r) { return hf::import_llava(r, false); }},
     {"llava_next", [](const Reader& r) { return hf::import_llava(r, true); }},
     {"llava_next_video", hf::import_llava_next_video},
+    {"mistral3", hf::import_mistral3},
     {"llava_onevision", hf::import_llava_onevision},
     {"internvl_chat", [](const Reader& r) { return hf::import_internvl(r, true); }},
     {"internvl", [](const Reader& r) { return hf::import_internvl(r, false); }},

@@ -253,6 +253,8 @@ ProjectorArch read_projector(ObjectReader& r) {
   count(r, "separators", p.separators, kMaxLayers);
   count(r, "deepstack", p.deepstack, kMaxLayers);
   count(r, "output_embeddings", p.output_embeddings, kMaxLayers);
+  if (positive(r, "merger", p.merger, false, kMaxHidden * 8) && p.in > 0 && p.merger >= p.in)
+    r.error("merger", "must be below in=" + std::to_string(p.in) + ": it merges down");
   if (p.hidden == 0) p.hidden = p.out;
   r.finish();
   return p;
@@ -374,6 +376,7 @@ Json to_json(const ProjectorArch& p) {
          {"layers", p.layers}, {"bias", p.bias},     {"input_norm", p.input_norm}};
   if (p.input_norm && p.norm != NormKind::kLayerNorm) j["norm"] = enum_name(p.norm, kNorms);
   if (p.input_norm_width > 0) j["input_norm_width"] = p.input_norm_width;
+  if (p.merger > 0) j["merger"] = p.merger;
   if (p.separators > 0) j["separators"] = p.separators;
   if (p.output_embeddings > 0) j["output_embeddings"] = p.output_embeddings;
   if (p.deepstack > 0) j["deepstack"] = p.deepstack;

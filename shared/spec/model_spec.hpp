@@ -160,6 +160,9 @@ struct ProjectorArch {
   // the encoder; the n copies' outputs add into the media tokens after the LLM's first n layers
   // (Qwen3-VL's DeepStack). Counted in the projector's parameters, FLOPs and output.
   int64_t deepstack = 0;
+  // A bias-free linear from `in` down to this width before the MLP, which then starts from it
+  // (Mistral 3's patch merger: s² concatenated patches back to one patch's width). 0: none.
+  int64_t merger = 0;
 
   bool operator==(const ProjectorArch&) const = default;
 };
