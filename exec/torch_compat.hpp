@@ -3,7 +3,8 @@
 // - torch 2 split a process group into a ProcessGroup front and per-device Backends;
 //   ProcessGroupGloo (and ProcessGroupNCCL) became Backends, which carry the collectives we call.
 // - torch 2 has a fused scaled_dot_product_attention; 1.13 computes attention step by step.
-// The torch 2 branches are prepared, not yet compiled: no torch 2 is installed here.
+// Both sides are compiled and tested in CI: Debian's 1.13 (build/) and torch 2.11 with CUDA 13
+// (scripts/test.sh --torch2, build-torch2/).
 #pragma once
 
 #include <cmath>

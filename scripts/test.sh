@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Set-up if needed, configure, build on every core, run every test through ctest.
-# Exits non-zero on any failure. Usage: scripts/test.sh [--sanitize] [extra ctest arguments]
+# Exits non-zero on any failure.
+# Usage: scripts/test.sh [--sanitize | --torch2] [extra ctest arguments]
 #   --sanitize  shared/ and sim/ (not the LibTorch executor) built with AddressSanitizer and
 #               UndefinedBehaviorSanitizer in build-sanitize/, and their tests run (ir, sim, the
 #               cli suite on the sanitized binary, the fuzz corpus replays); any report fails
+#   --torch2    the executor built against torch 2.11 with CUDA 13 (scripts/setup.sh --torch2)
+#               in build-torch2/ instead of Debian's LibTorch 1.13, and its tests run on the CPU
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -21,6 +24,22 @@ if [[ ${1:-} == --sanitize ]]; then
   export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}
   export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
   ctest --test-dir "$build" --output-on-failure --parallel "$jobs" "$@"
+  exit
+fi
+if [[ ${1:-} == --torch2 ]]; then
+  shift
+  scripts/setup.sh --torch2
+  build=${TESSERA_BUILD_DIR:-build-torch2}
+  torch=$(echo "$PWD"/.venv-torch2/lib/python3*/site-packages/torch)
+  # Its CUDA code for Hopper (sm_90), the GPUs lent here; naming it skips torch's detection of
+  # the machine's GPUs, which this machine has none of.
+  cmake -S . -B "$build" -G Ninja -DTORCH_CUDA_ARCH_LIST=9.0 \
+    -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTESSERA_BUILD_SIM=OFF \
+    -DCMAKE_PREFIX_PATH="$torch/share/cmake" -DCUDAToolkit_ROOT=/usr/local/cuda
+  cmake --build "$build" --parallel "$jobs" --target tessera_exec_tests
+  # libtorch_cuda.so loads the CUDA toolkit's libraries, and cuDNN's and NCCL's beside them.
+  export LD_LIBRARY_PATH=/usr/local/cuda/lib64:/usr/local/cuda/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  ctest --test-dir "$build" --output-on-failure --parallel "$jobs" -R '^exec$' "$@"
   exit
 fi
 build=${TESSERA_BUILD_DIR:-build}
