@@ -164,7 +164,7 @@ Op Lowering::compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t
   if (spec.projector) {
     const ProjectorArch& pr = *spec.projector;
     // The merger, whole on every rank, and the MLP after it, split where projector_splits.
-    const auto merger = static_cast<double>((1 + pr.deepstack) * pr.in * pr.merger);
+    const auto merger = static_cast<double>(projector_merger_parameters(pr));
     const auto w = static_cast<double>(projector_matmul_parameters(pr)) - merger;
     linear += 2.0 * (w / tp_shard + merger) * tokens_local;
     weights += projector_parameters(pr, l.tp);

@@ -262,13 +262,16 @@ int64_t embedding_parameters(const ModuleSpec& m) {
   return whole(input_side_parameters(m, 1) + output_side_parameters(m, 1));
 }
 
+int64_t projector_merger_parameters(const ProjectorArch& p) {
+  return (1 + p.deepstack) * p.in * p.merger;
+}
+
 int64_t projector_matmul_parameters(const ProjectorArch& p) {
   const int64_t in = p.merger > 0 ? p.merger : p.in;
-  const int64_t one =
-      (p.merger > 0 ? p.in * p.merger : 0) +
-      (p.layers == 1 ? in * p.out
-                     : in * p.hidden + (p.layers - 2) * p.hidden * p.hidden + p.hidden * p.out);
-  return (1 + p.deepstack) * one;
+  const int64_t mlp = p.layers == 1
+                          ? in * p.out
+                          : in * p.hidden + (p.layers - 2) * p.hidden * p.hidden + p.hidden * p.out;
+  return (1 + p.deepstack) * mlp + projector_merger_parameters(p);
 }
 
 double projector_parameters(const ProjectorArch& p, int64_t tp) {
@@ -280,7 +283,7 @@ double projector_parameters(const ProjectorArch& p, int64_t tp) {
     n = static_cast<double>(projector_matmul_parameters(p)) + copies * biases;  // whole
   } else {
     // The merger stays whole; the MLP after it splits.
-    const auto merger = static_cast<double>((1 + p.deepstack) * p.in * p.merger);
+    const auto merger = static_cast<double>(projector_merger_parameters(p));
     n = (static_cast<double>(projector_matmul_parameters(p)) - merger) / t + merger;
     if (p.bias) n += copies * (static_cast<double>(p.hidden) / t + static_cast<double>(p.out));
   }

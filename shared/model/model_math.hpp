@@ -72,6 +72,8 @@ double projector_parameters(const ProjectorArch& projector, int64_t tp);
 // A projector's matrices: in·out (one layer), else in·hidden + (layers−2)·hidden² + hidden·out,
 // with `merger` for `in` and in·merger more where it merges first; times 1 + deepstack.
 int64_t projector_matmul_parameters(const ProjectorArch& projector);
+// Of those, the merger's (in·merger, times 1 + deepstack): whole on every TP rank.
+int64_t projector_merger_parameters(const ProjectorArch& projector);
 // Whether TP splits a projector: two layers, column- then row-parallel (their output summed over
 // TP). One layer, or three and more, run whole on every TP rank.
 inline bool projector_splits(const ProjectorArch& projector) {

@@ -143,6 +143,15 @@ void qwen_moe_pattern(const Reader& text, TransformerArch& a) {
   text.known({"norm_topk_prob", "router_aux_loss_coef", "output_router_logits"});
 }
 
+// Older exports keep the output tying at the top level only: read there when the text block has
+// none; otherwise the text model's own switch decides.
+void top_level_tying(const Reader& root, const Reader& text, TransformerArch& a) {
+  if (!text.has("tie_word_embeddings") && root.has("tie_word_embeddings"))
+    a.tied_embeddings = root.get_bool("tie_word_embeddings", false);
+  else
+    root.known({"tie_word_embeddings"});
+}
+
 // Pixtral's vision encoder (Pixtral-12B, Mistral 3): a ViT without biases, with RMSNorm, gated
 // SiLU MLPs, 2-D rotary positions, a norm over the patch embeddings (ln_pre) and none after the
 // last layer.
@@ -256,10 +265,7 @@ ModelSpec import_llava(const Reader& root, bool next) {
   // Older llava-hf exports keep the vocabulary size and embedding tying at the top level.
   if (const int64_t vocab = root.get("vocab_size", 0); vocab > 0 && !text.has("vocab_size"))
     llm.transformer->vocab = vocab;
-  if (!text.has("tie_word_embeddings") && root.has("tie_word_embeddings"))
-    llm.transformer->tied_embeddings = root.get_bool("tie_word_embeddings", false);
-  else
-    root.known({"tie_word_embeddings"});  // the text model's own switch decides
+  top_level_tying(root, text, *llm.transformer);
   const std::string tower = v.get_string("model_type", "clip_vision_model");
   const bool siglip = tower.starts_with("siglip");
   const bool pixtral = tower == "pixtral" && !next;  // Pixtral-12B's llava-hf conversion
@@ -299,10 +305,7 @@ ModelSpec import_llava(const Reader& root, bool next) {
 ModelSpec import_mistral3(const Reader& root) {
   const Reader text = root.sub("text_config");
   ModuleSpec llm = llm_module(text, text.get_string("model_type", "mistral"));
-  if (!text.has("tie_word_embeddings") && root.has("tie_word_embeddings"))
-    llm.transformer->tied_embeddings = root.get_bool("tie_word_embeddings", false);
-  else
-    root.known({"tie_word_embeddings"});  // the text model's own switch decides
+  top_level_tying(root, text, *llm.transformer);
   const Reader v = root.sub("vision_config");
   if (const std::string tower = v.get_string("model_type", "pixtral"); tower != "pixtral") {
     v.refuse("model_type", "'" + tower + "': Mistral 3 is imported with its Pixtral tower");
