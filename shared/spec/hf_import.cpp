@@ -54,6 +54,54 @@ constexpr Family kFamilies[] = {
     {"clip_vision_model", [](const Reader& r) { return tower(hf::vit_module(r, false)); }},
 };
 
+// Families people train whose checkpoints have parts the IR cannot express. They are refused
+// naming the missing part rather than imported as an approximation.
+struct Inexpressible {
+  const char* type;
+  const char* family;
+  const char* missing;
+};
+constexpr const char* kGlmProjector =
+    "its projector merges 2x2 patches by a biased convolution, then a square linear, a "
+    "LayerNorm and GELU, then a SwiGLU MLP as wide as the decoder's; the IR's projector is one "
+    "MLP behind an optional bias-free merge";
+constexpr const char* kMolmoConnector =
+    "its config.json describes only the decoder (the vision encoder is fixed in its remote "
+    "code), and its connector pools each 2x2 patch window by attention, which the IR's projector "
+    "cannot express";
+constexpr const char* kPhi4Adapters =
+    "it adapts one decoder to each modality with its own LoRA adapters, and its audio encoder "
+    "is a conformer (convolution modules between attention layers)";
+constexpr Inexpressible kInexpressible[] = {
+    {"glm4v", "GLM-4.1V", kGlmProjector},
+    {"glm4v_moe", "GLM-4.5V", kGlmProjector},
+    {"minicpmv", "MiniCPM-V",
+     "its resampler compresses each image slice to query_num learned queries by cross-attention; "
+     "the IR's projector has no attention"},
+    {"minicpmo", "MiniCPM-o",
+     "its resampler compresses each image slice to query_num learned queries by cross-attention "
+     "(the IR's projector has no attention), and its speech generator (ChatTTS) is a second "
+     "decoder fed by the LLM"},
+    {"molmo", "Molmo", kMolmoConnector},
+    {"molmoe", "MolmoE", kMolmoConnector},
+    {"aria", "Aria",
+     "its projector maps the patches to a fixed number of learned queries by cross-attention "
+     "(projector_patch_to_query_dict); the IR's projector has no attention"},
+    {"gemma3n", "Gemma 3n",
+     "its vision encoder is convolutional (MobileNet-V5), its audio encoder a conformer, and its "
+     "decoder adds per-layer input embeddings, AltUp and LAuReL blocks and KV-cache sharing, none "
+     "of which the IR's transformer stack expresses"},
+    {"gemma4", "Gemma 4",
+     "its decoder adds per-layer input embeddings (hidden_size_per_layer_input) and shares "
+     "keys and values across layers (num_kv_shared_layers), which the IR's transformer stack "
+     "does not express"},
+    {"phi4mm", "Phi-4-multimodal", kPhi4Adapters},
+    {"phi4_multimodal", "Phi-4-multimodal", kPhi4Adapters},
+    {"qwen3_5", "Qwen3.5",
+     "most of its layers are linear attention (Gated DeltaNet, layer_types "
+     "'linear_attention'), which the IR's attention does not express"},
+};
+
 }  // namespace
 
 const std::vector<std::string>& supported_hf_model_types() {
@@ -78,6 +126,14 @@ std::optional<ModelSpec> import_hf_config(const Json& config, const std::string&
   const auto family = std::find_if(std::begin(kFamilies), std::end(kFamilies),
                                    [&](const Family& f) { return type == f.type; });
   if (family == std::end(kFamilies)) {
+    const auto known = std::find_if(std::begin(kInexpressible), std::end(kInexpressible),
+                                    [&](const Inexpressible& f) { return type == f.type; });
+    if (known != std::end(kInexpressible)) {
+      diag.error(
+          file, "model_type",
+          std::string(known->family) + " ('" + type + "') is not imported: " + known->missing);
+      return std::nullopt;
+    }
     std::string message = type.empty() ? "no model_type" : "unsupported model_type '" + type + "'";
     message += "; supported: ";
     const auto& types = supported_hf_model_types();
