@@ -97,6 +97,9 @@ constexpr Inexpressible kInexpressible[] = {
      "does not express"},
     {"phi4mm", "Phi-4-multimodal", kPhi4Adapters},
     {"phi4_multimodal", "Phi-4-multimodal", kPhi4Adapters},
+    {"lfm2_vl", "LFM2-VL",
+     "most of its decoder's layers are short gated convolutions (layer_types 'conv'), not "
+     "attention, which the IR's transformer stack does not express"},
     {"qwen3_5", "Qwen3.5",
      "most of its layers are linear attention (Gated DeltaNet, layer_types "
      "'linear_attention'), which the IR's attention does not express"},
