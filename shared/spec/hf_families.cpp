@@ -684,6 +684,11 @@ ModelSpec import_idefics3(const Reader& root) {
   // scale_factor instead.
   text.known({"pixel_shuffle_factor", "qk_layer_norms", "use_resampler", "is_llama_config",
               "neftune_noise_alpha", "rope_interleaved"});
+  // SmolVLM's Llama text_config carries Idefics2's resampler settings, which the Llama model
+  // never reads (Idefics3 has no resampler), and LlamaConfig's MLP-bias switch.
+  text.unused({"perceiver_config"},
+              "Idefics2's resampler settings, which Idefics3 and SmolVLM do not build");
+  text.require("mlp_bias", false, "biases on the language model's MLP linears");
   const Reader v = root.sub("vision_config");
   // Idefics3VisionConfig's defaults fill what SmolVLM2 configs leave out (12 layers, 3072 wide).
   Json tower{{"hidden_size", v.get("hidden_size", 1152)},

@@ -234,6 +234,9 @@ Verdict known_attribute(std::string_view key, const Json& value, bool root, bool
             "the checkpoint's storage format (quantized weights): the network is the same, and "
             "trains in the plan's precision",
             ""};
+  if (key == "transformers.js_config")
+    return {true, "settings of transformers.js, an inference runtime, for its exported weights",
+            ""};
   if (key == "chunk_size_feed_forward")
     return {true, "feed-forward chunking, which trades memory for nothing in the network", ""};
   if (key == "pruned_heads") {

@@ -424,14 +424,13 @@ TEST_CASE("SmolVLM2: pixel-shuffled SigLIP tiles, the vision config's defaults")
 TEST_CASE("families the IR cannot express are refused naming the part it lacks") {
   // The corpus holds real configs of GLM-4.1V, MiniCPM-V, Molmo, Aria, Gemma 4 and Qwen3.5; these
   // two have none there, so a bare config stands in: the refusal depends on model_type alone.
-  for (const auto& [type, part] : {std::pair{"gemma3n", "MobileNet-V5"},
-                                   std::pair{"phi4_multimodal", "LoRA adapters"},
-                                   std::pair{"phi4mm", "LoRA adapters"}}) {
+  for (const auto& [type, part] :
+       {std::pair{"gemma3n", "MobileNet-V5"}, std::pair{"phi4_multimodal", "LoRA adapters"},
+        std::pair{"phi4mm", "LoRA adapters"}}) {
     Diagnostics diag;
     CHECK_FALSE(import_hf_config(Json{{"model_type", type}}, "c.json", {}, diag).has_value());
     INFO(diag.format());
-    CHECK(diag.format().find(std::string("('") + type + "') is not imported") !=
-          std::string::npos);
+    CHECK(diag.format().find(std::string("('") + type + "') is not imported") != std::string::npos);
     CHECK(diag.format().find(part) != std::string::npos);
     CHECK(diag.format().find("supported:") == std::string::npos);
   }
