@@ -1,37 +1,98 @@
 #include "exec/comm.hpp"
 
 #include <algorithm>
+#include <cstdlib>
 #include <string>
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
+#include "exec/cuda.hpp"
+#include "exec/device.hpp"
 #include "shared/base/check.hpp"
 
 namespace tessera::exec {
 
 Groups::Groups(c10::intrusive_ptr<c10d::Store> store, int world_rank, int world_size,
-               std::chrono::milliseconds timeout, bool loopback)
-    : store_(std::move(store)),
-      timeout_(timeout),
-      loopback_(loopback),
-      world_(std::make_unique<Comm>()) {
-  for (int r = 0; r < world_size; ++r) world_->ranks.push_back(r);
-  world_->rank = world_rank;
-  if (world_size > 1) world_->group = make(world_->ranks, world_rank);
+               std::chrono::milliseconds timeout, bool loopback, Transport transport)
+    : store_(std::move(store)), timeout_(timeout), loopback_(loopback), transport_(transport) {
+  std::vector<int64_t> everyone;
+  for (int r = 0; r < world_size; ++r) everyone.push_back(r);
+  world_ = make(everyone, world_rank, transport);
+  if (transport != Transport::kGloo) host_ = make(everyone, world_rank, Transport::kGloo);
 }
 
-c10::intrusive_ptr<CollectiveGroup> Groups::make(const std::vector<int64_t>& ranks, int rank) {
-  std::string name = "group";
+const Comm& Groups::channel(int from, int to) {
+  if (transport_ != Transport::kNccl) return *world_;
+  auto& c = channels_[{from, to}];
+  if (!c) c = make({from, to}, world_->rank == from ? 0 : 1, transport_, "channel");
+  return *c;
+}
+
+std::unique_ptr<Comm> Groups::make(const std::vector<int64_t>& ranks, int rank, Transport transport,
+                                   const std::string& kind) {
+  auto comm = std::make_unique<Comm>();
+  comm->ranks = ranks;
+  comm->rank = rank;
+  if (ranks.size() < 2) return comm;
+  std::string name = transport == Transport::kNccl ? "nccl-" + kind : kind;
   for (int64_t r : ranks) name += "." + std::to_string(r);
   auto prefixed = c10::make_intrusive<c10d::PrefixStore>(name + "/", store_);
+  const int size = static_cast<int>(ranks.size());
+  if (transport == Transport::kNccl) {
+    comm->group = make_nccl_group(prefixed, rank, size, timeout_);
+    comm->wire = device_setting().device;
+    return comm;
+  }
   auto options = c10d::ProcessGroupGloo::Options::create();
   options->timeout = timeout_;
   options->devices.push_back(loopback_
                                  ? c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1")
                                  : c10d::ProcessGroupGloo::createDefaultDevice());
-  return c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, rank, static_cast<int>(ranks.size()),
-                                                     options);
+  comm->group = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, rank, size, options);
+  return comm;
+}
+
+torch::TensorOptions wire_options(const Comm& comm, const torch::Tensor& t) {
+  const bool widen = comm.wire.is_cpu() && t.scalar_type() == torch::kBFloat16;
+  return t.options().device(comm.wire).dtype(widen ? torch::kFloat32 : t.scalar_type());
+}
+
+torch::Tensor to_wire(const Comm& comm, const torch::Tensor& t) {
+  const auto options = wire_options(comm, t);
+  return t.device() == options.device() && t.scalar_type() == options.dtype() ? t : t.to(options);
+}
+
+namespace {
+// TESSERA_P2P_IN_ORDER=1 sends every message with one tag, so that Gloo too matches a pair's
+// messages in order, as NCCL does: the executor tests run so to check SendOrder on the CPU.
+int fold_tag(int64_t tag) {
+  static const bool in_order = [] {
+    const char* v = std::getenv("TESSERA_P2P_IN_ORDER");
+    return v != nullptr && std::string(v) == "1";
+  }();
+  if (in_order) return 0;
+  return static_cast<int>((static_cast<uint64_t>(tag) ^ (static_cast<uint64_t>(tag) >> 31)) &
+                          0x7fffffffULL);
+}
+
+// `peer`'s index in `comm`.
+int member(const Comm& comm, int peer) {
+  const auto it = std::find(comm.ranks.begin(), comm.ranks.end(), peer);
+  TESSERA_CHECK(it != comm.ranks.end(), "rank " + std::to_string(peer) + " is not in the channel");
+  return static_cast<int>(it - comm.ranks.begin());
+}
+}  // namespace
+
+PendingSend send(const Comm& comm, const torch::Tensor& t, int peer, int64_t tag) {
+  std::vector<at::Tensor> tensors{to_wire(comm, t.contiguous())};
+  return {comm.group->send(tensors, member(comm, peer), fold_tag(tag)), tensors[0]};
+}
+
+void recv(const Comm& comm, torch::Tensor& t, int peer, int64_t tag) {
+  std::vector<at::Tensor> tensors{to_wire(comm, t)};
+  comm.group->recv(tensors, member(comm, peer), fold_tag(tag))->wait();
+  if (!tensors[0].is_same(t)) t.copy_(tensors[0]);
 }
 
 void Groups::create(const std::vector<std::vector<int64_t>>& groups) {
@@ -39,11 +100,7 @@ void Groups::create(const std::vector<std::vector<int64_t>>& groups) {
     if (ranks.size() < 2 || groups_.count(ranks) || ranks == world_->ranks) continue;
     const auto me = std::find(ranks.begin(), ranks.end(), world_->rank);
     if (me == ranks.end()) continue;
-    auto comm = std::make_unique<Comm>();
-    comm->ranks = ranks;
-    comm->rank = static_cast<int>(me - ranks.begin());
-    comm->group = make(ranks, comm->rank);
-    groups_.emplace(ranks, std::move(comm));
+    groups_.emplace(ranks, make(ranks, static_cast<int>(me - ranks.begin()), transport_));
   }
 }
 
@@ -87,12 +144,13 @@ void record_collectives(std::vector<CommRecord>* into) {
 
 void all_reduce(const Comm& comm, torch::Tensor& t, c10d::ReduceOp op) {
   if (comm.size() < 2) return;
-  std::vector<at::Tensor> tensors{t};
+  std::vector<at::Tensor> tensors{to_wire(comm, t)};
   c10d::AllreduceOptions options;
   options.reduceOp = op;
   const double start = start_s();
   wait_recorded(comm.group->allreduce(tensors, options), CollectiveKind::kAllReduce,
                 static_cast<double>(t.numel() * t.element_size()), start);
+  if (!tensors[0].is_same(t)) t.copy_(tensors[0]);
 }
 
 torch::Tensor all_gather_rows(const Comm& comm, const torch::Tensor& t,
@@ -102,10 +160,11 @@ torch::Tensor all_gather_rows(const Comm& comm, const torch::Tensor& t,
   std::vector<int64_t> shape = t.sizes().vec();
   if (most == 0) return t.narrow(0, 0, 0).clone();  // nothing anywhere (every member knows)
   shape[0] = most;
-  torch::Tensor padded = torch::zeros(shape, t.options());
+  const auto options = wire_options(comm, t);
+  torch::Tensor padded = torch::zeros(shape, options);
   padded.narrow(0, 0, t.size(0)).copy_(t);
   std::vector<std::vector<at::Tensor>> out(1);
-  for (int i = 0; i < comm.size(); ++i) out[0].push_back(torch::empty(shape, t.options()));
+  for (int i = 0; i < comm.size(); ++i) out[0].push_back(torch::empty(shape, options));
   std::vector<at::Tensor> in{padded};
   const double start = start_s();
   wait_recorded(comm.group->allgather(out, in), CollectiveKind::kAllGather,
@@ -114,17 +173,18 @@ torch::Tensor all_gather_rows(const Comm& comm, const torch::Tensor& t,
   for (int i = 0; i < comm.size(); ++i)
     parts.push_back(
         out[0][static_cast<std::size_t>(i)].narrow(0, 0, rows[static_cast<std::size_t>(i)]));
-  return torch::cat(parts, 0);
+  return torch::cat(parts, 0).to(t.options());
 }
 
 void broadcast(const Comm& comm, torch::Tensor& t, int root) {
   if (comm.size() < 2 || t.numel() == 0) return;
-  std::vector<at::Tensor> tensors{t};
+  std::vector<at::Tensor> tensors{to_wire(comm, t)};
   c10d::BroadcastOptions options;
   options.rootRank = root;
   const double start = start_s();
   wait_recorded(comm.group->broadcast(tensors, options), CollectiveKind::kBroadcast,
                 static_cast<double>(t.numel() * t.element_size()), start);
+  if (!tensors[0].is_same(t)) t.copy_(tensors[0]);
 }
 
 torch::Tensor reduce_scatter(const Comm& comm, const torch::Tensor& t) {
@@ -136,13 +196,14 @@ torch::Tensor reduce_scatter(const Comm& comm, const torch::Tensor& t) {
     all_reduce(comm, sum);
     return sum.narrow(0, comm.rank * part, part).clone();
   }
+  const torch::Tensor w = to_wire(comm, t);
   std::vector<std::vector<at::Tensor>> in(1);
-  for (int i = 0; i < comm.size(); ++i) in[0].push_back(t.narrow(0, i * part, part).contiguous());
-  std::vector<at::Tensor> out{torch::empty({part}, t.options())};
+  for (int i = 0; i < comm.size(); ++i) in[0].push_back(w.narrow(0, i * part, part).contiguous());
+  std::vector<at::Tensor> out{torch::empty({part}, w.options())};
   const double start = start_s();
   wait_recorded(comm.group->reduce_scatter(out, in), CollectiveKind::kReduceScatter,
                 static_cast<double>(t.numel() * t.element_size()), start);
-  return out[0];
+  return out[0].to(t.options());
 }
 
 torch::Tensor all_to_all_rows(const Comm& comm, const torch::Tensor& t,
@@ -152,14 +213,14 @@ torch::Tensor all_to_all_rows(const Comm& comm, const torch::Tensor& t,
   std::vector<int64_t> shape = t.sizes().vec();
   shape[0] = 0;
   for (int64_t r : recv_rows) shape[0] += r;
-  torch::Tensor out = torch::empty(shape, t.options());
-  torch::Tensor in = t.contiguous();
+  torch::Tensor in = to_wire(comm, t.contiguous());
+  torch::Tensor out = torch::empty(shape, in.options());
   std::vector<int64_t> out_counts = recv_rows, in_counts = send_rows;
   const double start = start_s();
   wait_recorded(comm.group->alltoall_base(out, in, out_counts, in_counts),
                 CollectiveKind::kAllToAll, static_cast<double>(in.numel() * in.element_size()),
                 start);
-  return out;
+  return out.to(t.options());
 }
 
 namespace {

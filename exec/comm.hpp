@@ -30,32 +30,67 @@ struct Comm {
   std::vector<int64_t> ranks;                 // global ranks, in group order
   int rank = 0;                               // this worker's index in `ranks`
   c10::intrusive_ptr<CollectiveGroup> group;  // null for a group of one
+  // Where the group's tensors must be: the CPU for Gloo (which then carries GPU tensors through
+  // host memory: several ranks sharing one GPU), the rank's GPU for NCCL.
+  torch::Device wire{torch::kCPU};
   int size() const { return static_cast<int>(ranks.size()); }
 };
+
+// How a job's ranks talk: Gloo (any device), or NCCL (one GPU per rank).
+enum class Transport { kGloo, kNccl };
+
+// `t` as `comm` takes it (itself when it is so already): on the group's device, and for Gloo
+// bf16 widened to fp32 (Gloo of torch 1.13 reduces no bf16; widening is exact). The collectives
+// below move their tensors so, and back to the caller's device and dtype after.
+torch::Tensor to_wire(const Comm& comm, const torch::Tensor& t);
+torch::TensorOptions wire_options(const Comm& comm, const torch::Tensor& t);
 
 class Groups {
  public:
   // `loopback`: every rank on this host (bind 127.0.0.1); else the interface that reaches the
-  // master.
+  // master. kNccl: every group but the host group is NCCL's, on this process's device.
   Groups(c10::intrusive_ptr<c10d::Store> store, int world_rank, int world_size,
-         std::chrono::milliseconds timeout, bool loopback);
+         std::chrono::milliseconds timeout, bool loopback, Transport transport = Transport::kGloo);
   // Creates the process groups of `groups` that contain this rank. Every worker must pass the
   // same list (in the same order): group creation is a rendezvous among the members.
   void create(const std::vector<std::vector<int64_t>>& groups);
   // REQUIRES: created (or a group of one, or the world).
   const Comm& get(const std::vector<int64_t>& ranks) const;
   const Comm& world() const { return *world_; }
+  // Where messages from rank `from` to rank `to` travel: the world under Gloo (tags keep them
+  // apart), or under NCCL a two-rank group of that direction alone, made when first asked for
+  // (NCCL makes its communicators lazily): each direction queues on its own stream, so a send
+  // waiting for its receive never holds up a receive the other way (1F1B's crossing messages).
+  const Comm& channel(int from, int to);
+  // The world over Gloo, for the small host-side exchanges (metrics, flags, checkpoints): the
+  // world itself unless the transport is NCCL.
+  const Comm& host() const { return host_ ? *host_ : *world_; }
   int world_rank() const { return world_->rank; }
 
  private:
-  c10::intrusive_ptr<CollectiveGroup> make(const std::vector<int64_t>& ranks, int rank);
+  // `kind` names the group in the store: a channel's two ranks differ from their group's.
+  std::unique_ptr<Comm> make(const std::vector<int64_t>& ranks, int rank, Transport transport,
+                             const std::string& kind = "group");
 
   c10::intrusive_ptr<c10d::Store> store_;
   std::chrono::milliseconds timeout_;
   bool loopback_;
-  std::unique_ptr<Comm> world_;
+  Transport transport_;
+  std::unique_ptr<Comm> world_, host_;
   std::map<std::vector<int64_t>, std::unique_ptr<Comm>> groups_;
+  std::map<std::pair<int, int>, std::unique_ptr<Comm>> channels_;
 };
+
+// Point to point over `comm` (a Groups::channel) with the global rank `peer`: a send in flight
+// (the tensor it reads held with it), and a blocking receive into `t`. Program tags are 64-bit;
+// both ends fold them alike into the int a process group takes (NCCL ignores it: a pair's
+// messages arrive in the order they were sent, which SendOrder makes the receiver's).
+struct PendingSend {
+  c10::intrusive_ptr<c10d::Work> work;
+  torch::Tensor tensor;
+};
+PendingSend send(const Comm& comm, const torch::Tensor& t, int peer, int64_t tag);
+void recv(const Comm& comm, torch::Tensor& t, int peer, int64_t tag);
 
 // Blocking collectives (no autograd).
 void all_reduce(const Comm& comm, torch::Tensor& t, c10d::ReduceOp op = c10d::ReduceOp::SUM);

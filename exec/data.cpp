@@ -5,6 +5,7 @@
 #include <limits>
 #include <map>
 
+#include "exec/device.hpp"
 #include "exec/weights.hpp"
 #include "shared/base/check.hpp"
 #include "shared/layout/microbatch.hpp"
@@ -64,6 +65,10 @@ std::string executor_support(const ModelSpec& model) {
   const ModuleSpec* llm = find_llm(model);
   if (llm == nullptr || !llm->transformer || llm->transformer->vocab <= 0)
     return "the executor needs a decoder LLM with a vocabulary";
+  if (model.dtype != DType::kFp32 && model.dtype != DType::kBf16)
+    return "dtype " + enum_name(model.dtype, kDTypes) +
+           ": the executor trains fp32, or bf16 with fp32 master weights (fp16 would need loss "
+           "scaling, fp8 Transformer Engine's scaling recipes)";
   if (llm->transformer->cross_attention_layers > 0)
     return "cross-attention LLMs (Mllama) are not in the executor yet";
   for (const std::string& input : llm->inputs) {
@@ -225,6 +230,12 @@ TrainBatch make_batch(const Scenario& s, DatasetKind kind, int64_t iteration) {
     out.targets += (one.targets >= 0).sum().item<int64_t>();
   }
   return out;
+}
+
+void move_to_device(LlmLayout& l) {
+  for (torch::Tensor* t :
+       {&l.ids, &l.positions, &l.targets, &l.text_slots, &l.media_slots, &l.media_rows})
+    if (t->defined()) *t = t->to(device_setting().device);
 }
 
 LlmLayout llm_layout(const ModelSpec& model, const TrainBatch& batch,

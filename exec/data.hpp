@@ -59,6 +59,9 @@ struct LlmLayout {
   std::vector<int32_t> item;    // per position: media item (micro-batch-wide) or -1 for text
 };
 
+// The layout's tensors, built on the CPU, moved to this process's device (device.hpp).
+void move_to_device(LlmLayout& layout);
+
 // Media rows come from the LLM's inputs concatenated in the order of ModuleSpec::inputs, each
 // input's rows being its modality's items in sample order. With `pad_to_longest`
 // (ParallelPlan::pad_to_longest) the sequence also holds the pads that bring every sample to the

@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "exec/device.hpp"
 #include "exec/torch_compat.hpp"
 #include "exec/weights.hpp"
 #include "shared/base/check.hpp"
@@ -13,10 +14,16 @@ namespace {
 
 constexpr double kInitScale = 0.02;
 
+// A parameter (fp32, the master copy) in the dtype of the activation it meets: a bf16 copy
+// under mixed precision, whose gradient autograd accumulates into the fp32 parameter.
+torch::Tensor as(const torch::Tensor& param, const torch::Tensor& x) {
+  return param.to(x.scalar_type());
+}
+
 torch::Tensor rotary_embed(const torch::Tensor& x, const torch::Tensor& positions) {
   // x: (B, L, heads, d); rotate pairs (i, i + d/2) by position · 10000^(-2i/d).
   const int64_t d = x.size(-1);
-  const auto options = torch::TensorOptions().dtype(torch::kFloat64);
+  const auto options = torch::TensorOptions().dtype(torch::kFloat64).device(x.device());
   const torch::Tensor inv =
       torch::pow(10000.0, -torch::arange(0, d / 2, options) * 2.0 / static_cast<double>(d));
   const torch::Tensor angle =
@@ -57,7 +64,9 @@ struct RecomputedAttention : torch::autograd::Function<RecomputedAttention> {
 }  // namespace
 
 torch::Tensor ParamSet::add(const std::string& name, torch::Tensor full, int64_t shard_dim) {
+  // Seeded on the CPU, whatever the device: the same weights on every device and precision.
   torch::Tensor local = shard_dim < 0 ? full : shard(full, shard_dim, tp_.rank, tp_.size());
+  local = local.to(device_setting().device);
   local.set_requires_grad(trainable_);
   const bool sharded = shard_dim >= 0 && tp_.size() > 1;
   params_.push_back({name, local, sharded ? 1 : tp_.size()});
@@ -66,7 +75,7 @@ torch::Tensor ParamSet::add(const std::string& name, torch::Tensor full, int64_t
 
 torch::Tensor ParamSet::rows_of(const std::string& name, torch::Tensor full, int64_t first,
                                 int64_t rows, int64_t copies) {
-  torch::Tensor local = full.narrow(0, first, rows).clone();
+  torch::Tensor local = full.narrow(0, first, rows).clone().to(device_setting().device);
   local.set_requires_grad(trainable_);
   params_.push_back({name, local, copies, /*kv_replica=*/true});
   return local;
@@ -97,14 +106,14 @@ torch::Tensor Linear::forward(const torch::Tensor& x) const {
     case Split::kColumn:
       return forward_entered(copy_to_group(x, *tp));
     case Split::kRow: {
-      torch::Tensor y = reduce_from_group(torch::matmul(x, weight.t()), *tp);
-      return bias.defined() ? y + bias : y;
+      torch::Tensor y = reduce_from_group(torch::matmul(x, as(weight, x).t()), *tp);
+      return bias.defined() ? y + as(bias, x) : y;
     }
     case Split::kReplicated:
       break;
   }
-  torch::Tensor y = torch::matmul(x, weight.t());
-  return bias.defined() ? y + bias : y;
+  torch::Tensor y = torch::matmul(x, as(weight, x).t());
+  return bias.defined() ? y + as(bias, x) : y;
 }
 
 Norm::Norm(ParamSet& ps, const std::string& name, int64_t hidden, NormKind k) : kind(k) {
@@ -114,14 +123,17 @@ Norm::Norm(ParamSet& ps, const std::string& name, int64_t hidden, NormKind k) : 
 
 torch::Tensor Linear::forward_entered(const torch::Tensor& x) const {
   TESSERA_CHECK(split == Split::kColumn);
-  torch::Tensor y = torch::matmul(x, weight.t());
-  return bias.defined() ? y + bias : y;
+  torch::Tensor y = torch::matmul(x, as(weight, x).t());
+  return bias.defined() ? y + as(bias, x) : y;
 }
 
 torch::Tensor Norm::forward(const torch::Tensor& x) const {
   if (!weight.defined()) return x;
-  if (kind == NormKind::kLayerNorm) return torch::layer_norm(x, {x.size(-1)}, weight, bias, 1e-5);
-  return x * torch::rsqrt(x.pow(2).mean(-1, true) + 1e-6) * weight;
+  // In fp32 whatever the activations' dtype, back in theirs after.
+  const torch::Tensor f = x.to(torch::kFloat32);
+  if (kind == NormKind::kLayerNorm)
+    return torch::layer_norm(f, {f.size(-1)}, weight, bias, 1e-5).to(x.scalar_type());
+  return (f * torch::rsqrt(f.pow(2).mean(-1, true) + 1e-6) * weight).to(x.scalar_type());
 }
 
 Attention::Attention(ParamSet& ps, const std::string& name, const TransformerArch& arch) {
@@ -275,7 +287,7 @@ torch::Tensor Mlp::partial(const torch::Tensor& entered) const {
   const torch::Tensor inner =
       gated ? torch::silu(gate.forward_entered(entered)) * up.forward_entered(entered)
             : torch::gelu(up.forward_entered(entered));
-  return torch::matmul(inner, down.weight.t());
+  return torch::matmul(inner, as(down.weight, inner).t());
 }
 
 Moe::Moe(ParamSet& ps, const std::string& name, const TransformerArch& arch, const Comm& group)
@@ -329,8 +341,9 @@ torch::Tensor Moe::forward(const torch::Tensor& x) const {
   for (int r = 0; r < ep->size(); ++r)
     recv[static_cast<std::size_t>(r)] = from_each[r].sum().item<int64_t>();
   const torch::Tensor rows = exchange_rows(tokens.index_select(0, token_of), *ep, send, recv);
-  const torch::Tensor row_expert =
-      torch::arange(local).repeat({ep->size()}).repeat_interleave(from_each.reshape({-1}));
+  const torch::Tensor row_expert = torch::arange(local, from_each.options())
+                                       .repeat({ep->size()})
+                                       .repeat_interleave(from_each.reshape({-1}));
   // This rank's experts on their rows; the TP sum of their row-parallel outputs at once.
   const Comm& tp = *router.tp;
   const torch::Tensor entered = copy_to_group(rows, tp);
@@ -378,11 +391,11 @@ torch::Tensor Block::forward(const torch::Tensor& x, const AttentionInputs& in) 
   const bool scaled = scale1.defined();
   torch::Tensor a = attention.forward(norm1.forward(x), in);
   if (post) a = post1.forward(a);
-  const torch::Tensor h = x + (scaled ? a * scale1 : a);
+  const torch::Tensor h = x + (scaled ? a * as(scale1, a) : a);
   const torch::Tensor normed = norm2.forward(h);
   torch::Tensor m = routed ? moe.forward(normed) : mlp.forward(normed);
   if (post) m = post2.forward(m);
-  return h + (scaled ? m * scale2 : m);
+  return h + (scaled ? m * as(scale2, m) : m);
 }
 
 Embedding::Embedding(ParamSet& ps, const std::string& name, int64_t vocab, int64_t hidden)
@@ -399,7 +412,7 @@ torch::Tensor Embedding::forward(const torch::Tensor& ids) const {
   const torch::Tensor outside = (ids < vocab_begin) | (ids >= vocab_begin + rows);
   const torch::Tensor local = (ids - vocab_begin).masked_fill(outside, 0);
   const torch::Tensor e = weight.index_select(0, local).masked_fill(outside.unsqueeze(1), 0.0);
-  return reduce_from_group(e, *tp);
+  return reduce_from_group(e.to(activation_dtype()), *tp);
 }
 
 namespace {
@@ -428,7 +441,7 @@ struct VocabParallelCrossEntropy : torch::autograd::Function<VocabParallelCrossE
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
     torch::Tensor g = saved[0].clone();  // softmax
-    const torch::Tensor rows = torch::arange(g.size(0));
+    const torch::Tensor rows = torch::arange(g.size(0), saved[1].options());
     const torch::Tensor inside = saved[2];
     g.index_put_({rows.masked_select(inside), saved[1].masked_select(inside)},
                  g.index({rows.masked_select(inside), saved[1].masked_select(inside)}) - 1.0);

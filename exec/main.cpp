@@ -1,6 +1,7 @@
 // tessera-train: runs plans for real with LibTorch. `tessera-train <scenario> --plan ...` trains;
 // `comm-check` forms the process group and verifies and times an all-reduce.
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <iostream>
 #include <optional>
@@ -10,7 +11,10 @@
 #include <cxxopts.hpp>
 
 #include "exec/comm_check.hpp"
+#include "exec/cuda.hpp"
+#include "exec/device.hpp"
 #include "exec/launcher.hpp"
+#include "exec/matmul_rate.hpp"
 #include "exec/plain_loop.hpp"
 #include "exec/process_group.hpp"
 #include "exec/train.hpp"
@@ -136,9 +140,9 @@ int comm_check(int argc, char** argv) {
 int train(int argc, char** argv) {
   cxxopts::Options options(
       "tessera-train",
-      "Trains a scenario's model with a plan for real: one worker process per rank, Gloo on "
-      "CPUs. Each worker lowers the plan's Program and executes its own ops; rank 0 prints "
-      "step, loss, step time and tokens/s.");
+      "Trains a scenario's model with a plan for real: one worker process per rank, on CPUs "
+      "(Gloo) or GPUs (NCCL). Each worker lowers the plan's Program and executes its own ops; "
+      "rank 0 prints step, loss, step time and tokens/s.");
   options.add_options()("plan", "plan replacing the scenario's: plan.json or results.jsonl#R",
                         cxxopts::value<std::string>())(
       "nproc", "workers on this node (default: the plan's ranks / --nnodes)",
@@ -146,8 +150,13 @@ int train(int argc, char** argv) {
                              cxxopts::value<int>()->default_value("1"))(
       "node-rank", "this node's index", cxxopts::value<int>()->default_value("0"))(
       "master", "ADDR:PORT of rank 0 (default: a free port on loopback)",
-      cxxopts::value<std::string>())("device", "cpu (cuda: the GPU build)",
-                                     cxxopts::value<std::string>()->default_value("cpu"))(
+      cxxopts::value<std::string>())(
+      "device",
+      "cpu, or cuda: each rank on a GPU (local rank mod the GPUs; builds against a "
+      "CUDA torch only)",
+      cxxopts::value<std::string>()->default_value("cpu"))(
+      "transport", "gloo, nccl, or auto: NCCL when every rank of a node has a GPU of its own",
+      cxxopts::value<std::string>()->default_value("auto"))(
       "steps", "training steps", cxxopts::value<int64_t>()->default_value("10"))(
       "dataset", "synthetic (the workload's draws) or shapes (learnable captions)",
       cxxopts::value<std::string>()->default_value("synthetic"))(
@@ -202,12 +211,26 @@ int train(int argc, char** argv) {
     return 2;
   }
   job.scenario = std::move(*scenario);
-  const std::string device = args["device"].as<std::string>();
-  if (device != "cpu") {
-    std::cerr << "tessera-train: --device " << device
-              << ": this build runs on CPUs with Gloo (the CUDA build is the GPU issue's)\n";
+  std::string problem;
+  const torch::Device device = parse_device(args["device"].as<std::string>(), problem);
+  job.transport = args["transport"].as<std::string>();
+  if (problem.empty() && job.transport != "auto" && job.transport != "gloo" &&
+      job.transport != "nccl")
+    problem = "--transport " + job.transport + ": expected gloo, nccl or auto";
+  if (problem.empty() && device.is_cuda() && !cuda_built())
+    problem =
+        "--device cuda: this build of tessera-train has no CUDA (it was built against a "
+        "CPU-only torch; scripts/setup.sh --torch2 installs a CUDA one)";
+  if (problem.empty() && !device.is_cuda() && job.transport == "nccl")
+    problem = "--transport nccl needs --device cuda";
+  if (!problem.empty()) {
+    std::cerr << "tessera-train: " << problem << "\n";
     return 2;
   }
+  job.device = device.type();
+  // The model's dtype says the precision: bf16 trains with fp32 master weights (device.hpp).
+  job.precision =
+      job.scenario.model.dtype == tessera::DType::kBf16 ? Precision::kBf16 : Precision::kFp32;
   const std::string dataset = args["dataset"].as<std::string>();
   if (dataset != "synthetic" && dataset != "shapes") {
     std::cerr << "tessera-train: --dataset must be synthetic or shapes, got '" << dataset << "'\n";
@@ -234,6 +257,13 @@ int train(int argc, char** argv) {
     return 2;
   }
   const int64_t world = tessera::world_size(*job.scenario.plan, job.scenario.model);
+  // Under an external launcher, its count of ranks per node (torchrun's LOCAL_WORLD_SIZE,
+  // Slurm's tasks per node); the built-in launcher's --nproc below.
+  for (const char* name : {"LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE"})
+    if (const char* value = std::getenv(name); value != nullptr && std::atoi(value) > 0) {
+      job.local_ranks = std::atoi(value);
+      break;
+    }
   auto worker = [&](const WorkerEnv& env) { return train_worker(env, job); };
   if (const auto code = run_external_worker(worker, world, "tessera-train")) return *code;
   LaunchOptions launch_options;
@@ -247,6 +277,7 @@ int train(int argc, char** argv) {
               << launch_options.nproc << " x --nnodes " << launch_options.nnodes << " must match\n";
     return 2;
   }
+  job.local_ranks = launch_options.nproc;
   launch_options.timeout_s = 24 * 3600;
   if (args.count("master") && !parse_master(args["master"].as<std::string>(), launch_options)) {
     std::cerr << "tessera-train: --master must be ADDR:PORT, got '"
@@ -259,6 +290,57 @@ int train(int argc, char** argv) {
               << (job.trace_steps > 0 ? ",trace/" : "") << (job.checkpoint ? ",checkpoint/" : "")
               << "}\n";
   return code;
+}
+
+// tessera-train matmul-rate: the device's measured dense matrix-product rate, as JSON.
+int matmul_rate(int argc, char** argv) {
+  cxxopts::Options options("tessera-train matmul-rate",
+                           "Measures the dense n x n x n matrix-product rate of a device on random "
+                           "operands (the ceiling MFU is read against beside the datasheet's) and "
+                           "prints it as one line of JSON.");
+  options.add_options()("device", "cpu, cuda or cuda:N",
+                        cxxopts::value<std::string>()->default_value("cpu"))(
+      "dtype", "bf16 or fp32", cxxopts::value<std::string>()->default_value("bf16"))(
+      "size", "matrix side n", cxxopts::value<int64_t>()->default_value("8192"))(
+      "rounds", "timed rounds (the median is reported)", cxxopts::value<int>()->default_value("5"))(
+      "per-round", "products per round", cxxopts::value<int>()->default_value("10"))(
+      "h,help", "show this help");
+  cxxopts::ParseResult args;
+  try {
+    args = options.parse(argc, argv);
+  } catch (const cxxopts::exceptions::exception& e) {
+    std::cerr << options.program() << ": " << e.what() << "\n";
+    return 2;
+  }
+  if (args.count("help")) {
+    std::cout << options.help() << "\n";
+    return 0;
+  }
+  std::string problem;
+  const torch::Device device = parse_device(args["device"].as<std::string>(), problem);
+  const std::string dtype = args["dtype"].as<std::string>();
+  if (problem.empty() && dtype != "bf16" && dtype != "fp32")
+    problem = "--dtype " + dtype + ": expected bf16 or fp32";
+  if (problem.empty() && device.is_cuda() && !cuda_built())
+    problem = "--device cuda: this build of tessera-train has no CUDA";
+  const int64_t n = args["size"].as<int64_t>();
+  const int rounds = args["rounds"].as<int>(), per_round = args["per-round"].as<int>();
+  if (problem.empty() && (n < 1 || rounds < 1 || per_round < 1))
+    problem = "--size, --rounds and --per-round must be at least 1";
+  if (!problem.empty()) {
+    std::cerr << options.program() << ": " << problem << "\n";
+    return 2;
+  }
+  if (device.is_cuda()) use_cuda_device(device.index());
+  set_device_setting({device, Precision::kFp32});
+  const MatmulRate r = measure_matmul_rate(dtype == "bf16" ? torch::kBFloat16 : torch::kFloat32, n,
+                                           rounds, per_round);
+  std::printf(
+      "{\"device\": \"%s\", \"dtype\": \"%s\", \"n\": %lld, \"rounds\": %d, \"per_round\": %d, "
+      "\"flops_per_s\": %.6g, \"min_flops_per_s\": %.6g, \"max_flops_per_s\": %.6g}\n",
+      device.str().c_str(), dtype.c_str(), static_cast<long long>(n), rounds, per_round,
+      r.flops_per_s, r.min_flops_per_s, r.max_flops_per_s);
+  return 0;
 }
 
 // tessera-train plain-loop: the overhead yardstick (plain_loop.hpp).
@@ -312,6 +394,7 @@ int main(int argc, char** argv) {
   tessera::set_warning_reporter(tessera::print_warnings_once(std::cerr));
   if (command == "comm-check") return comm_check(argc - 1, argv + 1);
   if (command == "plain-loop") return plain_loop(argc - 1, argv + 1);
+  if (command == "matmul-rate") return matmul_rate(argc - 1, argv + 1);
   if (command.empty() || command == "-h" || command == "--help") {
     std::ostream& out = command.empty() ? std::cerr : std::cout;
     out << "usage: tessera-train <scenario.json> [--plan P] [--nproc N] [--steps S] [--out DIR] "

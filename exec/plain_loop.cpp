@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cmath>
 
+#include "exec/device.hpp"
 #include "shared/base/check.hpp"
 #include "shared/layout/microbatch.hpp"
 
@@ -48,9 +49,9 @@ std::vector<PlainStep> run_plain_loop(const Scenario& s, const TrainOptions& opt
     for (torch::Tensor& p : params) p.mutable_grad() = torch::zeros_like(p);
     double loss = 0;
     for (const std::vector<int32_t>& samples : assignment[0]) {
-      const LlmLayout layout =
+      LlmLayout layout =
           llm_layout(model, batch, samples, s.workload.max_seq_len, s.plan->pad_to_longest);
-      torch::Tensor media = torch::zeros({0, llm_spec->transformer->hidden});
+      torch::Tensor media = torch::zeros({0, llm_spec->transformer->hidden}, activation_options());
       if (encoder) {
         torch::Tensor features;
         {
@@ -62,9 +63,10 @@ std::vector<PlainStep> run_plain_loop(const Scenario& s, const TrainOptions& opt
       std::vector<int64_t> all(static_cast<std::size_t>(layout.tokens));
       for (int64_t t = 0; t < layout.tokens; ++t) all[static_cast<std::size_t>(t)] = t;
       AttentionInputs attention;
-      attention.bias = attention_bias(layout, all, all);
+      attention.bias = attention_bias(layout, all, all).to(device_setting().device);
+      move_to_device(layout);
       attention.positions_q = layout.positions;
-      const torch::Tensor everything = torch::arange(layout.tokens);
+      const torch::Tensor everything = torch::arange(layout.tokens, on_device(torch::kInt64));
       torch::Tensor h = llm.embed(layout.ids, layout.text_slots, media, layout.media_slots,
                                   layout.media_rows, everything);
       h = llm.blocks(h, attention);

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <set>
 
+#include "exec/device.hpp"
 #include "exec/worker_internal.hpp"
 #include "shared/base/check.hpp"
 #include "shared/layout/context_split.hpp"
@@ -181,6 +182,10 @@ const Worker::MicroBatch& Worker::micro_batch(int mb) {
   b.attention.positions_q =
       b.layout.positions.index_select(0, torch::tensor(b.local, torch::kInt64).view({-1}));
   b.attention.cp = cp;
+  // Built on the CPU, used on the device.
+  move_to_device(b.layout);
+  b.attention.bias = b.attention.bias.to(device_setting().device);
+  b.attention.positions_q = b.attention.positions_q.to(device_setting().device);
   return b;
 }
 
@@ -231,7 +236,8 @@ StepResult Worker::step(int64_t iteration) {
   piece_times_.clear();
   gathers_.clear();
   pending_.clear();
-  loss_sum_ = 0;
+  send_order_.start(p, rank_);
+  loss_sum_ = torch::zeros({}, on_device(torch::kFloat64));
   synchronized_ = false;
   const auto& ops = p.ranks[static_cast<std::size_t>(rank_)];
   fused_.assign(ops.size(), 0);
@@ -263,6 +269,10 @@ StepResult Worker::step(int64_t iteration) {
       if (prm.tensor.requires_grad()) prm.tensor.mutable_grad() = torch::zeros_like(prm.tensor);
 
   result.times.assign(ops.size(), OpTime{});
+  // On a GPU an op's host time is when it was queued: CUDA events time what it ran.
+  if (device_setting().device.is_cuda() && !cuda_clock_)
+    cuda_clock_ = std::make_unique<CudaOpClock>();
+  if (cuda_clock_) cuda_clock_->start();
   const auto start = std::chrono::steady_clock::now();
   started_ = start;
   result.prepare_s = std::chrono::duration<double>(start - prepare).count();
@@ -275,6 +285,7 @@ StepResult Worker::step(int64_t iteration) {
     current_op_ = static_cast<int32_t>(i);
     await_gathers(op);
     const double begin = now();
+    if (cuda_clock_) cuda_clock_->mark(2 * i);
     const Key key{op.module, op.chunk, op.microbatch, op.sub_microbatch};
     switch (op.kind) {
       case OpKind::kCompute: {
@@ -302,8 +313,7 @@ StepResult Worker::step(int64_t iteration) {
         torch::Tensor t =
             (op.phase == Phase::kF ? slot.output : slot.input_grads.at(0)).detach().contiguous();
         if ((op.flags & kOpTpScattered) != 0) t = tp_slice(op, t);
-        std::vector<at::Tensor> tensors{t};
-        pending_.emplace_back(groups_.world().group->send(tensors, op.peer, gloo_tag(op.tag)), t);
+        post_send(op, t);
         break;
       }
       case OpKind::kRecv: {
@@ -316,13 +326,14 @@ StepResult Worker::step(int64_t iteration) {
           const ModuleSpec& spec = model.modules[static_cast<std::size_t>(op.module)];
           if (spec.role == ModuleRole::kLlm) {
             t = torch::zeros({static_cast<int64_t>(micro_batch(op.microbatch).local.size()),
-                              spec.transformer->hidden});
+                              spec.transformer->hidden},
+                             activation_options());
           } else if (spec.role == ModuleRole::kEncoder && spec.modality == Modality::kAudio) {
             // A pipelined audio encoder: its windows' tokens back to back between its stages.
             int64_t tokens = 0;
             for (const int64_t n : stage(op.module, op.chunk).audio_tokens(audio_windows(op)))
               tokens += n;
-            t = torch::zeros({tokens, spec.transformer->hidden});
+            t = torch::zeros({tokens, spec.transformer->hidden}, activation_options());
           } else {
             // A pipelined image or video encoder: (pieces, tokens per piece, hidden) between its
             // stages.
@@ -341,7 +352,8 @@ StepResult Worker::step(int64_t iteration) {
                   pieces += item.pieces;
             const int64_t size = spec.patching->image_size;
             t = torch::zeros(
-                {pieces, image_tokens(spec, size, size).encoder_tokens, spec.transformer->hidden});
+                {pieces, image_tokens(spec, size, size).encoder_tokens, spec.transformer->hidden},
+                activation_options());
           }
         } else {
           t = torch::zeros_like(slots_.at(key).output);
@@ -349,13 +361,11 @@ StepResult Worker::step(int64_t iteration) {
         if ((op.flags & kOpTpScattered) != 0) {
           // This rank's slice now; the compute op that consumes it gathers the whole.
           torch::Tensor part = torch::empty_like(tp_slice(op, t));
-          std::vector<at::Tensor> tensors{part};
-          groups_.world().group->recv(tensors, op.peer, gloo_tag(op.tag))->wait();
+          recv(groups_.channel(op.peer, rank_), part, op.peer, op.tag);
           slices_[{key, op.phase}] = {part, t};
           break;
         }
-        std::vector<at::Tensor> tensors{t};
-        groups_.world().group->recv(tensors, op.peer, gloo_tag(op.tag))->wait();
+        recv(groups_.channel(op.peer, rank_), t, op.peer, op.tag);
         deliver(key, op.phase, t);
         break;
       }
@@ -373,6 +383,7 @@ StepResult Worker::step(int64_t iteration) {
         optimizer_step(op);
         break;
     }
+    if (cuda_clock_) cuda_clock_->mark(2 * i + 1);
     result.times[i] = {begin, now()};
   }
   // The pieces of a forward run by its bottom piece: each timed from the layer crossings.
@@ -384,10 +395,19 @@ StepResult Worker::step(int64_t iteration) {
   for (auto& [i, pending] : gathers_)
     for (PendingCollective& g : pending) g.finish();
   gathers_.clear();
-  for (auto& [work, tensor] : pending_) work->wait();
+  TESSERA_CHECK(send_order_.held() == 0,
+                "messages never sent: their receiver's earlier ones "
+                "were not in this rank's Program");
+  for (PendingSend& s : pending_) s.work->wait();
   pending_.clear();
   if (!synchronized_) synchronize_norm_and_loss();
   result.step_s = now();
+  if (cuda_clock_) {
+    const std::vector<double> s = cuda_clock_->seconds(2 * ops.size());
+    for (std::size_t i = 0; i < ops.size(); ++i) result.times[i] = {s[2 * i], s[2 * i + 1]};
+    cuda_synchronize();
+    result.step_s = now();
+  }
   result.loss = loss_;
   result.grad_norm = grad_norm_;
   slots_.clear();
@@ -435,6 +455,11 @@ void Worker::compute(const Op& op) {
   if (op.phase == Phase::kF) return forward(op);
   if (op.phase == Phase::kR) return recompute(op);
   backward(op, op.phase == Phase::kW);
+}
+
+void Worker::post_send(const Op& op, const torch::Tensor& t) {
+  for (auto& [tag, ready] : send_order_.post(op.peer, op.tag, t))
+    pending_.push_back(send(groups_.channel(rank_, op.peer), ready, op.peer, tag));
 }
 
 double Worker::elapsed() const {

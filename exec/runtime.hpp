@@ -18,7 +18,9 @@
 #include <torch/torch.h>
 
 #include "exec/comm.hpp"
+#include "exec/cuda.hpp"
 #include "exec/data.hpp"
+#include "exec/send_order.hpp"
 #include "exec/sharded_optimizer.hpp"
 #include "exec/stage.hpp"
 #include "shared/cost/evaluator.hpp"
@@ -76,6 +78,8 @@ class Worker {
   void load(const std::string& path);
   // Parameter bytes held by this rank (weights, gradients, optimizer state).
   int64_t parameter_bytes() const;
+  // Messages this rank held back so that their receiver takes them in the order sent (SendOrder).
+  int64_t reordered_messages() const { return send_order_.reordered(); }
 
  private:
   using Key = std::tuple<int, int, int, int>;  // (module, chunk, micro-batch, sub-micro-batch)
@@ -237,10 +241,14 @@ class Worker {
   std::map<Key, std::map<int64_t, int32_t>> forward_pieces_;
   std::map<int32_t, std::pair<double, double>> piece_times_;
   int32_t current_op_ = -1;
+  std::unique_ptr<CudaOpClock> cuda_clock_;  // on a GPU: op times from CUDA events
   std::chrono::steady_clock::time_point started_;
   double elapsed() const;
   void await_gathers(const Op& op);
-  std::vector<std::pair<c10::intrusive_ptr<c10d::Work>, torch::Tensor>> pending_;
+  std::vector<PendingSend> pending_;
+  SendOrder send_order_;
+  // Sends `t` to op.peer as op says, once the messages the peer takes before it are on their way.
+  void post_send(const Op& op, const torch::Tensor& t);
   // schedule dip
   bool dip_ = false;
   std::map<std::pair<int, int>, std::vector<DipPiece>> dip_pieces_;
@@ -251,7 +259,7 @@ class Worker {
   std::future<DipSearchResult> dip_next_;  // the search for the next step's batch
   std::optional<TrainBatch> next_batch_;   // that batch, drawn ahead
   const Program* program_ = nullptr;
-  double loss_sum_ = 0;
+  torch::Tensor loss_sum_;  // this rank's share of the loss, summed on the device (fp64)
   bool synchronized_ = false;
   double clip_coefficient_ = 1, loss_ = 0, grad_norm_ = 0;
 };

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "exec/device.hpp"
 #include "shared/base/check.hpp"
 
 namespace tessera::exec {
@@ -41,10 +42,11 @@ ShardedOptimizer::ShardedOptimizer(std::vector<Bucket> buckets, int64_t parts, i
     // This rank's slice of the bucket, zero past its end.
     const int64_t begin = index_ * s.size;
     const int64_t n = std::max<int64_t>(0, std::min(s.size, s.numel - begin));
-    torch::Tensor slice = torch::zeros({s.size}), weight = torch::zeros({s.size});
+    torch::Tensor slice = torch::zeros({s.size}, on_device()),
+                  weight = torch::zeros({s.size}, on_device());
     std::vector<torch::Tensor> shares;
     for (std::size_t i = 0; i < b.params.size(); ++i)
-      shares.push_back(torch::full({b.params[i].numel()}, b.norm_shares.at(i)));
+      shares.push_back(torch::full({b.params[i].numel()}, b.norm_shares.at(i), on_device()));
     if (n > 0) {
       slice.narrow(0, 0, n).copy_(flattened(b.params).narrow(0, begin, n));
       weight.narrow(0, 0, n).copy_(torch::cat(shares).narrow(0, begin, n));
@@ -73,7 +75,7 @@ torch::Tensor ShardedOptimizer::padded_gradients(std::size_t b) const {
   const Slice& s = slices_[b];
   std::vector<torch::Tensor> grads;
   for (const torch::Tensor& t : buckets_[b].params) grads.push_back(t.grad());
-  torch::Tensor flat = torch::zeros({s.size * parts_});
+  torch::Tensor flat = torch::zeros({s.size * parts_}, on_device());
   flat.narrow(0, 0, s.numel).copy_(flattened(grads));
   return flat;
 }
@@ -84,12 +86,12 @@ std::vector<PendingCollective> ShardedOptimizer::reduce_scatter(const Op& op, co
   std::vector<PendingCollective> pending;
   for (const std::size_t b : selected(op)) {
     const Slice s = slices_[b];
-    torch::Tensor flat = padded_gradients(b);
     torch::Tensor into = grad_.narrow(0, s.offset, s.size);
     if (!background || comm.size() < 2) {
-      into.copy_(exec::reduce_scatter(comm, flat));
+      into.copy_(exec::reduce_scatter(comm, padded_gradients(b)));
       continue;
     }
+    torch::Tensor flat = to_wire(comm, padded_gradients(b));
     if (comm.group->getBackendName() == "gloo") {
       // Gloo (torch 1.13) has no reduce-scatter: the whole bucket is summed, this rank keeps
       // its slice.
@@ -103,7 +105,7 @@ std::vector<PendingCollective> ShardedOptimizer::reduce_scatter(const Op& op, co
     }
     std::vector<std::vector<at::Tensor>> in(1);
     for (int64_t i = 0; i < parts_; ++i) in[0].push_back(flat.narrow(0, i * s.size, s.size));
-    std::vector<at::Tensor> out{torch::empty({s.size})};
+    std::vector<at::Tensor> out{torch::empty({s.size}, flat.options())};
     pending.push_back(
         {comm.group->reduce_scatter(out, in), [out, into]() mutable { into.copy_(out[0]); }});
   }
@@ -142,6 +144,7 @@ std::vector<PendingCollective> ShardedOptimizer::all_gather(const Op& op, const 
   for (const std::size_t b : selected(op)) {
     const Slice s = slices_[b];
     const torch::Tensor mine = master_.narrow(0, s.offset, s.size).detach().contiguous();
+    const torch::Tensor wired = to_wire(comm, mine);
     std::vector<torch::Tensor> params = buckets_[b].params;  // handles of the same tensors
     if (!background || comm.size() < 2) {
       const std::vector<int64_t> rows(static_cast<std::size_t>(comm.size()), s.size);
@@ -149,8 +152,8 @@ std::vector<PendingCollective> ShardedOptimizer::all_gather(const Op& op, const 
       continue;
     }
     std::vector<std::vector<at::Tensor>> out(1);
-    for (int i = 0; i < comm.size(); ++i) out[0].push_back(torch::empty({s.size}));
-    std::vector<at::Tensor> in{mine};
+    for (int i = 0; i < comm.size(); ++i) out[0].push_back(torch::empty({s.size}, wired.options()));
+    std::vector<at::Tensor> in{wired};
     auto work = comm.group->allgather(out, in);
     pending.push_back(
         {work, [out, params]() mutable { scatter_into(params, torch::cat(out[0])); }});

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "exec/device.hpp"
 #include "shared/base/check.hpp"
 
 namespace tessera::exec {
@@ -158,14 +159,18 @@ torch::Tensor Stage::run_layers(torch::Tensor x, const AttentionInputs& in, Cuts
 torch::Tensor Stage::encode(const torch::Tensor& input, Cuts* cuts) const {
   torch::Tensor x = input;
   if (first()) {
+    x = x.to(activation_options());  // pixels, as the data loader made them
     const Patching& p = *module_.patching;
     const int64_t n = x.size(0), c = x.size(1), side = p.image_size / p.patch_size;
     x = x.view({n, c, side, p.patch_size, side, p.patch_size})
             .permute({0, 2, 4, 1, 3, 5})
             .reshape({n, side * side, c * p.patch_size * p.patch_size});
     x = patch_.forward(x);
-    if (cls_.defined()) x = torch::cat({cls_.view({1, 1, -1}).expand({n, 1, cls_.size(0)}), x}, 1);
-    if (positions_.defined()) x = x + positions_.narrow(0, 0, x.size(1)).unsqueeze(0);
+    if (cls_.defined())
+      x = torch::cat({cls_.to(x.scalar_type()).view({1, 1, -1}).expand({n, 1, cls_.size(0)}), x},
+                     1);
+    if (positions_.defined())
+      x = x + positions_.narrow(0, 0, x.size(1)).to(x.scalar_type()).unsqueeze(0);
     if (pre_norm_.weight.defined()) x = pre_norm_.forward(x);
   }
   x = run_blocks(x, AttentionInputs{}, cuts);
@@ -198,15 +203,18 @@ torch::Tensor Stage::encode_audio(const std::vector<torch::Tensor>& windows,
   const AudioFrontEnd& a = *module_.audio;
   std::vector<torch::Tensor> xs;  // per window (1, T, H)
   if (first()) {
-    for (const torch::Tensor& mel : windows) {
-      torch::Tensor x =
-          torch::gelu(torch::conv1d(mel.unsqueeze(0), conv1_weight_, conv1_bias_, 1, 1));
+    const auto dtype = activation_dtype();
+    for (const torch::Tensor& window : windows) {
+      const torch::Tensor mel = window.to(activation_options());
+      torch::Tensor x = torch::gelu(
+          torch::conv1d(mel.unsqueeze(0), conv1_weight_.to(dtype), conv1_bias_.to(dtype), 1, 1));
       // GELU after the transpose: LibTorch 1.13's CPU GELU backward misreads a transposed
       // gradient of a contiguous input (garbage conv gradients), not a contiguous gradient of a
       // transposed input.
       x = torch::gelu(
-          torch::conv1d(x, conv2_weight_, conv2_bias_, a.downsampling, 1).transpose(1, 2));
-      xs.push_back(x + positions_.narrow(0, 0, x.size(1)).unsqueeze(0));
+          torch::conv1d(x, conv2_weight_.to(dtype), conv2_bias_.to(dtype), a.downsampling, 1)
+              .transpose(1, 2));
+      xs.push_back(x + positions_.narrow(0, 0, x.size(1)).to(dtype).unsqueeze(0));
     }
   } else {
     // The previous stage's windows, their tokens back to back.
@@ -228,7 +236,7 @@ torch::Tensor Stage::encode_audio(const std::vector<torch::Tensor>& windows,
               .transpose(1, 2);
     out.push_back(final_norm_.forward(x.squeeze(0)));  // after pooling, as Qwen2-Audio does
   }
-  if (out.empty()) return torch::zeros({0, module_.transformer->hidden});
+  if (out.empty()) return torch::zeros({0, module_.transformer->hidden}, activation_options());
   return torch::cat(out, 0);
 }
 
@@ -244,7 +252,7 @@ torch::Tensor Stage::embed(const torch::Tensor& ids, const torch::Tensor& text_s
                            const torch::Tensor& media, const torch::Tensor& media_slots,
                            const torch::Tensor& media_rows, const torch::Tensor& local) const {
   const int64_t hidden = module_.transformer->hidden;
-  torch::Tensor h = torch::zeros({ids.size(0), hidden});
+  torch::Tensor h = torch::zeros({ids.size(0), hidden}, activation_options());
   h = h.index_copy(0, text_slots, embedding_.forward(ids.index_select(0, text_slots)));
   if (media_slots.size(0) > 0) h = h.index_copy(0, media_slots, media.index_select(0, media_rows));
   return h.index_select(0, local);
@@ -255,7 +263,8 @@ torch::Tensor Stage::blocks(const torch::Tensor& h, const AttentionInputs& in, C
 }
 
 torch::Tensor Stage::loss_sum(const torch::Tensor& h, const torch::Tensor& targets) const {
-  const torch::Tensor logits = head_.forward(final_norm_.forward(h));  // (T, V/tp)
+  // The loss in fp32 (its gradient goes back to the activations' dtype through the cast).
+  const torch::Tensor logits = head_.forward(final_norm_.forward(h)).to(torch::kFloat32);
   return vocab_parallel_cross_entropy(logits, targets, head_.tp->rank * logits.size(1), *head_.tp)
       .sum();
 }

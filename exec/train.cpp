@@ -12,6 +12,7 @@
 
 #include <torch/version.h>
 
+#include "exec/cuda.hpp"
 #include "exec/process_group.hpp"
 #include "shared/base/check.hpp"
 #include "shared/base/failpoint.hpp"
@@ -152,6 +153,26 @@ void save_checkpoint(Worker& worker, const Comm& world, const fs::path& out_dir,
 
 int train_worker(const WorkerEnv& env, const TrainJob& job) {
   torch::set_num_threads(1);  // ranks share the machine's cores
+  // This rank's device, before any tensor: a GPU of the node's, shared when there are fewer
+  // GPUs than ranks.
+  DeviceSetting device;
+  device.precision = job.precision;
+  std::string transport = job.transport;
+  if (job.device == torch::kCUDA) {
+    TESSERA_CHECK(cuda_built(),
+                  "--device cuda: this build of tessera-train has no CUDA (build "
+                  "against a CUDA torch: scripts/setup.sh --torch2)");
+    const int gpus = cuda_devices();
+    TESSERA_CHECK(gpus > 0, "--device cuda: no GPU is visible to rank " + std::to_string(env.rank));
+    const int index = env.local_rank % gpus;
+    use_cuda_device(index);
+    device.device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(index));
+    if (transport == "auto") transport = gpus >= job.local_ranks ? "nccl" : "gloo";
+  } else {
+    TESSERA_CHECK(transport != "nccl", "--transport nccl needs --device cuda");
+    transport = "gloo";
+  }
+  set_device_setting(device);
   GroupOptions group_options;
   group_options.timeout = std::chrono::milliseconds(static_cast<int64_t>(job.timeout_s * 1000));
   auto store = connect_store(env, group_options);
@@ -161,7 +182,8 @@ int train_worker(const WorkerEnv& env, const TrainJob& job) {
               checkpointing = job.checkpoint ? "1" : "0";
   for (auto& [key, value] : {std::pair<const char*, std::string*>{"tessera/out", &out_dir},
                              {"tessera/resume", &resume},
-                             {"tessera/checkpoint", &checkpointing}}) {
+                             {"tessera/checkpoint", &checkpointing},
+                             {"tessera/transport", &transport}}) {
     if (env.rank == 0) {
       store->set(key, std::vector<uint8_t>(value->begin(), value->end()));
     } else {
@@ -170,13 +192,15 @@ int train_worker(const WorkerEnv& env, const TrainJob& job) {
     }
   }
   Groups groups(store, env.rank, env.world_size, group_options.timeout,
-                env.master_addr == "127.0.0.1" || env.master_addr == "localhost");
+                env.master_addr == "127.0.0.1" || env.master_addr == "localhost",
+                transport == "nccl" ? Transport::kNccl : Transport::kGloo);
   const Scenario& s = job.scenario;
   // Frozen-aware stage boundaries, resolved once: the Worker lowers and run.json records this plan,
   // so a replay runs the very same split.
   const ParallelPlan plan = resolve_stage_split(*s.plan, s.model, s.workload, s.cluster);
   Worker worker(s, plan, groups, job.options);
-  const Comm& world = groups.world();
+  // Metrics, timelines and checkpoint barriers go over the host group (Gloo, CPU tensors).
+  const Comm& world = groups.host();
   const bool lead = env.rank == 0;
   const fs::path out = out_dir;
   int64_t first = 0;
@@ -222,6 +246,10 @@ int train_worker(const WorkerEnv& env, const TrainJob& job) {
     all_reduce(world, slowest, c10d::ReduceOp::MAX);
     const double step_s = slowest.item<double>();
     const double r_loss = r.loss, r_norm = r.grad_norm, r_prepare = r.prepare_s;
+    // The step's model FLOPs (forward and backward of every rank, recomputation left out), as
+    // the Program counts them: MFU is these over the step time and the devices' peak.
+    const double model_flops = r.program.model_flops;
+    const int64_t r_tokens = r.llm_tokens;
     const bool trace = !out.empty() && step - first < job.trace_steps;
     Timeline timeline;
     if (trace) timeline = gather_timeline(world, r);
@@ -237,6 +265,7 @@ int train_worker(const WorkerEnv& env, const TrainJob& job) {
                             {"grad_norm", r.grad_norm},
                             {"step_s", step_s},
                             {"llm_tokens", r.llm_tokens},
+                            {"model_flops", model_flops},
                             {"samples", samples}});
       if (r.dip) {
         // The schedule the step ran (a replay lowers the same Program), and how it was found.
@@ -265,7 +294,8 @@ int train_worker(const WorkerEnv& env, const TrainJob& job) {
       // tracing and logging).
       losses << Json{{"step", step},           {"loss", r_loss},
                      {"grad_norm", r_norm},    {"step_s", step_s},
-                     {"prepare_s", r_prepare}, {"wall_s", monotonic_s() - started}}
+                     {"prepare_s", r_prepare}, {"wall_s", monotonic_s() - started},
+                     {"llm_tokens", r_tokens}, {"model_flops", model_flops}}
                     .dump()
              << "\n";
       losses.flush();
@@ -279,9 +309,15 @@ int train_worker(const WorkerEnv& env, const TrainJob& job) {
   // moments for what this rank's optimizer holds) and the process's peak resident size.
   struct rusage usage {};
   ::getrusage(RUSAGE_SELF, &usage);
-  torch::Tensor memory = torch::tensor({static_cast<double>(worker.parameter_bytes()),
-                                        static_cast<double>(usage.ru_maxrss) * 1024.0},
-                                       torch::kFloat64);
+  // On a GPU, also the caching allocator's peaks over the run.
+  const CudaMemory gpu = device.device.is_cuda() ? cuda_memory_peak() : CudaMemory{};
+  torch::Tensor memory = torch::tensor(
+      {static_cast<double>(worker.parameter_bytes()), static_cast<double>(usage.ru_maxrss) * 1024.0,
+       static_cast<double>(gpu.peak_allocated_bytes), static_cast<double>(gpu.peak_reserved_bytes)},
+      torch::kFloat64);
+  torch::Tensor reordered =
+      torch::tensor({static_cast<double>(worker.reordered_messages())}, torch::kFloat64);
+  all_reduce(world, reordered);
   const torch::Tensor memories = all_gather_rows(
       world, memory.unsqueeze(0), std::vector<int64_t>(static_cast<std::size_t>(world.size()), 1));
   if (lead && !out.empty()) {
@@ -289,15 +325,16 @@ int train_worker(const WorkerEnv& env, const TrainJob& job) {
     for (std::size_t k = 0; k < traced.size(); ++k)
       its.push_back({&traced[k].program, &timelines[k], offsets[k]});
     if (!its.empty()) {
-      const std::string error = write_chrome_traces((out / "trace").string(), its, "gloo");
+      const std::string error = write_chrome_traces((out / "trace").string(), its, transport);
       TESSERA_CHECK(error.empty(), error);
     }
     Json run{{"scenario", inline_scenario_json(s)},
              {"scenario_file", job.scenario_file},
              {"plan", to_json(plan)},
              {"world", env.world_size},
-             {"device", "cpu"},
-             {"backend", "gloo"},
+             {"device", device.device.is_cuda() ? "cuda" : "cpu"},
+             {"precision", precision_name(device.precision)},
+             {"backend", transport},
              {"dataset", job.options.dataset == DatasetKind::kShapes ? "shapes" : "synthetic"},
              {"options",
               {{"seed", job.options.seed},
@@ -309,12 +346,18 @@ int train_worker(const WorkerEnv& env, const TrainJob& job) {
              {"memory_per_rank",
               [&] {
                 Json ranks = Json::array();
-                for (int64_t r = 0; r < world.size(); ++r)
+                for (int64_t r = 0; r < world.size(); ++r) {
                   ranks.push_back({{"rank", r},
                                    {"parameter_state_bytes", memories[r][0].item<double>()},
                                    {"peak_rss_bytes", memories[r][1].item<double>()}});
+                  if (device.device.is_cuda()) {
+                    ranks.back()["gpu_peak_allocated_bytes"] = memories[r][2].item<double>();
+                    ranks.back()["gpu_peak_reserved_bytes"] = memories[r][3].item<double>();
+                  }
+                }
                 return ranks;
               }()},
+             {"p2p_messages_reordered", reordered.item<double>()},
              {"first_step", first},
              {"iterations", iterations}};
     if (dip_steps > 0)

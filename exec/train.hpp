@@ -6,6 +6,7 @@
 
 #include <string>
 
+#include "exec/device.hpp"
 #include "exec/launcher.hpp"
 #include "exec/runtime.hpp"
 #include "shared/layout/scenario.hpp"
@@ -23,6 +24,13 @@ struct TrainJob {
   int64_t trace_steps = 20;      // steps recorded in the Chrome traces
   double timeout_s = 120;        // rendezvous and every collective
   TrainOptions options;
+  // cpu, or cuda: each rank on GPU (local rank mod the GPUs it sees).
+  torch::DeviceType device = torch::kCPU;
+  Precision precision = Precision::kFp32;  // the model's dtype: fp32, or bf16 mixed precision
+  // How ranks talk: "gloo", "nccl", or "auto" (NCCL on GPUs when every rank of a node has a GPU
+  // of its own, Gloo otherwise). Rank 0's choice holds for every rank.
+  std::string transport = "auto";
+  int local_ranks = 1;  // ranks per node, for "auto" (the launcher's --nproc)
 };
 
 // The body of one worker: trains, records, returns 0 (or throws with the reason).

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <set>
 
+#include "exec/device.hpp"
 #include "exec/worker_internal.hpp"
 #include "shared/base/check.hpp"
 #include "shared/layout/context_split.hpp"
@@ -60,7 +61,7 @@ torch::Tensor Worker::entrain_rows(int producer, int mb, std::vector<torch::Tens
       for (int64_t r = 0; r < it->second.second; ++r) index.push_back(it->second.first + r);
   TESSERA_CHECK(!outputs.empty(),
                 "entrain: no encoder micro-batch feeds LLM micro-batch " + std::to_string(mb));
-  return torch::cat(outputs, 0).index_select(0, torch::tensor(index, torch::kInt64).view({-1}));
+  return torch::cat(outputs, 0).index_select(0, device_indices(index));
 }
 
 Worker::Boundary& Worker::boundary(int producer) {
@@ -279,11 +280,9 @@ void Worker::absorb_self_links(int producer) {
         const auto [first, n] = b.rows.at(s);
         for (int64_t r = 0; r < n; ++r) from.push_back(first + r);
       }
-      const auto to =
-          torch::tensor(rows_of(producer, link.samples, order), torch::kInt64).view({-1});
+      const auto to = device_indices(rows_of(producer, link.samples, order));
       if (!slot.output_grad.defined()) slot.output_grad = torch::zeros_like(slot.output);
-      slot.output_grad.index_copy_(
-          0, to, b.leaf.grad().index_select(0, torch::tensor(from, torch::kInt64).view({-1})));
+      slot.output_grad.index_copy_(0, to, b.leaf.grad().index_select(0, device_indices(from)));
     }
   }
 }
@@ -314,9 +313,9 @@ Worker::Boundary& Worker::assembled(int producer, int mb) {
         const std::vector<int32_t> order =
             whole ? samples_for(producer, -1) : samples_for(producer, mb);
         rows_here = slot.output.detach().index_select(
-            0, torch::tensor(rows_of(producer, link.samples, order), torch::kInt64).view({-1}));
+            0, device_indices(rows_of(producer, link.samples, order)));
       } else {
-        rows_here = torch::zeros({rows, boundary_width(producer)});
+        rows_here = torch::zeros({rows, boundary_width(producer)}, activation_options());
       }
     }
     parts.push_back(rows_here);
@@ -336,15 +335,10 @@ void Worker::boundary_p2p(const Op& op) {
   // The producer sends forward and receives gradients; the consumer the reverse (a colocated
   // rank is both).
   const bool producer_side = (op.kind == OpKind::kSend) == (op.phase == Phase::kF);
-  auto send = [&](torch::Tensor t) {
-    t = t.contiguous();
-    std::vector<at::Tensor> tensors{t};
-    pending_.emplace_back(groups_.world().group->send(tensors, op.peer, gloo_tag(op.tag)), t);
-  };
-  auto recv = [&](int64_t rows, int64_t width) {
-    torch::Tensor t = torch::zeros({rows, width});
-    std::vector<at::Tensor> tensors{t};
-    groups_.world().group->recv(tensors, op.peer, gloo_tag(op.tag))->wait();
+  auto send_rows = [&](const torch::Tensor& t) { post_send(op, t); };
+  auto recv_rows = [&](int64_t rows, int64_t width) {
+    torch::Tensor t = torch::zeros({rows, width}, activation_options());
+    recv(groups_.channel(op.peer, rank_), t, op.peer, op.tag);
     return t;
   };
   const int64_t width = boundary_width(producer);
@@ -354,12 +348,11 @@ void Worker::boundary_p2p(const Op& op) {
     if (op.kind == OpKind::kRecv) absorb_self_links(producer);
     const std::vector<int32_t> mine = whole ? samples_for(producer, -1) : samples_for(producer, mb);
     const std::vector<int32_t>& link = program_->links[static_cast<std::size_t>(op.link)].samples;
-    const torch::Tensor rows =
-        torch::tensor(rows_of(producer, link, mine), torch::kInt64).view({-1});
+    const torch::Tensor rows = device_indices(rows_of(producer, link, mine));
     if (op.kind == OpKind::kSend)  // forward: this link's rows of the output
-      return send(slot->output.detach().index_select(0, rows));
+      return send_rows(slot->output.detach().index_select(0, rows));
     // backward: this link's rows of the output gradient
-    const torch::Tensor g = recv(rows.size(0), width);
+    const torch::Tensor g = recv_rows(rows.size(0), width);
     if (!slot->output_grad.defined()) slot->output_grad = torch::zeros_like(slot->output);
     slot->output_grad.index_copy_(0, rows, g);
     return;
@@ -367,7 +360,8 @@ void Worker::boundary_p2p(const Op& op) {
   const std::vector<int32_t>& link = program_->links[static_cast<std::size_t>(op.link)].samples;
   if (op.kind == OpKind::kRecv) {  // forward: a link's rows, kept until assembled
     RowMap scratch;
-    link_parts_[{producer, mb, op.link}] = recv(lay_out_rows(producer, link, 0, scratch), width);
+    link_parts_[{producer, mb, op.link}] =
+        recv_rows(lay_out_rows(producer, link, 0, scratch), width);
     return;
   }
   // backward: this link's rows of the gradient of the assembled input
@@ -378,7 +372,7 @@ void Worker::boundary_p2p(const Op& op) {
     const auto [first, n] = b.rows.at(s);
     for (int64_t r = 0; r < n; ++r) rows.push_back(first + r);
   }
-  send(g.index_select(0, torch::tensor(rows, torch::kInt64).view({-1})));
+  send_rows(g.index_select(0, device_indices(rows)));
 }
 
 }  // namespace tessera::exec

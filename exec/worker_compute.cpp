@@ -7,6 +7,7 @@
 #include <cmath>
 #include <set>
 
+#include "exec/device.hpp"
 #include "exec/worker_internal.hpp"
 #include "shared/base/check.hpp"
 #include "shared/layout/context_split.hpp"
@@ -45,7 +46,7 @@ void Worker::forward(const Op& op) {
       const auto [first, n] = b.rows.at(sample);
       for (int64_t r = 0; r < n; ++r) rows.push_back(first + r);
     }
-    remote_order = torch::tensor(rows, torch::kInt64).view({-1});
+    remote_order = device_indices(rows);
     return b.leaf;
   };
   std::vector<torch::Tensor> inputs;
@@ -79,8 +80,9 @@ void Worker::forward(const Op& op) {
         pieces.push_back(it->second);
         inputs.push_back(it->second);
       }
-      dip_parts.push_back(pieces.empty() ? torch::zeros({0, spec.transformer->hidden})
-                                         : torch::cat(pieces, 0));
+      dip_parts.push_back(pieces.empty()
+                              ? torch::zeros({0, spec.transformer->hidden}, activation_options())
+                              : torch::cat(pieces, 0));
     }
   } else if (entrain_ && spec.role == ModuleRole::kLlm) {
     // Each input's rows from two encoder micro-batches; the leaves are what backward targets.
@@ -159,7 +161,7 @@ void Worker::forward(const Op& op) {
                     op_name(*program_, op) + ": the micro-batch has " +
                         std::to_string(b.layout.tokens) + " tokens, the Program " +
                         std::to_string(op.tokens));
-      const auto local = torch::tensor(b.local, torch::kInt64).view({-1});
+      const auto local = device_indices(b.local);
       torch::Tensor h;
       if (st.first() && !received_.count(key)) {
         const int64_t hidden = spec.transformer->hidden;
@@ -177,10 +179,10 @@ void Worker::forward(const Op& op) {
               const auto [first_row, count] = bd.rows.at(sample);
               for (int64_t r = 0; r < count; ++r) rows.push_back(first_row + r);
             }
-            parts[i] = inputs[i].index_select(0, torch::tensor(rows, torch::kInt64).view({-1}));
+            parts[i] = inputs[i].index_select(0, device_indices(rows));
           }
         const torch::Tensor media =
-            parts.empty() ? torch::zeros({0, hidden}) : torch::cat(parts, 0);
+            parts.empty() ? torch::zeros({0, hidden}, activation_options()) : torch::cat(parts, 0);
         h = st.embed(b.layout.ids, b.layout.text_slots, media, b.layout.media_slots,
                      b.layout.media_rows, local);
       } else {
@@ -190,7 +192,7 @@ void Worker::forward(const Op& op) {
       if (st.last()) {
         out = st.loss_sum(h, b.layout.targets.index_select(0, local)) /
               static_cast<double>(batch_.targets);
-        if (tp_index_ == 0) loss_sum_ += out.item<double>();
+        if (tp_index_ == 0) loss_sum_ += out.detach().to(torch::kFloat64);
       } else {
         out = h;
       }

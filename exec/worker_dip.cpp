@@ -7,6 +7,7 @@
 #include <cmath>
 #include <set>
 
+#include "exec/device.hpp"
 #include "exec/worker_internal.hpp"
 #include "shared/base/check.hpp"
 #include "shared/layout/context_split.hpp"
@@ -59,7 +60,6 @@ std::vector<torch::Tensor> Worker::audio_windows(const Op& op) {
 
 void Worker::dip_boundary(const Op& op) {
   const Key key{op.module, op.chunk, op.microbatch, op.sub_microbatch};
-  auto& world = *groups_.world().group;
   if (op.kind == OpKind::kSend) {
     torch::Tensor t;
     if (op.phase == Phase::kF) {
@@ -68,9 +68,7 @@ void Worker::dip_boundary(const Op& op) {
       const torch::Tensor& leaf = dip_received_.at(key);
       t = leaf.grad().defined() ? leaf.grad() : torch::zeros_like(leaf);
     }
-    t = t.detach().contiguous();
-    std::vector<at::Tensor> tensors{t};
-    pending_.emplace_back(world.send(tensors, op.peer, gloo_tag(op.tag)), t);
+    post_send(op, t.detach());
     return;
   }
   torch::Tensor t;
@@ -82,12 +80,12 @@ void Worker::dip_boundary(const Op& op) {
     const int64_t rows = dip_pieces(module_index(model, encoder->name), op.microbatch)
                              .at(static_cast<std::size_t>(op.sub_microbatch))
                              .llm_rows;
-    t = torch::zeros({rows, model.modules[static_cast<std::size_t>(llm_)].transformer->hidden});
+    t = torch::zeros({rows, model.modules[static_cast<std::size_t>(llm_)].transformer->hidden},
+                     activation_options());
   } else {
     t = torch::zeros_like(slots_.at(key).output);
   }
-  std::vector<at::Tensor> tensors{t};
-  world.recv(tensors, op.peer, gloo_tag(op.tag))->wait();
+  recv(groups_.channel(op.peer, rank_), t, op.peer, op.tag);
   if (op.phase == Phase::kF) {
     t.set_requires_grad(sends_grad_.count(key) > 0);
     dip_received_[key] = t;

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <set>
 
+#include "exec/device.hpp"
 #include "exec/worker_internal.hpp"
 #include "shared/base/check.hpp"
 #include "shared/layout/context_split.hpp"
@@ -90,7 +91,7 @@ void Worker::reduce_gradients(const Op& op) {
         flat.push_back(grads.back().reshape({-1}));
       }
     if (flat.empty()) return;
-    std::vector<at::Tensor> tensors{torch::cat(flat)};
+    std::vector<at::Tensor> tensors{to_wire(comm, torch::cat(flat))};
     reductions_.push_back({comm.group->allreduce(tensors), [grads, sum = tensors[0]]() mutable {
                              int64_t at = 0;
                              for (torch::Tensor& g : grads) {
@@ -156,7 +157,8 @@ void Worker::finish_reductions() {
 void Worker::synchronize_norm_and_loss() {
   finish_reductions();
   // Each distinct gradient counted once: a shard held by `copies` ranks contributes 1/copies.
-  double norm2 = 0;
+  // Summed on the device, read once.
+  torch::Tensor norm2 = torch::zeros({}, on_device(torch::kFloat64));
   for (auto& [m, sh] : shards_) norm2 += sh->norm_squared();
   for (auto& [key, st] : stages_) {
     const auto m = static_cast<std::size_t>(key.first);
@@ -164,10 +166,10 @@ void Worker::synchronize_norm_and_loss() {
     for (const Param& p : st->params()) {
       if (!p.tensor.requires_grad()) continue;
       const double copies = static_cast<double>(p.tp_copies * (p.expert ? edp_[m] : dpcp_[m]));
-      norm2 += p.tensor.grad().to(torch::kFloat64).pow(2).sum().item<double>() / copies;
+      norm2 += p.tensor.grad().to(torch::kFloat64).pow(2).sum() / copies;
     }
   }
-  torch::Tensor t = torch::tensor({norm2, loss_sum_}, torch::kFloat64);
+  torch::Tensor t = torch::stack({norm2, loss_sum_});
   all_reduce(groups_.world(), t);
   grad_norm_ = std::sqrt(t[0].item<double>());
   loss_ = t[1].item<double>();

@@ -30,10 +30,4 @@ inline int64_t index_in(const Group* g, int64_t rank) {
   return g == nullptr ? 0 : std::find(g->begin(), g->end(), rank) - g->begin();
 }
 
-// Gloo tags are ints; Program tags are 64-bit. Both ends fold them the same way.
-inline int gloo_tag(int64_t tag) {
-  return static_cast<int>((static_cast<uint64_t>(tag) ^ (static_cast<uint64_t>(tag) >> 31)) &
-                          0x7fffffffULL);
-}
-
 }  // namespace tessera::exec

@@ -6,7 +6,8 @@
 #               UndefinedBehaviorSanitizer in build-sanitize/, and their tests run (ir, sim, the
 #               cli suite on the sanitized binary, the fuzz corpus replays); any report fails
 #   --torch2    the executor built against torch 2.11 with CUDA 13 (scripts/setup.sh --torch2)
-#               in build-torch2/ instead of Debian's LibTorch 1.13, and its tests run on the CPU
+#               in build-torch2/ instead of Debian's LibTorch 1.13, and its tests run on the CPU;
+#               then scripts/gpu-check.sh's dry run (--device cpu) on that build
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -40,6 +41,8 @@ if [[ ${1:-} == --torch2 ]]; then
   # libtorch_cuda.so loads the CUDA toolkit's libraries, and cuDNN's and NCCL's beside them.
   export LD_LIBRARY_PATH=/usr/local/cuda/lib64:/usr/local/cuda/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
   ctest --test-dir "$build" --output-on-failure --parallel "$jobs" -R '^exec$' "$@"
+  # The GPU machine's script, dry: the same stages on the tiny scenarios on the CPU.
+  TESSERA_BUILD_DIR=$build scripts/gpu-check.sh --device cpu --out out/gpu-check-cpu
   exit
 fi
 build=${TESSERA_BUILD_DIR:-build}

@@ -71,7 +71,7 @@ TEST_CASE("selective recomputation: the attention core keeps no scores, and its 
   // The plain core keeps what its backward needs (torch 1.13: the softmax of the scores; torch 2:
   // the fused attention's own saved state); the recomputed one keeps q, k and v only.
   INFO(std::accumulate(nodes.begin(), nodes.end(), std::string(),
-                       [](std::string a, const std::string& b) { return a + b + " "; }));
+                       [](std::string all, const std::string& b) { return all + b + " "; }));
 #if TORCH_VERSION_MAJOR >= 2
   CHECK(any_contains(nodes, "ScaledDotProduct"));
 #else

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -31,55 +32,13 @@
 #include "shared/lowering/lower.hpp"
 #include "shared/search/stage_split.hpp"
 #include "tests/exec/run_train.hpp"
+#include "tests/exec/scratch.hpp"
 
 using namespace tessera;
-namespace fs = std::filesystem;
 
 namespace {
 
 const std::string kScenario = std::string(TESSERA_SOURCE_DIR) + "/scenarios/cpu-tiny.json";
-
-// The test process's scratch folder, removed when it exits (not when a forked child does).
-const pid_t kTestProcess = ::getpid();
-void remove_scratch() {
-  if (::getpid() != kTestProcess) return;
-  std::error_code ignored;
-  fs::remove_all(fs::temp_directory_path() / ("tessera-train-test-" + std::to_string(kTestProcess)),
-                 ignored);
-}
-const int kScratchCleanup = std::atexit(remove_scratch);
-
-// Where a run named `name` writes (its loss.jsonl stays there until the test process exits).
-fs::path out_dir(const std::string& name) {
-  return fs::temp_directory_path() / ("tessera-train-test-" + std::to_string(::getpid())) / name;
-}
-
-fs::path fresh_dir(const std::string& name) {
-  const fs::path dir = out_dir(name);
-  fs::remove_all(dir);
-  fs::create_directories(dir.parent_path());
-  return dir;
-}
-
-std::string plan_file(const std::string& layout) {
-  const fs::path path = out_dir("plans");  // kept: each file is named by its content
-  fs::create_directories(path);
-  const fs::path file = path / (std::to_string(std::hash<std::string>{}(layout)) + ".json");
-  // `layout` may carry more plan fields after the layout object.
-  std::ofstream(file)
-      << R"({"placement": "homogeneous", "micro_batch_size": 1, "layout": )" << layout
-      << (layout.find("\"schedule\"") == std::string::npos ? R"(, "schedule": "1f1b")" : "") << "}";
-  return file.string();
-}
-
-// One field of every step's line in loss.jsonl ("loss", "grad_norm", ...).
-std::vector<double> losses(const fs::path& out, const std::string& field = "loss") {
-  std::vector<double> v;
-  std::ifstream in(out / "loss.jsonl");
-  std::string line;
-  while (std::getline(in, line)) v.push_back(Json::parse(line).at(field).get<double>());
-  return v;
-}
 
 std::vector<double> train(const std::string& layout, const std::string& name, int steps = 3,
                           const std::string& extra = "") {
@@ -148,19 +107,6 @@ void check_plans_agree(const std::string& scenario, const std::string& reference
   }
 }
 
-// The scenario file `file` with `edit` applied to its JSON (its cluster made an absolute path),
-// written under out_dir(name); returns the new file.
-std::string edited_scenario(const std::string& file, const std::function<void(Json&)>& edit,
-                            const std::string& name) {
-  Json s = Json::parse(std::ifstream(file));
-  s["cluster"] = std::string(TESSERA_SOURCE_DIR) + "/scenarios/clusters/cpu-local.json";
-  edit(s);
-  const fs::path path = fresh_dir(name) / "scenario.json";
-  fs::create_directories(path.parent_path());
-  std::ofstream(path) << s.dump(2);
-  return path.string();
-}
-
 // cpu-tiny-moe's LLM (`transformer`, 4 heads of 128 wide) given DeepSeek-V3's attention and
 // router: multi-head latent attention with a query latent, rotary keys shared by the heads and
 // values narrower than the query/key heads, and a router score bias.
@@ -203,6 +149,48 @@ TEST_CASE("parallel plans reproduce the single-rank losses (3 steps, fp32, clipp
        {R"({"tp": 2, "pp": 2}, "pipeline_scatter_gather": false)", "tp2pp2-whole"},
        {R"({"pp": 2, "vpp": 2}, "schedule": "interleaved_1f1b", "num_micro_batches": 8)", "vpp2"},
        {R"({"dp": 2, "tp": 2}, "distributed_optimizer": true)", "zero1"}});
+}
+
+TEST_CASE("a bf16 model trains in mixed precision: near fp32, never NaN; plans agree in bf16") {
+  // The lines a GPU runs for a bf16 model (casts of fp32 master weights, fp32 norms, softmax and
+  // loss, bf16 activations across ranks), exercised on the CPU.
+  const std::string bf16_scenario = edited_scenario(
+      kScenario, [](Json& s) { s["model"]["dtype"] = "bf16"; }, "bf16-scenario");
+  auto bf16_run = [&](const std::string& layout, const std::string& name) {
+    const fs::path out = fresh_dir(name);
+    const Run r =
+        run(bf16_scenario + " --plan " + plan_file(layout) + " --steps 3 --out " + out.string());
+    INFO(r.output);
+    REQUIRE(r.code == 0);
+    return losses(out);
+  };
+  const std::vector<double> fp32 = train(R"({"tp": 1})", "fp32-reference");
+  const std::vector<double> bf16 = bf16_run(R"({"tp": 1})", "bf16");
+  REQUIRE(bf16.size() == fp32.size());
+  for (std::size_t i = 0; i < bf16.size(); ++i) {
+    INFO("step " << i << ": bf16 " << bf16[i] << ", fp32 " << fp32[i]);
+    CHECK(std::isfinite(bf16[i]));
+    CHECK(std::abs(bf16[i] - fp32[i]) <= 1e-2 * std::abs(fp32[i]));
+    CHECK(bf16[i] != fp32[i]);  // it did compute in bf16
+  }
+  const Json run_json = Json::parse(std::ifstream(out_dir("bf16") / "run.json"));
+  CHECK(run_json.at("precision") == "bf16");
+  CHECK(run_json.at("device") == "cpu");
+  for (const auto& [layout, name] : std::vector<std::pair<std::string, std::string>>{
+           {R"({"tp": 2})", "bf16-tp2"}, {R"({"pp": 2, "dp": 2})", "bf16-pp2dp2"}}) {
+    const std::vector<double> got = bf16_run(layout, name);
+    REQUIRE(got.size() == bf16.size());
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      INFO(name << " step " << i << ": " << got[i] << " vs one rank's " << bf16[i]);
+      CHECK(std::abs(got[i] - bf16[i]) <= 1e-2 * std::abs(bf16[i]));
+    }
+  }
+  // fp16 and fp8 are refused by name.
+  const std::string fp8 = edited_scenario(
+      kScenario, [](Json& s) { s["model"]["dtype"] = "fp8"; }, "fp8-scenario");
+  const Run refused = run(fp8);
+  CHECK(refused.code == 2);
+  CHECK(refused.output.find("dtype fp8: the executor trains fp32, or bf16") != std::string::npos);
 }
 
 TEST_CASE("two encoders (frozen ViT, trainable Whisper-style audio) feed one LLM: plans agree") {
@@ -1071,6 +1059,15 @@ TEST_CASE("bad input: exit 2 with the file named, nothing written") {
   CHECK(ranks.code == 2);
   const Run device = run(kScenario + " --device tpu");
   CHECK(device.code == 2);
+  CHECK(device.output.find("--device tpu: expected cpu, cuda or cuda:N") != std::string::npos);
+  const Run nccl = run(kScenario + " --transport nccl");
+  CHECK(nccl.code == 2);
+  CHECK(nccl.output.find("--transport nccl needs --device cuda") != std::string::npos);
+#ifndef TESSERA_CUDA
+  const Run cuda = run(kScenario + " --device cuda");
+  CHECK(cuda.code == 2);
+  CHECK(cuda.output.find("has no CUDA") != std::string::npos);
+#endif
   CHECK_FALSE(fs::exists(out));
 }
 
@@ -1315,4 +1312,38 @@ TEST_CASE(
   CHECK(run.at("dip_search").at("steps") == 3);
   CHECK(run.at("iterations").at(0).at("dip").at("searched") == false);  // the start schedule
   CHECK(run.at("iterations").at(2).contains("dip"));
+}
+
+TEST_CASE("messages in the order their receivers take them: plans agree with tags ignored") {
+  // TESSERA_P2P_IN_ORDER=1 sends every message with one tag, so that Gloo matches a pair's
+  // messages in order, as NCCL does. The placements whose Programs send some pair's messages in
+  // another order than the receiver takes them (DIP's pieces, the non-colocated and colocated
+  // boundaries) must still reach one rank's losses: SendOrder holds a message back until the
+  // ones taken before it have gone.
+  const std::string variable =
+      std::string(TESSERA_SOURCE_DIR) + "/scenarios/cpu-tiny-variable.json";
+  const std::string dip = raw_plan(R"({"placement": "homogeneous", "layout": {"pp": 4, "vpp": 2},
+      "micro_batch_size": 2, "schedule": "dip"})",
+                                   "in-order-dip");
+  const std::string single = raw_plan(R"({"placement": "homogeneous", "layout": {"tp": 1},
+      "micro_batch_size": 2, "schedule": "1f1b"})",
+                                      "in-order-dip-reference");
+  const std::string plans = std::string(TESSERA_SOURCE_DIR) + "/scenarios/plans/";
+  const std::vector<double> variable_reference = train_with(variable, single, "in-order-ref-var");
+  const std::vector<double> tiny_reference = train(R"({"tp": 1})", "in-order-ref-tiny");
+  ::setenv("TESSERA_P2P_IN_ORDER", "1", 1);
+  check_parity(train_with(variable, dip, "in-order-dip"), variable_reference);
+  double reordered = 0;
+  for (const std::string name : {"cpu-tiny-non-colocated", "cpu-tiny-colocated"}) {
+    check_parity(train_with(kScenario, plans + name + ".json", "in-order-" + name), tiny_reference);
+    reordered += Json::parse(std::ifstream(out_dir("in-order-" + name) / "run.json"))
+                     .at("p2p_messages_reordered")
+                     .get<double>();
+  }
+  reordered += Json::parse(std::ifstream(out_dir("in-order-dip") / "run.json"))
+                   .at("p2p_messages_reordered")
+                   .get<double>();
+  ::unsetenv("TESSERA_P2P_IN_ORDER");
+  MESSAGE(reordered << " messages held back for their receivers' order");
+  CHECK(reordered > 0);  // otherwise this tested nothing
 }

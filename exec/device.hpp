@@ -1,0 +1,41 @@
+// Where a worker's tensors live and the precision its layers compute in. Each rank is a process
+// of its own, so this is the process's setting, made once before the Worker builds a tensor (as
+// torch's current CUDA device is): CPU and fp32 unless set.
+// Mixed precision is Megatron-LM's: parameters, their gradients and the optimizer state stay
+// fp32 (the master weights), activations and their gradients flow in bf16, each linear casts its
+// fp32 weight to bf16 as it uses it, and norms, softmax and the loss compute in fp32.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <torch/types.h>
+
+namespace tessera::exec {
+
+enum class Precision { kFp32, kBf16 };
+
+struct DeviceSetting {
+  torch::Device device{torch::kCPU};
+  Precision precision = Precision::kFp32;
+};
+
+// Also turns TF32 off: fp32 products and convolutions run in full fp32 on a GPU.
+void set_device_setting(const DeviceSetting& setting);
+const DeviceSetting& device_setting();
+
+// fp32 (or `dtype`) on this process's device: parameters, gradients, optimizer state.
+torch::TensorOptions on_device(torch::ScalarType dtype = torch::kFloat32);
+// The dtype activations and their gradients flow in: bf16 under mixed precision, else fp32.
+torch::ScalarType activation_dtype();
+// Activations (and received activations or gradients) on this process's device.
+torch::TensorOptions activation_options();
+// Indices on this process's device.
+torch::Tensor device_indices(const std::vector<int64_t>& values);
+
+// "cpu", "cuda" or "cuda:N" -> a device. Empty `problem` when the text is understood; it says
+// what is wrong otherwise.
+torch::Device parse_device(const std::string& text, std::string& problem);
+const char* precision_name(Precision precision);
+
+}  // namespace tessera::exec

@@ -1,0 +1,230 @@
+#!/usr/bin/env bash
+# Everything a GPU run of the executor needs, on a machine with a GPU and no package registry, in
+# stages that each finish in well under 10 minutes and write their results before the next
+# starts (an interrupted run keeps what the finished stages wrote).
+# Usage: scripts/gpu-check.sh [--device cuda|cpu] [--out DIR] [stage...]
+#   build   configures and builds tessera-train and the gpu tests with every core, against the
+#           torch that python3 imports (the GPU machine's) or .venv-torch2 (scripts/setup.sh
+#           --torch2), and the header-only dependencies of third_party/prefix where
+#           scripts/vendor-deps.sh put them (else the system's)
+#   matmul  the measured dense bf16 matrix-product rate (tessera-train matmul-rate): MFU's
+#           measured ceiling, beside the datasheet peak of the device file
+#   gpu     the gpu tests: the tiny models on the device against the CPU (fp32 within 1e-4,
+#           bf16 within 1e-2, never NaN) and the parallel plans on the device against its one rank
+#   bench   recorded runs of the ~1B- and ~3B-class VLMs (scenarios/gpu/): micro-batch sizes and
+#           sequence lengths, the encoder frozen and trainable; a table of step time, tokens/s,
+#           model TFLOP/s and MFU against the measured rate and the datasheet peak
+#   model   the recorded runs against the cost model: `tessera replay` uncalibrated (per step and
+#           per op class), `tessera calibrate` on half the runs, `tessera replay --profile` on
+#           all. Needs the SimGrid build's `tessera` (TESSERA_BIN, default build/sim/tessera);
+#           without it the stage says which commands to run where it is.
+# Stages default to all five, in that order. --device cpu is the dry run: the same stages on the
+# tiny scenarios on the CPU, which CI runs (scripts/test.sh --torch2) so that the script cannot
+# rot while no GPU is lent.
+# Results: DIR (default out/gpu-check-<device>) holds each stage's log, matmul.json, bench.tsv
+# and model/; recorded runs go to traces/<gpu>/ on a GPU (TRACES overrides) and DIR/runs on the
+# CPU.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+device=cuda
+out=""
+stages=()
+while [[ $# -gt 0 ]]; do
+  case $1 in
+    --device) device=$2; shift 2 ;;
+    --out) out=$2; shift 2 ;;
+    build|matmul|gpu|bench|model) stages+=("$1"); shift ;;
+    *) echo "gpu-check: unknown argument $1 (stages: build matmul gpu bench model)" >&2; exit 2 ;;
+  esac
+done
+[[ $device == cuda || $device == cpu ]] || { echo "gpu-check: --device cuda or cpu" >&2; exit 2; }
+[[ ${#stages[@]} -gt 0 ]] || stages=(build matmul gpu bench model)
+out=${out:-out/gpu-check-$device}
+build=${TESSERA_BUILD_DIR:-build-gpu}
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+
+# What each device runs: the real shapes on a GPU, the tiny ones on the CPU.
+if [[ $device == cuda ]]; then
+  small=scenarios/gpu/vlm-1b-h100.json large=scenarios/gpu/vlm-3b-h100.json
+  image_tokens=576 image_size=336
+  seqs=${BENCH_SEQS:-"1024 2048 4096"} mbs=${BENCH_MBS:-"1 2 4 8"}
+  large_mbs=${BENCH_LARGE_MBS:-"1 2"} steps=${BENCH_STEPS:-12}
+  gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 || true)
+  case $gpu_name in
+    *H200*) traces=${TRACES:-traces/h200} ;;
+    *) traces=${TRACES:-traces/h100} ;;
+  esac
+  peak_file=scenarios/devices/h100-sxm5-80gb.json peak_key=bf16
+  matmul_n=8192
+else
+  small=scenarios/cpu-tiny.json large=scenarios/cpu-tiny-big-vit.json
+  image_tokens=16 image_size=32
+  seqs=${BENCH_SEQS:-"64 128"} mbs=${BENCH_MBS:-"1 2"} large_mbs=${BENCH_LARGE_MBS:-"1"}
+  steps=${BENCH_STEPS:-4}
+  traces=${TRACES:-$out/runs}
+  peak_file=scenarios/clusters/cpu-local.json peak_key=fp32
+  matmul_n=256
+fi
+train=$build/exec/tessera-train
+
+# The torch to build against: python3's (the GPU machine's image), else the project's venv.
+torch_prefix() {
+  python3 -c 'import torch; print(torch.utils.cmake_prefix_path)' 2>/dev/null && return
+  local venv
+  venv=$(echo "$PWD"/.venv-torch2/lib/python3*/site-packages/torch)
+  [[ -d $venv ]] || { echo "gpu-check: no torch (python3 has none; run scripts/setup.sh --torch2)" >&2; exit 1; }
+  echo "$venv/share/cmake"
+}
+
+# libtorch_cuda.so loads the CUDA toolkit's libraries; on the development machine they are in
+# /usr/local/cuda (its cuDNN and NCCL beside them), on the GPU machine beside torch.
+export LD_LIBRARY_PATH=/usr/local/cuda/lib64:/usr/local/cuda/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+
+stage_build() {
+  local prefix
+  prefix=$(torch_prefix)
+  [[ -d third_party/prefix ]] && prefix="$PWD/third_party/prefix;$prefix"
+  local cuda=()
+  [[ -d /usr/local/cuda ]] && cuda=(-DCUDAToolkit_ROOT=/usr/local/cuda)
+  # Hopper (sm_90): the GPUs lent here; naming it skips torch's probing of the machine's GPUs.
+  cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTESSERA_BUILD_SIM=OFF \
+    -DTORCH_CUDA_ARCH_LIST=9.0 -DCMAKE_PREFIX_PATH="$prefix" "${cuda[@]}"
+  cmake --build "$build" --parallel "$(nproc)" --target tessera-train tessera_gpu_tests
+}
+
+stage_matmul() {
+  local dtype=bf16
+  [[ $device == cpu ]] && dtype=fp32
+  "$train" matmul-rate --device "$device" --dtype "$dtype" --size "$matmul_n" | tee "$out/matmul.json"
+}
+
+stage_gpu() {
+  TESSERA_TEST_DEVICE=$device "$build/tests/tessera_gpu_tests"
+}
+
+# The scenario `base` with one image of image_size and seq - image_tokens text tokens per sample
+# (so every sample is seq long), the encoder frozen or trainable, and micro-batches of `mb`
+# samples, 8 samples per step: written to $out/scenarios/NAME.json.
+variant() {
+  local base=$1 name=$2 seq=$3 mb=$4 frozen=$5
+  mkdir -p "$out/scenarios"
+  python3 - "$base" "$out/scenarios/$name.json" "$seq" "$mb" "$frozen" "$image_tokens" \
+    "$image_size" <<'EOF'
+import json, os, sys
+base, dest, seq, mb, frozen, image_tokens, image_size = sys.argv[1:]
+seq, mb, image_tokens, image_size = int(seq), int(mb), int(image_tokens), int(image_size)
+s = json.load(open(base))
+here = os.path.dirname(os.path.abspath(base))
+for key in ("model", "cluster", "workload"):
+    if isinstance(s.get(key), str):
+        s[key] = os.path.join(here, s[key])
+if isinstance(s["model"], str):
+    s["model"] = json.load(open(s["model"]))
+for m in s["model"]["modules"]:
+    if m["role"] == "encoder":
+        m["frozen"] = frozen == "frozen"
+s["name"] = os.path.basename(dest)[:-5]
+s["workload"] = {"global_batch": 8, "max_seq_len": seq, "packing": False, "seed": 1,
+                 "samples": {"text_tokens": seq - image_tokens,
+                             "image": {"count": 1, "width": image_size, "height": image_size}}}
+s["plan"] = {"placement": "homogeneous", "layout": {"tp": 1, "pp": 1, "dp": 1},
+             "micro_batch_size": mb, "num_micro_batches": 8 // mb, "schedule": "1f1b"}
+json.dump(s, open(dest, "w"), indent=1)
+EOF
+}
+
+# One recorded run: `steps` steps, the first 4 traced, into $traces/NAME.
+record() {
+  local name=$1
+  rm -rf "${traces:?}/$name"
+  mkdir -p "$traces"
+  "$train" "$out/scenarios/$name.json" --device "$device" --steps "$steps" --trace-steps 4 \
+    --no-checkpoint --out "$traces/$name"
+}
+
+stage_bench() {
+  local names=()
+  for seq in $seqs; do
+    for mb in $mbs; do
+      name=$(basename "$small" .json)-s$seq-m$mb
+      variant "$small" "$name" "$seq" "$mb" frozen && record "$name" && names+=("$name")
+    done
+  done
+  local seq_mid
+  seq_mid=$(echo "$seqs" | awk '{print $(int((NF + 1) / 2))}')
+  name=$(basename "$small" .json)-s$seq_mid-m1-trainable-encoder
+  variant "$small" "$name" "$seq_mid" 1 trainable && record "$name" && names+=("$name")
+  for mb in $large_mbs; do
+    name=$(basename "$large" .json)-s$seq_mid-m$mb
+    variant "$large" "$name" "$seq_mid" "$mb" frozen && record "$name" && names+=("$name")
+  done
+  printf '%s\n' "${names[@]}" >"$out/runs.txt"
+  summarize_bench
+}
+
+# Per run: the median step of those after the first two, tokens/s, model TFLOP/s and MFU against
+# the measured rate (matmul stage) and the datasheet peak.
+summarize_bench() {
+  python3 - "$traces" "$out/runs.txt" "$out/matmul.json" "$peak_file" "$peak_key" \
+    >"$out/bench.tsv" <<'EOF'
+import json, statistics, sys
+traces, runs, matmul, peak_file, key = sys.argv[1:]
+try:
+    measured = json.load(open(matmul))["flops_per_s"]
+except (OSError, ValueError, KeyError):
+    measured = float("nan")
+d = json.load(open(peak_file))
+peak = (d.get("device", d) if isinstance(d.get("device"), dict) else d)["peak_flops"][key]
+print("run\tstep_s\ttokens_per_s\tmodel_tflops\tmfu_measured\tmfu_datasheet")
+for name in open(runs).read().split():
+    steps = [json.loads(l) for l in open(f"{traces}/{name}/loss.jsonl")]
+    warm = steps[2:] or steps
+    step = statistics.median(s["step_s"] for s in warm)
+    tokens = statistics.median(s["llm_tokens"] for s in warm)
+    flops = statistics.median(s["model_flops"] for s in warm)
+    print(f"{name}\t{step:.4f}\t{tokens / step:.0f}\t{flops / step / 1e12:.2f}\t"
+          f"{flops / step / measured:.3f}\t{flops / step / peak:.3f}")
+EOF
+  column -t "$out/bench.tsv"
+}
+
+stage_model() {
+  local tessera=${TESSERA_BIN:-build/sim/tessera}
+  if [[ ! -x $tessera ]]; then
+    echo "model: no tessera binary (the SimGrid build) here; on the development machine, with"
+    echo "the recorded runs of $traces fetched, run:"
+    echo "  scripts/gpu-check.sh --device $device model   (TRACES=$traces)"
+    return 0
+  fi
+  [[ -f $out/runs.txt ]] || { echo "model: no recorded runs ($out/runs.txt): run the bench stage"; return 1; }
+  mkdir -p "$out/model"
+  local runs=() fit=() i=0
+  mapfile -t runs <"$out/runs.txt"
+  for name in "${runs[@]}"; do
+    "$tessera" replay "$traces/$name" >"$out/model/$name.uncalibrated.txt"
+    # Every second run fits the profile; the others are held out.
+    ((i++ % 2 == 0)) && fit+=("$traces/$name")
+  done
+  "$tessera" calibrate "${fit[@]}" -o "$out/model/profile.json" >"$out/model/calibrate.txt"
+  for name in "${runs[@]}"; do
+    "$tessera" replay "$traces/$name" --profile "$out/model/profile.json" \
+      >"$out/model/$name.calibrated.txt"
+  done
+  echo "run  uncalibrated  calibrated  (mean |step time error| over the warm iterations)"
+  for name in "${runs[@]}"; do
+    local role=held-out
+    [[ " ${fit[*]} " == *" $traces/$name "* ]] && role=fitting
+    printf '%s (%s)  %s  %s\n' "$name" "$role" \
+      "$(grep -o 'mean |error| [-0-9.]*%' "$out/model/$name.uncalibrated.txt" | head -1)" \
+      "$(grep -o 'mean |error| [-0-9.]*%' "$out/model/$name.calibrated.txt" | head -1)"
+  done | tee "$out/model/summary.txt"
+}
+
+for stage in "${stages[@]}"; do
+  echo "== gpu-check: $stage ($device) =="
+  start=$(date +%s)
+  "stage_$stage" 2>&1 | tee "$out/$stage.log"
+  echo "== $stage: done in $(($(date +%s) - start)) s; results in $out =="
+done
