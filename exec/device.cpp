@@ -31,6 +31,10 @@ torch::ScalarType activation_dtype() {
   return setting().precision == Precision::kBf16 ? torch::kBFloat16 : torch::kFloat32;
 }
 
+torch::ScalarType gradient_reduction_dtype() {
+  return activation_dtype();
+}
+
 torch::TensorOptions activation_options() {
   return on_device(activation_dtype());
 }

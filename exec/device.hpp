@@ -30,6 +30,11 @@ torch::TensorOptions on_device(torch::ScalarType dtype = torch::kFloat32);
 torch::ScalarType activation_dtype();
 // Activations (and received activations or gradients) on this process's device.
 torch::TensorOptions activation_options();
+// The dtype parameter gradients are reduced over data-parallel ranks in: the model's, as the
+// Program prices those reductions (bf16 for a bf16 model). Megatron-LM reduces a bf16 model's
+// gradients in fp32 by default (accumulate_allreduce_grads_in_fp32); that is not a plan option
+// yet.
+torch::ScalarType gradient_reduction_dtype();
 // Indices on this process's device.
 torch::Tensor device_indices(const std::vector<int64_t>& values);
 

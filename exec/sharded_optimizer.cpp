@@ -88,10 +88,10 @@ std::vector<PendingCollective> ShardedOptimizer::reduce_scatter(const Op& op, co
     const Slice s = slices_[b];
     torch::Tensor into = grad_.narrow(0, s.offset, s.size);
     if (!background || comm.size() < 2) {
-      into.copy_(exec::reduce_scatter(comm, padded_gradients(b)));
+      into.copy_(exec::reduce_scatter(comm, padded_gradients(b).to(gradient_reduction_dtype())));
       continue;
     }
-    torch::Tensor flat = to_wire(comm, padded_gradients(b));
+    torch::Tensor flat = to_wire(comm, padded_gradients(b).to(gradient_reduction_dtype()));
     if (comm.group->getBackendName() == "gloo") {
       // Gloo (torch 1.13) has no reduce-scatter: the whole bucket is summed, this rank keeps
       // its slice.

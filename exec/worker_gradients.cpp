@@ -91,7 +91,7 @@ void Worker::reduce_gradients(const Op& op) {
         flat.push_back(grads.back().reshape({-1}));
       }
     if (flat.empty()) return;
-    std::vector<at::Tensor> tensors{to_wire(comm, torch::cat(flat))};
+    std::vector<at::Tensor> tensors{to_wire(comm, torch::cat(flat).to(gradient_reduction_dtype()))};
     reductions_.push_back({comm.group->allreduce(tensors), [grads, sum = tensors[0]]() mutable {
                              int64_t at = 0;
                              for (torch::Tensor& g : grads) {
@@ -109,7 +109,7 @@ void Worker::reduce_gradients(const Op& op) {
   if (params.empty()) return;
   std::vector<torch::Tensor> grads;
   for (const torch::Tensor& p : params) grads.push_back(p.grad().view({-1}));
-  torch::Tensor flat = torch::cat(grads);
+  torch::Tensor flat = torch::cat(grads).to(gradient_reduction_dtype());
   // Buckets of at most 25 MB, as DDP and Megatron reduce them.
   constexpr int64_t kBucket = 25 * 1000 * 1000 / 4;
   for (int64_t begin = 0; begin < flat.numel(); begin += kBucket) {
@@ -140,7 +140,7 @@ void Worker::sum_kv_replicas(const Op& op) {
     for (auto& [key, st] : stages_)
       if (key.first == op.module) collect(*st, st->begin(), st->end());
   if (flat.empty()) return;
-  torch::Tensor sum = torch::cat(flat);
+  torch::Tensor sum = torch::cat(flat).to(gradient_reduction_dtype());
   all_reduce(comm, sum);
   int64_t at = 0;
   for (torch::Tensor& g : grads) {
