@@ -6,6 +6,7 @@
 #include <torch/torch.h>
 
 #ifdef TESSERA_CUDA
+#include <ATen/cuda/CUDAContext.h>
 #include <ATen/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
@@ -38,6 +39,10 @@ void use_cuda_device(int index) {
 
 void cuda_synchronize() {
   c10::cuda::device_synchronize();
+}
+
+std::string cuda_device_name() {
+  return at::cuda::getCurrentDeviceProperties()->name;
 }
 
 c10::intrusive_ptr<CollectiveGroup> make_nccl_group(const c10::intrusive_ptr<c10d::Store>& store,
@@ -107,6 +112,10 @@ void use_cuda_device(int) {
 }
 
 void cuda_synchronize() {}
+
+std::string cuda_device_name() {
+  return "";
+}
 
 c10::intrusive_ptr<CollectiveGroup> make_nccl_group(const c10::intrusive_ptr<c10d::Store>&, int,
                                                     int, std::chrono::milliseconds) {

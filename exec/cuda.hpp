@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
@@ -23,6 +24,8 @@ int cuda_devices();
 void use_cuda_device(int index);
 // Waits for the work queued on the current GPU.
 void cuda_synchronize();
+// The current GPU's name ("NVIDIA H100 80GB HBM3"); empty without CUDA.
+std::string cuda_device_name();
 
 // An NCCL process group of `size` ranks over `store` on the current GPU; its collectives fail
 // after `timeout` instead of hanging.

@@ -69,6 +69,23 @@ int launch_and_report(const LaunchOptions& options,
   return 1;
 }
 
+// Parses a subcommand's arguments; the exit code where the command stops there (2: bad
+// arguments, said on stderr; 0: --help, printed).
+std::optional<int> parse_arguments(cxxopts::Options& options, int argc, char** argv,
+                                   cxxopts::ParseResult& args) {
+  try {
+    args = options.parse(argc, argv);
+  } catch (const cxxopts::exceptions::exception& e) {
+    std::cerr << options.program() << ": " << e.what() << "\n";
+    return 2;
+  }
+  if (args.count("help")) {
+    std::cout << options.help() << "\n";
+    return 0;
+  }
+  return std::nullopt;
+}
+
 int comm_check(int argc, char** argv) {
   cxxopts::Options options(
       "tessera-train comm-check",
@@ -87,16 +104,7 @@ int comm_check(int argc, char** argv) {
       "fail-rank", "make this rank fail (tests the launcher)",
       cxxopts::value<int>()->default_value("-1"))("h,help", "show this help");
   cxxopts::ParseResult args;
-  try {
-    args = options.parse(argc, argv);
-  } catch (const cxxopts::exceptions::exception& e) {
-    std::cerr << options.program() << ": " << e.what() << "\n";
-    return 2;
-  }
-  if (args.count("help")) {
-    std::cout << options.help() << "\n";
-    return 0;
-  }
+  if (const auto code = parse_arguments(options, argc, argv, args)) return *code;
   const int64_t bytes = args["bytes"].as<int64_t>();
   const int iters = args["iters"].as<int>();
   const double timeout_s = args["timeout"].as<double>();
@@ -306,16 +314,7 @@ int matmul_rate(int argc, char** argv) {
       "per-round", "products per round", cxxopts::value<int>()->default_value("10"))(
       "h,help", "show this help");
   cxxopts::ParseResult args;
-  try {
-    args = options.parse(argc, argv);
-  } catch (const cxxopts::exceptions::exception& e) {
-    std::cerr << options.program() << ": " << e.what() << "\n";
-    return 2;
-  }
-  if (args.count("help")) {
-    std::cout << options.help() << "\n";
-    return 0;
-  }
+  if (const auto code = parse_arguments(options, argc, argv, args)) return *code;
   std::string problem;
   const torch::Device device = parse_device(args["device"].as<std::string>(), problem);
   const std::string dtype = args["dtype"].as<std::string>();

@@ -342,7 +342,12 @@ int train_worker(const WorkerEnv& env, const TrainJob& job) {
                {"clip", job.options.clip},
                {"weight_decay", job.options.weight_decay}}},
              {"software", {{"torch", TORCH_VERSION}, {"torch_threads_per_rank", 1}}},
-             {"machine", {{"cores", std::thread::hardware_concurrency()}, {"cpu", cpu_model()}}},
+             {"machine",
+              [&] {
+                Json m{{"cores", std::thread::hardware_concurrency()}, {"cpu", cpu_model()}};
+                if (device.device.is_cuda()) m["gpu"] = cuda_device_name();
+                return m;
+              }()},
              {"memory_per_rank",
               [&] {
                 Json ranks = Json::array();

@@ -33,14 +33,15 @@ std::optional<RunRecord> load_run(const std::string& dir, Diagnostics& diag) {
   }
   run.scenario = std::move(*scenario);
   ObjectReader r(*json, file, "", diag);
-  for (const char* key :
-       {"scenario", "scenario_file", "plan", "world", "device", "backend", "dataset", "options",
-        "software", "parameter_bytes_rank0", "memory_per_rank", "first_step", "dip_search"})
+  for (const char* key : {"scenario", "scenario_file", "plan", "world", "device", "precision",
+                          "backend", "dataset", "options", "software", "parameter_bytes_rank0",
+                          "memory_per_rank", "first_step", "dip_search", "p2p_messages_reordered"})
     r.has(key);
   if (const Json* m = r.find("machine")) {
     ObjectReader mr(*m, file, "machine", diag);
     if (mr.required("cores", run.cores)) mr.check_positive("cores", run.cores);
     mr.optional("cpu", run.cpu);
+    mr.has("gpu");
     mr.finish();
   } else {
     r.missing("machine");
@@ -55,7 +56,7 @@ std::optional<RunRecord> load_run(const std::string& dir, Diagnostics& diag) {
       RecordedIteration it;
       ir.required("iteration", it.batch.iteration);
       if (ir.required("step_s", it.step_s)) ir.check_positive("step_s", it.step_s);
-      for (const char* key : {"loss", "grad_norm", "llm_tokens"}) ir.has(key);
+      for (const char* key : {"loss", "grad_norm", "llm_tokens", "model_flops"}) ir.has(key);
       const Json* samples = ir.find("samples");
       if (samples == nullptr || !samples->is_array()) {
         ir.error("samples", "expected the iteration's samples (an array)");
