@@ -32,7 +32,7 @@ torch::ScalarType activation_dtype() {
 }
 
 torch::ScalarType gradient_reduction_dtype() {
-  return activation_dtype();
+  return setting().grad_reduce_in_fp32 ? torch::kFloat32 : activation_dtype();
 }
 
 torch::TensorOptions activation_options() {

@@ -18,6 +18,7 @@ enum class Precision { kFp32, kBf16 };
 struct DeviceSetting {
   torch::Device device{torch::kCPU};
   Precision precision = Precision::kFp32;
+  bool grad_reduce_in_fp32 = false;  // the plan's option (parallel_plan.hpp)
 };
 
 // Also turns TF32 off: fp32 products and convolutions run in full fp32 on a GPU.
@@ -30,10 +31,9 @@ torch::TensorOptions on_device(torch::ScalarType dtype = torch::kFloat32);
 torch::ScalarType activation_dtype();
 // Activations (and received activations or gradients) on this process's device.
 torch::TensorOptions activation_options();
-// The dtype parameter gradients are reduced over data-parallel ranks in: the model's, as the
-// Program prices those reductions (bf16 for a bf16 model). Megatron-LM reduces a bf16 model's
-// gradients in fp32 by default (accumulate_allreduce_grads_in_fp32); that is not a plan option
-// yet.
+// The dtype parameter gradients are reduced over data-parallel ranks in, as the Program prices
+// those reductions: fp32 under the plan's grad_reduce_in_fp32 (Megatron-LM's default for bf16),
+// else the model's (bf16 for a bf16 model).
 torch::ScalarType gradient_reduction_dtype();
 // Indices on this process's device.
 torch::Tensor device_indices(const std::vector<int64_t>& values);

@@ -157,6 +157,7 @@ int train_worker(const WorkerEnv& env, const TrainJob& job) {
   // GPUs than ranks.
   DeviceSetting device;
   device.precision = job.precision;
+  device.grad_reduce_in_fp32 = job.scenario.plan->grad_reduce_in_fp32;
   std::string transport = job.transport;
   if (job.device == torch::kCUDA) {
     TESSERA_CHECK(cuda_built(),

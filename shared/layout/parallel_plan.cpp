@@ -143,10 +143,15 @@ ParallelPlan read_plan(const Json& json, const std::string& file, const std::str
   r.optional("pad_to_longest", p.pad_to_longest);
   r.optional("overlap_grad_reduce", p.overlap_grad_reduce);
   r.optional("overlap_param_gather", p.overlap_param_gather);
+  r.optional({"grad_reduce_in_fp32", "accumulate_allreduce_grads_in_fp32"}, p.grad_reduce_in_fp32);
   if (r.optional("grad_bucket_mb", p.grad_bucket_mb))
     r.check_positive("grad_bucket_mb", p.grad_bucket_mb);
   r.finish();
   return p;
+}
+
+int64_t reduced_gradient_bytes(const ParallelPlan& plan, DType dtype) {
+  return plan.grad_reduce_in_fp32 ? 4 : dtype_bytes(dtype);
 }
 
 Json to_json(const ModuleLayout& l) {
@@ -186,6 +191,7 @@ Json to_json(const ParallelPlan& p) {
     j["grad_bucket_mb"] = p.grad_bucket_mb;
   }
   if (p.overlap_param_gather) j["overlap_param_gather"] = true;
+  if (p.grad_reduce_in_fp32) j["grad_reduce_in_fp32"] = true;
   return j;
 }
 

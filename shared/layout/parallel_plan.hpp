@@ -107,9 +107,19 @@ struct ParallelPlan {
   // bucket by bucket while the next step's first forward of each chunk runs, each bucket's layers
   // waiting for their own gather. false: one all-gather per module after the optimizer step.
   bool overlap_param_gather = false;
+  // Data-parallel gradient reductions (and the sums of replicated key/value gradients before
+  // them) in fp32, as Megatron-LM reduces a bf16 model's gradients by default
+  // (`accumulate_allreduce_grads_in_fp32`, DDP's `grad_reduce_in_fp32`): twice the bytes of a
+  // 16-bit reduction. false: in the model's dtype (Megatron-LM's `--grad-reduce-in-bf16`,
+  // FSDP2's default). The distributed optimizer's parameter gathers stay in the model's dtype
+  // either way, and the gradients a rank keeps are fp32 in both (the memory model's 4 bytes).
+  bool grad_reduce_in_fp32 = false;
 
   bool operator==(const ParallelPlan&) const = default;
 };
+
+// Bytes per value of a plan's data-parallel gradient reductions for a model of `dtype`.
+int64_t reduced_gradient_bytes(const ParallelPlan& plan, DType dtype);
 
 ParallelPlan read_plan(const Json& json, const std::string& file, const std::string& path,
                        Diagnostics& diag);

@@ -31,7 +31,7 @@ std::vector<LayerRange> Lowering::gradient_buckets(const ModuleInfo& m, int64_t 
   std::vector<LayerRange> pieces;
   int64_t end = b;
   for (int64_t l = b - 1; l >= a; --l)
-    if (l == a || bucket_bytes(m, l, end) >= limit) {
+    if (l == a || bucket_bytes(m, l, end, weight_value_bytes()) >= limit) {
       pieces.emplace_back(l, end);
       end = l;
     }
@@ -50,7 +50,7 @@ void Lowering::gradient_reduction(int64_t rank, const std::vector<int>& module_l
     if (!m.flow.trainable) continue;
     const ModuleInfo& owner = grid_of(m);
     const Coord x = owner.coord(rank);
-    const double bytes = static_cast<double>(dtype_bytes(model_.dtype));
+    const double bytes = gradient_value_bytes();
     Op shape = collective_op(
         plan_.distributed_optimizer ? CollectiveKind::kReduceScatter : CollectiveKind::kAllReduce,
         Purpose::kDp, Phase::kF, i, dpcp_group(owner, x), 0);
@@ -109,7 +109,7 @@ void Lowering::gradient_reduction(int64_t rank, const std::vector<int>& module_l
     // the 16-bit weight: ~ (12 + 12 + 4 + 2) bytes per parameter it owns.
     double step_bytes = 0;
     for (std::size_t j = k; j < end; ++j)
-      step_bytes += reductions[j].bytes / static_cast<double>(dtype_bytes(model_.dtype)) * 30.0 /
+      step_bytes += reductions[j].bytes / gradient_value_bytes() * 30.0 /
                     static_cast<double>(plan_.distributed_optimizer ? shards_of(reductions[j]) : 1);
     Op step;
     step.kind = OpKind::kOptimizerStep;
@@ -128,6 +128,7 @@ void Lowering::gradient_reduction(int64_t rank, const std::vector<int>& module_l
       if (plan_.distributed_optimizer && shards_of(reductions[j]) > 1 && !gathered) {
         Op gather = reductions[j];
         gather.collective = CollectiveKind::kAllGather;
+        gather.bytes = reductions[j].bytes / gradient_value_bytes() * weight_value_bytes();
         gather.deps = {stepped};
         emit(rank, gather);
       }

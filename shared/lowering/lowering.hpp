@@ -328,18 +328,24 @@ class Lowering {
   // overlap_param_gather: the modules whose parameters each rank gathers at the step's start
   // (none after its optimizer step).
   std::map<int64_t, std::set<int>> gathered_at_start_;
-  // The 16-bit gradients (or weights) of layers [a, b) of `m` on one rank of its grid.
-  double bucket_bytes(const ModuleInfo& m, int64_t a, int64_t b) const {
-    const ModuleLayout& l = grid_of(m).layout;
-    return range_parameters(*m.spec, a, b, l.tp, l.ep) *
-           static_cast<double>(dtype_bytes(model_.dtype));
+  // Bytes per value of the weights (the parameter gathers) and of the gradients reduced.
+  double weight_value_bytes() const { return static_cast<double>(dtype_bytes(model_.dtype)); }
+  double gradient_value_bytes() const {
+    return static_cast<double>(reduced_gradient_bytes(plan_, model_.dtype));
   }
-  // Of those, the key/value heads replicated over TP ranks (0 when the module has as many as TP).
+  // The weights of layers [a, b) of `m` on one rank of its grid, `value_bytes` each (buckets are
+  // cut by their weights' bytes, as Megatron-LM counts buckets in parameters).
+  double bucket_bytes(const ModuleInfo& m, int64_t a, int64_t b, double value_bytes) const {
+    const ModuleLayout& l = grid_of(m).layout;
+    return range_parameters(*m.spec, a, b, l.tp, l.ep) * value_bytes;
+  }
+  // The gradients of those that are key/value heads replicated over TP ranks (0 when the module
+  // has as many as TP).
   double bucket_kv_bytes(const ModuleInfo& m, int64_t a, int64_t b) const {
     const ModuleLayout& l = grid_of(m).layout;
     if (!m.spec->transformer || l.tp == 1) return 0;
     return static_cast<double>(b - a) * kv_replica_parameters(*m.spec->transformer, l.tp) *
-           static_cast<double>(dtype_bytes(model_.dtype));
+           gradient_value_bytes();
   }
   // The sum over TP ranks of `bytes` of replicated key/value heads' gradients of `m`
   // (kOpKvReplicas), shaped as `shape` (its stage, and a bucket's layers), after shape.deps and
@@ -357,8 +363,8 @@ class Lowering {
     return emit(rank, std::move(shape));
   }
   // Of those, the routed experts' where EP splits them (0 otherwise).
-  double bucket_expert_bytes(const ModuleInfo& m, int64_t a, int64_t b) const {
-    return expert_range_parameters(m, a, b) * static_cast<double>(dtype_bytes(model_.dtype));
+  double bucket_expert_bytes(const ModuleInfo& m, int64_t a, int64_t b, double value_bytes) const {
+    return expert_range_parameters(m, a, b) * value_bytes;
   }
   // The routed experts' parameters of layers [a, b) of `m` on one rank, where EP splits them.
   double expert_range_parameters(const ModuleInfo& m, int64_t a, int64_t b) const {

@@ -99,10 +99,12 @@ void Lowering::lower_pipelines() {
             g.flags |= kOpGradientBucket;
             // The piece's forward waits for the last gather (the others precede it).
             param_gathers[item.chunk].emplace_back(
-                *piece, emit_dp_collectives(rank, g, owner, x,
-                                            bucket_bytes(owner, piece->first, piece->second),
-                                            bucket_expert_bytes(owner, piece->first, piece->second))
-                            .back());
+                *piece,
+                emit_dp_collectives(
+                    rank, g, owner, x,
+                    bucket_bytes(owner, piece->first, piece->second, weight_value_bytes()),
+                    bucket_expert_bytes(owner, piece->first, piece->second, weight_value_bytes()))
+                    .back());
           }
         }
         gathered_at_start_[rank].insert(owner_index);
@@ -293,9 +295,10 @@ void Lowering::lower_pipelines() {
             c.deps = {last};  // the sum of replicated key/value gradients waits for it, then this
             c.deps = {
                 sum_kv_replicas(rank, m, x, bucket_kv_bytes(m, piece.first, piece.second), c)};
-            for (int32_t id :
-                 emit_dp_collectives(rank, c, m, x, bucket_bytes(m, piece.first, piece.second),
-                                     bucket_expert_bytes(m, piece.first, piece.second)))
+            const double value = gradient_value_bytes();
+            for (int32_t id : emit_dp_collectives(
+                     rank, c, m, x, bucket_bytes(m, piece.first, piece.second, value),
+                     bucket_expert_bytes(m, piece.first, piece.second, value)))
               bucket_reductions_[rank][m.index].push_back(id);
           }
           release(rank, last, forward_of, std::make_tuple(at_mb, item.chunk, m.index));

@@ -1301,6 +1301,79 @@ TEST_CASE("overlap_param_gather: the step begins with bucket gathers, the first 
   CHECK(read_plan(to_json(c.plan), "p", "", diag) == c.plan);
 }
 
+TEST_CASE(
+    "grad_reduce_in_fp32: gradient reductions carry fp32, gathers and steps stay as they are") {
+  // Per rank: bytes of gradient reductions (DP all-reduces and reduce-scatters, sums of
+  // replicated key/value gradients), of parameter gathers, of optimizer steps, and FLOPs.
+  struct Totals {
+    double reduced = 0, kv = 0, gathered = 0, stepped = 0, flops = 0;
+    std::size_t ops = 0;
+  };
+  auto totals = [](const std::vector<Op>& ops) {
+    Totals t;
+    t.ops = ops.size();
+    for (const Op& op : ops) {
+      if (op.kind == OpKind::kCompute) t.flops += op.flops;
+      if (op.kind == OpKind::kOptimizerStep) t.stepped += op.bytes;
+      if (op.kind != OpKind::kCollective) continue;
+      if ((op.flags & kOpKvReplicas) != 0) t.kv += op.bytes;
+      if (op.purpose != Purpose::kDp) continue;
+      (op.collective == CollectiveKind::kAllGather ? t.gathered : t.reduced) += op.bytes;
+    }
+    return t;
+  };
+  const char* workload =
+      R"({"global_batch": 8, "max_seq_len": 512, "samples": {"text_tokens": 256}})";
+  // After the backward with the distributed optimizer; bucket by bucket with its overlaps; a
+  // colocated LLM whose TP replicates key/value heads (4 of them over TP 8).
+  const std::vector<std::pair<const char*, const char*>> plans = {
+      {kTextModel,
+       R"({"placement": "homogeneous", "layout": {"pp": 2, "dp": 2}, "distributed_optimizer": true)"},
+      {kTextModel,
+       R"({"placement": "homogeneous", "layout": {"pp": 2, "vpp": 2, "dp": 2},
+          "schedule": "interleaved_1f1b", "num_micro_batches": 4, "distributed_optimizer": true,
+          "overlap_grad_reduce": true, "overlap_param_gather": true, "grad_bucket_mb": 1)"},
+      {kVlm, R"({"placement": "colocated", "modules": {"vision": {"tp": 2, "dp": 8},
+          "llm": {"tp": 8, "dp": 2}})"}};
+  for (const auto& [model, plan] : plans) {
+    INFO(plan);
+    const Case bf16 = make(model, workload, (std::string(plan) + "}").c_str());
+    const Case fp32 =
+        make(model, workload, (std::string(plan) + R"(, "grad_reduce_in_fp32": true})").c_str());
+    REQUIRE(fp32.plan.grad_reduce_in_fp32);
+    const Program p = lowered(fp32), q = lowered(bf16);
+    REQUIRE(p.ranks.size() == q.ranks.size());
+    bool kv_summed = false;
+    for (std::size_t r = 0; r < p.ranks.size(); ++r) {
+      INFO("rank " << r);
+      const Totals a = totals(p.ranks[r]), b = totals(q.ranks[r]);
+      CHECK(a.ops == b.ops);  // the same ops, only their bytes differ
+      CHECK(b.reduced > 0);
+      CHECK(a.reduced == doctest::Approx(2 * b.reduced).epsilon(1e-12));  // bf16 model: 4 / 2
+      CHECK(a.kv == doctest::Approx(2 * b.kv).epsilon(1e-12));
+      CHECK(a.gathered == doctest::Approx(b.gathered).epsilon(1e-12));
+      CHECK(a.stepped == doctest::Approx(b.stepped).epsilon(1e-12));
+      CHECK(a.flops == doctest::Approx(b.flops).epsilon(1e-12));
+      kv_summed |= b.kv > 0;
+    }
+    if (std::string(model) == kVlm) CHECK(kv_summed);
+    if (bf16.plan.distributed_optimizer) CHECK(totals(q.ranks[0]).gathered > 0);
+    CHECK(step_on_slow_network(fp32, p) > step_on_slow_network(bf16, q));
+  }
+  // Megatron-LM's name reads too, and the key survives a round trip.
+  Diagnostics diag;
+  const ParallelPlan megatron =
+      read_plan(Json::parse(R"({"placement": "homogeneous", "layout": {"dp": 2},
+          "accumulate_allreduce_grads_in_fp32": true})"),
+                "p", "", diag);
+  INFO(diag.format());
+  CHECK(diag.ok());
+  CHECK(megatron.grad_reduce_in_fp32);
+  CHECK(read_plan(to_json(megatron), "p", "", diag) == megatron);
+  CHECK(reduced_gradient_bytes(megatron, DType::kBf16) == 4);
+  CHECK(reduced_gradient_bytes(ParallelPlan{}, DType::kBf16) == 2);
+}
+
 TEST_CASE("full recomputation runs the layers again, not the embedding, head or loss") {
   const Case c = make(
       kTextModel, kUniformText,
