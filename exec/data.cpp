@@ -96,6 +96,8 @@ std::string executor_support(const ModelSpec& model) {
       return m.name + ": a norm before the token merge is not in the executor yet";
     if (m.projector && m.projector->merger > 0)
       return m.name + ": a projector's patch merger is not in the executor yet";
+    if (m.projector && m.projector->queries > 0)
+      return m.name + ": a resampler projector (queries) is not in the executor yet";
     if (m.projector && m.projector->deepstack > 0)
       return m.name + ": DeepStack projector copies are not in the executor yet";
     if (m.projector && (m.projector->separators > 0 || m.projector->output_embeddings > 0))

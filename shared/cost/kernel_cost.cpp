@@ -208,6 +208,16 @@ double kernel_compute_s(const ModuleSpec& module, const Op& op, const DeviceSpec
       add_gemm({tokens, static_cast<double>(p->merger), in});
       in = static_cast<double>(p->merger);
     }
+    if (p->queries > 0) {
+      // A resampler, whole on every rank: the tokens in to width out, keys and values, the
+      // queries' projections in and out (shaped as the tokens in: a rate, not a count), and
+      // its attention at the GEMMs' rate.
+      if (p->in != p->out) add_gemm({tokens, out, in});
+      add_gemm({tokens, 2 * out, out});
+      add_gemm({tokens, out, out});
+      add_gemm({tokens, out, out});
+      in = out;
+    }
     if (p->layers == 1) {
       add_gemm({tokens, out / tp, in});
     } else {

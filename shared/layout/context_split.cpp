@@ -19,10 +19,10 @@ std::vector<TokenTag> llm_token_tags(const ModelSpec& model, std::span<const Sam
     std::vector<int64_t> items;  // LLM tokens of each media item, images then audio
     if (image != nullptr)
       for (const ImageItem& i : s.images)
-        items.push_back(image_tokens(*image, i.width, i.height).llm_tokens);
+        items.push_back(llm_tokens(model, *image, image_tokens(*image, i.width, i.height)));
     if (audio != nullptr)
       for (double seconds : s.audio_seconds)
-        items.push_back(audio_tokens(*audio, seconds).llm_tokens);
+        items.push_back(llm_tokens(model, *audio, audio_tokens(*audio, seconds)));
     int64_t media = 0;
     for (int64_t tokens : items) {
       for (int64_t t = 0; t < tokens && media < max_seq_len; ++t, ++media)

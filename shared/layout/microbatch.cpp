@@ -20,23 +20,25 @@ const ModuleSpec* source_encoder(const ModelSpec& model, const ModuleSpec& m) {
 std::vector<MediaItem> media_items(const ModelSpec& model, const ModuleSpec& encoder,
                                    const Sample& s) {
   std::vector<MediaItem> items;
+  const auto item = [&](int64_t piece_tokens, int64_t pieces, const MediaTokens& t) {
+    items.push_back({piece_tokens, pieces, llm_tokens(model, encoder, t), t.llm_tokens});
+  };
   if (encoder_for(model, Modality::kImage) == &encoder)
     for (const ImageItem& i : s.images) {
       const MediaTokens t = image_tokens(encoder, i.width, i.height);
-      items.push_back({t.encoder_tokens / t.pieces, t.pieces, t.llm_tokens});
+      item(t.encoder_tokens / t.pieces, t.pieces, t);
     }
   if (encoder_for(model, Modality::kVideo) == &encoder)
     for (const VideoItem& v : s.videos) {
       const MediaTokens t = video_tokens(encoder, v.frames, v.width, v.height);
       // Native-resolution encoders attend over the whole clip; fixed/tiled ones per frame.
       const bool whole = encoder.patching->resize == ResizeMode::kDynamic;
-      items.push_back({whole ? t.encoder_tokens : t.encoder_tokens / t.pieces, whole ? 1 : t.pieces,
-                       t.llm_tokens});
+      item(whole ? t.encoder_tokens : t.encoder_tokens / t.pieces, whole ? 1 : t.pieces, t);
     }
   if (encoder_for(model, Modality::kAudio) == &encoder)
     for (double seconds : s.audio_seconds) {
       const MediaTokens t = audio_tokens(encoder, seconds);
-      items.push_back({t.encoder_tokens / t.pieces, t.pieces, t.llm_tokens});
+      item(t.encoder_tokens / t.pieces, t.pieces, t);
     }
   return items;
 }
@@ -64,15 +66,17 @@ ModuleWork module_work(const ModelSpec& model, const ModuleSpec& m,
   for (const Sample* s : samples) {
     if (encoder != nullptr) {
       for (const MediaItem& item : media_items(model, *encoder, *s)) {
+        // An encoder hands on its merged tokens; a projector takes them and hands on the LLM's.
         if (m.role == ModuleRole::kEncoder) {
           w.tokens += item.piece_tokens * item.pieces;
           w.attention_pairs += static_cast<double>(item.pieces) *
                                static_cast<double>(item.piece_tokens) *
                                static_cast<double>(item.piece_tokens);
+          w.output_tokens += item.merged_tokens;
         } else {
-          w.tokens += item.llm_tokens;
+          w.tokens += item.merged_tokens;
+          w.output_tokens += item.llm_tokens;
         }
-        w.output_tokens += item.llm_tokens;
       }
       continue;
     }

@@ -23,11 +23,13 @@ struct ModuleWork {
 
 // One media item of a sample as an encoder takes it: `pieces` separate encoder sequences (tiles,
 // audio windows, a fixed-size encoder's video frames in temporal steps) of `piece_tokens` each,
-// and the `llm_tokens` it becomes in the LLM's sequence.
+// the `merged_tokens` the encoder hands its projector (after merging or pooling), and the
+// `llm_tokens` it becomes in the LLM's sequence (as many, unless the projector resamples).
 struct MediaItem {
   int64_t piece_tokens = 0;
   int64_t pieces = 0;
   int64_t llm_tokens = 0;
+  int64_t merged_tokens = 0;
 };
 // The media items of `sample` that `encoder` turns into tokens, in the order the encoder and the
 // LLM take them: its images where it is the image encoder, then its videos where it is the

@@ -161,12 +161,14 @@ Op Lowering::compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t
       }
     }
   }
+  // A projector takes its encoder's tokens (tokens_local) and hands on as many, or its
+  // resampler's queries per piece.
+  const double out_local = static_cast<double>(work.output_tokens) / cp_split;
   if (spec.projector) {
     const ProjectorArch& pr = *spec.projector;
-    // The merger, whole on every rank, and the MLP after it, split where projector_splits.
-    const auto merger = static_cast<double>(projector_merger_parameters(pr));
-    const auto w = static_cast<double>(projector_matmul_parameters(pr)) - merger;
-    linear += 2.0 * (w / tp_shard + merger) * tokens_local;
+    const ProjectorFlops f = projector_forward_flops(pr, tokens_local, out_local, l.tp);
+    linear += f.linear;
+    attention += f.attention;
     weights += projector_parameters(pr, l.tp);
     // Split over TP, forward: the row-parallel output; backward: the input gradient, when one
     // flows back.
@@ -174,7 +176,7 @@ Op Lowering::compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t
          (phase == Phase::kB && m.flow.needs_input_grad)) &&
         l.tp > 1 && projector_splits(pr))
       op.nested.push_back({CollectiveKind::kAllReduce, Purpose::kTp, tp_group(layout_owner, x), 1,
-                           tokens_local * static_cast<double>(pr.out) * dtype});
+                           out_local * static_cast<double>(pr.out) * dtype});
   }
   op.flops = phase_flops(linear, attention, phase);
   op.bytes = weights * dtype;
@@ -202,11 +204,7 @@ Op Lowering::compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t
       stash += per_token * tokens_local;
     }
     if (spec.projector)
-      stash += tokens_local *
-               static_cast<double>(spec.projector->in + spec.projector->merger +
-                                   spec.projector->hidden) *
-               static_cast<double>(1 + spec.projector->deepstack) * dtype /
-               static_cast<double>(l.tp);
+      stash += projector_stash_values(*spec.projector, tokens_local, out_local, l.tp) * dtype;
     op.stash_bytes = stash;
   }
   return op;

@@ -109,7 +109,7 @@ SampleTokens sample_tokens(const ModelSpec& model, const Sample& s) {
     TESSERA_CHECK(enc != nullptr, "model has no image encoder");
     for (const ImageItem& i : s.images) {
       const MediaTokens m = image_tokens(*enc, i.width, i.height);
-      t.image_llm += m.llm_tokens;
+      t.image_llm += llm_tokens(model, *enc, m);
       t.image_encoder += m.encoder_tokens;
     }
   }
@@ -118,7 +118,7 @@ SampleTokens sample_tokens(const ModelSpec& model, const Sample& s) {
     TESSERA_CHECK(enc != nullptr, "model has no audio encoder");
     for (double seconds : s.audio_seconds) {
       const MediaTokens m = audio_tokens(*enc, seconds);
-      t.audio_llm += m.llm_tokens;
+      t.audio_llm += llm_tokens(model, *enc, m);
       t.audio_encoder += m.encoder_tokens;
     }
   }
@@ -127,7 +127,7 @@ SampleTokens sample_tokens(const ModelSpec& model, const Sample& s) {
     TESSERA_CHECK(enc != nullptr, "model has no video encoder");
     for (const VideoItem& v : s.videos) {
       const MediaTokens m = video_tokens(*enc, v.frames, v.width, v.height);
-      t.video_llm += m.llm_tokens;
+      t.video_llm += llm_tokens(model, *enc, m);
       t.video_encoder += m.encoder_tokens;
     }
   }

@@ -266,8 +266,15 @@ int64_t projector_merger_parameters(const ProjectorArch& p) {
   return (1 + p.deepstack) * p.in * p.merger;
 }
 
+int64_t resampler_parameters(const ProjectorArch& p) {
+  if (p.queries == 0) return 0;
+  const int64_t d = p.out;
+  return p.queries * d * (p.query_positions ? 2 : 1) + (p.in != d ? p.in * d : 0) + 4 * d * d +
+         4 * d + 3 * norm_parameters(NormKind::kLayerNorm, d);
+}
+
 int64_t projector_matmul_parameters(const ProjectorArch& p) {
-  const int64_t in = p.merger > 0 ? p.merger : p.in;
+  const int64_t in = p.merger > 0 ? p.merger : p.queries > 0 ? p.out : p.in;
   const int64_t mlp = p.layers == 1
                           ? in * p.out
                           : in * p.hidden + (p.layers - 2) * p.hidden * p.hidden + p.hidden * p.out;
@@ -294,6 +301,7 @@ double projector_parameters(const ProjectorArch& p, int64_t tp) {
   n += static_cast<double>(p.deepstack * norm_parameters(p.norm, p.in));
   // Whole on every rank.
   n += static_cast<double>(p.separators * p.in + p.output_embeddings * p.out);
+  n += static_cast<double>(resampler_parameters(p));
   return n;
 }
 
@@ -375,10 +383,48 @@ double forward_flops_per_token(const ModuleSpec& m, double attended_tokens) {
     }
   }
   if (m.projector) {
-    const ProjectorArch& p = *m.projector;
-    flops += 2.0 * static_cast<double>(projector_matmul_parameters(p));
+    // Per token, as if each token in became one out.
+    const ProjectorFlops p = projector_forward_flops(*m.projector, 1, 1, 1);
+    flops += p.linear + p.attention;
   }
   return flops;
+}
+
+ProjectorFlops projector_forward_flops(const ProjectorArch& p, double tokens_in, double tokens_out,
+                                       int64_t tp) {
+  const auto t = static_cast<double>(tp);
+  const auto merger = static_cast<double>(projector_merger_parameters(p));
+  const double mlp = static_cast<double>(projector_matmul_parameters(p)) - merger;
+  ProjectorFlops f;
+  if (p.queries == 0) {
+    // The MLP's share is divided over TP even where it runs whole (projector_splits).
+    f.linear = 2.0 * (mlp / t + merger) * tokens_out;
+    return f;
+  }
+  // A resampler runs whole on every rank: keys and values from the tokens in, the queries into
+  // and out of the attention, then the MLP.
+  const auto d = static_cast<double>(p.out);
+  const double to_d = p.in != p.out ? static_cast<double>(p.in) * d : 0;
+  f.linear = 2.0 * (to_d + 2.0 * d * d) * tokens_in + 2.0 * (2.0 * d * d + mlp) * tokens_out;
+  // Q·Kᵀ and P·V over the full width, each query of a piece against each of its tokens.
+  f.attention = 4.0 * d * static_cast<double>(p.queries) * tokens_in;
+  return f;
+}
+
+double projector_stash_values(const ProjectorArch& p, double tokens_in, double tokens_out,
+                              int64_t tp) {
+  const auto copies = static_cast<double>(1 + p.deepstack);
+  // An MLP projector's share is divided over TP even where it runs whole (projector_splits).
+  if (p.queries == 0)
+    return tokens_out * static_cast<double>(p.in + p.merger + p.hidden) * copies /
+           static_cast<double>(tp);
+  const auto d = static_cast<double>(p.out);
+  // The tokens in, their projection, normalized, as keys and values; per query its input, the
+  // attention's output and the output norm's input; the probabilities of the (unfused)
+  // attention; then the MLP's inputs.
+  const double mlp = p.layers == 1 ? d : d + static_cast<double>(p.hidden * (p.layers - 1));
+  return tokens_in * (static_cast<double>(p.in) + 4.0 * d) + tokens_out * (3.0 * d + mlp) +
+         static_cast<double>(p.query_heads * p.queries) * tokens_in;
 }
 
 double activation_bytes_per_token_per_layer(const TransformerArch& a, double seq_len,
@@ -467,6 +513,11 @@ MediaTokens video_tokens(const ModuleSpec& encoder, int64_t frames, int64_t widt
     frame.llm_tokens = pooled * pooled;
   }
   return {frame.encoder_tokens * steps, frame.llm_tokens * steps, steps};
+}
+
+int64_t llm_tokens(const ModelSpec& model, const ModuleSpec& encoder, const MediaTokens& t) {
+  const ProjectorArch* resampler = resampler_of(model, encoder);
+  return resampler != nullptr ? t.pieces * resampler->queries : t.llm_tokens;
 }
 
 MediaTokens audio_tokens(const ModuleSpec& encoder, double seconds) {

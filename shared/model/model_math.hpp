@@ -70,14 +70,20 @@ double output_side_parameters(const ModuleSpec& module, int64_t tp);
 int64_t projector_parameters(const ProjectorArch& projector);
 double projector_parameters(const ProjectorArch& projector, int64_t tp);
 // A projector's matrices: in·out (one layer), else in·hidden + (layers−2)·hidden² + hidden·out,
-// with `merger` for `in` and in·merger more where it merges first; times 1 + deepstack.
+// with `merger` for `in` and in·merger more where it merges first (`out` for `in` after a
+// resampler); times 1 + deepstack. A resampler's own are resampler_parameters().
 int64_t projector_matmul_parameters(const ProjectorArch& projector);
 // Of those, the merger's (in·merger, times 1 + deepstack): whole on every TP rank.
 int64_t projector_merger_parameters(const ProjectorArch& projector);
+// A resampler's weights (0 without queries), whole on every TP rank, at D = out: the queries
+// (queries·D), the key/value input projection (in·D, where in ≠ D), the attention's input
+// (3D² + 3D) and output (D² + D) projections, three LayerNorms; a stored position table adds
+// queries·D.
+int64_t resampler_parameters(const ProjectorArch& projector);
 // Whether TP splits a projector: two layers, column- then row-parallel (their output summed over
-// TP). One layer, or three and more, run whole on every TP rank.
+// TP), without a resampler. One layer, or three and more, run whole on every TP rank.
 inline bool projector_splits(const ProjectorArch& projector) {
-  return projector.layers == 2;
+  return projector.layers == 2 && projector.queries == 0;
 }
 int64_t module_parameters(const ModuleSpec& module);
 int64_t model_parameters(const ModelSpec& model);
@@ -105,6 +111,22 @@ double layer_forward_flops_per_token(const TransformerArch& arch, double attende
 // The attention-score part of a layer's forward: Q·K^T and P·V, 2·q FLOPs per query-key pair
 // each, over the pairs the kernel computes (causal: those the mask keeps).
 double layer_attention_flops(const TransformerArch& arch, double attention_pairs);
+// One forward of a projector on one of `tp` ranks, taking `tokens_in` tokens from its encoder
+// and handing `tokens_out` on (as many, unless it resamples: queries per piece). The merger
+// works on the tokens in, the MLP on the tokens out; a resampler projects the tokens in to keys
+// and values, its queries through the attention's input and output projections, and attends
+// queries × tokens_in pairs at width out (`attention`). The one count the lowering and the stage
+// split use.
+struct ProjectorFlops {
+  double linear = 0;
+  double attention = 0;
+};
+ProjectorFlops projector_forward_flops(const ProjectorArch& projector, double tokens_in,
+                                       double tokens_out, int64_t tp);
+// Values a projector keeps for its backward on one of `tp` ranks: the inputs of its matrices
+// (and a resampler's keys, values, queries and attention probabilities).
+double projector_stash_values(const ProjectorArch& projector, double tokens_in, double tokens_out,
+                              int64_t tp);
 // The FLOPs of a training phase from its forward's matrix (`linear`) and attention FLOPs — the
 // one count the lowering, the stage split and Entrain's work share use: the forward and its
 // recomputation do both once; the input-gradient backward does the matrices once and the
@@ -131,9 +153,13 @@ struct MediaTokens {
   int64_t llm_tokens = 0;      // tokens handed to the LLM (after merge/pooling, CLS dropped)
   int64_t pieces = 1;          // tiles (images), windows (audio): separate encoder sequences
 };
+// What the encoder alone makes of an item; the LLM's share is llm_tokens() of it.
 // REQUIRES: `encoder` has patching (image/video) or an audio front end (audio).
 MediaTokens image_tokens(const ModuleSpec& encoder, int64_t width, int64_t height);
 MediaTokens video_tokens(const ModuleSpec& encoder, int64_t frames, int64_t width, int64_t height);
 MediaTokens audio_tokens(const ModuleSpec& encoder, double seconds);
+// The tokens an item of `encoder` (`t`, from the functions above) becomes in the LLM's sequence:
+// t.llm_tokens, or `queries` per piece where the projector the encoder feeds resamples.
+int64_t llm_tokens(const ModelSpec& model, const ModuleSpec& encoder, const MediaTokens& t);
 
 }  // namespace tessera

@@ -40,7 +40,8 @@ std::string arch_summary(const ModuleSpec& m) {
   }
   if (m.projector) {
     const ProjectorArch& p = *m.projector;
-    out << "mlp " << p.in;
+    if (p.queries > 0) out << "resampler " << p.queries << "q a" << p.query_heads << ", ";
+    out << "mlp " << (p.queries > 0 ? p.out : p.in);
     if (p.merger > 0) out << "=>" << p.merger;
     for (int64_t i = 1; i < p.layers; ++i) out << "->" << p.hidden;
     out << "->" << p.out;

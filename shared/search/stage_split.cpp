@@ -76,8 +76,9 @@ std::vector<int64_t> linear_partition(const std::vector<double>& costs, int64_t 
 namespace {
 
 struct MeanWork {
-  double tokens = 0;    // per sample
-  double attended = 0;  // keys per query
+  double tokens = 0;         // per sample
+  double attended = 0;       // keys per query
+  double output_tokens = 0;  // per sample: what it hands on
 };
 
 MeanWork mean_work(const ModelSpec& model, const ModuleSpec& module, const WorkloadSpec& workload) {
@@ -92,6 +93,7 @@ MeanWork mean_work(const ModelSpec& model, const ModuleSpec& module, const Workl
   if (samples.empty() || w.tokens == 0) return m;
   m.tokens = static_cast<double>(w.tokens) / static_cast<double>(samples.size());
   m.attended = w.attention_pairs / static_cast<double>(w.tokens);
+  m.output_tokens = static_cast<double>(w.output_tokens) / static_cast<double>(samples.size());
   return m;
 }
 
@@ -193,14 +195,15 @@ double layer_seconds(const Pricer& price, std::size_t m, const TransformerArch& 
 }
 
 // The whole of module `m` for one micro-batch (its layers, front end, head or projector).
+// `output_tokens`: what a projector hands on, of the micro-batch.
 double module_seconds(const Pricer& price, const ModelSpec& model, std::size_t m, double tokens,
-                      double attended) {
+                      double attended, double output_tokens) {
   const ModuleSpec& spec = model.modules[m];
   if (spec.projector) {
     const ProjectorArch& pr = *spec.projector;
-    const auto w = static_cast<double>(projector_matmul_parameters(pr));
-    return price.seconds(m, 2.0 * w * tokens, 0, 0, 1, price.activation_bytes(tokens, pr.out),
-                         tokens, 0, true);
+    const ProjectorFlops f = projector_forward_flops(pr, tokens, output_tokens, 1);
+    return price.seconds(m, f.linear, f.attention, 0, 1,
+                         price.activation_bytes(output_tokens, pr.out), tokens, 0, true);
   }
   if (!spec.transformer) return 0;
   const TransformerArch& a = *spec.transformer;
@@ -265,7 +268,8 @@ ChainCosts chain_costs(const ModelSpec& model, std::size_t module, const Paralle
     for (std::size_t i = 0; i < model.modules.size(); ++i)
       if (i != module) {
         const MeanWork mw = mean_work(model, model.modules[i], workload);
-        c.first_extra += module_seconds(hosted, model, i, mbs * mw.tokens, mw.attended);
+        c.first_extra +=
+            module_seconds(hosted, model, i, mbs * mw.tokens, mw.attended, mbs * mw.output_tokens);
       }
   }
   return c;

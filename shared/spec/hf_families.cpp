@@ -929,4 +929,109 @@ ModelSpec import_clip(const Reader& root, bool siglip) {
   return model;
 }
 
+namespace {
+
+// timm's SigLIP towers that MiniCPM-V 2.0 names instead of describing (vision_encoder), with
+// timm's sizes: no class token, a biased patch convolution, learned positions for the square
+// input, a final norm (the attention-pooling head is replaced by an identity).
+struct TimmTower {
+  const char* name;
+  int64_t width, depth, ffn, heads, patch, image;
+};
+constexpr TimmTower kTimmTowers[] = {
+    {"vit_so400m_patch14_siglip_384", 1152, 27, 4304, 16, 14, 384},
+    {"vit_so400m_patch14_siglip_224", 1152, 27, 4304, 16, 14, 224},
+};
+
+}  // namespace
+
+ModelSpec import_minicpmv(const Reader& root) {
+  // Versions differ in the tower's description and the LLM: 2.0 names a timm tower and stores
+  // its resampler's position table with the weights; 2.6 (and MiniCPM-o 2.6) has a Qwen2 LLM,
+  // 2.0 (MiniCPM-2.4B), 2.5 (Llama 3) and 4.0 (MiniCPM4) Llama-shaped ones.
+  const bool timm = root.has("vision_encoder");
+  double version = timm ? 2.0 : 2.5;
+  if (const Json* v = root.raw("version")) {
+    if (v->is_string()) {
+      try {
+        version = std::stod(v->get<std::string>());
+      } catch (const std::exception&) {
+        root.error("version", "'" + v->get<std::string>() + "' is not a version number");
+      }
+    } else {
+      version = root.get_double("version", version);
+    }
+  }
+  const bool qwen2 = version >= 2.6 && version < 3;
+  ModuleSpec llm = llm_module(root, qwen2 ? "qwen2" : "llama");
+  root.require("mlp_bias", false, "biases on the language model's MLP linears");
+  // MiniCPM's muP scalars (embeddings scaled by scale_emb, residuals by scale_depth / sqrt(layers),
+  // logits by hidden / dim_model_base): no parameter, no work to speak of.
+  root.known({"scale_emb", "scale_depth", "dim_model_base"});
+  // Image-boundary and image-id markers are text tokens; vision_batch_size and
+  // batch_vision_input set how inference batches the slices through the tower.
+  root.known({"mm_use_im_start_end", "use_image_id"});
+  root.unused({"vision_batch_size", "batch_vision_input"},
+              "how inference batches the slices through the vision tower");
+
+  ModuleSpec vision;
+  if (timm) {
+    const std::string name = root.get_string("vision_encoder", "");
+    const std::string base = name.substr(0, name.find('.'));  // the pretrained tag after '.'
+    const auto t = std::find_if(std::begin(kTimmTowers), std::end(kTimmTowers),
+                                [&](const TimmTower& x) { return base == x.name; });
+    if (t == std::end(kTimmTowers)) {
+      root.error("vision_encoder", "timm tower '" + name + "' has no sizes here (known: " +
+                                       std::string(kTimmTowers[0].name) + ", " +
+                                       kTimmTowers[1].name + ")");
+      return {};
+    }
+    Diagnostics none;
+    const Json tower{{"hidden_size", t->width},         {"num_hidden_layers", t->depth},
+                     {"num_attention_heads", t->heads}, {"intermediate_size", t->ffn},
+                     {"patch_size", t->patch},          {"image_size", t->image}};
+    vision = vit_module(Reader(tower, "", none), true);
+  } else {
+    vision = vit_module(root.sub("vision_config"), true);
+  }
+  TransformerArch& tower = *vision.transformer;
+  // The remote code drops the tower's last layer when asked (2.0 does).
+  if (root.get_bool("drop_vision_last_layer", false)) --tower.layers;
+  // LLaVA-UHD slicing: an image of more than one scale_resolution² area is cut into up to
+  // max_slice_nums slices of about that area, each through the tower, and the whole image
+  // downscaled beside them; each becomes query_num tokens. Tiles of scale_resolution stand for
+  // the slices (their aspect follows the image's; the area is the same).
+  Patching& p = *vision.patching;
+  const Reader slices = root.sub("slice_config");
+  slices.known({"model_type"});
+  slices.alias("patch_size", p.patch_size, "vision_config.patch_size");
+  root.alias("patch_size", p.patch_size, "vision_config.patch_size");
+  const int64_t side = slices.has("scale_resolution") ? slices.get("scale_resolution", 448)
+                                                      : root.get("scale_resolution", 448);
+  root.known({"image_size"});  // the processor's default side, which scale_resolution repeats
+  p.resize = ResizeMode::kTiles;
+  p.tile_size = side;
+  p.image_size = 0;
+  p.thumbnail = true;
+  p.max_tiles = root.get_bool("slice_mode", true)
+                    ? (slices.has("max_slice_nums") ? slices.get("max_slice_nums", 9)
+                                                    : root.get("max_slice_nums", 9))
+                    : 1;
+  if (p.patch_size < 1 || side % p.patch_size != 0)
+    root.error("scale_resolution", std::to_string(side) + " is not a multiple of the patch size " +
+                                       std::to_string(p.patch_size));
+
+  const int64_t h = llm.transformer->hidden;
+  // The resampler at the LLM's width with heads of 128, then its output matrix (proj, no bias).
+  ModuleSpec projector =
+      projector_module("vision_projector", "vision", tower.hidden, h, h, 1, false);
+  ProjectorArch& r = *projector.projector;
+  r.bias = false;
+  r.queries = root.get("query_num", 64);
+  if (r.queries < 1) root.error("query_num", "must be positive");
+  r.query_heads = std::max<int64_t>(1, h / 128);
+  r.query_positions = timm;
+  return vlm(std::move(vision), std::move(projector), std::move(llm));
+}
+
 }  // namespace tessera::hf

@@ -46,6 +46,9 @@ ModelSpec import_deepseek_vl2(const Reader& root);
 // Kimi-VL: MoonViT at native resolution merged 2 x 2 into an MLP, and a DeepSeek-V3 MoE LLM with
 // multi-head latent attention.
 ModelSpec import_kimi_vl(const Reader& root);
+// MiniCPM-V (2.0, Llama3-V 2.5, 2.6, 4.0): a SigLIP-400M tower over the image and its slices,
+// a resampler of query_num learned queries per slice, and the LLM flat at the top level.
+ModelSpec import_minicpmv(const Reader& root);
 // CLIP's or SigLIP's vision tower, from the two-tower config.
 ModelSpec import_clip(const Reader& root, bool siglip);
 

@@ -47,6 +47,7 @@ constexpr Family kFamilies[] = {
     {"idefics3", hf::import_idefics3},
     {"deepseek_vl_v2", hf::import_deepseek_vl2},
     {"kimi_vl", hf::import_kimi_vl},
+    {"minicpmv", hf::import_minicpmv},
     {"smolvlm", hf::import_idefics3},
     {"siglip", [](const Reader& r) { return hf::import_clip(r, true); }},
     {"siglip_vision_model", [](const Reader& r) { return tower(hf::vit_module(r, true)); }},
@@ -75,13 +76,10 @@ constexpr const char* kPhi4Adapters =
 constexpr Inexpressible kInexpressible[] = {
     {"glm4v", "GLM-4.1V", kGlmProjector},
     {"glm4v_moe", "GLM-4.5V", kGlmProjector},
-    {"minicpmv", "MiniCPM-V",
-     "its resampler compresses each image slice to query_num learned queries by cross-attention; "
-     "the IR's projector has no attention"},
     {"minicpmo", "MiniCPM-o",
-     "its resampler compresses each image slice to query_num learned queries by cross-attention "
-     "(the IR's projector has no attention), and its speech generator (ChatTTS) is a second "
-     "decoder fed by the LLM"},
+     "its speech decoder (ChatTTS, tts_config) trains with the LLM end to end on the LLM's "
+     "hidden states, and its Whisper encoder streams audio in chunks (chunk_input); the IR has "
+     "neither (MiniCPM-V, the same vision path without them, imports)"},
     {"molmo", "Molmo", kMolmoConnector},
     {"molmoe", "MolmoE", kMolmoConnector},
     {"aria", "Aria",

@@ -255,6 +255,20 @@ ProjectorArch read_projector(ObjectReader& r) {
   count(r, "output_embeddings", p.output_embeddings, kMaxLayers);
   if (positive(r, "merger", p.merger, false, kMaxHidden * 8) && p.in > 0 && p.merger >= p.in)
     r.error("merger", "must be below in=" + std::to_string(p.in) + ": it merges down");
+  if (positive(r, "queries", p.queries, false, kMaxHidden)) {
+    positive(r, "query_heads", p.query_heads, false, kMaxHeads);
+    if (p.query_heads == 0) p.query_heads = std::max<int64_t>(1, p.out / 128);
+    if (p.out > 0 && p.out % p.query_heads != 0)
+      r.error("query_heads",
+              std::to_string(p.query_heads) + " does not divide out=" + std::to_string(p.out));
+    r.optional("query_positions", p.query_positions);
+    if (p.merger > 0) r.error("merger", "a resampler (queries) takes the encoder's tokens whole");
+    if (p.deepstack > 0)
+      r.error("deepstack", "a resampler (queries) takes the encoder's last layer only");
+  } else {
+    for (const char* key : {"query_heads", "query_positions"})
+      if (r.has(key)) r.error(key, "needs queries > 0 (a resampler)");
+  }
   if (p.hidden == 0) p.hidden = p.out;
   r.finish();
   return p;
@@ -380,6 +394,11 @@ Json to_json(const ProjectorArch& p) {
   if (p.separators > 0) j["separators"] = p.separators;
   if (p.output_embeddings > 0) j["output_embeddings"] = p.output_embeddings;
   if (p.deepstack > 0) j["deepstack"] = p.deepstack;
+  if (p.queries > 0) {
+    j["queries"] = p.queries;
+    j["query_heads"] = p.query_heads;
+    if (p.query_positions) j["query_positions"] = true;
+  }
   return j;
 }
 
@@ -525,6 +544,13 @@ void validate_model(const ModelSpec& model, const std::string& file, const std::
 
     // Shapes must chain: a projector reads (a multiple of) its producer's width, since merged
     // or concatenated features are allowed, and writes its consumer's width.
+    if (m.projector && m.projector->queries > 0) {
+      // It resamples each piece of one encoder's media.
+      const auto it = m.inputs.size() == 1 ? index.find(m.inputs.front()) : index.end();
+      if (it == index.end() || model.modules[it->second].role != ModuleRole::kEncoder)
+        diag.error(file, module_path(i, "projector.queries"),
+                   "a resampler takes the tokens of one encoder as its only input");
+    }
     if (m.projector) {
       for (const std::string& in : m.inputs) {
         const auto it = index.find(in);
@@ -585,6 +611,14 @@ const ModuleSpec* encoder_for(const ModelSpec& model, Modality modality) {
   for (const ModuleSpec& m : model.modules)
     if (m.role == ModuleRole::kEncoder && m.modality == modality) return &m;
   if (modality == Modality::kVideo) return encoder_for(model, Modality::kImage);
+  return nullptr;
+}
+
+const ProjectorArch* resampler_of(const ModelSpec& model, const ModuleSpec& encoder) {
+  for (const ModuleSpec& m : model.modules)
+    if (m.projector && m.projector->queries > 0 && m.inputs.size() == 1 &&
+        m.inputs.front() == encoder.name)
+      return &*m.projector;
   return nullptr;
 }
 

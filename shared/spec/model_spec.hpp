@@ -163,6 +163,18 @@ struct ProjectorArch {
   // A bias-free linear from `in` down to this width before the MLP, which then starts from it
   // (Mistral 3's patch merger: s² concatenated patches back to one patch's width). 0: none.
   int64_t merger = 0;
+  // A resampler before the MLP (MiniCPM-V's): `queries` learned queries cross-attend, with
+  // `query_heads` heads at width `out`, to each piece's tokens (an image, tile, slice or frame
+  // step; projected from `in` to `out` by a bias-free linear where the widths differ), so every
+  // piece reaches the LLM as `queries` tokens whatever its size. Its parameters: the queries,
+  // that linear, LayerNorms over the queries, the keys and values and the output, the
+  // attention's input and output projections with their biases. The MLP then maps out -> out.
+  // 0: no resampler.
+  int64_t queries = 0;
+  int64_t query_heads = 0;  // Default: out / 128 (MiniCPM-V's rule)
+  // The queries' 2-D sin-cos position table is stored with the weights (MiniCPM-V 2.0): queries ·
+  // out more values, counted with the parameters.
+  bool query_positions = false;
 
   bool operator==(const ProjectorArch&) const = default;
 };
@@ -212,6 +224,8 @@ const ModuleSpec* find_llm(const ModelSpec& model);
 // The encoder that turns media of `modality` into tokens: an encoder of that modality, or for
 // video the image encoder when there is no video encoder (Qwen2-VL shares one ViT).
 const ModuleSpec* encoder_for(const ModelSpec& model, Modality modality);
+// The resampler (a projector with queries) that `encoder` feeds directly; null when none.
+const ProjectorArch* resampler_of(const ModelSpec& model, const ModuleSpec& encoder);
 // Modules in a topological order (inputs before consumers). REQUIRES: model validated.
 std::vector<const ModuleSpec*> topological_order(const ModelSpec& model);
 

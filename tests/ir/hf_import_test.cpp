@@ -4,6 +4,7 @@
 #include <fstream>
 #include <functional>
 
+#include "shared/model/batch.hpp"
 #include "shared/model/model_math.hpp"
 #include "shared/spec/hf_import.hpp"
 
@@ -738,4 +739,54 @@ TEST_CASE("Mistral 3 and Pixtral: a bias-free RMSNorm ViT, a patch merger before
   Diagnostics diag;
   read_model(written, "m.json", "", diag);
   CHECK(diag.format().find("merger: must be below in=4096") != std::string::npos);
+}
+
+TEST_CASE("MiniCPM-V: SigLIP slices, a resampler of learned queries per slice, the LLM flat") {
+  // Each checkpoint's count is exact in the corpus test; here, the parts. MiniCPM-V 2.0 names a
+  // timm tower (SigLIP so400m at 384 px: 27 blocks, its last dropped) and stores its
+  // resampler's position table; 2.6 describes its tower (980 px: 4,900 positions) and has a
+  // Qwen2 LLM with q/k/v biases.
+  const std::string corpus = "../hf-corpus/configs/";
+  const ModelSpec v2 = import(corpus + "openbmb--MiniCPM-V-2.json");
+  const ModuleSpec& tower = module(v2, "vision");
+  CHECK(tower.transformer->layers == 26);
+  CHECK(tower.transformer->positions == 27 * 27);
+  CHECK_FALSE(tower.patching->class_token);
+  CHECK(tower.patching->tile_size == 448);
+  CHECK(tower.patching->max_tiles == 9);
+  CHECK(tower.patching->thumbnail);
+  const ProjectorArch& r = *module(v2, "vision_projector").projector;
+  CHECK(r.queries == 64);
+  CHECK(r.query_heads == 2304 / 128);
+  CHECK(r.query_positions);
+  CHECK(r.layers == 1);  // the output matrix (proj), no bias
+  CHECK_FALSE(r.bias);
+  // The resampler by hand at D = 2304, in = 1152: queries and their stored positions 2·64·D,
+  // kv_proj 1152·D, attention in 3D² + 3D and out D² + D, three LayerNorms 6D; then proj D².
+  const int64_t d = 2304;
+  CHECK(resampler_parameters(r) == 2 * 64 * d + 1152 * d + 4 * d * d + 4 * d + 6 * d);
+  CHECK(module_parameters(module(v2, "vision_projector")) == resampler_parameters(r) + d * d);
+  CHECK(module_parameters(module(v2, "vision_projector")) == 29'514'240);
+  CHECK(module_parameters(tower) == 397'747'744);
+  CHECK(module_parameters(module(v2, "llm")) == 3'007'703'808);
+
+  const ModelSpec v26 = import(corpus + "openbmb--MiniCPM-V-2_6.json");
+  CHECK(module(v26, "vision").transformer->positions == 70 * 70);
+  CHECK(module(v26, "vision").transformer->layers == 27);
+  CHECK(module(v26, "llm").transformer->qkv_bias);
+  CHECK_FALSE(module(v26, "vision_projector").projector->query_positions);
+  // Every slice, whatever its patches, reaches the LLM as 64 tokens: a 448 px image is one
+  // piece of 32² patches; a 1344 x 896 one six slices and the whole image.
+  Sample s;
+  s.text_tokens = 10;
+  s.images = {{448, 448}, {1344, 896}};
+  const SampleTokens t = sample_tokens(v26, s);
+  CHECK(t.image_encoder == (1 + 7) * 32 * 32);
+  CHECK(t.image_llm == (1 + 7) * 64);
+  CHECK(t.llm_sequence == 10 + 8 * 64);
+  // A tower timm names without sizes here is refused, naming the key.
+  CHECK(import_errors(corpus + "openbmb--MiniCPM-V-2.json",
+                      [](Json& c) { c["vision_encoder"] = "vit_giant_patch14_siglip_224.webli"; })
+            .find("vision_encoder: timm tower 'vit_giant_patch14_siglip_224.webli' has no sizes") !=
+        std::string::npos);
 }

@@ -392,6 +392,54 @@ TEST_CASE("an encoder's tokens reach a projector on ranks of its own at the proj
   CHECK(sent == doctest::Approx(4.0 * 16 * 512 * 2));  // 4 images, bf16
 }
 
+TEST_CASE("a resampler: its FLOPs by hand, queries per piece to the LLM, patches from the ViT") {
+  // kVlm's projector as a resampler of 4 queries at width 256 (in 128), then a 256 -> 256
+  // matrix: each 64 px image is 64 patches of the ViT and 4 tokens of the LLM.
+  std::string model = kVlm;
+  const std::string from = R"("projector": {"in": 128, "out": 256})";
+  model.replace(model.find(from), from.size(),
+                R"("projector": {"in": 128, "out": 256, "layers": 1, "bias": false,
+                                 "queries": 4, "query_heads": 2})");
+  Case c = make(
+      model.c_str(),
+      R"({"global_batch": 2, "max_seq_len": 1024, "samples": {"text_tokens": 60, "image": {"count": 2, "width": 64, "height": 64}}})",
+      R"({"placement": "non_colocated", "schedule": "graph_1f1b", "modules": {"vision": {"dp": 1}, "proj": {"dp": 1}, "llm": {"dp": 1}}})");
+  const Program p = lowered(c);
+  CHECK(p.llm_tokens == 2 * (60 + 2 * 4));
+  const double d = 256, in = 128, tokens_in = 2 * 2 * 64.0, tokens_out = 2 * 2 * 4.0;
+  double proj_f = 0, from_vision = 0, from_proj = 0;
+  for (const auto& ops : p.ranks)
+    for (const Op& op : ops) {
+      const std::string& name = p.modules[static_cast<std::size_t>(op.module)];
+      if (op.kind == OpKind::kCompute && name == "proj" && op.phase == Phase::kF)
+        proj_f += op.flops;
+      if (op.kind == OpKind::kSend && op.purpose == Purpose::kBoundary && op.phase == Phase::kF)
+        (name == "vision" ? from_vision : from_proj) += op.bytes;
+    }
+  // Keys and values: kv_proj (in·D) and K, V (2D²) per patch; queries: Q and the attention's
+  // output (2D²) and proj (D²) per query; attention: Q·Kᵀ and P·V at width D per pair.
+  const double linear = 2 * (in * d + 2 * d * d) * tokens_in + 2 * (3 * d * d) * tokens_out;
+  const double attention = 4 * d * 4 * tokens_in;
+  CHECK(proj_f == doctest::Approx(linear + attention).epsilon(1e-12));
+  // The ViT hands the projector every patch (bf16, width in); the projector the LLM its queries.
+  CHECK(from_vision == doctest::Approx(tokens_in * in * 2));
+  CHECK(from_proj == doctest::Approx(tokens_out * d * 2));
+  // A resampler takes one encoder's tokens as they are: no merger, no DeepStack, an encoder as
+  // its only input; its heads divide its width.
+  for (const auto& [edit, message] :
+       {std::pair{R"("queries": 4, "query_heads": 3)", "query_heads: 3 does not divide out=256"},
+        std::pair{R"("queries": 4, "merger": 64)", "a resampler (queries) takes"},
+        std::pair{R"("query_heads": 2)", "query_heads: needs queries > 0"}}) {
+    std::string bad = kVlm;
+    bad.replace(bad.find(from), from.size(),
+                std::string(R"("projector": {"in": 128, "out": 256, )") + edit + "}");
+    Diagnostics diag;
+    read_model(Json::parse(bad), "m.json", "", diag);
+    INFO(diag.format());
+    CHECK(diag.format().find(message) != std::string::npos);
+  }
+}
+
 TEST_CASE("boundary links: each consumer replica's links carry its micro-batch's samples") {
   const char* workload =
       R"({"global_batch": 16, "max_seq_len": 1024, "seed": 3, "samples": {"text_tokens": {"dist": "uniform", "min": 32, "max": 300},
