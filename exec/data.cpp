@@ -130,7 +130,11 @@ std::string executor_plan_support(const ParallelPlan& plan, const ModelSpec& mod
         field = "plan.modules." + module + ".tp";
       }
     if (const std::string why = tp_refusal(*m.transformer, m.name, tp); !why.empty())
-      return field + ": " + why + next;
+      return field + ": " + why +
+             (plan.indivisible_heads == IndivisibleHeads::kRefuse
+                  ? next
+                  : "; indivisible_heads " + enum_name(plan.indivisible_heads, kIndivisibleHeads) +
+                        next);
     if (m.transformer->qk_norm && tp > 1)
       return field + ": " + m.name +
              "'s query/key norms under tensor parallelism (the norm weights' gradient would "

@@ -30,6 +30,9 @@ const EnumTable<StageSplit> kStageSplits = {{"frozen_aware", StageSplit::kFrozen
 
 const EnumTable<Recompute> kRecomputes = {
     {"none", Recompute::kNone}, {"selective", Recompute::kSelective}, {"full", Recompute::kFull}};
+const EnumTable<IndivisibleHeads> kIndivisibleHeads = {{"refuse", IndivisibleHeads::kRefuse},
+                                                       {"pad", IndivisibleHeads::kPad},
+                                                       {"replicate", IndivisibleHeads::kReplicate}};
 
 namespace {
 
@@ -144,6 +147,7 @@ ParallelPlan read_plan(const Json& json, const std::string& file, const std::str
   r.optional("overlap_grad_reduce", p.overlap_grad_reduce);
   r.optional("overlap_param_gather", p.overlap_param_gather);
   r.optional({"grad_reduce_in_fp32", "accumulate_allreduce_grads_in_fp32"}, p.grad_reduce_in_fp32);
+  r.optional_enum("indivisible_heads", p.indivisible_heads, kIndivisibleHeads);
   if (r.optional("grad_bucket_mb", p.grad_bucket_mb))
     r.check_positive("grad_bucket_mb", p.grad_bucket_mb);
   r.finish();
@@ -192,7 +196,37 @@ Json to_json(const ParallelPlan& p) {
   }
   if (p.overlap_param_gather) j["overlap_param_gather"] = true;
   if (p.grad_reduce_in_fp32) j["grad_reduce_in_fp32"] = true;
+  if (p.indivisible_heads != IndivisibleHeads::kRefuse)
+    j["indivisible_heads"] = enum_name(p.indivisible_heads, kIndivisibleHeads);
   return j;
+}
+
+int64_t module_tp(const ParallelPlan& plan, const ModelSpec& model, const ModuleSpec& module) {
+  if (plan.placement == Placement::kHomogeneous) return plan.layout.tp;
+  for (const auto& [name, layout] : plan.modules)
+    if (name == module.name) return layout.tp;
+  // A module without an entry runs with the module that feeds it.
+  const ModuleSpec* input = module.inputs.empty() ? nullptr : find_module(model, module.inputs[0]);
+  return input != nullptr ? module_tp(plan, model, *input) : 1;
+}
+
+bool replicated_over_tp(const ParallelPlan& plan, const ModelSpec& model,
+                        const ModuleSpec& module) {
+  return plan.indivisible_heads == IndivisibleHeads::kReplicate &&
+         plan.placement == Placement::kHomogeneous && module.role != ModuleRole::kLlm &&
+         module.role != ModuleRole::kGenerator && module.transformer &&
+         !accepts_tp(*module.transformer, module_tp(plan, model, module));
+}
+
+ModelSpec heads_padded(const ModelSpec& model, const ParallelPlan& plan) {
+  ModelSpec padded = model;
+  if (plan.indivisible_heads != IndivisibleHeads::kPad) return padded;
+  for (ModuleSpec& m : padded.modules)
+    if (m.transformer) {
+      const int64_t tp = module_tp(plan, model, m);
+      if (!accepts_tp(*m.transformer, tp)) *m.transformer = pad_heads(*m.transformer, tp);
+    }
+  return padded;
 }
 
 std::vector<PlacedModule> place_modules(const ParallelPlan& plan, const ModelSpec& model,
@@ -313,6 +347,11 @@ void validate_plan(const ParallelPlan& plan, const ModelSpec& model, const Workl
   };
   const std::string placement = enum_name(plan.placement, kPlacements);
 
+  if (plan.indivisible_heads == IndivisibleHeads::kReplicate &&
+      plan.placement != Placement::kHomogeneous)
+    top("indivisible_heads",
+        "replicate runs a homogeneous plan's encoders whole on every TP rank; in a " + placement +
+            " plan each module chooses its own TP");
   // Per-module grid rules.
   for (const PlacedModule& p : placed) {
     if (!p.host.empty()) continue;  // borrowed layout, checked with its host
@@ -327,7 +366,13 @@ void validate_plan(const ParallelPlan& plan, const ModelSpec& model, const Workl
       const TransformerArch* a = q.module->transformer ? &*q.module->transformer : nullptr;
       if (a == nullptr || q.module->role == ModuleRole::kProjector) continue;
       const std::string who = q.module->name;
-      if (const std::string why = tp_refusal(*a, who, l.tp); !why.empty()) err(p, "tp", why);
+      // Heads TP does not divide: padded (then its key/value heads must still split), run whole
+      // on every TP rank, or refused.
+      const bool padded = plan.indivisible_heads == IndivisibleHeads::kPad;
+      if (!replicated_over_tp(plan, model, *q.module))
+        if (const std::string why = tp_refusal(padded ? pad_heads(*a, l.tp) : *a, who, l.tp);
+            !why.empty())
+          err(p, "tp", why);
       if (l.ep > 1 && a->experts == 0 && q.module == p.module)
         err(p, "ep", "ep=" + std::to_string(l.ep) + " but " + who + " has no experts");
       if (a->experts > 0 && a->experts % l.ep != 0)

@@ -22,6 +22,13 @@ enum class MicrobatchPolicy { kArrival, kSorted, kEntrain };
 enum class CpSplit { kUniform, kZigzag, kMakespan };
 enum class StageSplit { kFrozenAware, kUniform };
 enum class Recompute { kNone, kSelective, kFull };
+// What a module whose attention heads its TP does not divide runs as (InternViT-6B's 25 heads
+// at TP 2, 4 or 8). kRefuse: the plan is invalid. kPad: zero heads pad it to a multiple of TP,
+// each rank computing its share of them (Megatron-LM, as NVLM runs InternViT-6B at TP 8 with 7
+// dummy heads): the padded work and weights are priced, the model's FLOPs count the real heads.
+// kReplicate: a homogeneous plan's encoders and projectors run whole on every TP rank of the
+// LLM's grid, as they run whole on every CP rank (the LLM itself must split).
+enum class IndivisibleHeads { kRefuse, kPad, kReplicate };
 
 extern const EnumTable<Placement> kPlacements;
 extern const EnumTable<Schedule> kSchedules;
@@ -29,6 +36,7 @@ extern const EnumTable<MicrobatchPolicy> kMicrobatching;
 extern const EnumTable<Recompute> kRecomputes;
 extern const EnumTable<StageSplit> kStageSplits;
 extern const EnumTable<CpSplit> kCpSplits;
+extern const EnumTable<IndivisibleHeads> kIndivisibleHeads;
 
 // Consecutive ranks [first, first + count).
 struct RankSpan {
@@ -114,9 +122,22 @@ struct ParallelPlan {
   // FSDP2's default). The distributed optimizer's parameter gathers stay in the model's dtype
   // either way, and the gradients a rank keeps are fp32 in both (the memory model's 4 bytes).
   bool grad_reduce_in_fp32 = false;
+  // Modules whose heads their TP does not divide (see IndivisibleHeads). Default: refuse.
+  IndivisibleHeads indivisible_heads = IndivisibleHeads::kRefuse;
 
   bool operator==(const ParallelPlan&) const = default;
 };
+
+// The TP degree module `module` runs at under `plan` (homogeneous: the one layout's; else its
+// own or its host's), before replication: see replicated_over_tp().
+int64_t module_tp(const ParallelPlan& plan, const ModelSpec& model, const ModuleSpec& module);
+// Whether `module` runs whole on every TP rank (indivisible_heads replicate, heads its TP does
+// not divide).
+bool replicated_over_tp(const ParallelPlan& plan, const ModelSpec& model, const ModuleSpec& module);
+// `model` as `plan` runs it: with indivisible_heads pad, every module whose heads its TP does
+// not divide gets zero heads up to a multiple of TP (key/value heads too where they equal the
+// heads); otherwise `model` itself.
+ModelSpec heads_padded(const ModelSpec& model, const ParallelPlan& plan);
 
 // Bytes per value of a plan's data-parallel gradient reductions for a model of `dtype`.
 int64_t reduced_gradient_bytes(const ParallelPlan& plan, DType dtype);

@@ -80,6 +80,7 @@ SearchSpace read_search_space(const Json& json, const std::string& file, const s
         s.homogeneous_schedules[i] != Schedule::kDip)
       diag.error(file, index_path(r.path_of("homogeneous_schedules"), i),
                  "must be 1f1b (interleaved where vpp > 1) or dip");
+  read_enum_list(r, "indivisible_heads", s.indivisible_heads, kIndivisibleHeads, true);
   if (r.optional("top_k", s.top_k)) r.check_positive("top_k", s.top_k);
   if (const Json* refine = r.find("refine"); refine != nullptr) {
     ObjectReader rr(*refine, file, r.path_of("refine"), diag);
@@ -114,6 +115,7 @@ Json to_json(const SearchSpace& s) {
   j["cp_splits"] = enum_list(s.cp_splits, kCpSplits);
   j["microbatching"] = enum_list(s.microbatching, kMicrobatching);
   j["homogeneous_schedules"] = enum_list(s.homogeneous_schedules, kSchedules);
+  j["indivisible_heads"] = enum_list(s.indivisible_heads, kIndivisibleHeads);
   j["top_k"] = s.top_k;
   j["refine"] = {{"top", s.refine.top},
                  {"microbatching", enum_list(s.refine.microbatching, kMicrobatching)},

@@ -40,6 +40,10 @@ struct SearchSpace {
   // Schedules of pipelined homogeneous plans: 1f1b (interleaved_1f1b where vpp > 1) and dip
   // (encoder segments on the LLM's stages, searched per batch; slower to estimate).
   std::vector<Schedule> homogeneous_schedules = {Schedule::k1F1B};
+  // Where a module's heads do not divide its TP, the plan is tried with each of these (pad;
+  // replicate only in homogeneous plans); empty: such plans are refused.
+  std::vector<IndivisibleHeads> indivisible_heads = {IndivisibleHeads::kPad,
+                                                     IndivisibleHeads::kReplicate};
   int64_t top_k = 16;  // best plans by the analytic estimate that get a full simulation
   // Two-stage search: the best `refine.top` plans of the first ranking, and each placement
   // family's best, are estimated again with the costlier techniques — each micro-batching policy

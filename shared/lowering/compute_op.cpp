@@ -25,7 +25,9 @@ Op Lowering::compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t
     tokens_local = share.tokens[static_cast<std::size_t>(x.c)];
     pairs_local = share.pairs[static_cast<std::size_t>(x.c)];
   }
-  const double tp_shard = static_cast<double>(l.tp);
+  // TP's shards of this module: its grid's TP, or 1 where it runs whole on every TP rank.
+  const int64_t tp = split_tp(m);
+  const double tp_shard = static_cast<double>(tp);
   const double dtype = static_cast<double>(dtype_bytes(model_.dtype));
   const auto [layer_begin, layer_end] =
       piece != nullptr ? *piece : m.chunk_layers[static_cast<std::size_t>(k_chunk)];
@@ -50,28 +52,42 @@ Op Lowering::compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t
   op.layers = static_cast<int32_t>(layers);
   op.first_layer = static_cast<int32_t>(layer_begin);
   op.tokens = static_cast<int64_t>(tokens_local);
-  op.tp = static_cast<int16_t>(l.tp);
-  if (plan_.sequence_parallel && l.tp > 1) op.flags |= kOpSequenceParallel;
+  op.tp = static_cast<int16_t>(tp);
+  if (plan_.sequence_parallel && tp > 1) op.flags |= kOpSequenceParallel;
   if (!plan_.flash_attention) op.flags |= kOpUnfusedAttention;
   if (!plan_.fused_kernels) op.flags |= kOpEagerElementwise;
-  if (plan_.tp_comm_overlap && plan_.sequence_parallel && l.tp > 1) op.flags |= kOpTpCommOverlap;
+  if (plan_.tp_comm_overlap && plan_.sequence_parallel && tp > 1) op.flags |= kOpTpCommOverlap;
   if (plan_.recompute == Recompute::kSelective && phase == Phase::kB)
     op.flags |= kOpAttentionRecompute;
   // Every schedule runs a trainable module's W right after its B.
-  if (plan_.tp_backward_overlap && phase == Phase::kB && m.flow.trainable && l.tp > 1)
+  if (plan_.tp_backward_overlap && phase == Phase::kB && m.flow.trainable && tp > 1)
     op.flags |= kOpTpGradOverlap;
 
-  double linear = 0, attention = 0, weights = 0;  // FLOPs of one forward on this rank
+  double linear = 0, attention = 0, weights = 0;   // FLOPs of one forward on this rank
+  double padded_linear = 0, padded_attention = 0;  // of those, the work on padding heads
   if (spec.transformer) {
     const TransformerArch& a = *spec.transformer;
-    linear = sum_over_layers(a, layer_begin, layer_end,
-                             [&](const TransformerArch& x) {
-                               return 2.0 * static_cast<double>(active_layer_matmul_parameters(x));
-                             }) *
-             tokens_local / tp_shard;
-    attention = static_cast<double>(layers) * layer_attention_flops(a, pairs_local) / tp_shard;
+    // The layer stack's matrices and attention, for the architecture the plan runs and, where
+    // it pads the heads, for the model's.
+    const auto stack = [&](const TransformerArch& arch) {
+      return std::pair{
+          sum_over_layers(arch, layer_begin, layer_end,
+                          [&](const TransformerArch& x) {
+                            return 2.0 * static_cast<double>(active_layer_matmul_parameters(x));
+                          }) *
+              tokens_local / tp_shard,
+          static_cast<double>(layers) * layer_attention_flops(arch, pairs_local) / tp_shard};
+    };
+    std::tie(linear, attention) = stack(a);
+    if (const TransformerArch& real =
+            *real_model_.modules[static_cast<std::size_t>(m.index)].transformer;
+        real.heads != a.heads) {
+      const auto [real_linear, real_attention] = stack(real);
+      padded_linear = linear - real_linear;
+      padded_attention = attention - real_attention;
+    }
     weights = sum_over_layers(a, layer_begin, layer_end, [&](const TransformerArch& x) {
-      return layer_parameters(x, l.tp, l.ep);
+      return layer_parameters(x, tp, l.ep);
     });
     if (layers > 0) op.attention_pairs = pairs_local;
     // Full recomputation checkpoints the transformer layers only (Megatron-LM's checkpointed
@@ -83,10 +99,9 @@ Op Lowering::compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t
       if (phase != Phase::kW) op.logits = tokens_local * static_cast<double>(a.vocab) / tp_shard;
       linear += 2.0 * static_cast<double>(a.hidden * a.vocab) * tokens_local / tp_shard;
       // A tied head multiplies with the input side's embedding.
-      if (a.tied_embeddings)
-        weights += static_cast<double>(a.hidden * a.vocab) / static_cast<double>(l.tp);
+      if (a.tied_embeddings) weights += static_cast<double>(a.hidden * a.vocab) / tp_shard;
     }
-    if (last_chunk && !recomputed) weights += output_side_parameters(spec, l.tp);
+    if (last_chunk && !recomputed) weights += output_side_parameters(spec, tp);
     if (first_chunk && (a.vocab > 0 || spec.patching || spec.audio) && !recomputed)
       op.flags |= kOpFrontEnd;
     if (first_chunk && (spec.patching || spec.audio) && !recomputed) {
@@ -95,11 +110,11 @@ Op Lowering::compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t
       front.transformer->layers = 0;
       front.transformer->vocab = 0;
       linear += forward_flops_per_token(front, 0) * tokens_local / tp_shard;
-      weights += input_side_parameters(front, l.tp);
+      weights += input_side_parameters(front, tp);
     }
     // Nested collectives of the layer stack.
     const double act = tokens_local * static_cast<double>(a.hidden) * dtype;
-    if (phase != Phase::kW && l.tp > 1) {
+    if (phase != Phase::kW && tp > 1) {
       const int32_t g = tp_group(layout_owner, x);
       if (plan_.sequence_parallel) {
         op.nested.push_back(
@@ -111,7 +126,7 @@ Op Lowering::compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t
             {CollectiveKind::kAllReduce, Purpose::kTp, g, static_cast<int32_t>(2 * layers), act});
       }
     }
-    if (a.vocab > 0 && l.tp > 1) {
+    if (a.vocab > 0 && tp > 1) {
       // Vocabulary-parallel embedding and loss: the embedding's partial rows are all-reduced in
       // the forward (its backward is local); the loss all-reduces three fp32 numbers per token
       // (max logit, sum of exponentials, target logit) and the head's input gradient.
@@ -129,7 +144,7 @@ Op Lowering::compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t
       // K/V of the whole sequence gathered per layer (ring exchange has the same volume);
       // backward reduce-scatters their gradients.
       const double kv = static_cast<double>(work.tokens) * static_cast<double>(key_value_width(a)) *
-                        dtype / static_cast<double>(l.tp);
+                        dtype / tp_shard;
       op.nested.push_back(
           {phase == Phase::kB ? CollectiveKind::kReduceScatter : CollectiveKind::kAllGather,
            Purpose::kCp, cp_group(layout_owner, x), static_cast<int32_t>(layers), kv});
@@ -154,8 +169,7 @@ Op Lowering::compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t
                              static_cast<double>(a.experts) * 8.0});
       if (phase != Phase::kW) {
         const double routed = tokens_local * static_cast<double>(a.top_k * a.hidden) * dtype /
-                              (plan_.sequence_parallel ? static_cast<double>(l.tp) : 1.0) *
-                              std::max(1.0, busiest);
+                              (plan_.sequence_parallel ? tp_shard : 1.0) * std::max(1.0, busiest);
         op.nested.push_back(
             {CollectiveKind::kAllToAll, Purpose::kEp, g, static_cast<int32_t>(2 * moe), routed});
       }
@@ -166,26 +180,27 @@ Op Lowering::compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t
   const double out_local = static_cast<double>(work.output_tokens) / cp_split;
   if (spec.projector) {
     const ProjectorArch& pr = *spec.projector;
-    const ProjectorFlops f = projector_forward_flops(pr, tokens_local, out_local, l.tp);
+    const ProjectorFlops f = projector_forward_flops(pr, tokens_local, out_local, tp);
     linear += f.linear;
     attention += f.attention;
-    weights += projector_parameters(pr, l.tp);
+    weights += projector_parameters(pr, tp);
     // Split over TP, forward: the row-parallel output; backward: the input gradient, when one
     // flows back.
     if ((phase == Phase::kF || phase == Phase::kR ||
          (phase == Phase::kB && m.flow.needs_input_grad)) &&
-        l.tp > 1 && projector_splits(pr))
+        tp > 1 && projector_splits(pr))
       op.nested.push_back({CollectiveKind::kAllReduce, Purpose::kTp, tp_group(layout_owner, x), 1,
                            out_local * static_cast<double>(pr.out) * dtype});
   }
   op.flops = phase_flops(linear, attention, phase);
+  op.padded_flops = phase_flops(padded_linear, padded_attention, phase);
   op.bytes = weights * dtype;
   if (phase == Phase::kF && m.flow.backward()) {
     // Activations kept for backward (flash attention: no s x s scores).
     double stash = 0;
     if (spec.transformer && layers > 0) {
       ActivationOptions o;
-      o.tp = l.tp;
+      o.tp = tp;
       o.sequence_parallel = plan_.sequence_parallel;
       o.flash_attention = plan_.flash_attention || plan_.recompute == Recompute::kSelective;
       o.bytes_per_value = dtype_bytes(model_.dtype);
@@ -195,8 +210,7 @@ Op Lowering::compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t
       const double per_token =
           plan_.recompute == Recompute::kFull
               ? static_cast<double>(spec.transformer->hidden) * dtype /
-                    (plan_.sequence_parallel ? static_cast<double>(l.tp) : 1.0) *
-                    static_cast<double>(layers)
+                    (plan_.sequence_parallel ? tp_shard : 1.0) * static_cast<double>(layers)
               : sum_over_layers(*spec.transformer, layer_begin, layer_end,
                                 [&](const TransformerArch& x) {
                                   return activation_bytes_per_token_per_layer(x, seq, o);
@@ -204,7 +218,7 @@ Op Lowering::compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t
       stash += per_token * tokens_local;
     }
     if (spec.projector)
-      stash += projector_stash_values(*spec.projector, tokens_local, out_local, l.tp) * dtype;
+      stash += projector_stash_values(*spec.projector, tokens_local, out_local, tp) * dtype;
     op.stash_bytes = stash;
   }
   return op;

@@ -62,16 +62,22 @@ void Lowering::run() {
     for (std::size_t r = 0; r < p_.memory.size(); ++r)
       p_.memory[r] = p_.memory[static_cast<std::size_t>(p_.represented_by[r])];
   }
-  // Model FLOPs of the iteration (recompute excluded), summed over ranks. A module run whole on
-  // every CP rank repeats its work there: the model's FLOPs count it once.
-  const int64_t llm_cp = modules_[static_cast<std::size_t>(llm_)].layout.cp;
+  // Model FLOPs of the iteration (recompute excluded, heads' padding too), summed over ranks. A
+  // module run whole on every CP rank (or TP rank) repeats its work there: the model's FLOPs
+  // count it once.
+  const ModuleLayout& llm_layout = modules_[static_cast<std::size_t>(llm_)].layout;
   for (std::size_t r = 0; r < p_.ranks.size(); ++r)
     for (const Op& op :
          p_.ranks[static_cast<std::size_t>(representative(p_, static_cast<int64_t>(r)))])
       if (op.kind == OpKind::kCompute && op.phase != Phase::kR) {
-        const bool repeated =
-            op.module >= 0 && whole_on_cp_ranks(modules_[static_cast<std::size_t>(op.module)]);
-        p_.model_flops += repeated ? op.flops / static_cast<double>(llm_cp) : op.flops;
+        double copies = 1;
+        if (op.module >= 0) {
+          const ModuleInfo& m = modules_[static_cast<std::size_t>(op.module)];
+          if (whole_on_cp_ranks(m)) copies *= static_cast<double>(llm_layout.cp);
+          if (split_tp(m) < grid_of(m).layout.tp) copies *= static_cast<double>(llm_layout.tp);
+        }
+        const double flops = op.flops - op.padded_flops;
+        p_.model_flops += copies == 1 ? flops : flops / copies;
       }
 }
 

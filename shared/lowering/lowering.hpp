@@ -106,7 +106,9 @@ class Lowering {
   Lowering(const ModelSpec& model, const ClusterSpec& cluster, const ParallelPlan& plan,
            const WorkloadSpec& workload, const Batch& batch, const DipSchedule* dip,
            RankFolding folding, Lowered& out)
-      : model_(model),
+      : run_model_(heads_padded(model, plan)),
+        model_(run_model_),
+        real_model_(model),
         cluster_(cluster),
         plan_(plan),
         workload_(workload),
@@ -139,6 +141,12 @@ class Lowering {
   bool whole_on_cp_ranks(const ModuleInfo& m) const {
     return plan_.placement == Placement::kHomogeneous && m.spec->role != ModuleRole::kLlm &&
            m.spec->role != ModuleRole::kGenerator;
+  }
+  // The ranks TP splits module `m` over: its grid's TP, or 1 where it runs whole on every TP rank
+  // (indivisible_heads replicate).
+  int64_t split_tp(const ModuleInfo& m) const {
+    const ModuleInfo& grid = grid_of(m);
+    return replicated_over_tp(plan_, model_, *m.spec) ? 1 : grid.layout.tp;
   }
   // The samples a replica of `module` handles in micro-batch `mb` (-1: all). Under Entrain the
   // encoders and their projectors run the level-1 micro-batches, the LLM the level-2 ones;
@@ -337,14 +345,14 @@ class Lowering {
   // cut by their weights' bytes, as Megatron-LM counts buckets in parameters).
   double bucket_bytes(const ModuleInfo& m, int64_t a, int64_t b, double value_bytes) const {
     const ModuleLayout& l = grid_of(m).layout;
-    return range_parameters(*m.spec, a, b, l.tp, l.ep) * value_bytes;
+    return range_parameters(*m.spec, a, b, split_tp(m), l.ep) * value_bytes;
   }
   // The gradients of those that are key/value heads replicated over TP ranks (0 when the module
   // has as many as TP).
   double bucket_kv_bytes(const ModuleInfo& m, int64_t a, int64_t b) const {
-    const ModuleLayout& l = grid_of(m).layout;
-    if (!m.spec->transformer || l.tp == 1) return 0;
-    return static_cast<double>(b - a) * kv_replica_parameters(*m.spec->transformer, l.tp) *
+    const int64_t tp = split_tp(m);
+    if (!m.spec->transformer || tp == 1) return 0;
+    return static_cast<double>(b - a) * kv_replica_parameters(*m.spec->transformer, tp) *
            gradient_value_bytes();
   }
   // The sum over TP ranks of `bytes` of replicated key/value heads' gradients of `m`
@@ -371,7 +379,7 @@ class Lowering {
     const ModuleLayout& l = grid_of(m).layout;
     if (!m.spec->transformer || l.ep == 1) return 0;
     const TransformerArch& t = *m.spec->transformer;
-    return static_cast<double>(moe_layers(t, a, b)) * expert_layer_parameters(t, l.tp, l.ep);
+    return static_cast<double>(moe_layers(t, a, b)) * expert_layer_parameters(t, split_tp(m), l.ep);
   }
   void account_memory(int64_t rank, const std::vector<int>& modules);
   // The data-parallel collective `shape` (kind, purpose, module, its dp-cp group) of `bytes` of
@@ -495,7 +503,11 @@ class Lowering {
     deps.push_back(emit(rank, b));
   }
 
+  // The model as the plan runs it (heads padded where indivisible_heads pads them), which every
+  // op prices, and as it is (its FLOPs are the model's).
+  const ModelSpec run_model_;
   const ModelSpec& model_;
+  const ModelSpec& real_model_;
   const ClusterSpec& cluster_;
   const ParallelPlan& plan_;
   const WorkloadSpec& workload_;

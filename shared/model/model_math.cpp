@@ -338,6 +338,15 @@ std::string tp_refusal(const TransformerArch& a, const std::string& who, int64_t
   return t + " and " + who + " kv_heads=" + std::to_string(kv) + " must divide one another";
 }
 
+TransformerArch pad_heads(const TransformerArch& a, int64_t tp) {
+  TESSERA_CHECK(tp >= 1 && a.heads >= 1);
+  TransformerArch p = a;
+  if (p.head_dim == 0) p.head_dim = a.hidden / a.heads;
+  p.heads = ceil_div(a.heads, tp) * tp;
+  if (a.kv_heads == 0 || a.kv_heads == a.heads) p.kv_heads = p.heads;
+  return p;
+}
+
 double layer_attention_flops(const TransformerArch& a, double attention_pairs) {
   // Q·Kᵀ over head_dim, P·V over the value head.
   return 2.0 * static_cast<double>(a.heads) * static_cast<double>(a.head_dim + value_head_dim(a)) *

@@ -99,6 +99,9 @@ std::string tp_refusal(const TransformerArch& arch, const std::string& who, int6
 inline bool accepts_tp(const TransformerArch& arch, int64_t tp) {
   return tp_refusal(arch, "", tp).empty();
 }
+// `arch` with zero heads up to a multiple of `tp` (its key/value heads too where they equal its
+// heads), head_dim kept: the stack Megatron-LM runs at that TP.
+TransformerArch pad_heads(const TransformerArch& arch, int64_t tp);
 
 // --- FLOPs ------------------------------------------------------------------------------
 // Forward FLOPs for one token of `module` (multiply-add = 2 FLOPs) when each query attends to

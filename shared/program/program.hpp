@@ -88,6 +88,9 @@ struct Op {
   // priced as time, never counted as model or hardware FLOPs (negative when dropped tokens leave
   // the busiest rank less than its even share).
   double expert_wait_flops = 0;
+  // compute: of `flops`, the work on zero heads that pad its module to its TP (indivisible_heads
+  // pad): hardware FLOPs, priced, but not the model's.
+  double padded_flops = 0;
   double logits = 0;  // compute: vocabulary logits it computes (tokens × vocab / tp; LM head)
   double attention_pairs = 0;  // compute: query-key pairs its attention scores per layer and head
   double bytes = 0;        // compute/optimizer: memory traffic; send/recv/collective: message bytes

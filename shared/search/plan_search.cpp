@@ -11,6 +11,7 @@
 #include <set>
 #include <thread>
 
+#include "shared/model/model_math.hpp"
 #include "shared/search/memory_bound.hpp"
 #include "shared/search/memory_gate.hpp"
 #include "shared/search/scenario_report.hpp"
@@ -150,14 +151,28 @@ Enumeration enumerate_plans(const Scenario& s, const SearchSpace& space, int64_t
         pipelined ? space.stage_splits : std::vector<StageSplit>{plan.stage_split};
     const std::vector<CpSplit> cp_splits =
         context ? space.cp_splits : std::vector<CpSplit>{plan.cp_split};
-    for (StageSplit stage : stage_splits)
-      for (CpSplit cp : cp_splits)
-        for (MicrobatchPolicy policy : space.microbatching) {
-          plan.stage_split = stage;
-          plan.cp_split = cp;
-          plan.microbatching = policy;
-          consider_one(plan);
-        }
+    // Where a module's heads do not divide its TP, each way the space offers to run it.
+    std::vector<IndivisibleHeads> heads = {IndivisibleHeads::kRefuse};
+    if (std::any_of(s.model.modules.begin(), s.model.modules.end(), [&](const ModuleSpec& m) {
+          return m.transformer && m.role != ModuleRole::kProjector &&
+                 !accepts_tp(*m.transformer, module_tp(plan, s.model, m));
+        })) {
+      heads.clear();
+      for (IndivisibleHeads option : space.indivisible_heads)
+        if (option != IndivisibleHeads::kReplicate || plan.placement == Placement::kHomogeneous)
+          heads.push_back(option);
+      if (heads.empty()) heads = {IndivisibleHeads::kRefuse};  // rejected, and counted so
+    }
+    for (IndivisibleHeads option : heads)
+      for (StageSplit stage : stage_splits)
+        for (CpSplit cp : cp_splits)
+          for (MicrobatchPolicy policy : space.microbatching) {
+            plan.indivisible_heads = option;
+            plan.stage_split = stage;
+            plan.cp_split = cp;
+            plan.microbatching = policy;
+            consider_one(plan);
+          }
   };
   for (Placement placement : space.placements) {
     for (const LlmChoice& c : llm_choices(space, gpus, experts)) {

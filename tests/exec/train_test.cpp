@@ -89,10 +89,11 @@ std::pair<std::vector<double>, std::vector<double>> trained(const std::string& s
 }
 
 // `scenario` trained with the one-rank plan (as `reference`) and with each of `plans` (plan file,
-// run name): losses within 1e-6 and gradient norms within 1e-5 of the one rank's.
+// run name): losses within 1e-6 and gradient norms within `norm_tolerance` (relative; default
+// 1e-5) of the one rank's.
 void check_plans_agree(const std::string& scenario, const std::string& reference,
-                       const std::vector<std::pair<std::string, std::string>>& plans,
-                       int steps = 3) {
+                       const std::vector<std::pair<std::string, std::string>>& plans, int steps = 3,
+                       double norm_tolerance = 1e-5) {
   const auto [loss, norm] = trained(scenario, plan_file(R"({"tp": 1})"), reference, steps);
   REQUIRE(loss.size() == static_cast<std::size_t>(steps));
   for (const auto& [plan, name] : plans) {
@@ -102,7 +103,7 @@ void check_plans_agree(const std::string& scenario, const std::string& reference
       INFO(name << " step " << i << ": loss " << got[i] << " vs " << loss[i] << ", norm "
                 << got_norm[i] << " vs " << norm[i]);
       CHECK(std::abs(got[i] - loss[i]) <= 1e-6 * std::abs(loss[i]));
-      CHECK(std::abs(got_norm[i] - norm[i]) <= 1e-5 * std::abs(norm[i]));
+      CHECK(std::abs(got_norm[i] - norm[i]) <= norm_tolerance * std::abs(norm[i]));
     }
   }
 }
@@ -651,7 +652,10 @@ TEST_CASE("schedule dip with an audio encoder: its windows cut into sub-micro-ba
       "micro_batch_size": 2, "schedule": "dip"})",
                                    "dip-audio-plan");
   CHECK(most_sub_microbatch(valm, dip, "audio") >= 1);
-  check_plans_agree(valm, "dip-audio-1", {{dip, "dip-audio-run"}}, 2);
+  // The 16-layer encoder runs its windows in smaller batches than one rank does, and fp32
+  // products of other row counts round differently: the gradient norms agree to 7.5e-6 with
+  // Debian's LibTorch 1.13 and 1.4e-5 with torch 2.11's kernels (measured), the losses to 1e-6.
+  check_plans_agree(valm, "dip-audio-1", {{dip, "dip-audio-run"}}, 2, 5e-5);
   check_trace_is_program(out_dir("dip-audio-run"), valm, dip);
 }
 

@@ -1422,6 +1422,84 @@ TEST_CASE(
   CHECK(reduced_gradient_bytes(ParallelPlan{}, DType::kBf16) == 2);
 }
 
+TEST_CASE(
+    "indivisible heads: padded with zero heads or replicated over TP, the model's FLOPs kept") {
+  // kVlm's ViT with 5 heads of 32 (hidden 160): TP 2 does not divide them.
+  std::string model = kVlm;
+  const auto replace = [&](const std::string& from, const std::string& to) {
+    model.replace(model.find(from), from.size(), to);
+  };
+  replace(R"("layers": 4, "hidden": 128, "heads": 4)", R"("layers": 4, "hidden": 160, "heads": 5)");
+  replace(R"("in": 128)", R"("in": 160)");
+  const char* workload =
+      R"({"global_batch": 4, "max_seq_len": 1024, "samples": {"text_tokens": 64, "image": {"count": 1, "width": 64, "height": 64}}})";
+  const auto plan = [](const char* heads) {
+    return std::string(R"({"placement": "homogeneous", "layout": {"tp": 2, "dp": 2})") +
+           (heads[0] != 0 ? std::string(R"(, "indivisible_heads": ")") + heads + R"(")" : "") + "}";
+  };
+  {
+    Diagnostics diag;
+    Case c;
+    c.model = read_model(Json::parse(model), "m", "", diag);
+    c.workload = read_workload(Json::parse(workload), "w", "", ".", diag);
+    c.plan = read_plan(Json::parse(plan("")), "p", "", diag);
+    validate_plan(c.plan, c.model, c.workload, cluster(4), "p", "", diag);
+    CHECK(diag.format().find("layout.tp: 2 does not divide vision heads=5") != std::string::npos);
+  }
+  const Case one = make(model.c_str(), workload,
+                        R"({"placement": "homogeneous", "layout": {"tp": 1, "dp": 2}})");
+  const Case pad = make(model.c_str(), workload, plan("pad").c_str());
+  const Case replicate = make(model.c_str(), workload, plan("replicate").c_str());
+  const Program p1 = lowered(one), pp = lowered(pad), pr = lowered(replicate);
+  // The model's FLOPs do not depend on how TP runs the ViT.
+  CHECK(pp.model_flops == doctest::Approx(p1.model_flops).epsilon(1e-12));
+  CHECK(pr.model_flops == doctest::Approx(p1.model_flops).epsilon(1e-12));
+  // Per rank, the ViT's forward: padded to 6 heads, each of the 2 TP ranks runs 3; replicated,
+  // each runs all 5 as the TP-1 plan's rank does, with no TP collective.
+  const auto vit_forward = [](const Program& p, std::size_t rank) {
+    Op sum;
+    for (const Op& op : p.ranks[rank])
+      if (op.kind == OpKind::kCompute && op.module == 0 && op.phase == Phase::kF) {
+        sum.flops += op.flops;
+        sum.padded_flops += op.padded_flops;
+        sum.bytes += op.bytes;
+        sum.nested.insert(sum.nested.end(), op.nested.begin(), op.nested.end());
+        sum.tp = op.tp;
+      }
+    return sum;
+  };
+  const Op a = vit_forward(p1, 0), b = vit_forward(pp, 0), r = vit_forward(pr, 0);
+  REQUIRE(a.flops > 0);
+  // Per layer and token: q, k, v, o gain one head of 32 (4·32·160 weights, 2 FLOPs each), and
+  // its attention scores and mixing 4·32 FLOPs a pair; 64 patches attending 64 each.
+  const double tokens = 2 * 64, pairs = 2 * 64.0 * 64;
+  const double extra = 4 * (2 * 4 * 32 * 160 * tokens + 4 * 32 * pairs);
+  CHECK(b.padded_flops == doctest::Approx(extra / 2).epsilon(1e-12));
+  CHECK(b.flops - b.padded_flops == doctest::Approx(a.flops / 2).epsilon(1e-12));
+  CHECK(b.tp == 2);
+  CHECK_FALSE(b.nested.empty());
+  CHECK(r.flops == doctest::Approx(a.flops).epsilon(1e-12));
+  CHECK(r.padded_flops == 0);
+  CHECK(r.tp == 1);
+  CHECK(r.nested.empty());
+  CHECK(r.bytes == doctest::Approx(a.bytes).epsilon(1e-12));  // the whole ViT's weights read
+  // Weights held: the padded ViT's half on each rank; the replicated one whole on each.
+  CHECK(pp.memory[0].weight_bytes > p1.memory[0].weight_bytes / 2);
+  CHECK(pr.memory[0].weight_bytes > pp.memory[0].weight_bytes);
+  // Replication is a homogeneous plan's; a colocated module chooses its own TP.
+  Diagnostics diag;
+  Case co = one;
+  co.plan = read_plan(Json::parse(R"({"placement": "colocated", "modules": {"vision": {"dp": 2},
+      "llm": {"dp": 2}}, "indivisible_heads": "replicate"})"),
+                      "p", "", diag);
+  validate_plan(co.plan, co.model, co.workload, co.cluster, "p", "", diag);
+  CHECK(diag.format().find("indivisible_heads: replicate runs a homogeneous plan") !=
+        std::string::npos);
+  // The key survives a round trip.
+  Diagnostics fresh;
+  CHECK(read_plan(to_json(pad.plan), "p", "", fresh) == pad.plan);
+}
+
 TEST_CASE("full recomputation runs the layers again, not the embedding, head or loss") {
   const Case c = make(
       kTextModel, kUniformText,
