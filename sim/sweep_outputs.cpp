@@ -53,6 +53,9 @@ std::string describe_layout(const ParallelPlan& plan, const ModelSpec& model) {
     options += " rc:" + enum_name(plan.recompute, kRecomputes);
   if (plan.sequence_parallel) options += " sp";
   if (plan.distributed_optimizer) options += " dopt";
+  // Heads TP does not divide: padded, or the encoders whole on every TP rank.
+  if (plan.indivisible_heads == IndivisibleHeads::kPad) options += " heads:pad";
+  if (plan.indivisible_heads == IndivisibleHeads::kReplicate) options += " heads:replicate";
   if (plan.placement == Placement::kHomogeneous) {
     const ModuleSpec* llm = find_llm(model);
     return one(llm != nullptr ? llm->name : "all", plan.layout) + options;
