@@ -82,8 +82,16 @@ torch::Tensor ParamSet::rows_of(const std::string& name, torch::Tensor full, int
 }
 
 torch::Tensor ParamSet::weight(const std::string& name, std::vector<int64_t> shape, double scale,
-                               int64_t shard_dim) {
-  return add(name, seeded_uniform(seed_, name, shape, scale), shard_dim);
+                               int64_t shard_dim, int64_t pad_to) {
+  // Seeded at the unpadded shape: the same values as a run without padding.
+  torch::Tensor full = seeded_uniform(seed_, name, shape, scale);
+  if (pad_to > 0 && shard_dim >= 0 && pad_to > shape[static_cast<std::size_t>(shard_dim)]) {
+    std::vector<int64_t> zeros = shape;
+    zeros[static_cast<std::size_t>(shard_dim)] =
+        pad_to - shape[static_cast<std::size_t>(shard_dim)];
+    full = torch::cat({full, torch::zeros(zeros, full.options())}, shard_dim);
+  }
+  return add(name, full, shard_dim);
 }
 
 torch::Tensor ParamSet::constant(const std::string& name, std::vector<int64_t> shape, double value,
@@ -92,13 +100,15 @@ torch::Tensor ParamSet::constant(const std::string& name, std::vector<int64_t> s
 }
 
 Linear::Linear(ParamSet& ps, const std::string& name, int64_t in, int64_t out, bool with_bias,
-               Split s)
+               Split s, int64_t padded)
     : split(s), tp(&ps.tp()) {
   weight = ps.weight(name + ".weight", {out, in}, kInitScale,
                      s == Split::kColumn ? 0
                      : s == Split::kRow  ? 1
-                                         : -1);
-  if (with_bias) bias = ps.constant(name + ".bias", {out}, 0.0, s == Split::kColumn ? 0 : -1);
+                                         : -1,
+                     padded);
+  const int64_t bias_rows = s == Split::kColumn && padded > out ? padded : out;
+  if (with_bias) bias = ps.constant(name + ".bias", {bias_rows}, 0.0, s == Split::kColumn ? 0 : -1);
 }
 
 torch::Tensor Linear::forward(const torch::Tensor& x) const {
@@ -136,13 +146,20 @@ torch::Tensor Norm::forward(const torch::Tensor& x) const {
   return (f * torch::rsqrt(f.pow(2).mean(-1, true) + 1e-6) * weight).to(x.scalar_type());
 }
 
-Attention::Attention(ParamSet& ps, const std::string& name, const TransformerArch& arch) {
+Attention::Attention(ParamSet& ps, const std::string& name, const TransformerArch& real, bool pad) {
   const int64_t tp = ps.tp().size();
+  // The heads this runs: the model's, or padded with zero heads to a multiple of TP. The
+  // weights are seeded at the model's sizes, then extended with zeros (`padded`).
+  const TransformerArch arch = pad && !accepts_tp(real, tp) ? pad_heads(real, tp) : real;
+  TESSERA_CHECK(arch.heads == real.heads || (real.kv_lora_rank == 0 && arch.kv_heads == arch.heads),
+                name + ": only multi-head attention is padded");
   const int64_t kv = arch.kv_heads > 0 ? arch.kv_heads : arch.heads;
   const std::string why = tp_refusal(arch, name, tp);
   TESSERA_CHECK(why.empty(), "tp " + why);
   head_dim = arch.head_dim > 0 ? arch.head_dim : arch.hidden / arch.heads;
   heads = arch.heads / tp;
+  const int64_t padded = arch.heads != real.heads ? arch.heads * head_dim : 0;
+  const int64_t real_heads = real.heads;
   rotary = arch.positions == 0;
   value_dim = value_head_dim(arch);
   if (arch.kv_lora_rank > 0) {
@@ -167,12 +184,14 @@ Attention::Attention(ParamSet& ps, const std::string& name, const TransformerArc
     return;
   }
   const bool qkv_bias = arch.linear_bias || arch.qkv_bias;
-  q = Linear(ps, name + ".q", arch.hidden, arch.heads * head_dim, qkv_bias, Split::kColumn);
+  q = Linear(ps, name + ".q", arch.hidden, real_heads * head_dim, qkv_bias, Split::kColumn, padded);
   if (kv >= tp) {
     kv_heads = kv / tp;
-    k = Linear(ps, name + ".k", arch.hidden, kv * head_dim, qkv_bias && arch.key_bias,
-               Split::kColumn);
-    v = Linear(ps, name + ".v", arch.hidden, kv * head_dim, qkv_bias, Split::kColumn);
+    // Padded only where key/value heads are the heads (multi-head attention).
+    const int64_t real_kv = padded > 0 ? real_heads : kv;
+    k = Linear(ps, name + ".k", arch.hidden, real_kv * head_dim, qkv_bias && arch.key_bias,
+               Split::kColumn, padded);
+    v = Linear(ps, name + ".v", arch.hidden, real_kv * head_dim, qkv_bias, Split::kColumn, padded);
   } else {
     // Fewer key/value heads than ranks: each rank holds the one its query heads use, replicated
     // on tp / kv ranks (Megatron's rule); their gradients are summed over those ranks.
@@ -194,8 +213,8 @@ Attention::Attention(ParamSet& ps, const std::string& name, const TransformerArc
     k = replica(name + ".k", qkv_bias && arch.key_bias);
     v = replica(name + ".v", qkv_bias);
   }
-  o = Linear(ps, name + ".o", arch.heads * head_dim, arch.hidden, arch.linear_bias || arch.out_bias,
-             Split::kRow);
+  o = Linear(ps, name + ".o", real_heads * head_dim, arch.hidden, arch.linear_bias || arch.out_bias,
+             Split::kRow, padded);
   if (arch.qk_norm) {
     // Refused under TP (executor_plan_support): each rank's heads would give the one weight a
     // partial gradient.
@@ -366,10 +385,10 @@ torch::Tensor Moe::forward(const torch::Tensor& x) const {
 }
 
 Block::Block(ParamSet& ps, const std::string& name, const TransformerArch& arch, int64_t layer,
-             const Comm& ep)
+             const Comm& ep, bool pad_heads)
     : norm1(ps, name + ".norm1", arch.hidden, arch.norm),
       norm2(ps, name + ".norm2", arch.hidden, arch.norm),
-      attention(ps, name + ".attn", arch),
+      attention(ps, name + ".attn", arch, pad_heads),
       routed(moe_layer(arch, layer)) {
   if (routed)
     moe = Moe(ps, name + ".mlp", arch, ep);

@@ -34,9 +34,10 @@ class ParamSet {
  public:
   ParamSet(uint64_t seed, bool trainable, const Comm& tp)
       : seed_(seed), trainable_(trainable), tp_(tp) {}
-  // Normal-ish weights of standard deviation `scale`, sharded over TP along `shard_dim` (-1: not).
+  // Normal-ish weights of standard deviation `scale`, sharded over TP along `shard_dim` (-1: not);
+  // with `pad_to`, zeros extend dimension `shard_dim` to that size first (padding heads).
   torch::Tensor weight(const std::string& name, std::vector<int64_t> shape, double scale,
-                       int64_t shard_dim = -1);
+                       int64_t shard_dim = -1, int64_t pad_to = 0);
   torch::Tensor constant(const std::string& name, std::vector<int64_t> shape, double value,
                          int64_t shard_dim = -1);
   // Parameters of rows [first, first + rows) (along dim 0) of the seeded tensor, held by
@@ -63,7 +64,10 @@ enum class Split { kColumn, kRow, kReplicated };
 
 struct Linear {
   Linear() = default;
-  Linear(ParamSet& ps, const std::string& name, int64_t in, int64_t out, bool bias, Split split);
+  // `padded`: the split dimension's size with zero rows (column) or columns (row) beyond `out`
+  // or `in`, whose values stay zero (padding heads); 0: none.
+  Linear(ParamSet& ps, const std::string& name, int64_t in, int64_t out, bool bias, Split split,
+         int64_t padded = 0);
   torch::Tensor forward(const torch::Tensor& x) const;  // (..., in[/tp]) -> (..., out[/tp])
   // Column split, for an input the caller already entered into the TP group (copy_to_group):
   // column layers sharing one input (Q, K, V; gate, up) then all-reduce its gradient once, as
@@ -93,7 +97,9 @@ struct AttentionInputs {
 
 struct Attention {
   Attention() = default;
-  Attention(ParamSet& ps, const std::string& name, const TransformerArch& arch);
+  // `pad`: heads TP does not divide get zero heads up to a multiple of TP (pad_heads()), whose
+  // weights, outputs and gradients stay zero.
+  Attention(ParamSet& ps, const std::string& name, const TransformerArch& arch, bool pad = false);
   torch::Tensor forward(const torch::Tensor& x, const AttentionInputs& in) const;  // (B, L, H)
   Linear q, k, v, o;
   Norm q_norm, k_norm;                            // per head, when the architecture has them
@@ -141,9 +147,10 @@ struct Moe {
 struct Block {
   Block() = default;
   // Layer `layer` of a stack of `arch`: an MoE layer where the pattern says (moe_layer()), its
-  // experts over `ep` (a group of one holds every expert); a dense one otherwise.
+  // experts over `ep` (a group of one holds every expert); a dense one otherwise. `pad_heads`:
+  // see Attention.
   Block(ParamSet& ps, const std::string& name, const TransformerArch& arch, int64_t layer,
-        const Comm& ep);
+        const Comm& ep, bool pad_heads = false);
   torch::Tensor forward(const torch::Tensor& x, const AttentionInputs& in) const;
   Norm norm1, norm2;
   Norm post1, post2;             // after attention and MLP, when the architecture has them

@@ -94,7 +94,8 @@ Worker::Worker(const Scenario& s, const ParallelPlan& plan, Groups& groups,
                       " but has no group or layers for it");
     stages_[key] = std::make_unique<Stage>(spec, layers->first_layer, layers->end_layer,
                                            options.seed, *tp_[static_cast<std::size_t>(key.first)],
-                                           ep_[static_cast<std::size_t>(key.first)]);
+                                           ep_[static_cast<std::size_t>(key.first)],
+                                           plan.indivisible_heads == IndivisibleHeads::kPad);
   }
   if (plan.recompute == Recompute::kSelective)
     for (auto& [key, st] : stages_) st->recompute_attention_cores();

@@ -9,7 +9,7 @@
 namespace tessera::exec {
 
 Stage::Stage(const ModuleSpec& module, int64_t layer_begin, int64_t layer_end, uint64_t seed,
-             const Comm& tp, const Comm* ep)
+             const Comm& tp, const Comm* ep, bool pad_heads)
     : module_(module),
       begin_(layer_begin),
       end_(layer_end),
@@ -73,7 +73,7 @@ Stage::Stage(const ModuleSpec& module, int64_t layer_begin, int64_t layer_end, u
   static const Comm every_expert{{0}, 0, {}};  // a group of one
   for (int64_t l = begin_; l < end_; ++l) {
     blocks_.emplace_back(params_, name + ".layers." + std::to_string(l), arch, l,
-                         ep != nullptr ? *ep : every_expert);
+                         ep != nullptr ? *ep : every_expert, pad_heads);
     block_params_end_.push_back(params_.params().size());
   }
   // Every transformer ends in its final norm: the LLM's before its head, an encoder's over its

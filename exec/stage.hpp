@@ -34,10 +34,11 @@ struct Cuts {
 
 class Stage {
  public:
-  // REQUIRES: executor_support(model) is empty; tp divides the module's heads, kv heads, FFN
-  // width and vocabulary; `ep` (none: every expert here) divides its experts.
+  // REQUIRES: executor_support(model) is empty; tp divides the module's heads (or `pad_heads`:
+  // the plan pads them, indivisible_heads pad), kv heads, FFN width and vocabulary; `ep` (none:
+  // every expert here) divides its experts.
   Stage(const ModuleSpec& module, int64_t layer_begin, int64_t layer_end, uint64_t seed,
-        const Comm& tp, const Comm* ep = nullptr);
+        const Comm& tp, const Comm* ep = nullptr, bool pad_heads = false);
 
   const ModuleSpec& module() const { return module_; }
   bool first() const { return begin_ == 0; }

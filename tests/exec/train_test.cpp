@@ -121,6 +121,19 @@ void deepseek_v3_shape(Json& transformer) {
   transformer["router_bias"] = true;
 }
 
+// cpu-tiny with a trainable ViT of 3 heads of 16 (hidden 64), which TP 2 does not divide.
+std::string three_head_vit() {
+  return edited_scenario(
+      kScenario,
+      [](Json& s) {
+        Json& vit = s["model"]["modules"][0];
+        vit["transformer"]["heads"] = 3;
+        vit["transformer"]["head_dim"] = 16;
+        vit["frozen"] = false;
+      },
+      "three-head-vit");
+}
+
 // How many events of rank 0's trace in run `name` have a name `match` accepts.
 int rank0_events(const std::string& name, const std::function<bool(const std::string&)>& match) {
   std::ifstream in(out_dir(name) / "trace" / "rank0.json");
@@ -657,6 +670,25 @@ TEST_CASE("schedule dip with an audio encoder: its windows cut into sub-micro-ba
   // Debian's LibTorch 1.13 and 1.4e-5 with torch 2.11's kernels (measured), the losses to 1e-6.
   check_plans_agree(valm, "dip-audio-1", {{dip, "dip-audio-run"}}, 2, 5e-5);
   check_trace_is_program(out_dir("dip-audio-run"), valm, dip);
+}
+
+TEST_CASE("heads TP does not divide, padded with zero heads: TP 2 agrees with one rank") {
+  // The ViT's 3 heads padded to 4 at TP 2: rank 1 holds the third head and a zero one, whose
+  // weights, output and gradients stay zero, so the run is the unpadded one rank's.
+  const std::string three = three_head_vit();
+  check_plans_agree(
+      three, "padded-heads-1",
+      {{plan_file(R"({"tp": 2}, "indivisible_heads": "pad")"), "padded-heads-tp2"},
+       {plan_file(R"({"tp": 2, "pp": 2}, "indivisible_heads": "pad")"), "padded-heads-tp2pp2"}});
+  // Without the option the plan is refused; replicated over TP is not built.
+  const Run refused = run(three + " --plan " + plan_file(R"({"tp": 2})"));
+  CHECK(refused.code == 2);
+  CHECK(refused.output.find("2 does not divide vision heads=3") != std::string::npos);
+  const Run replicated =
+      run(three + " --plan " + plan_file(R"({"tp": 2}, "indivisible_heads": "replicate")"));
+  CHECK(replicated.code == 2);
+  CHECK(replicated.output.find("indivisible_heads replicate is not in the executor yet") !=
+        std::string::npos);
 }
 
 TEST_CASE("a three-layer projector runs whole on every TP rank: TP 2 agrees with one rank") {
@@ -1212,6 +1244,7 @@ TEST_CASE("each rank holds the parameter state the Program's memory accounting s
   for (const auto& [scenario, layout, name] :
        std::vector<std::tuple<std::string, std::string, std::string>>{
            {kScenario, R"({"tp": 1})", "state-single"},
+           {three_head_vit(), R"({"tp": 2}, "indivisible_heads": "pad")", "state-padded-heads"},
            {kScenario, R"({"pp": 2})", "state-pp2"},
            {kScenario, R"({"dp": 2}, "distributed_optimizer": true)", "state-dopt"},
            {kScenario, R"({"tp": 2})", "state-tp2"},
