@@ -129,18 +129,15 @@ std::string executor_plan_support(const ParallelPlan& plan, const ModelSpec& mod
         tp = l.tp;
         field = "plan.modules." + module + ".tp";
       }
-    // Heads TP does not divide run padded (multi-head attention); replicated over TP is not
-    // built.
+    // Heads TP does not divide run padded (multi-head attention), or whole on every TP rank.
     const TransformerArch& a = *m.transformer;
     const bool pad = plan.indivisible_heads == IndivisibleHeads::kPad && !accepts_tp(a, tp);
     if (pad && (a.kv_lora_rank > 0 || (a.kv_heads != 0 && a.kv_heads != a.heads)))
       return field + ": " + m.name +
              "'s heads padded to a multiple of TP with grouped-query or latent attention" + next;
+    if (replicated_over_tp(plan, model, m)) continue;
     if (const std::string why = tp_refusal(pad ? pad_heads(a, tp) : a, m.name, tp); !why.empty())
-      return field + ": " + why +
-             (plan.indivisible_heads == IndivisibleHeads::kReplicate
-                  ? "; indivisible_heads replicate" + next
-                  : next);
+      return field + ": " + why + next;
     if (m.transformer->qk_norm && tp > 1)
       return field + ": " + m.name +
              "'s query/key norms under tensor parallelism (the norm weights' gradient would "

@@ -69,7 +69,7 @@ torch::Tensor ParamSet::add(const std::string& name, torch::Tensor full, int64_t
   local = local.to(device_setting().device);
   local.set_requires_grad(trainable_);
   const bool sharded = shard_dim >= 0 && tp_.size() > 1;
-  params_.push_back({name, local, sharded ? 1 : tp_.size()});
+  params_.push_back({name, local, (sharded ? 1 : tp_.size()) * replicas_});
   return local;
 }
 
@@ -77,7 +77,7 @@ torch::Tensor ParamSet::rows_of(const std::string& name, torch::Tensor full, int
                                 int64_t rows, int64_t copies) {
   torch::Tensor local = full.narrow(0, first, rows).clone().to(device_setting().device);
   local.set_requires_grad(trainable_);
-  params_.push_back({name, local, copies, /*kv_replica=*/true});
+  params_.push_back({name, local, copies * replicas_, /*kv_replica=*/true});
   return local;
 }
 

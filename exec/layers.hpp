@@ -32,8 +32,10 @@ struct Param {
 // Creates parameters from the seed (weights.hpp) and keeps the list.
 class ParamSet {
  public:
-  ParamSet(uint64_t seed, bool trainable, const Comm& tp)
-      : seed_(seed), trainable_(trainable), tp_(tp) {}
+  // `replicas`: ranks beyond `tp` that hold the same parameters (a module run whole on every TP
+  // rank of its grid); each parameter's tp_copies counts them.
+  ParamSet(uint64_t seed, bool trainable, const Comm& tp, int64_t replicas = 1)
+      : seed_(seed), trainable_(trainable), tp_(tp), replicas_(replicas) {}
   // Normal-ish weights of standard deviation `scale`, sharded over TP along `shard_dim` (-1: not);
   // with `pad_to`, zeros extend dimension `shard_dim` to that size first (padding heads).
   torch::Tensor weight(const std::string& name, std::vector<int64_t> shape, double scale,
@@ -57,6 +59,7 @@ class ParamSet {
   uint64_t seed_;
   bool trainable_;
   const Comm& tp_;
+  int64_t replicas_;
   std::vector<Param> params_;
 };
 

@@ -45,6 +45,8 @@ Worker::Worker(const Scenario& s, const ParallelPlan& plan, Groups& groups,
 
   const std::size_t modules = model.modules.size();
   tp_.assign(modules, nullptr);
+  tp_replicas_.assign(modules, 1);
+  alone_ = Comm{{rank_}, 0, {}, torch::kCPU};
   cp_.assign(modules, nullptr);
   ep_.assign(modules, nullptr);
   dpcp_.assign(modules, 1);
@@ -59,6 +61,10 @@ Worker::Worker(const Scenario& s, const ParallelPlan& plan, Groups& groups,
     if (!mg.dp.empty()) dp_size_[m] = static_cast<int64_t>(mg.dp.front().size());  // every module's
     if (tp == nullptr) continue;
     tp_[m] = &groups_.get(*tp);
+    if (replicated_over_tp(plan, model, model.modules[m])) {
+      tp_replicas_[m] = static_cast<int64_t>(tp->size());
+      tp_[m] = &alone_;
+    }
     cp_[m] = &groups_.get(*cp);
     dpcp_[m] = static_cast<int64_t>(dp->size() * cp->size());
     // Modules without experts share the grid's EP groups (homogeneous plans) but have no use
@@ -92,10 +98,10 @@ Worker::Worker(const Scenario& s, const ParallelPlan& plan, Groups& groups,
     TESSERA_CHECK(tp_[static_cast<std::size_t>(key.first)] != nullptr && layers != nullptr,
                   "rank " + std::to_string(rank_) + " runs " + spec.name +
                       " but has no group or layers for it");
-    stages_[key] = std::make_unique<Stage>(spec, layers->first_layer, layers->end_layer,
-                                           options.seed, *tp_[static_cast<std::size_t>(key.first)],
-                                           ep_[static_cast<std::size_t>(key.first)],
-                                           plan.indivisible_heads == IndivisibleHeads::kPad);
+    const auto m = static_cast<std::size_t>(key.first);
+    stages_[key] = std::make_unique<Stage>(
+        spec, layers->first_layer, layers->end_layer, options.seed, *tp_[m], ep_[m],
+        plan.indivisible_heads == IndivisibleHeads::kPad, tp_replicas_[m]);
   }
   if (plan.recompute == Recompute::kSelective)
     for (auto& [key, st] : stages_) st->recompute_attention_cores();

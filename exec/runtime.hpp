@@ -187,8 +187,12 @@ class Worker {
   int rank_;
   int llm_ = -1;  // the LLM's module index
   std::vector<ModuleGroups> module_groups_;
-  // Per module: this rank's groups (null: not here; EP: null without experts).
+  // Per module: this rank's groups (null: not here; EP: null without experts). A module run whole
+  // on every TP rank (indivisible_heads replicate) gets `alone_` for its TP group, and its
+  // parameters count `tp_replicas_` copies (the grid's TP ranks).
   std::vector<const Comm*> tp_, cp_, ep_;
+  std::vector<int64_t> tp_replicas_;
+  Comm alone_;
   std::vector<int64_t> dpcp_;               // per module: ranks holding the same shard
   std::vector<int64_t> edp_;                // per module: ranks holding the same routed expert
   std::vector<int64_t> dp_size_, dp_rank_;  // per module: data-parallel degree, this rank's replica

@@ -9,12 +9,12 @@
 namespace tessera::exec {
 
 Stage::Stage(const ModuleSpec& module, int64_t layer_begin, int64_t layer_end, uint64_t seed,
-             const Comm& tp, const Comm* ep, bool pad_heads)
+             const Comm& tp, const Comm* ep, bool pad_heads, int64_t tp_replicas)
     : module_(module),
       begin_(layer_begin),
       end_(layer_end),
       layers_(module.transformer ? module.transformer->layers : 0),
-      params_(seed, !module.frozen, tp) {
+      params_(seed, !module.frozen, tp, tp_replicas) {
   const std::string& name = module.name;
   if (module.role == ModuleRole::kProjector) {
     const ProjectorArch& p = *module.projector;

@@ -36,9 +36,10 @@ class Stage {
  public:
   // REQUIRES: executor_support(model) is empty; tp divides the module's heads (or `pad_heads`:
   // the plan pads them, indivisible_heads pad), kv heads, FFN width and vocabulary; `ep` (none:
-  // every expert here) divides its experts.
+  // every expert here) divides its experts. `tp_replicas`: ranks beyond `tp` holding the same
+  // parameters (a module run whole on every TP rank of its grid).
   Stage(const ModuleSpec& module, int64_t layer_begin, int64_t layer_end, uint64_t seed,
-        const Comm& tp, const Comm* ep = nullptr, bool pad_heads = false);
+        const Comm& tp, const Comm* ep = nullptr, bool pad_heads = false, int64_t tp_replicas = 1);
 
   const ModuleSpec& module() const { return module_; }
   bool first() const { return begin_ == 0; }

@@ -672,23 +672,23 @@ TEST_CASE("schedule dip with an audio encoder: its windows cut into sub-micro-ba
   check_trace_is_program(out_dir("dip-audio-run"), valm, dip);
 }
 
-TEST_CASE("heads TP does not divide, padded with zero heads: TP 2 agrees with one rank") {
-  // The ViT's 3 heads padded to 4 at TP 2: rank 1 holds the third head and a zero one, whose
-  // weights, output and gradients stay zero, so the run is the unpadded one rank's.
+TEST_CASE("heads TP does not divide, padded or replicated over TP: TP 2 agrees with one rank") {
+  // Padded: the ViT's 3 heads become 4 at TP 2; rank 1 holds the third head and a zero one,
+  // whose weights, output and gradients stay zero, so the run is the unpadded one rank's.
+  // Replicated: each TP rank runs the whole ViT on the same images, and its gradients, equal
+  // on every TP rank, count once in the norm.
   const std::string three = three_head_vit();
   check_plans_agree(
-      three, "padded-heads-1",
+      three, "indivisible-heads-1",
       {{plan_file(R"({"tp": 2}, "indivisible_heads": "pad")"), "padded-heads-tp2"},
-       {plan_file(R"({"tp": 2, "pp": 2}, "indivisible_heads": "pad")"), "padded-heads-tp2pp2"}});
-  // Without the option the plan is refused; replicated over TP is not built.
+       {plan_file(R"({"tp": 2, "pp": 2}, "indivisible_heads": "pad")"), "padded-heads-tp2pp2"},
+       {plan_file(R"({"tp": 2}, "indivisible_heads": "replicate")"), "replicated-heads-tp2"},
+       {plan_file(R"({"tp": 2, "dp": 2}, "indivisible_heads": "replicate")"),
+        "replicated-heads-tp2dp2"}});
+  // Without the option the plan is refused, naming the field.
   const Run refused = run(three + " --plan " + plan_file(R"({"tp": 2})"));
   CHECK(refused.code == 2);
   CHECK(refused.output.find("2 does not divide vision heads=3") != std::string::npos);
-  const Run replicated =
-      run(three + " --plan " + plan_file(R"({"tp": 2}, "indivisible_heads": "replicate")"));
-  CHECK(replicated.code == 2);
-  CHECK(replicated.output.find("indivisible_heads replicate is not in the executor yet") !=
-        std::string::npos);
 }
 
 TEST_CASE("a three-layer projector runs whole on every TP rank: TP 2 agrees with one rank") {
@@ -1245,6 +1245,8 @@ TEST_CASE("each rank holds the parameter state the Program's memory accounting s
        std::vector<std::tuple<std::string, std::string, std::string>>{
            {kScenario, R"({"tp": 1})", "state-single"},
            {three_head_vit(), R"({"tp": 2}, "indivisible_heads": "pad")", "state-padded-heads"},
+           {three_head_vit(), R"({"tp": 2}, "indivisible_heads": "replicate")",
+            "state-replicated-heads"},
            {kScenario, R"({"pp": 2})", "state-pp2"},
            {kScenario, R"({"dp": 2}, "distributed_optimizer": true)", "state-dopt"},
            {kScenario, R"({"tp": 2})", "state-tp2"},
