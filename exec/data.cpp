@@ -150,6 +150,19 @@ std::string executor_plan_support(const ParallelPlan& plan, const ModelSpec& mod
       if (l.cp > 1 && module != llm->name)
         return "plan.modules." + module +
                ".cp: context parallelism of an encoder in a colocated plan" + next;
+    // Media items dealt to encoder replicas: images and videos, into an LLM without a pipeline
+    // (the boundary all-gather puts each item's rows in its sample's place).
+    for (const ModuleSpec& m : model.modules) {
+      if (!media_parallel(plan, model, m)) continue;
+      if (m.modality == Modality::kAudio)
+        return "plan.encoder_data_parallel: media items of an audio encoder (" + m.name + ")" +
+               next;
+      for (const auto& [module, l] : plan.modules)
+        if (module == llm->name && l.pp > 1)
+          return "plan.encoder_data_parallel: media items sent into an LLM pipeline "
+                 "(plan.modules." +
+                 module + ".pp " + std::to_string(l.pp) + ")" + next;
+    }
   }
   return "";
 }
@@ -362,25 +375,45 @@ torch::Tensor attention_bias(const LlmLayout& l, const std::vector<int64_t>& que
   return bias;
 }
 
-torch::Tensor micro_batch_pieces(const ModelSpec& model, const ModuleSpec& encoder,
-                                 const TrainBatch& batch, const std::vector<int32_t>& samples) {
+namespace {
+
+// The pieces of the listed items (item -1: every item of the sample), in order.
+torch::Tensor item_pieces(const ModelSpec& model, const ModuleSpec& encoder,
+                          const TrainBatch& batch, const std::vector<MediaPiece>& items) {
   const Patching& p = *encoder.patching;
   const bool images = encoder_for(model, Modality::kImage) == &encoder;
   const bool videos = encoder_for(model, Modality::kVideo) == &encoder;
   std::vector<torch::Tensor> pieces;
-  for (int32_t i : samples) {
-    const SampleData& d = batch.data[static_cast<std::size_t>(i)];
+  for (const MediaPiece& wanted : items) {
+    const SampleData& d = batch.data[static_cast<std::size_t>(wanted.sample)];
+    int32_t item = 0;  // media_items()' numbering: images, then videos
+    auto take = [&] { return wanted.item < 0 || wanted.item == item++; };
     if (images)
       for (const torch::Tensor& img : d.images)
-        pieces.push_back(temporal_pieces(img.unsqueeze(0), p.temporal_patch).front());
+        if (take()) pieces.push_back(temporal_pieces(img.unsqueeze(0), p.temporal_patch).front());
     if (videos)
       for (const torch::Tensor& clip : d.videos)
-        for (torch::Tensor& piece : temporal_pieces(clip, p.temporal_patch))
-          pieces.push_back(std::move(piece));
+        if (take())
+          for (torch::Tensor& piece : temporal_pieces(clip, p.temporal_patch))
+            pieces.push_back(std::move(piece));
   }
   if (pieces.empty())
     return torch::zeros({0, p.in_channels * p.temporal_patch, p.image_size, p.image_size});
   return torch::stack(pieces);
+}
+
+}  // namespace
+
+torch::Tensor micro_batch_pieces(const ModelSpec& model, const ModuleSpec& encoder,
+                                 const TrainBatch& batch, const std::vector<int32_t>& samples) {
+  std::vector<MediaPiece> items;
+  for (int32_t s : samples) items.push_back({s, -1});
+  return item_pieces(model, encoder, batch, items);
+}
+
+torch::Tensor media_item_pieces(const ModelSpec& model, const ModuleSpec& encoder,
+                                const TrainBatch& batch, const std::vector<MediaPiece>& items) {
+  return item_pieces(model, encoder, batch, items);
 }
 
 std::vector<torch::Tensor> micro_batch_audio(const TrainBatch& batch,

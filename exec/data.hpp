@@ -13,6 +13,7 @@
 
 #include <torch/torch.h>
 
+#include "shared/layout/microbatch.hpp"
 #include "shared/layout/scenario.hpp"
 #include "shared/model/batch.hpp"
 
@@ -85,6 +86,9 @@ torch::Tensor attention_bias(const LlmLayout& layout, const std::vector<int64_t>
 // (0, C·T, S, S) when none.
 torch::Tensor micro_batch_pieces(const ModelSpec& model, const ModuleSpec& encoder,
                                  const TrainBatch& batch, const std::vector<int32_t>& samples);
+// The same for media items one by one (encoder_data_parallel media), in the order given.
+torch::Tensor media_item_pieces(const ModelSpec& model, const ModuleSpec& encoder,
+                                const TrainBatch& batch, const std::vector<MediaPiece>& items);
 
 // Audio encoder windows of the micro-batch, in sample and clip order.
 std::vector<torch::Tensor> micro_batch_audio(const TrainBatch& batch,

@@ -166,6 +166,24 @@ std::vector<int32_t> Worker::samples_for(int module, int mb) const {
                          dp_rank_[m], mb);
 }
 
+const MediaAssignment* Worker::media_for(int module) {
+  const ModelSpec& model = scenario_.model;
+  const ModuleSpec& spec = model.modules[static_cast<std::size_t>(module)];
+  if (!media_parallel(plan_, model, spec)) return nullptr;
+  if (const auto it = media_.find(module); it != media_.end()) return &it->second;
+  return &(media_[module] = assign_media(batch_.batch, model, *source_encoder(model, spec),
+                                         assignment_, dp_size_[static_cast<std::size_t>(module)]));
+}
+
+int64_t Worker::item_rows(int producer, const MediaPiece& piece) const {
+  const ModelSpec& model = scenario_.model;
+  const ModuleSpec& encoder =
+      *source_encoder(model, model.modules[static_cast<std::size_t>(producer)]);
+  return media_items(model, encoder, batch_.batch.samples[static_cast<std::size_t>(piece.sample)])
+      .at(static_cast<std::size_t>(piece.item))
+      .llm_tokens;
+}
+
 const Worker::MicroBatch& Worker::micro_batch(int mb) {
   if (const auto it = micro_batches_.find(mb); it != micro_batches_.end()) return it->second;
   MicroBatch& b = micro_batches_[mb];
@@ -227,6 +245,7 @@ StepResult Worker::step(int64_t iteration) {
   my_micro_batches_ = assignment[static_cast<std::size_t>(dp_index_)];
   assignment_ = assignment;
   boundaries_.clear();
+  media_.clear();
   linked_.clear();
   link_parts_.clear();
   absorbed_.clear();

@@ -109,10 +109,19 @@ class Worker {
     RowMap rows;
     int64_t mine_first = 0, mine_rows = 0;  // this rank's own rows
     std::vector<int64_t> member_rows;       // rows of each group member (fan-in)
+    // Media items (encoder_data_parallel media): the leaf's rows that are this rank's output's,
+    // in its order (the gathered rows are put in sample order, so they do not lie together).
+    torch::Tensor mine_index;
   };
 
   Stage& stage(int module, int chunk);
   std::vector<int32_t> samples_for(int module, int mb) const;
+  // encoder_data_parallel media: the items every replica of `module` encodes (assign_media), or
+  // null where the module takes whole samples; the rows an item hands on.
+  const MediaAssignment* media_for(int module);
+  int64_t item_rows(int producer, const MediaPiece& piece) const;
+  // Fan-in of media items: the group's gathered rows put in this LLM replica's sample order.
+  void gather_media(const Op& op, const Comm& comm, const MediaAssignment& items);
   Boundary& boundary(int producer);
   void boundary_collective(const Op& op);
   // Non-colocated boundary (per producer module and micro-batch): the samples each link of a
@@ -220,7 +229,8 @@ class Worker {
   // (its own and the next) take rows from; its gradient accumulates there. (producer, mb)
   std::map<std::pair<int, int>, torch::Tensor> entrain_leaves_;
   std::map<int, Boundary> boundaries_;
-  std::map<std::pair<int, int>, Boundary> linked_;                     // (producer, mb)
+  std::map<int, MediaAssignment> media_;            // by module, this step's (media_for)
+  std::map<std::pair<int, int>, Boundary> linked_;  // (producer, mb)
   std::map<std::tuple<int, int, int32_t>, torch::Tensor> link_parts_;  // (producer, mb, link)
   std::set<int> absorbed_;  // producers whose same-rank links' gradients are in place
   bool linked_boundary_ =

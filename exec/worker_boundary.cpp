@@ -108,6 +108,8 @@ void Worker::boundary_collective(const Op& op) {
   const auto m = static_cast<std::size_t>(op.module);
   const Comm& comm = groups_.get(program_->groups[static_cast<std::size_t>(op.group)]);
   if (op.phase == Phase::kF) {
+    if (const MediaAssignment* media = media_for(op.module); media != nullptr)
+      return gather_media(op, comm, *media);
     // Fan-in: the k encoder replicas that share an LLM replica's batch, in replica order.
     const int64_t k = comm.size(), base = dp_rank_[m] - dp_rank_[m] % k;
     Boundary b;
@@ -163,9 +165,60 @@ void Worker::boundary_collective(const Op& op) {
   }
   // Fan-in: this rank's rows of the gradient, exchanged over the group as the Program says.
   const torch::Tensor g = b.leaf.grad().defined() ? b.leaf.grad() : torch::zeros_like(b.leaf);
-  const torch::Tensor all =
-      all_gather_rows(comm, g.narrow(0, b.mine_first, b.mine_rows).contiguous(), b.member_rows);
+  const torch::Tensor mine = b.mine_index.defined() ? g.index_select(0, b.mine_index)
+                                                    : g.narrow(0, b.mine_first, b.mine_rows);
+  const torch::Tensor all = all_gather_rows(comm, mine.contiguous(), b.member_rows);
   producer_slot(op.module, -1).output_grad = all.narrow(0, b.mine_first, b.mine_rows).contiguous();
+}
+
+void Worker::gather_media(const Op& op, const Comm& comm, const MediaAssignment& items) {
+  const auto m = static_cast<std::size_t>(op.module);
+  const int64_t k = comm.size(), base = dp_rank_[m] - dp_rank_[m] % k;
+  // Where each item's rows lie in the gathered tensor: the members' outputs in replica order,
+  // each its items' rows in its order.
+  Boundary b;
+  std::map<std::pair<int32_t, int32_t>, std::pair<int64_t, int64_t>> at;  // (sample, item)
+  int64_t row = 0;
+  for (int64_t j = 0; j < k; ++j) {
+    const int64_t first = row;
+    for (const MediaPiece& piece : items[static_cast<std::size_t>(base + j)]) {
+      const int64_t n = item_rows(op.module, piece);
+      at[{piece.sample, piece.item}] = {row, n};
+      row += n;
+    }
+    b.member_rows.push_back(row - first);
+    if (j == comm.rank) {
+      b.mine_first = first;
+      b.mine_rows = row - first;
+    }
+  }
+  // The leaf in this LLM replica's sample order, each sample's items in order.
+  std::vector<int64_t> order;
+  std::map<int64_t, int64_t> leaf_row;  // gathered row -> leaf row
+  for (const auto& mb : my_micro_batches_)
+    for (int32_t sample : mb) {
+      const auto first = static_cast<int64_t>(order.size());
+      for (int32_t item = 0;; ++item) {
+        const auto it = at.find({sample, item});
+        if (it == at.end()) break;
+        for (int64_t r = it->second.first; r < it->second.first + it->second.second; ++r) {
+          leaf_row[r] = static_cast<int64_t>(order.size());
+          order.push_back(r);
+        }
+      }
+      b.rows[sample] = {first, static_cast<int64_t>(order.size()) - first};
+    }
+  TESSERA_CHECK(static_cast<int64_t>(order.size()) == row,
+                op_name(*program_, op) + ": the gathered media rows are not this LLM replica's");
+  std::vector<int64_t> mine;
+  for (int64_t r = b.mine_first; r < b.mine_first + b.mine_rows; ++r)
+    mine.push_back(leaf_row.at(r));
+  b.mine_index = device_indices(mine);
+  const torch::Tensor& out = producer_slot(op.module, -1).output;
+  b.leaf = all_gather_rows(comm, out.detach().contiguous(), b.member_rows)
+               .index_select(0, device_indices(order));
+  b.leaf.set_requires_grad(out.requires_grad());
+  boundaries_[op.module] = std::move(b);
 }
 
 int Worker::consumer_of(int producer) const {

@@ -143,6 +143,12 @@ void Worker::forward(const Op& op) {
                                          my_micro_batches_[static_cast<std::size_t>(op.microbatch)])
                           .narrow(0, piece.first, piece.count),
                       cuts);
+      } else if (const MediaAssignment* media = media_for(op.module); media != nullptr) {
+        out = st.encode(
+            media_item_pieces(
+                scenario_.model, spec, batch_,
+                (*media)[static_cast<std::size_t>(dp_rank_[static_cast<std::size_t>(op.module)])]),
+            cuts);
       } else {
         out = st.encode(micro_batch_pieces(scenario_.model, spec, batch_, samples), cuts);
       }

@@ -56,6 +56,8 @@ std::string describe_layout(const ParallelPlan& plan, const ModelSpec& model) {
   // Heads TP does not divide: padded, or the encoders whole on every TP rank.
   if (plan.indivisible_heads == IndivisibleHeads::kPad) options += " heads:pad";
   if (plan.indivisible_heads == IndivisibleHeads::kReplicate) options += " heads:replicate";
+  // Encoders dealt media items rather than whole samples.
+  if (plan.encoder_data_parallel == EncoderDataParallel::kMedia) options += " enc:media";
   if (plan.placement == Placement::kHomogeneous) {
     const ModuleSpec* llm = find_llm(model);
     return one(llm != nullptr ? llm->name : "all", plan.layout) + options;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <numeric>
+#include <tuple>
 
 #include "shared/base/check.hpp"
 #include "shared/model/model_math.hpp"
@@ -171,6 +172,73 @@ std::vector<int32_t> replica_samples(const MicrobatchAssignment& llm, int64_t dp
     const int64_t k = dp_llm / dp;
     for (int64_t d = replica * k; d < (replica + 1) * k; ++d) take(d, 0, 1);
   }
+  return out;
+}
+
+MediaAssignment assign_media(const Batch& batch, const ModelSpec& model, const ModuleSpec& encoder,
+                             const MicrobatchAssignment& llm, int64_t dp) {
+  const auto dp_llm = static_cast<int64_t>(llm.size());
+  TESSERA_CHECK(dp_llm >= 1 && dp >= dp_llm && dp % dp_llm == 0);
+  const int64_t k = dp / dp_llm;
+  MediaAssignment out(static_cast<std::size_t>(dp));
+  struct Item {
+    MediaPiece piece;
+    int64_t position = 0;  // of its sample in the LLM replica's order
+    double work = 0;
+  };
+  for (int64_t r = 0; r < dp_llm; ++r) {
+    std::vector<double> load(static_cast<std::size_t>(k), 0.0);
+    int64_t position = 0;
+    for (const std::vector<int32_t>& mb : llm[static_cast<std::size_t>(r)]) {
+      std::vector<Item> items;
+      for (int32_t sample : mb) {
+        const std::vector<MediaItem> media =
+            media_items(model, encoder, batch.samples[static_cast<std::size_t>(sample)]);
+        for (std::size_t j = 0; j < media.size(); ++j) {
+          const double tokens = static_cast<double>(media[j].piece_tokens * media[j].pieces);
+          const double per_token =
+              forward_flops_per_token(encoder, static_cast<double>(media[j].piece_tokens));
+          items.push_back({{sample, static_cast<int32_t>(j)}, position, tokens * per_token});
+        }
+        ++position;
+      }
+      std::stable_sort(items.begin(), items.end(),
+                       [](const Item& a, const Item& b) { return a.work > b.work; });
+      std::vector<std::vector<Item>> dealt(static_cast<std::size_t>(k));
+      for (const Item& item : items) {
+        const auto least =
+            static_cast<std::size_t>(std::min_element(load.begin(), load.end()) - load.begin());
+        load[least] += item.work;
+        dealt[least].push_back(item);
+      }
+      for (int64_t j = 0; j < k; ++j) {
+        auto& mine = dealt[static_cast<std::size_t>(j)];
+        std::sort(mine.begin(), mine.end(), [](const Item& a, const Item& b) {
+          return std::tie(a.position, a.piece.item) < std::tie(b.position, b.piece.item);
+        });
+        for (const Item& item : mine)
+          out[static_cast<std::size_t>(r * k + j)].push_back(item.piece);
+      }
+    }
+  }
+  return out;
+}
+
+Sample media_subset(const ModelSpec& model, const ModuleSpec& encoder, const Sample& sample,
+                    std::span<const int32_t> items) {
+  Sample out;
+  int32_t j = 0;
+  auto wanted = [&] { return std::find(items.begin(), items.end(), j++) != items.end(); };
+  // The order of media_items().
+  if (encoder_for(model, Modality::kImage) == &encoder)
+    for (const ImageItem& i : sample.images)
+      if (wanted()) out.images.push_back(i);
+  if (encoder_for(model, Modality::kVideo) == &encoder)
+    for (const VideoItem& v : sample.videos)
+      if (wanted()) out.videos.push_back(v);
+  if (encoder_for(model, Modality::kAudio) == &encoder)
+    for (double seconds : sample.audio_seconds)
+      if (wanted()) out.audio_seconds.push_back(seconds);
   return out;
 }
 

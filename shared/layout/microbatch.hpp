@@ -67,4 +67,24 @@ MicrobatchAssignment assign_microbatches(const Batch& batch, const ModelSpec& mo
 std::vector<int32_t> replica_samples(const MicrobatchAssignment& llm, int64_t dp, int64_t replica,
                                      int32_t mb);
 
+// One media item of a sample: the `item`-th of media_items(model, encoder, that sample).
+struct MediaPiece {
+  int32_t sample = 0;
+  int32_t item = 0;
+  bool operator==(const MediaPiece&) const = default;
+};
+// The media items each replica of an encoder with `dp` replicas (a multiple of the LLM's)
+// encodes under encoder_data_parallel media: the k = dp / LLM-dp replicas that feed one LLM
+// replica share the items of its samples, each micro-batch's items dealt largest first to the
+// replica with the least encoder work so far (longest-processing-time first, the work of an item
+// its forward FLOPs). Each replica's items come in the LLM replica's order: by micro-batch, then
+// sample, then item.
+using MediaAssignment = std::vector<std::vector<MediaPiece>>;
+MediaAssignment assign_media(const Batch& batch, const ModelSpec& model, const ModuleSpec& encoder,
+                             const MicrobatchAssignment& llm, int64_t dp);
+// The media of `sample` that `items` (indices into media_items(model, encoder, sample)) name, as
+// a sample of their own without text.
+Sample media_subset(const ModelSpec& model, const ModuleSpec& encoder, const Sample& sample,
+                    std::span<const int32_t> items);
+
 }  // namespace tessera

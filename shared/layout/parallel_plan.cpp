@@ -33,6 +33,8 @@ const EnumTable<Recompute> kRecomputes = {
 const EnumTable<IndivisibleHeads> kIndivisibleHeads = {{"refuse", IndivisibleHeads::kRefuse},
                                                        {"pad", IndivisibleHeads::kPad},
                                                        {"replicate", IndivisibleHeads::kReplicate}};
+const EnumTable<EncoderDataParallel> kEncoderDataParallel = {
+    {"samples", EncoderDataParallel::kSamples}, {"media", EncoderDataParallel::kMedia}};
 
 namespace {
 
@@ -148,6 +150,7 @@ ParallelPlan read_plan(const Json& json, const std::string& file, const std::str
   r.optional("overlap_param_gather", p.overlap_param_gather);
   r.optional({"grad_reduce_in_fp32", "accumulate_allreduce_grads_in_fp32"}, p.grad_reduce_in_fp32);
   r.optional_enum("indivisible_heads", p.indivisible_heads, kIndivisibleHeads);
+  r.optional_enum("encoder_data_parallel", p.encoder_data_parallel, kEncoderDataParallel);
   if (r.optional("grad_bucket_mb", p.grad_bucket_mb))
     r.check_positive("grad_bucket_mb", p.grad_bucket_mb);
   r.finish();
@@ -198,16 +201,38 @@ Json to_json(const ParallelPlan& p) {
   if (p.grad_reduce_in_fp32) j["grad_reduce_in_fp32"] = true;
   if (p.indivisible_heads != IndivisibleHeads::kRefuse)
     j["indivisible_heads"] = enum_name(p.indivisible_heads, kIndivisibleHeads);
+  if (p.encoder_data_parallel != EncoderDataParallel::kSamples)
+    j["encoder_data_parallel"] = enum_name(p.encoder_data_parallel, kEncoderDataParallel);
   return j;
 }
 
-int64_t module_tp(const ParallelPlan& plan, const ModelSpec& model, const ModuleSpec& module) {
-  if (plan.placement == Placement::kHomogeneous) return plan.layout.tp;
+namespace {
+
+// The grid `module` runs on: the one layout (homogeneous), its own, or that of the module that
+// feeds it (a module without an entry runs with its input's).
+const ModuleLayout& module_grid(const ParallelPlan& plan, const ModelSpec& model,
+                                const ModuleSpec& module) {
+  static const ModuleLayout kAlone;
+  if (plan.placement == Placement::kHomogeneous) return plan.layout;
   for (const auto& [name, layout] : plan.modules)
-    if (name == module.name) return layout.tp;
-  // A module without an entry runs with the module that feeds it.
+    if (name == module.name) return layout;
   const ModuleSpec* input = module.inputs.empty() ? nullptr : find_module(model, module.inputs[0]);
-  return input != nullptr ? module_tp(plan, model, *input) : 1;
+  return input != nullptr ? module_grid(plan, model, *input) : kAlone;
+}
+
+}  // namespace
+
+int64_t module_tp(const ParallelPlan& plan, const ModelSpec& model, const ModuleSpec& module) {
+  return module_grid(plan, model, module).tp;
+}
+
+bool media_parallel(const ParallelPlan& plan, const ModelSpec& model, const ModuleSpec& module) {
+  if (plan.encoder_data_parallel != EncoderDataParallel::kMedia ||
+      plan.placement != Placement::kColocated || module.role == ModuleRole::kLlm ||
+      module.role == ModuleRole::kGenerator)
+    return false;
+  const ModuleSpec* llm = find_llm(model);
+  return llm != nullptr && module_grid(plan, model, module).dp > module_grid(plan, model, *llm).dp;
 }
 
 bool replicated_over_tp(const ParallelPlan& plan, const ModelSpec& model,
@@ -352,6 +377,12 @@ void validate_plan(const ParallelPlan& plan, const ModelSpec& model, const Workl
     top("indivisible_heads",
         "replicate runs a homogeneous plan's encoders whole on every TP rank; in a " + placement +
             " plan each module chooses its own TP");
+  if (plan.encoder_data_parallel == EncoderDataParallel::kMedia &&
+      plan.placement != Placement::kColocated)
+    top("encoder_data_parallel",
+        "media deals items to the encoder replicas that share a colocated LLM replica's batch; "
+        "a " +
+            placement + " plan's encoders take whole samples");
   // Per-module grid rules.
   for (const PlacedModule& p : placed) {
     if (!p.host.empty()) continue;  // borrowed layout, checked with its host
@@ -415,7 +446,8 @@ void validate_plan(const ParallelPlan& plan, const ModelSpec& model, const Workl
       err(p, "cp",
           "max_seq_len=" + std::to_string(w.max_seq_len) + " is not divisible into " +
               std::to_string(pieces) + " pieces");
-    if (w.global_batch > 0 && w.global_batch % l.dp != 0)
+    // An encoder dealt media items may have more replicas than the step has samples.
+    if (w.global_batch > 0 && w.global_batch % l.dp != 0 && !media_parallel(plan, model, *p.module))
       err(p, "dp",
           std::to_string(l.dp) + " does not divide global_batch=" + std::to_string(w.global_batch));
     if (p.layout.ranks && plan.placement != Placement::kNonColocated)

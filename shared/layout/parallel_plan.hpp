@@ -29,6 +29,14 @@ enum class Recompute { kNone, kSelective, kFull };
 // kReplicate: a homogeneous plan's encoders and projectors run whole on every TP rank of the
 // LLM's grid, as they run whole on every CP rank (the LLM itself must split).
 enum class IndivisibleHeads { kRefuse, kPad, kReplicate };
+// What an encoder's data parallelism deals out where it has more replicas than the LLM (a
+// colocated fan-in). kSamples: each replica takes whole samples of the LLM replica it feeds, so a
+// step needs at least as many samples as encoder replicas. kMedia: the samples' media items
+// (images, video clips, audio recordings) are dealt to the replicas by their encoder work, so a
+// few long samples with many images still spread over every replica (Megatron-LM's MIMO feeds
+// its encoder grid with the step's images); the boundary puts each item's tokens back in its
+// sample's place.
+enum class EncoderDataParallel { kSamples, kMedia };
 
 extern const EnumTable<Placement> kPlacements;
 extern const EnumTable<Schedule> kSchedules;
@@ -37,6 +45,7 @@ extern const EnumTable<Recompute> kRecomputes;
 extern const EnumTable<StageSplit> kStageSplits;
 extern const EnumTable<CpSplit> kCpSplits;
 extern const EnumTable<IndivisibleHeads> kIndivisibleHeads;
+extern const EnumTable<EncoderDataParallel> kEncoderDataParallel;
 
 // Consecutive ranks [first, first + count).
 struct RankSpan {
@@ -124,6 +133,9 @@ struct ParallelPlan {
   bool grad_reduce_in_fp32 = false;
   // Modules whose heads their TP does not divide (see IndivisibleHeads). Default: refuse.
   IndivisibleHeads indivisible_heads = IndivisibleHeads::kRefuse;
+  // How encoders with more replicas than the LLM share its samples (colocated plans only; see
+  // EncoderDataParallel). Default: whole samples.
+  EncoderDataParallel encoder_data_parallel = EncoderDataParallel::kSamples;
 
   bool operator==(const ParallelPlan&) const = default;
 };
@@ -138,6 +150,10 @@ bool replicated_over_tp(const ParallelPlan& plan, const ModelSpec& model, const 
 // not divide gets zero heads up to a multiple of TP (key/value heads too where they equal the
 // heads); otherwise `model` itself.
 ModelSpec heads_padded(const ModelSpec& model, const ParallelPlan& plan);
+
+// Whether `plan` deals `module`'s work to its replicas by media item (encoder_data_parallel media,
+// a colocated encoder or projector with more replicas than the LLM).
+bool media_parallel(const ParallelPlan& plan, const ModelSpec& model, const ModuleSpec& module);
 
 // Bytes per value of a plan's data-parallel gradient reductions for a model of `dtype`.
 int64_t reduced_gradient_bytes(const ParallelPlan& plan, DType dtype);

@@ -81,6 +81,7 @@ SearchSpace read_search_space(const Json& json, const std::string& file, const s
       diag.error(file, index_path(r.path_of("homogeneous_schedules"), i),
                  "must be 1f1b (interleaved where vpp > 1) or dip");
   read_enum_list(r, "indivisible_heads", s.indivisible_heads, kIndivisibleHeads, true);
+  read_enum_list(r, "encoder_data_parallel", s.encoder_data_parallel, kEncoderDataParallel);
   if (r.optional("top_k", s.top_k)) r.check_positive("top_k", s.top_k);
   if (const Json* refine = r.find("refine"); refine != nullptr) {
     ObjectReader rr(*refine, file, r.path_of("refine"), diag);
@@ -116,6 +117,7 @@ Json to_json(const SearchSpace& s) {
   j["microbatching"] = enum_list(s.microbatching, kMicrobatching);
   j["homogeneous_schedules"] = enum_list(s.homogeneous_schedules, kSchedules);
   j["indivisible_heads"] = enum_list(s.indivisible_heads, kIndivisibleHeads);
+  j["encoder_data_parallel"] = enum_list(s.encoder_data_parallel, kEncoderDataParallel);
   j["top_k"] = s.top_k;
   j["refine"] = {{"top", s.refine.top},
                  {"microbatching", enum_list(s.refine.microbatching, kMicrobatching)},

@@ -44,6 +44,10 @@ struct SearchSpace {
   // replicate only in homogeneous plans); empty: such plans are refused.
   std::vector<IndivisibleHeads> indivisible_heads = {IndivisibleHeads::kPad,
                                                      IndivisibleHeads::kReplicate};
+  // Colocated plans whose encoders have more replicas than the LLM are tried with each (whole
+  // samples per replica, or the samples' media items dealt by work: encoder_data_parallel).
+  std::vector<EncoderDataParallel> encoder_data_parallel = {EncoderDataParallel::kSamples,
+                                                            EncoderDataParallel::kMedia};
   int64_t top_k = 16;  // best plans by the analytic estimate that get a full simulation
   // Two-stage search: the best `refine.top` plans of the first ranking, and each placement
   // family's best, are estimated again with the costlier techniques — each micro-batching policy

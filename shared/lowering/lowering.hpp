@@ -153,6 +153,7 @@ class Lowering {
   // `encoder_level` asks for the level-1 ones of any module (the LLM's replica, say).
   const std::vector<const Sample*>& samples_of(int module, int64_t replica, int32_t mb,
                                                bool encoder_level = false);
+  const std::vector<const Sample*>& media_of(int module, int64_t dp, int64_t replica, int32_t mb);
   // The encoder micro-batches of LLM replica `replica` whose last sample the LLM takes in its
   // micro-batch `mb`, in order: {mb}, or under Entrain also mb - 1, or only mb - 1, or none.
   const std::vector<int32_t>& encoder_microbatches_done(int64_t replica, int32_t mb);
@@ -467,8 +468,18 @@ class Lowering {
       l.microbatch = mb;
       l.producer_replica = link.producer;
       l.consumer_replica = link.consumer;
-      for (const Sample* s : *link.samples)
-        l.samples.push_back(static_cast<int32_t>(s - batch_.samples.data()));
+      for (const Sample* s : *link.samples) {
+        const auto part = media_parts_.find(s);
+        if (part == media_parts_.end()) {
+          l.samples.push_back(static_cast<int32_t>(s - batch_.samples.data()));
+          continue;
+        }
+        // A piece of a sample (encoder_data_parallel media): a row entry per item.
+        for (int32_t item : part->second.second) {
+          l.samples.push_back(part->second.first);
+          l.items.push_back(item);
+        }
+      }
     }
     return it->second;
   }
@@ -540,6 +551,13 @@ class Lowering {
   std::vector<ModuleGroups> grids_;
   std::vector<GroupIndex> grid_index_;
   std::map<std::tuple<int64_t, int64_t, int32_t, bool>, std::vector<const Sample*>> sample_sets_;
+  // encoder_data_parallel media: each encoder's items per replica (by encoder index), the item
+  // sets per (encoder, replica, micro-batch) as samples of their own (media_subset), and where
+  // each of those came from: its sample and items.
+  std::map<int, MediaAssignment> media_assignment_;
+  std::map<std::tuple<int, int64_t, int32_t>, std::vector<const Sample*>> media_sets_;
+  std::deque<Sample> media_samples_;
+  std::map<const Sample*, std::pair<int32_t, std::vector<int32_t>>> media_parts_;
   // (producer's last module, consumer, micro-batch, producer replica, consumer replica) ->
   // Program::links index
   std::map<std::tuple<int, int, int32_t, int64_t, int64_t>, int32_t> link_ids_;

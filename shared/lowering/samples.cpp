@@ -44,6 +44,7 @@ const std::vector<const Sample*>& Lowering::samples_of(int module, int64_t repli
   const ModuleInfo& m = modules_[static_cast<std::size_t>(module)];
   const int64_t dp =
       m.host >= 0 ? modules_[static_cast<std::size_t>(m.host)].layout.dp : m.layout.dp;
+  if (media_parallel(plan_, model_, *m.spec)) return media_of(module, dp, replica, mb);
   // Colocated encoders run the whole batch at once: only the LLM's micro-batches exist there.
   const bool level1 = entrain_ && plan_.placement != Placement::kColocated &&
                       (encoder_level || (m.spec->role != ModuleRole::kLlm &&
@@ -54,6 +55,41 @@ const std::vector<const Sample*>& Lowering::samples_of(int module, int64_t repli
   for (int32_t id :
        replica_samples(level1 ? encoder_assignment_ : llm_assignment_, dp, replica, mb))
     out.push_back(&batch_.samples[static_cast<std::size_t>(id)]);
+  return out;
+}
+
+// Under encoder_data_parallel media: the items of the replica's share (assign_media) whose
+// samples are in LLM micro-batch `mb` (-1: all), each sample's items as one sample of their own.
+const std::vector<const Sample*>& Lowering::media_of(int module, int64_t dp, int64_t replica,
+                                                     int32_t mb) {
+  const ModuleSpec& encoder =
+      *source_encoder(model_, *modules_[static_cast<std::size_t>(module)].spec);
+  const int e = static_cast<int>(&encoder - model_.modules.data());
+  const auto key = std::make_tuple(e, replica, mb);
+  if (const auto it = media_sets_.find(key); it != media_sets_.end()) return it->second;
+  auto assignment = media_assignment_.find(e);
+  if (assignment == media_assignment_.end())
+    assignment =
+        media_assignment_.emplace(e, assign_media(batch_, model_, encoder, llm_assignment_, dp))
+            .first;
+  const int64_t k = dp / static_cast<int64_t>(llm_assignment_.size());
+  std::set<int32_t> in_mb;
+  if (mb >= 0)
+    for (int32_t id :
+         llm_assignment_[static_cast<std::size_t>(replica / k)][static_cast<std::size_t>(mb)])
+      in_mb.insert(id);
+  std::vector<const Sample*>& out = media_sets_[key];
+  const auto& pieces = assignment->second[static_cast<std::size_t>(replica)];
+  for (std::size_t i = 0; i < pieces.size();) {
+    const int32_t sample = pieces[i].sample;
+    std::vector<int32_t> items;
+    for (; i < pieces.size() && pieces[i].sample == sample; ++i) items.push_back(pieces[i].item);
+    if (mb >= 0 && !in_mb.count(sample)) continue;
+    const Sample& whole = batch_.samples[static_cast<std::size_t>(sample)];
+    const Sample* part = &media_samples_.emplace_back(media_subset(model_, encoder, whole, items));
+    media_parts_[part] = {sample, std::move(items)};
+    out.push_back(part);
+  }
   return out;
 }
 

@@ -127,6 +127,9 @@ struct BoundaryLink {
   int32_t microbatch = -1;
   int64_t producer_replica = 0, consumer_replica = 0;
   std::vector<int32_t> samples;  // indices into the batch's samples, in row order
+  // Under encoder_data_parallel media, each entry of `samples` is one media item of that sample
+  // (its index into media_items()), whose rows the link carries; empty: whole samples.
+  std::vector<int32_t> items;
 };
 
 // What a rank holds in memory: parameter state from the plan, activations from the schedule.

@@ -163,16 +163,24 @@ Enumeration enumerate_plans(const Scenario& s, const SearchSpace& space, int64_t
           heads.push_back(option);
       if (heads.empty()) heads = {IndivisibleHeads::kRefuse};  // rejected, and counted so
     }
-    for (IndivisibleHeads option : heads)
-      for (StageSplit stage : stage_splits)
-        for (CpSplit cp : cp_splits)
-          for (MicrobatchPolicy policy : space.microbatching) {
-            plan.indivisible_heads = option;
-            plan.stage_split = stage;
-            plan.cp_split = cp;
-            plan.microbatching = policy;
-            consider_one(plan);
-          }
+    // Where encoders fan in to the LLM, each way of dealing them its samples.
+    std::vector<EncoderDataParallel> dealing = {EncoderDataParallel::kSamples};
+    plan.encoder_data_parallel = EncoderDataParallel::kMedia;
+    if (std::any_of(s.model.modules.begin(), s.model.modules.end(),
+                    [&](const ModuleSpec& m) { return media_parallel(plan, s.model, m); }))
+      dealing = space.encoder_data_parallel;
+    for (EncoderDataParallel deal : dealing)
+      for (IndivisibleHeads option : heads)
+        for (StageSplit stage : stage_splits)
+          for (CpSplit cp : cp_splits)
+            for (MicrobatchPolicy policy : space.microbatching) {
+              plan.encoder_data_parallel = deal;
+              plan.indivisible_heads = option;
+              plan.stage_split = stage;
+              plan.cp_split = cp;
+              plan.microbatching = policy;
+              consider_one(plan);
+            }
   };
   for (Placement placement : space.placements) {
     for (const LlmChoice& c : llm_choices(space, gpus, experts)) {

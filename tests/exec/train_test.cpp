@@ -403,6 +403,52 @@ TEST_CASE("colocated placements: each module its own grid, the boundary regroups
   CHECK(refused.output.find("colo-encoder-cp.json: plan.modules.vision.cp") != std::string::npos);
 }
 
+TEST_CASE("encoders dealt media items, more replicas than samples: plans agree with one rank") {
+  // Two samples of three images, the ViT trainable: four ViT replicas share the images, beside
+  // an LLM on TP 2 x DP 2 (a sample's three images over two replicas) or TP 4 (six over four).
+  const auto scenario = [](int images, const std::string& name) {
+    return edited_scenario(
+        kScenario,
+        [images](Json& s) {
+          s["workload"]["global_batch"] = 2;
+          s["workload"]["samples"]["image"]["count"] = images;
+          s["model"]["modules"][0]["frozen"] = false;
+        },
+        name);
+  };
+  const auto colocated = [](const std::string& modules, const std::string& name) {
+    return raw_plan(
+        R"({"placement": "colocated", "schedule": "three_phase", "micro_batch_size": 1,
+            "encoder_data_parallel": "media", "modules": )" +
+            modules + "}",
+        name);
+  };
+  const std::string three = scenario(3, "media-items");
+  check_plans_agree(
+      three, "media-items-1",
+      {{colocated(R"({"vision": {"dp": 4}, "llm": {"tp": 2, "dp": 2}})", "media-tp2dp2"),
+        "media-tp2dp2"},
+       {colocated(R"({"vision": {"dp": 4}, "llm": {"tp": 4}})", "media-tp4"), "media-tp4"}});
+  // One image a sample: two of the four replicas encode none.
+  check_plans_agree(scenario(1, "media-sparse"), "media-sparse-1",
+                    {{colocated(R"({"vision": {"dp": 4}, "llm": {"tp": 4}})", "media-sparse-tp4"),
+                      "media-sparse-tp4"}});
+  // Whole samples cannot feed four replicas from two samples; media rows into an LLM pipeline
+  // are not in the executor yet: both refused, naming the field.
+  const Run whole = run(three + " --plan " +
+                        raw_plan(R"({"placement": "colocated", "schedule": "three_phase",
+                                     "modules": {"vision": {"dp": 4}, "llm": {"tp": 4}}})",
+                                 "media-whole"));
+  CHECK(whole.code == 2);
+  CHECK(whole.output.find("4 does not divide global_batch=2") != std::string::npos);
+  const Run piped =
+      run(three + " --plan " +
+          colocated(R"({"vision": {"dp": 4}, "llm": {"tp": 2, "pp": 2}})", "media-piped"));
+  CHECK(piped.code == 2);
+  CHECK(piped.output.find("plan.encoder_data_parallel: media items sent into an LLM pipeline") !=
+        std::string::npos);
+}
+
 TEST_CASE(
     "Gemma 3 and InternViT-6B layers (query/key norms, four norms per layer, a normalized "
     "linear projector, biased attention outputs): plans agree with one rank") {

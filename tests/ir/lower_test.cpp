@@ -6,6 +6,7 @@
 #include <array>
 #include <cmath>
 #include <map>
+#include <numeric>
 #include <set>
 
 #include "shared/cost/cost_model.hpp"
@@ -1498,6 +1499,90 @@ TEST_CASE(
   // The key survives a round trip.
   Diagnostics fresh;
   CHECK(read_plan(to_json(pad.plan), "p", "", fresh) == pad.plan);
+}
+
+TEST_CASE("media-parallel encoders: more encoder replicas than samples, each image encoded once") {
+  // Two samples of six 64-pixel images; the LLM on two replicas, the ViT on eight.
+  const char* workload =
+      R"({"global_batch": 2, "max_seq_len": 4096, "samples": {"text_tokens": 64, "image": {"count": 6, "width": 64, "height": 64}}})";
+  const std::string pipelined =
+      R"({"placement": "colocated", "modules": {"vision": {"dp": 8}, "llm": {"tp": 2, "pp": 2, "dp": 2}})";
+  {
+    // Whole samples: eight replicas for two samples are refused.
+    Diagnostics diag;
+    Case c;
+    c.model = read_model(Json::parse(kVlm), "m", "", diag);
+    c.workload = read_workload(Json::parse(workload), "w", "", ".", diag);
+    c.plan = read_plan(Json::parse(pipelined + "}"), "p", "", diag);
+    validate_plan(c.plan, c.model, c.workload, cluster(8), "p", "", diag);
+    CHECK(diag.format().find("8 does not divide global_batch=2") != std::string::npos);
+    // Media items are a colocated plan's.
+    Diagnostics other;
+    c.plan =
+        read_plan(Json::parse(R"({"placement": "non_colocated", "modules": {"vision": {"dp": 2},
+        "llm": {"dp": 2}}, "encoder_data_parallel": "media"})"),
+                  "p", "", other);
+    validate_plan(c.plan, c.model, c.workload, cluster(4), "p", "", other);
+    CHECK(other.format().find("encoder_data_parallel: media deals items") != std::string::npos);
+  }
+  const Case by_sample = make(
+      kVlm, workload,
+      R"({"placement": "colocated", "modules": {"vision": {"tp": 4, "dp": 2}, "llm": {"tp": 2, "pp": 2, "dp": 2}}})");
+  const std::string media = R"(, "encoder_data_parallel": "media"})";
+  const Case linked = make(kVlm, workload, (pipelined + media).c_str());
+  const Case regrouped = make(
+      kVlm, workload,
+      (R"({"placement": "colocated", "modules": {"vision": {"dp": 8}, "llm": {"tp": 4, "dp": 2}})" +
+       media)
+          .c_str());
+  Diagnostics fresh;
+  CHECK(read_plan(to_json(linked.plan), "p", "", fresh) == linked.plan);
+  const auto vit_forward = [](const Program& p) {
+    std::vector<double> flops;
+    for (const auto& ops : p.ranks) {
+      double f = 0;
+      for (const Op& op : ops)
+        if (op.kind == OpKind::kCompute && op.module == 0 && op.phase == Phase::kF) f += op.flops;
+      flops.push_back(f);
+    }
+    return flops;
+  };
+  const Program ps = lowered(by_sample), pl = lowered(linked), pr = lowered(regrouped);
+  const std::vector<double> whole = vit_forward(ps), dealt = vit_forward(pl);
+  const double total = std::accumulate(whole.begin(), whole.end(), 0.0);
+  REQUIRE(total > 0);
+  // The same images encoded once each: the same FLOPs in all; each replica's share is two or
+  // one of a sample's six images (6 over 4 replicas, largest first to the least loaded).
+  CHECK(std::accumulate(dealt.begin(), dealt.end(), 0.0) == doctest::Approx(total));
+  CHECK(*std::max_element(dealt.begin(), dealt.end()) == doctest::Approx(total * 2 / 12));
+  CHECK(*std::min_element(dealt.begin(), dealt.end()) == doctest::Approx(total / 12));
+  CHECK(pl.model_flops == doctest::Approx(ps.model_flops).epsilon(1e-12));
+  // Into the LLM pipeline: each LLM replica's links carry each image of its sample once.
+  for (int64_t d = 0; d < 2; ++d) {
+    std::multiset<std::pair<int32_t, int32_t>> carried;
+    for (const BoundaryLink& link : pl.links)
+      if (link.consumer_replica == d) {
+        REQUIRE(link.items.size() == link.samples.size());
+        for (std::size_t i = 0; i < link.items.size(); ++i)
+          carried.insert({link.samples[i], link.items[i]});
+      }
+    const int32_t sample = pl.llm_microbatches[static_cast<std::size_t>(d)][0][0];
+    std::multiset<std::pair<int32_t, int32_t>> expected;
+    for (int32_t item = 0; item < 6; ++item) expected.insert({sample, item});
+    CHECK(carried == expected);
+  }
+  // Without an LLM pipeline the four replicas of a sample all-gather its 6 x 64 image rows.
+  const double rows = 6 * 64.0 * 256 * static_cast<double>(dtype_bytes(regrouped.model.dtype));
+  int gathers = 0;
+  for (const Op& op : pr.ranks[0])
+    if (op.kind == OpKind::kCollective && op.purpose == Purpose::kBoundary &&
+        op.collective == CollectiveKind::kAllGather && op.phase == Phase::kF) {
+      ++gathers;
+      CHECK(op.bytes == doctest::Approx(rows));
+      CHECK(pr.groups[static_cast<std::size_t>(op.group)].size() == 4);
+    }
+  CHECK(gathers == 1);
+  CHECK(pr.memory[0].boundary_bytes == doctest::Approx(rows));
 }
 
 TEST_CASE("full recomputation runs the layers again, not the embedding, head or loss") {
