@@ -375,11 +375,9 @@ torch::Tensor attention_bias(const LlmLayout& l, const std::vector<int64_t>& que
   return bias;
 }
 
-namespace {
-
 // The pieces of the listed items (item -1: every item of the sample), in order.
-torch::Tensor item_pieces(const ModelSpec& model, const ModuleSpec& encoder,
-                          const TrainBatch& batch, const std::vector<MediaPiece>& items) {
+torch::Tensor media_item_pieces(const ModelSpec& model, const ModuleSpec& encoder,
+                                const TrainBatch& batch, const std::vector<MediaPiece>& items) {
   const Patching& p = *encoder.patching;
   const bool images = encoder_for(model, Modality::kImage) == &encoder;
   const bool videos = encoder_for(model, Modality::kVideo) == &encoder;
@@ -402,18 +400,11 @@ torch::Tensor item_pieces(const ModelSpec& model, const ModuleSpec& encoder,
   return torch::stack(pieces);
 }
 
-}  // namespace
-
 torch::Tensor micro_batch_pieces(const ModelSpec& model, const ModuleSpec& encoder,
                                  const TrainBatch& batch, const std::vector<int32_t>& samples) {
   std::vector<MediaPiece> items;
   for (int32_t s : samples) items.push_back({s, -1});
-  return item_pieces(model, encoder, batch, items);
-}
-
-torch::Tensor media_item_pieces(const ModelSpec& model, const ModuleSpec& encoder,
-                                const TrainBatch& batch, const std::vector<MediaPiece>& items) {
-  return item_pieces(model, encoder, batch, items);
+  return media_item_pieces(model, encoder, batch, items);
 }
 
 std::vector<torch::Tensor> micro_batch_audio(const TrainBatch& batch,

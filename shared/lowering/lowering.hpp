@@ -551,11 +551,11 @@ class Lowering {
   std::vector<ModuleGroups> grids_;
   std::vector<GroupIndex> grid_index_;
   std::map<std::tuple<int64_t, int64_t, int32_t, bool>, std::vector<const Sample*>> sample_sets_;
-  // encoder_data_parallel media: each encoder's items per replica (by encoder index), the item
-  // sets per (encoder, replica, micro-batch) as samples of their own (media_subset), and where
-  // each of those came from: its sample and items.
-  std::map<int, MediaAssignment> media_assignment_;
-  std::map<std::tuple<int, int64_t, int32_t>, std::vector<const Sample*>> media_sets_;
+  // encoder_data_parallel media: each encoder's items per replica (by encoder index and replica
+  // count), the item sets per (encoder, replica count, replica, micro-batch) as samples of their
+  // own (media_subset), and where each of those came from: its sample and items.
+  std::map<std::pair<int, int64_t>, MediaAssignment> media_assignment_;
+  std::map<std::tuple<int, int64_t, int64_t, int32_t>, std::vector<const Sample*>> media_sets_;
   std::deque<Sample> media_samples_;
   std::map<const Sample*, std::pair<int32_t, std::vector<int32_t>>> media_parts_;
   // (producer's last module, consumer, micro-batch, producer replica, consumer replica) ->

@@ -65,13 +65,14 @@ const std::vector<const Sample*>& Lowering::media_of(int module, int64_t dp, int
   const ModuleSpec& encoder =
       *source_encoder(model_, *modules_[static_cast<std::size_t>(module)].spec);
   const int e = static_cast<int>(&encoder - model_.modules.data());
-  const auto key = std::make_tuple(e, replica, mb);
+  const auto key = std::make_tuple(e, dp, replica, mb);
   if (const auto it = media_sets_.find(key); it != media_sets_.end()) return it->second;
-  auto assignment = media_assignment_.find(e);
+  auto assignment = media_assignment_.find({e, dp});
   if (assignment == media_assignment_.end())
-    assignment =
-        media_assignment_.emplace(e, assign_media(batch_, model_, encoder, llm_assignment_, dp))
-            .first;
+    assignment = media_assignment_
+                     .emplace(std::make_pair(e, dp),
+                              assign_media(batch_, model_, encoder, llm_assignment_, dp))
+                     .first;
   const int64_t k = dp / static_cast<int64_t>(llm_assignment_.size());
   std::set<int32_t> in_mb;
   if (mb >= 0)
