@@ -1655,3 +1655,47 @@ TEST_CASE("homogeneous encoders run whole on every CP rank, as the executor runs
   // with and without CP (the LLM's split over its CP ranks, the encoder counted once).
   CHECK(p2.model_flops == doctest::Approx(p1.model_flops).epsilon(1e-12));
 }
+
+TEST_CASE("media-parallel encoders: an encoder and its projector on different replica counts") {
+  // Two samples of six images; the ViT on eight replicas (four per sample), its projector on
+  // four (two per sample): each module deals the images over its own replicas, and every image
+  // passes through both exactly once.
+  const char* workload =
+      R"({"global_batch": 2, "max_seq_len": 4096, "samples": {"text_tokens": 64, "image": {"count": 6, "width": 64, "height": 64}}})";
+  const Case by_sample = make(
+      kVlm, workload,
+      R"({"placement": "colocated", "modules": {"vision": {"tp": 4, "dp": 2}, "proj": {"tp": 4, "dp": 2}, "llm": {"tp": 4, "dp": 2}}})");
+  const Case dealt = make(
+      kVlm, workload,
+      R"({"placement": "colocated", "modules": {"vision": {"dp": 8}, "proj": {"tp": 2, "dp": 4}, "llm": {"tp": 4, "dp": 2}}, "encoder_data_parallel": "media"})");
+  const auto forward = [](const Program& p, int32_t module) {
+    std::vector<double> flops;
+    for (const auto& ops : p.ranks) {
+      double f = 0;
+      for (const Op& op : ops)
+        if (op.kind == OpKind::kCompute && op.module == module && op.phase == Phase::kF)
+          f += op.flops;
+      flops.push_back(f);
+    }
+    return flops;
+  };
+  const Program ps = lowered(by_sample), pd = lowered(dealt);
+  const auto sum = [](const std::vector<double>& v) {
+    return std::accumulate(v.begin(), v.end(), 0.0);
+  };
+  for (int32_t module : {0, 1}) {
+    const std::vector<double> whole = forward(ps, module), shared = forward(pd, module);
+    REQUIRE(sum(whole) > 0);
+    CAPTURE(module);
+    CHECK(sum(shared) == doctest::Approx(sum(whole)));
+    const double per_image = sum(whole) / 12;
+    if (module == 0) {  // 6 images over 4 replicas: two or one each, one rank a replica
+      CHECK(*std::max_element(shared.begin(), shared.end()) == doctest::Approx(2 * per_image));
+      CHECK(*std::min_element(shared.begin(), shared.end()) == doctest::Approx(per_image));
+    } else {  // 6 images over 2 replicas of TP 2: three each, halved over the TP pair
+      CHECK(*std::max_element(shared.begin(), shared.end()) == doctest::Approx(1.5 * per_image));
+      CHECK(*std::min_element(shared.begin(), shared.end()) == doctest::Approx(1.5 * per_image));
+    }
+  }
+  CHECK(pd.model_flops == doctest::Approx(ps.model_flops).epsilon(1e-12));
+}
