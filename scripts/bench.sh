@@ -351,6 +351,7 @@ if [[ $what == reproduce-hetero ]]; then
   echo "| pair | tokens | GPUs | homogeneous | TFLOP/s/GPU | colocated | TFLOP/s/GPU | colocated gain | non-colocated (+1/8 GPUs for the encoder) | tokens/s gain | TFLOP/s/GPU gain |"
   echo "|---|---|---|---|---|---|---|---|---|---|---|"
   mkdir -p out/hetero
+  : >out/hetero/parts.txt
   for pair in vitl-7b:576 internvit6b-70b:256; do
     name=${pair%%:*} per_image=${pair##*:}
     for tokens in ${HETERO_LENGTHS:-8192 16384 32768 65536 131072}; do
@@ -379,9 +380,21 @@ if [[ $what == reproduce-hetero ]]; then
               (ht && ct ? sprintf("%+.1f%%", 100 * (ct / ht - 1)) : ""),
               (e == "" ? "none fits" : E[1]), (hr && er ? sprintf("%+.1f%%", 100 * (er / hr - 1)) : ""),
               (ht && et ? sprintf("%+.1f%%", 100 * (et / ht - 1)) : "") }'
+        # Where each family's best step goes, per rank (the sweep's "a + b + c + d + e" column).
+        for f in "$dir.txt:homogeneous" "$dir.txt:colocated" "$dir-nc.txt:non_colocated"; do
+          awk -F'  +' -v f="${f##*:}" -v p="$name" -v l="$tokens" -v g="$gpus" '$2 == f {
+            n = split($9, v, / \+ /); if (n != 5) exit
+            printf "%s | %d | %d | %s | %s | %s | %s | %s | %s | %s\n", p, l, g, f, $4, v[1], v[2], v[3], v[4], v[5]
+            exit }' "${f%:*}" >>out/hetero/parts.txt
+        done
       done
     done
   done | tee out/bench-hetero.md
+  echo
+  echo "where the best step of each family goes (simulated, s per rank: the five parts add up to the step)"
+  echo "| pair | tokens | GPUs | family | step | compute | imbalance | bubble and waits | exposed comm | boundary |"
+  echo "|---|---|---|---|---|---|---|---|---|---|"
+  sed 's/^/| /; s/$/ |/' out/hetero/parts.txt | tee -a out/bench-hetero.md
 fi
 
 if [[ $what == reproduce-cornstarch || $what == all ]]; then

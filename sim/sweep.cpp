@@ -3,6 +3,7 @@
 // (sweep_outputs.cpp).
 #include "sim/sweep.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <filesystem>
@@ -35,8 +36,8 @@ Json simulation_summary(const ChosenPlan& chosen, const SweepOptions& options) {
   const SimulationResult r = simulate(sized, c->plan, sim);
   Json j = {{"feasible", r.feasible}, {"reason", r.reason}};
   if (r.feasible) {
-    double tokens = 0, tflops = 0, mfu = 0, bubble = 0, memory = 0, compute = 0, exposed = 0,
-           boundary = 0, cv = 0, max_over_mean = 0;
+    double tokens = 0, tflops = 0, mfu = 0, bubble = 0, memory = 0, compute = 0, busiest = 0,
+           exposed = 0, boundary = 0, cv = 0, max_over_mean = 0;
     const std::string llm_name = find_llm(sized.model)->name;
     for (const SimulatedIteration& it : r.iterations) {
       for (const MicrobatchVariability& v : it.metrics.microbatch_variability)
@@ -44,8 +45,14 @@ Json simulation_summary(const ChosenPlan& chosen, const SweepOptions& options) {
           cv += v.cv;
           max_over_mean += v.max_over_mean;
         }
+      // bubble = idle / busy per rank, so a rank computes step / (1 + bubble)
       const auto& b = it.metrics.bubble;
-      for (double x : b) compute += it.metrics.step_s / (1 + x) / static_cast<double>(b.size());
+      double most = 0;
+      for (double x : b) {
+        compute += it.metrics.step_s / (1 + x) / static_cast<double>(b.size());
+        most = std::max(most, it.metrics.step_s / (1 + x));
+      }
+      busiest += most;
       exposed += it.metrics.exposed_comm_mean_s;
       boundary += it.metrics.exposed_boundary_mean_s;
       tokens += it.metrics.tokens_per_s;
@@ -63,6 +70,7 @@ Json simulation_summary(const ChosenPlan& chosen, const SweepOptions& options) {
               {"bubble", bubble / n},
               {"peak_memory_bytes", memory},
               {"compute_s", compute / n},
+              {"compute_max_s", busiest / n},
               {"exposed_comm_s", exposed / n},
               {"exposed_boundary_s", boundary / n},
               {"llm_microbatch_cv", cv / n},
@@ -96,6 +104,7 @@ SweepRow row_of(const ChosenPlan& chosen, const ChildResult& child) {
       row.bubble = j.at("bubble").get<double>();
       row.peak_memory_bytes = j.at("peak_memory_bytes").get<double>();
       row.compute_s = j.at("compute_s").get<double>();
+      row.compute_max_s = j.at("compute_max_s").get<double>();
       row.exposed_comm_s = j.at("exposed_comm_s").get<double>();
       row.exposed_boundary_s = j.at("exposed_boundary_s").get<double>();
       row.llm_microbatch_cv = j.at("llm_microbatch_cv").get<double>();

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <iterator>
 #include <map>
 
 namespace tessera::sim {
@@ -40,8 +41,12 @@ std::string point_text(const Json& point) {
 StepParts step_parts(const SweepRow& row) {
   StepParts p;
   p.compute_s = row.compute_s;
-  p.exposed_s = row.exposed_comm_s;
-  p.idle_s = std::max(0.0, row.step_s - row.compute_s - row.exposed_comm_s);
+  const double idle = std::max(0.0, row.step_s - row.compute_s - row.exposed_comm_s);
+  // Rows written before the busiest rank was recorded read 0 there: no imbalance known.
+  p.imbalance_s = std::clamp(row.compute_max_s - row.compute_s, 0.0, idle);
+  p.bubble_s = idle - p.imbalance_s;
+  p.boundary_s = row.exposed_boundary_s;
+  p.comm_s = std::max(0.0, row.exposed_comm_s - row.exposed_boundary_s);
   return p;
 }
 
@@ -51,27 +56,43 @@ std::string why_faster(const SweepRow& winner, const SweepRow& other) {
   char line[512];
   const double gain = other.step_s / winner.step_s - 1;
   const StepParts w = step_parts(winner), o = step_parts(other);
-  const double compute = o.compute_s - w.compute_s, exposed = o.exposed_s - w.exposed_s,
-               idle = o.idle_s - w.idle_s;
+  // The part of the step that grew most names the reason.
+  const double grew[] = {o.compute_s - w.compute_s, o.imbalance_s - w.imbalance_s,
+                         o.bubble_s - w.bubble_s, o.comm_s - w.comm_s, o.boundary_s - w.boundary_s};
+  const std::size_t most = static_cast<std::size_t>(
+      std::max_element(std::begin(grew), std::end(grew)) - std::begin(grew));
   std::string because;
   char part[256];
-  if (compute >= exposed && compute >= idle) {
-    std::snprintf(part, sizeof part,
-                  "the %s plan's ranks compute %.3g s longer per step (%.3g s vs %.3g s: more "
-                  "work per rank, or slower kernels on smaller shards)",
-                  b.c_str(), compute, o.compute_s, w.compute_s);
-  } else if (exposed >= idle) {
-    const double boundary = other.exposed_boundary_s - winner.exposed_boundary_s;
-    std::snprintf(part, sizeof part,
-                  "the %s plan leaves %.3g s more communication exposed per step (%.3g s vs %.3g "
-                  "s%s)",
-                  b.c_str(), exposed, o.exposed_s, w.exposed_s,
-                  boundary > exposed / 2 ? ", most of it at the module boundary" : "");
-  } else {
-    std::snprintf(part, sizeof part,
-                  "the %s plan's ranks sit idle %.3g s longer per step (%.3g s vs %.3g s: "
-                  "pipeline bubble, load imbalance and waits)",
-                  b.c_str(), idle, o.idle_s, w.idle_s);
+  switch (most) {
+    case 0:
+      std::snprintf(part, sizeof part,
+                    "the %s plan's ranks compute %.3g s longer per step (%.3g s vs %.3g s: more "
+                    "work per rank, or slower kernels on smaller shards)",
+                    b.c_str(), grew[0], o.compute_s, w.compute_s);
+      break;
+    case 1:
+      std::snprintf(part, sizeof part,
+                    "the %s plan's busiest rank computes %.3g s longer than its average rank "
+                    "(%.3g s more than in the %s plan: load imbalance between ranks or modules)",
+                    b.c_str(), o.imbalance_s, grew[1], a.c_str());
+      break;
+    case 2:
+      std::snprintf(part, sizeof part,
+                    "the %s plan's ranks wait %.3g s longer per step in pipeline bubbles and on "
+                    "dependencies (%.3g s vs %.3g s)",
+                    b.c_str(), grew[2], o.bubble_s, w.bubble_s);
+      break;
+    case 3:
+      std::snprintf(part, sizeof part,
+                    "the %s plan leaves %.3g s more communication exposed per step (%.3g s vs "
+                    "%.3g s)",
+                    b.c_str(), grew[3], o.comm_s, w.comm_s);
+      break;
+    default:
+      std::snprintf(part, sizeof part,
+                    "the %s plan leaves %.3g s more module-boundary transfer exposed per step "
+                    "(%.3g s vs %.3g s)",
+                    b.c_str(), grew[4], o.boundary_s, w.boundary_s);
   }
   because = part;
   std::snprintf(line, sizeof line, "%s beats %s by %.1f%% (%.4g s vs %.4g s per step): %s",

@@ -33,10 +33,17 @@ std::string point_text(const Json& point);
 // family, fastest first.
 std::vector<std::vector<const SweepRow*>> family_bests(const std::vector<SweepRow>& rows);
 
-// Where a row's step goes, per rank on average: computing, exposed communication (boundary
-// transfers included), and idle otherwise (pipeline bubble, imbalance, waits).
+// Where a row's step goes, per rank on average; the parts add up to the step:
+// - compute: the mean rank's compute-stream busy time;
+// - imbalance: how much longer the busiest rank computes (the others wait at least that long);
+// - bubble and waits: the rest of the idle time (pipeline warm-up and drain, dependencies);
+// - communication: exposed transfers other than at module boundaries (TP/CP/EP collectives
+//   nested in compute count as compute);
+// - boundary: exposed transfers between modules.
 struct StepParts {
-  double compute_s = 0, exposed_s = 0, idle_s = 0;
+  double compute_s = 0, imbalance_s = 0, bubble_s = 0, comm_s = 0, boundary_s = 0;
+  double idle_s() const { return imbalance_s + bubble_s; }
+  double exposed_s() const { return comm_s + boundary_s; }
 };
 StepParts step_parts(const SweepRow& row);
 

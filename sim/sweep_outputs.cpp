@@ -206,18 +206,20 @@ std::string format_sweep(const SweepResult& r, const Scenario& s, std::size_t sh
     const std::string where = point_text(first.point);
     out << "best of each placement family on " << first.gpus << " GPUs"
         << (where.empty() ? "" : " at " + where)
-        << " (simulated; per rank and step: compute, exposed communication, idle):\n";
+        << " (simulated; per rank and step, s: compute + imbalance + bubble and waits + exposed "
+           "communication + boundary):\n";
     for (const SweepRow* row : group) {
       const StepParts parts = step_parts(*row);
       char step[32];
       std::snprintf(step, sizeof step, "%.4g s", row->step_s);
       std::snprintf(
           line, sizeof line,
-          "  %-14s %-56s  %-10s  %-10.4g tokens/s  %-6.1f TFLOP/s/GPU  %.3g + %.3g + %.3g "
-          "s\n",
+          "  %-14s %-56s  %-10s  %-10.4g tokens/s  %-6.1f TFLOP/s/GPU  %.3g + %.3g + %.3g + "
+          "%.3g + %.3g\n",
           enum_name(row->plan.placement, kPlacements).c_str(),
           describe_layout(row->plan, s.model).c_str(), step, row->tokens_per_s,
-          row->tflops_per_device, parts.compute_s, parts.exposed_s, parts.idle_s);
+          row->tflops_per_device, parts.compute_s, parts.imbalance_s, parts.bubble_s, parts.comm_s,
+          parts.boundary_s);
       out << line;
     }
     for (std::size_t i = 1; i < group.size(); ++i)

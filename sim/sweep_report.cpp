@@ -204,24 +204,25 @@ std::string breakdown(const std::vector<const SweepRow*>& rows, const ModelSpec&
   const double bar = 22, left = 330, width = 420, top = 40;
   const double h = top + bar * 1.5 * static_cast<double>(rows.size()) + 40;
   std::ostringstream svg;
-  svg << "<svg xmlns='http://www.w3.org/2000/svg' width='" << left + 640 << "' height='" << h
+  svg << "<svg xmlns='http://www.w3.org/2000/svg' width='" << left + 680 << "' height='" << h
       << "'>";
   svg << "<text x='" << (left + width) / 2 << "' y='20' text-anchor='middle' font-weight='bold'>"
       << esc(title) << "</text>";
-  const char* names[] = {"compute", "exposed communication", "boundary", "bubble and imbalance"};
-  const char* colors[] = {"#4c78a8", "#e45756", "#f58518", "#bab0ac"};
+  const char* names[] = {"compute", "exposed communication", "boundary", "imbalance",
+                         "bubble and waits"};
+  const char* colors[] = {"#4c78a8", "#e45756", "#f58518", "#9d755d", "#bab0ac"};
   for (std::size_t i = 0; i < rows.size(); ++i) {
     const SweepRow& r = *rows[i];
     const double y = top + bar * 1.5 * static_cast<double>(i);
     const StepParts step = step_parts(r);
-    const double parts[] = {step.compute_s, step.exposed_s - r.exposed_boundary_s,
-                            r.exposed_boundary_s, step.idle_s};
+    const double parts[] = {step.compute_s, step.comm_s, step.boundary_s, step.imbalance_s,
+                            step.bubble_s};
     svg << "<text x='" << left - 6 << "' y='" << y + bar * 0.7
         << "' text-anchor='end' font-size='11'>" << i + 1 << ". "
         << esc(enum_name(r.plan.placement, kPlacements) + " " + describe_layout(r.plan, model))
         << "</text>";
     double x = left;
-    for (int k = 0; k < 4; ++k) {
+    for (int k = 0; k < 5; ++k) {
       const double len = width * parts[k] / longest;
       svg << "<rect x='" << x << "' y='" << y << "' width='" << std::max(0.0, len) << "' height='"
           << bar << "' fill='" << colors[k] << "'><title>" << names[k] << " " << num(parts[k])
@@ -231,9 +232,9 @@ std::string breakdown(const std::vector<const SweepRow*>& rows, const ModelSpec&
     svg << "<text x='" << x + 4 << "' y='" << y + bar * 0.7 << "' font-size='11'>" << num(r.step_s)
         << " s</text>";
   }
-  for (int k = 0; k < 4; ++k)
-    svg << "<rect x='" << left + 150.0 * k << "' y='" << h - 25 << "' width='12' height='12' fill='"
-        << colors[k] << "'/><text x='" << left + 150.0 * k + 16 << "' y='" << h - 15
+  for (int k = 0; k < 5; ++k)
+    svg << "<rect x='" << left + 130.0 * k << "' y='" << h - 25 << "' width='12' height='12' fill='"
+        << colors[k] << "'/><text x='" << left + 130.0 * k + 16 << "' y='" << h - 15
         << "' font-size='11'>" << names[k] << "</text>";
   svg << "</svg>";
   return svg.str();
@@ -275,16 +276,18 @@ std::string sweep_report_html(const SweepResult& r, const Scenario& s) {
     html << "<h2>Best plan of each placement family on " << lead.gpus << " GPUs"
          << esc(where.empty() ? "" : " at " + where)
          << "</h2><table class='families'><tr><th>placement</th><th>layout</th><th>step "
-            "(s)</th><th>tokens/s</th><th>TFLOP/s/GPU</th><th>compute (s)</th><th>exposed comm "
-            "(s)</th><th>idle (s)</th></tr>";
+            "(s)</th><th>tokens/s</th><th>TFLOP/s/GPU</th><th>compute (s)</th><th>imbalance "
+            "(s)</th><th>bubble and waits (s)</th><th>exposed comm (s)</th><th>boundary "
+            "(s)</th></tr>";
     for (const SweepRow* row : group) {
       const StepParts parts = step_parts(*row);
       html << "<tr><td class='l'>" << enum_name(row->plan.placement, kPlacements)
            << "</td><td class='l'>" << esc(describe_layout(row->plan, s.model)) << "</td><td>"
            << num(row->step_s, "%.4g") << "</td><td>" << num(row->tokens_per_s, "%.4g")
            << "</td><td>" << num(row->tflops_per_device, "%.4g") << "</td><td>"
-           << num(parts.compute_s) << "</td><td>" << num(parts.exposed_s) << "</td><td>"
-           << num(parts.idle_s) << "</td></tr>";
+           << num(parts.compute_s) << "</td><td>" << num(parts.imbalance_s) << "</td><td>"
+           << num(parts.bubble_s) << "</td><td>" << num(parts.comm_s) << "</td><td>"
+           << num(parts.boundary_s) << "</td></tr>";
     }
     html << "</table><ul class='why'>";
     for (std::size_t i = 1; i < group.size(); ++i)

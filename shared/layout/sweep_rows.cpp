@@ -22,6 +22,7 @@ Json row_to_json(const SweepRow& r) {
               {"bubble", r.bubble},
               {"peak_memory_bytes", r.peak_memory_bytes},
               {"compute_s", r.compute_s},
+              {"compute_max_s", r.compute_max_s},
               {"exposed_comm_s", r.exposed_comm_s},
               {"exposed_boundary_s", r.exposed_boundary_s},
               {"llm_microbatch_cv", r.llm_microbatch_cv},
@@ -44,7 +45,8 @@ bool row_from_json(const Json& j, SweepRow& r) {
          {std::pair{&r.step_s, "step_s"}, std::pair{&r.tokens_per_s, "tokens_per_s"},
           std::pair{&r.tflops_per_device, "tflops_per_device"}, std::pair{&r.mfu, "mfu"},
           std::pair{&r.bubble, "bubble"}, std::pair{&r.peak_memory_bytes, "peak_memory_bytes"},
-          std::pair{&r.compute_s, "compute_s"}, std::pair{&r.exposed_comm_s, "exposed_comm_s"},
+          std::pair{&r.compute_s, "compute_s"}, std::pair{&r.compute_max_s, "compute_max_s"},
+          std::pair{&r.exposed_comm_s, "exposed_comm_s"},
           std::pair{&r.exposed_boundary_s, "exposed_boundary_s"},
           std::pair{&r.llm_microbatch_cv, "llm_microbatch_cv"},
           std::pair{&r.llm_microbatch_max_over_mean, "llm_microbatch_max_over_mean"}})

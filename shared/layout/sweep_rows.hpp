@@ -24,6 +24,7 @@ struct SweepRow {
   double step_s = 0, tokens_per_s = 0, tflops_per_device = 0, mfu = 0, bubble = 0,
          peak_memory_bytes = 0;
   double compute_s = 0;           // mean over ranks of compute-stream busy time per step
+  double compute_max_s = 0;       // the busiest rank's compute-stream busy time per step
   double exposed_comm_s = 0;      // mean over ranks of compute time lost waiting on communication
   double exposed_boundary_s = 0;  // the part of exposed_comm_s spent on module-boundary transfers
   // The LLM's stage-time variability between micro-batches (MicrobatchVariability), mean over

@@ -15,6 +15,7 @@
 #include "shared/search/plan_search.hpp"
 #include "shared/search/stage_split.hpp"
 #include "sim/sweep.hpp"
+#include "sim/sweep_families.hpp"
 #include "sim/sweep_plan.hpp"
 
 using namespace tessera;
@@ -408,4 +409,50 @@ TEST_CASE("plans dropped by the parameter-state floor are exactly those the esti
   CHECK(floored > 0);  // the floor dropped some
   CHECK(floored <= static_cast<int64_t>(valid.size() - fit.size()));
   CHECK_FALSE(fit.empty());
+}
+
+TEST_CASE("where a step goes: the five parts add up to the step; the largest growth names why") {
+  SweepRow even;
+  even.ok = true;
+  even.plan.placement = Placement::kColocated;
+  even.step_s = 1.0;
+  even.compute_s = 0.7;
+  even.compute_max_s = 0.72;
+  even.exposed_comm_s = 0.1;
+  even.exposed_boundary_s = 0.04;
+  const StepParts e = step_parts(even);
+  CHECK(e.compute_s == doctest::Approx(0.7));
+  CHECK(e.imbalance_s == doctest::Approx(0.02));
+  CHECK(e.bubble_s == doctest::Approx(0.18));
+  CHECK(e.comm_s == doctest::Approx(0.06));
+  CHECK(e.boundary_s == doctest::Approx(0.04));
+  CHECK(e.compute_s + e.idle_s() + e.exposed_s() == doctest::Approx(even.step_s));
+
+  // The same mean work, but one rank computes far longer: the others wait on it.
+  SweepRow skewed = even;
+  skewed.plan.placement = Placement::kHomogeneous;
+  skewed.step_s = 1.2;
+  skewed.compute_max_s = 1.0;
+  const StepParts k = step_parts(skewed);
+  CHECK(k.imbalance_s == doctest::Approx(0.3));
+  CHECK(k.bubble_s == doctest::Approx(0.1));
+  CHECK(why_faster(even, skewed).find("busiest rank computes 0.3 s longer") != std::string::npos);
+
+  // More exposed boundary traffic, nothing else: the boundary is named.
+  SweepRow boundary = even;
+  boundary.plan.placement = Placement::kNonColocated;
+  boundary.step_s = 1.1;
+  boundary.exposed_comm_s = 0.2;
+  boundary.exposed_boundary_s = 0.14;
+  CHECK(why_faster(even, boundary).find("module-boundary transfer") != std::string::npos);
+
+  // A row written before the busiest rank was recorded: its idle time is all bubble and waits,
+  // and never more than the step leaves.
+  SweepRow old = even;
+  old.compute_max_s = 0;
+  CHECK(step_parts(old).imbalance_s == 0);
+  CHECK(step_parts(old).bubble_s == doctest::Approx(0.2));
+  old.compute_max_s = 5;
+  CHECK(step_parts(old).imbalance_s == doctest::Approx(0.2));
+  CHECK(step_parts(old).bubble_s == doctest::Approx(0));
 }
