@@ -144,12 +144,12 @@ std::string executor_plan_support(const ParallelPlan& plan, const ModelSpec& mod
              "need a sum over TP)" +
              next;
   }
+  const ModuleSpec* llm = find_llm(model);
+  for (const auto& [module, l] : plan.modules)
+    if (l.cp > 1 && module != llm->name)
+      return "plan.modules." + module + ".cp: context parallelism of a module beside the LLM (" +
+             module + ")" + next;
   if (plan.placement == Placement::kColocated) {
-    const ModuleSpec* llm = find_llm(model);
-    for (const auto& [module, l] : plan.modules)
-      if (l.cp > 1 && module != llm->name)
-        return "plan.modules." + module +
-               ".cp: context parallelism of an encoder in a colocated plan" + next;
     // Media items dealt to encoder replicas: images and videos, into an LLM without a pipeline
     // (the boundary all-gather puts each item's rows in its sample's place).
     for (const ModuleSpec& m : model.modules) {

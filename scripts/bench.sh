@@ -21,8 +21,8 @@
 #          scenarios/cpu-tiny-moe.json with EP 2 against one rank (median of steps 2..20)
 #   reproduce-hetero  (not in all) the heterogeneous-parallelism regime: ViT-L/14 + 7B and
 #          InternViT-6B + 70B at 8k-128k fused tokens on 64, 256 and 1,024 H100s; the best
-#          homogeneous, colocated and non-colocated plans by full sweeps (HETERO_LENGTHS,
-#          HETERO_GPUS narrow it)
+#          homogeneous, colocated and non-colocated plans by full sweeps (HETERO_PAIRS,
+#          HETERO_LENGTHS, HETERO_GPUS narrow it), and where each family's best step goes
 #   reproduce-cornstarch  Cornstarch simulated: the nine Cornstarch model pairs (scenarios/cornstarch/,
 #          16 H100 as 8 stages of TP 2, 24 micro-batches) planned freeze-unaware vs frozen-aware by
 #          `tessera stages`, and the CP table: one image-and-text sequence of 8k-128k tokens on
@@ -354,6 +354,7 @@ if [[ $what == reproduce-hetero ]]; then
   : >out/hetero/parts.txt
   for pair in vitl-7b:576 internvit6b-70b:256; do
     name=${pair%%:*} per_image=${pair##*:}
+    [[ " ${HETERO_PAIRS:-vitl-7b internvit6b-70b} " == *" $name "* ]] || continue
     for tokens in ${HETERO_LENGTHS:-8192 16384 32768 65536 131072}; do
       images=$((tokens / 2 / per_image))
       text=$((tokens - images * per_image))

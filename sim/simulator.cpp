@@ -181,13 +181,9 @@ SimulationResult simulate(const Scenario& s, const ParallelPlan& given,
         [](const RankMemory& a, const RankMemory& b) { return a.total() < b.total(); });
     if (worst->total() > result.capacity_bytes) {
       result.failure = PlanFailure::kOutOfMemory;
-      result.reason =
-          "infeasible: rank " + std::to_string(worst - memory.begin()) + " needs " +
-          human_bytes(worst->total()) + " > " + human_bytes(result.capacity_bytes) + " (weights " +
-          human_bytes(worst->weight_bytes) + ", gradients " + human_bytes(worst->gradient_bytes) +
-          ", optimizer " + human_bytes(worst->optimizer_bytes) + ", activations " +
-          human_bytes(worst->activation_bytes) + ", boundary " +
-          human_bytes(worst->boundary_bytes) + ") in iteration " + std::to_string(iteration);
+      result.reason = "infeasible: rank " + std::to_string(worst - memory.begin()) + " needs " +
+                      memory_parts(*worst) + " > " + human_bytes(result.capacity_bytes) +
+                      " in iteration " + std::to_string(iteration);
       return result;
     }
     RunOptions run{options.contention, options.nested == NestedMode::kFlows};

@@ -97,6 +97,9 @@ struct SweepResult {
   // --profile-batches > 1: the encoders' mean share of the work, per grid point
   std::vector<std::pair<Json, double>> encoder_shares;
   int64_t top_k = 0;
+  // Per grid point and GPU count where the space alone found nothing: what the sweep offered
+  // beyond it (encoder context parallelism), and what the leanest plan would need.
+  std::vector<std::string> notes;
   std::string out_dir;
   double enumerate_s = 0, estimate_s = 0, refine_s = 0, simulate_s = 0;  // wall time per phase
   int64_t simulated = 0;  // simulations run by this invocation

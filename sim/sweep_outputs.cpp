@@ -110,6 +110,7 @@ void write_sweep_outputs(const SweepResult& result, const Scenario& scenario,
   summary["ranked"] = result.ranked;
   summary["rejected"] = result.rejected;
   summary["top_k"] = result.top_k;
+  summary["notes"] = result.notes;
   summary["scenario_file"] = scenario_file;
   Json estimated = Json::array();
   for (const EstimatedPlan& e : result.estimated) estimated.push_back(estimated_to_json(e));
@@ -198,6 +199,7 @@ std::string format_sweep(const SweepResult& r, const Scenario& s, std::size_t sh
            "micro-batches, DIP and CP splits: "
         << r.refined << " variants, " << r.refined - r.refined_rejected << " estimated, "
         << r.refined_rejected << " did not fit or were refused\n";
+  for (const std::string& note : r.notes) out << note << "\n";
   out << "\n";
   char line[512];
   // The families side by side first: the best simulated plan of each, and why the fastest wins.

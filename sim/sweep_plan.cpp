@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <map>
+#include <optional>
 #include <set>
 
 #include "shared/base/check.hpp"
@@ -141,43 +142,81 @@ std::vector<ChosenPlan> plan_sweep(const Scenario& base, const SweepOptions& opt
     for (int64_t g : gpus) {
       const std::string what =
           (point.empty() ? "" : point.dump() + " ") + "at " + std::to_string(g) + " GPUs";
-      auto phase = std::chrono::steady_clock::now();
-      report("enumerated", what, 0, 1, "");
-      Enumeration e =
-          enumerate_plans(*s, space, g, options.cost ? &*options.cost : nullptr, encoder_share);
-      if (options.shard_count > 1) {
-        const std::string prefix = point.empty() ? "" : point.dump();
-        std::erase_if(e.valid, [&](const Candidate& c) {
-          return static_cast<int64_t>(fnv1a(prefix + c.key) %
-                                      static_cast<uint64_t>(options.shard_count)) !=
-                 options.shard_index - 1;
-        });
+      // Enumerate the space's plans and rank those that fit; where none fits, `leanest` holds
+      // the plan that came closest.
+      std::optional<RankedCandidate> leanest;
+      const auto search = [&](const SearchSpace& space_here) {
+        auto phase = std::chrono::steady_clock::now();
+        report("enumerated", what, 0, 1, "");
+        Enumeration e = enumerate_plans(*s, space_here, g, options.cost ? &*options.cost : nullptr,
+                                        encoder_share);
+        if (options.shard_count > 1) {
+          const std::string prefix = point.empty() ? "" : point.dump();
+          std::erase_if(e.valid, [&](const Candidate& c) {
+            return static_cast<int64_t>(fnv1a(prefix + c.key) %
+                                        static_cast<uint64_t>(options.shard_count)) !=
+                   options.shard_index - 1;
+          });
+        }
+        if (options.shard_index == 1) {
+          result.considered += e.considered;
+          for (const auto& [reason, count] : e.rejected) result.rejected[reason] += count;
+        }
+        result.valid += static_cast<int64_t>(e.valid.size());
+        result.enumerate_s += seconds_since(phase);
+        const auto considered = static_cast<std::size_t>(e.considered);
+        report("enumerated", what, considered, considered,
+               std::to_string(e.valid.size()) +
+                   (options.shard_count > 1 ? " valid in this shard" : " valid"));
+        phase = std::chrono::steady_clock::now();
+        std::map<std::string, int64_t> rejected_here;
+        const std::size_t estimating = e.valid.size();
+        report("estimated", what, 0, estimating, "");
+        std::vector<RankedCandidate> out = rank_candidates(
+            *s, std::move(e.valid), 0, rejected_here, options.jobs,
+            options.cost ? &*options.cost : nullptr, options.profile_batches,
+            [&](std::size_t done, std::size_t total) {
+              report("estimated", what, done, total, "");
+            },
+            &leanest);
+        if (estimating == 0) report("estimated", what, 0, 0, "");
+        result.estimate_s += seconds_since(phase);
+        for (const auto& [reason, count] : rejected_here) result.rejected[reason] += count;
+        result.ranked += static_cast<int64_t>(out.size());
+        return out;
+      };
+      std::vector<RankedCandidate> ranked = search(space);
+      // Nothing fits with every media item whole on its encoder ranks: offer the encoders
+      // context parallelism (an item's tokens split over cp ranks) before giving up. A shard
+      // sees part of the space, so only a whole sweep decides that nothing fits.
+      const bool encoders =
+          std::any_of(s->model.modules.begin(), s->model.modules.end(),
+                      [](const ModuleSpec& m) { return m.role == ModuleRole::kEncoder; });
+      const bool whole = options.shard_count == 1;
+      if (whole && ranked.empty() && encoders && space.encoder_cp == std::vector<int64_t>{1}) {
+        SearchSpace wider = space;
+        wider.encoder_cp = kEncoderCpFallback;
+        std::erase(wider.placements, Placement::kHomogeneous);  // its encoders follow the LLM
+        if (!wider.placements.empty()) {
+          ranked = search(wider);
+          result.notes.push_back(
+              what +
+              ": no plan fit with each media item on one encoder rank; encoder context "
+              "parallelism (search.encoder_cp 2, 4, 8) offered: " +
+              std::to_string(ranked.size()) + " plans fit with it");
+        }
       }
-      if (options.shard_index == 1) {
-        result.considered += e.considered;
-        for (const auto& [reason, count] : e.rejected) result.rejected[reason] += count;
+      if (whole && ranked.empty() && leanest) {
+        const Estimate& e = leanest->estimate;
+        result.notes.push_back(what + ": no plan fits in memory; the leanest, " +
+                               enum_name(leanest->candidate.plan.placement, kPlacements) + " " +
+                               describe_layout(leanest->candidate.plan, s->model) + ", needs " +
+                               memory_parts(e.peak_memory) + " on a rank of " +
+                               human_bytes(e.capacity_bytes));
       }
-      result.valid += static_cast<int64_t>(e.valid.size());
-      result.enumerate_s += seconds_since(phase);
-      const auto considered = static_cast<std::size_t>(e.considered);
-      report("enumerated", what, considered, considered,
-             std::to_string(e.valid.size()) +
-                 (options.shard_count > 1 ? " valid in this shard" : " valid"));
-      phase = std::chrono::steady_clock::now();
-      std::map<std::string, int64_t> rejected_here;
-      const std::size_t estimating = e.valid.size();
-      report("estimated", what, 0, estimating, "");
-      std::vector<RankedCandidate> ranked = rank_candidates(
-          *s, std::move(e.valid), 0, rejected_here, options.jobs,
-          options.cost ? &*options.cost : nullptr, options.profile_batches,
-          [&](std::size_t done, std::size_t total) { report("estimated", what, done, total, ""); });
-      if (estimating == 0) report("estimated", what, 0, 0, "");
-      result.estimate_s += seconds_since(phase);
-      for (const auto& [reason, count] : rejected_here) result.rejected[reason] += count;
-      result.ranked += static_cast<int64_t>(ranked.size());
       // Second stage: the most promising plans with the costlier techniques (not in a shard,
       // which holds part of the first ranking only).
-      phase = std::chrono::steady_clock::now();
+      const auto phase = std::chrono::steady_clock::now();
       if (options.shard_count == 1)
         refine(*s, space, point, g, what, options, ranked, result, report);
       result.refine_s += seconds_since(phase);

@@ -268,6 +268,7 @@ std::string sweep_report_html(const SweepResult& r, const Scenario& s) {
          << " plans of the first ranking (each placement family's best among them) again with "
             "Entrain, sorted micro-batches, DIP and the CP splits: "
          << r.refined << " variants, " << r.refined - r.refined_rejected << " estimated.</p>";
+  for (const std::string& note : r.notes) html << "<p>" << esc(note) << "</p>";
 
   // First the families side by side: each one's best simulated plan, and why the fastest wins.
   for (const auto& group : family_bests(r.rows)) {

@@ -51,7 +51,8 @@ SearchSpace read_search_space(const Json& json, const std::string& file, const s
       {"vpp", &s.vpp},
       {"ep", &s.ep},
       {"micro_batch_sizes", &s.micro_batch_sizes},
-      {"encoder_pp", &s.encoder_pp}};
+      {"encoder_pp", &s.encoder_pp},
+      {"encoder_cp", &s.encoder_cp}};
   for (const auto& [key, list] : lists) {
     if (!r.optional(key, *list)) continue;
     if (list->empty() && std::string_view(key) != "gpus") r.error(key, "must not be empty");
@@ -109,6 +110,7 @@ Json to_json(const SearchSpace& s) {
   j["ep"] = s.ep;
   j["micro_batch_sizes"] = s.micro_batch_sizes;
   j["encoder_pp"] = s.encoder_pp;
+  j["encoder_cp"] = s.encoder_cp;
   j["recompute"] = enum_list(s.recompute, kRecomputes);
   j["sequence_parallel"] = s.sequence_parallel;
   j["distributed_optimizer"] = s.distributed_optimizer;

@@ -26,6 +26,11 @@ struct SearchSpace {
   // pays and it triples the non-colocated candidates; `tessera stages` searches stage counts
   // per module exhaustively for pipeline-only layouts.
   std::vector<int64_t> encoder_pp = {1};
+  // Context parallelism of each encoder in colocated and non-colocated plans: every media item's
+  // tokens split over cp ranks, keys and values gathered per layer — for items too long for one
+  // rank (long videos and recordings, very large images). Default 1; where no plan of the space
+  // fits in memory, the sweep tries kEncoderCpFallback by itself before giving up.
+  std::vector<int64_t> encoder_cp = {1};
   std::vector<Recompute> recompute = {Recompute::kNone, Recompute::kFull};
   // Sequence parallelism (applies where tp > 1) and the distributed optimizer, each value tried.
   std::vector<bool> sequence_parallel = {true};
@@ -64,6 +69,9 @@ struct SearchSpace {
 
   bool operator==(const SearchSpace&) const = default;
 };
+
+// The encoder CP a sweep offers where nothing fits with the space's own.
+inline const std::vector<int64_t> kEncoderCpFallback = {2, 4, 8};
 
 SearchSpace read_search_space(const Json& json, const std::string& file, const std::string& path,
                               Diagnostics& diag);

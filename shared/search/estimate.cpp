@@ -65,12 +65,8 @@ Estimate estimate(const Scenario& s, const ParallelPlan& given, int64_t iteratio
   e.feasible = worst <= e.capacity_bytes;
   if (!e.feasible) {
     e.failure = PlanFailure::kOutOfMemory;
-    const RankMemory& m = e.peak_memory;
-    e.reason = "rank " + std::to_string(e.metrics.peak_rank) + " needs " + human_bytes(m.total()) +
-               " > " + human_bytes(e.capacity_bytes) + " (weights " + human_bytes(m.weight_bytes) +
-               ", gradients " + human_bytes(m.gradient_bytes) + ", optimizer " +
-               human_bytes(m.optimizer_bytes) + ", activations " + human_bytes(m.activation_bytes) +
-               ", boundary " + human_bytes(m.boundary_bytes) + ")";
+    e.reason = "rank " + std::to_string(e.metrics.peak_rank) + " needs " +
+               memory_parts(e.peak_memory) + " > " + human_bytes(e.capacity_bytes);
   }
   return e;
 }

@@ -197,17 +197,18 @@ Enumeration enumerate_plans(const Scenario& s, const SearchSpace& space, int64_t
         }
       } else if (placement == Placement::kColocated && !encoders.empty()) {
         // Every encoder on all devices with its own TP (and DP = the rest); the LLM grid c.
-        for (int64_t tp_e : space.tp) {
-          if (gpus % tp_e != 0 || c.vpp > 1) continue;
-          ParallelPlan p;
-          p.placement = placement;
-          for (const ModuleSpec* enc : encoders)
-            p.modules.emplace_back(enc->name, layout(tp_e, 1, 1, gpus / tp_e, 1));
-          p.modules.emplace_back(llm->name, layout(c.tp, c.cp, c.pp, c.dp, 1, c.ep));
-          p.schedule = Schedule::kThreePhase;
-          base_options(p, c);
-          consider(p);
-        }
+        for (int64_t tp_e : space.tp)
+          for (int64_t cp_e : space.encoder_cp) {
+            if (gpus % (tp_e * cp_e) != 0 || c.vpp > 1) continue;
+            ParallelPlan p;
+            p.placement = placement;
+            for (const ModuleSpec* enc : encoders)
+              p.modules.emplace_back(enc->name, layout(tp_e, cp_e, 1, gpus / (tp_e * cp_e), 1));
+            p.modules.emplace_back(llm->name, layout(c.tp, c.cp, c.pp, c.dp, 1, c.ep));
+            p.schedule = Schedule::kThreePhase;
+            base_options(p, c);
+            consider(p);
+          }
       }
     }
     if (placement != Placement::kNonColocated || encoders.empty()) continue;
@@ -234,28 +235,29 @@ Enumeration enumerate_plans(const Scenario& s, const SearchSpace& space, int64_t
     for (int64_t share : shares) {
       const int64_t rest = gpus - share * n_enc;
       for (int64_t tp_e : space.tp)
-        for (int64_t pp_e : space.encoder_pp) {
-          // Encoders pipelined over pp_e stages of their own (Cornstarch's per-module stage
-          // counts).
-          if (share % (tp_e * pp_e) != 0) continue;
-          for (const LlmChoice& c : llm_choices(space, rest, experts)) {
-            ParallelPlan p;
-            p.placement = placement;
-            int64_t first = 0;
-            for (const ModuleSpec* enc : encoders) {
-              ModuleLayout l = layout(tp_e, 1, pp_e, share / (tp_e * pp_e), 1);
-              l.ranks = RankSpan{first, share};
-              first += share;
-              p.modules.emplace_back(enc->name, l);
+        for (int64_t pp_e : space.encoder_pp)
+          for (int64_t cp_e : space.encoder_cp) {
+            // Encoders pipelined over pp_e stages of their own (Cornstarch's per-module stage
+            // counts).
+            if (share % (tp_e * pp_e * cp_e) != 0) continue;
+            for (const LlmChoice& c : llm_choices(space, rest, experts)) {
+              ParallelPlan p;
+              p.placement = placement;
+              int64_t first = 0;
+              for (const ModuleSpec* enc : encoders) {
+                ModuleLayout l = layout(tp_e, cp_e, pp_e, share / (tp_e * pp_e * cp_e), 1);
+                l.ranks = RankSpan{first, share};
+                first += share;
+                p.modules.emplace_back(enc->name, l);
+              }
+              ModuleLayout l = layout(c.tp, c.cp, c.pp, c.dp, c.vpp, c.ep);
+              l.ranks = RankSpan{first, rest};
+              p.modules.emplace_back(llm->name, l);
+              p.schedule = c.vpp > 1 ? Schedule::kInterleaved1F1B : Schedule::kGraph1F1B;
+              base_options(p, c);
+              consider(p);
             }
-            ModuleLayout l = layout(c.tp, c.cp, c.pp, c.dp, c.vpp, c.ep);
-            l.ranks = RankSpan{first, rest};
-            p.modules.emplace_back(llm->name, l);
-            p.schedule = c.vpp > 1 ? Schedule::kInterleaved1F1B : Schedule::kGraph1F1B;
-            base_options(p, c);
-            consider(p);
           }
-        }
     }
   }
   return e;
@@ -315,7 +317,8 @@ std::vector<RankedCandidate> rank_candidates(const Scenario& s, std::vector<Cand
                                              int64_t iteration,
                                              std::map<std::string, int64_t>& rejected, int threads,
                                              const CostParams* cost, int64_t batches,
-                                             const EstimateProgress& progress) {
+                                             const EstimateProgress& progress,
+                                             std::optional<RankedCandidate>* leanest) {
   // Estimates are pure: each thread takes every n-th candidate; results are kept by index.
   std::vector<Estimate> estimates(candidates.size());
   std::mutex reporting;
@@ -334,6 +337,7 @@ std::vector<RankedCandidate> rank_candidates(const Scenario& s, std::vector<Cand
       Estimate e;
       e.failure = PlanFailure::kOutOfMemory;
       e.capacity_bytes = capacity;
+      e.peak_memory = floor;
       e.reason = "the ranks' parameter state needs " + human_bytes(floor.total()) +
                  " each on average > " + human_bytes(capacity);
       return e;
@@ -391,6 +395,9 @@ std::vector<RankedCandidate> rank_candidates(const Scenario& s, std::vector<Cand
     Estimate& e = estimates[i];
     if (e.metrics.step_s <= 0 || !e.feasible) {
       ++rejected[e.metrics.step_s <= 0 ? rejection_reason(e.reason) : "memory"];
+      if (leanest != nullptr && e.failure == PlanFailure::kOutOfMemory &&
+          (!*leanest || e.peak_memory.total() < (*leanest)->estimate.peak_memory.total()))
+        *leanest = RankedCandidate{candidates[i], e};
       continue;
     }
     ranked.push_back({std::move(candidates[i]), std::move(e)});

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -65,14 +66,17 @@ struct RankedCandidate {
 // that do not fit in memory into `rejected` ("memory"), and sorts the rest by step time (then
 // key). The result does not depend on `threads`. `cost`: a calibration profile's parameters
 // (nullptr: default_cost_params()). `progress(done, total)`, when given, is called as each
-// candidate is estimated, one call at a time.
+// candidate is estimated, one call at a time. `leanest`, when given, receives the plan that
+// needs the least memory among those that did not fit (if any did not; its estimate's
+// peak_memory and capacity_bytes say how much), unless a plan it already holds needs less.
 using EstimateProgress = std::function<void(std::size_t done, std::size_t total)>;
 std::vector<RankedCandidate> rank_candidates(const Scenario& scenario,
                                              std::vector<Candidate> candidates, int64_t iteration,
                                              std::map<std::string, int64_t>& rejected,
                                              int threads = 1, const CostParams* cost = nullptr,
                                              int64_t batches = 1,
-                                             const EstimateProgress& progress = {});
+                                             const EstimateProgress& progress = {},
+                                             std::optional<RankedCandidate>* leanest = nullptr);
 
 // Sorts by step time, then key (a total order: the same on every machine and thread count).
 void sort_by_estimate(std::vector<RankedCandidate>& ranked);

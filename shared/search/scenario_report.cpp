@@ -103,6 +103,13 @@ std::string human_bytes(double bytes) {
   return format("%.3g ", bytes) + units[u];
 }
 
+std::string memory_parts(const RankMemory& m) {
+  return human_bytes(m.total()) + " (weights " + human_bytes(m.weight_bytes) + ", gradients " +
+         human_bytes(m.gradient_bytes) + ", optimizer " + human_bytes(m.optimizer_bytes) +
+         ", activations " + human_bytes(m.activation_bytes) + ", boundary " +
+         human_bytes(m.boundary_bytes) + ")";
+}
+
 std::string model_report(const ModelSpec& model) {
   std::ostringstream out;
   out << "model " << model.name << " (" << enum_name(model.dtype, kDTypes)

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "shared/layout/scenario.hpp"
+#include "shared/program/program.hpp"
 
 namespace tessera {
 
@@ -23,5 +24,8 @@ std::string human_count(double n);
 std::string human_si(double n);
 // 85899345920 -> "80 GiB".
 std::string human_bytes(double bytes);
+// "241 GiB (weights 3.03 GiB, gradients 6.06 GiB, optimizer 18.2 GiB, activations 214 GiB,
+// boundary 0 B)": a rank's memory and its parts.
+std::string memory_parts(const RankMemory& memory);
 
 }  // namespace tessera

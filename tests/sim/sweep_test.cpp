@@ -456,3 +456,91 @@ TEST_CASE("where a step goes: the five parts add up to the step; the largest gro
   CHECK(step_parts(old).imbalance_s == doctest::Approx(0.2));
   CHECK(step_parts(old).bubble_s == doctest::Approx(0));
 }
+
+TEST_CASE("encoder context parallelism: enumerated where the space lists it, homogeneous aside") {
+  const Scenario s = tiny(R"({"tp": [1], "cp": [1], "pp": [1], "vpp": [1],
+                              "micro_batch_sizes": [1], "encoder_cp": [1, 2]})");
+  std::map<Placement, std::set<int64_t>> encoder_cps;
+  for (const Candidate& c : enumerate_plans(s, *s.search, 4).valid) {
+    int64_t cp = c.plan.layout.cp;  // homogeneous: the encoders follow the LLM's grid
+    for (const auto& [name, l] : c.plan.modules)
+      if (name == "vision") cp = l.cp;
+    encoder_cps[c.plan.placement].insert(cp);
+  }
+  CHECK(encoder_cps[Placement::kHomogeneous] == std::set<int64_t>{1});
+  CHECK(encoder_cps[Placement::kColocated] == std::set<int64_t>{1, 2});
+  CHECK(encoder_cps[Placement::kNonColocated] == std::set<int64_t>{1, 2});
+  Diagnostics diag;
+  CHECK(read_search_space(to_json(*s.search), "", "", diag) == *s.search);
+  CHECK(diag.ok());
+}
+
+TEST_CASE("a sweep where no image fits on one encoder rank offers encoder context parallelism") {
+  // Two samples of one 4,096-patch image each (merged 4x4 to 256 LLM tokens) on four devices
+  // whose memory holds half an image's activations: TP is held to 1 and recomputation off, so
+  // only splitting an image's tokens over encoder ranks can fit.
+  const auto scenario = [](const char* memory, const char* search) {
+    const std::string text = std::string(R"({"name": "long-images",
+      "model": {"name": "vlm", "modules": [
+        {"name": "vision", "role": "encoder", "modality": "image",
+         "transformer": {"layers": 4, "hidden": 256, "heads": 4, "ffn": 1024, "linear_bias": true, "norm": "layernorm"},
+         "patching": {"patch_size": 8, "resize": "fixed", "image_size": 512, "spatial_merge": 4}},
+        {"name": "proj", "role": "projector", "inputs": ["vision"], "projector": {"in": 4096, "out": 128}},
+        {"name": "llm", "role": "llm", "inputs": ["proj"],
+         "transformer": {"layers": 2, "hidden": 128, "heads": 4, "ffn": 256, "vocab": 1000}}]},
+      "workload": {"global_batch": 2, "max_seq_len": 512, "samples": {"text_tokens": 64, "image": {"count": 1, "width": 512, "height": 512}}},
+      "cluster": {"name": "c4", "nodes": 1, "devices_per_node": 4,
+        "device": {"name": "g", "peak_flops": {"bf16": 1e14}, "memory_bytes": )") +
+                             memory + R"(, "memory_bandwidth_bytes_per_s": 2e12},
+        "intra_node": {"bandwidth_bytes_per_s": 2e11, "latency_s": 2e-6}},
+      "search": )" + search + "}";
+    Diagnostics diag;
+    auto s = read_scenario(Json::parse(text), "long-images.json", diag);
+    INFO(diag.format());
+    REQUIRE(s.has_value());
+    return *s;
+  };
+  const char* space = R"({"tp": [1], "cp": [1, 2], "pp": [1, 2], "vpp": [1],
+                          "micro_batch_sizes": [1], "recompute": ["none"], "gpus": [4]})";
+  SweepOptions options;
+  options.refine_top = 0;
+  const auto encoder_cp = [](const ChosenPlan& c) {
+    for (const auto& [name, l] : c.ranked.candidate.plan.modules)
+      if (name == "vision") return l.cp;
+    return int64_t{1};
+  };
+  // Room for a whole image on a rank: the space's own plans, nothing offered.
+  SweepResult roomy;
+  const std::vector<ChosenPlan> whole = plan_sweep(scenario("1.0e9", space), options, roomy);
+  CHECK(roomy.notes.empty());
+  REQUIRE(!whole.empty());
+  for (const ChosenPlan& c : whole) CHECK(encoder_cp(c) == 1);
+  // Room for half an image: nothing in the space fits; encoder CP does, and the sweep says so.
+  SweepResult offered;
+  const std::vector<ChosenPlan> split = plan_sweep(scenario("1.5e8", space), options, offered);
+  REQUIRE(offered.notes.size() == 1);
+  CHECK(offered.notes[0].find("at 4 GPUs: no plan fit with each media item on one encoder rank; "
+                              "encoder context parallelism (search.encoder_cp 2, 4, 8) offered") !=
+        std::string::npos);
+  REQUIRE(!split.empty());
+  for (const ChosenPlan& c : split) {
+    CHECK(encoder_cp(c) > 1);
+    CHECK(c.ranked.candidate.plan.placement != Placement::kHomogeneous);
+    CHECK(c.ranked.estimate.feasible);
+  }
+  // Listed in the space, encoder CP is searched like any other option: no note.
+  SweepResult listed;
+  const std::string with_cp = std::string(space).replace(std::string(space).find("\"gpus\""), 0,
+                                                         "\"encoder_cp\": [1, 2], ");
+  CHECK(!plan_sweep(scenario("1.5e8", with_cp.c_str()), options, listed).empty());
+  CHECK(listed.notes.empty());
+  // Room for no plan at all: the note names the leanest and what its fullest rank needs.
+  SweepResult none;
+  CHECK(plan_sweep(scenario("4.0e7", space), options, none).empty());
+  REQUIRE(none.notes.size() == 2);
+  CHECK(none.notes[0].find("offered: 0 plans fit with it") != std::string::npos);
+  CHECK(none.notes[1].find("at 4 GPUs: no plan fits in memory; the leanest, ") !=
+        std::string::npos);
+  CHECK(none.notes[1].find("(weights ") != std::string::npos);
+  CHECK(none.notes[1].find("on a rank of ") != std::string::npos);
+}
