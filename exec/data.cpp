@@ -150,13 +150,10 @@ std::string executor_plan_support(const ParallelPlan& plan, const ModelSpec& mod
       return "plan.modules." + module + ".cp: context parallelism of a module beside the LLM (" +
              module + ")" + next;
   if (plan.placement == Placement::kColocated) {
-    // Media items dealt to encoder replicas: images and videos, into an LLM without a pipeline
-    // (the boundary all-gather puts each item's rows in its sample's place).
+    // Media items dealt to encoder replicas: images, clips and recordings, into an LLM without a
+    // pipeline (the boundary all-gather puts each item's rows in its sample's place).
     for (const ModuleSpec& m : model.modules) {
       if (!media_parallel(plan, model, m)) continue;
-      if (m.modality == Modality::kAudio)
-        return "plan.encoder_data_parallel: media items of an audio encoder (" + m.name + ")" +
-               next;
       for (const auto& [module, l] : plan.modules)
         if (module == llm->name && l.pp > 1)
           return "plan.encoder_data_parallel: media items sent into an LLM pipeline "
@@ -407,13 +404,23 @@ torch::Tensor micro_batch_pieces(const ModelSpec& model, const ModuleSpec& encod
   return media_item_pieces(model, encoder, batch, items);
 }
 
+std::vector<torch::Tensor> media_item_audio(const TrainBatch& batch,
+                                            const std::vector<MediaPiece>& items) {
+  std::vector<torch::Tensor> windows;
+  for (const MediaPiece& wanted : items) {
+    const auto& clips = batch.data[static_cast<std::size_t>(wanted.sample)].audio;
+    for (std::size_t c = 0; c < clips.size(); ++c)
+      if (wanted.item < 0 || wanted.item == static_cast<int32_t>(c))
+        windows.insert(windows.end(), clips[c].begin(), clips[c].end());
+  }
+  return windows;
+}
+
 std::vector<torch::Tensor> micro_batch_audio(const TrainBatch& batch,
                                              const std::vector<int32_t>& samples) {
-  std::vector<torch::Tensor> windows;
-  for (int32_t i : samples)
-    for (const auto& clip : batch.data[static_cast<std::size_t>(i)].audio)
-      windows.insert(windows.end(), clip.begin(), clip.end());
-  return windows;
+  std::vector<MediaPiece> items;
+  for (int32_t s : samples) items.push_back({s, -1});
+  return media_item_audio(batch, items);
 }
 
 }  // namespace tessera::exec

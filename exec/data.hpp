@@ -93,5 +93,8 @@ torch::Tensor media_item_pieces(const ModelSpec& model, const ModuleSpec& encode
 // Audio encoder windows of the micro-batch, in sample and clip order.
 std::vector<torch::Tensor> micro_batch_audio(const TrainBatch& batch,
                                              const std::vector<int32_t>& samples);
+// The same for recordings one by one (encoder_data_parallel media), in the order given.
+std::vector<torch::Tensor> media_item_audio(const TrainBatch& batch,
+                                            const std::vector<MediaPiece>& items);
 
 }  // namespace tessera::exec

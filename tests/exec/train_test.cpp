@@ -433,6 +433,22 @@ TEST_CASE("encoders dealt media items, more replicas than samples: plans agree w
   check_plans_agree(scenario(1, "media-sparse"), "media-sparse-1",
                     {{colocated(R"({"vision": {"dp": 4}, "llm": {"tp": 4}})", "media-sparse-tp4"),
                       "media-sparse-tp4"}});
+  // An audio encoder deals recordings the same way: two samples of two recordings and one
+  // image, the trainable Whisper-style encoder and the ViT on four replicas each beside an LLM
+  // on TP 2 x DP 2 (a sample's two recordings over two replicas, its image on one of two).
+  const std::string valm = edited_scenario(
+      std::string(TESSERA_SOURCE_DIR) + "/scenarios/cpu-tiny-valm.json",
+      [](Json& s) {
+        s["workload"]["global_batch"] = 2;
+        s["workload"]["samples"]["image"]["count"] = 1;
+        s["workload"]["samples"]["audio"]["count"] = 2;
+      },
+      "media-valm");
+  check_plans_agree(
+      valm, "media-valm-1",
+      {{colocated(R"({"vision": {"dp": 4}, "audio": {"dp": 4}, "llm": {"tp": 2, "dp": 2}})",
+                  "media-valm-tp2dp2"),
+        "media-valm-tp2dp2"}});
   // Whole samples cannot feed four replicas from two samples; media rows into an LLM pipeline
   // are not in the executor yet: both refused, naming the field.
   const Run whole = run(three + " --plan " +
