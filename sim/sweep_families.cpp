@@ -65,39 +65,22 @@ std::string why_faster(const SweepRow& winner, const SweepRow& other) {
                          o.bubble_s - w.bubble_s, o.comm_s - w.comm_s, o.boundary_s - w.boundary_s};
   const std::size_t most = static_cast<std::size_t>(
       std::max_element(std::begin(grew), std::end(grew)) - std::begin(grew));
+  // Each part's reason: how much longer, then the two plans' figures (the loser's first).
+  const char* reasons[] = {
+      "the %s plan's ranks compute %.3g s longer per step (%.3g s vs %.3g s: more work per rank, "
+      "or slower kernels on smaller shards)",
+      "the %s plan's ranks wait %.3g s longer per step for their busiest one (%.3g s vs %.3g s: "
+      "load imbalance between ranks or modules)",
+      "the %s plan's ranks wait %.3g s longer per step in pipeline bubbles and on dependencies "
+      "(%.3g s vs %.3g s)",
+      "the %s plan leaves %.3g s more communication exposed per step (%.3g s vs %.3g s)",
+      "the %s plan leaves %.3g s more module-boundary transfer exposed per step (%.3g s vs %.3g "
+      "s)"};
+  const double theirs[] = {o.compute_s, o.imbalance_s, o.bubble_s, o.comm_s, o.boundary_s};
+  const double ours[] = {w.compute_s, w.imbalance_s, w.bubble_s, w.comm_s, w.boundary_s};
   std::string because;
   char part[256];
-  switch (most) {
-    case 0:
-      std::snprintf(part, sizeof part,
-                    "the %s plan's ranks compute %.3g s longer per step (%.3g s vs %.3g s: more "
-                    "work per rank, or slower kernels on smaller shards)",
-                    b.c_str(), grew[0], o.compute_s, w.compute_s);
-      break;
-    case 1:
-      std::snprintf(part, sizeof part,
-                    "the %s plan's busiest rank computes %.3g s longer than its average rank "
-                    "(%.3g s more than in the %s plan: load imbalance between ranks or modules)",
-                    b.c_str(), o.imbalance_s, grew[1], a.c_str());
-      break;
-    case 2:
-      std::snprintf(part, sizeof part,
-                    "the %s plan's ranks wait %.3g s longer per step in pipeline bubbles and on "
-                    "dependencies (%.3g s vs %.3g s)",
-                    b.c_str(), grew[2], o.bubble_s, w.bubble_s);
-      break;
-    case 3:
-      std::snprintf(part, sizeof part,
-                    "the %s plan leaves %.3g s more communication exposed per step (%.3g s vs "
-                    "%.3g s)",
-                    b.c_str(), grew[3], o.comm_s, w.comm_s);
-      break;
-    default:
-      std::snprintf(part, sizeof part,
-                    "the %s plan leaves %.3g s more module-boundary transfer exposed per step "
-                    "(%.3g s vs %.3g s)",
-                    b.c_str(), grew[4], o.boundary_s, w.boundary_s);
-  }
+  std::snprintf(part, sizeof part, reasons[most], b.c_str(), grew[most], theirs[most], ours[most]);
   because = part;
   std::snprintf(line, sizeof line, "%s beats %s by %.1f%% (%.4g s vs %.4g s per step): %s",
                 a.c_str(), b.c_str(), 100 * gain, winner.step_s, other.step_s, because.c_str());

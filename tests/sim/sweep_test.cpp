@@ -436,7 +436,9 @@ TEST_CASE("where a step goes: the five parts add up to the step; the largest gro
   const StepParts k = step_parts(skewed);
   CHECK(k.imbalance_s == doctest::Approx(0.3));
   CHECK(k.bubble_s == doctest::Approx(0.1));
-  CHECK(why_faster(even, skewed).find("busiest rank computes 0.3 s longer") != std::string::npos);
+  CHECK(why_faster(even, skewed)
+            .find("ranks wait 0.28 s longer per step for their busiest one "
+                  "(0.3 s vs 0.02 s") != std::string::npos);
 
   // More exposed boundary traffic, nothing else: the boundary is named.
   SweepRow boundary = even;
