@@ -49,8 +49,9 @@ Json simulation_summary(const ChosenPlan& chosen, const SweepOptions& options) {
       const auto& b = it.metrics.bubble;
       double most = 0;
       for (double x : b) {
-        compute += it.metrics.step_s / (1 + x) / static_cast<double>(b.size());
-        most = std::max(most, it.metrics.step_s / (1 + x));
+        const double busy = it.metrics.step_s / (1 + x);
+        compute += busy / static_cast<double>(b.size());
+        most = std::max(most, busy);
       }
       busiest += most;
       exposed += it.metrics.exposed_comm_mean_s;

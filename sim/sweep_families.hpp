@@ -42,8 +42,6 @@ std::vector<std::vector<const SweepRow*>> family_bests(const std::vector<SweepRo
 // - boundary: exposed transfers between modules.
 struct StepParts {
   double compute_s = 0, imbalance_s = 0, bubble_s = 0, comm_s = 0, boundary_s = 0;
-  double idle_s() const { return imbalance_s + bubble_s; }
-  double exposed_s() const { return comm_s + boundary_s; }
 };
 StepParts step_parts(const SweepRow& row);
 

@@ -199,11 +199,14 @@ std::vector<ChosenPlan> plan_sweep(const Scenario& base, const SweepOptions& opt
         std::erase(wider.placements, Placement::kHomogeneous);  // its encoders follow the LLM
         if (!wider.placements.empty()) {
           ranked = search(wider);
-          result.notes.push_back(
-              what +
-              ": no plan fit with each media item on one encoder rank; encoder context "
-              "parallelism (search.encoder_cp 2, 4, 8) offered: " +
-              std::to_string(ranked.size()) + " plans fit with it");
+          std::string values;
+          for (int64_t cp : kEncoderCpFallback)
+            values += (values.empty() ? "" : ", ") + std::to_string(cp);
+          result.notes.push_back(what +
+                                 ": no plan fit with each media item on one encoder rank; "
+                                 "encoder context parallelism (search.encoder_cp " +
+                                 values + ") offered: " + std::to_string(ranked.size()) +
+                                 " plans fit with it");
         }
       }
       if (whole && ranked.empty() && leanest) {

@@ -397,7 +397,7 @@ std::vector<RankedCandidate> rank_candidates(const Scenario& s, std::vector<Cand
       ++rejected[e.metrics.step_s <= 0 ? rejection_reason(e.reason) : "memory"];
       if (leanest != nullptr && e.failure == PlanFailure::kOutOfMemory &&
           (!*leanest || e.peak_memory.total() < (*leanest)->estimate.peak_memory.total()))
-        *leanest = RankedCandidate{candidates[i], e};
+        *leanest = RankedCandidate{std::move(candidates[i]), std::move(e)};
       continue;
     }
     ranked.push_back({std::move(candidates[i]), std::move(e)});
