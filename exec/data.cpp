@@ -149,18 +149,6 @@ std::string executor_plan_support(const ParallelPlan& plan, const ModelSpec& mod
     if (l.cp > 1 && module != llm->name)
       return "plan.modules." + module + ".cp: context parallelism of a module beside the LLM (" +
              module + ")" + next;
-  if (plan.placement == Placement::kColocated) {
-    // Media items dealt to encoder replicas: images, clips and recordings, into an LLM without a
-    // pipeline (the boundary all-gather puts each item's rows in its sample's place).
-    for (const ModuleSpec& m : model.modules) {
-      if (!media_parallel(plan, model, m)) continue;
-      for (const auto& [module, l] : plan.modules)
-        if (module == llm->name && l.pp > 1)
-          return "plan.encoder_data_parallel: media items sent into an LLM pipeline "
-                 "(plan.modules." +
-                 module + ".pp " + std::to_string(l.pp) + ")" + next;
-    }
-  }
   return "";
 }
 

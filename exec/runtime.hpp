@@ -112,6 +112,8 @@ class Worker {
     // Media items (encoder_data_parallel media): the leaf's rows that are this rank's output's,
     // in its order (the gathered rows are put in sample order, so they do not lie together).
     torch::Tensor mine_index;
+    // Media items received over links: each item's rows in the leaf, by (sample, item).
+    std::map<std::pair<int32_t, int32_t>, std::pair<int64_t, int64_t>> items;
   };
 
   Stage& stage(int module, int chunk);
@@ -128,15 +130,21 @@ class Worker {
   // leader-to-leader message carries, rows of a module's output per sample, the assembled input.
   int consumer_of(int producer) const;
   std::vector<int32_t> consumer_links(int producer, int mb) const;
-  // Lays `samples`' rows of `producer`'s output out from `row` on (each sample's rows together,
-  // samples in order) into `where`; returns the row after them.
   // Entrain: the rows of LLM micro-batch `mb`'s samples from producer `producer`'s micro-batch
   // outputs (this one and the one before), with the leaves they come from added to `leaves`.
   torch::Tensor entrain_rows(int producer, int mb, std::vector<torch::Tensor>& leaves);
+  // Lays `samples`' rows of `producer`'s output out from `row` on (each sample's rows together,
+  // samples in order) into `where`; returns the row after them.
   int64_t lay_out_rows(int producer, const std::vector<int32_t>& samples, int64_t row,
                        RowMap& where) const;
   std::vector<int64_t> rows_of(int producer, const std::vector<int32_t>& samples,
                                const std::vector<int32_t>& order) const;
+  // A link's rows (whole samples, or media items) in this rank's output of `producer` for
+  // micro-batch `mb`, in the link's order; how many rows it carries; where they lie in an
+  // assembled input.
+  std::vector<int64_t> link_output_rows(int producer, int mb, const BoundaryLink& link);
+  int64_t link_rows(int producer, const BoundaryLink& link) const;
+  static std::vector<int64_t> leaf_rows(const Boundary& b, const BoundaryLink& link);
   Boundary& assembled(int producer, int mb);
   int64_t producer_leader(int producer, int64_t replica) const;
   // The width of the rows a boundary carries from `producer`: a projector's output, or an

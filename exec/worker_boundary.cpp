@@ -279,6 +279,53 @@ std::vector<int64_t> Worker::rows_of(int producer, const std::vector<int32_t>& s
   return rows;
 }
 
+std::vector<int64_t> Worker::link_output_rows(int producer, int mb, const BoundaryLink& link) {
+  if (link.items.empty()) {
+    // Whole samples: a colocated producer's output holds the whole batch, a non-colocated one's
+    // the micro-batch.
+    const bool whole = slots_.count({producer, 0, mb, 0}) == 0;
+    return rows_of(producer, link.samples,
+                   whole ? samples_for(producer, -1) : samples_for(producer, mb));
+  }
+  // Media items: the replica's output holds its items in the order they were dealt.
+  const MediaAssignment* media = media_for(producer);
+  TESSERA_CHECK(media != nullptr, "a link of media items from module " + std::to_string(producer) +
+                                      ", which takes whole samples");
+  std::map<std::pair<int32_t, int32_t>, std::pair<int64_t, int64_t>> at;
+  int64_t row = 0;
+  for (const MediaPiece& piece :
+       (*media)[static_cast<std::size_t>(dp_rank_[static_cast<std::size_t>(producer)])]) {
+    const int64_t n = item_rows(producer, piece);
+    at[{piece.sample, piece.item}] = {row, n};
+    row += n;
+  }
+  std::vector<int64_t> rows;
+  for (std::size_t e = 0; e < link.samples.size(); ++e) {
+    const auto [first, n] = at.at({link.samples[e], link.items[e]});
+    for (int64_t r = 0; r < n; ++r) rows.push_back(first + r);
+  }
+  return rows;
+}
+
+int64_t Worker::link_rows(int producer, const BoundaryLink& link) const {
+  RowMap scratch;
+  if (link.items.empty()) return lay_out_rows(producer, link.samples, 0, scratch);
+  int64_t rows = 0;
+  for (std::size_t e = 0; e < link.samples.size(); ++e)
+    rows += item_rows(producer, {link.samples[e], link.items[e]});
+  return rows;
+}
+
+std::vector<int64_t> Worker::leaf_rows(const Boundary& b, const BoundaryLink& link) {
+  std::vector<int64_t> rows;
+  for (std::size_t e = 0; e < link.samples.size(); ++e) {
+    const auto [first, n] = link.items.empty() ? b.rows.at(link.samples[e])
+                                               : b.items.at({link.samples[e], link.items[e]});
+    for (int64_t r = 0; r < n; ++r) rows.push_back(first + r);
+  }
+  return rows;
+}
+
 int64_t Worker::boundary_width(int producer) const {
   const ModuleSpec& spec = scenario_.model.modules[static_cast<std::size_t>(producer)];
   if (spec.projector) return spec.projector->out;
@@ -325,17 +372,10 @@ void Worker::absorb_self_links(int producer) {
       const BoundaryLink& link = program_->links[static_cast<std::size_t>(i)];
       if (producer_leader(producer, link.producer_replica) != rank_) continue;
       Slot& slot = producer_slot(producer, mb);
-      const bool whole = slots_.count({producer, 0, mb, 0}) == 0;
-      const std::vector<int32_t> order =
-          whole ? samples_for(producer, -1) : samples_for(producer, mb);
-      std::vector<int64_t> from;
-      for (int32_t s : link.samples) {
-        const auto [first, n] = b.rows.at(s);
-        for (int64_t r = 0; r < n; ++r) from.push_back(first + r);
-      }
-      const auto to = device_indices(rows_of(producer, link.samples, order));
+      const auto to = device_indices(link_output_rows(producer, mb, link));
       if (!slot.output_grad.defined()) slot.output_grad = torch::zeros_like(slot.output);
-      slot.output_grad.index_copy_(0, to, b.leaf.grad().index_select(0, device_indices(from)));
+      slot.output_grad.index_copy_(
+          0, to, b.leaf.grad().index_select(0, device_indices(leaf_rows(b, link))));
     }
   }
 }
@@ -349,7 +389,14 @@ Worker::Boundary& Worker::assembled(int producer, int mb) {
   int64_t row = 0;
   for (const int32_t i : consumer_links(producer, mb)) {
     const BoundaryLink& link = program_->links[static_cast<std::size_t>(i)];
-    const int64_t rows = lay_out_rows(producer, link.samples, row, b.rows) - row;
+    const int64_t rows = link_rows(producer, link);
+    if (link.items.empty()) lay_out_rows(producer, link.samples, row, b.rows);
+    int64_t at = row;
+    for (std::size_t e = 0; e < link.items.size(); ++e) {
+      const int64_t n = item_rows(producer, {link.samples[e], link.items[e]});
+      b.items[{link.samples[e], link.items[e]}] = {at, n};
+      at += n;
+    }
     const auto part = link_parts_.find({producer, mb, i});
     torch::Tensor rows_here;
     if (part != link_parts_.end()) {
@@ -361,12 +408,9 @@ Worker::Boundary& Worker::assembled(int producer, int mb) {
                         std::any_of(stages_.begin(), stages_.end(),
                                     [&](const auto& e) { return e.first.first == producer; });
       if (self) {
-        Slot& slot = producer_slot(producer, mb);
-        const bool whole = slots_.count({producer, 0, mb, 0}) == 0;
-        const std::vector<int32_t> order =
-            whole ? samples_for(producer, -1) : samples_for(producer, mb);
-        rows_here = slot.output.detach().index_select(
-            0, device_indices(rows_of(producer, link.samples, order)));
+        rows_here = producer_slot(producer, mb)
+                        .output.detach()
+                        .index_select(0, device_indices(link_output_rows(producer, mb, link)));
       } else {
         rows_here = torch::zeros({rows, boundary_width(producer)}, activation_options());
       }
@@ -375,6 +419,24 @@ Worker::Boundary& Worker::assembled(int producer, int mb) {
     row += rows;
   }
   b.leaf = torch::cat(parts, 0);
+  if (!b.items.empty()) {
+    // Media items come from several encoder replicas; the consumer takes each sample's rows
+    // together, its items in order (as llm_layout numbers them). A sample without media here
+    // has none.
+    std::vector<int64_t> order;
+    std::map<std::pair<int32_t, int32_t>, std::pair<int64_t, int64_t>> moved;
+    for (const auto& [key, range] : b.items) {  // by sample, then item
+      auto [it, fresh] =
+          b.rows.try_emplace(key.first, static_cast<int64_t>(order.size()), int64_t{0});
+      it->second.second += range.second;
+      moved[key] = {static_cast<int64_t>(order.size()), range.second};
+      for (int64_t r = range.first; r < range.first + range.second; ++r) order.push_back(r);
+    }
+    for (int32_t sample : my_micro_batches_.at(static_cast<std::size_t>(mb)))
+      b.rows.try_emplace(sample, 0, 0);
+    b.items = std::move(moved);
+    b.leaf = b.leaf.index_select(0, device_indices(order));
+  }
   b.leaf.set_requires_grad(true);
   b.mine_rows = row;
   return b;
@@ -397,11 +459,9 @@ void Worker::boundary_p2p(const Op& op) {
   const int64_t width = boundary_width(producer);
   if (producer_side) {
     Slot* slot = &producer_slot(producer, mb);
-    const bool whole = slots_.count({producer, 0, mb, 0}) == 0;  // colocated: the whole batch
     if (op.kind == OpKind::kRecv) absorb_self_links(producer);
-    const std::vector<int32_t> mine = whole ? samples_for(producer, -1) : samples_for(producer, mb);
-    const std::vector<int32_t>& link = program_->links[static_cast<std::size_t>(op.link)].samples;
-    const torch::Tensor rows = device_indices(rows_of(producer, link, mine));
+    const torch::Tensor rows = device_indices(
+        link_output_rows(producer, mb, program_->links[static_cast<std::size_t>(op.link)]));
     if (op.kind == OpKind::kSend)  // forward: this link's rows of the output
       return send_rows(slot->output.detach().index_select(0, rows));
     // backward: this link's rows of the output gradient
@@ -410,22 +470,15 @@ void Worker::boundary_p2p(const Op& op) {
     slot->output_grad.index_copy_(0, rows, g);
     return;
   }
-  const std::vector<int32_t>& link = program_->links[static_cast<std::size_t>(op.link)].samples;
+  const BoundaryLink& link = program_->links[static_cast<std::size_t>(op.link)];
   if (op.kind == OpKind::kRecv) {  // forward: a link's rows, kept until assembled
-    RowMap scratch;
-    link_parts_[{producer, mb, op.link}] =
-        recv_rows(lay_out_rows(producer, link, 0, scratch), width);
+    link_parts_[{producer, mb, op.link}] = recv_rows(link_rows(producer, link), width);
     return;
   }
   // backward: this link's rows of the gradient of the assembled input
   Boundary& b = assembled(producer, mb);
   const torch::Tensor g = b.leaf.grad().defined() ? b.leaf.grad() : torch::zeros_like(b.leaf);
-  std::vector<int64_t> rows;
-  for (int32_t s : link) {
-    const auto [first, n] = b.rows.at(s);
-    for (int64_t r = 0; r < n; ++r) rows.push_back(first + r);
-  }
-  send_rows(g.index_select(0, device_indices(rows)));
+  send_rows(g.index_select(0, device_indices(leaf_rows(b, link))));
 }
 
 }  // namespace tessera::exec

@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
 # Benchmarks that print figures (never pass/fail). Usage: scripts/bench.sh [lower|scale|sim|demo|sweep|comm|cli|exec|moe|reproduce-hetero|reproduce-cornstarch|cornstarch-exec|reproduce-variability|variability-exec|published|accuracy|all]
+# Builds tessera and tessera-train in $TESSERA_BUILD_DIR (default build/) first; with TESSERA_BIN
+# set, times that simulator binary instead and builds nothing.
 #   lower  lowering + evaluation of one iteration of a 1024-rank plan with 64 micro-batches
 #   scale  (not in all) wall time and peak RSS of estimate, simulate and sweep at 1k-8k GPUs: the
 #          default plan at 1,024 and 8,192 devices, GPT 530B on 2,520 and 1T on 3,072 A100s (Narayanan et al. 2021);
@@ -55,10 +57,16 @@ cd "$(dirname "$0")/.."
 mkdir -p out  # every benchmark writes its figures and reports here (a fresh clone has none)
 what=${1:-all}
 build=${TESSERA_BUILD_DIR:-build}
-scripts/setup.sh >/dev/null
-cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
-cmake --build "$build" --parallel "$(nproc)" --target tessera tessera-train >/dev/null
-tessera="$build/sim/tessera"
+if [[ -n ${TESSERA_BIN:-} ]]; then
+  # A given simulator binary (a copy, so that the tree can be rebuilt while a long benchmark
+  # runs, or another commit's to compare with): nothing is built.
+  tessera=$TESSERA_BIN
+else
+  scripts/setup.sh >/dev/null
+  cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+  cmake --build "$build" --parallel "$(nproc)" --target tessera tessera-train >/dev/null
+  tessera="$build/sim/tessera"
+fi
 
 elapsed() { awk -v s="$1" -v e="$2" 'BEGIN { printf "%.3f", e - s }'; }
 # "median p10 p90" of a tessera-train run's step_s over steps 2.. (the first warms up)

@@ -428,7 +428,13 @@ TEST_CASE("encoders dealt media items, more replicas than samples: plans agree w
       three, "media-items-1",
       {{colocated(R"({"vision": {"dp": 4}, "llm": {"tp": 2, "dp": 2}})", "media-tp2dp2"),
         "media-tp2dp2"},
-       {colocated(R"({"vision": {"dp": 4}, "llm": {"tp": 4}})", "media-tp4"), "media-tp4"}});
+       {colocated(R"({"vision": {"dp": 4}, "llm": {"tp": 4}})", "media-tp4"), "media-tp4"},
+       // Into an LLM pipeline: each encoder replica's items of a micro-batch go to its first
+       // stage by link, a sample's items from two replicas (or four) put back in order there.
+       {colocated(R"({"vision": {"dp": 4}, "llm": {"pp": 2, "dp": 2}})", "media-pp2dp2"),
+        "media-pp2dp2"},
+       {colocated(R"({"vision": {"dp": 4}, "llm": {"tp": 2, "pp": 2}})", "media-tp2pp2"),
+        "media-tp2pp2"}});
   // One image a sample: two of the four replicas encode none.
   check_plans_agree(scenario(1, "media-sparse"), "media-sparse-1",
                     {{colocated(R"({"vision": {"dp": 4}, "llm": {"tp": 4}})", "media-sparse-tp4"),
@@ -448,21 +454,17 @@ TEST_CASE("encoders dealt media items, more replicas than samples: plans agree w
       valm, "media-valm-1",
       {{colocated(R"({"vision": {"dp": 4}, "audio": {"dp": 4}, "llm": {"tp": 2, "dp": 2}})",
                   "media-valm-tp2dp2"),
-        "media-valm-tp2dp2"}});
-  // Whole samples cannot feed four replicas from two samples; media rows into an LLM pipeline
-  // are not in the executor yet: both refused, naming the field.
+        "media-valm-tp2dp2"},
+       {colocated(R"({"vision": {"dp": 4}, "audio": {"dp": 4}, "llm": {"pp": 2, "dp": 2}})",
+                  "media-valm-pp2dp2"),
+        "media-valm-pp2dp2"}});
+  // Whole samples cannot feed four replicas from two samples: refused, naming the field.
   const Run whole = run(three + " --plan " +
                         raw_plan(R"({"placement": "colocated", "schedule": "three_phase",
                                      "modules": {"vision": {"dp": 4}, "llm": {"tp": 4}}})",
                                  "media-whole"));
   CHECK(whole.code == 2);
   CHECK(whole.output.find("4 does not divide global_batch=2") != std::string::npos);
-  const Run piped =
-      run(three + " --plan " +
-          colocated(R"({"vision": {"dp": 4}, "llm": {"tp": 2, "pp": 2}})", "media-piped"));
-  CHECK(piped.code == 2);
-  CHECK(piped.output.find("plan.encoder_data_parallel: media items sent into an LLM pipeline") !=
-        std::string::npos);
 }
 
 TEST_CASE(
