@@ -53,6 +53,7 @@ std::string describe_layout(const ParallelPlan& plan, const ModelSpec& model) {
     options += " rc:" + enum_name(plan.recompute, kRecomputes);
   if (plan.sequence_parallel) options += " sp";
   if (plan.distributed_optimizer) options += " dopt";
+  if (plan.fully_sharded) options += " fsdp";
   // Heads TP does not divide: padded, or the encoders whole on every TP rank.
   if (plan.indivisible_heads == IndivisibleHeads::kPad) options += " heads:pad";
   if (plan.indivisible_heads == IndivisibleHeads::kReplicate) options += " heads:replicate";

@@ -310,13 +310,14 @@ double CostModel::fixed_compute_s(const Op& op) const {
 }
 
 RankMemory parameter_memory(double parameters, bool trainable, int64_t optimizer_shards,
-                            DType dtype) {
+                            DType dtype, bool fully_sharded) {
+  const auto shards = static_cast<double>(std::max<int64_t>(1, optimizer_shards));
+  const double held = fully_sharded ? parameters / shards : parameters;
   RankMemory m;
-  m.weight_bytes = parameters * static_cast<double>(dtype_bytes(dtype));
+  m.weight_bytes = held * static_cast<double>(dtype_bytes(dtype));
   if (trainable) {
-    m.gradient_bytes = parameters * 4.0;
-    m.optimizer_bytes =
-        parameters * 12.0 / static_cast<double>(std::max<int64_t>(1, optimizer_shards));
+    m.gradient_bytes = held * 4.0;
+    m.optimizer_bytes = parameters * 12.0 / shards;
   }
   return m;
 }

@@ -148,6 +148,7 @@ ParallelPlan read_plan(const Json& json, const std::string& file, const std::str
   r.optional("pad_to_longest", p.pad_to_longest);
   r.optional("overlap_grad_reduce", p.overlap_grad_reduce);
   r.optional("overlap_param_gather", p.overlap_param_gather);
+  r.optional({"fully_sharded", "fsdp"}, p.fully_sharded);
   r.optional({"grad_reduce_in_fp32", "accumulate_allreduce_grads_in_fp32"}, p.grad_reduce_in_fp32);
   r.optional_enum("indivisible_heads", p.indivisible_heads, kIndivisibleHeads);
   r.optional_enum("encoder_data_parallel", p.encoder_data_parallel, kEncoderDataParallel);
@@ -193,11 +194,10 @@ Json to_json(const ParallelPlan& p) {
   if (!p.tp_backward_overlap) j["tp_backward_overlap"] = false;
   if (!p.pipeline_scatter_gather) j["pipeline_scatter_gather"] = false;
   if (p.pad_to_longest) j["pad_to_longest"] = true;
-  if (p.overlap_grad_reduce) {
-    j["overlap_grad_reduce"] = true;
-    j["grad_bucket_mb"] = p.grad_bucket_mb;
-  }
+  if (p.overlap_grad_reduce) j["overlap_grad_reduce"] = true;
   if (p.overlap_param_gather) j["overlap_param_gather"] = true;
+  if (p.fully_sharded) j["fully_sharded"] = true;
+  if (p.overlap_grad_reduce || p.fully_sharded) j["grad_bucket_mb"] = p.grad_bucket_mb;
   if (p.grad_reduce_in_fp32) j["grad_reduce_in_fp32"] = true;
   if (p.indivisible_heads != IndivisibleHeads::kRefuse)
     j["indivisible_heads"] = enum_name(p.indivisible_heads, kIndivisibleHeads);
@@ -571,6 +571,17 @@ void validate_plan(const ParallelPlan& plan, const ModelSpec& model, const Workl
         "optimizer slice updated)");
   else if (plan.overlap_param_gather && !plan.overlap_grad_reduce)
     top("overlap_param_gather", "needs overlap_grad_reduce (it gathers that option's buckets)");
+  if (plan.fully_sharded) {
+    if (!plan.distributed_optimizer)
+      top("fully_sharded", "needs distributed_optimizer (ZeRO-3 shards the optimizer state too)");
+    if (plan.overlap_param_gather)
+      top("fully_sharded",
+          "gathers each unit's parameters before it runs; overlap_param_gather (a gather after "
+          "the optimizer step) does not apply");
+    if (plan.placement == Placement::kColocated || plan.schedule == Schedule::kDip)
+      top("fully_sharded",
+          "is lowered for homogeneous and non_colocated pipelines outside schedule dip");
+  }
   if (plan.overlap_grad_reduce && plan.schedule == Schedule::kDip)
     top("overlap_grad_reduce",
         "schedule dip reduces gradients after the whole backward; overlap is lowered for the "

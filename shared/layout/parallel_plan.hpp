@@ -124,6 +124,14 @@ struct ParallelPlan {
   // bucket by bucket while the next step's first forward of each chunk runs, each bucket's layers
   // waiting for their own gather. false: one all-gather per module after the optimizer step.
   bool overlap_param_gather = false;
+  // Fully sharded data parallelism (ZeRO-3; PyTorch FSDP2, DeepSpeed stage 3): every module's
+  // weights, gradients and optimizer state sharded over its dp·cp replicas. Each gradient bucket
+  // (about `grad_bucket_mb`; a transformer layer of a large model) is the unit: its parameters
+  // are all-gathered before its forward and again before its backward of every micro-batch, the
+  // next unit's gather running while one computes (FSDP2's prefetch), and its gradients
+  // reduce-scattered after each backward. Needs distributed_optimizer; homogeneous and
+  // non_colocated pipelines.
+  bool fully_sharded = false;
   // Data-parallel gradient reductions (and the sums of replicated key/value gradients before
   // them) in fp32, as Megatron-LM reduces a bf16 model's gradients by default
   // (`accumulate_allreduce_grads_in_fp32`, DDP's `grad_reduce_in_fp32`): twice the bytes of a

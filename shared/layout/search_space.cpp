@@ -61,7 +61,8 @@ SearchSpace read_search_space(const Json& json, const std::string& file, const s
   }
   read_enum_list(r, "recompute", s.recompute, kRecomputes);
   for (auto [key, list] : {std::pair{"sequence_parallel", &s.sequence_parallel},
-                           std::pair{"distributed_optimizer", &s.distributed_optimizer}}) {
+                           std::pair{"distributed_optimizer", &s.distributed_optimizer},
+                           std::pair{"fully_sharded", &s.fully_sharded}}) {
     const Json* v = r.find(key);
     if (v == nullptr) continue;
     if (!v->is_array() || v->empty() ||
@@ -114,6 +115,7 @@ Json to_json(const SearchSpace& s) {
   j["recompute"] = enum_list(s.recompute, kRecomputes);
   j["sequence_parallel"] = s.sequence_parallel;
   j["distributed_optimizer"] = s.distributed_optimizer;
+  j["fully_sharded"] = s.fully_sharded;
   j["stage_splits"] = enum_list(s.stage_splits, kStageSplits);
   j["cp_splits"] = enum_list(s.cp_splits, kCpSplits);
   j["microbatching"] = enum_list(s.microbatching, kMicrobatching);

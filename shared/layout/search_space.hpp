@@ -35,6 +35,10 @@ struct SearchSpace {
   // Sequence parallelism (applies where tp > 1) and the distributed optimizer, each value tried.
   std::vector<bool> sequence_parallel = {true};
   std::vector<bool> distributed_optimizer = {true};
+  // Fully sharded data parallelism (ZeRO-3, FSDP2), tried with the distributed optimizer where
+  // there are replicas to shard over, in homogeneous (outside schedule dip) and non-colocated
+  // plans. Default off: it trades a gather of every unit's weights per micro-batch for memory.
+  std::vector<bool> fully_sharded = {false};
   // Pipelined plans are tried with each (plans without a pipeline have nothing to split).
   std::vector<StageSplit> stage_splits = {StageSplit::kFrozenAware, StageSplit::kUniform};
   // Plans with context parallelism are tried with each. Default makespan alone: it keeps the

@@ -42,8 +42,7 @@ Op Lowering::compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t
   op.module = static_cast<int16_t>(m.index);
   op.stage =
       static_cast<int16_t>(plan_.placement == Placement::kHomogeneous ? x.p : grid.coord(rank).p);
-  op.chunk = static_cast<int16_t>(k_chunk / std::max<int64_t>(1, m.layout.pp));
-  if (plan_.placement == Placement::kHomogeneous && m.index != llm_) op.chunk = 0;
+  op.chunk = chunk_of(m, k_chunk);
   op.microbatch = mb;
   const LayerRange held = m.chunk_layers[static_cast<std::size_t>(k_chunk)];
   const auto [at, added] = chunk_held_.try_emplace({op.module, op.stage, op.chunk}, held);

@@ -5,28 +5,73 @@ namespace tessera::lowering {
 
 void Lowering::account_memory(int64_t rank, const std::vector<int>& module_list) {
   RankMemory& mem = p_.memory[static_cast<std::size_t>(rank)];
+  // fully_sharded: the largest unit whole, twice (the one running and the next, prefetched),
+  // and its unsharded gradients before their reduce-scatter.
+  double unit_weights = 0, unit_gradients = 0;
   for (int i : module_list) {
     const ModuleInfo& m = modules_[static_cast<std::size_t>(i)];
     const ModuleInfo& owner = grid_of(m);
     const Coord x = owner.coord(rank);
     const double params = parameters_on(m, x), experts = split_expert_parameters_on(m, x);
     // The distributed optimizer shards state over the replicas of each parameter: dp·cp of
-    // them, dp·cp / ep of a routed expert.
+    // them, dp·cp / ep of a routed expert; fully sharded, the weights and gradients too.
     const int64_t replicas = owner.layout.dp * owner.layout.cp;
     const int64_t shards = plan_.distributed_optimizer ? replicas : 1;
     const int64_t expert_shards = plan_.distributed_optimizer ? replicas / owner.layout.ep : 1;
+    const bool full = sharded(m, x);
     for (const RankMemory& add :
-         {parameter_memory(params - experts, m.flow.trainable, shards, model_.dtype),
-          parameter_memory(experts, m.flow.trainable, expert_shards, model_.dtype)}) {
+         {parameter_memory(params - experts, m.flow.trainable, shards, model_.dtype, full),
+          parameter_memory(experts, m.flow.trainable, expert_shards, model_.dtype, full)}) {
       mem.weight_bytes += add.weight_bytes;
       mem.gradient_bytes += add.gradient_bytes;
       mem.optimizer_bytes += add.optimizer_bytes;
     }
+    if (!full) continue;
+    for (const LayerRange& layers : held_layers(m, x))
+      for (const auto& [a, b] : sharded_units(m, layers)) {
+        unit_weights = std::max(unit_weights, bucket_bytes(m, a, b, weight_value_bytes()));
+        if (m.flow.trainable) unit_gradients = std::max(unit_gradients, bucket_bytes(m, a, b, 4));
+      }
   }
+  mem.weight_bytes += 2 * unit_weights;
+  mem.gradient_bytes += unit_gradients;
+}
+
+bool Lowering::sharded(const ModuleInfo& m, const Coord& x) {
+  return plan_.fully_sharded &&
+         p_.groups[static_cast<std::size_t>(dpcp_group(grid_of(m), x))].size() > 1;
+}
+
+std::vector<LayerRange> Lowering::sharded_units(const ModuleInfo& m, LayerRange layers) const {
+  std::vector<LayerRange> units = gradient_buckets(m, layers);
+  if (units.empty()) units.push_back(layers);
+  return units;
+}
+
+int32_t Lowering::gather_unit(int64_t rank, const ModuleInfo& m, const Coord& x, int64_t k_chunk,
+                              int32_t mb, const LayerRange& unit, Phase phase, int32_t after) {
+  const ModuleInfo& owner = grid_of(m);
+  Op g = collective_op(CollectiveKind::kAllGather, Purpose::kDp, phase, m.index,
+                       dpcp_group(owner, x), 0);
+  g.stage = static_cast<int16_t>(x.p);
+  g.chunk = chunk_of(m, k_chunk);
+  g.microbatch = mb;
+  g.first_layer = static_cast<int32_t>(unit.first);
+  g.layers = static_cast<int32_t>(unit.second - unit.first);
+  g.flags |= kOpGradientBucket | kOpFullySharded;
+  if (after >= 0) g.deps = {after};
+  return emit_dp_collectives(rank, g, owner, x,
+                             bucket_bytes(m, unit.first, unit.second, weight_value_bytes()),
+                             bucket_expert_bytes(m, unit.first, unit.second, weight_value_bytes()))
+      .back();
 }
 
 std::vector<LayerRange> Lowering::gradient_buckets(const ModuleInfo& m, int64_t k) const {
-  const auto [a, b] = m.chunk_layers[static_cast<std::size_t>(k)];
+  return gradient_buckets(m, m.chunk_layers[static_cast<std::size_t>(k)]);
+}
+
+std::vector<LayerRange> Lowering::gradient_buckets(const ModuleInfo& m, LayerRange layers) const {
+  const auto [a, b] = layers;
   const double limit = plan_.grad_bucket_mb * 1e6;
   std::vector<LayerRange> pieces;
   int64_t end = b;
@@ -125,7 +170,8 @@ void Lowering::gradient_reduction(int64_t rank, const std::vector<int>& module_l
     const auto at_start = gathered_at_start_.find(rank);
     const bool gathered = at_start != gathered_at_start_.end() && at_start->second.count(c.module);
     for (std::size_t j = k; j < end; ++j)
-      if (plan_.distributed_optimizer && shards_of(reductions[j]) > 1 && !gathered) {
+      if (plan_.distributed_optimizer && !plan_.fully_sharded && shards_of(reductions[j]) > 1 &&
+          !gathered) {
         Op gather = reductions[j];
         gather.collective = CollectiveKind::kAllGather;
         gather.bytes = reductions[j].bytes / gradient_value_bytes() * weight_value_bytes();

@@ -291,6 +291,11 @@ class Lowering {
       if (ops[static_cast<std::size_t>(i)].stream == StreamKind::kCompute) return i;
     return -1;
   }
+  // The chunk, among those a rank holds, of m's virtual stage k_chunk (Op::chunk).
+  int16_t chunk_of(const ModuleInfo& m, int64_t k_chunk) const {
+    if (plan_.placement == Placement::kHomogeneous && m.index != llm_) return 0;
+    return static_cast<int16_t>(k_chunk / std::max<int64_t>(1, m.layout.pp));
+  }
   // A Compute op of `m` on `rank` for the layers of virtual stage `k_chunk` (or only `piece`, a
   // part of them) of micro-batch `mb` (-1: whole local batch).
   Op compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t mb, Phase phase,
@@ -331,6 +336,17 @@ class Lowering {
   // overlap_grad_reduce: the pieces of virtual stage k's layers, last layers first, each holding
   // about grad_bucket_mb of this rank's gradients (at least one layer each).
   std::vector<LayerRange> gradient_buckets(const ModuleInfo& m, int64_t k) const;
+  std::vector<LayerRange> gradient_buckets(const ModuleInfo& m, LayerRange layers) const;
+  // fully_sharded: whether rank x of m's grid shards m (over more than one replica), and the
+  // units it gathers and reduces one at a time: the gradient buckets of `layers`, last layers
+  // first (a module without layers, a projector, is one unit).
+  bool sharded(const ModuleInfo& m, const Coord& x);
+  std::vector<LayerRange> sharded_units(const ModuleInfo& m, LayerRange layers) const;
+  // The all-gather of one unit's weights (of virtual stage k_chunk) over rank x's replicas of m,
+  // before the unit's `phase` of micro-batch mb, after op `after` (-1: none); returns the index
+  // of the last op it emitted.
+  int32_t gather_unit(int64_t rank, const ModuleInfo& m, const Coord& x, int64_t k_chunk,
+                      int32_t mb, const LayerRange& unit, Phase phase, int32_t after);
   // overlap_grad_reduce: the bucket reductions each rank emitted, per module; those modules get
   // no reduction after the backward.
   std::map<int64_t, std::map<int, std::vector<int32_t>>> bucket_reductions_;

@@ -179,25 +179,52 @@ void Lowering::lower_pipelines() {
             deps = {last};
             forward_of[{mb, item.chunk, m.index}] = last;
           };
-          if (first_virtual)
-            for (int i : prefix)
-              run(modules_[static_cast<std::size_t>(i)], 0, Phase::kF, samples_of(i, x.d, mb));
-          if (!param_gathers.empty() && first_forward.at(item.chunk) == mb) {
-            // Piece by piece, bottom up; the activations they stash are the whole forward's,
-            // kept (and freed by the backward) as one, from the last piece on.
+          // Piece by piece, bottom up, each piece after its gather (`gather(u)` gives it, and may
+          // emit it); the activations the pieces stash are the whole forward's, kept (and freed
+          // by the backward) as one, from the last piece on.
+          auto run_pieces = [&](const ModuleInfo& m, int64_t chunk_index,
+                                std::span<const Sample* const> s,
+                                const std::vector<LayerRange>& pieces, const auto& gather) {
             auto& ops = p_.ranks[static_cast<std::size_t>(rank)];
             double stash = 0;
-            for (const auto& [piece, gather] : param_gathers.at(item.chunk)) {
-              run(owner, k, Phase::kF, samples, &piece, gather);
+            for (std::size_t u = 0; u < pieces.size(); ++u) {
+              run(m, chunk_index, Phase::kF, s, &pieces[u], gather(u));
               stash += ops[static_cast<std::size_t>(last)].stash_bytes;
               ops[static_cast<std::size_t>(last)].stash_bytes = 0;
             }
             ops[static_cast<std::size_t>(last)].stash_bytes = stash;
+          };
+          // fully_sharded: every unit's weights gathered before it runs, and the next unit's
+          // while it runs (FSDP2's prefetch: that gather waits for the compute before).
+          auto run_sharded = [&](const ModuleInfo& m, int64_t chunk_index,
+                                 std::span<const Sample* const> s) {
+            const Coord xm = grid_of(m).coord(rank);
+            if (!sharded(m, xm)) return run(m, chunk_index, Phase::kF, s);
+            std::vector<LayerRange> units =
+                sharded_units(m, m.chunk_layers[static_cast<std::size_t>(chunk_index)]);
+            std::reverse(units.begin(), units.end());
+            std::vector<int32_t> gathers;
+            run_pieces(m, chunk_index, s, units, [&](std::size_t u) {
+              const int32_t after = last_compute(rank);
+              while (gathers.size() < std::min(u + 2, units.size()))
+                gathers.push_back(gather_unit(rank, m, xm, chunk_index, mb, units[gathers.size()],
+                                              Phase::kF, after));
+              return gathers[u];
+            });
+          };
+          if (first_virtual)
+            for (int i : prefix)
+              run_sharded(modules_[static_cast<std::size_t>(i)], 0, samples_of(i, x.d, mb));
+          if (!param_gathers.empty() && first_forward.at(item.chunk) == mb) {
+            const auto& pieces = param_gathers.at(item.chunk);
+            std::vector<LayerRange> ranges;
+            for (const auto& [piece, gather] : pieces) ranges.push_back(piece);
+            run_pieces(owner, k, samples, ranges, [&](std::size_t u) { return pieces[u].second; });
           } else {
-            run(owner, k, Phase::kF, samples);
+            run_sharded(owner, k, samples);
           }
           if (last_virtual)
-            for (int i : suffix) run(modules_[static_cast<std::size_t>(i)], 0, Phase::kF, samples);
+            for (int i : suffix) run_sharded(modules_[static_cast<std::size_t>(i)], 0, samples);
           forward_done[{mb, item.chunk}] = last;
           // --- outputs
           if (!last_virtual) {
@@ -255,7 +282,11 @@ void Lowering::lower_pipelines() {
         auto run_back = [&](const ModuleInfo& m, int64_t chunk_index,
                             std::span<const Sample* const> s, int32_t at_mb) {
           if (!m.flow.backward()) return;
-          if (recomputes(m)) {
+          const Coord xm = grid_of(m).coord(rank);
+          // fully_sharded: unit by unit, each unit's weights gathered first (the next unit's
+          // while it runs), recomputed and differentiated, its gradients reduce-scattered.
+          const bool full = sharded(m, xm);
+          if (recomputes(m) && !full) {
             Op r = compute(m, rank, static_cast<int32_t>(chunk_index), at_mb, Phase::kR, s);
             r.deps = deps;
             last = emit(rank, r);
@@ -264,40 +295,49 @@ void Lowering::lower_pipelines() {
           // The whole chunk at once, or (its gradients reduced during this backward) piece by
           // piece, each bucket's reduction starting once its weight gradients are done.
           const bool bucketed =
-              overlap && m.index == owner_index && last_backward.at(item.chunk) == at_mb;
-          const std::vector<LayerRange> pieces =
-              bucketed
-                  ? gradient_buckets(m, chunk_index)
-                  : std::vector<LayerRange>{m.chunk_layers[static_cast<std::size_t>(chunk_index)]};
-          for (const LayerRange& piece : pieces) {
-            Op b = compute(m, rank, static_cast<int32_t>(chunk_index), at_mb, Phase::kB, s, &piece);
-            if (bucketed) b.flags |= kOpGradientBucket;
-            b.deps = deps;
-            last = emit(rank, b);
-            deps = {last};
-            if (m.flow.trainable) {
-              Op w =
-                  compute(m, rank, static_cast<int32_t>(chunk_index), at_mb, Phase::kW, s, &piece);
-              if (bucketed) w.flags |= kOpGradientBucket;
-              w.deps = deps;
-              last = emit(rank, w);
+              full || (overlap && m.index == owner_index && last_backward.at(item.chunk) == at_mb);
+          const LayerRange layers = m.chunk_layers[static_cast<std::size_t>(chunk_index)];
+          const std::vector<LayerRange> pieces = full       ? sharded_units(m, layers)
+                                                 : bucketed ? gradient_buckets(m, chunk_index)
+                                                            : std::vector<LayerRange>{layers};
+          std::vector<int32_t> gathers;
+          for (std::size_t u = 0; u < pieces.size(); ++u) {
+            const LayerRange& piece = pieces[u];
+            const auto flags = static_cast<uint16_t>((bucketed ? kOpGradientBucket : 0) |
+                                                     (full ? kOpFullySharded : 0));
+            auto piece_op = [&](Phase phase) {
+              Op op = compute(m, rank, static_cast<int32_t>(chunk_index), at_mb, phase, s, &piece);
+              op.flags |= flags;
+              op.deps = deps;
+              last = emit(rank, op);
               deps = {last};
+            };
+            if (full) {
+              const int32_t after = last_compute(rank);
+              while (gathers.size() < std::min(u + 2, pieces.size()))
+                gathers.push_back(gather_unit(rank, m, xm, chunk_index, at_mb,
+                                              pieces[gathers.size()], Phase::kB, after));
+              deps.push_back(gathers[u]);
+              if (recomputes(m)) piece_op(Phase::kR);
             }
-            if (!bucketed) continue;
+            piece_op(Phase::kB);
+            if (m.flow.trainable) piece_op(Phase::kW);
+            if (!bucketed || !m.flow.trainable) continue;
             Op c = collective_op(plan_.distributed_optimizer ? CollectiveKind::kReduceScatter
                                                              : CollectiveKind::kAllReduce,
-                                 Purpose::kDp, Phase::kF, m.index, dpcp_group(owner, x), 0);
-            c.stage = static_cast<int16_t>(x.p);
-            c.chunk = static_cast<int16_t>(item.chunk);
+                                 Purpose::kDp, Phase::kF, m.index, dpcp_group(grid_of(m), xm), 0);
+            c.stage = static_cast<int16_t>(xm.p);
+            c.chunk = chunk_of(m, chunk_index);
             c.first_layer = static_cast<int32_t>(piece.first);
             c.layers = static_cast<int32_t>(piece.second - piece.first);
-            c.flags |= kOpGradientBucket;
+            c.flags |= flags;
+            if (full) c.microbatch = at_mb;  // one reduce-scatter of the unit per micro-batch
             c.deps = {last};  // the sum of replicated key/value gradients waits for it, then this
             c.deps = {
-                sum_kv_replicas(rank, m, x, bucket_kv_bytes(m, piece.first, piece.second), c)};
+                sum_kv_replicas(rank, m, xm, bucket_kv_bytes(m, piece.first, piece.second), c)};
             const double value = gradient_value_bytes();
             for (int32_t id : emit_dp_collectives(
-                     rank, c, m, x, bucket_bytes(m, piece.first, piece.second, value),
+                     rank, c, m, xm, bucket_bytes(m, piece.first, piece.second, value),
                      bucket_expert_bytes(m, piece.first, piece.second, value)))
               bucket_reductions_[rank][m.index].push_back(id);
           }

@@ -72,7 +72,8 @@ std::string op_name(const Program& p, const Op& op) {
       return "recv:" + where(p, op) + "." + phase_name(op.phase) + "<r" + std::to_string(op.peer);
     case OpKind::kCollective:
       return purpose_name(op.purpose) + ":" + collective_name(op.collective) + ":" + where(p, op) +
-             (op.purpose == Purpose::kBoundary || op.purpose == Purpose::kPp
+             (op.purpose == Purpose::kBoundary || op.purpose == Purpose::kPp ||
+                      (op.flags & kOpFullySharded) != 0
                   ? "." + phase_name(op.phase)
                   : "") +
              bucket(op) + ((op.flags & kOpRoutedExperts) != 0 ? ".experts" : "") +

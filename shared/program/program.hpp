@@ -64,6 +64,10 @@ enum OpFlag : uint16_t {
                             // the module); without it, such an op carries everything else
   kOpKvReplicas = 2048,     // a TP all-reduce of the gradients of key/value heads replicated
                             // over TP ranks (fewer heads than TP), over the ranks sharing each
+                            // key/value head
+  kOpFullySharded = 4096,   // fully_sharded: a unit's parameter all-gather before its forward
+                            // (phase F) or backward (B), or its gradients' reduce-scatter, in
+                            // every micro-batch
 };
 
 struct Op {

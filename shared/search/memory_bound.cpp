@@ -21,8 +21,9 @@ RankMemory mean_parameter_memory(const ParallelPlan& plan, const ModelSpec& mode
     const double params = static_cast<double>(module_parameters(*m.module));
     for (const auto& [count, copies] :
          {std::pair{params - experts, replicas}, std::pair{experts, replicas / l.ep}}) {
-      const RankMemory one = parameter_memory(count, !m.module->frozen,
-                                              plan.distributed_optimizer ? copies : 1, model.dtype);
+      const RankMemory one =
+          parameter_memory(count, !m.module->frozen, plan.distributed_optimizer ? copies : 1,
+                           model.dtype, plan.fully_sharded);
       total.weight_bytes += one.weight_bytes * static_cast<double>(copies);
       total.gradient_bytes += one.gradient_bytes * static_cast<double>(copies);
       total.optimizer_bytes += one.optimizer_bytes * static_cast<double>(copies);

@@ -36,7 +36,7 @@ ModuleLayout layout(int64_t tp, int64_t cp, int64_t pp, int64_t dp, int64_t vpp,
 struct LlmChoice {
   int64_t tp, cp, pp, dp, vpp, ep, mbs;
   Recompute recompute;
-  bool sequence_parallel, distributed_optimizer;
+  bool sequence_parallel, distributed_optimizer, fully_sharded;
 };
 
 // `experts`: the LLM's per layer (0: dense, EP 1 only).
@@ -59,7 +59,11 @@ std::vector<LlmChoice> llm_choices(const SearchSpace& space, int64_t gpus, int64
                 // Sequence parallelism splits over tp: one value where tp = 1.
                 for (bool sp : tp > 1 ? space.sequence_parallel : std::vector<bool>{false})
                   for (bool distributed : space.distributed_optimizer)
-                    out.push_back({tp, cp, pp, dp, vpp, ep, mbs, recompute, sp, distributed});
+                    // Full sharding needs the distributed optimizer and replicas to shard over.
+                    for (bool full :
+                         distributed&& dp* cp > 1 ? space.fully_sharded : std::vector<bool>{false})
+                      out.push_back(
+                          {tp, cp, pp, dp, vpp, ep, mbs, recompute, sp, distributed, full});
         }
       }
   return out;
@@ -75,6 +79,7 @@ void base_options(ParallelPlan& p, const LlmChoice& c) {
   p.recompute = c.recompute;
   p.sequence_parallel = c.sequence_parallel && c.tp > 1;
   p.distributed_optimizer = c.distributed_optimizer;
+  p.fully_sharded = c.fully_sharded;
   p.stage_split = StageSplit::kUniform;  // plans without a pipeline; consider() varies it
 }
 
@@ -187,7 +192,8 @@ Enumeration enumerate_plans(const Scenario& s, const SearchSpace& space, int64_t
       const Schedule pipeline = c.vpp > 1 ? Schedule::kInterleaved1F1B : Schedule::k1F1B;
       if (placement == Placement::kHomogeneous) {
         for (Schedule schedule : space.homogeneous_schedules) {
-          if (schedule == Schedule::kDip && (c.pp < 2 || encoders.empty())) continue;
+          if (schedule == Schedule::kDip && (c.pp < 2 || encoders.empty() || c.fully_sharded))
+            continue;
           ParallelPlan p;
           p.placement = placement;
           p.layout = layout(c.tp, c.cp, c.pp, c.dp, c.vpp, c.ep);
@@ -195,7 +201,7 @@ Enumeration enumerate_plans(const Scenario& s, const SearchSpace& space, int64_t
           base_options(p, c);
           consider(p);
         }
-      } else if (placement == Placement::kColocated && !encoders.empty()) {
+      } else if (placement == Placement::kColocated && !encoders.empty() && !c.fully_sharded) {
         // Every encoder on all devices with its own TP (and DP = the rest); the LLM grid c.
         for (int64_t tp_e : space.tp)
           for (int64_t cp_e : space.encoder_cp) {
@@ -283,7 +289,7 @@ std::vector<Refinement> refinements(const Scenario& s, const SearchSpace& space,
       if (policy != base.microbatching)
         variants.emplace_back(enum_name(policy, kMicrobatching), with_policy(base, policy));
     if (space.refine.dip && has_encoders && base.placement == Placement::kHomogeneous &&
-        base.layout.pp > 1 && base.schedule != Schedule::kDip) {
+        base.layout.pp > 1 && base.schedule != Schedule::kDip && !base.fully_sharded) {
       ParallelPlan dip = base;
       dip.schedule = Schedule::kDip;
       variants.emplace_back("dip", dip);

@@ -144,6 +144,8 @@ TEST_CASE(
        2},
       {R"({"placement": "homogeneous", "layout": {"tp": 2, "dp": 4}, "distributed_optimizer": true, "overlap_grad_reduce": true, "overlap_param_gather": true, "grad_bucket_mb": 0.5})",
        1},
+      {R"({"placement": "homogeneous", "layout": {"tp": 2, "pp": 2, "dp": 2}, "distributed_optimizer": true, "fully_sharded": true, "grad_bucket_mb": 0.5})",
+       2},
       {R"({"placement": "homogeneous", "layout": {"cp": 2, "pp": 2, "dp": 2}, "cp_split": "makespan"})",
        4},
       {R"({"placement": "homogeneous", "layout": {"tp": 2, "pp": 4}, "pipeline_scatter_gather": true})",

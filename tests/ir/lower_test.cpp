@@ -1351,6 +1351,123 @@ TEST_CASE("overlap_param_gather: the step begins with bucket gathers, the first 
 }
 
 TEST_CASE(
+    "fully_sharded: each unit gathered before its forward and backward and reduce-scattered "
+    "after, every micro-batch; weights and gradients sharded") {
+  // Interleaved stages of one-layer units (buckets of 1 MB), four micro-batches, full
+  // recomputation (each unit recomputed after its gather).
+  const char* base = R"({"placement": "homogeneous", "layout": {"pp": 2, "vpp": 2, "dp": 2},
+      "schedule": "interleaved_1f1b", "num_micro_batches": 4, "distributed_optimizer": true,
+      "recompute": "full", "grad_bucket_mb": 1)";
+  const char* workload =
+      R"({"global_batch": 8, "max_seq_len": 512, "samples": {"text_tokens": 256}})";
+  const Case c =
+      make(kTextModel, workload, (std::string(base) + R"(, "fully_sharded": true})").c_str());
+  const Case plain = make(kTextModel, workload, (std::string(base) + "}").c_str());
+  const Program p = lowered(c), q = lowered(plain);
+  REQUIRE(p.ranks.size() == q.ranks.size());
+  for (std::size_t r = 0; r < p.ranks.size(); ++r) {
+    INFO("rank " << r);
+    const auto& ops = p.ranks[r];
+    struct Totals {
+      double flops = 0, stash = 0, gathered_f = 0, gathered_b = 0, reduced = 0;
+      int gathers = 0, reductions = 0;
+    };
+    auto totals = [](const std::vector<Op>& list) {
+      Totals t;
+      for (const Op& op : list) {
+        if (op.kind == OpKind::kCompute) {
+          t.flops += op.flops;
+          t.stash += op.stash_bytes;
+        }
+        if (op.kind != OpKind::kCollective || op.purpose != Purpose::kDp) continue;
+        if (op.collective == CollectiveKind::kAllGather) {
+          (op.phase == Phase::kB ? t.gathered_b : t.gathered_f) += op.bytes;
+          ++t.gathers;
+        } else {
+          t.reduced += op.bytes;
+          ++t.reductions;
+        }
+      }
+      return t;
+    };
+    const Totals a = totals(ops), b = totals(q.ranks[r]);
+    // The same work and activations; the weights gathered before every micro-batch's forward
+    // and again before its backward (the plain plan gathers them once, after the step), the
+    // gradients reduce-scattered after every micro-batch's backward (once, in the plain plan).
+    CHECK(a.flops == doctest::Approx(b.flops).epsilon(1e-12));
+    CHECK(a.stash == doctest::Approx(b.stash).epsilon(1e-12));
+    CHECK(b.gathered_f > 0);
+    CHECK(a.gathered_f == doctest::Approx(4 * b.gathered_f).epsilon(1e-12));
+    CHECK(a.gathered_b == doctest::Approx(4 * b.gathered_f).epsilon(1e-12));
+    CHECK(a.reduced == doctest::Approx(4 * b.reduced).epsilon(1e-12));
+    CHECK(a.gathers == 2 * 4 * 2 * 2);  // F and B, micro-batches, chunks, one-layer units
+    CHECK(a.reductions == 4 * 2 * 2);
+    // Every F, R, B and W piece is one unit, and waits for the gather of that unit of its
+    // micro-batch and phase (R, B and W: the backward's); every gather depends only on ops
+    // before it; no gather after the optimizer step.
+    std::map<std::tuple<int16_t, int32_t, int32_t, bool>, int32_t> gather_of;
+    bool stepped = false;
+    for (std::size_t i = 0; i < ops.size(); ++i) {
+      const Op& op = ops[i];
+      stepped |= op.kind == OpKind::kOptimizerStep;
+      for (int32_t d : op.deps) CHECK(d < static_cast<int32_t>(i));
+      if (op.kind == OpKind::kCollective && op.purpose == Purpose::kDp &&
+          op.collective == CollectiveKind::kAllGather) {
+        CHECK(!stepped);
+        CHECK((op.flags & kOpFullySharded) != 0);
+        CHECK(op.layers == 1);
+        gather_of[{op.chunk, op.first_layer, op.microbatch, op.phase == Phase::kB}] =
+            static_cast<int32_t>(i);
+      }
+      if (op.kind != OpKind::kCompute) continue;
+      CHECK(op.layers == 1);
+      const auto g =
+          gather_of.find({op.chunk, op.first_layer, op.microbatch, op.phase != Phase::kF});
+      REQUIRE(g != gather_of.end());
+      // The piece's first op waits for it directly; the next ones follow the first.
+      if (op.phase == Phase::kF || op.phase == Phase::kR)
+        CHECK(std::find(op.deps.begin(), op.deps.end(), g->second) != op.deps.end());
+    }
+    // Weights and gradients sharded over the two replicas, plus the largest unit whole twice
+    // (the one that runs and the one prefetched) and its fp32 gradients once; the optimizer
+    // state as before.
+    double unit = 0;  // 16-bit weights
+    for (const Op& op : ops)
+      if (op.kind == OpKind::kCollective && op.collective == CollectiveKind::kAllGather)
+        unit = std::max(unit, op.bytes);
+    const RankMemory& m = p.memory[r];
+    const RankMemory& n = q.memory[r];
+    CHECK(m.optimizer_bytes == doctest::Approx(n.optimizer_bytes));
+    CHECK(m.weight_bytes == doctest::Approx(n.weight_bytes / 2 + 2 * unit));
+    CHECK(m.gradient_bytes == doctest::Approx(n.gradient_bytes / 2 + 2 * unit));
+  }
+  // With a costly all-gather, gathering every micro-batch costs more than once a step.
+  CHECK(step_on_slow_network(c, p) > step_on_slow_network(plain, q));
+  // Refused without the distributed optimizer, with overlap_param_gather, and in a colocated
+  // plan, naming the key; the key survives a round trip.
+  for (int variant = 0; variant < 3; ++variant) {
+    INFO(variant);
+    Case off = c;
+    if (variant == 0) off.plan.distributed_optimizer = false;
+    if (variant == 1) {
+      off.plan.overlap_grad_reduce = true;
+      off.plan.overlap_param_gather = true;
+    }
+    if (variant == 2) {
+      off = make(kVlm, kUniformText,
+                 R"({"placement": "colocated", "modules": {"vision": {"dp": 2}, "llm": {"dp": 2}},
+                     "distributed_optimizer": true})");
+      off.plan.fully_sharded = true;
+    }
+    Diagnostics diag;
+    validate_plan(off.plan, off.model, off.workload, off.cluster, "p", "", diag);
+    CHECK(diag.format().find("fully_sharded") != std::string::npos);
+  }
+  Diagnostics diag;
+  CHECK(read_plan(to_json(c.plan), "p", "", diag) == c.plan);
+}
+
+TEST_CASE(
     "grad_reduce_in_fp32: gradient reductions carry fp32, gathers and steps stay as they are") {
   // Per rank: bytes of gradient reductions (DP all-reduces and reduce-scatters, sums of
   // replicated key/value gradients), of parameter gathers, of optimizer steps, and FLOPs.

@@ -351,7 +351,7 @@ TEST_CASE("sweep shards merge into exactly the unsharded ranking") {
 TEST_CASE("the parameter-state floor never exceeds what the lowered Program holds, every family") {
   const Scenario s =
       tiny(R"({"tp": [1, 2], "cp": [1], "pp": [1, 2], "vpp": [1], "micro_batch_sizes": [1],
-              "distributed_optimizer": [false, true]})");
+              "distributed_optimizer": [false, true], "fully_sharded": [false, true]})");
   int checked = 0;
   for (const Candidate& c : enumerate_plans(s, *s.search, 4).valid) {
     INFO(c.key);
@@ -372,7 +372,9 @@ TEST_CASE("the parameter-state floor never exceeds what the lowered Program hold
   const Candidate* whole = nullptr;
   const Enumeration e = enumerate_plans(s, *s.search, 4);
   for (const Candidate& c : e.valid)
-    if (c.plan.placement == Placement::kHomogeneous && c.plan.layout.dp == 4) whole = &c;
+    if (c.plan.placement == Placement::kHomogeneous && c.plan.layout.dp == 4 &&
+        !c.plan.fully_sharded)
+      whole = &c;
   REQUIRE(whole != nullptr);
   const Lowered lowered =
       lower(s.model, s.cluster, whole->plan, s.workload, draw_batch(s.workload, 0));
@@ -458,6 +460,29 @@ TEST_CASE("where a step goes: the five parts add up to the step; the largest gro
   old.compute_max_s = 5;
   CHECK(step_parts(old).imbalance_s == doctest::Approx(0.2));
   CHECK(step_parts(old).bubble_s == doctest::Approx(0));
+}
+
+TEST_CASE("fully_sharded: a search key, tried with the distributed optimizer over replicas") {
+  const Scenario s = tiny(R"({"tp": [1, 2], "cp": [1], "pp": [1, 2], "vpp": [1],
+                              "micro_batch_sizes": [1], "distributed_optimizer": [false, true],
+                              "fully_sharded": [false, true]})");
+  std::map<Placement, int> sharded;
+  for (const Candidate& c : enumerate_plans(s, *s.search, 4).valid) {
+    if (!c.plan.fully_sharded) continue;
+    INFO(c.key);
+    ++sharded[c.plan.placement];
+    CHECK(c.plan.distributed_optimizer);
+    CHECK(c.plan.schedule != Schedule::kDip);
+    const ModuleLayout& llm =
+        c.plan.placement == Placement::kHomogeneous ? c.plan.layout : c.plan.modules.back().second;
+    CHECK(llm.dp * llm.cp > 1);
+  }
+  CHECK(sharded[Placement::kHomogeneous] > 0);
+  CHECK(sharded[Placement::kNonColocated] > 0);
+  CHECK(sharded.count(Placement::kColocated) == 0);
+  Diagnostics diag;
+  CHECK(read_search_space(to_json(*s.search), "", "", diag) == *s.search);
+  CHECK(diag.ok());
 }
 
 TEST_CASE("encoder context parallelism: enumerated where the space lists it, homogeneous aside") {
