@@ -1,7 +1,5 @@
 #include "sim/command_line.hpp"
 
-#include <sstream>
-
 #include "shared/cost/profile.hpp"
 #include "shared/layout/plan_source.hpp"
 
@@ -141,8 +139,21 @@ std::optional<std::vector<SetAxis>> set_option(const cxxopts::ParseResult& args,
       return std::nullopt;
     }
     SetAxis axis{set.substr(0, eq), {}};
-    std::stringstream values(set.substr(eq + 1));
-    for (std::string v; std::getline(values, v, ',');) {
+    // Values are separated by commas outside brackets, braces and strings: `[1,2],[4]` is two
+    // lists.
+    std::vector<std::string> values{""};
+    int depth = 0;
+    bool quoted = false;
+    for (const char ch : set.substr(eq + 1)) {
+      if (ch == '"') quoted = !quoted;
+      if (!quoted && (ch == '[' || ch == '{')) ++depth;
+      if (!quoted && (ch == ']' || ch == '}')) --depth;
+      if (ch == ',' && depth == 0 && !quoted)
+        values.emplace_back();
+      else
+        values.back() += ch;
+    }
+    for (const std::string& v : values) {
       try {
         axis.values.push_back(Json::parse(v));
       } catch (const Json::exception&) {

@@ -278,6 +278,24 @@ TEST_CASE("sweep: --set grids, --emit-plan, and results.jsonl#R handed to simula
   CHECK(bad_value.code == 2);
   CHECK(bad_value.output.find("workload.global_batch: must be > 0, got 0") != std::string::npos);
   CHECK(run(sweep + " --set nope").code == 2);
+  // A value may be a JSON list: commas inside brackets do not split the grid. Two points, the
+  // first trying fully sharded twins of the plans (marked fsdp), the second not.
+  const Run lists = run("sweep " + kSource + "/scenarios/cpu-tiny-variable.json -j 2 --top 20 " +
+                        "--set 'search.pp=[2]' --set 'search.fully_sharded=[false,true],[false]' " +
+                        "--out " + dir.string() + "-lists 2>/dev/null");
+  INFO(lists.output);
+  CHECK(lists.code == 0);
+  const std::size_t both =
+      lists.output.find("at search.pp=[2], search.fully_sharded=[false,true]:");
+  const std::size_t off = lists.output.find("at search.pp=[2], search.fully_sharded=[false]:");
+  REQUIRE(both != std::string::npos);
+  REQUIRE(off != std::string::npos);
+  // Each point's rows run to the next point's (or the end).
+  const auto rows = [&](std::size_t at, std::size_t other) {
+    return lists.output.substr(at, other > at ? other - at : std::string::npos);
+  };
+  CHECK(rows(both, off).find(" dopt fsdp ") != std::string::npos);
+  CHECK(rows(off, both).find(" fsdp ") == std::string::npos);
   // Shards and merge.
   const fs::path s1 = dir.parent_path() / "shard1", s2 = dir.parent_path() / "shard2";
   CHECK(run(sweep + " --shard 1/2 --out " + s1.string()).code == 0);
