@@ -144,8 +144,6 @@ std::string executor_plan_support(const ParallelPlan& plan, const ModelSpec& mod
              "need a sum over TP)" +
              next;
   }
-  if (plan.fully_sharded)
-    return "plan.fully_sharded: fully sharded data parallelism (weights gathered per unit)" + next;
   const ModuleSpec* llm = find_llm(model);
   for (const auto& [module, l] : plan.modules)
     if (l.cp > 1 && module != llm->name)

@@ -115,7 +115,16 @@ Worker::Worker(const Scenario& s, const ParallelPlan& plan, Groups& groups,
                      (plan.placement == Placement::kColocated && stages[llm_] > 1);
   for (std::size_t m = 0; m < modules; ++m) {
     std::vector<torch::Tensor> params = trainable(static_cast<int>(m));
-    if (params.empty()) continue;
+    // Fully sharded, a frozen module's weights are sharded too: its units are gathered as the
+    // Program says, with nothing to step.
+    const bool frozen_sharded =
+        params.empty() &&
+        std::any_of(p.ranks[static_cast<std::size_t>(rank_)].begin(),
+                    p.ranks[static_cast<std::size_t>(rank_)].end(), [&](const Op& op) {
+                      return op.kind == OpKind::kCollective && op.module == static_cast<int>(m) &&
+                             (op.flags & kOpFullySharded) != 0;
+                    });
+    if (params.empty() && !frozen_sharded) continue;
     torch::optim::AdamWOptions o(options.lr);
     o.betas({options.beta1, options.beta2}).eps(options.eps).weight_decay(options.weight_decay);
     if (plan.distributed_optimizer) {
@@ -133,7 +142,7 @@ Worker::Worker(const Scenario& s, const ParallelPlan& plan, Groups& groups,
             index = std::find(g.begin(), g.end(), rank_) - g.begin();
           }
         shards_[{module, experts}] = std::make_unique<ShardedOptimizer>(
-            optimizer_buckets(p, module, experts), parts, index, o);
+            optimizer_buckets(p, module, experts, frozen_sharded), parts, index, o, frozen_sharded);
       }
       continue;
     }
@@ -261,6 +270,7 @@ StepResult Worker::step(int64_t iteration) {
   forward_pieces_.clear();
   piece_times_.clear();
   gathers_.clear();
+  gathered_early_.clear();
   pending_.clear();
   send_order_.start(p, rank_);
   loss_sum_ = torch::zeros({}, on_device(torch::kFloat64));
@@ -396,6 +406,7 @@ StepResult Worker::step(int64_t iteration) {
         break;
       }
       case OpKind::kCollective:
+        if (gathered_early_.erase(static_cast<int32_t>(i)) > 0) break;  // posted by a piece
         if (op.purpose == Purpose::kBoundary)
           boundary_collective(op);
         else if (op.purpose == Purpose::kNorm)

@@ -190,10 +190,11 @@ class Worker {
   void optimizer_step(const Op& op);
   void gather_parameters(const Op& op);
   // The distributed optimizer's buckets of `module` on this rank: the Program's gradient buckets
-  // (reduce-scatter ops), or the whole module.
-  // The distributed optimizer's buckets of `module`'s routed experts (`experts`), or of the rest.
+  // (reduce-scatter ops; fully sharded, also the units its gathers name), or the whole module;
+  // of its routed experts (`experts`), or of the rest. `frozen`: every parameter (a frozen
+  // module's weights, sharded), else the trainable ones.
   std::vector<ShardedOptimizer::Bucket> optimizer_buckets(const Program& p, int module,
-                                                          bool experts);
+                                                          bool experts, bool frozen = false);
   void synchronize_norm_and_loss();
   std::vector<torch::Tensor> trainable(int module);
 
@@ -262,6 +263,11 @@ class Worker {
   std::map<int32_t, std::vector<PendingCollective>> gathers_;
   std::map<Key, std::map<int64_t, int32_t>> forward_pieces_;
   std::map<int32_t, std::pair<double, double>> piece_times_;
+  // Fully sharded: a piece's gather that comes after the bottom piece in the Program (the next
+  // unit's prefetch waits for the unit before) is posted when the layers reach the piece, and
+  // skipped where the loop meets it.
+  std::set<int32_t> gathered_early_;
+  void gather_ahead(const Op& piece);
   int32_t current_op_ = -1;
   std::unique_ptr<CudaOpClock> cuda_clock_;  // on a GPU: op times from CUDA events
   std::chrono::steady_clock::time_point started_;

@@ -15,12 +15,18 @@ torch::Tensor flattened(const std::vector<torch::Tensor>& tensors) {
   return torch::cat(flat);
 }
 
-// Writes `values` (at least as long as the tensors together) into `tensors`, in order.
-void scatter_into(std::vector<torch::Tensor>& tensors, const torch::Tensor& values) {
+// Writes `values` (at least as long as the tensors together) into `tensors`, in order; untracked:
+// through their data, without bumping their autograd versions.
+void scatter_into(std::vector<torch::Tensor>& tensors, const torch::Tensor& values,
+                  bool untracked = false) {
   torch::NoGradGuard no_grad;
   int64_t at = 0;
   for (torch::Tensor& t : tensors) {
-    t.copy_(values.narrow(0, at, t.numel()).view_as(t));
+    const torch::Tensor part = values.narrow(0, at, t.numel()).view_as(t);
+    if (untracked)
+      t.data().copy_(part);
+    else
+      t.copy_(part);
     at += t.numel();
   }
 }
@@ -28,8 +34,8 @@ void scatter_into(std::vector<torch::Tensor>& tensors, const torch::Tensor& valu
 }  // namespace
 
 ShardedOptimizer::ShardedOptimizer(std::vector<Bucket> buckets, int64_t parts, int64_t index,
-                                   const torch::optim::AdamWOptions& options)
-    : buckets_(std::move(buckets)), parts_(parts), index_(index) {
+                                   const torch::optim::AdamWOptions& options, bool frozen)
+    : buckets_(std::move(buckets)), parts_(parts), index_(index), frozen_(frozen) {
   std::vector<torch::Tensor> master, weights;
   int64_t offset = 0;
   for (const Bucket& b : buckets_) {
@@ -83,23 +89,34 @@ torch::Tensor ShardedOptimizer::padded_gradients(std::size_t b) const {
 std::vector<PendingCollective> ShardedOptimizer::reduce_scatter(const Op& op, const Comm& comm,
                                                                 bool background) {
   if (!grad_.defined()) grad_ = torch::zeros_like(master_);
+  const bool accumulate = (op.flags & kOpFullySharded) != 0;
+  // The slice's sum lands in `into`: stored, or (a unit's, every micro-batch) added.
+  const auto land = [accumulate](torch::Tensor into, const torch::Tensor& sum) {
+    if (accumulate)
+      into.add_(sum);
+    else
+      into.copy_(sum);
+  };
   std::vector<PendingCollective> pending;
   for (const std::size_t b : selected(op)) {
     const Slice s = slices_[b];
     torch::Tensor into = grad_.narrow(0, s.offset, s.size);
+    const torch::Tensor padded = padded_gradients(b).to(gradient_reduction_dtype());
+    if (accumulate)  // the next micro-batch's backward starts from zero
+      for (torch::Tensor& t : buckets_[b].params) t.mutable_grad().zero_();
     if (!background || comm.size() < 2) {
-      into.copy_(exec::reduce_scatter(comm, padded_gradients(b).to(gradient_reduction_dtype())));
+      land(into, exec::reduce_scatter(comm, padded));
       continue;
     }
-    torch::Tensor flat = to_wire(comm, padded_gradients(b).to(gradient_reduction_dtype()));
+    torch::Tensor flat = to_wire(comm, padded);
     if (comm.group->getBackendName() == "gloo") {
       // Gloo (torch 1.13) has no reduce-scatter: the whole bucket is summed, this rank keeps
       // its slice.
       std::vector<at::Tensor> tensors{flat};
       const int64_t begin = index_ * s.size;
       pending.push_back(
-          {comm.group->allreduce(tensors), [flat, into, begin, size = s.size]() mutable {
-             into.copy_(flat.narrow(0, begin, size));
+          {comm.group->allreduce(tensors), [flat, into, begin, size = s.size, land]() mutable {
+             land(into, flat.narrow(0, begin, size));
            }});
       continue;
     }
@@ -107,7 +124,7 @@ std::vector<PendingCollective> ShardedOptimizer::reduce_scatter(const Op& op, co
     for (int64_t i = 0; i < parts_; ++i) in[0].push_back(flat.narrow(0, i * s.size, s.size));
     std::vector<at::Tensor> out{torch::empty({s.size}, flat.options())};
     pending.push_back(
-        {comm.group->reduce_scatter(out, in), [out, into]() mutable { into.copy_(out[0]); }});
+        {comm.group->reduce_scatter(out, in), [out, into, land]() mutable { land(into, out[0]); }});
   }
   return pending;
 }
@@ -126,6 +143,7 @@ const torch::Tensor& ShardedOptimizer::gradient() {
 }
 
 double ShardedOptimizer::norm_squared() {
+  if (frozen_) return 0;  // a frozen module's weights: no gradient
   // Reduced slices are disjoint within the group; TP-replicated elements count 1/tp.
   return (gradient().to(torch::kFloat64).pow(2) * norm_weight_).sum().item<double>();
 }
@@ -141,6 +159,7 @@ void ShardedOptimizer::step(double clip) {
 std::vector<PendingCollective> ShardedOptimizer::all_gather(const Op& op, const Comm& comm,
                                                             bool background) {
   std::vector<PendingCollective> pending;
+  const bool untracked = (op.flags & kOpFullySharded) != 0;
   for (const std::size_t b : selected(op)) {
     const Slice s = slices_[b];
     const torch::Tensor mine = master_.narrow(0, s.offset, s.size).detach().contiguous();
@@ -148,15 +167,16 @@ std::vector<PendingCollective> ShardedOptimizer::all_gather(const Op& op, const 
     std::vector<torch::Tensor> params = buckets_[b].params;  // handles of the same tensors
     if (!background || comm.size() < 2) {
       const std::vector<int64_t> rows(static_cast<std::size_t>(comm.size()), s.size);
-      scatter_into(params, all_gather_rows(comm, mine, rows));
+      scatter_into(params, all_gather_rows(comm, mine, rows), untracked);
       continue;
     }
     std::vector<std::vector<at::Tensor>> out(1);
     for (int i = 0; i < comm.size(); ++i) out[0].push_back(torch::empty({s.size}, wired.options()));
     std::vector<at::Tensor> in{wired};
     auto work = comm.group->allgather(out, in);
-    pending.push_back(
-        {work, [out, params]() mutable { scatter_into(params, torch::cat(out[0])); }});
+    pending.push_back({work, [out, params, untracked]() mutable {
+                         scatter_into(params, torch::cat(out[0]), untracked);
+                       }});
   }
   return pending;
 }

@@ -3,7 +3,10 @@
 // copy and moments of one slice of every bucket of parameters. A bucket is one of the Program's
 // gradient buckets (overlap_grad_reduce), or the whole module when its gradients are reduced at
 // once. A bucket's gradients are reduce-scattered into the slices, each rank steps its slice, and
-// the slices are all-gathered back into the parameters.
+// the slices are all-gathered back into the parameters. Fully sharded (ZeRO-3), a bucket is a unit:
+// its parameters are gathered before each use, and its gradients reduce-scattered after every
+// micro-batch's backward, accumulating in the slice; a frozen module's weights are sharded the
+// same way, with nothing to step.
 #pragma once
 
 #include <cstdint>
@@ -37,13 +40,14 @@ class ShardedOptimizer {
   };
   // `parts` ranks share the state; this rank's index among them is `index`.
   ShardedOptimizer(std::vector<Bucket> buckets, int64_t parts, int64_t index,
-                   const torch::optim::AdamWOptions& options);
+                   const torch::optim::AdamWOptions& options, bool frozen = false);
 
   // A new iteration: no gradient reduced yet.
   void start_iteration() { grad_ = torch::Tensor(); }
   // The data-parallel reduce-scatter `op` (of one bucket, or of every bucket when it is not a
   // bucket's): each bucket's gradients summed over `comm` into this rank's slice. In the
-  // background when `background` (returned; its finish() stores the slice), else at once.
+  // background when `background` (returned; its finish() stores the slice), else at once. A fully
+  // sharded unit's (kOpFullySharded) adds to the slice and zeroes the local gradients it took.
   std::vector<PendingCollective> reduce_scatter(const Op& op, const Comm& comm, bool background);
   // This slice's contribution to the squared global gradient norm (each element weighted by its
   // norm share). With no reduce-scatter (a group of one) the local gradients are the sums.
@@ -52,7 +56,9 @@ class ShardedOptimizer {
   // result to the parameters at once; otherwise the all-gather does.
   void step(double clip);
   // The all-gather `op` (one bucket's, or every bucket's): each bucket's parameters from the
-  // group's slices. In the background when `background`.
+  // group's slices. In the background when `background`. A fully sharded unit's gather writes
+  // values the parameters already hold within a step, so it leaves their autograd versions alone
+  // (a forward of a later micro-batch gathers while earlier ones wait for their backward).
   std::vector<PendingCollective> all_gather(const Op& op, const Comm& comm, bool background);
 
   int64_t parts() const { return parts_; }
@@ -72,6 +78,7 @@ class ShardedOptimizer {
   std::vector<Bucket> buckets_;
   std::vector<Slice> slices_;
   int64_t parts_ = 1, index_ = 0;
+  bool frozen_ = false;
   torch::Tensor master_;       // fp32 master copy of this rank's slices, bucket after bucket
   torch::Tensor grad_;         // their reduced gradient
   torch::Tensor norm_weight_;  // each element's norm share

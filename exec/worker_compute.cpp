@@ -119,8 +119,10 @@ void Worker::forward(const Op& op) {
       const auto piece = pieces.find(layer);
       if (piece == pieces.end() || piece_times_.count(piece->second)) return;
       piece_times_[running].second = elapsed();
-      await_gathers(program_->ranks[static_cast<std::size_t>(rank_)]
-                                   [static_cast<std::size_t>(piece->second)]);
+      const Op& next =
+          program_->ranks[static_cast<std::size_t>(rank_)][static_cast<std::size_t>(piece->second)];
+      gather_ahead(next);
+      await_gathers(next);
       piece_times_[piece->second].first = elapsed();
       running = piece->second;
     };
@@ -250,7 +252,12 @@ torch::Tensor Worker::output_gradient(const Op& op, Slot& slot) {
 void Worker::recompute(const Op& op) {
   Slot& slot = slots_.at({op.module, op.chunk, op.microbatch, op.sub_microbatch});
   if (!slot.cuts.checkpoint) return;  // no graph was needed (nothing trains, nothing flows back)
-  slot.cuts.entering = nullptr;       // the parameters are here since the forward
+  // Fully sharded, each unit has its R op after its gather, top unit first: the top one reruns
+  // the whole chunk (the parameters stay allocated here), the others have nothing left to do.
+  if ((op.flags & kOpFullySharded) != 0 &&
+      op.first_layer + op.layers < stage(op.module, op.chunk).end())
+    return;
+  slot.cuts.entering = nullptr;  // the parameters are here since the forward
   if (const auto it = cuts_.find({op.module, op.chunk, op.microbatch, op.sub_microbatch});
       it != cuts_.end())
     slot.cuts.layers = it->second;

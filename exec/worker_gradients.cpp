@@ -19,10 +19,10 @@
 namespace tessera::exec {
 
 std::vector<ShardedOptimizer::Bucket> Worker::optimizer_buckets(const Program& p, int module,
-                                                                bool experts) {
+                                                                bool experts, bool frozen) {
   const bool split = experts_split(module);
   const auto held = [&](const Param& prm) {
-    return prm.tensor.requires_grad() && (!split || prm.expert == experts);
+    return (frozen || prm.tensor.requires_grad()) && (!split || prm.expert == experts);
   };
   std::vector<Param*> all;  // the module's trainable parameters on this rank, in order
   for (auto& [key, st] : stages_)
@@ -33,10 +33,13 @@ std::vector<ShardedOptimizer::Bucket> Worker::optimizer_buckets(const Program& p
   // Each parameter belongs to the last bucket reduced that holds it: a tied embedding's
   // gradient is complete only once the bottom piece has run.
   std::map<const Param*, std::size_t> home;
+  std::set<std::pair<int64_t, int64_t>> seen;  // (chunk, first layer): a unit's ops recur
   for (const Op& op : p.ranks[static_cast<std::size_t>(rank_)])
     if (op.kind == OpKind::kCollective && op.purpose == Purpose::kDp && op.module == module &&
-        op.collective == CollectiveKind::kReduceScatter && (op.flags & kOpGradientBucket) != 0 &&
-        ((op.flags & kOpRoutedExperts) != 0) == (split && experts)) {
+        (op.flags & kOpGradientBucket) != 0 &&
+        (op.collective == CollectiveKind::kReduceScatter || (op.flags & kOpFullySharded) != 0) &&
+        ((op.flags & kOpRoutedExperts) != 0) == (split && experts) &&
+        seen.insert({op.chunk, op.first_layer}).second) {
       for (const Param* prm :
            stage(module, op.chunk).params_of(op.first_layer, op.first_layer + op.layers))
         if (held(*prm)) home[prm] = buckets.size();
@@ -202,6 +205,20 @@ void Worker::gather_parameters(const Op& op) {
   const bool bucket = (op.flags & kOpGradientBucket) != 0;
   std::vector<PendingCollective> pending = shard->second->all_gather(op, comm, bucket);
   if (!pending.empty()) gathers_[current_op_] = std::move(pending);
+}
+
+void Worker::gather_ahead(const Op& piece) {
+  const auto& ops = program_->ranks[static_cast<std::size_t>(rank_)];
+  const int32_t running = current_op_;
+  for (const int32_t dep : piece.deps) {
+    const Op& g = ops[static_cast<std::size_t>(dep)];
+    if (dep <= running || (g.flags & kOpFullySharded) == 0 || g.kind != OpKind::kCollective ||
+        !gathered_early_.insert(dep).second)
+      continue;
+    current_op_ = dep;  // its pending gather is keyed by its own op
+    gather_parameters(g);
+    current_op_ = running;
+  }
 }
 
 void Worker::await_gathers(const Op& op) {

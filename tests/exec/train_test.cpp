@@ -468,6 +468,39 @@ TEST_CASE("encoders dealt media items, more replicas than samples: plans agree w
 }
 
 TEST_CASE(
+    "fully sharded data parallelism: units gathered and reduced per micro-batch; plans agree") {
+  // One-layer units (buckets of 10 kB of fp32 weights): each unit's weights gathered from the
+  // shards before its forward and its backward of every micro-batch, its gradients
+  // reduce-scattered after each backward into the shard, the frozen ViT's weights sharded too.
+  const std::string fsdp = R"(, "distributed_optimizer": true, "fully_sharded": true,
+                              "grad_bucket_mb": 0.01)";
+  const auto homogeneous = [&](const std::string& layout, const std::string& extra,
+                               const std::string& name) {
+    return raw_plan(R"({"placement": "homogeneous", "schedule": "1f1b", "micro_batch_size": 1,
+                        "layout": )" +
+                        layout + fsdp + extra + "}",
+                    name);
+  };
+  check_plans_agree(
+      kScenario, "fsdp-1",
+      {{homogeneous(R"({"dp": 4})", "", "fsdp-dp4"), "fsdp-dp4"},
+       {homogeneous(R"({"pp": 2, "dp": 2})", "", "fsdp-pp2dp2"), "fsdp-pp2dp2"},
+       {homogeneous(R"({"tp": 2, "dp": 2})", R"(, "recompute": "full")", "fsdp-tp2dp2-full"),
+        "fsdp-tp2dp2-full"},
+       {raw_plan(R"({"placement": "non_colocated", "schedule": "graph_1f1b",
+                    "micro_batch_size": 1, "modules": {"vision": {"dp": 2}, "llm": {"dp": 2}})" +
+                     fsdp + "}",
+                 "fsdp-nc"),
+        "fsdp-nc"}});
+  // A trainable ViT: its units' gradients reduce-scattered too.
+  const std::string trainable = edited_scenario(
+      kScenario, [](Json& s) { s["model"]["modules"][0]["frozen"] = false; }, "fsdp-vit");
+  check_plans_agree(
+      trainable, "fsdp-vit-1",
+      {{homogeneous(R"({"pp": 2, "dp": 2})", "", "fsdp-vit-pp2dp2"), "fsdp-vit-pp2dp2"}});
+}
+
+TEST_CASE(
     "Gemma 3 and InternViT-6B layers (query/key norms, four norms per layer, a normalized "
     "linear projector, biased attention outputs): plans agree with one rank") {
   const std::string scenario = edited_scenario(
