@@ -144,6 +144,8 @@ std::string executor_plan_support(const ParallelPlan& plan, const ModelSpec& mod
              "need a sum over TP)" +
              next;
   }
+  if (plan.fp8 != Fp8Recipe::kNone)
+    return "plan.fp8: FP8 GEMMs (Transformer Engine's recipes)" + next;
   const ModuleSpec* llm = find_llm(model);
   for (const auto& [module, l] : plan.modules)
     if (l.cp > 1 && module != llm->name)

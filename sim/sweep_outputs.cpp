@@ -54,6 +54,7 @@ std::string describe_layout(const ParallelPlan& plan, const ModelSpec& model) {
   if (plan.sequence_parallel) options += " sp";
   if (plan.distributed_optimizer) options += " dopt";
   if (plan.fully_sharded) options += " fsdp";
+  if (plan.fp8 != Fp8Recipe::kNone) options += " fp8:" + enum_name(plan.fp8, kFp8Recipes);
   // Heads TP does not divide: padded, or the encoders whole on every TP rank.
   if (plan.indivisible_heads == IndivisibleHeads::kPad) options += " heads:pad";
   if (plan.indivisible_heads == IndivisibleHeads::kReplicate) options += " heads:replicate";

@@ -70,6 +70,17 @@ double memory_s(const DeviceSpec& device, double bytes) {
 
 }  // namespace
 
+// Seconds of one of an op's transformer-layer GEMMs, `p` shaped as its phase runs it: at the
+// model dtype's peak, or (kOpFp8) at the FP8 peak and the device's FP8 GEMM efficiency, with
+// one-byte operands.
+double layer_gemm_s(const DeviceSpec& device, const Op& op, double peak_flops, double m, double n,
+                    double k, double bpv, double scale) {
+  if ((op.flags & kOpFp8) == 0) return gemm_s(device, peak_flops, m, n, k, bpv, scale);
+  const GemmKernels& g = device.kernels->gemm;
+  return gemm_s(device, device.peak_flops.at(DType::kFp8), m, n, k, 1.0,
+                scale * g.fp8() / g.efficiency);
+}
+
 double gemm_s(const DeviceSpec& device, double peak_flops, double m, double n, double k,
               double bytes_per_value, double efficiency_scale) {
   TESSERA_CHECK(device.kernels.has_value());
@@ -179,7 +190,20 @@ double kernel_compute_s(const ModuleSpec& module, const Op& op, const DeviceSpec
   for (const Gemm& g : gemms) {
     const Gemm p = for_phase(g, op.phase);
     gemm_flops += g.count * g.flops();
-    gemm_seconds += g.count * gemm_s(device, peak_flops, p.m, p.n, p.k, bpv, scale);
+    gemm_seconds += g.count * layer_gemm_s(device, op, peak_flops, p.m, p.n, p.k, bpv, scale);
+  }
+  if ((op.flags & kOpFp8) != 0 && op.phase != Phase::kW) {
+    // Quantization: each FP8 GEMM's input (forward) or output gradient (input-gradient phase)
+    // read once and written twice in FP8, as rows and transposed (Hopper's FP8 GEMMs take TN
+    // operands only); current scaling reads it once more for its amax. The weight-gradient GEMMs
+    // reuse those copies. Priced as separate passes: Transformer Engine fuses some of them into
+    // the norm and the activation.
+    const bool current = (op.flags & kOpFp8CurrentScaling) != 0;
+    const double per_value = bpv + 2.0 + (current ? bpv : 0.0);
+    for (const Gemm& g : gemms) {
+      elementwise_bytes += g.count * g.m * (backward ? g.n : g.k) * per_value;
+      kernels += g.count * (current ? 2.0 : 1.0);
+    }
   }
   auto add_gemm = [&](const Gemm& g) {
     const Gemm p = for_phase(g, op.phase);
@@ -250,7 +274,8 @@ double column_parallel_wgrad_hidden_s(const ModuleSpec& module, const Op& op,
   for (std::size_t kind = 0; kind < gemms.size(); kind += 4)
     for (const std::size_t column : {kind, kind + 2}) {  // Q/K/V, MLP input
       const Gemm w = for_phase(gemms[column], Phase::kW);
-      hidden += w.count * std::min(call_s, gemm_s(device, peak_flops, w.m, w.n, w.k, bpv, scale));
+      hidden += w.count *
+                std::min(call_s, layer_gemm_s(device, op, peak_flops, w.m, w.n, w.k, bpv, scale));
     }
   return hidden;
 }

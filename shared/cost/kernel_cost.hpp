@@ -27,6 +27,12 @@ struct KernelTuning {
 double gemm_s(const DeviceSpec& device, double peak_flops, double m, double n, double k,
               double bytes_per_value, double efficiency_scale = 1.0);
 
+// Seconds of one of op's transformer-layer GEMMs C[m,n] = A[m,k]·B[k,n]: as gemm_s at the model
+// dtype's `peak_flops` and `bytes_per_value`, or, for an FP8 op (kOpFp8), at the device's FP8 peak
+// and FP8 GEMM efficiency with one-byte operands. REQUIRES: device.kernels (and its FP8 peak).
+double layer_gemm_s(const DeviceSpec& device, const Op& op, double peak_flops, double m, double n,
+                    double k, double bytes_per_value, double efficiency_scale = 1.0);
+
 // Seconds of a Compute op of `module` (nested collectives excluded).
 // REQUIRES: device.kernels; op.kind == OpKind::kCompute.
 double kernel_compute_s(const ModuleSpec& module, const Op& op, const DeviceSpec& device,

@@ -35,6 +35,8 @@ const EnumTable<IndivisibleHeads> kIndivisibleHeads = {{"refuse", IndivisibleHea
                                                        {"replicate", IndivisibleHeads::kReplicate}};
 const EnumTable<EncoderDataParallel> kEncoderDataParallel = {
     {"samples", EncoderDataParallel::kSamples}, {"media", EncoderDataParallel::kMedia}};
+const EnumTable<Fp8Recipe> kFp8Recipes = {
+    {"none", Fp8Recipe::kNone}, {"delayed", Fp8Recipe::kDelayed}, {"current", Fp8Recipe::kCurrent}};
 
 namespace {
 
@@ -149,6 +151,9 @@ ParallelPlan read_plan(const Json& json, const std::string& file, const std::str
   r.optional("overlap_grad_reduce", p.overlap_grad_reduce);
   r.optional("overlap_param_gather", p.overlap_param_gather);
   r.optional({"fully_sharded", "fsdp"}, p.fully_sharded);
+  if (const Json* v = r.find({"fp8", "fp8_recipe"}))
+    read_enum(*v, file, r.path_of(r.found_name()), p.fp8, kFp8Recipes, diag);
+  r.optional("fp8_param_gather", p.fp8_param_gather);
   r.optional({"grad_reduce_in_fp32", "accumulate_allreduce_grads_in_fp32"}, p.grad_reduce_in_fp32);
   r.optional_enum("indivisible_heads", p.indivisible_heads, kIndivisibleHeads);
   r.optional_enum("encoder_data_parallel", p.encoder_data_parallel, kEncoderDataParallel);
@@ -197,6 +202,8 @@ Json to_json(const ParallelPlan& p) {
   if (p.overlap_grad_reduce) j["overlap_grad_reduce"] = true;
   if (p.overlap_param_gather) j["overlap_param_gather"] = true;
   if (p.fully_sharded) j["fully_sharded"] = true;
+  if (p.fp8 != Fp8Recipe::kNone) j["fp8"] = enum_name(p.fp8, kFp8Recipes);
+  if (p.fp8_param_gather) j["fp8_param_gather"] = true;
   if (p.overlap_grad_reduce || p.fully_sharded) j["grad_bucket_mb"] = p.grad_bucket_mb;
   if (p.grad_reduce_in_fp32) j["grad_reduce_in_fp32"] = true;
   if (p.indivisible_heads != IndivisibleHeads::kRefuse)
@@ -571,6 +578,17 @@ void validate_plan(const ParallelPlan& plan, const ModelSpec& model, const Workl
         "optimizer slice updated)");
   else if (plan.overlap_param_gather && !plan.overlap_grad_reduce)
     top("overlap_param_gather", "needs overlap_grad_reduce (it gathers that option's buckets)");
+  if (plan.fp8 != Fp8Recipe::kNone) {
+    if (model.dtype != DType::kBf16 && model.dtype != DType::kFp16)
+      top("fp8", "quantizes a 16-bit model's GEMMs; the model's dtype is " +
+                     enum_name(model.dtype, kDTypes));
+    if (cluster.device.peak_flops.count(DType::kFp8) == 0)
+      top("fp8", "the device " + cluster.device.name + " states no fp8 peak");
+  }
+  if (plan.fp8_param_gather && plan.fp8 == Fp8Recipe::kNone)
+    top("fp8_param_gather", "needs fp8 (the weights it keeps and gathers are FP8)");
+  else if (plan.fp8_param_gather && !plan.distributed_optimizer)
+    top("fp8_param_gather", "needs distributed_optimizer (it gathers the optimizer's slices)");
   if (plan.fully_sharded) {
     if (!plan.distributed_optimizer)
       top("fully_sharded", "needs distributed_optimizer (ZeRO-3 shards the optimizer state too)");

@@ -37,6 +37,12 @@ enum class IndivisibleHeads { kRefuse, kPad, kReplicate };
 // its encoder grid with the step's images); the boundary puts each item's tokens back in its
 // sample's place.
 enum class EncoderDataParallel { kSamples, kMedia };
+// FP8 training of the transformer layers' linear GEMMs, as Transformer Engine runs it (E4M3
+// forward, E5M2 gradients): forward, input-gradient and weight-gradient GEMMs in FP8, their
+// inputs quantized first; attention, norms, embeddings, the head and projectors in the model's
+// dtype. kDelayed: per-tensor scales from an amax history (one read of a tensor to quantize it);
+// kCurrent: per-tensor scales from the tensor itself (NeMo's H100 recipes; a second read).
+enum class Fp8Recipe { kNone, kDelayed, kCurrent };
 
 extern const EnumTable<Placement> kPlacements;
 extern const EnumTable<Schedule> kSchedules;
@@ -46,6 +52,7 @@ extern const EnumTable<StageSplit> kStageSplits;
 extern const EnumTable<CpSplit> kCpSplits;
 extern const EnumTable<IndivisibleHeads> kIndivisibleHeads;
 extern const EnumTable<EncoderDataParallel> kEncoderDataParallel;
+extern const EnumTable<Fp8Recipe> kFp8Recipes;
 
 // Consecutive ranks [first, first + count).
 struct RankSpan {
@@ -132,6 +139,11 @@ struct ParallelPlan {
   // reduce-scattered after each backward. Needs distributed_optimizer; homogeneous and
   // non_colocated pipelines.
   bool fully_sharded = false;
+  // FP8 linear GEMMs (see Fp8Recipe). With fp8_param_gather the layers' weights are kept in FP8
+  // only (no 16-bit copy beside the FP8 one) and the data-parallel parameter all-gathers carry
+  // them in FP8 (Megatron-LM's --fp8-param-gather; needs distributed_optimizer).
+  Fp8Recipe fp8 = Fp8Recipe::kNone;
+  bool fp8_param_gather = false;
   // Data-parallel gradient reductions (and the sums of replicated key/value gradients before
   // them) in fp32, as Megatron-LM reduces a bf16 model's gradients by default
   // (`accumulate_allreduce_grads_in_fp32`, DDP's `grad_reduce_in_fp32`): twice the bytes of a

@@ -74,6 +74,7 @@ SearchSpace read_search_space(const Json& json, const std::string& file, const s
     for (const Json& x : *v) list->push_back(x.get<bool>());
   }
   read_enum_list(r, "stage_splits", s.stage_splits, kStageSplits);
+  read_enum_list(r, "fp8", s.fp8, kFp8Recipes);
   read_enum_list(r, "cp_splits", s.cp_splits, kCpSplits);
   read_enum_list(r, "microbatching", s.microbatching, kMicrobatching);
   read_enum_list(r, "homogeneous_schedules", s.homogeneous_schedules, kSchedules);
@@ -116,6 +117,7 @@ Json to_json(const SearchSpace& s) {
   j["sequence_parallel"] = s.sequence_parallel;
   j["distributed_optimizer"] = s.distributed_optimizer;
   j["fully_sharded"] = s.fully_sharded;
+  j["fp8"] = enum_list(s.fp8, kFp8Recipes);
   j["stage_splits"] = enum_list(s.stage_splits, kStageSplits);
   j["cp_splits"] = enum_list(s.cp_splits, kCpSplits);
   j["microbatching"] = enum_list(s.microbatching, kMicrobatching);

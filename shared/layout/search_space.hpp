@@ -39,6 +39,10 @@ struct SearchSpace {
   // there are replicas to shard over, in homogeneous (outside schedule dip) and non-colocated
   // plans. Default off: it trades a gather of every unit's weights per micro-batch for memory.
   std::vector<bool> fully_sharded = {false};
+  // FP8 recipes tried for every plan (none, delayed, current); with the distributed optimizer an
+  // FP8 plan keeps and gathers its layers' weights in FP8 (fp8_param_gather), as NeMo's recipes
+  // do. Default: none.
+  std::vector<Fp8Recipe> fp8 = {Fp8Recipe::kNone};
   // Pipelined plans are tried with each (plans without a pipeline have nothing to split).
   std::vector<StageSplit> stage_splits = {StageSplit::kFrozenAware, StageSplit::kUniform};
   // Plans with context parallelism are tried with each. Default makespan alone: it keeps the

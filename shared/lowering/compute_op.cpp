@@ -55,6 +55,10 @@ Op Lowering::compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t
   if (plan_.sequence_parallel && tp > 1) op.flags |= kOpSequenceParallel;
   if (!plan_.flash_attention) op.flags |= kOpUnfusedAttention;
   if (!plan_.fused_kernels) op.flags |= kOpEagerElementwise;
+  if (plan_.fp8 != Fp8Recipe::kNone && spec.transformer && layers > 0) {
+    op.flags |= kOpFp8;
+    if (plan_.fp8 == Fp8Recipe::kCurrent) op.flags |= kOpFp8CurrentScaling;
+  }
   if (plan_.tp_comm_overlap && plan_.sequence_parallel && tp > 1) op.flags |= kOpTpCommOverlap;
   if (plan_.recompute == Recompute::kSelective && phase == Phase::kB)
     op.flags |= kOpAttentionRecompute;

@@ -26,6 +26,12 @@ void Lowering::account_memory(int64_t rank, const std::vector<int>& module_list)
       mem.gradient_bytes += add.gradient_bytes;
       mem.optimizer_bytes += add.optimizer_bytes;
     }
+    // FP8: the layers' weights also in FP8, and transposed for the input-gradient GEMM (Hopper
+    // runs FP8 GEMMs on the TN layout only): two bytes more per parameter; kept in FP8 only
+    // (fp8_param_gather), the FP8 copy and its transpose replace the 16-bit weight.
+    if (!full && !plan_.fp8_param_gather)
+      for (const auto& [a, b] : held_layers(m, x))
+        mem.weight_bytes += 2 * fp8_layer_parameters(m, a, b);
     if (!full) continue;
     for (const LayerRange& layers : held_layers(m, x))
       for (const auto& [a, b] : sharded_units(m, layers)) {
@@ -60,9 +66,9 @@ int32_t Lowering::gather_unit(int64_t rank, const ModuleInfo& m, const Coord& x,
   g.layers = static_cast<int32_t>(unit.second - unit.first);
   g.flags |= kOpGradientBucket | kOpFullySharded;
   if (after >= 0) g.deps = {after};
-  return emit_dp_collectives(rank, g, owner, x,
-                             bucket_bytes(m, unit.first, unit.second, weight_value_bytes()),
-                             bucket_expert_bytes(m, unit.first, unit.second, weight_value_bytes()))
+  const double value = gathered_value_bytes(m, unit.first, unit.second);
+  return emit_dp_collectives(rank, g, owner, x, bucket_bytes(m, unit.first, unit.second, value),
+                             bucket_expert_bytes(m, unit.first, unit.second, value))
       .back();
 }
 
@@ -174,7 +180,15 @@ void Lowering::gradient_reduction(int64_t rank, const std::vector<int>& module_l
           !gathered) {
         Op gather = reductions[j];
         gather.collective = CollectiveKind::kAllGather;
-        gather.bytes = reductions[j].bytes / gradient_value_bytes() * weight_value_bytes();
+        // The weights as the gather carries them: the model's dtype, or FP8 for the layers'.
+        const ModuleInfo& gm = modules_[static_cast<std::size_t>(c.module)];
+        double values = 0, bytes = 0;
+        for (const auto& [a, b] : held_layers(gm, grid_of(gm).coord(rank))) {
+          values += bucket_bytes(gm, a, b, 1);
+          bytes += bucket_bytes(gm, a, b, gathered_value_bytes(gm, a, b));
+        }
+        gather.bytes = reductions[j].bytes / gradient_value_bytes() *
+                       (values > 0 ? bytes / values : weight_value_bytes());
         gather.deps = {stepped};
         emit(rank, gather);
       }

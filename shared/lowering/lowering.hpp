@@ -355,6 +355,20 @@ class Lowering {
   std::map<int64_t, std::set<int>> gathered_at_start_;
   // Bytes per value of the weights (the parameter gathers) and of the gradients reduced.
   double weight_value_bytes() const { return static_cast<double>(dtype_bytes(model_.dtype)); }
+  // Bytes per value of layers [a, b) of m's weights as its data-parallel gathers carry them: the
+  // model's dtype, or (fp8_param_gather) one byte for the layers' weights, which are kept in FP8.
+  double gathered_value_bytes(const ModuleInfo& m, int64_t a, int64_t b) const {
+    const double all = bucket_bytes(m, a, b, 1);
+    if (!plan_.fp8_param_gather || !m.spec->transformer || all <= 0) return weight_value_bytes();
+    const double fp8 = fp8_layer_parameters(m, a, b);
+    return (fp8 + (all - fp8) * weight_value_bytes()) / all;
+  }
+  // The parameters of layers [a, b) of m on one rank that FP8 GEMMs use (its transformer layers'
+  // weights, norms counted with them); 0 without fp8.
+  double fp8_layer_parameters(const ModuleInfo& m, int64_t a, int64_t b) const {
+    if (plan_.fp8 == Fp8Recipe::kNone || !m.spec->transformer) return 0;
+    return stack_parameters(*m.spec->transformer, a, b, split_tp(m), grid_of(m).layout.ep);
+  }
   double gradient_value_bytes() const {
     return static_cast<double>(reduced_gradient_bytes(plan_, model_.dtype));
   }

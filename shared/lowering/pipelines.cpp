@@ -102,8 +102,10 @@ void Lowering::lower_pipelines() {
                 *piece,
                 emit_dp_collectives(
                     rank, g, owner, x,
-                    bucket_bytes(owner, piece->first, piece->second, weight_value_bytes()),
-                    bucket_expert_bytes(owner, piece->first, piece->second, weight_value_bytes()))
+                    bucket_bytes(owner, piece->first, piece->second,
+                                 gathered_value_bytes(owner, piece->first, piece->second)),
+                    bucket_expert_bytes(owner, piece->first, piece->second,
+                                        gathered_value_bytes(owner, piece->first, piece->second)))
                     .back());
           }
         }

@@ -68,6 +68,9 @@ enum OpFlag : uint16_t {
   kOpFullySharded = 4096,   // fully_sharded: a unit's parameter all-gather before its forward
                             // (phase F) or backward (B), or its gradients' reduce-scatter, in
                             // every micro-batch
+  kOpFp8 = 8192,            // its transformer layers' linear GEMMs run in FP8 (plan.fp8), their
+                            // inputs quantized first
+  kOpFp8CurrentScaling = 16384,  // with kOpFp8: scales from the tensor itself (a second read)
 };
 
 struct Op {

@@ -37,6 +37,7 @@ struct LlmChoice {
   int64_t tp, cp, pp, dp, vpp, ep, mbs;
   Recompute recompute;
   bool sequence_parallel, distributed_optimizer, fully_sharded;
+  Fp8Recipe fp8;
 };
 
 // `experts`: the LLM's per layer (0: dense, EP 1 only).
@@ -58,12 +59,14 @@ std::vector<LlmChoice> llm_choices(const SearchSpace& space, int64_t gpus, int64
               for (Recompute recompute : space.recompute)
                 // Sequence parallelism splits over tp: one value where tp = 1.
                 for (bool sp : tp > 1 ? space.sequence_parallel : std::vector<bool>{false})
-                  for (bool distributed : space.distributed_optimizer)
+                  for (bool distributed : space.distributed_optimizer) {
                     // Full sharding needs the distributed optimizer and replicas to shard over.
-                    for (bool full :
-                         distributed&& dp* cp > 1 ? space.fully_sharded : std::vector<bool>{false})
-                      out.push_back(
-                          {tp, cp, pp, dp, vpp, ep, mbs, recompute, sp, distributed, full});
+                    const bool shardable = distributed && dp * cp > 1;
+                    for (bool full : shardable ? space.fully_sharded : std::vector<bool>{false})
+                      for (Fp8Recipe fp8 : space.fp8)
+                        out.push_back(
+                            {tp, cp, pp, dp, vpp, ep, mbs, recompute, sp, distributed, full, fp8});
+                  }
         }
       }
   return out;
@@ -80,6 +83,9 @@ void base_options(ParallelPlan& p, const LlmChoice& c) {
   p.sequence_parallel = c.sequence_parallel && c.tp > 1;
   p.distributed_optimizer = c.distributed_optimizer;
   p.fully_sharded = c.fully_sharded;
+  // FP8 as NeMo's recipes run it: with the distributed optimizer, weights kept and gathered in FP8.
+  p.fp8 = c.fp8;
+  p.fp8_param_gather = c.fp8 != Fp8Recipe::kNone && c.distributed_optimizer;
   p.stage_split = StageSplit::kUniform;  // plans without a pipeline; consider() varies it
 }
 

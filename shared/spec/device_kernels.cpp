@@ -23,6 +23,8 @@ DeviceKernels read_device_kernels(const Json& json, const std::string& file,
     if (gr.optional("tile_m", k.gemm.tile_m)) gr.check_positive("tile_m", k.gemm.tile_m);
     if (gr.optional("tile_n", k.gemm.tile_n)) gr.check_positive("tile_n", k.gemm.tile_n);
     read_fraction(gr, "efficiency", k.gemm.efficiency);
+    if (gr.find("fp8_efficiency") != nullptr)
+      read_fraction(gr, "fp8_efficiency", k.gemm.fp8_efficiency);
     gr.finish();
   } else {
     r.missing("gemm");
@@ -44,17 +46,19 @@ DeviceKernels read_device_kernels(const Json& json, const std::string& file,
 }
 
 Json to_json(const DeviceKernels& k) {
-  return Json{{"gemm",
-               {{"sms", k.gemm.sms},
-                {"tile_m", k.gemm.tile_m},
-                {"tile_n", k.gemm.tile_n},
-                {"efficiency", k.gemm.efficiency}}},
-              {"attention",
-               {{"forward_efficiency", k.attention.forward_efficiency},
-                {"backward_efficiency", k.attention.backward_efficiency},
-                {"half_keys", k.attention.half_keys}}},
-              {"memory_efficiency", k.memory_efficiency},
-              {"training_scale", k.training_scale}};
+  Json j{{"gemm",
+          {{"sms", k.gemm.sms},
+           {"tile_m", k.gemm.tile_m},
+           {"tile_n", k.gemm.tile_n},
+           {"efficiency", k.gemm.efficiency}}},
+         {"attention",
+          {{"forward_efficiency", k.attention.forward_efficiency},
+           {"backward_efficiency", k.attention.backward_efficiency},
+           {"half_keys", k.attention.half_keys}}},
+         {"memory_efficiency", k.memory_efficiency},
+         {"training_scale", k.training_scale}};
+  if (k.gemm.fp8_efficiency > 0) j["gemm"]["fp8_efficiency"] = k.gemm.fp8_efficiency;
+  return j;
 }
 
 }  // namespace tessera

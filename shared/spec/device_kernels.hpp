@@ -21,6 +21,14 @@ struct GemmKernels {
   int64_t tile_m = 256;
   int64_t tile_n = 128;
   double efficiency = 0.8;
+  // Of the dense FP8 peak, what large FP8 GEMMs reach (Transformer Engine's per-tensor scaled
+  // GEMMs). 0: not measured for this device, taken as `efficiency` times the FP8/BF16 ratio
+  // measured on one H100 setup over the peaks' ratio (kFp8OverBf16Measured).
+  double fp8_efficiency = 0;
+  double fp8() const { return fp8_efficiency > 0 ? fp8_efficiency : efficiency * kFp8Ratio; }
+  // stas00/ml-engineering's maximum achievable matmul table, H100 SXM: 1,402.6 TFLOP/s FP8
+  // (torch._scaled_mm, per-tensor scales) against 794.5 BF16, on peaks of 1,979 and 989.
+  static constexpr double kFp8Ratio = (1402.6 / 794.5) / (1979.0 / 989.0);
   bool operator==(const GemmKernels&) const = default;
 };
 

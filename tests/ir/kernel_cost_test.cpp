@@ -172,6 +172,51 @@ TEST_CASE("kernel cost: eager element-wise kernels cost more; a device's trainin
         std::string::npos);
 }
 
+TEST_CASE("kernel cost: FP8 GEMMs at the FP8 rate, their inputs quantized; attention unchanged") {
+  Diagnostics diag;
+  const auto s =
+      load_scenario(kSource + "/scenarios/published/nvidia-llama3.1-8b-h100-8.json", diag);
+  REQUIRE(s.has_value());
+  const ModuleSpec& llm = s->model.modules[0];
+  const DeviceSpec& device = s->cluster.device;
+  const double peak = peak_flops(s->cluster, DType::kBf16);
+  const KernelTuning tuning;
+  // One Llama-3.1-8B layer's matrices at 8k tokens, no attention; then its attention alone.
+  const Op gemms = forward_layer(8192, 1, 0, 2.0 * 218e6 * 8192);
+  Op fp8 = gemms;
+  fp8.flags = kOpFp8;
+  Op current = fp8;
+  current.flags = static_cast<uint16_t>(kOpFp8 | kOpFp8CurrentScaling);
+  const double bf16_s = kernel_compute_s(llm, gemms, device, peak, 2, tuning);
+  const double fp8_s = kernel_compute_s(llm, fp8, device, peak, 2, tuning);
+  const double current_s = kernel_compute_s(llm, current, device, peak, 2, tuning);
+  // The GEMMs alone would run 1.77x faster (the measured FP8/BF16 ratio); the quantization
+  // passes and the unchanged element-wise kernels take part of it back.
+  CHECK(fp8_s < bf16_s / 1.3);
+  CHECK(fp8_s > bf16_s / 1.77);
+  CHECK(current_s > fp8_s);
+  CHECK(current_s < bf16_s);
+  // The device's FP8 efficiency is read and used: stating it lower slows the FP8 op only.
+  DeviceSpec slower = device;
+  slower.kernels->gemm.fp8_efficiency = slower.kernels->gemm.fp8() / 2;
+  CHECK(kernel_compute_s(llm, fp8, slower, peak, 2, tuning) > 1.3 * fp8_s);
+  CHECK(kernel_compute_s(llm, gemms, slower, peak, 2, tuning) == doctest::Approx(bf16_s));
+  // Attention stays in 16 bits: an attention-only op costs the same either way.
+  Op attention = forward_layer(8192, 1, 8192.0 * 8193 / 2, 0);
+  attention.layers = 1;
+  const double a16 = kernel_compute_s(llm, attention, device, peak, 2, tuning);
+  attention.flags = kOpFp8;
+  const double a8 = kernel_compute_s(llm, attention, device, peak, 2, tuning);
+  CHECK(a8 > a16);  // the quantization passes, nothing else
+  CHECK(a8 < a16 + (bf16_s - fp8_s));
+  // Bounded when read.
+  Json kernels = to_json(*device.kernels);
+  kernels["gemm"]["fp8_efficiency"] = 1.5;
+  Diagnostics bad;
+  read_device_kernels(kernels, "d.json", "kernels", bad);
+  CHECK(bad.format().find("d.json: kernels.gemm.fp8_efficiency") != std::string::npos);
+}
+
 TEST_CASE("tp_comm_overlap hides all but one chunk of the TP traffic behind the compute") {
   Diagnostics diag;
   const auto s =

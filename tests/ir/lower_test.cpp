@@ -1467,6 +1467,77 @@ TEST_CASE(
   CHECK(read_plan(to_json(c.plan), "p", "", diag) == c.plan);
 }
 
+TEST_CASE("fp8: layer GEMMs flagged, FP8 weight copies in memory, FP8 parameter gathers") {
+  // A VLM on two replicas with the distributed optimizer: the ViT's and the LLM's layers run
+  // FP8 GEMMs, the projector does not.
+  Case plain =
+      make(kVlm, kUniformText,
+           R"({"placement": "homogeneous", "layout": {"dp": 2}, "distributed_optimizer": true})");
+  plain.cluster.device.peak_flops[DType::kFp8] = 2e14;
+  Case fp8 = plain, gathered = plain;
+  fp8.plan.fp8 = Fp8Recipe::kDelayed;
+  gathered.plan.fp8 = Fp8Recipe::kCurrent;
+  gathered.plan.fp8_param_gather = true;
+  for (const Case* c : {&fp8, &gathered}) {
+    Diagnostics diag;
+    validate_plan(c->plan, c->model, c->workload, c->cluster, "p", "", diag);
+    INFO(diag.format());
+    REQUIRE(diag.ok());
+  }
+  const Program p = lowered(plain), q = lowered(fp8), g = lowered(gathered);
+  REQUIRE(p.ranks.size() == q.ranks.size());
+  for (std::size_t r = 0; r < p.ranks.size(); ++r) {
+    INFO("rank " << r);
+    REQUIRE(p.ranks[r].size() == q.ranks[r].size());  // the same ops, flagged
+    for (std::size_t i = 0; i < q.ranks[r].size(); ++i) {
+      const Op& op = q.ranks[r][i];
+      if (op.kind != OpKind::kCompute) continue;
+      const bool layers = p.modules[static_cast<std::size_t>(op.module)] != "proj";
+      CHECK(((op.flags & kOpFp8) != 0) == layers);
+      CHECK((op.flags & kOpFp8CurrentScaling) == 0);
+      CHECK(op.flops == p.ranks[r][i].flops);  // FP8 changes the rate, not the work
+    }
+    for (const Op& op : g.ranks[r])
+      if (op.kind == OpKind::kCompute && (op.flags & kOpFp8) != 0)
+        CHECK((op.flags & kOpFp8CurrentScaling) != 0);
+    // Two more bytes per layer parameter (the FP8 copy and its transpose) unless the weights
+    // are kept in FP8 only; the rest of the state as before.
+    CHECK(q.memory[r].weight_bytes > p.memory[r].weight_bytes * 1.8);
+    CHECK(q.memory[r].weight_bytes < p.memory[r].weight_bytes * 2);
+    CHECK(g.memory[r].weight_bytes == doctest::Approx(p.memory[r].weight_bytes));
+    CHECK(q.memory[r].optimizer_bytes == doctest::Approx(p.memory[r].optimizer_bytes));
+    // The parameter all-gathers after the step: 16-bit, or FP8 for the layers' weights (the
+    // projector's and the embedding's stay 16-bit).
+    auto gathered_bytes = [](const std::vector<Op>& ops) {
+      double bytes = 0;
+      for (const Op& op : ops)
+        if (op.kind == OpKind::kCollective && op.collective == CollectiveKind::kAllGather &&
+            op.purpose == Purpose::kDp)
+          bytes += op.bytes;
+      return bytes;
+    };
+    CHECK(gathered_bytes(q.ranks[r]) == doctest::Approx(gathered_bytes(p.ranks[r])));
+    CHECK(gathered_bytes(g.ranks[r]) < 0.8 * gathered_bytes(p.ranks[r]));
+    CHECK(gathered_bytes(g.ranks[r]) > 0.5 * gathered_bytes(p.ranks[r]));
+  }
+  // Refused, naming the key: an fp32 model, a device without an FP8 peak, FP8 gathers without
+  // FP8 or without the distributed optimizer. The keys survive a round trip.
+  for (int variant = 0; variant < 4; ++variant) {
+    INFO(variant);
+    Case off = variant == 2 ? plain : gathered;
+    if (variant == 0) off.model.dtype = DType::kFp32;
+    if (variant == 1) off.cluster.device.peak_flops.erase(DType::kFp8);
+    if (variant == 2) off.plan.fp8_param_gather = true;
+    if (variant == 3) off.plan.distributed_optimizer = false;
+    Diagnostics diag;
+    validate_plan(off.plan, off.model, off.workload, off.cluster, "p", "", diag);
+    CHECK(diag.format().find(variant < 2 ? "p: fp8:" : "p: fp8_param_gather:") !=
+          std::string::npos);
+  }
+  Diagnostics diag;
+  CHECK(read_plan(to_json(gathered.plan), "p", "", diag) == gathered.plan);
+}
+
 TEST_CASE(
     "grad_reduce_in_fp32: gradient reductions carry fp32, gathers and steps stay as they are") {
   // Per rank: bytes of gradient reductions (DP all-reduces and reduce-scatters, sums of

@@ -485,6 +485,31 @@ TEST_CASE("fully_sharded: a search key, tried with the distributed optimizer ove
   CHECK(diag.ok());
 }
 
+TEST_CASE("fp8: a search key; FP8 plans keep and gather their weights in FP8 when sharded") {
+  Scenario s = tiny(R"({"tp": [1, 2], "cp": [1], "pp": [1], "vpp": [1], "micro_batch_sizes": [1],
+                        "distributed_optimizer": [false, true], "fp8": ["none", "delayed"]})");
+  // A device without an FP8 peak: every FP8 plan is refused, the others stay.
+  const Enumeration without = enumerate_plans(s, *s.search, 4);
+  for (const Candidate& c : without.valid) CHECK(c.plan.fp8 == Fp8Recipe::kNone);
+  int64_t refused = 0;
+  for (const auto& [reason, count] : without.rejected)
+    if (reason.find("fp8") != std::string::npos) refused += count;
+  CHECK(refused == static_cast<int64_t>(without.valid.size()));  // each valid plan's FP8 twin
+  // With one, each plan has its FP8 twin.
+  s.cluster.device.peak_flops[DType::kFp8] = 2e14;
+  const Enumeration with = enumerate_plans(s, *s.search, 4);
+  int fp8 = 0;
+  for (const Candidate& c : with.valid) {
+    if (c.plan.fp8 == Fp8Recipe::kNone) continue;
+    ++fp8;
+    CHECK(c.plan.fp8_param_gather == c.plan.distributed_optimizer);
+  }
+  CHECK(2 * fp8 == static_cast<int>(with.valid.size()));
+  Diagnostics diag;
+  CHECK(read_search_space(to_json(*s.search), "", "", diag) == *s.search);
+  CHECK(diag.ok());
+}
+
 TEST_CASE("encoder context parallelism: enumerated where the space lists it, homogeneous aside") {
   const Scenario s = tiny(R"({"tp": [1], "cp": [1], "pp": [1], "vpp": [1],
                               "micro_batch_sizes": [1], "encoder_cp": [1, 2]})");
