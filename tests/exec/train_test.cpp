@@ -498,6 +498,13 @@ TEST_CASE(
   check_plans_agree(
       trainable, "fsdp-vit-1",
       {{homogeneous(R"({"pp": 2, "dp": 2})", "", "fsdp-vit-pp2dp2"), "fsdp-vit-pp2dp2"}});
+  // FP8 GEMMs are priced by the simulator but not run here: refused, naming the key.
+  const Run fp8 =
+      run(kScenario + " --plan " +
+          raw_plan(R"({"placement": "homogeneous", "layout": {"dp": 2}, "fp8": "delayed"})",
+                   "fp8-refused"));
+  CHECK(fp8.code == 2);
+  CHECK(fp8.output.find("fp8") != std::string::npos);
 }
 
 TEST_CASE(
