@@ -207,6 +207,7 @@ Op Lowering::compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t
       o.sequence_parallel = plan_.sequence_parallel;
       o.flash_attention = plan_.flash_attention || plan_.recompute == Recompute::kSelective;
       o.bytes_per_value = dtype_bytes(model_.dtype);
+      o.fp8_linear_inputs = (op.flags & kOpFp8) != 0;
       const double seq = work.samples > 0
                              ? static_cast<double>(work.tokens) / static_cast<double>(work.samples)
                              : 0;

@@ -449,19 +449,20 @@ double activation_bytes_per_token_per_layer(const TransformerArch& a, double seq
       static_cast<double>(a.experts > 0 ? a.top_k * a.moe_ffn + a.shared_expert_ffn : a.ffn);
   const double mask = o.dropout ? 1.0 : 0.0;  // a dropout mask is one byte per element
 
+  const double linear_in = o.fp8_linear_inputs ? 1.0 : v;  // a linear's saved input
   // Activations that are replicated across TP ranks unless sequence parallelism splits them:
   // the two norm inputs, the inputs of the QKV and first MLP linears, the dropout masks after
   // attention and MLP.
-  const double replicated = 2 * v * h + v * h + v * h + 2 * mask * h;
+  const double replicated = 2 * v * h + linear_in * h + linear_in * h + 2 * mask * h;
   // Activations already split by TP: Q and K for the scores, V, the output-projection input,
-  // the MLP intermediates.
-  double split = v * (q + kv) + v * kv + v * q;
+  // the MLP intermediates (the last of them the second MLP linear's input).
+  double split = v * (q + kv) + v * kv + linear_in * q;
   // Multi-head latent attention also keeps its latents (and the query latent) for backward;
   // they are whole on every TP rank.
   double latent = 0;
   if (a.kv_lora_rank > 0)
     latent = v * static_cast<double>(2 * a.kv_lora_rank + a.rope_head_dim + 2 * a.q_lora_rank);
-  split += a.gated_ffn ? 3 * v * f : 2 * v * f;
+  split += (a.gated_ffn ? 2 * v * f : v * f) + linear_in * f;
   if (o.flash_attention) {
     split += 4.0 * heads;  // float32 log-sum-exp per head
   } else {

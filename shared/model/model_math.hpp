@@ -143,6 +143,9 @@ struct ActivationOptions {
   bool flash_attention = true;     // no s x s score matrix is stored
   bool dropout = false;            // dropout masks stored (Korthikanti's model includes them)
   int64_t bytes_per_value = 2;     // 16-bit activations
+  // FP8 GEMMs (Transformer Engine): the inputs of the QKV, output-projection and MLP linears are
+  // kept for the weight gradient in FP8, one byte each.
+  bool fp8_linear_inputs = false;
 };
 // Bytes kept for backward per token per layer, for a sequence of `seq_len` tokens.
 // With dropout, no flash attention and ffn = 4h this is Korthikanti et al.'s

@@ -1496,6 +1496,11 @@ TEST_CASE("fp8: layer GEMMs flagged, FP8 weight copies in memory, FP8 parameter 
       CHECK(((op.flags & kOpFp8) != 0) == layers);
       CHECK((op.flags & kOpFp8CurrentScaling) == 0);
       CHECK(op.flops == p.ranks[r][i].flops);  // FP8 changes the rate, not the work
+      // The linears' inputs kept for the backward in FP8: less stashed by each layer op.
+      if ((op.flags & kOpFp8) != 0 && op.phase == Phase::kF && p.ranks[r][i].stash_bytes > 0) {
+        CHECK(op.stash_bytes < 0.9 * p.ranks[r][i].stash_bytes);
+        CHECK(op.stash_bytes > 0.5 * p.ranks[r][i].stash_bytes);
+      }
     }
     for (const Op& op : g.ranks[r])
       if (op.kind == OpKind::kCompute && (op.flags & kOpFp8) != 0)
