@@ -13,40 +13,74 @@ namespace {
 
 struct Gemm {
   double m = 0, n = 0, k = 0;
-  double count = 1;  // layers that run it
-  double flops() const { return 2 * m * n * k; }
+  double count = 1;   // layers that run it
+  double groups = 1;  // equal GEMMs run as one grouped kernel (a rank's routed experts)
+  double flops() const { return 2 * m * n * k * groups; }
 };
 
 // The forward GEMMs of one layer of `a` for `tokens` rows, matrices split over `tp`, run by
 // `count` layers: Q/K/V, the attention output, and the MLP's input (gate and up together) and
-// output projections. The MLP's width is what a token multiplies with (dense, or its top-k
-// experts).
-void layer_gemms(const TransformerArch& a, double tokens, double tp, double count,
-                 std::vector<Gemm>& out) {
+// output projections. A dense MLP is one GEMM each; a mixture of experts' routed experts are
+// grouped GEMMs, one per expert of this rank (its experts / `ep`), each of the rows routed to it
+// (tokens · top_k · ep / experts on average: the EP group's tokens dealt over its experts);
+// its shared experts, after every kind's four, in `shared`.
+void layer_gemms(const TransformerArch& a, double tokens, double tp, double ep, double count,
+                 std::vector<Gemm>& out, std::vector<Gemm>& shared) {
   const double h = static_cast<double>(a.hidden);
   const double attention = static_cast<double>(attention_matmul_parameters(a));
   // The attention output's input: the heads' values.
   const double values = static_cast<double>(a.heads * value_head_dim(a));
-  const double mlp_params = static_cast<double>(active_layer_matmul_parameters(a)) - attention;
   const double matrices = a.gated_ffn ? 3 : 2;
-  const double inner = std::max(0.0, mlp_params / matrices / h);
   // Q/K/V as one GEMM of the input (multi-head latent attention's down- and up-projections
   // folded into it), and the output projection.
   out.push_back({tokens, (attention - values * h) / h / tp, h, count});
   out.push_back({tokens, h, values / tp, count});
+  if (a.experts > 0) {
+    const double experts = static_cast<double>(a.experts);
+    const double inner = static_cast<double>(a.moe_ffn > 0 ? a.moe_ffn : a.ffn);
+    const double rows = tokens * static_cast<double>(a.top_k) * ep / experts;
+    const double local = std::max(1.0, experts / ep);
+    out.push_back({rows, (matrices - 1) * inner / tp, h, count, local});
+    out.push_back({rows, h, inner / tp, count, local});
+    if (a.shared_expert_ffn > 0) {
+      const double s = static_cast<double>(a.shared_expert_ffn);
+      shared.push_back({tokens, (matrices - 1) * s / tp, h, count});
+      shared.push_back({tokens, h, s / tp, count});
+    }
+    return;
+  }
+  const double mlp_params = static_cast<double>(active_layer_matmul_parameters(a)) - attention;
+  const double inner = std::max(0.0, mlp_params / matrices / h);
   out.push_back({tokens, (matrices - 1) * inner / tp, h, count});
   out.push_back({tokens, h, inner / tp, count});
 }
 
-// The GEMMs of an op's layers, four per kind of layer it holds (MoE, dense), in that order.
+// The GEMMs of an op's layers, four per kind of layer it holds (MoE, dense), in that order,
+// then the MoE layers' shared experts.
 std::vector<Gemm> op_layer_gemms(const TransformerArch& a, const Op& op) {
-  std::vector<Gemm> out;
+  std::vector<Gemm> out, shared;
   const double tokens = static_cast<double>(op.tokens), tp = std::max<double>(1, op.tp);
+  const double ep = std::max<double>(1, op.ep);
   const int64_t moe = moe_layers(a, op.first_layer, op.first_layer + op.layers);
-  if (moe > 0) layer_gemms(a, tokens, tp, static_cast<double>(moe), out);
+  if (moe > 0) layer_gemms(a, tokens, tp, ep, static_cast<double>(moe), out, shared);
   if (op.layers > moe)
-    layer_gemms(dense_layer_arch(a), tokens, tp, static_cast<double>(op.layers - moe), out);
+    layer_gemms(dense_layer_arch(a), tokens, tp, ep, static_cast<double>(op.layers - moe), out,
+                shared);
+  out.insert(out.end(), shared.begin(), shared.end());
   return out;
+}
+
+// The MLP's inner width per token, averaged over an op's layers (top-k experts and shared
+// experts in MoE layers), on one of its TP ranks: what its activation reads and writes.
+double mlp_inner_per_token(const TransformerArch& a, const Op& op) {
+  const double tp = std::max<double>(1, op.tp), layers = static_cast<double>(op.layers);
+  const auto moe = static_cast<double>(moe_layers(a, op.first_layer, op.first_layer + op.layers));
+  const auto inner = [&](const TransformerArch& x) {
+    const double mlp =
+        static_cast<double>(active_layer_matmul_parameters(x) - attention_matmul_parameters(x));
+    return mlp / (x.gated_ffn ? 3.0 : 2.0) / static_cast<double>(x.hidden) / tp;
+  };
+  return layers > 0 ? (moe * inner(a) + (layers - moe) * inner(dense_layer_arch(a))) / layers : 0;
 }
 
 // The same GEMM as a phase runs it: B computes the input gradient dX = dY·Wᵀ, W the weight
@@ -54,9 +88,9 @@ std::vector<Gemm> op_layer_gemms(const TransformerArch& a, const Op& op) {
 Gemm for_phase(const Gemm& g, Phase phase) {
   switch (phase) {
     case Phase::kB:
-      return {g.m, g.k, g.n, g.count};
+      return {g.m, g.k, g.n, g.count, g.groups};
     case Phase::kW:
-      return {g.k, g.n, g.m, g.count};
+      return {g.k, g.n, g.m, g.count, g.groups};
     case Phase::kF:
     case Phase::kR:
       return g;
@@ -74,26 +108,28 @@ double memory_s(const DeviceSpec& device, double bytes) {
 // model dtype's peak, or (kOpFp8) at the FP8 peak and the device's FP8 GEMM efficiency, with
 // one-byte operands.
 double layer_gemm_s(const DeviceSpec& device, const Op& op, double peak_flops, double m, double n,
-                    double k, double bpv, double scale) {
-  if ((op.flags & kOpFp8) == 0) return gemm_s(device, peak_flops, m, n, k, bpv, scale);
+                    double k, double bpv, double scale, double groups) {
+  if ((op.flags & kOpFp8) == 0) return gemm_s(device, peak_flops, m, n, k, bpv, scale, groups);
   const GemmKernels& g = device.kernels->gemm;
   return gemm_s(device, device.peak_flops.at(DType::kFp8), m, n, k, 1.0,
-                scale * g.fp8() / g.efficiency);
+                scale * g.fp8() / g.efficiency, groups);
 }
 
 double gemm_s(const DeviceSpec& device, double peak_flops, double m, double n, double k,
-              double bytes_per_value, double efficiency_scale) {
+              double bytes_per_value, double efficiency_scale, double groups) {
   TESSERA_CHECK(device.kernels.has_value());
-  if (m <= 0 || n <= 0 || k <= 0) return 0;
+  if (m <= 0 || n <= 0 || k <= 0 || groups <= 0) return 0;
   const GemmKernels& g = device.kernels->gemm;
-  const double tiles =
-      std::ceil(m / static_cast<double>(g.tile_m)) * std::ceil(n / static_cast<double>(g.tile_n));
+  // A grouped kernel deals every group's tiles to the SMs together: each group pads its own
+  // tiles, the waves are shared.
+  const double tiles = groups * std::ceil(m / static_cast<double>(g.tile_m)) *
+                       std::ceil(n / static_cast<double>(g.tile_n));
   const double sms = static_cast<double>(g.sms);
   // Every wave runs `sms` tiles' worth of time, full or not.
   const double padded =
       std::ceil(tiles / sms) * sms * static_cast<double>(g.tile_m * g.tile_n) * 2 * k;
   const double compute = padded / (peak_flops * g.efficiency * efficiency_scale);
-  const double memory = memory_s(device, bytes_per_value * (m * k + k * n + m * n));
+  const double memory = memory_s(device, groups * bytes_per_value * (m * k + k * n + m * n));
   return std::max(compute, memory);
 }
 
@@ -122,8 +158,7 @@ double kernel_compute_s(const ModuleSpec& module, const Op& op, const DeviceSpec
     // (read, write; 1/tp of the tokens under sequence parallelism), the MLP activation (gated:
     // read two, write one), rotary embeddings on Q and K.
     const double hidden_share = (op.flags & kOpSequenceParallel) != 0 ? h / tp : h;
-    double inner = 0;  // the MLP's inner width, averaged over the layers
-    for (std::size_t i = 3; i < gemms.size(); i += 4) inner += gemms[i].k * gemms[i].count / layers;
+    const double inner = mlp_inner_per_token(*a, op);
     const bool rotary = a->positions == 0;
     double forward_bytes = 0, forward_kernels = 0;
     if ((op.flags & kOpEagerElementwise) == 0) {
@@ -190,7 +225,8 @@ double kernel_compute_s(const ModuleSpec& module, const Op& op, const DeviceSpec
   for (const Gemm& g : gemms) {
     const Gemm p = for_phase(g, op.phase);
     gemm_flops += g.count * g.flops();
-    gemm_seconds += g.count * layer_gemm_s(device, op, peak_flops, p.m, p.n, p.k, bpv, scale);
+    gemm_seconds +=
+        g.count * layer_gemm_s(device, op, peak_flops, p.m, p.n, p.k, bpv, scale, g.groups);
   }
   if ((op.flags & kOpFp8) != 0 && op.phase != Phase::kW) {
     // Quantization: each FP8 GEMM's input (forward) or output gradient (input-gradient phase)
@@ -201,7 +237,7 @@ double kernel_compute_s(const ModuleSpec& module, const Op& op, const DeviceSpec
     const bool current = (op.flags & kOpFp8CurrentScaling) != 0;
     const double per_value = bpv + 2.0 + (current ? bpv : 0.0);
     for (const Gemm& g : gemms) {
-      elementwise_bytes += g.count * g.m * (backward ? g.n : g.k) * per_value;
+      elementwise_bytes += g.count * g.groups * g.m * (backward ? g.n : g.k) * per_value;
       kernels += g.count * (current ? 2.0 : 1.0);
     }
   }
@@ -271,11 +307,11 @@ double column_parallel_wgrad_hidden_s(const ModuleSpec& module, const Op& op,
   const double scale = tuning.efficiency * device.kernels->training_scale;
   double hidden = 0;
   const std::vector<Gemm> gemms = op_layer_gemms(*module.transformer, op);
-  for (std::size_t kind = 0; kind < gemms.size(); kind += 4)
-    for (const std::size_t column : {kind, kind + 2}) {  // Q/K/V, MLP input
+  for (std::size_t kind = 0; kind + 3 < gemms.size(); kind += 4)  // shared experts after
+    for (const std::size_t column : {kind, kind + 2}) {           // Q/K/V, MLP input
       const Gemm w = for_phase(gemms[column], Phase::kW);
-      hidden += w.count *
-                std::min(call_s, layer_gemm_s(device, op, peak_flops, w.m, w.n, w.k, bpv, scale));
+      hidden += w.count * std::min(call_s, layer_gemm_s(device, op, peak_flops, w.m, w.n, w.k, bpv,
+                                                        scale, w.groups));
     }
   return hidden;
 }

@@ -22,16 +22,18 @@ struct KernelTuning {
   double launch_s = 6e-6;  // per kernel (fitted)
 };
 
-// Seconds of one GEMM C[m,n] = A[m,k]·B[k,n] of `bytes_per_value` operands on `device`.
-// REQUIRES: device.kernels.
+// Seconds of one GEMM C[m,n] = A[m,k]·B[k,n] of `bytes_per_value` operands on `device`, or of
+// `groups` such GEMMs run as one grouped kernel (a rank's routed experts): each group pads its
+// own tiles, the waves are shared. REQUIRES: device.kernels.
 double gemm_s(const DeviceSpec& device, double peak_flops, double m, double n, double k,
-              double bytes_per_value, double efficiency_scale = 1.0);
+              double bytes_per_value, double efficiency_scale = 1.0, double groups = 1.0);
 
 // Seconds of one of op's transformer-layer GEMMs C[m,n] = A[m,k]·B[k,n]: as gemm_s at the model
 // dtype's `peak_flops` and `bytes_per_value`, or, for an FP8 op (kOpFp8), at the device's FP8 peak
 // and FP8 GEMM efficiency with one-byte operands. REQUIRES: device.kernels (and its FP8 peak).
 double layer_gemm_s(const DeviceSpec& device, const Op& op, double peak_flops, double m, double n,
-                    double k, double bytes_per_value, double efficiency_scale = 1.0);
+                    double k, double bytes_per_value, double efficiency_scale = 1.0,
+                    double groups = 1.0);
 
 // Seconds of a Compute op of `module` (nested collectives excluded).
 // REQUIRES: device.kernels; op.kind == OpKind::kCompute.

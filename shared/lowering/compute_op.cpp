@@ -52,6 +52,7 @@ Op Lowering::compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t
   op.first_layer = static_cast<int32_t>(layer_begin);
   op.tokens = static_cast<int64_t>(tokens_local);
   op.tp = static_cast<int16_t>(tp);
+  if (spec.transformer && spec.transformer->experts > 0) op.ep = static_cast<int16_t>(l.ep);
   if (plan_.sequence_parallel && tp > 1) op.flags |= kOpSequenceParallel;
   if (!plan_.flash_attention) op.flags |= kOpUnfusedAttention;
   if (!plan_.fused_kernels) op.flags |= kOpEagerElementwise;

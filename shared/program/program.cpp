@@ -296,6 +296,7 @@ Json program_to_json(const Program& p, int32_t rank) {
         j["flops"] = op.flops;
         if (op.expert_wait_flops != 0) j["expert_wait_flops"] = op.expert_wait_flops;
         if (op.padded_flops != 0) j["padded_flops"] = op.padded_flops;
+        if (op.ep != 1) j["ep"] = op.ep;
         if (op.logits > 0) j["logits"] = op.logits;
         j["bytes"] = op.bytes;
         if (!op.nested.empty()) {

@@ -85,6 +85,7 @@ struct Op {
   int32_t microbatch = -1;                                 // -1: the whole local batch
   int32_t sub_microbatch = 0;
   int16_t tp = 1;           // compute: tensor-parallel shards of its matrices
+  int16_t ep = 1;           // compute: expert-parallel ranks its routed experts are dealt over
   uint16_t flags = 0;       // OpFlag bits
   int32_t layers = 0;       // compute: transformer layers in this op
   int32_t first_layer = 0;  // compute: the first of them in its module ([first, first + layers))

@@ -62,6 +62,47 @@ TEST_CASE("gemm: a wave with one tile more than the SMs costs a second wave") {
                                    c.device.kernels->memory_efficiency)));
 }
 
+TEST_CASE("gemm: routed experts as one grouped kernel; few rows per expert read whole weights") {
+  const ClusterSpec c = load("dgx-h100-8.json");
+  const GemmKernels& g = c.device.kernels->gemm;
+  const double peak = peak_flops(c, DType::kBf16);
+  const double n = 2048, k = 4096;
+  // 16 experts of 1,024 rows each (compute-bound): the tiles of one GEMM of 16,384 rows.
+  CHECK(gemm_s(c.device, peak, 1024, n, k, 2, 1.0, 16) ==
+        doctest::Approx(gemm_s(c.device, peak, 16 * 1024, n, k, 2)));
+  // 16 experts of 32 rows: each expert's weights are read whole for a few rows; bound by bytes.
+  const double bytes = 16 * 2 * (32 * k + k * n + 32 * n);
+  CHECK(gemm_s(c.device, peak, 32, n, k, 2, 1.0, 16) ==
+        doctest::Approx(
+            bytes / (c.device.memory_bandwidth_bytes_per_s * c.device.kernels->memory_efficiency)));
+  CHECK(gemm_s(c.device, peak, 32, n, k, 2, 1.0, 16) >
+        3 * 2 * 16 * 32 * n * k / (peak * g.efficiency));
+}
+
+TEST_CASE("kernel cost: a mixture of experts' MLP priced per expert; EP deals it more rows") {
+  Diagnostics diag;
+  const ClusterSpec c = load("dgx-h100-8.json");
+  const ModelSpec model = read_model(Json::parse(R"({"name": "moe", "modules": [
+      {"name": "llm", "role": "llm", "transformer": {"layers": 1, "hidden": 2048, "heads": 16,
+       "ffn": 8192, "vocab": 1000, "experts": 64, "top_k": 2, "moe_ffn": 1024, "gated_ffn": true}}]})"),
+                                     "m", "", diag);
+  REQUIRE(diag.ok());
+  const ModuleSpec& llm = model.modules[0];
+  const double peak = peak_flops(c, DType::kBf16);
+  const KernelTuning tuning;
+  // The MLP's FLOPs only (no attention): the rate is what the expert GEMMs reach.
+  const auto mlp_s = [&](int64_t tokens, int16_t ep) {
+    Op op = forward_layer(tokens, 1, 0, 2.0 * 3 * 2048 * 1024 * 2 * static_cast<double>(tokens));
+    op.ep = ep;
+    return kernel_compute_s(llm, op, c.device, peak, 2, tuning) / static_cast<double>(tokens);
+  };
+  // 2,048 tokens over 64 experts: 64 rows each, every expert's weights read for a quarter of a
+  // tile; with EP 8 each of the rank's 8 experts gets 512 rows from the group: cheaper per token.
+  CHECK(mlp_s(2048, 1) > 1.3 * mlp_s(2048, 8));
+  // Enough tokens that every expert fills its tiles: EP changes little.
+  CHECK(mlp_s(262144, 1) == doctest::Approx(mlp_s(262144, 8)).epsilon(0.05));
+}
+
 TEST_CASE("nccl: the measured curve, its latency floor, rails across nodes") {
   const ClusterSpec one = load("dgx-h100-8.json");
   const BusBandwidthCurve& ar = one.intra_node_collectives.all_reduce;
