@@ -223,6 +223,9 @@ std::string set_json_path(Json& root, const std::string& path, const Json& value
       (*at)[part] = value;
       return "";
     }
+    // The search space is optional (its defaults apply): setting one of its keys starts it.
+    if (!at->contains(part) && at == &root && part == "search" && indices.empty())
+      (*at)[part] = Json::object();
     if (!at->contains(part)) return "'" + path + "': no key '" + part + "'";
     at = &(*at)[part];
     for (std::size_t i : indices) {

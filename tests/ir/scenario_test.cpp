@@ -140,3 +140,19 @@ TEST_CASE("a scenario's freeze list freezes modules of its model; an unknown nam
   CHECK(bad.errors().front().path == "freeze[1]");
   CHECK(bad.errors().front().message.find("no module named 'speech'") != std::string::npos);
 }
+
+TEST_CASE("set_json_path: sets a field by its path; starts the optional search space") {
+  Json root =
+      Json::parse(R"({"plan": {"layout": {"tp": 1}}, "model": {"modules": [{"name": "a"}]}})");
+  CHECK(set_json_path(root, "plan.layout.tp", 4).empty());
+  CHECK(root["plan"]["layout"]["tp"] == 4);
+  CHECK(set_json_path(root, "model.modules[0].name", "b").empty());
+  CHECK(root["model"]["modules"][0]["name"] == "b");
+  // A scenario without a search space takes its defaults; setting a key of it starts one.
+  CHECK(set_json_path(root, "search.fp8", Json::parse(R"(["none", "delayed"])")).empty());
+  CHECK(root["search"]["fp8"].size() == 2);
+  // Elsewhere a missing key is a mistake, named.
+  CHECK(set_json_path(root, "workload.global_batch", 8) ==
+        "'workload.global_batch': no key 'workload'");
+  CHECK(set_json_path(root, "plan.nope.tp", 2) == "'plan.nope.tp': no key 'nope'");
+}
