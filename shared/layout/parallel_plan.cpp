@@ -599,6 +599,11 @@ void validate_plan(const ParallelPlan& plan, const ModelSpec& model, const Workl
     if (plan.placement == Placement::kColocated || plan.schedule == Schedule::kDip)
       top("fully_sharded",
           "is lowered for homogeneous and non_colocated pipelines outside schedule dip");
+    if (plan.microbatching == MicrobatchPolicy::kEntrain)
+      top("fully_sharded",
+          "with microbatching entrain, an encoder micro-batch's backward comes after a different "
+          "LLM micro-batch on each replica, so the replicas' per-unit gathers and reductions "
+          "would not line up");
   }
   if (plan.overlap_grad_reduce && plan.schedule == Schedule::kDip)
     top("overlap_grad_reduce",

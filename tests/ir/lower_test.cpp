@@ -1443,9 +1443,9 @@ TEST_CASE(
   }
   // With a costly all-gather, gathering every micro-batch costs more than once a step.
   CHECK(step_on_slow_network(c, p) > step_on_slow_network(plain, q));
-  // Refused without the distributed optimizer, with overlap_param_gather, and in a colocated
-  // plan, naming the key; the key survives a round trip.
-  for (int variant = 0; variant < 3; ++variant) {
+  // Refused without the distributed optimizer, with overlap_param_gather, in a colocated plan
+  // and with Entrain's micro-batching, naming the key; the key survives a round trip.
+  for (int variant = 0; variant < 4; ++variant) {
     INFO(variant);
     Case off = c;
     if (variant == 0) off.plan.distributed_optimizer = false;
@@ -1459,6 +1459,7 @@ TEST_CASE(
                      "distributed_optimizer": true})");
       off.plan.fully_sharded = true;
     }
+    if (variant == 3) off.plan.microbatching = MicrobatchPolicy::kEntrain;
     Diagnostics diag;
     validate_plan(off.plan, off.model, off.workload, off.cluster, "p", "", diag);
     CHECK(diag.format().find("fully_sharded") != std::string::npos);
