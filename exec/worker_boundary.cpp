@@ -389,14 +389,15 @@ Worker::Boundary& Worker::assembled(int producer, int mb) {
   int64_t row = 0;
   for (const int32_t i : consumer_links(producer, mb)) {
     const BoundaryLink& link = program_->links[static_cast<std::size_t>(i)];
-    const int64_t rows = link_rows(producer, link);
-    if (link.items.empty()) lay_out_rows(producer, link.samples, row, b.rows);
-    int64_t at = row;
+    // Its rows laid out from `row` on: by sample, or by media item.
+    int64_t end = row;
+    if (link.items.empty()) end = lay_out_rows(producer, link.samples, row, b.rows);
     for (std::size_t e = 0; e < link.items.size(); ++e) {
       const int64_t n = item_rows(producer, {link.samples[e], link.items[e]});
-      b.items[{link.samples[e], link.items[e]}] = {at, n};
-      at += n;
+      b.items[{link.samples[e], link.items[e]}] = {end, n};
+      end += n;
     }
+    const int64_t rows = end - row;
     const auto part = link_parts_.find({producer, mb, i});
     torch::Tensor rows_here;
     if (part != link_parts_.end()) {
@@ -426,8 +427,8 @@ Worker::Boundary& Worker::assembled(int producer, int mb) {
     std::vector<int64_t> order;
     std::map<std::pair<int32_t, int32_t>, std::pair<int64_t, int64_t>> moved;
     for (const auto& [key, range] : b.items) {  // by sample, then item
-      auto [it, fresh] =
-          b.rows.try_emplace(key.first, static_cast<int64_t>(order.size()), int64_t{0});
+      const auto it =
+          b.rows.try_emplace(key.first, static_cast<int64_t>(order.size()), int64_t{0}).first;
       it->second.second += range.second;
       moved[key] = {static_cast<int64_t>(order.size()), range.second};
       for (int64_t r = range.first; r < range.first + range.second; ++r) order.push_back(r);

@@ -72,6 +72,16 @@ int32_t Lowering::gather_unit(int64_t rank, const ModuleInfo& m, const Coord& x,
       .back();
 }
 
+int32_t Lowering::prefetched_gather(int64_t rank, const ModuleInfo& m, const Coord& x,
+                                    int64_t k_chunk, int32_t mb,
+                                    const std::vector<LayerRange>& units, std::size_t u,
+                                    Phase phase, std::vector<int32_t>& gathers) {
+  const int32_t after = last_compute(rank);
+  while (gathers.size() < std::min(u + 2, units.size()))
+    gathers.push_back(gather_unit(rank, m, x, k_chunk, mb, units[gathers.size()], phase, after));
+  return gathers[u];
+}
+
 std::vector<LayerRange> Lowering::gradient_buckets(const ModuleInfo& m, int64_t k) const {
   return gradient_buckets(m, m.chunk_layers[static_cast<std::size_t>(k)]);
 }

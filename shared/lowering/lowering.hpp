@@ -347,6 +347,12 @@ class Lowering {
   // of the last op it emitted.
   int32_t gather_unit(int64_t rank, const ModuleInfo& m, const Coord& x, int64_t k_chunk,
                       int32_t mb, const LayerRange& unit, Phase phase, int32_t after);
+  // The gather unit u of `units` (in the order they run) waits for: emitted, with the next
+  // unit's, where `gathers` (those emitted so far) lacks them. The next one waits for the
+  // compute before unit u, so it runs while u computes (FSDP2's prefetch).
+  int32_t prefetched_gather(int64_t rank, const ModuleInfo& m, const Coord& x, int64_t k_chunk,
+                            int32_t mb, const std::vector<LayerRange>& units, std::size_t u,
+                            Phase phase, std::vector<int32_t>& gathers);
   // overlap_grad_reduce: the bucket reductions each rank emitted, per module; those modules get
   // no reduction after the backward.
   std::map<int64_t, std::map<int, std::vector<int32_t>>> bucket_reductions_;

@@ -97,15 +97,13 @@ void Lowering::lower_pipelines() {
             g.first_layer = static_cast<int32_t>(piece->first);
             g.layers = static_cast<int32_t>(piece->second - piece->first);
             g.flags |= kOpGradientBucket;
+            const double value = gathered_value_bytes(owner, piece->first, piece->second);
             // The piece's forward waits for the last gather (the others precede it).
             param_gathers[item.chunk].emplace_back(
                 *piece,
-                emit_dp_collectives(
-                    rank, g, owner, x,
-                    bucket_bytes(owner, piece->first, piece->second,
-                                 gathered_value_bytes(owner, piece->first, piece->second)),
-                    bucket_expert_bytes(owner, piece->first, piece->second,
-                                        gathered_value_bytes(owner, piece->first, piece->second)))
+                emit_dp_collectives(rank, g, owner, x,
+                                    bucket_bytes(owner, piece->first, piece->second, value),
+                                    bucket_expert_bytes(owner, piece->first, piece->second, value))
                     .back());
           }
         }
@@ -207,11 +205,7 @@ void Lowering::lower_pipelines() {
             std::reverse(units.begin(), units.end());
             std::vector<int32_t> gathers;
             run_pieces(m, chunk_index, s, units, [&](std::size_t u) {
-              const int32_t after = last_compute(rank);
-              while (gathers.size() < std::min(u + 2, units.size()))
-                gathers.push_back(gather_unit(rank, m, xm, chunk_index, mb, units[gathers.size()],
-                                              Phase::kF, after));
-              return gathers[u];
+              return prefetched_gather(rank, m, xm, chunk_index, mb, units, u, Phase::kF, gathers);
             });
           };
           if (first_virtual)
@@ -303,10 +297,10 @@ void Lowering::lower_pipelines() {
                                                  : bucketed ? gradient_buckets(m, chunk_index)
                                                             : std::vector<LayerRange>{layers};
           std::vector<int32_t> gathers;
+          const auto flags = static_cast<uint16_t>((bucketed ? kOpGradientBucket : 0) |
+                                                   (full ? kOpFullySharded : 0));
           for (std::size_t u = 0; u < pieces.size(); ++u) {
             const LayerRange& piece = pieces[u];
-            const auto flags = static_cast<uint16_t>((bucketed ? kOpGradientBucket : 0) |
-                                                     (full ? kOpFullySharded : 0));
             auto piece_op = [&](Phase phase) {
               Op op = compute(m, rank, static_cast<int32_t>(chunk_index), at_mb, phase, s, &piece);
               op.flags |= flags;
@@ -315,11 +309,8 @@ void Lowering::lower_pipelines() {
               deps = {last};
             };
             if (full) {
-              const int32_t after = last_compute(rank);
-              while (gathers.size() < std::min(u + 2, pieces.size()))
-                gathers.push_back(gather_unit(rank, m, xm, chunk_index, at_mb,
-                                              pieces[gathers.size()], Phase::kB, after));
-              deps.push_back(gathers[u]);
+              deps.push_back(prefetched_gather(rank, m, xm, chunk_index, at_mb, pieces, u,
+                                               Phase::kB, gathers));
               if (recomputes(m)) piece_op(Phase::kR);
             }
             piece_op(Phase::kB);
