@@ -89,8 +89,10 @@ std::pair<std::vector<double>, std::vector<double>> trained(const std::string& s
 }
 
 // `scenario` trained with the one-rank plan (as `reference`) and with each of `plans` (plan file,
-// run name): losses within 1e-6 and gradient norms within `norm_tolerance` (relative; default
-// 1e-5) of the one rank's.
+// run name): losses within 1e-6 of the one rank's; the first step's gradient norm within 1e-6
+// too (same parameters, so only the order of float sums differs), later steps' within
+// `norm_tolerance` (relative; default 1e-5): Adam's normalized update turns a gradient that is
+// roundoff-sized into a full step, so parameters drift apart by more than their gradients did.
 void check_plans_agree(const std::string& scenario, const std::string& reference,
                        const std::vector<std::pair<std::string, std::string>>& plans, int steps = 3,
                        double norm_tolerance = 1e-5) {
@@ -103,7 +105,8 @@ void check_plans_agree(const std::string& scenario, const std::string& reference
       INFO(name << " step " << i << ": loss " << got[i] << " vs " << loss[i] << ", norm "
                 << got_norm[i] << " vs " << norm[i]);
       CHECK(std::abs(got[i] - loss[i]) <= 1e-6 * std::abs(loss[i]));
-      CHECK(std::abs(got_norm[i] - norm[i]) <= norm_tolerance * std::abs(norm[i]));
+      CHECK(std::abs(got_norm[i] - norm[i]) <=
+            (i == 0 ? 1e-6 : norm_tolerance) * std::abs(norm[i]));
     }
   }
 }
@@ -528,7 +531,11 @@ TEST_CASE(
   check_plans_agree(scenario, "gemma-like-1",
                     {{plan_file(R"({"pp": 2})"), "gemma-like-pp2"},
                      {plan_file(R"({"dp": 2})"), "gemma-like-dp2"},
-                     {plan_file(R"({"cp": 2})"), "gemma-like-cp2"}});
+                     {plan_file(R"({"cp": 2})"), "gemma-like-cp2"}},
+                    3,
+                    // Under torch 2.11's CPU kernels the CP run's first gradient norm agrees to
+                    // 3e-9, its third drifts 1.2e-5 (query/key and post norms: small gradients).
+                    3e-5);
   // Under TP each rank's heads would give the shared norm weights a partial gradient: refused.
   const Run tp2 = run(scenario + " --plan " + plan_file(R"({"tp": 2})") + " --steps 1 --out " +
                       fresh_dir("gemma-like-tp2").string());
