@@ -51,6 +51,12 @@ const BusBandwidthCurve& curve_for(const NodeCollectives& node, CollectiveKind k
 
 }  // namespace
 
+double node_deduplicated_share(const GroupSpan& span, int64_t top_k) {
+  if (span.nodes <= 1 || top_k <= 1) return 1.0;
+  const double g = static_cast<double>(span.nodes), k = static_cast<double>(top_k);
+  return g * (1.0 - std::pow(1.0 - 1.0 / g, k)) / k;
+}
+
 double nccl_collective_s(const ClusterSpec& cluster, CollectiveKind kind, int64_t n,
                          const GroupSpan& span, double bytes, double nic_efficiency) {
   TESSERA_CHECK(!cluster.intra_node_collectives.empty());
@@ -66,9 +72,19 @@ double nccl_collective_s(const ClusterSpec& cluster, CollectiveKind kind, int64_
                                                    : cluster.devices_per_node);
   const double rail = static_cast<double>(nics) * cluster.inter_node.link.bandwidth_bytes_per_s *
                       nic_efficiency / std::max(1.0, cluster.inter_node.oversubscription);
+  const double latency = cluster.inter_node.link.latency_s;
+  if (kind == CollectiveKind::kAllToAll) {
+    // No ring: each member sends every other its 1/n share at once. What goes to the other
+    // nodes' members leaves through the node's NICs, all its members' shares together; the
+    // shares for its own node's members go over NVLink meanwhile.
+    const double members = static_cast<double>(span.per_node);
+    const double share = bytes / static_cast<double>(n);
+    const double leaving = members * share * static_cast<double>(n - span.per_node);
+    const double inside = share * (members - 1) / bus;
+    return std::max(leaving / rail, inside) + latency;
+  }
   // The node curve's shape in size, capped at what the NICs carry.
   bus *= std::min(1.0, rail / curve.back().second);
-  const double latency = cluster.inter_node.link.latency_s;
   const double nodes = static_cast<double>(span.nodes);
   // Each step that crosses nodes pays the network latency: the steps of a ring over the nodes.
   const double ring = factor * bytes / bus + latency_steps(kind, span.nodes) * latency;

@@ -123,6 +123,17 @@ TEST_CASE("nccl: the measured curve, its latency floor, rails across nodes") {
   const double wide = nccl_collective_s(two, CollectiveKind::kAllGather, 16, {2, 8}, bytes, 0.96);
   const double narrow = nccl_collective_s(two, CollectiveKind::kAllGather, 2, {2, 1}, bytes, 0.96);
   CHECK(narrow / (bytes / 2) == doctest::Approx(8 * wide / (bytes * 15 / 16)).epsilon(0.01));
+  // An all-to-all is no ring: across 8 nodes of 8, each node's NICs carry 7/8 of its eight
+  // members' data, 8 x 50 GB/s at 0.96, a tenth of a millisecond per ten megabytes a member.
+  const ClusterSpec eight = load("dgx-h100-64.json");
+  const double a2a = nccl_collective_s(eight, CollectiveKind::kAllToAll, 64, {8, 8}, bytes, 0.96);
+  CHECK(a2a ==
+        doctest::Approx(8 * bytes * 56 / 64 / (8 * 50e9 * 0.96) + eight.inter_node.link.latency_s));
+  // Many times slower than an all-gather of the same bytes, whose ring hops mostly stay on NVLink.
+  CHECK(a2a > 5 * nccl_collective_s(eight, CollectiveKind::kAllGather, 64, {8, 8}, bytes, 0.96));
+  // One member a node: its own NIC carries everything but its own share.
+  CHECK(nccl_collective_s(two, CollectiveKind::kAllToAll, 2, {2, 1}, bytes, 0.96) ==
+        doctest::Approx(bytes / 2 / (50e9 * 0.96) + two.inter_node.link.latency_s));
   // The group's span is read from its ranks.
   const GroupSpan span = group_span(two, {0, 1, 8, 9, 10});
   CHECK(span.nodes == 2);
