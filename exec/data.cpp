@@ -146,6 +146,10 @@ std::string executor_plan_support(const ParallelPlan& plan, const ModelSpec& mod
   }
   if (plan.fp8 != Fp8Recipe::kNone)
     return "plan.fp8: FP8 GEMMs (Transformer Engine's recipes)" + next;
+  if (plan.moe_dispatcher != MoeDispatcher::kAllToAll)
+    return "plan.moe_dispatcher: DeepEP's node-deduplicated dispatch" + next;
+  if (plan.moe_a2a_overlap)
+    return "plan.moe_a2a_overlap: expert all-to-alls beside another micro-batch's compute" + next;
   const ModuleSpec* llm = find_llm(model);
   for (const auto& [module, l] : plan.modules)
     if (l.cp > 1 && module != llm->name)

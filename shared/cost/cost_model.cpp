@@ -245,6 +245,16 @@ double CostModel::compute_only_s(const Program& program, const Op& op) const {
   } else if ((op.flags & kOpTpGradOverlap) != 0 && op.tp > 1) {
     seconds -= std::min(seconds, hidden_input_gradient_s(program, op));
   }
+  if ((op.flags & kOpEpCommOverlap) != 0) {
+    // The all-to-alls run while other micro-batches compute, as far as their compute lasts:
+    // taken off the compute part, the collectives keep their own time.
+    double ep_comm = 0;
+    for (const NestedCollective& n : op.nested)
+      if (n.purpose == Purpose::kEp)
+        ep_comm += n.count *
+                   collective_s(n.kind, program.groups[static_cast<std::size_t>(n.group)], n.bytes);
+    seconds -= std::min(seconds, ep_comm);
+  }
   // cpu-local ranks share the machine's cores.
   if (cluster_.kind == ClusterKind::kCpuLocal && program.world > cluster_.cores)
     return seconds * static_cast<double>(program.world) / static_cast<double>(cluster_.cores);

@@ -37,6 +37,8 @@ const EnumTable<EncoderDataParallel> kEncoderDataParallel = {
     {"samples", EncoderDataParallel::kSamples}, {"media", EncoderDataParallel::kMedia}};
 const EnumTable<Fp8Recipe> kFp8Recipes = {
     {"none", Fp8Recipe::kNone}, {"delayed", Fp8Recipe::kDelayed}, {"current", Fp8Recipe::kCurrent}};
+const EnumTable<MoeDispatcher> kMoeDispatchers = {{"alltoall", MoeDispatcher::kAllToAll},
+                                                  {"deepep", MoeDispatcher::kDeepEp}};
 
 namespace {
 
@@ -154,6 +156,9 @@ ParallelPlan read_plan(const Json& json, const std::string& file, const std::str
   if (const Json* v = r.find({"fp8", "fp8_recipe"}))
     read_enum(*v, file, r.path_of(r.found_name()), p.fp8, kFp8Recipes, diag);
   r.optional("fp8_param_gather", p.fp8_param_gather);
+  if (const Json* v = r.find({"moe_dispatcher"}))
+    read_enum(*v, file, r.path_of(r.found_name()), p.moe_dispatcher, kMoeDispatchers, diag);
+  r.optional("moe_a2a_overlap", p.moe_a2a_overlap);
   r.optional({"grad_reduce_in_fp32", "accumulate_allreduce_grads_in_fp32"}, p.grad_reduce_in_fp32);
   r.optional_enum("indivisible_heads", p.indivisible_heads, kIndivisibleHeads);
   r.optional_enum("encoder_data_parallel", p.encoder_data_parallel, kEncoderDataParallel);
@@ -204,6 +209,9 @@ Json to_json(const ParallelPlan& p) {
   if (p.fully_sharded) j["fully_sharded"] = true;
   if (p.fp8 != Fp8Recipe::kNone) j["fp8"] = enum_name(p.fp8, kFp8Recipes);
   if (p.fp8_param_gather) j["fp8_param_gather"] = true;
+  if (p.moe_dispatcher != MoeDispatcher::kAllToAll)
+    j["moe_dispatcher"] = enum_name(p.moe_dispatcher, kMoeDispatchers);
+  if (p.moe_a2a_overlap) j["moe_a2a_overlap"] = true;
   if (p.overlap_grad_reduce || p.fully_sharded) j["grad_bucket_mb"] = p.grad_bucket_mb;
   if (p.grad_reduce_in_fp32) j["grad_reduce_in_fp32"] = true;
   if (p.indivisible_heads != IndivisibleHeads::kRefuse)

@@ -37,6 +37,12 @@ enum class IndivisibleHeads { kRefuse, kPad, kReplicate };
 // its encoder grid with the step's images); the boundary puts each item's tokens back in its
 // sample's place.
 enum class EncoderDataParallel { kSamples, kMedia };
+// How a mixture-of-experts layer's tokens travel to their experts' EP ranks. kAllToAll: one
+// copy of a token's hidden vector for each of its top-k experts (Megatron-LM's all-to-all
+// dispatcher). kDeepEp: one copy for each other node that holds any of its experts, forwarded
+// to the experts' ranks inside that node over NVLink (DeepEP's internode kernels, Megatron-LM's
+// flex dispatcher).
+enum class MoeDispatcher { kAllToAll, kDeepEp };
 // FP8 training of the transformer layers' linear GEMMs, as Transformer Engine runs it (E4M3
 // forward, E5M2 gradients): forward, input-gradient and weight-gradient GEMMs in FP8, their
 // inputs quantized first; attention, norms, embeddings, the head and projectors in the model's
@@ -53,6 +59,7 @@ extern const EnumTable<CpSplit> kCpSplits;
 extern const EnumTable<IndivisibleHeads> kIndivisibleHeads;
 extern const EnumTable<EncoderDataParallel> kEncoderDataParallel;
 extern const EnumTable<Fp8Recipe> kFp8Recipes;
+extern const EnumTable<MoeDispatcher> kMoeDispatchers;
 
 // Consecutive ranks [first, first + count).
 struct RankSpan {
@@ -144,6 +151,12 @@ struct ParallelPlan {
   // them in FP8 (Megatron-LM's --fp8-param-gather; needs distributed_optimizer).
   Fp8Recipe fp8 = Fp8Recipe::kNone;
   bool fp8_param_gather = false;
+  MoeDispatcher moe_dispatcher = MoeDispatcher::kAllToAll;
+  // A mixture-of-experts layer's dispatch and combine all-to-alls run while another micro-batch
+  // computes (Megatron-LM's overlap_moe_expert_parallel_comm, pairing one micro-batch's forward
+  // with another's backward; DeepSeek-V3's DualPipe): they hide behind the compute, as far as
+  // it lasts.
+  bool moe_a2a_overlap = false;
   // Data-parallel gradient reductions (and the sums of replicated key/value gradients before
   // them) in fp32, as Megatron-LM reduces a bf16 model's gradients by default
   // (`accumulate_allreduce_grads_in_fp32`, DDP's `grad_reduce_in_fp32`): twice the bytes of a

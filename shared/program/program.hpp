@@ -71,6 +71,8 @@ enum OpFlag : uint16_t {
   kOpFp8 = 8192,            // its transformer layers' linear GEMMs run in FP8 (plan.fp8), their
                             // inputs quantized first
   kOpFp8CurrentScaling = 16384,  // with kOpFp8: scales from the tensor itself (a second read)
+  kOpEpCommOverlap = 32768,      // its nested EP all-to-alls run beside other micro-batches'
+                                 // compute (plan.moe_a2a_overlap)
 };
 
 struct Op {

@@ -508,6 +508,16 @@ TEST_CASE(
                    "fp8-refused"));
   CHECK(fp8.code == 2);
   CHECK(fp8.output.find("fp8") != std::string::npos);
+  // So are DeepEP's dispatch and the overlapped expert all-to-alls.
+  for (const auto& [key, value] : std::vector<std::pair<std::string, std::string>>{
+           {"moe_dispatcher", R"("deepep")"}, {"moe_a2a_overlap", "true"}}) {
+    const Run moe = run(kScenario + " --plan " +
+                        raw_plan(R"({"placement": "homogeneous", "layout": {"dp": 2}, ")" + key +
+                                     "\": " + value + "}",
+                                 "moe-refused"));
+    CHECK(moe.code == 2);
+    CHECK(moe.output.find("plan." + key) != std::string::npos);
+  }
 }
 
 TEST_CASE(
