@@ -38,6 +38,18 @@ std::string fit_text(const TuningGrid& grid, const TuningFit& fit) {
   return out;
 }
 
+// What a published run is, for the suite's figures by kind; the first that applies: a model with
+// encoders is multimodal, an LLM with experts MoE, a fully sharded plan FSDP, FP8 GEMMs FP8.
+std::string run_kind(const ModelSpec& model, const ParallelPlan& plan) {
+  for (const ModuleSpec& m : model.modules)
+    if (m.role == ModuleRole::kEncoder) return "multimodal";
+  for (const ModuleSpec& m : model.modules)
+    if (m.role == ModuleRole::kLlm && m.transformer && m.transformer->experts > 0) return "moe";
+  if (plan.fully_sharded) return "fsdp";
+  if (plan.fp8 != Fp8Recipe::kNone) return "fp8";
+  return "dense";
+}
+
 void print_rows(const std::vector<FidelityRow>& rows, const std::vector<double>& predicted,
                 std::ostream& out) {
   char line[256];
@@ -89,6 +101,18 @@ void print_summary(const std::vector<FidelityRow>& rows, const std::vector<doubl
         << percent(mean_abs_error(rows, use, predicted)) << ", max " << percent(worst)
         << ", within 10%: " << within10 << ", within 15%: " << within15 << "\n";
   }
+  std::snprintf(line, sizeof line, "\n%-22s %5s %10s %10s %9s\n", "kind", "rows", "mean|err|",
+                "max|err|", "spearman");
+  out << line;
+  for (const bool held : {false, true})
+    for (const SeriesStats& s : kind_stats(rows, predicted, held)) {
+      char rho[16] = "        -";
+      if (!std::isnan(s.spearman)) std::snprintf(rho, sizeof rho, "%9.2f", s.spearman);
+      const std::string kind = s.series + (held ? " (held out)" : "");
+      std::snprintf(line, sizeof line, "%-22s %5zu %9.1f%% %9.1f%% %s\n", kind.c_str(), s.rows,
+                    100 * s.mean_abs_error, 100 * s.max_abs_error, rho);
+      out << line;
+    }
 }
 
 }  // namespace
@@ -149,6 +173,7 @@ int run_fidelity(const Args& args, std::ostream& out, std::ostream& err) {
                     s.published->source_id,
                     s.cluster.device.name,
                     s.published->holdout,
+                    run_kind(s.model, *s.plan),
                     s.published->step_s,
                     0,
                     0,

@@ -142,19 +142,23 @@ std::vector<SourceFold> leave_one_source_out(const std::vector<FidelityRow>& row
   return folds;
 }
 
-std::vector<SeriesStats> series_stats(const std::vector<FidelityRow>& rows,
-                                      const std::vector<double>& predicted_s) {
+namespace {
+
+// Per value of `key` over the rows `use` selects, in order of first appearance.
+template <typename Key, typename Use>
+std::vector<SeriesStats> grouped_stats(const std::vector<FidelityRow>& rows,
+                                       const std::vector<double>& predicted_s, Key key, Use use) {
   std::vector<SeriesStats> out;
   for (const FidelityRow& r : rows)
-    if (std::none_of(out.begin(), out.end(),
-                     [&](const SeriesStats& s) { return s.series == r.series; }))
-      out.push_back({r.series});
+    if (use(r) && std::none_of(out.begin(), out.end(),
+                               [&](const SeriesStats& s) { return s.series == key(r); }))
+      out.push_back({key(r)});
   for (SeriesStats& s : out) {
     std::vector<double> predicted, published;
     double sum = 0;
     for (std::size_t i = 0; i < rows.size(); ++i) {
       const FidelityRow& r = rows[i];
-      if (r.series != s.series) continue;
+      if (!use(r) || key(r) != s.series) continue;
       ++s.rows;
       const double e = abs_error(r, predicted_s[i]);
       sum += e;
@@ -169,6 +173,22 @@ std::vector<SeriesStats> series_stats(const std::vector<FidelityRow>& rows,
                                        : std::numeric_limits<double>::quiet_NaN();
   }
   return out;
+}
+
+}  // namespace
+
+std::vector<SeriesStats> series_stats(const std::vector<FidelityRow>& rows,
+                                      const std::vector<double>& predicted_s) {
+  return grouped_stats(
+      rows, predicted_s, [](const FidelityRow& r) { return r.series; },
+      [](const FidelityRow&) { return true; });
+}
+
+std::vector<SeriesStats> kind_stats(const std::vector<FidelityRow>& rows,
+                                    const std::vector<double>& predicted_s, bool holdout) {
+  return grouped_stats(
+      rows, predicted_s, [](const FidelityRow& r) { return r.kind; },
+      [&](const FidelityRow& r) { return r.holdout == holdout; });
 }
 
 }  // namespace tessera

@@ -24,6 +24,7 @@ struct FidelityRow {
   std::string source_id;  // leave-one-source-out folds by it
   std::string device;     // a fit scales each device's rates on its own
   bool holdout = false;
+  std::string kind;  // what the run trains and how (run_kind): the suite's figures by kind
   double published_s = 0;
   double flops_per_gpu = 0;         // model FLOPs of one step per GPU (throughput for ranking)
   double default_s = 0;             // at the model's defaults; <= 0: could not be predicted
@@ -79,7 +80,7 @@ std::vector<SourceFold> leave_one_source_out(const std::vector<FidelityRow>& row
                                              const TuningGrid& grid);
 
 struct SeriesStats {
-  std::string series;
+  std::string series;  // or the kind, for kind_stats
   std::size_t rows = 0;
   double mean_abs_error = 0, max_abs_error = 0;
   double spearman = 0;  // of per-GPU throughput, predicted vs published; NaN under 3 rows
@@ -87,5 +88,8 @@ struct SeriesStats {
 // Per series, in order of first appearance.
 std::vector<SeriesStats> series_stats(const std::vector<FidelityRow>& rows,
                                       const std::vector<double>& predicted_s);
+// The same per kind (FidelityRow::kind), held-out rows apart from the others when `holdout`.
+std::vector<SeriesStats> kind_stats(const std::vector<FidelityRow>& rows,
+                                    const std::vector<double>& predicted_s, bool holdout);
 
 }  // namespace tessera

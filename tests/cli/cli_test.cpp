@@ -157,6 +157,16 @@ TEST_CASE("fidelity: published vs predicted per row and series, the fit and leav
   CHECK(plain.code == 0);
   CHECK(plain.output.find("zerobubble-1.5b-1f1b-m24") != std::string::npos);
   CHECK(plain.output.find("suite (fitted sources): 3 rows") != std::string::npos);
+  // By kind: these three are dense BF16 runs; an FP8 and a fully sharded one, held out, apart.
+  CHECK(plain.output.find("\ndense                      3") != std::string::npos);
+  const Run kinds =
+      run("fidelity " + kSource + "/scenarios/published/nvidia-llama3.1-8b-fp8-h100-8.json " +
+          kSource + "/scenarios/published/fms-fsdp-llama2-13b-h100-96.json " + kSource +
+          "/scenarios/published/llmfoundry-mpt-7b-fsdp-h100-8.json 2>/dev/null");
+  INFO(kinds.output);
+  CHECK(kinds.output.find("\nfsdp                       1") != std::string::npos);
+  CHECK(kinds.output.find("\nfp8 (held out)             1") != std::string::npos);
+  CHECK(kinds.output.find("\nfsdp (held out)            1") != std::string::npos);
   const Run fit = run("fidelity --fit " + rows + " 2>/dev/null");
   INFO(fit.output);
   CHECK(fit.code == 0);
