@@ -22,15 +22,15 @@ GroupSpan group_span(const ClusterSpec& cluster, const RankList& group);
 // Bus bandwidth of `curve` at `bytes` (see BusBandwidthCurve).
 double curve_bus_bandwidth(const BusBandwidthCurve& curve, double bytes);
 
-// Seconds of one collective of `bytes` (nccl-tests size) over `n` ranks placed as `span`.
-// `nic_efficiency`: the fraction of a NIC's line rate NCCL moves.
-// REQUIRES: !cluster.intra_node_collectives.empty().
 // DeepEP's share of an all-to-all dispatcher's bytes, over a group of `span`: a token goes once
 // to each other node holding any of its `top_k` experts (the experts spread evenly over the
 // nodes, each pick a node at random: (nodes - 1)(1 - (1 - 1/nodes)^k) of them on average), not
 // once per expert on another node (k (nodes - 1)/nodes). 1 inside one node.
 double node_deduplicated_share(const GroupSpan& span, int64_t top_k);
 
+// Seconds of one collective of `bytes` (nccl-tests size) over `n` ranks placed as `span`.
+// `nic_efficiency`: the fraction of a NIC's line rate NCCL moves.
+// REQUIRES: !cluster.intra_node_collectives.empty().
 double nccl_collective_s(const ClusterSpec& cluster, CollectiveKind kind, int64_t n,
                          const GroupSpan& span, double bytes, double nic_efficiency);
 

@@ -235,29 +235,28 @@ double CostModel::compute_only_s(const Program& program, const Op& op) const {
     // The GEMMs run in tp chunks, each chunk's all-gather or reduce-scatter beside the next
     // chunk's GEMM: all of the TP traffic but one chunk's hides behind the compute, as far as
     // the compute lasts. Taken off the compute part; the collectives keep their own time.
-    double tp_comm = 0;
-    for (const NestedCollective& n : op.nested)
-      if (n.purpose == Purpose::kTp)
-        tp_comm += n.count *
-                   collective_s(n.kind, program.groups[static_cast<std::size_t>(n.group)], n.bytes);
     const double chunks = static_cast<double>(op.tp);
-    seconds -= std::min(seconds, tp_comm * (chunks - 1) / chunks);
+    seconds -= std::min(seconds, nested_s(program, op, Purpose::kTp) * (chunks - 1) / chunks);
   } else if ((op.flags & kOpTpGradOverlap) != 0 && op.tp > 1) {
     seconds -= std::min(seconds, hidden_input_gradient_s(program, op));
   }
   if ((op.flags & kOpEpCommOverlap) != 0) {
     // The all-to-alls run while other micro-batches compute, as far as their compute lasts:
     // taken off the compute part, the collectives keep their own time.
-    double ep_comm = 0;
-    for (const NestedCollective& n : op.nested)
-      if (n.purpose == Purpose::kEp)
-        ep_comm += n.count *
-                   collective_s(n.kind, program.groups[static_cast<std::size_t>(n.group)], n.bytes);
-    seconds -= std::min(seconds, ep_comm);
+    seconds -= std::min(seconds, nested_s(program, op, Purpose::kEp));
   }
   // cpu-local ranks share the machine's cores.
   if (cluster_.kind == ClusterKind::kCpuLocal && program.world > cluster_.cores)
     return seconds * static_cast<double>(program.world) / static_cast<double>(cluster_.cores);
+  return seconds;
+}
+
+double CostModel::nested_s(const Program& program, const Op& op, Purpose purpose) const {
+  double seconds = 0;
+  for (const NestedCollective& n : op.nested)
+    if (n.purpose == purpose)
+      seconds += n.count *
+                 collective_s(n.kind, program.groups[static_cast<std::size_t>(n.group)], n.bytes);
   return seconds;
 }
 

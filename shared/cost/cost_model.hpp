@@ -128,6 +128,8 @@ class CostModel {
   // Seconds of a B op's input-gradient TP collectives that run beside the weight-gradient GEMMs
   // (kOpTpGradOverlap; kernel-level pricing only, else 0).
   double hidden_input_gradient_s(const Program& program, const Op& op) const;
+  // Seconds of the op's nested collectives of `purpose`, each at its own time.
+  double nested_s(const Program& program, const Op& op, Purpose purpose) const;
   // The same on a core or device of its own (a simulator that shares cores itself).
   double dedicated_compute_s(const Op& op) const;
   // The part of dedicated_compute_s that does not grow with the op's work: a Compute op's fixed

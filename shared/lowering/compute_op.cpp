@@ -170,16 +170,16 @@ Op Lowering::compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t
       op.expert_wait_flops = routed_flops * (busiest - 1.0);
       const int32_t g = ep_group(layout_owner, x);
       if (plan_.moe_a2a_overlap) op.flags |= kOpEpCommOverlap;
-      // DeepEP sends a token once to each other node holding any of its experts.
-      const double copies =
-          plan_.moe_dispatcher == MoeDispatcher::kDeepEp
-              ? node_deduplicated_share(
-                    group_span(cluster_, p_.groups[static_cast<std::size_t>(g)]), a.top_k)
-              : 1.0;
       if (phase == Phase::kF || phase == Phase::kR)
         op.nested.push_back({CollectiveKind::kAllToAll, Purpose::kEp, g, static_cast<int32_t>(moe),
                              static_cast<double>(a.experts) * 8.0});
       if (phase != Phase::kW) {
+        // DeepEP sends a token once to each other node holding any of its experts.
+        const double copies =
+            plan_.moe_dispatcher == MoeDispatcher::kDeepEp
+                ? node_deduplicated_share(
+                      group_span(cluster_, p_.groups[static_cast<std::size_t>(g)]), a.top_k)
+                : 1.0;
         const double routed = tokens_local * static_cast<double>(a.top_k * a.hidden) * dtype /
                               (plan_.sequence_parallel ? tp_shard : 1.0) * std::max(1.0, busiest) *
                               copies;
