@@ -346,24 +346,55 @@ int64_t llm_media_tokens(const ModelSpec& model, const ModuleSpec& encoder, cons
   return tokens;
 }
 
+namespace {
+
+// The mask of query positions `q` against key positions `k`, broadcast against each other.
+torch::Tensor mask_between(const LlmLayout& l, const torch::Tensor& q, const torch::Tensor& k) {
+  const auto on = [](const std::vector<int32_t>& v) {
+    return torch::tensor(at::ArrayRef<int32_t>(v), torch::kInt32).to(device_setting().device);
+  };
+  const torch::Tensor sample = on(l.sample), item = on(l.item);
+  const torch::Tensor item_q = item.take(q);
+  const torch::Tensor allowed =
+      (sample.take(q) == sample.take(k)) & torch::where(item_q < 0, k <= q, item.take(k) == item_q);
+  return torch::zeros(allowed.sizes(), activation_options())
+      .masked_fill(allowed.logical_not(), -std::numeric_limits<float>::infinity());
+}
+
+}  // namespace
+
 torch::Tensor attention_bias(const LlmLayout& l, const std::vector<int64_t>& queries,
                              const std::vector<int64_t>& keys) {
-  torch::Tensor bias =
-      torch::full({static_cast<int64_t>(queries.size()), static_cast<int64_t>(keys.size())},
-                  -std::numeric_limits<float>::infinity());
-  auto a = bias.accessor<float, 2>();
-  for (std::size_t i = 0; i < queries.size(); ++i) {
-    const auto q = static_cast<std::size_t>(queries[i]);
-    for (std::size_t j = 0; j < keys.size(); ++j) {
-      const auto k = static_cast<std::size_t>(keys[j]);
-      if (l.sample[q] != l.sample[k]) continue;
-      // Text attends causally to everything before it in its sample; a media token attends to
-      // the tokens of its own item, both ways.
-      const bool allowed = l.item[q] < 0 ? k <= q : l.item[k] == l.item[q];
-      if (allowed) a[static_cast<int64_t>(i)][static_cast<int64_t>(j)] = 0;
-    }
+  const auto on = [](const std::vector<int64_t>& v) {
+    return torch::tensor(v, torch::kInt64).to(device_setting().device);
+  };
+  return mask_between(l, on(queries).view({-1, 1}), on(keys).view({1, -1}));
+}
+
+std::vector<AttentionBlocks> attention_blocks(const LlmLayout& l) {
+  std::vector<AttentionBlocks> runs;
+  const auto n = static_cast<int64_t>(l.sample.size());
+  for (int64_t begin = 0; begin < n;) {
+    int64_t end = begin;
+    while (end < n &&
+           l.sample[static_cast<std::size_t>(end)] == l.sample[static_cast<std::size_t>(begin)])
+      ++end;
+    const int64_t length = end - begin;
+    if (!runs.empty() && runs.back().length == length &&
+        runs.back().begin + runs.back().count * length == begin)
+      ++runs.back().count;
+    else
+      runs.push_back({begin, length, 1, {}});
+    begin = end;
   }
-  return bias;
+  for (AttentionBlocks& run : runs) {
+    const torch::Tensor at =
+        torch::arange(run.begin, run.begin + run.count * run.length,
+                      torch::TensorOptions().dtype(torch::kInt64).device(device_setting().device))
+            .view({run.count, 1, run.length});
+    run.bias = mask_between(l, at.unsqueeze(3), at.unsqueeze(2));
+  }
+  return runs;
 }
 
 // The pieces of the listed items (item -1: every item of the sample), in order.

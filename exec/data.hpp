@@ -13,6 +13,8 @@
 
 #include <torch/torch.h>
 
+#include "exec/layers.hpp"
+
 #include "shared/layout/microbatch.hpp"
 #include "shared/layout/scenario.hpp"
 #include "shared/model/batch.hpp"
@@ -76,9 +78,15 @@ LlmLayout llm_layout(const ModelSpec& model, const TrainBatch& batch,
 // truncation): the rows the encoder's projector produces for it.
 int64_t llm_media_tokens(const ModelSpec& model, const ModuleSpec& encoder, const Sample& sample);
 
-// Additive mask (queries, keys): 0 where the query attends to the key, -inf elsewhere.
+// The LLM's additive attention masks, 0 where a query attends to a key and -inf elsewhere, built
+// on this process's device in the activation dtype: text attends causally to its own sample, a
+// media token to the tokens of its own item, both ways.
+// The layout's positions `queries` against `keys`: (Lq, Lk).
 torch::Tensor attention_bias(const LlmLayout& layout, const std::vector<int64_t>& queries,
                              const std::vector<int64_t>& keys);
+// The whole layout against itself (no context parallelism) as blocks, one per sample, each run
+// of consecutive samples of one length batched.
+std::vector<AttentionBlocks> attention_blocks(const LlmLayout& layout);
 
 // The pieces `encoder` runs for the samples, (P, C·T, S, S) with T its temporal_patch: per
 // sample (in order) its media_items() — an image as one piece (repeated T times over time), a

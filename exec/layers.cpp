@@ -278,13 +278,32 @@ torch::Tensor Attention::forward(const torch::Tensor& x, const AttentionInputs& 
     kh = kh.repeat_interleave(heads / kv_heads, 2);
     vh = vh.repeat_interleave(heads / kv_heads, 2);
   }
-  qh = qh.transpose(1, 2);  // (B, heads, Lq, d)
-  kh = kh.transpose(1, 2);
-  vh = vh.transpose(1, 2);
-  const torch::Tensor out = recompute_core && torch::GradMode::is_enabled()
-                                ? RecomputedAttention::apply(qh, kh, vh, in.bias)
-                                : attention(qh, kh, vh, in.bias);  // (B, heads, Lq, d)
-  return o.forward(out.transpose(1, 2).reshape({b, l, heads * value_dim}));
+  // (B, L, heads, d) in, (B, L, heads, value_dim) out.
+  const auto core = [&](const torch::Tensor& qb, const torch::Tensor& kb, const torch::Tensor& vb,
+                        const torch::Tensor& bias) {
+    const torch::Tensor qt = qb.transpose(1, 2), kt = kb.transpose(1, 2), vt = vb.transpose(1, 2);
+    return (recompute_core && torch::GradMode::is_enabled()
+                ? RecomputedAttention::apply(qt, kt, vt, bias)
+                : attention(qt, kt, vt, bias))
+        .transpose(1, 2);
+  };
+  if (in.blocks.empty())
+    return o.forward(core(qh, kh, vh, in.bias).reshape({b, l, heads * value_dim}));
+  TESSERA_CHECK(b == 1 && kh.size(1) == l, "attention blocks need one packed sequence");
+  std::vector<torch::Tensor> parts;
+  int64_t at = 0;
+  for (const AttentionBlocks& run : in.blocks) {
+    TESSERA_CHECK(run.begin == at, "attention blocks must cover the sequence in order");
+    at += run.count * run.length;
+    const auto blocks = [&](const torch::Tensor& t) {
+      return t.narrow(1, run.begin, run.count * run.length)
+          .reshape({run.count, run.length, t.size(2), t.size(3)});
+    };
+    parts.push_back(core(blocks(qh), blocks(kh), blocks(vh), run.bias)
+                        .reshape({1, run.count * run.length, heads * value_dim}));
+  }
+  TESSERA_CHECK(at == l, "attention blocks must cover the sequence");
+  return o.forward(parts.size() == 1 ? parts.front() : torch::cat(parts, 1));
 }
 
 Mlp::Mlp(ParamSet& ps, const std::string& name, const TransformerArch& arch, int64_t width)

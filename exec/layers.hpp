@@ -90,9 +90,19 @@ struct Norm {
   NormKind kind = NormKind::kRmsNorm;
 };
 
+// `count` consecutive blocks of `length` tokens from token `begin` on, each attending within
+// itself only (the samples of a packed micro-batch), with `bias` (count, 1, length, length).
+struct AttentionBlocks {
+  int64_t begin = 0, length = 0, count = 0;
+  torch::Tensor bias;
+};
+
 // What attention needs besides its input.
 struct AttentionInputs {
-  torch::Tensor bias;            // (Lq, Lk) additive: 0 allowed, -inf masked; undefined: no mask
+  torch::Tensor bias;  // (Lq, Lk) additive: 0 allowed, -inf masked; undefined: no mask
+  // When set, queries are the keys and attention runs block by block over these runs, which
+  // cover the sequence in order (`bias` unused): the work of the samples, not of their product.
+  std::vector<AttentionBlocks> blocks;
   torch::Tensor positions_q;     // (Lq) rotary positions; undefined: no rotary embedding
   const Comm* cp = nullptr;      // gather K/V over this group (context parallel)
   std::vector<int64_t> cp_rows;  // tokens held by each member of `cp`

@@ -60,10 +60,8 @@ std::vector<PlainStep> run_plain_loop(const Scenario& s, const TrainOptions& opt
         }
         media = projector->project(features);
       }
-      std::vector<int64_t> all(static_cast<std::size_t>(layout.tokens));
-      for (int64_t t = 0; t < layout.tokens; ++t) all[static_cast<std::size_t>(t)] = t;
       AttentionInputs attention;
-      attention.bias = attention_bias(layout, all, all).to(device_setting().device);
+      attention.blocks = attention_blocks(layout);
       move_to_device(layout);
       attention.positions_q = layout.positions;
       const torch::Tensor everything = torch::arange(layout.tokens, on_device(torch::kInt64));

@@ -212,13 +212,16 @@ const Worker::MicroBatch& Worker::micro_batch(int mb) {
     keys.insert(keys.end(), part.begin(), part.end());
     b.attention.cp_rows.push_back(static_cast<int64_t>(part.size()));
   }
-  b.attention.bias = attention_bias(b.layout, b.local, keys);
+  // Without context parallelism every sample attends within itself only: block by block.
+  if (cp_size == 1)
+    b.attention.blocks = attention_blocks(b.layout);
+  else
+    b.attention.bias = attention_bias(b.layout, b.local, keys);
   b.attention.positions_q =
       b.layout.positions.index_select(0, torch::tensor(b.local, torch::kInt64).view({-1}));
   b.attention.cp = cp;
   // Built on the CPU, used on the device.
   move_to_device(b.layout);
-  b.attention.bias = b.attention.bias.to(device_setting().device);
   b.attention.positions_q = b.attention.positions_q.to(device_setting().device);
   return b;
 }

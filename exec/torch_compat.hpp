@@ -25,17 +25,20 @@ using CollectiveGroup = c10d::ProcessGroup;
 // softmax(q kᵀ / sqrt(d) + bias) v on (B, heads, L, d); `bias` additive and broadcastable to
 // (B, heads, Lq, Lk), or undefined; it is cast to q's dtype. The softmax runs in fp32 (inside
 // the fused kernel under torch 2).
+// Empty inputs (an encoder's micro-batch without media) take the step-by-step form: torch 2.11's
+// fused CUDA kernels return no tensor for them.
 inline torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k,
                                const torch::Tensor& v, const torch::Tensor& bias) {
 #if TORCH_VERSION_MAJOR >= 2
-  return at::scaled_dot_product_attention(
-      q, k, v, bias.defined() ? std::optional<at::Tensor>(bias.to(q.scalar_type())) : std::nullopt);
-#else
+  if (q.numel() > 0 && k.numel() > 0)
+    return at::scaled_dot_product_attention(
+        q, k, v,
+        bias.defined() ? std::optional<at::Tensor>(bias.to(q.scalar_type())) : std::nullopt);
+#endif
   torch::Tensor scores =
       torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(q.size(-1)));
   if (bias.defined()) scores = scores + bias.to(q.scalar_type());
   return torch::matmul(torch::softmax(scores, -1, torch::kFloat32).to(q.scalar_type()), v);
-#endif
 }
 
 }  // namespace tessera::exec

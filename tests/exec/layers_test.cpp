@@ -1,6 +1,8 @@
-// The executor's layers on one rank: selective recomputation's attention core.
+// The executor's layers on one rank: selective recomputation's attention core, and attention
+// block by block over a packed micro-batch's samples.
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <deque>
 #include <limits>
 #include <numeric>
@@ -10,6 +12,7 @@
 
 #include <torch/version.h>
 
+#include "exec/data.hpp"
 #include "exec/layers.hpp"
 
 using namespace tessera;
@@ -79,4 +82,64 @@ TEST_CASE("selective recomputation: the attention core keeps no scores, and its 
 #endif
   CHECK_FALSE(any_contains(nodes_r, "Softmax"));
   CHECK(any_contains(nodes_r, "RecomputedAttention"));
+}
+
+TEST_CASE("attention block by block over the samples equals the whole masked sequence") {
+  const Comm alone{{0}, 0, {}};
+  ParamSet ps(11, true, alone);
+  TransformerArch a;
+  a.layers = 1;
+  a.hidden = 32;
+  a.heads = 4;
+  a.kv_heads = 2;
+  a.head_dim = 8;
+  a.ffn = 64;
+  Attention attention(ps, "a", a);
+  // Three samples: 5 tokens (an image item of 2, then text), 5 of text, 3 (a 1-token item, text).
+  LlmLayout layout;
+  layout.sample = {0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 2, 2, 2};
+  layout.item = {0, 0, -1, -1, -1, -1, -1, -1, -1, -1, 1, -1, -1};
+  const auto n = static_cast<int64_t>(layout.sample.size());
+  std::vector<int64_t> all(static_cast<std::size_t>(n));
+  std::iota(all.begin(), all.end(), 0);
+
+  const std::vector<AttentionBlocks> blocks = attention_blocks(layout);
+  REQUIRE(blocks.size() == 2);  // the two samples of 5 batched, then the one of 3
+  CHECK(blocks[0].begin == 0);
+  CHECK(blocks[0].length == 5);
+  CHECK(blocks[0].count == 2);
+  CHECK(blocks[1].begin == 10);
+  CHECK(blocks[1].length == 3);
+  CHECK(blocks[1].count == 1);
+  CHECK(blocks[0].bias.sizes() == torch::IntArrayRef{2, 1, 5, 5});
+  // Each block's mask is the whole mask's diagonal block: image tokens both ways, text causal.
+  const torch::Tensor whole = attention_bias(layout, all, all);
+  CHECK(torch::equal(blocks[0].bias[0][0], whole.slice(0, 0, 5).slice(1, 0, 5)));
+  CHECK(torch::equal(blocks[0].bias[1][0], whole.slice(0, 5, 10).slice(1, 5, 10)));
+  CHECK(torch::equal(blocks[1].bias[0][0], whole.slice(0, 10, 13).slice(1, 10, 13)));
+  CHECK(whole[0][1].item<float>() == 0.0f);      // an image token sees the next one
+  CHECK(std::isinf(whole[2][3].item<float>()));  // text does not see the future
+  CHECK(std::isinf(whole[5][4].item<float>()));  // nor another sample
+
+  torch::manual_seed(5);
+  const torch::Tensor x = torch::randn({1, n, 32}).requires_grad_(true);
+  AttentionInputs dense, blocked;
+  dense.bias = whole;
+  blocked.blocks = blocks;
+  dense.positions_q = blocked.positions_q =
+      torch::tensor(std::vector<int64_t>{0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 0, 1, 2});
+  for (const bool recompute : {false, true}) {
+    attention.recompute_core = recompute;
+    const auto run = [&](const AttentionInputs& in) {
+      const torch::Tensor out = attention.forward(x, in);
+      const auto grads = torch::autograd::grad({(out * out).sum()}, {x, attention.k.weight});
+      return std::tuple{out.detach(), grads[0], grads[1]};
+    };
+    const auto [out, dx, dk] = run(dense);
+    const auto [out_b, dx_b, dk_b] = run(blocked);
+    INFO("recompute " << recompute);
+    CHECK(torch::allclose(out, out_b, 1e-5, 1e-7));
+    CHECK(torch::allclose(dx, dx_b, 1e-5, 1e-7));
+    CHECK(torch::allclose(dk, dk_b, 1e-5, 1e-7));
+  }
 }
