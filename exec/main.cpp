@@ -8,11 +8,13 @@
 #include <string>
 #include <vector>
 
+#include <torch/version.h>
 #include <cxxopts.hpp>
 
 #include "exec/comm_check.hpp"
 #include "exec/cuda.hpp"
 #include "exec/device.hpp"
+#include "exec/kernel_profile.hpp"
 #include "exec/launcher.hpp"
 #include "exec/matmul_rate.hpp"
 #include "exec/plain_loop.hpp"
@@ -175,6 +177,10 @@ int train(int argc, char** argv) {
       "no-checkpoint", "record no checkpoint (traces and losses only)")(
       "trace-steps", "steps recorded in the traces",
       cxxopts::value<int64_t>()->default_value("20"))(
+      "profile-step",
+      "record step N's operators and GPU kernels with torch's profiler into "
+      "<out>/profile/rank<R>.json (torch 2 builds)",
+      cxxopts::value<int64_t>()->default_value("-1"))(
       "seed", "weight seed", cxxopts::value<uint64_t>()->default_value("1234"))(
       "lr", "AdamW learning rate", cxxopts::value<double>()->default_value("0.001"))(
       "weight-decay", "AdamW weight decay", cxxopts::value<double>()->default_value("0"))(
@@ -252,6 +258,12 @@ int train(int argc, char** argv) {
   job.steps = args["steps"].as<int64_t>();
   job.checkpoint_every = args["checkpoint-every"].as<int64_t>();
   job.trace_steps = args["trace-steps"].as<int64_t>();
+  job.profile_step = args["profile-step"].as<int64_t>();
+  if (job.profile_step >= 0 && (!args.count("out") || !kernel_profile_built())) {
+    std::cerr << "tessera-train: --profile-step needs --out and a torch 2 build (this one has "
+              << TORCH_VERSION << ")\n";
+    return 2;
+  }
   job.timeout_s = args["timeout"].as<double>();
   job.resume = args.count("resume") > 0;
   job.checkpoint = args.count("no-checkpoint") == 0;

@@ -13,6 +13,7 @@
 #include <torch/version.h>
 
 #include "exec/cuda.hpp"
+#include "exec/kernel_profile.hpp"
 #include "exec/process_group.hpp"
 #include "shared/base/check.hpp"
 #include "shared/base/failpoint.hpp"
@@ -241,7 +242,15 @@ int train_worker(const WorkerEnv& env, const TrainJob& job) {
   double dip_search_s = 0, dip_search_max_s = 0;
   for (int64_t step = first; step < job.steps; ++step) {
     const double started = monotonic_s();
+    const bool profile = step == job.profile_step && !out.empty();
+    if (profile) start_kernel_profile(device.device.is_cuda());
     StepResult r = worker.step(step);
+    if (profile) {
+      if (device.device.is_cuda()) cuda_synchronize();
+      fs::create_directories(out / "profile");
+      stop_kernel_profile(
+          (out / "profile" / ("rank" + std::to_string(env.rank) + ".json")).string());
+    }
     // The step time of the job: the slowest rank's.
     torch::Tensor slowest = torch::tensor({r.step_s}, torch::kFloat64);
     all_reduce(world, slowest, c10d::ReduceOp::MAX);

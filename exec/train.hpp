@@ -22,6 +22,7 @@ struct TrainJob {
   int64_t checkpoint_every = 0;  // also checkpoint every N steps (always at the end with --out)
   bool checkpoint = true;        // false: no checkpoints at all
   int64_t trace_steps = 20;      // steps recorded in the Chrome traces
+  int64_t profile_step = -1;     // this step's kernels into out_dir/profile/ (-1: none)
   double timeout_s = 120;        // rendezvous and every collective
   TrainOptions options;
   // cpu, or cuda: each rank on GPU (local rank mod the GPUs it sees).

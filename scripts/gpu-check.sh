@@ -14,11 +14,14 @@
 #   bench   recorded runs of the ~1B- and ~3B-class VLMs (scenarios/gpu/): micro-batch sizes and
 #           sequence lengths, the encoder frozen and trainable; a table of step time, tokens/s,
 #           model TFLOP/s and MFU against the measured rate and the datasheet peak
+#   profile the fastest recorded run of the ~1B VLM again, one step under torch's profiler
+#           (tessera-train --profile-step): GPU busy share and kernel time by kind and by name
+#           (scripts/profile-summary.py), the trace gzipped beside it
 #   model   the recorded runs against the cost model: `tessera replay` uncalibrated (per step and
 #           per op class), `tessera calibrate` on half the runs, `tessera replay --profile` on
 #           all. Needs the SimGrid build's `tessera` (TESSERA_BIN, default build/sim/tessera);
 #           without it the stage says which commands to run where it is.
-# Stages default to all five, in that order. --device cpu is the dry run: the same stages on the
+# Stages default to all six, in that order. --device cpu is the dry run: the same stages on the
 # tiny scenarios on the CPU, which CI runs (scripts/test.sh --torch2) so that the script cannot
 # rot while no GPU is lent.
 # Results: DIR (default out/gpu-check-<device>) holds each stage's log, matmul.json, bench.tsv
@@ -34,12 +37,12 @@ while [[ $# -gt 0 ]]; do
   case $1 in
     --device) device=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
-    build|matmul|gpu|bench|model) stages+=("$1"); shift ;;
-    *) echo "gpu-check: unknown argument $1 (stages: build matmul gpu bench model)" >&2; exit 2 ;;
+    build|matmul|gpu|bench|profile|model) stages+=("$1"); shift ;;
+    *) echo "gpu-check: unknown argument $1 (stages: build matmul gpu bench profile model)" >&2; exit 2 ;;
   esac
 done
 [[ $device == cuda || $device == cpu ]] || { echo "gpu-check: --device cuda or cpu" >&2; exit 2; }
-[[ ${#stages[@]} -gt 0 ]] || stages=(build matmul gpu bench model)
+[[ ${#stages[@]} -gt 0 ]] || stages=(build matmul gpu bench profile model)
 out=${out:-out/gpu-check-$device}
 build=${TESSERA_BUILD_DIR:-build-gpu}
 mkdir -p "$out"
@@ -135,17 +138,31 @@ json.dump(s, open(dest, "w"), indent=1)
 EOF
 }
 
-# One recorded run: `steps` steps, the first 4 traced, into $traces/NAME.
+# One recorded run: `steps` steps, the first 4 traced, into $traces/NAME. A run that fails (out
+# of memory, say) leaves no folder; its name and reason go to $out/failed.txt.
 record() {
   local name=$1
   rm -rf "${traces:?}/$name"
   mkdir -p "$traces"
-  "$train" "$out/scenarios/$name.json" --device "$device" --steps "$steps" --trace-steps 4 \
-    --no-checkpoint --out "$traces/$name"
+  if "$train" "$out/scenarios/$name.json" --device "$device" --steps "$steps" --trace-steps 4 \
+    --no-checkpoint --out "$traces/$name" 2>"$out/$name.err"; then
+    rm -f "$out/$name.err"
+    return 0
+  fi
+  rm -rf "${traces:?}/$name"
+  printf '%s\t%s\n' "$name" "$(grep -m1 -o 'out of memory\|rank [0-9]*: .*' "$out/$name.err" | cut -c1-100)" \
+    >>"$out/failed.txt"
+  return 1
+}
+
+# A table, aligned where the machine has `column`.
+aligned() {
+  if command -v column >/dev/null; then column -t -s $'\t' "$1"; else cat "$1"; fi
 }
 
 stage_bench() {
   local names=()
+  rm -f "$out/failed.txt"
   for seq in $seqs; do
     for mb in $mbs; do
       name=$(basename "$small" .json)-s$seq-m$mb
@@ -187,7 +204,28 @@ for name in open(runs).read().split():
     print(f"{name}\t{step:.4f}\t{tokens / step:.0f}\t{flops / step / 1e12:.2f}\t"
           f"{flops / step / measured:.3f}\t{flops / step / peak:.3f}")
 EOF
-  column -t "$out/bench.tsv"
+  aligned "$out/bench.tsv"
+  if [[ -s $out/failed.txt ]]; then
+    echo "runs that failed:"
+    cat "$out/failed.txt"
+  fi
+}
+
+# The fastest 1B run of the bench (tokens/s), again, its fourth step under torch's profiler.
+stage_profile() {
+  [[ -f $out/bench.tsv ]] || { echo "profile: no bench.tsv: run the bench stage"; return 1; }
+  local name
+  name=$(awk -F'\t' -v base="$(basename "$small" .json)" \
+    'NR > 1 && index($1, base) == 1 && $3 > best { best = $3; name = $1 } END { print name }' \
+    "$out/bench.tsv")
+  [[ -n $name ]] || { echo "profile: no run of $(basename "$small" .json) in bench.tsv"; return 1; }
+  rm -rf "$out/profile"
+  "$train" "$out/scenarios/$name.json" --device "$device" --steps 4 --trace-steps 0 \
+    --profile-step 3 --no-checkpoint --out "$out/profile" >/dev/null
+  echo "profile of $name, step 4:"
+  python3 scripts/profile-summary.py "$out/profile/profile/rank0.json" --top 14 |
+    tee "$out/profile.txt"
+  gzip -f "$out/profile/profile/rank0.json"
 }
 
 stage_model() {

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include <sys/wait.h>
+#include <torch/version.h>
 #include <unistd.h>
 
 #include "exec/data.hpp"
@@ -1506,4 +1507,26 @@ TEST_CASE("messages in the order their receivers take them: plans agree with tag
   ::unsetenv("TESSERA_P2P_IN_ORDER");
   MESSAGE(reordered << " messages held back for their receivers' order");
   CHECK(reordered > 0);  // otherwise this tested nothing
+}
+
+TEST_CASE("--profile-step records one step's operators with torch's profiler (torch 2 builds)") {
+  const fs::path out = fresh_dir("profile-step");
+  const Run r = run(kScenario + " --plan " + plan_file(R"({"dp": 2})") +
+                    " --steps 2 --profile-step 1 --no-checkpoint --out " + out.string());
+  INFO(r.output);
+#if TORCH_VERSION_MAJOR >= 2
+  REQUIRE(r.code == 0);
+  for (const std::string rank : {"rank0.json", "rank1.json"}) {
+    std::ifstream in(out / "profile" / rank);
+    REQUIRE(in.good());
+    const Json trace = Json::parse(in);
+    // Operators of the step: its matrix products among them.
+    const std::string text = trace.dump();
+    CHECK(trace.contains("traceEvents"));
+    CHECK(text.find("aten::mm") != std::string::npos);
+  }
+#else
+  CHECK(r.code == 2);
+  CHECK(r.output.find("--profile-step needs --out and a torch 2 build") != std::string::npos);
+#endif
 }
