@@ -36,7 +36,7 @@ Json simulation_summary(const ChosenPlan& chosen, const SweepOptions& options) {
   const SimulationResult r = simulate(sized, c->plan, sim);
   Json j = {{"feasible", r.feasible}, {"reason", r.reason}};
   if (r.feasible) {
-    double tokens = 0, tflops = 0, mfu = 0, bubble = 0, memory = 0, compute = 0, busiest = 0,
+    double tokens = 0, tflops = 0, mfu = 0, idle = 0, memory = 0, compute = 0, busiest = 0,
            exposed = 0, boundary = 0, cv = 0, max_over_mean = 0;
     const std::string llm_name = find_llm(sized.model)->name;
     for (const SimulatedIteration& it : r.iterations) {
@@ -45,12 +45,14 @@ Json simulation_summary(const ChosenPlan& chosen, const SweepOptions& options) {
           cv += v.cv;
           max_over_mean += v.max_over_mean;
         }
-      // bubble = idle / busy per rank, so a rank computes step / (1 + bubble)
+      // bubble = idle / busy per rank, so a rank computes step / (1 + bubble) and sits idle
+      // bubble / (1 + bubble) of the step
       const auto& b = it.metrics.bubble;
       double most = 0;
       for (double x : b) {
         const double busy = it.metrics.step_s / (1 + x);
         compute += busy / static_cast<double>(b.size());
+        idle += x / (1 + x) / static_cast<double>(b.size());
         most = std::max(most, busy);
       }
       busiest += most;
@@ -59,7 +61,6 @@ Json simulation_summary(const ChosenPlan& chosen, const SweepOptions& options) {
       tokens += it.metrics.tokens_per_s;
       tflops += it.metrics.tflops_per_device;
       mfu += it.metrics.mfu;
-      bubble += it.metrics.bubble_mean;
       memory = std::max(memory,
                         it.metrics.memory[static_cast<std::size_t>(it.metrics.peak_rank)].total());
     }
@@ -68,7 +69,7 @@ Json simulation_summary(const ChosenPlan& chosen, const SweepOptions& options) {
               {"tokens_per_s", tokens / n},
               {"tflops_per_device", tflops / n},
               {"mfu", mfu / n},
-              {"bubble", bubble / n},
+              {"idle_share", idle / n},
               {"peak_memory_bytes", memory},
               {"compute_s", compute / n},
               {"compute_max_s", busiest / n},
@@ -102,7 +103,7 @@ SweepRow row_of(const ChosenPlan& chosen, const ChildResult& child) {
       row.tokens_per_s = j.at("tokens_per_s").get<double>();
       row.tflops_per_device = j.at("tflops_per_device").get<double>();
       row.mfu = j.at("mfu").get<double>();
-      row.bubble = j.at("bubble").get<double>();
+      row.idle_share = j.at("idle_share").get<double>();
       row.peak_memory_bytes = j.at("peak_memory_bytes").get<double>();
       row.compute_s = j.at("compute_s").get<double>();
       row.compute_max_s = j.at("compute_max_s").get<double>();

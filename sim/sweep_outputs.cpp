@@ -89,7 +89,8 @@ void write_sweep_outputs(const SweepResult& result, const Scenario& scenario,
   std::ostringstream csv;
   csv << "rank,point,gpus,placement,layout,micro_batch_size,global_batch,schedule,step_s,tokens_"
          "per_s,tflops_per_device,mfu,"
-         "bubble,peak_memory_gib,estimate_step_s,llm_microbatch_cv,llm_microbatch_max_over_mean,"
+         "idle_share_of_step,peak_memory_gib,estimate_step_s,llm_microbatch_cv,llm_microbatch_max_"
+         "over_mean,"
          "status\n";
   for (std::size_t i = 0; i < result.rows.size(); ++i) {
     const SweepRow& r = result.rows[i];
@@ -100,8 +101,8 @@ void write_sweep_outputs(const SweepResult& result, const Scenario& scenario,
         << enum_name(r.plan.placement, kPlacements) << ",\""
         << describe_layout(r.plan, scenario.model) << "\"," << r.plan.micro_batch_size << ","
         << r.global_batch << "," << enum_name(r.plan.schedule, kSchedules) << "," << r.step_s << ","
-        << r.tokens_per_s << "," << r.tflops_per_device << "," << r.mfu << "," << r.bubble << ","
-        << r.peak_memory_bytes / (1024.0 * 1024 * 1024) << "," << r.estimate_step_s << ","
+        << r.tokens_per_s << "," << r.tflops_per_device << "," << r.mfu << "," << r.idle_share
+        << "," << r.peak_memory_bytes / (1024.0 * 1024 * 1024) << "," << r.estimate_step_s << ","
         << r.llm_microbatch_cv << "," << r.llm_microbatch_max_over_mean << ","
         << (r.ok ? "ok" : "\"failed: " + r.failure + "\"") << "\n";
   }
@@ -256,11 +257,13 @@ std::string format_sweep(const SweepResult& r, const Scenario& s, std::size_t sh
                     static_cast<long long>(row.plan.micro_batch_size),
                     static_cast<long long>(row.global_batch), row.step_s, row.tokens_per_s,
                     row.tflops_per_device, 100 * row.mfu,
-                    human_bytes(row.peak_memory_bytes).c_str(), 100 * row.bubble,
+                    human_bytes(row.peak_memory_bytes).c_str(), 100 * row.idle_share,
                     row.llm_microbatch_cv);
     }
     out << line;
   }
+  out << "(idle %: the share of the step a rank computes nothing, mean over ranks; mb CV: the "
+         "variation of the LLM's micro-batch times)\n";
   if (!r.split_gains.empty()) {
     out << "\nfrozen-aware vs uniform stage split, the best pipelined plans (analytic estimate):\n";
     for (const SplitGain& g : r.split_gains) {

@@ -359,8 +359,9 @@ std::string sweep_report_html(const SweepResult& r, const Scenario& s) {
           "plans</h2><table><tr><th>#</th><th>point</th><th>GPUs</th><th>placement</th><th>layout</"
           "th><th>MBS</th><th>GBS</th>"
        << "<th>schedule</th><th>micro-batching</th><th>recompute</th><th>SP</th><th>step "
-          "(s)</th><th>tokens/s</th><th>TFLOP/s/GPU</th><th>MFU</th><th>peak memory</th><th>idle "
-          "%</th></tr>";
+          "(s)</th><th>tokens/s</th><th>TFLOP/s/GPU</th><th>MFU</th><th>peak memory</th><th "
+          "title='the share of the step a rank computes nothing, mean over ranks'>idle (% of "
+          "step)</th></tr>";
   for (std::size_t i = 0; i < r.rows.size(); ++i) {
     const SweepRow& row = r.rows[i];
     std::string point;
@@ -378,7 +379,7 @@ std::string sweep_report_html(const SweepResult& r, const Scenario& s) {
       html << "<td>" << num(row.step_s, "%.4g") << "</td><td>" << num(row.tokens_per_s, "%.4g")
            << "</td><td>" << num(row.tflops_per_device, "%.4g") << "</td><td>"
            << num(100 * row.mfu, "%.1f") << "%</td><td>" << human_bytes(row.peak_memory_bytes)
-           << "</td><td>" << num(100 * row.bubble, "%.1f") << "</td></tr>";
+           << "</td><td>" << num(100 * row.idle_share, "%.1f") << "%</td></tr>";
     } else {
       html << "<td class='l' colspan='6'>failed: " << esc(row.failure) << "</td></tr>";
     }

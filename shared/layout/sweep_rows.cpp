@@ -19,7 +19,7 @@ Json row_to_json(const SweepRow& r) {
               {"tokens_per_s", r.tokens_per_s},
               {"tflops_per_device", r.tflops_per_device},
               {"mfu", r.mfu},
-              {"bubble", r.bubble},
+              {"idle_share", r.idle_share},
               {"peak_memory_bytes", r.peak_memory_bytes},
               {"compute_s", r.compute_s},
               {"compute_max_s", r.compute_max_s},
@@ -44,13 +44,20 @@ bool row_from_json(const Json& j, SweepRow& r) {
     for (const auto& [field, name] :
          {std::pair{&r.step_s, "step_s"}, std::pair{&r.tokens_per_s, "tokens_per_s"},
           std::pair{&r.tflops_per_device, "tflops_per_device"}, std::pair{&r.mfu, "mfu"},
-          std::pair{&r.bubble, "bubble"}, std::pair{&r.peak_memory_bytes, "peak_memory_bytes"},
+          std::pair{&r.idle_share, "idle_share"},
+          std::pair{&r.peak_memory_bytes, "peak_memory_bytes"},
           std::pair{&r.compute_s, "compute_s"}, std::pair{&r.compute_max_s, "compute_max_s"},
           std::pair{&r.exposed_comm_s, "exposed_comm_s"},
           std::pair{&r.exposed_boundary_s, "exposed_boundary_s"},
           std::pair{&r.llm_microbatch_cv, "llm_microbatch_cv"},
           std::pair{&r.llm_microbatch_max_over_mean, "llm_microbatch_max_over_mean"}})
       *field = j.value(name, 0.0);  // fields added later read as 0 in older files
+    // Older files kept idle over busy time ("bubble"), b: the idle share of the step is b / (1 +
+    // b).
+    if (!j.contains("idle_share") && j.contains("bubble")) {
+      const double b = j.at("bubble").get<double>();
+      r.idle_share = b / (1 + b);
+    }
     return true;
   } catch (const Json::exception&) {
     return false;

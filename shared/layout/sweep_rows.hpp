@@ -21,8 +21,10 @@ struct SweepRow {
   double estimate_step_s = 0;
   bool ok = false;
   std::string failure;  // why the simulation failed
-  double step_s = 0, tokens_per_s = 0, tflops_per_device = 0, mfu = 0, bubble = 0,
-         peak_memory_bytes = 0;
+  double step_s = 0, tokens_per_s = 0, tflops_per_device = 0, mfu = 0, peak_memory_bytes = 0;
+  // The share of the step a rank computes nothing (waiting in the pipeline, on a dependency or
+  // on exposed communication), mean over ranks: 0 to 1.
+  double idle_share = 0;
   double compute_s = 0;           // mean over ranks of compute-stream busy time per step
   double compute_max_s = 0;       // the busiest rank's compute-stream busy time per step
   double exposed_comm_s = 0;      // mean over ranks of compute time lost waiting on communication

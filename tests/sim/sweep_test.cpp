@@ -271,7 +271,22 @@ TEST_CASE("sweep: -j 1 and -j 2 agree; a resumed sweep equals an uninterrupted o
   // The best 4, and the stage-split twin of a chosen frozen-aware plan beside it.
   REQUIRE(one.rows.size() >= 4);
   CHECK(keys_and_steps(one) == keys_and_steps(two));
-  for (const SweepRow& row : one.rows) CHECK(row.ok);
+  for (const SweepRow& row : one.rows) {
+    CHECK(row.ok);
+    // Idle time is a share of the step: the step less what the busiest rank computes at least.
+    CHECK(row.idle_share >= 0);
+    CHECK(row.idle_share < 1);
+    CHECK(row.idle_share == doctest::Approx(1 - row.compute_s / row.step_s).epsilon(1e-6));
+  }
+  // A results file written when rows kept idle over busy time (1.0: idle half the step).
+  {
+    SweepRow old;
+    Json j = row_to_json(one.rows.front());
+    j.erase("idle_share");
+    j["bubble"] = 1.0;
+    REQUIRE(row_from_json(j, old));
+    CHECK(old.idle_share == doctest::Approx(0.5));
+  }
 
   // Interrupted: two finished rows and half of a third line remain.
   const fs::path dir = scratch("resume");
