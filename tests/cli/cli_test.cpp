@@ -950,3 +950,40 @@ TEST_CASE("a simulation child that crashes is one failed row; the sweep complete
   CHECK(fs::exists(dir / "report.html"));
   fs::remove_all(dir);
 }
+
+TEST_CASE("docs/CLI.md documents every option each command's --help lists") {
+  std::ifstream in(kSource + "/docs/CLI.md");
+  REQUIRE(in.good());
+  const std::string doc((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  // A command's section: from the "## " heading that names it to the next heading.
+  const auto section = [&](const std::string& command) {
+    const std::string named = "`tessera " + command;
+    for (std::size_t at = doc.find("\n## "); at != std::string::npos;
+         at = doc.find("\n## ", at + 1)) {
+      const std::size_t eol = doc.find('\n', at + 1);
+      if (doc.substr(at, eol - at).find(named) == std::string::npos) continue;
+      return doc.substr(at, doc.find("\n## ", at + 1) - at);
+    }
+    return std::string();
+  };
+  const std::regex option(R"(\n +(?:-\w, )?--([a-z][a-z0-9-]*))");
+  int options = 0;
+  for (const std::string command :
+       {"validate", "show", "import-hf", "lower", "estimate", "simulate", "stages", "sweep",
+        "merge", "calibrate", "replay", "fidelity"}) {
+    const Run help = run(command + " --help");
+    REQUIRE(help.code == 0);
+    const std::string text = section(command);
+    INFO(command);
+    REQUIRE_FALSE(text.empty());
+    for (auto it = std::sregex_iterator(help.output.begin(), help.output.end(), option);
+         it != std::sregex_iterator(); ++it) {
+      const std::string name = (*it)[1].str();
+      if (name == "help") continue;
+      ++options;
+      INFO("--" << name);
+      CHECK(text.find("--" + name) != std::string::npos);
+    }
+  }
+  CHECK(options > 50);  // the options were found at all
+}
