@@ -16,6 +16,7 @@
 #include "shared/search/scenario_report.hpp"
 #include "sim/child_process.hpp"
 #include "sim/simulator.hpp"
+#include "sim/sweep_families.hpp"
 #include "sim/sweep_plan.hpp"
 
 namespace tessera::sim {
@@ -178,6 +179,16 @@ SweepResult run_sweep(const Scenario& base, const SweepOptions& options,
   result.simulate_s = seconds_since(simulation_start);
   if (!write_error.empty()) throw std::runtime_error(write_error);
   sort_rows(result.rows);
+  // The report's timelines: each family's best, one step op by op.
+  for (const auto& group : family_bests(result.rows))
+    for (const SweepRow* row : group) {
+      Diagnostics diag;
+      std::optional<Scenario> here = scenario_at(s, row->point, diag);
+      if (!here) continue;
+      here->cluster = cluster_with_devices(here->cluster, row->gpus);
+      result.pictures[row->key] = step_picture(
+          *here, row->plan, options.cost ? *options.cost : default_cost_params(here->cluster));
+    }
   write_sweep_outputs(result, s, options.scenario_file);
   return result;
 }

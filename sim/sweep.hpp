@@ -15,6 +15,7 @@
 #include "shared/layout/scenario.hpp"
 #include "shared/layout/sweep_rows.hpp"
 #include "shared/search/plan_search.hpp"
+#include "shared/search/step_picture.hpp"
 #include "sim/simulator.hpp"
 
 namespace tessera::sim {
@@ -100,6 +101,9 @@ struct SweepResult {
   // Per grid point and GPU count where the space alone found nothing: what the sweep offered
   // beyond it (encoder context parallelism), and what the leanest plan would need.
   std::vector<std::string> notes;
+  // Each family's best simulated plan, one step op by op (the report's timelines), by row key;
+  // empty in merged sweeps.
+  std::map<std::string, StepPicture> pictures;
   std::string out_dir;
   double enumerate_s = 0, estimate_s = 0, refine_s = 0, simulate_s = 0;  // wall time per phase
   int64_t simulated = 0;  // simulations run by this invocation

@@ -232,15 +232,73 @@ std::string breakdown(const std::vector<const SweepRow*>& rows, const ModelSpec&
     svg << "<text x='" << x + 4 << "' y='" << y + bar * 0.7 << "' font-size='11'>" << num(r.step_s)
         << " s</text>";
   }
-  for (int k = 0; k < 5; ++k)
-    svg << "<rect x='" << left + 130.0 * k << "' y='" << h - 25 << "' width='12' height='12' fill='"
-        << colors[k] << "'/><text x='" << left + 130.0 * k + 16 << "' y='" << h - 15
-        << "' font-size='11'>" << names[k] << "</text>";
+  double legend_x = left;  // each entry as wide as its name
+  for (int k = 0; k < 5; ++k) {
+    svg << "<rect x='" << legend_x << "' y='" << h - 25 << "' width='12' height='12' fill='"
+        << colors[k] << "'/><text x='" << legend_x + 16 << "' y='" << h - 15 << "' font-size='11'>"
+        << names[k] << "</text>";
+    legend_x += 28 + 6.5 * static_cast<double>(std::string(names[k]).size());
+  }
   svg << "</svg>";
   return svg.str();
 }
 
 }  // namespace
+
+// One step op by op on a few ranks (StepPicture): a lane per rank, compute as full bars coloured
+// by module (forward light, backward dark, weight gradients between, recomputation hatched
+// grey), transfers as thin grey bars beneath; white is idle.
+std::string step_timeline(const StepPicture& picture, const std::string& title) {
+  const double left = 340, right = 20, top = 40, lane = 26, w = 1080;
+  const double h = top + lane * static_cast<double>(picture.lanes.size()) + 60;
+  const double span = picture.step_s > 0 ? picture.step_s : 1;
+  auto x_at = [&](double t) { return left + (w - left - right) * t / span; };
+  std::ostringstream svg;
+  svg << "<svg xmlns='http://www.w3.org/2000/svg' width='" << w << "' height='" << h << "'>";
+  svg << "<text x='" << w / 2 << "' y='20' text-anchor='middle' font-weight='bold'>" << esc(title)
+      << "</text>";
+  for (std::size_t i = 0; i < picture.lanes.size(); ++i) {
+    const StepLane& l = picture.lanes[i];
+    const double y = top + lane * static_cast<double>(i);
+    svg << "<text x='" << left - 6 << "' y='" << y + 15 << "' text-anchor='end' font-size='11'>"
+        << esc(l.label) << "</text>";
+    svg << "<rect x='" << left << "' y='" << y + 1 << "' width='" << w - left - right
+        << "' height='" << lane - 2 << "' fill='#fafafa' stroke='#eee'/>";
+    for (const StepBar& b : l.bars) {
+      const double x0 = x_at(b.start_s), x1 = std::max(x_at(b.finish_s), x0 + 0.5);
+      const char* color = b.module >= 0 ? kColors[b.module % 6] : "#555";
+      const double opacity = !b.compute             ? 1.0
+                             : b.phase == Phase::kF ? 0.45
+                             : b.phase == Phase::kW ? 0.7
+                                                    : 1.0;
+      const double top_y = b.compute ? y + 2 : y + lane - 8, height = b.compute ? lane - 11 : 5;
+      svg << "<rect class='op' x='" << num(x0, "%.2f") << "' y='" << top_y << "' width='"
+          << num(x1 - x0, "%.2f") << "' height='" << height << "' fill='"
+          << (b.compute ? (b.phase == Phase::kR ? "#999" : color) : "#666") << "' fill-opacity='"
+          << opacity << "'><title>" << esc(b.name)
+          << (b.ops > 1 ? " and " + std::to_string(b.ops - 1) + " more" : std::string()) << ": "
+          << num(b.start_s, "%.4g") << " to " << num(b.finish_s, "%.4g") << " s</title></rect>";
+    }
+  }
+  const double axis = top + lane * static_cast<double>(picture.lanes.size()) + 4;
+  for (int t = 0; t <= 5; ++t) {
+    const double v = span * t / 5;
+    svg << "<text x='" << x_at(v) << "' y='" << axis + 14
+        << "' text-anchor='middle' font-size='11'>" << num(v, "%.3g") << " s</text>";
+  }
+  double x = left;
+  for (std::size_t m = 0; m < picture.modules.size(); ++m) {
+    svg << "<rect x='" << x << "' y='" << axis + 24 << "' width='12' height='12' fill='"
+        << kColors[m % 6] << "'/><text x='" << x + 16 << "' y='" << axis + 34 << "' font-size='11'>"
+        << esc(picture.modules[m]) << "</text>";
+    x += 30 + 7 * static_cast<double>(picture.modules[m].size());
+  }
+  svg << "<text x='" << x << "' y='" << axis + 34
+      << "' font-size='11'>forward light, backward dark; grey beneath: transfers; white: "
+         "idle</text>";
+  svg << "</svg>";
+  return svg.str();
+}
 
 std::string sweep_report_html(const SweepResult& r, const Scenario& s) {
   std::ostringstream html;
@@ -296,6 +354,21 @@ std::string sweep_report_html(const SweepResult& r, const Scenario& s) {
     html << "</ul><div class='charts'>"
          << breakdown(group, s.model, "Where each family's best step goes (mean over ranks)")
          << "</div>";
+    // Each family's best, one step op by op.
+    bool heading = false;
+    for (const SweepRow* row : group) {
+      const auto it = r.pictures.find(row->key);
+      if (it == r.pictures.end() || !it->second.error.empty() || it->second.lanes.empty()) continue;
+      if (!heading)
+        html << "<h3>One step, op by op (the analytic evaluator's times, no network contention; "
+                "a lane per distinct role of a rank)</h3>";
+      heading = true;
+      html << "<div class='timeline'>"
+           << step_timeline(it->second, enum_name(row->plan.placement, kPlacements) + ": " +
+                                            describe_layout(row->plan, s.model) + ", " +
+                                            num(it->second.step_s, "%.4g") + " s")
+           << "</div>";
+    }
   }
   if (const std::vector<std::string> lines = technique_lines(r, s.model); !lines.empty()) {
     html << "<h2>What the second stage's techniques did</h2><p>Each family's best first-stage "

@@ -20,39 +20,53 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 
 }  // namespace
 
+EvaluatedStep evaluate_step(const Scenario& s, const ParallelPlan& given, int64_t iteration,
+                            const CostParams& params,
+                            const std::function<void(const std::string&)>& progress) {
+  EvaluatedStep step;
+  const auto t0 = std::chrono::steady_clock::now();
+  // The frozen-aware stage boundaries, from these costs (a resolved plan is kept as it is).
+  const ParallelPlan plan = resolve_stage_split(given, s.model, s.workload, s.cluster, &params);
+  step.batch = draw_batch(s.workload, iteration);
+  const CostModel cost(s.cluster, s.model.dtype, params, s.model);
+  // DIP: this batch's schedule, searched with the evaluator (lowering time includes it).
+  if (plan.schedule == Schedule::kDip) {
+    DipPlanner planner(s, plan, cost);
+    step.dip = planner.search(step.batch, DipSchedule{});
+  }
+  // Identical ranks fold into one (exact: the evaluator gives each the times it would).
+  step.lowered = lower(s.model, s.cluster, plan, s.workload, step.batch,
+                       step.dip ? &step.dip->schedule : nullptr, RankFolding::kIdentical);
+  step.lower_s = seconds_since(t0);
+  if (!step.lowered.error.empty()) return step;
+  if (progress && step.lower_s >= 1)
+    progress(lowering_note(step.lowered.program, step.lower_s) + "; evaluating");
+  const auto t1 = std::chrono::steady_clock::now();
+  step.timeline = evaluate(step.lowered.program, cost);
+  step.evaluate_s = seconds_since(t1);
+  return step;
+}
+
 Estimate estimate(const Scenario& s, const ParallelPlan& given, int64_t iteration,
                   const CostParams& params,
                   const std::function<void(const std::string&)>& progress) {
   Estimate e;
-  const auto t0 = std::chrono::steady_clock::now();
-  // The frozen-aware stage boundaries, from these costs (a resolved plan is kept as it is).
-  const ParallelPlan plan = resolve_stage_split(given, s.model, s.workload, s.cluster, &params);
-  const Batch batch = draw_batch(s.workload, iteration);
-  const CostModel cost(s.cluster, s.model.dtype, params, s.model);
-  // DIP: this batch's schedule, searched with the evaluator (lowering time includes it).
-  std::optional<DipSearchResult> dip;
-  if (plan.schedule == Schedule::kDip) {
-    DipPlanner planner(s, plan, cost);
-    dip = planner.search(batch, DipSchedule{});
-  }
-  // Identical ranks fold into one (exact: the evaluator gives each the times it would).
-  Lowered lowered = lower(s.model, s.cluster, plan, s.workload, batch,
-                          dip ? &dip->schedule : nullptr, RankFolding::kIdentical);
-  e.lower_s = seconds_since(t0);
-  e.notes = lowered.notes;
-  if (dip && dip->error.empty()) e.notes.push_back(describe_dip_search(*dip, s.model));
-  if (!lowered.error.empty()) {
-    e.reason = lowered.error;
+  const EvaluatedStep step = evaluate_step(s, given, iteration, params, progress);
+  e.lower_s = step.lower_s;
+  e.evaluate_s = step.evaluate_s;
+  e.notes = step.lowered.notes;
+  if (step.dip && step.dip->error.empty())
+    e.notes.push_back(describe_dip_search(*step.dip, s.model));
+  if (!step.lowered.error.empty()) {
+    e.reason = step.lowered.error;
     e.failure = PlanFailure::kRefused;
     return e;
   }
-  const Program& p = lowered.program;
+  const Program& p = step.lowered.program;
+  const Timeline& timeline = step.timeline;
+  const Batch& batch = step.batch;
   e.ops = op_count(p);
   e.ranks_lowered = lowered_ranks(p);
-  if (progress && e.lower_s >= 1) progress(lowering_note(p, e.lower_s) + "; evaluating");
-  const auto t1 = std::chrono::steady_clock::now();
-  const Timeline timeline = evaluate(p, cost);
-  e.evaluate_s = seconds_since(t1);
   if (!timeline.error.empty()) {
     e.reason = timeline.error;
     e.failure = PlanFailure::kFailed;

@@ -4,13 +4,16 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "shared/cost/cost_model.hpp"
+#include "shared/cost/evaluator.hpp"
 #include "shared/cost/metrics.hpp"
 #include "shared/layout/scenario.hpp"
 #include "shared/lowering/lower.hpp"
+#include "shared/search/dip_search.hpp"
 
 namespace tessera {
 
@@ -35,6 +38,21 @@ struct Estimate {
   int64_t ranks_lowered = 0;  // ranks whose ops were lowered: all, or a folded Program's classes
   double lower_s = 0, evaluate_s = 0;  // wall time of the two steps
 };
+
+// One iteration of a plan, lowered and evaluated: its stage split resolved with these costs,
+// the iteration's batch drawn, DIP's schedule searched for it, the Program lowered with
+// identical ranks folded, then executed by the evaluator (unless the lowering failed).
+struct EvaluatedStep {
+  Batch batch;
+  std::optional<DipSearchResult> dip;
+  Lowered lowered;
+  Timeline timeline;
+  double lower_s = 0, evaluate_s = 0;  // wall time of the two steps
+};
+// REQUIRES: as estimate(), which it serves; `progress` likewise.
+EvaluatedStep evaluate_step(const Scenario& scenario, const ParallelPlan& plan, int64_t iteration,
+                            const CostParams& params,
+                            const std::function<void(const std::string&)>& progress = {});
 
 // REQUIRES: scenario validated, with a plan. `progress`, when given, hears of a lowering that
 // took a second or more before the evaluation starts (long work shows it is under way).

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <set>
 
@@ -277,6 +278,20 @@ TEST_CASE("sweep: -j 1 and -j 2 agree; a resumed sweep equals an uninterrupted o
     CHECK(row.idle_share >= 0);
     CHECK(row.idle_share < 1);
     CHECK(row.idle_share == doctest::Approx(1 - row.compute_s / row.step_s).epsilon(1e-6));
+  }
+  // The report draws each family's best, one step op by op, from the evaluator's times.
+  REQUIRE_FALSE(one.pictures.empty());
+  for (const auto& [key, picture] : one.pictures) {
+    INFO(key);
+    CHECK(picture.error.empty());
+    CHECK_FALSE(picture.lanes.empty());
+  }
+  {
+    std::ifstream report(fs::path(one.out_dir) / "report.html");
+    const std::string html((std::istreambuf_iterator<char>(report)),
+                           std::istreambuf_iterator<char>());
+    CHECK(html.find("One step, op by op") != std::string::npos);
+    CHECK(html.find("<rect class='op'") != std::string::npos);
   }
   // A results file written when rows kept idle over busy time (1.0: idle half the step).
   {

@@ -1,0 +1,47 @@
+// One step of a plan as a picture: the ops of a few representative ranks with their start and
+// finish from the analytic evaluator (no network contention), for the sweep report's timelines.
+// The lanes are the first rank of each distinct set of (module, stage) pairs a rank computes —
+// every pipeline stage, an encoder's ranks where they are apart — then the rank that computes
+// longest (the one the others wait for) and, where data-parallel replicas run differently
+// shaped micro-batches, a replica of the first rank.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "shared/cost/cost_model.hpp"
+#include "shared/layout/scenario.hpp"
+#include "shared/program/program.hpp"
+
+namespace tessera {
+
+// A run of ops of one kind back to back (a micro-batch's forward, consecutive sends...).
+struct StepBar {
+  double start_s = 0, finish_s = 0;
+  int module = -1;  // Program::modules index; -1 for none (the gradient norm, say)
+  Phase phase = Phase::kF;
+  bool compute = true;  // compute or optimizer op; false: a transfer (send, receive, collective)
+  int32_t ops = 1;      // ops merged into the bar
+  std::string name;     // the first op's name (op_name)
+};
+
+struct StepLane {
+  int64_t rank = 0;
+  std::string label;          // "rank 8: llm s1", "rank 1: vision + llm s0 (another replica)"
+  std::vector<StepBar> bars;  // by start
+};
+
+struct StepPicture {
+  std::string error;  // why there is no picture (a refused plan, a deadlock)
+  double step_s = 0;
+  std::vector<std::string> modules;
+  std::vector<StepLane> lanes;
+};
+
+// REQUIRES: scenario validated, sized to the plan's devices.
+StepPicture step_picture(const Scenario& scenario, const ParallelPlan& plan,
+                         const CostParams& params, std::size_t max_lanes = 6);
+
+}  // namespace tessera
