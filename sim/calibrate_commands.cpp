@@ -102,8 +102,11 @@ int run_replay(const Args& args, std::ostream& out, std::ostream& err) {
   add_profile_option(options);
   options.add_options()("trace", "write the simulated traces (of the traced iterations) here",
                         cxxopts::value<std::string>())(
-      "warmup", "first iterations shown but left out of the errors",
-      cxxopts::value<int64_t>()->default_value("1"))(
+      "html",
+      "write a page here with a traced iteration's measured and predicted steps op by op, on "
+      "the same ranks and time axis",
+      cxxopts::value<std::string>())("warmup", "first iterations shown but left out of the errors",
+                                     cxxopts::value<int64_t>()->default_value("1"))(
       "timeout", "seconds allowed per simulated iteration",
       cxxopts::value<double>()->default_value("600"))("json", "machine-readable output");
   int code = kOk;
@@ -119,6 +122,7 @@ int run_replay(const Args& args, std::ostream& out, std::ostream& err) {
     return kBadInput;
   }
   if (result->count("trace")) replay_options.trace_dir = (*result)["trace"].as<std::string>();
+  if (result->count("html")) replay_options.html_file = (*result)["html"].as<std::string>();
   Diagnostics diag;
   auto run = load_calibration_run(dir, false, diag);
   if (!run) return report_problems(diag, err);
@@ -135,6 +139,11 @@ int run_replay(const Args& args, std::ostream& out, std::ostream& err) {
         << (cost ? (*result)["profile"].as<std::string>() : std::string("analytic defaults"))
         << "\n";
     out << format_replay(r);
+  }
+  if (!r.html_error.empty()) {
+    err << options.program() << ": --html " << replay_options.html_file << ": " << r.html_error
+        << "\n";
+    return kBadInput;
   }
   if (!r.error.empty() || !r.trace_error.empty()) {
     if (!r.trace_error.empty()) err << options.program() << ": " << r.trace_error << "\n";

@@ -5,9 +5,12 @@
 #include <cstdio>
 #include <map>
 
+#include "shared/base/json_reader.hpp"
 #include "shared/records/calibrate.hpp"
 #include "shared/records/trace_writer.hpp"
+#include "shared/search/step_picture.hpp"
 #include "sim/simulator.hpp"
+#include "sim/sweep_report.hpp"
 
 namespace tessera::sim {
 
@@ -72,6 +75,39 @@ ReplayResult replay(const RunRecord& run, const std::vector<TracedIteration>& tr
   for (const auto& [name, times] : classes)
     result.classes.push_back({name, times.first / static_cast<double>(compared),
                               times.second / static_cast<double>(compared)});
+  if (!options.html_file.empty()) {
+    // The first traced warm iteration (else the first traced), measured and predicted.
+    const TracedIteration* shown = nullptr;
+    for (const TracedIteration& t : traced) {
+      if (!simulated.contains(t.program.iteration)) continue;
+      if (shown == nullptr) shown = &t;
+      if (t.program.iteration - first >= options.warmup_iterations) {
+        shown = &t;
+        break;
+      }
+    }
+    if (shown == nullptr) {
+      result.html_error = "no traced iteration to draw (record the run with --trace-steps)";
+    } else {
+      const std::size_t k = simulated.at(shown->program.iteration);
+      StepPicture measured = step_picture(shown->program, shown->timeline);
+      StepPicture predicted = step_picture_like(measured, r.programs[k], r.timelines[k]);
+      measured.step_s = predicted.step_s = std::max(measured.step_s, predicted.step_s);
+      const ReplayIteration& it = result.iterations[k];
+      char line[256];
+      std::snprintf(line, sizeof line,
+                    "<p>Iteration %lld: measured %.4g s, predicted %.4g s (%+.1f%%). The same "
+                    "ranks and time axis above and below; white is idle.</p>",
+                    static_cast<long long>(it.iteration), it.measured_s, it.predicted_s,
+                    it.error_pct());
+      const std::string page =
+          html_page_head("Tessera replay: " + s.name) + line +
+          step_timeline_svg(measured, "measured (the run's trace)") +
+          step_timeline_svg(predicted, "predicted (simulated with the cost model)") +
+          "</body></html>\n";
+      result.html_error = write_file_atomically(options.html_file, page);
+    }
+  }
   if (!options.trace_dir.empty()) {
     std::vector<TraceIteration> its;
     double offset = 0;

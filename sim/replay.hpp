@@ -16,7 +16,10 @@ namespace tessera::sim {
 struct ReplayOptions {
   int64_t warmup_iterations = 1;  // the run's first iterations: shown, left out of the errors
   std::string trace_dir;          // non-empty: the simulated traces of the traced iterations
-  double timeout_s = 600;         // per simulated iteration
+  // Non-empty: an HTML page here with a traced warm iteration's measured and predicted steps op
+  // by op, on the same lanes and time axis.
+  std::string html_file;
+  double timeout_s = 600;  // per simulated iteration
 };
 
 struct ReplayIteration {
@@ -40,6 +43,7 @@ struct ReplayResult {
   double mean_abs_error_pct = 0, max_abs_error_pct = 0, mean_error_pct = 0;  // warm iterations
   std::vector<ReplayClass> classes;  // empty when the run has no traced warm iteration
   std::string trace_error;
+  std::string html_error;  // the page could not be written (or the run has no traced iteration)
 };
 
 // REQUIRES: `traced` loaded from `run` (may be empty: no per-class comparison).

@@ -246,9 +246,9 @@ std::string breakdown(const std::vector<const SweepRow*>& rows, const ModelSpec&
 }  // namespace
 
 // One step op by op on a few ranks (StepPicture): a lane per rank, compute as full bars coloured
-// by module (forward light, backward dark, weight gradients between, recomputation hatched
+// by module (forward light, backward dark, weight gradients between, recomputation
 // grey), transfers as thin grey bars beneath; white is idle.
-std::string step_timeline(const StepPicture& picture, const std::string& title) {
+std::string step_timeline_svg(const StepPicture& picture, const std::string& title) {
   const double left = 340, right = 20, top = 40, lane = 26, w = 1080;
   const double h = top + lane * static_cast<double>(picture.lanes.size()) + 60;
   const double span = picture.step_s > 0 ? picture.step_s : 1;
@@ -300,16 +300,20 @@ std::string step_timeline(const StepPicture& picture, const std::string& title) 
   return svg.str();
 }
 
+std::string html_page_head(const std::string& title) {
+  return "<!DOCTYPE html><html><head><meta charset='utf-8'><title>" + esc(title) +
+         "</title><style>"
+         "body{font-family:sans-serif;margin:24px;color:#222}table{border-collapse:collapse;font-"
+         "size:13px}"
+         "td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}th{background:#f0f0f0}"
+         "td.l{text-align:left}.charts{display:flex;flex-wrap:wrap;gap:24px;margin:16px "
+         "0}</style></head><body><h1>" +
+         esc(title) + "</h1>";
+}
+
 std::string sweep_report_html(const SweepResult& r, const Scenario& s) {
   std::ostringstream html;
-  html << "<!DOCTYPE html><html><head><meta charset='utf-8'><title>Tessera sweep: " << esc(s.name)
-       << "</title><style>"
-       << "body{font-family:sans-serif;margin:24px;color:#222}table{border-collapse:collapse;font-"
-          "size:13px}"
-       << "td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}th{background:#f0f0f0}"
-       << "td.l{text-align:left}.charts{display:flex;flex-wrap:wrap;gap:24px;margin:16px "
-          "0}</style></head><body>";
-  html << "<h1>Tessera sweep: " << esc(s.name) << "</h1>";
+  html << html_page_head("Tessera sweep: " + s.name);
   if (!s.description.empty()) html << "<p>" << esc(s.description) << "</p>";
   int64_t rejected = 0;
   for (const auto& [reason, count] : r.rejected) rejected += count;
@@ -364,9 +368,9 @@ std::string sweep_report_html(const SweepResult& r, const Scenario& s) {
                 "a lane per distinct role of a rank)</h3>";
       heading = true;
       html << "<div class='timeline'>"
-           << step_timeline(it->second, enum_name(row->plan.placement, kPlacements) + ": " +
-                                            describe_layout(row->plan, s.model) + ", " +
-                                            num(it->second.step_s, "%.4g") + " s")
+           << step_timeline_svg(it->second, enum_name(row->plan.placement, kPlacements) + ": " +
+                                                describe_layout(row->plan, s.model) + ", " +
+                                                num(it->second.step_s, "%.4g") + " s")
            << "</div>";
     }
   }

@@ -76,16 +76,8 @@ std::vector<StepBar> bars_of(const Program& p, const Timeline& t, int64_t rank) 
 
 }  // namespace
 
-StepPicture step_picture(const Scenario& s, const ParallelPlan& given, const CostParams& params,
-                         std::size_t max_lanes) {
+StepPicture step_picture(const Program& p, const Timeline& t, std::size_t max_lanes) {
   StepPicture picture;
-  const EvaluatedStep step = evaluate_step(s, given, 0, params);
-  if (!step.lowered.error.empty() || !step.timeline.error.empty()) {
-    picture.error = step.lowered.error.empty() ? step.timeline.error : step.lowered.error;
-    return picture;
-  }
-  const Program& p = step.lowered.program;
-  const Timeline& t = step.timeline;
   picture.step_s = t.step_s;
   picture.modules = p.modules;
   std::map<Hosted, int64_t> first;  // each distinct set's first rank
@@ -127,6 +119,27 @@ StepPicture step_picture(const Scenario& s, const ParallelPlan& given, const Cos
   }
   for (StepLane& lane : picture.lanes) lane.bars = bars_of(p, t, lane.rank);
   return picture;
+}
+
+StepPicture step_picture_like(const StepPicture& lanes_of, const Program& p, const Timeline& t) {
+  StepPicture picture;
+  picture.step_s = t.step_s;
+  picture.modules = p.modules;
+  for (const StepLane& lane : lanes_of.lanes)
+    if (lane.rank < p.world)
+      picture.lanes.push_back({lane.rank, lane.label, bars_of(p, t, lane.rank)});
+  return picture;
+}
+
+StepPicture step_picture(const Scenario& s, const ParallelPlan& plan, const CostParams& params,
+                         std::size_t max_lanes) {
+  const EvaluatedStep step = evaluate_step(s, plan, 0, params);
+  if (!step.lowered.error.empty() || !step.timeline.error.empty()) {
+    StepPicture picture;
+    picture.error = step.lowered.error.empty() ? step.timeline.error : step.lowered.error;
+    return picture;
+  }
+  return step_picture(step.lowered.program, step.timeline, max_lanes);
 }
 
 }  // namespace tessera

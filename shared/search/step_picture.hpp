@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "shared/cost/cost_model.hpp"
+#include "shared/cost/evaluator.hpp"
 #include "shared/layout/scenario.hpp"
 #include "shared/program/program.hpp"
 
@@ -40,7 +41,15 @@ struct StepPicture {
   std::vector<StepLane> lanes;
 };
 
-// REQUIRES: scenario validated, sized to the plan's devices.
+// The picture of an evaluated, simulated or measured step (a recorded run's traced iteration).
+StepPicture step_picture(const Program& program, const Timeline& timeline,
+                         std::size_t max_lanes = 6);
+// The same lanes as `lanes_of` (ranks and labels) drawn from another timeline of the step: the
+// measured and the predicted side by side.
+StepPicture step_picture_like(const StepPicture& lanes_of, const Program& program,
+                              const Timeline& timeline);
+// A plan's first iteration, lowered and evaluated (evaluate_step). REQUIRES: scenario
+// validated, sized to the plan's devices.
 StepPicture step_picture(const Scenario& scenario, const ParallelPlan& plan,
                          const CostParams& params, std::size_t max_lanes = 6);
 

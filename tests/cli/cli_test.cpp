@@ -588,9 +588,25 @@ TEST_CASE(
   REQUIRE(fs::exists(profile));
 
   const Run r = run("replay " + runs + "cpu-tiny-dp2-pp2 --profile " + profile + " --trace " +
-                    (dir / "replay-trace").string());
+                    (dir / "replay-trace").string() + " --html " + (dir / "replay.html").string());
   INFO(r.output);
   CHECK(r.code == 0);
+  {
+    // The measured and the predicted step, op by op, on the same ranks.
+    std::ifstream page(dir / "replay.html");
+    const std::string html((std::istreambuf_iterator<char>(page)),
+                           std::istreambuf_iterator<char>());
+    CHECK(html.find("measured (the run's trace)") != std::string::npos);
+    CHECK(html.find("predicted (simulated with the cost model)") != std::string::npos);
+    CHECK(html.find("<rect class='op'") != std::string::npos);
+    CHECK(html.find("rank 2: llm s1") != std::string::npos);  // PP2: the second stage's lane
+  }
+  // A page that cannot be written: exit 2, named.
+  const Run no_page = run("replay " + runs + "cpu-tiny-dp2-pp2 --html " +
+                          (dir / "missing" / "replay.html").string());
+  CHECK(no_page.code == 2);
+  CHECK(no_page.output.find("--html " + (dir / "missing" / "replay.html").string()) !=
+        std::string::npos);
   CHECK(r.output.find("step time error over the warm iterations") != std::string::npos);
   CHECK(r.output.find("op class") != std::string::npos);
   CHECK(fs::exists(dir / "replay-trace" / "rank3.json"));
