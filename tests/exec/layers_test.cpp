@@ -41,11 +41,8 @@ bool any_contains(const std::set<std::string>& names, const std::string& part) {
   return false;
 }
 
-}  // namespace
-
-TEST_CASE("selective recomputation: the attention core keeps no scores, and its gradients hold") {
-  const Comm alone{{0}, 0, {}};
-  ParamSet ps(7, true, alone);
+// One layer, 32 wide, 4 query heads over 2 key/value heads of 8.
+TransformerArch small_gqa() {
   TransformerArch a;
   a.layers = 1;
   a.hidden = 32;
@@ -53,7 +50,15 @@ TEST_CASE("selective recomputation: the attention core keeps no scores, and its 
   a.kv_heads = 2;
   a.head_dim = 8;
   a.ffn = 64;
-  Attention attention(ps, "a", a);
+  return a;
+}
+
+}  // namespace
+
+TEST_CASE("selective recomputation: the attention core keeps no scores, and its gradients hold") {
+  const Comm alone{{0}, 0, {}};
+  ParamSet ps(7, true, alone);
+  Attention attention(ps, "a", small_gqa());
   torch::manual_seed(3);
   const torch::Tensor x = torch::randn({1, 16, 32}).requires_grad_(true);
   AttentionInputs in;
@@ -87,14 +92,7 @@ TEST_CASE("selective recomputation: the attention core keeps no scores, and its 
 TEST_CASE("attention block by block over the samples equals the whole masked sequence") {
   const Comm alone{{0}, 0, {}};
   ParamSet ps(11, true, alone);
-  TransformerArch a;
-  a.layers = 1;
-  a.hidden = 32;
-  a.heads = 4;
-  a.kv_heads = 2;
-  a.head_dim = 8;
-  a.ffn = 64;
-  Attention attention(ps, "a", a);
+  Attention attention(ps, "a", small_gqa());
   // Three samples: 5 tokens (an image item of 2, then text), 5 of text, 3 (a 1-token item, text).
   LlmLayout layout;
   layout.sample = {0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 2, 2, 2};
