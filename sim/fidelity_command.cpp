@@ -70,19 +70,29 @@ void print_rows(const std::vector<FidelityRow>& rows, const std::vector<double>&
   }
 }
 
-void print_summary(const std::vector<FidelityRow>& rows, const std::vector<double>& predicted,
-                   std::ostream& out) {
+// A table of per-group errors: its header when asked, then a line per group, its name with
+// `suffix`.
+void print_stats_table(const char* title, const std::vector<SeriesStats>& stats,
+                       const std::string& suffix, bool header, std::ostream& out) {
   char line[256];
-  std::snprintf(line, sizeof line, "%-22s %5s %10s %10s %9s\n", "series", "rows", "mean|err|",
-                "max|err|", "spearman");
-  out << line;
-  for (const SeriesStats& s : series_stats(rows, predicted)) {
+  if (header) {
+    std::snprintf(line, sizeof line, "%-22s %5s %10s %10s %9s\n", title, "rows", "mean|err|",
+                  "max|err|", "spearman");
+    out << line;
+  }
+  for (const SeriesStats& s : stats) {
     char rho[16] = "        -";
     if (!std::isnan(s.spearman)) std::snprintf(rho, sizeof rho, "%9.2f", s.spearman);
-    std::snprintf(line, sizeof line, "%-22s %5zu %9.1f%% %9.1f%% %s\n", s.series.c_str(), s.rows,
+    const std::string name = s.series + suffix;
+    std::snprintf(line, sizeof line, "%-22s %5zu %9.1f%% %9.1f%% %s\n", name.c_str(), s.rows,
                   100 * s.mean_abs_error, 100 * s.max_abs_error, rho);
     out << line;
   }
+}
+
+void print_summary(const std::vector<FidelityRow>& rows, const std::vector<double>& predicted,
+                   std::ostream& out) {
+  print_stats_table("series", series_stats(rows, predicted), "", true, out);
   for (const bool held : {false, true}) {
     std::vector<bool> use(rows.size());
     std::size_t n = 0, within10 = 0, within15 = 0;
@@ -101,18 +111,10 @@ void print_summary(const std::vector<FidelityRow>& rows, const std::vector<doubl
         << percent(mean_abs_error(rows, use, predicted)) << ", max " << percent(worst)
         << ", within 10%: " << within10 << ", within 15%: " << within15 << "\n";
   }
-  std::snprintf(line, sizeof line, "\n%-22s %5s %10s %10s %9s\n", "kind", "rows", "mean|err|",
-                "max|err|", "spearman");
-  out << line;
+  out << "\n";
   for (const bool held : {false, true})
-    for (const SeriesStats& s : kind_stats(rows, predicted, held)) {
-      char rho[16] = "        -";
-      if (!std::isnan(s.spearman)) std::snprintf(rho, sizeof rho, "%9.2f", s.spearman);
-      const std::string kind = s.series + (held ? " (held out)" : "");
-      std::snprintf(line, sizeof line, "%-22s %5zu %9.1f%% %9.1f%% %s\n", kind.c_str(), s.rows,
-                    100 * s.mean_abs_error, 100 * s.max_abs_error, rho);
-      out << line;
-    }
+    print_stats_table("kind", kind_stats(rows, predicted, held), held ? " (held out)" : "", !held,
+                      out);
 }
 
 }  // namespace
