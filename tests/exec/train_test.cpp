@@ -51,27 +51,53 @@ std::vector<double> train(const std::string& layout, const std::string& name, in
   return losses(out);
 }
 
+// A run's losses and gradient norms per step, as recorded in out_dir(name).
+struct Trained {
+  std::string name;
+  std::vector<double> loss, norm;
+};
+
+Trained recorded(const std::string& name) {
+  return {name, losses(out_dir(name)), losses(out_dir(name), "grad_norm")};
+}
+
+Trained train_with(const std::string& scenario, const std::string& plan, const std::string& name,
+                   int steps = 3) {
+  const fs::path out = fresh_dir(name);
+  const Run r = run(scenario + " --plan " + plan + " --steps " + std::to_string(steps) + " --out " +
+                    out.string());
+  INFO(r.output);
+  REQUIRE(r.code == 0);
+  return recorded(name);
+}
+
+// `got` against `reference`, step by step: losses within 1e-6; gradient norms within 1e-6 at the
+// first step (the same parameters: only the order of float sums differs) and `norm_tolerance`
+// after (Adam's normalized update turns roundoff-sized gradients into full steps). The norm
+// catches what AdamW hides from the losses, such as a gradient summed twice over a boundary.
+void check_parity(const Trained& got, const Trained& reference, double norm_tolerance = 1e-5) {
+  REQUIRE(!reference.loss.empty());
+  REQUIRE(got.loss.size() == reference.loss.size());
+  REQUIRE(got.norm.size() == got.loss.size());
+  REQUIRE(reference.norm.size() == reference.loss.size());
+  for (std::size_t i = 0; i < got.loss.size(); ++i) {
+    INFO(got.name << " vs " << reference.name << ", step " << i << ": loss " << got.loss[i]
+                  << " vs " << reference.loss[i] << ", norm " << got.norm[i] << " vs "
+                  << reference.norm[i]);
+    CHECK(std::abs(got.loss[i] - reference.loss[i]) <= 1e-6 * std::abs(reference.loss[i]));
+    CHECK(std::abs(got.norm[i] - reference.norm[i]) <=
+          (i == 0 ? 1e-6 : norm_tolerance) * std::abs(reference.norm[i]));
+  }
+}
+
 // Each plan (a layout for plan_file, and a run name) against the single-rank run named
-// `reference`: losses within 1e-6 and gradient norms within 1e-5 (fp32 sums in another order
-// under CP and TP agree to 2e-6). The norm catches what AdamW hides from the losses: a constant
-// gradient scale, such as a doubled all-reduce.
+// `reference`, as check_parity compares them.
 void check_against_one_rank(const std::string& reference,
                             const std::vector<std::pair<std::string, std::string>>& plans) {
-  const std::vector<double> loss = losses(out_dir(reference));
-  const std::vector<double> norm = losses(out_dir(reference), "grad_norm");
-  REQUIRE(!loss.empty());
-  REQUIRE(norm.size() == loss.size());
+  const Trained one = recorded(reference);
   for (const auto& [layout, name] : plans) {
-    const std::vector<double> got = train(layout, name);
-    const std::vector<double> got_norm = losses(out_dir(name), "grad_norm");
-    REQUIRE(got.size() == loss.size());
-    REQUIRE(got_norm.size() == norm.size());
-    for (std::size_t i = 0; i < got.size(); ++i) {
-      INFO(name << " step " << i << ": loss " << got[i] << " vs " << loss[i] << ", norm "
-                << got_norm[i] << " vs " << norm[i]);
-      CHECK(std::abs(got[i] - loss[i]) <= 1e-6 * std::abs(loss[i]));
-      CHECK(std::abs(got_norm[i] - norm[i]) <= 1e-5 * std::abs(norm[i]));
-    }
+    train(layout, name);
+    check_parity(recorded(name), one);
   }
 }
 
@@ -90,26 +116,14 @@ std::pair<std::vector<double>, std::vector<double>> trained(const std::string& s
 }
 
 // `scenario` trained with the one-rank plan (as `reference`) and with each of `plans` (plan file,
-// run name): losses within 1e-6 of the one rank's; the first step's gradient norm within 1e-6
-// too (same parameters, so only the order of float sums differs), later steps' within
-// `norm_tolerance` (relative; default 1e-5): Adam's normalized update turns a gradient that is
-// roundoff-sized into a full step, so parameters drift apart by more than their gradients did.
+// run name), each compared with it by check_parity.
 void check_plans_agree(const std::string& scenario, const std::string& reference,
                        const std::vector<std::pair<std::string, std::string>>& plans, int steps = 3,
                        double norm_tolerance = 1e-5) {
-  const auto [loss, norm] = trained(scenario, plan_file(R"({"tp": 1})"), reference, steps);
-  REQUIRE(loss.size() == static_cast<std::size_t>(steps));
-  for (const auto& [plan, name] : plans) {
-    const auto [got, got_norm] = trained(scenario, plan, name, steps);
-    REQUIRE(got.size() == loss.size());
-    for (std::size_t i = 0; i < got.size(); ++i) {
-      INFO(name << " step " << i << ": loss " << got[i] << " vs " << loss[i] << ", norm "
-                << got_norm[i] << " vs " << norm[i]);
-      CHECK(std::abs(got[i] - loss[i]) <= 1e-6 * std::abs(loss[i]));
-      CHECK(std::abs(got_norm[i] - norm[i]) <=
-            (i == 0 ? 1e-6 : norm_tolerance) * std::abs(norm[i]));
-    }
-  }
+  const Trained one = train_with(scenario, plan_file(R"({"tp": 1})"), reference, steps);
+  REQUIRE(one.loss.size() == static_cast<std::size_t>(steps));
+  for (const auto& [plan, name] : plans)
+    check_parity(train_with(scenario, plan, name, steps), one, norm_tolerance);
 }
 
 // cpu-tiny-moe's LLM (`transformer`, 4 heads of 128 wide) given DeepSeek-V3's attention and
@@ -150,43 +164,6 @@ int rank0_events(const std::string& name, const std::function<bool(const std::st
 // A matcher of names ending in `suffix`.
 std::function<bool(const std::string&)> ending(const std::string& suffix) {
   return [suffix](const std::string& n) { return n.ends_with(suffix); };
-}
-
-// A run's losses and gradient norms per step, as recorded in out_dir(name).
-struct Trained {
-  std::string name;
-  std::vector<double> loss, norm;
-};
-
-Trained recorded(const std::string& name) {
-  return {name, losses(out_dir(name)), losses(out_dir(name), "grad_norm")};
-}
-
-Trained train_with(const std::string& scenario, const std::string& plan, const std::string& name) {
-  const fs::path out = fresh_dir(name);
-  const Run r = run(scenario + " --plan " + plan + " --steps 3 --out " + out.string());
-  INFO(r.output);
-  REQUIRE(r.code == 0);
-  return recorded(name);
-}
-
-// `got` against `reference`, step by step: losses within 1e-6; gradient norms within 1e-6 at the
-// first step (the same parameters: only the order of float sums differs) and `norm_tolerance`
-// after (Adam's normalized update turns roundoff-sized gradients into full steps). The norm
-// catches what AdamW hides from the losses, such as a gradient summed twice over a boundary.
-void check_parity(const Trained& got, const Trained& reference, double norm_tolerance = 1e-5) {
-  REQUIRE(!reference.loss.empty());
-  REQUIRE(got.loss.size() == reference.loss.size());
-  REQUIRE(got.norm.size() == got.loss.size());
-  REQUIRE(reference.norm.size() == reference.loss.size());
-  for (std::size_t i = 0; i < got.loss.size(); ++i) {
-    INFO(got.name << " vs " << reference.name << ", step " << i << ": loss " << got.loss[i]
-                  << " vs " << reference.loss[i] << ", norm " << got.norm[i] << " vs "
-                  << reference.norm[i]);
-    CHECK(std::abs(got.loss[i] - reference.loss[i]) <= 1e-6 * std::abs(reference.loss[i]));
-    CHECK(std::abs(got.norm[i] - reference.norm[i]) <=
-          (i == 0 ? 1e-6 : norm_tolerance) * std::abs(reference.norm[i]));
-  }
 }
 
 // A plan file with `json` as is.
