@@ -101,20 +101,6 @@ void check_against_one_rank(const std::string& reference,
   }
 }
 
-// The losses and gradient norms of `steps` steps of `scenario` under the plan file `plan`,
-// recorded in out_dir(name).
-std::pair<std::vector<double>, std::vector<double>> trained(const std::string& scenario,
-                                                            const std::string& plan,
-                                                            const std::string& name,
-                                                            int steps = 3) {
-  const fs::path out = fresh_dir(name);
-  const Run r = run(scenario + " --plan " + plan + " --steps " + std::to_string(steps) + " --out " +
-                    out.string());
-  INFO(r.output);
-  REQUIRE(r.code == 0);
-  return {losses(out), losses(out, "grad_norm")};
-}
-
 // `scenario` trained with the one-rank plan (as `reference`) and with each of `plans` (plan file,
 // run name), each compared with it by check_parity.
 void check_plans_agree(const std::string& scenario, const std::string& reference,
@@ -232,10 +218,12 @@ TEST_CASE("a bf16 model trains in mixed precision: near fp32, never NaN; plans a
   // rounding of the summed gradients (measured ~3e-4): the option changes what goes on the wire.
   const std::vector<double>& loss = bf16;
   const std::vector<double> norm = losses(out_dir("bf16"), "grad_norm");
-  const auto [fp32_loss, fp32_norm] =
-      trained(bf16_scenario, plan_file(R"({"dp": 2}, "grad_reduce_in_fp32": true)"),
-              "bf16-dp2-fp32-reduce");
-  const auto [bf16_loss, bf16_norm] = trained(bf16_scenario, plan_file(R"({"dp": 2})"), "bf16-dp2");
+  const Trained fp32_reduce =
+      train_with(bf16_scenario, plan_file(R"({"dp": 2}, "grad_reduce_in_fp32": true)"),
+                 "bf16-dp2-fp32-reduce");
+  const Trained bf16_reduce = train_with(bf16_scenario, plan_file(R"({"dp": 2})"), "bf16-dp2");
+  const std::vector<double>&fp32_loss = fp32_reduce.loss, &fp32_norm = fp32_reduce.norm;
+  const std::vector<double>&bf16_loss = bf16_reduce.loss, &bf16_norm = bf16_reduce.norm;
   for (std::size_t i = 0; i < loss.size(); ++i) {
     INFO("step " << i << ": one rank " << loss[i] << " / " << norm[i] << ", fp32 reduction "
                  << fp32_loss[i] << " / " << fp32_norm[i] << ", bf16 reduction " << bf16_loss[i]
