@@ -84,6 +84,10 @@ torch_prefix() {
 # libtorch_cuda.so loads the CUDA toolkit's libraries; on the development machine they are in
 # /usr/local/cuda (its cuDNN and NCCL beside them), on the GPU machine beside torch.
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:/usr/local/cuda/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+# A build carried from another machine finds the torch libraries of python3's torch here.
+if torch_lib=$(python3 -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib"))' 2>/dev/null); then
+  export LD_LIBRARY_PATH=$torch_lib:$LD_LIBRARY_PATH
+fi
 
 stage_build() {
   local prefix
@@ -104,7 +108,10 @@ stage_matmul() {
 }
 
 stage_gpu() {
-  TESSERA_TEST_DEVICE=$device "$build/tests/tessera_gpu_tests"
+  # The paths the tests were built with may not exist here (a build carried from another
+  # machine): name this checkout and its tessera-train.
+  TESSERA_TEST_DEVICE=$device TESSERA_SOURCE_DIR=$PWD TESSERA_TRAIN_BIN="$(realpath "$train")" \
+    "$build/tests/tessera_gpu_tests"
 }
 
 # The scenario `base` with one image of image_size and seq - image_tokens text tokens per sample

@@ -17,7 +17,7 @@
 
 namespace {
 
-const std::string kSource = TESSERA_SOURCE_DIR;
+const std::string kSource = source_dir();
 
 std::string device() {
   const char* d = std::getenv("TESSERA_TEST_DEVICE");

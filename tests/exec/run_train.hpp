@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 
 #include <sys/wait.h>
@@ -14,9 +15,16 @@ struct Run {
   std::string output;
 };
 
+// The tessera-train binary: the build's, or TESSERA_TRAIN_BIN's where a build made on another
+// machine was carried to this one (scripts/gpu-check.sh sets it).
+inline std::string train_binary() {
+  const char* carried = std::getenv("TESSERA_TRAIN_BIN");
+  return carried != nullptr && *carried != '\0' ? carried : TESSERA_TRAIN;
+}
+
 // Starts tessera-train with `args` in the background; finish() waits for it.
 inline FILE* start(const std::string& args) {
-  FILE* pipe = ::popen((std::string(TESSERA_TRAIN) + " " + args + " 2>&1").c_str(), "r");
+  FILE* pipe = ::popen((train_binary() + " " + args + " 2>&1").c_str(), "r");
   REQUIRE(pipe != nullptr);
   return pipe;
 }

@@ -18,6 +18,13 @@ namespace {
 namespace fs = std::filesystem;
 using tessera::Json;
 
+// The checkout whose scenarios the tests read: the build's, or TESSERA_SOURCE_DIR's where a build
+// made on another machine was carried to this one (scripts/gpu-check.sh sets it).
+inline std::string source_dir() {
+  const char* carried = std::getenv("TESSERA_SOURCE_DIR");
+  return carried != nullptr && *carried != '\0' ? carried : TESSERA_SOURCE_DIR;
+}
+
 // The test process's scratch folder, removed when it exits (not when a forked child does).
 const pid_t kTestProcess = ::getpid();
 void remove_scratch() {
@@ -65,7 +72,7 @@ std::vector<double> losses(const fs::path& out, const std::string& field = "loss
 std::string edited_scenario(const std::string& file, const std::function<void(Json&)>& edit,
                             const std::string& name) {
   Json s = Json::parse(std::ifstream(file));
-  s["cluster"] = std::string(TESSERA_SOURCE_DIR) + "/scenarios/clusters/cpu-local.json";
+  s["cluster"] = source_dir() + "/scenarios/clusters/cpu-local.json";
   edit(s);
   const fs::path path = fresh_dir(name) / "scenario.json";
   fs::create_directories(path.parent_path());
