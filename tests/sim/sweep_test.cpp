@@ -6,6 +6,7 @@
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <regex>
 #include <set>
 
 #include <unistd.h>
@@ -292,6 +293,38 @@ TEST_CASE("sweep: -j 1 and -j 2 agree; a resumed sweep equals an uninterrupted o
                            std::istreambuf_iterator<char>());
     CHECK(html.find("One step, op by op") != std::string::npos);
     CHECK(html.find("<rect class='op'") != std::string::npos);
+    // The plan table says what results.jsonl holds, row by row, to the digits it prints; its
+    // percentages are shares, at most 100.
+    const std::vector<SweepRow> stored =
+        load_sweep_rows((fs::path(one.out_dir) / "results.jsonl").string());
+    const std::string table = html.substr(html.find("<h2>Simulated plans</h2>"));
+    const std::regex row_re("<tr><td>([0-9]+)</td>(.*?)</tr>");
+    const std::regex cell_re("<td[^>]*>([^<]*)</td>");
+    std::size_t seen = 0;
+    for (auto it = std::sregex_iterator(table.begin(), table.end(), row_re);
+         it != std::sregex_iterator(); ++it) {
+      const std::size_t index = std::stoul((*it)[1].str()) - 1;
+      REQUIRE(index < stored.size());
+      const SweepRow& want = stored[index];
+      const std::string cells_text = (*it)[2].str();
+      std::vector<std::string> cells;
+      for (auto c = std::sregex_iterator(cells_text.begin(), cells_text.end(), cell_re);
+           c != std::sregex_iterator(); ++c)
+        cells.push_back((*c)[1].str());
+      INFO("row " << index + 1 << ": " << cells_text);
+      REQUIRE(want.ok);
+      REQUIRE(cells.size() == 16);
+      CHECK(std::stod(cells[10]) == doctest::Approx(want.step_s).epsilon(5e-4));
+      CHECK(std::stod(cells[11]) == doctest::Approx(want.tokens_per_s).epsilon(5e-4));
+      CHECK(std::stod(cells[13]) == doctest::Approx(100 * want.mfu).epsilon(0.01));
+      const double idle = std::stod(cells[15]);
+      CHECK(idle == doctest::Approx(100 * want.idle_share).epsilon(0.01));
+      CHECK(idle <= 100);
+      CHECK(cells[13].ends_with("%"));
+      CHECK(cells[15].ends_with("%"));
+      ++seen;
+    }
+    CHECK(seen == stored.size());
   }
   // A results file written when rows kept idle over busy time (1.0: idle half the step).
   {
