@@ -58,7 +58,8 @@ std::string why_faster(const SweepRow& winner, const SweepRow& other) {
   const std::string a = enum_name(winner.plan.placement, kPlacements);
   const std::string b = enum_name(other.plan.placement, kPlacements);
   char line[512];
-  const double gain = other.step_s / winner.step_s - 1;
+  // A share of the slower step, never above 100%.
+  const double saved = 1 - winner.step_s / other.step_s;
   const StepParts w = step_parts(winner), o = step_parts(other);
   // The part of the step that grew most names the reason.
   const double grew[] = {o.compute_s - w.compute_s, o.imbalance_s - w.imbalance_s,
@@ -82,8 +83,9 @@ std::string why_faster(const SweepRow& winner, const SweepRow& other) {
   char part[256];
   std::snprintf(part, sizeof part, reasons[most], b.c_str(), grew[most], theirs[most], ours[most]);
   because = part;
-  std::snprintf(line, sizeof line, "%s beats %s by %.1f%% (%.4g s vs %.4g s per step): %s",
-                a.c_str(), b.c_str(), 100 * gain, winner.step_s, other.step_s, because.c_str());
+  std::snprintf(line, sizeof line,
+                "%s takes %.1f%% less time per step than %s (%.4g s vs %.4g s): %s", a.c_str(),
+                100 * saved, b.c_str(), winner.step_s, other.step_s, because.c_str());
   return line;
 }
 
