@@ -122,7 +122,7 @@ if [[ $what == demo || $what == all ]]; then
     echo "report screenshot: out/bench-demo-report.png ($(stat -c %s out/bench-demo-report.png) bytes)"
     "${browser[@]}" --dump-dom "$report" 2>/dev/null >out/bench-demo-report.dom
     for text in "Best plan of each placement family" ">homogeneous<" ">colocated<" ">non_colocated<" \
-      "beats" "What the second stage" "entrain" "sorted" "dip"; do
+      "less time per step than" "One step, op by op" "What the second stage" "entrain" "sorted" "dip"; do
       if grep -q -- "$text" out/bench-demo-report.dom; then echo "rendered report shows: $text"; else echo "rendered report lacks: $text"; fi
     done
   else
