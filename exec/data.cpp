@@ -348,15 +348,25 @@ int64_t llm_media_tokens(const ModelSpec& model, const ModuleSpec& encoder, cons
 
 namespace {
 
+// Each position's sample and media item (-1: text) on this process's device: what the masks
+// compare, copied once per layout.
+struct PositionTags {
+  torch::Tensor sample, item;
+  explicit PositionTags(const LlmLayout& l) {
+    const auto on = [](const std::vector<int32_t>& v) {
+      return torch::tensor(at::ArrayRef<int32_t>(v), torch::kInt32).to(device_setting().device);
+    };
+    sample = on(l.sample);
+    item = on(l.item);
+  }
+};
+
 // The mask of query positions `q` against key positions `k`, broadcast against each other.
-torch::Tensor mask_between(const LlmLayout& l, const torch::Tensor& q, const torch::Tensor& k) {
-  const auto on = [](const std::vector<int32_t>& v) {
-    return torch::tensor(at::ArrayRef<int32_t>(v), torch::kInt32).to(device_setting().device);
-  };
-  const torch::Tensor sample = on(l.sample), item = on(l.item);
-  const torch::Tensor item_q = item.take(q);
-  const torch::Tensor allowed =
-      (sample.take(q) == sample.take(k)) & torch::where(item_q < 0, k <= q, item.take(k) == item_q);
+torch::Tensor mask_between(const PositionTags& tags, const torch::Tensor& q,
+                           const torch::Tensor& k) {
+  const torch::Tensor item_q = tags.item.take(q);
+  const torch::Tensor allowed = (tags.sample.take(q) == tags.sample.take(k)) &
+                                torch::where(item_q < 0, k <= q, tags.item.take(k) == item_q);
   return torch::zeros(allowed.sizes(), activation_options())
       .masked_fill(allowed.logical_not(), -std::numeric_limits<float>::infinity());
 }
@@ -368,7 +378,7 @@ torch::Tensor attention_bias(const LlmLayout& l, const std::vector<int64_t>& que
   const auto on = [](const std::vector<int64_t>& v) {
     return torch::tensor(v, torch::kInt64).to(device_setting().device);
   };
-  return mask_between(l, on(queries).view({-1, 1}), on(keys).view({1, -1}));
+  return mask_between(PositionTags(l), on(queries).view({-1, 1}), on(keys).view({1, -1}));
 }
 
 std::vector<AttentionBlocks> attention_blocks(const LlmLayout& l) {
@@ -387,12 +397,13 @@ std::vector<AttentionBlocks> attention_blocks(const LlmLayout& l) {
       runs.push_back({begin, length, 1, {}});
     begin = end;
   }
+  const PositionTags tags(l);
   for (AttentionBlocks& run : runs) {
     const torch::Tensor at =
         torch::arange(run.begin, run.begin + run.count * run.length,
                       torch::TensorOptions().dtype(torch::kInt64).device(device_setting().device))
             .view({run.count, 1, run.length});
-    run.bias = mask_between(l, at.unsqueeze(3), at.unsqueeze(2));
+    run.bias = mask_between(tags, at.unsqueeze(3), at.unsqueeze(2));
   }
   return runs;
 }

@@ -52,8 +52,7 @@ bool row_from_json(const Json& j, SweepRow& r) {
           std::pair{&r.llm_microbatch_cv, "llm_microbatch_cv"},
           std::pair{&r.llm_microbatch_max_over_mean, "llm_microbatch_max_over_mean"}})
       *field = j.value(name, 0.0);  // fields added later read as 0 in older files
-    // Older files kept idle over busy time ("bubble"), b: the idle share of the step is b / (1 +
-    // b).
+    // Older files kept idle over busy time, b ("bubble"): the idle share is b / (1 + b).
     if (!j.contains("idle_share") && j.contains("bubble")) {
       const double b = j.at("bubble").get<double>();
       r.idle_share = b / (1 + b);

@@ -80,9 +80,15 @@ StepPicture step_picture(const Program& p, const Timeline& t, std::size_t max_la
   StepPicture picture;
   picture.step_s = t.step_s;
   picture.modules = p.modules;
+  // What each rank computes, read once from its representative's ops.
+  std::vector<Hosted> of_representative(p.ranks.size());
+  for (std::size_t r = 0; r < p.ranks.size(); ++r) of_representative[r] = hosted(p.ranks[r]);
+  const auto hosted_by = [&](int64_t rank) -> const Hosted& {
+    return of_representative[static_cast<std::size_t>(representative(p, rank))];
+  };
   std::map<Hosted, int64_t> first;  // each distinct set's first rank
   for (int64_t r = 0; r < p.world && first.size() < max_lanes; ++r) {
-    const Hosted h = hosted(p.ranks[static_cast<std::size_t>(representative(p, r))]);
+    const Hosted& h = hosted_by(r);
     if (first.emplace(h, r).second)
       picture.lanes.push_back({r, "rank " + std::to_string(r) + ": " + describe(p, h), {}});
   }
@@ -96,20 +102,17 @@ StepPicture step_picture(const Program& p, const Timeline& t, std::size_t max_la
         picture.lanes.begin(), picture.lanes.end(),
         [&](const StepLane& l) { return representative(p, l.rank) == representative(p, busiest); });
     if (!shown)
-      picture.lanes.push_back(
-          {busiest,
-           "rank " + std::to_string(busiest) + ": " +
-               describe(p, hosted(p.ranks[static_cast<std::size_t>(representative(p, busiest))])) +
-               " (computes longest)",
-           {}});
+      picture.lanes.push_back({busiest,
+                               "rank " + std::to_string(busiest) + ": " +
+                                   describe(p, hosted_by(busiest)) + " (computes longest)",
+                               {}});
   }
   // A replica of the first lane's rank that runs its own ops: its data differ.
   if (!picture.lanes.empty() && picture.lanes.size() < max_lanes) {
     const int64_t lead = picture.lanes.front().rank;
-    const Hosted h = hosted(p.ranks[static_cast<std::size_t>(representative(p, lead))]);
+    const Hosted& h = hosted_by(lead);
     for (int64_t r = lead + 1; r < p.world; ++r)
-      if (representative(p, r) == r && representative(p, lead) != r &&
-          hosted(p.ranks[static_cast<std::size_t>(r)]) == h &&
+      if (representative(p, r) == r && representative(p, lead) != r && hosted_by(r) == h &&
           std::none_of(picture.lanes.begin(), picture.lanes.end(),
                        [&](const StepLane& l) { return representative(p, l.rank) == r; })) {
         picture.lanes.push_back(
