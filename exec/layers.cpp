@@ -2,7 +2,10 @@
 
 #include <cmath>
 
+#include <torch/version.h>
+
 #include "exec/device.hpp"
+#include "exec/fused_cross_entropy.hpp"
 #include "exec/torch_compat.hpp"
 #include "exec/weights.hpp"
 #include "shared/base/check.hpp"
@@ -20,16 +23,21 @@ torch::Tensor as(const torch::Tensor& param, const torch::Tensor& x) {
   return param.to(x.scalar_type());
 }
 
-torch::Tensor rotary_embed(const torch::Tensor& x, const torch::Tensor& positions) {
-  // x: (B, L, heads, d); rotate pairs (i, i + d/2) by position · 10000^(-2i/d).
+torch::Tensor rotary_embed(const torch::Tensor& x, const AttentionInputs& in) {
+  // x: (B, L, heads, d); rotate pairs (i, i + d/2) by position · 10000^(-2i/d). The cosines and
+  // sines are computed once per width and dtype for all the layers that share `in`.
   const int64_t d = x.size(-1);
-  const auto options = torch::TensorOptions().dtype(torch::kFloat64).device(x.device());
-  const torch::Tensor inv =
-      torch::pow(10000.0, -torch::arange(0, d / 2, options) * 2.0 / static_cast<double>(d));
-  const torch::Tensor angle =
-      positions.to(torch::kFloat64).unsqueeze(1) * inv.unsqueeze(0);  // (L, d/2)
-  const torch::Tensor cos = angle.cos().to(x.scalar_type()).view({1, -1, 1, d / 2});
-  const torch::Tensor sin = angle.sin().to(x.scalar_type()).view({1, -1, 1, d / 2});
+  auto& table = in.rotary_tables[{d, static_cast<int>(x.scalar_type())}];
+  if (!table.first.defined()) {
+    const auto options = torch::TensorOptions().dtype(torch::kFloat64).device(x.device());
+    const torch::Tensor inv =
+        torch::pow(10000.0, -torch::arange(0, d / 2, options) * 2.0 / static_cast<double>(d));
+    const torch::Tensor angle =
+        in.positions_q.to(torch::kFloat64).unsqueeze(1) * inv.unsqueeze(0);  // (L, d/2)
+    table = {angle.cos().to(x.scalar_type()).view({1, -1, 1, d / 2}),
+             angle.sin().to(x.scalar_type()).view({1, -1, 1, d / 2})};
+  }
+  const auto& [cos, sin] = table;
   const torch::Tensor a = x.narrow(-1, 0, d / 2), b = x.narrow(-1, d / 2, d / 2);
   return torch::cat({a * cos - b * sin, b * cos + a * sin}, -1);
 }
@@ -139,11 +147,19 @@ torch::Tensor Linear::forward_entered(const torch::Tensor& x) const {
 
 torch::Tensor Norm::forward(const torch::Tensor& x) const {
   if (!weight.defined()) return x;
+#if TORCH_VERSION_MAJOR >= 2
+  // One fused kernel each way on a GPU (statistics in fp32 inside), with the weights in the
+  // activations' dtype as Megatron-LM's and Transformer Engine's norms take them.
+  if (kind == NormKind::kLayerNorm)
+    return torch::layer_norm(x, {x.size(-1)}, as(weight, x), as(bias, x), 1e-5);
+  return at::rms_norm(x, {x.size(-1)}, as(weight, x), 1e-6);
+#else
   // In fp32 whatever the activations' dtype, back in theirs after.
   const torch::Tensor f = x.to(torch::kFloat32);
   if (kind == NormKind::kLayerNorm)
     return torch::layer_norm(f, {f.size(-1)}, weight, bias, 1e-5).to(x.scalar_type());
   return (f * torch::rsqrt(f.pow(2).mean(-1, true) + 1e-6) * weight).to(x.scalar_type());
+#endif
 }
 
 Attention::Attention(ParamSet& ps, const std::string& name, const TransformerArch& real, bool pad) {
@@ -248,8 +264,8 @@ torch::Tensor Attention::forward(const torch::Tensor& x, const AttentionInputs& 
     torch::Tensor q_rope = qh.narrow(3, head_dim - rope_dim, rope_dim);
     torch::Tensor k_rope = latent.narrow(2, kv_rank, rope_dim).unsqueeze(2);
     if (in.positions_q.defined()) {
-      q_rope = rotary_embed(q_rope, in.positions_q);
-      k_rope = rotary_embed(k_rope, in.positions_q);
+      q_rope = rotary_embed(q_rope, in);
+      k_rope = rotary_embed(k_rope, in);
     }
     qh = torch::cat({qh.narrow(3, 0, head_dim - rope_dim), q_rope}, 3);
     kh = torch::cat({kv.narrow(3, 0, head_dim - rope_dim), k_rope.expand({b, l, heads, rope_dim})},
@@ -266,8 +282,8 @@ torch::Tensor Attention::forward(const torch::Tensor& x, const AttentionInputs& 
     kh = k_norm.forward(kh);
   }
   if (rotary && in.positions_q.defined() && kv_rank == 0) {
-    qh = rotary_embed(qh, in.positions_q);
-    kh = rotary_embed(kh, in.positions_q);
+    qh = rotary_embed(qh, in);
+    kh = rotary_embed(kh, in);
   }
   if (in.cp != nullptr && in.cp->size() > 1) {
     TESSERA_CHECK(b == 1, "context parallelism needs one packed sequence");
@@ -488,12 +504,65 @@ struct VocabParallelCrossEntropy : torch::autograd::Function<VocabParallelCrossE
   }
 };
 
+// The whole vocabulary on this rank: the loss row block by row block, each block's softmax in
+// fp32 read straight from the logits' dtype and never kept. Only the logits are saved; the
+// backward computes each block's softmax again and writes its gradient in the logits' dtype.
+// Per element that is two fused softmax passes and one scaled write, where the vocab-parallel form
+// makes about ten fp32 passes and keeps an fp32 softmax.
+struct BlockwiseCrossEntropy : torch::autograd::Function<BlockwiseCrossEntropy> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& logits,
+                               const torch::Tensor& targets, int64_t block_rows) {
+    const torch::Tensor ignored = targets < 0;
+    const torch::Tensor safe = targets.masked_fill(ignored, 0).unsqueeze(1);
+    torch::Tensor loss = torch::empty({logits.size(0)}, logits.options().dtype(torch::kFloat32));
+    for (int64_t at = 0; at < logits.size(0); at += block_rows) {
+      const int64_t n = std::min(block_rows, logits.size(0) - at);
+      const torch::Tensor log_probs =
+          torch::log_softmax(logits.narrow(0, at, n), 1, torch::kFloat32);
+      loss.narrow(0, at, n).copy_(-log_probs.gather(1, safe.narrow(0, at, n)).squeeze(1));
+    }
+    ctx->save_for_backward({logits, safe, ignored});
+    ctx->saved_data["block_rows"] = block_rows;
+    return loss.masked_fill_(ignored, 0.0);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const torch::Tensor& logits = saved[0];
+    const int64_t block_rows = ctx->saved_data["block_rows"].toInt();
+    // d loss_i / d logits_ij = softmax_ij − [j = target_i], zero for ignored rows.
+    const torch::Tensor scale =
+        grads[0].to(torch::kFloat32).masked_fill(saved[2], 0.0).unsqueeze(1);
+    torch::Tensor g = torch::empty_like(logits);
+    for (int64_t at = 0; at < logits.size(0); at += block_rows) {
+      const int64_t n = std::min(block_rows, logits.size(0) - at);
+      torch::Tensor probs = torch::softmax(logits.narrow(0, at, n), 1, torch::kFloat32);
+      probs.scatter_add_(1, saved[1].narrow(0, at, n), torch::full({n, 1}, -1.0, probs.options()));
+      torch::Tensor out = g.narrow(0, at, n);
+      torch::mul_out(out, probs, scale.narrow(0, at, n));
+    }
+    return {g, torch::Tensor(), torch::Tensor()};
+  }
+};
+
 }  // namespace
+
+torch::Tensor blockwise_cross_entropy(const torch::Tensor& logits, const torch::Tensor& targets,
+                                      int64_t block_rows) {
+  if (fused_cross_entropy_applies(logits)) return fused_cross_entropy(logits, targets);
+  // About 256 MiB of fp32 probabilities per block.
+  if (block_rows <= 0)
+    block_rows = std::max<int64_t>(1, (int64_t{64} << 20) / std::max<int64_t>(1, logits.size(1)));
+  return BlockwiseCrossEntropy::apply(logits, targets, block_rows);
+}
 
 torch::Tensor vocab_parallel_cross_entropy(const torch::Tensor& logits,
                                            const torch::Tensor& targets, int64_t vocab_begin,
                                            const Comm& tp) {
-  return VocabParallelCrossEntropy::apply(logits, targets, vocab_begin,
+  // fp32 logits take the vocab-parallel form on one rank too: a run and its TP counterpart then
+  // round alike, which the parity tests hold to 1e-6.
+  if (tp.size() == 1 && logits.scalar_type() != torch::kFloat32)
+    return blockwise_cross_entropy(logits, targets);
+  return VocabParallelCrossEntropy::apply(logits.to(torch::kFloat32), targets, vocab_begin,
                                           static_cast<int64_t>(reinterpret_cast<intptr_t>(&tp)));
 }
 

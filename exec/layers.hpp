@@ -7,7 +7,9 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <torch/torch.h>
@@ -103,7 +105,9 @@ struct AttentionInputs {
   // When set, queries are the keys and attention runs block by block over these runs, which
   // cover the sequence in order (`bias` unused): the work of the samples, not of their product.
   std::vector<AttentionBlocks> blocks;
-  torch::Tensor positions_q;     // (Lq) rotary positions; undefined: no rotary embedding
+  torch::Tensor positions_q;  // (Lq) rotary positions; undefined: no rotary embedding
+  // The rotary cosines and sines of `positions_q` by (width, dtype), made on first use.
+  mutable std::map<std::pair<int64_t, int>, std::pair<torch::Tensor, torch::Tensor>> rotary_tables;
   const Comm* cp = nullptr;      // gather K/V over this group (context parallel)
   std::vector<int64_t> cp_rows;  // tokens held by each member of `cp`
 };
@@ -184,10 +188,18 @@ struct Embedding {
   const Comm* tp = nullptr;
 };
 
-// Per-token cross-entropy of vocab-parallel logits (T, V/tp) against `targets` (T), targets < 0
-// ignored (loss 0). The result (T) is the same on every TP rank.
+// Per-token cross-entropy (fp32) of vocab-parallel logits (T, V/tp), in the activations' dtype,
+// against `targets` (T), targets < 0 ignored (loss 0). The result (T) is the same on every TP
+// rank. The softmax computes in fp32 whatever the logits' dtype. On one rank, bf16 logits go to
+// blockwise_cross_entropy.
 torch::Tensor vocab_parallel_cross_entropy(const torch::Tensor& logits,
                                            const torch::Tensor& targets, int64_t vocab_begin,
                                            const Comm& tp);
+// The same loss of logits holding the whole vocabulary, `block_rows` tokens at a time (0: as
+// many as about 256 MiB of fp32 probabilities hold), keeping no probabilities for the backward:
+// two fused softmax passes and one scaled write per logit instead of about ten fp32 passes. bf16
+// logits on a GPU take fused_cross_entropy (one read each way) where the build has its kernels.
+torch::Tensor blockwise_cross_entropy(const torch::Tensor& logits, const torch::Tensor& targets,
+                                      int64_t block_rows = 0);
 
 }  // namespace tessera::exec

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "exec/adamw.hpp"
 #include "exec/device.hpp"
 #include "shared/base/check.hpp"
 
@@ -149,8 +150,8 @@ double ShardedOptimizer::norm_squared() {
 }
 
 void ShardedOptimizer::step(double clip) {
-  master_.mutable_grad() = gradient() * clip;
-  adam_->step();
+  master_.mutable_grad() = gradient();
+  adamw_step(*adam_, clip);
   if (parts_ > 1) return;  // the all-gather writes the parameters
   for (std::size_t b = 0; b < buckets_.size(); ++b)
     scatter_into(buckets_[b].params, master_.narrow(0, slices_[b].offset, slices_[b].size));

@@ -263,8 +263,8 @@ torch::Tensor Stage::blocks(const torch::Tensor& h, const AttentionInputs& in, C
 }
 
 torch::Tensor Stage::loss_sum(const torch::Tensor& h, const torch::Tensor& targets) const {
-  // The loss in fp32 (its gradient goes back to the activations' dtype through the cast).
-  const torch::Tensor logits = head_.forward(final_norm_.forward(h)).to(torch::kFloat32);
+  // The logits in the activations' dtype; the loss computes in fp32 (layers.hpp).
+  const torch::Tensor logits = head_.forward(final_norm_.forward(h));
   return vocab_parallel_cross_entropy(logits, targets, head_.tp->rank * logits.size(1), *head_.tp)
       .sum();
 }

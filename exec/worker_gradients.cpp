@@ -7,6 +7,7 @@
 #include <cmath>
 #include <set>
 
+#include "exec/adamw.hpp"
 #include "exec/device.hpp"
 #include "exec/worker_internal.hpp"
 #include "shared/base/check.hpp"
@@ -163,15 +164,18 @@ void Worker::synchronize_norm_and_loss() {
   // Summed on the device, read once.
   torch::Tensor norm2 = torch::zeros({}, on_device(torch::kFloat64));
   for (auto& [m, sh] : shards_) norm2 += sh->norm_squared();
+  std::vector<torch::Tensor> grads;
+  std::vector<double> shares;
   for (auto& [key, st] : stages_) {
     const auto m = static_cast<std::size_t>(key.first);
     if (shards_.count({key.first, false})) continue;
     for (const Param& p : st->params()) {
       if (!p.tensor.requires_grad()) continue;
-      const double copies = static_cast<double>(p.tp_copies * (p.expert ? edp_[m] : dpcp_[m]));
-      norm2 += p.tensor.grad().to(torch::kFloat64).pow(2).sum() / copies;
+      grads.push_back(p.tensor.grad());
+      shares.push_back(1.0 / static_cast<double>(p.tp_copies * (p.expert ? edp_[m] : dpcp_[m])));
     }
   }
+  if (!grads.empty()) norm2 += weighted_squared_norm(grads, shares);
   torch::Tensor t = torch::stack({norm2, loss_sum_});
   all_reduce(groups_.world(), t);
   grad_norm_ = std::sqrt(t[0].item<double>());
@@ -190,9 +194,7 @@ void Worker::optimizer_step(const Op& op) {
   }
   const auto it = optimizers_.find(op.module);
   if (it == optimizers_.end()) return;
-  if (clip_coefficient_ < 1.0)
-    for (torch::Tensor& p : trainable(op.module)) p.mutable_grad().mul_(clip_coefficient_);
-  it->second->step();
+  adamw_step(*it->second, clip_coefficient_);
 }
 
 void Worker::gather_parameters(const Op& op) {

@@ -1,5 +1,5 @@
-// The executor's layers on one rank: selective recomputation's attention core, and attention
-// block by block over a packed micro-batch's samples.
+// The executor's layers on one rank: selective recomputation's attention core, attention block
+// by block over a packed micro-batch's samples, and the loss block by block over its tokens.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -139,5 +139,59 @@ TEST_CASE("attention block by block over the samples equals the whole masked seq
     CHECK(torch::allclose(out, out_b, 1e-5, 1e-7));
     CHECK(torch::allclose(dx, dx_b, 1e-5, 1e-7));
     CHECK(torch::allclose(dk, dk_b, 1e-5, 1e-7));
+  }
+}
+
+TEST_CASE("the loss block by block equals log-softmax cross-entropy, value and gradient") {
+  torch::manual_seed(21);
+  const torch::Tensor base = torch::randn({7, 11}) * 3;
+  const torch::Tensor targets = torch::tensor(std::vector<int64_t>{3, -1, 0, 10, 5, -1, 2});
+  const torch::Tensor weights = torch::rand({7});  // a different gradient for every token
+  const torch::Tensor kept = (targets >= 0).to(torch::kFloat32);
+  // Reference in fp64.
+  const torch::Tensor x64 = base.to(torch::kFloat64).requires_grad_(true);
+  const torch::Tensor picked =
+      torch::log_softmax(x64, 1).gather(1, targets.clamp_min(0).unsqueeze(1)).squeeze(1);
+  const torch::Tensor want = -picked * kept.to(torch::kFloat64);
+  (want * weights.to(torch::kFloat64)).sum().backward();
+  for (const auto dtype : {torch::kFloat32, torch::kBFloat16})
+    for (const int64_t rows : {0, 1, 3, 7}) {
+      INFO("dtype " << dtype << ", block rows " << rows);
+      const double tol = dtype == torch::kFloat32 ? 1e-5 : 2e-2;
+      const torch::Tensor x = base.to(dtype).clone().requires_grad_(true);
+      const torch::Tensor loss = blockwise_cross_entropy(x, targets, rows);
+      CHECK((loss.scalar_type() == torch::kFloat32));
+      (loss * weights).sum().backward();
+      CHECK((x.grad().scalar_type() == dtype));
+      CHECK(torch::allclose(loss.to(torch::kFloat64), want.detach(), tol, tol));
+      CHECK(torch::allclose(x.grad().to(torch::kFloat64), x64.grad(), tol, tol));
+      // Ignored tokens: no loss, no gradient.
+      CHECK(loss[1].item<float>() == 0.0f);
+      CHECK(x.grad()[5].abs().sum().item<float>() == 0.0f);
+    }
+}
+
+TEST_CASE("on a GPU, the fused loss kernels equal the blockwise loss") {
+  if (!torch::cuda::is_available()) return;  // run by scripts/gpu-check.sh on a GPU
+  torch::manual_seed(22);
+  for (const int64_t vocab : {11, 4096, 128256}) {  // 8-wide loads from 4096 on
+    INFO("vocabulary " << vocab);
+    const int64_t rows = 37;
+    const torch::Tensor base = (torch::randn({rows, vocab}) * 4).to(torch::kBFloat16);
+    torch::Tensor targets = torch::randint(vocab, {rows}, torch::kInt64);
+    targets.index_put_({torch::tensor(std::vector<int64_t>{3, 20})}, -1);
+    const torch::Tensor weights = torch::rand({rows});
+    const auto run = [&](const torch::Device& on) {
+      const torch::Tensor x = base.to(on).clone().requires_grad_(true);
+      const torch::Tensor loss = blockwise_cross_entropy(x, targets.to(on));
+      (loss * weights.to(on)).sum().backward();
+      return std::pair{loss.cpu(), x.grad().cpu().to(torch::kFloat32)};
+    };
+    const auto [loss, grad] = run(torch::kCUDA);
+    const auto [want, want_grad] = run(torch::kCPU);
+    CHECK(torch::allclose(loss, want, 1e-4, 1e-4));
+    CHECK(torch::allclose(grad, want_grad, 1e-2, 1e-5));
+    CHECK(loss[3].item<float>() == 0.0f);
+    CHECK(grad[20].abs().sum().item<float>() == 0.0f);
   }
 }
