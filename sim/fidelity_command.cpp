@@ -38,6 +38,13 @@ std::string fit_text(const TuningGrid& grid, const TuningFit& fit) {
   return out;
 }
 
+// What a fit scales on its own: a device's rates under Megatron-LM, and apart from them under
+// a PyTorch-native stack (the device file's `pytorch.training_scale`).
+std::string fit_key(const std::string& device, Framework framework) {
+  return framework == Framework::kMegatron ? device
+                                           : device + "/" + enum_name(framework, kFrameworks);
+}
+
 // What a published run is, for the suite's figures by kind; the first that applies: a model with
 // encoders is multimodal, an LLM with experts MoE, a fully sharded plan FSDP, FP8 GEMMs FP8.
 std::string run_kind(const ModelSpec& model, const ParallelPlan& plan) {
@@ -173,7 +180,7 @@ int run_fidelity(const Args& args, std::ostream& out, std::ostream& err) {
     FidelityRow row{s.name,
                     s.published->series,
                     s.published->source_id,
-                    s.cluster.device.name,
+                    fit_key(s.cluster.device.name, s.plan->framework),
                     s.published->holdout,
                     run_kind(s.model, *s.plan),
                     s.published->step_s,
@@ -206,7 +213,10 @@ int run_fidelity(const Args& args, std::ostream& out, std::ostream& err) {
       // point's; on every core (evaluate() is pure).
       row.predicted_s.assign(grid.size(), 0);
       ClusterSpec unscaled = s.cluster;
-      if (unscaled.device.kernels) unscaled.device.kernels->training_scale = 1;
+      if (unscaled.device.kernels) {
+        unscaled.device.kernels->training_scale = 1;
+        if (unscaled.device.kernels->pytorch) unscaled.device.kernels->pytorch->training_scale = 1;
+      }
       std::atomic<std::size_t> next{0};
       auto work = [&] {
         for (std::size_t p = next++; p <= grid.size(); p = next++) {

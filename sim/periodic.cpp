@@ -18,7 +18,7 @@ struct OpType {
   CollectiveKind collective = CollectiveKind::kAllReduce;
   Purpose purpose = Purpose::kPp;
   int16_t module = -1, stage = 0, chunk = 0;
-  uint16_t flags = 0;
+  uint32_t flags = 0;
   int32_t sub_microbatch = 0, first_layer = 0, peer = -1, group = -1, link = -1;
   bool operator==(const OpType&) const = default;
 };

@@ -22,7 +22,8 @@ struct FidelityRow {
   std::string name;
   std::string series;     // ranked within it (Spearman)
   std::string source_id;  // leave-one-source-out folds by it
-  std::string device;     // a fit scales each device's rates on its own
+  std::string device;     // a fit scales each device's rates on its own (a PyTorch-native
+                          // stack's apart: "<device>/pytorch")
   bool holdout = false;
   std::string kind;  // what the run trains and how (run_kind): the suite's figures by kind
   double published_s = 0;

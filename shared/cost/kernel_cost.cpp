@@ -141,7 +141,9 @@ double kernel_compute_s(const ModuleSpec& module, const Op& op, const DeviceSpec
   const double tokens = static_cast<double>(op.tokens);
   const double tp = std::max<double>(1, op.tp);
   const double layers = static_cast<double>(op.layers);
-  const double scale = tuning.efficiency * dk.training_scale;
+  const bool pytorch = (op.flags & kOpPytorchKernels) != 0;
+  const double scale = tuning.efficiency * dk.training_scale_for(pytorch);
+  const AttentionKernels& flash = dk.attention_for(pytorch);
   const bool backward = op.phase == Phase::kB;
 
   // Matrix work: the op's GEMMs by shape, their rate applied to the op's non-attention FLOPs.
@@ -212,11 +214,11 @@ double kernel_compute_s(const ModuleSpec& module, const Op& op, const DeviceSpec
         kernels += (backward ? 6.0 : 4.0) * layers;
       } else {
         const double keys = tokens > 0 ? op.attention_pairs / tokens : 0;
-        const double length_factor = scale * keys / (keys + dk.attention.half_keys);
-        attention_s = backward ? 2.5 * forward_attention /
-                                     (peak_flops * dk.attention.backward_efficiency * length_factor)
-                               : forward_attention /
-                                     (peak_flops * dk.attention.forward_efficiency * length_factor);
+        const double length_factor = scale * keys / (keys + flash.half_keys);
+        attention_s =
+            backward
+                ? 2.5 * forward_attention / (peak_flops * flash.backward_efficiency * length_factor)
+                : forward_attention / (peak_flops * flash.forward_efficiency * length_factor);
       }
     }
   }
@@ -304,7 +306,8 @@ double column_parallel_wgrad_hidden_s(const ModuleSpec& module, const Op& op,
   TESSERA_CHECK(device.kernels.has_value());
   TESSERA_CHECK(op.kind == OpKind::kCompute);
   if (!module.transformer || op.layers <= 0) return 0;
-  const double scale = tuning.efficiency * device.kernels->training_scale;
+  const double scale =
+      tuning.efficiency * device.kernels->training_scale_for((op.flags & kOpPytorchKernels) != 0);
   double hidden = 0;
   const std::vector<Gemm> gemms = op_layer_gemms(*module.transformer, op);
   for (std::size_t kind = 0; kind + 3 < gemms.size(); kind += 4)  // shared experts after

@@ -39,6 +39,8 @@ const EnumTable<Fp8Recipe> kFp8Recipes = {
     {"none", Fp8Recipe::kNone}, {"delayed", Fp8Recipe::kDelayed}, {"current", Fp8Recipe::kCurrent}};
 const EnumTable<MoeDispatcher> kMoeDispatchers = {{"alltoall", MoeDispatcher::kAllToAll},
                                                   {"deepep", MoeDispatcher::kDeepEp}};
+const EnumTable<Framework> kFrameworks = {{"megatron", Framework::kMegatron},
+                                          {"pytorch", Framework::kPytorch}};
 
 namespace {
 
@@ -144,6 +146,7 @@ ParallelPlan read_plan(const Json& json, const std::string& file, const std::str
   r.optional({"distributed_optimizer", "use_distributed_optimizer"}, p.distributed_optimizer);
   r.optional({"flash_attention", "use_flash_attn"}, p.flash_attention);
   r.optional("fused_kernels", p.fused_kernels);
+  r.optional_enum("framework", p.framework, kFrameworks);
   r.optional("tp_comm_overlap", p.tp_comm_overlap);
   r.optional({"tp_backward_overlap", "async_tensor_model_parallel_allreduce"},
              p.tp_backward_overlap);
@@ -200,6 +203,7 @@ Json to_json(const ParallelPlan& p) {
   j["distributed_optimizer"] = p.distributed_optimizer;
   if (!p.flash_attention) j["flash_attention"] = false;
   if (!p.fused_kernels) j["fused_kernels"] = false;
+  if (p.framework != Framework::kMegatron) j["framework"] = enum_name(p.framework, kFrameworks);
   if (p.tp_comm_overlap) j["tp_comm_overlap"] = true;
   if (!p.tp_backward_overlap) j["tp_backward_overlap"] = false;
   if (!p.pipeline_scatter_gather) j["pipeline_scatter_gather"] = false;

@@ -49,6 +49,13 @@ enum class MoeDispatcher { kAllToAll, kDeepEp };
 // dtype. kDelayed: per-tensor scales from an amax history (one read of a tensor to quantize it);
 // kCurrent: per-tensor scales from the tensor itself (NeMo's H100 recipes; a second read).
 enum class Fp8Recipe { kNone, kDelayed, kCurrent };
+// The training software that runs the plan, for the kernel rates it reaches. kMegatron:
+// Megatron-LM or NeMo with Transformer Engine (cuDNN fused attention; the device's `attention`
+// rates and `training_scale`). kPytorch: a PyTorch-native stack (torchtitan and FSDP2,
+// Composer/llm-foundry, fms-fsdp, Hugging Face with DeepSpeed): attention through SDPA's
+// FlashAttention-2 kernels and the stack's own share of the rates in a training step (the
+// device file's `pytorch` block; docs/FIDELITY.md).
+enum class Framework { kMegatron, kPytorch };
 
 extern const EnumTable<Placement> kPlacements;
 extern const EnumTable<Schedule> kSchedules;
@@ -60,6 +67,7 @@ extern const EnumTable<IndivisibleHeads> kIndivisibleHeads;
 extern const EnumTable<EncoderDataParallel> kEncoderDataParallel;
 extern const EnumTable<Fp8Recipe> kFp8Recipes;
 extern const EnumTable<MoeDispatcher> kMoeDispatchers;
+extern const EnumTable<Framework> kFrameworks;
 
 // Consecutive ranks [first, first + count).
 struct RankSpan {
@@ -105,6 +113,7 @@ struct ParallelPlan {
   // Engine); false: PyTorch eager, as Hugging Face Transformers runs them (chains of element-wise
   // kernels, norms in fp32).
   bool fused_kernels = true;
+  Framework framework = Framework::kMegatron;
   // Tensor-parallel all-gathers and reduce-scatters overlapped with the GEMMs they feed
   // (Transformer Engine's user buffers, Megatron/NeMo `tp_comm_overlap`); needs sequence
   // parallelism. Priced by the cost model; the executor runs them without overlap.

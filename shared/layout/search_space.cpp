@@ -75,6 +75,7 @@ SearchSpace read_search_space(const Json& json, const std::string& file, const s
   }
   read_enum_list(r, "stage_splits", s.stage_splits, kStageSplits);
   read_enum_list(r, "fp8", s.fp8, kFp8Recipes);
+  r.optional_enum("framework", s.framework, kFrameworks);
   read_enum_list(r, "cp_splits", s.cp_splits, kCpSplits);
   read_enum_list(r, "microbatching", s.microbatching, kMicrobatching);
   read_enum_list(r, "homogeneous_schedules", s.homogeneous_schedules, kSchedules);
@@ -118,6 +119,7 @@ Json to_json(const SearchSpace& s) {
   j["distributed_optimizer"] = s.distributed_optimizer;
   j["fully_sharded"] = s.fully_sharded;
   j["fp8"] = enum_list(s.fp8, kFp8Recipes);
+  j["framework"] = enum_name(s.framework, kFrameworks);
   j["stage_splits"] = enum_list(s.stage_splits, kStageSplits);
   j["cp_splits"] = enum_list(s.cp_splits, kCpSplits);
   j["microbatching"] = enum_list(s.microbatching, kMicrobatching);

@@ -43,6 +43,8 @@ struct SearchSpace {
   // FP8 plan keeps and gathers its layers' weights in FP8 (fp8_param_gather), as NeMo's recipes
   // do. Default: none.
   std::vector<Fp8Recipe> fp8 = {Fp8Recipe::kNone};
+  // The training software every plan runs on (not searched: the stack the user trains with).
+  Framework framework = Framework::kMegatron;
   // Pipelined plans are tried with each (plans without a pipeline have nothing to split).
   std::vector<StageSplit> stage_splits = {StageSplit::kFrozenAware, StageSplit::kUniform};
   // Plans with context parallelism are tried with each. Default makespan alone: it keeps the

@@ -57,6 +57,7 @@ Op Lowering::compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t
   if (plan_.sequence_parallel && tp > 1) op.flags |= kOpSequenceParallel;
   if (!plan_.flash_attention) op.flags |= kOpUnfusedAttention;
   if (!plan_.fused_kernels) op.flags |= kOpEagerElementwise;
+  if (plan_.framework == Framework::kPytorch) op.flags |= kOpPytorchKernels;
   if (plan_.fp8 != Fp8Recipe::kNone && spec.transformer && layers > 0) {
     op.flags |= kOpFp8;
     if (plan_.fp8 == Fp8Recipe::kCurrent) op.flags |= kOpFp8CurrentScaling;

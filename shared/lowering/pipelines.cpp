@@ -297,7 +297,7 @@ void Lowering::lower_pipelines() {
                                                  : bucketed ? gradient_buckets(m, chunk_index)
                                                             : std::vector<LayerRange>{layers};
           std::vector<int32_t> gathers;
-          const auto flags = static_cast<uint16_t>((bucketed ? kOpGradientBucket : 0) |
+          const auto flags = static_cast<uint32_t>((bucketed ? kOpGradientBucket : 0) |
                                                    (full ? kOpFullySharded : 0));
           for (std::size_t u = 0; u < pieces.size(); ++u) {
             const LayerRange& piece = pieces[u];

@@ -41,7 +41,7 @@ struct NestedCollective {
 
 // What a Compute op's layers include besides the layer stack, and how its kernels run (the
 // kernel-level cost model reads them); for a send or receive, how its message travels (Op::flags).
-enum OpFlag : uint16_t {
+enum OpFlag : uint32_t {
   kOpFrontEnd = 1,             // the embedding, or an encoder's patch / audio front end
   kOpHead = 2,                 // the LM head and its loss
   kOpUnfusedAttention = 4,     // attention without a fused (flash) kernel: scores through memory
@@ -73,6 +73,8 @@ enum OpFlag : uint16_t {
   kOpFp8CurrentScaling = 16384,  // with kOpFp8: scales from the tensor itself (a second read)
   kOpEpCommOverlap = 32768,      // its nested EP all-to-alls run beside other micro-batches'
                                  // compute (plan.moe_a2a_overlap)
+  kOpPytorchKernels = 65536,     // its kernels run at a PyTorch-native stack's rates
+                                 // (plan.framework pytorch)
 };
 
 struct Op {
@@ -88,7 +90,7 @@ struct Op {
   int32_t sub_microbatch = 0;
   int16_t tp = 1;           // compute: tensor-parallel shards of its matrices
   int16_t ep = 1;           // compute: expert-parallel ranks its routed experts are dealt over
-  uint16_t flags = 0;       // OpFlag bits
+  uint32_t flags = 0;       // OpFlag bits
   int32_t layers = 0;       // compute: transformer layers in this op
   int32_t first_layer = 0;  // compute: the first of them in its module ([first, first + layers))
   int64_t tokens = 0;       // compute: tokens processed on this rank

@@ -153,6 +153,7 @@ Enumeration enumerate_plans(const Scenario& s, const SearchSpace& space, int64_t
   // A pipelined plan once per stage split of the space, a context-parallel one once per CP
   // split; others once.
   auto consider = [&](ParallelPlan plan) {
+    plan.framework = space.framework;
     bool pipelined = plan.layout.pp * plan.layout.vpp > 1, context = plan.layout.cp > 1;
     for (const auto& [name, l] : plan.modules) {
       pipelined = pipelined || l.pp * l.vpp > 1;

@@ -10,6 +10,29 @@ void read_fraction(ObjectReader& r, std::string_view key, double& out) {
   if (!(out > 0 && out <= 1)) r.error(key, "must be in (0, 1], got " + std::to_string(out));
 }
 
+AttentionKernels read_attention(const Json& json, const std::string& file, const std::string& path,
+                                Diagnostics& diag) {
+  AttentionKernels a;
+  ObjectReader ar(json, file, path, diag);
+  if (!ar.valid()) return a;
+  read_fraction(ar, "forward_efficiency", a.forward_efficiency);
+  read_fraction(ar, "backward_efficiency", a.backward_efficiency);
+  if (ar.optional("half_keys", a.half_keys)) ar.check_at_least("half_keys", a.half_keys, 0.0);
+  ar.finish();
+  return a;
+}
+
+void read_training_scale(ObjectReader& r, double& scale) {
+  if (r.optional("training_scale", scale) && !(scale > 0 && scale <= 2))
+    r.error("training_scale", "must be in (0, 2], got " + std::to_string(scale));
+}
+
+Json to_json(const AttentionKernels& a) {
+  return {{"forward_efficiency", a.forward_efficiency},
+          {"backward_efficiency", a.backward_efficiency},
+          {"half_keys", a.half_keys}};
+}
+
 }  // namespace
 
 DeviceKernels read_device_kernels(const Json& json, const std::string& file,
@@ -29,18 +52,21 @@ DeviceKernels read_device_kernels(const Json& json, const std::string& file,
   } else {
     r.missing("gemm");
   }
-  if (const Json* a = r.find("attention")) {
-    ObjectReader ar(*a, file, r.path_of("attention"), diag);
-    read_fraction(ar, "forward_efficiency", k.attention.forward_efficiency);
-    read_fraction(ar, "backward_efficiency", k.attention.backward_efficiency);
-    if (ar.optional("half_keys", k.attention.half_keys))
-      ar.check_at_least("half_keys", k.attention.half_keys, 0.0);
-    ar.finish();
-  }
+  if (const Json* a = r.find("attention"))
+    k.attention = read_attention(*a, file, r.path_of("attention"), diag);
   read_fraction(r, "memory_efficiency", k.memory_efficiency);
-  if (r.optional("training_scale", k.training_scale) &&
-      !(k.training_scale > 0 && k.training_scale <= 2))
-    r.error("training_scale", "must be in (0, 2], got " + std::to_string(k.training_scale));
+  read_training_scale(r, k.training_scale);
+  if (const Json* p = r.find("pytorch")) {
+    ObjectReader pr(*p, file, r.path_of("pytorch"), diag);
+    if (pr.valid()) {
+      PytorchKernels stack;
+      if (const Json* a = pr.find("attention"))
+        stack.attention = read_attention(*a, file, pr.path_of("attention"), diag);
+      read_training_scale(pr, stack.training_scale);
+      pr.finish();
+      k.pytorch = stack;
+    }
+  }
   r.finish();
   return k;
 }
@@ -51,13 +77,15 @@ Json to_json(const DeviceKernels& k) {
            {"tile_m", k.gemm.tile_m},
            {"tile_n", k.gemm.tile_n},
            {"efficiency", k.gemm.efficiency}}},
-         {"attention",
-          {{"forward_efficiency", k.attention.forward_efficiency},
-           {"backward_efficiency", k.attention.backward_efficiency},
-           {"half_keys", k.attention.half_keys}}},
+         {"attention", to_json(k.attention)},
          {"memory_efficiency", k.memory_efficiency},
          {"training_scale", k.training_scale}};
   if (k.gemm.fp8_efficiency > 0) j["gemm"]["fp8_efficiency"] = k.gemm.fp8_efficiency;
+  if (k.pytorch) {
+    Json p{{"training_scale", k.pytorch->training_scale}};
+    if (k.pytorch->attention) p["attention"] = to_json(*k.pytorch->attention);
+    j["pytorch"] = p;
+  }
   return j;
 }
 

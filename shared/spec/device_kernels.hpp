@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "shared/base/json_reader.hpp"
@@ -44,6 +45,16 @@ struct AttentionKernels {
   bool operator==(const AttentionKernels&) const = default;
 };
 
+// What a PyTorch-native training stack (plan `framework: pytorch`) reaches on the device where
+// it differs from Megatron-LM with Transformer Engine: its attention kernels (SDPA's
+// FlashAttention-2) and its share of the rates inside a training step, fitted on that stack's
+// published runs.
+struct PytorchKernels {
+  std::optional<AttentionKernels> attention;  // none: the device's own
+  double training_scale = 1.0;
+  bool operator==(const PytorchKernels&) const = default;
+};
+
 struct DeviceKernels {
   GemmKernels gemm;
   AttentionKernels attention;
@@ -53,6 +64,15 @@ struct DeviceKernels {
   // (framework, clocks under sustained load): fitted on the published runs of this device by
   // `tessera fidelity --fit`; 1 for a device without published runs.
   double training_scale = 1.0;
+  // A PyTorch-native stack's; none: it runs as the rates above say.
+  std::optional<PytorchKernels> pytorch;
+  // The attention rates and training scale of the stack `pytorch` says.
+  const AttentionKernels& attention_for(bool pytorch_stack) const {
+    return pytorch_stack && pytorch && pytorch->attention ? *pytorch->attention : attention;
+  }
+  double training_scale_for(bool pytorch_stack) const {
+    return pytorch_stack && pytorch ? pytorch->training_scale : training_scale;
+  }
   bool operator==(const DeviceKernels&) const = default;
 };
 

@@ -224,6 +224,69 @@ TEST_CASE("kernel cost: eager element-wise kernels cost more; a device's trainin
         std::string::npos);
 }
 
+TEST_CASE("kernel cost: a PyTorch-native stack's attention and training scale, from the device") {
+  Diagnostics diag;
+  const auto s =
+      load_scenario(kSource + "/scenarios/published/torchtitan-llama3.1-8b-fsdp-h100-8.json", diag);
+  INFO(diag.format());
+  REQUIRE(s.has_value());
+  REQUIRE(s->plan->framework == Framework::kPytorch);
+  const ModuleSpec& llm = s->model.modules[0];
+  const DeviceSpec& device = s->cluster.device;
+  REQUIRE(device.kernels->pytorch.has_value());
+  REQUIRE(device.kernels->pytorch->attention.has_value());
+  const double peak = peak_flops(s->cluster, DType::kBf16);
+  const KernelTuning tuning;
+  // Attention alone at 8k tokens (causal): FlashAttention-2 against cuDNN's fused kernel.
+  Op attention = forward_layer(8192, 1, 8192.0 * 8193 / 2, 0);
+  const double megatron = kernel_compute_s(llm, attention, device, peak, 2, tuning);
+  attention.flags = kOpPytorchKernels;
+  const double pytorch = kernel_compute_s(llm, attention, device, peak, 2, tuning);
+  const DeviceKernels& k = *device.kernels;
+  const double expected = k.attention.forward_efficiency * k.training_scale /
+                          (k.pytorch->attention->forward_efficiency * k.pytorch->training_scale);
+  CHECK(pytorch > 1.4 * megatron);
+  CHECK(pytorch == doctest::Approx(megatron * expected).epsilon(0.05));
+  // GEMMs: the same kernels at the stack's own scale.
+  Op gemms = forward_layer(8192, 1, 0, 2.0 * 218e6 * 8192);
+  const double gemm_megatron = kernel_compute_s(llm, gemms, device, peak, 2, tuning);
+  gemms.flags = kOpPytorchKernels;
+  CHECK(kernel_compute_s(llm, gemms, device, peak, 2, tuning) > gemm_megatron);
+  // A device without a `pytorch` block runs both stacks alike.
+  DeviceSpec plain = device;
+  plain.kernels->pytorch.reset();
+  CHECK(kernel_compute_s(llm, attention, plain, peak, 2, tuning) == doctest::Approx(megatron));
+  // The lowering marks every compute op of a pytorch plan, and only those.
+  const Lowered pt = lower(s->model, s->cluster, *s->plan, s->workload, draw_batch(s->workload, 0));
+  REQUIRE(pt.error.empty());
+  ParallelPlan megatron_plan = *s->plan;
+  megatron_plan.framework = Framework::kMegatron;
+  const Lowered mg =
+      lower(s->model, s->cluster, megatron_plan, s->workload, draw_batch(s->workload, 0));
+  std::size_t marked = 0, compute = 0;
+  for (const Op& op : pt.program.ranks[0])
+    if (op.kind == OpKind::kCompute) {
+      ++compute;
+      marked += (op.flags & kOpPytorchKernels) != 0 ? 1 : 0;
+    }
+  CHECK(compute > 0);
+  CHECK(marked == compute);
+  for (const Op& op : mg.program.ranks[0]) CHECK((op.flags & kOpPytorchKernels) == 0);
+  // Read from the device file and written back; bounded.
+  Json kernels = to_json(k);
+  Diagnostics round;
+  CHECK(read_device_kernels(kernels, "d.json", "kernels", round) == k);
+  CHECK(round.ok());
+  kernels["pytorch"]["training_scale"] = 0;
+  kernels["pytorch"]["attention"]["forward_efficiency"] = 2;
+  Diagnostics bad;
+  read_device_kernels(kernels, "d.json", "kernels", bad);
+  CHECK(bad.format().find("d.json: kernels.pytorch.training_scale: must be in (0, 2]") !=
+        std::string::npos);
+  CHECK(bad.format().find("d.json: kernels.pytorch.attention.forward_efficiency") !=
+        std::string::npos);
+}
+
 TEST_CASE("kernel cost: FP8 GEMMs at the FP8 rate, their inputs quantized; attention unchanged") {
   Diagnostics diag;
   const auto s =
@@ -238,7 +301,7 @@ TEST_CASE("kernel cost: FP8 GEMMs at the FP8 rate, their inputs quantized; atten
   Op fp8 = gemms;
   fp8.flags = kOpFp8;
   Op current = fp8;
-  current.flags = static_cast<uint16_t>(kOpFp8 | kOpFp8CurrentScaling);
+  current.flags = static_cast<uint32_t>(kOpFp8 | kOpFp8CurrentScaling);
   const double bf16_s = kernel_compute_s(llm, gemms, device, peak, 2, tuning);
   const double fp8_s = kernel_compute_s(llm, fp8, device, peak, 2, tuning);
   const double current_s = kernel_compute_s(llm, current, device, peak, 2, tuning);

@@ -70,6 +70,20 @@ TEST_CASE("Megatron argument names are accepted as aliases") {
   CHECK(read_plan(to_json(p), "", "", diag) == p);
 }
 
+TEST_CASE("the training framework: megatron by default, pytorch by name, anything else refused") {
+  ParallelPlan p;
+  CHECK(check(R"({"placement": "homogeneous", "layout": {"dp": 16}})", &p) == "");
+  CHECK(p.framework == Framework::kMegatron);
+  CHECK(!to_json(p).contains("framework"));
+  CHECK(check(R"({"placement": "homogeneous", "framework": "pytorch", "layout": {"dp": 16}})",
+              &p) == "");
+  CHECK(p.framework == Framework::kPytorch);
+  Diagnostics diag;
+  CHECK(read_plan(to_json(p), "", "", diag) == p);
+  CHECK(check(R"({"placement": "homogeneous", "framework": "jax", "layout": {"dp": 16}})")
+            .find("s.json: plan.framework") != std::string::npos);
+}
+
 TEST_CASE("homogeneous encoders live in the first pipeline stage") {
   ParallelPlan p;
   REQUIRE(check(R"({"placement": "homogeneous", "layout": {"tp": 2, "pp": 2, "dp": 4}})", &p) ==

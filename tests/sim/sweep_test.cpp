@@ -660,3 +660,15 @@ TEST_CASE("a sweep where no image fits on one encoder rank offers encoder contex
   CHECK(none.notes[1].find("(weights ") != std::string::npos);
   CHECK(none.notes[1].find("on a rank of ") != std::string::npos);
 }
+
+TEST_CASE("framework: a search key every enumerated plan takes, not searched") {
+  Scenario s = tiny(R"({"tp": [1, 2], "cp": [1], "pp": [1], "vpp": [1], "micro_batch_sizes": [1],
+                        "framework": "pytorch"})");
+  REQUIRE(s.search->framework == Framework::kPytorch);
+  const Enumeration e = enumerate_plans(s, *s.search, 4);
+  REQUIRE(!e.valid.empty());
+  for (const Candidate& c : e.valid) CHECK(c.plan.framework == Framework::kPytorch);
+  Diagnostics diag;
+  CHECK(read_search_space(to_json(*s.search), "", "", diag) == *s.search);
+  CHECK(diag.ok());
+}
