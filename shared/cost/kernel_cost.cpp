@@ -181,6 +181,10 @@ double kernel_compute_s(const ModuleSpec& module, const Op& op, const DeviceSpec
       forward_kernels = 4 + 1 + 2 * 7 + 2 + 2 + (rotary ? 12 : 0);
     }
     forward_bytes *= tokens * layers;
+    // Per-op checkpointing recomputes every element-wise kernel but only half the GEMMs and not
+    // attention (op.flops holds the recomputed GEMMs' FLOPs alone).
+    const bool per_op = (op.flags & kOpPerOpRecompute) != 0;
+    if (per_op) forward_kernels -= 3;
     forward_kernels *= layers;
     switch (op.phase) {
       case Phase::kF:
@@ -199,7 +203,7 @@ double kernel_compute_s(const ModuleSpec& module, const Op& op, const DeviceSpec
     // Attention as the lowering counts it (layer_attention_flops, phase_flops).
     const double heads_local = static_cast<double>(a->heads) / tp;
     const double forward_attention = layer_attention_flops(*a, op.attention_pairs) / tp * layers;
-    if (forward_attention > 0 && op.phase != Phase::kW) {
+    if (forward_attention > 0 && op.phase != Phase::kW && !per_op) {
       attention_counted = phase_flops(0, forward_attention, op.phase);
       if ((op.flags & kOpUnfusedAttention) != 0) {
         // Unfused: the full score matrix (masked half included) through two batched GEMMs,

@@ -28,8 +28,10 @@ const EnumTable<CpSplit> kCpSplits = {
 const EnumTable<StageSplit> kStageSplits = {{"frozen_aware", StageSplit::kFrozenAware},
                                             {"uniform", StageSplit::kUniform}};
 
-const EnumTable<Recompute> kRecomputes = {
-    {"none", Recompute::kNone}, {"selective", Recompute::kSelective}, {"full", Recompute::kFull}};
+const EnumTable<Recompute> kRecomputes = {{"none", Recompute::kNone},
+                                          {"selective", Recompute::kSelective},
+                                          {"full", Recompute::kFull},
+                                          {"per_op", Recompute::kPerOp}};
 const EnumTable<IndivisibleHeads> kIndivisibleHeads = {{"refuse", IndivisibleHeads::kRefuse},
                                                        {"pad", IndivisibleHeads::kPad},
                                                        {"replicate", IndivisibleHeads::kReplicate}};

@@ -21,7 +21,11 @@ enum class Schedule { kGpipe, k1F1B, kInterleaved1F1B, kGraph1F1B, kThreePhase, 
 enum class MicrobatchPolicy { kArrival, kSorted, kEntrain };
 enum class CpSplit { kUniform, kZigzag, kMakespan };
 enum class StageSplit { kFrozenAware, kUniform };
-enum class Recompute { kNone, kSelective, kFull };
+// Activation recomputation: none; selective (Megatron-LM's: the attention core again before its
+// backward); full (each checkpointed layer's forward again); per_op (torchtitan's per-op selective
+// checkpointing: every second matrix multiplication of a layer and its element-wise kernels again,
+// attention kept).
+enum class Recompute { kNone, kSelective, kFull, kPerOp };
 // What a module whose attention heads its TP does not divide runs as (InternViT-6B's 25 heads
 // at TP 2, 4 or 8). kRefuse: the plan is invalid. kPad: zero heads pad it to a multiple of TP,
 // each rank computing its share of them (Megatron-LM, as NVLM runs InternViT-6B at TP 8 with 7

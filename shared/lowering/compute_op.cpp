@@ -65,6 +65,8 @@ Op Lowering::compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t
   if (plan_.tp_comm_overlap && plan_.sequence_parallel && tp > 1) op.flags |= kOpTpCommOverlap;
   if (plan_.recompute == Recompute::kSelective && phase == Phase::kB)
     op.flags |= kOpAttentionRecompute;
+  const bool per_op_recompute = plan_.recompute == Recompute::kPerOp && phase == Phase::kR;
+  if (per_op_recompute) op.flags |= kOpPerOpRecompute;
   // Every schedule runs a trainable module's W right after its B.
   if (plan_.tp_backward_overlap && phase == Phase::kB && m.flow.trainable && tp > 1)
     op.flags |= kOpTpGradOverlap;
@@ -85,9 +87,18 @@ Op Lowering::compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t
           static_cast<double>(layers) * layer_attention_flops(arch, pairs_local) / tp_shard};
     };
     std::tie(linear, attention) = stack(a);
-    if (const TransformerArch& real =
-            *real_model_.modules[static_cast<std::size_t>(m.index)].transformer;
-        real.heads != a.heads) {
+    if (per_op_recompute) {
+      // The recomputed matmuls alone; attention's output is kept.
+      linear = sum_over_layers(a, layer_begin, layer_end,
+                               [&](const TransformerArch& x) {
+                                 return 2.0 *
+                                        static_cast<double>(per_op_recomputed_matmul_parameters(x));
+                               }) *
+               tokens_local / tp_shard;
+      attention = 0;
+    } else if (const TransformerArch& real =
+                   *real_model_.modules[static_cast<std::size_t>(m.index)].transformer;
+               real.heads != a.heads) {
       const auto [real_linear, real_attention] = stack(real);
       padded_linear = linear - real_linear;
       padded_attention = attention - real_attention;
@@ -125,8 +136,10 @@ Op Lowering::compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t
       if (plan_.sequence_parallel) {
         op.nested.push_back(
             {CollectiveKind::kAllGather, Purpose::kTp, g, static_cast<int32_t>(2 * layers), act});
-        op.nested.push_back({CollectiveKind::kReduceScatter, Purpose::kTp, g,
-                             static_cast<int32_t>(2 * layers), act});
+        // Per-op checkpointing keeps the reduce-scatters' outputs.
+        if (!per_op_recompute)
+          op.nested.push_back({CollectiveKind::kReduceScatter, Purpose::kTp, g,
+                               static_cast<int32_t>(2 * layers), act});
       } else {
         op.nested.push_back(
             {CollectiveKind::kAllReduce, Purpose::kTp, g, static_cast<int32_t>(2 * layers), act});
@@ -219,6 +232,7 @@ Op Lowering::compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t
       o.flash_attention = plan_.flash_attention || plan_.recompute == Recompute::kSelective;
       o.bytes_per_value = dtype_bytes(model_.dtype);
       o.fp8_linear_inputs = (op.flags & kOpFp8) != 0;
+      o.per_op_checkpoint = plan_.recompute == Recompute::kPerOp;
       const double seq = work.samples > 0
                              ? static_cast<double>(work.tokens) / static_cast<double>(work.samples)
                              : 0;

@@ -167,11 +167,11 @@ class Lowering {
   };
   const CpShare& cp_share(std::span<const Sample* const> samples, int64_t cp, int64_t replica);
 
-  // Full recomputation runs a module's transformer layers again before their backward (an R op);
-  // projectors and the layers' front and back ends keep their activations.
+  // Full and per-op recomputation run (part of) a module's transformer layers again before their
+  // backward (an R op); projectors and the layers' front and back ends keep their activations.
   bool recomputes(const ModuleInfo& m) const {
-    return plan_.recompute == Recompute::kFull && m.spec->transformer &&
-           m.spec->transformer->layers > 0;
+    return (plan_.recompute == Recompute::kFull || plan_.recompute == Recompute::kPerOp) &&
+           m.spec->transformer && m.spec->transformer->layers > 0;
   }
 
   // Under DIP an encoder is a pipeline segment of its own on the LLM's stages.

@@ -222,6 +222,14 @@ int64_t active_layer_matmul_parameters(const TransformerArch& a) {
   return attention + mlp;
 }
 
+int64_t per_op_recomputed_matmul_parameters(const TransformerArch& a) {
+  const int64_t attention =
+      a.kv_lora_rank > 0 ? attention_matmul_parameters(a) / 2
+                         : a.hidden * a.kv_heads * a.head_dim + a.heads * a.head_dim * a.hidden;
+  const int64_t ffn = a.experts > 0 ? a.top_k * a.moe_ffn + a.shared_expert_ffn : a.ffn;
+  return attention + a.hidden * ffn;
+}
+
 double input_side_parameters(const ModuleSpec& m, int64_t tp) {
   if (!m.transformer) return 0;
   const TransformerArch& a = *m.transformer;
@@ -449,6 +457,16 @@ double activation_bytes_per_token_per_layer(const TransformerArch& a, double seq
       static_cast<double>(a.experts > 0 ? a.top_k * a.moe_ffn + a.shared_expert_ffn : a.ffn);
   const double mask = o.dropout ? 1.0 : 0.0;  // a dropout mask is one byte per element
 
+  if (o.per_op_checkpoint) {
+    // The layer's input (replicated unless sequence parallel); split by TP: the attention's
+    // output, Q's and V's (the odd matmuls of attention), the MLP's first matmul; the gated
+    // MLP's last matmul (its seventh) before its reduction, whole on every TP rank; the
+    // reduce-scatters' outputs under sequence parallelism.
+    const double input = o.sequence_parallel ? v * h / t : v * h;
+    const double split_kept = v * (2 * q + kv + f) + 4.0 * heads;
+    const double reduced = (a.gated_ffn ? v * h : 0.0) + (o.sequence_parallel ? 2 * v * h / t : 0);
+    return input + split_kept / t + reduced;
+  }
   const double linear_in = o.fp8_linear_inputs ? 1.0 : v;  // a linear's saved input
   // Activations that are replicated across TP ranks unless sequence parallelism splits them:
   // the two norm inputs, the inputs of the QKV and first MLP linears, the dropout masks after

@@ -60,6 +60,12 @@ int64_t key_value_width(const TransformerArch& arch);
 // Weights of one layer that a token actually multiplies with (top_k experts and a shared
 // expert, no biases/norms).
 int64_t active_layer_matmul_parameters(const TransformerArch& arch);
+// Per-op selective checkpointing (torchtitan's "op" policy) keeps the output of the odd-numbered
+// matrix multiplications of a layer, in forward order (Q, K, V, output projection, then the MLP's
+// first, gate and second), and recomputes the even ones before the backward: K, the output
+// projection and the MLP's second call (gated: the gate; else the down projection). Multi-head
+// latent attention counts half its matrices; an MoE layer one matrix of each active expert.
+int64_t per_op_recomputed_matmul_parameters(const TransformerArch& arch);
 // Everything outside the layer stack: the input side and the output side.
 int64_t embedding_parameters(const ModuleSpec& module);
 // Before the first layer: vocabulary embedding, position embeddings, patch or audio front end,
@@ -146,6 +152,10 @@ struct ActivationOptions {
   // FP8 GEMMs (Transformer Engine): the inputs of the QKV, output-projection and MLP linears are
   // kept for the weight gradient in FP8, one byte each.
   bool fp8_linear_inputs = false;
+  // Per-op selective checkpointing: a layer keeps its input, the attention kernel's output and
+  // log-sum-exp, the outputs of the matrix multiplications it does not recompute
+  // (per_op_recomputed_matmul_parameters) and of the sequence-parallel reduce-scatters.
+  bool per_op_checkpoint = false;
 };
 // Bytes kept for backward per token per layer, for a sequence of `seq_len` tokens.
 // With dropout, no flash attention and ffn = 4h this is Korthikanti et al.'s

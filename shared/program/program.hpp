@@ -75,6 +75,9 @@ enum OpFlag : uint32_t {
                                  // compute (plan.moe_a2a_overlap)
   kOpPytorchKernels = 65536,     // its kernels run at a PyTorch-native stack's rates
                                  // (plan.framework pytorch)
+  kOpPerOpRecompute = 131072,    // R: per-op selective checkpointing's recomputation, every
+                                 // second matmul of its layers and their element-wise kernels
+                                 // (attention kept; plan.recompute per_op)
 };
 
 struct Op {

@@ -131,18 +131,24 @@ class Pricer {
   // `checkpointed`: full recomputation runs this work again (layers and projectors, not a
   // module's front end or head; see Lowering::compute).
   // `first_layer`: the first of the layers, which says their kind (MoE or dense).
+  // `per_op_linear`: of `linear`, the matmuls per-op recomputation runs again.
   double seconds(std::size_t m, double linear, double attention, int32_t layers, int32_t calls,
                  double act, double tokens, double logits = 0, bool whole_op = false,
-                 bool checkpointed = true, int32_t first_layer = 0) const {
+                 bool checkpointed = true, int32_t first_layer = 0,
+                 double per_op_linear = 0) const {
     const GradientFlow& f = flow_[m];
-    const bool recompute = plan_.recompute == Recompute::kFull && f.backward() && checkpointed;
+    const bool per_op = plan_.recompute == Recompute::kPerOp;
+    const bool recompute = (plan_.recompute == Recompute::kFull || (per_op && per_op_linear > 0)) &&
+                           f.backward() && checkpointed;
     const Work w{layers, first_layer, calls, act, tokens, logits, whole_op};
     double s = phase(m, Phase::kF, phase_flops(linear, attention, Phase::kF), w);
     if (f.backward()) s += phase(m, Phase::kB, phase_flops(linear, attention, Phase::kB), w);
     if (f.trainable)
       s += phase(m, Phase::kW, phase_flops(linear, attention, Phase::kW),
                  {layers, first_layer, 0, act, tokens, 0, whole_op});
-    if (recompute) s += phase(m, Phase::kR, phase_flops(linear, attention, Phase::kR), w);
+    if (recompute)
+      s += phase(m, Phase::kR, per_op ? per_op_linear : phase_flops(linear, attention, Phase::kR),
+                 w, per_op ? kOpPerOpRecompute : 0);
     return s;
   }
   double activation_bytes(double tokens, int64_t hidden) const {
@@ -157,10 +163,11 @@ class Pricer {
     bool whole_op = false;
   };
   // The op lower() would make for this work on one rank (tokens and logits sharded as it does).
-  double phase(std::size_t m, Phase ph, double flops, const Work& w) const {
+  double phase(std::size_t m, Phase ph, double flops, const Work& w, uint32_t flags = 0) const {
     Op op;
     op.module = static_cast<int16_t>(m);
     op.phase = ph;
+    op.flags = flags;
     op.layers = w.layers;
     op.first_layer = w.first_layer;
     op.tokens = static_cast<int64_t>(w.tokens / cp_);
@@ -188,10 +195,12 @@ std::pair<double, double> layer_flops(const TransformerArch& a, double tokens, d
 // Layer `layer` of module `m` (architecture `a`) for `tokens` tokens attending `attended` keys.
 double layer_seconds(const Pricer& price, std::size_t m, const TransformerArch& a, int64_t layer,
                      double tokens, double attended) {
-  const auto [linear, attention] =
-      layer_flops(moe_layer(a, layer) ? a : dense_layer_arch(a), tokens, attended);
-  return price.seconds(m, linear, attention, 1, 2, price.activation_bytes(tokens, a.hidden), tokens,
-                       0, false, true, static_cast<int32_t>(layer));
+  const TransformerArch& arch = moe_layer(a, layer) ? a : dense_layer_arch(a);
+  const auto [linear, attention] = layer_flops(arch, tokens, attended);
+  return price.seconds(
+      m, linear, attention, 1, 2, price.activation_bytes(tokens, a.hidden), tokens, 0, false, true,
+      static_cast<int32_t>(layer),
+      tokens * 2.0 * static_cast<double>(per_op_recomputed_matmul_parameters(arch)));
 }
 
 // The whole of module `m` for one micro-batch (its layers, front end, head or projector).

@@ -470,9 +470,11 @@ TEST_CASE(
                    "fp8-refused"));
   CHECK(fp8.code == 2);
   CHECK(fp8.output.find("fp8") != std::string::npos);
-  // So are DeepEP's dispatch and the overlapped expert all-to-alls.
-  for (const auto& [key, value] : std::vector<std::pair<std::string, std::string>>{
-           {"moe_dispatcher", R"("deepep")"}, {"moe_a2a_overlap", "true"}}) {
+  // So are DeepEP's dispatch, the overlapped expert all-to-alls and per-op checkpointing.
+  for (const auto& [key, value] :
+       std::vector<std::pair<std::string, std::string>>{{"moe_dispatcher", R"("deepep")"},
+                                                        {"moe_a2a_overlap", "true"},
+                                                        {"recompute", R"("per_op")"}}) {
     const Run moe = run(kScenario + " --plan " +
                         raw_plan(R"({"placement": "homogeneous", "layout": {"dp": 2}, ")" + key +
                                      "\": " + value + "}",

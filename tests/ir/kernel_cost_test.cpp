@@ -11,6 +11,7 @@
 #include "shared/cost/kernel_cost.hpp"
 #include "shared/layout/scenario.hpp"
 #include "shared/lowering/lower.hpp"
+#include "shared/model/model_math.hpp"
 #include "shared/search/stage_split.hpp"
 
 using namespace tessera;
@@ -285,6 +286,39 @@ TEST_CASE("kernel cost: a PyTorch-native stack's attention and training scale, f
         std::string::npos);
   CHECK(bad.format().find("d.json: kernels.pytorch.attention.forward_efficiency") !=
         std::string::npos);
+}
+
+TEST_CASE("kernel cost: per-op recomputation re-runs its matmuls and element-wise kernels only") {
+  Diagnostics diag;
+  const auto s =
+      load_scenario(kSource + "/scenarios/published/torchtitan-llama3.1-8b-fsdp-h100-8.json", diag);
+  INFO(diag.format());
+  REQUIRE(s.has_value());
+  const ModuleSpec& llm = s->model.modules[0];
+  const DeviceSpec& device = s->cluster.device;
+  const double peak = peak_flops(s->cluster, DType::kBf16);
+  const KernelTuning tuning;
+  const double recomputed =
+      2.0 * static_cast<double>(per_op_recomputed_matmul_parameters(*llm.transformer)) * 8192;
+  Op r = forward_layer(8192, 1, 8192.0 * 8193 / 2, recomputed);
+  r.phase = Phase::kR;
+  r.flags = kOpPerOpRecompute;
+  const double seconds = kernel_compute_s(llm, r, device, peak, 2, tuning);
+  // Attention is kept: the pairs do not count.
+  Op longer = r;
+  longer.attention_pairs *= 4;
+  CHECK(kernel_compute_s(llm, longer, device, peak, 2, tuning) == doctest::Approx(seconds));
+  // Cheaper than the layer's forward; dearer than its GEMMs' share of it, the element-wise
+  // kernels all running again.
+  const double layer =
+      2.0 * static_cast<double>(active_layer_matmul_parameters(*llm.transformer)) * 8192;
+  Op f = forward_layer(8192, 1, 8192.0 * 8193 / 2,
+                       layer + layer_attention_flops(*llm.transformer, 8192.0 * 8193 / 2));
+  const double forward = kernel_compute_s(llm, f, device, peak, 2, tuning);
+  Op gemms_only = forward_layer(8192, 1, 0, layer);
+  const double gemms = kernel_compute_s(llm, gemms_only, device, peak, 2, tuning);
+  CHECK(seconds < forward);
+  CHECK(seconds > gemms * recomputed / layer);
 }
 
 TEST_CASE("kernel cost: FP8 GEMMs at the FP8 rate, their inputs quantized; attention unchanged") {

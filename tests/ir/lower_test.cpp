@@ -1809,6 +1809,47 @@ TEST_CASE("full recomputation runs the layers again, not the embedding, head or 
   CHECK(recomputes == 4 * 16);
 }
 
+TEST_CASE("per-op recomputation runs every second matmul again, keeps attention and less memory") {
+  const std::string plan =
+      R"({"placement": "homogeneous", "schedule": "1f1b", "layout": {"pp": 4}, )";
+  const Program none =
+      lowered(make(kTextModel, kUniformText, (plan + R"("recompute": "none"})").c_str()));
+  const Program full =
+      lowered(make(kTextModel, kUniformText, (plan + R"("recompute": "full"})").c_str()));
+  const Case c = make(kTextModel, kUniformText, (plan + R"("recompute": "per_op"})").c_str());
+  const Program p = lowered(c);
+  const TransformerArch& a = *c.model.modules[0].transformer;
+  // In forward order Q, K, V, output, then the MLP's: K, the output projection and one matrix
+  // of the MLP (a plain MLP's second, a gated one's up projection) run again.
+  const int64_t q = a.heads * a.head_dim, kv = a.kv_heads * a.head_dim;
+  REQUIRE(kv > 0);
+  CHECK(per_op_recomputed_matmul_parameters(a) == a.hidden * kv + q * a.hidden + a.hidden * a.ffn);
+  int recomputes = 0;
+  for (const auto& ops : p.ranks)
+    for (const Op& op : ops) {
+      if (op.kind != OpKind::kCompute || op.phase != Phase::kR) continue;
+      ++recomputes;
+      CHECK((op.flags & kOpPerOpRecompute) != 0);
+      CHECK(op.flops ==
+            doctest::Approx(2.0 * static_cast<double>(op.layers) *
+                            static_cast<double>(per_op_recomputed_matmul_parameters(a)) *
+                            static_cast<double>(op.tokens)));
+    }
+  CHECK(recomputes == 4 * 16);
+  for (const auto& ops : full.ranks)
+    for (const Op& op : ops) CHECK((op.flags & kOpPerOpRecompute) == 0);
+  // The model's FLOPs leave recomputation out.
+  CHECK(p.model_flops == doctest::Approx(none.model_flops));
+  // Kept per layer: more than full recomputation's input, less than everything.
+  auto stash = [](const Program& program) {
+    double bytes = 0;
+    for (const Op& op : program.ranks[0]) bytes += op.stash_bytes;
+    return bytes;
+  };
+  CHECK(stash(p) > stash(full));
+  CHECK(stash(p) < stash(none));
+}
+
 TEST_CASE("a non-colocated LLM replica fed by 128 encoder replicas: every link's messages match") {
   // 128 producer replicas per consumer: the tags of their messages must stay distinct (they once
   // held only 64).

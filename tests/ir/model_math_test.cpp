@@ -78,6 +78,35 @@ TEST_CASE("activation bytes match Korthikanti Table 2") {
   CHECK(activation_bytes_per_token_per_layer(a, s, o) == doctest::Approx(34 * h + 4 * heads));
 }
 
+TEST_CASE("per-op selective checkpointing keeps the odd matmuls' outputs of a Llama layer") {
+  // Llama 3.1 8B's layer: Q, K, V, output, gate, up, down in forward order.
+  TransformerArch a = gpt(1, 4096, 32, 0);
+  a.kv_heads = 8;
+  a.ffn = 14336;
+  a.gated_ffn = true;
+  const double h = 4096, kv = 1024, f = 14336, heads = 32;
+  // Recomputed: K (h x kv), the output projection (h x h), the up projection (h x f).
+  CHECK(per_op_recomputed_matmul_parameters(a) == 4096 * 1024 + 4096 * 4096 + 4096 * 14336);
+  ActivationOptions o;
+  o.per_op_checkpoint = true;
+  // Kept in bf16: the layer's input, the attention's output, Q, V, the gate's output and the
+  // down projection's; the log-sum-exp in fp32.
+  CHECK(activation_bytes_per_token_per_layer(a, 8192, o) ==
+        doctest::Approx(2 * (h + h + h + kv + f + h) + 4 * heads));
+  // TP 4 with sequence parallelism: the input and the reduce-scatters' outputs split, the down
+  // projection's partial sums whole.
+  o.tp = 4;
+  o.sequence_parallel = true;
+  CHECK(
+      activation_bytes_per_token_per_layer(a, 8192, o) ==
+      doctest::Approx(2 * h / 4 + (2 * (h + h + kv + f) + 4 * heads) / 4 + 2 * h + 2 * 2 * h / 4));
+  // Less than keeping everything (flash attention, no recomputation).
+  o.per_op_checkpoint = false;
+  const double kept_all = activation_bytes_per_token_per_layer(a, 8192, o);
+  o.per_op_checkpoint = true;
+  CHECK(activation_bytes_per_token_per_layer(a, 8192, o) < kept_all);
+}
+
 TEST_CASE("tokens per image, video and audio clip") {
   ModuleSpec clip;
   clip.role = ModuleRole::kEncoder;

@@ -70,6 +70,20 @@ TEST_CASE("Megatron argument names are accepted as aliases") {
   CHECK(read_plan(to_json(p), "", "", diag) == p);
 }
 
+TEST_CASE("recomputation: none, selective, full and torchtitan's per_op; others refused") {
+  ParallelPlan p;
+  CHECK(check(R"({"placement": "homogeneous", "recompute": "per_op", "layout": {"dp": 16}})", &p) ==
+        "");
+  CHECK(p.recompute == Recompute::kPerOp);
+  CHECK(to_json(p)["recompute"] == "per_op");
+  Diagnostics diag;
+  CHECK(read_plan(to_json(p), "", "", diag) == p);
+  const std::string bad =
+      check(R"({"placement": "homogeneous", "recompute": "op", "layout": {"dp": 16}})");
+  CHECK(bad.find("recompute") != std::string::npos);
+  CHECK(bad.find("per_op") != std::string::npos);
+}
+
 TEST_CASE("the training framework: megatron by default, pytorch by name, anything else refused") {
   ParallelPlan p;
   CHECK(check(R"({"placement": "homogeneous", "layout": {"dp": 16}})", &p) == "");
