@@ -1,6 +1,7 @@
 // Lowering: one compute op — its FLOPs, nested collectives and stashed activations — and boundary
 // sizes.
 #include "shared/cost/collective_cost.hpp"
+#include "shared/lowering/compute_flags.hpp"
 #include "shared/lowering/lowering.hpp"
 
 namespace tessera::lowering {
@@ -54,22 +55,8 @@ Op Lowering::compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t
   op.tokens = static_cast<int64_t>(tokens_local);
   op.tp = static_cast<int16_t>(tp);
   if (spec.transformer && spec.transformer->experts > 0) op.ep = static_cast<int16_t>(l.ep);
-  if (plan_.sequence_parallel && tp > 1) op.flags |= kOpSequenceParallel;
-  if (!plan_.flash_attention) op.flags |= kOpUnfusedAttention;
-  if (!plan_.fused_kernels) op.flags |= kOpEagerElementwise;
-  if (plan_.framework == Framework::kPytorch) op.flags |= kOpPytorchKernels;
-  if (plan_.fp8 != Fp8Recipe::kNone && spec.transformer && layers > 0) {
-    op.flags |= kOpFp8;
-    if (plan_.fp8 == Fp8Recipe::kCurrent) op.flags |= kOpFp8CurrentScaling;
-  }
-  if (plan_.tp_comm_overlap && plan_.sequence_parallel && tp > 1) op.flags |= kOpTpCommOverlap;
-  if (plan_.recompute == Recompute::kSelective && phase == Phase::kB)
-    op.flags |= kOpAttentionRecompute;
-  const bool per_op_recompute = plan_.recompute == Recompute::kPerOp && phase == Phase::kR;
-  if (per_op_recompute) op.flags |= kOpPerOpRecompute;
-  // Every schedule runs a trainable module's W right after its B.
-  if (plan_.tp_backward_overlap && phase == Phase::kB && m.flow.trainable && tp > 1)
-    op.flags |= kOpTpGradOverlap;
+  op.flags |= compute_op_flags(plan_, phase, tp, spec.transformer && layers > 0, m.flow.trainable);
+  const bool per_op_recompute = (op.flags & kOpPerOpRecompute) != 0;
 
   double linear = 0, attention = 0, weights = 0;   // FLOPs of one forward on this rank
   double padded_linear = 0, padded_attention = 0;  // of those, the work on padding heads
@@ -89,11 +76,11 @@ Op Lowering::compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t
     std::tie(linear, attention) = stack(a);
     if (per_op_recompute) {
       // The recomputed matmuls alone; attention's output is kept.
-      linear = sum_over_layers(a, layer_begin, layer_end,
-                               [&](const TransformerArch& x) {
-                                 return 2.0 *
-                                        static_cast<double>(per_op_recomputed_matmul_parameters(x));
-                               }) *
+      linear = sum_over_layers(
+                   a, layer_begin, layer_end,
+                   [](const TransformerArch& layer) {
+                     return 2.0 * static_cast<double>(per_op_recomputed_matmul_parameters(layer));
+                   }) *
                tokens_local / tp_shard;
       attention = 0;
     } else if (const TransformerArch& real =

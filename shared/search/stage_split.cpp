@@ -7,6 +7,7 @@
 #include "shared/base/check.hpp"
 #include "shared/cost/cost_model.hpp"
 #include "shared/layout/microbatch.hpp"
+#include "shared/lowering/compute_flags.hpp"
 #include "shared/lowering/lower.hpp"
 #include "shared/model/batch.hpp"
 #include "shared/model/model_math.hpp"
@@ -140,15 +141,15 @@ class Pricer {
     const bool per_op = plan_.recompute == Recompute::kPerOp;
     const bool recompute = (plan_.recompute == Recompute::kFull || (per_op && per_op_linear > 0)) &&
                            f.backward() && checkpointed;
-    const Work w{layers, first_layer, calls, act, tokens, logits, whole_op};
+    const Work w{layers, first_layer, calls, act, tokens, logits, attention, whole_op};
     double s = phase(m, Phase::kF, phase_flops(linear, attention, Phase::kF), w);
     if (f.backward()) s += phase(m, Phase::kB, phase_flops(linear, attention, Phase::kB), w);
     if (f.trainable)
       s += phase(m, Phase::kW, phase_flops(linear, attention, Phase::kW),
-                 {layers, first_layer, 0, act, tokens, 0, whole_op});
+                 {layers, first_layer, 0, act, tokens, 0, attention, whole_op});
     if (recompute)
       s += phase(m, Phase::kR, per_op ? per_op_linear : phase_flops(linear, attention, Phase::kR),
-                 w, per_op ? kOpPerOpRecompute : 0);
+                 w);
     return s;
   }
   double activation_bytes(double tokens, int64_t hidden) const {
@@ -160,19 +161,27 @@ class Pricer {
   struct Work {
     int32_t layers = 0, first_layer = 0, calls = 0;
     double act = 0, tokens = 0, logits = 0;
+    double attention = 0;  // forward attention FLOPs of the whole micro-batch
     bool whole_op = false;
   };
   // The op lower() would make for this work on one rank (tokens and logits sharded as it does).
-  double phase(std::size_t m, Phase ph, double flops, const Work& w, uint32_t flags = 0) const {
+  double phase(std::size_t m, Phase ph, double flops, const Work& w) const {
     Op op;
     op.module = static_cast<int16_t>(m);
     op.phase = ph;
-    op.flags = flags;
+    op.tp = static_cast<int16_t>(program_.world);
+    op.flags = compute_op_flags(plan_, ph, program_.world,
+                                model_.modules[m].transformer && w.layers > 0, flow_[m].trainable);
     op.layers = w.layers;
     op.first_layer = w.first_layer;
     op.tokens = static_cast<int64_t>(w.tokens / cp_);
     op.logits = w.logits / shard_;
     op.flops = flops / shard_;
+    // The query-key pairs of one layer on this rank, as the lowering counts them: the kernel
+    // cost prices attention by them, at the fused kernel's rate.
+    if (const auto& a = model_.modules[m].transformer; a && w.layers > 0 && w.attention > 0)
+      op.attention_pairs =
+          w.attention / (static_cast<double>(w.layers) * layer_attention_flops(*a, 1.0)) / cp_;
     if (program_.world > 1 && w.calls > 0)
       op.nested.push_back({CollectiveKind::kAllReduce, Purpose::kTp, 0, w.calls, w.act});
     // A stage runs one op per phase and module: its fixed cost is not the layer's.

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <functional>
 
+#include "shared/cost/cost_model.hpp"
+#include "shared/layout/scenario.hpp"
 #include "shared/lowering/lower.hpp"
 #include "shared/model/batch.hpp"
 #include "shared/search/stage_split.hpp"
@@ -234,4 +236,67 @@ TEST_CASE("frozen-aware split priced with a profile: fixed costs once per stage,
   // LLM cost, the layers still weigh.
   const ChainCosts costs = chain_costs(model(true), 2, aware, w, c, &cheap);
   CHECK(costs.layers.front() > 0);
+}
+
+TEST_CASE(
+    "the stage split's pricer and the lowering price a stage's layers alike, option by option") {
+  // Llama 3.1 8B on one DGX H100, four uniform stages: stage 1 holds layers 8-15 and nothing
+  // else. Its ops of one micro-batch cost what the pricer's layers do, plus each op's fixed cost.
+  Diagnostics diag;
+  const auto s = load_scenario(
+      std::string(TESSERA_SOURCE_DIR) + "/scenarios/published/nvidia-llama3.1-8b-h100-8.json",
+      diag);
+  INFO(diag.format());
+  REQUIRE(s.has_value());
+  ParallelPlan base = *s->plan;
+  base.layout = ModuleLayout{};
+  base.layout.pp = 4;
+  base.layout.dp = 2;
+  base.num_micro_batches = 0;
+  base.overlap_grad_reduce = false;
+  base.overlap_param_gather = false;
+  const CostModel cost(s->cluster, s->model.dtype, default_cost_params(s->cluster), s->model);
+  const std::vector<std::pair<const char*, std::function<void(ParallelPlan&)>>> options = {
+      {"defaults", [](ParallelPlan&) {}},
+      {"framework pytorch", [](ParallelPlan& p) { p.framework = Framework::kPytorch; }},
+      {"eager element-wise kernels", [](ParallelPlan& p) { p.fused_kernels = false; }},
+      {"unfused attention", [](ParallelPlan& p) { p.flash_attention = false; }},
+      {"fp8", [](ParallelPlan& p) { p.fp8 = Fp8Recipe::kDelayed; }},
+      {"full recomputation", [](ParallelPlan& p) { p.recompute = Recompute::kFull; }},
+      {"selective, unfused",
+       [](ParallelPlan& p) {
+         p.recompute = Recompute::kSelective;
+         p.flash_attention = false;
+       }},
+      {"per-op recomputation", [](ParallelPlan& p) { p.recompute = Recompute::kPerOp; }}};
+  for (const auto& [name, edit] : options) {
+    INFO(std::string(name));
+    ParallelPlan plan = base;
+    edit(plan);
+    Diagnostics v;
+    validate_plan(plan, s->model, s->workload, s->cluster, "p.json", "plan", v);
+    REQUIRE(v.ok());
+    const Lowered lowered =
+        lower(s->model, s->cluster, plan, s->workload, draw_batch(s->workload, 0));
+    REQUIRE(lowered.error.empty());
+    double lowering = 0, fixed = 0;
+    int ops = 0;
+    for (const auto& rank : lowered.program.ranks) {
+      if (ops > 0) break;
+      for (const Op& op : rank)
+        if (op.kind == OpKind::kCompute && op.stage == 1 && op.microbatch == 0) {
+          CHECK(op.layers == 8);
+          CHECK((op.flags & (kOpFrontEnd | kOpHead)) == 0);
+          lowering += cost.compute_s(lowered.program, op);
+          fixed += cost.fixed_compute_s(op);
+          ++ops;
+        }
+    }
+    CHECK(ops ==
+          (plan.recompute == Recompute::kFull || plan.recompute == Recompute::kPerOp ? 4 : 3));
+    const ChainCosts c = chain_costs(s->model, 0, plan, s->workload, s->cluster);
+    double priced = fixed;
+    for (std::size_t l = 8; l < 16; ++l) priced += c.layers[l];
+    CHECK(priced == doctest::Approx(lowering).epsilon(1e-6));
+  }
 }

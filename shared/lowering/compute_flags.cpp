@@ -1,0 +1,25 @@
+#include "shared/lowering/compute_flags.hpp"
+
+namespace tessera {
+
+uint32_t compute_op_flags(const ParallelPlan& plan, Phase phase, int64_t tp, bool layers,
+                          bool trainable) {
+  uint32_t flags = 0;
+  if (plan.sequence_parallel && tp > 1) flags |= kOpSequenceParallel;
+  if (!plan.flash_attention) flags |= kOpUnfusedAttention;
+  if (!plan.fused_kernels) flags |= kOpEagerElementwise;
+  if (plan.framework == Framework::kPytorch) flags |= kOpPytorchKernels;
+  if (plan.fp8 != Fp8Recipe::kNone && layers) {
+    flags |= kOpFp8;
+    if (plan.fp8 == Fp8Recipe::kCurrent) flags |= kOpFp8CurrentScaling;
+  }
+  if (plan.tp_comm_overlap && plan.sequence_parallel && tp > 1) flags |= kOpTpCommOverlap;
+  if (plan.recompute == Recompute::kSelective && phase == Phase::kB) flags |= kOpAttentionRecompute;
+  if (plan.recompute == Recompute::kPerOp && phase == Phase::kR) flags |= kOpPerOpRecompute;
+  // Every schedule runs a trainable module's W right after its B.
+  if (plan.tp_backward_overlap && phase == Phase::kB && trainable && tp > 1)
+    flags |= kOpTpGradOverlap;
+  return flags;
+}
+
+}  // namespace tessera
