@@ -146,6 +146,8 @@ std::string executor_plan_support(const ParallelPlan& plan, const ModelSpec& mod
   }
   if (plan.fp8 != Fp8Recipe::kNone)
     return "plan.fp8: FP8 GEMMs (Transformer Engine's recipes)" + next;
+  if (plan.recompute_layers > 0)
+    return "plan.recompute_layers: full recomputation of part of each chunk" + next;
   if (plan.recompute == Recompute::kPerOp)
     return "plan.recompute: per-op selective checkpointing (torchtitan's policy)" + next;
   if (plan.moe_dispatcher != MoeDispatcher::kAllToAll)

@@ -144,6 +144,8 @@ ParallelPlan read_plan(const Json& json, const std::string& file, const std::str
   r.optional_enum("stage_split", p.stage_split, kStageSplits);
   if (const Json* v = r.find({"recompute", "recompute_granularity"}))
     read_enum(*v, file, r.path_of(r.found_name()), p.recompute, kRecomputes, diag);
+  if (r.optional({"recompute_layers", "recompute_num_layers"}, p.recompute_layers))
+    r.check_positive(r.found_name(), p.recompute_layers);
   r.optional("sequence_parallel", p.sequence_parallel);
   r.optional({"distributed_optimizer", "use_distributed_optimizer"}, p.distributed_optimizer);
   r.optional({"flash_attention", "use_flash_attn"}, p.flash_attention);
@@ -201,6 +203,7 @@ Json to_json(const ParallelPlan& p) {
   j["cp_split"] = enum_name(p.cp_split, kCpSplits);
   j["stage_split"] = enum_name(p.stage_split, kStageSplits);
   j["recompute"] = enum_name(p.recompute, kRecomputes);
+  if (p.recompute_layers > 0) j["recompute_layers"] = p.recompute_layers;
   j["sequence_parallel"] = p.sequence_parallel;
   j["distributed_optimizer"] = p.distributed_optimizer;
   if (!p.flash_attention) j["flash_attention"] = false;
@@ -574,6 +577,9 @@ void validate_plan(const ParallelPlan& plan, const ModelSpec& model, const Workl
     top("schedule", "interleaved_1f1b needs the LLM to have pp > 1");
   if (plan.sequence_parallel && plan.placement == Placement::kHomogeneous && plan.layout.tp == 1)
     top("sequence_parallel", "needs tp > 1");
+  if (plan.recompute_layers > 0 && plan.recompute != Recompute::kFull)
+    top("recompute_layers",
+        "needs recompute full (it limits which layers full recomputation runs again)");
   if (plan.tp_comm_overlap && !plan.sequence_parallel)
     top("tp_comm_overlap",
         "needs sequence_parallel (it overlaps its all-gathers and reduce-scatters)");

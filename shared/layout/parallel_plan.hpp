@@ -108,6 +108,9 @@ struct ParallelPlan {
   CpSplit cp_split = CpSplit::kUniform;
   StageSplit stage_split = StageSplit::kFrozenAware;
   Recompute recompute = Recompute::kNone;
+  // Full recomputation of only the first N transformer layers of each pipeline chunk (Megatron-
+  // LM's block method, recompute_num_layers); the others keep their activations. 0: every layer.
+  int64_t recompute_layers = 0;
   bool sequence_parallel = false;
   bool distributed_optimizer = false;
   // Attention through a fused (flash) kernel; false: unfused, the score matrix written to memory

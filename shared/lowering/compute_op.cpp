@@ -31,8 +31,11 @@ Op Lowering::compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t
   const int64_t tp = split_tp(m);
   const double tp_shard = static_cast<double>(tp);
   const double dtype = static_cast<double>(dtype_bytes(model_.dtype));
-  const auto [layer_begin, layer_end] =
-      piece != nullptr ? *piece : m.chunk_layers[static_cast<std::size_t>(k_chunk)];
+  LayerRange range = piece != nullptr ? *piece : m.chunk_layers[static_cast<std::size_t>(k_chunk)];
+  // Full recomputation of part of each chunk runs only its first layers again.
+  if (phase == Phase::kR && plan_.recompute == Recompute::kFull && spec.transformer)
+    range.second = std::max(range.first, std::min(range.second, recompute_end(m, k_chunk)));
+  const auto [layer_begin, layer_end] = range;
   const int64_t layers = layer_end - layer_begin;
   const bool first_chunk = layer_begin == 0;
   const bool last_chunk = !spec.transformer || layer_end == spec.transformer->layers;
@@ -223,14 +226,18 @@ Op Lowering::compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t
       const double seq = work.samples > 0
                              ? static_cast<double>(work.tokens) / static_cast<double>(work.samples)
                              : 0;
+      // Full recomputation keeps a recomputed layer's input alone; the layers of a chunk past
+      // plan.recompute_layers keep everything.
+      const int64_t kept_from = plan_.recompute == Recompute::kFull
+                                    ? std::clamp(recompute_end(m, k_chunk), layer_begin, layer_end)
+                                    : layer_begin;
       const double per_token =
-          plan_.recompute == Recompute::kFull
-              ? static_cast<double>(spec.transformer->hidden) * dtype /
-                    (plan_.sequence_parallel ? tp_shard : 1.0) * static_cast<double>(layers)
-              : sum_over_layers(*spec.transformer, layer_begin, layer_end,
-                                [&](const TransformerArch& x) {
-                                  return activation_bytes_per_token_per_layer(x, seq, o);
-                                });
+          static_cast<double>(spec.transformer->hidden) * dtype /
+              (plan_.sequence_parallel ? tp_shard : 1.0) *
+              static_cast<double>(kept_from - layer_begin) +
+          sum_over_layers(*spec.transformer, kept_from, layer_end, [&](const TransformerArch& x) {
+            return activation_bytes_per_token_per_layer(x, seq, o);
+          });
       stash += per_token * tokens_local;
     }
     if (spec.projector)

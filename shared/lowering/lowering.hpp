@@ -174,6 +174,13 @@ class Lowering {
            m.spec->transformer && m.spec->transformer->layers > 0;
   }
 
+  // The end of the layers of chunk `k_chunk` of `m` that full recomputation runs again: the
+  // chunk's first plan.recompute_layers (Megatron-LM's block method), or all of them.
+  int64_t recompute_end(const ModuleInfo& m, int32_t k_chunk) const {
+    const auto [begin, end] = m.chunk_layers[static_cast<std::size_t>(k_chunk)];
+    return plan_.recompute_layers > 0 ? std::min(end, begin + plan_.recompute_layers) : end;
+  }
+
   // Under DIP an encoder is a pipeline segment of its own on the LLM's stages.
   bool dip_encoder(const ModuleInfo& m) const {
     return plan_.schedule == Schedule::kDip && m.spec->role == ModuleRole::kEncoder;

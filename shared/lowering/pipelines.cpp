@@ -311,7 +311,9 @@ void Lowering::lower_pipelines() {
             if (full) {
               deps.push_back(prefetched_gather(rank, m, xm, chunk_index, at_mb, pieces, u,
                                                Phase::kB, gathers));
-              if (recomputes(m)) piece_op(Phase::kR);
+              if (recomputes(m) &&
+                  piece.first < recompute_end(m, static_cast<int32_t>(chunk_index)))
+                piece_op(Phase::kR);
             }
             piece_op(Phase::kB);
             if (m.flow.trainable) piece_op(Phase::kW);

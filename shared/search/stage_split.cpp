@@ -106,18 +106,21 @@ namespace {
 // the cost model prices lower()'s ops — compute per phase that runs (F; B with attention twice
 // when a gradient passes; W when the module trains; the recomputed F), TP all-reduces inside,
 // per-layer overheads — with the given parameters (a calibration profile's) or the cluster's
-// analytic defaults.
+// analytic defaults. `chunks`: the pipeline chunks the module's layers are cut into (1 for a
+// module hosted whole on a stage); with plan.recompute_layers, each layer is charged its chunk's
+// share of the recomputation, the split being what it decides.
 class Pricer {
  public:
   Pricer(const ModelSpec& model, const ParallelPlan& plan, const ClusterSpec& cluster, int64_t tp,
-         int64_t cp, const CostParams* params)
+         int64_t cp, const CostParams* params, int64_t chunks = 1)
       : model_(model),
         plan_(plan),
         cost_(cluster, model.dtype, params != nullptr ? *params : default_cost_params(cluster),
               model),
         flow_(gradient_flow(model)),
         shard_(static_cast<double>(tp * cp)),
-        cp_(static_cast<double>(cp)) {
+        cp_(static_cast<double>(cp)),
+        chunks_(static_cast<double>(chunks)) {
     program_.world = static_cast<int32_t>(tp);
     RankList group(static_cast<std::size_t>(tp));
     for (int64_t r = 0; r < tp; ++r) group[static_cast<std::size_t>(r)] = r;
@@ -148,7 +151,8 @@ class Pricer {
       s += phase(m, Phase::kW, phase_flops(linear, attention, Phase::kW),
                  {layers, first_layer, 0, act, tokens, 0, attention, whole_op});
     if (recompute)
-      s += phase(m, Phase::kR, per_op ? per_op_linear : phase_flops(linear, attention, Phase::kR),
+      s += recompute_share(m) *
+           phase(m, Phase::kR, per_op ? per_op_linear : phase_flops(linear, attention, Phase::kR),
                  w);
     return s;
   }
@@ -187,12 +191,21 @@ class Pricer {
     // A stage runs one op per phase and module: its fixed cost is not the layer's.
     return cost_.compute_s(program_, op) - (w.whole_op ? 0 : cost_.fixed_compute_s(op));
   }
+  // Of a module's layers, the share full recomputation runs again: the first
+  // plan.recompute_layers of each chunk.
+  double recompute_share(std::size_t m) const {
+    const auto& a = model_.modules[m].transformer;
+    if (plan_.recompute != Recompute::kFull || plan_.recompute_layers == 0 || !a || a->layers == 0)
+      return 1;
+    return std::min(1.0, static_cast<double>(plan_.recompute_layers) * chunks_ /
+                             static_cast<double>(a->layers));
+  }
   const ModelSpec& model_;
   const ParallelPlan& plan_;
   CostModel cost_;
   std::vector<GradientFlow> flow_;
   Program program_;
-  double shard_, cp_;
+  double shard_, cp_, chunks_;
 };
 
 // Linear and attention forward FLOPs of one layer for `tokens` tokens attending `attended` keys.
@@ -253,7 +266,7 @@ ChainCosts chain_costs(const ModelSpec& model, std::size_t module, const Paralle
   const ModuleSpec& spec = model.modules[module];
   TESSERA_CHECK(spec.transformer.has_value());
   const ModuleLayout& layout = layout_of(plan, model, module);
-  const Pricer price(model, plan, cluster, layout.tp, layout.cp, params);
+  const Pricer price(model, plan, cluster, layout.tp, layout.cp, params, layout.pp * layout.vpp);
   const double mbs = static_cast<double>(plan.micro_batch_size);
   const TransformerArch& a = *spec.transformer;
   const MeanWork w = mean_work(model, spec, workload);

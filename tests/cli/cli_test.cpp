@@ -191,12 +191,12 @@ TEST_CASE("fidelity: the published suite's headline figures, pinned (docs/FIDELI
   CHECK(all.code == 0);
   CHECK(all.output.find("suite (fitted sources): 44 rows, mean |error| 7.0%, max 30.3%, within "
                         "10%: 32, within 15%: 42") != std::string::npos);
-  CHECK(all.output.find("held out: 28 rows, mean |error| 7.0%, max 24.8%, within 10%: 22, within "
+  CHECK(all.output.find("held out: 28 rows, mean |error| 7.3%, max 24.8%, within 10%: 22, within "
                         "15%: 25") != std::string::npos);
   CHECK(all.output.find("\ndense                     29       4.8%") != std::string::npos);
   CHECK(all.output.find("\nfp8 (held out)             9       5.8%") != std::string::npos);
   CHECK(all.output.find("\nfsdp                       8       8.5%") != std::string::npos);
-  CHECK(all.output.find("\nfsdp (held out)            6       8.1%") != std::string::npos);
+  CHECK(all.output.find("\nfsdp (held out)            6       9.5%") != std::string::npos);
 }
 
 TEST_CASE("fidelity predicts a row of variable data as the mean step of its drawn iterations") {

@@ -482,6 +482,13 @@ TEST_CASE(
     CHECK(moe.code == 2);
     CHECK(moe.output.find("plan." + key) != std::string::npos);
   }
+  const Run partial = run(
+      kScenario + " --plan " +
+      raw_plan(
+          R"({"placement": "homogeneous", "layout": {"dp": 2}, "recompute": "full", "recompute_layers": 1})",
+          "partial-refused"));
+  CHECK(partial.code == 2);
+  CHECK(partial.output.find("plan.recompute_layers") != std::string::npos);
 }
 
 TEST_CASE(

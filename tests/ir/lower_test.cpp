@@ -1809,6 +1809,56 @@ TEST_CASE("full recomputation runs the layers again, not the embedding, head or 
   CHECK(recomputes == 4 * 16);
 }
 
+TEST_CASE("recompute_layers: each chunk's first layers recomputed, the rest keep everything") {
+  // 8 layers over 2 stages of 2 chunks: 2 layers a chunk, the first of each recomputed; and as
+  // one-layer fully sharded units, only the first unit of each chunk recomputed.
+  const std::string base = R"({"placement": "homogeneous", "layout": {"pp": 2, "vpp": 2, "dp": 2},
+      "schedule": "interleaved_1f1b", "num_micro_batches": 4, "distributed_optimizer": true,
+      "grad_bucket_mb": 1, "recompute": )";
+  const char* workload =
+      R"({"global_batch": 8, "max_seq_len": 512, "samples": {"text_tokens": 256}})";
+  for (const bool sharded : {false, true}) {
+    INFO("fully sharded: " << sharded);
+    const std::string tail = sharded ? R"(, "fully_sharded": true})" : "}";
+    const Program none = lowered(make(kTextModel, workload, (base + R"("none")" + tail).c_str()));
+    const Program full = lowered(make(kTextModel, workload, (base + R"("full")" + tail).c_str()));
+    const Case c =
+        make(kTextModel, workload, (base + R"("full", "recompute_layers": 1)" + tail).c_str());
+    REQUIRE(c.plan.recompute_layers == 1);
+    const Program p = lowered(c);
+    auto totals = [](const Program& program, Phase phase) {
+      double flops = 0, stash = 0;
+      int ops = 0;
+      for (const Op& op : program.ranks[0])
+        if (op.kind == OpKind::kCompute) {
+          stash += op.stash_bytes;
+          if (op.phase != phase) continue;
+          flops += op.flops;
+          ++ops;
+        }
+      return std::tuple{flops, stash, ops};
+    };
+    const auto [r_flops, stash, r_ops] = totals(p, Phase::kR);
+    const auto [full_r_flops, full_stash, full_r_ops] = totals(full, Phase::kR);
+    const auto none_stash = std::get<1>(totals(none, Phase::kR));
+    // Half the layers recomputed: half the recomputed FLOPs, in one-layer ops.
+    CHECK(r_flops == doctest::Approx(full_r_flops / 2));
+    CHECK(r_ops == (sharded ? full_r_ops / 2 : full_r_ops));
+    for (const Op& op : p.ranks[0])
+      if (op.kind == OpKind::kCompute && op.phase == Phase::kR) CHECK(op.layers == 1);
+    // Memory between full recomputation's and none's, halfway.
+    CHECK(stash == doctest::Approx((full_stash + none_stash) / 2));
+  }
+  // Only with full recomputation.
+  Diagnostics v;
+  ParallelPlan bad = make(kTextModel, workload, (base + R"("full"})").c_str()).plan;
+  bad.recompute = Recompute::kSelective;
+  bad.recompute_layers = 2;
+  const Case ok = make(kTextModel, workload, (base + R"("full"})").c_str());
+  validate_plan(bad, ok.model, ok.workload, ok.cluster, "p.json", "plan", v);
+  CHECK(v.format().find("recompute_layers: needs recompute full") != std::string::npos);
+}
+
 TEST_CASE("per-op recomputation runs every second matmul again, keeps attention and less memory") {
   const std::string plan =
       R"({"placement": "homogeneous", "schedule": "1f1b", "layout": {"pp": 4}, )";

@@ -82,6 +82,16 @@ TEST_CASE("recomputation: none, selective, full and torchtitan's per_op; others 
       check(R"({"placement": "homogeneous", "recompute": "op", "layout": {"dp": 16}})");
   CHECK(bad.find("recompute") != std::string::npos);
   CHECK(bad.find("per_op") != std::string::npos);
+  // Megatron-LM's block method by its argument's name: the first N layers of each chunk.
+  CHECK(check(R"({"placement": "homogeneous", "recompute_granularity": "full",
+                  "recompute_num_layers": 2, "layout": {"dp": 16}})",
+              &p) == "");
+  CHECK(p.recompute_layers == 2);
+  CHECK(to_json(p)["recompute_layers"] == 2);
+  CHECK(read_plan(to_json(p), "", "", diag) == p);
+  CHECK(check(R"({"placement": "homogeneous", "recompute": "full", "recompute_layers": 0,
+                  "layout": {"dp": 16}})")
+            .find("recompute_layers") != std::string::npos);
 }
 
 TEST_CASE("the training framework: megatron by default, pytorch by name, anything else refused") {

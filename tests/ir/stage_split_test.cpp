@@ -263,6 +263,11 @@ TEST_CASE(
       {"unfused attention", [](ParallelPlan& p) { p.flash_attention = false; }},
       {"fp8", [](ParallelPlan& p) { p.fp8 = Fp8Recipe::kDelayed; }},
       {"full recomputation", [](ParallelPlan& p) { p.recompute = Recompute::kFull; }},
+      {"full recomputation of each stage's first 3 layers",
+       [](ParallelPlan& p) {
+         p.recompute = Recompute::kFull;
+         p.recompute_layers = 3;
+       }},
       {"selective, unfused",
        [](ParallelPlan& p) {
          p.recompute = Recompute::kSelective;
@@ -285,7 +290,7 @@ TEST_CASE(
       if (ops > 0) break;
       for (const Op& op : rank)
         if (op.kind == OpKind::kCompute && op.stage == 1 && op.microbatch == 0) {
-          CHECK(op.layers == 8);
+          CHECK(op.layers == (op.phase == Phase::kR && plan.recompute_layers > 0 ? 3 : 8));
           CHECK((op.flags & (kOpFrontEnd | kOpHead)) == 0);
           lowering += cost.compute_s(lowered.program, op);
           fixed += cost.fixed_compute_s(op);
