@@ -48,20 +48,29 @@ done
 # tests is what runs there. Only the wheel itself comes from PyPI (--no-deps): the CUDA 13
 # toolkit, cuDNN and NCCL it links against are installed with the machine (/usr/local/cuda), and
 # of the CUDA libraries libtorch_cuda.so loads, only cuSPARSELt, NVSHMEM and cuFile are missing
-# there; they come from PyPI at the versions torch 2.11.0 pins. Python packages torch needs at
-# import are left out: nothing here runs Python.
+# there; they come from PyPI at the versions torch 2.11.0 pins. Beside it, megatron-core (also
+# --no-deps) and the Python packages torch and it import, for the check that megatron-core accepts
+# `tessera export` (scripts/check-megatron-export.py).
 install_torch2() {
   local venv=.venv-torch2 version=2.11.0
   if [[ -x $venv/bin/python ]] &&
     [[ $("$venv/bin/python" -c 'import importlib.metadata as m; print(m.version("torch"))' 2>/dev/null) == "$version"* ]]; then
     echo "setup: torch $version present in $venv"
+  else
+    echo "setup: installing torch $version (CUDA 13.0) into $venv"
+    python3 -m venv "$venv"
+    "$venv/bin/pip" install -q --no-deps "torch==$version" nvidia-cusparselt-cu13==0.8.0 \
+      nvidia-nvshmem-cu13==3.4.5 nvidia-cufile==1.15.1.6
+    echo "setup: torch $version in $venv"
+  fi
+  if "$venv/bin/python" -c 'import importlib.metadata as m; assert m.version("megatron-core") == "0.16.1"; import typing_extensions, sympy, networkx, jinja2, fsspec, filelock, numpy, packaging' 2>/dev/null; then
+    echo "setup: megatron-core 0.16.1 present in $venv"
     return
   fi
-  echo "setup: installing torch $version (CUDA 13.0) into $venv"
-  python3 -m venv "$venv"
-  "$venv/bin/pip" install -q --no-deps "torch==$version" nvidia-cusparselt-cu13==0.8.0 \
-    nvidia-nvshmem-cu13==3.4.5 nvidia-cufile==1.15.1.6
-  echo "setup: torch $version in $venv"
+  "$venv/bin/pip" install -q --no-deps megatron-core==0.16.1 typing_extensions==4.16.0 \
+    sympy==1.14.0 mpmath==1.3.0 networkx==3.6.1 Jinja2==3.1.6 MarkupSafe==3.0.4 \
+    fsspec==2026.9.0 filelock==4.3.1 numpy==2.4.6 packaging==26.4
+  echo "setup: megatron-core 0.16.1 in $venv"
 }
 
 if [[ ${#missing[@]} -eq 0 ]]; then

@@ -47,6 +47,15 @@ if [[ ${1:-} == --torch2 ]]; then
   ctest --test-dir "$build" --output-on-failure --parallel "$jobs" -R '^exec$' "$@"
   # The GPU machine's script, dry: the same stages on the tiny scenarios on the CPU.
   TESSERA_BUILD_DIR=$build scripts/gpu-check.sh --device cpu --out out/gpu-check-cpu
+  # megatron-core's own checks on `tessera export` of every library scenario with a plan, with
+  # the simulator's CLI of the default build (built before this stage in CI).
+  sim=${TESSERA_SIM_BIN:-build/sim/tessera}
+  [[ -x $sim ]] || { echo "test.sh --torch2: $sim missing: run scripts/test.sh first" >&2; exit 1; }
+  scenarios=()
+  for f in scenarios/*.json scenarios/{cornstarch,gpu,hetero,variability,published}/*.json; do
+    grep -q '"plan"' "$f" && scenarios+=("$f")
+  done
+  .venv-torch2/bin/python scripts/check-megatron-export.py "$sim" "${scenarios[@]}"
   exit
 fi
 build=${TESSERA_BUILD_DIR:-build}

@@ -513,6 +513,8 @@ const std::vector<Command>& commands() {
       {"replay", "simulate a recorded run and compare predicted with measured", run_replay},
       {"fidelity", "compare predictions with published runs; fit the global kernel parameters",
        run_fidelity},
+      {"export", "write a plan as Megatron-LM's training arguments and megatron-core's config",
+       run_export},
   };
   return table;
 }

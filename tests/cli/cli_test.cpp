@@ -402,7 +402,7 @@ TEST_CASE("lower and estimate: bad input exits 2") {
 
 TEST_CASE("every subcommand has --help") {
   for (const char* c : {"validate", "show", "import-hf", "lower", "estimate", "simulate", "sweep",
-                        "merge", "calibrate", "replay", "fidelity", "stages"}) {
+                        "merge", "calibrate", "replay", "fidelity", "stages", "export"}) {
     const Run r = run(std::string(c) + " --help");
     CHECK(r.code == 0);
     CHECK(r.output.find("Usage:") != std::string::npos);
@@ -993,7 +993,7 @@ TEST_CASE("docs/CLI.md documents every option each command's --help lists") {
   int options = 0;
   for (const std::string command :
        {"validate", "show", "import-hf", "lower", "estimate", "simulate", "stages", "sweep",
-        "merge", "calibrate", "replay", "fidelity"}) {
+        "merge", "calibrate", "replay", "fidelity", "export"}) {
     const Run help = run(command + " --help");
     REQUIRE(help.code == 0);
     const std::string text = section(command);
@@ -1009,4 +1009,53 @@ TEST_CASE("docs/CLI.md documents every option each command's --help lists") {
     }
   }
   CHECK(options > 50);  // the options were found at all
+}
+
+TEST_CASE("export: a plan as Megatron-LM's arguments, what it cannot express said in notes") {
+  // The default scenario: its frozen-aware stage split as a pipeline layout, its encoders named.
+  const Run text = run("export " + kSource + "/scenarios/default.json");
+  INFO(text.output);
+  CHECK(text.code == 0);
+  for (const char* flag :
+       {"pretrain_gpt.py", "--num-layers 32", "--tensor-model-parallel-size 4",
+        "--pipeline-model-parallel-size 2", "--swiglu", "--global-batch-size 256", "--bf16",
+        "--pipeline-model-parallel-layout 'Et", "# module vision (encoder, frozen)"})
+    CHECK(text.output.find(flag) != std::string::npos);
+  // JSON: megatron-core's keyword arguments beside the flags.
+  const Run json =
+      run("export --json " + kSource + "/scenarios/published/deepseek-v3-report-h800-2048.json");
+  REQUIRE(json.code == 0);
+  const nlohmann::json j = nlohmann::json::parse(json.output);
+  CHECK(j["transformer_config"]["multi_latent_attention"] == true);
+  CHECK(j["transformer_config"]["num_moe_experts"] == 256);
+  CHECK(j["transformer_config"]["moe_layer_freq"].size() == 61);
+  CHECK(j["transformer_config"]["moe_layer_freq"][2] == 0);
+  CHECK(j["transformer_config"]["moe_layer_freq"][3] == 1);
+  CHECK(j["transformer_config"]["expert_model_parallel_size"] == 64);
+  CHECK(j["batch"]["data_parallel_size"] == 128);
+  // DualPipe's overlap without virtual stages is not Megatron-LM's: said, not dropped.
+  CHECK(json.output.find("plan.moe_a2a_overlap") != std::string::npos);
+  CHECK(!j["transformer_config"].contains("overlap_moe_expert_parallel_comm"));
+  // A non-colocated plan: the LLM's grid, the encoders' grids in notes.
+  const Run nc = run("export " + kSource + "/scenarios/cpu-tiny.json --plan " + kSource +
+                     "/scenarios/plans/cpu-tiny-non-colocated.json");
+  CHECK(nc.code == 0);
+  CHECK(nc.output.find("MIMO") != std::string::npos);
+  CHECK(nc.output.find("plan.placement non_colocated") != std::string::npos);
+  // Written whole to a file with -o.
+  const fs::path out = scratch() / "megatron.sh";
+  CHECK(run("export " + kSource + "/scenarios/default.json -o " + out.string()).code == 0);
+  std::ifstream written(out);
+  const std::string body((std::istreambuf_iterator<char>(written)), {});
+  CHECK(body == text.output);
+  // A model Megatron-LM's GPT cannot hold, and an unknown target: exit 2, said why.
+  const fs::path plan = scratch() / "tp8-dp8.json";
+  std::ofstream(plan) << R"({"placement": "homogeneous", "layout": {"tp": 8, "dp": 8}})";
+  const Run mllama =
+      run("export " + kSource + "/scenarios/llama-3.2-11b-vision.json --plan " + plan.string());
+  CHECK(mllama.code == 2);
+  CHECK(mllama.output.find("cross-attention") != std::string::npos);
+  const Run target = run("export " + kSource + "/scenarios/default.json --to torchtitan");
+  CHECK(target.code == 2);
+  CHECK(target.output.find("megatron") != std::string::npos);
 }
