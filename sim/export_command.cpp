@@ -52,6 +52,11 @@ int run_export(const Args& args, std::ostream& out, std::ostream& err) {
     for (const auto& [flag, value] : e.arguments)
       arguments.push_back(value.empty() ? Json::array({flag}) : Json::array({flag, value}));
     j["arguments"] = arguments;
+    if (!e.mimo_arguments.empty()) {
+      Json mimo = Json::array();
+      for (const auto& [flag, value] : e.mimo_arguments) mimo.push_back(Json::array({flag, value}));
+      j["mimo_arguments"] = mimo;
+    }
     j["notes"] = e.notes;
     text = j.dump(2) + "\n";
   } else {

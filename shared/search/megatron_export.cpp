@@ -385,14 +385,48 @@ MegatronExport megatron_export(const Scenario& scenario, const ParallelPlan& pla
           "example builds its encoders and projector beside the LLM)";
     } else {
       what += ", grid " + (p.host.empty() ? layout_words(p.layout) : "of " + p.host) +
-              " on ranks from " + num(p.first_rank) +
-              ": Megatron-LM's MIMO model takes each module's grid by hand";
+              " on ranks from " + num(p.first_rank) + " (Megatron-LM's MIMO model)";
     }
     e.notes.push_back(what);
   }
   if (plan.placement != Placement::kHomogeneous)
     e.notes.push_back("plan.placement " + enum_name(plan.placement, kPlacements) +
                       ": the arguments are the LLM's grid alone");
+  // The MIMO example's grids: one encoder with its own span from rank 0, pipeline and context
+  // parallelism 1 (its projector rides on it), and the LLM's span after it.
+  if (plan.placement == Placement::kNonColocated) {
+    const PlacedModule* encoder = nullptr;
+    const PlacedModule* language = nullptr;
+    int encoders = 0;
+    for (const PlacedModule& p : placed) {
+      if (p.module == llm) language = &p;
+      if (p.module->role == ModuleRole::kEncoder) {
+        ++encoders;
+        encoder = &p;
+      }
+    }
+    if (encoders == 1 && encoder->host.empty() && encoder->first_rank == 0 &&
+        encoder->layout.pp == 1 && encoder->layout.cp == 1 && language != nullptr) {
+      auto mimo = [&](const std::string& flag, int64_t value) {
+        e.mimo_arguments.emplace_back(flag, num(value));
+      };
+      mimo("--encoder-tp", encoder->layout.tp);
+      mimo("--encoder-dp", encoder->layout.dp);
+      mimo("--llm-offset", language->first_rank);
+      mimo("--llm-tp", l.tp);
+      mimo("--llm-cp", l.cp);
+      mimo("--llm-pp", l.pp);
+      mimo("--llm-dp", l.dp);
+      if (a.experts > 0) {
+        mimo("--llm-ep", l.ep);
+        mimo("--llm-expt-tp", l.tp);
+      }
+    } else {
+      e.notes.push_back(
+          "Megatron-LM's MIMO example takes one encoder from rank 0 with pp 1 and "
+          "cp 1 beside the LLM; this plan's module grids are for its API by hand");
+    }
+  }
   if (llm->frozen)
     e.notes.push_back(llm->name +
                       " is frozen: GPT's arguments train it (the multimodal "
@@ -407,13 +441,22 @@ MegatronExport megatron_export(const Scenario& scenario, const ParallelPlan& pla
 std::string megatron_command_line(const MegatronExport& e) {
   std::ostringstream o;
   for (const std::string& note : e.notes) o << "# " << note << "\n";
-  o << "pretrain_gpt.py";
-  for (const auto& [flag, value] : e.arguments) {
-    o << " \\\n  " << flag;
-    if (!value.empty())
-      o << " " << (value.find_first_of("[|") != std::string::npos ? "'" + value + "'" : value);
+  auto command = [&](const char* script,
+                     const std::vector<std::pair<std::string, std::string>>& arguments) {
+    o << script;
+    for (const auto& [flag, value] : arguments) {
+      o << " \\\n  " << flag;
+      if (!value.empty())
+        o << " " << (value.find_first_of("[|") != std::string::npos ? "'" + value + "'" : value);
+    }
+    o << "\n";
+  };
+  command("pretrain_gpt.py", e.arguments);
+  if (!e.mimo_arguments.empty()) {
+    o << "# the module grids, as Megatron-LM's MIMO example takes them beside the LLM's "
+         "arguments\n";
+    command("examples/mimo/pretrain_mimo.py", e.mimo_arguments);
   }
-  o << "\n";
   return o.str();
 }
 

@@ -17,6 +17,10 @@ namespace tessera {
 struct MegatronExport {
   // Training arguments in order, each a flag and its value ("" for a switch).
   std::vector<std::pair<std::string, std::string>> arguments;
+  // A non_colocated plan of one encoder beside the LLM: the module grids as Megatron-LM's MIMO
+  // example (examples/mimo/pretrain_mimo.py) takes them — the encoder's TP and DP from rank 0,
+  // the LLM's span offset and TP, CP, PP, DP, EP and expert TP. Empty otherwise.
+  std::vector<std::pair<std::string, std::string>> mimo_arguments;
   // Keyword arguments of megatron-core's classes: "transformer_config" (TransformerConfig, or
   // MLATransformerConfig where "multi_latent_attention" is true), "model" (GPTModel's
   // vocab_size, max_sequence_length, position_embedding_type,

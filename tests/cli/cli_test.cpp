@@ -1041,6 +1041,10 @@ TEST_CASE("export: a plan as Megatron-LM's arguments, what it cannot express sai
                      "/scenarios/plans/cpu-tiny-non-colocated.json");
   CHECK(nc.code == 0);
   CHECK(nc.output.find("MIMO") != std::string::npos);
+  // One encoder from rank 0: its grid and the LLM's span as the MIMO example takes them.
+  for (const char* flag : {"examples/mimo/pretrain_mimo.py", "--encoder-tp 1", "--encoder-dp 2",
+                           "--llm-offset 2", "--llm-pp 2", "--llm-dp 1"})
+    CHECK(nc.output.find(flag) != std::string::npos);
   CHECK(nc.output.find("plan.placement non_colocated") != std::string::npos);
   // Written whole to a file with -o.
   const fs::path out = scratch() / "megatron.sh";
