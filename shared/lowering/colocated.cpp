@@ -135,10 +135,10 @@ void Lowering::lower_colocated() {
                            received, deps);
           }
         } else {
-          deps.push_back(
-              receive(rank, stage_message(about, OpKind::kRecv, Phase::kF,
-                                          llm.rank({y.t, y.c, y.d, (k - 1) % pp}), llm, y,
-                                          act_bytes, tag(0, llm_, 0, k - 1, 0, mb, 0))));
+          deps.push_back(receive(
+              rank, stage_message(about, OpKind::kRecv, Phase::kF,
+                                  llm.rank({y.t, y.c, y.d, (k - 1) % pp}), llm, y, act_bytes,
+                                  MessageTag::stage(llm_, k - 1, false, mb).packed())));
         }
         Op f = compute(llm, rank, static_cast<int32_t>(k), mb, Phase::kF, samples);
         f.deps = deps;
@@ -154,16 +154,17 @@ void Lowering::lower_colocated() {
         if (k < llm.chunks() - 1) {
           Op send = stage_message(about, OpKind::kSend, Phase::kF,
                                   llm.rank({y.t, y.c, y.d, (k + 1) % pp}), llm, y, act_bytes,
-                                  tag(0, llm_, 0, k, 0, mb, 0));
+                                  MessageTag::stage(llm_, k, false, mb).packed());
           send.deps = {done};
           emit(rank, send);
         }
         continue;
       }
       if (k < llm.chunks() - 1) {
-        deps.push_back(receive(rank, stage_message(about, OpKind::kRecv, Phase::kB,
-                                                   llm.rank({y.t, y.c, y.d, (k + 1) % pp}), llm, y,
-                                                   act_bytes, tag(0, llm_, 0, k + 1, 1, mb, 0))));
+        deps.push_back(receive(
+            rank,
+            stage_message(about, OpKind::kRecv, Phase::kB, llm.rank({y.t, y.c, y.d, (k + 1) % pp}),
+                          llm, y, act_bytes, MessageTag::stage(llm_, k + 1, true, mb).packed())));
       }
       deps.push_back(forward_done.at({mb, item.chunk}));
       int32_t last = -1;
@@ -217,7 +218,7 @@ void Lowering::lower_colocated() {
       if (k > 0 && llm.flow.backward()) {
         Op send =
             stage_message(about, OpKind::kSend, Phase::kB, llm.rank({y.t, y.c, y.d, (k - 1) % pp}),
-                          llm, y, act_bytes, tag(0, llm_, 0, k, 1, mb, 0));
+                          llm, y, act_bytes, MessageTag::stage(llm_, k, true, mb).packed());
         send.deps = {last};
         emit(rank, send);
       }

@@ -201,7 +201,8 @@ void Lowering::lower_dip() {
                 about.sub_microbatch = sub;
                 message(kind, phase, rank_at(P - 1),
                         boundary_bytes(segment_last(g), llm_, piece(g, d, mb, sub)),
-                        tag(3, static_cast<int>(gi), 0, 0, phase == Phase::kB ? 1 : 0, mb, sub),
+                        MessageTag::dip_boundary(static_cast<int>(gi), phase == Phase::kB, mb, sub)
+                            .packed(),
                         segment_last(g), Purpose::kBoundary);
               }
             }
@@ -219,23 +220,23 @@ void Lowering::lower_dip() {
                 boundary_messages(OpKind::kRecv, Phase::kF);
               } else {
                 message(OpKind::kRecv, Phase::kF, rank_at((v - 1) % P), act,
-                        tag(0, llm_, 0, v - 1, 0, mb, 0), llm_, Purpose::kPp);
+                        MessageTag::stage(llm_, v - 1, false, mb).packed(), llm_, Purpose::kPp);
               }
               run(llm, v, Phase::kF, samples);
               forward_done[{-1, step.chunk, mb, 0}] = last;
               if (v < last_v)
                 message(OpKind::kSend, Phase::kF, rank_at((v + 1) % P), act,
-                        tag(0, llm_, 0, v, 0, mb, 0), llm_, Purpose::kPp);
+                        MessageTag::stage(llm_, v, false, mb).packed(), llm_, Purpose::kPp);
               continue;
             }
             if (v < last_v)
               message(OpKind::kRecv, Phase::kB, rank_at((v + 1) % P), act,
-                      tag(0, llm_, 0, v + 1, 1, mb, 0), llm_, Purpose::kPp);
+                      MessageTag::stage(llm_, v + 1, true, mb).packed(), llm_, Purpose::kPp);
             deps.push_back(forward_done.at({-1, step.chunk, mb, 0}));
             run_back(llm, v, samples);
             if (v > 0) {
               message(OpKind::kSend, Phase::kB, rank_at((v - 1) % P), act,
-                      tag(0, llm_, 0, v, 1, mb, 0), llm_, Purpose::kPp);
+                      MessageTag::stage(llm_, v, true, mb).packed(), llm_, Purpose::kPp);
               continue;
             }
             boundary_messages(OpKind::kSend, Phase::kB);
@@ -253,27 +254,32 @@ void Lowering::lower_dip() {
           if (!step.backward) {
             if (stage > 0)
               message(OpKind::kRecv, Phase::kF, rank_at(stage - 1), act,
-                      tag(2, gi, 0, stage - 1, 0, mb, step.sub), g.encoder, Purpose::kPp);
+                      MessageTag::dip_stage(gi, stage - 1, false, mb, step.sub).packed(), g.encoder,
+                      Purpose::kPp);
             run(enc, static_cast<int32_t>(stage), Phase::kF, samples);
             if (stage == P - 1)
               for (int i : g.projectors) run(module_at(i), 0, Phase::kF, samples);
             forward_done[{step.segment, 0, mb, step.sub}] = last;
             if (stage < P - 1)
               message(OpKind::kSend, Phase::kF, rank_at(stage + 1), act,
-                      tag(2, gi, 0, stage, 0, mb, step.sub), g.encoder, Purpose::kPp);
+                      MessageTag::dip_stage(gi, stage, false, mb, step.sub).packed(), g.encoder,
+                      Purpose::kPp);
             else
               message(OpKind::kSend, Phase::kF, rank_at(0),
                       boundary_bytes(segment_last(g), llm_, samples),
-                      tag(3, gi, 0, 0, 0, mb, step.sub), segment_last(g), Purpose::kBoundary);
+                      MessageTag::dip_boundary(gi, false, mb, step.sub).packed(), segment_last(g),
+                      Purpose::kBoundary);
             continue;
           }
           if (stage == P - 1)
             message(OpKind::kRecv, Phase::kB, rank_at(0),
                     boundary_bytes(segment_last(g), llm_, samples),
-                    tag(3, gi, 0, 0, 1, mb, step.sub), segment_last(g), Purpose::kBoundary);
+                    MessageTag::dip_boundary(gi, true, mb, step.sub).packed(), segment_last(g),
+                    Purpose::kBoundary);
           else
             message(OpKind::kRecv, Phase::kB, rank_at(stage + 1), act,
-                    tag(2, gi, 0, stage + 1, 1, mb, step.sub), g.encoder, Purpose::kPp);
+                    MessageTag::dip_stage(gi, stage + 1, true, mb, step.sub).packed(), g.encoder,
+                    Purpose::kPp);
           deps.push_back(forward_done.at({step.segment, 0, mb, step.sub}));
           if (stage == P - 1)
             for (auto it = g.projectors.rbegin(); it != g.projectors.rend(); ++it)
@@ -281,7 +287,8 @@ void Lowering::lower_dip() {
           run_back(enc, static_cast<int32_t>(stage), samples);
           if (stage - 1 >= g.backward_from)
             message(OpKind::kSend, Phase::kB, rank_at(stage - 1), act,
-                    tag(2, gi, 0, stage, 1, mb, step.sub), g.encoder, Purpose::kPp);
+                    MessageTag::dip_stage(gi, stage, true, mb, step.sub).packed(), g.encoder,
+                    Purpose::kPp);
         }
         // Encoder outputs wait on the first stage (the list-scheduling run's estimate).
         if (stage == 0)

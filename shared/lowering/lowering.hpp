@@ -307,22 +307,53 @@ class Lowering {
   // part of them) of micro-batch `mb` (-1: whole local batch).
   Op compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t mb, Phase phase,
              std::span<const Sample* const> samples, const LayerRange* piece = nullptr);
-  // A message's tag, unique among the messages between two ranks: its fields packed into 63
-  // bits (kind 8, two modules 8 each, virtual stage 12, direction 1, micro-batch 14, sub 12: a
-  // DIP sub-micro-batch, or a producer replica among the up to 4,096 feeding one consumer). A
-  // field out of its range would alias another message: checked.
-  int64_t tag(int kind, int a, int b, int64_t k, int dir, int32_t mb, int32_t sub) const {
-    const auto fits = [](int64_t value, int bits) { return value >= 0 && value < (1 << bits); };
-    TESSERA_CHECK(fits(kind, 8) && fits(a, 8) && fits(b, 8) && fits(k, 12) && fits(dir, 1) &&
-                      fits(mb, 14) && fits(sub, 12),
-                  "message tag fields out of range: kind " + std::to_string(kind) + ", modules " +
-                      std::to_string(a) + " " + std::to_string(b) + ", virtual stage " +
-                      std::to_string(k) + ", micro-batch " + std::to_string(mb) + ", sub " +
-                      std::to_string(sub));
-    return ((((static_cast<int64_t>(kind) * 256 + a) * 256 + b) * 4096 + k) * 2 + dir) *
-               (int64_t{1} << 26) +
-           static_cast<int64_t>(mb) * 4096 + sub;
-  }
+  // A message's tag (Op::tag), unique among the messages between two ranks: which kind of
+  // message, whose, from which virtual stage, which way, for which micro-batch.
+  struct MessageTag {
+    enum Kind : int {
+      kStage = 0,       // a module's pipeline message between two of its virtual stages
+      kLink = 1,        // a boundary message over a link between two modules' grids
+      kDipStage = 2,    // DIP: an encoder segment's message between two pipeline stages
+      kDipBoundary = 3  // DIP: an encoder segment's output to the LLM's stage, or its gradient
+    };
+    Kind kind = kStage;
+    int module = 0;         // the module (kStage), producer (kLink) or DIP segment
+    int consumer = 0;       // kLink: the consumer host module
+    int64_t from = 0;       // the sending virtual stage (kStage, kDipStage); kLink: the consumer
+                            // replica
+    bool backward = false;  // a gradient going back
+    int32_t microbatch = 0;
+    int32_t sub = 0;  // a DIP sub-micro-batch, or a producer replica among those of a consumer
+
+    static MessageTag stage(int module, int64_t from, bool backward, int32_t mb) {
+      return {kStage, module, 0, from, backward, mb, 0};
+    }
+    static MessageTag link(int producer, int consumer_host, int64_t consumer_replica, bool backward,
+                           int32_t mb, int32_t sub) {
+      return {kLink, producer, consumer_host, consumer_replica, backward, mb, sub};
+    }
+    static MessageTag dip_stage(int segment, int64_t from, bool backward, int32_t mb, int32_t sub) {
+      return {kDipStage, segment, 0, from, backward, mb, sub};
+    }
+    static MessageTag dip_boundary(int segment, bool backward, int32_t mb, int32_t sub) {
+      return {kDipBoundary, segment, 0, 0, backward, mb, sub};
+    }
+    // Packed into 63 bits: kind 8, the two modules 8 each, stage 12, direction 1, micro-batch
+    // 14, sub 12. A field out of its range would alias another message: checked.
+    int64_t packed() const {
+      const auto fits = [](int64_t value, int bits) { return value >= 0 && value < (1 << bits); };
+      TESSERA_CHECK(fits(kind, 8) && fits(module, 8) && fits(consumer, 8) && fits(from, 12) &&
+                        fits(microbatch, 14) && fits(sub, 12),
+                    "message tag fields out of range: kind " + std::to_string(kind) + ", modules " +
+                        std::to_string(module) + " " + std::to_string(consumer) +
+                        ", virtual stage " + std::to_string(from) + ", micro-batch " +
+                        std::to_string(microbatch) + ", sub " + std::to_string(sub));
+      return ((((static_cast<int64_t>(kind) * 256 + module) * 256 + consumer) * 4096 + from) * 2 +
+              (backward ? 1 : 0)) *
+                 (int64_t{1} << 26) +
+             static_cast<int64_t>(microbatch) * 4096 + sub;
+    }
+  };
 
   // --- placements ------------------------------------------------------------------------
   void lower_pipelines();  // homogeneous and non_colocated
@@ -535,7 +566,8 @@ class Lowering {
     about.module = static_cast<int16_t>(module);
     Op op = p2p_op(
         about, kind, phase, peer, boundary_bytes(module, consumer_host, *link.samples),
-        tag(1, module, consumer_host, link.consumer, phase == Phase::kB ? 1 : 0, mb, link.sub));
+        MessageTag::link(module, consumer_host, link.consumer, phase == Phase::kB, mb, link.sub)
+            .packed());
     op.purpose = Purpose::kBoundary;
     op.link = link.index;
     return op;

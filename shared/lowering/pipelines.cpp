@@ -160,9 +160,9 @@ void Lowering::lower_pipelines() {
             const int64_t prev_k = k - 1;
             const int64_t from = owner.rank({x.t, x.c, x.d, prev_k % pp});
             // Sends were emitted by the earlier stage when it ran this item (see below).
-            deps.push_back(
-                receive(rank, stage_message(about, OpKind::kRecv, Phase::kF, from, owner, x,
-                                            act_bytes, tag(0, owner_index, 0, prev_k, 0, mb, 0))));
+            deps.push_back(receive(
+                rank, stage_message(about, OpKind::kRecv, Phase::kF, from, owner, x, act_bytes,
+                                    MessageTag::stage(owner_index, prev_k, false, mb).packed())));
           }
           // --- compute
           int32_t last = -1;
@@ -227,7 +227,7 @@ void Lowering::lower_pipelines() {
             const int64_t next_k = k + 1;
             const int64_t to = owner.rank({x.t, x.c, x.d, next_k % pp});
             Op send = stage_message(about, OpKind::kSend, Phase::kF, to, owner, x, act_bytes,
-                                    tag(0, owner_index, 0, k, 0, mb, 0));
+                                    MessageTag::stage(owner_index, k, false, mb).packed());
             send.deps = {last};
             emit(rank, send);
           } else if (leader) {
@@ -249,9 +249,9 @@ void Lowering::lower_pipelines() {
         // ---------------- backward ----------------
         if (!last_virtual) {
           const int64_t from = owner.rank({x.t, x.c, x.d, (k + 1) % pp});
-          deps.push_back(
-              receive(rank, stage_message(about, OpKind::kRecv, Phase::kB, from, owner, x,
-                                          act_bytes, tag(0, owner_index, 0, k + 1, 1, mb, 0))));
+          deps.push_back(receive(
+              rank, stage_message(about, OpKind::kRecv, Phase::kB, from, owner, x, act_bytes,
+                                  MessageTag::stage(owner_index, k + 1, true, mb).packed())));
         } else {
           // Gradients from consumers that send them back (the LLM's loss needs none).
           for (int consumer_host : consumers) {
@@ -353,7 +353,7 @@ void Lowering::lower_pipelines() {
         if (!first_virtual && owner_backward) {
           const int64_t to = owner.rank({x.t, x.c, x.d, (k - 1) % pp});
           Op send = stage_message(about, OpKind::kSend, Phase::kB, to, owner, x, act_bytes,
-                                  tag(0, owner_index, 0, k, 1, mb, 0));
+                                  MessageTag::stage(owner_index, k, true, mb).packed());
           send.deps = {last};
           emit(rank, send);
         } else if (first_virtual && owner.flow.needs_input_grad) {
