@@ -38,6 +38,16 @@ std::vector<Group> groups(const Coords& sizes, std::initializer_list<int> across
 
 }  // namespace
 
+int64_t grid_rank(const ModuleLayout& l, int64_t first, const GridCoord& x) {
+  return first + x.t + l.tp * (x.c + l.cp * (x.d + l.dp * x.p));
+}
+
+GridCoord grid_coord(const ModuleLayout& l, int64_t first, int64_t rank) {
+  const int64_t local = rank - first;
+  return {local % l.tp, (local / l.tp) % l.cp, (local / (l.tp * l.cp)) % l.dp,
+          local / (l.tp * l.cp * l.dp)};
+}
+
 ModuleGroups layout_groups(const ModuleLayout& l, int64_t first) {
   TESSERA_CHECK(l.tp >= 1 && l.cp >= 1 && l.dp >= 1 && l.pp >= 1 && l.ep >= 1);
   TESSERA_CHECK((l.cp * l.dp) % l.ep == 0, "ep must divide cp*dp");
@@ -45,9 +55,7 @@ ModuleGroups layout_groups(const ModuleLayout& l, int64_t first) {
   g.first_rank = first;
   g.size = l.size();
   const Coords dense{l.tp, l.cp, l.dp, l.pp}, expert{l.tp, l.ep, l.cp * l.dp / l.ep, l.pp};
-  auto dense_rank = [&](const Coords& x) {
-    return first + x[T] + l.tp * (x[C] + l.cp * (x[D] + l.dp * x[P]));
-  };
+  auto dense_rank = [&](const Coords& x) { return grid_rank(l, first, {x[T], x[C], x[D], x[P]}); };
   auto expert_rank = [&](const Coords& x) {
     return first + x[T] + l.tp * (x[E] + expert[E] * (x[D] + expert[D] * x[P]));
   };

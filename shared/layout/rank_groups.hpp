@@ -28,6 +28,15 @@ struct ModuleGroups {
   std::vector<Group> kv;
 };
 
+// A rank's place in a grid: its TP, CP, DP and pipeline indices.
+struct GridCoord {
+  int64_t t = 0, c = 0, d = 0, p = 0;
+};
+// The rank at `x` of a grid placed at `first` (Megatron order, as below), and back.
+// REQUIRES: x within the layout's degrees; `rank` within [first, first + layout.size()).
+int64_t grid_rank(const ModuleLayout& layout, int64_t first, const GridCoord& x);
+GridCoord grid_coord(const ModuleLayout& layout, int64_t first, int64_t rank);
+
 // Groups of one grid placed at `first_rank`, Megatron order tp-cp-ep-dp-pp:
 //   rank = first + tp_i + TP·(cp_i + CP·(dp_i + DP·pp_i))            (dense groups)
 //   rank = first + tp_i + TP·(ep_i + EP·(edp_i + EDP·pp_i)), EDP = CP·DP/EP   (expert groups)

@@ -29,9 +29,7 @@
 namespace tessera::lowering {
 
 // Coordinates of a rank in a module grid (Megatron order tp-cp-dp-pp).
-struct Coord {
-  int64_t t = 0, c = 0, d = 0, p = 0;
-};
+using Coord = GridCoord;  // a rank's TP, CP, DP and pipeline indices in its module's grid
 
 using LayerRange = std::pair<int64_t, int64_t>;  // layers [first, end) of a module
 
@@ -60,16 +58,9 @@ struct ModuleInfo {
   std::vector<std::pair<int64_t, int64_t>>
       chunk_layers;  // virtual stage k = chunk*pp + stage -> [begin, end)
 
-  int64_t rank(const Coord& x) const {
-    return first + x.t + layout.tp * (x.c + layout.cp * (x.d + layout.dp * x.p));
-  }
+  int64_t rank(const Coord& x) const { return grid_rank(layout, first, x); }
   bool owns(int64_t r) const { return r >= first && r < first + layout.size(); }
-  Coord coord(int64_t r) const {
-    const int64_t local = r - first;
-    return {local % layout.tp, (local / layout.tp) % layout.cp,
-            (local / (layout.tp * layout.cp)) % layout.dp,
-            local / (layout.tp * layout.cp * layout.dp)};
-  }
+  Coord coord(int64_t r) const { return grid_coord(layout, first, r); }
   int64_t chunks() const { return layout.pp * layout.vpp; }
 };
 

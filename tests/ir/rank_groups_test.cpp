@@ -1,5 +1,6 @@
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <fstream>
 #include <map>
 #include <set>
@@ -226,4 +227,28 @@ TEST_CASE("the lowering's groups are rank_groups()'s, for every placement family
   dip.schedule = Schedule::kDip;
   dip.layout.tp = 2;
   check_lowered_groups(variable, dip);
+}
+
+TEST_CASE("grid_rank and grid_coord: the groups' own rank order, both ways") {
+  ModuleLayout l;
+  l.tp = 2;
+  l.cp = 2;
+  l.dp = 3;
+  l.pp = 2;
+  const int64_t first = 5;
+  const ModuleGroups g = layout_groups(l, first);
+  for (int64_t r = first; r < first + l.size(); ++r) {
+    const GridCoord x = grid_coord(l, first, r);
+    CHECK(grid_rank(l, first, x) == r);
+    // Its TP group is the ranks that differ from it in t alone, in t order; its pipeline group
+    // those that differ in p alone.
+    for (const Group& tp : g.tp)
+      if (std::find(tp.begin(), tp.end(), r) != tp.end())
+        for (int64_t t = 0; t < l.tp; ++t)
+          CHECK(tp[static_cast<std::size_t>(t)] == grid_rank(l, first, {t, x.c, x.d, x.p}));
+    for (const Group& pp : g.pp)
+      if (std::find(pp.begin(), pp.end(), r) != pp.end())
+        for (int64_t p = 0; p < l.pp; ++p)
+          CHECK(pp[static_cast<std::size_t>(p)] == grid_rank(l, first, {x.t, x.c, x.d, p}));
+  }
 }
