@@ -47,16 +47,16 @@ int run_export(const Args& args, std::ostream& out, std::ostream& err) {
   }
   std::string text;
   if (result->count("json")) {
+    // Each argument as [flag] or [flag, value].
+    const auto listed = [](const std::vector<std::pair<std::string, std::string>>& arguments) {
+      Json list = Json::array();
+      for (const auto& [flag, value] : arguments)
+        list.push_back(value.empty() ? Json::array({flag}) : Json::array({flag, value}));
+      return list;
+    };
     Json j = e.config;
-    Json arguments = Json::array();
-    for (const auto& [flag, value] : e.arguments)
-      arguments.push_back(value.empty() ? Json::array({flag}) : Json::array({flag, value}));
-    j["arguments"] = arguments;
-    if (!e.mimo_arguments.empty()) {
-      Json mimo = Json::array();
-      for (const auto& [flag, value] : e.mimo_arguments) mimo.push_back(Json::array({flag, value}));
-      j["mimo_arguments"] = mimo;
-    }
+    j["arguments"] = listed(e.arguments);
+    if (!e.mimo_arguments.empty()) j["mimo_arguments"] = listed(e.mimo_arguments);
     j["notes"] = e.notes;
     text = j.dump(2) + "\n";
   } else {

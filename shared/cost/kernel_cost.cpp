@@ -181,8 +181,8 @@ double kernel_compute_s(const ModuleSpec& module, const Op& op, const DeviceSpec
       forward_kernels = 4 + 1 + 2 * 7 + 2 + 2 + (rotary ? 12 : 0);
     }
     forward_bytes *= tokens * layers;
-    // Per-op checkpointing recomputes every element-wise kernel but only half the GEMMs and not
-    // attention (op.flops holds the recomputed GEMMs' FLOPs alone).
+    // Per-op checkpointing recomputes every element-wise kernel but only every second GEMM and
+    // not attention (op.flops holds the recomputed GEMMs' FLOPs alone).
     const bool per_op = (op.flags & kOpPerOpRecompute) != 0;
     if (per_op) forward_kernels -= 3;
     forward_kernels *= layers;

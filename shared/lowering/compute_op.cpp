@@ -34,7 +34,7 @@ Op Lowering::compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t
   LayerRange range = piece != nullptr ? *piece : m.chunk_layers[static_cast<std::size_t>(k_chunk)];
   // Full recomputation of part of each chunk runs only its first layers again.
   if (phase == Phase::kR && plan_.recompute == Recompute::kFull && spec.transformer)
-    range.second = std::max(range.first, std::min(range.second, recompute_end(m, k_chunk)));
+    range.second = std::clamp(recompute_end(m, k_chunk), range.first, range.second);
   const auto [layer_begin, layer_end] = range;
   const int64_t layers = layer_end - layer_begin;
   const bool first_chunk = layer_begin == 0;

@@ -62,9 +62,10 @@ int64_t key_value_width(const TransformerArch& arch);
 int64_t active_layer_matmul_parameters(const TransformerArch& arch);
 // Per-op selective checkpointing (torchtitan's "op" policy) keeps the output of the odd-numbered
 // matrix multiplications of a layer, in forward order (Q, K, V, output projection, then the MLP's
-// first, gate and second), and recomputes the even ones before the backward: K, the output
-// projection and the MLP's second call (gated: the gate; else the down projection). Multi-head
-// latent attention counts half its matrices; an MoE layer one matrix of each active expert.
+// calls: gated, gate, up and down; else up and down), and recomputes the even ones before the
+// backward: K, the output projection and the MLP's second call (gated: the up projection; else
+// the down projection). Multi-head latent attention counts half its matrices; an MoE layer one
+// matrix of each active expert.
 int64_t per_op_recomputed_matmul_parameters(const TransformerArch& arch);
 // Everything outside the layer stack: the input side and the output side.
 int64_t embedding_parameters(const ModuleSpec& module);

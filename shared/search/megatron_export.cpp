@@ -1,5 +1,6 @@
 #include "shared/search/megatron_export.hpp"
 
+#include <algorithm>
 #include <sstream>
 
 #include "shared/base/diagnostics.hpp"
@@ -66,42 +67,45 @@ MegatronExport megatron_export(const Scenario& scenario, const ParallelPlan& pla
   };
   // Filled apart: an ordered Json's members move as it grows.
   Json tc = Json::object(), gpt = Json::object(), ddp = Json::object(), batch = Json::object();
+  // A TransformerConfig field and the Megatron-LM flag named after it, as Megatron-LM derives
+  // its flags from the config's fields (num_layers: --num-layers); true is a switch.
+  auto field = [&](const std::string& name, const Json& value) {
+    tc[name] = value;
+    std::string flag = "--" + name;
+    std::replace(flag.begin(), flag.end(), '_', '-');
+    if (value.is_boolean()) {
+      if (value.get<bool>()) arg(flag);
+    } else if (value.is_string())
+      arg(flag, value.get<std::string>());
+    else if (value.is_number_integer())
+      arg(flag, value.dump());
+    else
+      arg(flag, num(value.get<double>()));
+  };
 
   // --- The model's shape ----------------------------------------------------------------
-  arg("--num-layers", num(a.layers));
-  arg("--hidden-size", num(a.hidden));
-  arg("--ffn-hidden-size", num(a.ffn));
-  arg("--num-attention-heads", num(a.heads));
-  tc["num_layers"] = a.layers;
-  tc["hidden_size"] = a.hidden;
-  tc["ffn_hidden_size"] = a.ffn;
-  tc["num_attention_heads"] = a.heads;
+  field("num_layers", a.layers);
+  field("hidden_size", a.hidden);
+  field("ffn_hidden_size", a.ffn);
+  field("num_attention_heads", a.heads);
   if (a.kv_lora_rank > 0) {
-    arg("--multi-latent-attention");
-    arg("--kv-lora-rank", num(a.kv_lora_rank));
-    if (a.q_lora_rank > 0) arg("--q-lora-rank", num(a.q_lora_rank));
-    arg("--qk-head-dim", num(a.head_dim - a.rope_head_dim));
-    arg("--qk-pos-emb-head-dim", num(a.rope_head_dim));
-    arg("--v-head-dim", num(value_head_dim(a)));
-    tc["multi_latent_attention"] = true;
-    tc["kv_lora_rank"] = a.kv_lora_rank;
-    tc["q_lora_rank"] = a.q_lora_rank > 0 ? Json(a.q_lora_rank) : Json(nullptr);
-    tc["qk_head_dim"] = a.head_dim - a.rope_head_dim;
-    tc["qk_pos_emb_head_dim"] = a.rope_head_dim;
-    tc["v_head_dim"] = value_head_dim(a);
+    field("multi_latent_attention", true);
+    field("kv_lora_rank", a.kv_lora_rank);
+    if (a.q_lora_rank > 0)
+      field("q_lora_rank", a.q_lora_rank);
+    else
+      tc["q_lora_rank"] = nullptr;
+    field("qk_head_dim", a.head_dim - a.rope_head_dim);
+    field("qk_pos_emb_head_dim", a.rope_head_dim);
+    field("v_head_dim", value_head_dim(a));
   } else {
     if (a.kv_heads != a.heads) {
       arg("--group-query-attention");
-      arg("--num-query-groups", num(a.kv_heads));
-      tc["num_query_groups"] = a.kv_heads;
+      field("num_query_groups", a.kv_heads);
     }
-    if (a.head_dim * a.heads != a.hidden) {
-      arg("--kv-channels", num(a.head_dim));
-      tc["kv_channels"] = a.head_dim;
-    }
+    if (a.head_dim * a.heads != a.hidden) field("kv_channels", a.head_dim);
   }
-  arg("--normalization", a.norm == NormKind::kRmsNorm ? "RMSNorm" : "LayerNorm");
-  tc["normalization"] = a.norm == NormKind::kRmsNorm ? "RMSNorm" : "LayerNorm";
+  field("normalization", a.norm == NormKind::kRmsNorm ? "RMSNorm" : "LayerNorm");
   if (a.gated_ffn) {
     arg("--swiglu");
     tc["gated_linear_unit"] = true;
@@ -110,10 +114,7 @@ MegatronExport megatron_export(const Scenario& scenario, const ParallelPlan& pla
   if (!a.linear_bias) {
     arg("--disable-bias-linear");
     tc["add_bias_linear"] = false;
-    if (a.qkv_bias) {
-      arg("--add-qkv-bias");
-      tc["add_qkv_bias"] = true;
-    }
+    if (a.qkv_bias) field("add_qkv_bias", true);
     if (a.mlp_bias || a.out_bias)
       e.notes.push_back(llm->name +
                         ": biases on some linears only (mlp_bias, out_bias): Megatron-LM has "
@@ -123,10 +124,7 @@ MegatronExport megatron_export(const Scenario& scenario, const ParallelPlan& pla
                       ": no bias on the key projection (key_bias false): "
                       "Megatron-LM's QKV projection biases all three");
   }
-  if (a.qk_norm) {
-    arg("--qk-layernorm");
-    tc["qk_layernorm"] = true;
-  }
+  if (a.qk_norm) field("qk_layernorm", true);
   if (a.post_norms || a.layer_scale || !a.final_norm)
     e.notes.push_back(llm->name +
                       ": post-attention/MLP norms, layer scales or no final norm: not Megatron-LM "
@@ -154,17 +152,11 @@ MegatronExport megatron_export(const Scenario& scenario, const ParallelPlan& pla
   gpt["share_embeddings_and_output_weights"] = a.tied_embeddings;
   if (a.experts > 0) {
     arg("--num-experts", num(a.experts));
-    arg("--moe-router-topk", num(a.top_k));
-    arg("--moe-ffn-hidden-size", num(a.moe_ffn));
-    arg("--moe-grouped-gemm");
     tc["num_moe_experts"] = a.experts;
-    tc["moe_router_topk"] = a.top_k;
-    tc["moe_ffn_hidden_size"] = a.moe_ffn;
-    tc["moe_grouped_gemm"] = true;
-    if (a.shared_expert_ffn > 0) {
-      arg("--moe-shared-expert-intermediate-size", num(a.shared_expert_ffn));
-      tc["moe_shared_expert_intermediate_size"] = a.shared_expert_ffn;
-    }
+    field("moe_router_topk", a.top_k);
+    field("moe_ffn_hidden_size", a.moe_ffn);
+    field("moe_grouped_gemm", true);
+    if (a.shared_expert_ffn > 0) field("moe_shared_expert_intermediate_size", a.shared_expert_ffn);
     if (a.dense_layers > 0 || a.moe_every > 1) {
       // One entry a layer: 1 where it has experts.
       std::string pattern = "[";
@@ -177,69 +169,44 @@ MegatronExport megatron_export(const Scenario& scenario, const ParallelPlan& pla
       tc["moe_layer_freq"] = freq;
     }
     if (a.capacity_factor > 0) {
-      arg("--moe-expert-capacity-factor", num(a.capacity_factor));
-      arg("--moe-pad-expert-input-to-capacity");
-      tc["moe_expert_capacity_factor"] = a.capacity_factor;
-      tc["moe_pad_expert_input_to_capacity"] = true;
-      tc["moe_token_dispatcher_type"] = "alltoall";
+      field("moe_expert_capacity_factor", a.capacity_factor);
+      field("moe_pad_expert_input_to_capacity", true);
     }
-    if (a.top_k == 1 && !a.router_bias) {
-      // Megatron-LM's rule: one expert a token takes the softmax before the top-k (after it,
-      // every weight would be 1).
-      arg("--moe-router-pre-softmax");
-      tc["moe_router_pre_softmax"] = true;
-    }
+    // Megatron-LM's rule: one expert a token takes the softmax before the top-k (after it,
+    // every weight would be 1).
+    if (a.top_k == 1 && !a.router_bias) field("moe_router_pre_softmax", true);
     if (a.router_bias) {
-      arg("--moe-router-enable-expert-bias");
-      tc["moe_router_enable_expert_bias"] = true;
-      tc["moe_router_score_function"] = "sigmoid";
-      arg("--moe-router-score-function", "sigmoid");
+      field("moe_router_enable_expert_bias", true);
+      field("moe_router_score_function", "sigmoid");
     }
-    if (plan.moe_dispatcher == MoeDispatcher::kDeepEp) {
-      arg("--moe-token-dispatcher-type", "flex");
-      arg("--moe-enable-deepep");
-      tc["moe_token_dispatcher_type"] = "flex";
-      tc["moe_enable_deepep"] = true;
-    } else {
-      arg("--moe-token-dispatcher-type", "alltoall");
-      tc["moe_token_dispatcher_type"] = "alltoall";
-    }
+    const bool deepep = plan.moe_dispatcher == MoeDispatcher::kDeepEp;
+    field("moe_token_dispatcher_type", deepep ? "flex" : "alltoall");
+    if (deepep) field("moe_enable_deepep", true);
     if (plan.moe_a2a_overlap && l.pp > 1 && l.vpp == 1) {
       e.notes.push_back(
           "plan.moe_a2a_overlap: Megatron-LM overlaps the expert all-to-alls only between virtual "
           "pipeline stages (pp > 1 needs vpp > 1); exported without it");
     } else if (plan.moe_a2a_overlap) {
-      arg("--overlap-moe-expert-parallel-comm");
-      tc["overlap_moe_expert_parallel_comm"] = true;
+      field("overlap_moe_expert_parallel_comm", true);
     }
   }
 
   // --- The parallel layout --------------------------------------------------------------
-  arg("--tensor-model-parallel-size", num(l.tp));
-  arg("--pipeline-model-parallel-size", num(l.pp));
-  arg("--context-parallel-size", num(l.cp));
-  tc["tensor_model_parallel_size"] = l.tp;
-  tc["pipeline_model_parallel_size"] = l.pp;
-  tc["context_parallel_size"] = l.cp;
+  field("tensor_model_parallel_size", l.tp);
+  field("pipeline_model_parallel_size", l.pp);
+  field("context_parallel_size", l.cp);
   if (a.experts > 0) {
-    arg("--expert-model-parallel-size", num(l.ep));
-    arg("--expert-tensor-parallel-size", num(l.tp));
-    tc["expert_model_parallel_size"] = l.ep;
-    tc["expert_tensor_parallel_size"] = l.tp;
+    field("expert_model_parallel_size", l.ep);
+    field("expert_tensor_parallel_size", l.tp);
   }
   if (l.vpp > 1) {
     arg("--num-virtual-stages-per-pipeline-rank", num(l.vpp));
     tc["virtual_pipeline_model_parallel_size"] = l.vpp;
   }
   if (!l.stage_layers.empty() && l.stage_layers != even_stage_layers(a.layers, l.pp * l.vpp)) {
-    const std::string layout = pipeline_layout(l.stage_layers);
-    arg("--pipeline-model-parallel-layout", layout);
-    tc["pipeline_model_parallel_layout"] = layout;
+    field("pipeline_model_parallel_layout", pipeline_layout(l.stage_layers));
   }
-  if (plan.sequence_parallel && l.tp > 1) {
-    arg("--sequence-parallel");
-    tc["sequence_parallel"] = true;
-  }
+  if (plan.sequence_parallel && l.tp > 1) field("sequence_parallel", true);
   if (l.cp > 1 && plan.cp_split != CpSplit::kZigzag)
     e.notes.push_back("plan.cp_split " + enum_name(plan.cp_split, kCpSplits) +
                       ": Megatron-LM's context parallelism splits each sequence zigzag (2·cp "
@@ -274,23 +241,13 @@ MegatronExport megatron_export(const Scenario& scenario, const ParallelPlan& pla
     case Recompute::kNone:
       break;
     case Recompute::kSelective:
-      arg("--recompute-granularity", "selective");
-      tc["recompute_granularity"] = "selective";
+      field("recompute_granularity", "selective");
       break;
     case Recompute::kFull:
-      arg("--recompute-granularity", "full");
-      tc["recompute_granularity"] = "full";
-      if (plan.recompute_layers > 0) {
-        arg("--recompute-method", "block");
-        arg("--recompute-num-layers", num(plan.recompute_layers));
-        tc["recompute_method"] = "block";
-        tc["recompute_num_layers"] = plan.recompute_layers;
-      } else {
-        arg("--recompute-method", "uniform");
-        arg("--recompute-num-layers", "1");
-        tc["recompute_method"] = "uniform";
-        tc["recompute_num_layers"] = 1;
-      }
+      // Every layer (uniform groups of one), or the first recompute_layers of each chunk.
+      field("recompute_granularity", "full");
+      field("recompute_method", plan.recompute_layers > 0 ? "block" : "uniform");
+      field("recompute_num_layers", plan.recompute_layers > 0 ? plan.recompute_layers : 1);
       break;
     case Recompute::kPerOp:
       e.notes.push_back(
@@ -320,10 +277,7 @@ MegatronExport megatron_export(const Scenario& scenario, const ParallelPlan& pla
     ddp["use_megatron_fsdp"] = true;
     ddp["data_parallel_sharding_strategy"] = "optim_grads_params";
   }
-  if (plan.tp_comm_overlap) {
-    arg("--tp-comm-overlap");
-    tc["tp_comm_overlap"] = true;
-  }
+  if (plan.tp_comm_overlap) field("tp_comm_overlap", true);
   if (!plan.tp_backward_overlap)
     e.notes.push_back(
         "plan.tp_backward_overlap false: Megatron-LM always runs the input-gradient "
@@ -333,31 +287,21 @@ MegatronExport megatron_export(const Scenario& scenario, const ParallelPlan& pla
   const char* dtype = model.dtype == DType::kBf16   ? "bfloat16"
                       : model.dtype == DType::kFp16 ? "float16"
                                                     : "float32";
-  if (model.dtype == DType::kBf16) {
-    arg("--bf16");
-    tc["bf16"] = true;
-  } else if (model.dtype == DType::kFp16) {
-    arg("--fp16");
-    tc["fp16"] = true;
-  }
+  if (model.dtype == DType::kBf16) field("bf16", true);
+  if (model.dtype == DType::kFp16) field("fp16", true);
   tc["params_dtype"] = dtype;
   if (l.pp > 1) tc["pipeline_dtype"] = dtype;
   if (plan.fp8 != Fp8Recipe::kNone) {
-    const char* recipe = plan.fp8 == Fp8Recipe::kDelayed ? "delayed" : "tensorwise";
     arg("--fp8-format", "hybrid");
-    arg("--fp8-recipe", recipe);
     tc["fp8"] = "hybrid";
-    tc["fp8_recipe"] = recipe;
+    field("fp8_recipe", plan.fp8 == Fp8Recipe::kDelayed ? "delayed" : "tensorwise");
     if (plan.fp8_param_gather) {
       arg("--fp8-param-gather");
       tc["fp8_param"] = true;
       ddp["fp8_param_gather"] = true;
     }
   }
-  if (!plan.flash_attention) {
-    arg("--attention-backend", "unfused");
-    tc["attention_backend"] = "unfused";
-  }
+  if (!plan.flash_attention) field("attention_backend", "unfused");
   if (!plan.fused_kernels)
     e.notes.push_back(
         "plan.fused_kernels false: priced with PyTorch eager kernels; Megatron-LM "
