@@ -2,8 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <map>
+#include <optional>
+#include <set>
 
 #include "exec/device.hpp"
 #include "exec/weights.hpp"
@@ -385,7 +388,39 @@ torch::Tensor attention_bias(const LlmLayout& l, const std::vector<int64_t>& que
   return mask_between(PositionTags(l), on(queries).view({-1, 1}), on(keys).view({1, -1}));
 }
 
+namespace {
+
+// The spans of the sample at [begin, end): runs of text and media items in order; empty when a
+// media item's tokens are not contiguous (then only a mask can say who attends to whom).
+std::vector<AttentionSpan> sample_spans(const LlmLayout& l, int64_t begin, int64_t end) {
+  std::vector<AttentionSpan> spans;
+  std::set<int32_t> seen;
+  for (int64_t t = begin; t < end;) {
+    const int32_t item = l.item[static_cast<std::size_t>(t)];
+    int64_t next = t + 1;
+    while (next < end && l.item[static_cast<std::size_t>(next)] == item) ++next;
+    if (item >= 0 && !seen.insert(item).second) return {};
+    spans.push_back({t - begin, next - t, item >= 0});
+    t = next;
+  }
+  return spans;
+}
+
+bool same_spans(const std::vector<AttentionSpan>& a, const std::vector<AttentionSpan>& b) {
+  return std::equal(a.begin(), a.end(), b.begin(), b.end(),
+                    [](const AttentionSpan& x, const AttentionSpan& y) {
+                      return x.offset == y.offset && x.length == y.length && x.media == y.media;
+                    });
+}
+
+}  // namespace
+
 std::vector<AttentionBlocks> attention_blocks(const LlmLayout& l) {
+  // TESSERA_MASKED_ATTENTION=1: every block under its mask (to measure what the spans gain).
+  static const bool masked = [] {
+    const char* v = std::getenv("TESSERA_MASKED_ATTENTION");
+    return v != nullptr && std::string(v) == "1";
+  }();
   std::vector<AttentionBlocks> runs;
   const auto n = static_cast<int64_t>(l.sample.size());
   for (int64_t begin = 0; begin < n;) {
@@ -394,20 +429,25 @@ std::vector<AttentionBlocks> attention_blocks(const LlmLayout& l) {
            l.sample[static_cast<std::size_t>(end)] == l.sample[static_cast<std::size_t>(begin)])
       ++end;
     const int64_t length = end - begin;
+    std::vector<AttentionSpan> spans =
+        masked ? std::vector<AttentionSpan>{} : sample_spans(l, begin, end);
     if (!runs.empty() && runs.back().length == length &&
-        runs.back().begin + runs.back().count * length == begin)
+        runs.back().begin + runs.back().count * length == begin &&
+        same_spans(runs.back().spans, spans))
       ++runs.back().count;
     else
-      runs.push_back({begin, length, 1, {}});
+      runs.push_back({begin, length, 1, std::move(spans), {}});
     begin = end;
   }
-  const PositionTags tags(l);
+  std::optional<PositionTags> tags;
   for (AttentionBlocks& run : runs) {
+    if (!run.spans.empty()) continue;
+    if (!tags) tags.emplace(l);
     const torch::Tensor at =
         torch::arange(run.begin, run.begin + run.count * run.length,
                       torch::TensorOptions().dtype(torch::kInt64).device(device_setting().device))
             .view({run.count, 1, run.length});
-    run.bias = mask_between(tags, at.unsqueeze(3), at.unsqueeze(2));
+    run.bias = mask_between(*tags, at.unsqueeze(3), at.unsqueeze(2));
   }
   return runs;
 }

@@ -6,6 +6,7 @@
 
 #include "exec/device.hpp"
 #include "exec/fused_cross_entropy.hpp"
+#include "exec/fused_pointwise.hpp"
 #include "exec/torch_compat.hpp"
 #include "exec/weights.hpp"
 #include "shared/base/check.hpp"
@@ -37,22 +38,27 @@ torch::Tensor rotary_embed(const torch::Tensor& x, const AttentionInputs& in) {
     table = {angle.cos().to(x.scalar_type()).view({1, -1, 1, d / 2}),
              angle.sin().to(x.scalar_type()).view({1, -1, 1, d / 2})};
   }
-  const auto& [cos, sin] = table;
-  const torch::Tensor a = x.narrow(-1, 0, d / 2), b = x.narrow(-1, d / 2, d / 2);
-  return torch::cat({a * cos - b * sin, b * cos + a * sin}, -1);
+  return rotate_pairs(x, table.first, table.second);
 }
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// softmax(q kᵀ / sqrt(d) + bias) v keeping q, k, v and the mask only; the backward computes the
+// Which keys each query sees: an additive `bias` (undefined: all) or `causal` (see attention()).
+struct AttentionMask {
+  torch::Tensor bias;
+  bool causal = false;
+};
+
+// softmax(q kᵀ / sqrt(d) + mask) v keeping q, k, v and the mask only; the backward computes the
 // core again, with its graph, and differentiates that.
 struct RecomputedAttention : torch::autograd::Function<RecomputedAttention> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& q, const torch::Tensor& k,
-                               const torch::Tensor& v, const torch::Tensor& bias) {
+                               const torch::Tensor& v, const AttentionMask& mask) {
     ctx->save_for_backward({q, k, v});
-    ctx->saved_data["bias"] = bias;
-    return attention(q, k, v, bias);
+    ctx->saved_data["bias"] = mask.bias;
+    ctx->saved_data["causal"] = mask.causal;
+    return attention(q, k, v, mask.bias, mask.causal);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const variable_list saved = ctx->get_saved_variables();
@@ -61,7 +67,8 @@ struct RecomputedAttention : torch::autograd::Function<RecomputedAttention> {
     torch::Tensor out;
     {
       torch::AutoGradMode graph(true);
-      out = attention(inputs[0], inputs[1], inputs[2], ctx->saved_data["bias"].toTensor());
+      out = attention(inputs[0], inputs[1], inputs[2], ctx->saved_data["bias"].toTensor(),
+                      ctx->saved_data["causal"].toBool());
     }
     variable_list g = torch::autograd::grad({out}, inputs, {grads[0]});
     g.push_back(torch::Tensor());
@@ -296,12 +303,29 @@ torch::Tensor Attention::forward(const torch::Tensor& x, const AttentionInputs& 
   }
   // (B, L, heads, d) in, (B, L, heads, value_dim) out.
   const auto core = [&](const torch::Tensor& qb, const torch::Tensor& kb, const torch::Tensor& vb,
-                        const torch::Tensor& bias) {
+                        const torch::Tensor& bias, bool causal = false) {
     const torch::Tensor qt = qb.transpose(1, 2), kt = kb.transpose(1, 2), vt = vb.transpose(1, 2);
     return (recompute_core && torch::GradMode::is_enabled()
-                ? RecomputedAttention::apply(qt, kt, vt, bias)
-                : attention(qt, kt, vt, bias))
+                ? RecomputedAttention::apply(qt, kt, vt, AttentionMask{bias, causal})
+                : attention(qt, kt, vt, bias, causal))
         .transpose(1, 2);
+  };
+  // Blocks that share their spans: the text's rows from one causal call over the block up to its
+  // last text token, each media item's from an unmasked call over the item alone.
+  const auto spanned = [&](const torch::Tensor& qb, const torch::Tensor& kb,
+                           const torch::Tensor& vb, const std::vector<AttentionSpan>& spans) {
+    int64_t text_end = 0;
+    for (const AttentionSpan& s : spans)
+      if (!s.media) text_end = s.offset + s.length;
+    const auto prefix = [&](const torch::Tensor& t) { return t.narrow(1, 0, text_end); };
+    const torch::Tensor text =
+        text_end > 0 ? core(prefix(qb), prefix(kb), prefix(vb), {}, true) : torch::Tensor();
+    std::vector<torch::Tensor> pieces;
+    for (const AttentionSpan& s : spans) {
+      const auto span = [&](const torch::Tensor& t) { return t.narrow(1, s.offset, s.length); };
+      pieces.push_back(s.media ? core(span(qb), span(kb), span(vb), {}) : span(text));
+    }
+    return pieces.size() == 1 ? pieces.front() : torch::cat(pieces, 1);
   };
   if (in.blocks.empty())
     return o.forward(core(qh, kh, vh, in.bias).reshape({b, l, heads * value_dim}));
@@ -315,7 +339,8 @@ torch::Tensor Attention::forward(const torch::Tensor& x, const AttentionInputs& 
       return t.narrow(1, run.begin, run.count * run.length)
           .reshape({run.count, run.length, t.size(2), t.size(3)});
     };
-    parts.push_back(core(blocks(qh), blocks(kh), blocks(vh), run.bias)
+    parts.push_back((run.spans.empty() ? core(blocks(qh), blocks(kh), blocks(vh), run.bias)
+                                       : spanned(blocks(qh), blocks(kh), blocks(vh), run.spans))
                         .reshape({1, run.count * run.length, heads * value_dim}));
   }
   TESSERA_CHECK(at == l, "attention blocks must cover the sequence");
@@ -333,13 +358,13 @@ Mlp::Mlp(ParamSet& ps, const std::string& name, const TransformerArch& arch, int
 torch::Tensor Mlp::forward(const torch::Tensor& x) const {
   const torch::Tensor entered = copy_to_group(x, *up.tp);
   if (gated)
-    return down.forward(torch::silu(gate.forward_entered(entered)) * up.forward_entered(entered));
+    return down.forward(swiglu(gate.forward_entered(entered), up.forward_entered(entered)));
   return down.forward(torch::gelu(up.forward_entered(entered)));
 }
 
 torch::Tensor Mlp::partial(const torch::Tensor& entered) const {
   const torch::Tensor inner =
-      gated ? torch::silu(gate.forward_entered(entered)) * up.forward_entered(entered)
+      gated ? swiglu(gate.forward_entered(entered), up.forward_entered(entered))
             : torch::gelu(up.forward_entered(entered));
   return torch::matmul(inner, as(down.weight, inner).t());
 }

@@ -92,10 +92,21 @@ struct Norm {
   NormKind kind = NormKind::kRmsNorm;
 };
 
+// A stretch of a sample's tokens: text, which attends causally to everything of its sample
+// before it, or one media item, whose tokens attend to each other only, both ways.
+struct AttentionSpan {
+  int64_t offset = 0, length = 0;
+  bool media = false;
+};
+
 // `count` consecutive blocks of `length` tokens from token `begin` on, each attending within
-// itself only (the samples of a packed micro-batch), with `bias` (count, 1, length, length).
+// itself only (the samples of a packed micro-batch). When the blocks share `spans` (in order,
+// covering a block), attention runs without a mask: one causal call for the text and one
+// unmasked call per media item, the kernels that skip masked work. Otherwise `bias` (count, 1,
+// length, length) holds the mask.
 struct AttentionBlocks {
   int64_t begin = 0, length = 0, count = 0;
+  std::vector<AttentionSpan> spans;
   torch::Tensor bias;
 };
 

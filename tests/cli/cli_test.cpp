@@ -569,13 +569,13 @@ TEST_CASE("the shipped H100 runs: their fitted profile replays and predicts them
     for (const std::string& n : names) sum += error("vlm-" + n);
     return sum / static_cast<double>(names.size());
   };
-  // Replay of the fitting runs (measured 6.7%; the goal, 3%, is not met).
+  // Replay of the fitting runs (measured 7.7%; the goal, 3%, is not met).
   CHECK(mean({"1b-h100-s1024-m1", "1b-h100-s1024-m4", "1b-h100-s2048-m1", "1b-h100-s2048-m4",
-              "1b-h100-s4096-m1", "1b-h100-s4096-m4", "3b-h100-s2048-m1"}) <= 7.5);
-  // Prediction of the held-out runs (measured 8.8%; the goal, 8%, is not met).
+              "1b-h100-s4096-m1", "1b-h100-s4096-m4", "3b-h100-s2048-m1"}) <= 8.2);
+  // Prediction of the held-out runs (measured 6.4%; the goal, 8%, is met).
   CHECK(mean({"1b-h100-s1024-m2", "1b-h100-s1024-m8", "1b-h100-s2048-m2", "1b-h100-s2048-m8",
               "1b-h100-s4096-m2", "1b-h100-s2048-m1-trainable-encoder", "3b-h100-s2048-m2"}) <=
-        9.5);
+        6.9);
 }
 
 TEST_CASE(

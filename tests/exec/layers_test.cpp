@@ -1,7 +1,9 @@
 // The executor's layers on one rank: selective recomputation's attention core, attention block
-// by block over a packed micro-batch's samples, and the loss block by block over its tokens.
+// by block over a packed micro-batch's samples (by spans, or under a mask), the loss block by
+// block over its tokens, and on a GPU the fused loss, SwiGLU and rotary kernels.
 #include <doctest/doctest.h>
 
+#include <array>
 #include <cmath>
 #include <deque>
 #include <limits>
@@ -13,6 +15,7 @@
 #include <torch/version.h>
 
 #include "exec/data.hpp"
+#include "exec/fused_pointwise.hpp"
 #include "exec/layers.hpp"
 
 using namespace tessera;
@@ -93,39 +96,51 @@ TEST_CASE("attention block by block over the samples equals the whole masked seq
   const Comm alone{{0}, 0, {}};
   ParamSet ps(11, true, alone);
   Attention attention(ps, "a", small_gqa());
-  // Three samples: 5 tokens (an image item of 2, then text), 5 of text, 3 (a 1-token item, text).
+  // Five samples: two of 5 tokens (an image item of 2, then text), 5 of text, 3 (text, a 1-token
+  // item, text) and 4 whose item is split by text (a layout no spans can describe: masked).
   LlmLayout layout;
-  layout.sample = {0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 2, 2, 2};
-  layout.item = {0, 0, -1, -1, -1, -1, -1, -1, -1, -1, 1, -1, -1};
+  layout.sample = {0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 3, 3, 3, 4, 4, 4, 4};
+  layout.item = {0, 0, -1, -1, -1, 1, 1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 2, -1, 3, -1, 3, -1};
   const auto n = static_cast<int64_t>(layout.sample.size());
   std::vector<int64_t> all(static_cast<std::size_t>(n));
   std::iota(all.begin(), all.end(), 0);
 
   const std::vector<AttentionBlocks> blocks = attention_blocks(layout);
-  REQUIRE(blocks.size() == 2);  // the two samples of 5 batched, then the one of 3
-  CHECK(blocks[0].begin == 0);
-  CHECK(blocks[0].length == 5);
-  CHECK(blocks[0].count == 2);
-  CHECK(blocks[1].begin == 10);
-  CHECK(blocks[1].length == 3);
-  CHECK(blocks[1].count == 1);
-  CHECK(blocks[0].bias.sizes() == torch::IntArrayRef{2, 1, 5, 5});
-  // Each block's mask is the whole mask's diagonal block: image tokens both ways, text causal.
+  // The two image-then-text samples batched; the text-only one apart, though as long.
+  REQUIRE(blocks.size() == 4);
+  const std::vector<std::array<int64_t, 3>> want = {{0, 5, 2}, {10, 5, 1}, {15, 3, 1}, {18, 4, 1}};
+  for (std::size_t b = 0; b < want.size(); ++b) {
+    INFO("run " << b);
+    CHECK(blocks[b].begin == want[b][0]);
+    CHECK(blocks[b].length == want[b][1]);
+    CHECK(blocks[b].count == want[b][2]);
+  }
+  const auto spans = [](const AttentionBlocks& run) {
+    std::vector<std::array<int64_t, 3>> out;
+    for (const AttentionSpan& s : run.spans) out.push_back({s.offset, s.length, s.media ? 1 : 0});
+    return out;
+  };
+  CHECK((spans(blocks[0]) == std::vector<std::array<int64_t, 3>>{{0, 2, 1}, {2, 3, 0}}));
+  CHECK((spans(blocks[1]) == std::vector<std::array<int64_t, 3>>{{0, 5, 0}}));
+  CHECK((spans(blocks[2]) == std::vector<std::array<int64_t, 3>>{{0, 1, 0}, {1, 1, 1}, {2, 1, 0}}));
+  CHECK(blocks[3].spans.empty());
+  for (std::size_t b = 0; b < 3; ++b) CHECK_FALSE(blocks[b].bias.defined());
+  // The split item's block carries the whole mask's diagonal block.
   const torch::Tensor whole = attention_bias(layout, all, all);
-  CHECK(torch::equal(blocks[0].bias[0][0], whole.slice(0, 0, 5).slice(1, 0, 5)));
-  CHECK(torch::equal(blocks[0].bias[1][0], whole.slice(0, 5, 10).slice(1, 5, 10)));
-  CHECK(torch::equal(blocks[1].bias[0][0], whole.slice(0, 10, 13).slice(1, 10, 13)));
-  CHECK(whole[0][1].item<float>() == 0.0f);      // an image token sees the next one
-  CHECK(std::isinf(whole[2][3].item<float>()));  // text does not see the future
-  CHECK(std::isinf(whole[5][4].item<float>()));  // nor another sample
+  CHECK(blocks[3].bias.sizes() == torch::IntArrayRef{1, 1, 4, 4});
+  CHECK(torch::equal(blocks[3].bias[0][0], whole.slice(0, 18, 22).slice(1, 18, 22)));
+  CHECK(whole[0][1].item<float>() == 0.0f);        // an image token sees the next one
+  CHECK(std::isinf(whole[2][3].item<float>()));    // text does not see the future
+  CHECK(std::isinf(whole[5][4].item<float>()));    // nor another sample
+  CHECK(std::isinf(whole[16][15].item<float>()));  // nor an item the text before it
 
   torch::manual_seed(5);
   const torch::Tensor x = torch::randn({1, n, 32}).requires_grad_(true);
   AttentionInputs dense, blocked;
   dense.bias = whole;
   blocked.blocks = blocks;
-  dense.positions_q = blocked.positions_q =
-      torch::tensor(std::vector<int64_t>{0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 0, 1, 2});
+  dense.positions_q = blocked.positions_q = torch::tensor(
+      std::vector<int64_t>{0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 0, 1, 2, 0, 1, 2, 3});
   for (const bool recompute : {false, true}) {
     attention.recompute_core = recompute;
     const auto run = [&](const AttentionInputs& in) {
@@ -195,4 +210,44 @@ TEST_CASE("on a GPU, the fused loss kernels equal the blockwise loss" *
     CHECK(loss[3].item<float>() == 0.0f);
     CHECK(grad[20].abs().sum().item<float>() == 0.0f);
   }
+}
+
+// Reported as skipped where no GPU is (CI): run on the GPU machine with -tc="*pointwise*".
+TEST_CASE("on a GPU, the fused pointwise kernels equal ATen's ops in fp32" *
+          doctest::skip(!torch::cuda::is_available())) {
+  torch::manual_seed(23);
+  const auto bf16 = [](const torch::Tensor& t) { return t.to(torch::kBFloat16); };
+  // silu(gate) · up: 8-wide loads where the size allows, one at a time otherwise.
+  for (const int64_t n : {8 * 1024, 1001}) {
+    INFO("swiglu over " << n);
+    const torch::Tensor gate = bf16(torch::randn({n}) * 3), up = bf16(torch::randn({n}));
+    const torch::Tensor weights = torch::randn({n});
+    const torch::Tensor g = gate.cuda().requires_grad_(true), u = up.cuda().requires_grad_(true);
+    const torch::Tensor out = swiglu(g, u);
+    (out.to(torch::kFloat32) * weights.cuda()).sum().backward();
+    const torch::Tensor g32 = gate.to(torch::kFloat32).requires_grad_(true);
+    const torch::Tensor u32 = up.to(torch::kFloat32).requires_grad_(true);
+    const torch::Tensor want = torch::silu(g32) * u32;
+    (want * weights).sum().backward();
+    CHECK(torch::allclose(out.cpu().to(torch::kFloat32), want.detach(), 1e-2, 1e-2));
+    CHECK(torch::allclose(g.grad().cpu().to(torch::kFloat32), g32.grad(), 2e-2, 2e-2));
+    CHECK(torch::allclose(u.grad().cpu().to(torch::kFloat32), u32.grad(), 2e-2, 2e-2));
+  }
+  // Rotary: two sequences of 5 positions, 3 heads of width 8.
+  const torch::Tensor x = bf16(torch::randn({2, 5, 3, 8}));
+  const torch::Tensor angle = torch::arange(5).unsqueeze(1).to(torch::kFloat32) *
+                              torch::tensor(std::vector<float>{1.0f, 0.3f, 0.1f, 0.01f});
+  const torch::Tensor cos = bf16(angle.cos().view({1, 5, 1, 4}));
+  const torch::Tensor sin = bf16(angle.sin().view({1, 5, 1, 4}));
+  const torch::Tensor weights = torch::randn({2, 5, 3, 8});
+  const torch::Tensor xg = x.cuda().requires_grad_(true);
+  const torch::Tensor out = rotate_pairs(xg, cos.cuda(), sin.cuda());
+  (out.to(torch::kFloat32) * weights.cuda()).sum().backward();
+  const torch::Tensor x32 = x.to(torch::kFloat32).requires_grad_(true);
+  const torch::Tensor c32 = cos.to(torch::kFloat32), s32 = sin.to(torch::kFloat32);
+  const torch::Tensor a = x32.narrow(-1, 0, 4), b = x32.narrow(-1, 4, 4);
+  const torch::Tensor want = torch::cat({a * c32 - b * s32, b * c32 + a * s32}, -1);
+  (want * weights).sum().backward();
+  CHECK(torch::allclose(out.cpu().to(torch::kFloat32), want.detach(), 1e-2, 1e-2));
+  CHECK(torch::allclose(xg.grad().cpu().to(torch::kFloat32), x32.grad(), 2e-2, 2e-2));
 }
