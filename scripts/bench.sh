@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Benchmarks that print figures (never pass/fail). Usage: scripts/bench.sh [lower|scale|sim|demo|sweep|comm|cli|exec|moe|reproduce-hetero|reproduce-cornstarch|cornstarch-exec|reproduce-variability|variability-exec|published|accuracy|all]
+# Benchmarks that print figures (never pass/fail). Usage: scripts/bench.sh [lower|scale|sim|demo|sweep|comm|cli|exec|moe|reproduce-hetero|reproduce-cornstarch|cornstarch-exec|reproduce-variability|variability-exec|published|accuracy|tune|all]
 # Builds tessera and tessera-train in $TESSERA_BUILD_DIR (default build/) first; with TESSERA_BIN
 # set, times that simulator binary instead and builds nothing.
 #   lower  lowering + evaluation of one iteration of a 1024-rank plan with 64 micro-batches
@@ -50,6 +50,10 @@
 #          fit, mean and max |error| and Spearman of per-GPU throughput per series, the fitted
 #          and the held-out rows (Narayanan et al. 2021, Table 1: never fitted) apart, and
 #          leave-one-source-out; PUBLISHED_SKIP_LARGE=1 leaves out rows of more than 1024 GPUs
+#   tune   (not in all) `tessera tune` on the CPU scenarios (TUNE_CASES: scenario:gpus pairs;
+#          TUNE_TOP finalists, default 4, of TUNE_STEPS steps, default 8): per case whether the
+#          analytic first choice was the measured fastest and the measured gain of the fastest
+#          over it, and the finalists' mean |error| analytic, calibrated and held out
 #   accuracy  calibration: records the cpu-local calibration set 3 times, fits a profile
 #          on half of the plans each time, and replays every plan with it and without it
 set -euo pipefail
@@ -586,4 +590,37 @@ if [[ $what == cornstarch-exec || $what == all ]]; then
     done
   done
   rm -rf "$root"
+fi
+
+if [[ $what == tune ]]; then
+  cases=${TUNE_CASES:-"cpu-tiny:2 cpu-tiny:4 cpu-tiny-big-vit:4 cpu-tiny-moe:4"}
+  top=${TUNE_TOP:-4} steps=${TUNE_STEPS:-8}
+  echo "== tune: sweep, train the $top best plans ($steps steps), calibrate, re-rank =="
+  root=out/bench-tune
+  mkdir -p "$root"
+  for c in $cases; do
+    scenario=${c%%:*} gpus=${c##*:}
+    dir=$root/$scenario-$gpus
+    rm -rf "$dir"
+    "$tessera" tune "scenarios/$scenario.json" --gpus "$gpus" --top "$top" --steps "$steps" \
+      --train "$build/exec/tessera-train" --out "$dir" >"$dir.txt" 2>"$dir.log" ||
+      { echo "$scenario at $gpus: tune failed (see $dir.log)"; continue; }
+    python3 - "$dir/tune.json" "$scenario" "$gpus" <<'EOF2'
+import json, sys
+t = json.load(open(sys.argv[1]))
+m = [f for f in t["finalists"] if f["status"] == "measured"]
+mean = lambda key: sum(abs(f[key]) for f in m if key in f) / max(1, sum(key in f for f in m))
+first, fastest = t["analytic_first_rank"], t["measured_fastest_rank"]
+print(f"{sys.argv[2]} at {sys.argv[3]}: {len(m)} measured; analytic first rank {first}, "
+      f"measured fastest finalist rank {fastest} ({t['gain_over_analytic_first_pct']:.1f}% faster); "
+      f"finalists' mean |error| analytic {mean('analytic_error_pct'):.1f}%, calibrated "
+      f"{mean('calibrated_error_pct'):.1f}%, held out {mean('held_out_error_pct'):.1f}%")
+r = t.get("recommended")
+if r:
+    held = (f", predicted by the profile at {r['held_out_error_pct']:+.1f}% (held out)"
+            if "held_out_error_pct" in r else " (a finalist)")
+    print(f"  tune's choice: {r['layout']}: measured {r['measured_s']:.4f} s, "
+          f"{r['gain_over_analytic_first_pct']:.1f}% faster than the analytic first choice{held}")
+EOF2
+  done
 fi

@@ -1,6 +1,5 @@
 // `tessera calibrate` and `tessera replay`: the loop from recorded runs to a fitted profile and
 // back to predicted-vs-measured.
-#include <filesystem>
 #include <ostream>
 
 #include "shared/cost/profile.hpp"
@@ -11,24 +10,6 @@
 #include "sim/replay.hpp"
 
 namespace tessera::sim {
-
-namespace {
-
-// A run folder with its traces; nullopt after recording problems.
-std::optional<CalibrationRun> load_calibration_run(const std::string& dir, bool traces_required,
-                                                   Diagnostics& diag) {
-  std::optional<RunRecord> run = load_run(dir, diag);
-  if (!run) return std::nullopt;
-  CalibrationRun c{std::move(*run), {}};
-  const bool traced = std::filesystem::exists(std::filesystem::path(dir) / "trace" / "rank0.json");
-  if (!traced && !traces_required) return c;
-  auto traces = load_traces(c.run, diag);
-  if (!traces) return std::nullopt;
-  c.traced = std::move(*traces);
-  return c;
-}
-
-}  // namespace
 
 int run_calibrate(const Args& args, std::ostream& out, std::ostream& err) {
   cxxopts::Options options(

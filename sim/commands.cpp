@@ -515,6 +515,7 @@ const std::vector<Command>& commands() {
        run_fidelity},
       {"export", "write a plan as Megatron-LM's training arguments and megatron-core's config",
        run_export},
+      {"tune", "sweep, train the best plans, calibrate on them and re-rank the sweep", run_tune},
   };
   return table;
 }

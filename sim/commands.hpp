@@ -23,6 +23,7 @@ int run_replay(const Args& args, std::ostream& out, std::ostream& err);
 int run_fidelity(const Args& args, std::ostream& out, std::ostream& err);
 int run_stages(const Args& args, std::ostream& out, std::ostream& err);
 int run_export(const Args& args, std::ostream& out, std::ostream& err);
+int run_tune(const Args& args, std::ostream& out, std::ostream& err);
 
 struct Command {
   const char* name;

@@ -58,6 +58,11 @@ std::string describe_layout(const ParallelPlan& plan, const ModelSpec& model) {
   // Heads TP does not divide: padded, or the encoders whole on every TP rank.
   if (plan.indivisible_heads == IndivisibleHeads::kPad) options += " heads:pad";
   if (plan.indivisible_heads == IndivisibleHeads::kReplicate) options += " heads:replicate";
+  // How context parallelism splits a sequence, where it is used and not the default.
+  bool context_parallel = plan.layout.cp > 1;
+  for (const auto& [name, l] : plan.modules) context_parallel = context_parallel || l.cp > 1;
+  if (context_parallel && plan.cp_split != CpSplit::kUniform)
+    options += " cp:" + enum_name(plan.cp_split, kCpSplits);
   // Encoders dealt media items rather than whole samples.
   if (plan.encoder_data_parallel == EncoderDataParallel::kMedia) options += " enc:media";
   if (plan.placement == Placement::kHomogeneous) {

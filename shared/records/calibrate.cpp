@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <map>
 #include <set>
 
@@ -604,6 +605,19 @@ std::string format_profile(const Profile& p) {
   out += line;
   for (const std::string& w : p.warnings) out += "warning: " + w + "\n";
   return out;
+}
+
+std::optional<CalibrationRun> load_calibration_run(const std::string& dir, bool traces_required,
+                                                   Diagnostics& diag) {
+  std::optional<RunRecord> run = load_run(dir, diag);
+  if (!run) return std::nullopt;
+  CalibrationRun c{std::move(*run), {}};
+  const bool traced = std::filesystem::exists(std::filesystem::path(dir) / "trace" / "rank0.json");
+  if (!traced && !traces_required) return c;
+  auto traces = load_traces(c.run, diag);
+  if (!traces) return std::nullopt;
+  c.traced = std::move(*traces);
+  return c;
 }
 
 }  // namespace tessera

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <compare>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -49,6 +50,11 @@ struct CalibrationRun {
   RunRecord run;
   std::vector<TracedIteration> traced;
 };
+
+// The run folder `dir` (tessera-train --out) with its traces, which a run without them lacks
+// unless `traces_required`; nullopt after recording its problems in `diag`.
+std::optional<CalibrationRun> load_calibration_run(const std::string& dir, bool traces_required,
+                                                   Diagnostics& diag);
 
 struct CalibrateOptions {
   int64_t warmup_iterations = 1;        // the first traced iterations of every run are left out

@@ -993,7 +993,7 @@ TEST_CASE("docs/CLI.md documents every option each command's --help lists") {
   int options = 0;
   for (const std::string command :
        {"validate", "show", "import-hf", "lower", "estimate", "simulate", "stages", "sweep",
-        "merge", "calibrate", "replay", "fidelity", "export"}) {
+        "merge", "calibrate", "replay", "fidelity", "export", "tune"}) {
     const Run help = run(command + " --help");
     REQUIRE(help.code == 0);
     const std::string text = section(command);
@@ -1063,3 +1063,58 @@ TEST_CASE("export: a plan as Megatron-LM's arguments, what it cannot express sai
   CHECK(target.code == 2);
   CHECK(target.output.find("megatron") != std::string::npos);
 }
+
+#ifdef TESSERA_TRAIN
+TEST_CASE(
+    "tune: sweep, train the finalists, calibrate, re-rank; resumed, it trains nothing again") {
+  const fs::path dir = scratch() / "tune";
+  fs::remove_all(dir);
+  const std::string base = "tune " + kSource +
+                           "/scenarios/cpu-tiny.json --gpus 2 --top 2 --steps 3 -j 2 --train " +
+                           std::string(TESSERA_TRAIN) + " --out " + dir.string();
+  const Run r = run(base);
+  INFO(r.output);
+  REQUIRE(r.code == 0);
+  CHECK(r.output.find("recommended after calibration (") != std::string::npos);
+  CHECK(r.output.find("train it:  tessera-train ") != std::string::npos);
+  for (const char* written : {"sweep/results.jsonl", "sweep-calibrated/results.jsonl",
+                              "profile.json", "tune.json", "runs/rank-1/run.json"})
+    CHECK(fs::exists(dir / written));
+  const auto tune = nlohmann::json::parse(std::ifstream(dir / "tune.json"));
+  int measured = 0;
+  for (const auto& f : tune["finalists"]) {
+    INFO(f.dump());
+    if (f["status"] != "measured") continue;
+    ++measured;
+    CHECK(f["measured_s"].get<double>() > 0);
+    CHECK(f["analytic_s"].get<double>() > 0);
+    CHECK(f["calibrated_s"].get<double>() > 0);
+    // Two runs: each is also predicted by a profile fitted to the other one alone.
+    CHECK(f.contains("held_out_error_pct"));
+  }
+  CHECK(measured == 2);
+  CHECK(tune["analytic_first_rank"].get<int>() >= 1);
+  CHECK(tune["gain_over_analytic_first_pct"].get<double>() >= 0);
+  // Tune's choice measured (trained to check it where it was no finalist).
+  REQUIRE(tune.contains("recommended"));
+  CHECK(tune["recommended"]["measured_s"].get<double>() > 0);
+  CHECK(fs::exists(tune["recommended"]["run"].get<std::string>() + "/run.json"));
+  // The recommended plan is one `tessera-train --plan results.jsonl#1` takes.
+  const Run plan = run("export " + kSource + "/scenarios/cpu-tiny.json --plan " +
+                       (dir / "sweep-calibrated" / "results.jsonl#1").string());
+  CHECK(plan.code == 0);
+
+  const Run again = run(base + " --resume");
+  INFO(again.output);
+  REQUIRE(again.code == 0);
+  CHECK(again.output.find("recorded already") != std::string::npos);
+  CHECK(again.output.find("trained in") == std::string::npos);
+  const auto tune2 = nlohmann::json::parse(std::ifstream(dir / "tune.json"));
+  CHECK(tune2["finalists"][0]["measured_s"] == tune["finalists"][0]["measured_s"]);
+
+  CHECK(run("tune " + kSource + "/scenarios/cpu-tiny.json --top 0 --gpus 2").code == 2);
+  CHECK(run("tune " + kSource + "/scenarios/cpu-tiny.json").code == 2);  // cpu-local: --gpus
+  CHECK(run("tune " + kBad + "missing.json --gpus 2").code == 2);
+  fs::remove_all(dir);
+}
+#endif
