@@ -132,8 +132,8 @@ class Pricer {
   // `tokens` of the whole micro-batch; `logits` (the head's, before sharding) count in F and B.
   // `whole_op`: the work is an op of its own (a module hosted on the stage), whose fixed cost
   // counts; otherwise it is part of the stage's op of its module, and only what it adds counts.
-  // `checkpointed`: full recomputation runs this work again (layers and projectors, not a
-  // module's front end or head; see Lowering::compute).
+  // `checkpointed`: full recomputation runs this work again (transformer layers; not a module's
+  // front end or head, nor a projector: see Lowering::recomputes).
   // `first_layer`: the first of the layers, which says their kind (MoE or dense).
   // `per_op_linear`: of `linear`, the matmuls per-op recomputation runs again.
   double seconds(std::size_t m, double linear, double attention, int32_t layers, int32_t calls,
@@ -233,8 +233,10 @@ double module_seconds(const Pricer& price, const ModelSpec& model, std::size_t m
   if (spec.projector) {
     const ProjectorArch& pr = *spec.projector;
     const ProjectorFlops f = projector_forward_flops(pr, tokens, output_tokens, 1);
+    // Not recomputed: full recomputation runs transformer layers again (Lowering::recomputes).
     return price.seconds(m, f.linear, f.attention, 0, 1,
-                         price.activation_bytes(output_tokens, pr.out), tokens, 0, true);
+                         price.activation_bytes(output_tokens, pr.out), tokens, 0,
+                         /*whole_op=*/true, /*checkpointed=*/false);
   }
   if (!spec.transformer) return 0;
   const TransformerArch& a = *spec.transformer;

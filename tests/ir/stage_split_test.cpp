@@ -305,3 +305,47 @@ TEST_CASE(
     CHECK(priced == doctest::Approx(lowering).epsilon(1e-6));
   }
 }
+
+TEST_CASE("full recomputation runs the LLM's layers again, not a projector its first stage hosts") {
+  // LLaVA-1.5-7B (frozen ViT, trainable projector) homogeneous on two stages: stage 0 hosts the
+  // encoder and the projector before the LLM's layers. The lowering gives the projector no
+  // recomputed op, so the pricer charges its stage nothing more for it under full
+  // recomputation (the frozen encoder, without a backward, is not recomputed either).
+  Diagnostics diag;
+  const auto s = load_scenario(std::string(TESSERA_SOURCE_DIR) + "/scenarios/default.json", diag);
+  INFO(diag.format());
+  REQUIRE(s.has_value());
+  ParallelPlan plan = *s->plan;
+  plan.placement = Placement::kHomogeneous;
+  plan.modules.clear();
+  plan.layout = ModuleLayout{};
+  plan.layout.pp = 2;
+  plan.layout.dp = 2;
+  plan.num_micro_batches = 0;
+  std::size_t llm = 0, projector = 0;
+  for (std::size_t m = 0; m < s->model.modules.size(); ++m) {
+    if (s->model.modules[m].role == ModuleRole::kLlm) llm = m;
+    if (s->model.modules[m].projector) projector = m;
+  }
+  REQUIRE(s->model.modules[projector].projector.has_value());
+  const auto first_extra = [&](Recompute r) {
+    ParallelPlan p = plan;
+    p.recompute = r;
+    return chain_costs(s->model, llm, p, s->workload, s->cluster).first_extra;
+  };
+  CHECK(first_extra(Recompute::kFull) ==
+        doctest::Approx(first_extra(Recompute::kNone)).epsilon(1e-12));
+  plan.recompute = Recompute::kFull;
+  plan = resolve_stage_split(plan, s->model, s->workload, s->cluster);
+  const Lowered lowered =
+      lower(s->model, s->cluster, plan, s->workload, draw_batch(s->workload, 0));
+  REQUIRE(lowered.error.empty());
+  int recomputed_llm = 0;
+  for (const auto& rank : lowered.program.ranks)
+    for (const Op& op : rank)
+      if (op.kind == OpKind::kCompute && op.phase == Phase::kR) {
+        CHECK(op.module != static_cast<int16_t>(projector));
+        recomputed_llm += op.module == static_cast<int16_t>(llm) ? 1 : 0;
+      }
+  CHECK(recomputed_llm > 0);
+}
