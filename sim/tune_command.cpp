@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
+#include <map>
 #include <ostream>
 #include <sstream>
 #include <thread>
@@ -38,7 +39,9 @@ namespace fs = std::filesystem;
 // The tessera-train to run: --train, else $TESSERA_TRAIN, else the build tree's beside this
 // program (build/sim/tessera -> build/exec/tessera-train), else the one on PATH.
 std::string train_binary(const std::string& given) {
-  if (!given.empty()) return given;
+  // A path (not a name PATH resolves) made absolute: Slurm's nodes start in other folders.
+  if (!given.empty())
+    return given.find('/') == std::string::npos ? given : fs::absolute(given).string();
   if (const char* env = std::getenv("TESSERA_TRAIN"); env != nullptr && *env != '\0') return env;
   std::error_code ec;
   const fs::path self = fs::read_symlink("/proc/self/exe", ec);
@@ -111,6 +114,25 @@ std::string placed_layout(const ParallelPlan& plan, const ModelSpec& model) {
   return enum_name(plan.placement, kPlacements) + ": " + describe_layout(plan, model);
 }
 
+// One plan to train: the --plan reference, the run folder, what progress calls it, its ranks.
+struct TrainJob {
+  std::string plan_ref;
+  fs::path run;
+  std::string what;
+  int64_t world = 1;
+};
+
+// scripts/slurm of the source tree: $TESSERA_SLURM_SCRIPTS, else beside the build tree that
+// holds this program (SOURCE/build/sim/tessera).
+fs::path slurm_scripts_dir() {
+  if (const char* env = std::getenv("TESSERA_SLURM_SCRIPTS"); env != nullptr && *env != '\0')
+    return env;
+  std::error_code ec;
+  const fs::path self = fs::read_symlink("/proc/self/exe", ec);
+  return ec ? fs::path("scripts/slurm")
+            : self.parent_path().parent_path().parent_path() / "scripts" / "slurm";
+}
+
 struct Finalist {
   int64_t rank = 0;  // in the first sweep's results.jsonl
   SweepRow row;
@@ -155,9 +177,13 @@ int run_tune(const Args& args, std::ostream& out, std::ostream& err) {
       "out", "output folder (default: out/tune-<scenario>)", cxxopts::value<std::string>())(
       "resume", "keep the sweeps and recorded runs already in the output folder")(
       "train", "the tessera-train program (default: $TESSERA_TRAIN, the build tree's, PATH's)",
-      cxxopts::value<std::string>())("j,jobs", "simulations in parallel",
-                                     cxxopts::value<int>()->default_value(std::to_string(
-                                         std::max(1u, std::thread::hardware_concurrency()))));
+      cxxopts::value<std::string>())(
+      "slurm",
+      "train through Slurm: the finalists of each rank count as one job array "
+      "(scripts/slurm/train-array.sbatch), all submitted at once")(
+      "j,jobs", "simulations in parallel",
+      cxxopts::value<int>()->default_value(
+          std::to_string(std::max(1u, std::thread::hardware_concurrency()))));
   int code = kOk;
   std::string file;
   const auto result =
@@ -186,6 +212,19 @@ int run_tune(const Args& args, std::ostream& out, std::ostream& err) {
   const bool resume = result->count("resume") > 0;
   const std::string train =
       train_binary(result->count("train") ? (*result)["train"].as<std::string>() : "");
+  const fs::path slurm_scripts = fs::absolute(slurm_scripts_dir());
+  if (result->count("slurm")) {
+    if (!fs::exists(slurm_scripts / "train-array.sbatch")) {
+      err << options.program() << ": --slurm: no "
+          << (slurm_scripts / "train-array.sbatch").string()
+          << " (set TESSERA_SLURM_SCRIPTS to the source tree's scripts/slurm)\n";
+      return kBadInput;
+    }
+    // The batch scripts run on the cluster's nodes: they find train.sbatch and tessera-train
+    // through the environment sbatch passes on.
+    ::setenv("TESSERA_SLURM_SCRIPTS", slurm_scripts.c_str(), 1);
+    ::setenv("TESSERA_TRAIN", train.c_str(), 1);
+  }
   std::error_code ec;
   fs::create_directories(dir / "runs", ec);
   if (ec) {
@@ -217,48 +256,138 @@ int run_tune(const Args& args, std::ostream& out, std::ostream& err) {
   const std::string results = (dir / "sweep" / "results.jsonl").string();
   const std::vector<SweepRow> rows = load_sweep_rows(results);
 
-  // Trains the plan `plan_ref` into `run` (kept when --resume finds it finished): "measured", or
+  // Trains each job's plan into its run folder (kept when --resume finds it finished): one at a
+  // time here, or with --slurm as job arrays submitted together. Returns per job "measured", or
   // why not.
-  const auto record = [&](const std::string& plan_ref, const fs::path& run,
-                          const std::string& what) -> std::string {
-    if (resume && recorded(run, steps)) {
-      err << "tune: " << what << ": recorded already\n";
-      return "measured";
+  const bool slurm = result->count("slurm") > 0;
+  int round = 0;
+  const auto record = [&](const std::vector<TrainJob>& batch) {
+    std::vector<std::string> status(batch.size());
+    std::vector<std::size_t> todo;
+    for (std::size_t i = 0; i < batch.size(); ++i) {
+      if (resume && recorded(batch[i].run, steps)) {
+        err << "tune: " << batch[i].what << ": recorded already\n";
+        status[i] = "measured";
+      } else {
+        fs::remove_all(batch[i].run, ec);
+        todo.push_back(i);
+      }
     }
-    err << "tune: training " << what << ", " << steps << " steps ...\n";
-    const auto started = std::chrono::steady_clock::now();
-    fs::remove_all(run, ec);
-    const int status = run_logged(
-        {train, fs::absolute(file).string(), "--plan", plan_ref, "--steps", std::to_string(steps),
-         "--trace-steps", std::to_string(steps), "--no-checkpoint", "--out", run.string()},
-        run.string() + ".log");
-    const double took =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-    if (status == 0 && recorded(run, steps)) {
-      err << "tune: trained in " << fixed(took, 1) << " s\n";
-      return "measured";
+    const auto options_of = [&](const TrainJob& j) {
+      return std::vector<std::string>{"--plan",          j.plan_ref,
+                                      "--steps",         std::to_string(steps),
+                                      "--trace-steps",   std::to_string(steps),
+                                      "--no-checkpoint", "--out",
+                                      j.run.string()};
+    };
+    std::map<std::size_t, fs::path> logs;
+    if (!slurm) {
+      for (std::size_t i : todo) {
+        err << "tune: training " << batch[i].what << ", " << steps << " steps ...\n";
+        const auto started = std::chrono::steady_clock::now();
+        std::vector<std::string> argv{train, fs::absolute(file).string()};
+        for (const std::string& o : options_of(batch[i])) argv.push_back(o);
+        logs[i] = batch[i].run.string() + ".log";
+        if (const int exited = run_logged(argv, logs[i]);
+            exited == 0 && recorded(batch[i].run, steps))
+          err << "tune: trained in "
+              << fixed(std::chrono::duration<double>(std::chrono::steady_clock::now() - started)
+                           .count(),
+                       1)
+              << " s\n";
+        else if (exited == kBadInput)
+          status[i] = "refused by the executor: " + last_line(logs[i]);
+      }
+    } else if (!todo.empty()) {
+      // One array per rank count, every array submitted before any is waited for.
+      ++round;
+      const fs::path at = dir / "slurm";
+      fs::create_directories(at / "logs", ec);
+      std::map<int64_t, std::vector<std::size_t>> by_world;
+      for (std::size_t i : todo) by_world[batch[i].world].push_back(i);
+      std::vector<std::string> ids;
+      for (const auto& [world, members] : by_world) {
+        const std::string name = "round" + std::to_string(round) + "-ranks" + std::to_string(world);
+        std::ofstream list(at / (name + ".txt"));
+        for (std::size_t i : members) {
+          std::string line;
+          for (const std::string& o : options_of(batch[i])) line += (line.empty() ? "" : " ") + o;
+          list << line << "\n";
+        }
+        list.close();
+        const fs::path submitted = at / (name + ".submitted");
+        const int submit =
+            run_logged({"sbatch", "--parsable", "--array=1-" + std::to_string(members.size()),
+                        "--ntasks=" + std::to_string(world),
+                        "--output=" + (at / "logs" / (name + "-%a.log")).string(),
+                        (slurm_scripts / "train-array.sbatch").string(),
+                        (at / (name + ".txt")).string(), fs::absolute(file).string()},
+                       submitted);
+        const std::string id = last_line(submitted);
+        if (submit != 0 || id.empty()) {
+          for (std::size_t i : members) status[i] = "not submitted: " + id;
+          continue;
+        }
+        ids.push_back(id.substr(0, id.find(';')));
+        err << "tune: submitted job array " << ids.back() << ": " << members.size() << " plans of "
+            << world << " ranks\n";
+        for (std::size_t k = 0; k < members.size(); ++k)
+          logs[members[k]] = at / "logs" / (name + "-" + std::to_string(k + 1) + ".log");
+      }
+      // Until none of the arrays is queued or running.
+      std::string joined;
+      for (const std::string& id : ids) joined += (joined.empty() ? "" : ",") + id;
+      const auto started = std::chrono::steady_clock::now();
+      while (!joined.empty()) {
+        const fs::path queue = at / "squeue.txt";
+        run_logged({"squeue", "-h", "-o", "%i", "-j", joined}, queue);
+        std::ifstream in(queue);
+        std::string first;
+        if (!std::getline(in, first) || first.empty()) break;
+        std::this_thread::sleep_for(std::chrono::seconds(2));
+        const double waited =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+        if (static_cast<int64_t>(waited) % 30 < 2)
+          err << "tune: waiting for job arrays " << joined << " (" << fixed(waited, 0) << " s)\n";
+      }
     }
-    const std::string why = (status == kBadInput ? "refused by the executor: " : "failed: ") +
-                            last_line(run.string() + ".log");
-    err << "tune: " << why << "\n";
-    return why;
+    for (std::size_t i : todo) {
+      if (!status[i].empty()) continue;
+      status[i] = recorded(batch[i].run, steps) ? "measured" : "failed: " + last_line(logs[i]);
+      if (status[i] != "measured") err << "tune: " << batch[i].what << ": " << status[i] << "\n";
+    }
+    for (std::size_t i = 0; i < batch.size(); ++i)
+      if (status[i].rfind("refused", 0) == 0)
+        err << "tune: " << batch[i].what << ": " << status[i] << "\n";
+    return status;
   };
 
-  // 2. Train the K best plans the executor takes, in the sweep's order.
+  // 2. Train the K best plans the executor takes, in the sweep's order: as many as are still
+  //    missing each round, the next ones after a plan that could not be trained.
   std::vector<Finalist> finalists;
   int64_t measured = 0;
-  for (std::size_t i = 0; i < rows.size() && measured < top; ++i) {
-    if (!rows[i].ok) continue;
-    Finalist f;
-    f.rank = static_cast<int64_t>(i) + 1;
-    f.row = rows[i];
-    f.layout = placed_layout(rows[i].plan, scenario->model);
-    const fs::path run = dir / "runs" / ("rank-" + std::to_string(f.rank));
-    f.dir = run.string();
-    f.status = record(results + "#" + std::to_string(f.rank), run,
-                      "rank " + std::to_string(f.rank) + " (" + f.layout + ")");
-    if (f.status == "measured") ++measured;
-    finalists.push_back(std::move(f));
+  for (std::size_t next = 0; measured < top && next < rows.size();) {
+    std::vector<TrainJob> to_train;
+    std::vector<Finalist> round_finalists;
+    for (; next < rows.size() && measured + static_cast<int64_t>(round_finalists.size()) < top;
+         ++next) {
+      if (!rows[next].ok) continue;
+      Finalist f;
+      f.rank = static_cast<int64_t>(next) + 1;
+      f.row = rows[next];
+      f.layout = placed_layout(rows[next].plan, scenario->model);
+      f.dir = (dir / "runs" / ("rank-" + std::to_string(f.rank))).string();
+      to_train.push_back({results + "#" + std::to_string(f.rank), f.dir,
+                          "rank " + std::to_string(f.rank) + " (" + f.layout + ")",
+                          world_size(f.row.plan, scenario->model)});
+      round_finalists.push_back(std::move(f));
+    }
+    const std::vector<std::string> status = record(to_train);
+    for (std::size_t k = 0; k < round_finalists.size(); ++k) {
+      round_finalists[k].status = status[k];
+      if (status[k] == "measured") ++measured;
+      finalists.push_back(std::move(round_finalists[k]));
+    }
   }
   if (measured == 0) {
     err << options.program() << ": no plan of the sweep could be trained (logs in "
@@ -346,9 +475,11 @@ int run_tune(const Args& args, std::ostream& out, std::ostream& err) {
     choice.layout = placed_layout(rows2[i].plan, scenario->model);
     const fs::path run = dir / "runs" / ("calibrated-rank-" + std::to_string(choice.rank));
     choice.dir = run.string();
-    choice.status = record(
-        results2 + "#" + std::to_string(choice.rank), run,
-        "the calibrated sweep's rank " + std::to_string(choice.rank) + " (" + choice.layout + ")");
+    choice.status = record({{results2 + "#" + std::to_string(choice.rank), run,
+                             "the calibrated sweep's rank " + std::to_string(choice.rank) + " (" +
+                                 choice.layout + ")",
+                             world_size(rows2[i].plan, scenario->model)}})
+                        .front();
     if (choice.status != "measured") continue;
     auto loaded = load_calibration_run(choice.dir, true, diag);
     if (!loaded) return report_problems(diag, err);

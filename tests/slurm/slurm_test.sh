@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Integration test of the Slurm batch scripts on a private one-node cluster
 # (scripts/slurm/local-cluster.sh): a sweep submitted as a 3-task job array plus a merge must
-# rank exactly as the unsharded sweep does, and a 2-rank training job started by srun must reach
-# the losses of the same plan launched by tessera-train itself.
+# rank exactly as the unsharded sweep does, a 2-rank training job started by srun must reach
+# the losses of the same plan launched by tessera-train itself, and `tessera tune --slurm` must
+# train its finalists as job arrays.
 # Usage: slurm_test.sh SOURCE_DIR TESSERA TESSERA_TRAIN. Exit 77 (skipped) without root or Slurm.
 set -euo pipefail
 src=$1
@@ -68,4 +69,15 @@ cmp <(sort "$work/full/results.jsonl") <(sort "$work/sweep/merged/results.jsonl"
 cmp <(jq -c .loss "$work/train/loss.jsonl") <(jq -c .loss "$work/local/loss.jsonl") ||
   fail "losses under srun differ from the local launch"
 [[ $(wc -l <"$work/train/loss.jsonl") -eq 3 ]] || fail "expected 3 steps of losses"
-echo "slurm test: sweep array + merge equal the unsharded sweep; srun training equals local"
+# tessera tune --slurm: the finalists trained as a job array per rank count, then calibrated.
+TESSERA_SLURM_SCRIPTS=$src/scripts/slurm "$TESSERA" tune "$scenario" --gpus 2 --top 2 --steps 3 \
+  --slurm --train "$TESSERA_TRAIN" --out "$work/tune" >"$work/tune.txt" 2>"$work/tune.log" ||
+  { cat "$work/tune.log"; fail "tune --slurm failed"; }
+grep -q "submitted job array" "$work/tune.log" || fail "tune --slurm submitted no job array"
+[[ $(jq '[.finalists[] | select(.status == "measured")] | length' "$work/tune/tune.json") -eq 2 ]] ||
+  fail "tune --slurm did not measure 2 finalists: $(cat "$work/tune.txt")"
+[[ $(jq '.recommended.measured_s > 0' "$work/tune/tune.json") == true ]] ||
+  fail "tune --slurm did not measure its choice"
+ls "$work"/tune/slurm/logs/round1-ranks*-1.log >/dev/null || fail "no job array task logs"
+echo "slurm test: sweep array + merge equal the unsharded sweep; srun training equals local;" \
+  "tune trains its finalists as job arrays"
