@@ -2,7 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
-#include <map>
+#include <ranges>
+#include <vector>
 
 #include "shared/base/check.hpp"
 #include "shared/cost/cost_model.hpp"
@@ -12,11 +13,30 @@ namespace tessera {
 GroupSpan group_span(const ClusterSpec& cluster, const RankList& group) {
   GroupSpan span;
   if (group.empty() || cluster.devices_per_node <= 0) return span;
-  std::map<int64_t, int64_t> members;
-  for (int64_t r : group) ++members[r / cluster.devices_per_node];
-  span.nodes = static_cast<int64_t>(members.size());
-  span.per_node = 0;
-  for (const auto& [node, count] : members) span.per_node = std::max(span.per_node, count);
+  // The nodes of the members in order (groups mostly list their ranks ascending already), then
+  // counted run by run: no allocation for a sorted group, called per collective priced.
+  const int64_t per = cluster.devices_per_node;
+  const auto node_runs = [&](auto&& nodes_in_order) {
+    int64_t run = 0, last = -1;
+    span.nodes = 0;
+    span.per_node = 0;
+    for (int64_t node : nodes_in_order) {
+      if (node != last) {
+        ++span.nodes;
+        run = 0;
+        last = node;
+      }
+      span.per_node = std::max(span.per_node, ++run);
+    }
+  };
+  if (std::is_sorted(group.begin(), group.end())) {
+    node_runs(group | std::views::transform([per](int64_t r) { return r / per; }));
+  } else {
+    std::vector<int64_t> nodes(group.size());
+    std::transform(group.begin(), group.end(), nodes.begin(), [per](int64_t r) { return r / per; });
+    std::sort(nodes.begin(), nodes.end());
+    node_runs(nodes);
+  }
   return span;
 }
 
