@@ -398,21 +398,37 @@ int plain_loop(int argc, char** argv) {
   return 0;
 }
 
+// The subcommands by name; any other first argument is a scenario to train.
+struct Subcommand {
+  const char* name;
+  const char* usage;  // its synopsis, for the usage text
+  int (*run)(int argc, char** argv);
+};
+
+const std::vector<Subcommand>& subcommands() {
+  static const std::vector<Subcommand> table = {
+      {"comm-check", "comm-check [--nproc N] [--bytes B]   (collectives between ranks)",
+       comm_check},
+      {"plain-loop", "plain-loop <scenario.json> [--steps S]   (overhead yardstick)", plain_loop},
+      {"matmul-rate", "matmul-rate [--device D] [--dtype T] [--size N]   (MFU's ceiling)",
+       matmul_rate},
+  };
+  return table;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   const std::string command = argc > 1 ? argv[1] : "";
   tessera::set_warning_reporter(tessera::print_warnings_once(std::cerr));
-  if (command == "comm-check") return comm_check(argc - 1, argv + 1);
-  if (command == "plain-loop") return plain_loop(argc - 1, argv + 1);
-  if (command == "matmul-rate") return matmul_rate(argc - 1, argv + 1);
+  for (const Subcommand& c : subcommands())
+    if (command == c.name) return c.run(argc - 1, argv + 1);
   if (command.empty() || command == "-h" || command == "--help") {
     std::ostream& out = command.empty() ? std::cerr : std::cout;
     out << "usage: tessera-train <scenario.json> [--plan P] [--nproc N] [--steps S] [--out DIR] "
-           "[--resume] [--dataset synthetic|shapes] ...\n"
-           "       tessera-train comm-check [--nproc N] [--bytes B]\n"
-           "       tessera-train plain-loop <scenario.json> [--steps S]   (overhead yardstick)\n\n"
-           "'tessera-train <scenario.json> --help' lists the training options.\n";
+           "[--resume] [--dataset synthetic|shapes] ...\n";
+    for (const Subcommand& c : subcommands()) out << "       tessera-train " << c.usage << "\n";
+    out << "\n'tessera-train <scenario.json> --help' lists the training options.\n";
     return command.empty() ? 2 : 0;
   }
   return train(argc, argv);
