@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <ostream>
 #include <thread>
 
@@ -97,31 +98,72 @@ void print_stats_table(const char* title, const std::vector<SeriesStats>& stats,
   }
 }
 
+// The totals of the suite's rows (held: of the held-out rows).
+struct Totals {
+  std::size_t rows = 0, within10 = 0, within15 = 0;
+  double mean = 0, worst = 0;
+};
+
+Totals totals(const std::vector<FidelityRow>& rows, const std::vector<double>& predicted,
+              bool held) {
+  Totals t;
+  std::vector<bool> use(rows.size());
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    use[i] = rows[i].holdout == held;
+    if (!use[i]) continue;
+    ++t.rows;
+    const double e = abs_error(rows[i], predicted[i]);
+    t.worst = std::max(t.worst, e);
+    t.within10 += e <= 0.10;
+    t.within15 += e <= 0.15;
+  }
+  if (t.rows > 0) t.mean = mean_abs_error(rows, use, predicted);
+  return t;
+}
+
 void print_summary(const std::vector<FidelityRow>& rows, const std::vector<double>& predicted,
                    std::ostream& out) {
   print_stats_table("series", series_stats(rows, predicted), "", true, out);
   for (const bool held : {false, true}) {
-    std::vector<bool> use(rows.size());
-    std::size_t n = 0, within10 = 0, within15 = 0;
-    double worst = 0;
-    for (std::size_t i = 0; i < rows.size(); ++i) {
-      use[i] = rows[i].holdout == held;
-      if (!use[i]) continue;
-      ++n;
-      const double e = abs_error(rows[i], predicted[i]);
-      worst = std::max(worst, e);
-      within10 += e <= 0.10;
-      within15 += e <= 0.15;
-    }
-    if (n == 0) continue;
-    out << (held ? "held out" : "suite (fitted sources)") << ": " << n << " rows, mean |error| "
-        << percent(mean_abs_error(rows, use, predicted)) << ", max " << percent(worst)
-        << ", within 10%: " << within10 << ", within 15%: " << within15 << "\n";
+    const Totals t = totals(rows, predicted, held);
+    if (t.rows == 0) continue;
+    out << (held ? "held out" : "suite (fitted sources)") << ": " << t.rows
+        << " rows, mean |error| " << percent(t.mean) << ", max " << percent(t.worst)
+        << ", within 10%: " << t.within10 << ", within 15%: " << t.within15 << "\n";
   }
   out << "\n";
   for (const bool held : {false, true})
     print_stats_table("kind", kind_stats(rows, predicted, held), held ? " (held out)" : "", !held,
                       out);
+}
+
+// The figures by kind as the Markdown table docs/FIDELITY.md holds (scripts/docs-tables.sh
+// writes it there): a line per kind of the suite, then of the held-out rows, then the totals.
+void print_markdown(const std::vector<FidelityRow>& rows, const std::vector<double>& predicted,
+                    std::ostream& out) {
+  const std::map<std::string, std::string> names = {{"dense", "dense"},
+                                                    {"moe", "MoE"},
+                                                    {"fsdp", "FSDP"},
+                                                    {"fp8", "FP8"},
+                                                    {"multimodal", "multimodal"}};
+  out << "| kind | rows | mean \\|error\\| | max \\|error\\| | Spearman |\n";
+  out << "|---|---|---|---|---|\n";
+  for (const bool held : {false, true})
+    for (const SeriesStats& k : kind_stats(rows, predicted, held)) {
+      char rho[16] = "-";
+      if (!std::isnan(k.spearman)) std::snprintf(rho, sizeof rho, "%.2f", k.spearman);
+      const auto name = names.find(k.series);
+      out << "| " << (name != names.end() ? name->second : k.series) << (held ? ", held out" : "")
+          << " | " << k.rows << " | " << percent(k.mean_abs_error) << " | "
+          << percent(k.max_abs_error) << " | " << rho << " |\n";
+    }
+  for (const bool held : {false, true}) {
+    const Totals t = totals(rows, predicted, held);
+    if (t.rows == 0) continue;
+    out << "| **" << (held ? "held out" : "suite") << " (" << t.rows << " rows)** | | **"
+        << percent(t.mean) << "** | **" << percent(t.worst) << "** | within ±10%: " << t.within10
+        << ", ±15%: " << t.within15 << " |\n";
+  }
 }
 
 }  // namespace
@@ -140,7 +182,8 @@ int run_fidelity(const Args& args, std::ostream& out, std::ostream& err) {
                         cxxopts::value<std::vector<std::string>>())(
       "fit", "fit the global parameters; leave-one-source-out")(
       "max-gpus", "leave out rows of more GPUs (0: none left out)",
-      cxxopts::value<int64_t>()->default_value("0"));
+      cxxopts::value<int64_t>()->default_value("0"))(
+      "markdown", "print only the figures by kind, as the Markdown table of docs/FIDELITY.md");
   options.parse_positional({"scenarios"});
   options.positional_help("<scenario.json>...");
   int code = kOk;
@@ -254,12 +297,16 @@ int run_fidelity(const Args& args, std::ostream& out, std::ostream& err) {
     err << options.program() << ": every row has more than --max-gpus GPUs\n";
     return kBadInput;
   }
+  const std::vector<double> at_defaults = default_predictions(rows);
+  if (result->count("markdown")) {
+    print_markdown(rows, at_defaults, out);
+    return kOk;
+  }
   if (skipped > 0) out << skipped << " rows of more than " << max_gpus << " GPUs left out\n";
 
   const KernelTuning defaults;
   out << "== the model's defaults: launch " << defaults.launch_s * 1e6
       << " us, each device's training_scale from its file ==\n";
-  const std::vector<double> at_defaults = default_predictions(rows);
   print_rows(rows, at_defaults, out);
   out << "\n";
   print_summary(rows, at_defaults, out);
