@@ -400,10 +400,13 @@ TEST_CASE("encoders dealt media items, more replicas than samples: plans agree w
         "media-pp2dp2"},
        {colocated(R"({"vision": {"dp": 4}, "llm": {"tp": 2, "pp": 2}})", "media-tp2pp2"),
         "media-tp2pp2"}});
-  // One image a sample: two of the four replicas encode none.
+  // One image a sample: two of the four replicas encode none. Torch 2's CPU attention kernels
+  // round the image's and the text's attention calls differently per head count, and Adam turns
+  // that into a gradient norm 1.1e-5 apart at the third step (measured): 3e-5 here.
   check_plans_agree(scenario(1, "media-sparse"), "media-sparse-1",
                     {{colocated(R"({"vision": {"dp": 4}, "llm": {"tp": 4}})", "media-sparse-tp4"),
-                      "media-sparse-tp4"}});
+                      "media-sparse-tp4"}},
+                    3, 3e-5);
   // An audio encoder deals recordings the same way: two samples of two recordings and one
   // image, the trainable Whisper-style encoder and the ViT on four replicas each beside an LLM
   // on TP 2 x DP 2 (a sample's two recordings over two replicas, its image on one of two).
