@@ -6,10 +6,12 @@
 #include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <regex>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -971,6 +973,81 @@ TEST_CASE("a simulation child that crashes is one failed row; the sweep complete
   CHECK(rows == 16);  // the best 16 of 12 plans and their 24 second-stage variants
   CHECK(failed == 1);
   CHECK(fs::exists(dir / "report.html"));
+  fs::remove_all(dir);
+}
+
+// At registration, outside any test: no doctest assertion may run here.
+bool have_chromium() {
+  return std::system("command -v chromium >/dev/null 2>&1") == 0;
+}
+
+// Reported as skipped without the Debian package chromium (scripts/setup.sh --browser).
+TEST_CASE(
+    "the default sweep's report, rendered in headless Chromium, shows results.jsonl's figures" *
+    doctest::skip(!have_chromium())) {
+  const fs::path dir = scratch() / "report";
+  fs::remove_all(dir);
+  const Run sweep =
+      run("sweep " + kSource + "/scenarios/default.json --gpus 64 --top 4 --refine 0 --out " +
+          dir.string() + " 2>/dev/null");
+  INFO(sweep.output);
+  REQUIRE(sweep.code == 0);
+  const Run dom = shell(
+      "chromium --headless --no-sandbox --disable-gpu --disable-quic --no-first-run "
+      "--disable-background-networking --disable-component-update --disable-sync "
+      "--user-data-dir=" +
+      (dir / "browser").string() + " --dump-dom file://" + (dir / "report.html").string() +
+      " 2>/dev/null");
+  REQUIRE(dom.code == 0);
+  // The table of simulated plans as the browser laid it out, a row of cells per plan.
+  const std::size_t table = dom.output.find("<h2>Simulated plans</h2>");
+  REQUIRE(table != std::string::npos);
+  const std::string body = dom.output.substr(table, dom.output.find("</table>", table) - table);
+  std::vector<std::vector<std::string>> cells;
+  const std::regex row(R"(<tr><td>([\s\S]*?)</tr>)"), cell(R"(<td[^>]*>([^<]*)</td>)");
+  for (auto r = std::sregex_iterator(body.begin(), body.end(), row); r != std::sregex_iterator();
+       ++r) {
+    const std::string text = "<td>" + (*r)[1].str();
+    std::vector<std::string> one;
+    for (auto c = std::sregex_iterator(text.begin(), text.end(), cell); c != std::sregex_iterator();
+         ++c)
+      one.push_back((*c)[1].str());
+    cells.push_back(one);
+  }
+  // results.jsonl's rows, best first, as the report ranks them.
+  std::vector<nlohmann::json> results;
+  std::ifstream in(dir / "results.jsonl");
+  for (std::string line; std::getline(in, line);)
+    if (!line.empty()) results.push_back(nlohmann::json::parse(line));
+  std::sort(results.begin(), results.end(), [](const auto& a, const auto& b) {
+    return a["step_s"].template get<double>() < b["step_s"].template get<double>();
+  });
+  REQUIRE(results.size() >= 3);
+  REQUIRE(cells.size() == results.size());
+  const auto formatted = [](const char* format, double v) {
+    char text[64];
+    std::snprintf(text, sizeof text, format, v);
+    return std::string(text);
+  };
+  std::set<std::string> placements;
+  for (std::size_t i = 0; i < results.size(); ++i) {
+    const auto& want = results[i];
+    const auto& got = cells[i];
+    INFO("rank " << i + 1 << ": " << want.dump());
+    REQUIRE(got.size() == 17);
+    CHECK(got[0] == std::to_string(i + 1));
+    CHECK(got[3] == want["plan"]["placement"].get<std::string>());
+    CHECK(got[11] == formatted("%.4g", want["step_s"].get<double>()));
+    CHECK(got[12] == formatted("%.4g", want["tokens_per_s"].get<double>()));
+    CHECK(got[14] == formatted("%.1f", 100 * want["mfu"].get<double>()) + "%");
+    // Every percentage a share of the step: at most 100.
+    const double idle = std::stod(got[16]);
+    CHECK(idle >= 0);
+    CHECK(idle <= 100);
+    CHECK(got[16] == formatted("%.1f", 100 * want["idle_share"].get<double>()) + "%");
+    placements.insert(got[3]);
+  }
+  CHECK(placements.size() == 3);  // every family's best simulated
   fs::remove_all(dir);
 }
 
