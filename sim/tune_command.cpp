@@ -167,8 +167,9 @@ int run_tune(const Args& args, std::ostream& out, std::ostream& err) {
       "trains the K best plans the executor runs for a few steps with tessera-train (traces "
       "recorded), fits a calibration profile to those runs, sweeps again with it and reports, "
       "per finalist, the predicted step before and after calibration against the measured one "
-      "(and a profile fitted without it: the held-out error), then the plan it now recommends. "
-      "Writes DIR/sweep, DIR/runs, DIR/profile.json, DIR/sweep-calibrated and DIR/tune.json.");
+      "(and a profile fitted without it: the held-out error), then the plan it now recommends, "
+      "trained too where it was no finalist. Writes DIR/sweep, DIR/runs, DIR/profile.json, "
+      "DIR/sweep-calibrated and DIR/tune.json.");
   options.add_options()("gpus", "the GPU count (default: the cluster's devices)",
                         cxxopts::value<int64_t>())("top", "finalists to measure",
                                                    cxxopts::value<int64_t>()->default_value("3"))(
