@@ -335,21 +335,24 @@ int run_tune(const Args& args, std::ostream& out, std::ostream& err) {
         for (std::size_t k = 0; k < members.size(); ++k)
           logs[members[k]] = at / "logs" / (name + "-" + std::to_string(k + 1) + ".log");
       }
-      // Until none of the arrays is queued or running.
+      // Until none of the arrays is queued or running. squeue fails once every job it is asked
+      // about has left the controller's memory: that too means done.
       std::string joined;
       for (const std::string& id : ids) joined += (joined.empty() ? "" : ",") + id;
       const auto started = std::chrono::steady_clock::now();
+      auto next_note = started + std::chrono::seconds(30);
       while (!joined.empty()) {
         const fs::path queue = at / "squeue.txt";
-        run_logged({"squeue", "-h", "-o", "%i", "-j", joined}, queue);
+        if (run_logged({"squeue", "-h", "-o", "%i", "-j", joined}, queue) != 0) break;
         std::ifstream in(queue);
         std::string first;
         if (!std::getline(in, first) || first.empty()) break;
         std::this_thread::sleep_for(std::chrono::seconds(2));
-        const double waited =
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-        if (static_cast<int64_t>(waited) % 30 < 2)
-          err << "tune: waiting for job arrays " << joined << " (" << fixed(waited, 0) << " s)\n";
+        if (const auto now = std::chrono::steady_clock::now(); now >= next_note) {
+          err << "tune: waiting for job arrays " << joined << " ("
+              << fixed(std::chrono::duration<double>(now - started).count(), 0) << " s)\n";
+          next_note = now + std::chrono::seconds(30);
+        }
       }
     }
     for (std::size_t i : todo) {
