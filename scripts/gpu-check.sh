@@ -55,22 +55,36 @@ if [[ $device == cuda ]]; then
   seqs=${BENCH_SEQS:-"1024 2048 4096"} mbs=${BENCH_MBS:-"1 2 4 8"}
   large_mbs=${BENCH_LARGE_MBS:-"1 2"} steps=${BENCH_STEPS:-12}
   gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 || true)
+  # The scenarios name the H100; on an H200 the runs name the H200 they ran on.
   case $gpu_name in
-    *H200*) traces=${TRACES:-traces/h200} ;;
-    *) traces=${TRACES:-traces/h100} ;;
+    *H200*)
+      traces=${TRACES:-traces/h200} gpu_tag=h200 cluster=scenarios/clusters/h200-1.json
+      peak_file=scenarios/devices/h200-sxm-141gb.json
+      ;;
+    *)
+      traces=${TRACES:-traces/h100} gpu_tag=h100 cluster=
+      peak_file=scenarios/devices/h100-sxm5-80gb.json
+      ;;
   esac
-  peak_file=scenarios/devices/h100-sxm5-80gb.json peak_key=bf16
+  peak_key=bf16
   matmul_n=8192
 else
   small=scenarios/cpu-tiny.json large=scenarios/cpu-tiny-big-vit.json
   image_tokens=16 image_size=32
   seqs=${BENCH_SEQS:-"64 128"} mbs=${BENCH_MBS:-"1 2"} large_mbs=${BENCH_LARGE_MBS:-"1"}
   steps=${BENCH_STEPS:-4}
-  traces=${TRACES:-$out/runs}
+  traces=${TRACES:-$out/runs} gpu_tag= cluster=
   peak_file=scenarios/clusters/cpu-local.json peak_key=fp32
   matmul_n=256
 fi
 train=$build/exec/tessera-train
+# On a GPU machine of 8 cores or more the recorded runs get four cores of their own: a host-bound
+# step (micro-batch 1) varied by ±9% from step to step unpinned and by ±3% pinned, on one H200
+# lease (docs/PERFORMANCE.md).
+pin=()
+if [[ $device == cuda ]] && command -v taskset >/dev/null && (($(nproc) >= 8)); then
+  pin=(taskset -c 4-7)
+fi
 
 # The torch to build against: python3's (the GPU machine's image), else the project's venv.
 torch_prefix() {
@@ -114,6 +128,14 @@ stage_gpu() {
     "$build/tests/tessera_gpu_tests"
 }
 
+# The runs' name for scenario file $1: its own, with the GPU it ran on.
+run_base() {
+  local b
+  b=$(basename "$1" .json)
+  [[ -n $gpu_tag ]] && b=${b/h100/$gpu_tag}
+  echo "$b"
+}
+
 # The scenario `base` with one image of image_size and seq - image_tokens text tokens per sample
 # (so every sample is seq long), the encoder frozen or trainable, and micro-batches of `mb`
 # samples, 8 samples per step: written to $out/scenarios/NAME.json.
@@ -121,15 +143,17 @@ variant() {
   local base=$1 name=$2 seq=$3 mb=$4 frozen=$5
   mkdir -p "$out/scenarios"
   python3 - "$base" "$out/scenarios/$name.json" "$seq" "$mb" "$frozen" "$image_tokens" \
-    "$image_size" <<'EOF'
+    "$image_size" "${cluster:+$PWD/$cluster}" <<'EOF'
 import json, os, sys
-base, dest, seq, mb, frozen, image_tokens, image_size = sys.argv[1:]
+base, dest, seq, mb, frozen, image_tokens, image_size, cluster = sys.argv[1:]
 seq, mb, image_tokens, image_size = int(seq), int(mb), int(image_tokens), int(image_size)
 s = json.load(open(base))
 here = os.path.dirname(os.path.abspath(base))
 for key in ("model", "cluster", "workload"):
     if isinstance(s.get(key), str):
         s[key] = os.path.join(here, s[key])
+if cluster:
+    s["cluster"] = cluster
 if isinstance(s["model"], str):
     s["model"] = json.load(open(s["model"]))
 for m in s["model"]["modules"]:
@@ -151,7 +175,7 @@ record() {
   local name=$1
   rm -rf "${traces:?}/$name"
   mkdir -p "$traces"
-  if "$train" "$out/scenarios/$name.json" --device "$device" --steps "$steps" --trace-steps 4 \
+  if "${pin[@]}" "$train" "$out/scenarios/$name.json" --device "$device" --steps "$steps" --trace-steps 4 \
     --no-checkpoint --out "$traces/$name" 2>"$out/$name.err"; then
     rm -f "$out/$name.err"
     return 0
@@ -172,16 +196,16 @@ stage_bench() {
   rm -f "$out/failed.txt"
   for seq in $seqs; do
     for mb in $mbs; do
-      name=$(basename "$small" .json)-s$seq-m$mb
+      name=$(run_base "$small")-s$seq-m$mb
       variant "$small" "$name" "$seq" "$mb" frozen && record "$name" && names+=("$name")
     done
   done
   local seq_mid
   seq_mid=$(echo "$seqs" | awk '{print $(int((NF + 1) / 2))}')
-  name=$(basename "$small" .json)-s$seq_mid-m1-trainable-encoder
+  name=$(run_base "$small")-s$seq_mid-m1-trainable-encoder
   variant "$small" "$name" "$seq_mid" 1 trainable && record "$name" && names+=("$name")
   for mb in $large_mbs; do
-    name=$(basename "$large" .json)-s$seq_mid-m$mb
+    name=$(run_base "$large")-s$seq_mid-m$mb
     variant "$large" "$name" "$seq_mid" "$mb" frozen && record "$name" && names+=("$name")
   done
   printf '%s\n' "${names[@]}" >"$out/runs.txt"
@@ -222,10 +246,10 @@ EOF
 stage_profile() {
   [[ -f $out/bench.tsv ]] || { echo "profile: no bench.tsv: run the bench stage"; return 1; }
   local name
-  name=$(awk -F'\t' -v base="$(basename "$small" .json)" \
+  name=$(awk -F'\t' -v base="$(run_base "$small")" \
     'NR > 1 && index($1, base) == 1 && $3 > best { best = $3; name = $1 } END { print name }' \
     "$out/bench.tsv")
-  [[ -n $name ]] || { echo "profile: no run of $(basename "$small" .json) in bench.tsv"; return 1; }
+  [[ -n $name ]] || { echo "profile: no run of $(run_base "$small") in bench.tsv"; return 1; }
   rm -rf "$out/profile"
   "$train" "$out/scenarios/$name.json" --device "$device" --steps 4 --trace-steps 0 \
     --profile-step 3 --no-checkpoint --out "$out/profile" >/dev/null
