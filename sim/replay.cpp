@@ -14,6 +14,32 @@
 
 namespace tessera::sim {
 
+namespace {
+
+// ReplayResult::noise_floor_pct: the least over each measured step c of mean |c - m| / m over the
+// warm steps m (the optimum of that piecewise-linear mean lies at one of them).
+double noise_floor_pct(const RunRecord& run, const std::vector<ReplayIteration>& iterations) {
+  std::vector<double> steps;
+  const std::vector<Sample>* samples = nullptr;
+  for (std::size_t k = 0; k < iterations.size(); ++k) {
+    if (iterations[k].warmup) continue;
+    const std::vector<Sample>& these = run.iterations[k].batch.samples;
+    if (samples != nullptr && these != *samples) return -1;
+    samples = &these;
+    steps.push_back(iterations[k].measured_s);
+  }
+  double least = -1;
+  for (double c : steps) {
+    double sum = 0;
+    for (double m : steps) sum += std::abs(c - m) / m;
+    const double mean = 100 * sum / static_cast<double>(steps.size());
+    if (least < 0 || mean < least) least = mean;
+  }
+  return least;
+}
+
+}  // namespace
+
 ReplayResult replay(const RunRecord& run, const std::vector<TracedIteration>& traced,
                     const CostParams& cost, const ReplayOptions& options) {
   ReplayResult result;
@@ -56,6 +82,7 @@ ReplayResult replay(const RunRecord& run, const std::vector<TracedIteration>& tr
   if (warm > 0) {
     result.mean_abs_error_pct = sum_abs / static_cast<double>(warm);
     result.mean_error_pct = sum / static_cast<double>(warm);
+    result.noise_floor_pct = noise_floor_pct(run, result.iterations);
   }
   // Per class, over the traced warm iterations: the trace's slices against the simulation's.
   std::map<std::string, std::pair<double, double>> classes;
@@ -145,6 +172,13 @@ std::string format_replay(const ReplayResult& r) {
       "mean %+.1f%%\n",
       r.mean_abs_error_pct, r.max_abs_error_pct, r.mean_error_pct);
   out += line;
+  if (r.noise_floor_pct >= 0) {
+    std::snprintf(line, sizeof line,
+                  "the measured steps' own noise (same samples every iteration): no one step "
+                  "time comes closer than %.1f%% on average\n",
+                  r.noise_floor_pct);
+    out += line;
+  }
   if (!r.classes.empty()) {
     out += "\nop class (seconds per iteration, all ranks)   measured   predicted   error\n";
     for (const ReplayClass& c : r.classes) {
@@ -174,6 +208,7 @@ Json replay_to_json(const ReplayResult& r) {
           {"mean_abs_error_pct", r.mean_abs_error_pct},
           {"max_abs_error_pct", r.max_abs_error_pct},
           {"mean_error_pct", r.mean_error_pct},
+          {"noise_floor_pct", r.noise_floor_pct >= 0 ? Json(r.noise_floor_pct) : Json()},
           {"classes", classes}};
 }
 

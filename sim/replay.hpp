@@ -41,6 +41,10 @@ struct ReplayResult {
   std::vector<std::string> notes;
   std::vector<ReplayIteration> iterations;
   double mean_abs_error_pct = 0, max_abs_error_pct = 0, mean_error_pct = 0;  // warm iterations
+  // Where every warm iteration trained on the same samples: the least mean |error| any one step
+  // time reaches against the measured steps (the run's own noise, which no prediction of a
+  // steady run beats); negative otherwise.
+  double noise_floor_pct = -1;
   std::vector<ReplayClass> classes;  // empty when the run has no traced warm iteration
   std::string trace_error;
   std::string html_error;  // the page could not be written (or the run has no traced iteration)

@@ -222,15 +222,25 @@ double CostModel::efficiency(const Op& op) const {
 }
 
 double CostModel::compute_s(const Program& program, const Op& op) const {
-  double seconds = compute_only_s(program, op);
-  for (const NestedCollective& n : op.nested)
-    seconds +=
-        n.count * collective_s(n.kind, program.groups[static_cast<std::size_t>(n.group)], n.bytes);
-  return seconds;
+  return compute_only_s(program, op) + nested_s(program, op);
+}
+
+double CostModel::compute_s(const Program& program, int32_t rank, std::size_t index) const {
+  const Op& op = program.ranks[static_cast<std::size_t>(rank)][index];
+  return compute_only_s(program, rank, index) + nested_s(program, op);
 }
 
 double CostModel::compute_only_s(const Program& program, const Op& op) const {
-  double seconds = dedicated_compute_s(op);
+  return shared_compute_s(program, op, dedicated_compute_s(op));
+}
+
+double CostModel::compute_only_s(const Program& program, int32_t rank, std::size_t index) const {
+  const std::vector<Op>& ops = program.ranks[static_cast<std::size_t>(rank)];
+  return shared_compute_s(program, ops[index], dedicated_compute_s(ops, index));
+}
+
+double CostModel::shared_compute_s(const Program& program, const Op& op, double dedicated) const {
+  double seconds = dedicated;
   if ((op.flags & kOpTpCommOverlap) != 0 && op.tp > 1) {
     // The GEMMs run in tp chunks, each chunk's all-gather or reduce-scatter beside the next
     // chunk's GEMM: all of the TP traffic but one chunk's hides behind the compute, as far as
@@ -251,10 +261,11 @@ double CostModel::compute_only_s(const Program& program, const Op& op) const {
   return seconds;
 }
 
-double CostModel::nested_s(const Program& program, const Op& op, Purpose purpose) const {
+double CostModel::nested_s(const Program& program, const Op& op,
+                           std::optional<Purpose> purpose) const {
   double seconds = 0;
   for (const NestedCollective& n : op.nested)
-    if (n.purpose == purpose)
+    if (!purpose || n.purpose == *purpose)
       seconds += n.count *
                  collective_s(n.kind, program.groups[static_cast<std::size_t>(n.group)], n.bytes);
   return seconds;
@@ -294,10 +305,9 @@ double CostModel::dedicated_compute_s(const Op& op) const {
   if (const ComputeFit* f = compute_fit(op)) {
     const bool fused = op.phase == Phase::kW && f->phase == Phase::kB;
     const double priced = op.flops + op.expert_wait_flops;
-    if (fused) return fixed_compute_s(op) + priced * f->seconds_per_flop;
-    return fixed_compute_s(op) + priced * f->seconds_per_flop +
-           static_cast<double>(op.tokens * op.layers) * f->seconds_per_token_layer +
-           op.logits * f->seconds_per_logit + nested_calls(op) * f->seconds_per_nested_call;
+    if (fused) return priced * f->seconds_per_flop;
+    return fitted_compute_s(*f, {priced, static_cast<double>(op.tokens * op.layers), op.logits,
+                                 nested_calls(op), static_cast<double>(op.layers)});
   }
   if (cluster_.device.kernels && op.module >= 0 &&
       static_cast<std::size_t>(op.module) < modules_.size())
@@ -309,6 +319,35 @@ double CostModel::dedicated_compute_s(const Op& op) const {
   if (const double priced = op.flops + op.expert_wait_flops; priced > 0)
     seconds += priced / (peak_flops(cluster_, dtype_) * efficiency(op));
   return seconds;
+}
+
+double CostModel::dedicated_compute_s(const std::vector<Op>& ops, std::size_t index) const {
+  // A W priced by its B's fit (it has none of its own: the measured runs fused it too).
+  const auto joint = [&](std::size_t w) {
+    const ComputeFit* f = fused_with_backward(ops, w) ? compute_fit(ops[w]) : nullptr;
+    return f != nullptr && f->phase == Phase::kB ? f : nullptr;
+  };
+  const Op& op = ops[index];
+  if (op.kind == OpKind::kCompute) {
+    if (joint(index) != nullptr) return 0;
+    if (index + 1 < ops.size())
+      if (const ComputeFit* f = joint(index + 1)) {
+        const Op& w = ops[index + 1];
+        return fitted_compute_s(
+            *f, {op.flops + op.expert_wait_flops + w.flops + w.expert_wait_flops,
+                 static_cast<double>(op.tokens * op.layers), op.logits, nested_calls(op),
+                 static_cast<double>(op.layers)});
+      }
+  }
+  return dedicated_compute_s(op);
+}
+
+double fitted_compute_s(const ComputeFit& f, const ComputeWork& work) {
+  const double device = f.overhead_s + work.flops * f.seconds_per_flop +
+                        work.token_layers * f.seconds_per_token_layer +
+                        work.logits * f.seconds_per_logit + work.calls * f.seconds_per_nested_call +
+                        work.layers * f.seconds_per_layer;
+  return std::max(device, std::max(1.0, work.layers) * f.host_seconds_per_layer);
 }
 
 double CostModel::fixed_compute_s(const Op& op) const {

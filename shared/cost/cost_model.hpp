@@ -48,7 +48,10 @@ double spread_factor(const std::vector<double>& spread, double u);
 // parallelism: norms, rotary embeddings, softmax bookkeeping) + logits · seconds_per_logit (the
 // loss's softmax over the vocabulary) + calls · seconds_per_nested_call (the compute side of
 // each collective inside the op: a host thread that blocked in it resumes with cold caches; a
-// GPU stream waits on an event), on one dedicated core or device.
+// GPU stream waits on an event) + layers · seconds_per_layer (each layer's small kernels,
+// whatever the tokens), on one dedicated core or device; and never less than
+// layers · host_seconds_per_layer, the host's time to issue the op's kernels: a GPU whose
+// kernels finish faster than the host launches them waits for the host (small micro-batches).
 // A W with no fit of its own runs fused into its B (the executor does that): it costs the B
 // class's FLOP rate and nothing else.
 struct ComputeFit {
@@ -60,8 +63,21 @@ struct ComputeFit {
   double seconds_per_token_layer = 0;
   double seconds_per_logit = 0;
   double seconds_per_nested_call = 0;
+  double seconds_per_layer = 0;
+  double host_seconds_per_layer = 0;
   FitStats stats;
 };
+
+// The work of one compute op as a ComputeFit prices it.
+struct ComputeWork {
+  double flops = 0;
+  double token_layers = 0;  // tokens · layers
+  double logits = 0;
+  double calls = 0;   // collective calls inside the op
+  double layers = 0;  // transformer layers (at least one is charged the host floor)
+};
+// Seconds of `work` under `f`: the larger of the device's time and the host's floor.
+double fitted_compute_s(const ComputeFit& f, const ComputeWork& work);
 
 // A communication class fitted from traces: a collective of `group_size` ranks takes
 // steps(kind, n) · latency_s + bus_factor(kind, n) · bytes / bandwidth (NCCL-tests' bus
@@ -128,10 +144,17 @@ class CostModel {
   // Seconds of a B op's input-gradient TP collectives that run beside the weight-gradient GEMMs
   // (kOpTpGradOverlap; kernel-level pricing only, else 0).
   double hidden_input_gradient_s(const Program& program, const Op& op) const;
-  // Seconds of the op's nested collectives of `purpose`, each at its own time.
-  double nested_s(const Program& program, const Op& op, Purpose purpose) const;
+  // Seconds of the op's nested collectives (of `purpose`), each at its own time.
+  double nested_s(const Program& program, const Op& op,
+                  std::optional<Purpose> purpose = std::nullopt) const;
+  // The same for op `index` of `rank`, as the executor runs it: a W fused into its B
+  // (fused_with_backward) is priced with the B as one call, so that a fitted host floor covers
+  // both, and costs nothing itself. Alike for every fit without a floor.
+  double compute_s(const Program& program, int32_t rank, std::size_t index) const;
+  double compute_only_s(const Program& program, int32_t rank, std::size_t index) const;
   // The same on a core or device of its own (a simulator that shares cores itself).
   double dedicated_compute_s(const Op& op) const;
+  double dedicated_compute_s(const std::vector<Op>& ops, std::size_t index) const;
   // The part of dedicated_compute_s that does not grow with the op's work: a Compute op's fixed
   // cost (the fit's overhead, none for a W fused into its B; else the analytic per-op overhead).
   double fixed_compute_s(const Op& op) const;
@@ -162,6 +185,8 @@ class CostModel {
  private:
   double efficiency(const Op& op) const;
   double nic_efficiency() const;
+  // compute_only_s's overlaps and core share applied to `dedicated` seconds of `op`.
+  double shared_compute_s(const Program& program, const Op& op, double dedicated) const;
   ClusterSpec cluster_;
   DType dtype_;
   CostParams params_;

@@ -150,13 +150,14 @@ Timeline evaluate(const Program& p, const CostModel& cost) {
             if (op.kind == OpKind::kSend) {
               duration = cost.p2p_s(static_cast<int64_t>(r), op.peer, op.bytes);
             } else if (op.nested.empty()) {
-              duration = cost.compute_s(p, op);
+              duration = cost.compute_s(p, static_cast<int32_t>(r), static_cast<std::size_t>(i));
             } else {
               auto& next = phase[r][static_cast<std::size_t>(i)];
               double& at = phase_end[r][static_cast<std::size_t>(i)];
               if (next < 0) {
                 time.start_s = start;  // provisional; finish_s stays < 0 until done
-                at = start + cost.compute_only_s(p, op);
+                at = start +
+                     cost.compute_only_s(p, static_cast<int32_t>(r), static_cast<std::size_t>(i));
                 next = 0;
               }
               bool blocked = false;

@@ -85,6 +85,8 @@ Json to_json(const Profile& p) {
                        {"seconds_per_token_layer", f.seconds_per_token_layer},
                        {"seconds_per_logit", f.seconds_per_logit},
                        {"seconds_per_nested_call", f.seconds_per_nested_call},
+                       {"seconds_per_layer", f.seconds_per_layer},
+                       {"host_seconds_per_layer", f.host_seconds_per_layer},
                        {"fit", stats_json(f.stats)}});
   Json collectives = Json::array(), p2p = Json::array();
   for (const LinkFit& f : p.collectives) collectives.push_back(link_json(f, true));
@@ -161,6 +163,10 @@ std::optional<Profile> load_profile(const std::string& file, Diagnostics& diag) 
         c.check_at_least("seconds_per_logit", f.seconds_per_logit, 0.0);
       if (c.required("seconds_per_nested_call", f.seconds_per_nested_call))
         c.check_at_least("seconds_per_nested_call", f.seconds_per_nested_call, 0.0);
+      if (c.optional("seconds_per_layer", f.seconds_per_layer))
+        c.check_at_least("seconds_per_layer", f.seconds_per_layer, 0.0);
+      if (c.optional("host_seconds_per_layer", f.host_seconds_per_layer))
+        c.check_at_least("host_seconds_per_layer", f.host_seconds_per_layer, 0.0);
       read_stats(c, f.stats);
       c.finish();
       p.compute.push_back(f);

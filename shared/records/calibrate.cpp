@@ -171,6 +171,7 @@ std::vector<OpMeasure> measure_ops(const Program& p, const Timeline& t, const Mo
         m.token_layers = static_cast<double>(op.tokens * op.layers);
         m.logits = op.logits;
         m.calls = nested_calls(op);
+        m.layers = static_cast<double>(op.layers);
         double pure = 0, overlapped = 0;
         compute_time(r, i, m.seconds, pure, overlapped);
         m.wall_s = o.finish_s - o.start_s;
@@ -305,18 +306,75 @@ Fit fit_columns(const std::vector<std::vector<double>>& columns, const std::vect
   return fit;
 }
 
+// Each sample's seconds under `coef` (Σ coef_j · column_j), at least floor · layers.
+std::vector<double> fitted_values(const std::vector<std::vector<double>>& columns,
+                                  const std::vector<double>& coef, double floor,
+                                  const std::vector<double>& layers) {
+  std::vector<double> out(columns[0].size(), 0);
+  for (std::size_t r = 0; r < out.size(); ++r) {
+    for (std::size_t j = 0; j < coef.size(); ++j) out[r] += coef[j] * columns[j][r];
+    out[r] = std::max(out[r], floor * std::max(1.0, layers[r]));
+  }
+  return out;
+}
+
+double squared_error(const std::vector<double>& fitted, const std::vector<double>& ys) {
+  double e = 0;
+  for (std::size_t r = 0; r < ys.size(); ++r) e += (fitted[r] - ys[r]) * (fitted[r] - ys[r]);
+  return e;
+}
+
+// fit_columns under a host floor (ComputeFit::host_seconds_per_layer): seconds =
+// max(Σ coef_j · column_j, floor · layers). Each sample's seconds per layer is tried as the
+// floor, the columns fitted on the samples above it; the floor is kept where it removes at least
+// a tenth of the squared error (a GPU waiting for its host at small micro-batches, not noise).
+Fit fit_with_floor(const std::vector<std::vector<double>>& columns, const std::vector<double>& ys,
+                   const std::vector<double>& layers, double& floor) {
+  Fit best = fit_columns(columns, ys);
+  floor = 0;
+  const double linear = squared_error(fitted_values(columns, best.coef, 0, layers), ys);
+  double least = linear;
+  const std::size_t n = ys.size();
+  std::vector<double> per_layer(n);
+  for (std::size_t r = 0; r < n; ++r) per_layer[r] = ys[r] / std::max(1.0, layers[r]);
+  for (double h : per_layer) {
+    std::vector<std::vector<double>> above(columns.size());
+    std::vector<double> above_y;
+    for (std::size_t r = 0; r < n; ++r)
+      if (per_layer[r] > h) {
+        for (std::size_t j = 0; j < columns.size(); ++j) above[j].push_back(columns[j][r]);
+        above_y.push_back(ys[r]);
+      }
+    if (above_y.size() < 3) continue;  // a floor under which nearly everything sits
+    Fit f = fit_columns(above, above_y);
+    const double error = squared_error(fitted_values(columns, f.coef, h, layers), ys);
+    if (error < least) {
+      least = error;
+      best.coef = f.coef;
+      floor = h;
+    }
+  }
+  double signal = 0;
+  for (double y : ys) signal += y * y;
+  if (least > 0.9 * linear || linear - least <= 1e-10 * signal) {
+    floor = 0;
+    return fit_columns(columns, ys);
+  }
+  double sy = 0;
+  for (double y : ys) sy += y;
+  best.stats.residual =
+      std::sqrt(least / static_cast<double>(n)) / std::max(sy / static_cast<double>(n), 1e-12);
+  return best;
+}
+
 // Quantiles of measured / fitted over every instance, scaled to mean 1 (FitStats::spread).
-std::vector<double> spread_of(const std::vector<std::vector<double>>& columns,
-                              const std::vector<double>& coef,
+std::vector<double> spread_of(const std::vector<double>& fitted,
                               const std::vector<std::vector<double>>& raw) {
   constexpr std::size_t kQuantiles = 16;
   std::vector<double> ratios;
-  for (std::size_t r = 0; r < raw.size(); ++r) {
-    double fitted = 0;
-    for (std::size_t j = 0; j < coef.size(); ++j) fitted += coef[j] * columns[j][r];
-    if (fitted > 0)
-      for (double v : raw[r]) ratios.push_back(v / fitted);
-  }
+  for (std::size_t r = 0; r < raw.size(); ++r)
+    if (fitted[r] > 0)
+      for (double v : raw[r]) ratios.push_back(v / fitted[r]);
   if (ratios.size() < kQuantiles) return {};
   std::sort(ratios.begin(), ratios.end());
   std::vector<double> q;
@@ -346,8 +404,8 @@ Profile calibrate(const std::vector<CalibrationRun>& runs, const CalibrateOption
   profile.cpu = first.cpu;
   profile.warmup_iterations = options.warmup_iterations;
   // Medians over the warm iterations of each op of each run.
-  // class, op, size, tokens·layers, logits, nested calls
-  using Key = std::tuple<OpClass, std::string, double, double, double, double>;
+  // class, op, size, tokens·layers, logits, nested calls, layers
+  using Key = std::tuple<OpClass, std::string, double, double, double, double, double>;
   std::map<Key, std::vector<double>> samples, overlaps;
   int64_t used = 0;
   for (const CalibrationRun& c : runs) {
@@ -357,7 +415,8 @@ Profile calibrate(const std::vector<CalibrationRun>& runs, const CalibrateOption
       ++used;
       for (const OpMeasure& m : measure_ops(c.traced[k].program, c.traced[k].timeline,
                                             c.run.scenario.model, c.run.scenario.cluster)) {
-        const Key key{m.cls, c.run.dir + "/" + m.op, m.x, m.token_layers, m.logits, m.calls};
+        const Key key{m.cls,   c.run.dir + "/" + m.op, m.x, m.token_layers, m.logits, m.calls,
+                      m.layers};
         samples[key].push_back(m.seconds);
         overlaps[key].push_back(m.overlap);
       }
@@ -369,33 +428,35 @@ Profile calibrate(const std::vector<CalibrationRun>& runs, const CalibrateOption
                                " warm-up iterations: nothing was fitted");
   // Per class: the regressors (1, size[, tokens·layers]) and the seconds of each sample.
   struct Samples {
-    std::vector<double> x, token_layers, logits, calls, y;
+    std::vector<double> x, token_layers, logits, calls, layers, y;
     std::vector<std::vector<double>> raw;  // every measured instance behind each median
-    void add(double size, double tl, double lg, double nc, double seconds,
+    void add(double size, double tl, double lg, double nc, double ly, double seconds,
              const std::vector<double>& all) {
       x.push_back(size);
       token_layers.push_back(tl);
       logits.push_back(lg);
       calls.push_back(nc);
+      layers.push_back(ly);
       y.push_back(seconds);
       raw.push_back(all);
     }
   };
   std::map<OpClass, Samples> by_class, overlapped;
   for (const auto& [key, values] : samples) {
-    const auto& [cls, op, x, tl, lg, nc] = key;
+    const auto& [cls, op, x, tl, lg, nc, ly] = key;
     const double y = median(values);
     if (y <= 0) continue;
     // Compute that ran alongside its rank's collectives is kept apart (the slowdown below).
     if (cls.type == OpClass::Type::kCompute && median(overlaps[key]) > 0.5)
-      overlapped[cls].add(x, tl, lg, nc, y, values);
+      overlapped[cls].add(x, tl, lg, nc, ly, y, values);
     else
-      by_class[cls].add(x, tl, lg, nc, y, values);
+      by_class[cls].add(x, tl, lg, nc, ly, y, values);
   }
   for (auto& [cls, o] : overlapped)
     if (by_class[cls].y.size() < 3) {  // too few quiet samples: fit on all of them
       for (std::size_t k = 0; k < o.y.size(); ++k)
-        by_class[cls].add(o.x[k], o.token_layers[k], o.logits[k], o.calls[k], o.y[k], o.raw[k]);
+        by_class[cls].add(o.x[k], o.token_layers[k], o.logits[k], o.calls[k], o.layers[k], o.y[k],
+                          o.raw[k]);
       o = {};
     }
   std::vector<ComputeFit> compute;
@@ -406,9 +467,12 @@ Profile calibrate(const std::vector<CalibrationRun>& runs, const CalibrateOption
       columns.push_back(d.token_layers);
       columns.push_back(d.logits);
       columns.push_back(d.calls);
+      columns.push_back(d.layers);
     }
-    Fit fit = fit_columns(columns, d.y);
-    fit.stats.spread = spread_of(columns, fit.coef, d.raw);
+    double floor = 0;
+    Fit fit = cls.type == OpClass::Type::kCompute ? fit_with_floor(columns, d.y, d.layers, floor)
+                                                  : fit_columns(columns, d.y);
+    fit.stats.spread = spread_of(fitted_values(columns, fit.coef, floor, d.layers), d.raw);
     const std::string name = class_name(cls);
     if (fit.stats.samples < 3)
       profile.warnings.push_back(name + ": " + std::to_string(fit.stats.samples) +
@@ -423,7 +487,7 @@ Profile calibrate(const std::vector<CalibrationRun>& runs, const CalibrateOption
     switch (cls.type) {
       case OpClass::Type::kCompute:
         profile.compute.push_back({cls.role, cls.phase, cls.size, a, b, fit.coef[2], fit.coef[3],
-                                   fit.coef[4], fit.stats});
+                                   fit.coef[4], fit.coef[5], floor, fit.stats});
         break;
       case OpClass::Type::kCollective: {
         LinkFit f;
@@ -457,10 +521,8 @@ Profile calibrate(const std::vector<CalibrationRun>& runs, const CalibrateOption
     for (const ComputeFit& f : profile.compute)
       if (f.role == cls.role && f.phase == cls.phase && f.size == cls.size)
         for (std::size_t k = 0; k < o.y.size(); ++k)
-          ratios.push_back(o.y[k] / (f.overhead_s + f.seconds_per_flop * o.x[k] +
-                                     f.seconds_per_token_layer * o.token_layers[k] +
-                                     f.seconds_per_logit * o.logits[k] +
-                                     f.seconds_per_nested_call * o.calls[k]));
+          ratios.push_back(o.y[k] / fitted_compute_s(f, {o.x[k], o.token_layers[k], o.logits[k],
+                                                         o.calls[k], o.layers[k]}));
   profile.overlap_stats.samples = static_cast<int64_t>(ratios.size());
   if (!ratios.empty()) {
     profile.overlap_slowdown = std::max(1.0, median(ratios));
@@ -564,15 +626,16 @@ std::string format_profile(const Profile& p) {
   };
   out +=
       "\ncompute class        fixed (us)  rate (GFLOP/s)  token-layer (ns)  logit (ns)  "
-      "call (us)  samples  residual  FLOPs measured\n";
+      "call (us)  layer (us)  host/layer (us)  samples  residual  FLOPs measured\n";
   for (const ComputeFit& f : p.compute) {
-    std::snprintf(line, sizeof line, "%-20s %10.1f  %14.3f  %16.1f  %10.2f  %9.1f  %s\n",
-                  (enum_name(f.role, kModuleRoles) + " " + phase_name(f.phase) + " " +
-                   size_class_name(f.size))
-                      .c_str(),
-                  f.overhead_s * 1e6, f.seconds_per_flop > 0 ? 1e-9 / f.seconds_per_flop : 0.0,
-                  f.seconds_per_token_layer * 1e9, f.seconds_per_logit * 1e9,
-                  f.seconds_per_nested_call * 1e6, stats(f.stats).c_str());
+    std::snprintf(
+        line, sizeof line, "%-20s %10.1f  %14.3f  %16.1f  %10.2f  %9.1f  %10.1f  %15.1f  %s\n",
+        (enum_name(f.role, kModuleRoles) + " " + phase_name(f.phase) + " " +
+         size_class_name(f.size))
+            .c_str(),
+        f.overhead_s * 1e6, f.seconds_per_flop > 0 ? 1e-9 / f.seconds_per_flop : 0.0,
+        f.seconds_per_token_layer * 1e9, f.seconds_per_logit * 1e9, f.seconds_per_nested_call * 1e6,
+        f.seconds_per_layer * 1e6, f.host_seconds_per_layer * 1e6, stats(f.stats).c_str());
     out += line;
   }
   out +=

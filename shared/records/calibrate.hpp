@@ -37,6 +37,7 @@ struct OpMeasure {
   double token_layers = 0;  // compute: tokens · layers
   double logits = 0;        // compute: vocabulary logits
   double calls = 0;         // compute: collective calls inside it
+  double layers = 0;        // compute: transformer layers
   double seconds = 0;       // as the cost model would charge it (dedicated core, no waiting)
   double wall_s = 0;        // as the trace shows it (the enclosing op's slice for compute)
   double overlap = 0;       // compute: fraction of its time its rank ran a collective alongside

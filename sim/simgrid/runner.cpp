@@ -508,7 +508,8 @@ class Run {
     const Op& op = p_.ranks[static_cast<std::size_t>(leader)][static_cast<std::size_t>(i)];
     if (op.kind != OpKind::kCompute && op.kind != OpKind::kOptimizerStep) return -1;
     if (options_.contention && cost_.cluster().kind == ClusterKind::kCpuLocal) return -1;
-    double seconds = cost_.compute_only_s(p_, op) * slowdown(leader) * compute_variation(leader, i);
+    double seconds = cost_.compute_only_s(p_, leader, static_cast<std::size_t>(i)) *
+                     slowdown(leader) * compute_variation(leader, i);
     if (op.nested.empty()) return seconds;
     if (options_.contention && options_.nested_flows) return -1;
     for (std::size_t n = 0; n < op.nested.size(); ++n) {
@@ -574,12 +575,15 @@ class Run {
             std::vector<sg4::ExecPtr> running;
             for (std::size_t d = 0; d < offsets(leader).size(); ++d)
               running.push_back(sg4::this_actor::exec_async(
-                  cost_.dedicated_compute_s(op) * slowdown(leader) *
-                  compute_variation(leader + offsets(leader)[d], i) * kHostSpeed));
+                  cost_.dedicated_compute_s(p_.ranks[static_cast<std::size_t>(leader)],
+                                            static_cast<std::size_t>(i)) *
+                  slowdown(leader) * compute_variation(leader + offsets(leader)[d], i) *
+                  kHostSpeed));
             activities_ += static_cast<int64_t>(running.size());
             for (const sg4::ExecPtr& e : running) e->wait();
           } else {
-            sleep(cost_.compute_only_s(p_, op) * slowdown(leader) * compute_variation(leader, i));
+            sleep(cost_.compute_only_s(p_, leader, static_cast<std::size_t>(i)) * slowdown(leader) *
+                  compute_variation(leader, i));
           }
           for (std::size_t n = 0; n < op.nested.size(); ++n)
             collective(leader, i, static_cast<int32_t>(n));

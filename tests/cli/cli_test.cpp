@@ -553,31 +553,55 @@ TEST_CASE("every imported family plans: its model estimates on 8 GPUs as a user'
   fs::remove_all(dir);
 }
 
-TEST_CASE("the shipped H100 runs: their fitted profile replays and predicts them") {
-  // traces/h100/profile.json was fitted (tessera calibrate) on every second of the fourteen
-  // runs; the other seven are held out. docs/PERFORMANCE.md reports these errors; the bounds sit
-  // just above them, so that a change of the cost model that loses accuracy shows here.
-  const std::string runs = kSource + "/traces/h100/";
-  const auto error = [&](const std::string& name) {
-    const Run r = run("replay " + runs + name + " --profile " + runs + "profile.json");
-    INFO(r.output);
-    REQUIRE(r.code == 0);
-    std::smatch m;
-    REQUIRE(std::regex_search(r.output, m, std::regex(R"(mean \|error\| ([0-9.]+)%)")));
-    return std::stod(m[1].str());
+TEST_CASE("the shipped H100 and H200 runs: their fitted profiles replay and predict them") {
+  // traces/<gpu>/profile.json was fitted (tessera calibrate) on every second of the runs, in
+  // scripts/gpu-check.sh's order; the others are held out. docs/PERFORMANCE.md reports these
+  // errors; the bounds sit just above them, so that a change of the cost model that loses
+  // accuracy shows here.
+  struct Errors {
+    double per_iteration = 0;  // mean |error| of single warm iterations
+    double of_mean = 0;        // |error| of the mean warm step
   };
-  const auto mean = [&](const std::vector<std::string>& names) {
-    double sum = 0;
-    for (const std::string& n : names) sum += error("vlm-" + n);
-    return sum / static_cast<double>(names.size());
+  const auto errors = [&](const std::string& gpu, const std::vector<std::string>& names) {
+    const std::string runs = kSource + "/traces/" + gpu + "/";
+    Errors sum;
+    for (const std::string& name : names) {
+      const Run r = run("replay " + runs + "vlm-" + name + " --profile " + runs + "profile.json");
+      INFO(r.output);
+      REQUIRE(r.code == 0);
+      std::smatch m;
+      REQUIRE(std::regex_search(
+          r.output, m,
+          std::regex(R"(mean \|error\| ([0-9.]+)%, max \|error\| [0-9.]+%, mean ([-+0-9.]+)%)")));
+      sum.per_iteration += std::stod(m[1].str()) / static_cast<double>(names.size());
+      sum.of_mean += std::abs(std::stod(m[2].str())) / static_cast<double>(names.size());
+      // Every iteration trained on the same samples: the replay names the run's own noise.
+      CHECK(r.output.find("the measured steps' own noise") != std::string::npos);
+    }
+    return sum;
   };
-  // Replay of the fitting runs (measured 7.7%; the goal, 3%, is not met).
-  CHECK(mean({"1b-h100-s1024-m1", "1b-h100-s1024-m4", "1b-h100-s2048-m1", "1b-h100-s2048-m4",
-              "1b-h100-s4096-m1", "1b-h100-s4096-m4", "3b-h100-s2048-m1"}) <= 8.2);
-  // Prediction of the held-out runs (measured 6.4%; the goal, 8%, is met).
-  CHECK(mean({"1b-h100-s1024-m2", "1b-h100-s1024-m8", "1b-h100-s2048-m2", "1b-h100-s2048-m8",
-              "1b-h100-s4096-m2", "1b-h100-s2048-m1-trainable-encoder", "3b-h100-s2048-m2"}) <=
-        6.9);
+  // H100: fitting runs measured 4.2% per iteration (the goal, 3%, is not met) and 2.0% on the
+  // mean step; held-out runs 3.2% per iteration (goal 8%).
+  const Errors h100_fitting = errors(
+      "h100", {"1b-h100-s1024-m1", "1b-h100-s1024-m4", "1b-h100-s2048-m1", "1b-h100-s2048-m4",
+               "1b-h100-s4096-m1", "1b-h100-s4096-m4", "3b-h100-s2048-m1"});
+  CHECK(h100_fitting.per_iteration <= 4.6);
+  CHECK(h100_fitting.of_mean <= 2.4);
+  CHECK(errors("h100",
+               {"1b-h100-s1024-m2", "1b-h100-s1024-m8", "1b-h100-s2048-m2", "1b-h100-s2048-m8",
+                "1b-h100-s4096-m2", "1b-h100-s2048-m1-trainable-encoder", "3b-h100-s2048-m2"})
+            .per_iteration <= 3.6);
+  // H200: fitting runs 4.5% per iteration and 3.0% on the mean step; held-out 6.7%.
+  const Errors h200_fitting =
+      errors("h200", {"1b-h200-s1024-m1", "1b-h200-s1024-m4", "1b-h200-s2048-m1",
+                      "1b-h200-s2048-m4", "1b-h200-s4096-m1", "1b-h200-s4096-m4",
+                      "1b-h200-s2048-m1-trainable-encoder", "3b-h200-s2048-m2"});
+  CHECK(h200_fitting.per_iteration <= 4.9);
+  CHECK(h200_fitting.of_mean <= 3.4);
+  CHECK(errors("h200",
+               {"1b-h200-s1024-m2", "1b-h200-s1024-m8", "1b-h200-s2048-m2", "1b-h200-s2048-m8",
+                "1b-h200-s4096-m2", "1b-h200-s4096-m8", "3b-h200-s2048-m1"})
+            .per_iteration <= 7.1);
 }
 
 TEST_CASE(

@@ -316,3 +316,88 @@ TEST_CASE("profiles: bad values are named by file and JSON path; another machine
   CHECK_FALSE(mismatch.ok());
   CHECK(mismatch.format().find("measured on a cpu-local cluster") != std::string::npos);
 }
+
+TEST_CASE("a W run inside its B is priced with it, so that one host floor covers both") {
+  const Scenario s = tiny_tp2_pp2();
+  int16_t llm = -1;
+  for (std::size_t m = 0; m < s.model.modules.size(); ++m)
+    if (s.model.modules[m].role == ModuleRole::kLlm) llm = static_cast<int16_t>(m);
+  REQUIRE(llm >= 0);
+  ComputeFit backward;
+  backward.role = ModuleRole::kLlm;
+  backward.phase = Phase::kB;
+  backward.seconds_per_flop = 1e-12;
+  backward.host_seconds_per_layer = 1e-3;
+  CostParams params;
+  params.compute_fits = {backward};
+  const CostModel cost(s.cluster, s.model.dtype, params, s.model);
+  Op b;
+  b.phase = Phase::kB;
+  b.module = llm;
+  b.microbatch = 0;
+  b.layers = 4;
+  b.flops = 1e9;  // 1 ms at the fitted rate; so is the W's
+  Op w = b;
+  w.phase = Phase::kW;
+  std::vector<Op> ops{b, w};
+  // Host-bound: the pair takes the floor (4 layers, 4 ms), not the floor plus the W's 1 ms.
+  CHECK(cost.dedicated_compute_s(ops, 0) == doctest::Approx(4e-3));
+  CHECK(cost.dedicated_compute_s(ops, 1) == 0);
+  CHECK(cost.dedicated_compute_s(b) + cost.dedicated_compute_s(w) == doctest::Approx(5e-3));
+  // Device-bound: the same sum either way.
+  ops[0].flops = ops[1].flops = 4e9;
+  CHECK(cost.dedicated_compute_s(ops, 0) == doctest::Approx(8e-3));
+  CHECK(cost.dedicated_compute_s(ops, 1) == 0);
+  // A W that does not follow its B runs on its own, at the B's rate.
+  ops[1].microbatch = 1;
+  CHECK(cost.dedicated_compute_s(ops, 0) == doctest::Approx(4e-3));
+  CHECK(cost.dedicated_compute_s(ops, 1) == doctest::Approx(4e-3));
+  // A W with a fit of its own was measured apart: priced apart.
+  ops[1].microbatch = 0;
+  ComputeFit weight = backward;
+  weight.phase = Phase::kW;
+  weight.host_seconds_per_layer = 0;
+  params.compute_fits.push_back(weight);
+  const CostModel apart(s.cluster, s.model.dtype, params, s.model);
+  CHECK(apart.dedicated_compute_s(ops, 0) == doctest::Approx(4e-3));
+  CHECK(apart.dedicated_compute_s(ops, 1) == doctest::Approx(4e-3));
+}
+
+TEST_CASE("calibrate finds the host floor the small ops sit on, and the rates above it") {
+  const Scenario s = tiny_tp2_pp2();
+  // The LLM's forward ops as the planted profile prices them: the floor goes between the
+  // cheapest and the dearest per layer, so that some ops sit on it and others do not.
+  CostParams planted = planted_profile();
+  const fs::path plain = scratch("floor-plain");
+  record_synthetic_run(s, planted, plain, 4);
+  const CalibrationRun first = load(plain);
+  std::vector<double> per_layer;
+  for (const TracedIteration& t : first.traced)
+    for (const OpMeasure& m : measure_ops(t.program, t.timeline, s.model, s.cluster))
+      if (m.cls.type == OpClass::Type::kCompute && m.cls.role == ModuleRole::kLlm &&
+          m.cls.phase == Phase::kF)
+        per_layer.push_back(m.seconds / m.layers);
+  std::sort(per_layer.begin(), per_layer.end());
+  REQUIRE(per_layer.size() >= 8);
+  REQUIRE(per_layer.back() > 1.2 * per_layer.front());
+  const double floor = 0.5 * (per_layer.front() + per_layer.back());
+  ComputeFit& forward = *std::find_if(
+      planted.compute_fits.begin(), planted.compute_fits.end(),
+      [](const ComputeFit& f) { return f.role == ModuleRole::kLlm && f.phase == Phase::kF; });
+  forward.host_seconds_per_layer = floor;
+
+  const fs::path dir = scratch("floor");
+  record_synthetic_run(s, planted, dir, 6);
+  const Profile fitted = calibrate({load(dir)}, CalibrateOptions{});
+  const auto got = std::find_if(fitted.compute.begin(), fitted.compute.end(), [](const auto& f) {
+    return f.role == ModuleRole::kLlm && f.phase == Phase::kF;
+  });
+  REQUIRE(got != fitted.compute.end());
+  // The ops on the floor measure it exactly.
+  CHECK(got->host_seconds_per_layer == doctest::Approx(floor).epsilon(0.02));
+  CHECK(got->seconds_per_flop == doctest::Approx(forward.seconds_per_flop).epsilon(0.02));
+  CHECK(got->stats.residual < 0.01);
+  // Classes without a floor keep none.
+  for (const ComputeFit& f : fitted.compute)
+    if (f.role != ModuleRole::kLlm || f.phase != Phase::kF) CHECK(f.host_seconds_per_layer == 0);
+}
