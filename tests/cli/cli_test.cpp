@@ -580,28 +580,38 @@ TEST_CASE("the shipped H100 and H200 runs: their fitted profiles replay and pred
     }
     return sum;
   };
-  // H100: fitting runs measured 4.2% per iteration (the goal, 3%, is not met) and 2.0% on the
-  // mean step; held-out runs 3.2% per iteration (goal 8%).
-  const Errors h100_fitting = errors(
-      "h100", {"1b-h100-s1024-m1", "1b-h100-s1024-m4", "1b-h100-s2048-m1", "1b-h100-s2048-m4",
-               "1b-h100-s4096-m1", "1b-h100-s4096-m4", "3b-h100-s2048-m1"});
-  CHECK(h100_fitting.per_iteration <= 4.6);
-  CHECK(h100_fitting.of_mean <= 2.4);
-  CHECK(errors("h100",
-               {"1b-h100-s1024-m2", "1b-h100-s1024-m8", "1b-h100-s2048-m2", "1b-h100-s2048-m8",
-                "1b-h100-s4096-m2", "1b-h100-s2048-m1-trainable-encoder", "3b-h100-s2048-m2"})
-            .per_iteration <= 3.6);
-  // H200: fitting runs 4.5% per iteration and 3.0% on the mean step; held-out 6.7%.
-  const Errors h200_fitting =
-      errors("h200", {"1b-h200-s1024-m1", "1b-h200-s1024-m4", "1b-h200-s2048-m1",
-                      "1b-h200-s2048-m4", "1b-h200-s4096-m1", "1b-h200-s4096-m4",
-                      "1b-h200-s2048-m1-trainable-encoder", "3b-h200-s2048-m2"});
-  CHECK(h200_fitting.per_iteration <= 4.9);
-  CHECK(h200_fitting.of_mean <= 3.4);
-  CHECK(errors("h200",
-               {"1b-h200-s1024-m2", "1b-h200-s1024-m8", "1b-h200-s2048-m2", "1b-h200-s2048-m8",
-                "1b-h200-s4096-m2", "1b-h200-s4096-m8", "3b-h200-s2048-m1"})
-            .per_iteration <= 7.1);
+  // As measured (docs/PERFORMANCE.md): H100 fitting runs 4.2% per iteration (the goal, 3%, is
+  // not met) and 2.0% on the mean step, held-out runs 3.2% (goal 8%); H200 4.5%, 3.0% and 6.7%.
+  const struct {
+    std::string gpu;
+    std::vector<std::string> fitting, held_out;
+    double fitting_pct, fitting_mean_pct, held_out_pct;
+  } sets[] = {
+      {"h100",
+       {"1b-h100-s1024-m1", "1b-h100-s1024-m4", "1b-h100-s2048-m1", "1b-h100-s2048-m4",
+        "1b-h100-s4096-m1", "1b-h100-s4096-m4", "3b-h100-s2048-m1"},
+       {"1b-h100-s1024-m2", "1b-h100-s1024-m8", "1b-h100-s2048-m2", "1b-h100-s2048-m8",
+        "1b-h100-s4096-m2", "1b-h100-s2048-m1-trainable-encoder", "3b-h100-s2048-m2"},
+       4.6,
+       2.4,
+       3.6},
+      {"h200",
+       {"1b-h200-s1024-m1", "1b-h200-s1024-m4", "1b-h200-s2048-m1", "1b-h200-s2048-m4",
+        "1b-h200-s4096-m1", "1b-h200-s4096-m4", "1b-h200-s2048-m1-trainable-encoder",
+        "3b-h200-s2048-m2"},
+       {"1b-h200-s1024-m2", "1b-h200-s1024-m8", "1b-h200-s2048-m2", "1b-h200-s2048-m8",
+        "1b-h200-s4096-m2", "1b-h200-s4096-m8", "3b-h200-s2048-m1"},
+       4.9,
+       3.4,
+       7.1},
+  };
+  for (const auto& set : sets) {
+    INFO(set.gpu);
+    const Errors fitting = errors(set.gpu, set.fitting);
+    CHECK(fitting.per_iteration <= set.fitting_pct);
+    CHECK(fitting.of_mean <= set.fitting_mean_pct);
+    CHECK(errors(set.gpu, set.held_out).per_iteration <= set.held_out_pct);
+  }
 }
 
 TEST_CASE(
