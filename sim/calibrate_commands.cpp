@@ -5,6 +5,7 @@
 #include "shared/cost/profile.hpp"
 #include "shared/layout/scenario.hpp"
 #include "shared/records/calibrate.hpp"
+#include "shared/records/profile_report.hpp"
 #include "shared/records/run_record.hpp"
 #include "sim/command_line.hpp"
 #include "sim/replay.hpp"

@@ -6,7 +6,7 @@
 #include <map>
 
 #include "shared/base/json_reader.hpp"
-#include "shared/records/calibrate.hpp"
+#include "shared/records/op_measure.hpp"
 #include "shared/records/trace_writer.hpp"
 #include "shared/search/step_picture.hpp"
 #include "sim/simulator.hpp"

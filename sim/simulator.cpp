@@ -6,7 +6,7 @@
 #include <cstdio>
 #include <cstring>
 
-#include "shared/records/calibrate.hpp"
+#include "shared/records/profile_report.hpp"
 #include "shared/records/trace_writer.hpp"
 #include "shared/search/scenario_report.hpp"
 #include "shared/search/stage_split.hpp"
