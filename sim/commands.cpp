@@ -19,6 +19,7 @@
 #include "shared/spec/hf_import.hpp"
 #include "sim/command_line.hpp"
 #include "sim/progress.hpp"
+#include "sim/simulation_report.hpp"
 #include "sim/simulator.hpp"
 #include "sim/sweep.hpp"
 

@@ -81,15 +81,8 @@ struct SimulationResult {
   std::vector<Timeline> timelines;
 };
 
-// A Timeline as bytes for the trip out of a child process, and back.
-std::string serialize_timeline(const Timeline& timeline);
-Timeline deserialize_timeline(const std::string& bytes, const Program& program);
-
 // REQUIRES: scenario validated, plan validated against it.
 SimulationResult simulate(const Scenario& scenario, const ParallelPlan& plan,
                           const SimulateOptions& options);
-
-std::string format_simulation(const SimulationResult& r, const Scenario& scenario);
-Json simulation_to_json(const SimulationResult& r);
 
 }  // namespace tessera::sim

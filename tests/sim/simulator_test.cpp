@@ -15,7 +15,9 @@
 #include "shared/search/stage_split.hpp"
 #include "sim/child_process.hpp"
 #include "sim/periodic.hpp"
+#include "sim/simulation_report.hpp"
 #include "sim/simulator.hpp"
+#include "sim/timeline_codec.hpp"
 #include "sim/twins.hpp"
 
 using namespace tessera;
