@@ -206,14 +206,16 @@ TEST_CASE(
 
 TEST_CASE(
     "the shipped profile predicts the runs it was not fitted on as measured, better than without") {
-  // docs/PERFORMANCE.md (Calibration): the held-out half of the shipped set and its mean error
-  // with the shipped profile as measured when both were recorded (without it: 44.9%, 33.0% and
-  // 59.0%; an analytic model that gets better only narrows the profile's lead, checked below).
+  // docs/PERFORMANCE.md (Calibration): the held-out half of the shipped set, its mean error with
+  // the shipped profile and with the analytic defaults, as measured when both were recorded. The
+  // profile must keep its lead over the analytic model as it was then; an analytic model that
+  // gets better since takes nothing from it.
   const struct {
     const char* run;
-    double calibrated_pct;
-  } held_out[] = {
-      {"cpu-tiny-non-colocated", 21.3}, {"cpu-tiny-dp2-pp2", 17.2}, {"cpu-tiny-valm-tp2-dp2", 7.0}};
+    double calibrated_pct, analytic_pct;
+  } held_out[] = {{"cpu-tiny-non-colocated", 21.3, 44.9},
+                  {"cpu-tiny-dp2-pp2", 17.2, 33.0},
+                  {"cpu-tiny-valm-tp2-dp2", 7.0, 59.0}};
   const std::string file = kSource + "/traces/cpu-local/profile.json";
   Diagnostics diag;
   const auto profile = load_profile(file, diag);
@@ -228,13 +230,10 @@ TEST_CASE(
     const CostParams params = profile_cost_params(*profile, run.run.scenario.cluster, file, diag);
     REQUIRE(diag.ok());
     const ReplayResult calibrated = replay(run.run, run.traced, params, ReplayOptions{});
-    const ReplayResult analytic =
-        replay(run.run, run.traced, default_cost_params(run.run.scenario.cluster), ReplayOptions{});
     REQUIRE(calibrated.error.empty());
-    REQUIRE(analytic.error.empty());
-    // As measured, plus a margin for model changes; and closer than the analytic defaults.
+    // As measured, plus a margin for model changes; and well inside the analytic model's error.
     CHECK(std::abs(calibrated.mean_error_pct) <= h.calibrated_pct + 3);
-    CHECK(std::abs(calibrated.mean_error_pct) < std::abs(analytic.mean_error_pct));
+    CHECK(std::abs(calibrated.mean_error_pct) < 0.75 * h.analytic_pct);
   }
 }
 
