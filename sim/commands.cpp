@@ -205,7 +205,9 @@ int run_lower(const Args& args, std::ostream& out, std::ostream& err) {
         if (op.kind == OpKind::kCompute)
           out << " tokens " << op.tokens << "  " << human_si(op.flops) << "FLOP";
         else
-          out << " " << human_bytes(op.bytes);
+          out << " "
+              << human_bytes(op.kind == OpKind::kOptimizerStep ? op.memory_bytes
+                                                               : op.message_bytes);
         if (op.kind == OpKind::kCollective)
           out << " over " << p.groups[static_cast<std::size_t>(op.group)].size() << " ranks";
         out << "\n";

@@ -55,8 +55,9 @@ bool same_work(const Op& a, const Op& b) {
   return a.tp == b.tp && a.layers == b.layers && a.tokens == b.tokens && a.flops == b.flops &&
          a.expert_wait_flops == b.expert_wait_flops && a.padded_flops == b.padded_flops &&
          a.ep == b.ep && a.logits == b.logits && a.attention_pairs == b.attention_pairs &&
-         a.bytes == b.bytes && a.stash_bytes == b.stash_bytes &&
-         a.release_bytes == b.release_bytes && a.deps.size() == b.deps.size() &&
+         a.memory_bytes == b.memory_bytes && a.message_bytes == b.message_bytes &&
+         a.stash_bytes == b.stash_bytes && a.release_bytes == b.release_bytes &&
+         a.deps.size() == b.deps.size() &&
          std::equal(a.nested.begin(), a.nested.end(), b.nested.begin(), b.nested.end(),
                     same_nested);
 }

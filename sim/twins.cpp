@@ -11,7 +11,8 @@ bool same_ops(const Op& a, const Op& b) {
       a.collective != b.collective || a.purpose != b.purpose || a.module != b.module ||
       a.stage != b.stage || a.chunk != b.chunk || a.microbatch != b.microbatch ||
       a.sub_microbatch != b.sub_microbatch || a.layers != b.layers || a.tokens != b.tokens ||
-      a.flops != b.flops || a.bytes != b.bytes || a.stash_bytes != b.stash_bytes ||
+      a.flops != b.flops || a.memory_bytes != b.memory_bytes ||
+      a.message_bytes != b.message_bytes || a.stash_bytes != b.stash_bytes ||
       a.release_bytes != b.release_bytes || a.tag != b.tag || a.deps != b.deps ||
       a.nested.size() != b.nested.size())
     return false;
@@ -61,7 +62,7 @@ uint64_t signature(const std::vector<Op>& ops) {
     mix(static_cast<uint64_t>(op.module) << 32 |
         static_cast<uint64_t>(static_cast<uint32_t>(op.microbatch)));
     mix(static_cast<uint64_t>(op.tokens));
-    mix(static_cast<uint64_t>(op.bytes));
+    mix(static_cast<uint64_t>(op.memory_bytes + op.message_bytes));
     mix(op.deps.size() | op.nested.size() << 16);
   }
   return h ^ ops.size();

@@ -296,10 +296,11 @@ double CostModel::hidden_input_gradient_s(const Program& program, const Op& op) 
 double CostModel::dedicated_compute_s(const Op& op) const {
   if (op.kind == OpKind::kOptimizerStep) {
     if (const auto& f = params_.optimizer_fit)
-      return f->overhead_s + op.bytes / f->bandwidth_bytes_per_s;
+      return f->overhead_s + op.memory_bytes / f->bandwidth_bytes_per_s;
     if (cluster_.device.kernels)
-      return kernel_optimizer_s(cluster_.device, op.bytes, params_.kernel_tuning);
-    return params_.overhead_per_op_s + op.bytes / cluster_.device.memory_bandwidth_bytes_per_s;
+      return kernel_optimizer_s(cluster_.device, op.memory_bytes, params_.kernel_tuning);
+    return params_.overhead_per_op_s +
+           op.memory_bytes / cluster_.device.memory_bandwidth_bytes_per_s;
   }
   TESSERA_CHECK(op.kind == OpKind::kCompute);
   if (const ComputeFit* f = compute_fit(op)) {

@@ -137,7 +137,8 @@ Timeline evaluate(const Program& p, const CostModel& cost) {
               const double begin = ready_at[static_cast<std::size_t>(inst)];
               const double end =
                   begin + cost.collective_s(op.collective,
-                                            p.groups[static_cast<std::size_t>(op.group)], op.bytes);
+                                            p.groups[static_cast<std::size_t>(op.group)],
+                                            op.message_bytes);
               for (const auto& [mr, mi] : who) {
                 t.ops[static_cast<std::size_t>(mr)][static_cast<std::size_t>(mi)] = {begin, end};
                 ++done;
@@ -148,7 +149,7 @@ Timeline evaluate(const Program& p, const CostModel& cost) {
             }
             double duration = 0;
             if (op.kind == OpKind::kSend) {
-              duration = cost.p2p_s(static_cast<int64_t>(r), op.peer, op.bytes);
+              duration = cost.p2p_s(static_cast<int64_t>(r), op.peer, op.message_bytes);
             } else if (op.nested.empty()) {
               duration = cost.compute_s(p, static_cast<int32_t>(r), static_cast<std::size_t>(i));
             } else {

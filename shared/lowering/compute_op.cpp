@@ -211,7 +211,7 @@ Op Lowering::compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t
   }
   op.flops = phase_flops(linear, attention, phase);
   op.padded_flops = phase_flops(padded_linear, padded_attention, phase);
-  op.bytes = weights * dtype;
+  op.memory_bytes = weights * dtype;
   if (phase == Phase::kF && m.flow.backward()) {
     // Activations kept for backward (flash attention: no s x s scores).
     double stash = 0;

@@ -170,14 +170,14 @@ void Lowering::gradient_reduction(int64_t rank, const std::vector<int>& module_l
     // the 16-bit weight: ~ (12 + 12 + 4 + 2) bytes per parameter it owns.
     double step_bytes = 0;
     for (std::size_t j = k; j < end; ++j)
-      step_bytes += reductions[j].bytes / gradient_value_bytes() * 30.0 /
+      step_bytes += reductions[j].message_bytes / gradient_value_bytes() * 30.0 /
                     static_cast<double>(plan_.distributed_optimizer ? shards_of(reductions[j]) : 1);
     Op step;
     step.kind = OpKind::kOptimizerStep;
     step.stream = StreamKind::kCompute;
     step.module = c.module;
     step.stage = c.stage;
-    step.bytes = step_bytes;
+    step.memory_bytes = step_bytes;
     for (int32_t r : reduced)
       if (r >= 0) step.deps.push_back(r);
     std::sort(step.deps.begin(), step.deps.end());
@@ -197,8 +197,8 @@ void Lowering::gradient_reduction(int64_t rank, const std::vector<int>& module_l
           values += bucket_bytes(gm, a, b, 1);
           bytes += bucket_bytes(gm, a, b, gathered_value_bytes(gm, a, b));
         }
-        gather.bytes = reductions[j].bytes / gradient_value_bytes() *
-                       (values > 0 ? bytes / values : weight_value_bytes());
+        gather.message_bytes = reductions[j].message_bytes / gradient_value_bytes() *
+                               (values > 0 ? bytes / values : weight_value_bytes());
         gather.deps = {stepped};
         emit(rank, gather);
       }

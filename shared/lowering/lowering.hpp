@@ -72,7 +72,7 @@ inline Op p2p_op(const Op& about, OpKind kind, Phase phase, int64_t peer, double
   op.stream = StreamKind::kP2p;
   op.phase = phase;
   op.peer = static_cast<int32_t>(peer);
-  op.bytes = bytes;
+  op.message_bytes = bytes;
   op.tag = tag;
   return op;
 }
@@ -88,7 +88,7 @@ inline Op collective_op(CollectiveKind kind, Purpose purpose, Phase phase, int m
   op.phase = phase;
   op.module = static_cast<int16_t>(module);
   op.group = group;
-  op.bytes = bytes;
+  op.message_bytes = bytes;
   return op;
 }
 
@@ -268,7 +268,7 @@ class Lowering {
       const double members =
           static_cast<double>(p_.groups[static_cast<std::size_t>(recv.group)].size());
       gather_next_[rank] = NestedCollective{CollectiveKind::kAllGather, Purpose::kPp, recv.group, 1,
-                                            recv.bytes * members};
+                                            recv.message_bytes * members};
     }
     return emit(rank, recv);
   }
@@ -432,7 +432,7 @@ class Lowering {
     shape.purpose = Purpose::kTp;
     shape.collective = CollectiveKind::kAllReduce;
     shape.group = kv_group(m, x);  // the module's own heads' groups
-    shape.bytes = bytes;
+    shape.message_bytes = bytes;
     shape.flags |= kOpKvReplicas;
     return emit(rank, std::move(shape));
   }
@@ -454,10 +454,10 @@ class Lowering {
   std::vector<Op> dp_collectives(const Op& shape, const ModuleInfo& owner, const Coord& x,
                                  double bytes, double expert_bytes) {
     Op rest = shape, experts = shape;
-    rest.bytes = bytes;
+    rest.message_bytes = bytes;
     if (expert_bytes <= 0) return {rest};
-    rest.bytes = bytes - expert_bytes;
-    experts.bytes = expert_bytes;
+    rest.message_bytes = bytes - expert_bytes;
+    experts.message_bytes = expert_bytes;
     experts.group = edp_group(owner, x);
     experts.flags |= kOpRoutedExperts;
     return {rest, experts};

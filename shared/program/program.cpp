@@ -201,7 +201,7 @@ std::vector<std::string> check_program(const Program& p) {
                                               : std::make_tuple(op.peer, r, op.tag);
           auto& entry = (op.kind == OpKind::kSend ? sends : recvs)[key];
           ++entry.count;
-          entry.bytes = op.bytes;
+          entry.bytes = op.message_bytes;
           entry.link = op.link;
           if (op.link >= 0 && (op.link >= static_cast<int32_t>(p.links.size()) ||
                                p.links[static_cast<std::size_t>(op.link)].producer != op.module))
@@ -223,7 +223,7 @@ std::vector<std::string> check_program(const Program& p) {
           const RankList& members = p.groups[static_cast<std::size_t>(op.group)];
           if (std::find(members.begin(), members.end(), r) == members.end())
             complain(r, i, "rank is not a member of its collective's group");
-          entered[op.group][r].emplace_back(static_cast<int>(op.collective), op.bytes);
+          entered[op.group][r].emplace_back(static_cast<int>(op.collective), op.message_bytes);
           break;
         }
         default:
@@ -298,7 +298,7 @@ Json program_to_json(const Program& p, int32_t rank) {
         if (op.padded_flops != 0) j["padded_flops"] = op.padded_flops;
         if (op.ep != 1) j["ep"] = op.ep;
         if (op.logits > 0) j["logits"] = op.logits;
-        j["bytes"] = op.bytes;
+        j["bytes"] = op.memory_bytes;
         if (!op.nested.empty()) {
           Json nested = Json::array();
           for (const NestedCollective& n : op.nested)
@@ -311,13 +311,13 @@ Json program_to_json(const Program& p, int32_t rank) {
         }
       } else if (op.kind == OpKind::kCollective) {
         j["group"] = p.groups[static_cast<std::size_t>(op.group)];
-        j["bytes"] = op.bytes;
+        j["bytes"] = op.message_bytes;
       } else if (op.kind == OpKind::kSend || op.kind == OpKind::kRecv) {
         j["peer"] = op.peer;
-        j["bytes"] = op.bytes;
+        j["bytes"] = op.message_bytes;
         j["tag"] = op.tag;
       } else {
-        j["bytes"] = op.bytes;
+        j["bytes"] = op.memory_bytes;
       }
       if (!op.deps.empty()) j["deps"] = op.deps;
       ops.push_back(j);

@@ -108,8 +108,11 @@ struct Op {
   double padded_flops = 0;
   double logits = 0;  // compute: vocabulary logits it computes (tokens × vocab / tp; LM head)
   double attention_pairs = 0;  // compute: query-key pairs its attention scores per layer and head
-  double bytes = 0;        // compute/optimizer: memory traffic; send/recv/collective: message bytes
-  double stash_bytes = 0;  // F: activation bytes kept for the backward
+  // compute: the weight bytes it reads; optimizer step: the parameter state it updates.
+  double memory_bytes = 0;
+  // send/recv: the message; collective: per rank (NCCL-tests "size").
+  double message_bytes = 0;
+  double stash_bytes = 0;     // F: activation bytes kept for the backward
   double release_bytes = 0;   // last backward op of a (module, chunk, micro-batch): bytes it frees
   int32_t peer = -1;          // send/recv: the other rank
   int32_t group = -1;         // collective (and a kOpTpScattered send/recv): Program::groups index

@@ -172,7 +172,7 @@ std::vector<OpMeasure> measure_ops(const Program& p, const Timeline& t, const Mo
         OpMeasure m;
         m.cls.type = OpClass::Type::kOptimizer;
         m.op = where;
-        m.x = op.bytes;
+        m.x = op.memory_bytes;
         double pure = 0, overlapped = 0;
         compute_time(r, i, m.seconds, pure, overlapped);
         m.wall_s = o.finish_s - o.start_s;
@@ -182,12 +182,12 @@ std::vector<OpMeasure> measure_ops(const Program& p, const Timeline& t, const Mo
         m.cls.type = OpClass::Type::kP2p;
         m.cls.local = cost.same_node({static_cast<int64_t>(r), op.peer});
         m.op = where;
-        m.x = op.bytes;
+        m.x = op.message_bytes;
         m.seconds = m.wall_s = o.finish_s - o.start_s;
         out.push_back(m);
       } else if (op.kind == OpKind::kCollective) {
         entries[{op.group, static_cast<int64_t>(r)}].push_back(
-            {{o.start_s, o.finish_s}, {op.collective, op.bytes}});
+            {{o.start_s, o.finish_s}, {op.collective, op.message_bytes}});
       }
     }
     if (r < t.nested.size())

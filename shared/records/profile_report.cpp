@@ -41,12 +41,12 @@ std::vector<std::string> profile_coverage(const CostParams& params, const Progra
           ++beyond[class_name(c)];
         for (const NestedCollective& n : op.nested) check_collective(n.kind, n.group, n.bytes);
       } else if (op.kind == OpKind::kCollective) {
-        check_collective(op.collective, op.group, op.bytes);
+        check_collective(op.collective, op.group, op.message_bytes);
       } else if (op.kind == OpKind::kSend) {
         OpClass k;
         k.type = OpClass::Type::kP2p;
         k.local = cost.same_node({static_cast<int64_t>(r), op.peer});
-        check_link(cost.p2p_fit(k.local), k, op.bytes);
+        check_link(cost.p2p_fit(k.local), k, op.message_bytes);
       }
     }
   std::vector<std::string> notes;

@@ -93,7 +93,7 @@ std::string write_chrome_traces(const std::string& dir,
           args["tokens"] = op.tokens;
           args["flops"] = op.flops;
         } else {
-          args["bytes"] = op.bytes;
+          args["bytes"] = op.kind == OpKind::kOptimizerStep ? op.memory_bytes : op.message_bytes;
         }
         const int tid = tid_of(op);
         // Receives from different peers may overlap in time; on their row they are marks at

@@ -431,7 +431,7 @@ class Run {
     if (!complete.empty()) {
       // This class is the last to arrive at these instances: run them together.
       const auto kind = n < 0 ? op.collective : op.nested[static_cast<std::size_t>(n)].kind;
-      const double bytes = n < 0 ? op.bytes : op.nested[static_cast<std::size_t>(n)].bytes;
+      const double bytes = n < 0 ? op.message_bytes : op.nested[static_cast<std::size_t>(n)].bytes;
       const int32_t count = n < 0 ? 1 : op.nested[static_cast<std::size_t>(n)].count;
       const RankList& first_group = p_.groups[static_cast<std::size_t>(
           instances_[static_cast<std::size_t>(complete.front())].group)];
@@ -609,14 +609,14 @@ class Run {
               }
               flows.push_back({hosts_[static_cast<std::size_t>(leader + d)],
                                hosts_[static_cast<std::size_t>(peer)],
-                               static_cast<uint64_t>(twin.bytes)});
+                               static_cast<uint64_t>(twin.message_bytes)});
             }
             run_flows(flows);
             for (const auto& [from, to] : ends)
               used_nvlink(from, to, start, sg4::Engine::get_clock());
           } else {
             const auto* spread = cost_.p2p_spread(leader, op.peer);
-            sleep(cost_.p2p_s(leader, op.peer, op.bytes) *
+            sleep(cost_.p2p_s(leader, op.peer, op.message_bytes) *
                   (spread == nullptr
                        ? 1.0
                        : spread_factor(*spread, spread_draw(static_cast<uint64_t>(p_.iteration),

@@ -94,7 +94,8 @@ void check_exact(const Folded& f, const ModelSpec& model, const ClusterSpec& c) 
       const Op& y = theirs[i];
       const bool same = x.kind == y.kind && x.phase == y.phase && x.module == y.module &&
                         x.stage == y.stage && x.chunk == y.chunk && x.microbatch == y.microbatch &&
-                        x.flops == y.flops && x.bytes == y.bytes && x.tokens == y.tokens &&
+                        x.flops == y.flops && x.memory_bytes == y.memory_bytes &&
+                        x.message_bytes == y.message_bytes && x.tokens == y.tokens &&
                         x.deps == y.deps && x.tag == y.tag &&
                         (x.peer < 0 ? y.peer < 0 : representative(b, x.peer) == y.peer) &&
                         ta.ops[static_cast<std::size_t>(r)][i].start_s == tb.ops[by][i].start_s &&

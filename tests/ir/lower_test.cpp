@@ -333,7 +333,7 @@ TEST_CASE("program checks catch broken programs") {
   lone.stream = StreamKind::kCollective;
   reordered.groups.push_back({0, 1});
   lone.group = static_cast<int32_t>(reordered.groups.size() - 1);
-  lone.bytes = 8;
+  lone.message_bytes = 8;
   reordered.ranks[0].push_back(lone);
   CHECK(check_program(reordered).front().find("1 of 2 members") != std::string::npos);
   // The evaluator reports the deadlock instead of hanging.
@@ -389,7 +389,7 @@ TEST_CASE("an encoder's tokens reach a projector on ranks of its own at the proj
     for (const Op& op : ops)
       if (op.kind == OpKind::kSend && op.purpose == Purpose::kBoundary && op.phase == Phase::kF &&
           p.modules[static_cast<std::size_t>(op.module)] == "vision")
-        sent += op.bytes;
+        sent += op.message_bytes;
   CHECK(sent == doctest::Approx(4.0 * 16 * 512 * 2));  // 4 images, bf16
 }
 
@@ -415,7 +415,7 @@ TEST_CASE("a resampler: its FLOPs by hand, queries per piece to the LLM, patches
       if (op.kind == OpKind::kCompute && name == "proj" && op.phase == Phase::kF)
         proj_f += op.flops;
       if (op.kind == OpKind::kSend && op.purpose == Purpose::kBoundary && op.phase == Phase::kF)
-        (name == "vision" ? from_vision : from_proj) += op.bytes;
+        (name == "vision" ? from_vision : from_proj) += op.message_bytes;
     }
   // Keys and values: kv_proj (in·D) and K, V (2D²) per patch; queries: Q and the attention's
   // output (2D²) and proj (D²) per query; attention: Q·Kᵀ and P·V at width D per pair.
@@ -1083,7 +1083,7 @@ TEST_CASE(
         const Op& op = ops[i];
         if (op.kind == OpKind::kSend && op.purpose == Purpose::kPp) {
           ++sends;
-          CHECK(op.bytes == doctest::Approx(row.message));
+          CHECK(op.message_bytes == doctest::Approx(row.message));
           CHECK(((op.flags & kOpTpScattered) != 0) == row.gathered);
           if (row.gathered)  // the sender's own TP group
             CHECK(p.groups[static_cast<std::size_t>(op.group)] ==
@@ -1193,11 +1193,12 @@ TEST_CASE("overlap_grad_reduce: the last backward of each chunk in bucket pieces
     double flops = 0, plain_flops = 0, reduced = 0, plain_reduced = 0;
     for (const Op& op : ops) {
       if (op.kind == OpKind::kCompute) flops += op.flops;
-      if (op.kind == OpKind::kCollective && op.purpose == Purpose::kDp) reduced += op.bytes;
+      if (op.kind == OpKind::kCollective && op.purpose == Purpose::kDp) reduced += op.message_bytes;
     }
     for (const Op& op : q.ranks[r]) {
       if (op.kind == OpKind::kCompute) plain_flops += op.flops;
-      if (op.kind == OpKind::kCollective && op.purpose == Purpose::kDp) plain_reduced += op.bytes;
+      if (op.kind == OpKind::kCollective && op.purpose == Purpose::kDp)
+        plain_reduced += op.message_bytes;
     }
     // The pieces do the same work, and the buckets hold every gradient once.
     CHECK(flops == doctest::Approx(plain_flops).epsilon(1e-12));
@@ -1223,7 +1224,7 @@ TEST_CASE("overlap_grad_reduce: the last backward of each chunk in bucket pieces
         CHECK(w.phase == Phase::kW);
         CHECK(w.first_layer == op.first_layer);
         CHECK(w.layers == op.layers);
-        CHECK(op.bytes > 1e6);
+        CHECK(op.message_bytes > 1e6);
         buckets.push_back(static_cast<int32_t>(i));
       }
     }
@@ -1278,7 +1279,7 @@ TEST_CASE("overlap_param_gather: the step begins with bucket gathers, the first 
         if (op.kind == OpKind::kCompute) stash += op.stash_bytes;
         if (op.kind == OpKind::kCollective && op.collective == CollectiveKind::kAllGather &&
             op.purpose == Purpose::kDp)
-          gathered += op.bytes;
+          gathered += op.message_bytes;
       }
       return std::array<double, 3>{flops, gathered, stash};
     };
@@ -1381,10 +1382,10 @@ TEST_CASE(
         }
         if (op.kind != OpKind::kCollective || op.purpose != Purpose::kDp) continue;
         if (op.collective == CollectiveKind::kAllGather) {
-          (op.phase == Phase::kB ? t.gathered_b : t.gathered_f) += op.bytes;
+          (op.phase == Phase::kB ? t.gathered_b : t.gathered_f) += op.message_bytes;
           ++t.gathers;
         } else {
-          t.reduced += op.bytes;
+          t.reduced += op.message_bytes;
           ++t.reductions;
         }
       }
@@ -1434,7 +1435,7 @@ TEST_CASE(
     double unit = 0;  // 16-bit weights
     for (const Op& op : ops)
       if (op.kind == OpKind::kCollective && op.collective == CollectiveKind::kAllGather)
-        unit = std::max(unit, op.bytes);
+        unit = std::max(unit, op.message_bytes);
     const RankMemory& m = p.memory[r];
     const RankMemory& n = q.memory[r];
     CHECK(m.optimizer_bytes == doctest::Approx(n.optimizer_bytes));
@@ -1519,7 +1520,7 @@ TEST_CASE("fp8: layer GEMMs flagged, FP8 weight copies in memory, FP8 parameter 
       for (const Op& op : ops)
         if (op.kind == OpKind::kCollective && op.collective == CollectiveKind::kAllGather &&
             op.purpose == Purpose::kDp)
-          bytes += op.bytes;
+          bytes += op.message_bytes;
       return bytes;
     };
     CHECK(gathered_bytes(q.ranks[r]) == doctest::Approx(gathered_bytes(p.ranks[r])));
@@ -1557,11 +1558,11 @@ TEST_CASE(
     t.ops = ops.size();
     for (const Op& op : ops) {
       if (op.kind == OpKind::kCompute) t.flops += op.flops;
-      if (op.kind == OpKind::kOptimizerStep) t.stepped += op.bytes;
+      if (op.kind == OpKind::kOptimizerStep) t.stepped += op.memory_bytes;
       if (op.kind != OpKind::kCollective) continue;
-      if ((op.flags & kOpKvReplicas) != 0) t.kv += op.bytes;
+      if ((op.flags & kOpKvReplicas) != 0) t.kv += op.message_bytes;
       if (op.purpose != Purpose::kDp) continue;
-      (op.collective == CollectiveKind::kAllGather ? t.gathered : t.reduced) += op.bytes;
+      (op.collective == CollectiveKind::kAllGather ? t.gathered : t.reduced) += op.message_bytes;
     }
     return t;
   };
@@ -1657,7 +1658,7 @@ TEST_CASE(
       if (op.kind == OpKind::kCompute && op.module == 0 && op.phase == Phase::kF) {
         sum.flops += op.flops;
         sum.padded_flops += op.padded_flops;
-        sum.bytes += op.bytes;
+        sum.memory_bytes += op.memory_bytes;
         sum.nested.insert(sum.nested.end(), op.nested.begin(), op.nested.end());
         sum.tp = op.tp;
       }
@@ -1677,7 +1678,8 @@ TEST_CASE(
   CHECK(r.padded_flops == 0);
   CHECK(r.tp == 1);
   CHECK(r.nested.empty());
-  CHECK(r.bytes == doctest::Approx(a.bytes).epsilon(1e-12));  // the whole ViT's weights read
+  CHECK(r.memory_bytes ==
+        doctest::Approx(a.memory_bytes).epsilon(1e-12));  // the whole ViT's weights read
   // Weights held: the padded ViT's half on each rank; the replicated one whole on each.
   CHECK(pp.memory[0].weight_bytes > p1.memory[0].weight_bytes / 2);
   CHECK(pr.memory[0].weight_bytes > pp.memory[0].weight_bytes);
@@ -1772,7 +1774,7 @@ TEST_CASE("media-parallel encoders: more encoder replicas than samples, each ima
     if (op.kind == OpKind::kCollective && op.purpose == Purpose::kBoundary &&
         op.collective == CollectiveKind::kAllGather && op.phase == Phase::kF) {
       ++gathers;
-      CHECK(op.bytes == doctest::Approx(rows));
+      CHECK(op.message_bytes == doctest::Approx(rows));
       CHECK(pr.groups[static_cast<std::size_t>(op.group)].size() == 4);
     }
   CHECK(gathers == 1);

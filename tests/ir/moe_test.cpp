@@ -107,7 +107,7 @@ TEST_CASE("EP splits the routed experts; their gradients are reduced over expert
           (op.flags & kOpRoutedExperts) != 0) {
         ++expert_reductions;
         CHECK(two.groups[static_cast<std::size_t>(op.group)].size() == 2);
-        CHECK(op.bytes == doctest::Approx(expert_weights / 2 * bytes));
+        CHECK(op.message_bytes == doctest::Approx(expert_weights / 2 * bytes));
         CHECK(op_name(two, op).ends_with(".experts"));
       }
   CHECK(expert_reductions == 1);  // EP 2's, none for EP 1

@@ -107,7 +107,7 @@ Program allreduces(int32_t world, const std::vector<RankList>& groups, double by
       op.collective = CollectiveKind::kAllReduce;
       op.purpose = Purpose::kDp;
       op.group = static_cast<int32_t>(g);
-      op.bytes = bytes;
+      op.message_bytes = bytes;
       p.ranks[static_cast<std::size_t>(r)].push_back(op);
     }
   }
@@ -298,7 +298,7 @@ TEST_CASE("a program that cannot finish ends the simulation with the stuck ops n
     recv.stream = StreamKind::kP2p;
     recv.peer = 1 - r;
     recv.tag = 1 - r;
-    recv.bytes = 1e6;
+    recv.message_bytes = 1e6;
     Op send = recv;
     send.kind = OpKind::kSend;
     send.tag = r;
