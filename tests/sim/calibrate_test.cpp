@@ -393,9 +393,9 @@ TEST_CASE("calibrate finds the host floor the small ops sit on, and the rates ab
   });
   REQUIRE(got != fitted.compute.end());
   // The ops on the floor measure it exactly.
-  CHECK(got->host_seconds_per_layer == doctest::Approx(floor).epsilon(0.02));
-  CHECK(got->seconds_per_flop == doctest::Approx(forward.seconds_per_flop).epsilon(0.02));
-  CHECK(got->stats.residual < 0.01);
+  CHECK(got->host_seconds_per_layer == doctest::Approx(floor).epsilon(1e-6));
+  CHECK(got->seconds_per_flop == doctest::Approx(forward.seconds_per_flop).epsilon(1e-6));
+  CHECK(got->stats.residual < 1e-5);
   // Classes without a floor keep none.
   for (const ComputeFit& f : fitted.compute)
     if (f.role != ModuleRole::kLlm || f.phase != Phase::kF) CHECK(f.host_seconds_per_layer == 0);
