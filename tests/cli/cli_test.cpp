@@ -677,6 +677,19 @@ TEST_CASE(
   CHECK(run("replay " + runs + "cpu-tiny-tp2-pp2 --profile " + (dir / "missing.json").string())
             .code == 2);
   CHECK_FALSE(fs::exists(out));
+
+  // Several runs: one table with --markdown, each run's role by the profile that was fitted on
+  // it; --json, --trace and --html take one run.
+  const Run table = run("replay " + runs + "cpu-tiny-tp2-pp2 " + runs +
+                        "cpu-tiny-dp2-pp2 --profile " + runs + "profile.json --markdown");
+  INFO(table.output);
+  CHECK(table.code == 0);
+  CHECK(table.output.find("| cpu-tiny-tp2-pp2 | fitting |") != std::string::npos);
+  CHECK(table.output.find("| cpu-tiny-dp2-pp2 | held out |") != std::string::npos);
+  CHECK(table.output.find("| **fitting (1 runs)** |") != std::string::npos);
+  const Run two = run("replay " + runs + "cpu-tiny-tp2-pp2 " + runs + "cpu-tiny-dp2-pp2 --json");
+  CHECK(two.code == 2);
+  CHECK(two.output.find("take one run folder") != std::string::npos);
   fs::remove_all(dir);
 }
 
