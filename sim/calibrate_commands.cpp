@@ -124,10 +124,10 @@ std::string replay_table(const std::vector<ReplayRow>& rows, bool profiled) {
     if (n > 0) {
       const auto count = static_cast<double>(n);
       std::snprintf(line, sizeof line,
-                    "| **%s (%lld runs)** | | **%.1f%%** | **%.1f%%** (\\|·\\|) | %s |\n",
+                    "| **%s runs (%lld)** | | **%.1f%%** | **%.1f%%** (\\|·\\|) | %s |\n",
                     !profiled ? "all"
                     : fitting ? "fitting"
-                              : "held out",
+                              : "held-out",
                     static_cast<long long>(n), per_step / count, of_mean / count,
                     steady > 0 ? percent(noise / static_cast<double>(steady)).c_str() : "-");
       out += line;

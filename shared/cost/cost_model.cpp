@@ -293,6 +293,16 @@ double CostModel::hidden_input_gradient_s(const Program& program, const Op& op) 
                                         params_.kernel_tuning, call);
 }
 
+namespace {
+
+// What a ComputeFit prices of a compute op (FLOPs with the expert wait).
+ComputeWork compute_work(const Op& op) {
+  return {op.flops + op.expert_wait_flops, static_cast<double>(op.tokens * op.layers), op.logits,
+          nested_calls(op), static_cast<double>(op.layers)};
+}
+
+}  // namespace
+
 double CostModel::dedicated_compute_s(const Op& op) const {
   if (op.kind == OpKind::kOptimizerStep) {
     if (const auto& f = params_.optimizer_fit)
@@ -304,11 +314,9 @@ double CostModel::dedicated_compute_s(const Op& op) const {
   }
   TESSERA_CHECK(op.kind == OpKind::kCompute);
   if (const ComputeFit* f = compute_fit(op)) {
+    const ComputeWork work = compute_work(op);
     const bool fused = op.phase == Phase::kW && f->phase == Phase::kB;
-    const double priced = op.flops + op.expert_wait_flops;
-    if (fused) return priced * f->seconds_per_flop;
-    return fitted_compute_s(*f, {priced, static_cast<double>(op.tokens * op.layers), op.logits,
-                                 nested_calls(op), static_cast<double>(op.layers)});
+    return fused ? work.flops * f->seconds_per_flop : fitted_compute_s(*f, work);
   }
   if (cluster_.device.kernels && op.module >= 0 &&
       static_cast<std::size_t>(op.module) < modules_.size())
@@ -333,11 +341,9 @@ double CostModel::dedicated_compute_s(const std::vector<Op>& ops, std::size_t in
     if (joint(index) != nullptr) return 0;
     if (index + 1 < ops.size())
       if (const ComputeFit* f = joint(index + 1)) {
-        const Op& w = ops[index + 1];
-        return fitted_compute_s(
-            *f, {op.flops + op.expert_wait_flops + w.flops + w.expert_wait_flops,
-                 static_cast<double>(op.tokens * op.layers), op.logits, nested_calls(op),
-                 static_cast<double>(op.layers)});
+        ComputeWork work = compute_work(op);
+        work.flops += compute_work(ops[index + 1]).flops;
+        return fitted_compute_s(*f, work);
       }
   }
   return dedicated_compute_s(op);
@@ -348,7 +354,11 @@ double fitted_compute_s(const ComputeFit& f, const ComputeWork& work) {
                         work.token_layers * f.seconds_per_token_layer +
                         work.logits * f.seconds_per_logit + work.calls * f.seconds_per_nested_call +
                         work.layers * f.seconds_per_layer;
-  return std::max(device, std::max(1.0, work.layers) * f.host_seconds_per_layer);
+  return std::max(device, host_floor_s(f.host_seconds_per_layer, work.layers));
+}
+
+double host_floor_s(double per_layer, double layers) {
+  return per_layer * std::max(1.0, layers);
 }
 
 double CostModel::fixed_compute_s(const Op& op) const {

@@ -78,6 +78,9 @@ struct ComputeWork {
 };
 // Seconds of `work` under `f`: the larger of the device's time and the host's floor.
 double fitted_compute_s(const ComputeFit& f, const ComputeWork& work);
+// The host's floor of an op of `layers` layers at `per_layer` seconds each (at least one layer's:
+// an op without layers still launches kernels).
+double host_floor_s(double per_layer, double layers);
 
 // A communication class fitted from traces: a collective of `group_size` ranks takes
 // steps(kind, n) · latency_s + bus_factor(kind, n) · bytes / bandwidth (NCCL-tests' bus

@@ -19,6 +19,15 @@ double median(std::vector<double> v) {
   return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+// FitStats::residual of a fit with `squared_error` over the samples `ys`: RMS error over the mean
+// sample (single ops are noisy on a shared machine).
+double residual(double squared_error, const std::vector<double>& ys) {
+  double sy = 0;
+  for (double y : ys) sy += y;
+  const auto n = static_cast<double>(ys.size());
+  return std::sqrt(std::max(0.0, squared_error) / n) / std::max(sy / n, 1e-12);
+}
+
 struct Fit {
   std::vector<double> coef;  // one per regressor column
   FitStats stats;
@@ -66,11 +75,7 @@ Fit fit_columns(const std::vector<std::vector<double>>& columns, const std::vect
         fit.coef[used[c]] = x(static_cast<Eigen::Index>(c));
     }
   }
-  double sy = 0;
-  for (double y : ys) sy += y;
-  // Residual: RMS error over the mean sample (single ops are noisy on a shared machine).
-  fit.stats.residual = std::sqrt(std::max(0.0, best) / static_cast<double>(n)) /
-                       std::max(sy / static_cast<double>(n), 1e-12);
+  fit.stats.residual = residual(best, ys);
   return fit;
 }
 
@@ -81,7 +86,7 @@ std::vector<double> fitted_values(const std::vector<std::vector<double>>& column
   std::vector<double> out(columns[0].size(), 0);
   for (std::size_t r = 0; r < out.size(); ++r) {
     for (std::size_t j = 0; j < coef.size(); ++j) out[r] += coef[j] * columns[j][r];
-    out[r] = std::max(out[r], floor * std::max(1.0, layers[r]));
+    out[r] = std::max(out[r], host_floor_s(floor, layers[r]));
   }
   return out;
 }
@@ -98,13 +103,14 @@ double squared_error(const std::vector<double>& fitted, const std::vector<double
 // a tenth of the squared error (a GPU waiting for its host at small micro-batches, not noise).
 Fit fit_with_floor(const std::vector<std::vector<double>>& columns, const std::vector<double>& ys,
                    const std::vector<double>& layers, double& floor) {
-  Fit best = fit_columns(columns, ys);
+  const Fit linear_fit = fit_columns(columns, ys);
+  Fit best = linear_fit;
   floor = 0;
   const double linear = squared_error(fitted_values(columns, best.coef, 0, layers), ys);
   double least = linear;
   const std::size_t n = ys.size();
   std::vector<double> per_layer(n);
-  for (std::size_t r = 0; r < n; ++r) per_layer[r] = ys[r] / std::max(1.0, layers[r]);
+  for (std::size_t r = 0; r < n; ++r) per_layer[r] = ys[r] / host_floor_s(1, layers[r]);
   for (double h : per_layer) {
     std::vector<std::vector<double>> above(columns.size());
     std::vector<double> above_y;
@@ -126,12 +132,9 @@ Fit fit_with_floor(const std::vector<std::vector<double>>& columns, const std::v
   for (double y : ys) signal += y * y;
   if (least > 0.9 * linear || linear - least <= 1e-10 * signal) {
     floor = 0;
-    return fit_columns(columns, ys);
+    return linear_fit;
   }
-  double sy = 0;
-  for (double y : ys) sy += y;
-  best.stats.residual =
-      std::sqrt(least / static_cast<double>(n)) / std::max(sy / static_cast<double>(n), 1e-12);
+  best.stats.residual = residual(least, ys);
   return best;
 }
 

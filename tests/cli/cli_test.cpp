@@ -686,7 +686,7 @@ TEST_CASE(
   CHECK(table.code == 0);
   CHECK(table.output.find("| cpu-tiny-tp2-pp2 | fitting |") != std::string::npos);
   CHECK(table.output.find("| cpu-tiny-dp2-pp2 | held out |") != std::string::npos);
-  CHECK(table.output.find("| **fitting (1 runs)** |") != std::string::npos);
+  CHECK(table.output.find("| **fitting runs (1)** |") != std::string::npos);
   const Run two = run("replay " + runs + "cpu-tiny-tp2-pp2 " + runs + "cpu-tiny-dp2-pp2 --json");
   CHECK(two.code == 2);
   CHECK(two.output.find("take one run folder") != std::string::npos);
