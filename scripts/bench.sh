@@ -182,6 +182,10 @@ if [[ $what == scale ]]; then
   for scenario in published/narayanan-529.6b published/narayanan-1008b; do
     measure "simulate --periodic off $scenario" simulate "scenarios/$scenario.json" --iterations 1 --periodic off
   done
+  # Megatron's 1T plan with interleaved 1F1B (VP 2): 8 groups of pp micro-batches, too few for
+  # the periodic folding.
+  measure "simulate published/narayanan-1008b VP 2" simulate scenarios/published/narayanan-1008b.json \
+    --iterations 1 --set plan.layout.vpp=2 --set plan.schedule=interleaved_1f1b
   measure "simulate --nested flows default-8192" simulate scenarios/default-8192.json --iterations 1 --nested flows
   out=$(mktemp -d)
   measure "sweep default.json --gpus 1024 --top 10" sweep scenarios/default.json --gpus 1024 --top 10 --out "$out/1024"

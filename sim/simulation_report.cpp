@@ -87,8 +87,8 @@ std::string format_simulation(const SimulationResult& r, const Scenario& s) {
   }
   if (r.iterations.front().folded_flows > 0)
     out += "symmetry: " + std::to_string(r.iterations.front().folded_flows) +
-           " flows of TP twins were not simulated; their class leader's identical flows stood "
-           "for them (exact: no link is shared between them)\n\n";
+           " flows were not simulated: each is a simulated flow moved to other ranks, started "
+           "by the same op, whose links no other flow shares, so it takes the same time\n\n";
   {
     // Periodic folding: how many iterations a short run stood for, and why one could not.
     const SimulatedIteration& first = r.iterations.front();

@@ -24,8 +24,8 @@ struct RunOptions {
   // (false: faster, but they no longer share links with other traffic; the Timeline says
   // whether anything else used their links meanwhile: nested_shared_links).
   bool nested_flows = true;
-  // With contention on, twins' flows are left to their class leader's when that is exact
-  // (runner.cpp, leader_flows_suffice). Off only to test that it is exact.
+  // With contention on, flows that a simulated flow provably stands for (a folded class's
+  // members', twins') are left out (flow_lanes.hpp). Off only to test that it is exact.
   bool fold_twin_flows = true;
   // One host thread per rank issues every op in program order and waits for it — compute,
   // collectives, receives, and the posting of sends (Gloo writes a message into the loopback

@@ -1,5 +1,6 @@
 #include <algorithm>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <thread>
@@ -10,6 +11,7 @@
 
 #include "shared/base/check.hpp"
 #include "shared/program/op_matching.hpp"
+#include "sim/flow_lanes.hpp"
 #include "sim/simgrid/adapter.hpp"
 #include "sim/simgrid/platform.hpp"
 #include "sim/twins.hpp"
@@ -49,8 +51,10 @@ class Run {
     nested_ids_ = std::move(match.nested_instance);
     receive_index_ = std::move(match.peer_op);
     instances_.resize(match.instances());
-    for (std::size_t k = 0; k < instances_.size(); ++k)
+    for (std::size_t k = 0; k < instances_.size(); ++k) {
       instances_[k].group = match.instance_group[k];
+      instances_[k].sequence = match.instance_sequence[k];
+    }
     if (folded_) add_member_instances(match);
     // An instance completes when every class that owns one of its members has arrived.
     for (Instance& in : instances_) {
@@ -72,7 +76,7 @@ class Run {
           if (ops[static_cast<std::size_t>(d)].stream != op.stream || op.kind == OpKind::kRecv)
             watched_[r][static_cast<std::size_t>(d)] = 1;
     }
-    leader_flows_only_ = leader_flows_suffice();
+    leave_out_ = flows_to_leave_out();
     watch_nvlink_ = options_.contention && !options_.nested_flows &&
                     cost_.cluster().kind != ClusterKind::kCpuLocal;
     if (watch_nvlink_) {
@@ -94,38 +98,61 @@ class Run {
     }
   }
 
-  // Twins' flows are translations of their leader's. When every flow a class leader starts
-  // connects class leaders only (peers and ring members are leaders), the leaders' flows and the
-  // twins' flows never share a link that can limit them: GPU links belong to one rank, and a
-  // non-blocking fabric's node uplinks carry at most what the NICs under them can send. The
-  // leaders' flows then take exactly the times the twins' would, so only they are simulated.
-  // Ring flows among twins (nested TP as flows), shared cores (cpu-local) or oversubscribed
-  // uplinks break the condition; then every flow runs.
-  bool leader_flows_suffice() const {
+  // Flows the run may leave out because a simulated flow stands for each (flow_lanes.hpp): on
+  // platforms whose limiting links are per rank — not cpu-local, no oversubscribed uplink.
+  std::vector<char> flows_to_leave_out() const {
     const ClusterSpec& c = cost_.cluster();
     if (!options_.fold_twin_flows || !options_.contention || c.kind == ClusterKind::kCpuLocal ||
-        twins_.classes == p_.world)
-      return false;
-    if (c.nodes > 1 && c.inter_node.oversubscription > 1) return false;
-    auto leader = [&](int64_t r) { return twins_.leader[static_cast<std::size_t>(r)] == r; };
-    auto leaders = [&](int32_t group) {
-      const RankList& g = p_.groups[static_cast<std::size_t>(group)];
-      return std::all_of(g.begin(), g.end(), leader);
-    };
-    for (std::size_t r = 0; r < p_.ranks.size(); ++r) {
-      if (!leader(static_cast<int64_t>(r))) continue;
-      for (const Op& op : p_.ranks[r]) {
-        if ((op.kind == OpKind::kSend || op.kind == OpKind::kRecv) && !leader(op.peer))
-          return false;
-        // The norm all-reduce spans the world but is a timed activity (see collective()).
-        if (op.kind == OpKind::kCollective && op.purpose != Purpose::kNorm && !leaders(op.group))
-          return false;
+        twins_.classes == p_.world || (c.nodes > 1 && c.inter_node.oversubscription > 1))
+      return std::vector<char>(p_.ranks.size(), 0);
+    return flows_stood_for(
+        p_.world, twins_.leader, c.devices_per_node,
+        [this](const std::function<void(const FlowUnit&)>& visit) { flow_units(visit); });
+  }
+
+  // Every flow the run may start, by the class op that starts it. A collective's rings are
+  // listed wherever it may run as flows (a calibrated one runs timed instead: listing it only
+  // joins components, never splits them); the gradient norm's and, unless nested collectives
+  // run as flows, theirs never do.
+  void flow_units(const std::function<void(const FlowUnit&)>& visit) const {
+    FlowUnit u;
+    std::vector<int32_t> mine;
+    for (std::size_t l = 0; l < p_.ranks.size(); ++l) {
+      const auto leader = static_cast<int32_t>(l);
+      if (twins_.leader[l] != leader) continue;
+      for (std::size_t i = 0; i < p_.ranks[l].size(); ++i) {
+        const Op& op = p_.ranks[l][i];
+        const auto index = static_cast<int32_t>(i);
+        auto rings = [&](int32_t n, CollectiveKind kind, double bytes) {
+          u.clear();
+          mine.clear();
+          for (std::size_t k = 0; k < offsets(leader).size(); ++k)
+            mine.push_back(instance(leader, k, index, n));
+          std::sort(mine.begin(), mine.end());
+          mine.erase(std::unique(mine.begin(), mine.end()), mine.end());
+          for (const int32_t inst : mine) {
+            const Instance& in = instances_[static_cast<std::size_t>(inst)];
+            const RankList& group = p_.groups[static_cast<std::size_t>(in.group)];
+            if (group.size() >= 2)
+              u.ring(group, in.sequence, cost_.collective_s(kind, group, bytes));
+          }
+          if (!u.items.empty()) visit(u);
+        };
+        if (op.kind == OpKind::kSend) {
+          u.clear();
+          for (const int32_t d : offsets(leader)) {
+            const Op& twin = folded_ ? op : p_.ranks[l + static_cast<std::size_t>(d)][i];
+            u.send(leader + d, folded_ ? op.peer + d : twin.peer, twin.message_bytes);
+          }
+          visit(u);
+        } else if (op.kind == OpKind::kCollective && op.purpose != Purpose::kNorm) {
+          rings(-1, op.collective, op.message_bytes);
+        }
         if (options_.nested_flows)
-          for (const NestedCollective& nc : op.nested)
-            if (!leaders(nc.group)) return false;
+          for (std::size_t n = 0; n < op.nested.size(); ++n)
+            rings(static_cast<int32_t>(n), op.nested[n].kind, op.nested[n].bytes);
       }
     }
-    return true;
   }
 
   // A folded Program's classes: each representative with its members, in rank order.
@@ -158,7 +185,11 @@ class Run {
                              static_cast<uint64_t>(match.instance_sequence[k]) << 1 |
                              static_cast<uint64_t>(match.instance_nested[k]);
         const auto [it, added] = ids.emplace(key, static_cast<int32_t>(instances_.size()));
-        if (added) instances_.emplace_back().group = g;
+        if (added) {
+          Instance& in = instances_.emplace_back();
+          in.group = g;
+          in.sequence = match.instance_sequence[k];
+        }
         member_instance_[k].push_back(it->second);
       }
     }
@@ -230,6 +261,7 @@ class Run {
  private:
   struct Instance {
     int32_t group = -1;
+    int32_t sequence = 0;  // its place among its group's collectives
     int32_t arrived = 0;
     int32_t needed = 0;  // distinct twin classes among the members
     std::vector<std::tuple<int32_t, int32_t, int32_t, double>>
@@ -461,9 +493,8 @@ class Run {
         for (int32_t inst : complete) {
           const RankList& group =
               p_.groups[static_cast<std::size_t>(instances_[static_cast<std::size_t>(inst)].group)];
-          // A twin's instance (non-leader members) mirrors its leader's: not simulated.
-          if (leader_flows_only_ && twins_.leader[static_cast<std::size_t>(group.front())] !=
-                                        static_cast<int32_t>(group.front())) {
+          // Another instance's flows stand for this one's (flow_lanes.hpp): not simulated.
+          if (leave_out_[static_cast<std::size_t>(group.front())]) {
             folded_flows_ += static_cast<int64_t>(group.size());
             continue;
           }
@@ -603,7 +634,7 @@ class Run {
                       : p_.ranks[static_cast<std::size_t>(leader + d)][static_cast<std::size_t>(i)];
               const int32_t peer = folded_ ? op.peer + d : twin.peer;
               ends.emplace_back(leader + d, peer);
-              if (leader_flows_only_ && d != 0) {
+              if (leave_out_[static_cast<std::size_t>(leader + d)]) {
                 ++folded_flows_;
                 continue;
               }
@@ -673,8 +704,8 @@ class Run {
   std::vector<std::vector<char>> watched_;  // [rank][op]: another stream depends on it
   int64_t activities_ = 0;
   int64_t actors_ = 0;
-  bool leader_flows_only_ = false;  // leader_flows_suffice()
-  int64_t folded_flows_ = 0;        // twins' flows that their leader's stood for
+  std::vector<char> leave_out_;  // [rank]: flows it starts are stood for (flows_to_leave_out)
+  int64_t folded_flows_ = 0;     // flows left out: others stood for them
   // Nested collectives timed: [rank] -> intervals of its transfers over NVLink links, and
   // whether some nested group spans nodes (its ring flows would cross NICs).
   bool watch_nvlink_ = false, nested_spans_nodes_ = false;
