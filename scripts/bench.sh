@@ -444,12 +444,13 @@ if [[ $what == reproduce-cornstarch || $what == all ]]; then
 
   echo "== CP: Qwen2-VL ViT + Llama-3.1-8B, one sequence per micro-batch: L/4096 images of 1196 tokens, then text =="
   echo "== TP 4 x CP n, recompute full; attention work max/mean over the CP ranks, and simulated step (s) =="
-  printf "%-8s %-4s %-18s %-18s %-18s %s\n" tokens cp uniform zigzag makespan "makespan vs zigzag"
+  echo "| tokens | CP | uniform | zigzag | makespan | makespan vs zigzag (step) |"
+  echo "|---|---|---|---|---|---|"
   for tokens in 8192 16384 32768 65536 131072; do
     images=$((tokens / 4096))
     text=$((tokens - images * 1196))
     for cp in 2 4 8; do
-      line=$(printf "%-8s %-4s" "$tokens" "$cp")
+      line="| $((tokens / 1024))k | $cp |"
       steps=()
       for policy in uniform zigzag makespan; do
         out=$("$tessera" simulate scenarios/cornstarch/cp-long.json --iterations 1 \
@@ -459,9 +460,9 @@ if [[ $what == reproduce-cornstarch || $what == all ]]; then
         balance=$(echo "$out" | sed -n 's/^note: cp_split [a-z]*: attention work max\/mean over the CP ranks \([0-9.]*\).*/\1/p')
         step=$(echo "$out" | awk '$1 == "0" && NF == 10 { print $2 }')
         steps+=("$step")
-        line+=$(printf " %-18s" "$balance / ${step} s")
+        line+=" $balance / ${step} s |"
       done
-      echo "$line $(awk -v z="${steps[1]}" -v m="${steps[2]}" 'BEGIN { printf "%.3fx", z / m }')"
+      echo "$line $(awk -v z="${steps[1]}" -v m="${steps[2]}" 'BEGIN { printf "%.3fx", z / m }') |"
     done
   done
 fi

@@ -1,22 +1,38 @@
 #!/usr/bin/env bash
 # Rewrites the generated blocks of the docs: every block between
-#   <!-- generated: tessera ARGS -->
+#   <!-- generated: tessera ARGS -->          (the output of `tessera ARGS`)
+#   <!-- generated: bench NAME table N -->    (the N-th markdown table `scripts/bench.sh NAME` prints)
+# and
 #   <!-- end generated -->
-# in docs/*.md and README.md gets the output of `tessera ARGS`, run from the repository root
-# (its globs expanded there). A CLI test fails when a block is not what its command prints now.
+# in docs/*.md and README.md, run from the repository root (the arguments' globs expanded there).
+# A CLI test fails when a block is not what its command prints now. Bench blocks are kept for
+# benchmarks that take seconds (their figures are deterministic simulations).
 # Usage: scripts/docs-tables.sh   (TESSERA names the binary; default build/sim/tessera)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tessera=${TESSERA:-build/sim/tessera}
 [[ -x $tessera ]] || { echo "docs-tables: no $tessera (build it first)" >&2; exit 1; }
+benches=$(mktemp -d)
+trap 'rm -rf "$benches"' EXIT
+# The N-th table (a run of lines starting with '|') of bench NAME's output, each bench run once.
+bench_table() {
+  local name=$1 n=$2
+  [[ -f $benches/$name ]] || TESSERA_BIN=$tessera scripts/bench.sh "$name" >"$benches/$name" 2>/dev/null
+  awk -v n="$n" '/^\|/ { if (!inside) { count++; inside = 1 } if (count == n) print; next } { inside = 0 }' \
+    "$benches/$name"
+}
 for doc in docs/*.md README.md; do
-  grep -q '^<!-- generated: tessera ' "$doc" || continue
+  grep -q '^<!-- generated: ' "$doc" || continue
   tmp=$(mktemp)
   while IFS= read -r line; do
     if [[ $line =~ ^\<!--\ generated:\ tessera\ (.*)\ --\>$ ]]; then
       printf '%s\n' "$line"
       # shellcheck disable=SC2086  # the arguments' globs expand here, as the block says
       "$tessera" ${BASH_REMATCH[1]} 2>/dev/null
+      skipping=1
+    elif [[ $line =~ ^\<!--\ generated:\ bench\ ([a-z-]+)\ table\ ([0-9]+)\ --\>$ ]]; then
+      printf '%s\n' "$line"
+      bench_table "${BASH_REMATCH[1]}" "${BASH_REMATCH[2]}"
       skipping=1
     elif [[ $line == '<!-- end generated -->' ]]; then
       printf '%s\n' "$line"

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <regex>
 #include <set>
 #include <sstream>
@@ -1099,26 +1100,55 @@ TEST_CASE(
 }
 
 TEST_CASE("the docs' generated blocks are what their commands print now") {
-  // scripts/docs-tables.sh writes each block between "<!-- generated: tessera ARGS -->" and
-  // "<!-- end generated -->"; a cost-model change that moves a figure shows here until rerun.
-  int blocks = 0;
+  // scripts/docs-tables.sh writes each block between "<!-- generated: tessera ARGS -->" (or
+  // "<!-- generated: bench NAME table N -->", the N-th markdown table of `scripts/bench.sh NAME`)
+  // and "<!-- end generated -->"; a cost-model change that moves a figure shows here until rerun.
+  int blocks = 0, bench_blocks = 0;
+  std::map<std::string, std::string> benches;  // name -> its output, each bench run once
+  auto bench_table = [&](const std::string& name, int n) {
+    if (!benches.contains(name)) {
+      const Run r = shell("cd " + kSource + " && TESSERA_BIN=" + kTessera + " scripts/bench.sh " +
+                          name + " 2>/dev/null");
+      REQUIRE(r.code == 0);
+      benches[name] = r.output;
+    }
+    std::istringstream lines(benches[name]);
+    std::string line, table;
+    int count = 0;
+    bool inside = false;
+    while (std::getline(lines, line)) {
+      const bool row = !line.empty() && line.front() == '|';
+      if (row && !inside) ++count;
+      inside = row;
+      if (row && count == n) table += line + "\n";
+    }
+    return table;
+  };
   for (const auto& entry : fs::directory_iterator(kSource + "/docs")) {
     if (entry.path().extension() != ".md") continue;
     std::ifstream in(entry.path());
     const std::string doc((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     const std::regex marker(
-        R"(<!-- generated: tessera (.*) -->\n([\s\S]*?)<!-- end generated -->)");
+        R"(<!-- generated: (tessera|bench) (.*) -->\n([\s\S]*?)<!-- end generated -->)");
     for (auto it = std::sregex_iterator(doc.begin(), doc.end(), marker);
          it != std::sregex_iterator(); ++it) {
       ++blocks;
-      const std::string command = (*it)[1].str();
-      INFO(entry.path().filename().string() << ": tessera " << command);
+      const std::string command = (*it)[2].str();
+      INFO(entry.path().filename().string() << ": " << (*it)[1].str() << " " << command);
+      if ((*it)[1].str() == "bench") {
+        ++bench_blocks;
+        std::smatch m;
+        REQUIRE(std::regex_match(command, m, std::regex(R"(([a-z-]+) table ([0-9]+))")));
+        CHECK(bench_table(m[1].str(), std::stoi(m[2].str())) == (*it)[3].str());
+        continue;
+      }
       const Run r = shell("cd " + kSource + " && " + kTessera + " " + command + " 2>/dev/null");
       REQUIRE(r.code == 0);
-      CHECK(r.output == (*it)[2].str());
+      CHECK(r.output == (*it)[3].str());
     }
   }
   CHECK(blocks >= 1);
+  CHECK(bench_blocks >= 2);
 }
 
 TEST_CASE("docs/CLI.md documents every option each command's --help lists") {
