@@ -166,6 +166,27 @@ void print_markdown(const std::vector<FidelityRow>& rows, const std::vector<doub
   }
 }
 
+// Every row as a Markdown table (--markdown --rows): published and predicted step, signed error.
+void print_markdown_rows(const std::vector<FidelityRow>& rows, const std::vector<double>& predicted,
+                         std::ostream& out) {
+  out << "| row | published | predicted | error |\n|---|---|---|---|\n";
+  char cell[64];
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const FidelityRow& r = rows[i];
+    out << "| " << r.name << (r.holdout ? " (held out)" : "") << " | ";
+    std::snprintf(cell, sizeof cell, "%#.4g s", r.published_s);
+    out << cell << " | ";
+    if (predicted[i] <= 0) {
+      out << "failed | |\n";
+      continue;
+    }
+    const double error = 100 * (predicted[i] - r.published_s) / r.published_s;
+    std::snprintf(cell, sizeof cell, "%#.4g s | %s%.1f%%", predicted[i], error < 0 ? "\u2212" : "+",
+                  std::fabs(error));
+    out << cell << " |\n";
+  }
+}
+
 }  // namespace
 
 int run_fidelity(const Args& args, std::ostream& out, std::ostream& err) {
@@ -183,7 +204,8 @@ int run_fidelity(const Args& args, std::ostream& out, std::ostream& err) {
       "fit", "fit the global parameters; leave-one-source-out")(
       "max-gpus", "leave out rows of more GPUs (0: none left out)",
       cxxopts::value<int64_t>()->default_value("0"))(
-      "markdown", "print only the figures by kind, as the Markdown table of docs/FIDELITY.md");
+      "markdown", "print only the figures by kind, as the Markdown table of docs/FIDELITY.md")(
+      "rows", "with --markdown: every row instead (published, predicted, signed error)");
   options.parse_positional({"scenarios"});
   options.positional_help("<scenario.json>...");
   int code = kOk;
@@ -191,6 +213,10 @@ int run_fidelity(const Args& args, std::ostream& out, std::ostream& err) {
   if (!result) return code;
   if (!result->count("scenarios")) {
     err << options.program() << ": give one or more scenario files with a published block\n";
+    return kBadInput;
+  }
+  if (result->count("rows") && !result->count("markdown")) {
+    err << options.program() << ": --rows goes with --markdown\n";
     return kBadInput;
   }
   const int64_t max_gpus = (*result)["max-gpus"].as<int64_t>();
@@ -299,7 +325,10 @@ int run_fidelity(const Args& args, std::ostream& out, std::ostream& err) {
   }
   const std::vector<double> at_defaults = default_predictions(rows);
   if (result->count("markdown")) {
-    print_markdown(rows, at_defaults, out);
+    if (result->count("rows"))
+      print_markdown_rows(rows, at_defaults, out);
+    else
+      print_markdown(rows, at_defaults, out);
     return kOk;
   }
   if (skipped > 0) out << skipped << " rows of more than " << max_gpus << " GPUs left out\n";
