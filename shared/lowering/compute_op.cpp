@@ -70,8 +70,8 @@ Op Lowering::compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t
     const auto stack = [&](const TransformerArch& arch) {
       return std::pair{
           sum_over_layers(arch, layer_begin, layer_end,
-                          [&](const TransformerArch& x) {
-                            return 2.0 * static_cast<double>(active_layer_matmul_parameters(x));
+                          [&](const TransformerArch& layer) {
+                            return 2.0 * static_cast<double>(active_layer_matmul_parameters(layer));
                           }) *
               tokens_local / tp_shard,
           static_cast<double>(layers) * layer_attention_flops(arch, pairs_local) / tp_shard};
@@ -93,8 +93,8 @@ Op Lowering::compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t
       padded_linear = linear - real_linear;
       padded_attention = attention - real_attention;
     }
-    weights = sum_over_layers(a, layer_begin, layer_end, [&](const TransformerArch& x) {
-      return layer_parameters(x, tp, l.ep);
+    weights = sum_over_layers(a, layer_begin, layer_end, [&](const TransformerArch& layer) {
+      return layer_parameters(layer, tp, l.ep);
     });
     if (layers > 0) op.attention_pairs = pairs_local;
     // Full recomputation checkpoints the transformer layers only (Megatron-LM's checkpointed
@@ -235,9 +235,10 @@ Op Lowering::compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t
           static_cast<double>(spec.transformer->hidden) * dtype /
               (plan_.sequence_parallel ? tp_shard : 1.0) *
               static_cast<double>(kept_from - layer_begin) +
-          sum_over_layers(*spec.transformer, kept_from, layer_end, [&](const TransformerArch& x) {
-            return activation_bytes_per_token_per_layer(x, seq, o);
-          });
+          sum_over_layers(*spec.transformer, kept_from, layer_end,
+                          [&](const TransformerArch& layer) {
+                            return activation_bytes_per_token_per_layer(layer, seq, o);
+                          });
       stash += per_token * tokens_local;
     }
     if (spec.projector)

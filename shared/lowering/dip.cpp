@@ -71,26 +71,24 @@ std::vector<Lowering::DipSegment> Lowering::dip_segments() {
   return segments;
 }
 
+// One rank's walk through its stage's DIP order: what later steps depend on, and the step
+// being lowered.
+struct Lowering::DipWalk {
+  const std::vector<DipSegment>* segments = nullptr;
+  int64_t rank = 0, t = 0, d = 0, stage = 0;
+  // (segment, chunk, mb, sub) -> the forward's last compute op
+  std::map<std::tuple<int32_t, int32_t, int32_t, int32_t>, int32_t> forward_done;
+  std::map<std::tuple<int32_t, int32_t, int32_t, int>, int32_t> forward_of;  // + module
+  const DipStep* step = nullptr;
+  Op about;
+  std::vector<int32_t> deps;
+  int32_t last = -1;
+};
+
 void Lowering::lower_dip() {
   const ModuleInfo& llm = modules_[static_cast<std::size_t>(llm_)];
-  const int64_t P = llm.layout.pp, V = llm.layout.vpp;
-  const int32_t last_v = static_cast<int32_t>(P * V - 1);
+  const int64_t P = llm.layout.pp;
   const std::vector<DipSegment> segments = dip_segments();
-  // Every segment runs on the LLM's grid: its TP ranks exchange the stage messages.
-  auto activation = [&](const ModuleInfo& m, std::span<const Sample* const> samples) {
-    return stage_message_bytes(llm, work_of(m.index, samples).tokens,
-                               m.spec->transformer ? m.spec->transformer->hidden : 0);
-  };
-  auto module_at = [&](int i) -> const ModuleInfo& {
-    return modules_[static_cast<std::size_t>(i)];
-  };
-  auto segment_last = [&](const DipSegment& g) {
-    return g.projectors.empty() ? g.encoder : g.projectors.back();
-  };
-  auto piece = [&](const DipSegment& g, int64_t d, int32_t mb, int32_t sub) {
-    return std::span<const Sample* const>(*g.pieces[static_cast<std::size_t>(
-        d)][static_cast<std::size_t>(mb)][static_cast<std::size_t>(sub)]);
-  };
   int64_t pieces = 0, media_microbatches = 0;
   for (const DipSegment& g : segments)
     for (const auto& replica : g.pieces)
@@ -98,211 +96,41 @@ void Lowering::lower_dip() {
         pieces += static_cast<int64_t>(mb.size());
         media_microbatches += mb.empty() ? 0 : 1;
       }
-
   for (int64_t d = 0; d < llm.layout.dp; ++d) {
     // The replica's stage orders, from its own micro-batches' estimated work.
-    DipPipeline pipe;
-    pipe.stages = static_cast<int32_t>(P);
-    pipe.llm_chunks = static_cast<int32_t>(V);
-    pipe.microbatches = static_cast<int32_t>(microbatches_);
-    pipe.llm_backward = llm.flow.backward();
-    for (const DipSegment& g : segments) {
-      DipPipeline::Segment& seg = pipe.segments.emplace_back();
-      for (const auto& mb : g.pieces[static_cast<std::size_t>(d)])
-        seg.subs.push_back(static_cast<int32_t>(mb.size()));
-      seg.backward_from = g.backward_from;
-    }
-    pipe.seconds = [&](const DipStep& s, int32_t stage) {
-      const int64_t rank = llm.rank({0, 0, d, stage});
-      auto cost = [&](const ModuleInfo& m, int32_t k, std::span<const Sample* const> samples) {
-        double flops = compute(m, rank, k, s.microbatch, Phase::kF, samples).flops;
-        if (s.backward)
-          flops =
-              compute(m, rank, k, s.microbatch, Phase::kB, samples).flops +
-              (m.flow.trainable ? compute(m, rank, k, s.microbatch, Phase::kW, samples).flops : 0);
-        return flops;
-      };
-      if (s.segment < 0)
-        return cost(llm, static_cast<int32_t>(s.chunk * P + stage),
-                    samples_of(llm_, d, s.microbatch));
-      const DipSegment& g = segments[static_cast<std::size_t>(s.segment)];
-      const auto samples = piece(g, d, s.microbatch, s.sub);
-      double flops = cost(module_at(g.encoder), stage, samples);
-      if (stage == P - 1)
-        for (int i : g.projectors) flops += cost(module_at(i), 0, samples);
-      return flops;
-    };
-    pipe.llm_input_grad = llm.flow.needs_input_grad;
-    pipe.output_bytes = [&](const DipStep& s) {
-      const DipSegment& g = segments[static_cast<std::size_t>(s.segment)];
-      return boundary_bytes(segment_last(g), llm_, piece(g, d, s.microbatch, s.sub));
-    };
-    const DipOrders dip_orders_of_replica = dip_orders(pipe, dip_);
-    const std::vector<std::vector<DipStep>>& orders = dip_orders_of_replica.stages;
-
-    for (int64_t stage = 0; stage < P; ++stage) {
+    const DipOrders orders = dip_orders(dip_pipeline(segments, d), dip_);
+    for (int64_t stage = 0; stage < P; ++stage)
       for (int64_t t = 0; t < llm.layout.tp; ++t) {
-        const int64_t rank = llm.rank({t, 0, d, stage});
-        auto rank_at = [&](int64_t st) { return llm.rank({t, 0, d, st}); };
-        // (segment, chunk, mb, sub) -> the forward's last compute op
-        std::map<std::tuple<int32_t, int32_t, int32_t, int32_t>, int32_t> forward_done;
-        std::map<std::tuple<int32_t, int32_t, int32_t, int>, int32_t> forward_of;  // + module
-        for (const DipStep& step : orders[static_cast<std::size_t>(stage)]) {
-          const int32_t mb = step.microbatch;
-          Op about;
-          about.stage = static_cast<int16_t>(stage);
-          about.microbatch = mb;
-          about.sub_microbatch = step.sub;
-          std::vector<int32_t> deps;
-          int32_t last = -1;
-          auto run = [&](const ModuleInfo& m, int32_t k, Phase phase,
-                         std::span<const Sample* const> samples) {
-            if (phase != Phase::kF && !m.flow.backward()) return;
-            Op op = compute(m, rank, k, mb, phase, samples);
-            op.sub_microbatch = step.sub;
-            op.deps = deps;
-            last = emit(rank, op);
-            deps = {last};
-            if (phase == Phase::kF) forward_of[{mb, step.sub, op.chunk, m.index}] = last;
-          };
-          auto run_back = [&](const ModuleInfo& m, int32_t k,
-                              std::span<const Sample* const> samples) {
-            if (!m.flow.backward()) return;
-            if (recomputes(m)) run(m, k, Phase::kR, samples);
-            run(m, k, Phase::kB, samples);
-            if (m.flow.trainable) run(m, k, Phase::kW, samples);
-            const int16_t chunk = m.index == llm_ ? static_cast<int16_t>(k / P) : 0;
-            release(rank, last, forward_of, std::make_tuple(mb, step.sub, chunk, m.index));
-          };
-          auto message = [&](OpKind kind, Phase phase, int64_t peer, double bytes, int64_t tg,
-                             int module, Purpose purpose) {
-            Op op = purpose == Purpose::kPp
-                        ? stage_message(about, kind, phase, peer, llm, {t, 0, d, stage}, bytes, tg)
-                        : p2p_op(about, kind, phase, peer, bytes, tg);
-            op.module = static_cast<int16_t>(module);
-            op.purpose = purpose;
-            if (kind == OpKind::kSend) {
-              op.deps = {last};
-              emit(rank, op);
-            } else {
-              deps.push_back(receive(rank, op));
-            }
-          };
-
-          // The LLM's first stage: each sub-micro-batch's encoder output from the encoder's last
-          // stage (forward), its gradient back there (backward, for segments with a backward).
-          auto boundary_messages = [&](OpKind kind, Phase phase) {
-            for (std::size_t gi = 0; gi < segments.size(); ++gi) {
-              const DipSegment& g = segments[gi];
-              if (phase == Phase::kB && g.backward_from >= P) continue;
-              const auto& subs =
-                  g.pieces[static_cast<std::size_t>(d)][static_cast<std::size_t>(mb)];
-              for (int32_t sub = 0; sub < static_cast<int32_t>(subs.size()); ++sub) {
-                about.sub_microbatch = sub;
-                message(kind, phase, rank_at(P - 1),
-                        boundary_bytes(segment_last(g), llm_, piece(g, d, mb, sub)),
-                        MessageTag::dip_boundary(static_cast<int>(gi), phase == Phase::kB, mb, sub)
-                            .packed(),
-                        segment_last(g), Purpose::kBoundary);
-              }
-            }
-            about.sub_microbatch = 0;
-          };
-          if (step.segment < 0) {
-            // ---------------- LLM segment ----------------
-            const int32_t v = static_cast<int32_t>(step.chunk * P + stage);
-            about.module = static_cast<int16_t>(llm_);
-            about.chunk = static_cast<int16_t>(step.chunk);
-            const auto& samples = samples_of(llm_, d, mb);
-            const double act = activation(llm, samples);
-            if (!step.backward) {
-              if (v == 0) {
-                boundary_messages(OpKind::kRecv, Phase::kF);
-              } else {
-                message(OpKind::kRecv, Phase::kF, rank_at((v - 1) % P), act,
-                        MessageTag::stage(llm_, v - 1, false, mb).packed(), llm_, Purpose::kPp);
-              }
-              run(llm, v, Phase::kF, samples);
-              forward_done[{-1, step.chunk, mb, 0}] = last;
-              if (v < last_v)
-                message(OpKind::kSend, Phase::kF, rank_at((v + 1) % P), act,
-                        MessageTag::stage(llm_, v, false, mb).packed(), llm_, Purpose::kPp);
-              continue;
-            }
-            if (v < last_v)
-              message(OpKind::kRecv, Phase::kB, rank_at((v + 1) % P), act,
-                      MessageTag::stage(llm_, v + 1, true, mb).packed(), llm_, Purpose::kPp);
-            deps.push_back(forward_done.at({-1, step.chunk, mb, 0}));
-            run_back(llm, v, samples);
-            if (v > 0) {
-              message(OpKind::kSend, Phase::kB, rank_at((v - 1) % P), act,
-                      MessageTag::stage(llm_, v, true, mb).packed(), llm_, Purpose::kPp);
-              continue;
-            }
-            boundary_messages(OpKind::kSend, Phase::kB);
-            continue;
-          }
-
-          // ---------------- encoder segment ----------------
-          const DipSegment& g = segments[static_cast<std::size_t>(step.segment)];
-          const ModuleInfo& enc = module_at(g.encoder);
-          const auto samples = piece(g, d, mb, step.sub);
-          const double act = activation(enc, samples);
-          const int gi = step.segment;
-          about.module = static_cast<int16_t>(g.encoder);
-          about.chunk = 0;
-          if (!step.backward) {
-            if (stage > 0)
-              message(OpKind::kRecv, Phase::kF, rank_at(stage - 1), act,
-                      MessageTag::dip_stage(gi, stage - 1, false, mb, step.sub).packed(), g.encoder,
-                      Purpose::kPp);
-            run(enc, static_cast<int32_t>(stage), Phase::kF, samples);
-            if (stage == P - 1)
-              for (int i : g.projectors) run(module_at(i), 0, Phase::kF, samples);
-            forward_done[{step.segment, 0, mb, step.sub}] = last;
-            if (stage < P - 1)
-              message(OpKind::kSend, Phase::kF, rank_at(stage + 1), act,
-                      MessageTag::dip_stage(gi, stage, false, mb, step.sub).packed(), g.encoder,
-                      Purpose::kPp);
-            else
-              message(OpKind::kSend, Phase::kF, rank_at(0),
-                      boundary_bytes(segment_last(g), llm_, samples),
-                      MessageTag::dip_boundary(gi, false, mb, step.sub).packed(), segment_last(g),
-                      Purpose::kBoundary);
-            continue;
-          }
-          if (stage == P - 1)
-            message(OpKind::kRecv, Phase::kB, rank_at(0),
-                    boundary_bytes(segment_last(g), llm_, samples),
-                    MessageTag::dip_boundary(gi, true, mb, step.sub).packed(), segment_last(g),
-                    Purpose::kBoundary);
+        DipWalk w;
+        w.segments = &segments;
+        w.rank = llm.rank({t, 0, d, stage});
+        w.t = t;
+        w.d = d;
+        w.stage = stage;
+        for (const DipStep& step : orders.stages[static_cast<std::size_t>(stage)]) {
+          w.step = &step;
+          w.about = Op{};
+          w.about.stage = static_cast<int16_t>(stage);
+          w.about.microbatch = step.microbatch;
+          w.about.sub_microbatch = step.sub;
+          w.deps.clear();
+          w.last = -1;
+          if (step.segment < 0)
+            dip_llm_step(w);
           else
-            message(OpKind::kRecv, Phase::kB, rank_at(stage + 1), act,
-                    MessageTag::dip_stage(gi, stage + 1, true, mb, step.sub).packed(), g.encoder,
-                    Purpose::kPp);
-          deps.push_back(forward_done.at({step.segment, 0, mb, step.sub}));
-          if (stage == P - 1)
-            for (auto it = g.projectors.rbegin(); it != g.projectors.rend(); ++it)
-              run_back(module_at(*it), 0, samples);
-          run_back(enc, static_cast<int32_t>(stage), samples);
-          if (stage - 1 >= g.backward_from)
-            message(OpKind::kSend, Phase::kB, rank_at(stage - 1), act,
-                    MessageTag::dip_stage(gi, stage, true, mb, step.sub).packed(), g.encoder,
-                    Purpose::kPp);
+            dip_encoder_step(w);
         }
         // Encoder outputs wait on the first stage (the list-scheduling run's estimate).
         if (stage == 0)
-          p_.memory[static_cast<std::size_t>(rank)].boundary_bytes +=
-              dip_orders_of_replica.peak_waiting_bytes;
+          p_.memory[static_cast<std::size_t>(w.rank)].boundary_bytes += orders.peak_waiting_bytes;
         // --- gradient reduction and optimizer, once per iteration
         std::vector<int> here{llm_};
         for (const DipSegment& g : segments) {
           here.push_back(g.encoder);
           if (stage == P - 1) here.insert(here.end(), g.projectors.begin(), g.projectors.end());
         }
-        gradient_reduction(rank, here);
+        gradient_reduction(w.rank, here);
       }
-    }
   }
   for (const ModuleInfo& m : modules_)
     if (m.index == llm_ || dip_encoder(m))
@@ -315,6 +143,218 @@ void Lowering::lower_dip() {
                 static_cast<long long>(media_microbatches),
                 media_microbatches ? static_cast<double>(pieces) / media_microbatches : 0.0);
   out_.notes.push_back(line);
+}
+
+void Lowering::dip_llm_step(DipWalk& w) {
+  const ModuleInfo& llm = modules_[static_cast<std::size_t>(llm_)];
+  const int64_t P = llm.layout.pp;
+  const DipStep& step = *w.step;
+  const int32_t mb = step.microbatch, last_v = static_cast<int32_t>(P * llm.layout.vpp - 1);
+  const int32_t v = static_cast<int32_t>(step.chunk * P + w.stage);  // virtual stage
+  w.about.module = static_cast<int16_t>(llm_);
+  w.about.chunk = static_cast<int16_t>(step.chunk);
+  const auto& samples = samples_of(llm_, w.d, mb);
+  const double act = dip_activation_bytes(llm, samples);
+  auto stage_tag = [&](int64_t from, bool backward) {
+    return MessageTag::stage(llm_, from, backward, mb).packed();
+  };
+  if (!step.backward) {
+    if (v == 0)
+      dip_boundary_messages(w, OpKind::kRecv, Phase::kF);
+    else
+      dip_message(w, OpKind::kRecv, Phase::kF, (v - 1) % P, act, stage_tag(v - 1, false), llm_,
+                  Purpose::kPp);
+    dip_run(w, llm, v, Phase::kF, samples);
+    w.forward_done[{-1, step.chunk, mb, 0}] = w.last;
+    if (v < last_v)
+      dip_message(w, OpKind::kSend, Phase::kF, (v + 1) % P, act, stage_tag(v, false), llm_,
+                  Purpose::kPp);
+    return;
+  }
+  if (v < last_v)
+    dip_message(w, OpKind::kRecv, Phase::kB, (v + 1) % P, act, stage_tag(v + 1, true), llm_,
+                Purpose::kPp);
+  w.deps.push_back(w.forward_done.at({-1, step.chunk, mb, 0}));
+  dip_run_back(w, llm, v, samples);
+  if (v > 0)
+    dip_message(w, OpKind::kSend, Phase::kB, (v - 1) % P, act, stage_tag(v, true), llm_,
+                Purpose::kPp);
+  else
+    dip_boundary_messages(w, OpKind::kSend, Phase::kB);
+}
+
+void Lowering::dip_encoder_step(DipWalk& w) {
+  const int64_t P = modules_[static_cast<std::size_t>(llm_)].layout.pp, stage = w.stage;
+  const DipStep& step = *w.step;
+  const int32_t mb = step.microbatch, gi = step.segment;
+  const DipSegment& g = (*w.segments)[static_cast<std::size_t>(gi)];
+  const ModuleInfo& enc = modules_[static_cast<std::size_t>(g.encoder)];
+  const int last = dip_segment_last(g);
+  const auto samples = dip_piece(g, w.d, mb, step.sub);
+  const double act = dip_activation_bytes(enc, samples);
+  const double output = boundary_bytes(last, llm_, samples);
+  auto stage_tag = [&](int64_t from, bool backward) {
+    return MessageTag::dip_stage(gi, from, backward, mb, step.sub).packed();
+  };
+  auto boundary_tag = [&](bool backward) {
+    return MessageTag::dip_boundary(gi, backward, mb, step.sub).packed();
+  };
+  w.about.module = static_cast<int16_t>(g.encoder);
+  w.about.chunk = 0;
+  if (!step.backward) {
+    if (stage > 0)
+      dip_message(w, OpKind::kRecv, Phase::kF, stage - 1, act, stage_tag(stage - 1, false),
+                  g.encoder, Purpose::kPp);
+    dip_run(w, enc, static_cast<int32_t>(stage), Phase::kF, samples);
+    if (stage == P - 1)
+      for (int i : g.projectors)
+        dip_run(w, modules_[static_cast<std::size_t>(i)], 0, Phase::kF, samples);
+    w.forward_done[{gi, 0, mb, step.sub}] = w.last;
+    if (stage < P - 1)
+      dip_message(w, OpKind::kSend, Phase::kF, stage + 1, act, stage_tag(stage, false), g.encoder,
+                  Purpose::kPp);
+    else
+      dip_message(w, OpKind::kSend, Phase::kF, 0, output, boundary_tag(false), last,
+                  Purpose::kBoundary);
+    return;
+  }
+  if (stage == P - 1)
+    dip_message(w, OpKind::kRecv, Phase::kB, 0, output, boundary_tag(true), last,
+                Purpose::kBoundary);
+  else
+    dip_message(w, OpKind::kRecv, Phase::kB, stage + 1, act, stage_tag(stage + 1, true), g.encoder,
+                Purpose::kPp);
+  w.deps.push_back(w.forward_done.at({gi, 0, mb, step.sub}));
+  if (stage == P - 1)
+    for (auto it = g.projectors.rbegin(); it != g.projectors.rend(); ++it)
+      dip_run_back(w, modules_[static_cast<std::size_t>(*it)], 0, samples);
+  dip_run_back(w, enc, static_cast<int32_t>(stage), samples);
+  if (stage - 1 >= g.backward_from)
+    dip_message(w, OpKind::kSend, Phase::kB, stage - 1, act, stage_tag(stage, true), g.encoder,
+                Purpose::kPp);
+}
+
+// --- the pieces of a step ----------------------------------------------------------------------
+
+// The order builder's view of replica d: each step's estimated work (FLOPs) and each encoder
+// step's output.
+DipPipeline Lowering::dip_pipeline(const std::vector<DipSegment>& segments, int64_t d) {
+  const ModuleInfo& llm = modules_[static_cast<std::size_t>(llm_)];
+  const int64_t P = llm.layout.pp;
+  DipPipeline pipe;
+  pipe.stages = static_cast<int32_t>(P);
+  pipe.llm_chunks = static_cast<int32_t>(llm.layout.vpp);
+  pipe.microbatches = static_cast<int32_t>(microbatches_);
+  pipe.llm_backward = llm.flow.backward();
+  for (const DipSegment& g : segments) {
+    DipPipeline::Segment& seg = pipe.segments.emplace_back();
+    for (const auto& mb : g.pieces[static_cast<std::size_t>(d)])
+      seg.subs.push_back(static_cast<int32_t>(mb.size()));
+    seg.backward_from = g.backward_from;
+  }
+  pipe.seconds = [this, &llm, &segments, d, P](const DipStep& s, int32_t stage) {
+    const int64_t rank = llm.rank({0, 0, d, stage});
+    auto cost = [&](const ModuleInfo& m, int32_t k, std::span<const Sample* const> samples) {
+      double flops = compute(m, rank, k, s.microbatch, Phase::kF, samples).flops;
+      if (s.backward)
+        flops =
+            compute(m, rank, k, s.microbatch, Phase::kB, samples).flops +
+            (m.flow.trainable ? compute(m, rank, k, s.microbatch, Phase::kW, samples).flops : 0);
+      return flops;
+    };
+    if (s.segment < 0)
+      return cost(llm, static_cast<int32_t>(s.chunk * P + stage),
+                  samples_of(llm_, d, s.microbatch));
+    const DipSegment& g = segments[static_cast<std::size_t>(s.segment)];
+    const auto samples = dip_piece(g, d, s.microbatch, s.sub);
+    double flops = cost(modules_[static_cast<std::size_t>(g.encoder)], stage, samples);
+    if (stage == P - 1)
+      for (int i : g.projectors) flops += cost(modules_[static_cast<std::size_t>(i)], 0, samples);
+    return flops;
+  };
+  pipe.llm_input_grad = llm.flow.needs_input_grad;
+  pipe.output_bytes = [this, &segments, d](const DipStep& s) {
+    const DipSegment& g = segments[static_cast<std::size_t>(s.segment)];
+    return boundary_bytes(dip_segment_last(g), llm_, dip_piece(g, d, s.microbatch, s.sub));
+  };
+  return pipe;
+}
+
+// Every segment runs on the LLM's grid: its TP ranks exchange the stage messages.
+double Lowering::dip_activation_bytes(const ModuleInfo& m, std::span<const Sample* const> samples) {
+  return stage_message_bytes(modules_[static_cast<std::size_t>(llm_)],
+                             work_of(m.index, samples).tokens,
+                             m.spec->transformer ? m.spec->transformer->hidden : 0);
+}
+
+std::span<const Sample* const> Lowering::dip_piece(const DipSegment& g, int64_t d, int32_t mb,
+                                                   int32_t sub) {
+  return std::span<const Sample* const>(*g.pieces[static_cast<std::size_t>(
+      d)][static_cast<std::size_t>(mb)][static_cast<std::size_t>(sub)]);
+}
+
+void Lowering::dip_run(DipWalk& w, const ModuleInfo& m, int32_t k, Phase phase,
+                       std::span<const Sample* const> samples) {
+  if (phase != Phase::kF && !m.flow.backward()) return;
+  Op op = compute(m, w.rank, k, w.step->microbatch, phase, samples);
+  op.sub_microbatch = w.step->sub;
+  op.deps = w.deps;
+  w.last = emit(w.rank, op);
+  w.deps = {w.last};
+  if (phase == Phase::kF)
+    w.forward_of[{w.step->microbatch, w.step->sub, op.chunk, m.index}] = w.last;
+}
+
+void Lowering::dip_run_back(DipWalk& w, const ModuleInfo& m, int32_t k,
+                            std::span<const Sample* const> samples) {
+  if (!m.flow.backward()) return;
+  if (recomputes(m)) dip_run(w, m, k, Phase::kR, samples);
+  dip_run(w, m, k, Phase::kB, samples);
+  if (m.flow.trainable) dip_run(w, m, k, Phase::kW, samples);
+  const int64_t P = modules_[static_cast<std::size_t>(llm_)].layout.pp;
+  const int16_t chunk = m.index == llm_ ? static_cast<int16_t>(k / P) : 0;
+  release(w.rank, w.last, w.forward_of,
+          std::make_tuple(w.step->microbatch, w.step->sub, chunk, m.index));
+}
+
+// A message to or from the rank of `stage` in this rank's TP position: a send after the last
+// op, a receive the next op waits for.
+void Lowering::dip_message(DipWalk& w, OpKind kind, Phase phase, int64_t stage, double bytes,
+                           int64_t tag, int module, Purpose purpose) {
+  const ModuleInfo& llm = modules_[static_cast<std::size_t>(llm_)];
+  const int64_t peer = llm.rank({w.t, 0, w.d, stage});
+  Op op = purpose == Purpose::kPp
+              ? stage_message(w.about, kind, phase, peer, llm, {w.t, 0, w.d, w.stage}, bytes, tag)
+              : p2p_op(w.about, kind, phase, peer, bytes, tag);
+  op.module = static_cast<int16_t>(module);
+  op.purpose = purpose;
+  if (kind == OpKind::kSend) {
+    op.deps = {w.last};
+    emit(w.rank, op);
+  } else {
+    w.deps.push_back(receive(w.rank, op));
+  }
+}
+
+// The LLM's first stage: each sub-micro-batch's encoder output from the encoder's last stage
+// (forward), its gradient back there (backward, for segments with a backward).
+void Lowering::dip_boundary_messages(DipWalk& w, OpKind kind, Phase phase) {
+  const int64_t P = modules_[static_cast<std::size_t>(llm_)].layout.pp;
+  const int32_t mb = w.step->microbatch;
+  for (std::size_t gi = 0; gi < w.segments->size(); ++gi) {
+    const DipSegment& g = (*w.segments)[gi];
+    if (phase == Phase::kB && g.backward_from >= P) continue;
+    const auto& subs = g.pieces[static_cast<std::size_t>(w.d)][static_cast<std::size_t>(mb)];
+    for (int32_t sub = 0; sub < static_cast<int32_t>(subs.size()); ++sub) {
+      w.about.sub_microbatch = sub;
+      dip_message(
+          w, kind, phase, P - 1,
+          boundary_bytes(dip_segment_last(g), llm_, dip_piece(g, w.d, mb, sub)),
+          MessageTag::dip_boundary(static_cast<int>(gi), phase == Phase::kB, mb, sub).packed(),
+          dip_segment_last(g), Purpose::kBoundary);
+    }
+  }
+  w.about.sub_microbatch = 0;
 }
 
 }  // namespace tessera::lowering

@@ -347,7 +347,50 @@ class Lowering {
   };
 
   // --- placements ------------------------------------------------------------------------
-  void lower_pipelines();  // homogeneous and non_colocated
+  void lower_pipelines();  // homogeneous and non_colocated (pipelines.cpp)
+  // One pipeline of lower_pipelines: the module owning its ranks, the modules that share them,
+  // and the pipelines it exchanges boundary messages with.
+  struct Pipeline {
+    int owner = -1;
+    std::vector<int> prefix;  // before the owner in its first stage (homogeneous: the encoders)
+    std::vector<int> suffix;  // after it in its last stage (borrowed projectors, a generator)
+    std::vector<std::pair<int, int>> producers;  // (producer's host, the producer) per input
+    std::vector<int> consumers;                  // hosts consuming the last module's output
+    int last_module = -1;
+    bool prefix_backward = false, suffix_backward = false;
+  };
+  std::vector<Pipeline> pipelines() const;
+  struct StageWalk;  // one rank's walk through its schedule
+  void walk_stage(const Pipeline& pipe, int64_t rank);
+  void stage_forward(const Pipeline& pipe, StageWalk& w, const ScheduleItem& item);
+  void stage_backward(const Pipeline& pipe, StageWalk& w, const ScheduleItem& item);
+  // One schedule item of a module's pipeline at grid coordinate x: its virtual stage, its
+  // samples, the fields its ops share, and the activations it exchanges with its neighbours.
+  struct StageItem {
+    int64_t k = 0;  // virtual stage
+    int32_t mb = 0;
+    const std::vector<const Sample*>* samples = nullptr;
+    Op about;
+    double act_bytes = 0;
+  };
+  StageItem stage_item(const ModuleInfo& owner, const Coord& x, const ScheduleItem& item);
+  void forward_op(StageWalk& w, const ModuleInfo& m, int64_t k_chunk, const ScheduleItem& item,
+                  std::span<const Sample* const> s, const LayerRange* piece = nullptr,
+                  int32_t gather = -1);
+  void forward_pieces(StageWalk& w, const ModuleInfo& m, int64_t k_chunk, const ScheduleItem& item,
+                      std::span<const Sample* const> s, const std::vector<LayerRange>& pieces,
+                      const std::function<int32_t(std::size_t)>& gather);
+  void forward_module(StageWalk& w, const ModuleInfo& m, int64_t k_chunk, const ScheduleItem& item,
+                      std::span<const Sample* const> s);
+  void backward_module(const Pipeline& pipe, StageWalk& w, const ModuleInfo& m, int64_t k_chunk,
+                       const ScheduleItem& item, std::span<const Sample* const> s, int32_t at_mb);
+  void gather_parameters_first(const Pipeline& pipe, StageWalk& w,
+                               const std::vector<ScheduleItem>& order);
+  void receive_pipeline_input(const Pipeline& pipe, StageWalk& w, const Op& about);
+  void send_pipeline_output(const Pipeline& pipe, StageWalk& w, const Op& about);
+  void receive_output_gradients(const Pipeline& pipe, StageWalk& w, const Op& about,
+                                std::span<const Sample* const> samples);
+  void send_input_gradients(const Pipeline& pipe, StageWalk& w, const Op& about);
   // schedule dip: encoder segments and the LLM segment on the ranks of a homogeneous pipeline.
   void lower_dip();
   struct DipSegment {
@@ -358,9 +401,35 @@ class Lowering {
     std::vector<std::vector<std::vector<const std::vector<const Sample*>*>>> pieces;
   };
   std::vector<DipSegment> dip_segments();
+  static int dip_segment_last(const DipSegment& g) {  // the module whose output the LLM takes
+    return g.projectors.empty() ? g.encoder : g.projectors.back();
+  }
+  static std::span<const Sample* const> dip_piece(const DipSegment& g, int64_t d, int32_t mb,
+                                                  int32_t sub);
+  DipPipeline dip_pipeline(const std::vector<DipSegment>& segments, int64_t d);
+  struct DipWalk;  // one rank's walk through its stage's order (dip.cpp)
+  void dip_llm_step(DipWalk& w);
+  void dip_encoder_step(DipWalk& w);
+  double dip_activation_bytes(const ModuleInfo& m, std::span<const Sample* const> samples);
+  void dip_run(DipWalk& w, const ModuleInfo& m, int32_t k, Phase phase,
+               std::span<const Sample* const> samples);
+  void dip_run_back(DipWalk& w, const ModuleInfo& m, int32_t k,
+                    std::span<const Sample* const> samples);
+  void dip_message(DipWalk& w, OpKind kind, Phase phase, int64_t stage, double bytes, int64_t tag,
+                   int module, Purpose purpose);
+  void dip_boundary_messages(DipWalk& w, OpKind kind, Phase phase);
   std::deque<Sample> piece_samples_;  // the sub-micro-batches' samples (stable addresses)
   std::deque<std::vector<const Sample*>> piece_sets_;
-  void lower_colocated();
+  void lower_colocated();  // colocated.cpp
+  struct ColocatedRank;    // what one rank's phases hand each other
+  void colocated_encoder_forward(ColocatedRank& c, int module);
+  void colocated_llm_forward(ColocatedRank& c, const ScheduleItem& item,
+                             const std::vector<int>& suffix);
+  void colocated_llm_backward(ColocatedRank& c, const ScheduleItem& item,
+                              const std::vector<int>& suffix);
+  // The encoder outputs' gradients regrouped to every rank: the ops the encoders' backward waits
+  // for.
+  std::vector<int32_t> colocated_output_gradients(ColocatedRank& c);
   void gradient_reduction(int64_t rank, const std::vector<int>& modules);  // also accounts memory
   // overlap_grad_reduce: the pieces of virtual stage k's layers, last layers first, each holding
   // about grad_bucket_mb of this rank's gradients (at least one layer each).
