@@ -106,11 +106,7 @@ Worker::Worker(const Scenario& s, const ParallelPlan& plan, Groups& groups,
   if (plan.recompute == Recompute::kSelective)
     for (auto& [key, st] : stages_) st->recompute_attention_cores();
   dip_ = plan.schedule == Schedule::kDip;
-  if (dip_) {
-    dip_cost_ =
-        std::make_unique<CostModel>(s.cluster, model.dtype, default_cost_params(s.cluster), model);
-    dip_planner_ = std::make_unique<DipPlanner>(s, plan, *dip_cost_);
-  }
+  if (dip_) dip_prefetch_ = std::make_unique<DipPrefetcher>(s, plan, options.dataset);
   linked_boundary_ = plan.placement == Placement::kNonColocated ||
                      (plan.placement == Placement::kColocated && stages[llm_] > 1);
   for (std::size_t m = 0; m < modules; ++m) {
@@ -229,15 +225,12 @@ const Worker::MicroBatch& Worker::micro_batch(int mb) {
 StepResult Worker::step(int64_t iteration) {
   const auto prepare = std::chrono::steady_clock::now();
   const ModelSpec& model = scenario_.model;
-  if (next_batch_ && next_batch_->batch.iteration == iteration)
-    batch_ = std::move(*next_batch_);
-  else
-    batch_ = make_batch(scenario_, options_.dataset, iteration);
-  next_batch_.reset();
+  batch_ =
+      dip_ ? dip_prefetch_->batch(iteration) : make_batch(scenario_, options_.dataset, iteration);
   std::optional<DipStepInfo> dip;
-  if (dip_) dip = dip_schedule_for_step(iteration);
+  if (dip_) dip = dip_prefetch_->schedule_for_step(iteration, groups_.world());
   Lowered lowered = lower(model, scenario_.cluster, plan_, scenario_.workload, batch_.batch,
-                          dip_ ? &dip_schedule_ : nullptr);
+                          dip_ ? &dip_prefetch_->schedule() : nullptr);
   TESSERA_CHECK(lowered.error.empty(), lowered.error);
   StepResult result;
   result.dip = std::move(dip);

@@ -20,6 +20,7 @@
 #include "exec/comm.hpp"
 #include "exec/cuda.hpp"
 #include "exec/data.hpp"
+#include "exec/dip_prefetch.hpp"
 #include "exec/send_order.hpp"
 #include "exec/sharded_optimizer.hpp"
 #include "exec/stage.hpp"
@@ -39,17 +40,6 @@ struct TrainOptions {
   double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
   double weight_decay = 0.0;
   double clip = 1.0;  // global gradient-norm clipping; 0 turns it off
-};
-
-// schedule dip: how this step's schedule came about. The search for a batch runs on a
-// background thread while the step before trains; when it has not finished on every rank as the
-// step begins, the step runs the previous schedule (late).
-struct DipStepInfo {
-  DipSchedule schedule;   // what the step ran
-  bool searched = false;  // a finished search supplied it (false: the previous or the start)
-  bool late = false;      // a search was running and had not finished on every rank
-  double search_s = 0;    // the supplying search's wall time
-  int64_t scored = 0, cached = 0;
 };
 
 struct StepResult {
@@ -165,9 +155,6 @@ class Worker {
   // The audio windows an op of an audio encoder runs: its micro-batch's, under DIP its
   // sub-micro-batch's.
   std::vector<torch::Tensor> audio_windows(const Op& op);
-  // The schedule for this step: the background search's, or the previous one when it is late
-  // on some rank; then starts the search for the next batch.
-  DipStepInfo dip_schedule_for_step(int64_t iteration);
   const MicroBatch& micro_batch(int mb);
   // Stage messages: a received activation (forward) or its gradient (backward) into place.
   void deliver(const Key& key, Phase phase, torch::Tensor t);
@@ -280,12 +267,8 @@ class Worker {
   // schedule dip
   bool dip_ = false;
   std::map<std::pair<int, int>, std::vector<DipPiece>> dip_pieces_;
-  std::map<Key, torch::Tensor> dip_received_;  // LLM first stage: each piece's encoder output
-  std::unique_ptr<CostModel> dip_cost_;
-  std::unique_ptr<DipPlanner> dip_planner_;
-  DipSchedule dip_schedule_;               // the last step's
-  std::future<DipSearchResult> dip_next_;  // the search for the next step's batch
-  std::optional<TrainBatch> next_batch_;   // that batch, drawn ahead
+  std::map<Key, torch::Tensor> dip_received_;    // LLM first stage: each piece's encoder output
+  std::unique_ptr<DipPrefetcher> dip_prefetch_;  // each step's schedule, searched ahead
   const Program* program_ = nullptr;
   torch::Tensor loss_sum_;  // this rank's share of the loss, summed on the device (fp64)
   bool synchronized_ = false;

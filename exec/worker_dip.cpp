@@ -97,37 +97,4 @@ void Worker::dip_boundary(const Op& op) {
   }
 }
 
-DipStepInfo Worker::dip_schedule_for_step(int64_t iteration) {
-  DipStepInfo info;
-  // Every rank runs the same search for the same batch; a collective decides whether all of
-  // them have it, so every rank lowers the same Program.
-  const bool pending = dip_next_.valid();
-  const bool ready =
-      pending && dip_next_.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
-  torch::Tensor flag = torch::tensor({ready ? 1.0 : 0.0}, torch::kFloat64);
-  all_reduce(groups_.world(), flag, c10d::ReduceOp::MIN);
-  if (flag.item<double>() > 0.5) {
-    const DipSearchResult r = dip_next_.get();
-    TESSERA_CHECK(r.error.empty(), r.error);
-    dip_schedule_ = r.schedule;
-    info.searched = true;
-    info.search_s = r.seconds;
-    info.scored = r.scored;
-    info.cached = r.cached;
-  } else {
-    info.late = pending;
-  }
-  info.schedule = dip_schedule_;
-  // The next batch, drawn now, and its schedule search from this one, while this step trains.
-  // Layers stay where they are: moving them would move weights and optimizer state between ranks.
-  if (!dip_next_.valid()) {
-    next_batch_ = make_batch(scenario_, options_.dataset, iteration + 1);
-    dip_next_ =
-        std::async(std::launch::async, [this, batch = next_batch_->batch, start = dip_schedule_] {
-          return dip_planner_->search(batch, start, /*move_layers=*/false);
-        });
-  }
-  return info;
-}
-
 }  // namespace tessera::exec
