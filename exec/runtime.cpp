@@ -1,7 +1,7 @@
 // The Worker: set-up, and the interpreter of its rank's ops (step), with the forward and
-// backward in worker_compute.cpp, boundary transport in worker_boundary.cpp, schedule dip in
-// worker_dip.cpp, gradients and the optimizers in worker_gradients.cpp and checkpoints in
-// worker_checkpoint.cpp.
+// backward in worker_compute.cpp, boundary transport in worker_boundary.cpp, schedule dip's
+// pieces in worker_dip.cpp (its schedules searched ahead by dip_prefetch.cpp), gradients and
+// the optimizers in worker_gradients.cpp and checkpoints in worker_checkpoint.cpp.
 #include "exec/runtime.hpp"
 
 #include <algorithm>

@@ -1,5 +1,5 @@
-// The Worker under schedule dip: sub-micro-batch pieces, their boundary messages, and the
-// next batch's schedule searched on a background thread.
+// The Worker under schedule dip: sub-micro-batch pieces and their boundary messages (the
+// schedules themselves are searched ahead by DipPrefetcher, dip_prefetch.hpp).
 #include "exec/runtime.hpp"
 
 #include <algorithm>
