@@ -47,7 +47,7 @@ struct SimulatedIteration {
   IterationMetrics metrics;
   int64_t ops = 0;
   int64_t activities = 0;    // SimGrid activities (flows, sleeps, executions)
-  int64_t folded_flows = 0;  // twins' flows not simulated: their class leader's stood for them
+  int64_t folded_flows = 0;  // flows not simulated: copies of simulated ones stood for them
   int64_t actors = 0;        // actors that ran (one per twin class and stream)
   // Whether its nested collectives ran as ring flows (kFlows, or kAuto after a timed run found
   // them sharing links), and what a timed run found (Timeline::nested_shared_links): kNone

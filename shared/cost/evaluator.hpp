@@ -38,7 +38,7 @@ struct Timeline {
   std::vector<std::vector<NestedSlice>> nested;  // [rank]; executor only, may be empty
   int64_t activities = 0;  // simulator only: SimGrid activities started (flows, sleeps, executions)
   int64_t actors = 0;      // simulator only: actors run
-  int64_t folded_flows = 0;  // simulator only: twins' flows their class leader's stood for
+  int64_t folded_flows = 0;  // simulator only: flows left out, simulated ones stood for them
   // Simulator only, nested collectives as timed activities: whether one of them may have run
   // while another transfer used its links (a compute op with nested collectives overlapped a
   // transfer over its rank's NVLink links, or a nested group spans nodes) — then ring flows
