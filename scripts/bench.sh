@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Benchmarks that print figures (never pass/fail). Usage: scripts/bench.sh [lower|scale|sim|demo|sweep|comm|cli|exec|moe|reproduce-hetero|reproduce-cornstarch|cornstarch-exec|reproduce-variability|variability-exec|published|accuracy|tune|all]
+# Benchmarks that print figures (never pass/fail). Usage: scripts/bench.sh [lower|scale|sim|demo|sweep|comm|cli|exec|moe|moe-ep|reproduce-hetero|reproduce-cornstarch|cornstarch-exec|reproduce-variability|variability-exec|published|accuracy|tune|all]
 # Builds tessera and tessera-train in $TESSERA_BUILD_DIR (default build/) first; with TESSERA_BIN
 # set, times that simulator binary instead and builds nothing.
 #   lower  lowering + evaluation of one iteration of a 1024-rank plan with 64 micro-batches
@@ -19,8 +19,9 @@
 #          and the parallel plans' step times
 #   moe    mixture of experts: Llama 4 Scout (scenarios/llama-4-scout.json, 64 H100s) on TP 2 x
 #          PP 4 x DP 8 with EP 1, 2, 4, 8 under router skews 0, 0.5, 1 (estimated step time and
-#          peak memory), the sweep's best plans at skew 0 and 1, and the executor's step time on
-#          scenarios/cpu-tiny-moe.json with EP 2 against one rank (median of steps 2..20)
+#          peak memory: `moe-ep` alone, a second), the sweep's best plans at skew 0 and 1, and the
+#          executor's step time on scenarios/cpu-tiny-moe.json with EP 2 against one rank (median
+#          of steps 2..20)
 #   reproduce-hetero  (not in all) the heterogeneous-parallelism regime: ViT-L/14 + 7B and
 #          InternViT-6B + 70B at 8k-128k fused tokens on 64, 256 and 1,024 H100s; the best
 #          homogeneous, colocated and non-colocated plans by full sweeps (HETERO_PAIRS,
@@ -269,17 +270,32 @@ if [[ $what == exec || $what == all ]]; then
   rm -rf "$plans"
 fi
 
-if [[ $what == moe || $what == all ]]; then
+if [[ $what == moe || $what == moe-ep || $what == all ]]; then
   root=$(mktemp -d /tmp/tessera-moe.XXXXXX)
-  echo "Llama 4 Scout, 64 H100s, TP 2 x PP 4 x DP 8, micro-batch 1: estimated step (s) and peak memory"
+  echo "== Llama 4 Scout, 64 H100s, TP 2 x PP 4 x DP 8, micro-batch 1: estimated step and peak memory =="
+  echo "| router_skew | EP 1 | EP 2 | EP 4 | EP 8 |"
+  echo "|---|---|---|---|---|"
+  memory="| peak memory per GPU |"
   for skew in 0 0.5 1; do
+    row="| $skew |"
+    if [[ $skew == 0 ]]; then row="| 0 (even) |"; fi
     for ep in 1 2 4 8; do
       echo "{\"placement\": \"homogeneous\", \"layout\": {\"tp\": 2, \"pp\": 4, \"dp\": 8, \"ep\": $ep}, \"micro_batch_size\": 1, \"schedule\": \"1f1b\", \"sequence_parallel\": true, \"distributed_optimizer\": true}" >"$root/ep$ep.json"
-      "$tessera" estimate scenarios/llama-4-scout.json --plan "$root/ep$ep.json" --set workload.router_skew=$skew |
-        awk -v skew="$skew" -v ep="$ep" '/^step time/ { step = $3 } /^peak memory/ { mem = $3 " " $4 }
-          END { printf "  router_skew %-4s EP %d: step %s s, peak memory %s\n", skew, ep, step, mem }'
+      out=$("$tessera" estimate scenarios/llama-4-scout.json --plan "$root/ep$ep.json" --set workload.router_skew=$skew)
+      row+=" $(echo "$out" | awk '/^step time/ { print $3 " s" }') |"
+      # "peak memory      106 GiB on rank 18 (...) of 79.6 GiB": the same at every skew
+      if [[ $skew == 0 ]]; then
+        memory+=" $(echo "$out" | awk '/^peak memory/ {
+          note = ($3 + 0 > $(NF - 1) + 0 && $4 == $NF) ? " (does not fit)" : ""; print $3 " " $4 note }') |"
+      fi
     done
+    echo "$row"
   done
+  echo "$memory"
+fi
+
+if [[ $what == moe || $what == all ]]; then
+  root=$(mktemp -d /tmp/tessera-moe.XXXXXX)
   start=$(date +%s.%N)
   "$tessera" sweep scenarios/llama-4-scout.json --top 4 --refine 0 --set workload.router_skew=0,1 \
     --out "$root/sweep" >"$root/sweep.txt" 2>&1
