@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Benchmarks that print figures (never pass/fail). Usage: scripts/bench.sh [lower|scale|sim|demo|sweep|comm|cli|exec|moe|moe-ep|reproduce-hetero|reproduce-cornstarch|cornstarch-exec|reproduce-variability|variability-exec|published|accuracy|tune|all]
+# Benchmarks that print figures (never pass/fail). Usage: scripts/bench.sh [lower|scale|sim|demo|sweep|comm|cli|exec|moe|moe-ep|reproduce-hetero|reproduce-cornstarch|stage-split|cornstarch-exec|reproduce-variability|variability-exec|published|accuracy|tune|all]
 # Builds tessera and tessera-train in $TESSERA_BUILD_DIR (default build/) first; with TESSERA_BIN
 # set, times that simulator binary instead and builds nothing.
 #   lower  lowering + evaluation of one iteration of a 1024-rank plan with 64 micro-batches
@@ -30,6 +30,8 @@
 #          16 H100 as 8 stages of TP 2, 24 micro-batches) planned freeze-unaware vs frozen-aware by
 #          `tessera stages`, and the CP table: one image-and-text sequence of 8k-128k tokens on
 #          TP 4 x CP 2-8, attention-work max/mean and simulated step for uniform/zigzag/makespan
+#   stage-split  frozen-aware vs uniform stage split on the library scenarios' own plans (estimates,
+#          seconds)
 #   cornstarch-exec  Cornstarch with the executor: frozen-aware vs uniform stage split
 #          (scenarios/cpu-tiny-big-vit.json, PP2; analytic, and priced with a profile calibrated
 #          on a run of that model; and PP4 on 4 ranks), stage counts per module on 4 ranks (`tessera stages`: the
@@ -480,6 +482,22 @@ if [[ $what == reproduce-cornstarch || $what == all ]]; then
       done
       echo "$line $(awk -v z="${steps[1]}" -v m="${steps[2]}" 'BEGIN { printf "%.3fx", z / m }') |"
     done
+  done
+fi
+
+if [[ $what == stage-split || $what == all ]]; then
+  echo "== frozen-aware vs uniform stage split on the library scenarios' own plans (tessera estimate) =="
+  echo "| scenario | frozen-aware split's layers | uniform | frozen-aware | gain |"
+  echo "|---|---|---|---|---|"
+  for scenario in cornstarch-vlm-large-1024 cornstarch-valm-medium llava-1.5-13b-captioning \
+    qwen2-vl-7b-video default default-1024 default-8192; do
+    uniform=$("$tessera" estimate "scenarios/$scenario.json" --set plan.stage_split=uniform |
+      awk '/^step time/ { print $3 }')
+    out=$("$tessera" estimate "scenarios/$scenario.json" --set plan.stage_split=frozen_aware)
+    aware=$(echo "$out" | awk '/^step time/ { print $3 }')
+    # "stage layers     vision even | llm 15,13 (cost-balanced; nothing is frozen)"
+    stages=$(echo "$out" | sed -n 's/^stage layers *//p' | sed 's/ | /; /g')
+    echo "| $scenario | $stages | $uniform s | $aware s | $(awk -v u="$uniform" -v a="$aware" 'BEGIN { printf "%.3fx", u / a }') |"
   done
 fi
 
