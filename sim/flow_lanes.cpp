@@ -97,31 +97,33 @@ std::vector<char> flows_stood_for(int64_t world, const std::vector<int32_t>& lea
     return node(u.ranks[static_cast<std::size_t>(item.first + a)]) ==
            node(u.ranks[static_cast<std::size_t>(item.first + b)]);
   };
+  auto first_of = [](const FlowUnit& u, const FlowUnit::Item& item) {
+    return u.ranks[static_cast<std::size_t>(item.first)];
+  };
+  auto component = [&](int32_t r) {
+    return static_cast<std::size_t>(root[static_cast<std::size_t>(r)]);
+  };
   std::vector<std::pair<int32_t, int32_t>> standing;  // (first rank, item) outside candidates
   std::vector<int32_t> moved;                         // first ranks of the candidates' items
   units([&](const FlowUnit& u) {
     standing.clear();
     for (std::size_t i = 0; i < u.items.size(); ++i) {
-      const int32_t first = u.ranks[static_cast<std::size_t>(u.items[i].first)];
-      const auto comp = static_cast<std::size_t>(root[static_cast<std::size_t>(first)]);
+      const int32_t first = first_of(u, u.items[i]);
+      const std::size_t comp = component(first);
       ++items[comp];
       if (!candidate[comp]) standing.emplace_back(first, static_cast<int32_t>(i));
     }
     std::sort(standing.begin(), standing.end());
     // Two items of a candidate that start at one rank would share a stand-in: not one to one.
     moved.clear();
-    for (const FlowUnit::Item& item : u.items) {
-      const int32_t first = u.ranks[static_cast<std::size_t>(item.first)];
-      if (candidate[static_cast<std::size_t>(root[static_cast<std::size_t>(first)])])
-        moved.push_back(first);
-    }
+    for (const FlowUnit::Item& item : u.items)
+      if (candidate[component(first_of(u, item))]) moved.push_back(first_of(u, item));
     std::sort(moved.begin(), moved.end());
     for (std::size_t k = 1; k < moved.size(); ++k)
-      if (moved[k] == moved[k - 1])
-        candidate[static_cast<std::size_t>(root[static_cast<std::size_t>(moved[k])])] = 0;
+      if (moved[k] == moved[k - 1]) candidate[component(moved[k])] = 0;
     for (const FlowUnit::Item& item : u.items) {
-      const int32_t first = u.ranks[static_cast<std::size_t>(item.first)];
-      const auto comp = static_cast<std::size_t>(root[static_cast<std::size_t>(first)]);
+      const int32_t first = first_of(u, item);
+      const std::size_t comp = component(first);
       if (!candidate[comp]) continue;
       const int32_t d = delta[comp];
       auto at = std::lower_bound(standing.begin(), standing.end(),

@@ -59,9 +59,7 @@ void Lowering::lower_colocated() {
       if (!m.flow.backward()) continue;
       const ModuleInfo& grid = m.host >= 0 ? modules_[static_cast<std::size_t>(m.host)] : m;
       const auto& samples = samples_of(*it, grid.coord(rank).d, -1);
-      for (Phase phase : {Phase::kR, Phase::kB, Phase::kW}) {
-        if (phase == Phase::kR && !recomputes(m)) continue;
-        if (phase == Phase::kW && !m.flow.trainable) continue;
+      for (const Phase phase : backward_phases(m)) {
         Op op = compute(m, rank, 0, -1, phase, samples);
         op.deps = deps;
         op.deps.push_back(c.encoder_forward[*it]);
@@ -214,9 +212,7 @@ void Lowering::colocated_llm_backward(ColocatedRank& c, const ScheduleItem& item
   // --- compute, in reverse: the generators in the last stage, then the LLM's chunk
   int32_t last = -1;
   auto backward = [&](const ModuleInfo& m, int64_t k_chunk) {
-    for (Phase phase : {Phase::kR, Phase::kB, Phase::kW}) {
-      if (phase == Phase::kR && !recomputes(m)) continue;
-      if (phase == Phase::kW && !m.flow.trainable) continue;
+    for (const Phase phase : backward_phases(m)) {
       Op op = compute(m, c.rank, static_cast<int32_t>(k_chunk), s.mb, phase, *s.samples);
       op.deps = deps;
       last = emit(c.rank, op);

@@ -308,9 +308,7 @@ void Lowering::dip_run(DipWalk& w, const ModuleInfo& m, int32_t k, Phase phase,
 void Lowering::dip_run_back(DipWalk& w, const ModuleInfo& m, int32_t k,
                             std::span<const Sample* const> samples) {
   if (!m.flow.backward()) return;
-  if (recomputes(m)) dip_run(w, m, k, Phase::kR, samples);
-  dip_run(w, m, k, Phase::kB, samples);
-  if (m.flow.trainable) dip_run(w, m, k, Phase::kW, samples);
+  for (const Phase phase : backward_phases(m)) dip_run(w, m, k, phase, samples);
   const int64_t P = modules_[static_cast<std::size_t>(llm_)].layout.pp;
   const int16_t chunk = m.index == llm_ ? static_cast<int16_t>(k / P) : 0;
   release(w.rank, w.last, w.forward_of,

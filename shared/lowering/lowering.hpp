@@ -165,6 +165,16 @@ class Lowering {
            m.spec->transformer && m.spec->transformer->layers > 0;
   }
 
+  // The phases a module's whole-chunk backward runs, in order: R where it recomputes, B, and W
+  // where it trains.
+  std::vector<Phase> backward_phases(const ModuleInfo& m) const {
+    std::vector<Phase> phases;
+    if (recomputes(m)) phases.push_back(Phase::kR);
+    phases.push_back(Phase::kB);
+    if (m.flow.trainable) phases.push_back(Phase::kW);
+    return phases;
+  }
+
   // The end of the layers of chunk `k_chunk` of `m` that full recomputation runs again: the
   // chunk's first plan.recompute_layers (Megatron-LM's block method), or all of them.
   int64_t recompute_end(const ModuleInfo& m, int32_t k_chunk) const {
