@@ -294,6 +294,7 @@ if [[ $what == moe || $what == moe-ep || $what == all ]]; then
     echo "$row"
   done
   echo "$memory"
+  rm -rf "$root"
 fi
 
 if [[ $what == moe || $what == all ]]; then
