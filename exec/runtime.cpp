@@ -1,7 +1,8 @@
 // The Worker: set-up, and the interpreter of its rank's ops (step), with the forward and
 // backward in worker_compute.cpp, boundary transport in worker_boundary.cpp, schedule dip's
-// pieces in worker_dip.cpp (its schedules searched ahead by dip_prefetch.cpp), gradients and
-// the optimizers in worker_gradients.cpp and checkpoints in worker_checkpoint.cpp.
+// pieces in worker_dip.cpp (its schedules searched ahead by dip_prefetch.cpp), the gradient
+// collectives in worker_gradients.cpp (handed to the Optimizers, optimizers.cpp) and checkpoints
+// in worker_checkpoint.cpp. Point-to-point messages go through Messages (messages.cpp).
 #include "exec/runtime.hpp"
 
 #include <algorithm>
@@ -22,7 +23,12 @@ namespace tessera::exec {
 
 Worker::Worker(const Scenario& s, const ParallelPlan& plan, Groups& groups,
                const TrainOptions& options)
-    : scenario_(s), plan_(plan), groups_(groups), options_(options), rank_(groups.world_rank()) {
+    : scenario_(s),
+      plan_(plan),
+      groups_(groups),
+      options_(options),
+      rank_(groups.world_rank()),
+      messages_(groups, rank_) {
   const ModelSpec& model = s.model;
   module_groups_ = rank_groups(plan, model);
   // The first iteration's Program says which groups exist and which stages live here.
@@ -49,8 +55,7 @@ Worker::Worker(const Scenario& s, const ParallelPlan& plan, Groups& groups,
   alone_ = Comm{{rank_}, 0, {}, torch::kCPU};
   cp_.assign(modules, nullptr);
   ep_.assign(modules, nullptr);
-  dpcp_.assign(modules, 1);
-  edp_.assign(modules, 1);
+  std::vector<int64_t> dpcp(modules, 1);  // per module: ranks holding the same shard
   dp_size_.assign(modules, 1);
   dp_rank_.assign(modules, 0);
   for (const ModuleGroups& mg : module_groups_) {
@@ -66,14 +71,12 @@ Worker::Worker(const Scenario& s, const ParallelPlan& plan, Groups& groups,
       tp_[m] = &alone_;
     }
     cp_[m] = &groups_.get(*cp);
-    dpcp_[m] = static_cast<int64_t>(dp->size() * cp->size());
+    dpcp[m] = static_cast<int64_t>(dp->size() * cp->size());
     // Modules without experts share the grid's EP groups (homogeneous plans) but have no use
     // for them.
     const auto& arch = model.modules[m].transformer;
-    if (const Group* ep = group_with(mg.ep, rank_); ep != nullptr && arch && arch->experts > 0) {
+    if (const Group* ep = group_with(mg.ep, rank_); ep != nullptr && arch && arch->experts > 0)
       ep_[m] = &groups_.get(*ep);
-      edp_[m] = dpcp_[m] / static_cast<int64_t>(ep->size());
-    }
     dp_rank_[m] = index_in(dp, rank_);
     if (model.modules[m].role == ModuleRole::kLlm) {
       tp_index_ = index_in(tp, rank_);
@@ -109,41 +112,20 @@ Worker::Worker(const Scenario& s, const ParallelPlan& plan, Groups& groups,
   if (dip_) dip_prefetch_ = std::make_unique<DipPrefetcher>(s, plan, options.dataset);
   linked_boundary_ = plan.placement == Placement::kNonColocated ||
                      (plan.placement == Placement::kColocated && stages[llm_] > 1);
+  std::vector<GradientCopies> copies(modules);
   for (std::size_t m = 0; m < modules; ++m) {
-    std::vector<torch::Tensor> params = trainable(static_cast<int>(m));
-    // Fully sharded, a frozen module's weights are sharded too: its units are gathered as the
-    // Program says, with nothing to step.
-    const bool frozen_sharded =
-        params.empty() &&
-        std::any_of(p.ranks[static_cast<std::size_t>(rank_)].begin(),
-                    p.ranks[static_cast<std::size_t>(rank_)].end(), [&](const Op& op) {
-                      return op.kind == OpKind::kCollective && op.module == static_cast<int>(m) &&
-                             (op.flags & kOpFullySharded) != 0;
-                    });
-    if (params.empty() && !frozen_sharded) continue;
-    torch::optim::AdamWOptions o(options.lr);
-    o.betas({options.beta1, options.beta2}).eps(options.eps).weight_decay(options.weight_decay);
-    if (plan.distributed_optimizer) {
-      // The slices this rank owns among the group of the Program's gradient reduce-scatters:
-      // the module's data(-context)-parallel group, and its routed experts' replicas.
-      const int module = static_cast<int>(m);
-      for (const bool experts :
-           experts_split(module) ? std::vector<bool>{false, true} : std::vector<bool>{false}) {
-        int64_t parts = 1, index = 0;
-        for (const Op& op : p.ranks[static_cast<std::size_t>(rank_)])
-          if (op.kind == OpKind::kCollective && op.purpose == Purpose::kDp && op.module == module &&
-              ((op.flags & kOpRoutedExperts) != 0) == experts) {
-            const RankList& g = p.groups[static_cast<std::size_t>(op.group)];
-            parts = static_cast<int64_t>(g.size());
-            index = std::find(g.begin(), g.end(), rank_) - g.begin();
-          }
-        shards_[{module, experts}] = std::make_unique<ShardedOptimizer>(
-            optimizer_buckets(p, module, experts, frozen_sharded), parts, index, o, frozen_sharded);
-      }
-      continue;
-    }
-    optimizers_[static_cast<int>(m)] = std::make_unique<torch::optim::AdamW>(params, o);
+    const Comm* ep = ep_[m];
+    copies[m] = {dpcp[m], ep == nullptr ? 1 : dpcp[m] / static_cast<int64_t>(ep->size()),
+                 ep != nullptr && ep->size() > 1};
   }
+  OptimizerSettings settings;
+  settings.adamw.lr(options.lr)
+      .betas({options.beta1, options.beta2})
+      .eps(options.eps)
+      .weight_decay(options.weight_decay);
+  settings.clip = options.clip;
+  settings.distributed = plan.distributed_optimizer;
+  optimizers_ = std::make_unique<Optimizers>(stages_, p, rank_, std::move(copies), settings);
 }
 
 Stage& Worker::stage(int module, int chunk) {
@@ -152,15 +134,6 @@ Stage& Worker::stage(int module, int chunk) {
                                          std::to_string(chunk) + " on rank " +
                                          std::to_string(rank_));
   return *it->second;
-}
-
-std::vector<torch::Tensor> Worker::trainable(int module) {
-  std::vector<torch::Tensor> out;
-  for (auto& [key, st] : stages_)
-    if (key.first == module)
-      for (const Param& p : st->params())
-        if (p.tensor.requires_grad()) out.push_back(p.tensor);
-  return out;
 }
 
 std::vector<int32_t> Worker::samples_for(int module, int mb) const {
@@ -267,10 +240,8 @@ StepResult Worker::step(int64_t iteration) {
   piece_times_.clear();
   gathers_.clear();
   gathered_early_.clear();
-  pending_.clear();
-  send_order_.start(p, rank_);
+  messages_.start(p);
   loss_sum_ = torch::zeros({}, on_device(torch::kFloat64));
-  synchronized_ = false;
   const auto& ops = p.ranks[static_cast<std::size_t>(rank_)];
   fused_.assign(ops.size(), 0);
   for (std::size_t i = 0; i < ops.size(); ++i) {
@@ -294,11 +265,7 @@ StepResult Worker::step(int64_t iteration) {
     if (op.kind == OpKind::kCompute && op.phase == Phase::kR)
       recomputed_.insert({op.module, op.chunk, op.microbatch, op.sub_microbatch});
   }
-  for (auto& [m, sh] : shards_) sh->start_iteration();
-  // Gradients start at zero every iteration, so every plan steps every parameter.
-  for (auto& [key, st] : stages_)
-    for (Param& prm : st->params())
-      if (prm.tensor.requires_grad()) prm.tensor.mutable_grad() = torch::zeros_like(prm.tensor);
+  optimizers_->start_iteration();
 
   result.times.assign(ops.size(), OpTime{});
   // On a GPU an op's host time is when it was queued: CUDA events time what it ran.
@@ -345,7 +312,7 @@ StepResult Worker::step(int64_t iteration) {
         torch::Tensor t =
             (op.phase == Phase::kF ? slot.output : slot.input_grads.at(0)).detach().contiguous();
         if ((op.flags & kOpTpScattered) != 0) t = tp_slice(op, t);
-        post_send(op, t);
+        messages_.send(op, t);
         break;
       }
       case OpKind::kRecv: {
@@ -393,11 +360,11 @@ StepResult Worker::step(int64_t iteration) {
         if ((op.flags & kOpTpScattered) != 0) {
           // This rank's slice now; the compute op that consumes it gathers the whole.
           torch::Tensor part = torch::empty_like(tp_slice(op, t));
-          recv(groups_.channel(op.peer, rank_), part, op.peer, op.tag);
+          messages_.receive(op, part);
           slices_[{key, op.phase}] = {part, t};
           break;
         }
-        recv(groups_.channel(op.peer, rank_), t, op.peer, op.tag);
+        messages_.receive(op, t);
         deliver(key, op.phase, t);
         break;
       }
@@ -405,15 +372,12 @@ StepResult Worker::step(int64_t iteration) {
         if (gathered_early_.erase(static_cast<int32_t>(i)) > 0) break;  // posted by a piece
         if (op.purpose == Purpose::kBoundary)
           boundary_collective(op);
-        else if (op.purpose == Purpose::kNorm)
-          synchronize_norm_and_loss();
-        else if (op.purpose == Purpose::kTp && (op.flags & kOpKvReplicas) != 0)
-          sum_kv_replicas(op);
         else
-          reduce_gradients(op);
+          gradient_collective(op);
         break;
       case OpKind::kOptimizerStep:
-        optimizer_step(op);
+        if (!optimizers_->synchronized()) optimizers_->synchronize(loss_sum_, groups_.world());
+        optimizers_->step(op.module);
         break;
     }
     if (cuda_clock_) cuda_clock_->mark(2 * i + 1);
@@ -428,12 +392,8 @@ StepResult Worker::step(int64_t iteration) {
   for (auto& [i, pending] : gathers_)
     for (PendingCollective& g : pending) g.finish();
   gathers_.clear();
-  TESSERA_CHECK(send_order_.held() == 0,
-                "messages never sent: their receiver's earlier ones "
-                "were not in this rank's Program");
-  for (PendingSend& s : pending_) s.work->wait();
-  pending_.clear();
-  if (!synchronized_) synchronize_norm_and_loss();
+  messages_.finish();
+  if (!optimizers_->synchronized()) optimizers_->synchronize(loss_sum_, groups_.world());
   result.step_s = now();
   if (cuda_clock_) {
     const std::vector<double> s = cuda_clock_->seconds(2 * ops.size());
@@ -441,8 +401,8 @@ StepResult Worker::step(int64_t iteration) {
     cuda_synchronize();
     result.step_s = now();
   }
-  result.loss = loss_;
-  result.grad_norm = grad_norm_;
+  result.loss = optimizers_->loss();
+  result.grad_norm = optimizers_->grad_norm();
   slots_.clear();
   received_.clear();
   slices_.clear();
@@ -488,11 +448,6 @@ void Worker::compute(const Op& op) {
   if (op.phase == Phase::kF) return forward(op);
   if (op.phase == Phase::kR) return recompute(op);
   backward(op, op.phase == Phase::kW);
-}
-
-void Worker::post_send(const Op& op, const torch::Tensor& t) {
-  for (auto& [tag, ready] : send_order_.post(op.peer, op.tag, t))
-    pending_.push_back(send(groups_.channel(rank_, op.peer), ready, op.peer, tag));
 }
 
 double Worker::elapsed() const {

@@ -1,7 +1,10 @@
 // The worker's runtime: it lowers the same Program as the simulator for each iteration and
 // interprets its own rank's ops in order — compute (F, B, W) on its stages, sends and receives of
 // activations and gradients, gradient reductions, optimizer steps. The torch code schedules
-// nothing of its own; what runs, and when, is the Program's.
+// nothing of its own; what runs, and when, is the Program's. The Worker owns the interpreter's
+// state (stages, micro-batches, activations, boundary rows); three objects own the rest: the
+// Optimizers (gradients, their reductions and norm, the steps), Messages (point-to-point
+// transport in each receiver's order) and the DipPrefetcher (schedule dip's batches and searches).
 #pragma once
 
 #include <chrono>
@@ -21,8 +24,8 @@
 #include "exec/cuda.hpp"
 #include "exec/data.hpp"
 #include "exec/dip_prefetch.hpp"
-#include "exec/send_order.hpp"
-#include "exec/sharded_optimizer.hpp"
+#include "exec/messages.hpp"
+#include "exec/optimizers.hpp"
 #include "exec/stage.hpp"
 #include "shared/cost/evaluator.hpp"
 #include "shared/layout/microbatch.hpp"
@@ -69,7 +72,7 @@ class Worker {
   // Parameter bytes held by this rank (weights, gradients, optimizer state).
   int64_t parameter_bytes() const;
   // Messages this rank held back so that their receiver takes them in the order sent (SendOrder).
-  int64_t reordered_messages() const { return send_order_.reordered(); }
+  int64_t reordered_messages() const { return messages_.reordered(); }
 
  private:
   using Key = std::tuple<int, int, int, int>;  // (module, chunk, micro-batch, sub-micro-batch)
@@ -171,19 +174,10 @@ class Worker {
   void sum_kv_replicas(const Op& op);
   // The gradient the backward of `op`'s stage starts from (its output's).
   torch::Tensor output_gradient(const Op& op, Slot& slot);
-  void reduce_gradients(const Op& op);
-  // Waits for the bucket reductions in flight and puts their sums in place.
-  void finish_reductions();
-  void optimizer_step(const Op& op);
+  // A collective of the Program's for the gradients and parameters: reductions, the distributed
+  // optimizer's gathers (a bucket's in the background, in gathers_), the norm.
+  void gradient_collective(const Op& op);
   void gather_parameters(const Op& op);
-  // The distributed optimizer's buckets of `module` on this rank: the Program's gradient buckets
-  // (reduce-scatter ops; fully sharded, also the units its gathers name), or the whole module;
-  // of its routed experts (`experts`), or of the rest. `frozen`: every parameter (a frozen
-  // module's weights, sharded), else the trainable ones.
-  std::vector<ShardedOptimizer::Bucket> optimizer_buckets(const Program& p, int module,
-                                                          bool experts, bool frozen = false);
-  void synchronize_norm_and_loss();
-  std::vector<torch::Tensor> trainable(int module);
 
   const Scenario& scenario_;
   const ParallelPlan& plan_;
@@ -198,21 +192,10 @@ class Worker {
   std::vector<const Comm*> tp_, cp_, ep_;
   std::vector<int64_t> tp_replicas_;
   Comm alone_;
-  std::vector<int64_t> dpcp_;               // per module: ranks holding the same shard
-  std::vector<int64_t> edp_;                // per module: ranks holding the same routed expert
   std::vector<int64_t> dp_size_, dp_rank_;  // per module: data-parallel degree, this rank's replica
   int64_t dp_index_ = 0, cp_index_ = 0, tp_index_ = 0;
-  std::map<std::pair<int, int>, std::unique_ptr<Stage>> stages_;    // (module, chunk)
-  std::map<int, std::unique_ptr<torch::optim::AdamW>> optimizers_;  // per module
-  // Distributed optimizer: per module, this rank's slices and their AdamW.
-  // Per (module, its routed experts): the distributed optimizer. Routed experts split over EP
-  // share their state with their own replicas, apart from the rest of the module.
-  std::map<std::pair<int, bool>, std::unique_ptr<ShardedOptimizer>> shards_;
-  // Whether `module`'s routed experts are split over EP ranks here (reduced and stepped apart).
-  bool experts_split(int module) const {
-    const Comm* ep = ep_[static_cast<std::size_t>(module)];
-    return ep != nullptr && ep->size() > 1;
-  }
+  Stages stages_;
+  std::unique_ptr<Optimizers> optimizers_;  // over stages_'s parameters
 
   // Per iteration.
   TrainBatch batch_;
@@ -241,8 +224,6 @@ class Worker {
   std::vector<char> fused_;   // per op: a B and the W right after it, run as one backward
   std::map<Key, std::vector<int64_t>> cuts_;  // forwards cut for a backward in bucket pieces
   std::set<Key> recomputed_;  // forwards whose layers an R op runs again (full recomputation)
-  // Gradient buckets being reduced while the backward goes on (overlap_grad_reduce).
-  std::vector<PendingCollective> reductions_;
   // overlap_param_gather: parameter buckets being gathered, by the index of their op; an op that
   // depends on one waits for it. The first forward of a chunk runs in pieces: the bottom piece's
   // op runs them all, each waiting for its gather as the layers reach it (key -> the other
@@ -260,10 +241,7 @@ class Worker {
   std::chrono::steady_clock::time_point started_;
   double elapsed() const;
   void await_gathers(const Op& op);
-  std::vector<PendingSend> pending_;
-  SendOrder send_order_;
-  // Sends `t` to op.peer as op says, once the messages the peer takes before it are on their way.
-  void post_send(const Op& op, const torch::Tensor& t);
+  Messages messages_;
   // schedule dip
   bool dip_ = false;
   std::map<std::pair<int, int>, std::vector<DipPiece>> dip_pieces_;
@@ -271,8 +249,6 @@ class Worker {
   std::unique_ptr<DipPrefetcher> dip_prefetch_;  // each step's schedule, searched ahead
   const Program* program_ = nullptr;
   torch::Tensor loss_sum_;  // this rank's share of the loss, summed on the device (fp64)
-  bool synchronized_ = false;
-  double clip_coefficient_ = 1, loss_ = 0, grad_norm_ = 0;
 };
 
 }  // namespace tessera::exec

@@ -451,10 +451,10 @@ void Worker::boundary_p2p(const Op& op) {
   // The producer sends forward and receives gradients; the consumer the reverse (a colocated
   // rank is both).
   const bool producer_side = (op.kind == OpKind::kSend) == (op.phase == Phase::kF);
-  auto send_rows = [&](const torch::Tensor& t) { post_send(op, t); };
+  auto send_rows = [&](const torch::Tensor& t) { messages_.send(op, t); };
   auto recv_rows = [&](int64_t rows, int64_t width) {
     torch::Tensor t = torch::zeros({rows, width}, activation_options());
-    recv(groups_.channel(op.peer, rank_), t, op.peer, op.tag);
+    messages_.receive(op, t);
     return t;
   };
   const int64_t width = boundary_width(producer);

@@ -71,7 +71,7 @@ void Worker::dip_boundary(const Op& op) {
       const torch::Tensor& leaf = dip_received_.at(key);
       t = leaf.grad().defined() ? leaf.grad() : torch::zeros_like(leaf);
     }
-    post_send(op, t.detach());
+    messages_.send(op, t.detach());
     return;
   }
   torch::Tensor t;
@@ -88,7 +88,7 @@ void Worker::dip_boundary(const Op& op) {
   } else {
     t = torch::zeros_like(slots_.at(key).output);
   }
-  recv(groups_.channel(op.peer, rank_), t, op.peer, op.tag);
+  messages_.receive(op, t);
   if (op.phase == Phase::kF) {
     t.set_requires_grad(sends_grad_.count(key) > 0);
     dip_received_[key] = t;
