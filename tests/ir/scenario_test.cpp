@@ -3,6 +3,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <set>
 
 #include <unistd.h>
@@ -18,11 +19,14 @@ namespace fs = std::filesystem;
 static const std::string kScenarios = std::string(TESSERA_SOURCE_DIR) + "/scenarios";
 
 TEST_CASE("every library model matches its published parameter count") {
-  // Those whose reference is an exact (safetensors) count match it exactly; the others, sums of
-  // rounded published component sizes, within 2%.
-  const std::set<std::string> exact = {"llava-1.5-7b",          "qwen2-vl-7b",
-                                       "qwen2-audio-7b",        "llama-3.2-11b-vision",
-                                       "llama-4-scout-17b-16e", "minicpm-v-2.6"};
+  // A reference is exact (a safetensors total, or the sum of exact component counts and computed
+  // projectors) unless it holds a rounded published size: then the model matches it within that
+  // rounding, half a unit of the last digit published.
+  const std::map<std::string, double> rounded = {
+      {"llava-1.5-13b", 0.05e9},       // "13.4B" on its model card
+      {"cornstarch-vlm-large", 5e6},   // InternViT-6B-448px-V1-5's "5.54B" on its card
+      {"cornstarch-valm-large", 5e6},  // the same
+      {"internvl-style-14b", 5e6}};    // the same
   int checked = 0, exactly = 0;
   for (const auto& entry : fs::directory_iterator(kScenarios + "/models")) {
     Diagnostics diag;
@@ -33,15 +37,15 @@ TEST_CASE("every library model matches its published parameter count") {
     const double ours = static_cast<double>(model_parameters(*model));
     const double published = model->reference->params;
     INFO(model->name << ": ours " << ours << ", published " << published);
-    if (exact.contains(model->name)) {
+    if (const auto r = rounded.find(model->name); r != rounded.end()) {
+      CHECK(std::fabs(ours - published) <= r->second);
+    } else {
       CHECK(model_parameters(*model) == static_cast<int64_t>(published));
       ++exactly;
-    } else {
-      CHECK(std::fabs(ours - published) / published < 0.02);
     }
     ++checked;
   }
-  CHECK(exactly == 6);
+  CHECK(exactly == 16);
   // LLaVA-1.5 7B/13B, Qwen2-VL-7B, Qwen2-Audio-7B, Llama-3.2-11B-Vision, Llama 4 Scout,
   // Kimi-VL-A3B (its published total counts 27 x 64 rotary buffer values besides the
   // parameters), 9 Cornstarch pairs, the InternViT-style 14B of the data-variability scenarios,
