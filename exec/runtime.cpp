@@ -30,7 +30,7 @@ Worker::Worker(const Scenario& s, const ParallelPlan& plan, Groups& groups,
       rank_(groups.world_rank()),
       messages_(groups, rank_) {
   const ModelSpec& model = s.model;
-  module_groups_ = rank_groups(plan, model);
+  const std::vector<ModuleGroups> module_groups = rank_groups(plan, model);
   // The first iteration's Program says which groups exist and which stages live here.
   const TrainBatch first = make_batch(s, options.dataset, 0);
   const Lowered lowered = lower(model, s.cluster, plan, s.workload, first.batch);
@@ -42,49 +42,15 @@ Worker::Worker(const Scenario& s, const ParallelPlan& plan, Groups& groups,
   // Every worker creates the same groups in the same order (creation is a rendezvous).
   std::set<std::pair<std::size_t, std::vector<int64_t>>> needed;
   for (const RankList& g : p.groups) needed.insert({g.size(), g});
-  for (const ModuleGroups& mg : module_groups_)
+  for (const ModuleGroups& mg : module_groups)
     for (const auto* kind : {&mg.tp, &mg.cp, &mg.dp, &mg.ep, &mg.edp})
       for (const Group& g : *kind) needed.insert({g.size(), g});
   std::vector<std::vector<int64_t>> ordered;
   for (const auto& [size, g] : needed) ordered.push_back(g);
   groups_.create(ordered);
 
-  const std::size_t modules = model.modules.size();
-  tp_.assign(modules, nullptr);
-  tp_replicas_.assign(modules, 1);
-  alone_ = Comm{{rank_}, 0, {}, torch::kCPU};
-  cp_.assign(modules, nullptr);
-  ep_.assign(modules, nullptr);
-  std::vector<int64_t> dpcp(modules, 1);  // per module: ranks holding the same shard
-  dp_size_.assign(modules, 1);
-  dp_rank_.assign(modules, 0);
-  for (const ModuleGroups& mg : module_groups_) {
-    const auto m = static_cast<std::size_t>(module_index(model, mg.module));
-    const Group* tp = group_with(mg.tp, rank_);
-    const Group* cp = group_with(mg.cp, rank_);
-    const Group* dp = group_with(mg.dp, rank_);
-    if (!mg.dp.empty()) dp_size_[m] = static_cast<int64_t>(mg.dp.front().size());  // every module's
-    if (tp == nullptr) continue;
-    tp_[m] = &groups_.get(*tp);
-    if (replicated_over_tp(plan, model, model.modules[m])) {
-      tp_replicas_[m] = static_cast<int64_t>(tp->size());
-      tp_[m] = &alone_;
-    }
-    cp_[m] = &groups_.get(*cp);
-    dpcp[m] = static_cast<int64_t>(dp->size() * cp->size());
-    // Modules without experts share the grid's EP groups (homogeneous plans) but have no use
-    // for them.
-    const auto& arch = model.modules[m].transformer;
-    if (const Group* ep = group_with(mg.ep, rank_); ep != nullptr && arch && arch->experts > 0)
-      ep_[m] = &groups_.get(*ep);
-    dp_rank_[m] = index_in(dp, rank_);
-    if (model.modules[m].role == ModuleRole::kLlm) {
-      tp_index_ = index_in(tp, rank_);
-      cp_index_ = index_in(cp, rank_);
-      dp_index_ = index_in(dp, rank_);
-    }
-  }
-  llm_ = module_index(model, find_llm(model)->name);
+  places_ = std::make_unique<ModulePlaces>(plan, model, groups_);
+  llm_ = places_->llm();
   // Pipeline stages of each module, from the compute ops of all ranks.
   std::map<int, int64_t> stages;
   for (const auto& ops : p.ranks)
@@ -98,13 +64,13 @@ Worker::Worker(const Scenario& s, const ParallelPlan& plan, Groups& groups,
       held.try_emplace({op.module, op.chunk}, find_chunk_layers(p, op.module, op.stage, op.chunk));
   for (const auto& [key, layers] : held) {
     const ModuleSpec& spec = model.modules[static_cast<std::size_t>(key.first)];
-    TESSERA_CHECK(tp_[static_cast<std::size_t>(key.first)] != nullptr && layers != nullptr,
-                  "rank " + std::to_string(rank_) + " runs " + spec.name +
-                      " but has no group or layers for it");
-    const auto m = static_cast<std::size_t>(key.first);
+    const ModulePlace& place = (*places_)[key.first];
+    TESSERA_CHECK(place.here() && layers != nullptr, "rank " + std::to_string(rank_) + " runs " +
+                                                         spec.name +
+                                                         " but has no group or layers for it");
     stages_[key] = std::make_unique<Stage>(
-        spec, layers->first_layer, layers->end_layer, options.seed, *tp_[m], ep_[m],
-        plan.indivisible_heads == IndivisibleHeads::kPad, tp_replicas_[m]);
+        spec, layers->first_layer, layers->end_layer, options.seed, *place.tp, place.ep,
+        plan.indivisible_heads == IndivisibleHeads::kPad, place.tp_replicas);
   }
   if (plan.recompute == Recompute::kSelective)
     for (auto& [key, st] : stages_) st->recompute_attention_cores();
@@ -112,10 +78,12 @@ Worker::Worker(const Scenario& s, const ParallelPlan& plan, Groups& groups,
   if (dip_) dip_prefetch_ = std::make_unique<DipPrefetcher>(s, plan, options.dataset);
   linked_boundary_ = plan.placement == Placement::kNonColocated ||
                      (plan.placement == Placement::kColocated && stages[llm_] > 1);
-  std::vector<GradientCopies> copies(modules);
-  for (std::size_t m = 0; m < modules; ++m) {
-    const Comm* ep = ep_[m];
-    copies[m] = {dpcp[m], ep == nullptr ? 1 : dpcp[m] / static_cast<int64_t>(ep->size()),
+  std::vector<GradientCopies> copies(model.modules.size());
+  for (std::size_t m = 0; m < copies.size(); ++m) {
+    const ModulePlace& place = (*places_)[static_cast<int>(m)];
+    const Comm* ep = place.ep;
+    copies[m] = {place.shard_copies,
+                 ep == nullptr ? 1 : place.shard_copies / static_cast<int64_t>(ep->size()),
                  ep != nullptr && ep->size() > 1};
   }
   OptimizerSettings settings;
@@ -140,8 +108,9 @@ std::vector<int32_t> Worker::samples_for(int module, int mb) const {
   const auto m = static_cast<std::size_t>(module);
   const ModuleRole role = scenario_.model.modules[m].role;
   const bool encoder_side = role != ModuleRole::kLlm && role != ModuleRole::kGenerator;
-  return replica_samples(entrain_ && encoder_side ? encoder_assignment_ : assignment_, dp_size_[m],
-                         dp_rank_[m], mb);
+  const ModulePlace& place = (*places_)[module];
+  return replica_samples(entrain_ && encoder_side ? encoder_assignment_ : assignment_,
+                         place.dp_size, place.dp_rank, mb);
 }
 
 const MediaAssignment* Worker::media_for(int module) {
@@ -150,7 +119,7 @@ const MediaAssignment* Worker::media_for(int module) {
   if (!media_parallel(plan_, model, spec)) return nullptr;
   if (const auto it = media_.find(module); it != media_.end()) return &it->second;
   return &(media_[module] = assign_media(batch_.batch, model, *source_encoder(model, spec),
-                                         assignment_, dp_size_[static_cast<std::size_t>(module)]));
+                                         assignment_, (*places_)[module].dp_size));
 }
 
 int64_t Worker::item_rows(int producer, const MediaPiece& piece) const {
@@ -168,14 +137,14 @@ const Worker::MicroBatch& Worker::micro_batch(int mb) {
   b.samples = my_micro_batches_[static_cast<std::size_t>(mb)];
   b.layout = llm_layout(scenario_.model, batch_, b.samples, scenario_.workload.max_seq_len,
                         plan_.pad_to_longest);
-  const Comm* cp = cp_[static_cast<std::size_t>(llm_)];
+  const Comm* cp = (*places_)[llm_].cp;
   const int64_t cp_size = cp == nullptr ? 1 : cp->size();
   std::vector<TokenTag> tags(b.layout.sample.size());
   for (std::size_t t = 0; t < tags.size(); ++t) tags[t] = {b.layout.sample[t], b.layout.item[t]};
   const auto split = context_split(
       plan_.cp_split, tags, cp_size,
       cp_linear_tiles(*scenario_.model.modules[static_cast<std::size_t>(llm_)].transformer));
-  b.local = split[static_cast<std::size_t>(cp_index_)];
+  b.local = split[static_cast<std::size_t>(places_->llm_cp_index())];
   std::vector<int64_t> keys;
   for (const auto& part : split) {
     keys.insert(keys.end(), part.begin(), part.end());
@@ -220,7 +189,7 @@ StepResult Worker::step(int64_t iteration) {
   encoder_assignment_ =
       plan_.placement == Placement::kColocated ? assignment : p.encoder_microbatches;
   entrain_leaves_.clear();
-  my_micro_batches_ = assignment[static_cast<std::size_t>(dp_index_)];
+  my_micro_batches_ = assignment[static_cast<std::size_t>(places_->llm_dp_index())];
   assignment_ = assignment;
   boundaries_.clear();
   media_.clear();

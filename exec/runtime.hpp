@@ -2,9 +2,10 @@
 // interprets its own rank's ops in order — compute (F, B, W) on its stages, sends and receives of
 // activations and gradients, gradient reductions, optimizer steps. The torch code schedules
 // nothing of its own; what runs, and when, is the Program's. The Worker owns the interpreter's
-// state (stages, micro-batches, activations, boundary rows); three objects own the rest: the
-// Optimizers (gradients, their reductions and norm, the steps), Messages (point-to-point
-// transport in each receiver's order) and the DipPrefetcher (schedule dip's batches and searches).
+// state (stages, micro-batches, activations, boundary rows); four objects own the rest: the
+// ModulePlaces (this rank in each module's grid), the Optimizers (gradients, their reductions and
+// norm, the steps), Messages (point-to-point transport in each receiver's order) and the
+// DipPrefetcher (schedule dip's batches and their searches).
 #pragma once
 
 #include <chrono>
@@ -25,6 +26,7 @@
 #include "exec/data.hpp"
 #include "exec/dip_prefetch.hpp"
 #include "exec/messages.hpp"
+#include "exec/module_places.hpp"
 #include "exec/optimizers.hpp"
 #include "exec/stage.hpp"
 #include "shared/cost/evaluator.hpp"
@@ -184,16 +186,8 @@ class Worker {
   Groups& groups_;
   TrainOptions options_;
   int rank_;
-  int llm_ = -1;  // the LLM's module index
-  std::vector<ModuleGroups> module_groups_;
-  // Per module: this rank's groups (null: not here; EP: null without experts). A module run whole
-  // on every TP rank (indivisible_heads replicate) gets `alone_` for its TP group, and its
-  // parameters count `tp_replicas_` copies (the grid's TP ranks).
-  std::vector<const Comm*> tp_, cp_, ep_;
-  std::vector<int64_t> tp_replicas_;
-  Comm alone_;
-  std::vector<int64_t> dp_size_, dp_rank_;  // per module: data-parallel degree, this rank's replica
-  int64_t dp_index_ = 0, cp_index_ = 0, tp_index_ = 0;
+  int llm_ = -1;                          // the LLM's module index
+  std::unique_ptr<ModulePlaces> places_;  // this rank in each module's grid
   Stages stages_;
   std::unique_ptr<Optimizers> optimizers_;  // over stages_'s parameters
 

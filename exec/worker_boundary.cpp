@@ -105,18 +105,18 @@ void Worker::boundary_collective(const Op& op) {
   }
   TESSERA_CHECK(op.collective == CollectiveKind::kAllGather,
                 op_name(*program_, op) + ": unexpected boundary collective");
-  const auto m = static_cast<std::size_t>(op.module);
+  const ModulePlace& place = (*places_)[op.module];
   const Comm& comm = groups_.get(program_->groups[static_cast<std::size_t>(op.group)]);
   if (op.phase == Phase::kF) {
     if (const MediaAssignment* media = media_for(op.module); media != nullptr)
       return gather_media(op, comm, *media);
     // Fan-in: the k encoder replicas that share an LLM replica's batch, in replica order.
-    const int64_t k = comm.size(), base = dp_rank_[m] - dp_rank_[m] % k;
+    const int64_t k = comm.size(), base = place.dp_rank - place.dp_rank % k;
     Boundary b;
     int64_t row = 0;
     for (int64_t j = 0; j < k; ++j) {
       const int64_t first = row;
-      row = lay_out_rows(op.module, replica_samples(assignment_, dp_size_[m], base + j, -1), row,
+      row = lay_out_rows(op.module, replica_samples(assignment_, place.dp_size, base + j, -1), row,
                          b.rows);
       b.member_rows.push_back(row - first);
       if (j == comm.rank) {
@@ -140,7 +140,7 @@ void Worker::boundary_collective(const Op& op) {
   }
   // Backward.
   Boundary& b = boundaries_.at(op.module);
-  if (dp_size_[m] < dp_size_[static_cast<std::size_t>(llm_)]) {
+  if (place.dp_size < (*places_)[llm_].dp_size) {
     // Fan-out: each member's LLM replica computed the gradient of its own samples' rows; the
     // all-gather assembles all of this encoder replica's rows (replicas in order, as its output).
     const int64_t k = comm.size();
@@ -148,11 +148,10 @@ void Worker::boundary_collective(const Op& op) {
     int64_t first = 0;
     for (int64_t j = 0; j < k; ++j) {
       RowMap scratch;
-      const int64_t rows =
-          lay_out_rows(op.module,
-                       replica_samples(assignment_, dp_size_[static_cast<std::size_t>(llm_)],
-                                       dp_rank_[m] * k + j, -1),
-                       0, scratch);
+      const int64_t rows = lay_out_rows(
+          op.module,
+          replica_samples(assignment_, (*places_)[llm_].dp_size, place.dp_rank * k + j, -1), 0,
+          scratch);
       if (j < comm.rank) first += rows;
       member_rows.push_back(rows);
     }
@@ -172,8 +171,8 @@ void Worker::boundary_collective(const Op& op) {
 }
 
 void Worker::gather_media(const Op& op, const Comm& comm, const MediaAssignment& items) {
-  const auto m = static_cast<std::size_t>(op.module);
-  const int64_t k = comm.size(), base = dp_rank_[m] - dp_rank_[m] % k;
+  const ModulePlace& place = (*places_)[op.module];
+  const int64_t k = comm.size(), base = place.dp_rank - place.dp_rank % k;
   // Where each item's rows lie in the gathered tensor: the members' outputs in replica order,
   // each its items' rows in its order.
   Boundary b;
@@ -239,7 +238,7 @@ std::vector<int32_t> Worker::consumer_links(int producer, int mb) const {
   for (std::size_t i = 0; i < links.size(); ++i) {
     const BoundaryLink& l = links[i];
     if (l.producer == producer && l.microbatch == mb &&
-        l.consumer_replica == dp_rank_[static_cast<std::size_t>(l.consumer)])
+        l.consumer_replica == (*places_)[l.consumer].dp_rank)
       mine.push_back(static_cast<int32_t>(i));
   }
   std::sort(mine.begin(), mine.end(), [&](int32_t a, int32_t b) {
@@ -293,8 +292,7 @@ std::vector<int64_t> Worker::link_output_rows(int producer, int mb, const Bounda
                                       ", which takes whole samples");
   std::map<std::pair<int32_t, int32_t>, std::pair<int64_t, int64_t>> at;
   int64_t row = 0;
-  for (const MediaPiece& piece :
-       (*media)[static_cast<std::size_t>(dp_rank_[static_cast<std::size_t>(producer)])]) {
+  for (const MediaPiece& piece : (*media)[static_cast<std::size_t>((*places_)[producer].dp_rank)]) {
     const int64_t n = item_rows(producer, piece);
     at[{piece.sample, piece.item}] = {row, n};
     row += n;
@@ -336,7 +334,7 @@ int64_t Worker::boundary_width(int producer) const {
 
 int64_t Worker::producer_leader(int producer, int64_t replica) const {
   const std::string& name = scenario_.model.modules[static_cast<std::size_t>(producer)].name;
-  for (const ModuleGroups& mg : module_groups_)
+  for (const ModuleGroups& mg : places_->groups())
     if (mg.module == name)
       if (const Group* g = group_with(mg.dp, mg.first_rank); g != nullptr)
         return (*g)[static_cast<std::size_t>(replica)];
@@ -360,7 +358,7 @@ Worker::Slot& Worker::producer_slot(int producer, int mb) {
 void Worker::absorb_self_links(int producer) {
   if (!absorbed_.insert(producer).second) return;
   const int consumer = consumer_of(producer);
-  const bool consumer_leader = tp_index_ == 0 && cp_index_ == 0 &&
+  const bool consumer_leader = places_->llm_tp_index() == 0 && places_->llm_cp_index() == 0 &&
                                std::any_of(stages_.begin(), stages_.end(), [&](const auto& e) {
                                  return e.first.first == consumer && e.second->first();
                                });
@@ -404,7 +402,7 @@ Worker::Boundary& Worker::assembled(int producer, int mb) {
       rows_here = part->second;
     } else {
       // A link from this very rank (no message), or a rank that gets the rows by broadcast.
-      const bool self = tp_index_ == 0 && cp_index_ == 0 &&
+      const bool self = places_->llm_tp_index() == 0 && places_->llm_cp_index() == 0 &&
                         producer_leader(producer, link.producer_replica) == rank_ &&
                         std::any_of(stages_.begin(), stages_.end(),
                                     [&](const auto& e) { return e.first.first == producer; });

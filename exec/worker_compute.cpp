@@ -147,9 +147,8 @@ void Worker::forward(const Op& op) {
                       cuts);
       } else if (const MediaAssignment* media = media_for(op.module); media != nullptr) {
         out = st.encode(
-            media_item_pieces(
-                scenario_.model, spec, batch_,
-                (*media)[static_cast<std::size_t>(dp_rank_[static_cast<std::size_t>(op.module)])]),
+            media_item_pieces(scenario_.model, spec, batch_,
+                              (*media)[static_cast<std::size_t>((*places_)[op.module].dp_rank)]),
             cuts);
       } else {
         out = st.encode(micro_batch_pieces(scenario_.model, spec, batch_, samples), cuts);
@@ -200,7 +199,7 @@ void Worker::forward(const Op& op) {
       if (st.last()) {
         out = st.loss_sum(h, b.layout.targets.index_select(0, local)) /
               static_cast<double>(batch_.targets);
-        if (tp_index_ == 0) loss_sum_ += out.detach().to(torch::kFloat64);
+        if (places_->llm_tp_index() == 0) loss_sum_ += out.detach().to(torch::kFloat64);
       } else {
         out = h;
       }

@@ -50,8 +50,8 @@ const std::vector<Worker::DipPiece>& Worker::dip_pieces(int encoder, int mb) {
 
 std::vector<torch::Tensor> Worker::audio_windows(const Op& op) {
   if (const MediaAssignment* media = media_for(op.module); media != nullptr)
-    return media_item_audio(
-        batch_, (*media)[static_cast<std::size_t>(dp_rank_[static_cast<std::size_t>(op.module)])]);
+    return media_item_audio(batch_,
+                            (*media)[static_cast<std::size_t>((*places_)[op.module].dp_rank)]);
   if (!dip_) return micro_batch_audio(batch_, samples_for(op.module, op.microbatch));
   const std::vector<torch::Tensor> all =
       micro_batch_audio(batch_, my_micro_batches_[static_cast<std::size_t>(op.microbatch)]);
