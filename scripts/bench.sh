@@ -514,9 +514,10 @@ if [[ $what == reproduce-variability || $what == all ]]; then
   row() {
     local scenario=$1 layout=$2 policy=$3 count=$4
     shift 4
+    # The JSON on stdout; progress and errors on stderr (a long run reports each iteration there).
     if ! out=$("$tessera" simulate "scenarios/variability/$scenario.json" --iterations "$count" \
-                 --nested timed --json "$@" 2>&1); then
-      echo "| $scenario | $layout | $policy | $count | $(echo "$out" | tail -1) | | | | | |"
+                 --nested timed --json "$@" 2>"$root/stderr"); then
+      echo "| $scenario | $layout | $policy | $count | $(tail -1 "$root/stderr") | | | | | |"
       return
     fi
     echo "$out" | jq -r --arg s "$scenario" --arg l "$layout" --arg p "$policy" --argjson n "$dip_iterations" '
