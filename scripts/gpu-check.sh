@@ -86,13 +86,15 @@ if [[ $device == cuda ]] && command -v taskset >/dev/null && (($(nproc) >= 8)); 
   pin=(taskset -c 4-7)
 fi
 
-# The torch to build against: python3's (the GPU machine's image), else the project's venv.
+# The torch to build against: python3's (the GPU machine's image), else the project's venv. The
+# package folder, not its share/cmake: its lib/ is then searched before the system's (where
+# Debian's LibTorch 1.13 may be).
 torch_prefix() {
-  python3 -c 'import torch; print(torch.utils.cmake_prefix_path)' 2>/dev/null && return
+  python3 -c 'import os, torch; print(os.path.dirname(torch.__file__))' 2>/dev/null && return
   local venv
   venv=$(echo "$PWD"/.venv-torch2/lib/python3*/site-packages/torch)
   [[ -d $venv ]] || { echo "gpu-check: no torch (python3 has none; run scripts/setup.sh --torch2)" >&2; exit 1; }
-  echo "$venv/share/cmake"
+  echo "$venv"
 }
 
 # libtorch_cuda.so loads the CUDA toolkit's libraries; on the development machine they are in

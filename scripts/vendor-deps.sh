@@ -3,7 +3,7 @@
 # package files from this Debian machine into a git-ignored prefix, default third_party/prefix,
 # for a machine that has no package registry (the GPU machine). There:
 #   cmake -S . -B build-cuda -G Ninja -DTESSERA_BUILD_SIM=OFF \
-#     -DCMAKE_PREFIX_PATH="$PWD/third_party/prefix;$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)')"
+#     -DCMAKE_PREFIX_PATH="$PWD/third_party/prefix;$(python3 -c 'import os, torch; print(os.path.dirname(torch.__file__))')"
 # The package files locate their headers relative to themselves, so the prefix can move.
 set -euo pipefail
 cd "$(dirname "$0")/.."
