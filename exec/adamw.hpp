@@ -8,7 +8,7 @@
 
 #include <vector>
 
-#include <torch/torch.h>
+#include "exec/torch_api.hpp"
 
 namespace tessera::exec {
 

@@ -8,9 +8,9 @@
 #include <memory>
 #include <vector>
 
-#include <torch/torch.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
+#include "exec/torch_api.hpp"
 
 #include "exec/torch_compat.hpp"
 #include "shared/program/program.hpp"

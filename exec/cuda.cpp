@@ -3,7 +3,7 @@
 #include <stdexcept>
 #include <string>
 
-#include <torch/torch.h>
+#include "exec/torch_api.hpp"
 
 #ifdef TESSERA_CUDA
 #include <ATen/cuda/CUDAContext.h>

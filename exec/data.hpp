@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include <torch/torch.h>
+#include "exec/torch_api.hpp"
 
 #include "exec/layers.hpp"
 

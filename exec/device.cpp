@@ -1,6 +1,6 @@
 #include "exec/device.hpp"
 
-#include <torch/torch.h>
+#include "exec/torch_api.hpp"
 
 namespace tessera::exec {
 

@@ -4,7 +4,7 @@
 // fused_cross_entropy_applies() is false and blockwise_cross_entropy (layers.hpp) does the work.
 #pragma once
 
-#include <torch/torch.h>
+#include "exec/torch_api.hpp"
 
 namespace tessera::exec {
 

@@ -4,7 +4,7 @@
 // measure what the kernels gain). Both forms are differentiable.
 #pragma once
 
-#include <torch/torch.h>
+#include "exec/torch_api.hpp"
 
 namespace tessera::exec {
 

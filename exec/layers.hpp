@@ -12,7 +12,7 @@
 #include <utility>
 #include <vector>
 
-#include <torch/torch.h>
+#include "exec/torch_api.hpp"
 
 #include "exec/comm.hpp"
 #include "shared/spec/model_spec.hpp"

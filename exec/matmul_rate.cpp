@@ -4,7 +4,7 @@
 #include <chrono>
 #include <vector>
 
-#include <torch/torch.h>
+#include "exec/torch_api.hpp"
 
 #include "exec/cuda.hpp"
 #include "exec/device.hpp"

@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <vector>
 
-#include <torch/torch.h>
+#include "exec/torch_api.hpp"
 
 #include "exec/comm.hpp"
 #include "exec/send_order.hpp"

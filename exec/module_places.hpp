@@ -39,6 +39,7 @@ class ModulePlaces {
   }
   const std::vector<ModuleGroups>& groups() const { return groups_; }
   int llm() const { return llm_; }  // the LLM's module index
+  const ModulePlace& llm_place() const { return (*this)[llm_]; }
   // This rank's index in the LLM's TP, CP and DP groups.
   int64_t llm_tp_index() const { return tp_index_; }
   int64_t llm_cp_index() const { return cp_index_; }

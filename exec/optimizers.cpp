@@ -58,14 +58,6 @@ Optimizers::Optimizers(Stages& stages, const Program& p, int64_t rank,
   }
 }
 
-Stage& Optimizers::stage(int module, int chunk) const {
-  const auto it = stages_.find({module, chunk});
-  TESSERA_CHECK(it != stages_.end(), "no stage of module " + std::to_string(module) + " chunk " +
-                                         std::to_string(chunk) + " on rank " +
-                                         std::to_string(rank_));
-  return *it->second;
-}
-
 std::vector<torch::Tensor> Optimizers::trainable(int module) const {
   std::vector<torch::Tensor> out;
   for (auto& [key, st] : stages_)

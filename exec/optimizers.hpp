@@ -14,7 +14,7 @@
 #include <utility>
 #include <vector>
 
-#include <torch/torch.h>
+#include "exec/torch_api.hpp"
 
 #include "exec/comm.hpp"
 #include "exec/sharded_optimizer.hpp"
@@ -22,9 +22,6 @@
 #include "shared/program/program.hpp"
 
 namespace tessera::exec {
-
-// This rank's slices of every module, by (module, chunk).
-using Stages = std::map<std::pair<int, int>, std::unique_ptr<Stage>>;
 
 // How many ranks hold copies of a module's gradients, for counting each once in the norm.
 struct GradientCopies {
@@ -80,7 +77,7 @@ class Optimizers {
   bool experts_split(int module) const {
     return copies_[static_cast<std::size_t>(module)].experts_split;
   }
-  Stage& stage(int module, int chunk) const;
+  Stage& stage(int module, int chunk) const { return find_stage(stages_, module, chunk, rank_); }
   void finish_reductions();
 
   Stages& stages_;

@@ -50,7 +50,6 @@ Worker::Worker(const Scenario& s, const ParallelPlan& plan, Groups& groups,
   groups_.create(ordered);
 
   places_ = std::make_unique<ModulePlaces>(plan, model, groups_);
-  llm_ = places_->llm();
   // Pipeline stages of each module, from the compute ops of all ranks.
   std::map<int, int64_t> stages;
   for (const auto& ops : p.ranks)
@@ -77,7 +76,7 @@ Worker::Worker(const Scenario& s, const ParallelPlan& plan, Groups& groups,
   dip_ = plan.schedule == Schedule::kDip;
   if (dip_) dip_prefetch_ = std::make_unique<DipPrefetcher>(s, plan, options.dataset);
   linked_boundary_ = plan.placement == Placement::kNonColocated ||
-                     (plan.placement == Placement::kColocated && stages[llm_] > 1);
+                     (plan.placement == Placement::kColocated && stages[places_->llm()] > 1);
   std::vector<GradientCopies> copies(model.modules.size());
   for (std::size_t m = 0; m < copies.size(); ++m) {
     const ModulePlace& place = (*places_)[static_cast<int>(m)];
@@ -94,14 +93,6 @@ Worker::Worker(const Scenario& s, const ParallelPlan& plan, Groups& groups,
   settings.clip = options.clip;
   settings.distributed = plan.distributed_optimizer;
   optimizers_ = std::make_unique<Optimizers>(stages_, p, rank_, std::move(copies), settings);
-}
-
-Stage& Worker::stage(int module, int chunk) {
-  const auto it = stages_.find({module, chunk});
-  TESSERA_CHECK(it != stages_.end(), "no stage of module " + std::to_string(module) + " chunk " +
-                                         std::to_string(chunk) + " on rank " +
-                                         std::to_string(rank_));
-  return *it->second;
 }
 
 std::vector<int32_t> Worker::samples_for(int module, int mb) const {
@@ -137,13 +128,14 @@ const Worker::MicroBatch& Worker::micro_batch(int mb) {
   b.samples = my_micro_batches_[static_cast<std::size_t>(mb)];
   b.layout = llm_layout(scenario_.model, batch_, b.samples, scenario_.workload.max_seq_len,
                         plan_.pad_to_longest);
-  const Comm* cp = (*places_)[llm_].cp;
+  const Comm* cp = places_->llm_place().cp;
   const int64_t cp_size = cp == nullptr ? 1 : cp->size();
   std::vector<TokenTag> tags(b.layout.sample.size());
   for (std::size_t t = 0; t < tags.size(); ++t) tags[t] = {b.layout.sample[t], b.layout.item[t]};
   const auto split = context_split(
       plan_.cp_split, tags, cp_size,
-      cp_linear_tiles(*scenario_.model.modules[static_cast<std::size_t>(llm_)].transformer));
+      cp_linear_tiles(
+          *scenario_.model.modules[static_cast<std::size_t>(places_->llm())].transformer));
   b.local = split[static_cast<std::size_t>(places_->llm_cp_index())];
   std::vector<int64_t> keys;
   for (const auto& part : split) {

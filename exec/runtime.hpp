@@ -19,7 +19,7 @@
 #include <tuple>
 #include <vector>
 
-#include <torch/torch.h>
+#include "exec/torch_api.hpp"
 
 #include "exec/comm.hpp"
 #include "exec/cuda.hpp"
@@ -111,7 +111,7 @@ class Worker {
     std::map<std::pair<int32_t, int32_t>, std::pair<int64_t, int64_t>> items;
   };
 
-  Stage& stage(int module, int chunk);
+  Stage& stage(int module, int chunk) { return find_stage(stages_, module, chunk, rank_); }
   std::vector<int32_t> samples_for(int module, int mb) const;
   // encoder_data_parallel media: the items every replica of `module` encodes (assign_media), or
   // null where the module takes whole samples; the rows an item hands on.
@@ -186,7 +186,6 @@ class Worker {
   Groups& groups_;
   TrainOptions options_;
   int rank_;
-  int llm_ = -1;                          // the LLM's module index
   std::unique_ptr<ModulePlaces> places_;  // this rank in each module's grid
   Stages stages_;
   std::unique_ptr<Optimizers> optimizers_;  // over stages_'s parameters

@@ -14,7 +14,7 @@
 #include <memory>
 #include <vector>
 
-#include <torch/torch.h>
+#include "exec/torch_api.hpp"
 
 #include "exec/comm.hpp"
 #include "shared/program/program.hpp"

@@ -269,4 +269,11 @@ torch::Tensor Stage::loss_sum(const torch::Tensor& h, const torch::Tensor& targe
       .sum();
 }
 
+Stage& find_stage(const Stages& stages, int module, int chunk, int64_t rank) {
+  const auto it = stages.find({module, chunk});
+  TESSERA_CHECK(it != stages.end(), "no stage of module " + std::to_string(module) + " chunk " +
+                                        std::to_string(chunk) + " on rank " + std::to_string(rank));
+  return *it->second;
+}
+
 }  // namespace tessera::exec

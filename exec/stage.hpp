@@ -7,9 +7,11 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
+#include <utility>
 #include <vector>
 
-#include <torch/torch.h>
+#include "exec/torch_api.hpp"
 
 #include "exec/layers.hpp"
 
@@ -110,5 +112,11 @@ class Stage {
   Norm final_norm_;
   Linear head_;
 };
+
+// A rank's slices of every module, by (module, chunk).
+using Stages = std::map<std::pair<int, int>, std::unique_ptr<Stage>>;
+
+// The slice of `module`'s chunk `chunk`; refused, naming the rank, when this rank holds none.
+Stage& find_stage(const Stages& stages, int module, int chunk, int64_t rank);
 
 }  // namespace tessera::exec

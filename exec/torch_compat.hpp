@@ -11,9 +11,9 @@
 #include <limits>
 #include <optional>
 
-#include <torch/torch.h>
 #include <torch/version.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include "exec/torch_api.hpp"
 
 namespace tessera::exec {
 

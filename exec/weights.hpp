@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <string>
 
-#include <torch/torch.h>
+#include "exec/torch_api.hpp"
 
 namespace tessera::exec {
 

@@ -140,7 +140,7 @@ void Worker::boundary_collective(const Op& op) {
   }
   // Backward.
   Boundary& b = boundaries_.at(op.module);
-  if (place.dp_size < (*places_)[llm_].dp_size) {
+  if (place.dp_size < places_->llm_place().dp_size) {
     // Fan-out: each member's LLM replica computed the gradient of its own samples' rows; the
     // all-gather assembles all of this encoder replica's rows (replicas in order, as its output).
     const int64_t k = comm.size();
@@ -150,7 +150,7 @@ void Worker::boundary_collective(const Op& op) {
       RowMap scratch;
       const int64_t rows = lay_out_rows(
           op.module,
-          replica_samples(assignment_, (*places_)[llm_].dp_size, place.dp_rank * k + j, -1), 0,
+          replica_samples(assignment_, places_->llm_place().dp_size, place.dp_rank * k + j, -1), 0,
           scratch);
       if (j < comm.rank) first += rows;
       member_rows.push_back(rows);

@@ -83,8 +83,9 @@ void Worker::dip_boundary(const Op& op) {
     const int64_t rows = dip_pieces(module_index(model, encoder->name), op.microbatch)
                              .at(static_cast<std::size_t>(op.sub_microbatch))
                              .llm_rows;
-    t = torch::zeros({rows, model.modules[static_cast<std::size_t>(llm_)].transformer->hidden},
-                     activation_options());
+    t = torch::zeros(
+        {rows, model.modules[static_cast<std::size_t>(places_->llm())].transformer->hidden},
+        activation_options());
   } else {
     t = torch::zeros_like(slots_.at(key).output);
   }

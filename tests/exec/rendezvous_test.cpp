@@ -9,7 +9,7 @@
 #include <string>
 
 #include <sys/wait.h>
-#include <torch/torch.h>
+#include "exec/torch_api.hpp"
 
 #include "exec/launcher.hpp"
 #include "exec/process_group.hpp"
