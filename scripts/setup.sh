@@ -16,6 +16,7 @@ cd "$(dirname "$0")/.."
 torch2=0
 packages=(
   build-essential g++ cmake ninja-build pkg-config git ca-certificates time
+  ccache  # scripts/test.sh: the stages share what they compile alike
   libsimgrid-dev
   libtorch-dev libgloo-dev
   # libtorch's matrix products go through libblas.so.3; Debian's default is the reference BLAS,
