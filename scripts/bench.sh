@@ -529,21 +529,24 @@ if [[ $what == reproduce-variability || $what == all ]]; then
       | "| \($s) | \($l) | \($p) | \($it | length) | \(.step_mean_s | r3) | \($it[:$n] | mean(.step_s) | r3) | \($it | mean(.samples_per_s) * 10 | round / 10) | \($it | mean(.microbatch_variability.llm.cv) | r3) | \($it | mean(.microbatch_variability.llm.max_over_mean) | r3) | \(if $enc then ($it | mean(.microbatch_variability[$enc].cv) | r3 | tostring) + " (" + $enc + ")" else "" end) |" end'
   }
   for scenario in llava-7b-64 llava-7b-256 internvl-14b-64 internvl-14b-256; do
+    own=$(jq -r '.plan | if .placement == "homogeneous" then
+      "TP\(.layout.tp)×PP\(.layout.pp)×DP\(.layout.dp)" else (.placement | sub("_"; "-")) end' \
+      "scenarios/variability/$scenario.json")
     for policy in arrival sorted entrain; do
-      row "$scenario" "scenario's" "$policy" "$iterations" --set plan.microbatching="$policy"
+      row "$scenario" "$own" "$policy" "$iterations" --set plan.microbatching="$policy"
     done
     # DIP interleaves the encoders onto the LLM's pipeline ranks: a homogeneous layout. The LLaVA
     # scenarios are homogeneous already; the 14B ones get TP1 x PP4 (the ViT's 25 heads rule out
     # TP 2 and 4), one sample per micro-batch, beside 1F1B on the same layout.
     extra=()
-    layout="scenario's"
+    layout=$own
     if [[ $scenario == internvl-14b-* ]]; then
       devices=${scenario##*-}
       for schedule in 1f1b dip; do
         echo "{\"placement\": \"homogeneous\", \"layout\": {\"tp\": 1, \"pp\": 4, \"dp\": $((devices / 4))}, \"micro_batch_size\": 1, \"schedule\": \"$schedule\", \"distributed_optimizer\": true, \"recompute\": \"full\"}" >"$root/$scenario-$schedule.json"
       done
-      layout="TP1 PP4 DP$((devices / 4)) MBS1"
-      row "$scenario" "$layout" "arrival (1f1b)" "$iterations" --plan "$root/$scenario-1f1b.json"
+      layout="TP1×PP4×DP$((devices / 4)), MBS 1"
+      row "$scenario" "$layout" "arrival (1F1B)" "$iterations" --plan "$root/$scenario-1f1b.json"
       extra=(--plan "$root/$scenario-dip.json")
     else
       extra=(--set plan.schedule=dip)
