@@ -14,9 +14,9 @@ cd "$(dirname "$0")/.."
 scripts/setup.sh --slurm
 jobs=$(nproc)
 # Line tables only (-g1): enough for backtraces, and a torch translation unit compiles in about
-# 0.7 of the time of -g (exec/runtime.cpp: 22 s against 30 s with Debian's LibTorch, 25 s against
-# 33 s with torch 2.11; the precompiled header 42 s against 63 s, and 57 s against 103 s). A
-# build for a debugger configures its own folder with -DCMAKE_BUILD_TYPE=RelWithDebInfo.
+# 0.7 of the time of -g (exec/runtime.cpp with Debian's LibTorch: 22 s against 30 s, its
+# precompiled header 42 s against 63 s; docs/PERFORMANCE.md). A build for a debugger configures
+# its own folder with -DCMAKE_BUILD_TYPE=RelWithDebInfo.
 optimized=(-DCMAKE_BUILD_TYPE=RelWithDebInfo "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG")
 # One compiler cache for every build folder, in build-ccache/: the torch 2 stage's shared/ is then
 # the default build's, not compiled again (same flags; the folder a unit is built in not hashed).
