@@ -79,8 +79,8 @@ else
 fi
 train=$build/exec/tessera-train
 # On a GPU machine of 8 cores or more the recorded runs get four cores of their own: a host-bound
-# step (micro-batch 1) varied by ±9% from step to step unpinned and by ±3% pinned, on one H200
-# lease (docs/PERFORMANCE.md).
+# step (micro-batch 1) varied by ±9% from step to step unpinned and by ±3% pinned on one H200
+# lease, alike pinned or not on an H100 lease (docs/PERFORMANCE.md, "Pinning").
 pin=()
 if [[ $device == cuda ]] && command -v taskset >/dev/null && (($(nproc) >= 8)); then
   pin=(taskset -c 4-7)
