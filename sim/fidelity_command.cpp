@@ -3,6 +3,7 @@
 // --fit, the kernel model's two global parameters fitted on the rows not held out, and
 // leave-one-source-out. Each row is lowered once (once per iteration its published mean covers)
 // and evaluated at every tuning point.
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -137,26 +138,42 @@ void print_summary(const std::vector<FidelityRow>& rows, const std::vector<doubl
                       out);
 }
 
-// The figures by kind as the Markdown table docs/FIDELITY.md holds (scripts/docs-tables.sh
-// writes it there): a line per kind of the suite, then of the held-out rows, then the totals.
+// The figures by kind (or by series) as the Markdown tables docs/FIDELITY.md holds
+// (scripts/docs-tables.sh writes them there): a line per kind of the suite, then of the held-out
+// rows (per series: a line per series, a held-out series named so), then the totals.
 void print_markdown(const std::vector<FidelityRow>& rows, const std::vector<double>& predicted,
-                    std::ostream& out) {
+                    bool by_series, std::ostream& out) {
   const std::map<std::string, std::string> names = {{"dense", "dense"},
                                                     {"moe", "MoE"},
                                                     {"fsdp", "FSDP"},
                                                     {"fp8", "FP8"},
                                                     {"multimodal", "multimodal"}};
-  out << "| kind | rows | mean \\|error\\| | max \\|error\\| | Spearman |\n";
+  const auto line = [&](const SeriesStats& k, bool held) {
+    char rho[16] = "-";
+    if (!std::isnan(k.spearman)) std::snprintf(rho, sizeof rho, "%.2f", k.spearman);
+    const auto name = names.find(k.series);
+    out << "| " << (!by_series && name != names.end() ? name->second : k.series)
+        << (held ? ", held out" : "") << " | " << k.rows << " | " << percent(k.mean_abs_error)
+        << " | " << percent(k.max_abs_error) << " | " << rho << " |\n";
+  };
+  out << "| " << (by_series ? "series" : "kind")
+      << " | rows | mean \\|error\\| | max \\|error\\| | Spearman |\n";
   out << "|---|---|---|---|---|\n";
-  for (const bool held : {false, true})
-    for (const SeriesStats& k : kind_stats(rows, predicted, held)) {
-      char rho[16] = "-";
-      if (!std::isnan(k.spearman)) std::snprintf(rho, sizeof rho, "%.2f", k.spearman);
-      const auto name = names.find(k.series);
-      out << "| " << (name != names.end() ? name->second : k.series) << (held ? ", held out" : "")
-          << " | " << k.rows << " | " << percent(k.mean_abs_error) << " | "
-          << percent(k.max_abs_error) << " | " << rho << " |\n";
+  for (const bool held : {false, true}) {
+    if (!by_series) {
+      for (const SeriesStats& k : kind_stats(rows, predicted, held)) line(k, held);
+      continue;
     }
+    // A series with rows on both sides (some held out) gets a line for each side.
+    std::vector<FidelityRow> side;
+    std::vector<double> side_predicted;
+    for (std::size_t r = 0; r < rows.size(); ++r)
+      if (rows[r].holdout == held) {
+        side.push_back(rows[r]);
+        side_predicted.push_back(predicted[r]);
+      }
+    for (const SeriesStats& k : series_stats(side, side_predicted)) line(k, held);
+  }
   for (const bool held : {false, true}) {
     const Totals t = totals(rows, predicted, held);
     if (t.rows == 0) continue;
@@ -187,6 +204,23 @@ void print_markdown_rows(const std::vector<FidelityRow>& rows, const std::vector
   }
 }
 
+// Leave-one-source-out as a Markdown table: each source predicted by a fit on all the others,
+// then all the sources' rows together.
+void print_markdown_folds(const std::vector<FidelityRow>& rows, const TuningGrid& grid,
+                          std::ostream& out) {
+  out << "| source left out | rows | mean \\|error\\| | fit on the others |\n|---|---|---|---|\n";
+  double sum = 0;
+  std::size_t n = 0;
+  for (const SourceFold& f : leave_one_source_out(rows, grid)) {
+    out << "| " << f.source_id << " | " << f.rows.size() << " | " << percent(f.mean_abs_error)
+        << " | " << fit_text(grid, f.fit) << " |\n";
+    sum += f.mean_abs_error * static_cast<double>(f.rows.size());
+    n += f.rows.size();
+  }
+  out << "| **all** | " << n << " | **" << percent(n > 0 ? sum / static_cast<double>(n) : 0)
+      << "** | (a device left without rows keeps scale 1) |\n";
+}
+
 }  // namespace
 
 int run_fidelity(const Args& args, std::ostream& out, std::ostream& err) {
@@ -205,7 +239,8 @@ int run_fidelity(const Args& args, std::ostream& out, std::ostream& err) {
       "max-gpus", "leave out rows of more GPUs (0: none left out)",
       cxxopts::value<int64_t>()->default_value("0"))(
       "markdown", "print only the figures by kind, as the Markdown table of docs/FIDELITY.md")(
-      "rows", "with --markdown: every row instead (published, predicted, signed error)");
+      "rows", "with --markdown: every row instead (published, predicted, signed error)")(
+      "series", "with --markdown: per series (one source's runs) instead of by kind");
   options.parse_positional({"scenarios"});
   options.positional_help("<scenario.json>...");
   int code = kOk;
@@ -215,8 +250,14 @@ int run_fidelity(const Args& args, std::ostream& out, std::ostream& err) {
     err << options.program() << ": give one or more scenario files with a published block\n";
     return kBadInput;
   }
-  if (result->count("rows") && !result->count("markdown")) {
-    err << options.program() << ": --rows goes with --markdown\n";
+  for (const char* flag : {"rows", "series"})
+    if (result->count(flag) && !result->count("markdown")) {
+      err << options.program() << ": --" << flag << " goes with --markdown\n";
+      return kBadInput;
+    }
+  if (result->count("fit") && result->count("markdown")) {
+    err << options.program() << ": --markdown goes without --fit (whose leave-one-source-out "
+        << "table is Markdown already)\n";
     return kBadInput;
   }
   const int64_t max_gpus = (*result)["max-gpus"].as<int64_t>();
@@ -328,9 +369,10 @@ int run_fidelity(const Args& args, std::ostream& out, std::ostream& err) {
     if (result->count("rows"))
       print_markdown_rows(rows, at_defaults, out);
     else
-      print_markdown(rows, at_defaults, out);
+      print_markdown(rows, at_defaults, result->count("series") > 0, out);
     return kOk;
   }
+
   if (skipped > 0) out << skipped << " rows of more than " << max_gpus << " GPUs left out\n";
 
   const KernelTuning defaults;
@@ -350,21 +392,7 @@ int run_fidelity(const Args& args, std::ostream& out, std::ostream& err) {
   out << "\n";
   print_summary(rows, fitted, out);
   out << "\n== leave one source out: each source predicted by a fit on all the others ==\n";
-  char line[256];
-  std::snprintf(line, sizeof line, "%-20s %5s %10s  %s\n", "source", "rows", "mean|err|",
-                "fitted on the others");
-  out << line;
-  double sum = 0;
-  std::size_t n = 0;
-  for (const SourceFold& f : leave_one_source_out(rows, grid)) {
-    std::snprintf(line, sizeof line, "%-20s %5zu %9.1f%%  %s\n", f.source_id.c_str(), f.rows.size(),
-                  100 * f.mean_abs_error, fit_text(grid, f.fit).c_str());
-    out << line;
-    sum += f.mean_abs_error * static_cast<double>(f.rows.size());
-    n += f.rows.size();
-  }
-  out << "leave-one-source-out: mean |error| " << percent(n > 0 ? sum / static_cast<double>(n) : 0)
-      << " over " << n << " rows (a device left without rows keeps scale 1)\n";
+  print_markdown_folds(rows, grid, out);
   return kOk;
 }
 

@@ -173,8 +173,25 @@ TEST_CASE("fidelity: published vs predicted per row and series, the fit and leav
   INFO(fit.output);
   CHECK(fit.code == 0);
   CHECK(fit.output.find("fitted on the suite") != std::string::npos);
-  CHECK(fit.output.find("leave-one-source-out: mean |error|") != std::string::npos);
-  CHECK(fit.output.find("nvidia-dgxc") != std::string::npos);
+  // Leave-one-source-out as a Markdown table (docs/FIDELITY.md's generated block).
+  CHECK(fit.output.find("| source left out | rows | mean \\|error\\| | fit on the others |") !=
+        std::string::npos);
+  CHECK(std::regex_search(fit.output, std::regex(R"(\| nvidia-dgxc \| 1 \| [0-9.]+% \| launch )")));
+  CHECK(std::regex_search(fit.output, std::regex(R"(\| \*\*all\*\* \| 3 \| \*\*[0-9.]+%\*\* \|)")));
+  // Per series, as Markdown: a series with held-out rows gets a line of its own for them.
+  const Run series = run("fidelity --markdown --series " + rows + " " + kSource +
+                         "/scenarios/published/narayanan-1.7b.json 2>/dev/null");
+  INFO(series.output);
+  CHECK(series.code == 0);
+  CHECK(series.output.find("| series | rows |") == 0);
+  CHECK(series.output.find("| korthikanti-full | 1 | ") != std::string::npos);
+  CHECK(series.output.find("| narayanan, held out | 1 | ") != std::string::npos);
+  CHECK(series.output.find("| **suite (3 rows)** |") != std::string::npos);
+  for (const char* wrong : {"--series", "--markdown --fit"}) {
+    const Run refused = run("fidelity " + std::string(wrong) + " " + rows);
+    CHECK(refused.code == 2);
+    CHECK(refused.output.find("goes with") != std::string::npos);
+  }
   // Rows larger than --max-gpus are left out, and said so.
   const Run small = run("fidelity --max-gpus 8 " + rows + " " + kSource +
                         "/scenarios/published/korthikanti-175b-full.json 2>/dev/null");
