@@ -159,21 +159,11 @@ void print_markdown(const std::vector<FidelityRow>& rows, const std::vector<doub
   out << "| " << (by_series ? "series" : "kind")
       << " | rows | mean \\|error\\| | max \\|error\\| | Spearman |\n";
   out << "|---|---|---|---|---|\n";
-  for (const bool held : {false, true}) {
-    if (!by_series) {
-      for (const SeriesStats& k : kind_stats(rows, predicted, held)) line(k, held);
-      continue;
-    }
-    // A series with rows on both sides (some held out) gets a line for each side.
-    std::vector<FidelityRow> side;
-    std::vector<double> side_predicted;
-    for (std::size_t r = 0; r < rows.size(); ++r)
-      if (rows[r].holdout == held) {
-        side.push_back(rows[r]);
-        side_predicted.push_back(predicted[r]);
-      }
-    for (const SeriesStats& k : series_stats(side, side_predicted)) line(k, held);
-  }
+  // A series with rows on both sides (some held out) gets a line for each side.
+  for (const bool held : {false, true})
+    for (const SeriesStats& k :
+         by_series ? series_stats(rows, predicted, held) : kind_stats(rows, predicted, held))
+      line(k, held);
   for (const bool held : {false, true}) {
     const Totals t = totals(rows, predicted, held);
     if (t.rows == 0) continue;
@@ -372,7 +362,6 @@ int run_fidelity(const Args& args, std::ostream& out, std::ostream& err) {
       print_markdown(rows, at_defaults, result->count("series") > 0, out);
     return kOk;
   }
-
   if (skipped > 0) out << skipped << " rows of more than " << max_gpus << " GPUs left out\n";
 
   const KernelTuning defaults;

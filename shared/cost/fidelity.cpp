@@ -184,6 +184,13 @@ std::vector<SeriesStats> series_stats(const std::vector<FidelityRow>& rows,
       [](const FidelityRow&) { return true; });
 }
 
+std::vector<SeriesStats> series_stats(const std::vector<FidelityRow>& rows,
+                                      const std::vector<double>& predicted_s, bool holdout) {
+  return grouped_stats(
+      rows, predicted_s, [](const FidelityRow& r) { return r.series; },
+      [&](const FidelityRow& r) { return r.holdout == holdout; });
+}
+
 std::vector<SeriesStats> kind_stats(const std::vector<FidelityRow>& rows,
                                     const std::vector<double>& predicted_s, bool holdout) {
   return grouped_stats(

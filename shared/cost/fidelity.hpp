@@ -89,6 +89,9 @@ struct SeriesStats {
 // Per series, in order of first appearance.
 std::vector<SeriesStats> series_stats(const std::vector<FidelityRow>& rows,
                                       const std::vector<double>& predicted_s);
+// The same over the held-out rows only when `holdout`, else over the others.
+std::vector<SeriesStats> series_stats(const std::vector<FidelityRow>& rows,
+                                      const std::vector<double>& predicted_s, bool holdout);
 // The same per kind (FidelityRow::kind), held-out rows apart from the others when `holdout`.
 std::vector<SeriesStats> kind_stats(const std::vector<FidelityRow>& rows,
                                     const std::vector<double>& predicted_s, bool holdout);

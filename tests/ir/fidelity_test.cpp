@@ -82,6 +82,18 @@ TEST_CASE("series statistics: mean and max |error|, Spearman from three rows") {
   CHECK(s[0].max_abs_error == doctest::Approx(0.1));
   CHECK(s[0].spearman == doctest::Approx(1));
   CHECK(std::isnan(s[1].spearman));
+  // Held-out rows apart: series "s" splits into its held-out row and the others.
+  rows[1].holdout = true;
+  const std::vector<SeriesStats> fitted = series_stats(rows, p, false);
+  const std::vector<SeriesStats> held = series_stats(rows, p, true);
+  REQUIRE(fitted.size() == 2);
+  CHECK(fitted[0].rows == 2);
+  CHECK(fitted[0].max_abs_error == doctest::Approx(0.1));
+  REQUIRE(held.size() == 1);
+  CHECK(held[0].series == "series-s");
+  CHECK(held[0].rows == 1);
+  CHECK(held[0].mean_abs_error == doctest::Approx(0.1));
+  rows[1].holdout = false;
   // A row that could not be predicted counts as 100% off.
   rows[3].default_s = 0;
   CHECK(series_stats(rows, default_predictions(rows))[1].mean_abs_error == doctest::Approx(1));
