@@ -9,6 +9,7 @@
 #include "exec/fused_pointwise.hpp"
 #include "exec/torch_compat.hpp"
 #include "exec/weights.hpp"
+#include "exec/working_copies.hpp"
 #include "shared/base/check.hpp"
 #include "shared/model/model_math.hpp"
 
@@ -18,10 +19,10 @@ namespace {
 
 constexpr double kInitScale = 0.02;
 
-// A parameter (fp32, the master copy) in the dtype of the activation it meets: a bf16 copy
-// under mixed precision, whose gradient autograd accumulates into the fp32 parameter.
+// A parameter (fp32, the master copy) in the dtype of the activation it meets: its bf16 working
+// copy under mixed precision, whose gradient goes into the fp32 parameter's.
 torch::Tensor as(const torch::Tensor& param, const torch::Tensor& x) {
-  return param.to(x.scalar_type());
+  return working_copy(param, x.scalar_type());
 }
 
 torch::Tensor rotary_embed(const torch::Tensor& x, const AttentionInputs& in) {

@@ -29,6 +29,7 @@
 #include "exec/module_places.hpp"
 #include "exec/optimizers.hpp"
 #include "exec/stage.hpp"
+#include "exec/working_copies.hpp"
 #include "shared/cost/evaluator.hpp"
 #include "shared/layout/microbatch.hpp"
 #include "shared/layout/rank_groups.hpp"
@@ -189,6 +190,7 @@ class Worker {
   std::unique_ptr<ModulePlaces> places_;  // this rank in each module's grid
   Stages stages_;
   std::unique_ptr<Optimizers> optimizers_;  // over stages_'s parameters
+  WorkingCopies working_copies_;            // the parameters in bf16 under mixed precision
 
   // Per iteration.
   TrainBatch batch_;

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "exec/device.hpp"
+#include "exec/working_copies.hpp"
 #include "shared/base/check.hpp"
 
 namespace tessera::exec {
@@ -167,10 +168,11 @@ torch::Tensor Stage::encode(const torch::Tensor& input, Cuts* cuts) const {
             .reshape({n, side * side, c * p.patch_size * p.patch_size});
     x = patch_.forward(x);
     if (cls_.defined())
-      x = torch::cat({cls_.to(x.scalar_type()).view({1, 1, -1}).expand({n, 1, cls_.size(0)}), x},
-                     1);
+      x = torch::cat(
+          {working_copy(cls_, x.scalar_type()).view({1, 1, -1}).expand({n, 1, cls_.size(0)}), x},
+          1);
     if (positions_.defined())
-      x = x + positions_.narrow(0, 0, x.size(1)).to(x.scalar_type()).unsqueeze(0);
+      x = x + working_copy(positions_, x.scalar_type()).narrow(0, 0, x.size(1)).unsqueeze(0);
     if (pre_norm_.weight.defined()) x = pre_norm_.forward(x);
   }
   x = run_blocks(x, AttentionInputs{}, cuts);
@@ -206,15 +208,16 @@ torch::Tensor Stage::encode_audio(const std::vector<torch::Tensor>& windows,
     const auto dtype = activation_dtype();
     for (const torch::Tensor& window : windows) {
       const torch::Tensor mel = window.to(activation_options());
-      torch::Tensor x = torch::gelu(
-          torch::conv1d(mel.unsqueeze(0), conv1_weight_.to(dtype), conv1_bias_.to(dtype), 1, 1));
+      torch::Tensor x =
+          torch::gelu(torch::conv1d(mel.unsqueeze(0), working_copy(conv1_weight_, dtype),
+                                    working_copy(conv1_bias_, dtype), 1, 1));
       // GELU after the transpose: LibTorch 1.13's CPU GELU backward misreads a transposed
       // gradient of a contiguous input (garbage conv gradients), not a contiguous gradient of a
       // transposed input.
-      x = torch::gelu(
-          torch::conv1d(x, conv2_weight_.to(dtype), conv2_bias_.to(dtype), a.downsampling, 1)
-              .transpose(1, 2));
-      xs.push_back(x + positions_.narrow(0, 0, x.size(1)).to(dtype).unsqueeze(0));
+      x = torch::gelu(torch::conv1d(x, working_copy(conv2_weight_, dtype),
+                                    working_copy(conv2_bias_, dtype), a.downsampling, 1)
+                          .transpose(1, 2));
+      xs.push_back(x + working_copy(positions_, dtype).narrow(0, 0, x.size(1)).unsqueeze(0));
     }
   } else {
     // The previous stage's windows, their tokens back to back.
