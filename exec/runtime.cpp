@@ -75,8 +75,8 @@ Worker::Worker(const Scenario& s, const ParallelPlan& plan, Groups& groups,
     for (auto& [key, st] : stages_) st->recompute_attention_cores();
   dip_ = plan.schedule == Schedule::kDip;
   if (dip_) dip_prefetch_ = std::make_unique<DipPrefetcher>(s, plan, options.dataset);
-  linked_boundary_ = plan.placement == Placement::kNonColocated ||
-                     (plan.placement == Placement::kColocated && stages[places_->llm()] > 1);
+  boundary_.set_linked(plan.placement == Placement::kNonColocated ||
+                       (plan.placement == Placement::kColocated && stages[places_->llm()] > 1));
   std::vector<GradientCopies> copies(model.modules.size());
   for (std::size_t m = 0; m < copies.size(); ++m) {
     const ModulePlace& place = (*places_)[static_cast<int>(m)];
@@ -108,9 +108,9 @@ const MediaAssignment* Worker::media_for(int module) {
   const ModelSpec& model = scenario_.model;
   const ModuleSpec& spec = model.modules[static_cast<std::size_t>(module)];
   if (!media_parallel(plan_, model, spec)) return nullptr;
-  if (const auto it = media_.find(module); it != media_.end()) return &it->second;
-  return &(media_[module] = assign_media(batch_.batch, model, *source_encoder(model, spec),
-                                         assignment_, (*places_)[module].dp_size));
+  if (const auto it = boundary_.media.find(module); it != boundary_.media.end()) return &it->second;
+  return &(boundary_.media[module] = assign_media(batch_.batch, model, *source_encoder(model, spec),
+                                                  assignment_, (*places_)[module].dp_size));
 }
 
 int64_t Worker::item_rows(int producer, const MediaPiece& piece) const {
@@ -183,14 +183,9 @@ StepResult Worker::step(int64_t iteration) {
   // micro-batches, level 2, exist there.
   encoder_assignment_ =
       plan_.placement == Placement::kColocated ? assignment : p.encoder_microbatches;
-  entrain_leaves_.clear();
   my_micro_batches_ = assignment[static_cast<std::size_t>(places_->llm_dp_index())];
   assignment_ = assignment;
-  boundaries_.clear();
-  media_.clear();
-  linked_.clear();
-  link_parts_.clear();
-  absorbed_.clear();
+  boundary_.start_step();
   micro_batches_.clear();
   dip_pieces_.clear();
   dip_received_.clear();

@@ -21,6 +21,7 @@
 
 #include "exec/torch_api.hpp"
 
+#include "exec/boundary_state.hpp"
 #include "exec/comm.hpp"
 #include "exec/cuda.hpp"
 #include "exec/data.hpp"
@@ -95,21 +96,6 @@ class Worker {
     LlmLayout layout;
     std::vector<int64_t> local;  // this CP rank's tokens
     AttentionInputs attention;
-  };
-
-  // A producer's output rows at the colocated boundary: gathered over the encoder replicas that
-  // share this rank's LLM replica (fan-in), or this rank's own (same data-parallel degree).
-  using RowMap = std::map<int32_t, std::pair<int64_t, int64_t>>;  // sample -> (first row, count)
-  struct Boundary {
-    torch::Tensor leaf;  // (rows, H): the LLM's micro-batches select from it; its grad accumulates
-    RowMap rows;
-    int64_t mine_first = 0, mine_rows = 0;  // this rank's own rows
-    std::vector<int64_t> member_rows;       // rows of each group member (fan-in)
-    // Media items (encoder_data_parallel media): the leaf's rows that are this rank's output's,
-    // in its order (the gathered rows are put in sample order, so they do not lie together).
-    torch::Tensor mine_index;
-    // Media items received over links: each item's rows in the leaf, by (sample, item).
-    std::map<std::pair<int32_t, int32_t>, std::pair<int64_t, int64_t>> items;
   };
 
   Stage& stage(int module, int chunk) { return find_stage(stages_, module, chunk, rank_); }
@@ -199,16 +185,7 @@ class Worker {
   // The encoders' micro-batches: assignment_'s, or Entrain's level 1 (the LLM runs level 2).
   MicrobatchAssignment encoder_assignment_;
   bool entrain_ = false;
-  // Entrain, homogeneous: each producer micro-batch's output as a leaf the LLM's micro-batches
-  // (its own and the next) take rows from; its gradient accumulates there. (producer, mb)
-  std::map<std::pair<int, int>, torch::Tensor> entrain_leaves_;
-  std::map<int, Boundary> boundaries_;
-  std::map<int, MediaAssignment> media_;            // by module, this step's (media_for)
-  std::map<std::pair<int, int>, Boundary> linked_;  // (producer, mb)
-  std::map<std::tuple<int, int, int32_t>, torch::Tensor> link_parts_;  // (producer, mb, link)
-  std::set<int> absorbed_;  // producers whose same-rank links' gradients are in place
-  bool linked_boundary_ =
-      false;  // boundary messages leader to leader (non-colocated, or an LLM pipeline)
+  BoundaryState boundary_;  // the boundary transport's, per step
   std::map<int, MicroBatch> micro_batches_;
   std::map<Key, Slot> slots_;
   std::map<Key, torch::Tensor> received_;

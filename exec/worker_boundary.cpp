@@ -33,15 +33,15 @@ torch::Tensor Worker::entrain_rows(int producer, int mb, std::vector<torch::Tens
   for (int i = std::max(0, mb - 1); i <= mb; ++i) {
     RowMap rows;  // from the first row of this micro-batch's output
     torch::Tensor source;
-    if (linked_boundary_) {
-      if (i < mb && !linked_.count({producer, i})) continue;
+    if (boundary_.linked()) {
+      if (i < mb && !boundary_.assembled.count({producer, i})) continue;
       const Boundary& b = assembled(producer, i);
       rows = b.rows;
       source = b.leaf;
     } else {
       lay_out_rows(producer, samples_for(producer, i), 0, rows);
       if (!wanted_in(rows)) continue;  // (its slot may be gone already)
-      auto [it, fresh] = entrain_leaves_.try_emplace({producer, i});
+      auto [it, fresh] = boundary_.entrain_leaves.try_emplace({producer, i});
       if (fresh) {
         const torch::Tensor& out = producer_slot(producer, i).output;
         it->second = out.detach();
@@ -64,11 +64,12 @@ torch::Tensor Worker::entrain_rows(int producer, int mb, std::vector<torch::Tens
   return torch::cat(outputs, 0).index_select(0, device_indices(index));
 }
 
-Worker::Boundary& Worker::boundary(int producer) {
-  if (const auto it = boundaries_.find(producer); it != boundaries_.end()) return it->second;
+Boundary& Worker::boundary(int producer) {
+  if (const auto it = boundary_.whole.find(producer); it != boundary_.whole.end())
+    return it->second;
   // No regroup op: the producer's replicas are the LLM's; this rank's own whole-batch output.
   const torch::Tensor& out = producer_slot(producer, -1).output;
-  Boundary& b = boundaries_[producer];
+  Boundary& b = boundary_.whole[producer];
   b.leaf = out.detach();
   b.leaf.set_requires_grad(out.requires_grad());
   b.mine_rows = lay_out_rows(producer, samples_for(producer, -1), 0, b.rows);
@@ -135,11 +136,11 @@ void Worker::boundary_collective(const Op& op) {
                           ": the regrouped rows miss a sample of this rank's "
                           "LLM replica (encoder and LLM grids not aligned, e.g. an LLM pipeline): "
                           "not in the executor yet");
-    boundaries_[op.module] = std::move(b);
+    boundary_.whole[op.module] = std::move(b);
     return;
   }
   // Backward.
-  Boundary& b = boundaries_.at(op.module);
+  Boundary& b = boundary_.whole.at(op.module);
   if (place.dp_size < places_->llm_place().dp_size) {
     // Fan-out: each member's LLM replica computed the gradient of its own samples' rows; the
     // all-gather assembles all of this encoder replica's rows (replicas in order, as its output).
@@ -217,7 +218,7 @@ void Worker::gather_media(const Op& op, const Comm& comm, const MediaAssignment&
   b.leaf = all_gather_rows(comm, out.detach().contiguous(), b.member_rows)
                .index_select(0, device_indices(order));
   b.leaf.set_requires_grad(out.requires_grad());
-  boundaries_[op.module] = std::move(b);
+  boundary_.whole[op.module] = std::move(b);
 }
 
 int Worker::consumer_of(int producer) const {
@@ -356,14 +357,14 @@ Worker::Slot& Worker::producer_slot(int producer, int mb) {
 // Links whose producer leader and consumer leader are this very rank carry no message: the
 // consumer's input gradient rows go straight into the producer's output gradient.
 void Worker::absorb_self_links(int producer) {
-  if (!absorbed_.insert(producer).second) return;
+  if (!boundary_.absorbed.insert(producer).second) return;
   const int consumer = consumer_of(producer);
   const bool consumer_leader = places_->llm_tp_index() == 0 && places_->llm_cp_index() == 0 &&
                                std::any_of(stages_.begin(), stages_.end(), [&](const auto& e) {
                                  return e.first.first == consumer && e.second->first();
                                });
   if (!consumer_leader) return;
-  for (auto& [key, b] : linked_) {
+  for (auto& [key, b] : boundary_.assembled) {
     if (key.first != producer || !b.leaf.grad().defined()) continue;
     const int mb = key.second;
     for (const int32_t i : consumer_links(producer, mb)) {
@@ -378,11 +379,12 @@ void Worker::absorb_self_links(int producer) {
   }
 }
 
-Worker::Boundary& Worker::assembled(int producer, int mb) {
-  if (const auto it = linked_.find({producer, mb}); it != linked_.end()) return it->second;
+Boundary& Worker::assembled(int producer, int mb) {
+  if (const auto it = boundary_.assembled.find({producer, mb}); it != boundary_.assembled.end())
+    return it->second;
   // The consumer's input from `producer`: the links' rows in link order (the leader received
   // them; the others get them by the broadcast, into a tensor of the same shape).
-  Boundary& b = linked_[{producer, mb}];
+  Boundary& b = boundary_.assembled[{producer, mb}];
   std::vector<torch::Tensor> parts;
   int64_t row = 0;
   for (const int32_t i : consumer_links(producer, mb)) {
@@ -396,9 +398,9 @@ Worker::Boundary& Worker::assembled(int producer, int mb) {
       end += n;
     }
     const int64_t rows = end - row;
-    const auto part = link_parts_.find({producer, mb, i});
+    const auto part = boundary_.link_parts.find({producer, mb, i});
     torch::Tensor rows_here;
-    if (part != link_parts_.end()) {
+    if (part != boundary_.link_parts.end()) {
       rows_here = part->second;
     } else {
       // A link from this very rank (no message), or a rank that gets the rows by broadcast.
@@ -471,7 +473,7 @@ void Worker::boundary_p2p(const Op& op) {
   }
   const BoundaryLink& link = program_->links[static_cast<std::size_t>(op.link)];
   if (op.kind == OpKind::kRecv) {  // forward: a link's rows, kept until assembled
-    link_parts_[{producer, mb, op.link}] = recv_rows(link_rows(producer, link), width);
+    boundary_.link_parts[{producer, mb, op.link}] = recv_rows(link_rows(producer, link), width);
     return;
   }
   // backward: this link's rows of the gradient of the assembled input

@@ -39,7 +39,7 @@ void Worker::forward(const Op& op) {
       }
     // On other ranks (a non-colocated projector of its own): the leaf of the rows its links
     // brought (whose gradient goes back along them), taken in this micro-batch's sample order.
-    TESSERA_CHECK(linked_boundary_, name + " does not run on rank " + std::to_string(rank_));
+    TESSERA_CHECK(boundary_.linked(), name + " does not run on rank " + std::to_string(rank_));
     const Boundary& b = assembled(producer, op.microbatch);
     std::vector<int64_t> rows;
     for (int32_t sample : samples_for(op.module, op.microbatch)) {
@@ -60,9 +60,9 @@ void Worker::forward(const Op& op) {
   // (this micro-batch, assembled from the links).
   // Each LLM micro-batch selects its rows from the boundary (under Entrain from the one or two
   // encoder micro-batches holding them, below).
-  const bool boundary_rows = whole_batch_inputs && !(entrain_ && linked_boundary_);
+  const bool boundary_rows = whole_batch_inputs && !(entrain_ && boundary_.linked());
   auto input_boundary = [&](int producer) -> Boundary& {
-    return linked_boundary_ ? assembled(producer, op.microbatch) : boundary(producer);
+    return boundary_.linked() ? assembled(producer, op.microbatch) : boundary(producer);
   };
   if (!st.first() || (spec.role == ModuleRole::kLlm && received_.count(key))) {
     inputs.push_back(received_.at(key));
@@ -214,20 +214,20 @@ void Worker::forward(const Op& op) {
 
 torch::Tensor Worker::output_gradient(const Op& op, Slot& slot) {
   Stage& st = stage(op.module, op.chunk);
-  if (linked_boundary_ && consumer_of(op.module) >= 0) {
+  if (boundary_.linked() && consumer_of(op.module) >= 0) {
     absorb_self_links(op.module);
   }
   torch::Tensor grad = slot.output_grad;
   if (st.module().role == ModuleRole::kLlm && st.last()) {
     grad = torch::ones_like(slot.output);
-  } else if (!grad.defined() && boundaries_.count(op.module)) {
+  } else if (!grad.defined() && boundary_.whole.count(op.module)) {
     // A colocated boundary without a regroup: this rank's rows of the accumulated gradient.
-    const Boundary& bd = boundaries_.at(op.module);
+    const Boundary& bd = boundary_.whole.at(op.module);
     grad = bd.leaf.grad().defined() ? bd.leaf.grad().narrow(0, bd.mine_first, bd.mine_rows)
                                     : torch::zeros_like(slot.output);
-  } else if (!grad.defined() && entrain_leaves_.count({op.module, op.microbatch})) {
+  } else if (!grad.defined() && boundary_.entrain_leaves.count({op.module, op.microbatch})) {
     // Entrain: accumulated over the LLM micro-batches that took this micro-batch's rows.
-    const torch::Tensor& leaf = entrain_leaves_.at({op.module, op.microbatch});
+    const torch::Tensor& leaf = boundary_.entrain_leaves.at({op.module, op.microbatch});
     grad = leaf.grad().defined() ? leaf.grad() : torch::zeros_like(slot.output);
   } else if (!grad.defined()) {
     // The consumer on this rank computed it: the gradient of its input from this module.
