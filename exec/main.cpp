@@ -185,6 +185,8 @@ int train(int argc, char** argv) {
       "lr", "AdamW learning rate", cxxopts::value<double>()->default_value("0.001"))(
       "weight-decay", "AdamW weight decay", cxxopts::value<double>()->default_value("0"))(
       "clip", "global gradient-norm clip (0: off)", cxxopts::value<double>()->default_value("1"))(
+      "no-working-copies",
+      "bf16: cast each weight at every use instead of once per step (to measure the copies)")(
       "timeout", "seconds before a collective (and rendezvous) gives up",
       cxxopts::value<double>()->default_value("120"))(
       "input", "scenario", cxxopts::value<std::string>())("h,help", "show this help");
@@ -255,6 +257,7 @@ int train(int argc, char** argv) {
   job.options.lr = args["lr"].as<double>();
   job.options.weight_decay = args["weight-decay"].as<double>();
   job.options.clip = args["clip"].as<double>();
+  job.options.working_copies = args.count("no-working-copies") == 0;
   job.steps = args["steps"].as<int64_t>();
   job.checkpoint_every = args["checkpoint-every"].as<int64_t>();
   job.trace_steps = args["trace-steps"].as<int64_t>();

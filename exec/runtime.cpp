@@ -160,7 +160,8 @@ StepResult Worker::step(int64_t iteration) {
   const auto prepare = std::chrono::steady_clock::now();
   // The layers' bf16 copies of the parameters, made once per step (frozen ones once).
   working_copies_.drop_trainable();
-  const WorkingCopies::Scope copies(working_copies_);
+  std::optional<WorkingCopies::Scope> copies;
+  if (options_.working_copies) copies.emplace(working_copies_);
   const ModelSpec& model = scenario_.model;
   batch_ =
       dip_ ? dip_prefetch_->batch(iteration) : make_batch(scenario_, options_.dataset, iteration);

@@ -47,6 +47,9 @@ struct TrainOptions {
   double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
   double weight_decay = 0.0;
   double clip = 1.0;  // global gradient-norm clipping; 0 turns it off
+  // Mixed precision's bf16 weights through working copies (working_copies.hpp); off, each use
+  // casts its weight afresh (the yardstick the copies are measured against).
+  bool working_copies = true;
 };
 
 struct StepResult {

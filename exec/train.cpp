@@ -350,7 +350,8 @@ int train_worker(const WorkerEnv& env, const TrainJob& job) {
               {{"seed", job.options.seed},
                {"lr", job.options.lr},
                {"clip", job.options.clip},
-               {"weight_decay", job.options.weight_decay}}},
+               {"weight_decay", job.options.weight_decay},
+               {"working_copies", job.options.working_copies}}},
              {"software", {{"torch", TORCH_VERSION}, {"torch_threads_per_rank", 1}}},
              {"machine",
               [&] {

@@ -17,11 +17,15 @@
 #   profile the fastest recorded run of the ~1B VLM again, one step under torch's profiler
 #           (tessera-train --profile-step): GPU busy share and kernel time by kind and by name
 #           (scripts/profile-summary.py), the trace gzipped beside it
+#   copies  mixed precision's working copies against a cast at every use (--no-working-copies):
+#           the ~1B VLM in bf16 at the middle sequence length and micro-batch 1, encoder frozen
+#           and trainable, the two arms alternated on the same machine; the median steps and
+#           their ratio into copies.tsv
 #   model   the recorded runs against the cost model: `tessera replay` uncalibrated (per step and
 #           per op class), `tessera calibrate` on half the runs, `tessera replay --profile` on
 #           all. Needs the SimGrid build's `tessera` (TESSERA_BIN, default build/sim/tessera);
 #           without it the stage says which commands to run where it is.
-# Stages default to all six, in that order. --device cpu is the dry run: the same stages on the
+# Stages default to all seven, in that order. --device cpu is the dry run: the same stages on the
 # tiny scenarios on the CPU, which CI runs (scripts/test.sh --torch2) so that the script cannot
 # rot while no GPU is lent.
 # Results: DIR (default out/gpu-check-<device>) holds each stage's log, matmul.json, bench.tsv
@@ -37,12 +41,12 @@ while [[ $# -gt 0 ]]; do
   case $1 in
     --device) device=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
-    build|matmul|gpu|bench|profile|model) stages+=("$1"); shift ;;
-    *) echo "gpu-check: unknown argument $1 (stages: build matmul gpu bench profile model)" >&2; exit 2 ;;
+    build|matmul|gpu|bench|profile|copies|model) stages+=("$1"); shift ;;
+    *) echo "gpu-check: unknown argument $1 (stages: build matmul gpu bench profile copies model)" >&2; exit 2 ;;
   esac
 done
 [[ $device == cuda || $device == cpu ]] || { echo "gpu-check: --device cuda or cpu" >&2; exit 2; }
-[[ ${#stages[@]} -gt 0 ]] || stages=(build matmul gpu bench profile model)
+[[ ${#stages[@]} -gt 0 ]] || stages=(build matmul gpu bench profile copies model)
 out=${out:-out/gpu-check-$device}
 build=${TESSERA_BUILD_DIR:-build-gpu}
 mkdir -p "$out"
@@ -140,14 +144,15 @@ run_base() {
 
 # The scenario `base` with one image of image_size and seq - image_tokens text tokens per sample
 # (so every sample is seq long), the encoder frozen or trainable, and micro-batches of `mb`
-# samples, 8 samples per step: written to $out/scenarios/NAME.json.
+# samples, 8 samples per step, in the model's dtype or `dtype`: written to
+# $out/scenarios/NAME.json.
 variant() {
-  local base=$1 name=$2 seq=$3 mb=$4 frozen=$5
+  local base=$1 name=$2 seq=$3 mb=$4 frozen=$5 dtype=${6:-}
   mkdir -p "$out/scenarios"
   python3 - "$base" "$out/scenarios/$name.json" "$seq" "$mb" "$frozen" "$image_tokens" \
-    "$image_size" "${cluster:+$PWD/$cluster}" <<'EOF'
+    "$image_size" "${cluster:+$PWD/$cluster}" "$dtype" <<'EOF'
 import json, os, sys
-base, dest, seq, mb, frozen, image_tokens, image_size, cluster = sys.argv[1:]
+base, dest, seq, mb, frozen, image_tokens, image_size, cluster, dtype = sys.argv[1:]
 seq, mb, image_tokens, image_size = int(seq), int(mb), int(image_tokens), int(image_size)
 s = json.load(open(base))
 here = os.path.dirname(os.path.abspath(base))
@@ -161,6 +166,8 @@ if isinstance(s["model"], str):
 for m in s["model"]["modules"]:
     if m["role"] == "encoder":
         m["frozen"] = frozen == "frozen"
+if dtype:
+    s["model"]["dtype"] = dtype
 s["name"] = os.path.basename(dest)[:-5]
 s["workload"] = {"global_batch": 8, "max_seq_len": seq, "packing": False, "seed": 1,
                  "samples": {"text_tokens": seq - image_tokens,
@@ -259,6 +266,44 @@ stage_profile() {
   python3 scripts/profile-summary.py "$out/profile/profile/rank0.json" --top 14 |
     tee "$out/profile.txt"
   gzip -f "$out/profile/profile/rank0.json"
+}
+
+# Each arm twice, alternated (with, without, without, with) so that a drift of the host falls on
+# both; per arm the median of the steps after the first two of both its runs. The same arithmetic
+# either way: the last losses of the two arms' first runs are printed side by side.
+stage_copies() {
+  local seq_mid
+  seq_mid=$(echo "$seqs" | awk '{print $(int((NF + 1) / 2))}')
+  rm -rf "$out/copies"
+  mkdir -p "$out/copies"
+  local names=()
+  for encoder in frozen trainable; do
+    local name
+    name=$(run_base "$small")-s$seq_mid-m1-$encoder-bf16
+    variant "$small" "$name" "$seq_mid" 1 "$encoder" bf16
+    names+=("$name")
+    local i=0
+    for arm in with without without with; do
+      local flag=()
+      [[ $arm == without ]] && flag=(--no-working-copies)
+      "${pin[@]}" "$train" "$out/scenarios/$name.json" --device "$device" --steps "$steps" \
+        --trace-steps 0 --no-checkpoint "${flag[@]}" --out "$out/copies/$name-$arm-$((i++))" >/dev/null
+    done
+  done
+  python3 - "$out/copies" "${names[@]}" >"$out/copies.tsv" <<'EOF'
+import glob, json, statistics, sys
+folder, names = sys.argv[1], sys.argv[2:]
+def arm(name, which):
+    runs = sorted(glob.glob(f"{folder}/{name}-{which}-*"))
+    steps = [[json.loads(l) for l in open(f"{r}/loss.jsonl")] for r in runs]
+    times = [s["step_s"] for run in steps for s in (run[2:] or run)]
+    return statistics.median(times), steps[0][-1]["loss"]
+print("run\twith_copies_s\tcast_per_use_s\tratio\tloss_with\tloss_without")
+for name in names:
+    (w, lw), (wo, lwo) = arm(name, "with"), arm(name, "without")
+    print(f"{name}\t{w:.4f}\t{wo:.4f}\t{wo / w:.3f}\t{lw:.6f}\t{lwo:.6f}")
+EOF
+  aligned "$out/copies.tsv"
 }
 
 stage_model() {

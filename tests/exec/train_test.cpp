@@ -187,10 +187,11 @@ TEST_CASE("a bf16 model trains in mixed precision: near fp32, never NaN; plans a
   // loss, bf16 activations across ranks), exercised on the CPU.
   const std::string bf16_scenario = edited_scenario(
       kScenario, [](Json& s) { s["model"]["dtype"] = "bf16"; }, "bf16-scenario");
-  auto bf16_run = [&](const std::string& layout, const std::string& name) {
+  auto bf16_run = [&](const std::string& layout, const std::string& name,
+                      const std::string& extra = "") {
     const fs::path out = fresh_dir(name);
-    const Run r =
-        run(bf16_scenario + " --plan " + plan_file(layout) + " --steps 3 --out " + out.string());
+    const Run r = run(bf16_scenario + " --plan " + plan_file(layout) + " --steps 3 --out " +
+                      out.string() + extra);
     INFO(r.output);
     REQUIRE(r.code == 0);
     return losses(out);
@@ -215,6 +216,18 @@ TEST_CASE("a bf16 model trains in mixed precision: near fp32, never NaN; plans a
       INFO(name << " step " << i << ": " << got[i] << " vs one rank's " << bf16[i]);
       CHECK(std::abs(got[i] - bf16[i]) <= 1e-2 * std::abs(bf16[i]));
     }
+  }
+  // Weights cast at every use instead of through working copies: the same arithmetic, so the same
+  // losses and gradient norms to the last bit, on one rank and across pipeline and data ranks.
+  for (const auto& [layout, name] : std::vector<std::pair<std::string, std::string>>{
+           {R"({"tp": 1})", "bf16"}, {R"({"pp": 2, "dp": 2})", "bf16-pp2dp2"}}) {
+    const std::vector<double> cast = bf16_run(layout, name + "-cast", " --no-working-copies");
+    INFO(name);
+    CHECK(cast == losses(out_dir(name)));
+    CHECK(losses(out_dir(name + "-cast"), "grad_norm") == losses(out_dir(name), "grad_norm"));
+    CHECK(Json::parse(std::ifstream(out_dir(name + "-cast") / "run.json"))
+              .at("options")
+              .at("working_copies") == false);
   }
   // Gradients reduced in fp32 (grad_reduce_in_fp32) lose nothing to the reduction: DP2 agrees
   // with one rank as fp32 runs do. Reduced in bf16 (the default), the gradient norm moves by the
