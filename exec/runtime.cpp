@@ -337,6 +337,9 @@ StepResult Worker::step(int64_t iteration) {
         break;
       case OpKind::kOptimizerStep:
         if (!optimizers_->synchronized()) optimizers_->synchronize(loss_sum_, groups_.world());
+        // Every gradient is in (the norm took them all): the trainable weights' bf16 copies are
+        // done with, and go before the step changes the weights.
+        working_copies_.drop_trainable();
         optimizers_->step(op.module);
         break;
     }

@@ -218,9 +218,16 @@ TEST_CASE("a bf16 model trains in mixed precision: near fp32, never NaN; plans a
     }
   }
   // Weights cast at every use instead of through working copies: the same arithmetic, so the same
-  // losses and gradient norms to the last bit, on one rank and across pipeline and data ranks.
-  for (const auto& [layout, name] : std::vector<std::pair<std::string, std::string>>{
-           {R"({"tp": 1})", "bf16"}, {R"({"pp": 2, "dp": 2})", "bf16-pp2dp2"}}) {
+  // losses and gradient norms to the last bit, on one rank, across pipeline and data ranks, and
+  // fully sharded (whose gathers write the new weights without an autograd version: a stale copy
+  // would show from the second step on).
+  const std::string fsdp =
+      R"({"dp": 2}, "distributed_optimizer": true, "fully_sharded": true, "grad_bucket_mb": 0.01)";
+  bf16_run(fsdp, "bf16-fsdp-dp2");
+  for (const auto& [layout, name] :
+       std::vector<std::pair<std::string, std::string>>{{R"({"tp": 1})", "bf16"},
+                                                        {R"({"pp": 2, "dp": 2})", "bf16-pp2dp2"},
+                                                        {fsdp, "bf16-fsdp-dp2"}}) {
     const std::vector<double> cast = bf16_run(layout, name + "-cast", " --no-working-copies");
     INFO(name);
     CHECK(cast == losses(out_dir(name)));
