@@ -158,7 +158,9 @@ const Worker::MicroBatch& Worker::micro_batch(int mb) {
 
 StepResult Worker::step(int64_t iteration) {
   const auto prepare = std::chrono::steady_clock::now();
-  // The layers' bf16 copies of the parameters, made once per step (frozen ones once).
+  // The layers' bf16 copies of the weights (working_copies.hpp): a trainable weight's are made
+  // afresh each step, since a fully sharded gather writes its new value without an autograd
+  // version; the optimizer step below drops them too, before AdamW runs.
   working_copies_.drop_trainable();
   std::optional<WorkingCopies::Scope> copies;
   if (options_.working_copies) copies.emplace(working_copies_);
