@@ -158,10 +158,8 @@ const Worker::MicroBatch& Worker::micro_batch(int mb) {
 
 StepResult Worker::step(int64_t iteration) {
   const auto prepare = std::chrono::steady_clock::now();
-  // The layers' bf16 copies of the weights (working_copies.hpp): a trainable weight's are made
-  // afresh each step, since a fully sharded gather writes its new value without an autograd
-  // version; the optimizer step below drops them too, before AdamW runs.
-  working_copies_.drop_trainable();
+  // The layers' bf16 copies of the weights (working_copies.hpp); the optimizer step drops the
+  // trainable ones.
   std::optional<WorkingCopies::Scope> copies;
   if (options_.working_copies) copies.emplace(working_copies_);
   const ModelSpec& model = scenario_.model;
@@ -340,7 +338,8 @@ StepResult Worker::step(int64_t iteration) {
       case OpKind::kOptimizerStep:
         if (!optimizers_->synchronized()) optimizers_->synchronize(loss_sum_, groups_.world());
         // Every gradient is in (the norm took them all): the trainable weights' bf16 copies are
-        // done with, and go before the step changes the weights.
+        // done with, and go before AdamW runs and before the weights change, some of them (a fully
+        // sharded gather's) without an autograd version to show it.
         working_copies_.drop_trainable();
         optimizers_->step(op.module);
         break;

@@ -34,7 +34,7 @@ class WorkingCopies {
     WorkingCopies* previous_;
   };
 
-  // A new step: the copies of trainable parameters go. Their new values may have been written
+  // The optimizer's step: the copies of trainable parameters go. Their new values may be written
   // without an autograd version (a fully sharded unit's gather); the frozen ones' never change.
   void drop_trainable();
   // `param` in `dtype`, cast again when its autograd version moved since (an optimizer's step).

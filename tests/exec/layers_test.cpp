@@ -17,9 +17,11 @@
 #include "exec/data.hpp"
 #include "exec/fused_pointwise.hpp"
 #include "exec/layers.hpp"
+#include "tests/exec/small_arch.hpp"
 
 using namespace tessera;
 using namespace tessera::exec;
+using tessera::exec::testing::small_gqa;
 
 namespace {
 
@@ -42,18 +44,6 @@ bool any_contains(const std::set<std::string>& names, const std::string& part) {
   for (const std::string& n : names)
     if (n.find(part) != std::string::npos) return true;
   return false;
-}
-
-// One layer, 32 wide, 4 query heads over 2 key/value heads of 8.
-TransformerArch small_gqa() {
-  TransformerArch a;
-  a.layers = 1;
-  a.hidden = 32;
-  a.heads = 4;
-  a.kv_heads = 2;
-  a.head_dim = 8;
-  a.ffn = 64;
-  return a;
 }
 
 }  // namespace

@@ -8,22 +8,13 @@
 
 #include "exec/layers.hpp"
 #include "exec/working_copies.hpp"
+#include "tests/exec/small_arch.hpp"
 
 using namespace tessera;
 using namespace tessera::exec;
+using tessera::exec::testing::small_gqa;
 
 namespace {
-
-TransformerArch small_block() {
-  TransformerArch a;
-  a.layers = 1;
-  a.hidden = 32;
-  a.heads = 4;
-  a.kv_heads = 2;
-  a.head_dim = 8;
-  a.ffn = 64;
-  return a;
-}
 
 struct Result {
   std::vector<torch::Tensor> outputs, grads;
@@ -35,7 +26,7 @@ struct Result {
 Result run(WorkingCopies* copies) {
   const Comm alone{{0}, 0, {}};
   ParamSet ps(11, true, alone);
-  const Block block(ps, "b", small_block(), 0, alone);
+  const Block block(ps, "b", small_gqa(), 0, alone);
   for (Param& p : ps.params()) p.tensor.mutable_grad() = torch::zeros_like(p.tensor);
   std::optional<WorkingCopies::Scope> scope;
   if (copies != nullptr) scope.emplace(*copies);
@@ -101,7 +92,7 @@ TEST_CASE("working copies: made again when the parameter changes; frozen ones ke
   CHECK(
       torch::equal(working_copy(trained, torch::kBFloat16), trained.detach().to(torch::kBFloat16)));
   CHECK(copies.casts() == 3);
-  // A write without a version (a fully sharded gather): the next step drops the trainable copy.
+  // A write without a version (a fully sharded gather): the optimizer step drops the copy first.
   trained.data().add_(1.0);
   copies.drop_trainable();
   CHECK(copies.size() == 1);
