@@ -280,7 +280,7 @@ int run_fidelity(const Args& args, std::ostream& out, std::ostream& err) {
     FidelityRow row{s.name,
                     s.published->series,
                     s.published->source_id,
-                    fit_key(s.cluster.device.name, s.plan->framework),
+                    fit_key(s.cluster.device.fitted_as(), s.plan->framework),
                     s.published->holdout,
                     run_kind(s.model, *s.plan),
                     s.published->step_s,

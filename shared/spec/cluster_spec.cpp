@@ -34,8 +34,57 @@ LinkSpec read_link(ObjectReader& parent, std::string_view key, bool required) {
   return link;
 }
 
+// A cluster's "device" string names a device file when it looks like a path, else a shipped
+// device.
+bool names_file(const std::string& device) {
+  return device.ends_with(".json") || device.find('/') != std::string::npos;
+}
+
+std::string shipped_list() {
+  std::string names;
+  for (const std::string& n : shipped_device_names()) names += (names.empty() ? "" : ", ") + n;
+  return names;
+}
+
 DeviceSpec read_device(const Json& json, const std::string& file, const std::string& path,
                        ClusterKind kind, Diagnostics& diag) {
+  if (json.is_object() && json.contains("base")) {
+    // A device derived from another (the same die run otherwise: another memory, a power
+    // limit): the base's JSON with these keys merged over it (RFC 7386 merge patch). The base
+    // is a shipped device's name or a device file relative to this one.
+    const Json& base = json["base"];
+    const std::string at = path.empty() ? "base" : path + ".base";
+    if (!base.is_string()) {
+      diag.error(file, at, "expected a device name or file, got " + json_type_name(base));
+      return {};
+    }
+    std::optional<Json> merged;
+    std::string target;
+    if (names_file(base.get<std::string>())) {
+      merged = read_referenced_json(base.get<std::string>(), file, at, diag, &target);
+    } else if (auto shipped = shipped_device(base.get<std::string>())) {
+      merged = std::move(shipped->json);
+    } else {
+      diag.error(file, at,
+                 "no shipped device is named '" + base.get<std::string>() +
+                     "' (shipped: " + shipped_list() + "); give a device file (.json)");
+      return {};
+    }
+    if (!merged) return {};
+    if (!merged->is_object() || merged->contains("base")) {
+      diag.error(file, at, "a base device is a device of its own, without a base");
+      return {};
+    }
+    const Json base_name = merged->value("name", Json());
+    Json patch = json;
+    patch.erase("base");
+    // Names and aliases are the derived device's own, never the base's.
+    merged->erase("aliases");
+    merged->merge_patch(patch);
+    DeviceSpec device = read_device(*merged, file, path, kind, diag);
+    if (base_name.is_string()) device.base = base_name.get<std::string>();
+    return device;
+  }
   DeviceSpec device;
   ObjectReader dr(json, file, path, diag);
   if (!dr.valid()) return device;
@@ -75,18 +124,6 @@ DeviceSpec read_device(const Json& json, const std::string& file, const std::str
 constexpr const char* kNoKernelsCost =
     "its compute is priced at a flat share of peak, which predicts Megatron-LM's 2021 Table 1 at "
     "10.5% mean error (max 30.4%) where kernel data gives 4.6% (max 10.9%).";
-
-// A cluster's "device" string names a device file when it looks like a path, else a shipped
-// device.
-bool names_file(const std::string& device) {
-  return device.ends_with(".json") || device.find('/') != std::string::npos;
-}
-
-std::string shipped_list() {
-  std::string names;
-  for (const std::string& n : shipped_device_names()) names += (names.empty() ? "" : ", ") + n;
-  return names;
-}
 
 // A bus-bandwidth curve: [[bytes, bytes_per_s], ...] with sizes increasing.
 BusBandwidthCurve read_curve(ObjectReader& r, std::string_view key) {

@@ -31,6 +31,12 @@ struct DeviceSpec {
   // Kernel data (device_kernels.hpp): with it, compute is priced kernel by kernel; without it,
   // by FLOPs at a fixed fraction of peak (cost_model.hpp).
   std::optional<DeviceKernels> kernels;
+  // The device this one is derived from (a device file's "base"), empty for none: the same die
+  // run otherwise, whose fitted training scales it shares (`tessera fidelity --fit` fits the two
+  // together).
+  std::string base;
+  // The device whose published runs fit this one's training scales.
+  const std::string& fitted_as() const { return base.empty() ? name : base; }
   bool operator==(const DeviceSpec&) const = default;
 };
 

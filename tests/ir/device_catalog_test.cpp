@@ -123,3 +123,53 @@ TEST_CASE("a warning is kept once per Diagnostics and reported once by the progr
   CHECK(b.warnings().size() == 1);
   CHECK(err.str() == "warning: f.json: device: no kernel data\n");
 }
+
+TEST_CASE("a derived device is its base with its own fields over it, and is fitted as its base") {
+  // By a shipped device's name: the peaks and memory written here, the base's kernel data.
+  Diagnostics diag;
+  const ClusterSpec c = cluster_with(Json{{"name", "H100 at 500 W"},
+                                          {"base", "H100-SXM5-80GB"},
+                                          {"peak_flops", {{"bf16", 800e12}}},
+                                          {"memory_bandwidth_bytes_per_s", 2.4e12}},
+                                     diag);
+  INFO(diag.format());
+  REQUIRE(diag.ok());
+  CHECK(diag.warnings().empty());
+  CHECK(c.device.name == "H100 at 500 W");
+  CHECK(c.device.base == "H100-SXM5-80GB");
+  CHECK(c.device.fitted_as() == "H100-SXM5-80GB");
+  CHECK(c.device.peak_flops.at(DType::kBf16) == 800e12);
+  CHECK(c.device.peak_flops.at(DType::kFp8) == 1979e12);  // not written: a merge, key by key
+  CHECK(c.device.memory_bandwidth_bytes_per_s == 2.4e12);
+  Diagnostics h100_diag;
+  const ClusterSpec h100 = cluster_with(Json("H100-SXM5-80GB"), h100_diag);
+  REQUIRE(c.device.kernels.has_value());
+  CHECK(*c.device.kernels == *h100.device.kernels);
+  CHECK(h100.device.base.empty());
+  CHECK(h100.device.fitted_as() == "H100-SXM5-80GB");
+
+  // Nested kernel fields merge into the base's.
+  Diagnostics partial;
+  const ClusterSpec p = cluster_with(Json{{"name", "d"},
+                                          {"base", "H100-SXM5-80GB"},
+                                          {"kernels", {{"gemm", {{"efficiency", 0.7}}}}}},
+                                     partial);
+  REQUIRE(partial.ok());
+  CHECK(p.device.kernels->gemm.efficiency == 0.7);
+  CHECK(p.device.kernels->gemm.sms == h100.device.kernels->gemm.sms);
+
+  // A base that does not exist, or that has a base of its own, is refused with the path.
+  Diagnostics unknown;
+  cluster_with(Json{{"name", "d"}, {"base", "H101"}}, unknown);
+  REQUIRE_FALSE(unknown.ok());
+  CHECK(unknown.format().starts_with("c.json: device.base: no shipped device is named 'H101'"));
+  const fs::path dir = fs::temp_directory_path() / "tessera-derived-device";
+  fs::create_directories(dir);
+  std::ofstream(dir / "a.json") << Json{{"name", "a"}, {"base", "H100-SXM5-80GB"}}.dump();
+  Diagnostics chained;
+  cluster_with(Json{{"name", "b"}, {"base", (dir / "a.json").string()}}, chained);
+  REQUIRE_FALSE(chained.ok());
+  CHECK(chained.format().find("device.base: a base device is a device of its own") !=
+        std::string::npos);
+  fs::remove_all(dir);
+}
