@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Benchmarks that print figures (never pass/fail). Usage: scripts/bench.sh [lower|scale|sim|demo|sweep|comm|cli|exec|moe|moe-ep|reproduce-hetero|reproduce-cornstarch|stage-split|cornstarch-exec|reproduce-variability|variability-exec|published|accuracy|tune|all]
+# Benchmarks that print figures (never pass/fail). Usage: scripts/bench.sh [lower|dip-search|scale|sim|demo|sweep|comm|cli|exec|moe|moe-ep|reproduce-hetero|reproduce-cornstarch|stage-split|cornstarch-exec|reproduce-variability|variability-exec|published|accuracy|tune|all]
 # Builds tessera and tessera-train in $TESSERA_BUILD_DIR (default build/) first; with TESSERA_BIN
 # set, times that simulator binary instead and builds nothing.
 #   lower  lowering + evaluation of one iteration of a 1024-rank plan with 64 micro-batches
+#   dip-search  DIP's per-batch schedule search on one batch of each variability scenario: the
+#          candidates scored, the search's time (two runs) and the step it found
 #   scale  (not in all) wall time and peak RSS of estimate, simulate and sweep at 1k-8k GPUs: the
 #          default plan at 1,024 and 8,192 devices, GPT 530B on 2,520 and 1T on 3,072 A100s (Narayanan et al. 2021);
 #          each cut at SCALE_TIMEOUT seconds (default 600)
@@ -85,29 +87,84 @@ step_stats() {
 
 if [[ $what == lower || $what == all ]]; then
   echo "== lower + evaluate: scenarios/cornstarch-vlm-large-1024.json (1024 ranks, 64 micro-batches) =="
+  echo "| run | ops | lower | evaluate | together | ops/s | whole command |"
+  echo "|---|---|---|---|---|---|---|"
   for run in 1 2 3; do
     start=$(date +%s.%N)
     out=$("$tessera" estimate scenarios/cornstarch-vlm-large-1024.json)
     end=$(date +%s.%N)
     # "(438272 ops lowered in 0.114 s, evaluated in 0.105 s)"
-    echo "$out" | awk -v wall="$(elapsed "$start" "$end")" '/ops lowered in/ {
-      gsub(/[(),]/, ""); ops = $1; lower = $5; eval = $9;
-      printf "run: %d ops, lower %.3f s, evaluate %.3f s, together %.3f s (%.2f M ops/s); whole command %s s\n",
-             ops, lower, eval, lower + eval, ops / (lower + eval) / 1e6, wall }'
+    echo "$out" | awk -v run="$run" -v wall="$(elapsed "$start" "$end")" '
+      function grouped(n,   s) {  # 707328 -> 707,328
+        s = sprintf("%d", n)
+        while (s ~ /[0-9][0-9][0-9][0-9]/) sub(/[0-9][0-9][0-9]($|,)/, ",&", s)
+        return s
+      }
+      /ops lowered in/ {
+        gsub(/[(),]/, ""); ops = $1; lower = $5; eval = $9;
+        printf "| %d | %s | %.3f s | %.3f s | %.3f s | %.2f M | %s s |\n",
+               run, grouped(ops), lower, eval, lower + eval, ops / (lower + eval) / 1e6, wall }'
   done
+fi
+
+if [[ $what == dip-search || $what == all ]]; then
+  echo "== DIP's per-batch schedule search: one batch of each variability scenario, two runs =="
+  echo "| scenario (\`scenarios/variability/\`) | Program | candidates (cached) | search | step found vs start |"
+  echo "|---|---|---|---|---|"
+  root=$(mktemp -d)
+  for scenario in llava-7b-64 llava-7b-256 internvl-14b-64 internvl-14b-256; do
+    if [[ $scenario == internvl-14b-* ]]; then
+      # The reproduce-variability bench's DIP layout for the 14B model (its ViT's 25 heads rule
+      # out TP 2 and 4).
+      devices=${scenario##*-}
+      echo "{\"placement\": \"homogeneous\", \"layout\": {\"tp\": 1, \"pp\": 4, \"dp\": $((devices / 4))}, \"micro_batch_size\": 1, \"schedule\": \"dip\", \"distributed_optimizer\": true, \"recompute\": \"full\"}" >"$root/plan.json"
+      extra=(--plan "$root/plan.json")
+      label="$scenario, TP1×PP4×DP$((devices / 4)) MBS1"
+    else
+      extra=(--set plan.schedule=dip)
+      label="$scenario, $(jq -r '.plan.layout | "TP\(.tp)×PP\(.pp)×DP\(.dp)"' "scenarios/variability/$scenario.json")"
+    fi
+    : >"$root/runs.txt"
+    for run in 1 2; do
+      # "note: dip schedule search: 28 scored (6 cached) in 0.361 s; step 3.772 s (start 6.273 s): ..."
+      # "(11104 ops lowered in 0.369 s, evaluated in 0.004 s)"
+      "$tessera" estimate "scenarios/variability/$scenario.json" "${extra[@]}" 2>&1 |
+        perl -ne 'print "$1 $2 $3 $4 $5\n" if /dip schedule search: (\d+) scored \((\d+) cached\) in ([\d.]+) s; step ([\d.]+) s \(start ([\d.]+) s\)/;
+                  print "ops $1\n" if /^\((\d+) ops lowered/' >>"$root/runs.txt"
+    done
+    awk -v label="$label" '
+      function grouped(n,   s) { s = sprintf("%d", n); while (s ~ /[0-9][0-9][0-9][0-9]/) sub(/[0-9][0-9][0-9]($|,)/, ",&", s); return s }
+      $1 == "ops" { ops = $2; next }
+      { scored = $1; cached = $2; found = $4; start = $5; t[++n] = $3 }
+      END { lo = t[1] < t[2] ? t[1] : t[2]; hi = t[1] < t[2] ? t[2] : t[1]
+            printf "| %s | %s ops | %d (%d) | %s s | %.4g s vs %.4g s |\n", label, grouped(ops), scored, cached,
+                   sprintf("%.2f", lo) == sprintf("%.2f", hi) ? sprintf("%.2f", lo) : sprintf("%.2f–%.2f", lo, hi), found, start }' \
+      "$root/runs.txt"
+  done
+  rm -rf "$root"
 fi
 
 if [[ $what == sim || $what == all ]]; then
   echo "== simulate: default LLaVA-1.5-7B plan, TP4 x PP2, 1F1B, 32 micro-batches, one iteration =="
+  echo "| devices | nested collectives | step | SimGrid activities | actors | simulation | command | activities/s | peak RSS |"
+  echo "|---|---|---|---|---|---|---|---|---|"
   for nested in flows timed; do
     for scenario in default default-1024 default-8192; do
-      out=$( { /usr/bin/time -f "%e %M" "$tessera" simulate "scenarios/$scenario.json" --iterations 1 --nested "$nested" \
-               >/tmp/tessera-bench-sim.txt; } 2>&1 )
-      read -r wall rss <<<"$out"
+      /usr/bin/time -o /tmp/tessera-bench-sim.time -f "%e %M" "$tessera" simulate "scenarios/$scenario.json" \
+        --iterations 1 --nested "$nested" >/tmp/tessera-bench-sim.txt 2>/dev/null
+      read -r wall rss <<<"$(tail -1 /tmp/tessera-bench-sim.time)"
+      devices=$(sed -n 's/.* plan on \([0-9]*\) ranks.*/\1/p' /tmp/tessera-bench-sim.txt | head -1)
       # the per-iteration row: iteration step samples/s TFLOP/s MFU idle ops activities actors wall
-      awk -v name="$scenario" -v nested="$nested" -v wall="$wall" -v rss="$rss" '$1 == "0" && NF == 10 {
-        printf "%-13s nested %-5s step %.4f s  %8d ops %8d activities %5d actors  simulation %6.3f s  command %6.2f s  %7.0f activities/s  peak RSS %4.0f MiB\n",
-               name, nested, $2, $7, $8, $9, $10, wall, $8 / $10, rss / 1024 }' /tmp/tessera-bench-sim.txt
+      awk -v devices="$devices" -v nested="$nested" -v wall="$wall" -v rss="$rss" '
+        function grouped(n,   s) {  # 1702957 -> 1,702,957
+          s = sprintf("%d", n)
+          while (s ~ /[0-9][0-9][0-9][0-9]/) sub(/[0-9][0-9][0-9]($|,)/, ",&", s)
+          return s
+        }
+        $1 == "0" && NF == 10 {
+          printf "| %s | %s | %.3f s | %s | %d | %.3f s | %.2f s | %.0f k | %.0f MiB |\n",
+                 grouped(devices), nested == "flows" ? "ring flows" : nested, $2, grouped($8), $9, $10, wall,
+                 $8 / $10 / 1e3, rss / 1024 }' /tmp/tessera-bench-sim.txt
     done
   done
 fi
@@ -139,12 +196,18 @@ fi
 
 if [[ $what == sweep || $what == all ]]; then
   echo "== sweep: scenarios/default.json, all three families, top 50 simulated =="
+  echo "| -j | wall | enumerated and validated | estimated (analytic) | refined | simulated (SimGrid) |"
+  echo "|---|---|---|---|---|---|"
   for jobs in 1 2; do
     start=$(date +%s.%N)
     "$tessera" sweep scenarios/default.json --top 50 -j "$jobs" --out "out/bench-sweep-j$jobs" >"out/bench-sweep-j$jobs.txt" 2>/dev/null
     end=$(date +%s.%N)
-    awk -v j="$jobs" -v s="$start" -v e="$end" '/^timing:/ { sub(/^timing: /, ""); printf "-j %s: %.1f s wall; %s\n", j, e - s, $0 }' \
-      "out/bench-sweep-j$jobs.txt"
+    export JOBS=$jobs WALL=$(elapsed "$start" "$end")
+    # "timing: enumerated and validated 3788 in 0.02 s (189 k/s), estimated 1264 in 13.10 s (96/s),
+    #  refined 52 in 1.65 s, simulated 19 in 0.60 s (32/s)"
+    perl -ne 'printf "| %s | %.1f s | %s in %s s (%s) | %s in %s s (%s) | %s in %s s | %s in %s s (%s) |\n", $ENV{JOBS}, $ENV{WALL}, $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11
+      if /^timing: enumerated and validated (\d+) in ([\d.]+) s \(([^)]*)\), estimated (\d+) in ([\d.]+) s \(([^)]*)\), refined (\d+) in ([\d.]+) s, simulated (\d+) in ([\d.]+) s \(([^)]*)\)$/' \
+      <"out/bench-sweep-j$jobs.txt"
   done
   cmp <(cut -d, -f1-14 out/bench-sweep-j1/results.csv) <(cut -d, -f1-14 out/bench-sweep-j2/results.csv) \
     && echo "-j 1 and -j 2 rank identically"
@@ -169,37 +232,46 @@ if [[ $what == scale ]]; then
       >/dev/null 2>/tmp/tessera-bench-scale.err && code=0 || code=$?
     read -r wall rss <<<"$(tail -1 /tmp/tessera-bench-scale.time)"
     if [[ $code -eq 124 ]]; then
-      printf "%-58s did not finish in %s s\n" "$label" "$limit"
+      printf "| %s | did not finish in %s s | |\n" "$label" "$limit"
     elif [[ $code -ne 0 ]]; then
-      printf "%-58s failed (exit %s): %s\n" "$label" "$code" "$(tail -1 /tmp/tessera-bench-scale.err)"
+      printf "| %s | failed (exit %s): %s | |\n" "$label" "$code" "$(tail -1 /tmp/tessera-bench-scale.err)"
     else
-      printf "%-58s %8.2f s  peak RSS %6.0f MiB\n" "$label" "$wall" "$((rss / 1024))"
+      printf "| %s | %.2f s | %s MiB |\n" "$label" "$wall" "$((rss / 1024))"
     fi
   }
+  echo "| command | wall | peak RSS |"
+  echo "|---|---|---|"
   for scenario in default-1024 published/narayanan-529.6b published/narayanan-1008b default-8192; do
-    measure "estimate $scenario" estimate "scenarios/$scenario.json"
+    measure "\`estimate\` $scenario" estimate "scenarios/$scenario.json"
   done
   for scenario in default-1024 published/narayanan-529.6b published/narayanan-1008b default-8192; do
-    measure "simulate $scenario" simulate "scenarios/$scenario.json" --iterations 1
+    measure "\`simulate\` $scenario" simulate "scenarios/$scenario.json" --iterations 1
   done
   for scenario in published/narayanan-529.6b published/narayanan-1008b; do
-    measure "simulate --periodic off $scenario" simulate "scenarios/$scenario.json" --iterations 1 --periodic off
+    measure "\`simulate --periodic off\` $scenario" simulate "scenarios/$scenario.json" --iterations 1 --periodic off
   done
   # Megatron's 1T plan with interleaved 1F1B (VP 2): 8 groups of pp micro-batches, too few for
   # the periodic folding.
-  measure "simulate published/narayanan-1008b VP 2" simulate scenarios/published/narayanan-1008b.json \
+  measure "\`simulate\` published/narayanan-1008b, interleaved (VP 2)" simulate scenarios/published/narayanan-1008b.json \
     --iterations 1 --set plan.layout.vpp=2 --set plan.schedule=interleaved_1f1b
-  measure "simulate --nested flows default-8192" simulate scenarios/default-8192.json --iterations 1 --nested flows
+  measure "\`simulate --nested flows\` default-8192" simulate scenarios/default-8192.json --iterations 1 --nested flows
   out=$(mktemp -d)
-  measure "sweep default.json --gpus 1024 --top 10" sweep scenarios/default.json --gpus 1024 --top 10 --out "$out/1024"
-  measure "sweep narayanan-1008b --gpus 3072 --top 10" sweep scenarios/published/narayanan-1008b.json --gpus 3072 --top 10 --out "$out/3072"
+  measure "\`sweep default.json --gpus 1024 --top 10\`" sweep scenarios/default.json --gpus 1024 --top 10 --out "$out/1024"
+  measure "\`sweep narayanan-1008b --gpus 3072 --top 10\`" sweep scenarios/published/narayanan-1008b.json --gpus 3072 --top 10 --out "$out/3072"
   rm -rf "$out"
 fi
 
 if [[ $what == comm || $what == all ]]; then
-  echo "== Gloo all-reduce over loopback, 2 ranks (tessera-train comm-check) =="
+  echo "== Gloo all-reduce over loopback, 2 ranks (tessera-train comm-check, median of 10) =="
+  echo "| size | time | bus bandwidth |"
+  echo "|---|---|---|"
   for bytes in 65536 1048576 16777216 67108864; do
-    "$build/exec/tessera-train" comm-check --nproc 2 --bytes "$bytes" --iters 10
+    # "all-reduce of 65536 bytes over 2 ranks (gloo): 0.849 ms, algbw 0.077 GB/s, busbw 0.077 GB/s"
+    "$build/exec/tessera-train" comm-check --nproc 2 --bytes "$bytes" --iters 10 |
+      awk -v b="$bytes" '/all-reduce of/ {
+        size = b >= 1048576 ? sprintf("%d MiB", b / 1048576) : sprintf("%d KiB", b / 1024)
+        for (i = 1; i <= NF; i++) { if ($(i + 1) == "ms,") ms = $i; if ($i == "busbw") bus = $(i + 1) }
+        printf "| %s | %s ms | %s GB/s |\n", size, ms, bus }'
   done
 fi
 
@@ -212,11 +284,14 @@ if [[ $what == cli || $what == all ]]; then
     count=$((count + 1))
   done
   end=$(date +%s.%N)
-  echo "validate: $count scenarios in $(elapsed "$start" "$end") s"
+  validate=$(awk -v s="$start" -v e="$end" -v n="$count" 'BEGIN { printf "%.1f ms", (e - s) / n * 1e3 }')
   start=$(date +%s.%N)
   "$tessera" show scenarios/default.json --batches 16 >/dev/null
   end=$(date +%s.%N)
-  echo "show default.json with 16 batches (4096 samples): $(elapsed "$start" "$end") s"
+  echo "| what | figure |"
+  echo "|---|---|"
+  echo "| \`tessera validate\` per library scenario ($count of them) | $validate |"
+  echo "| \`tessera show scenarios/default.json --batches 16\` (4096 drawn samples) | $(awk -v s="$start" -v e="$end" 'BEGIN { printf "%.0f ms", (e - s) * 1e3 }') |"
 fi
 
 if [[ $what == exec || $what == all ]]; then
@@ -244,6 +319,8 @@ if [[ $what == exec || $what == all ]]; then
     median out/bench-exec/run/loss.jsonl wall_s
   }
   : >"$plans/ratios.txt"
+  echo "| round | plain LibTorch loop (\`tessera-train plain-loop\`) | \`tessera-train\`, no trace | traced every step |"
+  echo "|---|---|---|---|"
   for round in $(seq "$pairs"); do
     if ((round % 2)); then
       p=$(run_plain) u=$(run_train 0) t=$(run_train "$steps")
@@ -251,22 +328,26 @@ if [[ $what == exec || $what == all ]]; then
       t=$(run_train "$steps") u=$(run_train 0) p=$(run_plain)
     fi
     echo "$p $u $t" | tee -a "$plans/ratios.txt" |
-      awk -v r="$round" '{ printf "round %d: plain %.4f s, tessera-train %.4f s (%+.1f%%), traced %.4f s (%+.1f%%)\n", r, $1, $2, 100 * ($2 / $1 - 1), $3, 100 * ($3 / $2 - 1) }'
+      awk -v r="$round" '{ printf "| %d | %.4f s | %.4f s (%+.1f%%) | %.4f s (%+.1f%%) |\n", r, $1, $2, 100 * ($2 / $1 - 1), $3, 100 * ($3 / $2 - 1) }' |
+      sed 's/(-/(−/g'
   done
   # Median and range over the rounds of each round's own ratio.
   summary() {
-    sort -g | awk -v what="$1" '{ v[NR] = $1 } END {
+    sort -g | awk '{ v[NR] = $1 } END {
       m = (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2
-      printf "%-34s median %+.1f%%, range %+.1f%% .. %+.1f%% over %d rounds\n", what, 100 * (m - 1), 100 * (v[1] - 1), 100 * (v[NR] - 1), NR }'
+      printf "**%+.1f%%** (%+.1f%% .. %+.1f%%)", 100 * (m - 1), 100 * (v[1] - 1), 100 * (v[NR] - 1) }' | sed 's/-/−/g'
   }
-  awk '{ print $2 / $1 }' "$plans/ratios.txt" | summary "tessera-train over plain loop:"
-  awk '{ print $3 / $2 }' "$plans/ratios.txt" | summary "tracing every step:"
-  echo "-- parallel plans (step: the slowest rank's ops; 2 cores shared by all ranks) --"
-  for layout in '{"tp": 1}' '{"tp": 2}' '{"pp": 2}' '{"dp": 2}' '{"cp": 2}' '{"tp": 2, "pp": 2}'; do
+  echo "| **median (range)** | | $(awk '{ print $2 / $1 }' "$plans/ratios.txt" | summary) | $(awk '{ print $3 / $2 }' "$plans/ratios.txt" | summary) |"
+  echo
+  echo "-- parallel plans, 15 steps (step: the slowest rank's ops; 2 cores shared by all ranks) --"
+  echo "| plan | ranks | step | loss after 15 steps |"
+  echo "|---|---|---|---|"
+  for entry in 'single|1|{"tp": 1}' 'TP2|2|{"tp": 2}' 'PP2 (1F1B)|2|{"pp": 2}' 'DP2|2|{"dp": 2}' 'CP2|2|{"cp": 2}' \
+    'TP2 x PP2|4|{"tp": 2, "pp": 2}'; do
+    IFS='|' read -r label ranks layout <<<"$entry"
     name=$(echo "$layout" | tr -dc 'a-z0-9')
     "$train" "$scenario" --plan "$(plan "$layout" "$name")" --steps 15 --trace-steps 0 --out "out/bench-exec/$name" >/dev/null
-    printf "%-22s step %s s   wall %s s   loss after 15 steps %s\n" "$layout" \
-      "$(median "out/bench-exec/$name/loss.jsonl" step_s)" "$(median "out/bench-exec/$name/loss.jsonl" wall_s)" \
+    printf "| %s | %s | %.3f s | %s |\n" "$label" "$ranks" "$(median "out/bench-exec/$name/loss.jsonl" step_s)" \
       "$(tail -1 "out/bench-exec/$name/loss.jsonl" | grep -o '"loss":[0-9.]*' | cut -d: -f2)"
   done
   rm -rf "$plans"
@@ -344,7 +425,8 @@ if [[ $what == accuracy || $what == all ]]; then
   # mean measured step time of iterations 1.. of a run
   measured() { grep -o '"step_s":[0-9.e-]*' "$1/loss.jsonl" | tail -n +2 | cut -d: -f2 |
                awk '{ s += $1 } END { printf "%.4f", s / NR }'; }
-  printf "%-4s %-9s %-29s %9s  %-22s %-22s\n" rep set plan "step (s)" "calibrated mean|iter" "uncalibrated mean|iter"
+  echo "| recording | set | plan | measured step | calibrated error (mean, \\|iter\\|) | uncalibrated (mean, \\|iter\\|) |"
+  echo "|---|---|---|---|---|---|"
   for rep in 1 2 3; do
     dir="$root/rep$rep"
     scripts/record-calibration.sh "$dir" >/dev/null
@@ -356,23 +438,32 @@ if [[ $what == accuracy || $what == all ]]; then
       [[ " ${fit[*]} " == *" $p "* ]] && set=fitting
       read -r cal_iter cal_mean < <("$tessera" replay "$dir/$p" --profile "$dir/profile.json" | errors)
       read -r raw_iter raw_mean < <("$tessera" replay "$dir/$p" | errors)
-      printf "%-4s %-9s %-29s %9s  %+8.1f%% %8.1f%%     %+8.1f%% %8.1f%%\n" "$rep" "$set" "$p" \
-        "$(measured "$dir/$p")" "$cal_mean" "$cal_iter" "$raw_mean" "$raw_iter" | tee -a "$root/rows.txt"
+      echo "$rep $set $p $(measured "$dir/$p") $cal_mean $cal_iter $raw_mean $raw_iter" >>"$root/rows.txt"
+      printf "| %s | %s | %s | %.3f s | %+.1f%%, %.1f%% | %+.1f%%, %.1f%% |\n" "$rep" "$set" "$p" \
+        "$(measured "$dir/$p")" "$cal_mean" "$cal_iter" "$raw_mean" "$raw_iter" | sed 's/| -/| −/g'
     done
   done
+  echo
   echo "-- per set: mean over its plans of |error of the mean step|, then min / mean / max over the 3 recordings --"
-  awk '{ gsub(/[%+]/, ""); k = $2; c = ($5 < 0 ? -$5 : $5); u = ($7 < 0 ? -$7 : $7)
+  echo "| set | calibrated | uncalibrated | goal |"
+  echo "|---|---|---|---|"
+  awk '{ k = $2; c = ($5 < 0 ? -$5 : $5); u = ($7 < 0 ? -$7 : $7)
          cs[k, $1] += c; us[k, $1] += u; n[k, $1]++; sets[k] = 1; reps[$1] = 1 }
        END { for (k in sets) { cmin = umin = 1e9; cmax = umax = csum = usum = 0; r = 0
                for (rep in reps) { c = cs[k, rep] / n[k, rep]; u = us[k, rep] / n[k, rep]; r++
                  csum += c; usum += u; if (c < cmin) cmin = c; if (c > cmax) cmax = c
                  if (u < umin) umin = u; if (u > umax) umax = u }
-               printf "%-9s calibrated %5.1f / %5.1f / %5.1f %%   uncalibrated %5.1f / %5.1f / %5.1f %%\n",
-                      k, cmin, csum / r, cmax, umin, usum / r, umax } }' "$root/rows.txt" | sort
+               goal = (k == "fitting") ? 3 : 8
+               printf "| %s | %.1f / **%.1f** / %.1f %% | %.1f / %.1f / %.1f %% | ≤ %d %% — %s |\n",
+                      k == "fitting" ? "fitting (replay)" : "held-out (prediction)", cmin, csum / r, cmax,
+                      umin, usum / r, umax, goal, csum / r <= goal ? "met" : "not met" } }' "$root/rows.txt" | sort
+  echo
   echo "-- run-to-run spread of the measured mean step time: (max - min) / mean over the 3 recordings --"
+  echo "| plan | spread |"
+  echo "|---|---|"
   awk '{ t[$3] = t[$3] " " $4 } END { for (p in t) { n = split(t[p], v, " "); lo = 1e9; hi = s = 0
          for (i = 1; i <= n; i++) { s += v[i]; if (v[i] < lo) lo = v[i]; if (v[i] > hi) hi = v[i] }
-         printf "%-29s %5.1f %%\n", p, 100 * (hi - lo) / (s / n) } }' "$root/rows.txt" | sort
+         printf "| %s | %.1f %% |\n", p, 100 * (hi - lo) / (s / n) } }' "$root/rows.txt" | sort
   rm -rf "$root"
 fi
 
@@ -562,6 +653,7 @@ if [[ $what == variability-exec || $what == all ]]; then
   root=$(mktemp -d /tmp/tessera-variability.XXXXXX)
   echo "== data variability with the executor: cpu-tiny-variable, PP4 on 4 ranks, steps 2-20, three repeats =="
   policies="arrival sorted entrain dip dip+entrain"
+  declare -A estimated measured
   for policy in $policies; do
     schedule=1f1b microbatching=$policy
     case $policy in
@@ -569,22 +661,30 @@ if [[ $what == variability-exec || $what == all ]]; then
       dip+entrain) schedule=dip microbatching=entrain ;;
     esac
     echo "{\"placement\": \"homogeneous\", \"layout\": {\"pp\": 4}, \"micro_batch_size\": 2, \"schedule\": \"$schedule\", \"microbatching\": \"$microbatching\"}" >"$root/$policy.json"
-    estimate=$("$tessera" estimate scenarios/cpu-tiny-variable.json --plan "$root/$policy.json")
-    cv=$(echo "$estimate" | sed -n 's/^micro-batch CV *\(.*\) (stage time.*/\1/p')
-    step=$(echo "$estimate" | sed -n 's/^step time *\(.*\)/\1/p')
-    echo "$policy: estimated step $step (first batch), micro-batch CV $cv"
+    estimated[$policy]=$("$tessera" estimate scenarios/cpu-tiny-variable.json --plan "$root/$policy.json" |
+      sed -n 's/^step time *\(.*\)/\1/p')
   done
+  echo "| policy | repeat 1 | repeat 2 | repeat 3 | estimated step (first batch) |"
+  echo "|---|---|---|---|---|"
+  searches="| run | schedules used | late | steps | search time, mean | search time, max |"$'\n'"|---|---|---|---|---|---|"
   for rep in 1 2 3; do
     for policy in $policies; do
       "$train" scenarios/cpu-tiny-variable.json --plan "$root/$policy.json" --nproc 4 --steps 20 --trace-steps 0 --no-checkpoint --out "$root/$policy-$rep" >/dev/null
       read -r median p10 p90 < <(step_stats "$root/$policy-$rep")
-      dip=""
+      measured[$policy]+=$(printf " | %.3f (%.3f–%.3f) s" "$median" "$p10" "$p90")
       if [[ $policy == dip* ]]; then
-        dip=$(jq -r '.dip_search | "; schedule search \(.searches_used) used, \(.late) late of \(.steps) steps, \(.search_s_mean * 1000 | round) ms mean, \(.search_s_max * 1000 | round) ms max"' "$root/$policy-$rep/run.json")
+        searches+=$'\n'$(jq -r --arg run "${policy/+/ + }, repeat $rep" '.dip_search |
+          "| \($run) | \(.searches_used) | \(.late) | \(.steps) | \(.search_s_mean * 1000 | round) ms | \(.search_s_max * 1000 | round) ms |"' \
+          "$root/$policy-$rep/run.json")
       fi
-      echo "$policy repeat $rep: median $median s, p10 $p10 s, p90 $p90 s$dip"
     done
   done
+  for policy in $policies; do
+    echo "| ${policy/+/ + }${measured[$policy]} | ${estimated[$policy]} |"
+  done
+  echo
+  echo "-- DIP's background schedule search, per run --"
+  echo "$searches"
   rm -rf "$root"
 fi
 
@@ -592,9 +692,10 @@ if [[ $what == cornstarch-exec || $what == all ]]; then
   train="$build/exec/tessera-train"
   root=$(mktemp -d /tmp/tessera-cornstarch.XXXXXX)
   med() { step_stats "$1" | cut -d' ' -f1; }
-  echo "== Cornstarch with the executor: median step time (s) of steps 2-20, three repeats =="
+  echo "== Cornstarch with the executor: median step time of steps 2-20, three repeats =="
   for split in frozen_aware uniform; do
     echo "{\"placement\": \"homogeneous\", \"layout\": {\"pp\": 2}, \"micro_batch_size\": 1, \"schedule\": \"1f1b\", \"stage_split\": \"$split\"}" >"$root/$split.json"
+    echo "{\"placement\": \"homogeneous\", \"layout\": {\"pp\": 4}, \"micro_batch_size\": 1, \"schedule\": \"1f1b\", \"stage_split\": \"$split\"}" >"$root/pp4-$split.json"
   done
   # The frozen-aware split priced with a profile calibrated on this model: one traced run of the
   # uniform split, `tessera calibrate`, then the split `estimate --profile` chooses.
@@ -604,34 +705,48 @@ if [[ $what == cornstarch-exec || $what == all ]]; then
   layers=$("$tessera" estimate scenarios/cpu-tiny-big-vit.json --plan "$root/frozen_aware.json" \
              --profile "$root/profile.json" | sed -n 's/^stage layers *llm \([0-9,]*\) .*/\1/p')
   echo "{\"placement\": \"homogeneous\", \"layout\": {\"pp\": 2, \"stage_layers\": [$layers]}, \"micro_batch_size\": 1, \"schedule\": \"1f1b\"}" >"$root/profiled.json"
-  echo "(frozen-aware analytic: $("$tessera" estimate scenarios/cpu-tiny-big-vit.json --plan "$root/frozen_aware.json" | sed -n 's/^stage layers *//p'); priced with the profile: $layers)"
   # Stage counts per module on 4 ranks (tessera stages): the frozen-aware and the freeze-unaware choice.
   "$tessera" stages scenarios/cpu-tiny-big-vit.json --gpus 4 --tp 1 -o "$root/frozen_aware_counts.json" \
     --baseline-out "$root/freeze_unaware_counts.json" >"$root/stages.txt"
-  sed -n 's/^frozen-aware choice *\(.*[0-9]\) *estimate.*/\1/p' "$root/stages.txt" >"$root/frozen_aware_counts.txt"
-  sed -n 's/^freeze-unaware choice *\(.*[0-9]\) *estimate.*/\1/p' "$root/stages.txt" >"$root/freeze_unaware_counts.txt"
+  for cps in makespan zigzag; do
+    echo "{\"placement\": \"homogeneous\", \"layout\": {\"cp\": 2}, \"micro_batch_size\": 8, \"schedule\": \"1f1b\", \"cp_split\": \"$cps\"}" >"$root/$cps.json"
+    echo "{\"placement\": \"homogeneous\", \"layout\": {\"cp\": 2, \"tp\": 2}, \"micro_batch_size\": 8, \"schedule\": \"1f1b\", \"cp_split\": \"$cps\"}" >"$root/tp2-$cps.json"
+  done
+  # The runs: plan file, scenario, ranks and the row's label (the LLM's stage layers as lowered).
+  split_of() { "$tessera" estimate "$1" --plan "$2" | sed -n 's/^stage layers *llm \([0-9a-z,]*\) .*/\1/p' | tr , /; }
+  big=scenarios/cpu-tiny-big-vit.json tiny=scenarios/cpu-tiny.json
+  runs=(
+    "frozen_aware|$big|1|PP2, stage_split frozen_aware ($(split_of $big "$root/frozen_aware.json"))"
+    "uniform|$big|1|PP2, stage_split uniform ($(split_of $big "$root/uniform.json"))"
+    "profiled|$big|1|PP2, frozen-aware priced with a profile of this model ($(split_of $big "$root/profiled.json"))"
+    "pp4-frozen_aware|$big|4|PP4 (4 ranks), stage_split frozen_aware ($(split_of $big "$root/pp4-frozen_aware.json"))"
+    "pp4-uniform|$big|4|PP4 (4 ranks), stage_split uniform ($(split_of $big "$root/pp4-uniform.json"))"
+    "frozen_aware_counts|$big|4|4 ranks, frozen-aware stage counts: $(sed -n 's/^frozen-aware choice *\(.*[0-9]\) *estimate.*/\1/p' "$root/stages.txt")"
+    "freeze_unaware_counts|$big|4|4 ranks, freeze-unaware stage counts: $(sed -n 's/^freeze-unaware choice *\(.*[0-9]\) *estimate.*/\1/p' "$root/stages.txt")"
+    "makespan|$tiny|1|CP2 (8 samples packed), cp_split makespan"
+    "zigzag|$tiny|1|CP2 (8 samples packed), cp_split zigzag"
+    "tp2-makespan|$tiny|4|TP2 x CP2 (4 ranks), cp_split makespan"
+    "tp2-zigzag|$tiny|4|TP2 x CP2 (4 ranks), cp_split zigzag"
+  )
+  declare -A steps
   for rep in 1 2 3; do
-    for split in frozen_aware uniform profiled; do
-      "$train" scenarios/cpu-tiny-big-vit.json --plan "$root/$split.json" --steps 20 --trace-steps 0 --no-checkpoint --out "$root/$split-$rep" >/dev/null
-      echo "cpu-tiny-big-vit PP2 stage_split $split   repeat $rep: $(med "$root/$split-$rep")"
+    for run in "${runs[@]}"; do
+      IFS='|' read -r plan scenario ranks label <<<"$run"
+      nproc=()
+      [[ $ranks == 1 ]] || nproc=(--nproc "$ranks")
+      "$train" "$scenario" --plan "$root/$plan.json" "${nproc[@]}" --steps 20 --trace-steps 0 --no-checkpoint \
+        --out "$root/$plan-$rep" >/dev/null
+      steps[$plan]+=$(printf " | %.3f s" "$(med "$root/$plan-$rep")")
     done
-    for split in frozen_aware uniform; do
-      echo "{\"placement\": \"homogeneous\", \"layout\": {\"pp\": 4}, \"micro_batch_size\": 1, \"schedule\": \"1f1b\", \"stage_split\": \"$split\"}" >"$root/pp4-$split.json"
-      "$train" scenarios/cpu-tiny-big-vit.json --plan "$root/pp4-$split.json" --nproc 4 --steps 20 --trace-steps 0 --no-checkpoint --out "$root/pp4-$split-$rep" >/dev/null
-      echo "cpu-tiny-big-vit PP4 stage_split $split   repeat $rep: $(med "$root/pp4-$split-$rep")"
-    done
-    for choice in frozen_aware_counts freeze_unaware_counts; do
-      "$train" scenarios/cpu-tiny-big-vit.json --plan "$root/$choice.json" --nproc 4 --steps 20 --trace-steps 0 --no-checkpoint --out "$root/$choice-$rep" >/dev/null
-      echo "cpu-tiny-big-vit 4 ranks, $choice ($(cat "$root/$choice.txt"))   repeat $rep: $(med "$root/$choice-$rep")"
-    done
-    for cps in makespan zigzag; do
-      echo "{\"placement\": \"homogeneous\", \"layout\": {\"cp\": 2}, \"micro_batch_size\": 8, \"schedule\": \"1f1b\", \"cp_split\": \"$cps\"}" >"$root/$cps.json"
-      "$train" scenarios/cpu-tiny.json --plan "$root/$cps.json" --steps 20 --trace-steps 0 --no-checkpoint --out "$root/$cps-$rep" >/dev/null
-      echo "cpu-tiny CP2 (8 samples packed) cp_split $cps   repeat $rep: $(med "$root/$cps-$rep")"
-      echo "{\"placement\": \"homogeneous\", \"layout\": {\"cp\": 2, \"tp\": 2}, \"micro_batch_size\": 8, \"schedule\": \"1f1b\", \"cp_split\": \"$cps\"}" >"$root/tp2-$cps.json"
-      "$train" scenarios/cpu-tiny.json --plan "$root/tp2-$cps.json" --nproc 4 --steps 20 --trace-steps 0 --no-checkpoint --out "$root/tp2-$cps-$rep" >/dev/null
-      echo "cpu-tiny TP2 x CP2, 4 ranks (8 samples packed) cp_split $cps   repeat $rep: $(med "$root/tp2-$cps-$rep")"
-    done
+  done
+  echo "| run | repeat 1 | repeat 2 | repeat 3 | estimated step |"
+  echo "|---|---|---|---|---|"
+  for run in "${runs[@]}"; do
+    IFS='|' read -r plan scenario ranks label <<<"$run"
+    profile=()
+    [[ $plan == profiled ]] && profile=(--profile "$root/profile.json")
+    estimate=$("$tessera" estimate "$scenario" --plan "$root/$plan.json" "${profile[@]}" | sed -n 's/^step time *\(.*\)/\1/p')
+    echo "| ${label//|/\\|}${steps[$plan]} | $estimate |"
   done
   rm -rf "$root"
 fi
@@ -640,6 +755,8 @@ if [[ $what == tune ]]; then
   cases=${TUNE_CASES:-"cpu-tiny:2 cpu-tiny:4 cpu-tiny-big-vit:4 cpu-tiny-moe:4"}
   top=${TUNE_TOP:-4} steps=${TUNE_STEPS:-8}
   echo "== tune: sweep, train the $top best plans ($steps steps), calibrate, re-rank =="
+  echo "| scenario at GPUs | analytic first = measured fastest finalist? | finalists' mean \\|error\\|: analytic / calibrated / held out | tune's choice | its measured step against the analytic first choice | the profile's error on it |"
+  echo "|---|---|---|---|---|---|"
   root=out/bench-tune
   mkdir -p "$root"
   for c in $cases; do
@@ -648,23 +765,24 @@ if [[ $what == tune ]]; then
     rm -rf "$dir"
     "$tessera" tune "scenarios/$scenario.json" --gpus "$gpus" --top "$top" --steps "$steps" \
       --train "$build/exec/tessera-train" --out "$dir" >"$dir.txt" 2>"$dir.log" ||
-      { echo "$scenario at $gpus: tune failed (see $dir.log)"; continue; }
+      { echo "| $scenario at $gpus | tune failed (see $dir.log) | | | | |"; continue; }
     python3 - "$dir/tune.json" "$scenario" "$gpus" <<'EOF2'
 import json, sys
 t = json.load(open(sys.argv[1]))
 m = [f for f in t["finalists"] if f["status"] == "measured"]
 mean = lambda key: sum(abs(f[key]) for f in m if key in f) / max(1, sum(key in f for f in m))
 first, fastest = t["analytic_first_rank"], t["measured_fastest_rank"]
-print(f"{sys.argv[2]} at {sys.argv[3]}: {len(m)} measured; analytic first rank {first}, "
-      f"measured fastest finalist rank {fastest} ({t['gain_over_analytic_first_pct']:.1f}% faster); "
-      f"finalists' mean |error| analytic {mean('analytic_error_pct'):.1f}%, calibrated "
-      f"{mean('calibrated_error_pct'):.1f}%, held out {mean('held_out_error_pct'):.1f}%")
+same = "yes" if first == fastest else (
+    f"no: rank {fastest} is {t['gain_over_analytic_first_pct']:.1f}% faster")
+errors = " / ".join(f"{mean(k):.1f}%" for k in ("analytic_error_pct", "calibrated_error_pct", "held_out_error_pct"))
 r = t.get("recommended")
 if r:
-    held = (f", predicted by the profile at {r['held_out_error_pct']:+.1f}% (held out)"
-            if "held_out_error_pct" in r else " (a finalist)")
-    print(f"  tune's choice: {r['layout']}: measured {r['measured_s']:.4f} s, "
-          f"{r['gain_over_analytic_first_pct']:.1f}% faster than the analytic first choice{held}")
+    held = f"{r['held_out_error_pct']:+.1f}%".replace("-", "\u2212") if "held_out_error_pct" in r else "(a finalist)"
+    choice = r["layout"].replace("|", "\\|")
+    print(f"| {sys.argv[2]} at {sys.argv[3]} | {same} | {errors} | {choice} | "
+          f"{r['gain_over_analytic_first_pct']:.1f}% faster | {held} |")
+else:
+    print(f"| {sys.argv[2]} at {sys.argv[3]} | {same} | {errors} | none | | |")
 EOF2
   done
 fi
