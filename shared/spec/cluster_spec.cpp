@@ -293,6 +293,9 @@ Json to_json(const ClusterSpec& c) {
   }
   Json device;
   device["name"] = c.device.name;
+  // A shipped base is named, so that the device read back is fitted as it (every key is written
+  // here, so the base adds none); a base from a file of its own is not named.
+  if (!c.device.base.empty() && shipped_device(c.device.base)) device["base"] = c.device.base;
   Json peaks = Json::object();
   for (const auto& [dtype, value] : c.device.peak_flops) peaks[enum_name(dtype, kDTypes)] = value;
   device["peak_flops"] = peaks;

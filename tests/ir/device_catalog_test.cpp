@@ -148,6 +148,13 @@ TEST_CASE("a derived device is its base with its own fields over it, and is fitt
   CHECK(h100.device.base.empty());
   CHECK(h100.device.fitted_as() == "H100-SXM5-80GB");
 
+  // Written out (a run's scenario) and read back, it is the same device, base included.
+  Diagnostics again;
+  const ClusterSpec back = read_cluster(to_json(c), "back.json", "", again);
+  INFO(again.format());
+  REQUIRE(again.ok());
+  CHECK(back.device == c.device);
+
   // Nested kernel fields merge into the base's.
   Diagnostics partial;
   const ClusterSpec p = cluster_with(Json{{"name", "d"},
