@@ -78,6 +78,13 @@ else
 fi
 
 elapsed() { awk -v s="$1" -v e="$2" 'BEGIN { printf "%.3f", e - s }'; }
+# An awk function for the tables: grouped(n), an integer with thousands separators (707328 ->
+# 707,328).
+awk_grouped='function grouped(n,   s) {
+  s = sprintf("%d", n)
+  while (s ~ /[0-9][0-9][0-9][0-9]/) sub(/[0-9][0-9][0-9]($|,)/, ",&", s)
+  return s
+}'
 # "median p10 p90" of a tessera-train run's step_s over steps 2.. (the first warms up)
 step_stats() {
   grep -o '"step_s":[0-9.e-]*' "$1/loss.jsonl" | tail -n +2 | cut -d: -f2 | sort -g |
@@ -94,12 +101,7 @@ if [[ $what == lower || $what == all ]]; then
     out=$("$tessera" estimate scenarios/cornstarch-vlm-large-1024.json)
     end=$(date +%s.%N)
     # "(438272 ops lowered in 0.114 s, evaluated in 0.105 s)"
-    echo "$out" | awk -v run="$run" -v wall="$(elapsed "$start" "$end")" '
-      function grouped(n,   s) {  # 707328 -> 707,328
-        s = sprintf("%d", n)
-        while (s ~ /[0-9][0-9][0-9][0-9]/) sub(/[0-9][0-9][0-9]($|,)/, ",&", s)
-        return s
-      }
+    echo "$out" | awk -v run="$run" -v wall="$(elapsed "$start" "$end")" "$awk_grouped"'
       /ops lowered in/ {
         gsub(/[(),]/, ""); ops = $1; lower = $5; eval = $9;
         printf "| %d | %s | %.3f s | %.3f s | %.3f s | %.2f M | %s s |\n",
@@ -132,8 +134,7 @@ if [[ $what == dip-search || $what == all ]]; then
         perl -ne 'print "$1 $2 $3 $4 $5\n" if /dip schedule search: (\d+) scored \((\d+) cached\) in ([\d.]+) s; step ([\d.]+) s \(start ([\d.]+) s\)/;
                   print "ops $1\n" if /^\((\d+) ops lowered/' >>"$root/runs.txt"
     done
-    awk -v label="$label" '
-      function grouped(n,   s) { s = sprintf("%d", n); while (s ~ /[0-9][0-9][0-9][0-9]/) sub(/[0-9][0-9][0-9]($|,)/, ",&", s); return s }
+    awk -v label="$label" "$awk_grouped"'
       $1 == "ops" { ops = $2; next }
       { scored = $1; cached = $2; found = $4; start = $5; t[++n] = $3 }
       END { lo = t[1] < t[2] ? t[1] : t[2]; hi = t[1] < t[2] ? t[2] : t[1]
@@ -155,12 +156,7 @@ if [[ $what == sim || $what == all ]]; then
       read -r wall rss <<<"$(tail -1 /tmp/tessera-bench-sim.time)"
       devices=$(sed -n 's/.* plan on \([0-9]*\) ranks.*/\1/p' /tmp/tessera-bench-sim.txt | head -1)
       # the per-iteration row: iteration step samples/s TFLOP/s MFU idle ops activities actors wall
-      awk -v devices="$devices" -v nested="$nested" -v wall="$wall" -v rss="$rss" '
-        function grouped(n,   s) {  # 1702957 -> 1,702,957
-          s = sprintf("%d", n)
-          while (s ~ /[0-9][0-9][0-9][0-9]/) sub(/[0-9][0-9][0-9]($|,)/, ",&", s)
-          return s
-        }
+      awk -v devices="$devices" -v nested="$nested" -v wall="$wall" -v rss="$rss" "$awk_grouped"'
         $1 == "0" && NF == 10 {
           printf "| %s | %s | %.3f s | %s | %d | %.3f s | %.2f s | %.0f k | %.0f MiB |\n",
                  grouped(devices), nested == "flows" ? "ring flows" : nested, $2, grouped($8), $9, $10, wall,
