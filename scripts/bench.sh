@@ -198,10 +198,9 @@ if [[ $what == sweep || $what == all ]]; then
     start=$(date +%s.%N)
     "$tessera" sweep scenarios/default.json --top 50 -j "$jobs" --out "out/bench-sweep-j$jobs" >"out/bench-sweep-j$jobs.txt" 2>/dev/null
     end=$(date +%s.%N)
-    export JOBS=$jobs WALL=$(elapsed "$start" "$end")
     # "timing: enumerated and validated 3788 in 0.02 s (189 k/s), estimated 1264 in 13.10 s (96/s),
     #  refined 52 in 1.65 s, simulated 19 in 0.60 s (32/s)"
-    perl -ne 'printf "| %s | %.1f s | %s in %s s (%s) | %s in %s s (%s) | %s in %s s | %s in %s s (%s) |\n", $ENV{JOBS}, $ENV{WALL}, $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11
+    JOBS=$jobs WALL=$(elapsed "$start" "$end") perl -ne 'printf "| %s | %.1f s | %s in %s s (%s) | %s in %s s (%s) | %s in %s s | %s in %s s (%s) |\n", $ENV{JOBS}, $ENV{WALL}, $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11
       if /^timing: enumerated and validated (\d+) in ([\d.]+) s \(([^)]*)\), estimated (\d+) in ([\d.]+) s \(([^)]*)\), refined (\d+) in ([\d.]+) s, simulated (\d+) in ([\d.]+) s \(([^)]*)\)$/' \
       <"out/bench-sweep-j$jobs.txt"
   done
@@ -434,9 +433,10 @@ if [[ $what == accuracy || $what == all ]]; then
       [[ " ${fit[*]} " == *" $p "* ]] && set=fitting
       read -r cal_iter cal_mean < <("$tessera" replay "$dir/$p" --profile "$dir/profile.json" | errors)
       read -r raw_iter raw_mean < <("$tessera" replay "$dir/$p" | errors)
-      echo "$rep $set $p $(measured "$dir/$p") $cal_mean $cal_iter $raw_mean $raw_iter" >>"$root/rows.txt"
+      step=$(measured "$dir/$p")
+      echo "$rep $set $p $step $cal_mean $cal_iter $raw_mean $raw_iter" >>"$root/rows.txt"
       printf "| %s | %s | %s | %.3f s | %+.1f%%, %.1f%% | %+.1f%%, %.1f%% |\n" "$rep" "$set" "$p" \
-        "$(measured "$dir/$p")" "$cal_mean" "$cal_iter" "$raw_mean" "$raw_iter" | sed 's/| -/| −/g'
+        "$step" "$cal_mean" "$cal_iter" "$raw_mean" "$raw_iter" | sed 's/| -/| −/g'
     done
   done
   echo
@@ -708,15 +708,15 @@ if [[ $what == cornstarch-exec || $what == all ]]; then
     echo "{\"placement\": \"homogeneous\", \"layout\": {\"cp\": 2}, \"micro_batch_size\": 8, \"schedule\": \"1f1b\", \"cp_split\": \"$cps\"}" >"$root/$cps.json"
     echo "{\"placement\": \"homogeneous\", \"layout\": {\"cp\": 2, \"tp\": 2}, \"micro_batch_size\": 8, \"schedule\": \"1f1b\", \"cp_split\": \"$cps\"}" >"$root/tp2-$cps.json"
   done
-  # The runs: plan file, scenario, ranks and the row's label (the LLM's stage layers as lowered).
-  split_of() { "$tessera" estimate "$1" --plan "$2" | sed -n 's/^stage layers *llm \([0-9a-z,]*\) .*/\1/p' | tr , /; }
+  # The runs: plan file, scenario, ranks and the row's label, where "%s" stands for the LLM's
+  # stage layers as `estimate` lowers them.
   big=scenarios/cpu-tiny-big-vit.json tiny=scenarios/cpu-tiny.json
   runs=(
-    "frozen_aware|$big|1|PP2, stage_split frozen_aware ($(split_of $big "$root/frozen_aware.json"))"
-    "uniform|$big|1|PP2, stage_split uniform ($(split_of $big "$root/uniform.json"))"
-    "profiled|$big|1|PP2, frozen-aware priced with a profile of this model ($(split_of $big "$root/profiled.json"))"
-    "pp4-frozen_aware|$big|4|PP4 (4 ranks), stage_split frozen_aware ($(split_of $big "$root/pp4-frozen_aware.json"))"
-    "pp4-uniform|$big|4|PP4 (4 ranks), stage_split uniform ($(split_of $big "$root/pp4-uniform.json"))"
+    "frozen_aware|$big|1|PP2, stage_split frozen_aware (%s)"
+    "uniform|$big|1|PP2, stage_split uniform (%s)"
+    "profiled|$big|1|PP2, frozen-aware priced with a profile of this model (%s)"
+    "pp4-frozen_aware|$big|4|PP4 (4 ranks), stage_split frozen_aware (%s)"
+    "pp4-uniform|$big|4|PP4 (4 ranks), stage_split uniform (%s)"
     "frozen_aware_counts|$big|4|4 ranks, frozen-aware stage counts: $(sed -n 's/^frozen-aware choice *\(.*[0-9]\) *estimate.*/\1/p' "$root/stages.txt")"
     "freeze_unaware_counts|$big|4|4 ranks, freeze-unaware stage counts: $(sed -n 's/^freeze-unaware choice *\(.*[0-9]\) *estimate.*/\1/p' "$root/stages.txt")"
     "makespan|$tiny|1|CP2 (8 samples packed), cp_split makespan"
@@ -741,8 +741,10 @@ if [[ $what == cornstarch-exec || $what == all ]]; then
     IFS='|' read -r plan scenario ranks label <<<"$run"
     profile=()
     [[ $plan == profiled ]] && profile=(--profile "$root/profile.json")
-    estimate=$("$tessera" estimate "$scenario" --plan "$root/$plan.json" "${profile[@]}" | sed -n 's/^step time *\(.*\)/\1/p')
-    echo "| ${label//|/\\|}${steps[$plan]} | $estimate |"
+    estimate=$("$tessera" estimate "$scenario" --plan "$root/$plan.json" "${profile[@]}")
+    layers=$(sed -n 's/^stage layers *llm \([0-9a-z,]*\) .*/\1/p' <<<"$estimate" | tr , /)
+    label=${label//%s/$layers}
+    echo "| ${label//|/\\|}${steps[$plan]} | $(sed -n 's/^step time *\(.*\)/\1/p' <<<"$estimate") |"
   done
   rm -rf "$root"
 fi

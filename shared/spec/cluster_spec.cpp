@@ -59,9 +59,8 @@ DeviceSpec read_device(const Json& json, const std::string& file, const std::str
       return {};
     }
     std::optional<Json> merged;
-    std::string target;
     if (names_file(base.get<std::string>())) {
-      merged = read_referenced_json(base.get<std::string>(), file, at, diag, &target);
+      merged = read_referenced_json(base.get<std::string>(), file, at, diag);
     } else if (auto shipped = shipped_device(base.get<std::string>())) {
       merged = std::move(shipped->json);
     } else {
@@ -71,7 +70,12 @@ DeviceSpec read_device(const Json& json, const std::string& file, const std::str
       return {};
     }
     if (!merged) return {};
-    if (!merged->is_object() || merged->contains("base")) {
+    if (!merged->is_object()) {
+      diag.error(file, at,
+                 "the base is not a device: expected an object, got " + json_type_name(*merged));
+      return {};
+    }
+    if (merged->contains("base")) {
       diag.error(file, at, "a base device is a device of its own, without a base");
       return {};
     }

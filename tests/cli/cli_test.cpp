@@ -1148,6 +1148,34 @@ TEST_CASE("the docs' generated blocks are what their commands print now") {
   CHECK(both.output.find("not with --check") != std::string::npos);
 }
 
+TEST_CASE("a timed block is not compared, but one that holds no run fails the check") {
+  // The script on a tree of its own: one doc, one timed block, with a run and without one.
+  const fs::path root = scratch() / "timed-docs";
+  fs::create_directories(root / "scripts");
+  fs::create_directories(root / "docs");
+  fs::copy_file(kSource + "/scripts/docs-tables.sh", root / "scripts/docs-tables.sh",
+                fs::copy_options::overwrite_existing);
+  const std::string check =
+      "TESSERA=" + kTessera + " bash " + (root / "scripts/docs-tables.sh").string() + " --check";
+  std::ofstream(root / "docs/x.md") << "<!-- generated: timed bench lower table 1 -->\n"
+                                       "| run | lower |\n|---|---|\n| 1 | 0.5 s |\n\n"
+                                       "(Measured 2026-01-01 on 2 cores of a CPU.)\n"
+                                       "<!-- end generated -->\n";
+  const Run measured = shell(check + " 2>&1");
+  INFO(measured.output);
+  CHECK(measured.code == 0);
+  CHECK(measured.output.find("1 timings not compared") != std::string::npos);
+
+  std::ofstream(root / "docs/x.md") << "<!-- generated: timed bench lower table 1 -->\n"
+                                       "<!-- end generated -->\n";
+  const Run empty = shell(check + " 2>&1");
+  INFO(empty.output);
+  CHECK(empty.code == 1);
+  CHECK(empty.output.find("docs/x.md: the timed block of bench lower table 1 holds no "
+                          "measurement") != std::string::npos);
+  fs::remove_all(root);
+}
+
 TEST_CASE("docs/CLI.md documents every option each command's --help lists") {
   std::ifstream in(kSource + "/docs/CLI.md");
   REQUIRE(in.good());

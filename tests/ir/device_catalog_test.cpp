@@ -178,5 +178,11 @@ TEST_CASE("a derived device is its base with its own fields over it, and is fitt
   REQUIRE_FALSE(chained.ok());
   CHECK(chained.format().find("device.base: a base device is a device of its own") !=
         std::string::npos);
+  std::ofstream(dir / "list.json") << "[1, 2]";
+  Diagnostics not_device;
+  cluster_with(Json{{"name", "b"}, {"base", (dir / "list.json").string()}}, not_device);
+  REQUIRE_FALSE(not_device.ok());
+  CHECK(not_device.format().find("device.base: the base is not a device: expected an object") !=
+        std::string::npos);
   fs::remove_all(dir);
 }
