@@ -601,8 +601,9 @@ TEST_CASE("the shipped H100 and H200 runs: their fitted profiles replay and pred
   };
   // As measured (docs/PERFORMANCE.md): H100 fitting runs 4.2% per iteration (the goal, 3%, is
   // not met) and 2.0% on the mean step, held-out runs 3.2% (goal 8%); H200 4.5%, 3.0% and 6.7%;
-  // the H100 runs recorded again pinned 3.7%, 3.1% and 7.9%.
-  // The H100 runs, recorded twice (h100/ and h100-pinned/), split alike.
+  // the H100 runs recorded again pinned 3.7%, 3.1% and 7.9%; and with working copies on a fourth
+  // lease 4.9%, 2.7% and 9.5% (the held-out goal missed by the trainable encoder alone).
+  // The H100 runs, recorded three times (h100/, h100-pinned/, h100-copies/), split alike.
   const std::vector<std::string> h100_fitting = {
       "1b-h100-s1024-m1", "1b-h100-s1024-m4", "1b-h100-s2048-m1", "1b-h100-s2048-m4",
       "1b-h100-s4096-m1", "1b-h100-s4096-m4", "3b-h100-s2048-m1"};
@@ -626,6 +627,7 @@ TEST_CASE("the shipped H100 and H200 runs: their fitted profiles replay and pred
        3.4,
        7.1},
       {"h100-pinned", h100_fitting, h100_held_out, 4.1, 3.5, 8.3},
+      {"h100-copies", h100_fitting, h100_held_out, 5.3, 3.1, 9.9},
   };
   for (const auto& set : sets) {
     INFO(set.gpu);
