@@ -19,8 +19,8 @@
 #           (scripts/profile-summary.py), the trace gzipped beside it
 #   copies  mixed precision's working copies against a cast at every use (--no-working-copies):
 #           the ~1B VLM in bf16 at the middle sequence length and micro-batch 1, encoder frozen
-#           and trainable, the two arms alternated on the same machine; the median steps and
-#           their ratio into copies.tsv
+#           and trainable, the two arms alternated on the same machine; the median steps, their
+#           ratio and the peaks into copies.tsv, then one profiled step of each with the copies
 #   model   the recorded runs against the cost model: `tessera replay` uncalibrated (per step and
 #           per op class), `tessera calibrate` on half the runs, `tessera replay --profile` on
 #           all. Needs the SimGrid build's `tessera` (TESSERA_BIN, default build/sim/tessera);
@@ -269,8 +269,11 @@ stage_profile() {
 }
 
 # Each arm twice, alternated (with, without, without, with) so that a drift of the host falls on
-# both; per arm the median of the steps after the first two of both its runs. The same arithmetic
-# either way: the last losses of the two arms' first runs are printed side by side.
+# both; per arm the median of the steps after the first two of both its runs and the allocator's
+# peak. The same arithmetic either way: the last losses of the two arms' first runs are printed
+# side by side (equal on the CPU; on a GPU as close as two runs of one arm, whose reductions are
+# not deterministic). Then one profiled step of each run with the copies: kernels, host operators
+# and the GPU's busy share (copies-profile-<run>.txt).
 stage_copies() {
   local seq_mid
   seq_mid=$(echo "$seqs" | awk '{print $(int((NF + 1) / 2))}')
@@ -297,13 +300,24 @@ def arm(name, which):
     runs = sorted(glob.glob(f"{folder}/{name}-{which}-*"))
     steps = [[json.loads(l) for l in open(f"{r}/loss.jsonl")] for r in runs]
     times = [s["step_s"] for run in steps for s in (run[2:] or run)]
-    return statistics.median(times), steps[0][-1]["loss"]
-print("run\twith_copies_s\tcast_per_use_s\tratio\tloss_with\tloss_without")
+    memory = json.load(open(f"{runs[0]}/run.json"))["memory_per_rank"][0]
+    peak = memory.get("gpu_peak_allocated_bytes", memory.get("peak_rss_bytes", 0)) / 1e9
+    return statistics.median(times), steps[0][-1]["loss"], peak
+print("run\twith_copies_s\tcast_per_use_s\tratio\tloss_with\tloss_without\tpeak_with_gb\tpeak_without_gb")
 for name in names:
-    (w, lw), (wo, lwo) = arm(name, "with"), arm(name, "without")
-    print(f"{name}\t{w:.4f}\t{wo:.4f}\t{wo / w:.3f}\t{lw:.6f}\t{lwo:.6f}")
+    (w, lw, pw), (wo, lwo, pwo) = arm(name, "with"), arm(name, "without")
+    print(f"{name}\t{w:.4f}\t{wo:.4f}\t{wo / w:.3f}\t{lw:.6f}\t{lwo:.6f}\t{pw:.2f}\t{pwo:.2f}")
 EOF
   aligned "$out/copies.tsv"
+  for name in "${names[@]}"; do
+    rm -rf "$out/copies/$name-profiled"
+    "${pin[@]}" "$train" "$out/scenarios/$name.json" --device "$device" --steps 4 --trace-steps 0 \
+      --profile-step 3 --no-checkpoint --out "$out/copies/$name-profiled" >/dev/null
+    echo "profile of $name with the copies, step 4:"
+    python3 scripts/profile-summary.py "$out/copies/$name-profiled/profile/rank0.json" --top 8 |
+      tee "$out/copies-profile-$name.txt"
+    gzip -f "$out/copies/$name-profiled/profile/rank0.json"
+  done
 }
 
 stage_model() {
