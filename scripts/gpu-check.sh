@@ -21,11 +21,15 @@
 #           the ~1B VLM in bf16 at the middle sequence length and micro-batch 1, encoder frozen
 #           and trainable, the two arms alternated on the same machine; the median steps, their
 #           ratio and the peaks into copies.tsv, then one profiled step of each with the copies
+#   ab      this executor against another (TESSERA_TRAIN_B: an earlier commit's tessera-train,
+#           built against the same torch and carried beside this one) on the copies stage's two
+#           runs, alternated; the median steps, their ratio and the peaks into ab.tsv. Run only
+#           when named.
 #   model   the recorded runs against the cost model: `tessera replay` uncalibrated (per step and
 #           per op class), `tessera calibrate` on half the runs, `tessera replay --profile` on
 #           all. Needs the SimGrid build's `tessera` (TESSERA_BIN, default build/sim/tessera);
 #           without it the stage says which commands to run where it is.
-# Stages default to all seven, in that order. --device cpu is the dry run: the same stages on the
+# Stages default to all but ab, in that order. --device cpu is the dry run: the same stages on the
 # tiny scenarios on the CPU, which CI runs (scripts/test.sh --torch2) so that the script cannot
 # rot while no GPU is lent.
 # Results: DIR (default out/gpu-check-<device>) holds each stage's log, matmul.json, bench.tsv
@@ -41,8 +45,8 @@ while [[ $# -gt 0 ]]; do
   case $1 in
     --device) device=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
-    build|matmul|gpu|bench|profile|copies|model) stages+=("$1"); shift ;;
-    *) echo "gpu-check: unknown argument $1 (stages: build matmul gpu bench profile copies model)" >&2; exit 2 ;;
+    build|matmul|gpu|bench|profile|copies|ab|model) stages+=("$1"); shift ;;
+    *) echo "gpu-check: unknown argument $1 (stages: build matmul gpu bench profile copies ab model)" >&2; exit 2 ;;
   esac
 done
 [[ $device == cuda || $device == cpu ]] || { echo "gpu-check: --device cuda or cpu" >&2; exit 2; }
@@ -268,34 +272,42 @@ stage_profile() {
   gzip -f "$out/profile/profile/rank0.json"
 }
 
-# Each arm twice, alternated (with, without, without, with) so that a drift of the host falls on
-# both; per arm the median of the steps after the first two of both its runs and the allocator's
-# peak. The same arithmetic either way: the last losses of the two arms' first runs are printed
-# side by side (equal on the CPU; on a GPU as close as two runs of one arm, whose reductions are
-# not deterministic). Then one profiled step of each run with the copies: kernels, host operators
-# and the GPU's busy share (copies-profile-<run>.txt).
-stage_copies() {
+# The two runs that the A/B stages compare: the ~1B VLM in bf16 at the middle sequence length and
+# micro-batch 1, encoder frozen and trainable (host-bound steps, where executor changes show).
+# Sets ab_names.
+ab_scenarios() {
   local seq_mid
   seq_mid=$(echo "$seqs" | awk '{print $(int((NF + 1) / 2))}')
-  rm -rf "$out/copies"
-  mkdir -p "$out/copies"
-  local names=()
+  ab_names=()
   for encoder in frozen trainable; do
     local name
     name=$(run_base "$small")-s$seq_mid-m1-$encoder-bf16
     variant "$small" "$name" "$seq_mid" 1 "$encoder" bf16
-    names+=("$name")
+    ab_names+=("$name")
+  done
+}
+
+# Each arm of an A/B twice, alternated (a, b, b, a) so that a drift of the host falls on both: arm
+# a runs $bin_a with the flags of flags_a, arm b likewise, into DIR/<run>-<arm>-<i>. Then per arm
+# the median of the steps after the first two of both its runs, the allocator's peak, and the
+# last loss of its first run, into DIR.tsv under the arms' labels (equal losses on the CPU; on a
+# GPU as close as two runs of one arm, whose reductions are not deterministic).
+alternate() {
+  local dir=$1 label_a=$2 label_b=$3
+  rm -rf "${out:?}/$dir"
+  mkdir -p "$out/$dir"
+  for name in "${ab_names[@]}"; do
     local i=0
-    for arm in with without without with; do
-      local flag=()
-      [[ $arm == without ]] && flag=(--no-working-copies)
-      "${pin[@]}" "$train" "$out/scenarios/$name.json" --device "$device" --steps "$steps" \
-        --trace-steps 0 --no-checkpoint "${flag[@]}" --out "$out/copies/$name-$arm-$((i++))" >/dev/null
+    for arm in a b b a; do
+      local bin=$bin_a flags=("${flags_a[@]}")
+      [[ $arm == b ]] && bin=$bin_b flags=("${flags_b[@]}")
+      "${pin[@]}" "$bin" "$out/scenarios/$name.json" --device "$device" --steps "$steps" \
+        --trace-steps 0 --no-checkpoint "${flags[@]}" --out "$out/$dir/$name-$arm-$((i++))" >/dev/null
     done
   done
-  python3 - "$out/copies" "${names[@]}" >"$out/copies.tsv" <<'EOF'
+  python3 - "$out/$dir" "$label_a" "$label_b" "${ab_names[@]}" >"$out/$dir.tsv" <<'EOF'
 import glob, json, statistics, sys
-folder, names = sys.argv[1], sys.argv[2:]
+folder, label_a, label_b, names = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
 def arm(name, which):
     runs = sorted(glob.glob(f"{folder}/{name}-{which}-*"))
     steps = [[json.loads(l) for l in open(f"{r}/loss.jsonl")] for r in runs]
@@ -303,13 +315,22 @@ def arm(name, which):
     memory = json.load(open(f"{runs[0]}/run.json"))["memory_per_rank"][0]
     peak = memory.get("gpu_peak_allocated_bytes", memory.get("peak_rss_bytes", 0)) / 1e9
     return statistics.median(times), steps[0][-1]["loss"], peak
-print("run\twith_copies_s\tcast_per_use_s\tratio\tloss_with\tloss_without\tpeak_with_gb\tpeak_without_gb")
+print(f"run\t{label_a}_s\t{label_b}_s\tratio\tloss_{label_a}\tloss_{label_b}"
+      f"\tpeak_{label_a}_gb\tpeak_{label_b}_gb")
 for name in names:
-    (w, lw, pw), (wo, lwo, pwo) = arm(name, "with"), arm(name, "without")
-    print(f"{name}\t{w:.4f}\t{wo:.4f}\t{wo / w:.3f}\t{lw:.6f}\t{lwo:.6f}\t{pw:.2f}\t{pwo:.2f}")
+    (a, la, pa), (b, lb, pb) = arm(name, "a"), arm(name, "b")
+    print(f"{name}\t{a:.4f}\t{b:.4f}\t{b / a:.3f}\t{la:.6f}\t{lb:.6f}\t{pa:.2f}\t{pb:.2f}")
 EOF
-  aligned "$out/copies.tsv"
-  for name in "${names[@]}"; do
+  aligned "$out/$dir.tsv"
+}
+
+# Working copies (a) against a cast at every use (b), then one profiled step of each run with the
+# copies: kernels, host operators and the GPU's busy share (copies-profile-<run>.txt).
+stage_copies() {
+  ab_scenarios
+  local bin_a=$train bin_b=$train flags_a=() flags_b=(--no-working-copies)
+  alternate copies with_copies cast_per_use
+  for name in "${ab_names[@]}"; do
     rm -rf "$out/copies/$name-profiled"
     "${pin[@]}" "$train" "$out/scenarios/$name.json" --device "$device" --steps 4 --trace-steps 0 \
       --profile-step 3 --no-checkpoint --out "$out/copies/$name-profiled" >/dev/null
@@ -318,6 +339,19 @@ EOF
       tee "$out/copies-profile-$name.txt"
     gzip -f "$out/copies/$name-profiled/profile/rank0.json"
   done
+}
+
+# This executor (a) against another (b: TESSERA_TRAIN_B, say an earlier commit's tessera-train
+# built against the same torch and carried beside this one), on the same runs, same flags.
+stage_ab() {
+  local other=${TESSERA_TRAIN_B:-}
+  [[ -n $other && -x $other ]] || {
+    echo "ab: TESSERA_TRAIN_B names no executable (the other tessera-train to compare)"
+    return 1
+  }
+  ab_scenarios
+  local bin_a=$train bin_b=$other flags_a=() flags_b=()
+  alternate ab this other
 }
 
 stage_model() {

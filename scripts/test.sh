@@ -56,6 +56,9 @@ if [[ ${1:-} == --torch2 ]]; then
   ctest --test-dir "$build" --output-on-failure --parallel "$jobs" -R '^exec$' "$@"
   # The GPU machine's script, dry: the same stages on the tiny scenarios on the CPU.
   TESSERA_BUILD_DIR=$build scripts/gpu-check.sh --device cpu --out out/gpu-check-cpu
+  # Its A/B of two executors, here the same one twice.
+  TESSERA_BUILD_DIR=$build TESSERA_TRAIN_B=$build/exec/tessera-train \
+    scripts/gpu-check.sh --device cpu --out out/gpu-check-cpu ab
   # megatron-core's own checks on `tessera export` of every library scenario with a plan, with
   # the simulator's CLI of the default build (built before this stage in CI).
   sim=${TESSERA_SIM_BIN:-build/sim/tessera}
