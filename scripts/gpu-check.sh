@@ -263,13 +263,19 @@ stage_profile() {
     'NR > 1 && index($1, base) == 1 && $3 > best { best = $3; name = $1 } END { print name }' \
     "$out/bench.tsv")
   [[ -n $name ]] || { echo "profile: no run of $(run_base "$small") in bench.tsv"; return 1; }
-  rm -rf "$out/profile"
-  "$train" "$out/scenarios/$name.json" --device "$device" --steps 4 --trace-steps 0 \
-    --profile-step 3 --no-checkpoint --out "$out/profile" >/dev/null
   echo "profile of $name, step 4:"
-  python3 scripts/profile-summary.py "$out/profile/profile/rank0.json" --top 14 |
-    tee "$out/profile.txt"
-  gzip -f "$out/profile/profile/rank0.json"
+  profile_step "$name" "$out/profile" 14 "$out/profile.txt"
+}
+
+# Run NAME for four steps, the fourth under torch's profiler, into DIR; its summary (the TOP
+# kernels) into SUMMARY and on the terminal, the trace gzipped beside it.
+profile_step() {
+  local name=$1 dir=$2 top=$3 summary=$4
+  rm -rf "$dir"
+  "$train" "$out/scenarios/$name.json" --device "$device" --steps 4 --trace-steps 0 \
+    --profile-step 3 --no-checkpoint --out "$dir" >/dev/null
+  python3 scripts/profile-summary.py "$dir/profile/rank0.json" --top "$top" | tee "$summary"
+  gzip -f "$dir/profile/rank0.json"
 }
 
 # The two runs that the A/B stages compare: the ~1B VLM in bf16 at the middle sequence length and
@@ -331,13 +337,8 @@ stage_copies() {
   local bin_a=$train bin_b=$train flags_a=() flags_b=(--no-working-copies)
   alternate copies with_copies cast_per_use
   for name in "${ab_names[@]}"; do
-    rm -rf "$out/copies/$name-profiled"
-    "${pin[@]}" "$train" "$out/scenarios/$name.json" --device "$device" --steps 4 --trace-steps 0 \
-      --profile-step 3 --no-checkpoint --out "$out/copies/$name-profiled" >/dev/null
     echo "profile of $name with the copies, step 4:"
-    python3 scripts/profile-summary.py "$out/copies/$name-profiled/profile/rank0.json" --top 8 |
-      tee "$out/copies-profile-$name.txt"
-    gzip -f "$out/copies/$name-profiled/profile/rank0.json"
+    profile_step "$name" "$out/copies/$name-profiled" 8 "$out/copies-profile-$name.txt"
   done
 }
 
