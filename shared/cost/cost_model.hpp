@@ -101,6 +101,9 @@ struct OptimizerFit {
   FitStats stats;
 };
 
+// The mean slowdown of GPU compute beside a collective, as published (default_cost_params).
+inline constexpr double kMeasuredOverlapSlowdown = 1.189;
+
 struct CostParams {
   // Fraction of the device's dense peak a Compute op sustains, by (module role, phase).
   // Default: kDefaultEfficiency for every class.
@@ -123,7 +126,9 @@ struct CostParams {
   std::vector<LinkFit> collective_fits;
   std::vector<LinkFit> p2p_fits;
   std::optional<OptimizerFit> optimizer_fit;
-  // Compute that overlaps communication on its own rank runs this much slower (fitted; 1 = none).
+  // Compute runs this much slower while its rank's collective stream runs beside it
+  // (overlap_slowdown.hpp; 1 = none). Kernel-priced GPUs: kMeasuredOverlapSlowdown; a
+  // calibration profile with overlapped samples sets its fit.
   double overlap_slowdown = 1;
 };
 

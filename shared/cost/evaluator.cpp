@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 
+#include "shared/cost/overlap_slowdown.hpp"
 #include "shared/program/op_matching.hpp"
 
 namespace tessera {
@@ -23,10 +24,46 @@ int stream_index(const Op& op) {
   return 0;
 }
 
+// Per rank and op, the cost model's seconds for it (a compute op's own part, a send, a stream
+// collective), kept from one pass for the next; negative: not priced yet.
+using OpSeconds = std::vector<std::vector<double>>;
+
+Timeline evaluate_pass(const Program& p, const CostModel& cost, const ComputeExtras& extra,
+                       OpSeconds& priced);
+
 }  // namespace
 
 Timeline evaluate(const Program& p, const CostModel& cost) {
+  OpSeconds priced;
+  Timeline quiet = evaluate_pass(p, cost, {}, priced);
+  const ComputeExtras extra = overlap_slowdown_s(p, cost, quiet);
+  return extra.empty() ? quiet : evaluate_pass(p, cost, extra, priced);
+}
+
+Timeline evaluate_with(const Program& p, const CostModel& cost, const ComputeExtras& extra) {
+  OpSeconds priced;
+  return evaluate_pass(p, cost, extra, priced);
+}
+
+namespace {
+
+Timeline evaluate_pass(const Program& p, const CostModel& cost, const ComputeExtras& extra,
+                       OpSeconds& priced) {
   const std::size_t world = p.ranks.size();
+  if (priced.size() != world) {
+    priced.resize(world);
+    for (std::size_t r = 0; r < world; ++r) priced[r].assign(p.ranks[r].size(), -1);
+  }
+  // The op's seconds by `price`, computed once over the passes.
+  const auto seconds = [&](std::size_t r, int32_t i, auto&& price) {
+    double& s = priced[r][static_cast<std::size_t>(i)];
+    if (s < 0) s = price();
+    return s;
+  };
+  // Seconds a compute op runs beyond the cost model's own time.
+  const auto extra_s = [&](std::size_t r, int32_t i) {
+    return extra.empty() ? 0.0 : extra[r][static_cast<std::size_t>(i)];
+  };
   Timeline t;
   t.ops.resize(world);
   t.compute_busy_s.assign(world, 0);
@@ -135,10 +172,11 @@ Timeline evaluate(const Program& p, const CostModel& cost) {
                   arrivals[static_cast<std::size_t>(op.group)])
                 break;
               const double begin = ready_at[static_cast<std::size_t>(inst)];
-              const double end =
-                  begin + cost.collective_s(op.collective,
-                                            p.groups[static_cast<std::size_t>(op.group)],
-                                            op.message_bytes);
+              const double end = begin + seconds(r, i, [&] {
+                                   return cost.collective_s(
+                                       op.collective, p.groups[static_cast<std::size_t>(op.group)],
+                                       op.message_bytes);
+                                 });
               for (const auto& [mr, mi] : who) {
                 t.ops[static_cast<std::size_t>(mr)][static_cast<std::size_t>(mi)] = {begin, end};
                 ++done;
@@ -149,16 +187,26 @@ Timeline evaluate(const Program& p, const CostModel& cost) {
             }
             double duration = 0;
             if (op.kind == OpKind::kSend) {
-              duration = cost.p2p_s(static_cast<int64_t>(r), op.peer, op.message_bytes);
+              duration = seconds(r, i, [&] {
+                return cost.p2p_s(static_cast<int64_t>(r), op.peer, op.message_bytes);
+              });
             } else if (op.nested.empty()) {
-              duration = cost.compute_s(p, static_cast<int32_t>(r), static_cast<std::size_t>(i));
+              duration = seconds(r, i, [&] {
+                return cost.compute_s(p, static_cast<int32_t>(r), static_cast<std::size_t>(i));
+              });
+              if (op.kind == OpKind::kCompute) duration += extra_s(r, i);
             } else {
               auto& next = phase[r][static_cast<std::size_t>(i)];
               double& at = phase_end[r][static_cast<std::size_t>(i)];
               if (next < 0) {
                 time.start_s = start;  // provisional; finish_s stays < 0 until done
                 at = start +
-                     cost.compute_only_s(p, static_cast<int32_t>(r), static_cast<std::size_t>(i));
+                     seconds(r, i,
+                             [&] {
+                               return cost.compute_only_s(p, static_cast<int32_t>(r),
+                                                          static_cast<std::size_t>(i));
+                             }) +
+                     extra_s(r, i);
                 next = 0;
               }
               bool blocked = false;
@@ -249,5 +297,7 @@ Timeline evaluate(const Program& p, const CostModel& cost) {
   }
   return t;
 }
+
+}  // namespace
 
 }  // namespace tessera

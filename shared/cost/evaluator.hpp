@@ -46,6 +46,16 @@ struct Timeline {
   bool nested_shared_links = false;
 };
 
+// Seconds a Compute op runs beyond the cost model's time for it, per rank and op
+// ([rank][op], a folded Program's representatives only); empty: none.
+using ComputeExtras = std::vector<std::vector<double>>;
+
+// The Program's timeline, its compute slowed where collectives run beside it:
+// evaluate_with(program, cost, overlap_slowdown_s(program, cost)), timed once where nothing is
+// slowed.
 Timeline evaluate(const Program& program, const CostModel& cost);
+
+// One pass with the given extra compute seconds (empty: the cost model's times alone).
+Timeline evaluate_with(const Program& program, const CostModel& cost, const ComputeExtras& extra);
 
 }  // namespace tessera

@@ -221,7 +221,8 @@ CostParams profile_cost_params(const Profile& p, const ClusterSpec& cluster,
   params.collective_fits = p.collectives;
   params.p2p_fits = p.p2p;
   params.optimizer_fit = p.optimizer;
-  params.overlap_slowdown = p.overlap_slowdown;
+  // A profile without overlapped samples keeps the analytic default.
+  if (p.overlap_stats.samples > 0) params.overlap_slowdown = p.overlap_slowdown;
   return params;
 }
 

@@ -200,9 +200,11 @@ Profile calibrate(const std::vector<CalibrationRun>& runs, const CalibrateOption
   // Per class: the regressors (1, size[, tokens·layers]) and the seconds of each sample.
   struct Samples {
     std::vector<double> x, token_layers, logits, calls, layers, y;
+    std::vector<double> overlap;           // share of each sample's time beside collectives
     std::vector<std::vector<double>> raw;  // every measured instance behind each median
     void add(double size, double tl, double lg, double nc, double ly, double seconds,
-             const std::vector<double>& all) {
+             const std::vector<double>& all, double beside = 0) {
+      overlap.push_back(beside);
       x.push_back(size);
       token_layers.push_back(tl);
       logits.push_back(lg);
@@ -219,7 +221,7 @@ Profile calibrate(const std::vector<CalibrationRun>& runs, const CalibrateOption
     if (y <= 0) continue;
     // Compute that ran alongside its rank's collectives is kept apart (the slowdown below).
     if (cls.type == OpClass::Type::kCompute && median(overlaps[key]) > 0.5)
-      overlapped[cls].add(x, tl, lg, nc, ly, y, values);
+      overlapped[cls].add(x, tl, lg, nc, ly, y, values, median(overlaps[key]));
     else
       by_class[cls].add(x, tl, lg, nc, ly, y, values);
   }
@@ -286,14 +288,19 @@ Profile calibrate(const std::vector<CalibrationRun>& runs, const CalibrateOption
         break;
     }
   }
-  // The slowdown of compute overlapping collectives: measured over fitted, for those samples.
+  // The slowdown of compute beside collectives (overlap_slowdown.hpp): a sample that ran a
+  // share s of its time beside them, measured at r times its fit, ran 1 + (r - 1) / s times
+  // slower while beside them.
   std::vector<double> ratios;
   for (const auto& [cls, o] : overlapped)
     for (const ComputeFit& f : profile.compute)
       if (f.role == cls.role && f.phase == cls.phase && f.size == cls.size)
         for (std::size_t k = 0; k < o.y.size(); ++k)
-          ratios.push_back(o.y[k] / fitted_compute_s(f, {o.x[k], o.token_layers[k], o.logits[k],
-                                                         o.calls[k], o.layers[k]}));
+          ratios.push_back(1 +
+                           (o.y[k] / fitted_compute_s(f, {o.x[k], o.token_layers[k], o.logits[k],
+                                                          o.calls[k], o.layers[k]}) -
+                            1) /
+                               o.overlap[k]);
   profile.overlap_stats.samples = static_cast<int64_t>(ratios.size());
   if (!ratios.empty()) {
     profile.overlap_slowdown = std::max(1.0, median(ratios));

@@ -10,6 +10,7 @@
 #include <simgrid/s4u.hpp>
 
 #include "shared/base/check.hpp"
+#include "shared/cost/overlap_slowdown.hpp"
 #include "shared/program/op_matching.hpp"
 #include "sim/flow_lanes.hpp"
 #include "sim/simgrid/adapter.hpp"
@@ -44,7 +45,8 @@ class Run {
     const std::size_t world = p.ranks.size();
     times_.resize(world);
     nested_.resize(world);
-    collectives_running_.assign(world, 0);
+    // A serial host runs nothing beside its collectives.
+    if (!options.serial_host) extra_ = overlap_slowdown_s(p, cost);
     for (std::size_t r = 0; r < world; ++r) times_[r].assign(p.ranks[r].size(), OpTime{});
     OpMatching match = match_ops(p);
     instance_of_ = std::move(match.instance_of);
@@ -289,11 +291,11 @@ class Run {
                              static_cast<uint64_t>(i), 1));
   }
 
-  // Compute that starts while its rank runs a collective is slowed by the calibrated factor.
-  double slowdown(int32_t leader) const {
-    return collectives_running_[static_cast<std::size_t>(leader)] > 0
-               ? cost_.params().overlap_slowdown
-               : 1.0;
+  // Seconds compute op `i` of class `leader` runs longer beside its rank's collectives
+  // (overlap_slowdown.hpp: taken from the analytic timeline, as the evaluator takes them).
+  double extra_s(int32_t leader, int32_t i) const {
+    return extra_.empty() ? 0.0
+                          : extra_[static_cast<std::size_t>(leader)][static_cast<std::size_t>(i)];
   }
 
   // A nested collective of `count` calls as the executor records it: one slice per call, the
@@ -540,7 +542,8 @@ class Run {
     if (op.kind != OpKind::kCompute && op.kind != OpKind::kOptimizerStep) return -1;
     if (options_.contention && cost_.cluster().kind == ClusterKind::kCpuLocal) return -1;
     double seconds = cost_.compute_only_s(p_, leader, static_cast<std::size_t>(i)) *
-                     slowdown(leader) * compute_variation(leader, i);
+                         compute_variation(leader, i) +
+                     extra_s(leader, i);
     if (op.nested.empty()) return seconds;
     if (options_.contention && options_.nested_flows) return -1;
     for (std::size_t n = 0; n < op.nested.size(); ++n) {
@@ -606,15 +609,17 @@ class Run {
             std::vector<sg4::ExecPtr> running;
             for (std::size_t d = 0; d < offsets(leader).size(); ++d)
               running.push_back(sg4::this_actor::exec_async(
-                  cost_.dedicated_compute_s(p_.ranks[static_cast<std::size_t>(leader)],
-                                            static_cast<std::size_t>(i)) *
-                  slowdown(leader) * compute_variation(leader + offsets(leader)[d], i) *
+                  (cost_.dedicated_compute_s(p_.ranks[static_cast<std::size_t>(leader)],
+                                             static_cast<std::size_t>(i)) *
+                       compute_variation(leader + offsets(leader)[d], i) +
+                   extra_s(leader, i)) *
                   kHostSpeed));
             activities_ += static_cast<int64_t>(running.size());
             for (const sg4::ExecPtr& e : running) e->wait();
           } else {
-            sleep(cost_.compute_only_s(p_, leader, static_cast<std::size_t>(i)) * slowdown(leader) *
-                  compute_variation(leader, i));
+            sleep(cost_.compute_only_s(p_, leader, static_cast<std::size_t>(i)) *
+                      compute_variation(leader, i) +
+                  extra_s(leader, i));
           }
           for (std::size_t n = 0; n < op.nested.size(); ++n)
             collective(leader, i, static_cast<int32_t>(n));
@@ -670,9 +675,7 @@ class Run {
           break;
         }
         case OpKind::kCollective:
-          ++collectives_running_[static_cast<std::size_t>(leader)];
           collective(leader, i, -1);
-          --collectives_running_[static_cast<std::size_t>(leader)];
           break;
         case OpKind::kRecv:  // serial host: it waits here for the message
           block(leader, [&] { return t[static_cast<std::size_t>(i)].finish_s >= 0; });
@@ -692,7 +695,7 @@ class Run {
   std::vector<std::vector<int32_t>> member_instance_;
   std::vector<std::vector<OpTime>> times_;
   std::vector<std::vector<NestedSlice>> nested_;     // [rank]: nested collectives as they ran
-  std::vector<int32_t> collectives_running_;         // [class leader]: stream collectives in flight
+  ComputeExtras extra_;                              // [rank][op]: overlap_slowdown_s
   std::vector<std::vector<sg4::Actor*>> waiters_;    // per class leader: suspended actors
   std::vector<std::vector<int32_t>> receive_index_;  // [rank][send op] -> receive op on the peer
                                                      // (op_matching.hpp: peer_op)

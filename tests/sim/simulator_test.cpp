@@ -159,25 +159,31 @@ TEST_CASE(
     const Lowered l = lower(model, c, resolve_stage_split(plan, model, workload, c), workload,
                             draw_batch(workload, 1));
     REQUIRE(l.error.empty());
-    const CostModel cost = cost_for(c, &model);
-    const Timeline expected = evaluate(l.program, cost);
-    REQUIRE(expected.error.empty());
-    const Timeline got = simulated(l.program, cost, false);
-    CHECK(got.step_s == doctest::Approx(expected.step_s).epsilon(1e-6));
-    int mismatches = 0;
-    for (std::size_t r = 0; r < expected.ops.size(); ++r)
-      for (std::size_t i = 0; i < expected.ops[r].size(); ++i) {
-        const double tolerance = 1e-6 * expected.step_s;
-        if (std::fabs(got.ops[r][i].start_s - expected.ops[r][i].start_s) > tolerance ||
-            std::fabs(got.ops[r][i].finish_s - expected.ops[r][i].finish_s) > tolerance) {
-          if (mismatches++ < 3)
-            MESSAGE(op_name(l.program, l.program.ranks[r][i])
-                    << " on rank " << r << ": simulated [" << got.ops[r][i].start_s << ", "
-                    << got.ops[r][i].finish_s << "], evaluated [" << expected.ops[r][i].start_s
-                    << ", " << expected.ops[r][i].finish_s << "]");
+    // Compute beside collectives as it is (this device: none) and slowed (overlap_slowdown.hpp).
+    for (const double factor : {1.0, 1.5}) {
+      INFO("overlap_slowdown " << factor);
+      CostParams params = default_cost_params(c);
+      params.overlap_slowdown = factor;
+      const CostModel cost(c, DType::kBf16, params, model);
+      const Timeline expected = evaluate(l.program, cost);
+      REQUIRE(expected.error.empty());
+      const Timeline got = simulated(l.program, cost, false);
+      CHECK(got.step_s == doctest::Approx(expected.step_s).epsilon(1e-6));
+      int mismatches = 0;
+      for (std::size_t r = 0; r < expected.ops.size(); ++r)
+        for (std::size_t i = 0; i < expected.ops[r].size(); ++i) {
+          const double tolerance = 1e-6 * expected.step_s;
+          if (std::fabs(got.ops[r][i].start_s - expected.ops[r][i].start_s) > tolerance ||
+              std::fabs(got.ops[r][i].finish_s - expected.ops[r][i].finish_s) > tolerance) {
+            if (mismatches++ < 3)
+              MESSAGE(op_name(l.program, l.program.ranks[r][i])
+                      << " on rank " << r << ": simulated [" << got.ops[r][i].start_s << ", "
+                      << got.ops[r][i].finish_s << "], evaluated [" << expected.ops[r][i].start_s
+                      << ", " << expected.ops[r][i].finish_s << "]");
+          }
         }
-      }
-    CHECK(mismatches == 0);
+      CHECK(mismatches == 0);
+    }
   }
 }
 
