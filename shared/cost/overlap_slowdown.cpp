@@ -36,8 +36,9 @@ ComputeExtras overlap_slowdown_s(const Program& p, const CostModel& cost) {
 }
 
 ComputeExtras overlap_slowdown_s(const Program& p, const CostModel& cost, const Timeline& quiet) {
-  if (!slows(p, cost) || !quiet.error.empty()) return {};
   const double factor = cost.params().overlap_slowdown;
+  // A rank without collectives on its stream has nothing to slow (the loop finds them).
+  if (factor <= 1 || !quiet.error.empty()) return {};
   ComputeExtras extra(p.ranks.size());
   bool any = false;
   for (std::size_t r = 0; r < p.ranks.size(); ++r) {
