@@ -14,8 +14,11 @@
 
 #include "shared/cost/evaluator.hpp"
 #include "shared/cost/fidelity.hpp"
+#include "shared/cost/metrics.hpp"
 #include "shared/lowering/lower.hpp"
 #include "shared/model/batch.hpp"
+#include "shared/search/estimate.hpp"
+#include "shared/search/scenario_report.hpp"
 #include "shared/search/stage_split.hpp"
 #include "sim/command_line.hpp"
 
@@ -138,6 +141,26 @@ void print_summary(const std::vector<FidelityRow>& rows, const std::vector<doubl
                       out);
 }
 
+// Every published run ran, so its plan fit its GPUs: a row whose predicted peak is above the
+// device's memory is an error of the memory model, named here.
+void print_memory(const std::vector<FidelityRow>& rows, std::ostream& out) {
+  std::size_t known = 0, fit = 0;
+  std::string over;
+  for (const FidelityRow& r : rows) {
+    if (r.capacity_bytes <= 0) continue;
+    ++known;
+    if (r.peak_memory_bytes <= r.capacity_bytes) {
+      ++fit;
+      continue;
+    }
+    over += "\n  " + r.name + ": " + human_bytes(r.peak_memory_bytes) + " of " +
+            human_bytes(r.capacity_bytes);
+  }
+  out << "memory: " << fit << " of " << known
+      << " published plans predicted to fit their GPUs (every one ran)"
+      << (over.empty() ? "" : "; predicted over capacity:") << over << "\n";
+}
+
 // The figures by kind (or by series) as the Markdown tables docs/FIDELITY.md holds
 // (scripts/docs-tables.sh writes them there): a line per kind of the suite, then of the held-out
 // rows (per series: a line per series, a held-out series named so), then the totals.
@@ -219,7 +242,8 @@ int run_fidelity(const Args& args, std::ostream& out, std::ostream& err) {
       "Compares the cost model's predicted step time (the in-order evaluator, as `tessera "
       "estimate`) with published training runs: scenarios with a `published` block. Prints "
       "every row's error, per series the mean and max |error| and the Spearman correlation of "
-      "per-GPU throughput, and the totals of the fitted sources and of the held-out rows. With "
+      "per-GPU throughput, the totals of the fitted sources and of the held-out rows, and the rows "
+      "whose plan the memory model puts above their GPUs' memory (each of them ran). With "
       "--fit, also fits the kernel model's global parameters (GEMM/attention efficiency scale, "
       "per-kernel launch) on the rows not held out, over a grid, and reports leave-one-source-out: "
       "each source predicted by a fit on all the others.");
@@ -286,7 +310,9 @@ int run_fidelity(const Args& args, std::ostream& out, std::ostream& err) {
                     s.published->step_s,
                     0,
                     0,
-                    {}};
+                    {},
+                    0,
+                    0};
     // Lowered once: a frozen-aware split is chosen with the default costs, and a DIP plan runs
     // its default schedule, not one searched per grid point.
     const CostParams params = default_cost_params(s.cluster);
@@ -307,6 +333,10 @@ int run_fidelity(const Args& args, std::ostream& out, std::ostream& err) {
       err << "fidelity: " << s.name << ": " << error << "\n";
       row.predicted_s.assign(grid.size(), 0);
     } else {
+      for (const Lowered& lowered : programs)
+        for (const RankMemory& m : memory_per_rank(lowered.program))
+          row.peak_memory_bytes = std::max(row.peak_memory_bytes, m.total());
+      row.capacity_bytes = memory_capacity_bytes(s.cluster, programs.front().program.world);
       row.flops_per_gpu =
           model_flops / static_cast<double>(programs.size()) / static_cast<double>(gpus);
       // The defaults, then every grid point with the device's training scale replaced by the
@@ -370,6 +400,8 @@ int run_fidelity(const Args& args, std::ostream& out, std::ostream& err) {
   print_rows(rows, at_defaults, out);
   out << "\n";
   print_summary(rows, at_defaults, out);
+  out << "\n";
+  print_memory(rows, out);
   if (!fit) return kOk;
 
   std::vector<bool> suite(rows.size());

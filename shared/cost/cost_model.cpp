@@ -6,6 +6,7 @@
 #include "shared/base/check.hpp"
 #include "shared/cost/collective_cost.hpp"
 #include "shared/cost/kernel_cost.hpp"
+#include "shared/cost/overlap_slowdown.hpp"
 
 namespace tessera {
 
@@ -247,20 +248,24 @@ double CostModel::compute_only_s(const Program& program, int32_t rank, std::size
 
 double CostModel::shared_compute_s(const Program& program, const Op& op, double dedicated) const {
   double seconds = dedicated;
+  // The nested collectives' seconds that run beside the compute part and hide behind it.
+  double hidden = 0;
   if ((op.flags & kOpTpCommOverlap) != 0 && op.tp > 1) {
     // The GEMMs run in tp chunks, each chunk's all-gather or reduce-scatter beside the next
     // chunk's GEMM: all of the TP traffic but one chunk's hides behind the compute, as far as
     // the compute lasts. Taken off the compute part; the collectives keep their own time.
     const double chunks = static_cast<double>(op.tp);
-    seconds -= std::min(seconds, nested_s(program, op, Purpose::kTp) * (chunks - 1) / chunks);
+    hidden = std::min(seconds, nested_s(program, op, Purpose::kTp) * (chunks - 1) / chunks);
   } else if ((op.flags & kOpTpGradOverlap) != 0 && op.tp > 1) {
-    seconds -= std::min(seconds, hidden_input_gradient_s(program, op));
+    hidden = std::min(seconds, hidden_input_gradient_s(program, op));
   }
   if ((op.flags & kOpEpCommOverlap) != 0) {
     // The all-to-alls run while other micro-batches compute, as far as their compute lasts:
     // taken off the compute part, the collectives keep their own time.
-    seconds -= std::min(seconds, nested_s(program, op, Purpose::kEp));
+    hidden += std::min(seconds - hidden, nested_s(program, op, Purpose::kEp));
   }
+  // The compute that ran beside them is slowed (overlap_slowdown.hpp).
+  seconds += slowed_s(hidden, hidden, params_.overlap_slowdown) - hidden;
   // cpu-local ranks share the machine's cores.
   if (cluster_.kind == ClusterKind::kCpuLocal && program.world > cluster_.cores)
     return seconds * static_cast<double>(program.world) / static_cast<double>(cluster_.cores);
@@ -375,13 +380,13 @@ double CostModel::fixed_compute_s(const Op& op) const {
 }
 
 RankMemory parameter_memory(double parameters, bool trainable, int64_t optimizer_shards,
-                            DType dtype, bool fully_sharded) {
+                            DType dtype, bool fully_sharded, int64_t gradient_bytes) {
   const auto shards = static_cast<double>(std::max<int64_t>(1, optimizer_shards));
   const double held = fully_sharded ? parameters / shards : parameters;
   RankMemory m;
   m.weight_bytes = held * static_cast<double>(dtype_bytes(dtype));
   if (trainable) {
-    m.gradient_bytes = held * 4.0;
+    m.gradient_bytes = held * static_cast<double>(gradient_bytes);
     m.optimizer_bytes = parameters * 12.0 / shards;
   }
   return m;

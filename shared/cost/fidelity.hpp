@@ -30,6 +30,10 @@ struct FidelityRow {
   double flops_per_gpu = 0;         // model FLOPs of one step per GPU (throughput for ranking)
   double default_s = 0;             // at the model's defaults; <= 0: could not be predicted
   std::vector<double> predicted_s;  // per grid point, with training_scale replaced by it
+  // The predicted peak memory of its busiest rank (over the drawn iterations) and what the device
+  // holds: the published run ran, so a peak above it is an error of the memory model.
+  double peak_memory_bytes = 0;
+  double capacity_bytes = 0;
 };
 
 // The points a fit chooses among: training scale × launch_s, every combination.

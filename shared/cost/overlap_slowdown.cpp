@@ -4,6 +4,10 @@
 
 namespace tessera {
 
+double slowed_s(double beside, double compute, double factor) {
+  return factor > 1 && beside > 0 ? (factor - 1) * std::min(beside, compute) : 0;
+}
+
 double shared_seconds(double start, double finish,
                       const std::vector<std::pair<double, double>>& busy) {
   // The first interval that ends after `start`.
@@ -56,8 +60,7 @@ ComputeExtras overlap_slowdown_s(const Program& p, const CostModel& cost, const 
       if (ops[i].kind != OpKind::kCompute) continue;
       const double shared = shared_seconds(quiet.ops[r][i].start_s, quiet.ops[r][i].finish_s, busy);
       if (shared <= 0) continue;
-      extra[r][i] =
-          (factor - 1) * std::min(shared, cost.compute_only_s(p, static_cast<int32_t>(r), i));
+      extra[r][i] = slowed_s(shared, cost.compute_only_s(p, static_cast<int32_t>(r), i), factor);
       any = true;
     }
   }

@@ -4,7 +4,9 @@
 // stream runs beside it in the timeline without the slowdown (CostParams::overlap_slowdown;
 // kernel-priced GPUs default to a published measurement, calibration fits it from traces).
 // The evaluator and the SimGrid simulator both add these seconds, so they stay equal with
-// contention off.
+// contention off. The collectives nested in an op that hide behind its compute (TP
+// communication overlap, the backward TP overlap, overlapped expert all-to-alls) slow it by the
+// same rule, inside the op's price (CostModel::compute_only_s).
 #pragma once
 
 #include "shared/cost/cost_model.hpp"
@@ -19,6 +21,11 @@ ComputeExtras overlap_slowdown_s(const Program& program, const CostModel& cost);
 // The same from the program's timeline without the slowdown, evaluate_with(program, cost, {}).
 ComputeExtras overlap_slowdown_s(const Program& program, const CostModel& cost,
                                  const Timeline& quiet);
+
+// The seconds a compute part of `compute` seconds runs longer for `beside` seconds of collectives
+// running beside it: (factor - 1) * min(beside, compute). Timeline overlap (above) and the
+// collectives nested in an op that hide behind its compute (CostModel::compute_only_s) alike.
+double slowed_s(double beside, double compute, double factor);
 
 // The seconds `[start, finish)` shares with the sorted, disjoint `busy` intervals.
 double shared_seconds(double start, double finish,

@@ -179,6 +179,12 @@ int64_t reduced_gradient_bytes(const ParallelPlan& plan, DType dtype) {
   return plan.grad_reduce_in_fp32 ? 4 : dtype_bytes(dtype);
 }
 
+int64_t kept_gradient_bytes(const ParallelPlan& plan, DType dtype) {
+  return plan.framework == Framework::kMegatron && !plan.fully_sharded
+             ? reduced_gradient_bytes(plan, dtype)
+             : 4;
+}
+
 Json to_json(const ModuleLayout& l) {
   Json j{{"tp", l.tp}, {"cp", l.cp}, {"pp", l.pp}, {"dp", l.dp}, {"ep", l.ep}, {"vpp", l.vpp}};
   if (l.ranks) j["ranks"] = {l.ranks->first, l.ranks->first + l.ranks->count};

@@ -206,6 +206,11 @@ bool media_parallel(const ParallelPlan& plan, const ModelSpec& model, const Modu
 
 // Bytes per value of a plan's data-parallel gradient reductions for a model of `dtype`.
 int64_t reduced_gradient_bytes(const ParallelPlan& plan, DType dtype);
+// Bytes per trainable parameter of the gradients a rank keeps from the backward to the optimizer
+// step. Megatron-LM accumulates them in the dtype it reduces them in (its gradient buffer: fp32
+// with grad_reduce_in_fp32, else the model's); fully sharded plans and the PyTorch-native stacks
+// keep fp32 gradients beside their fp32 parameters.
+int64_t kept_gradient_bytes(const ParallelPlan& plan, DType dtype);
 
 ParallelPlan read_plan(const Json& json, const std::string& file, const std::string& path,
                        Diagnostics& diag);

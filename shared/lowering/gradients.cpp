@@ -19,9 +19,11 @@ void Lowering::account_memory(int64_t rank, const std::vector<int>& module_list)
     const int64_t shards = plan_.distributed_optimizer ? replicas : 1;
     const int64_t expert_shards = plan_.distributed_optimizer ? replicas / owner.layout.ep : 1;
     const bool full = sharded(m, x);
-    for (const RankMemory& add :
-         {parameter_memory(params - experts, m.flow.trainable, shards, model_.dtype, full),
-          parameter_memory(experts, m.flow.trainable, expert_shards, model_.dtype, full)}) {
+    const int64_t gradient = kept_gradient_bytes(plan_, model_.dtype);
+    for (const RankMemory& add : {parameter_memory(params - experts, m.flow.trainable, shards,
+                                                   model_.dtype, full, gradient),
+                                  parameter_memory(experts, m.flow.trainable, expert_shards,
+                                                   model_.dtype, full, gradient)}) {
       mem.weight_bytes += add.weight_bytes;
       mem.gradient_bytes += add.gradient_bytes;
       mem.optimizer_bytes += add.optimizer_bytes;

@@ -23,7 +23,7 @@ RankMemory mean_parameter_memory(const ParallelPlan& plan, const ModelSpec& mode
          {std::pair{params - experts, replicas}, std::pair{experts, replicas / l.ep}}) {
       const RankMemory one =
           parameter_memory(count, !m.module->frozen, plan.distributed_optimizer ? copies : 1,
-                           model.dtype, plan.fully_sharded);
+                           model.dtype, plan.fully_sharded, kept_gradient_bytes(plan, model.dtype));
       total.weight_bytes += one.weight_bytes * static_cast<double>(copies);
       total.gradient_bytes += one.gradient_bytes * static_cast<double>(copies);
       total.optimizer_bytes += one.optimizer_bytes * static_cast<double>(copies);

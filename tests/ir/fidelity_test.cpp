@@ -18,8 +18,8 @@ TuningGrid small_grid() {
 
 FidelityRow row(const std::string& name, const std::string& source, const std::string& device,
                 double published, double base, bool holdout = false) {
-  FidelityRow r{name,    "series-" + source, source, device, holdout,
-                "dense", published,          1e15,   base,   {}};
+  FidelityRow r{
+      name, "series-" + source, source, device, holdout, "dense", published, 1e15, base, {}, 0, 0};
   const TuningGrid g = small_grid();
   for (std::size_t p = 0; p < g.size(); ++p)
     r.predicted_s.push_back(base / g.scale_at(p) + g.launch_at(p) * 1e5);

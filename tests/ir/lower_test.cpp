@@ -741,11 +741,11 @@ TEST_CASE("lowering_refusal: the validated plans lower() cannot express, each wi
 TEST_CASE(
     "memory model: mixed-precision Adam holds 18 bytes per trainable parameter, 6 + 12/dp "
     "sharded") {
-  const RankMemory full = parameter_memory(1e9, true, 1, DType::kBf16);
+  const RankMemory full = parameter_memory(1e9, true, 1, DType::kBf16, false, 4);
   CHECK(full.total() == doctest::Approx(18e9));
-  const RankMemory sharded = parameter_memory(1e9, true, 8, DType::kBf16);
+  const RankMemory sharded = parameter_memory(1e9, true, 8, DType::kBf16, false, 4);
   CHECK(sharded.total() == doctest::Approx((6 + 12.0 / 8) * 1e9));
-  const RankMemory frozen = parameter_memory(1e9, false, 8, DType::kBf16);
+  const RankMemory frozen = parameter_memory(1e9, false, 8, DType::kBf16, false, 4);
   CHECK(frozen.total() == doctest::Approx(2e9));
 
   // Lowered: a distributed optimizer divides only the optimizer state by the dp·cp group.
@@ -754,9 +754,21 @@ TEST_CASE(
            R"({"placement": "homogeneous", "layout": {"dp": 4}, "distributed_optimizer": true})");
   const Program p = lowered(c);
   const double params = static_cast<double>(model_parameters(c.model));
+  REQUIRE(c.model.dtype == DType::kBf16);
   CHECK(p.memory[0].weight_bytes == doctest::Approx(2 * params));
-  CHECK(p.memory[0].gradient_bytes == doctest::Approx(4 * params));
+  // Megatron-LM keeps the gradients in the dtype it reduces them in: the model's bf16 by
+  // default, fp32 with grad_reduce_in_fp32; a PyTorch-native stack keeps fp32 gradients.
+  CHECK(p.memory[0].gradient_bytes == doctest::Approx(2 * params));
   CHECK(p.memory[0].optimizer_bytes == doctest::Approx(12 * params / 4));
+  for (const char* field : {"grad_reduce_in_fp32", "framework"}) {
+    INFO(field);
+    Case d = c;
+    if (std::string(field) == "framework")
+      d.plan.framework = Framework::kPytorch;
+    else
+      d.plan.grad_reduce_in_fp32 = true;
+    CHECK(lowered(d).memory[0].gradient_bytes == doctest::Approx(4 * params));
+  }
 }
 
 TEST_CASE("regression: a non-colocated producer of an interleaved LLM does not deadlock") {
@@ -1440,7 +1452,11 @@ TEST_CASE(
     const RankMemory& n = q.memory[r];
     CHECK(m.optimizer_bytes == doctest::Approx(n.optimizer_bytes));
     CHECK(m.weight_bytes == doctest::Approx(n.weight_bytes / 2 + 2 * unit));
-    CHECK(m.gradient_bytes == doctest::Approx(n.gradient_bytes / 2 + 2 * unit));
+    // The unsharded plan keeps Megatron-LM's bf16 gradients, the sharded one fp32 shards.
+    const double widened = static_cast<double>(kept_gradient_bytes(c.plan, c.model.dtype)) /
+                           static_cast<double>(kept_gradient_bytes(plain.plan, c.model.dtype));
+    CHECK(widened == 2);
+    CHECK(m.gradient_bytes == doctest::Approx(n.gradient_bytes * widened / 2 + 2 * unit));
   }
   // With a costly all-gather, gathering every micro-batch costs more than once a step.
   CHECK(step_on_slow_network(c, p) > step_on_slow_network(plain, q));

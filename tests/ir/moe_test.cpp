@@ -290,6 +290,9 @@ TEST_CASE("DeepEP dispatches a token once to each other node; overlapped all-to-
   overlap.moe_a2a_overlap = true;
   const Program o = lowered(*s, overlap);
   const CostModel cost(s->cluster, s->model.dtype, CostParams{}, s->model);
+  CostParams half_slower;
+  half_slower.overlap_slowdown = 1.5;
+  const CostModel slowed(s->cluster, s->model.dtype, half_slower, s->model);
   int flagged = 0;
   for (std::size_t i = 0; i < o.ranks[0].size(); ++i) {
     const Op& op = o.ranks[0][i];
@@ -304,6 +307,10 @@ TEST_CASE("DeepEP dispatches a token once to each other node; overlapped all-to-
     CHECK((op.flags & kOpEpCommOverlap) != 0);
     const double alone = cost.compute_only_s(plain, before);
     CHECK(cost.compute_only_s(o, op) == doctest::Approx(std::max(0.0, alone - ep)));
+    // Compute slowed beside collectives (overlap_slowdown.hpp): the hidden seconds cost
+    // (s - 1) of themselves back.
+    const double hidden = std::min(alone, ep);
+    CHECK(slowed.compute_only_s(o, op) == doctest::Approx(alone - hidden + 0.5 * hidden));
   }
   CHECK(flagged > 0);
   CHECK(estimate(*s, overlap, 0, CostParams{}).metrics.step_s < plain_step);
