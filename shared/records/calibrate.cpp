@@ -288,9 +288,11 @@ Profile calibrate(const std::vector<CalibrationRun>& runs, const CalibrateOption
         break;
     }
   }
-  // The slowdown of compute beside collectives (overlap_slowdown.hpp): a sample that ran a
-  // share s of its time beside them, measured at r times its fit, ran 1 + (r - 1) / s times
-  // slower while beside them.
+  // The slowdown of compute beside collectives (overlap_slowdown.hpp): a sample whose quiet fit
+  // is q ran y = r * q seconds, a share u of them beside its rank's collectives. It ran c seconds
+  // beside them before the slowdown, (s - 1) * c more after it, of which the share u beside them
+  // too: u * y = c * (1 + u * (s - 1)). Then s = 1 + (r - 1) / u (exact when the collectives
+  // cover the whole op).
   std::vector<double> ratios;
   for (const auto& [cls, o] : overlapped)
     for (const ComputeFit& f : profile.compute)

@@ -185,6 +185,35 @@ TEST_CASE("calibrate recovers a planted profile from simulated traces (4 ranks s
   CHECK(r.max_abs_error_pct < 0.5);
 }
 
+TEST_CASE("calibrate recovers a planted slowdown of compute beside collectives") {
+  // On a GPU cluster (the simulator adds the slowdown where ranks do not share a host's cores):
+  // the tiny VLM on DP 2 x PP 2, its gradient buckets reduced behind the backward.
+  Diagnostics diag;
+  auto loaded = load_scenario_with_plan(kSource + "/scenarios/cpu-tiny.json",
+                                        kSource + "/scenarios/plans/cpu-tiny-dp2-pp2.json", diag);
+  INFO(diag.format());
+  REQUIRE(loaded.has_value());
+  Scenario s = *loaded;
+  const auto gpu = load_cluster(kSource + "/scenarios/clusters/dgx-h100-8.json", diag);
+  INFO(diag.format());
+  REQUIRE(gpu.has_value());
+  s.cluster = *gpu;
+  s.cluster.devices_per_node = 4;  // one node of four H100s, the plan's ranks
+  s.cluster.inter_node.nics_per_node = 4;
+  s.cluster.cores = 16;  // the host's, as a recorded run states them
+  s.plan->overlap_grad_reduce = true;
+  s.plan->grad_bucket_mb = 1;
+  CostParams planted = planted_profile();
+  planted.overlap_slowdown = 1.5;
+  const fs::path dir = scratch("slowdown");
+  record_synthetic_run(s, planted, dir, 4);
+  const Profile fitted = calibrate({load(dir)}, CalibrateOptions{});
+  INFO("fitted " << fitted.overlap_slowdown << " from " << fitted.overlap_stats.samples
+                 << " samples, spread " << fitted.overlap_stats.residual);
+  REQUIRE(fitted.overlap_stats.samples > 0);
+  CHECK(fitted.overlap_slowdown == doctest::Approx(1.5).epsilon(0.03));
+}
+
 TEST_CASE(
     "replay of the shipped cpu-local run with the shipped profile stays as accurate as measured") {
   const fs::path dir = kSource + "/traces/cpu-local/cpu-tiny-tp2-pp2";
