@@ -210,11 +210,11 @@ double latency_steps(CollectiveKind kind, int64_t n);
 // NCCL-tests bus-bandwidth factor of a collective over n ranks: time = factor · S / B.
 double bus_factor(CollectiveKind kind, int64_t n);
 
-// Mixed-precision Adam per parameter: 16-bit weight; trainable ones add a 4-byte gradient and
-// 12 bytes of fp32 master weight and moments (divided over `optimizer_shards` ranks with a
-// distributed optimizer) — 18 bytes, or 6 + 12/dp (ALGORITHMS.md §6); `gradient_bytes` a
-// parameter of gradients (kept_gradient_bytes: 2 where Megatron-LM reduces in bf16, 16 bytes).
-// Fully sharded, the weights and gradients are divided over the shards too: 18/dp.
+// Mixed-precision Adam per parameter: a weight of `dtype`; trainable ones add `gradient_bytes`
+// of gradient (kept_gradient_bytes: 4, or 2 where Megatron-LM reduces in bf16) and 12 bytes of
+// fp32 master weight and moments (divided over `optimizer_shards` ranks with a distributed
+// optimizer) — 18 bytes (16), or 6 + 12/dp (ALGORITHMS.md §6). Fully sharded, the weights and
+// gradients are divided over the shards too: 18/dp.
 RankMemory parameter_memory(double parameters, bool trainable, int64_t optimizer_shards,
                             DType dtype, bool fully_sharded, int64_t gradient_bytes);
 
