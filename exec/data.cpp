@@ -153,6 +153,10 @@ std::string executor_plan_support(const ParallelPlan& plan, const ModelSpec& mod
     return "plan.recompute_layers: full recomputation of part of each chunk" + next;
   if (plan.recompute == Recompute::kPerOp)
     return "plan.recompute: per-op selective checkpointing (torchtitan's policy)" + next;
+  if (plan.recompute == Recompute::kSelective && (plan.recompute_modules & ~kRecomputeCoreAttn))
+    return "plan.recompute_modules: recomputation of submodules other than the attention core "
+           "(Megatron-LM's layernorm, mla_up_proj, moe_act, mlp, moe, shared_experts)" +
+           next;
   if (plan.moe_dispatcher != MoeDispatcher::kAllToAll)
     return "plan.moe_dispatcher: DeepEP's node-deduplicated dispatch" + next;
   if (plan.moe_a2a_overlap)

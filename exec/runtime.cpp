@@ -71,7 +71,7 @@ Worker::Worker(const Scenario& s, const ParallelPlan& plan, Groups& groups,
         spec, layers->first_layer, layers->end_layer, options.seed, *place.tp, place.ep,
         plan.indivisible_heads == IndivisibleHeads::kPad, place.tp_replicas);
   }
-  if (plan.recompute == Recompute::kSelective)
+  if (plan.recompute == Recompute::kSelective && (plan.recompute_modules & kRecomputeCoreAttn))
     for (auto& [key, st] : stages_) st->recompute_attention_cores();
   dip_ = plan.schedule == Schedule::kDip;
   if (dip_) dip_prefetch_ = std::make_unique<DipPrefetcher>(s, plan, options.dataset);

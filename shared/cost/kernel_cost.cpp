@@ -200,6 +200,45 @@ double kernel_compute_s(const ModuleSpec& module, const Op& op, const DeviceSpec
         kernels += 4 * layers;
         break;
     }
+    if (op.phase == Phase::kB) {
+      // Selective recomputation's submodules, forward again before the backward (fused
+      // kernels; their matrices are in op.flops): the two norms, the latent attention's rotary,
+      // the activations of a dense MLP, of the routed experts, of the shared expert.
+      const auto moe =
+          static_cast<double>(moe_layers(*a, op.first_layer, op.first_layer + op.layers));
+      const double dense = static_cast<double>(op.layers) - moe;
+      const double act = a->gated_ffn ? 3.0 : 2.0, matrices = a->gated_ffn ? 3.0 : 2.0;
+      const double routed = static_cast<double>(a->top_k * a->moe_ffn) / tp;
+      const double shared = static_cast<double>(a->shared_expert_ffn) / tp;
+      double values = 0, launches = 0;
+      if ((op.flags & kOpLayernormRecompute) != 0) {
+        values += 4.0 * hidden_share * layers;
+        launches += 2.0 * layers;
+      }
+      if ((op.flags & kOpMlaUpProjRecompute) != 0 && a->kv_lora_rank > 0) {
+        values += 2.0 * static_cast<double>((a->heads + 1) * a->rope_head_dim) / tp * layers;
+        launches += 3.0 * layers;
+      }
+      if ((op.flags & kOpMlpRecompute) != 0 && dense > 0) {
+        values += act * static_cast<double>(a->ffn) / tp * dense;
+        launches += (matrices + 1.0) * dense;
+      }
+      if ((op.flags & kOpMoeRecompute) != 0) {
+        values += act * (routed + shared) * moe;
+        launches += (2.0 * matrices + 3.0) * moe;  // router, experts, shared expert, activations
+      } else {
+        if ((op.flags & kOpMoeActRecompute) != 0) {
+          values += act * routed * moe;
+          launches += moe;
+        }
+        if ((op.flags & kOpSharedExpertRecompute) != 0 && shared > 0) {
+          values += act * shared * moe;
+          launches += (matrices + 1.0) * moe;
+        }
+      }
+      elementwise_bytes += bpv * values * tokens;
+      kernels += launches;
+    }
     // Attention as the lowering counts it (layer_attention_flops, phase_flops).
     const double heads_local = static_cast<double>(a->heads) / tp;
     const double forward_attention = layer_attention_flops(*a, op.attention_pairs) / tp * layers;

@@ -32,6 +32,13 @@ const EnumTable<Recompute> kRecomputes = {{"none", Recompute::kNone},
                                           {"selective", Recompute::kSelective},
                                           {"full", Recompute::kFull},
                                           {"per_op", Recompute::kPerOp}};
+const EnumTable<RecomputeModule> kRecomputeModules = {{"core_attn", kRecomputeCoreAttn},
+                                                      {"layernorm", kRecomputeLayernorm},
+                                                      {"mla_up_proj", kRecomputeMlaUpProj},
+                                                      {"moe_act", kRecomputeMoeAct},
+                                                      {"mlp", kRecomputeMlp},
+                                                      {"moe", kRecomputeMoe},
+                                                      {"shared_experts", kRecomputeSharedExperts}};
 const EnumTable<IndivisibleHeads> kIndivisibleHeads = {{"refuse", IndivisibleHeads::kRefuse},
                                                        {"pad", IndivisibleHeads::kPad},
                                                        {"replicate", IndivisibleHeads::kReplicate}};
@@ -146,6 +153,25 @@ ParallelPlan read_plan(const Json& json, const std::string& file, const std::str
     read_enum(*v, file, r.path_of(r.found_name()), p.recompute, kRecomputes, diag);
   if (r.optional({"recompute_layers", "recompute_num_layers"}, p.recompute_layers))
     r.check_positive(r.found_name(), p.recompute_layers);
+  if (const Json* v = r.find("recompute_modules")) {
+    std::string names;
+    for (const std::string& n : enum_names(kRecomputeModules))
+      names += (names.empty() ? "" : ", ") + n;
+    if (p.recompute != Recompute::kSelective) {
+      r.error("recompute_modules",
+              "needs recompute selective (it says what selective recomputation runs again)");
+    } else if (!v->is_array() || v->empty()) {
+      r.error("recompute_modules", "expected a non-empty array of " + names);
+    } else {
+      p.recompute_modules = 0;
+      for (std::size_t i = 0; i < v->size(); ++i) {
+        RecomputeModule m{};
+        if (read_enum((*v)[i], file, index_path(r.path_of("recompute_modules"), i), m,
+                      kRecomputeModules, diag))
+          p.recompute_modules |= m;
+      }
+    }
+  }
   r.optional("sequence_parallel", p.sequence_parallel);
   r.optional({"distributed_optimizer", "use_distributed_optimizer"}, p.distributed_optimizer);
   r.optional({"flash_attention", "use_flash_attn"}, p.flash_attention);
@@ -210,6 +236,12 @@ Json to_json(const ParallelPlan& p) {
   j["stage_split"] = enum_name(p.stage_split, kStageSplits);
   j["recompute"] = enum_name(p.recompute, kRecomputes);
   if (p.recompute_layers > 0) j["recompute_layers"] = p.recompute_layers;
+  if (p.recompute == Recompute::kSelective && p.recompute_modules != kRecomputeCoreAttn) {
+    Json modules = Json::array();
+    for (const auto& [name, m] : kRecomputeModules)
+      if ((p.recompute_modules & m) != 0) modules.push_back(name);
+    j["recompute_modules"] = modules;
+  }
   j["sequence_parallel"] = p.sequence_parallel;
   j["distributed_optimizer"] = p.distributed_optimizer;
   if (!p.flash_attention) j["flash_attention"] = false;
@@ -586,6 +618,29 @@ void validate_plan(const ParallelPlan& plan, const ModelSpec& model, const Workl
   if (plan.recompute_layers > 0 && plan.recompute != Recompute::kFull)
     top("recompute_layers",
         "needs recompute full (it limits which layers full recomputation runs again)");
+  if (plan.recompute == Recompute::kSelective) {
+    // Each submodule named must exist in some module of the model.
+    bool latent = false, experts = false, shared = false, dense = false;
+    for (const ModuleSpec& m : model.modules)
+      if (const auto& a = m.transformer; a && a->layers > 0) {
+        latent |= a->kv_lora_rank > 0;
+        experts |= a->experts > 0;
+        shared |= a->experts > 0 && a->shared_expert_ffn > 0;
+        dense |= moe_layers(*a, 0, a->layers) < a->layers;
+      }
+    const std::pair<RecomputeModule, bool> present[] = {{kRecomputeMlaUpProj, latent},
+                                                        {kRecomputeMoeAct, experts},
+                                                        {kRecomputeMoe, experts},
+                                                        {kRecomputeSharedExperts, shared},
+                                                        {kRecomputeMlp, dense}};
+    for (const auto& [m, there] : present)
+      if ((plan.recompute_modules & m) != 0 && !there)
+        top("recompute_modules", enum_name(m, kRecomputeModules) + ": the model has no " +
+                                     (m == kRecomputeMlaUpProj       ? "multi-head latent attention"
+                                      : m == kRecomputeSharedExperts ? "shared expert"
+                                      : m == kRecomputeMlp           ? "dense layer"
+                                                                     : "MoE layer"));
+  }
   if (plan.tp_comm_overlap && !plan.sequence_parallel)
     top("tp_comm_overlap",
         "needs sequence_parallel (it overlaps its all-gathers and reduce-scatters)");

@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "shared/model/model_math.hpp"
 #include "shared/spec/cluster_spec.hpp"
 #include "shared/spec/model_spec.hpp"
 #include "shared/spec/workload_spec.hpp"
@@ -65,6 +66,7 @@ extern const EnumTable<Placement> kPlacements;
 extern const EnumTable<Schedule> kSchedules;
 extern const EnumTable<MicrobatchPolicy> kMicrobatching;
 extern const EnumTable<Recompute> kRecomputes;
+extern const EnumTable<RecomputeModule> kRecomputeModules;
 extern const EnumTable<StageSplit> kStageSplits;
 extern const EnumTable<CpSplit> kCpSplits;
 extern const EnumTable<IndivisibleHeads> kIndivisibleHeads;
@@ -108,6 +110,9 @@ struct ParallelPlan {
   CpSplit cp_split = CpSplit::kUniform;
   StageSplit stage_split = StageSplit::kFrozenAware;
   Recompute recompute = Recompute::kNone;
+  // What selective recomputation runs again (RecomputeModule bits; Megatron-LM's
+  // recompute_modules, whose default is the attention core alone).
+  uint32_t recompute_modules = kRecomputeCoreAttn;
   // Full recomputation of only the first N transformer layers of each pipeline chunk (Megatron-
   // LM's block method, recompute_num_layers); the others keep their activations. 0: every layer.
   int64_t recompute_layers = 0;

@@ -14,7 +14,18 @@ uint32_t compute_op_flags(const ParallelPlan& plan, Phase phase, int64_t tp, boo
     if (plan.fp8 == Fp8Recipe::kCurrent) flags |= kOpFp8CurrentScaling;
   }
   if (plan.tp_comm_overlap && plan.sequence_parallel && tp > 1) flags |= kOpTpCommOverlap;
-  if (plan.recompute == Recompute::kSelective && phase == Phase::kB) flags |= kOpAttentionRecompute;
+  if (plan.recompute == Recompute::kSelective && phase == Phase::kB) {
+    const std::pair<RecomputeModule, OpFlag> bits[] = {
+        {kRecomputeCoreAttn, kOpAttentionRecompute},
+        {kRecomputeLayernorm, kOpLayernormRecompute},
+        {kRecomputeMlaUpProj, kOpMlaUpProjRecompute},
+        {kRecomputeMoeAct, kOpMoeActRecompute},
+        {kRecomputeMlp, kOpMlpRecompute},
+        {kRecomputeMoe, kOpMoeRecompute},
+        {kRecomputeSharedExperts, kOpSharedExpertRecompute}};
+    for (const auto& [m, flag] : bits)
+      if ((plan.recompute_modules & m) != 0) flags |= flag;
+  }
   if (plan.recompute == Recompute::kPerOp && phase == Phase::kR) flags |= kOpPerOpRecompute;
   // Every schedule runs a trainable module's W right after its B.
   if (plan.tp_backward_overlap && phase == Phase::kB && trainable && tp > 1)

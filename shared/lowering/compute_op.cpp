@@ -171,10 +171,13 @@ Op Lowering::compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t
           static_cast<double>(moe) * 2.0 *
           static_cast<double>(a.top_k * (a.gated_ffn ? 3 : 2) * a.hidden * a.moe_ffn) *
           tokens_local / tp_shard;
-      op.expert_wait_flops = routed_flops * (busiest - 1.0);
+      // Recomputing an MoE layer whole (recompute_modules moe) routes, dispatches, computes and
+      // combines again before the backward.
+      const bool rerouted = phase == Phase::kB && (op.flags & kOpMoeRecompute) != 0;
+      op.expert_wait_flops = routed_flops * (busiest - 1.0) * (rerouted ? 2.0 : 1.0);
       const int32_t g = ep_group(layout_owner, x);
       if (plan_.moe_a2a_overlap) op.flags |= kOpEpCommOverlap;
-      if (phase == Phase::kF || phase == Phase::kR)
+      if (phase == Phase::kF || phase == Phase::kR || rerouted)
         op.nested.push_back({CollectiveKind::kAllToAll, Purpose::kEp, g, static_cast<int32_t>(moe),
                              static_cast<double>(a.experts) * 8.0});
       if (phase != Phase::kW) {
@@ -187,8 +190,8 @@ Op Lowering::compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t
         const double routed = tokens_local * static_cast<double>(a.top_k * a.hidden) * dtype /
                               (plan_.sequence_parallel ? tp_shard : 1.0) * std::max(1.0, busiest) *
                               copies;
-        op.nested.push_back(
-            {CollectiveKind::kAllToAll, Purpose::kEp, g, static_cast<int32_t>(2 * moe), routed});
+        op.nested.push_back({CollectiveKind::kAllToAll, Purpose::kEp, g,
+                             static_cast<int32_t>((rerouted ? 4 : 2) * moe), routed});
       }
     }
   }
@@ -210,6 +213,16 @@ Op Lowering::compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t
                            out_local * static_cast<double>(pr.out) * dtype});
   }
   op.flops = phase_flops(linear, attention, phase);
+  // Selective recomputation's submodules run their matrices again before the backward.
+  if (spec.transformer && phase == Phase::kB && plan_.recompute == Recompute::kSelective &&
+      !per_op_recompute)
+    op.flops +=
+        sum_over_layers(*spec.transformer, layer_begin, layer_end,
+                        [&](const TransformerArch& layer) {
+                          return 2.0 * static_cast<double>(selective_recomputed_matmul_parameters(
+                                           layer, plan_.recompute_modules));
+                        }) *
+        tokens_local / tp_shard;
   op.padded_flops = phase_flops(padded_linear, padded_attention, phase);
   op.memory_bytes = weights * dtype;
   if (phase == Phase::kF && m.flow.backward()) {
@@ -219,10 +232,12 @@ Op Lowering::compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t
       ActivationOptions o;
       o.tp = tp;
       o.sequence_parallel = plan_.sequence_parallel;
-      o.flash_attention = plan_.flash_attention || plan_.recompute == Recompute::kSelective;
+      o.flash_attention = plan_.flash_attention || (plan_.recompute == Recompute::kSelective &&
+                                                    (plan_.recompute_modules & kRecomputeCoreAttn));
       o.bytes_per_value = dtype_bytes(model_.dtype);
       o.fp8_linear_inputs = (op.flags & kOpFp8) != 0;
       o.per_op_checkpoint = plan_.recompute == Recompute::kPerOp;
+      if (plan_.recompute == Recompute::kSelective) o.recompute_modules = plan_.recompute_modules;
       const double seq = work.samples > 0
                              ? static_cast<double>(work.tokens) / static_cast<double>(work.samples)
                              : 0;

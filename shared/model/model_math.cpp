@@ -230,6 +230,23 @@ int64_t per_op_recomputed_matmul_parameters(const TransformerArch& a) {
   return attention + a.hidden * ffn;
 }
 
+int64_t selective_recomputed_matmul_parameters(const TransformerArch& a, uint32_t modules) {
+  int64_t n = 0;
+  if ((modules & kRecomputeMlaUpProj) != 0 && a.kv_lora_rank > 0) {
+    if (a.q_lora_rank > 0) n += a.q_lora_rank * a.heads * a.head_dim;
+    n += a.kv_lora_rank * a.heads * (a.head_dim - a.rope_head_dim + value_head_dim(a));
+  }
+  const int64_t matrices = a.gated_ffn ? 3 : 2;
+  if (a.experts == 0) {
+    if ((modules & kRecomputeMlp) != 0) n += matrices * a.hidden * a.ffn;
+  } else if ((modules & kRecomputeMoe) != 0) {
+    n += (a.top_k * a.moe_ffn + a.shared_expert_ffn) * matrices * a.hidden + a.hidden * a.experts;
+  } else if ((modules & kRecomputeSharedExperts) != 0) {
+    n += a.shared_expert_ffn * matrices * a.hidden;
+  }
+  return n;
+}
+
 double input_side_parameters(const ModuleSpec& m, int64_t tp) {
   if (!m.transformer) return 0;
   const TransformerArch& a = *m.transformer;
@@ -456,6 +473,7 @@ double activation_bytes_per_token_per_layer(const TransformerArch& a, double seq
   const double f =
       static_cast<double>(a.experts > 0 ? a.top_k * a.moe_ffn + a.shared_expert_ffn : a.ffn);
   const double mask = o.dropout ? 1.0 : 0.0;  // a dropout mask is one byte per element
+  const auto recomputes = [&](RecomputeModule m) { return (o.recompute_modules & m) != 0; };
 
   if (o.per_op_checkpoint) {
     // The layer's input (replicated unless sequence parallel); split by TP: the attention's
@@ -469,18 +487,32 @@ double activation_bytes_per_token_per_layer(const TransformerArch& a, double seq
   }
   const double linear_in = o.fp8_linear_inputs ? 1.0 : v;  // a linear's saved input
   // Activations that are replicated across TP ranks unless sequence parallelism splits them:
-  // the two norm inputs, the inputs of the QKV and first MLP linears, the dropout masks after
-  // attention and MLP.
-  const double replicated = 2 * v * h + linear_in * h + linear_in * h + 2 * mask * h;
-  // Activations already split by TP: Q and K for the scores, V, the output-projection input,
-  // the MLP intermediates (the last of them the second MLP linear's input).
-  double split = v * (q + kv) + v * kv + linear_in * q;
+  // the two norm inputs, the inputs of the QKV and first MLP linears (the norms' outputs), the
+  // dropout masks after attention and MLP.
+  const double norm_outputs = recomputes(kRecomputeLayernorm) ? 0.0 : 2 * linear_in * h;
+  const double replicated = 2 * v * h + norm_outputs + 2 * mask * h;
+  // Activations already split by TP: Q and K for the scores, V (multi-head latent attention's
+  // come up from its latents again under mla_up_proj), the output-projection input, the MLP
+  // intermediates (the last of them the second MLP linear's input).
+  const bool up_projected = a.kv_lora_rank > 0 && recomputes(kRecomputeMlaUpProj);
+  double split = (up_projected ? 0.0 : v * (q + kv) + v * kv) + linear_in * q;
   // Multi-head latent attention also keeps its latents (and the query latent) for backward;
   // they are whole on every TP rank.
   double latent = 0;
   if (a.kv_lora_rank > 0)
     latent = v * static_cast<double>(2 * a.kv_lora_rank + a.rope_head_dim + 2 * a.q_lora_rank);
-  split += (a.gated_ffn ? 2 * v * f : v * f) + linear_in * f;
+  // The MLP's intermediates: the first linear's output (gated: two of them) and the activation's
+  // output, the second linear's input. An MoE layer's routed experts and shared expert apart.
+  const auto mlp = [&](double width, bool act_recomputed) {
+    return (a.gated_ffn ? 2 * v * width : v * width) + (act_recomputed ? 0.0 : linear_in * width);
+  };
+  if (a.experts == 0) {
+    if (!recomputes(kRecomputeMlp)) split += mlp(f, false);
+  } else if (!recomputes(kRecomputeMoe)) {
+    split += mlp(static_cast<double>(a.top_k * a.moe_ffn), recomputes(kRecomputeMoeAct));
+    if (!recomputes(kRecomputeSharedExperts))
+      split += mlp(static_cast<double>(a.shared_expert_ffn), false);
+  }
   if (o.flash_attention) {
     split += 4.0 * heads;  // float32 log-sum-exp per head
   } else {

@@ -67,6 +67,24 @@ int64_t active_layer_matmul_parameters(const TransformerArch& arch);
 // the down projection). Multi-head latent attention counts half its matrices; an MoE layer one
 // matrix of each active expert.
 int64_t per_op_recomputed_matmul_parameters(const TransformerArch& arch);
+// Megatron-LM's selective recomputation by submodule (`recompute_modules`), as bits of a set.
+// The output-discarding ones (layernorm, mla_up_proj, moe_act) drop what a submodule writes and
+// run it again from its kept input before the backward; the checkpointing ones (core_attn, mlp,
+// moe, shared_experts) keep a submodule's input alone and run all of it again.
+enum RecomputeModule : uint32_t {
+  kRecomputeCoreAttn = 1,        // the attention core (softmax(QK^T)V)
+  kRecomputeLayernorm = 2,       // the norms before attention and before the MLP
+  kRecomputeMlaUpProj = 4,       // multi-head latent attention's up-projections and rotary
+  kRecomputeMoeAct = 8,          // the routed experts' activation function
+  kRecomputeMlp = 16,            // a dense layer's MLP
+  kRecomputeMoe = 32,            // an MoE layer: router, dispatch, experts, combine
+  kRecomputeSharedExperts = 64,  // an MoE layer's shared expert
+};
+// The matrices one layer of `arch`'s kind (MoE or dense) runs again before its backward under
+// `modules` (RecomputeModule bits): the latent up-projections (mla_up_proj), a dense layer's MLP
+// (mlp), an MoE layer's router, top-k experts and shared expert (moe), its shared expert alone
+// (shared_experts). Per token, as active_layer_matmul_parameters() counts them.
+int64_t selective_recomputed_matmul_parameters(const TransformerArch& arch, uint32_t modules);
 // Everything outside the layer stack: the input side and the output side.
 int64_t embedding_parameters(const ModuleSpec& module);
 // Before the first layer: vocabulary embedding, position embeddings, patch or audio front end,
@@ -157,6 +175,11 @@ struct ActivationOptions {
   // log-sum-exp, the outputs of the matrix multiplications it does not recompute
   // (per_op_recomputed_matmul_parameters) and of the sequence-parallel reduce-scatters.
   bool per_op_checkpoint = false;
+  // Selective recomputation's submodules (RecomputeModule bits; recompute selective): what they
+  // write is not kept (layernorm: the two norms' outputs; mla_up_proj: queries, keys and values;
+  // moe_act: the routed experts' activation output; mlp, moe, shared_experts: everything inside
+  // but their input). core_attn keeps no score matrix, as a fused kernel does.
+  uint32_t recompute_modules = 0;
 };
 // Bytes kept for backward per token per layer, for a sequence of `seq_len` tokens.
 // With dropout, no flash attention and ffn = 4h this is Korthikanti et al.'s

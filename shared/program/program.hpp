@@ -78,6 +78,15 @@ enum OpFlag : uint32_t {
   kOpPerOpRecompute = 131072,    // R: per-op selective checkpointing's recomputation, every
                                  // second matmul of its layers and their element-wise kernels
                                  // (attention kept; plan.recompute per_op)
+  // B: selective recomputation's submodules (plan.recompute_modules) run again before the
+  // backward: the norms, the latent up-projections and rotary, the routed experts' activation,
+  // a dense layer's MLP, an MoE layer whole (its all-to-alls too), its shared expert.
+  kOpLayernormRecompute = 262144,
+  kOpMlaUpProjRecompute = 524288,
+  kOpMoeActRecompute = 1048576,
+  kOpMlpRecompute = 2097152,
+  kOpMoeRecompute = 4194304,
+  kOpSharedExpertRecompute = 8388608,
 };
 
 struct Op {

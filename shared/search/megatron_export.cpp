@@ -242,6 +242,18 @@ MegatronExport megatron_export(const Scenario& scenario, const ParallelPlan& pla
       break;
     case Recompute::kSelective:
       field("recompute_granularity", "selective");
+      if (plan.recompute_modules != kRecomputeCoreAttn) {
+        // A list: the flag takes the names one after another.
+        Json modules = Json::array();
+        std::string names;
+        for (const auto& [name, m] : kRecomputeModules)
+          if ((plan.recompute_modules & m) != 0) {
+            modules.push_back(name);
+            names += (names.empty() ? "" : " ") + name;
+          }
+        tc["recompute_modules"] = modules;
+        arg("--recompute-modules", names);
+      }
       break;
     case Recompute::kFull:
       // Every layer (uniform groups of one), or the first recompute_layers of each chunk.

@@ -146,7 +146,19 @@ class Pricer {
                            f.backward() && checkpointed;
     const Work w{layers, first_layer, calls, act, tokens, logits, attention, whole_op};
     double s = phase(m, Phase::kF, phase_flops(linear, attention, Phase::kF), w);
-    if (f.backward()) s += phase(m, Phase::kB, phase_flops(linear, attention, Phase::kB), w);
+    if (f.backward()) {
+      // Selective recomputation's submodules run their matrices again before the backward.
+      double again = 0;
+      if (const auto& a = model_.modules[m].transformer;
+          a && layers > 0 && plan_.recompute == Recompute::kSelective)
+        again =
+            tokens * sum_over_layers(
+                         *a, first_layer, first_layer + layers, [&](const TransformerArch& layer) {
+                           return 2.0 * static_cast<double>(selective_recomputed_matmul_parameters(
+                                            layer, plan_.recompute_modules));
+                         });
+      s += phase(m, Phase::kB, phase_flops(linear, attention, Phase::kB) + again, w);
+    }
     if (f.trainable)
       s += phase(m, Phase::kW, phase_flops(linear, attention, Phase::kW),
                  {layers, first_layer, 0, act, tokens, 0, attention, whole_op});

@@ -514,6 +514,14 @@ TEST_CASE(
           "partial-refused"));
   CHECK(partial.code == 2);
   CHECK(partial.output.find("plan.recompute_layers") != std::string::npos);
+  // Selective recomputation runs the attention core again; other submodules are refused.
+  const Run modules = run(
+      kScenario + " --plan " +
+      raw_plan(
+          R"({"placement": "homogeneous", "layout": {"dp": 2}, "recompute": "selective", "recompute_modules": ["core_attn", "layernorm"]})",
+          "modules-refused"));
+  CHECK(modules.code == 2);
+  CHECK(modules.output.find("plan.recompute_modules") != std::string::npos);
 }
 
 TEST_CASE(

@@ -321,6 +321,45 @@ TEST_CASE("kernel cost: per-op recomputation re-runs its matmuls and element-wis
   CHECK(seconds > gemms * recomputed / layer);
 }
 
+TEST_CASE("kernel cost: recomputed norms and activations are memory passes before the backward") {
+  Diagnostics diag;
+  const auto s =
+      load_scenario(kSource + "/scenarios/published/nvidia-llama3.1-8b-h100-8.json", diag);
+  REQUIRE(s.has_value());
+  const ModuleSpec& llm = s->model.modules[0];
+  const TransformerArch& a = *llm.transformer;
+  const DeviceSpec& device = s->cluster.device;
+  const double peak = peak_flops(s->cluster, DType::kBf16);
+  const KernelTuning tuning;
+  Op b = forward_layer(8192, 1, 8192.0 * 8193 / 2, 1e12);
+  b.phase = Phase::kB;
+  b.layers = 2;
+  const double plain = kernel_compute_s(llm, b, device, peak, 2, tuning);
+  const double bandwidth = device.memory_bandwidth_bytes_per_s * device.kernels->memory_efficiency;
+  // The two norms read and write the hidden vector again: 4 values a token and layer, 2 kernels.
+  Op norms = b;
+  norms.flags = kOpLayernormRecompute;
+  CHECK(kernel_compute_s(llm, norms, device, peak, 2, tuning) - plain ==
+        doctest::Approx(2 * 2 * 4.0 * static_cast<double>(a.hidden) * 8192 / bandwidth +
+                        2 * 2 * tuning.launch_s));
+  // A dense MLP's gated activation reads two values and writes one; its matrices are in op.flops.
+  Op mlp = b;
+  mlp.flags = kOpMlpRecompute;
+  CHECK(kernel_compute_s(llm, mlp, device, peak, 2, tuning) - plain ==
+        doctest::Approx(2 * 2 * 3.0 * static_cast<double>(a.ffn) * 8192 / bandwidth +
+                        2 * 4 * tuning.launch_s));
+  // Nothing of an MoE layer in a dense model; nothing outside the backward.
+  Op moe = b;
+  moe.flags = kOpMoeRecompute | kOpMoeActRecompute;
+  CHECK(kernel_compute_s(llm, moe, device, peak, 2, tuning) == doctest::Approx(plain));
+  Op forward = norms;
+  forward.phase = Phase::kF;
+  Op forward_plain = b;
+  forward_plain.phase = Phase::kF;
+  CHECK(kernel_compute_s(llm, forward, device, peak, 2, tuning) ==
+        doctest::Approx(kernel_compute_s(llm, forward_plain, device, peak, 2, tuning)));
+}
+
 TEST_CASE("kernel cost: FP8 GEMMs at the FP8 rate, their inputs quantized; attention unchanged") {
   Diagnostics diag;
   const auto s =

@@ -107,6 +107,69 @@ TEST_CASE("per-op selective checkpointing keeps the odd matmuls' outputs of a Ll
   CHECK(activation_bytes_per_token_per_layer(a, 8192, o) < kept_all);
 }
 
+TEST_CASE("selective recomputation by submodule: what each one drops and runs again") {
+  // A Llama layer (gated MLP, grouped-query attention) in bf16, flash attention.
+  TransformerArch llama = gpt(1, 4096, 32, 0);
+  llama.kv_heads = 8;
+  llama.ffn = 14336;
+  llama.gated_ffn = true;
+  const double h = 4096, f = 14336;
+  ActivationOptions o;
+  const double kept = activation_bytes_per_token_per_layer(llama, 8192, o);
+  // The attention core keeps nothing more under a fused kernel.
+  o.recompute_modules = kRecomputeCoreAttn;
+  CHECK(activation_bytes_per_token_per_layer(llama, 8192, o) == doctest::Approx(kept));
+  // layernorm: the two norms' outputs (the QKV and MLP inputs) go.
+  o.recompute_modules = kRecomputeLayernorm;
+  CHECK(activation_bytes_per_token_per_layer(llama, 8192, o) == doctest::Approx(kept - 2 * 2 * h));
+  // mlp: the gate's, the up projection's and the activation's outputs go; its matrices run again.
+  o.recompute_modules = kRecomputeMlp;
+  CHECK(activation_bytes_per_token_per_layer(llama, 8192, o) == doctest::Approx(kept - 3 * 2 * f));
+  CHECK(selective_recomputed_matmul_parameters(llama, kRecomputeMlp) == 3 * 4096 * 14336);
+  // Submodules the layer lacks change nothing.
+  const uint32_t absent = kRecomputeMlaUpProj | kRecomputeMoe | kRecomputeMoeAct;
+  o.recompute_modules = absent;
+  CHECK(activation_bytes_per_token_per_layer(llama, 8192, o) == doctest::Approx(kept));
+  CHECK(selective_recomputed_matmul_parameters(llama, absent | kRecomputeLayernorm) == 0);
+
+  // A DeepSeek-V3 MoE layer: latent attention (query latent 1536, key/value latent 512, heads
+  // of 192 = 128 + 64 rotary, values of 128), 8 of 256 experts of 2048 and a shared one.
+  TransformerArch ds = gpt(1, 7168, 128, 0);
+  ds.head_dim = 192;
+  ds.rope_head_dim = 64;
+  ds.v_head_dim = 128;
+  ds.kv_lora_rank = 512;
+  ds.q_lora_rank = 1536;
+  ds.gated_ffn = true;
+  ds.experts = 256;
+  ds.top_k = 8;
+  ds.moe_ffn = 2048;
+  ds.shared_expert_ffn = 2048;
+  o.recompute_modules = 0;
+  const double all = activation_bytes_per_token_per_layer(ds, 4096, o);
+  const auto dropped = [&](uint32_t modules) {
+    o.recompute_modules = modules;
+    return all - activation_bytes_per_token_per_layer(ds, 4096, o);
+  };
+  // mla_up_proj: queries, keys and values (heads x 192, 192 and 128) come up again.
+  const double q = 128 * 192, kv = 128 * (192 + 128) / 2.0;
+  CHECK(dropped(kRecomputeMlaUpProj) == doctest::Approx(2 * (q + kv) + 2 * kv));
+  CHECK(selective_recomputed_matmul_parameters(ds, kRecomputeMlaUpProj) ==
+        1536 * 128 * 192 + 512 * 128 * (192 - 64 + 128));
+  // moe_act: the routed experts' activation outputs; shared_experts: the shared expert's three.
+  CHECK(dropped(kRecomputeMoeAct) == doctest::Approx(2 * 8 * 2048));
+  CHECK(dropped(kRecomputeSharedExperts) == doctest::Approx(3 * 2 * 2048));
+  CHECK(selective_recomputed_matmul_parameters(ds, kRecomputeSharedExperts) == 3 * 7168 * 2048);
+  // moe: every expert intermediate; router, top-k experts and shared expert run again. A dense
+  // MLP recomputation leaves an MoE layer alone.
+  CHECK(dropped(kRecomputeMoe) == doctest::Approx(3 * 2 * (8 * 2048 + 2048)));
+  CHECK(dropped(kRecomputeMoe | kRecomputeMoeAct | kRecomputeSharedExperts) ==
+        doctest::Approx(dropped(kRecomputeMoe)));
+  CHECK(selective_recomputed_matmul_parameters(ds, kRecomputeMoe) ==
+        (8 * 2048 + 2048) * 3 * 7168 + 7168 * 256);
+  CHECK(dropped(kRecomputeMlp) == 0);
+}
+
 TEST_CASE("tokens per image, video and audio clip") {
   ModuleSpec clip;
   clip.role = ModuleRole::kEncoder;

@@ -315,3 +315,59 @@ TEST_CASE("DeepEP dispatches a token once to each other node; overlapped all-to-
   CHECK(flagged > 0);
   CHECK(estimate(*s, overlap, 0, CostParams{}).metrics.step_s < plain_step);
 }
+
+TEST_CASE("selective recomputation of MoE layers: the experts run again, and route again") {
+  const Scenario s = moe_scenario();
+  ParallelPlan base = with_ep(s, 2, 2);
+  base.recompute = Recompute::kSelective;  // the attention core alone
+  ParallelPlan act = base, whole = base;
+  act.recompute_modules = kRecomputeMoeAct;
+  whole.recompute_modules = kRecomputeMoe;
+  const Program p0 = lowered(s, base), pa = lowered(s, act), pw = lowered(s, whole);
+  const TransformerArch& a = llm_arch(s);
+  const auto ep_calls = [](const Op& op) {
+    int32_t n = 0;
+    for (const NestedCollective& c : op.nested)
+      if (c.purpose == Purpose::kEp) n += c.count;
+    return n;
+  };
+  int checked = 0;
+  REQUIRE(p0.ranks[0].size() == pw.ranks[0].size());
+  for (std::size_t i = 0; i < p0.ranks[0].size(); ++i) {
+    const Op& before = p0.ranks[0][i];
+    const Op& op = pw.ranks[0][i];
+    if (op.kind != OpKind::kCompute || op.layers == 0 ||
+        pw.modules[static_cast<std::size_t>(op.module)] != "llm")
+      continue;
+    const int64_t moe = moe_layers(a, op.first_layer, op.first_layer + op.layers);
+    REQUIRE(moe > 0);
+    if (op.phase == Phase::kB) {
+      ++checked;
+      // The count exchange, dispatch and combine again, then the backward's two.
+      CHECK(ep_calls(before) == 2 * moe);
+      CHECK(ep_calls(op) == 5 * moe);
+      CHECK((op.flags & kOpMoeRecompute) != 0);
+      CHECK(op.flops - before.flops ==
+            doctest::Approx(
+                static_cast<double>(moe) * 2.0 *
+                static_cast<double>(selective_recomputed_matmul_parameters(a, kRecomputeMoe)) *
+                static_cast<double>(op.tokens) / op.tp));
+      // The activation alone runs nothing through the experts' matrices again.
+      CHECK(pa.ranks[0][i].flops == doctest::Approx(before.flops));
+    } else {
+      CHECK(ep_calls(op) == ep_calls(before));
+      CHECK(op.flops == doctest::Approx(before.flops));
+    }
+  }
+  CHECK(checked > 0);
+  const auto stash = [](const Program& p) {
+    double bytes = 0;
+    for (const Op& op : p.ranks[0]) bytes += op.stash_bytes;
+    return bytes;
+  };
+  CHECK(stash(pa) < stash(p0));
+  CHECK(stash(pw) < stash(pa));
+  // The experts' matrices and all-to-alls again make the step longer.
+  CHECK(estimate(s, whole, 0, CostParams{}).metrics.step_s >
+        estimate(s, base, 0, CostParams{}).metrics.step_s);
+}

@@ -94,6 +94,40 @@ TEST_CASE("recomputation: none, selective, full and torchtitan's per_op; others 
             .find("recompute_layers") != std::string::npos);
 }
 
+TEST_CASE("selective recomputation's submodules, Megatron-LM's recompute_modules") {
+  ParallelPlan p;
+  // The default: the attention core alone, not written back.
+  CHECK(check(R"({"placement": "homogeneous", "recompute": "selective", "layout": {"dp": 16}})",
+              &p) == "");
+  CHECK(p.recompute_modules == kRecomputeCoreAttn);
+  CHECK(!to_json(p).contains("recompute_modules"));
+  CHECK(check(R"({"placement": "homogeneous", "recompute_granularity": "selective",
+                  "recompute_modules": ["mlp", "core_attn", "layernorm"], "layout": {"dp": 16}})",
+              &p) == "");
+  CHECK(p.recompute_modules == (kRecomputeCoreAttn | kRecomputeLayernorm | kRecomputeMlp));
+  CHECK(to_json(p)["recompute_modules"] == Json::array({"core_attn", "layernorm", "mlp"}));
+  Diagnostics diag;
+  CHECK(read_plan(to_json(p), "", "", diag) == p);
+  // The submodules must exist: this model is dense, with plain attention.
+  const std::string absent = check(R"({"placement": "homogeneous", "recompute": "selective",
+                  "recompute_modules": ["mla_up_proj", "moe_act"], "layout": {"dp": 16}})");
+  CHECK(absent.find("plan.recompute_modules: mla_up_proj: the model has no multi-head latent "
+                    "attention") != std::string::npos);
+  CHECK(absent.find("plan.recompute_modules: moe_act: the model has no MoE layer") !=
+        std::string::npos);
+  // Only with selective recomputation; names from Megatron-LM's list; at least one.
+  CHECK(check(R"({"placement": "homogeneous", "recompute": "full",
+                  "recompute_modules": ["mlp"], "layout": {"dp": 16}})")
+            .find("recompute_modules: needs recompute selective") != std::string::npos);
+  const std::string unknown = check(R"({"placement": "homogeneous", "recompute": "selective",
+                  "recompute_modules": ["mlp", "attention"], "layout": {"dp": 16}})");
+  CHECK(unknown.find("recompute_modules[1]") != std::string::npos);
+  CHECK(unknown.find("core_attn") != std::string::npos);
+  CHECK(check(R"({"placement": "homogeneous", "recompute": "selective",
+                  "recompute_modules": [], "layout": {"dp": 16}})")
+            .find("non-empty array") != std::string::npos);
+}
+
 TEST_CASE("the training framework: megatron by default, pytorch by name, anything else refused") {
   ParallelPlan p;
   CHECK(check(R"({"placement": "homogeneous", "layout": {"dp": 16}})", &p) == "");
