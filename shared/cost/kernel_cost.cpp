@@ -200,6 +200,24 @@ double kernel_compute_s(const ModuleSpec& module, const Op& op, const DeviceSpec
         kernels += 4 * layers;
         break;
     }
+    const auto moe_count =
+        static_cast<double>(moe_layers(*a, op.first_layer, op.first_layer + op.layers));
+    if (moe_count > 0 && op.phase != Phase::kW) {
+      // Token permutation around the routed experts, per MoE layer (Megatron-LM's fused permute
+      // and unpermute): each token's hidden vector copied to its top_k expert slots before the
+      // dispatch (read once, written k times) and the k expert outputs summed back after the
+      // combine (read k times, written once); the backward moves the same bytes the other way,
+      // and recomputing the MoE layer whole moves them again. The all-to-all dispatcher with
+      // several experts on a rank also sorts the tokens it receives by expert and back (read and
+      // written k times, twice); DeepEP hands them over without that sort.
+      const double k = static_cast<double>(a->top_k);
+      const double local_experts = static_cast<double>(a->experts) / std::max<double>(1, op.ep);
+      const bool sorted = (op.flags & kOpDeepEpDispatch) == 0 && local_experts > 1;
+      const double passes = op.phase == Phase::kB && (op.flags & kOpMoeRecompute) != 0 ? 2.0 : 1.0;
+      elementwise_bytes += passes * bpv * hidden_share * tokens * moe_count *
+                           (2.0 * (k + 1.0) + (sorted ? 4.0 * k : 0.0));
+      kernels += passes * moe_count * (sorted ? 4.0 : 2.0);
+    }
     if (op.phase == Phase::kB) {
       // Selective recomputation's submodules, forward again before the backward (fused
       // kernels; their matrices are in op.flops): the two norms, the latent attention's rotary,

@@ -87,6 +87,8 @@ enum OpFlag : uint32_t {
   kOpMlpRecompute = 2097152,
   kOpMoeRecompute = 4194304,
   kOpSharedExpertRecompute = 8388608,
+  kOpDeepEpDispatch = 16777216,  // its MoE layers dispatch through DeepEP (plan.moe_dispatcher),
+                                 // which hands each rank its tokens without a sort by expert
 };
 
 struct Op {

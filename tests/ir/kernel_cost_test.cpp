@@ -360,6 +360,48 @@ TEST_CASE("kernel cost: recomputed norms and activations are memory passes befor
         doctest::Approx(kernel_compute_s(llm, forward_plain, device, peak, 2, tuning)));
 }
 
+TEST_CASE("kernel cost: an MoE layer permutes its tokens around the experts") {
+  Diagnostics diag;
+  const auto s =
+      load_scenario(kSource + "/scenarios/published/nvidia-deepseek-v3-h100-1024.json", diag);
+  REQUIRE(s.has_value());
+  const ModuleSpec& llm = s->model.modules[0];
+  const TransformerArch& a = *llm.transformer;
+  REQUIRE(moe_layer(a, 3));
+  const DeviceSpec& device = s->cluster.device;
+  const double peak = peak_flops(s->cluster, DType::kBf16);
+  const KernelTuning tuning;
+  const double bandwidth = device.memory_bandwidth_bytes_per_s * device.kernels->memory_efficiency;
+  const double h = static_cast<double>(a.hidden), k = static_cast<double>(a.top_k);
+  Op op = forward_layer(4096, 1, 4096.0 * 4097 / 2, 1e12);
+  op.first_layer = 3;  // the first MoE layer
+  op.ep = 64;          // four experts a rank
+  op.flags = kOpDeepEpDispatch;
+  const double deepep = kernel_compute_s(llm, op, device, peak, 2, tuning);
+  // The all-to-all dispatcher also sorts the tokens by local expert, and back.
+  Op sorted = op;
+  sorted.flags = 0;
+  CHECK(kernel_compute_s(llm, sorted, device, peak, 2, tuning) - deepep ==
+        doctest::Approx(2 * 4.0 * k * h * 4096 / bandwidth + 2 * tuning.launch_s));
+  // With one expert a rank there is nothing to sort.
+  sorted.ep = 256;
+  Op one = op;
+  one.ep = 256;
+  CHECK(kernel_compute_s(llm, sorted, device, peak, 2, tuning) ==
+        doctest::Approx(kernel_compute_s(llm, one, device, peak, 2, tuning)));
+  // Recomputing the MoE layer whole permutes once more before the backward, beside the
+  // activations of its experts and shared expert.
+  Op b = op;
+  b.phase = Phase::kB;
+  const double backward = kernel_compute_s(llm, b, device, peak, 2, tuning);
+  b.flags |= kOpMoeRecompute;
+  const double routed = k * static_cast<double>(a.moe_ffn);
+  const double shared = static_cast<double>(a.shared_expert_ffn);
+  CHECK(kernel_compute_s(llm, b, device, peak, 2, tuning) - backward ==
+        doctest::Approx(2 * (2 * (k + 1) * h + 3 * (routed + shared)) * 4096 / bandwidth +
+                        (2 + 2 * 3 + 3) * tuning.launch_s));
+}
+
 TEST_CASE("kernel cost: FP8 GEMMs at the FP8 rate, their inputs quantized; attention unchanged") {
   Diagnostics diag;
   const auto s =
