@@ -123,6 +123,12 @@ std::string executor_support(const ModelSpec& model) {
 
 std::string executor_plan_support(const ParallelPlan& plan, const ModelSpec& model) {
   const std::string next = " is not in the executor yet";
+  if (plan.layout.expert_tp() != plan.layout.tp)
+    return "plan.layout.etp: routed experts whole on each TP rank (expert TP 1 below TP)" + next;
+  for (const auto& [module, l] : plan.modules)
+    if (l.expert_tp() != l.tp)
+      return "plan.modules." + module +
+             ".etp: routed experts whole on each TP rank (expert TP 1 below TP)" + next;
   for (const ModuleSpec& m : model.modules) {
     if (!m.transformer) continue;
     int64_t tp = plan.layout.tp;

@@ -41,6 +41,7 @@ std::string describe_layout(const ParallelPlan& plan, const ModelSpec& model) {
     }
     if (l.vpp > 1) s += " v" + std::to_string(l.vpp);
     if (l.ep > 1) s += " e" + std::to_string(l.ep);
+    if (l.expert_tp() != l.tp) s += " et" + std::to_string(l.expert_tp());
     return s + " d" + std::to_string(l.dp);
   };
   // The data-variability options (Entrain, sorting, DIP) where they differ from the default.

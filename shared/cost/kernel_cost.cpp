@@ -23,9 +23,10 @@ struct Gemm {
 // output projections. A dense MLP is one GEMM each; a mixture of experts' routed experts are
 // grouped GEMMs, one per expert of this rank (its experts / `ep`), each of the rows routed to it
 // (tokens · top_k · ep / experts on average: the EP group's tokens dealt over its experts);
-// its shared experts, after every kind's four, in `shared`.
+// its shared experts, after every kind's four, in `shared`. `whole_experts`: the routed experts
+// are not split over TP (expert TP 1), each rank's taking its own 1/tp of the tokens.
 void layer_gemms(const TransformerArch& a, double tokens, double tp, double ep, double count,
-                 std::vector<Gemm>& out, std::vector<Gemm>& shared) {
+                 bool whole_experts, std::vector<Gemm>& out, std::vector<Gemm>& shared) {
   const double h = static_cast<double>(a.hidden);
   const double attention = static_cast<double>(attention_matmul_parameters(a));
   // The attention output's input: the heads' values.
@@ -38,10 +39,11 @@ void layer_gemms(const TransformerArch& a, double tokens, double tp, double ep, 
   if (a.experts > 0) {
     const double experts = static_cast<double>(a.experts);
     const double inner = static_cast<double>(a.moe_ffn > 0 ? a.moe_ffn : a.ffn);
-    const double rows = tokens * static_cast<double>(a.top_k) * ep / experts;
+    const double etp = whole_experts ? 1.0 : tp;
+    const double rows = tokens * etp / tp * static_cast<double>(a.top_k) * ep / experts;
     const double local = std::max(1.0, experts / ep);
-    out.push_back({rows, (matrices - 1) * inner / tp, h, count, local});
-    out.push_back({rows, h, inner / tp, count, local});
+    out.push_back({rows, (matrices - 1) * inner / etp, h, count, local});
+    out.push_back({rows, h, inner / etp, count, local});
     if (a.shared_expert_ffn > 0) {
       const double s = static_cast<double>(a.shared_expert_ffn);
       shared.push_back({tokens, (matrices - 1) * s / tp, h, count});
@@ -62,10 +64,11 @@ std::vector<Gemm> op_layer_gemms(const TransformerArch& a, const Op& op) {
   const double tokens = static_cast<double>(op.tokens), tp = std::max<double>(1, op.tp);
   const double ep = std::max<double>(1, op.ep);
   const int64_t moe = moe_layers(a, op.first_layer, op.first_layer + op.layers);
-  if (moe > 0) layer_gemms(a, tokens, tp, ep, static_cast<double>(moe), out, shared);
+  const bool whole = (op.flags & kOpExpertsWhole) != 0;
+  if (moe > 0) layer_gemms(a, tokens, tp, ep, static_cast<double>(moe), whole, out, shared);
   if (op.layers > moe)
-    layer_gemms(dense_layer_arch(a), tokens, tp, ep, static_cast<double>(op.layers - moe), out,
-                shared);
+    layer_gemms(dense_layer_arch(a), tokens, tp, ep, static_cast<double>(op.layers - moe), whole,
+                out, shared);
   out.insert(out.end(), shared.begin(), shared.end());
   return out;
 }

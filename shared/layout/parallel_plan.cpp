@@ -68,6 +68,7 @@ ModuleLayout read_layout(const Json& json, const std::string& file, const std::s
                             {"pp", "pipeline_model_parallel_size", &l.pp},
                             {"dp", "data_parallel_size", &l.dp},
                             {"ep", "expert_model_parallel_size", &l.ep},
+                            {"etp", "expert_tensor_parallel_size", &l.etp},
                             {"vpp", "virtual_pipeline_model_parallel_size", &l.vpp}};
   for (const Degree& d : degrees)
     if (r.optional({d.name, d.megatron_name}, *d.field)) r.check_positive(r.found_name(), *d.field);
@@ -213,6 +214,7 @@ int64_t kept_gradient_bytes(const ParallelPlan& plan, DType dtype) {
 
 Json to_json(const ModuleLayout& l) {
   Json j{{"tp", l.tp}, {"cp", l.cp}, {"pp", l.pp}, {"dp", l.dp}, {"ep", l.ep}, {"vpp", l.vpp}};
+  if (l.etp > 0) j["etp"] = l.etp;
   if (l.ranks) j["ranks"] = {l.ranks->first, l.ranks->first + l.ranks->count};
   if (!l.stage_layers.empty()) j["stage_layers"] = l.stage_layers;
   return j;
@@ -468,13 +470,31 @@ void validate_plan(const ParallelPlan& plan, const ModelSpec& model, const Workl
           err(p, "tp", why);
       if (l.ep > 1 && a->experts == 0 && q.module == p.module)
         err(p, "ep", "ep=" + std::to_string(l.ep) + " but " + who + " has no experts");
+      if (l.expert_tp() != l.tp && a->experts == 0 && q.module == p.module)
+        err(p, "etp", "etp=" + std::to_string(l.etp) + " but " + who + " has no experts");
       if (a->experts > 0 && a->experts % l.ep != 0)
         err(p, "ep",
             std::to_string(l.ep) + " does not divide " + who +
                 " experts=" + std::to_string(a->experts));
     }
-    if ((l.cp * l.dp) % l.ep != 0)
-      err(p, "ep", std::to_string(l.ep) + " does not divide cp*dp=" + std::to_string(l.cp * l.dp));
+    if (l.expert_tp() == l.tp) {
+      if ((l.cp * l.dp) % l.ep != 0)
+        err(p, "ep",
+            std::to_string(l.ep) + " does not divide cp*dp=" + std::to_string(l.cp * l.dp));
+    } else if (l.etp != 1) {
+      err(p, "etp",
+          "expert tensor parallelism is 1 or tp=" + std::to_string(l.tp) + ", not " +
+              std::to_string(l.etp));
+    } else {
+      if ((l.tp * l.cp * l.dp) % l.ep != 0)
+        err(p, "ep",
+            std::to_string(l.ep) + " does not divide tp*cp*dp=" +
+                std::to_string(l.tp * l.cp * l.dp) + " (etp 1 carves EP out of TP too)");
+      if (!plan.sequence_parallel)
+        err(p, "etp",
+            "etp 1 below tp=" + std::to_string(l.tp) +
+                " needs sequence_parallel (each TP rank routes its own share of the tokens)");
+    }
     // Pipeline: the LLM's layers (homogeneous: the LLM carries the pipeline).
     const ModuleSpec* staged = plan.placement == Placement::kHomogeneous ? llm : p.module;
     if (staged != nullptr && staged->transformer) {

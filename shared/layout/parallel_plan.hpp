@@ -84,16 +84,21 @@ struct RankSpan {
 
 // One module's parallel grid. Megatron order: rank = tp + TP·(cp + CP·(dp + DP·pp)).
 struct ModuleLayout {
-  int64_t tp = 1;                     // tensor parallel
-  int64_t cp = 1;                     // context parallel
-  int64_t pp = 1;                     // pipeline stages
-  int64_t dp = 1;                     // data parallel replicas
-  int64_t ep = 1;                     // expert parallel, carved out of cp·dp (MoE layers only)
+  int64_t tp = 1;  // tensor parallel
+  int64_t cp = 1;  // context parallel
+  int64_t pp = 1;  // pipeline stages
+  int64_t dp = 1;  // data parallel replicas
+  int64_t ep = 1;  // expert parallel, carved out of cp·dp (MoE layers only)
+  // Expert tensor parallelism: the TP of the routed experts, tp (0, the default) or 1. At 1 each
+  // rank holds whole experts and routes its own 1/tp of the tokens (sequence parallelism), and EP
+  // is carved out of tp·cp·dp (Megatron-LM's expert_tensor_parallel_size).
+  int64_t etp = 0;
   int64_t vpp = 1;                    // virtual pipeline chunks per stage (interleaved 1F1B)
   std::optional<RankSpan> ranks;      // non_colocated: Default: consecutive in plan order
   std::vector<int64_t> stage_layers;  // layers per (virtual) stage, pp·vpp entries. Default: even
 
   int64_t size() const { return tp * cp * pp * dp; }
+  int64_t expert_tp() const { return etp > 0 ? etp : tp; }
   bool operator==(const ModuleLayout&) const = default;
 };
 

@@ -50,14 +50,17 @@ GridCoord grid_coord(const ModuleLayout& l, int64_t first, int64_t rank) {
 
 ModuleGroups layout_groups(const ModuleLayout& l, int64_t first) {
   TESSERA_CHECK(l.tp >= 1 && l.cp >= 1 && l.dp >= 1 && l.pp >= 1 && l.ep >= 1);
-  TESSERA_CHECK((l.cp * l.dp) % l.ep == 0, "ep must divide cp*dp");
+  const int64_t etp = l.expert_tp();
+  TESSERA_CHECK(l.tp % etp == 0 && (l.tp / etp * l.cp * l.dp) % l.ep == 0,
+                "ep must divide (tp/etp)*cp*dp");
   ModuleGroups g;
   g.first_rank = first;
   g.size = l.size();
-  const Coords dense{l.tp, l.cp, l.dp, l.pp}, expert{l.tp, l.ep, l.cp * l.dp / l.ep, l.pp};
+  const Coords dense{l.tp, l.cp, l.dp, l.pp},
+      expert{etp, l.ep, l.tp / etp * l.cp * l.dp / l.ep, l.pp};
   auto dense_rank = [&](const Coords& x) { return grid_rank(l, first, {x[T], x[C], x[D], x[P]}); };
   auto expert_rank = [&](const Coords& x) {
-    return first + x[T] + l.tp * (x[E] + expert[E] * (x[D] + expert[D] * x[P]));
+    return first + x[T] + etp * (x[E] + expert[E] * (x[D] + expert[D] * x[P]));
   };
   g.tp = groups(dense, {P, D, C}, {T}, dense_rank);
   g.tpcp = groups(dense, {P, D}, {C, T}, dense_rank);

@@ -39,8 +39,10 @@ GridCoord grid_coord(const ModuleLayout& layout, int64_t first, int64_t rank);
 
 // Groups of one grid placed at `first_rank`, Megatron order tp-cp-ep-dp-pp:
 //   rank = first + tp_i + TP·(cp_i + CP·(dp_i + DP·pp_i))            (dense groups)
-//   rank = first + tp_i + TP·(ep_i + EP·(edp_i + EDP·pp_i)), EDP = CP·DP/EP   (expert groups)
-// Every kind of group partitions the span. REQUIRES: degrees >= 1, ep divides cp·dp.
+//   rank = first + etp_i + ETP·(ep_i + EP·(edp_i + EDP·pp_i)), EDP = TP·CP·DP/(ETP·EP)
+//                                                                        (expert groups)
+// with ETP the expert TP (TP itself by default). Every kind of group partitions the span.
+// REQUIRES: degrees >= 1, ep divides (tp/etp)·cp·dp.
 ModuleGroups layout_groups(const ModuleLayout& layout, int64_t first_rank);
 
 // For each rank of [first, first + size), the index of the group in `groups` that holds it (-1

@@ -94,7 +94,7 @@ Op Lowering::compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t
       padded_attention = attention - real_attention;
     }
     weights = sum_over_layers(a, layer_begin, layer_end, [&](const TransformerArch& layer) {
-      return layer_parameters(layer, tp, l.ep);
+      return layer_parameters(layer, tp, l.ep, split_etp(m));
     });
     if (layers > 0) op.attention_pairs = pairs_local;
     // Full recomputation checkpoints the transformer layers only (Megatron-LM's checkpointed
@@ -121,15 +121,20 @@ Op Lowering::compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t
     }
     // Nested collectives of the layer stack.
     const double act = tokens_local * static_cast<double>(a.hidden) * dtype;
+    // Routed experts whole on each TP rank (expert TP 1) take that rank's own tokens: an MoE
+    // layer without a shared expert gathers nothing over TP for its MLP.
+    const bool whole_experts = a.experts > 0 && split_etp(m) < tp;
+    if (whole_experts) op.flags |= kOpExpertsWhole;
+    const int64_t ungathered =
+        whole_experts && a.shared_expert_ffn == 0 ? moe_layers(a, layer_begin, layer_end) : 0;
     if (phase != Phase::kW && tp > 1) {
       const int32_t g = tp_group(layout_owner, x);
       if (plan_.sequence_parallel) {
-        op.nested.push_back(
-            {CollectiveKind::kAllGather, Purpose::kTp, g, static_cast<int32_t>(2 * layers), act});
+        const auto calls = static_cast<int32_t>(2 * layers - ungathered);
+        op.nested.push_back({CollectiveKind::kAllGather, Purpose::kTp, g, calls, act});
         // Per-op checkpointing keeps the reduce-scatters' outputs.
         if (!per_op_recompute)
-          op.nested.push_back({CollectiveKind::kReduceScatter, Purpose::kTp, g,
-                               static_cast<int32_t>(2 * layers), act});
+          op.nested.push_back({CollectiveKind::kReduceScatter, Purpose::kTp, g, calls, act});
       } else {
         op.nested.push_back(
             {CollectiveKind::kAllReduce, Purpose::kTp, g, static_cast<int32_t>(2 * layers), act});

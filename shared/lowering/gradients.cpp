@@ -14,10 +14,13 @@ void Lowering::account_memory(int64_t rank, const std::vector<int>& module_list)
     const Coord x = owner.coord(rank);
     const double params = parameters_on(m, x), experts = split_expert_parameters_on(m, x);
     // The distributed optimizer shards state over the replicas of each parameter: dp·cp of
-    // them, dp·cp / ep of a routed expert; fully sharded, the weights and gradients too.
-    const int64_t replicas = owner.layout.dp * owner.layout.cp;
+    // them, (tp / etp)·dp·cp / ep of a routed expert; fully sharded, the weights and gradients
+    // too.
+    const ModuleLayout& l = owner.layout;
+    const int64_t replicas = l.dp * l.cp;
     const int64_t shards = plan_.distributed_optimizer ? replicas : 1;
-    const int64_t expert_shards = plan_.distributed_optimizer ? replicas / owner.layout.ep : 1;
+    const int64_t expert_shards =
+        plan_.distributed_optimizer ? replicas * (split_tp(m) / split_etp(m)) / l.ep : 1;
     const bool full = sharded(m, x);
     const int64_t gradient = kept_gradient_bytes(plan_, model_.dtype);
     for (const RankMemory& add : {parameter_memory(params - experts, m.flow.trainable, shards,

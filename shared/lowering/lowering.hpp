@@ -34,13 +34,14 @@ using Coord = GridCoord;  // a rank's TP, CP, DP and pipeline indices in its mod
 using LayerRange = std::pair<int64_t, int64_t>;  // layers [first, end) of a module
 
 // Parameters of a module's layers [a, b) on one of `tp` tensor-parallel ranks (routed experts
-// over `ep`), with the input side (embedding, patch or audio front end) when a is 0 and the
-// output side (final norm, output head) when b is the last layer; a projector whole.
+// over `ep`, their matrices over `etp`: tp where 0), with the input side (embedding, patch or audio
+// front end) when a is 0 and the output side (final norm, output head) when b is the last layer; a
+// projector whole.
 inline double range_parameters(const ModuleSpec& spec, int64_t a, int64_t b, int64_t tp,
-                               int64_t ep = 1) {
+                               int64_t ep = 1, int64_t etp = 0) {
   double params = 0;
   if (const auto& t = spec.transformer) {
-    params += stack_parameters(*t, a, b, tp, ep);
+    params += stack_parameters(*t, a, b, tp, ep, etp);
     if (a == 0) params += input_side_parameters(spec, tp);
     if (b == t->layers) params += output_side_parameters(spec, tp);
   }
@@ -138,6 +139,11 @@ class Lowering {
   int64_t split_tp(const ModuleInfo& m) const {
     const ModuleInfo& grid = grid_of(m);
     return replicated_over_tp(plan_, model_, *m.spec) ? 1 : grid.layout.tp;
+  }
+  // The ranks TP splits module `m`'s routed experts over: its grid's expert TP, or 1 where the
+  // module runs whole on every TP rank.
+  int64_t split_etp(const ModuleInfo& m) const {
+    return split_tp(m) == 1 ? 1 : grid_of(m).layout.expert_tp();
   }
   // The samples a replica of `module` handles in micro-batch `mb` (-1: all). Under Entrain the
   // encoders and their projectors run the level-1 micro-batches, the LLM the level-2 ones;
@@ -481,7 +487,8 @@ class Lowering {
   // weights, norms counted with them); 0 without fp8.
   double fp8_layer_parameters(const ModuleInfo& m, int64_t a, int64_t b) const {
     if (plan_.fp8 == Fp8Recipe::kNone || !m.spec->transformer) return 0;
-    return stack_parameters(*m.spec->transformer, a, b, split_tp(m), grid_of(m).layout.ep);
+    return stack_parameters(*m.spec->transformer, a, b, split_tp(m), grid_of(m).layout.ep,
+                            split_etp(m));
   }
   double gradient_value_bytes() const {
     return static_cast<double>(reduced_gradient_bytes(plan_, model_.dtype));
@@ -490,7 +497,7 @@ class Lowering {
   // cut by their weights' bytes, as Megatron-LM counts buckets in parameters).
   double bucket_bytes(const ModuleInfo& m, int64_t a, int64_t b, double value_bytes) const {
     const ModuleLayout& l = grid_of(m).layout;
-    return range_parameters(*m.spec, a, b, split_tp(m), l.ep) * value_bytes;
+    return range_parameters(*m.spec, a, b, split_tp(m), l.ep, split_etp(m)) * value_bytes;
   }
   // The gradients of those that are key/value heads replicated over TP ranks (0 when the module
   // has as many as TP).
@@ -519,12 +526,14 @@ class Lowering {
   double bucket_expert_bytes(const ModuleInfo& m, int64_t a, int64_t b, double value_bytes) const {
     return expert_range_parameters(m, a, b) * value_bytes;
   }
-  // The routed experts' parameters of layers [a, b) of `m` on one rank, where EP splits them.
+  // The routed experts' parameters of layers [a, b) of `m` on one rank, where EP splits them or
+  // an expert TP below TP leaves them whole on each TP rank.
   double expert_range_parameters(const ModuleInfo& m, int64_t a, int64_t b) const {
     const ModuleLayout& l = grid_of(m).layout;
-    if (!m.spec->transformer || l.ep == 1) return 0;
+    if (!m.spec->transformer || (l.ep == 1 && l.expert_tp() == l.tp)) return 0;
     const TransformerArch& t = *m.spec->transformer;
-    return static_cast<double>(moe_layers(t, a, b)) * expert_layer_parameters(t, split_tp(m), l.ep);
+    return static_cast<double>(moe_layers(t, a, b)) *
+           expert_layer_parameters(t, split_etp(m), l.ep);
   }
   void account_memory(int64_t rank, const std::vector<int>& modules);
   // The data-parallel collective `shape` (kind, purpose, module, its dp-cp group) of `bytes` of

@@ -151,7 +151,7 @@ double Lowering::parameters_on(const ModuleInfo& m, const Coord& x) const {
   const ModuleLayout& l = grid_of(m).layout;
   double params = 0;
   for (const auto& [a, b] : held_layers(m, x))
-    params += range_parameters(*m.spec, a, b, split_tp(m), l.ep);
+    params += range_parameters(*m.spec, a, b, split_tp(m), l.ep, split_etp(m));
   return params;
 }
 

@@ -139,7 +139,7 @@ double expert_layer_parameters(const TransformerArch& a, int64_t tp, int64_t ep)
          mlp_parameters(a, a.moe_ffn, static_cast<double>(tp));
 }
 
-double layer_parameters(const TransformerArch& a, int64_t tp, int64_t ep) {
+double layer_parameters(const TransformerArch& a, int64_t tp, int64_t ep, int64_t etp) {
   const auto t = static_cast<double>(tp);
   const auto hidden = static_cast<double>(a.hidden);
   double n = 0;
@@ -161,7 +161,7 @@ double layer_parameters(const TransformerArch& a, int64_t tp, int64_t ep) {
   }
   if (a.experts > 0) {
     // The experts, and the router (with its per-expert bias) whole on every rank.
-    n += expert_layer_parameters(a, tp, ep) +
+    n += expert_layer_parameters(a, etp > 0 ? etp : tp, ep) +
          (hidden + (a.router_bias ? 1.0 : 0.0)) * static_cast<double>(a.experts);
     if (a.shared_expert_ffn > 0) n += mlp_parameters(a, a.shared_expert_ffn, t);
   } else {
@@ -180,9 +180,9 @@ int64_t layer_parameters(const TransformerArch& a) {
 }
 
 double stack_parameters(const TransformerArch& a, int64_t first, int64_t end, int64_t tp,
-                        int64_t ep) {
-  double n = sum_over_layers(a, first, end,
-                             [&](const TransformerArch& x) { return layer_parameters(x, tp, ep); });
+                        int64_t ep, int64_t etp) {
+  double n = sum_over_layers(
+      a, first, end, [&](const TransformerArch& x) { return layer_parameters(x, tp, ep, etp); });
   // The gated layers are the stack's last ones (Mllama's global layers follow its local ones):
   // two gates each.
   const int64_t gated_from = a.layers - a.gated_layers;

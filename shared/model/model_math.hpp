@@ -34,12 +34,13 @@ double sum_over_layers(const TransformerArch& arch, int64_t first, int64_t end, 
 // rank. At tp 1 they are the module's counts, which the overloads without tp return exactly.
 //
 // Routed experts go to `ep` expert-parallel ranks, experts / ep each (and each expert's matrices
-// over tp); a shared expert and the router stay on every rank of the group.
+// over `etp`, the expert tensor parallelism: tp where 0); a shared expert and the router stay on
+// every rank of the group.
 //
 // Weights of one transformer layer (attention, MLP or experts, norms, biases) of `arch`'s kind:
 // an MoE layer where `arch` has experts (dense_layer_arch() gives the others).
 int64_t layer_parameters(const TransformerArch& arch);
-double layer_parameters(const TransformerArch& arch, int64_t tp, int64_t ep = 1);
+double layer_parameters(const TransformerArch& arch, int64_t tp, int64_t ep = 1, int64_t etp = 0);
 // Of those, the key/value head a rank holds when the layer has fewer of them than tp (0
 // otherwise): replicated on tp / kv_heads ranks, whose gradients sum over them.
 double kv_replica_parameters(const TransformerArch& arch, int64_t tp);
@@ -49,7 +50,7 @@ double expert_layer_parameters(const TransformerArch& arch, int64_t tp, int64_t 
 // Layers [first, end) of the stack: their layer_parameters() and, where the model has them, the
 // gates of gated layers and the extra norms and gates of cross-attention layers.
 double stack_parameters(const TransformerArch& arch, int64_t first, int64_t end, int64_t tp,
-                        int64_t ep = 1);
+                        int64_t ep = 1, int64_t etp = 0);
 // A value head's width: v_head_dim, which defaults to head_dim.
 int64_t value_head_dim(const TransformerArch& arch);
 // The attention's matrices of one layer (standard or multi-head latent attention).

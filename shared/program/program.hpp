@@ -89,6 +89,8 @@ enum OpFlag : uint32_t {
   kOpSharedExpertRecompute = 8388608,
   kOpDeepEpDispatch = 16777216,  // its MoE layers dispatch through DeepEP (plan.moe_dispatcher),
                                  // which hands each rank its tokens without a sort by expert
+  kOpExpertsWhole = 33554432,    // its routed experts whole on each TP rank (expert TP 1), each
+                                 // rank's experts taking its own 1/tp of the tokens
 };
 
 struct Op {

@@ -27,6 +27,7 @@ std::string layout_words(const ModuleLayout& l) {
   std::ostringstream o;
   o << "tp " << l.tp << ", cp " << l.cp << ", pp " << l.pp << ", dp " << l.dp;
   if (l.ep > 1) o << ", ep " << l.ep;
+  if (l.expert_tp() != l.tp) o << ", etp " << l.expert_tp();
   return o.str();
 }
 
@@ -197,7 +198,7 @@ MegatronExport megatron_export(const Scenario& scenario, const ParallelPlan& pla
   field("context_parallel_size", l.cp);
   if (a.experts > 0) {
     field("expert_model_parallel_size", l.ep);
-    field("expert_tensor_parallel_size", l.tp);
+    field("expert_tensor_parallel_size", l.expert_tp());
   }
   if (l.vpp > 1) {
     arg("--num-virtual-stages-per-pipeline-rank", num(l.vpp));

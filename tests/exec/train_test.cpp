@@ -522,6 +522,14 @@ TEST_CASE(
           "modules-refused"));
   CHECK(modules.code == 2);
   CHECK(modules.output.find("plan.recompute_modules") != std::string::npos);
+  // Whole experts on each TP rank (expert TP 1) are priced, not run.
+  const Run etp = run(
+      std::string(TESSERA_SOURCE_DIR) + "/scenarios/cpu-tiny-moe.json --plan " +
+      raw_plan(
+          R"({"placement": "homogeneous", "layout": {"tp": 2, "dp": 2, "ep": 2, "etp": 1}, "sequence_parallel": true})",
+          "etp-refused"));
+  CHECK(etp.code == 2);
+  CHECK(etp.output.find("plan.layout.etp: routed experts whole") != std::string::npos);
 }
 
 TEST_CASE(

@@ -371,3 +371,92 @@ TEST_CASE("selective recomputation of MoE layers: the experts run again, and rou
   CHECK(estimate(s, whole, 0, CostParams{}).metrics.step_s >
         estimate(s, base, 0, CostParams{}).metrics.step_s);
 }
+
+TEST_CASE("expert TP 1: whole experts on each TP rank, the rank's own tokens through them") {
+  Scenario s = moe_scenario();
+  s.model.modules.back().transformer->shared_expert_ffn = 0;  // no shared expert to gather for
+  const TransformerArch& a = llm_arch(s);
+  ParallelPlan split = with_ep(s, 2, 2);
+  split.layout.tp = 2;
+  split.sequence_parallel = true;
+  ParallelPlan whole = split;
+  whole.layout.etp = 1;
+  // EP 2 out of tp*dp = 4 would also do for expert TP 1; the same EP keeps the comparison.
+  const Program ps = lowered(s, split), pw = lowered(s, whole);
+  // Each rank holds its experts whole: twice the routed experts' weights of expert TP 2.
+  const double experts = static_cast<double>(a.layers) * expert_layer_parameters(a, 1, 2);
+  CHECK(pw.memory[0].weight_bytes - ps.memory[0].weight_bytes ==
+        doctest::Approx(experts / 2 * 4));  // fp32
+  // The LLM's compute ops of rank 0, in order (expert TP 1 adds a reduction of the experts,
+  // whose replicas are now two).
+  const auto llm_ops = [](const Program& p) {
+    std::vector<Op> ops;
+    for (const Op& op : p.ranks[0])
+      if (op.kind == OpKind::kCompute && op.layers > 0 &&
+          p.modules[static_cast<std::size_t>(op.module)] == "llm")
+        ops.push_back(op);
+    return ops;
+  };
+  const std::vector<Op> split_ops = llm_ops(ps), whole_ops = llm_ops(pw);
+  REQUIRE(split_ops.size() == whole_ops.size());
+  int checked = 0;
+  for (std::size_t i = 0; i < whole_ops.size(); ++i) {
+    const Op& op = whole_ops[i];
+    const Op& before = split_ops[i];
+    ++checked;
+    CHECK((op.flags & kOpExpertsWhole) != 0);
+    CHECK((before.flags & kOpExpertsWhole) == 0);
+    // The same work, dealt by tokens instead of by matrix columns.
+    CHECK(op.flops == doctest::Approx(before.flops));
+    // The MLP's all-gather and reduce-scatter over TP are gone from each MoE layer.
+    const auto tp_calls = [&](const Op& o, CollectiveKind kind) {
+      int32_t n = 0;
+      for (const NestedCollective& c : o.nested)
+        if (c.purpose == Purpose::kTp && c.kind == kind) n += c.count;
+      return n;
+    };
+    if (op.phase == Phase::kW) continue;
+    const int64_t moe = moe_layers(a, op.first_layer, op.first_layer + op.layers);
+    for (const CollectiveKind kind : {CollectiveKind::kAllGather, CollectiveKind::kReduceScatter})
+      CHECK(tp_calls(before, kind) - tp_calls(op, kind) == moe);
+  }
+  CHECK(checked > 0);
+  // Its routed experts' gradients reduce over the replicas of one expert shard: tp*dp/ep = 2.
+  int reductions = 0;
+  for (const Op& op : pw.ranks[0])
+    if (op.kind == OpKind::kCollective && op.purpose == Purpose::kDp &&
+        (op.flags & kOpRoutedExperts) != 0) {
+      ++reductions;
+      CHECK(pw.groups[static_cast<std::size_t>(op.group)] == RankList{0, 2});
+    }
+  CHECK(reductions == 1);
+  CHECK(estimate(s, whole, 0, CostParams{}).metrics.step_s > 0);
+
+  // Expert TP is 1 or TP, needs sequence parallelism below TP, and experts.
+  const auto problems = [&](const ParallelPlan& p, const ModelSpec& model) {
+    Diagnostics diag;
+    validate_plan(p, model, s.workload, s.cluster, "s.json", "plan", diag);
+    return diag.format();
+  };
+  CHECK(problems(whole, s.model).empty());
+  ParallelPlan bad = whole;
+  bad.sequence_parallel = false;
+  CHECK(problems(bad, s.model).find("plan.layout.etp: etp 1 below tp=2 needs sequence_parallel") !=
+        std::string::npos);
+  bad = whole;
+  bad.layout.tp = 4;
+  bad.layout.etp = 2;
+  CHECK(problems(bad, s.model).find("plan.layout.etp: expert tensor parallelism is 1 or tp=4") !=
+        std::string::npos);
+  ModelSpec dense = s.model;
+  dense.modules.back().transformer->experts = 0;
+  ParallelPlan no_experts = whole;
+  no_experts.layout.ep = 1;
+  CHECK(problems(no_experts, dense).find("plan.layout.etp: etp=1 but llm has no experts") !=
+        std::string::npos);
+  // Written back and read again; exported as Megatron-LM's expert_tensor_parallel_size.
+  Diagnostics diag;
+  CHECK(read_plan(to_json(whole), "", "", diag) == whole);
+  CHECK(to_json(whole)["layout"]["etp"] == 1);
+  CHECK(!to_json(split)["layout"].contains("etp"));
+}

@@ -69,6 +69,28 @@ TEST_CASE("expert groups are carved out of cp*dp, and a span offsets every group
   CHECK(g.dp == std::vector<Group>{{16, 17, 18, 19}});
 }
 
+TEST_CASE("expert TP 1 carves the expert groups out of tp*cp*dp") {
+  // tp 2, dp 4, ep 2: each rank holds whole experts; an EP group pairs the two TP ranks of a
+  // replica, and the replicas of one expert shard are every second rank.
+  ModuleLayout l = grid(2, 1, 1, 4, 2);
+  l.etp = 1;
+  const ModuleGroups g = layout_groups(l, 0);
+  CHECK(g.ep == std::vector<Group>{{0, 1}, {2, 3}, {4, 5}, {6, 7}});
+  CHECK(g.edp == std::vector<Group>{{0, 2, 4, 6}, {1, 3, 5, 7}});
+  // The dense groups do not change.
+  CHECK(g.tp == layout_groups(grid(2, 1, 1, 4, 2), 0).tp);
+  // With EP over all eight ranks every rank holds its own experts alone.
+  l.ep = 8;
+  const ModuleGroups all = layout_groups(l, 0);
+  CHECK(all.ep == std::vector<Group>{{0, 1, 2, 3, 4, 5, 6, 7}});
+  check_partition(all.edp, 0, 8, 1);
+  // Expert TP equal to TP is the default's layout.
+  l.ep = 2;
+  l.etp = 2;
+  CHECK(layout_groups(l, 0).ep == layout_groups(grid(2, 1, 1, 4, 2), 0).ep);
+  CHECK(layout_groups(l, 0).edp == layout_groups(grid(2, 1, 1, 4, 2), 0).edp);
+}
+
 TEST_CASE("every kind of group partitions the span, up to 4096 ranks") {
   int layouts = 0;
   for (int64_t tp : {1, 2, 4, 8})
