@@ -23,6 +23,7 @@ void Lowering::run() {
   else
     lower_pipelines();
   TESSERA_CHECK(gather_next_.empty(), "a received activation slice has no compute op to gather it");
+  if (plan_.moe_a2a_overlap) pair_expert_overlap();
   for (const auto& [key, range] : chunk_held_) {
     const auto [module, stage, chunk] = key;
     p_.chunk_layers.push_back({static_cast<int16_t>(module), static_cast<int16_t>(stage),
@@ -79,6 +80,31 @@ void Lowering::run() {
         const double flops = op.flops - op.padded_flops;
         p_.model_flops += copies == 1 ? flops : flops / copies;
       }
+}
+
+// Megatron-LM overlaps the expert all-to-alls by running a forward and a backward of two
+// micro-batches together, each one's all-to-alls beside the other's compute. The forwards a rank
+// runs before its first backward (the pipeline's warm-up) and the backwards (with their
+// recomputation) after its last forward (the cool-down) have no partner: their all-to-alls stay
+// exposed.
+void Lowering::pair_expert_overlap() {
+  for (std::vector<Op>& ops : p_.ranks) {
+    std::ptrdiff_t first_backward = -1, last_forward = -1;
+    for (std::size_t i = 0; i < ops.size(); ++i) {
+      if (ops[i].kind != OpKind::kCompute) continue;
+      const auto at = static_cast<std::ptrdiff_t>(i);
+      if (ops[i].phase == Phase::kB && first_backward < 0) first_backward = at;
+      if (ops[i].phase == Phase::kF) last_forward = at;
+    }
+    for (std::size_t i = 0; i < ops.size(); ++i) {
+      Op& op = ops[i];
+      if (op.kind != OpKind::kCompute || (op.flags & kOpEpCommOverlap) == 0) continue;
+      const auto at = static_cast<std::ptrdiff_t>(i);
+      const bool warm_up = op.phase == Phase::kF && (first_backward < 0 || at < first_backward);
+      const bool cool_down = (op.phase == Phase::kB || op.phase == Phase::kR) && at > last_forward;
+      if (warm_up || cool_down) op.flags &= ~static_cast<uint32_t>(kOpEpCommOverlap);
+    }
+  }
 }
 
 }  // namespace lowering

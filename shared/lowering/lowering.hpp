@@ -535,6 +535,8 @@ class Lowering {
     return static_cast<double>(moe_layers(t, a, b)) *
            expert_layer_parameters(t, split_etp(m), l.ep);
   }
+  // Leaves kOpEpCommOverlap only on the compute ops a forward-backward pair can overlap.
+  void pair_expert_overlap();
   void account_memory(int64_t rank, const std::vector<int>& modules);
   // The data-parallel collective `shape` (kind, purpose, module, its dp-cp group) of `bytes` of
   // module state on rank x of `owner`'s grid, `expert_bytes` of them routed experts that EP
