@@ -188,6 +188,10 @@ class Pricer {
     op.tp = static_cast<int16_t>(program_.world);
     op.flags = compute_op_flags(plan_, ph, program_.world,
                                 model_.modules[m].transformer && w.layers > 0, flow_[m].trainable);
+    // Routed experts whole on each TP rank (expert TP 1), as the lowering marks them.
+    if (const auto& a = model_.modules[m].transformer;
+        a && a->experts > 0 && program_.world > 1 && expert_tp(m) < program_.world)
+      op.flags |= kOpExpertsWhole;
     op.layers = w.layers;
     op.first_layer = w.first_layer;
     op.tokens = static_cast<int64_t>(w.tokens / cp_);
@@ -202,6 +206,12 @@ class Pricer {
       op.nested.push_back({CollectiveKind::kAllReduce, Purpose::kTp, 0, w.calls, w.act});
     // A stage runs one op per phase and module: its fixed cost is not the layer's.
     return cost_.compute_s(program_, op) - (w.whole_op ? 0 : cost_.fixed_compute_s(op));
+  }
+  // The expert TP of module `m`'s grid: its own layout's, or the homogeneous plan's.
+  int64_t expert_tp(std::size_t m) const {
+    for (const auto& [name, l] : plan_.modules)
+      if (name == model_.modules[m].name) return l.expert_tp();
+    return plan_.layout.expert_tp();
   }
   // Of a module's layers, the share full recomputation runs again: the first
   // plan.recompute_layers of each chunk.

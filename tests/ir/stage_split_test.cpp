@@ -273,7 +273,11 @@ TEST_CASE(
          p.recompute = Recompute::kSelective;
          p.flash_attention = false;
        }},
-      {"per-op recomputation", [](ParallelPlan& p) { p.recompute = Recompute::kPerOp; }}};
+      {"per-op recomputation", [](ParallelPlan& p) { p.recompute = Recompute::kPerOp; }},
+      {"selective of the norms and the MLP", [](ParallelPlan& p) {
+         p.recompute = Recompute::kSelective;
+         p.recompute_modules = kRecomputeLayernorm | kRecomputeMlp;
+       }}};
   for (const auto& [name, edit] : options) {
     INFO(std::string(name));
     ParallelPlan plan = base;
