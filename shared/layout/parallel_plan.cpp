@@ -193,6 +193,7 @@ ParallelPlan read_plan(const Json& json, const std::string& file, const std::str
   if (const Json* v = r.find({"moe_dispatcher"}))
     read_enum(*v, file, r.path_of(r.found_name()), p.moe_dispatcher, kMoeDispatchers, diag);
   r.optional("moe_a2a_overlap", p.moe_a2a_overlap);
+  r.optional("moe_fp8_dispatch", p.moe_fp8_dispatch);
   r.optional({"grad_reduce_in_fp32", "accumulate_allreduce_grads_in_fp32"}, p.grad_reduce_in_fp32);
   r.optional_enum("indivisible_heads", p.indivisible_heads, kIndivisibleHeads);
   r.optional_enum("encoder_data_parallel", p.encoder_data_parallel, kEncoderDataParallel);
@@ -261,6 +262,7 @@ Json to_json(const ParallelPlan& p) {
   if (p.moe_dispatcher != MoeDispatcher::kAllToAll)
     j["moe_dispatcher"] = enum_name(p.moe_dispatcher, kMoeDispatchers);
   if (p.moe_a2a_overlap) j["moe_a2a_overlap"] = true;
+  if (p.moe_fp8_dispatch) j["moe_fp8_dispatch"] = true;
   if (p.overlap_grad_reduce || p.fully_sharded) j["grad_bucket_mb"] = p.grad_bucket_mb;
   if (p.grad_reduce_in_fp32) j["grad_reduce_in_fp32"] = true;
   if (p.indivisible_heads != IndivisibleHeads::kRefuse)
@@ -688,6 +690,8 @@ void validate_plan(const ParallelPlan& plan, const ModelSpec& model, const Workl
   }
   if (plan.fp8_param_gather && plan.fp8 == Fp8Recipe::kNone)
     top("fp8_param_gather", "needs fp8 (the weights it keeps and gathers are FP8)");
+  if (plan.moe_fp8_dispatch && plan.fp8 == Fp8Recipe::kNone)
+    top("moe_fp8_dispatch", "needs fp8 (the experts' FP8 GEMMs take what it sends)");
   else if (plan.fp8_param_gather && !plan.distributed_optimizer)
     top("fp8_param_gather", "needs distributed_optimizer (it gathers the optimizer's slices)");
   if (plan.fully_sharded) {

@@ -183,6 +183,10 @@ struct ParallelPlan {
   // with another's backward; DeepSeek-V3's DualPipe): they hide behind the compute, as far as
   // it lasts.
   bool moe_a2a_overlap = false;
+  // The all-to-alls that carry tokens to their experts (the forward's dispatch, the backward's
+  // output gradients) in FP8, one byte a value and an fp32 scale per 128 (DeepSeek-V3's
+  // low-precision communication); the combines stay 16-bit. Needs fp8.
+  bool moe_fp8_dispatch = false;
   // Data-parallel gradient reductions (and the sums of replicated key/value gradients before
   // them) in fp32, as Megatron-LM reduces a bf16 model's gradients by default
   // (`accumulate_allreduce_grads_in_fp32`, DDP's `grad_reduce_in_fp32`): twice the bytes of a

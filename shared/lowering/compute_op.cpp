@@ -195,8 +195,14 @@ Op Lowering::compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t
         const double routed = tokens_local * static_cast<double>(a.top_k * a.hidden) * dtype /
                               (plan_.sequence_parallel ? tp_shard : 1.0) * std::max(1.0, busiest) *
                               copies;
-        op.nested.push_back({CollectiveKind::kAllToAll, Purpose::kEp, g,
-                             static_cast<int32_t>((rerouted ? 4 : 2) * moe), routed});
+        // Each pass sends tokens to their experts once (the forward's dispatch, the backward's
+        // output gradients) and back once; with FP8 dispatch the first carries one byte a
+        // value and an fp32 scale per 128.
+        const auto calls = static_cast<int32_t>((rerouted ? 2 : 1) * moe);
+        const double to_experts =
+            plan_.moe_fp8_dispatch ? routed / dtype * (1.0 + 4.0 / 128.0) : routed;
+        op.nested.push_back({CollectiveKind::kAllToAll, Purpose::kEp, g, calls, to_experts});
+        op.nested.push_back({CollectiveKind::kAllToAll, Purpose::kEp, g, calls, routed});
       }
     }
   }

@@ -190,6 +190,10 @@ MegatronExport megatron_export(const Scenario& scenario, const ParallelPlan& pla
     } else if (plan.moe_a2a_overlap) {
       field("overlap_moe_expert_parallel_comm", true);
     }
+    if (plan.moe_fp8_dispatch)
+      e.notes.push_back(
+          "plan.moe_fp8_dispatch: FP8 expert dispatch (DeepSeek-V3's) is not a Megatron-LM "
+          "argument; exported without it");
   }
 
   // --- The parallel layout --------------------------------------------------------------

@@ -479,3 +479,42 @@ TEST_CASE("expert TP 1: whole experts on each TP rank, the rank's own tokens thr
   CHECK(to_json(whole)["layout"]["etp"] == 1);
   CHECK(!to_json(split)["layout"].contains("etp"));
 }
+
+TEST_CASE("FP8 dispatch: the tokens to their experts in FP8, the combines in 16 bits") {
+  Diagnostics diag;
+  auto s = load_scenario(
+      std::string(TESSERA_SOURCE_DIR) + "/scenarios/published/nvidia-deepseek-v3-h100-1024.json",
+      diag);
+  INFO(diag.format());
+  REQUIRE(s.has_value());
+  ParallelPlan fp8 = *s->plan;
+  fp8.fp8 = Fp8Recipe::kCurrent;
+  ParallelPlan fp8_dispatch = fp8;
+  fp8_dispatch.moe_fp8_dispatch = true;
+  const Program plain = lowered(*s, fp8), quantized = lowered(*s, fp8_dispatch);
+  int checked = 0;
+  for (std::size_t i = 0; i < plain.ranks[0].size(); ++i) {
+    std::vector<double> before, after;  // bytes of the routed all-to-alls, in order
+    for (const NestedCollective& n : plain.ranks[0][i].nested)
+      if (n.purpose == Purpose::kEp && n.bytes > 8.0 * 256) before.push_back(n.bytes);
+    for (const NestedCollective& n : quantized.ranks[0][i].nested)
+      if (n.purpose == Purpose::kEp && n.bytes > 8.0 * 256) after.push_back(n.bytes);
+    REQUIRE(before.size() == after.size());
+    if (before.empty()) continue;
+    ++checked;
+    // Per pass: to the experts, then back.
+    REQUIRE(after.size() == 2);
+    CHECK(after[0] == doctest::Approx(before[0] / 2 * (1 + 4.0 / 128)));
+    CHECK(after[1] == doctest::Approx(before[1]));
+  }
+  CHECK(checked > 0);
+  CHECK(estimate(*s, fp8_dispatch, 0, CostParams{}).metrics.step_s <
+        estimate(*s, fp8, 0, CostParams{}).metrics.step_s);
+  // Only with FP8 GEMMs.
+  ParallelPlan bad = *s->plan;
+  bad.moe_fp8_dispatch = true;
+  Diagnostics v;
+  validate_plan(bad, s->model, s->workload, s->cluster, "s.json", "plan", v);
+  CHECK(v.format().find("plan.moe_fp8_dispatch: needs fp8") != std::string::npos);
+  CHECK(read_plan(to_json(fp8_dispatch), "", "", diag) == fp8_dispatch);
+}
