@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <set>
 #include <string>
 #include <tuple>
@@ -52,6 +53,17 @@ Program lowered(const Scenario& s, const ParallelPlan& plan) {
   INFO((problems.empty() ? std::string() : problems.front()));
   CHECK(problems.empty());
   return std::move(l.program);
+}
+
+// The published DeepSeek-V3 row on 1,024 H100s (NVIDIA's recipe).
+std::optional<Scenario> deepseek_v3_row() {
+  Diagnostics diag;
+  auto s = load_scenario(
+      std::string(TESSERA_SOURCE_DIR) + "/scenarios/published/nvidia-deepseek-v3-h100-1024.json",
+      diag);
+  INFO(diag.format());
+  REQUIRE(s.has_value());
+  return s;
 }
 
 const TransformerArch& llm_arch(const Scenario& s) {
@@ -263,12 +275,7 @@ TEST_CASE("DeepEP dispatches a token once to each other node; overlapped all-to-
   CHECK(node_deduplicated_share({2, 8}, 8) == doctest::Approx(2 * (1 - std::pow(0.5, 8)) / 8));
 
   // DeepSeek-V3 on 1,024 H100s: EP 64 over 8 nodes, top-8; its row's plan, all-to-all dispatch.
-  Diagnostics diag;
-  auto s = load_scenario(
-      std::string(TESSERA_SOURCE_DIR) + "/scenarios/published/nvidia-deepseek-v3-h100-1024.json",
-      diag);
-  INFO(diag.format());
-  REQUIRE(s.has_value());
+  std::optional<Scenario> s = deepseek_v3_row();
   const auto routed = [](const Program& p) {  // the largest EP all-to-all of rank 0's MoE ops
     double bytes = 0;
     for (const Op& op : p.ranks[0])
@@ -481,12 +488,8 @@ TEST_CASE("expert TP 1: whole experts on each TP rank, the rank's own tokens thr
 }
 
 TEST_CASE("FP8 dispatch: the tokens to their experts in FP8, the combines in 16 bits") {
+  const std::optional<Scenario> s = deepseek_v3_row();
   Diagnostics diag;
-  auto s = load_scenario(
-      std::string(TESSERA_SOURCE_DIR) + "/scenarios/published/nvidia-deepseek-v3-h100-1024.json",
-      diag);
-  INFO(diag.format());
-  REQUIRE(s.has_value());
   ParallelPlan fp8 = *s->plan;
   fp8.fp8 = Fp8Recipe::kCurrent;
   ParallelPlan fp8_dispatch = fp8;
