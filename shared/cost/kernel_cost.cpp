@@ -203,9 +203,11 @@ double kernel_compute_s(const ModuleSpec& module, const Op& op, const DeviceSpec
         kernels += 4 * layers;
         break;
     }
-    const auto moe_count =
+    // The op's layers by kind.
+    const auto moe =
         static_cast<double>(moe_layers(*a, op.first_layer, op.first_layer + op.layers));
-    if (moe_count > 0 && op.phase != Phase::kW) {
+    const double dense = layers - moe;
+    if (moe > 0 && op.phase != Phase::kW) {
       // Token permutation around the routed experts, per MoE layer (Megatron-LM's fused permute
       // and unpermute): each token's hidden vector copied to its top_k expert slots before the
       // dispatch (read once, written k times) and the k expert outputs summed back after the
@@ -217,17 +219,14 @@ double kernel_compute_s(const ModuleSpec& module, const Op& op, const DeviceSpec
       const double local_experts = static_cast<double>(a->experts) / std::max<double>(1, op.ep);
       const bool sorted = (op.flags & kOpDeepEpDispatch) == 0 && local_experts > 1;
       const double passes = op.phase == Phase::kB && (op.flags & kOpMoeRecompute) != 0 ? 2.0 : 1.0;
-      elementwise_bytes += passes * bpv * hidden_share * tokens * moe_count *
-                           (2.0 * (k + 1.0) + (sorted ? 4.0 * k : 0.0));
-      kernels += passes * moe_count * (sorted ? 4.0 : 2.0);
+      elementwise_bytes +=
+          passes * bpv * hidden_share * tokens * moe * (2.0 * (k + 1.0) + (sorted ? 4.0 * k : 0.0));
+      kernels += passes * moe * (sorted ? 4.0 : 2.0);
     }
     if (op.phase == Phase::kB) {
       // Selective recomputation's submodules, forward again before the backward (fused
       // kernels; their matrices are in op.flops): the two norms, the latent attention's rotary,
       // the activations of a dense MLP, of the routed experts, of the shared expert.
-      const auto moe =
-          static_cast<double>(moe_layers(*a, op.first_layer, op.first_layer + op.layers));
-      const double dense = static_cast<double>(op.layers) - moe;
       const double act = a->gated_ffn ? 3.0 : 2.0, matrices = a->gated_ffn ? 3.0 : 2.0;
       const double routed = static_cast<double>(a->top_k * a->moe_ffn) / tp;
       const double shared = static_cast<double>(a->shared_expert_ffn) / tp;

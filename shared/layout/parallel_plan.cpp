@@ -690,10 +690,10 @@ void validate_plan(const ParallelPlan& plan, const ModelSpec& model, const Workl
   }
   if (plan.fp8_param_gather && plan.fp8 == Fp8Recipe::kNone)
     top("fp8_param_gather", "needs fp8 (the weights it keeps and gathers are FP8)");
-  if (plan.moe_fp8_dispatch && plan.fp8 == Fp8Recipe::kNone)
-    top("moe_fp8_dispatch", "needs fp8 (the experts' FP8 GEMMs take what it sends)");
   else if (plan.fp8_param_gather && !plan.distributed_optimizer)
     top("fp8_param_gather", "needs distributed_optimizer (it gathers the optimizer's slices)");
+  if (plan.moe_fp8_dispatch && plan.fp8 == Fp8Recipe::kNone)
+    top("moe_fp8_dispatch", "needs fp8 (the experts' FP8 GEMMs take what it sends)");
   if (plan.fully_sharded) {
     if (!plan.distributed_optimizer)
       top("fully_sharded", "needs distributed_optimizer (ZeRO-3 shards the optimizer state too)");

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <string>
 
 #include "shared/cost/collective_cost.hpp"
@@ -26,6 +27,15 @@ ClusterSpec load(const std::string& name) {
   INFO(diag.format());
   REQUIRE(c.has_value());
   return *c;
+}
+
+// A published row of scenarios/published/, by name.
+std::optional<Scenario> published(const std::string& row) {
+  Diagnostics diag;
+  auto s = load_scenario(kSource + "/scenarios/published/" + row + ".json", diag);
+  INFO(diag.format());
+  REQUIRE(s.has_value());
+  return s;
 }
 
 // The forward of one layer of module 0: `tokens` on this rank, matrices split over `tp`.
@@ -322,10 +332,7 @@ TEST_CASE("kernel cost: per-op recomputation re-runs its matmuls and element-wis
 }
 
 TEST_CASE("kernel cost: recomputed norms and activations are memory passes before the backward") {
-  Diagnostics diag;
-  const auto s =
-      load_scenario(kSource + "/scenarios/published/nvidia-llama3.1-8b-h100-8.json", diag);
-  REQUIRE(s.has_value());
+  const std::optional<Scenario> s = published("nvidia-llama3.1-8b-h100-8");
   const ModuleSpec& llm = s->model.modules[0];
   const TransformerArch& a = *llm.transformer;
   const DeviceSpec& device = s->cluster.device;
@@ -361,10 +368,7 @@ TEST_CASE("kernel cost: recomputed norms and activations are memory passes befor
 }
 
 TEST_CASE("kernel cost: an MoE layer permutes its tokens around the experts") {
-  Diagnostics diag;
-  const auto s =
-      load_scenario(kSource + "/scenarios/published/nvidia-deepseek-v3-h100-1024.json", diag);
-  REQUIRE(s.has_value());
+  const std::optional<Scenario> s = published("nvidia-deepseek-v3-h100-1024");
   const ModuleSpec& llm = s->model.modules[0];
   const TransformerArch& a = *llm.transformer;
   REQUIRE(moe_layer(a, 3));

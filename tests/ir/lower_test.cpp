@@ -1554,6 +1554,14 @@ TEST_CASE("fp8: layer GEMMs flagged, FP8 weight copies in memory, FP8 parameter 
     CHECK(diag.format().find(variant < 2 ? "p: fp8:" : "p: fp8_param_gather:") !=
           std::string::npos);
   }
+  // FP8 gathers with neither FP8 nor the distributed optimizer: the missing FP8 alone is named.
+  Case neither = plain;
+  neither.plan.fp8_param_gather = true;
+  neither.plan.distributed_optimizer = false;
+  Diagnostics both;
+  validate_plan(neither.plan, neither.model, neither.workload, neither.cluster, "p", "", both);
+  CHECK(both.format().find("p: fp8_param_gather: needs fp8") != std::string::npos);
+  CHECK(both.format().find("needs distributed_optimizer") == std::string::npos);
   Diagnostics diag;
   CHECK(read_plan(to_json(gathered.plan), "p", "", diag) == gathered.plan);
 }
