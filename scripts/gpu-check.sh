@@ -9,6 +9,10 @@
 #           scripts/vendor-deps.sh put them (else the system's)
 #   matmul  the measured dense bf16 matrix-product rate (tessera-train matmul-rate): MFU's
 #           measured ceiling, beside the datasheet peak of the device file
+#   gemm    the rates behind the cost model's GEMM constants (scripts/gemm-rates.py): bf16 and
+#           FP8 products (per-tensor, per-row and per-block scales) at the matmul stage's size,
+#           and bf16 grouped products (8 experts, 64 to 4,096 tokens each) beside one dense
+#           product of their tokens, into gemm.jsonl
 #   gpu     the gpu tests: the tiny models on the device against the CPU (fp32 within 1e-4,
 #           bf16 within 1e-2, never NaN) and the parallel plans on the device against its one rank
 #   bench   recorded runs of the ~1B- and ~3B-class VLMs (scenarios/gpu/): micro-batch sizes and
@@ -23,8 +27,11 @@
 #           ratio and the peaks into copies.tsv, then one profiled step of each with the copies
 #   ab      this executor against another (TESSERA_TRAIN_B: an earlier commit's tessera-train,
 #           built against the same torch and carried beside this one) on the copies stage's two
-#           runs, alternated; the median steps, their ratio and the peaks into ab.tsv. Run only
-#           when named.
+#           runs, alternated; the median steps, their ratio and the peaks into ab.tsv; then one
+#           profiled step of each executor on each run, and the host operators and kernels whose
+#           time differs most between the two (ab-compare-<run>.txt). AB_THIS_FLAGS: flags
+#           for this executor alone (say --no-working-copies, to set it beside an executor that
+#           predates them). Run only when named.
 #   model   the recorded runs against the cost model: `tessera replay` uncalibrated (per step and
 #           per op class), `tessera calibrate` on half the runs, `tessera replay --profile` on
 #           all. Needs the SimGrid build's `tessera` (TESSERA_BIN, default build/sim/tessera);
@@ -45,12 +52,12 @@ while [[ $# -gt 0 ]]; do
   case $1 in
     --device) device=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
-    build|matmul|gpu|bench|profile|copies|ab|model) stages+=("$1"); shift ;;
-    *) echo "gpu-check: unknown argument $1 (stages: build matmul gpu bench profile copies ab model)" >&2; exit 2 ;;
+    build|matmul|gemm|gpu|bench|profile|copies|ab|model) stages+=("$1"); shift ;;
+    *) echo "gpu-check: unknown argument $1 (stages: build matmul gemm gpu bench profile copies ab model)" >&2; exit 2 ;;
   esac
 done
 [[ $device == cuda || $device == cpu ]] || { echo "gpu-check: --device cuda or cpu" >&2; exit 2; }
-[[ ${#stages[@]} -gt 0 ]] || stages=(build matmul gpu bench profile copies model)
+[[ ${#stages[@]} -gt 0 ]] || stages=(build matmul gemm gpu bench profile copies model)
 out=${out:-out/gpu-check-$device}
 build=${TESSERA_BUILD_DIR:-build-gpu}
 mkdir -p "$out"
@@ -129,6 +136,14 @@ stage_matmul() {
   local dtype=bf16
   [[ $device == cpu ]] && dtype=fp32
   "$train" matmul-rate --device "$device" --dtype "$dtype" --size "$matmul_n" | tee "$out/matmul.json"
+}
+
+stage_gemm() {
+  local python=python3 quick=()
+  python3 -c 'import torch' 2>/dev/null || python=.venv-torch2/bin/python
+  [[ $device == cpu ]] && quick=(--quick)
+  "$python" scripts/gemm-rates.py --device "$device" --size "$matmul_n" "${quick[@]}" \
+    --out "$out/gemm.jsonl"
 }
 
 stage_gpu() {
@@ -268,12 +283,14 @@ stage_profile() {
 }
 
 # Run NAME for four steps, the fourth under torch's profiler, into DIR; its summary (the TOP
-# kernels) into SUMMARY and on the terminal, the trace gzipped beside it.
+# kernels) into SUMMARY and on the terminal, the trace gzipped beside it. BIN, if given, is the
+# tessera-train to run (default this build's), with the flags that follow it.
 profile_step() {
-  local name=$1 dir=$2 top=$3 summary=$4
+  local name=$1 dir=$2 top=$3 summary=$4 bin=${5:-$train}
+  local flags=("${@:6}")
   rm -rf "$dir"
-  "$train" "$out/scenarios/$name.json" --device "$device" --steps 4 --trace-steps 0 \
-    --profile-step 3 --no-checkpoint --out "$dir" >/dev/null
+  "$bin" "$out/scenarios/$name.json" --device "$device" --steps 4 --trace-steps 0 \
+    --profile-step 3 --no-checkpoint "${flags[@]}" --out "$dir" >/dev/null
   python3 scripts/profile-summary.py "$dir/profile/rank0.json" --top "$top" | tee "$summary"
   gzip -f "$dir/profile/rank0.json"
 }
@@ -352,7 +369,20 @@ stage_ab() {
   }
   ab_scenarios
   local bin_a=$train bin_b=$other flags_a=() flags_b=()
+  read -ra flags_a <<<"${AB_THIS_FLAGS:-}"
   alternate ab this other
+  # One profiled step of each executor on each run, and what differs between the two by name:
+  # host operators by self time, kernels by time (ab-compare-<run>.txt).
+  for name in "${ab_names[@]}"; do
+    profile_step "$name" "$out/ab/$name-this-profiled" 8 "$out/ab-profile-$name-this.txt" \
+      "$train" "${flags_a[@]}" >/dev/null
+    profile_step "$name" "$out/ab/$name-other-profiled" 8 "$out/ab-profile-$name-other.txt" \
+      "$other" >/dev/null
+    echo "$name, one profiled step, this executor against the other:"
+    python3 scripts/profile-summary.py "$out/ab/$name-this-profiled/profile/rank0.json.gz" \
+      --compare "$out/ab/$name-other-profiled/profile/rank0.json.gz" --top 12 |
+      tee "$out/ab-compare-$name.txt"
+  done
 }
 
 stage_model() {

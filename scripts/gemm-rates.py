@@ -1,0 +1,191 @@
+#!/usr/bin/env python3
+"""Measured matrix-product rates on this machine's GPU, for the cost model's GEMM constants.
+
+Usage: scripts/gemm-rates.py [--device cuda|cpu] [--out FILE.jsonl] [--size N] [--quick]
+(scripts/gpu-check.sh gemm runs it)
+Times, with device events (medians of 5 batches of 10 calls after 3 warm-up calls, random data):
+  dense    a bf16 N x N x N product, and FP8 (e4m3) products of the same shape under each scaling
+           torch offers: one scale per tensor (with and without fast accumulation), per row and
+           column, and per block (1x128 activations, 128x128 weights, as DeepSeek-V3 trains);
+           each FP8 result checked against the bf16 product of the same quantized values
+  grouped  a bf16 grouped product (torch._grouped_mm, one GEMM per local expert, as Megatron-LM's
+           grouped GEMM runs a rank's routed experts) for 8 experts and 64 to 4,096 tokens each,
+           at two experts' shapes (DeepSeek-V3's first expert GEMM, 7,168 x 4,096; Qwen3-235B's,
+           4,096 x 3,072), beside one dense product of all the tokens; checked against the
+           experts' products one by one
+Each measurement is one JSON line (the shape, seconds, TFLOP/s, the check's relative error) in
+FILE, written as it is taken; a table on the terminal. On the CPU (--device cpu --quick) it is the
+dry run that keeps the script working: small shapes, and what the CPU lacks reported as skipped."""
+import argparse
+import json
+import statistics
+import sys
+import time
+
+import torch
+
+
+# Calls timed: warm-up calls, then batches of calls, each batch timed as one (--quick: one call).
+REPEATS = {"warmup": 3, "batches": 5, "per_batch": 10}
+
+
+def timed(device, fn):
+    """Median seconds of one call of fn over the batches of REPEATS."""
+    batches, per_batch = REPEATS["batches"], REPEATS["per_batch"]
+    for _ in range(REPEATS["warmup"]):
+        fn()
+    times = []
+    for _ in range(batches):
+        if device == "cuda":
+            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(per_batch):
+                fn()
+            stop.record()
+            stop.synchronize()
+            times.append(start.elapsed_time(stop) * 1e-3 / per_batch)
+        else:
+            t = time.perf_counter()
+            for _ in range(per_batch):
+                fn()
+            times.append((time.perf_counter() - t) / per_batch)
+    return statistics.median(times)
+
+
+def rel_error(out, ref):
+    out, ref = out.double(), ref.double()
+    return float((out - ref).norm() / ref.norm())
+
+
+class Recorder:
+    def __init__(self, path):
+        self.file = open(path, "w") if path else None
+        print(f"{'kind':9s} {'what':44s} {'m':>6s} {'n':>6s} {'k':>6s} {'groups':>6s} "
+              f"{'ms':>9s} {'TFLOP/s':>8s} {'rel.err':>8s}")
+
+    def __call__(self, kind, what, m, n, k, groups, seconds, error=None, skipped=None):
+        row = {"kind": kind, "what": what, "m": m, "n": n, "k": k, "groups": groups}
+        if skipped is not None:
+            row["skipped"] = skipped
+            print(f"{kind:9s} {what:44s} skipped: {skipped[:120]}")
+        else:
+            flops = 2.0 * m * n * k * groups
+            row.update(seconds=seconds, tflops=flops / seconds / 1e12, rel_error=error)
+            err = "" if error is None else f"{error:.1e}"
+            print(f"{kind:9s} {what:44s} {m:6d} {n:6d} {k:6d} {groups:6d} "
+                  f"{seconds * 1e3:9.4f} {row['tflops']:8.1f} {err:>8s}")
+        if self.file:
+            self.file.write(json.dumps(row) + "\n")
+            self.file.flush()
+
+
+def quantize(x, scale):
+    """x / scale in e4m3, with scale broadcast over x (the FP8 value's decoding factor)."""
+    return (x / scale).to(torch.float8_e4m3fn)
+
+
+def dense(device, n, record):
+    g = torch.Generator(device=device).manual_seed(1)
+    a = torch.randn(n, n, device=device, generator=g, dtype=torch.bfloat16)
+    b = torch.randn(n, n, device=device, generator=g, dtype=torch.bfloat16)
+    record("dense", "bf16", n, n, n, 1, timed(device, lambda: a @ b))
+
+    bt = b.t().contiguous()  # FP8 products take B column-major: (n, k) rows, transposed
+    af, bf = a.float(), bt.float()
+    recipes = []
+    # One scale per tensor, from the tensor's largest magnitude (e4m3's largest value is 448).
+    sa, sb = af.abs().max() / 448, bf.abs().max() / 448
+    recipes.append(("fp8 per tensor", quantize(af, sa), quantize(bf, sb), sa, sb, {}))
+    recipes.append(("fp8 per tensor, fast accumulation", quantize(af, sa), quantize(bf, sb), sa,
+                    sb, {"use_fast_accum": True}))
+    # One scale per row of A and per column of B.
+    ra, rb = af.abs().amax(1, keepdim=True) / 448, bf.abs().amax(1, keepdim=True) / 448
+    recipes.append(("fp8 per row", quantize(af, ra), quantize(bf, rb), ra, rb.t().contiguous(), {}))
+    # 1x128 blocks of A along k; 128x128 blocks of B. Scales laid out k-block major (their
+    # transposes contiguous), as cuBLAS's block-scaled FP8 products take them.
+    kb = n // 128
+    blk_a = af.view(n, kb, 128).abs().amax(2) / 448  # (m, k/128)
+    blk_b = bf.view(n // 128, 128, kb, 128).abs().amax((1, 3)) / 448  # (n/128, k/128)
+    qa = quantize(af.view(n, kb, 128), blk_a[:, :, None]).view(n, n)
+    qb = quantize(bf.view(n // 128, 128, kb, 128), blk_b[:, None, :, None]).view(n, n)
+    recipes.append(("fp8 per block (1x128, 128x128)", qa, qb, blk_a.t().contiguous().t(),
+                    blk_b.contiguous().t(), {}))
+    for what, qa, qb, sa, sb, extra in recipes:
+        try:
+            fn = lambda: torch._scaled_mm(qa, qb.t(), sa, sb, out_dtype=torch.bfloat16, **extra)
+            out = fn()
+            ref = dequantized_product(qa, qb, sa, sb)
+            record("dense", what, n, n, n, 1, timed(device, fn), rel_error(out, ref))
+        except (RuntimeError, NotImplementedError, TypeError) as e:
+            record("dense", what, n, n, n, 1, None, skipped=str(e).splitlines()[0])
+
+
+def dequantized_product(qa, qb, sa, sb):
+    """The product the scaled FP8 product should give: its operands decoded, multiplied in fp32."""
+    a, b = qa.float(), qb.float()
+    m, k = a.shape
+    n = b.shape[0]
+    if sa.numel() == 1:
+        a, b = a * sa, b * sb
+    elif sa.shape == (m, 1):
+        a, b = a * sa, b * sb.t()
+    else:  # per block: sa (m, k/128) seen through its transpose, sb (k/128, n/128) likewise
+        a = (a.view(m, k // 128, 128) * sa[:, :, None]).view(m, k)
+        sbt = sb.t()  # (n/128, k/128)
+        b = (b.view(n // 128, 128, k // 128, 128) * sbt[:, None, :, None]).view(n, k)
+    return a @ b.t()
+
+
+def grouped(device, sizes, shapes, groups, record):
+    g = torch.Generator(device=device).manual_seed(2)
+    for k, n, label in shapes:
+        # Each expert's weight (n, k) row-major, used transposed: B column-major, as the grouped
+        # kernel wants it.
+        w = torch.randn(groups, n, k, device=device, generator=g, dtype=torch.bfloat16) * k ** -0.5
+        for m in sizes:
+            x = torch.randn(groups * m, k, device=device, generator=g, dtype=torch.bfloat16)
+            offs = torch.arange(1, groups + 1, device=device, dtype=torch.int32) * m
+            what = f"{label}: {groups} experts, {m} tokens each"
+            try:
+                fn = lambda: torch._grouped_mm(x, w.transpose(-2, -1), offs=offs)
+                out = fn()
+                ref = torch.cat([x[i * m:(i + 1) * m].float() @ w[i].float().t()
+                                 for i in range(groups)])
+                record("grouped", what, m, n, k, groups, timed(device, fn), rel_error(out, ref))
+            except (RuntimeError, NotImplementedError, TypeError) as e:
+                record("grouped", what, m, n, k, groups, None, skipped=str(e).splitlines()[0])
+            w0 = w[0].t()
+            record("grouped", f"{label}: one dense product of {groups * m} tokens", groups * m, n,
+                   k, 1, timed(device, lambda: x @ w0))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    ap.add_argument("--out")
+    ap.add_argument("--size", type=int, default=8192)
+    ap.add_argument("--quick", action="store_true",
+                    help="small grouped shapes, each call timed once (the CPU dry run)")
+    a = ap.parse_args()
+    if a.quick:
+        REPEATS.update(warmup=1, batches=1, per_batch=1)
+    if a.device == "cuda" and not torch.cuda.is_available():
+        print("gemm-rates: no CUDA device", file=sys.stderr)
+        return 1
+    if a.size % 128:
+        print("gemm-rates: --size must be a multiple of 128", file=sys.stderr)
+        return 2
+    record = Recorder(a.out)
+    if a.device == "cuda":
+        print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
+    dense(a.device, a.size, record)
+    if a.quick:
+        grouped(a.device, [16, 64], [(256, 128, "small")], 4, record)
+    else:
+        grouped(a.device, [64, 128, 256, 512, 1024, 2048, 4096],
+                [(7168, 4096, "DeepSeek-V3 fc1"), (4096, 3072, "Qwen3-235B fc1")], 8, record)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
