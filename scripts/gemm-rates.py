@@ -13,8 +13,9 @@ Times, with device events (medians of 5 batches of 10 calls after 3 warm-up call
            at two experts' shapes (DeepSeek-V3's first expert GEMM, 7,168 x 4,096; Qwen3-235B's,
            4,096 x 3,072), beside one dense product of all the tokens; checked against the
            experts' products one by one
-Each measurement is one JSON line (the shape, seconds, TFLOP/s, the check's relative error) in
-FILE, written as it is taken; a table on the terminal. On the CPU (--device cpu --quick) it is the
+FILE holds a first JSON line naming the device and torch, then one line per measurement (kind,
+dtype and FP8 scaling, the shape, seconds, TFLOP/s, the check's relative error), written as it is
+taken; `tessera gemms FILE` sets them beside the cost model. A table on the terminal. On the CPU (--device cpu --quick) it is the
 dry run that keeps the script working: small shapes, and what the CPU lacks reported as skipped."""
 import argparse
 import json
@@ -58,13 +59,19 @@ def rel_error(out, ref):
 
 
 class Recorder:
-    def __init__(self, path):
+    def __init__(self, path, device):
         self.file = open(path, "w") if path else None
+        if self.file:  # the first line: where it was measured
+            self.file.write(json.dumps({"device": device, "torch": torch.__version__}) + "\n")
         print(f"{'kind':9s} {'what':44s} {'m':>6s} {'n':>6s} {'k':>6s} {'groups':>6s} "
               f"{'ms':>9s} {'TFLOP/s':>8s} {'rel.err':>8s}")
 
     def __call__(self, kind, what, m, n, k, groups, seconds, error=None, skipped=None):
-        row = {"kind": kind, "what": what, "m": m, "n": n, "k": k, "groups": groups}
+        # dtype: the operands' (bf16, or fp8 under `scaling`: tensor, row or block)
+        row = {"kind": kind, "what": what, "dtype": "fp8" if what.startswith("fp8") else "bf16",
+               "m": m, "n": n, "k": k, "groups": groups}
+        if what.startswith("fp8"):
+            row["scaling"] = what.split()[2].rstrip(",")
         if skipped is not None:
             row["skipped"] = skipped
             print(f"{kind:9s} {what:44s} skipped: {skipped[:120]}")
@@ -175,9 +182,9 @@ def main():
     if a.size % 128:
         print("gemm-rates: --size must be a multiple of 128", file=sys.stderr)
         return 2
-    record = Recorder(a.out)
-    if a.device == "cuda":
-        print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
+    name = torch.cuda.get_device_name() if a.device == "cuda" else "cpu"
+    print(f"device: {name}, torch {torch.__version__}")
+    record = Recorder(a.out, name)
     dense(a.device, a.size, record)
     if a.quick:
         grouped(a.device, [16, 64], [(256, 128, "small")], 4, record)

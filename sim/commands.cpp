@@ -516,6 +516,8 @@ const std::vector<Command>& commands() {
       {"replay", "simulate a recorded run and compare predicted with measured", run_replay},
       {"fidelity", "compare predictions with published runs; fit the global kernel parameters",
        run_fidelity},
+      {"gemms", "set measured matrix-product rates beside the kernel model's GEMM pricing",
+       run_gemms},
       {"export", "write a plan as Megatron-LM's training arguments and megatron-core's config",
        run_export},
       {"tune", "sweep, train the best plans, calibrate on them and re-rank the sweep", run_tune},

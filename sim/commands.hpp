@@ -22,6 +22,7 @@ int run_calibrate(const Args& args, std::ostream& out, std::ostream& err);
 int run_replay(const Args& args, std::ostream& out, std::ostream& err);
 int run_fidelity(const Args& args, std::ostream& out, std::ostream& err);
 int run_stages(const Args& args, std::ostream& out, std::ostream& err);
+int run_gemms(const Args& args, std::ostream& out, std::ostream& err);
 int run_export(const Args& args, std::ostream& out, std::ostream& err);
 int run_tune(const Args& args, std::ostream& out, std::ostream& err);
 

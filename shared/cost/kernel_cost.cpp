@@ -113,9 +113,15 @@ double memory_s(const DeviceSpec& device, double bytes) {
 double layer_gemm_s(const DeviceSpec& device, const Op& op, double peak_flops, double m, double n,
                     double k, double bpv, double scale, double groups) {
   if ((op.flags & kOpFp8) == 0) return gemm_s(device, peak_flops, m, n, k, bpv, scale, groups);
+  return fp8_gemm_s(device, m, n, k, scale, groups);
+}
+
+double fp8_gemm_s(const DeviceSpec& device, double m, double n, double k, double efficiency_scale,
+                  double groups) {
+  TESSERA_CHECK(device.kernels.has_value());
   const GemmKernels& g = device.kernels->gemm;
   return gemm_s(device, device.peak_flops.at(DType::kFp8), m, n, k, 1.0,
-                scale * g.fp8() / g.efficiency, groups);
+                efficiency_scale * g.fp8() / g.efficiency, groups);
 }
 
 double gemm_s(const DeviceSpec& device, double peak_flops, double m, double n, double k,

@@ -162,6 +162,24 @@ Json to_json(const LinkSpec& link) {
 
 }  // namespace
 
+std::optional<DeviceSpec> read_named_device(const std::string& name_or_file, Diagnostics& diag) {
+  Diagnostics local;
+  DeviceSpec device;
+  if (names_file(name_or_file)) {
+    if (const auto json = read_json_file(name_or_file, local))
+      device = read_device(*json, name_or_file, "", ClusterKind::kGpu, local);
+  } else if (const auto shipped = shipped_device(name_or_file)) {
+    device = read_device(shipped->json, shipped->file, "", ClusterKind::kGpu, local);
+  } else {
+    local.error(name_or_file, "",
+                "no shipped device is named so (shipped: " + shipped_list() +
+                    "); give a device file (.json)");
+  }
+  diag.append(local);
+  if (!local.ok()) return std::nullopt;
+  return device;
+}
+
 ClusterSpec read_cluster(const Json& json, const std::string& file, const std::string& path,
                          Diagnostics& diag) {
   if (json.is_object() && json.contains("base")) {

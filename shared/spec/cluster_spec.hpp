@@ -87,6 +87,10 @@ struct ClusterSpec {
   bool operator==(const ClusterSpec&) const = default;
 };
 
+// The GPU `name_or_file` names as a cluster's "device" string does: a device file (a path) or a
+// shipped device's name or alias. nullopt after recording why in `diag`.
+std::optional<DeviceSpec> read_named_device(const std::string& name_or_file, Diagnostics& diag);
+
 ClusterSpec read_cluster(const Json& json, const std::string& file, const std::string& path,
                          Diagnostics& diag);
 Json to_json(const ClusterSpec& cluster);

@@ -1326,3 +1326,22 @@ TEST_CASE(
   fs::remove_all(dir);
 }
 #endif
+
+TEST_CASE("gemms sets measured products beside the model; a bad measurement file exits 2") {
+  const Run r = run("gemms " + kSource + "/traces/h200/gemm-rates.jsonl");
+  CHECK(r.code == 0);
+  CHECK(r.output.find("measured on NVIDIA H200 (torch 2.11.0+cu130), priced as H200-SXM-141GB") ==
+        0);
+  CHECK(r.output.find("grouped bf16                 14 products") != std::string::npos);
+  const Run md = run("gemms " + kSource + "/traces/h200/gemm-rates.jsonl --markdown");
+  CHECK(md.code == 0);
+  CHECK(md.output.find("| fp8 per tensor | 8192 | 8192 | 8192 | 1 | 0.7529 ms | 1460 |") !=
+        std::string::npos);
+  const Run other = run("gemms " + kSource + "/traces/h200/gemm-rates.jsonl --device nosuch");
+  CHECK(other.code == 2);
+  CHECK(other.output.find("nosuch: no shipped device is named so") != std::string::npos);
+  const Run bad = run("gemms " + kBad + "gemm-rates.jsonl");
+  CHECK(bad.code == 2);
+  CHECK(bad.output.find("gemm-rates.jsonl: line 2.m: must be > 0, got -1") != std::string::npos);
+  CHECK(bad.output.find("gemm-rates.jsonl: line 3: column 3: syntax error") != std::string::npos);
+}
