@@ -42,8 +42,10 @@ int run_gemms(const Args& args, std::ostream& out, std::ostream& err) {
       "Sets matrix products measured on a GPU (scripts/gemm-rates.py: dense and grouped, bf16 "
       "and FP8) beside the kernel model's price for them on the device they ran on (the shipped "
       "device its name matches, or --device): each product's measured and predicted time, the "
-      "error, and the mean |error| per kind. The model prices FP8 at per-tensor scales, so rows "
-      "of finer scales show what those scales cost beyond it.");
+      "error, and the mean |error| per kind. The model prices FP8 with block scales at the "
+      "device's "
+      "block-scaled FP8 rate and every other FP8 product at its per-tensor rate, so per-row "
+      "rows show what their scales cost beyond per-tensor ones.");
   options.add_options()("device",
                         "a shipped device's name or a device file (default: the one "
                         "the measurement's GPU name matches)",

@@ -53,7 +53,8 @@ std::optional<GemmRates> read_gemm_rates(const std::string& file, Diagnostics& d
     const std::optional<Json> json = parse_json_text(line, file, syntax);
     if (!json) {  // "invalid JSON at line 1, column C: ...", the line being the file's `number`
       const std::string& message = syntax.errors().front().message;
-      local.error(file, path, message.substr(message.find("column")));
+      const std::size_t column = message.find("column");
+      local.error(file, path, column == std::string::npos ? message : message.substr(column));
       continue;
     }
     if (number == 1) {
@@ -74,7 +75,8 @@ std::optional<GemmRates> read_gemm_rates(const std::string& file, Diagnostics& d
 
 double predicted_gemm_s(const DeviceSpec& device, const GemmMeasurement& g) {
   TESSERA_CHECK(device.kernels.has_value());
-  if (g.dtype == DType::kFp8) return fp8_gemm_s(device, g.m, g.n, g.k, 1.0, g.groups);
+  if (g.dtype == DType::kFp8)
+    return fp8_gemm_s(device, g.m, g.n, g.k, 1.0, g.groups, g.scaling == "block");
   return gemm_s(device, device.peak_flops.at(g.dtype), g.m, g.n, g.k, 2.0, 1.0, g.groups);
 }
 

@@ -36,8 +36,8 @@ struct GemmRates {
 std::optional<GemmRates> read_gemm_rates(const std::string& file, Diagnostics& diag);
 
 // The model's seconds for one measured product on `device`: gemm_s at the row's dtype, `groups`
-// products as one grouped kernel; FP8 at the device's FP8 peak and FP8 GEMM efficiency, which
-// prices per-tensor scales whatever the row's scaling.
+// products as one grouped kernel; FP8 at the device's FP8 peak and FP8 GEMM efficiency, the
+// block-scaled one for block scales, the per-tensor one for the others (per-row included).
 // REQUIRES: device.kernels, and the device's peak at the row's dtype.
 double predicted_gemm_s(const DeviceSpec& device, const GemmMeasurement& g);
 

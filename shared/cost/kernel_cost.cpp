@@ -108,20 +108,20 @@ double memory_s(const DeviceSpec& device, double bytes) {
 }  // namespace
 
 // Seconds of one of an op's transformer-layer GEMMs, `p` shaped as its phase runs it: at the
-// model dtype's peak, or (kOpFp8) at the FP8 peak and the device's FP8 GEMM efficiency, with
-// one-byte operands.
+// model dtype's peak, or (kOpFp8) at the FP8 peak and the device's FP8 GEMM efficiency (its
+// block-scaled one under kOpFp8BlockScaling), with one-byte operands.
 double layer_gemm_s(const DeviceSpec& device, const Op& op, double peak_flops, double m, double n,
                     double k, double bpv, double scale, double groups) {
   if ((op.flags & kOpFp8) == 0) return gemm_s(device, peak_flops, m, n, k, bpv, scale, groups);
-  return fp8_gemm_s(device, m, n, k, scale, groups);
+  return fp8_gemm_s(device, m, n, k, scale, groups, (op.flags & kOpFp8BlockScaling) != 0);
 }
 
 double fp8_gemm_s(const DeviceSpec& device, double m, double n, double k, double efficiency_scale,
-                  double groups) {
+                  double groups, bool block_scales) {
   TESSERA_CHECK(device.kernels.has_value());
   const GemmKernels& g = device.kernels->gemm;
   return gemm_s(device, device.peak_flops.at(DType::kFp8), m, n, k, 1.0,
-                efficiency_scale * g.fp8() / g.efficiency, groups);
+                efficiency_scale * (block_scales ? g.fp8_block() : g.fp8()) / g.efficiency, groups);
 }
 
 double gemm_s(const DeviceSpec& device, double peak_flops, double m, double n, double k,
@@ -304,7 +304,7 @@ double kernel_compute_s(const ModuleSpec& module, const Op& op, const DeviceSpec
     // read once and written twice in FP8, as rows and transposed (Hopper's FP8 GEMMs take TN
     // operands only); current scaling reads it once more for its amax. The weight-gradient GEMMs
     // reuse those copies. Priced as separate passes: Transformer Engine fuses some of them into
-    // the norm and the activation.
+    // the norm and the activation. Block scales come from the block in the pass that casts it.
     const bool current = (op.flags & kOpFp8CurrentScaling) != 0;
     const double per_value = bpv + 2.0 + (current ? bpv : 0.0);
     for (const Gemm& g : gemms) {

@@ -29,10 +29,10 @@ double gemm_s(const DeviceSpec& device, double peak_flops, double m, double n, d
               double bytes_per_value, double efficiency_scale = 1.0, double groups = 1.0);
 
 // Seconds of `groups` FP8 GEMMs C[m,n] = A[m,k]·B[k,n] (one grouped kernel when more than one) at
-// the device's FP8 peak and FP8 GEMM efficiency (per-tensor scales), with one-byte operands.
-// REQUIRES: device.kernels and its FP8 peak.
+// the device's FP8 peak and FP8 GEMM efficiency, per-tensor or (`block_scales`) per-block, with
+// one-byte operands. REQUIRES: device.kernels and its FP8 peak.
 double fp8_gemm_s(const DeviceSpec& device, double m, double n, double k,
-                  double efficiency_scale = 1.0, double groups = 1.0);
+                  double efficiency_scale = 1.0, double groups = 1.0, bool block_scales = false);
 
 // Seconds of one of op's transformer-layer GEMMs C[m,n] = A[m,k]·B[k,n]: as gemm_s at the model
 // dtype's `peak_flops` and `bytes_per_value`, or, for an FP8 op (kOpFp8), at the device's FP8 peak

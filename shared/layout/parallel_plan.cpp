@@ -44,8 +44,10 @@ const EnumTable<IndivisibleHeads> kIndivisibleHeads = {{"refuse", IndivisibleHea
                                                        {"replicate", IndivisibleHeads::kReplicate}};
 const EnumTable<EncoderDataParallel> kEncoderDataParallel = {
     {"samples", EncoderDataParallel::kSamples}, {"media", EncoderDataParallel::kMedia}};
-const EnumTable<Fp8Recipe> kFp8Recipes = {
-    {"none", Fp8Recipe::kNone}, {"delayed", Fp8Recipe::kDelayed}, {"current", Fp8Recipe::kCurrent}};
+const EnumTable<Fp8Recipe> kFp8Recipes = {{"none", Fp8Recipe::kNone},
+                                          {"delayed", Fp8Recipe::kDelayed},
+                                          {"current", Fp8Recipe::kCurrent},
+                                          {"blockwise", Fp8Recipe::kBlockwise}};
 const EnumTable<MoeDispatcher> kMoeDispatchers = {{"alltoall", MoeDispatcher::kAllToAll},
                                                   {"deepep", MoeDispatcher::kDeepEp}};
 const EnumTable<Framework> kFrameworks = {{"megatron", Framework::kMegatron},

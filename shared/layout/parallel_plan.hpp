@@ -52,8 +52,11 @@ enum class MoeDispatcher { kAllToAll, kDeepEp };
 // forward, E5M2 gradients): forward, input-gradient and weight-gradient GEMMs in FP8, their
 // inputs quantized first; attention, norms, embeddings, the head and projectors in the model's
 // dtype. kDelayed: per-tensor scales from an amax history (one read of a tensor to quantize it);
-// kCurrent: per-tensor scales from the tensor itself (NeMo's H100 recipes; a second read).
-enum class Fp8Recipe { kNone, kDelayed, kCurrent };
+// kCurrent: per-tensor scales from the tensor itself (NeMo's H100 recipes; a second read);
+// kBlockwise: a scale per block, from the block itself as it is cast (one read), 1x128 for
+// activations and gradients, 128x128 for weights (DeepSeek-V3's fine-grained quantization;
+// Megatron-LM's `--fp8-recipe blockwise`), its GEMMs slower than per-tensor ones.
+enum class Fp8Recipe { kNone, kDelayed, kCurrent, kBlockwise };
 // The training software that runs the plan, for the kernel rates it reaches. kMegatron:
 // Megatron-LM or NeMo with Transformer Engine (cuDNN fused attention; the device's `attention`
 // rates and `training_scale`). kPytorch: a PyTorch-native stack (torchtitan and FSDP2,

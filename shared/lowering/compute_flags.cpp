@@ -12,6 +12,7 @@ uint32_t compute_op_flags(const ParallelPlan& plan, Phase phase, int64_t tp, boo
   if (plan.fp8 != Fp8Recipe::kNone && layers) {
     flags |= kOpFp8;
     if (plan.fp8 == Fp8Recipe::kCurrent) flags |= kOpFp8CurrentScaling;
+    if (plan.fp8 == Fp8Recipe::kBlockwise) flags |= kOpFp8BlockScaling;
   }
   if (plan.tp_comm_overlap && plan.sequence_parallel && tp > 1) flags |= kOpTpCommOverlap;
   if (plan.moe_dispatcher == MoeDispatcher::kDeepEp && layers) flags |= kOpDeepEpDispatch;

@@ -311,7 +311,9 @@ MegatronExport megatron_export(const Scenario& scenario, const ParallelPlan& pla
   if (plan.fp8 != Fp8Recipe::kNone) {
     arg("--fp8-format", "hybrid");
     tc["fp8"] = "hybrid";
-    field("fp8_recipe", plan.fp8 == Fp8Recipe::kDelayed ? "delayed" : "tensorwise");
+    field("fp8_recipe", plan.fp8 == Fp8Recipe::kDelayed     ? "delayed"
+                        : plan.fp8 == Fp8Recipe::kBlockwise ? "blockwise"
+                                                            : "tensorwise");
     if (plan.fp8_param_gather) {
       arg("--fp8-param-gather");
       tc["fp8_param"] = true;

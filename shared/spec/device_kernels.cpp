@@ -48,6 +48,8 @@ DeviceKernels read_device_kernels(const Json& json, const std::string& file,
     read_fraction(gr, "efficiency", k.gemm.efficiency);
     if (gr.find("fp8_efficiency") != nullptr)
       read_fraction(gr, "fp8_efficiency", k.gemm.fp8_efficiency);
+    if (gr.find("fp8_block_efficiency") != nullptr)
+      read_fraction(gr, "fp8_block_efficiency", k.gemm.fp8_block_efficiency);
     gr.finish();
   } else {
     r.missing("gemm");
@@ -81,6 +83,8 @@ Json to_json(const DeviceKernels& k) {
          {"memory_efficiency", k.memory_efficiency},
          {"training_scale", k.training_scale}};
   if (k.gemm.fp8_efficiency > 0) j["gemm"]["fp8_efficiency"] = k.gemm.fp8_efficiency;
+  if (k.gemm.fp8_block_efficiency > 0)
+    j["gemm"]["fp8_block_efficiency"] = k.gemm.fp8_block_efficiency;
   if (k.pytorch) {
     Json p{{"training_scale", k.pytorch->training_scale}};
     if (k.pytorch->attention) p["attention"] = to_json(*k.pytorch->attention);

@@ -30,6 +30,16 @@ struct GemmKernels {
   // stas00/ml-engineering's maximum achievable matmul table, H100 SXM: 1,402.6 TFLOP/s FP8
   // (torch._scaled_mm, per-tensor scales) against 794.5 BF16, on peaks of 1,979 and 989.
   static constexpr double kFp8Ratio = (1402.6 / 794.5) / (1979.0 / 989.0);
+  // Of the dense FP8 peak, what large FP8 GEMMs with a scale per block reach (1x128 activation
+  // tiles, 128x128 weight blocks). 0: not measured for this device, taken as fp8() times the
+  // block-scaled over per-tensor ratio measured on one H200 (kFp8BlockRatio).
+  double fp8_block_efficiency = 0;
+  double fp8_block() const {
+    return fp8_block_efficiency > 0 ? fp8_block_efficiency : fp8() * kFp8BlockRatio;
+  }
+  // traces/h200/gemm-rates.jsonl: 8192^3 e4m3 products through cuBLAS (torch 2.11, CUDA 13) at
+  // 1,261.2 TFLOP/s with block scales against 1,460.4 with per-tensor ones.
+  static constexpr double kFp8BlockRatio = 1261.2 / 1460.4;
   bool operator==(const GemmKernels&) const = default;
 };
 

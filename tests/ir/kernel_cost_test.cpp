@@ -430,6 +430,19 @@ TEST_CASE("kernel cost: FP8 GEMMs at the FP8 rate, their inputs quantized; atten
   CHECK(fp8_s > bf16_s / 1.77);
   CHECK(current_s > fp8_s);
   CHECK(current_s < bf16_s);
+  // Block scales: the quantization passes of delayed scaling (each block's scale taken as it is
+  // cast), the GEMMs at the block-scaled rate, the measured ratio to per-tensor ones.
+  Op block = fp8;
+  block.flags = static_cast<uint32_t>(kOpFp8 | kOpFp8BlockScaling);
+  const double block_s = kernel_compute_s(llm, block, device, peak, 2, tuning);
+  const GemmKernels& g = device.kernels->gemm;
+  CHECK(g.fp8_block() == doctest::Approx(g.fp8() * 1261.2 / 1460.4));
+  CHECK(block_s > fp8_s);
+  CHECK(block_s < bf16_s);
+  CHECK(block_s - fp8_s < (fp8_s - bf16_s / 1.77) * 1.5);
+  CHECK(fp8_gemm_s(device, 8192, 8192, 8192, 1, 1, true) /
+            fp8_gemm_s(device, 8192, 8192, 8192, 1, 1, false) ==
+        doctest::Approx(1460.4 / 1261.2));
   // The device's FP8 efficiency is read and used: stating it lower slows the FP8 op only.
   DeviceSpec slower = device;
   slower.kernels->gemm.fp8_efficiency = slower.kernels->gemm.fp8() / 2;
@@ -447,9 +460,18 @@ TEST_CASE("kernel cost: FP8 GEMMs at the FP8 rate, their inputs quantized; atten
   // Bounded when read.
   Json kernels = to_json(*device.kernels);
   kernels["gemm"]["fp8_efficiency"] = 1.5;
+  kernels["gemm"]["fp8_block_efficiency"] = -0.1;
   Diagnostics bad;
   read_device_kernels(kernels, "d.json", "kernels", bad);
   CHECK(bad.format().find("d.json: kernels.gemm.fp8_efficiency") != std::string::npos);
+  CHECK(bad.format().find("d.json: kernels.gemm.fp8_block_efficiency") != std::string::npos);
+  // A device's own block-scaled efficiency is kept through its JSON.
+  kernels = to_json(*device.kernels);
+  kernels["gemm"]["fp8_block_efficiency"] = 0.5;
+  Diagnostics fine;
+  CHECK(read_device_kernels(kernels, "d.json", "kernels", fine).gemm.fp8_block() == 0.5);
+  CHECK(to_json(read_device_kernels(kernels, "d.json", "kernels",
+                                    fine))["gemm"]["fp8_block_efficiency"] == 0.5);
 }
 
 TEST_CASE("tp_comm_overlap hides all but one chunk of the TP traffic behind the compute") {

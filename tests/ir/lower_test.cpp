@@ -1564,6 +1564,20 @@ TEST_CASE("fp8: layer GEMMs flagged, FP8 weight copies in memory, FP8 parameter 
   CHECK(both.format().find("needs distributed_optimizer") == std::string::npos);
   Diagnostics diag;
   CHECK(read_plan(to_json(gathered.plan), "p", "", diag) == gathered.plan);
+  // Block scales: the layer ops flagged so, nothing else changed; the recipe survives a round
+  // trip.
+  Case block = fp8;
+  block.plan.fp8 = Fp8Recipe::kBlockwise;
+  const Program b = lowered(block);
+  for (std::size_t r = 0; r < b.ranks.size(); ++r)
+    for (std::size_t i = 0; i < b.ranks[r].size(); ++i) {
+      const Op& op = b.ranks[r][i];
+      CHECK(op.flags == (q.ranks[r][i].flags | ((op.flags & kOpFp8) ? kOpFp8BlockScaling : 0)));
+      CHECK(op.flops == q.ranks[r][i].flops);
+    }
+  CHECK(read_plan(to_json(block.plan), "p", "", diag) == block.plan);
+  CHECK(to_json(block.plan)["fp8"] == "blockwise");
+  CHECK(diag.ok());
 }
 
 TEST_CASE(
