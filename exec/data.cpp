@@ -266,7 +266,7 @@ TrainBatch make_batch(const Scenario& s, DatasetKind kind, int64_t iteration) {
 void move_to_device(LlmLayout& l) {
   for (torch::Tensor* t :
        {&l.ids, &l.positions, &l.targets, &l.text_slots, &l.media_slots, &l.media_rows})
-    if (t->defined()) *t = t->to(device_setting().device);
+    if (t->defined()) *t = upload(*t);
 }
 
 LlmLayout llm_layout(const ModelSpec& model, const TrainBatch& batch,
@@ -372,7 +372,7 @@ struct PositionTags {
   torch::Tensor sample, item;
   explicit PositionTags(const LlmLayout& l) {
     const auto on = [](const std::vector<int32_t>& v) {
-      return torch::tensor(at::ArrayRef<int32_t>(v), torch::kInt32).to(device_setting().device);
+      return upload(torch::tensor(at::ArrayRef<int32_t>(v), torch::kInt32));
     };
     sample = on(l.sample);
     item = on(l.item);
@@ -394,7 +394,7 @@ torch::Tensor mask_between(const PositionTags& tags, const torch::Tensor& q,
 torch::Tensor attention_bias(const LlmLayout& l, const std::vector<int64_t>& queries,
                              const std::vector<int64_t>& keys) {
   const auto on = [](const std::vector<int64_t>& v) {
-    return torch::tensor(v, torch::kInt64).to(device_setting().device);
+    return upload(torch::tensor(v, torch::kInt64));
   };
   return mask_between(PositionTags(l), on(queries).view({-1, 1}), on(keys).view({1, -1}));
 }

@@ -1,5 +1,8 @@
 #include "exec/device.hpp"
 
+#include <cstdlib>
+#include <cstring>
+
 #include "exec/torch_api.hpp"
 
 namespace tessera::exec {
@@ -40,7 +43,19 @@ torch::TensorOptions activation_options() {
 }
 
 torch::Tensor device_indices(const std::vector<int64_t>& values) {
-  return torch::tensor(values, torch::kInt64).view({-1}).to(setting().device);
+  return upload(torch::tensor(values, torch::kInt64).view({-1}));
+}
+
+torch::Tensor upload(const torch::Tensor& t) {
+  static const bool sync = [] {
+    const char* v = std::getenv("TESSERA_SYNC_UPLOADS");
+    return v != nullptr && std::strcmp(v, "1") == 0;
+  }();
+  const torch::Device& device = setting().device;
+  if (!device.is_cuda() || !t.device().is_cpu() || sync) return t.to(device);
+  // The pinned copy stays allocated until the transfer that reads it is done (torch's caching
+  // host allocator records it on the stream).
+  return t.pin_memory().to(device, /*non_blocking=*/true);
 }
 
 torch::Device parse_device(const std::string& text, std::string& problem) {

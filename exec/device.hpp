@@ -37,6 +37,13 @@ torch::TensorOptions activation_options();
 torch::ScalarType gradient_reduction_dtype();
 // Indices on this process's device.
 torch::Tensor device_indices(const std::vector<int64_t>& values);
+// A tensor built on the CPU (a micro-batch's pixels, token ids, positions, the indices its
+// attention and loss use) on this process's device. On a GPU it leaves from pinned memory and
+// the host goes on: a copy from pageable memory waits for every kernel queued before it, which
+// drains the GPU's queue at each micro-batch and with it the host's lead (nine such waits a
+// micro-batch in a profiled step of the ~1B VLM). TESSERA_SYNC_UPLOADS=1 copies from pageable
+// memory instead, for an A/B of the two.
+torch::Tensor upload(const torch::Tensor& t);
 
 // "cpu", "cuda" or "cuda:N" -> a device. Empty `problem` when the text is understood; it says
 // what is wrong otherwise.

@@ -152,7 +152,7 @@ const Worker::MicroBatch& Worker::micro_batch(int mb) {
   b.attention.cp = cp;
   // Built on the CPU, used on the device.
   move_to_device(b.layout);
-  b.attention.positions_q = b.attention.positions_q.to(device_setting().device);
+  b.attention.positions_q = upload(b.attention.positions_q);
   return b;
 }
 

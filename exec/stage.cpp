@@ -160,7 +160,7 @@ torch::Tensor Stage::run_layers(torch::Tensor x, const AttentionInputs& in, Cuts
 torch::Tensor Stage::encode(const torch::Tensor& input, Cuts* cuts) const {
   torch::Tensor x = input;
   if (first()) {
-    x = x.to(activation_options());  // pixels, as the data loader made them
+    x = upload(x).to(activation_dtype());  // pixels, as the data loader made them
     const Patching& p = *module_.patching;
     const int64_t n = x.size(0), c = x.size(1), side = p.image_size / p.patch_size;
     x = x.view({n, c, side, p.patch_size, side, p.patch_size})
@@ -207,7 +207,7 @@ torch::Tensor Stage::encode_audio(const std::vector<torch::Tensor>& windows,
   if (first()) {
     const auto dtype = activation_dtype();
     for (const torch::Tensor& window : windows) {
-      const torch::Tensor mel = window.to(activation_options());
+      const torch::Tensor mel = upload(window).to(dtype);
       torch::Tensor x =
           torch::gelu(torch::conv1d(mel.unsqueeze(0), working_copy(conv1_weight_, dtype),
                                     working_copy(conv1_bias_, dtype), 1, 1));
