@@ -25,6 +25,9 @@
 #           the ~1B VLM in bf16 at the middle sequence length and micro-batch 1, encoder frozen
 #           and trainable, the two arms alternated on the same machine; the median steps, their
 #           ratio and the peaks into copies.tsv, then one profiled step of each with the copies
+#   uploads the micro-batches' inputs sent from pinned memory without waiting against copies from
+#           pageable memory (TESSERA_SYNC_UPLOADS=1), on the copies stage's two runs, alternated;
+#           the median steps, their ratio and the peaks into uploads.tsv
 #   ab      this executor against another (TESSERA_TRAIN_B: an earlier commit's tessera-train,
 #           built against the same torch and carried beside this one) on the copies stage's two
 #           runs, alternated; the median steps, their ratio and the peaks into ab.tsv; then one
@@ -52,12 +55,12 @@ while [[ $# -gt 0 ]]; do
   case $1 in
     --device) device=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
-    build|matmul|gemm|gpu|bench|profile|copies|ab|model) stages+=("$1"); shift ;;
-    *) echo "gpu-check: unknown argument $1 (stages: build matmul gemm gpu bench profile copies ab model)" >&2; exit 2 ;;
+    build|matmul|gemm|gpu|bench|profile|copies|uploads|ab|model) stages+=("$1"); shift ;;
+    *) echo "gpu-check: unknown argument $1 (stages: build matmul gemm gpu bench profile copies uploads ab model)" >&2; exit 2 ;;
   esac
 done
 [[ $device == cuda || $device == cpu ]] || { echo "gpu-check: --device cuda or cpu" >&2; exit 2; }
-[[ ${#stages[@]} -gt 0 ]] || stages=(build matmul gemm gpu bench profile copies model)
+[[ ${#stages[@]} -gt 0 ]] || stages=(build matmul gemm gpu bench profile copies uploads model)
 out=${out:-out/gpu-check-$device}
 build=${TESSERA_BUILD_DIR:-build-gpu}
 mkdir -p "$out"
@@ -311,7 +314,8 @@ ab_scenarios() {
 }
 
 # Each arm of an A/B twice, alternated (a, b, b, a) so that a drift of the host falls on both: arm
-# a runs $bin_a with the flags of flags_a, arm b likewise, into DIR/<run>-<arm>-<i>. Then per arm
+# a runs $bin_a with the flags of flags_a and the environment of env_a (NAME=value words, none
+# unless set), arm b likewise, into DIR/<run>-<arm>-<i>. Then per arm
 # the median of the steps after the first two of both its runs, the allocator's peak, and the
 # last loss of its first run, into DIR.tsv under the arms' labels (equal losses on the CPU; on a
 # GPU as close as two runs of one arm, whose reductions are not deterministic).
@@ -322,9 +326,9 @@ alternate() {
   for name in "${ab_names[@]}"; do
     local i=0
     for arm in a b b a; do
-      local bin=$bin_a flags=("${flags_a[@]}")
-      [[ $arm == b ]] && bin=$bin_b flags=("${flags_b[@]}")
-      "${pin[@]}" "$bin" "$out/scenarios/$name.json" --device "$device" --steps "$steps" \
+      local bin=$bin_a flags=("${flags_a[@]}") envs=("${env_a[@]}")
+      [[ $arm == b ]] && bin=$bin_b flags=("${flags_b[@]}") envs=("${env_b[@]}")
+      env "${envs[@]}" "${pin[@]}" "$bin" "$out/scenarios/$name.json" --device "$device" --steps "$steps" \
         --trace-steps 0 --no-checkpoint "${flags[@]}" --out "$out/$dir/$name-$arm-$((i++))" >/dev/null
     done
   done
@@ -351,12 +355,20 @@ EOF
 # copies: kernels, host operators and the GPU's busy share (copies-profile-<run>.txt).
 stage_copies() {
   ab_scenarios
-  local bin_a=$train bin_b=$train flags_a=() flags_b=(--no-working-copies)
+  local bin_a=$train bin_b=$train flags_a=() flags_b=(--no-working-copies) env_a=() env_b=()
   alternate copies with_copies cast_per_use
   for name in "${ab_names[@]}"; do
     echo "profile of $name with the copies, step 4:"
     profile_step "$name" "$out/copies/$name-profiled" 8 "$out/copies-profile-$name.txt"
   done
+}
+
+# Uploads from pinned memory without waiting (a) against copies from pageable memory, each a wait
+# for the GPU's queue (b: TESSERA_SYNC_UPLOADS=1), the same binary on the copies stage's runs.
+stage_uploads() {
+  ab_scenarios
+  local bin_a=$train bin_b=$train flags_a=() flags_b=() env_a=() env_b=(TESSERA_SYNC_UPLOADS=1)
+  alternate uploads pinned synchronous
 }
 
 # This executor (a) against another (b: TESSERA_TRAIN_B, say an earlier commit's tessera-train
@@ -368,7 +380,7 @@ stage_ab() {
     return 1
   }
   ab_scenarios
-  local bin_a=$train bin_b=$other flags_a=() flags_b=()
+  local bin_a=$train bin_b=$other flags_a=() flags_b=() env_a=() env_b=()
   read -ra flags_a <<<"${AB_THIS_FLAGS:-}"
   alternate ab this other
   # One profiled step of each executor on each run, and what differs between the two by name:
