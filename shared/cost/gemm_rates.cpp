@@ -21,7 +21,9 @@ GemmMeasurement read_row(const Json& json, const std::string& file, const std::s
     r.error("kind", "expected \"dense\" or \"grouped\", got \"" + g.kind + "\"");
   r.required("what", g.what);
   r.required_enum("dtype", g.dtype, kMeasuredDTypes);
-  if (g.dtype == DType::kFp8) r.required("scaling", g.scaling);
+  if (g.dtype == DType::kFp8 && r.required("scaling", g.scaling) && g.scaling != "tensor" &&
+      g.scaling != "row" && g.scaling != "block")
+    r.error("scaling", "expected \"tensor\", \"row\" or \"block\", got \"" + g.scaling + "\"");
   for (const auto& [key, value] : {std::pair{"m", &g.m}, {"n", &g.n}, {"k", &g.k}})
     if (r.required(key, *value)) r.check_positive(key, *value);
   if (r.required("groups", g.groups)) r.check_positive("groups", g.groups);

@@ -82,6 +82,16 @@ TEST_CASE("gemm rates: a measurement file's problems are named by line and key")
   CHECK(text.find("line 4: column") != std::string::npos);
   std::remove(file.c_str());
 
+  file = write_temp(header + "\n" +
+                    R"({"kind": "dense", "what": "z", "dtype": "fp8", "scaling": "blocks", )"
+                    R"("m": 1, "n": 1, "k": 1, "groups": 1, "seconds": 1})" +
+                    "\n");
+  diag = {};
+  CHECK_FALSE(read_gemm_rates(file, diag).has_value());
+  CHECK(diag.format().find("line 2.scaling: expected \"tensor\", \"row\" or \"block\", got "
+                           "\"blocks\"") != std::string::npos);
+  std::remove(file.c_str());
+
   diag = {};
   CHECK_FALSE(read_gemm_rates("no-such-file.jsonl", diag).has_value());
   CHECK(diag.format().find("no-such-file.jsonl") != std::string::npos);
