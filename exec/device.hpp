@@ -2,8 +2,9 @@
 // of its own, so this is the process's setting, made once before the Worker builds a tensor (as
 // torch's current CUDA device is): CPU and fp32 unless set.
 // Mixed precision is Megatron-LM's: parameters, their gradients and the optimizer state stay
-// fp32 (the master weights), activations and their gradients flow in bf16, each linear casts its
-// fp32 weight to bf16 as it uses it, and norms, softmax and the loss compute in fp32.
+// fp32 (the master weights), activations and their gradients flow in bf16, each linear uses its
+// fp32 weight's bf16 working copy (working_copies.hpp), and norms, softmax and the loss compute in
+// fp32.
 #pragma once
 
 #include <string>
