@@ -1,9 +1,22 @@
 #include "sim/command_line.hpp"
 
+#include <iomanip>
+#include <sstream>
+
 #include "shared/cost/profile.hpp"
 #include "shared/layout/plan_source.hpp"
 
 namespace tessera::sim {
+
+std::string fixed(double v, int digits) {
+  std::ostringstream s;
+  s << std::fixed << std::setprecision(digits) << v;
+  return s.str();
+}
+
+std::string signed_percent(double percent) {
+  return (percent >= 0 ? "+" : "") + fixed(percent, 1) + "%";
+}
 
 namespace {
 

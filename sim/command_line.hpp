@@ -19,6 +19,11 @@ namespace tessera::sim {
 constexpr int kOk = 0;
 constexpr int kBadInput = 2;
 
+// `v` with `digits` decimals ("3.1416").
+std::string fixed(double v, int digits);
+// `percent` (already times 100) with its sign and one decimal ("+3.2%", "-0.4%").
+std::string signed_percent(double percent);
+
 // Parses flags; on --help prints usage and sets `exit_code` to 0, on a bad flag prints the
 // problem and sets it to 2. Returns nullopt in both cases.
 std::optional<cxxopts::ParseResult> parse(cxxopts::Options& options, const Args& args,

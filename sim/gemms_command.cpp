@@ -4,7 +4,6 @@
 #include <iomanip>
 #include <map>
 #include <ostream>
-#include <sstream>
 
 #include "shared/cost/gemm_rates.hpp"
 #include "sim/command_line.hpp"
@@ -20,18 +19,9 @@ std::string family(const GemmMeasurement& g) {
          (g.dtype == DType::kFp8 ? "fp8 per " + g.scaling : "bf16");
 }
 
-std::string fixed(double v, int digits) {
-  std::ostringstream o;
-  o << std::fixed << std::setprecision(digits) << v;
-  return o.str();
-}
-
-std::string signed_percent(double v) {
-  return (v >= 0 ? "+" : "") + fixed(100 * v, 1) + "%";
-}
-
-double tflops(const GemmMeasurement& g, double seconds) {
-  return 2 * g.m * g.n * g.k * g.groups / seconds / 1e12;
+// The measured rate.
+double tflops(const GemmMeasurement& g) {
+  return 2 * g.m * g.n * g.k * g.groups / g.seconds / 1e12;
 }
 
 }  // namespace
@@ -67,9 +57,9 @@ int run_gemms(const Args& args, std::ostream& out, std::ostream& err) {
     err << options.program() << ": " << device->name << " has no kernel data to price GEMMs with\n";
     return kBadInput;
   }
-  for (std::size_t i = 0; i < rates->rows.size(); ++i)
-    if (!device->peak_flops.count(rates->rows[i].dtype))
-      diag.error(file, "line " + std::to_string(i + 2) + ".dtype",
+  for (const GemmMeasurement& g : rates->rows)
+    if (!device->peak_flops.count(g.dtype))
+      diag.error(file, "line " + std::to_string(g.line) + ".dtype",
                  device->name + " has no peak at this dtype");
   if (!diag.ok()) return report_problems(diag, err);
 
@@ -105,13 +95,13 @@ int run_gemms(const Args& args, std::ostream& out, std::ostream& err) {
     const std::string predicted_ms = fixed(1e3 * predicted, 4) + " ms";
     if (markdown) {
       out << "| " << g.what << " | " << g.m << " | " << g.n << " | " << g.k << " | " << g.groups
-          << " | " << measured_ms << " | " << fixed(tflops(g, g.seconds), 0) << " | "
-          << predicted_ms << " | " << signed_percent(error) << " |\n";
+          << " | " << measured_ms << " | " << fixed(tflops(g), 0) << " | " << predicted_ms << " | "
+          << signed_percent(100 * error) << " |\n";
     } else {
       out << std::left << std::setw(52) << g.what << std::right << std::setw(7) << g.m
           << std::setw(7) << g.n << std::setw(7) << g.k << std::setw(7) << g.groups << std::setw(12)
-          << measured_ms << std::setw(9) << fixed(tflops(g, g.seconds), 0) << std::setw(12)
-          << predicted_ms << std::setw(9) << signed_percent(error) << "\n";
+          << measured_ms << std::setw(9) << fixed(tflops(g), 0) << std::setw(12) << predicted_ms
+          << std::setw(9) << signed_percent(100 * error) << "\n";
     }
   }
   out << (markdown ? "\n| kind | products | mean \\|error\\| |\n|---|---|---|\n"

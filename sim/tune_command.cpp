@@ -17,7 +17,6 @@
 #include <iomanip>
 #include <map>
 #include <ostream>
-#include <sstream>
 #include <thread>
 
 #include "shared/cost/profile.hpp"
@@ -91,16 +90,6 @@ bool recorded(const fs::path& dir, int64_t steps) {
   for (std::string line; std::getline(in, line);)
     if (!line.empty()) ++lines;
   return lines >= steps && fs::exists(dir / "run.json") && fs::exists(dir / "trace" / "rank0.json");
-}
-
-std::string fixed(double v, int digits) {
-  std::ostringstream s;
-  s << std::fixed << std::setprecision(digits) << v;
-  return s.str();
-}
-
-std::string signed_pct(double v) {
-  return (v >= 0 ? "+" : "") + fixed(v, 1) + "%";
 }
 
 // "12.5% faster" when a step of `than_s` becomes `now_s`, or "3.0% slower".
@@ -516,10 +505,11 @@ int run_tune(const Args& args, std::ostream& out, std::ostream& err) {
       continue;
     }
     out << std::setw(11) << fixed(f.measured_s, 4) << std::setw(11) << fixed(f.before_s, 4)
-        << std::setw(9) << signed_pct(f.before_pct) << std::setw(12) << fixed(f.after_s, 4)
-        << std::setw(9) << signed_pct(f.after_pct);
+        << std::setw(9) << signed_percent(f.before_pct) << std::setw(12) << fixed(f.after_s, 4)
+        << std::setw(9) << signed_percent(f.after_pct);
     if (f.held_out)
-      out << std::setw(11) << fixed(f.held_out_s, 4) << std::setw(9) << signed_pct(f.held_out_pct);
+      out << std::setw(11) << fixed(f.held_out_s, 4) << std::setw(9)
+          << signed_percent(f.held_out_pct);
     out << "\n";
   }
   const bool first_is_fastest = analytic_first == fastest;
@@ -539,7 +529,7 @@ int run_tune(const Args& args, std::ostream& out, std::ostream& err) {
     out << "  measured " << fixed(choice.measured_s, 4) << " s per step ("
         << (finalist ? "a finalist"
                      : "trained to check it; the profile predicted it at " +
-                           fixed(choice.after_s, 4) + " s, " + signed_pct(choice.after_pct))
+                           fixed(choice.after_s, 4) + " s, " + signed_percent(choice.after_pct))
         << "): " << faster_or_slower(analytic_first->measured_s, choice.measured_s)
         << " than the analytic first choice\n";
     const std::string plan_ref = results2 + "#" + std::to_string(choice.rank);

@@ -68,6 +68,7 @@ std::optional<GemmRates> read_gemm_rates(const std::string& file, Diagnostics& d
       continue;
     }
     rates.rows.push_back(read_row(*json, file, path, local));
+    rates.rows.back().line = number;
   }
   if (local.ok() && rates.rows.empty()) local.error(file, "", "no measurements after line 1");
   diag.append(local);

@@ -4,6 +4,7 @@
 // constants meet a measurement of their own.
 #pragma once
 
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
@@ -23,6 +24,7 @@ struct GemmMeasurement {
   double groups = 1;    // products run as one grouped kernel
   double seconds = 0;   // one call, the median measured
   std::string skipped;  // why the device could not run it (then no seconds)
+  int64_t line = 0;     // of the file it was read from
 };
 
 struct GemmRates {

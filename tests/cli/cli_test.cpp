@@ -1344,4 +1344,16 @@ TEST_CASE("gemms sets measured products beside the model; a bad measurement file
   CHECK(bad.code == 2);
   CHECK(bad.output.find("gemm-rates.jsonl: line 2.m: must be > 0, got -1") != std::string::npos);
   CHECK(bad.output.find("gemm-rates.jsonl: line 3: column 3: syntax error") != std::string::npos);
+  // A product the device has no peak for is named by its line, blank lines counted.
+  const fs::path fp8 = scratch() / "fp8-rates.jsonl";
+  std::ofstream(fp8) << R"({"device": "NVIDIA H200", "torch": "2.11"})"
+                     << "\n\n"
+                     << R"({"kind": "dense", "what": "f", "dtype": "fp8", "scaling": "tensor", )"
+                     << R"("m": 128, "n": 128, "k": 128, "groups": 1, "seconds": 1e-5})"
+                     << "\n";
+  const Run a100 = run("gemms " + fp8.string() + " --device A100-SXM4-80GB");
+  CHECK(a100.code == 2);
+  CHECK(
+      a100.output.find("fp8-rates.jsonl: line 3.dtype: A100-SXM4-80GB has no peak at this dtype") !=
+      std::string::npos);
 }
