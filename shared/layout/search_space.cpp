@@ -59,6 +59,23 @@ SearchSpace read_search_space(const Json& json, const std::string& file, const s
     for (std::size_t i = 0; i < list->size(); ++i)
       if ((*list)[i] < 1) diag.error(file, index_path(r.path_of(key), i), "must be >= 1");
   }
+  if (const Json* v = r.find("etp"); v != nullptr) {
+    // Each value "tp" (the experts split as the dense layers) or 1 (whole experts).
+    if (!v->is_array() || v->empty()) {
+      r.error("etp", "expected a non-empty array of \"tp\" and 1");
+    } else {
+      s.etp.clear();
+      for (std::size_t i = 0; i < v->size(); ++i) {
+        const Json& x = (*v)[i];
+        if (x.is_string() && x.get<std::string>() == "tp")
+          s.etp.push_back(0);
+        else if (x.is_number_integer() && x.get<int64_t>() == 1)
+          s.etp.push_back(1);
+        else
+          diag.error(file, index_path(r.path_of("etp"), i), "must be \"tp\" or 1");
+      }
+    }
+  }
   read_enum_list(r, "recompute", s.recompute, kRecomputes);
   for (auto [key, list] : {std::pair{"sequence_parallel", &s.sequence_parallel},
                            std::pair{"distributed_optimizer", &s.distributed_optimizer},
@@ -111,6 +128,8 @@ Json to_json(const SearchSpace& s) {
   j["pp"] = s.pp;
   j["vpp"] = s.vpp;
   j["ep"] = s.ep;
+  j["etp"] = Json::array();
+  for (int64_t v : s.etp) j["etp"].push_back(v == 0 ? Json("tp") : Json(v));
   j["micro_batch_sizes"] = s.micro_batch_sizes;
   j["encoder_pp"] = s.encoder_pp;
   j["encoder_cp"] = s.encoder_cp;

@@ -21,6 +21,11 @@ struct SearchSpace {
   // Expert parallelism of an LLM with experts (each value dividing its experts and cp·dp);
   // ignored for a dense one.
   std::vector<int64_t> ep = {1, 2, 4, 8};
+  // Expert tensor parallelism of those plans (JSON "tp" or 1; 0 here stands for "tp"): the routed
+  // experts split over the plan's TP as the dense layers are, or whole on each rank (EP carved
+  // out of tp·cp·dp, each TP rank routing its own tokens; tried where tp > 1 with sequence
+  // parallelism, Megatron-LM's expert_tensor_parallel_size 1).
+  std::vector<int64_t> etp = {0};
   // Pipeline stages of each encoder's own in non-colocated plans (its share of the devices is
   // tp · encoder_pp · dp). Default 1: with data parallelism beside it, pipelining an encoder rarely
   // pays and it triples the non-colocated candidates; `tessera stages` searches stage counts

@@ -21,7 +21,8 @@ namespace tessera {
 
 namespace {
 
-ModuleLayout layout(int64_t tp, int64_t cp, int64_t pp, int64_t dp, int64_t vpp, int64_t ep = 1) {
+ModuleLayout layout(int64_t tp, int64_t cp, int64_t pp, int64_t dp, int64_t vpp, int64_t ep = 1,
+                    int64_t etp = 0) {
   ModuleLayout l;
   l.tp = tp;
   l.cp = cp;
@@ -29,12 +30,14 @@ ModuleLayout layout(int64_t tp, int64_t cp, int64_t pp, int64_t dp, int64_t vpp,
   l.dp = dp;
   l.vpp = vpp;
   l.ep = ep;
+  l.etp = etp;
   return l;
 }
 
-// The LLM-side grids of the space on `gpus` devices: (tp, cp, pp, vpp, ep, micro-batch size).
+// The LLM-side grids of the space on `gpus` devices: (tp, cp, pp, vpp, ep, etp, micro-batch
+// size).
 struct LlmChoice {
-  int64_t tp, cp, pp, dp, vpp, ep, mbs;
+  int64_t tp, cp, pp, dp, vpp, ep, etp, mbs;
   Recompute recompute;
   bool sequence_parallel, distributed_optimizer, fully_sharded;
   Fp8Recipe fp8;
@@ -48,25 +51,36 @@ std::vector<LlmChoice> llm_choices(const SearchSpace& space, int64_t gpus, int64
       for (int64_t pp : space.pp) {
         if (gpus % (tp * cp * pp) != 0) continue;  // the grid does not tile the devices
         const int64_t dp = gpus / (tp * cp * pp);
-        // EP is carved out of cp·dp and splits the experts evenly.
-        std::vector<int64_t> eps;
-        for (int64_t ep : experts > 0 ? space.ep : std::vector<int64_t>{1})
-          if (ep == 1 || (experts % ep == 0 && (cp * dp) % ep == 0)) eps.push_back(ep);
+        // EP splits the experts evenly, carved out of cp·dp where the experts split over TP
+        // (etp "tp", 0 here) and out of tp·cp·dp where they are whole on each rank (etp 1, a
+        // distinct plan only where tp > 1, and then with sequence parallelism).
+        std::vector<std::pair<int64_t, int64_t>> experts_grids;  // (ep, etp)
+        std::set<int64_t> etps;
+        for (int64_t etp : experts > 0 ? space.etp : std::vector<int64_t>{0})
+          etps.insert(tp > 1 ? etp : 0);
+        for (int64_t etp : etps) {
+          const int64_t carved = etp == 1 ? tp * cp * dp : cp * dp;
+          for (int64_t ep : experts > 0 ? space.ep : std::vector<int64_t>{1})
+            if (ep == 1 || (experts % ep == 0 && carved % ep == 0))
+              experts_grids.emplace_back(ep, etp);
+        }
         for (int64_t vpp : space.vpp) {
           if (vpp > 1 && pp == 1) continue;  // virtual stages need a pipeline
-          for (int64_t ep : eps)
+          for (const auto& [ep, etp] : experts_grids)
             for (int64_t mbs : space.micro_batch_sizes)
               for (Recompute recompute : space.recompute)
                 // Sequence parallelism splits over tp: one value where tp = 1.
-                for (bool sp : tp > 1 ? space.sequence_parallel : std::vector<bool>{false})
+                for (bool sp : tp > 1 ? space.sequence_parallel : std::vector<bool>{false}) {
+                  if (etp == 1 && !sp) continue;  // each TP rank routes its own tokens
                   for (bool distributed : space.distributed_optimizer) {
                     // Full sharding needs the distributed optimizer and replicas to shard over.
                     const bool shardable = distributed && dp * cp > 1;
                     for (bool full : shardable ? space.fully_sharded : std::vector<bool>{false})
                       for (Fp8Recipe fp8 : space.fp8)
-                        out.push_back(
-                            {tp, cp, pp, dp, vpp, ep, mbs, recompute, sp, distributed, full, fp8});
+                        out.push_back({tp, cp, pp, dp, vpp, ep, etp, mbs, recompute, sp,
+                                       distributed, full, fp8});
                   }
+                }
         }
       }
   return out;
@@ -203,7 +217,7 @@ Enumeration enumerate_plans(const Scenario& s, const SearchSpace& space, int64_t
             continue;
           ParallelPlan p;
           p.placement = placement;
-          p.layout = layout(c.tp, c.cp, c.pp, c.dp, c.vpp, c.ep);
+          p.layout = layout(c.tp, c.cp, c.pp, c.dp, c.vpp, c.ep, c.etp);
           p.schedule = schedule == Schedule::kDip ? schedule : pipeline;
           base_options(p, c);
           consider(p);
@@ -217,7 +231,7 @@ Enumeration enumerate_plans(const Scenario& s, const SearchSpace& space, int64_t
             p.placement = placement;
             for (const ModuleSpec* enc : encoders)
               p.modules.emplace_back(enc->name, layout(tp_e, cp_e, 1, gpus / (tp_e * cp_e), 1));
-            p.modules.emplace_back(llm->name, layout(c.tp, c.cp, c.pp, c.dp, 1, c.ep));
+            p.modules.emplace_back(llm->name, layout(c.tp, c.cp, c.pp, c.dp, 1, c.ep, c.etp));
             p.schedule = Schedule::kThreePhase;
             base_options(p, c);
             consider(p);
@@ -263,7 +277,7 @@ Enumeration enumerate_plans(const Scenario& s, const SearchSpace& space, int64_t
                 first += share;
                 p.modules.emplace_back(enc->name, l);
               }
-              ModuleLayout l = layout(c.tp, c.cp, c.pp, c.dp, c.vpp, c.ep);
+              ModuleLayout l = layout(c.tp, c.cp, c.pp, c.dp, c.vpp, c.ep, c.etp);
               l.ranks = RankSpan{first, rest};
               p.modules.emplace_back(llm->name, l);
               p.schedule = c.vpp > 1 ? Schedule::kInterleaved1F1B : Schedule::kGraph1F1B;

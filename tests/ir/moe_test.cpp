@@ -18,6 +18,7 @@
 #include "shared/model/expert_load.hpp"
 #include "shared/model/model_math.hpp"
 #include "shared/search/estimate.hpp"
+#include "shared/search/memory_bound.hpp"
 #include "shared/search/plan_search.hpp"
 #include "shared/search/stage_split.hpp"
 
@@ -198,6 +199,86 @@ TEST_CASE("the search tries EP where the LLM has experts, and only there") {
   eps.clear();
   for (const Candidate& c : enumerate_plans(s, space, 4).valid) eps.insert(c.plan.layout.ep);
   CHECK(eps == std::set<int64_t>{1});
+}
+
+TEST_CASE("the search tries whole experts (etp 1) where the space lists it: EP out of tp*cp*dp") {
+  Scenario s = moe_scenario();
+  SearchSpace space;
+  space.placements = {Placement::kHomogeneous};
+  space.tp = {1, 2};
+  space.pp = {1};
+  space.cp = {1};
+  space.vpp = {1};
+  space.recompute = {Recompute::kNone};
+  space.micro_batch_sizes = {1};
+  space.sequence_parallel = {false, true};
+  space.etp = {0, 1};
+  // (tp, ep, etp as the plan holds it, sequence parallelism) of every valid plan on 4 devices.
+  std::set<std::tuple<int64_t, int64_t, int64_t, bool>> seen;
+  const Enumeration e = enumerate_plans(s, space, 4);
+  for (const Candidate& c : e.valid) {
+    const ModuleLayout& l = c.plan.layout;
+    seen.emplace(l.tp, l.ep, l.etp, c.plan.sequence_parallel);
+    // The parameter-state floor the search prunes by never exceeds what the Program holds.
+    const ParallelPlan plan = resolve_stage_split(c.plan, s.model, s.workload, s.cluster);
+    const Lowered lowered = lower(s.model, cluster_with_devices(s.cluster, 4), plan, s.workload,
+                                  draw_batch(s.workload, 0));
+    REQUIRE(lowered.error.empty());
+    double busiest = 0;
+    for (const RankMemory& m : lowered.program.memory)
+      busiest = std::max(busiest, m.weight_bytes + m.gradient_bytes + m.optimizer_bytes);
+    INFO(c.key);
+    CHECK(mean_parameter_memory(plan, s.model).total() <= busiest * (1 + 1e-12));
+  }
+  using Seen = std::tuple<int64_t, int64_t, int64_t, bool>;
+  // tp 1: one expert TP, EP out of dp = 4.
+  for (int64_t ep : {1, 2, 4}) CHECK(seen.count(Seen{1, ep, 0, false}) == 1);
+  CHECK(seen.count(Seen{1, 1, 1, false}) == 0);
+  // tp 2, experts split over TP: EP out of dp = 2, with or without sequence parallelism.
+  for (bool sp : {false, true})
+    for (int64_t ep : {1, 2}) CHECK(seen.count(Seen{2, ep, 0, sp}) == 1);
+  CHECK(seen.count(Seen{2, 4, 0, true}) == 0);
+  // tp 2, whole experts: EP out of tp*dp = 4, only with sequence parallelism.
+  for (int64_t ep : {1, 2, 4}) {
+    CHECK(seen.count(Seen{2, ep, 1, true}) == 1);
+    CHECK(seen.count(Seen{2, ep, 1, false}) == 0);
+  }
+  CHECK(seen.size() == 10);
+  // With whole experts each rank holds tp times the routed experts of the split plan, at the
+  // same EP: the floor says so.
+  ParallelPlan split = *s.plan, whole;
+  split.layout = {};
+  split.layout.tp = 2;
+  split.layout.dp = 2;
+  split.layout.ep = 2;
+  split.sequence_parallel = true;
+  split.distributed_optimizer = false;
+  split.fully_sharded = false;
+  whole = split;
+  whole.layout.etp = 1;
+  const TransformerArch& a = llm_arch(s);
+  const double routed = static_cast<double>(moe_layers(a, 0, a.layers)) *
+                        static_cast<double>(expert_layer_parameters(a, 1, 1));
+  // An fp32 weight and gradient and the optimizer's 12 bytes (parameter_memory), not sharded:
+  // a rank holds 1/ep of the routed experts whole, or 1/(ep*tp) of them split.
+  CHECK(mean_parameter_memory(whole, s.model).total() -
+            mean_parameter_memory(split, s.model).total() ==
+        doctest::Approx(20.0 * routed * (1.0 / 2 - 1.0 / 4)));
+
+  // The space's key: "tp" or 1, written back as read; anything else named by its index.
+  Diagnostics diag;
+  const SearchSpace read =
+      read_search_space(Json::parse(R"({"etp": ["tp", 1]})"), "s.json", "search", diag);
+  CHECK(diag.ok());
+  CHECK(read.etp == std::vector<int64_t>{0, 1});
+  CHECK(to_json(read)["etp"] == Json::parse(R"(["tp", 1])"));
+  CHECK(read_search_space(to_json(read), "", "", diag) == read);
+  CHECK(to_json(SearchSpace{})["etp"] == Json::parse(R"(["tp"])"));
+  read_search_space(Json::parse(R"({"etp": ["tp", 2]})"), "s.json", "search", diag);
+  CHECK(diag.format().find("s.json: search.etp[1]: must be \"tp\" or 1") != std::string::npos);
+  Diagnostics empty;
+  read_search_space(Json::parse(R"({"etp": []})"), "s.json", "search", empty);
+  CHECK(empty.format().find("s.json: search.etp: expected a non-empty array") != std::string::npos);
 }
 
 TEST_CASE("layer patterns: dense layers before and between the MoE layers") {
