@@ -11,8 +11,9 @@ Times, with device events (medians of 5 batches of 10 calls after 3 warm-up call
   grouped  a bf16 grouped product (torch._grouped_mm, one GEMM per local expert, as Megatron-LM's
            grouped GEMM runs a rank's routed experts) for 8 experts and 64 to 4,096 tokens each,
            at two experts' shapes (DeepSeek-V3's first expert GEMM, 7,168 x 4,096; Qwen3-235B's,
-           4,096 x 3,072), beside one dense product of all the tokens; checked against the
-           experts' products one by one
+           4,096 x 3,072), beside one dense product of all the tokens; the same in FP8 with one
+           scale per token and per expert column (torch._scaled_grouped_mm) beside one FP8 dense
+           product; each checked against the experts' products one by one
 FILE holds a first JSON line naming the device and torch, then one line per measurement (kind,
 dtype and FP8 scaling, the shape, seconds, TFLOP/s, the check's relative error), written as it is
 taken; `tessera gemms FILE` sets them beside the cost model. A table on the terminal. On the CPU (--device cpu --quick) it is the
@@ -164,6 +165,45 @@ def grouped(device, sizes, shapes, groups, record):
             w0 = w[0].t()
             record("grouped", f"{label}: one dense product of {groups * m} tokens", groups * m, n,
                    k, 1, timed(device, lambda: x @ w0))
+            grouped_fp8(device, x, w, offs, m, label, record)
+
+
+def grouped_fp8(device, x, w, offs, m, label, record):
+    """The same experts in FP8 (e4m3) with one scale per token row and per expert output column,
+    as FP8 expert GEMMs scale them (torch._scaled_grouped_mm), beside one FP8 product of all the
+    tokens at the same scaling; checked against the experts' dequantized products one by one. The
+    CPU has neither product: there its arguments are checked on meta tensors (shapes, strides,
+    scales), which fails the dry run where they are wrong."""
+    groups, n, k = w.shape
+    xf, wf = x.float(), w.float()
+    sx = xf.abs().amax(1) / 448  # (groups * m,)
+    sw = wf.abs().amax(2) / 448  # (groups, n)
+    qx = quantize(xf, sx[:, None])
+    qw = quantize(wf, sw[:, :, None])  # (groups, n, k) row-major: column-major once transposed
+    q0, s0 = qw[0], sw[0][None, :].contiguous()  # expert 0's, for the dense product
+    products = [
+        (f"fp8 per row, {label}: {groups} experts, {m} tokens each", groups,
+         lambda t: torch._scaled_grouped_mm(t(qx), t(qw).transpose(-2, -1), t(sx), t(sw),
+                                            offs=t(offs), out_dtype=torch.bfloat16),
+         lambda: torch.cat([(qx[i * m:(i + 1) * m].float() * sx[i * m:(i + 1) * m, None]) @
+                            (qw[i].float() * sw[i][:, None]).t() for i in range(groups)])),
+        (f"fp8 per row, {label}: one dense product of {groups * m} tokens", 1,
+         lambda t: torch._scaled_mm(t(qx), t(q0).t(), t(sx[:, None].contiguous()), t(s0),
+                                    out_dtype=torch.bfloat16),
+         lambda: (qx.float() * sx[:, None]) @ (q0.float() * sw[0][:, None]).t()),
+    ]
+    for what, g, product, reference in products:
+        rows = m if g > 1 else groups * m
+        if device == "cpu":
+            out = product(lambda t: t.to("meta"))
+            assert out.shape == (groups * m, n), f"{what}: product of shape {tuple(out.shape)}"
+            assert reference().shape == (groups * m, n)
+        try:
+            fn = lambda: product(lambda t: t)
+            out = fn()
+            record("grouped", what, rows, n, k, g, timed(device, fn), rel_error(out, reference()))
+        except (RuntimeError, NotImplementedError, TypeError) as e:
+            record("grouped", what, rows, n, k, g, None, skipped=str(e).splitlines()[0])
 
 
 def main():

@@ -11,8 +11,9 @@
 #           measured ceiling, beside the datasheet peak of the device file
 #   gemm    the rates behind the cost model's GEMM constants (scripts/gemm-rates.py): bf16 and
 #           FP8 products (per-tensor, per-row and per-block scales) at the matmul stage's size,
-#           and bf16 grouped products (8 experts, 64 to 4,096 tokens each) beside one dense
-#           product of their tokens, into gemm.jsonl
+#           and grouped products (8 experts, 64 to 4,096 tokens each; bf16, and FP8 with a scale
+#           per token and per expert column) beside one dense product of their tokens, into
+#           gemm.jsonl
 #   gpu     the gpu tests: the tiny models on the device against the CPU (fp32 within 1e-4,
 #           bf16 within 1e-2, never NaN) and the parallel plans on the device against its one rank
 #   bench   recorded runs of the ~1B- and ~3B-class VLMs (scenarios/gpu/): micro-batch sizes and
