@@ -33,7 +33,9 @@
 #           built against the same torch and carried beside this one) on the copies stage's two
 #           runs, alternated; the median steps, their ratio and the peaks into ab.tsv; then one
 #           profiled step of each executor on each run, and the host operators and kernels whose
-#           time differs most between the two (ab-compare-<run>.txt). AB_THIS_FLAGS: flags
+#           time differs most between the two (ab-compare-<run>.txt); then a traced run of each,
+#           compared op by op: durations and the gaps between ops on the GPU's clock
+#           (scripts/trace-compare.py, ab-ops-<run>.txt). AB_THIS_FLAGS: flags
 #           for this executor alone (say --no-working-copies, to set it beside an executor that
 #           predates them). Run only when named.
 #   model   the recorded runs against the cost model: `tessera replay` uncalibrated (per step and
@@ -395,6 +397,22 @@ stage_ab() {
     python3 scripts/profile-summary.py "$out/ab/$name-this-profiled/profile/rank0.json.gz" \
       --compare "$out/ab/$name-other-profiled/profile/rank0.json.gz" --top 12 |
       tee "$out/ab-compare-$name.txt"
+  done
+  # One traced run of each (8 steps, every one traced: op times on the CUDA events at op
+  # boundaries), compared op by op after the first two steps: each lane's busy time and the gaps
+  # between its ops, and the ops whose duration or gap before differs most (ab-ops-<run>.txt):
+  # where the unprofiled step's difference lies when the profiles agree.
+  for name in "${ab_names[@]}"; do
+    for arm in this other; do
+      local bin=$train flags=("${flags_a[@]}")
+      [[ $arm == other ]] && bin=$other flags=()
+      rm -rf "${out:?}/ab/$name-$arm-traced"
+      "${pin[@]}" "$bin" "$out/scenarios/$name.json" --device "$device" --steps 8 --trace-steps 8 \
+        --no-checkpoint "${flags[@]}" --out "$out/ab/$name-$arm-traced" >/dev/null
+    done
+    echo "$name, traced steps 3-8, this executor (A) against the other (B):"
+    python3 scripts/trace-compare.py "$out/ab/$name-this-traced" "$out/ab/$name-other-traced" \
+      --skip 2 | tee "$out/ab-ops-$name.txt"
   done
 }
 
