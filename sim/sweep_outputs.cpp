@@ -56,6 +56,10 @@ std::string describe_layout(const ParallelPlan& plan, const ModelSpec& model) {
   if (plan.distributed_optimizer) options += " dopt";
   if (plan.fully_sharded) options += " fsdp";
   if (plan.fp8 != Fp8Recipe::kNone) options += " fp8:" + enum_name(plan.fp8, kFp8Recipes);
+  // The expert dispatch where it is not Megatron-LM's default.
+  if (plan.moe_dispatcher != MoeDispatcher::kAllToAll)
+    options += " " + enum_name(plan.moe_dispatcher, kMoeDispatchers);
+  if (plan.moe_a2a_overlap) options += " a2a:overlap";
   // Heads TP does not divide: padded, or the encoders whole on every TP rank.
   if (plan.indivisible_heads == IndivisibleHeads::kPad) options += " heads:pad";
   if (plan.indivisible_heads == IndivisibleHeads::kReplicate) options += " heads:replicate";

@@ -77,9 +77,11 @@ SearchSpace read_search_space(const Json& json, const std::string& file, const s
     }
   }
   read_enum_list(r, "recompute", s.recompute, kRecomputes);
+  read_enum_list(r, "moe_dispatchers", s.moe_dispatchers, kMoeDispatchers);
   for (auto [key, list] : {std::pair{"sequence_parallel", &s.sequence_parallel},
                            std::pair{"distributed_optimizer", &s.distributed_optimizer},
-                           std::pair{"fully_sharded", &s.fully_sharded}}) {
+                           std::pair{"fully_sharded", &s.fully_sharded},
+                           std::pair{"moe_a2a_overlap", &s.moe_a2a_overlap}}) {
     const Json* v = r.find(key);
     if (v == nullptr) continue;
     if (!v->is_array() || v->empty() ||
@@ -133,6 +135,8 @@ Json to_json(const SearchSpace& s) {
   j["micro_batch_sizes"] = s.micro_batch_sizes;
   j["encoder_pp"] = s.encoder_pp;
   j["encoder_cp"] = s.encoder_cp;
+  j["moe_dispatchers"] = enum_list(s.moe_dispatchers, kMoeDispatchers);
+  j["moe_a2a_overlap"] = s.moe_a2a_overlap;
   j["recompute"] = enum_list(s.recompute, kRecomputes);
   j["sequence_parallel"] = s.sequence_parallel;
   j["distributed_optimizer"] = s.distributed_optimizer;

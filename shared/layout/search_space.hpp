@@ -26,6 +26,12 @@ struct SearchSpace {
   // out of tp·cp·dp, each TP rank routing its own tokens; tried where tp > 1 with sequence
   // parallelism, Megatron-LM's expert_tensor_parallel_size 1).
   std::vector<int64_t> etp = {0};
+  // The expert dispatch of those plans where EP > 1: each dispatcher listed (alltoall, Megatron-
+  // LM's; deepep, a token sent once to each other node holding its experts), each with and
+  // without the all-to-alls overlapped with another micro-batch's compute (moe_a2a_overlap).
+  // Default: the all-to-all dispatcher, not overlapped.
+  std::vector<MoeDispatcher> moe_dispatchers = {MoeDispatcher::kAllToAll};
+  std::vector<bool> moe_a2a_overlap = {false};
   // Pipeline stages of each encoder's own in non-colocated plans (its share of the devices is
   // tp · encoder_pp · dp). Default 1: with data parallelism beside it, pipelining an encoder rarely
   // pays and it triples the non-colocated candidates; `tessera stages` searches stage counts

@@ -41,6 +41,8 @@ struct LlmChoice {
   Recompute recompute;
   bool sequence_parallel, distributed_optimizer, fully_sharded;
   Fp8Recipe fp8;
+  MoeDispatcher dispatcher = MoeDispatcher::kAllToAll;
+  bool a2a_overlap = false;
 };
 
 // `experts`: the LLM's per layer (0: dense, EP 1 only).
@@ -77,8 +79,14 @@ std::vector<LlmChoice> llm_choices(const SearchSpace& space, int64_t gpus, int64
                     const bool shardable = distributed && dp * cp > 1;
                     for (bool full : shardable ? space.fully_sharded : std::vector<bool>{false})
                       for (Fp8Recipe fp8 : space.fp8)
-                        out.push_back({tp, cp, pp, dp, vpp, ep, etp, mbs, recompute, sp,
-                                       distributed, full, fp8});
+                        // The dispatch options where there is an all-to-all (EP > 1).
+                        for (MoeDispatcher dispatcher :
+                             ep > 1 ? space.moe_dispatchers
+                                    : std::vector<MoeDispatcher>{MoeDispatcher::kAllToAll})
+                          for (bool overlap :
+                               ep > 1 ? space.moe_a2a_overlap : std::vector<bool>{false})
+                            out.push_back({tp, cp, pp, dp, vpp, ep, etp, mbs, recompute, sp,
+                                           distributed, full, fp8, dispatcher, overlap});
                   }
                 }
         }
@@ -100,6 +108,8 @@ void base_options(ParallelPlan& p, const LlmChoice& c) {
   // FP8 as NeMo's recipes run it: with the distributed optimizer, weights kept and gathered in FP8.
   p.fp8 = c.fp8;
   p.fp8_param_gather = c.fp8 != Fp8Recipe::kNone && c.distributed_optimizer;
+  p.moe_dispatcher = c.dispatcher;
+  p.moe_a2a_overlap = c.a2a_overlap;
   p.stage_split = StageSplit::kUniform;  // plans without a pipeline; consider() varies it
 }
 

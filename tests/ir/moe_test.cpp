@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <optional>
 #include <set>
 #include <string>
@@ -279,6 +280,47 @@ TEST_CASE("the search tries whole experts (etp 1) where the space lists it: EP o
   Diagnostics empty;
   read_search_space(Json::parse(R"({"etp": []})"), "s.json", "search", empty);
   CHECK(empty.format().find("s.json: search.etp: expected a non-empty array") != std::string::npos);
+}
+
+TEST_CASE("the search tries the expert dispatch the space lists, where there is an all-to-all") {
+  Scenario s = moe_scenario();
+  SearchSpace space;
+  space.placements = {Placement::kHomogeneous};
+  space.tp = {1};
+  space.pp = {1};
+  space.cp = {1};
+  space.vpp = {1};
+  space.recompute = {Recompute::kNone};
+  space.micro_batch_sizes = {1};
+  space.moe_dispatchers = {MoeDispatcher::kAllToAll, MoeDispatcher::kDeepEp};
+  space.moe_a2a_overlap = {false, true};
+  std::map<int64_t, std::set<std::pair<MoeDispatcher, bool>>> by_ep;
+  for (const Candidate& c : enumerate_plans(s, space, 4).valid)
+    by_ep[c.plan.layout.ep].emplace(c.plan.moe_dispatcher, c.plan.moe_a2a_overlap);
+  const std::set<std::pair<MoeDispatcher, bool>> all = {{MoeDispatcher::kAllToAll, false},
+                                                        {MoeDispatcher::kAllToAll, true},
+                                                        {MoeDispatcher::kDeepEp, false},
+                                                        {MoeDispatcher::kDeepEp, true}};
+  // EP 1 has no all-to-all: one plan, the default dispatch.
+  CHECK(by_ep[1] == std::set<std::pair<MoeDispatcher, bool>>{{MoeDispatcher::kAllToAll, false}});
+  CHECK(by_ep[2] == all);
+  CHECK(by_ep[4] == all);
+  // Read and written back; a value that is no dispatcher named by its index.
+  Diagnostics diag;
+  const SearchSpace read = read_search_space(
+      Json::parse(R"({"moe_dispatchers": ["deepep"], "moe_a2a_overlap": [true, false]})"), "s.json",
+      "search", diag);
+  CHECK(diag.ok());
+  CHECK(read.moe_dispatchers == std::vector<MoeDispatcher>{MoeDispatcher::kDeepEp});
+  CHECK(read.moe_a2a_overlap == std::vector<bool>{true, false});
+  CHECK(read_search_space(to_json(read), "", "", diag) == read);
+  CHECK(read_search_space(to_json(space), "", "", diag) == space);
+  CHECK(diag.ok());
+  read_search_space(Json::parse(R"({"moe_dispatchers": ["nccl"], "moe_a2a_overlap": [1]})"),
+                    "s.json", "search", diag);
+  CHECK(diag.format().find("s.json: search.moe_dispatchers[0]") != std::string::npos);
+  CHECK(diag.format().find("s.json: search.moe_a2a_overlap: expected a non-empty array of true "
+                           "and false") != std::string::npos);
 }
 
 TEST_CASE("layer patterns: dense layers before and between the MoE layers") {

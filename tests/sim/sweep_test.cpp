@@ -144,9 +144,13 @@ TEST_CASE("sequence_parallel and distributed_optimizer are search keys; sp only 
                                                           {2, false, true},
                                                           {2, true, false},
                                                           {2, true, true}});
-  // The sweep table names them.
-  CHECK(describe_layout(enumerate_plans(s, *s.search, 4).valid.back().plan, s.model)
-            .find("sp dopt") != std::string::npos);
+  // The sweep table names them, and an expert dispatch other than the default.
+  ParallelPlan last = enumerate_plans(s, *s.search, 4).valid.back().plan;
+  CHECK(describe_layout(last, s.model).find("sp dopt") != std::string::npos);
+  CHECK(describe_layout(last, s.model).find("deepep") == std::string::npos);
+  last.moe_dispatcher = MoeDispatcher::kDeepEp;
+  last.moe_a2a_overlap = true;
+  CHECK(describe_layout(last, s.model).find("sp dopt deepep a2a:overlap") != std::string::npos);
   Diagnostics diag;
   read_search_space(Json::parse(R"({"sequence_parallel": [1]})"), "s.json", "search", diag);
   CHECK(diag.format().find("s.json: search.sequence_parallel: expected a non-empty array of true "
