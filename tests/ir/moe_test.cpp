@@ -72,6 +72,20 @@ const TransformerArch& llm_arch(const Scenario& s) {
   return *s.model.modules.back().transformer;
 }
 
+// A search of homogeneous plans without a pipeline, CP or recomputation, micro-batch 1: the EP
+// and expert options alone vary.
+SearchSpace homogeneous_space() {
+  SearchSpace space;
+  space.placements = {Placement::kHomogeneous};
+  space.tp = {1};
+  space.pp = {1};
+  space.cp = {1};
+  space.vpp = {1};
+  space.recompute = {Recompute::kNone};
+  space.micro_batch_sizes = {1};
+  return space;
+}
+
 }  // namespace
 
 TEST_CASE("expert load: even without skew, skewed by a Zipf law, clipped by a capacity") {
@@ -183,14 +197,7 @@ TEST_CASE("a skewed router makes the EP group wait for its busiest rank") {
 
 TEST_CASE("the search tries EP where the LLM has experts, and only there") {
   Scenario s = moe_scenario();
-  SearchSpace space;
-  space.placements = {Placement::kHomogeneous};
-  space.tp = {1};
-  space.pp = {1};
-  space.cp = {1};
-  space.vpp = {1};
-  space.recompute = {Recompute::kNone};
-  space.micro_batch_sizes = {1};
+  SearchSpace space = homogeneous_space();
   std::set<int64_t> eps;
   for (const Candidate& c : enumerate_plans(s, space, 4).valid) eps.insert(c.plan.layout.ep);
   CHECK(eps == std::set<int64_t>{1, 2, 4});  // 8 does not divide dp = 4
@@ -204,14 +211,8 @@ TEST_CASE("the search tries EP where the LLM has experts, and only there") {
 
 TEST_CASE("the search tries whole experts (etp 1) where the space lists it: EP out of tp*cp*dp") {
   Scenario s = moe_scenario();
-  SearchSpace space;
-  space.placements = {Placement::kHomogeneous};
+  SearchSpace space = homogeneous_space();
   space.tp = {1, 2};
-  space.pp = {1};
-  space.cp = {1};
-  space.vpp = {1};
-  space.recompute = {Recompute::kNone};
-  space.micro_batch_sizes = {1};
   space.sequence_parallel = {false, true};
   space.etp = {0, 1};
   // (tp, ep, etp as the plan holds it, sequence parallelism) of every valid plan on 4 devices.
@@ -284,14 +285,7 @@ TEST_CASE("the search tries whole experts (etp 1) where the space lists it: EP o
 
 TEST_CASE("the search tries the expert dispatch the space lists, where there is an all-to-all") {
   Scenario s = moe_scenario();
-  SearchSpace space;
-  space.placements = {Placement::kHomogeneous};
-  space.tp = {1};
-  space.pp = {1};
-  space.cp = {1};
-  space.vpp = {1};
-  space.recompute = {Recompute::kNone};
-  space.micro_batch_sizes = {1};
+  SearchSpace space = homogeneous_space();
   space.moe_dispatchers = {MoeDispatcher::kAllToAll, MoeDispatcher::kDeepEp};
   space.moe_a2a_overlap = {false, true};
   std::map<int64_t, std::set<std::pair<MoeDispatcher, bool>>> by_ep;
