@@ -13,17 +13,16 @@ RankMemory mean_parameter_memory(const ParallelPlan& plan, const ModelSpec& mode
   for (const PlacedModule& m : placed) {
     const ModuleLayout& l = m.layout;  // a hosted module's is its host's
     const int64_t replicas = l.dp * l.cp;
-    // Routed experts split over EP have replicas / ep copies, where replicas count tp too when
-    // the experts are whole on each rank (expert TP 1); the rest `replicas`.
-    const int64_t expert_replicas = l.expert_tp() == l.tp ? replicas : replicas * l.tp;
+    // Routed experts have replicas·(tp / expert TP) / ep copies, the replicas their gradients
+    // reduce over (whole experts on each TP rank count tp times); the rest `replicas`.
+    const int64_t expert_copies = replicas * (l.tp / l.expert_tp()) / l.ep;
     const auto& t = m.module->transformer;
-    const bool split = l.ep > 1 || l.expert_tp() != l.tp;
-    const double experts = t && split ? static_cast<double>(moe_layers(*t, 0, t->layers)) *
-                                            expert_layer_parameters(*t, 1, 1)
-                                      : 0.0;
+    const double experts =
+        t ? static_cast<double>(moe_layers(*t, 0, t->layers)) * expert_layer_parameters(*t, 1, 1)
+          : 0.0;
     const double params = static_cast<double>(module_parameters(*m.module));
     for (const auto& [count, copies] :
-         {std::pair{params - experts, replicas}, std::pair{experts, expert_replicas / l.ep}}) {
+         {std::pair{params - experts, replicas}, std::pair{experts, expert_copies}}) {
       const RankMemory one =
           parameter_memory(count, !m.module->frozen, plan.distributed_optimizer ? copies : 1,
                            model.dtype, plan.fully_sharded, kept_gradient_bytes(plan, model.dtype));
