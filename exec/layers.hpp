@@ -169,6 +169,7 @@ struct Moe {
   Mlp shared;
   bool has_shared = false;
   int64_t top_k = 0, total = 0, first_expert = 0;
+  int64_t groups = 0, group_top_k = 0;
   const Comm* ep = nullptr;
 };
 

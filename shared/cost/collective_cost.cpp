@@ -90,18 +90,24 @@ double nccl_collective_s(const ClusterSpec& cluster, CollectiveKind kind, int64_
   const int64_t nics = std::min(span.per_node, cluster.inter_node.nics_per_node > 0
                                                    ? cluster.inter_node.nics_per_node
                                                    : cluster.devices_per_node);
-  const double rail = static_cast<double>(nics) * cluster.inter_node.link.bandwidth_bytes_per_s *
-                      nic_efficiency / std::max(1.0, cluster.inter_node.oversubscription);
+  // The NICs' line rate at `efficiency`, shared by the fabric's oversubscription.
+  const auto rail_at = [&](double efficiency) {
+    return static_cast<double>(nics) * cluster.inter_node.link.bandwidth_bytes_per_s * efficiency /
+           std::max(1.0, cluster.inter_node.oversubscription);
+  };
+  const double rail = rail_at(nic_efficiency);
   const double latency = cluster.inter_node.link.latency_s;
   if (kind == CollectiveKind::kAllToAll) {
     // No ring: each member sends every other its 1/n share at once. What goes to the other
-    // nodes' members leaves through the node's NICs, all its members' shares together; the
-    // shares for its own node's members go over NVLink meanwhile.
+    // nodes' members leaves through the node's NICs, all its members' shares together, at the
+    // all-to-all's own rate; the shares for its own node's members go over NVLink meanwhile.
     const double members = static_cast<double>(span.per_node);
     const double share = bytes / static_cast<double>(n);
     const double leaving = members * share * static_cast<double>(n - span.per_node);
     const double inside = share * (members - 1) / bus;
-    return std::max(leaving / rail, inside) + latency;
+    const AllToAllRate a2a =
+        all_to_all_rate(cluster.inter_node, transport, nic_efficiency, latency);
+    return std::max(leaving / rail_at(a2a.efficiency), inside) + a2a.latency_s;
   }
   // The node curve's shape in size, capped at what the NICs carry.
   bus *= std::min(1.0, rail / curve.back().second);

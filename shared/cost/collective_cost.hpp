@@ -2,7 +2,8 @@
 // curves (ClusterSpec::intra_node_collectives): the bus bandwidth a message of its size reaches
 // inside a node; across nodes, rings that use min(members per node, NICs per node) NICs at once
 // (rail-aligned) and pay a network latency per step that crosses nodes; all-reduce as the faster
-// of a ring and a tree (log-depth latency, NCCL's 0.92 tree bandwidth). Sources: docs/FIDELITY.md.
+// of a ring and a tree (log-depth latency, NCCL's 0.92 tree bandwidth); all-to-alls through the
+// NICs at once, at their own measured rate. Sources: docs/FIDELITY.md.
 #pragma once
 
 #include <cstdint>

@@ -188,7 +188,8 @@ bool CostModel::same_node(const RankList& group) const {
                      [&](int64_t r) { return r / cluster_.devices_per_node == node; });
 }
 
-double CostModel::collective_s(CollectiveKind kind, const RankList& group, double bytes) const {
+double CostModel::collective_s(CollectiveKind kind, const RankList& group, double bytes,
+                               Transport transport) const {
   const int64_t n = static_cast<int64_t>(group.size());
   if (n <= 1 || bytes <= 0) return 0;
   const bool local = same_node(group);
@@ -197,11 +198,23 @@ double CostModel::collective_s(CollectiveKind kind, const RankList& group, doubl
            bus_factor(kind, n) * bytes / f->bandwidth_bytes_per_s;
   if (!cluster_.intra_node_collectives.empty())
     return nccl_collective_s(cluster_, kind, n, group_span(cluster_, group), bytes,
-                             nic_efficiency());
+                             nic_efficiency(), transport);
   const LinkSpec& link = local ? cluster_.intra_node : cluster_.inter_node.link;
-  double bandwidth = link.bandwidth_bytes_per_s * params_.bandwidth_efficiency;
+  double efficiency = params_.bandwidth_efficiency;
+  double latency = latency_steps(kind, n) * link.latency_s;
+  if (!local && kind == CollectiveKind::kAllToAll) {
+    const AllToAllRate a2a = all_to_all_rate(cluster_.inter_node, transport, efficiency, latency);
+    efficiency = a2a.efficiency;
+    latency = a2a.latency_s;
+  }
+  double bandwidth = link.bandwidth_bytes_per_s * efficiency;
   if (!local) bandwidth /= std::max(1.0, cluster_.inter_node.oversubscription);
-  return latency_steps(kind, n) * link.latency_s + bus_factor(kind, n) * bytes / bandwidth;
+  return latency + bus_factor(kind, n) * bytes / bandwidth;
+}
+
+double CostModel::collective_s(const Program& program, const NestedCollective& nested) const {
+  return collective_s(nested.kind, program.groups[static_cast<std::size_t>(nested.group)],
+                      nested.bytes, nested.transport);
 }
 
 double CostModel::p2p_s(int64_t from, int64_t to, double bytes) const {
@@ -276,9 +289,7 @@ double CostModel::nested_s(const Program& program, const Op& op,
                            std::optional<Purpose> purpose) const {
   double seconds = 0;
   for (const NestedCollective& n : op.nested)
-    if (!purpose || n.purpose == *purpose)
-      seconds += n.count *
-                 collective_s(n.kind, program.groups[static_cast<std::size_t>(n.group)], n.bytes);
+    if (!purpose || n.purpose == *purpose) seconds += n.count * collective_s(program, n);
   return seconds;
 }
 
@@ -296,8 +307,7 @@ double CostModel::hidden_input_gradient_s(const Program& program, const Op& op) 
   for (const NestedCollective& n : op.nested)
     if (n.purpose == Purpose::kTp && n.kind == kind && n.count == 2 * op.layers) grad = &n;
   if (grad == nullptr) return 0;
-  const double call =
-      collective_s(grad->kind, program.groups[static_cast<std::size_t>(grad->group)], grad->bytes);
+  const double call = collective_s(program, *grad);
   return column_parallel_wgrad_hidden_s(modules_[static_cast<std::size_t>(op.module)], op,
                                         cluster_.device, peak_flops(cluster_, dtype_),
                                         static_cast<double>(dtype_bytes(dtype_)),

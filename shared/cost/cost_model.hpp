@@ -166,8 +166,12 @@ class CostModel {
   // The part of dedicated_compute_s that does not grow with the op's work: a Compute op's fixed
   // cost (the fit's overhead, none for a W fused into its B; else the analytic per-op overhead).
   double fixed_compute_s(const Op& op) const;
-  // Seconds of one collective of `bytes` (NCCL-tests size) over `group`.
-  double collective_s(CollectiveKind kind, const RankList& group, double bytes) const;
+  // Seconds of one collective of `bytes` (NCCL-tests size) over `group`, moved by `transport`'s
+  // kernels.
+  double collective_s(CollectiveKind kind, const RankList& group, double bytes,
+                      Transport transport = Transport::kNccl) const;
+  // Seconds of one call of a compute op's nested collective.
+  double collective_s(const Program& program, const NestedCollective& nested) const;
   // Seconds for a point-to-point message between two ranks.
   double p2p_s(int64_t from, int64_t to, double bytes) const;
 

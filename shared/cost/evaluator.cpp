@@ -233,8 +233,7 @@ Timeline evaluate_pass(const Program& p, const CostModel& cost, const ComputeExt
                       1;  // the last arrival wakes the others
                   for (int64_t m : group) enqueue(static_cast<std::size_t>(m));
                 }
-                at = ready_at[static_cast<std::size_t>(inst)] +
-                     nc.count * cost.collective_s(nc.kind, group, nc.bytes);
+                at = ready_at[static_cast<std::size_t>(inst)] + nc.count * cost.collective_s(p, nc);
                 ++next;
               }
               if (blocked) break;

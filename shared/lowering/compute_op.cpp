@@ -182,16 +182,18 @@ Op Lowering::compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t
       op.expert_wait_flops = routed_flops * (busiest - 1.0) * (rerouted ? 2.0 : 1.0);
       const int32_t g = ep_group(layout_owner, x);
       if (plan_.moe_a2a_overlap) op.flags |= kOpEpCommOverlap;
+      // DeepEP's kernels move the tokens (and exchange the counts) themselves.
+      const bool deepep = plan_.moe_dispatcher == MoeDispatcher::kDeepEp;
+      const Transport transport = deepep ? Transport::kDeepEp : Transport::kNccl;
       if (phase == Phase::kF || phase == Phase::kR || rerouted)
         op.nested.push_back({CollectiveKind::kAllToAll, Purpose::kEp, g, static_cast<int32_t>(moe),
-                             static_cast<double>(a.experts) * 8.0});
+                             static_cast<double>(a.experts) * 8.0, transport});
       if (phase != Phase::kW) {
         // DeepEP sends a token once to each other node holding any of its experts.
         const double copies =
-            plan_.moe_dispatcher == MoeDispatcher::kDeepEp
-                ? node_deduplicated_share(
-                      group_span(cluster_, p_.groups[static_cast<std::size_t>(g)]), a.top_k)
-                : 1.0;
+            deepep ? node_deduplicated_share(
+                         group_span(cluster_, p_.groups[static_cast<std::size_t>(g)]), a.top_k)
+                   : 1.0;
         const double routed = tokens_local * static_cast<double>(a.top_k * a.hidden) * dtype /
                               (plan_.sequence_parallel ? tp_shard : 1.0) * std::max(1.0, busiest) *
                               copies;
@@ -201,8 +203,9 @@ Op Lowering::compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t
         const auto calls = static_cast<int32_t>((rerouted ? 2 : 1) * moe);
         const double to_experts =
             plan_.moe_fp8_dispatch ? routed / dtype * (1.0 + 4.0 / 128.0) : routed;
-        op.nested.push_back({CollectiveKind::kAllToAll, Purpose::kEp, g, calls, to_experts});
-        op.nested.push_back({CollectiveKind::kAllToAll, Purpose::kEp, g, calls, routed});
+        op.nested.push_back(
+            {CollectiveKind::kAllToAll, Purpose::kEp, g, calls, to_experts, transport});
+        op.nested.push_back({CollectiveKind::kAllToAll, Purpose::kEp, g, calls, routed, transport});
       }
     }
   }

@@ -301,12 +301,14 @@ Json program_to_json(const Program& p, int32_t rank) {
         j["bytes"] = op.memory_bytes;
         if (!op.nested.empty()) {
           Json nested = Json::array();
-          for (const NestedCollective& n : op.nested)
+          for (const NestedCollective& n : op.nested) {
             nested.push_back({{"kind", collective_name(n.kind)},
                               {"purpose", purpose_name(n.purpose)},
                               {"group", p.groups[static_cast<std::size_t>(n.group)]},
                               {"count", n.count},
                               {"bytes", n.bytes}});
+            if (n.transport == Transport::kDeepEp) nested.back()["transport"] = "deepep";
+          }
           j["nested"] = nested;
         }
       } else if (op.kind == OpKind::kCollective) {

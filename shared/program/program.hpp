@@ -31,12 +31,18 @@ enum class Purpose : uint8_t { kTp, kCp, kDp, kEp, kBoundary, kPp, kNorm };
 
 // A collective run `count` times inside a Compute op's layers (TP all-reduces, CP K/V exchange,
 // EP all-to-all): on the critical path of the op.
+// Whose kernels move a collective: NCCL's, or DeepEP's for an expert dispatch or combine
+// (plan.moe_dispatcher deepep), which across nodes is priced at the NICs' ring efficiency, not
+// at NCCL's all-to-all rate (NetworkSpec::all_to_all_efficiency).
+enum class Transport : uint8_t { kNccl, kDeepEp };
+
 struct NestedCollective {
   CollectiveKind kind = CollectiveKind::kAllReduce;
   Purpose purpose = Purpose::kTp;
   int32_t group = -1;  // Program::groups index
   int32_t count = 0;
   double bytes = 0;  // per call, per rank (NCCL-tests "size")
+  Transport transport = Transport::kNccl;
 };
 
 // What a Compute op's layers include besides the layer stack, and how its kernels run (the

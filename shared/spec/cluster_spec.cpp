@@ -27,9 +27,10 @@ LinkSpec read_link(ObjectReader& parent, std::string_view key, bool required) {
   if (r.required("bandwidth_bytes_per_s", link.bandwidth_bytes_per_s))
     r.check_positive("bandwidth_bytes_per_s", link.bandwidth_bytes_per_s);
   if (r.required("latency_s", link.latency_s)) r.check_at_least("latency_s", link.latency_s, 0.0);
-  // read by the caller: topology, oversubscription, nics_per_node, efficiency (inter_node);
+  // read by the caller: topology, oversubscription, nics_per_node, the efficiencies (inter_node);
   // bus_bandwidth (intra_node)
-  r.has({"topology", "oversubscription", "nics_per_node", "efficiency", "bus_bandwidth"});
+  r.has({"topology", "oversubscription", "nics_per_node", "efficiency", "all_to_all_efficiency",
+         "all_to_all_latency_s", "bus_bandwidth"});
   r.finish();
   return link;
 }
@@ -294,6 +295,12 @@ ClusterSpec read_cluster(const Json& json, const std::string& file, const std::s
       if (nr.optional("efficiency", c.inter_node.efficiency) &&
           !(c.inter_node.efficiency > 0 && c.inter_node.efficiency <= 1))
         nr.error("efficiency", "must be in (0, 1], got " + std::to_string(c.inter_node.efficiency));
+      if (nr.optional("all_to_all_efficiency", c.inter_node.all_to_all_efficiency) &&
+          !(c.inter_node.all_to_all_efficiency > 0 && c.inter_node.all_to_all_efficiency <= 1))
+        nr.error("all_to_all_efficiency",
+                 "must be in (0, 1], got " + std::to_string(c.inter_node.all_to_all_efficiency));
+      if (nr.optional("all_to_all_latency_s", c.inter_node.all_to_all_latency_s))
+        nr.check_at_least("all_to_all_latency_s", c.inter_node.all_to_all_latency_s, 0.0);
     }
   }
   r.optional("description", c.description);
@@ -342,6 +349,10 @@ Json to_json(const ClusterSpec& c) {
     net["oversubscription"] = c.inter_node.oversubscription;
     if (c.inter_node.nics_per_node > 0) net["nics_per_node"] = c.inter_node.nics_per_node;
     if (c.inter_node.efficiency > 0) net["efficiency"] = c.inter_node.efficiency;
+    if (c.inter_node.all_to_all_efficiency > 0)
+      net["all_to_all_efficiency"] = c.inter_node.all_to_all_efficiency;
+    if (c.inter_node.all_to_all_latency_s > 0)
+      net["all_to_all_latency_s"] = c.inter_node.all_to_all_latency_s;
     j["inter_node"] = net;
   }
   return j;

@@ -67,6 +67,12 @@ struct NetworkSpec {
   int64_t nics_per_node = 0;
   // Fraction of a NIC's line rate that NCCL moves; 0: the cost model's bandwidth_efficiency.
   double efficiency = 0;
+  // NCCL's all-to-all across nodes (the all-to-all expert dispatcher's), which moves less than
+  // its rings and costs more to start: the fraction of the line rate it reaches (0:
+  // `efficiency`'s), and the fixed seconds of a call in place of the link's latency (0: the
+  // link's).
+  double all_to_all_efficiency = 0;
+  double all_to_all_latency_s = 0;
   bool operator==(const NetworkSpec&) const = default;
 };
 

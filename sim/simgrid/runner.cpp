@@ -10,6 +10,7 @@
 #include <simgrid/s4u.hpp>
 
 #include "shared/base/check.hpp"
+#include "shared/cost/collective_cost.hpp"
 #include "shared/cost/overlap_slowdown.hpp"
 #include "shared/program/op_matching.hpp"
 #include "sim/flow_lanes.hpp"
@@ -125,7 +126,7 @@ class Run {
       for (std::size_t i = 0; i < p_.ranks[l].size(); ++i) {
         const Op& op = p_.ranks[l][i];
         const auto index = static_cast<int32_t>(i);
-        auto rings = [&](int32_t n, CollectiveKind kind, double bytes) {
+        auto rings = [&](int32_t n, CollectiveKind kind, double bytes, Transport transport) {
           u.clear();
           mine.clear();
           for (std::size_t k = 0; k < offsets(leader).size(); ++k)
@@ -136,7 +137,7 @@ class Run {
             const Instance& in = instances_[static_cast<std::size_t>(inst)];
             const RankList& group = p_.groups[static_cast<std::size_t>(in.group)];
             if (group.size() >= 2)
-              u.ring(group, in.sequence, cost_.collective_s(kind, group, bytes));
+              u.ring(group, in.sequence, cost_.collective_s(kind, group, bytes, transport));
           }
           if (!u.items.empty()) visit(u);
         };
@@ -148,11 +149,12 @@ class Run {
           }
           visit(u);
         } else if (op.kind == OpKind::kCollective && op.purpose != Purpose::kNorm) {
-          rings(-1, op.collective, op.message_bytes);
+          rings(-1, op.collective, op.message_bytes, Transport::kNccl);
         }
         if (options_.nested_flows)
           for (std::size_t n = 0; n < op.nested.size(); ++n)
-            rings(static_cast<int32_t>(n), op.nested[n].kind, op.nested[n].bytes);
+            rings(static_cast<int32_t>(n), op.nested[n].kind, op.nested[n].bytes,
+                  op.nested[n].transport);
       }
     }
   }
@@ -416,7 +418,7 @@ class Run {
   // links the flows and that wait take exactly the cost model's collective_s, whatever curve
   // priced it: each flow carries the bandwidth part of that time at its ring's slowest link.
   double launch_ring(CollectiveKind kind, const RankList& group, double bytes, int32_t count,
-                     std::vector<Flow>& flows) {
+                     Transport transport, std::vector<Flow>& flows) {
     const ClusterSpec& cluster = cost_.cluster();
     const bool local = cost_.same_node(group);
     const double alpha = local ? cluster.intra_node.latency_s : cluster.inter_node.link.latency_s;
@@ -425,13 +427,21 @@ class Run {
     const double slowest =
         local ? nvlink
               : std::min(nvlink, cluster.inter_node.link.bandwidth_bytes_per_s * efficiency);
-    const double latency = latency_steps(kind, static_cast<int64_t>(group.size())) * alpha;
+    const auto n = static_cast<int64_t>(group.size());
+    double latency = latency_steps(kind, n) * alpha;
     // α–β links: the bus volume itself (the flows meet the fabric's oversubscription on the
-    // uplinks); NCCL curves: the curve's time at the slowest link of the ring.
-    double bandwidth_part = bus_factor(kind, static_cast<int64_t>(group.size())) * bytes / slowest;
+    // uplinks), an all-to-all across nodes at its own rate; NCCL curves: the curve's time at the
+    // slowest link of the ring.
+    double rate = slowest;
+    if (kind == CollectiveKind::kAllToAll && !local) {
+      const AllToAllRate a2a = all_to_all_rate(cluster.inter_node, transport, efficiency, latency);
+      rate *= a2a.efficiency / efficiency;
+      latency = a2a.latency_s;
+    }
+    double bandwidth_part = bus_factor(kind, n) * bytes / rate;
     double each = latency + bandwidth_part;
     if (!cluster.intra_node_collectives.empty()) {
-      each = cost_.collective_s(kind, group, bytes);
+      each = cost_.collective_s(kind, group, bytes, transport);
       bandwidth_part = std::max(0.0, each - latency);
     }
     launch(group, count * bandwidth_part * slowest, flows);
@@ -467,6 +477,8 @@ class Run {
       const auto kind = n < 0 ? op.collective : op.nested[static_cast<std::size_t>(n)].kind;
       const double bytes = n < 0 ? op.message_bytes : op.nested[static_cast<std::size_t>(n)].bytes;
       const int32_t count = n < 0 ? 1 : op.nested[static_cast<std::size_t>(n)].count;
+      const Transport transport =
+          n < 0 ? Transport::kNccl : op.nested[static_cast<std::size_t>(n)].transport;
       const RankList& first_group = p_.groups[static_cast<std::size_t>(
           instances_[static_cast<std::size_t>(complete.front())].group)];
       // A collective class the cost model was calibrated on runs at its measured cost.
@@ -475,7 +487,7 @@ class Run {
                                 !cost_.calibrated_collective(kind, first_group) &&
                                 !(n < 0 && op.purpose == Purpose::kNorm);
       if (!flows_wanted || first_group.size() < 2 || bytes <= 0) {
-        const double each = cost_.collective_s(kind, first_group, bytes);
+        const double each = cost_.collective_s(kind, first_group, bytes, transport);
         if (const auto* spread = cost_.collective_spread(kind, first_group)) {
           // Every call varies on its own (the profile's measured spread).
           double total = 0;
@@ -500,7 +512,7 @@ class Run {
             folded_flows_ += static_cast<int64_t>(group.size());
             continue;
           }
-          extra = std::max(extra, launch_ring(kind, group, bytes, count, flows));
+          extra = std::max(extra, launch_ring(kind, group, bytes, count, transport, flows));
         }
         run_flows(flows);
         sleep(extra);
@@ -552,8 +564,7 @@ class Run {
                 .needed != 1)
           return -1;
       const NestedCollective& nc = op.nested[n];
-      seconds += nc.count * cost_.collective_s(
-                                nc.kind, p_.groups[static_cast<std::size_t>(nc.group)], nc.bytes);
+      seconds += nc.count * cost_.collective_s(p_, nc);
     }
     return seconds;
   }
