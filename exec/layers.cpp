@@ -371,7 +371,11 @@ torch::Tensor Mlp::partial(const torch::Tensor& entered) const {
 }
 
 Moe::Moe(ParamSet& ps, const std::string& name, const TransformerArch& arch, const Comm& group)
-    : top_k(arch.top_k), total(arch.experts), ep(&group) {
+    : top_k(arch.top_k),
+      total(arch.experts),
+      groups(arch.router_groups),
+      group_top_k(arch.router_group_top_k),
+      ep(&group) {
   TESSERA_CHECK(arch.experts % group.size() == 0, name + ": " + std::to_string(group.size()) +
                                                       " EP ranks do not divide " +
                                                       std::to_string(arch.experts) + " experts");
@@ -396,7 +400,19 @@ torch::Tensor Moe::forward(const torch::Tensor& x) const {
   // Route: each token's top_k experts and their weights. The router is replicated over TP, its
   // input too, so every TP rank routes alike.
   const torch::Tensor probs = torch::softmax(router.forward(tokens).to(torch::kFloat32), -1);
-  const auto [top, chosen] = probs.topk(top_k, -1);
+  torch::Tensor allowed = probs;
+  if (groups > 1 && group_top_k < groups) {
+    // Group-limited: the experts outside a token's best groups leave the race (probabilities
+    // are positive, so -1 is never picked: the best groups hold at least top_k experts).
+    const torch::Tensor by_group = probs.view({probs.size(0), groups, total / groups});
+    const int64_t per_group = std::max<int64_t>(1, top_k / group_top_k);
+    const torch::Tensor score = std::get<0>(by_group.topk(per_group, -1)).sum(-1);
+    const torch::Tensor best = std::get<1>(score.topk(group_top_k, -1));
+    const torch::Tensor kept = torch::zeros_like(score, torch::kBool).scatter(1, best, true);
+    allowed = probs.masked_fill(
+        kept.unsqueeze(-1).expand_as(by_group).reshape_as(probs).logical_not(), -1.0);
+  }
+  const auto [top, chosen] = allowed.topk(top_k, -1);
   const torch::Tensor weights = (top / top.sum(-1, true)).to(x.scalar_type()).reshape({-1});
   // Assignments (token, expert) ordered by expert, so each EP rank's are contiguous.
   const torch::Tensor expert_of = chosen.reshape({-1});

@@ -157,9 +157,11 @@ struct Mlp {
 
 // A mixture-of-experts MLP. The router (replicated) scores every expert for each token; the
 // token goes to its top_k experts, weighted by their softmax probabilities renormalised over the
-// k (Mixtral's rule); every expert keeps all its tokens (dropless). Member r of the EP group
-// holds experts [r·E/ep, (r+1)·E/ep): tokens travel there and back by all-to-all. A shared
-// expert, if any, sees every token.
+// k (Mixtral's rule); every expert keeps all its tokens (dropless). With router groups a token
+// picks among the experts of its router_group_top_k best groups only, a group scored by the sum
+// of its top_k / router_group_top_k best probabilities (Megatron-LM's group-limited routing).
+// Member r of the EP group holds experts [r·E/ep, (r+1)·E/ep): tokens travel there and back by
+// all-to-all. A shared expert, if any, sees every token.
 struct Moe {
   Moe() = default;
   Moe(ParamSet& ps, const std::string& name, const TransformerArch& arch, const Comm& ep);

@@ -71,14 +71,61 @@ const BusBandwidthCurve& curve_for(const NodeCollectives& node, CollectiveKind k
 
 }  // namespace
 
-double node_deduplicated_share(const GroupSpan& span, int64_t top_k) {
-  if (span.nodes <= 1 || top_k <= 1) return 1.0;
-  const double g = static_cast<double>(span.nodes), k = static_cast<double>(top_k);
-  return g * (1.0 - std::pow(1.0 - 1.0 / g, k)) / k;
+namespace {
+
+// ln C(n, r).
+double log_choose(int64_t n, int64_t r) {
+  return std::lgamma(static_cast<double>(n) + 1) - std::lgamma(static_cast<double>(r) + 1) -
+         std::lgamma(static_cast<double>(n - r) + 1);
+}
+
+// Picks spread at random over `nodes` equally likely nodes: the distinct ones they reach.
+double reached_of_uniform(double nodes, double picks) {
+  return nodes * (1.0 - std::pow(1.0 - 1.0 / nodes, picks));
+}
+
+}  // namespace
+
+double expected_nodes_reached(const GroupSpan& span, const Routing& routing) {
+  const int64_t nodes = span.nodes;
+  const double k = static_cast<double>(routing.top_k);
+  const int64_t groups = routing.groups, best = routing.group_top_k;
+  if (nodes <= 1) return 1.0;
+  if (groups <= 1 || best >= groups) return reached_of_uniform(static_cast<double>(nodes), k);
+  // A best group is best for its best scores, so each of them gets a pick (of k picks, at most
+  // k groups do): `picked` groups, a random set of the G.
+  const int64_t picked = std::min(best, routing.top_k);
+  if (groups % nodes == 0) {
+    // m whole groups a node: a node is reached when one of its groups is picked.
+    const int64_t m = groups / nodes;
+    if (picked > groups - m) return static_cast<double>(nodes);
+    return static_cast<double>(nodes) *
+           (1.0 - std::exp(log_choose(groups - m, picked) - log_choose(groups, picked)));
+  }
+  // Groups over several nodes (or straddling them): each picked group's k / picked picks spread
+  // over its nodes, at most all of them.
+  const double group_nodes = static_cast<double>(nodes) / static_cast<double>(groups);
+  const double per_group = std::max(1.0, group_nodes);
+  return std::min(
+      static_cast<double>(nodes),
+      static_cast<double>(picked) * reached_of_uniform(per_group, k / static_cast<double>(picked)));
+}
+
+double node_deduplicated_share(const GroupSpan& span, const Routing& routing) {
+  if (span.nodes <= 1 || routing.top_k <= 1) return 1.0;
+  return expected_nodes_reached(span, routing) / static_cast<double>(routing.top_k);
+}
+
+AllToAllRate all_to_all_rate(const NetworkSpec& net, Transport transport, double ring_efficiency,
+                             double link_latency_s) {
+  if (transport == Transport::kDeepEp) return {ring_efficiency, link_latency_s};
+  return {net.all_to_all_efficiency > 0 ? net.all_to_all_efficiency : ring_efficiency,
+          net.all_to_all_latency_s > 0 ? net.all_to_all_latency_s : link_latency_s};
 }
 
 double nccl_collective_s(const ClusterSpec& cluster, CollectiveKind kind, int64_t n,
-                         const GroupSpan& span, double bytes, double nic_efficiency) {
+                         const GroupSpan& span, double bytes, double nic_efficiency,
+                         Transport transport) {
   TESSERA_CHECK(!cluster.intra_node_collectives.empty());
   if (n <= 1 || bytes <= 0) return 0;
   const BusBandwidthCurve& curve = curve_for(cluster.intra_node_collectives, kind);

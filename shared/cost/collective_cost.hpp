@@ -23,16 +23,42 @@ GroupSpan group_span(const ClusterSpec& cluster, const RankList& group);
 // Bus bandwidth of `curve` at `bytes` (see BusBandwidthCurve).
 double curve_bus_bandwidth(const BusBandwidthCurve& curve, double bytes);
 
+// How a token's experts are picked: `top_k` of them, with group-limited routing from the
+// `group_top_k` best of `groups` contiguous groups of experts (groups 0: no groups).
+struct Routing {
+  int64_t top_k = 1;
+  int64_t groups = 0;
+  int64_t group_top_k = 0;
+};
+
+// The nodes of a group of `span` a token's experts lie on, on average, the experts spread evenly
+// over the nodes in order. Without groups each pick lands on a node at random: nodes (1 - (1 -
+// 1/nodes)^k). With groups each of the token's best groups gets a pick (it is best for its best
+// scores; of k picks at most k groups get one): with m whole groups a node, a node is reached
+// when one of its m is among them, nodes (1 - C(G - m, T) / C(G, T)); a group over several nodes
+// spreads its picks over them at random.
+double expected_nodes_reached(const GroupSpan& span, const Routing& routing);
+
 // DeepEP's share of an all-to-all dispatcher's bytes, over a group of `span`: a token goes once
-// to each other node holding any of its `top_k` experts (the experts spread evenly over the
-// nodes, each pick a node at random: (nodes - 1)(1 - (1 - 1/nodes)^k) of them on average), not
-// once per expert on another node (k (nodes - 1)/nodes). 1 inside one node.
-double node_deduplicated_share(const GroupSpan& span, int64_t top_k);
+// to each node holding any of its experts (expected_nodes_reached), not once per expert. 1
+// inside one node.
+double node_deduplicated_share(const GroupSpan& span, const Routing& routing);
+
+// How an all-to-all across nodes moves: the fraction of the NICs' line rate, and the fixed
+// seconds of a call. NCCL's: NetworkSpec's all_to_all_efficiency and all_to_all_latency_s, each
+// unset one the rings' (`ring_efficiency`, `link_latency_s`); DeepEP's kernels: the rings'.
+struct AllToAllRate {
+  double efficiency = 1;
+  double latency_s = 0;
+};
+AllToAllRate all_to_all_rate(const NetworkSpec& net, Transport transport, double ring_efficiency,
+                             double link_latency_s);
 
 // Seconds of one collective of `bytes` (nccl-tests size) over `n` ranks placed as `span`.
-// `nic_efficiency`: the fraction of a NIC's line rate NCCL moves.
+// `nic_efficiency`: the fraction of a NIC's line rate NCCL's rings move.
 // REQUIRES: !cluster.intra_node_collectives.empty().
 double nccl_collective_s(const ClusterSpec& cluster, CollectiveKind kind, int64_t n,
-                         const GroupSpan& span, double bytes, double nic_efficiency);
+                         const GroupSpan& span, double bytes, double nic_efficiency,
+                         Transport transport = Transport::kNccl);
 
 }  // namespace tessera

@@ -192,7 +192,8 @@ Op Lowering::compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t
         // DeepEP sends a token once to each other node holding any of its experts.
         const double copies =
             deepep ? node_deduplicated_share(
-                         group_span(cluster_, p_.groups[static_cast<std::size_t>(g)]), a.top_k)
+                         group_span(cluster_, p_.groups[static_cast<std::size_t>(g)]),
+                         {a.top_k, a.router_groups, a.router_group_top_k})
                    : 1.0;
         const double routed = tokens_local * static_cast<double>(a.top_k * a.hidden) * dtype /
                               (plan_.sequence_parallel ? tp_shard : 1.0) * std::max(1.0, busiest) *

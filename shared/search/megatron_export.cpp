@@ -180,6 +180,10 @@ MegatronExport megatron_export(const Scenario& scenario, const ParallelPlan& pla
       field("moe_router_enable_expert_bias", true);
       field("moe_router_score_function", "sigmoid");
     }
+    if (a.router_groups > 0) {
+      field("moe_router_num_groups", a.router_groups);
+      field("moe_router_group_topk", a.router_group_top_k);
+    }
     const bool deepep = plan.moe_dispatcher == MoeDispatcher::kDeepEp;
     field("moe_token_dispatcher_type", deepep ? "flex" : "alltoall");
     if (deepep) field("moe_enable_deepep", true);

@@ -32,6 +32,9 @@ std::string arch_summary(const ModuleSpec& m) {
     out << " ffn" << a.ffn << (a.gated_ffn ? "g" : "");
     if (a.experts > 0) {
       out << " moe" << a.experts << "x" << a.top_k;
+      // Group-limited routing: "from 4 of 8 groups".
+      if (a.router_groups > 0)
+        out << " from " << a.router_group_top_k << " of " << a.router_groups << " groups";
       // Which layers have them: "in 11 of 12" where some are dense.
       if (const int64_t moe = moe_layers(a, 0, a.layers); moe < a.layers)
         out << " in " << moe << " of " << a.layers;

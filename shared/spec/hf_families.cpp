@@ -780,6 +780,21 @@ ModuleSpec deepseek_llm(const Reader& text) {
     if (method != "greedy" && method != "group_limited_greedy" && method != "noaux_tc")
       text.error("topk_method",
                  "'" + method + "': expected greedy, group_limited_greedy or noaux_tc");
+    // Both group methods pick a token's experts from its topk_group best of n_group groups
+    // (node-limited routing); greedy ignores the groups.
+    const int64_t groups = text.get("n_group", 1), group_top_k = text.get("topk_group", groups);
+    if (method != "greedy" && groups > 1 && group_top_k < groups) {
+      if (a.experts % groups != 0)
+        text.error("n_group", std::to_string(groups) +
+                                  " does not divide n_routed_experts=" + std::to_string(a.experts));
+      else if (group_top_k < 1 || group_top_k * (a.experts / groups) < a.top_k)
+        text.error("topk_group",
+                   std::to_string(group_top_k) + " groups of " +
+                       std::to_string(a.experts / groups) +
+                       " experts hold fewer than num_experts_per_tok=" + std::to_string(a.top_k));
+      a.router_groups = groups;
+      a.router_group_top_k = group_top_k;
+    }
   }
   // Routing details without parameters; the inert head switches (the LM head is always built,
   // untied unless tie_word_embeddings).

@@ -79,6 +79,8 @@ TransformerArch read_transformer(ObjectReader& r) {
   positive(r, "rope_head_dim", a.rope_head_dim, false, kMaxHeads);
   positive(r, "v_head_dim", a.v_head_dim, false, kMaxHeads);
   r.optional("router_bias", a.router_bias);
+  positive(r, "router_groups", a.router_groups, false, kMaxExperts);
+  positive(r, "router_group_top_k", a.router_group_top_k, false, kMaxExperts);
   positive(r, "ffn", a.ffn, true, kMaxFfn);
   r.optional("gated_ffn", a.gated_ffn);
   count(r, "vocab", a.vocab, kMaxVocab);
@@ -142,6 +144,25 @@ TransformerArch read_transformer(ObjectReader& r) {
       r.error("v_head_dim", "differs from head_dim without kv_lora_rank");
   }
   if (a.router_bias && a.experts == 0) r.error("router_bias", "given without experts");
+  if ((a.router_groups > 0) != (a.router_group_top_k > 0)) {
+    r.error(a.router_groups > 0 ? "router_group_top_k" : "router_groups",
+            "router_groups and router_group_top_k are given together");
+  } else if (a.router_groups > 0) {
+    if (a.experts == 0)
+      r.error("router_groups", "given without experts");
+    else if (a.experts % a.router_groups != 0)
+      r.error("router_groups", std::to_string(a.router_groups) +
+                                   " does not divide experts=" + std::to_string(a.experts));
+    else if (a.router_group_top_k > a.router_groups)
+      r.error("router_group_top_k",
+              std::to_string(a.router_group_top_k) +
+                  " is more than router_groups=" + std::to_string(a.router_groups));
+    else if (a.router_group_top_k * (a.experts / a.router_groups) < a.top_k)
+      r.error("router_group_top_k",
+              std::to_string(a.router_group_top_k) + " groups of " +
+                  std::to_string(a.experts / a.router_groups) +
+                  " experts hold fewer than top_k=" + std::to_string(a.top_k));
+  }
   if (a.experts > 0) {
     if (a.top_k < 1 || a.top_k > a.experts)
       r.error("top_k", "must be in [1, experts=" + std::to_string(a.experts) + "], got " +
@@ -340,6 +361,10 @@ Json to_json(const TransformerArch& a) {
     if (a.capacity_factor > 0) j["capacity_factor"] = a.capacity_factor;
     if (a.dense_layers > 0) j["dense_layers"] = a.dense_layers;
     if (a.router_bias) j["router_bias"] = true;
+    if (a.router_groups > 0) {
+      j["router_groups"] = a.router_groups;
+      j["router_group_top_k"] = a.router_group_top_k;
+    }
     if (a.moe_every > 1) j["moe_every"] = a.moe_every;
   }
   if (a.cross_attention_layers > 0) j["cross_attention_layers"] = a.cross_attention_layers;

@@ -72,6 +72,12 @@ struct TransformerArch {
   // The router adds a learned bias per expert to its scores (DeepSeek-V3's and Kimi's
   // e_score_correction_bias).
   bool router_bias = false;
+  // Group-limited routing (DeepSeek's node-limited routing; Megatron-LM's
+  // moe_router_num_groups and moe_router_group_topk): the experts fall in `router_groups`
+  // contiguous groups, each scored by the sum of its best top_k / router_group_top_k scores, and
+  // a token picks its top_k experts from its `router_group_top_k` best groups. 0: no groups.
+  int64_t router_groups = 0;
+  int64_t router_group_top_k = 0;
   // Layers of an MoE stack that keep a dense MLP of width `ffn`: the first `dense_layers`
   // (DeepSeek's and Kimi's first_k_dense_replace), and after them all but every `moe_every`-th
   // (Llama 4 Maverick's interleave_moe_layer_step: 2 puts experts in layers 1, 3, 5, ...).

@@ -153,7 +153,10 @@ TEST_CASE("grouped-query attention with rotary positions under the image/text ma
   check_close(attention.forward(x, spans), want, 1e-6);
 }
 
-TEST_CASE("top-k expert routing and the gated experts, by hand") {
+namespace {
+
+// A one-layer MoE stack 16 wide with gated experts of 12.
+TransformerArch tiny_moe(int64_t experts, int64_t top_k) {
   TransformerArch arch;
   arch.layers = 1;
   arch.hidden = 16;
@@ -161,9 +164,26 @@ TEST_CASE("top-k expert routing and the gated experts, by hand") {
   arch.head_dim = 8;
   arch.ffn = 24;
   arch.gated_ffn = true;
-  arch.experts = 4;
-  arch.top_k = 2;
+  arch.experts = experts;
+  arch.top_k = top_k;
   arch.moe_ffn = 12;
+  return arch;
+}
+
+// The softmax of one token's router scores.
+std::vector<double> probabilities(const std::vector<double>& scores) {
+  const double top = *std::max_element(scores.begin(), scores.end());
+  std::vector<double> p(scores.size());
+  double sum = 0;
+  for (std::size_t e = 0; e < p.size(); ++e) sum += (p[e] = std::exp(scores[e] - top));
+  for (double& e : p) e /= sum;
+  return p;
+}
+
+}  // namespace
+
+TEST_CASE("top-k expert routing and the gated experts, by hand") {
+  const TransformerArch arch = tiny_moe(4, 2);
   const Comm alone{{0}, 0, {}};
   ParamSet ps(19, true, alone);
   const Moe moe(ps, "moe", arch, alone);
@@ -177,11 +197,7 @@ TEST_CASE("top-k expert routing and the gated experts, by hand") {
   const Matrix scores = times_transposed(xs, to_matrix(moe.router.weight));
   Matrix want(xs.size(), std::vector<double>(static_cast<std::size_t>(arch.hidden), 0.0));
   for (std::size_t t = 0; t < xs.size(); ++t) {
-    const double top = *std::max_element(scores[t].begin(), scores[t].end());
-    std::vector<double> p(scores[t].size());
-    double sum = 0;
-    for (std::size_t e = 0; e < p.size(); ++e) sum += (p[e] = std::exp(scores[t][e] - top));
-    for (double& e : p) e /= sum;
+    const std::vector<double> p = probabilities(scores[t]);
     std::vector<std::size_t> order(p.size());
     std::iota(order.begin(), order.end(), 0);
     std::sort(order.begin(), order.end(),
@@ -192,5 +208,41 @@ TEST_CASE("top-k expert routing and the gated experts, by hand") {
       for (std::size_t j = 0; j < want[t].size(); ++j) want[t][j] += p[order[r]] / kept * y[0][j];
     }
   }
+  check_close(moe.forward(x), want, 1e-6);
+}
+
+TEST_CASE("group-limited routing, by hand: a token's experts from its best group") {
+  TransformerArch arch = tiny_moe(8, 2);
+  arch.router_groups = 4;  // experts {0, 1}, {2, 3}, {4, 5}, {6, 7}
+  arch.router_group_top_k = 1;
+  const Comm alone{{0}, 0, {}};
+  ParamSet ps(23, true, alone);
+  const Moe moe(ps, "moe", arch, alone);
+  torch::manual_seed(37);
+  const torch::Tensor x = torch::randn({1, 12, arch.hidden});
+  const Matrix xs = to_matrix(x[0]);
+
+  // The reference: the group whose two experts' probabilities sum highest, and both of them,
+  // weighted by their probabilities renormalized over the two.
+  const Matrix scores = times_transposed(xs, to_matrix(moe.router.weight));
+  Matrix want(xs.size(), std::vector<double>(static_cast<std::size_t>(arch.hidden), 0.0));
+  bool differs = false;  // some token's two best experts lie in different groups
+  for (std::size_t t = 0; t < xs.size(); ++t) {
+    const std::vector<double> p = probabilities(scores[t]);
+    std::size_t best = 0;
+    for (std::size_t g = 1; g < 4; ++g)
+      if (p[2 * g] + p[2 * g + 1] > p[2 * best] + p[2 * best + 1]) best = g;
+    std::vector<std::size_t> order(p.size());
+    std::iota(order.begin(), order.end(), 0);
+    std::sort(order.begin(), order.end(),
+              [&](std::size_t a, std::size_t b) { return p[a] > p[b]; });
+    differs = differs || order[0] / 2 != order[1] / 2;
+    const double kept = p[2 * best] + p[2 * best + 1];
+    for (std::size_t e = 2 * best; e < 2 * best + 2; ++e) {
+      const Matrix y = gated_mlp({xs[t]}, moe.experts[e]);
+      for (std::size_t j = 0; j < want[t].size(); ++j) want[t][j] += p[e] / kept * y[0][j];
+    }
+  }
+  CHECK(differs);  // so plain top-k routing would not pass
   check_close(moe.forward(x), want, 1e-6);
 }

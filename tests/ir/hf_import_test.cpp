@@ -290,6 +290,43 @@ TEST_CASE(
   CHECK(std::fabs(params(m) + 15'238'352 - 27.5e9) <= 0.05e9);
 }
 
+TEST_CASE("DeepSeek's node-limited routing: n_group and topk_group become router groups") {
+  // DeepSeek-VL2 publishes one group (n_group 1): no limit.
+  CHECK(module(import("deepseek-vl2.json"), "llm").transformer->router_groups == 0);
+  // DeepSeek-V3's routing, 8 groups of which a token reaches 4, on VL2's 72 experts.
+  Json config = Json::parse(std::ifstream(kHf + "deepseek-vl2.json"));
+  config["language_config"]["n_group"] = 8;
+  config["language_config"]["topk_group"] = 4;
+  Diagnostics diag;
+  const auto m = import_hf_config(config, "c.json", {}, diag);
+  INFO(diag.format());
+  REQUIRE(m.has_value());
+  const TransformerArch& llm = *module(*m, "llm").transformer;
+  CHECK(llm.router_groups == 8);
+  CHECK(llm.router_group_top_k == 4);
+  // Greedy routing ignores the groups.
+  config["language_config"]["topk_method"] = "greedy";
+  Diagnostics greedy;
+  const auto g = import_hf_config(config, "c.json", {}, greedy);
+  REQUIRE(g.has_value());
+  CHECK(module(*g, "llm").transformer->router_groups == 0);
+  // Groups must split the experts evenly and hold a token's experts.
+  CHECK(import_errors("deepseek-vl2.json",
+                      [](Json& c) {
+                        c["language_config"]["n_group"] = 5;
+                        c["language_config"]["topk_group"] = 2;
+                      })
+            .find("c.json: language_config.n_group: 5 does not divide n_routed_experts=72") !=
+        std::string::npos);
+  CHECK(import_errors("deepseek-vl2.json",
+                      [](Json& c) {
+                        c["language_config"]["n_group"] = 24;
+                        c["language_config"]["topk_group"] = 1;
+                      })
+            .find("c.json: language_config.topk_group: 1 groups of 3 experts hold fewer than "
+                  "num_experts_per_tok=6") != std::string::npos);
+}
+
 TEST_CASE("Kimi-VL: MoonViT at native resolution, a DeepSeek-V3 LLM with latent attention") {
   // moonshotai/Kimi-VL-A3B-Instruct's config.json: vision_config and text_config as quoted from
   // the Hub's raw file (the text block's last keys as its parent Moonlight-16B-A3B publishes

@@ -383,15 +383,68 @@ TEST_CASE("a dense layer in an MoE stack routes nothing: no all-to-all, no exper
         doctest::Approx(dense_saving * 4));  // fp32
 }
 
+TEST_CASE("router groups: read, written back, checked against the experts") {
+  const auto read = [](const std::string& routing, Diagnostics& diag) {
+    return read_model(Json::parse(R"({"name": "moe", "modules": [{"name": "llm", "role": "llm",
+        "transformer": {"layers": 2, "hidden": 256, "heads": 4, "ffn": 512, "vocab": 100,
+        "experts": 16, "top_k": 4)" +
+                                  routing + "}}]}"),
+                      "m.json", "", diag);
+  };
+  Diagnostics diag;
+  const ModelSpec m = read(R"(, "router_groups": 4, "router_group_top_k": 2)", diag);
+  INFO(diag.format());
+  REQUIRE(diag.ok());
+  CHECK(m.modules[0].transformer->router_groups == 4);
+  CHECK(m.modules[0].transformer->router_group_top_k == 2);
+  Diagnostics again;
+  CHECK(read_model(to_json(m), "m.json", "", again) == m);
+  CHECK(again.ok());
+  const auto error = [&](const std::string& routing) {
+    Diagnostics d;
+    read(routing, d);
+    return d.format();
+  };
+  const std::string at = "m.json: modules[0].transformer.";
+  CHECK(error(R"(, "router_groups": 4)")
+            .find(at + "router_group_top_k: router_groups and router_group_top_k are given "
+                       "together") != std::string::npos);
+  CHECK(error(R"(, "router_groups": 3, "router_group_top_k": 1)")
+            .find(at + "router_groups: 3 does not divide experts=16") != std::string::npos);
+  CHECK(error(R"(, "router_groups": 4, "router_group_top_k": 5)")
+            .find(at + "router_group_top_k: 5 is more than router_groups=4") != std::string::npos);
+  CHECK(error(R"(, "router_groups": 8, "router_group_top_k": 1)")
+            .find(at + "router_group_top_k: 1 groups of 2 experts hold fewer than top_k=4") !=
+        std::string::npos);
+}
+
 TEST_CASE("DeepEP dispatches a token once to each other node; overlapped all-to-alls hide") {
   // Inside one node, or with one expert a token, nothing is shared.
-  CHECK(node_deduplicated_share({1, 8}, 8) == 1.0);
-  CHECK(node_deduplicated_share({8, 8}, 1) == 1.0);
+  CHECK(node_deduplicated_share({1, 8}, {8}) == 1.0);
+  CHECK(node_deduplicated_share({8, 8}, {1}) == 1.0);
   // Eight picks over 8 nodes reach 8 (1 - (7/8)^8) = 5.25 of them, 4.6 others, against 7 copies.
-  CHECK(node_deduplicated_share({8, 8}, 8) == doctest::Approx(1 - std::pow(7.0 / 8, 8)));
-  CHECK(node_deduplicated_share({2, 8}, 8) == doctest::Approx(2 * (1 - std::pow(0.5, 8)) / 8));
+  CHECK(node_deduplicated_share({8, 8}, {8}) == doctest::Approx(1 - std::pow(7.0 / 8, 8)));
+  CHECK(node_deduplicated_share({2, 8}, {8}) == doctest::Approx(2 * (1 - std::pow(0.5, 8)) / 8));
+  // Node-limited routing (DeepSeek-V3's 8 groups, a token's best 4, each with a pick): a group a
+  // node, so 4 nodes.
+  CHECK(expected_nodes_reached({8, 8}, {8, 8, 4}) == doctest::Approx(4));
+  CHECK(node_deduplicated_share({8, 8}, {8, 8, 4}) == doctest::Approx(0.5));
+  // All groups allowed, or one group: no limit.
+  CHECK(expected_nodes_reached({8, 8}, {8, 8, 8}) ==
+        doctest::Approx(expected_nodes_reached({8, 8}, {8})));
+  CHECK(expected_nodes_reached({8, 8}, {8, 1, 1}) ==
+        doctest::Approx(expected_nodes_reached({8, 8}, {8})));
+  // Two groups a node: the 4 best groups lie on 2 to 4 nodes, 8 (1 - C(14, 4) / C(16, 4)) of
+  // them on average.
+  CHECK(expected_nodes_reached({8, 8}, {8, 16, 4}) == doctest::Approx(8 * (1 - 1001.0 / 1820)));
+  // With fewer picks than best groups, only as many groups get one.
+  CHECK(expected_nodes_reached({8, 8}, {2, 8, 4}) == doctest::Approx(8 * (1 - 21.0 / 28)));
+  // A group over two nodes: each of the best 2 groups' 4 picks over its 2 nodes.
+  CHECK(expected_nodes_reached({8, 8}, {8, 4, 2}) ==
+        doctest::Approx(2 * 2 * (1 - std::pow(0.5, 4))));
 
-  // DeepSeek-V3 on 1,024 H100s: EP 64 over 8 nodes, top-8; its row's plan, all-to-all dispatch.
+  // DeepSeek-V3 on 1,024 H100s: EP 64 over 8 nodes, top-8 from the best 4 of 8 groups (a group a
+  // node); its row's plan, all-to-all dispatch.
   std::optional<Scenario> s = deepseek_v3_row();
   const auto routed = [](const Program& p) {  // the largest EP all-to-all of rank 0's MoE ops
     double bytes = 0;
@@ -405,7 +458,13 @@ TEST_CASE("DeepEP dispatches a token once to each other node; overlapped all-to-
   deepep.moe_dispatcher = MoeDispatcher::kDeepEp;
   const Program plain = lowered(*s, *s->plan), dedup = lowered(*s, deepep);
   REQUIRE(routed(plain) > 0);
-  CHECK(routed(dedup) == doctest::Approx(routed(plain) * (1 - std::pow(7.0 / 8, 8))));
+  CHECK(routed(dedup) == doctest::Approx(routed(plain) * 4 / 8));
+  // Without the groups, a token's picks reach more nodes.
+  Scenario free = *s;
+  free.model.modules[0].transformer->router_groups = 0;
+  free.model.modules[0].transformer->router_group_top_k = 0;
+  CHECK(routed(lowered(free, deepep)) ==
+        doctest::Approx(routed(plain) * (1 - std::pow(7.0 / 8, 8))));
   const double plain_step = estimate(*s, *s->plan, 0, CostParams{}).metrics.step_s;
   CHECK(estimate(*s, deepep, 0, CostParams{}).metrics.step_s < plain_step);
 
