@@ -118,7 +118,8 @@ double node_deduplicated_share(const GroupSpan& span, const Routing& routing) {
 
 AllToAllRate all_to_all_rate(const NetworkSpec& net, Transport transport, double ring_efficiency,
                              double link_latency_s) {
-  if (transport == Transport::kDeepEp) return {ring_efficiency, link_latency_s};
+  if (transport == Transport::kDeepEp)
+    return {net.deepep_efficiency > 0 ? net.deepep_efficiency : ring_efficiency, link_latency_s};
   return {net.all_to_all_efficiency > 0 ? net.all_to_all_efficiency : ring_efficiency,
           net.all_to_all_latency_s > 0 ? net.all_to_all_latency_s : link_latency_s};
 }

@@ -45,8 +45,9 @@ double expected_nodes_reached(const GroupSpan& span, const Routing& routing);
 double node_deduplicated_share(const GroupSpan& span, const Routing& routing);
 
 // How an all-to-all across nodes moves: the fraction of the NICs' line rate, and the fixed
-// seconds of a call. NCCL's: NetworkSpec's all_to_all_efficiency and all_to_all_latency_s, each
-// unset one the rings' (`ring_efficiency`, `link_latency_s`); DeepEP's kernels: the rings'.
+// seconds of a call. NCCL's: NetworkSpec's all_to_all_efficiency and all_to_all_latency_s;
+// DeepEP's kernels: its deepep_efficiency and the link's latency; each unset one the rings'
+// (`ring_efficiency`, `link_latency_s`).
 struct AllToAllRate {
   double efficiency = 1;
   double latency_s = 0;

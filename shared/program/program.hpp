@@ -32,8 +32,8 @@ enum class Purpose : uint8_t { kTp, kCp, kDp, kEp, kBoundary, kPp, kNorm };
 // A collective run `count` times inside a Compute op's layers (TP all-reduces, CP K/V exchange,
 // EP all-to-all): on the critical path of the op.
 // Whose kernels move a collective: NCCL's, or DeepEP's for an expert dispatch or combine
-// (plan.moe_dispatcher deepep), which across nodes is priced at the NICs' ring efficiency, not
-// at NCCL's all-to-all rate (NetworkSpec::all_to_all_efficiency).
+// (plan.moe_dispatcher deepep), which across nodes move at their own rate
+// (NetworkSpec::deepep_efficiency), not NCCL's all-to-all's (all_to_all_efficiency).
 enum class Transport : uint8_t { kNccl, kDeepEp };
 
 struct NestedCollective {

@@ -30,7 +30,7 @@ LinkSpec read_link(ObjectReader& parent, std::string_view key, bool required) {
   // read by the caller: topology, oversubscription, nics_per_node, the efficiencies (inter_node);
   // bus_bandwidth (intra_node)
   r.has({"topology", "oversubscription", "nics_per_node", "efficiency", "all_to_all_efficiency",
-         "all_to_all_latency_s", "bus_bandwidth"});
+         "all_to_all_latency_s", "deepep_efficiency", "bus_bandwidth"});
   r.finish();
   return link;
 }
@@ -299,6 +299,10 @@ ClusterSpec read_cluster(const Json& json, const std::string& file, const std::s
           !(c.inter_node.all_to_all_efficiency > 0 && c.inter_node.all_to_all_efficiency <= 1))
         nr.error("all_to_all_efficiency",
                  "must be in (0, 1], got " + std::to_string(c.inter_node.all_to_all_efficiency));
+      if (nr.optional("deepep_efficiency", c.inter_node.deepep_efficiency) &&
+          !(c.inter_node.deepep_efficiency > 0 && c.inter_node.deepep_efficiency <= 1))
+        nr.error("deepep_efficiency",
+                 "must be in (0, 1], got " + std::to_string(c.inter_node.deepep_efficiency));
       if (nr.optional("all_to_all_latency_s", c.inter_node.all_to_all_latency_s))
         nr.check_at_least("all_to_all_latency_s", c.inter_node.all_to_all_latency_s, 0.0);
     }
@@ -353,6 +357,8 @@ Json to_json(const ClusterSpec& c) {
       net["all_to_all_efficiency"] = c.inter_node.all_to_all_efficiency;
     if (c.inter_node.all_to_all_latency_s > 0)
       net["all_to_all_latency_s"] = c.inter_node.all_to_all_latency_s;
+    if (c.inter_node.deepep_efficiency > 0)
+      net["deepep_efficiency"] = c.inter_node.deepep_efficiency;
     j["inter_node"] = net;
   }
   return j;

@@ -73,6 +73,9 @@ struct NetworkSpec {
   // link's).
   double all_to_all_efficiency = 0;
   double all_to_all_latency_s = 0;
+  // DeepEP's internode kernels (the deepep expert dispatcher's): the fraction of the line rate
+  // they move of the tokens bound for other nodes (0: `efficiency`'s).
+  double deepep_efficiency = 0;
   bool operator==(const NetworkSpec&) const = default;
 };
 

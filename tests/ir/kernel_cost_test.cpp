@@ -140,18 +140,23 @@ TEST_CASE("nccl: the measured curve, its latency floor, rails across nodes") {
   const ClusterSpec eight = load("dgx-h100-64.json");
   REQUIRE(eight.inter_node.all_to_all_efficiency == 0.81);
   REQUIRE(eight.inter_node.all_to_all_latency_s == 77e-6);
+  REQUIRE(eight.inter_node.deepep_efficiency == 0.87);
   const double a2a = nccl_collective_s(eight, CollectiveKind::kAllToAll, 64, {8, 8}, bytes, 0.96);
   CHECK(a2a == doctest::Approx(8 * bytes * 56 / 64 / (8 * 50e9 * 0.81) + 77e-6));
   // Many times slower than an all-gather of the same bytes, whose ring hops mostly stay on NVLink.
   CHECK(a2a > 5 * nccl_collective_s(eight, CollectiveKind::kAllGather, 64, {8, 8}, bytes, 0.96));
-  // DeepEP's kernels move it at the rings' rate and the link's latency.
+  // DeepEP's kernels move it at their own rate after the link's latency.
   CHECK(nccl_collective_s(eight, CollectiveKind::kAllToAll, 64, {8, 8}, bytes, 0.96,
                           Transport::kDeepEp) ==
-        doctest::Approx(8 * bytes * 56 / 64 / (8 * 50e9 * 0.96) + eight.inter_node.link.latency_s));
-  // So does NCCL on a cluster that measures no all-to-all of its own.
+        doctest::Approx(8 * bytes * 56 / 64 / (8 * 50e9 * 0.87) + eight.inter_node.link.latency_s));
+  // On a cluster that measures neither, both move at the rings' rate.
   ClusterSpec unmeasured = eight;
   unmeasured.inter_node.all_to_all_efficiency = 0;
   unmeasured.inter_node.all_to_all_latency_s = 0;
+  unmeasured.inter_node.deepep_efficiency = 0;
+  CHECK(nccl_collective_s(unmeasured, CollectiveKind::kAllToAll, 64, {8, 8}, bytes, 0.96,
+                          Transport::kDeepEp) ==
+        doctest::Approx(8 * bytes * 56 / 64 / (8 * 50e9 * 0.96) + eight.inter_node.link.latency_s));
   CHECK(nccl_collective_s(unmeasured, CollectiveKind::kAllToAll, 64, {8, 8}, bytes, 0.96) ==
         doctest::Approx(8 * bytes * 56 / 64 / (8 * 50e9 * 0.96) + eight.inter_node.link.latency_s));
   // A small all-to-all costs its fixed 77 us; inside one node none of it applies.
@@ -206,7 +211,7 @@ TEST_CASE("all-to-all across nodes: the Hopper clusters' rate against published 
                               0.96) < 0.5 * run.seconds);
 }
 
-TEST_CASE("all-to-all across nodes on links without curves: NCCL's rate, DeepEP's the rings'") {
+TEST_CASE("all-to-all across nodes on links without curves: NCCL's rate and DeepEP's") {
   ClusterSpec c = load("dgx-h100-64.json");
   c.intra_node_collectives = {};  // α–β links
   Diagnostics diag;
@@ -217,11 +222,15 @@ TEST_CASE("all-to-all across nodes on links without curves: NCCL's rate, DeepEP'
   const CostModel cost(c, model->dtype, params, *model);
   const RankList group = {0, 8};  // one member on each of two nodes
   const double bytes = 1e9;
-  // Half the bytes cross: at 0.81 of the NIC after 77 us, or at the cost model's bandwidth
-  // efficiency after the link's latency.
+  // Half the bytes cross: at 0.81 of the NIC after 77 us, or DeepEP's 0.87 after the link's
+  // latency; unmeasured, DeepEP's at the cost model's bandwidth efficiency.
   CHECK(cost.collective_s(CollectiveKind::kAllToAll, group, bytes) ==
         doctest::Approx(77e-6 + bytes / 2 / (50e9 * 0.81)));
   CHECK(cost.collective_s(CollectiveKind::kAllToAll, group, bytes, Transport::kDeepEp) ==
+        doctest::Approx(c.inter_node.link.latency_s + bytes / 2 / (50e9 * 0.87)));
+  c.inter_node.deepep_efficiency = 0;
+  const CostModel unmeasured(c, model->dtype, params, *model);
+  CHECK(unmeasured.collective_s(CollectiveKind::kAllToAll, group, bytes, Transport::kDeepEp) ==
         doctest::Approx(c.inter_node.link.latency_s +
                         bytes / 2 / (50e9 * params.bandwidth_efficiency)));
 }
@@ -255,6 +264,7 @@ TEST_CASE("clusters: a device file, a base merged over, bad curves named") {
   bad["intra_node"]["bus_bandwidth"]["allreduce"] = Json::parse("[[2048, 1e9], [1024, 2e9]]");
   bad["inter_node"]["all_to_all_efficiency"] = 1.5;
   bad["inter_node"]["all_to_all_latency_s"] = -1;
+  bad["inter_node"]["deepep_efficiency"] = 0;
   Diagnostics d;
   read_cluster(bad, "c.json", "", d);
   CHECK(d.format().find("c.json: intra_node.bus_bandwidth.allreduce: [1]: sizes must increase") !=
@@ -262,6 +272,8 @@ TEST_CASE("clusters: a device file, a base merged over, bad curves named") {
   CHECK(d.format().find("c.json: inter_node.all_to_all_efficiency: must be in (0, 1], got 1.5") !=
         std::string::npos);
   CHECK(d.format().find("c.json: inter_node.all_to_all_latency_s:") != std::string::npos);
+  CHECK(d.format().find("c.json: inter_node.deepep_efficiency: must be in (0, 1], got 0") !=
+        std::string::npos);
   Json missing = Json::parse(R"({"base": "nowhere.json", "nodes": 2})");
   Diagnostics m;
   read_cluster(missing, "dir/c.json", "cluster", m);
