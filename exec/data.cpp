@@ -91,6 +91,8 @@ std::string executor_support(const ModelSpec& model) {
              ": token dropping (capacity_factor) is not in the executor: which tokens an expert "
              "drops depends on how the batch is grouped, so a run has no single-rank reference; "
              "it runs dropless";
+    if (m.transformer && m.transformer->mtp_layers > 0)
+      return m.name + ": multi-token-prediction layers (mtp_layers) are not in the executor yet";
     if (m.transformer && m.transformer->experts > 0 &&
         (m.transformer->linear_bias || m.transformer->mlp_bias))
       return m.name + ": experts with biases are not in the executor yet";

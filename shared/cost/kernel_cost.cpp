@@ -318,14 +318,22 @@ double kernel_compute_s(const ModuleSpec& module, const Op& op, const DeviceSpec
     gemm_seconds += gemm_s(device, peak_flops, p.m, p.n, p.k, bpv, scale);
     kernels += 1;
   };
+  const int64_t end = op.first_layer + op.layers;
   if (const auto& a = module.transformer; a && (op.flags & kOpHead) != 0 && a->vocab > 0) {
-    add_gemm({tokens, static_cast<double>(a->vocab) / tp, static_cast<double>(a->hidden)});
-    // The loss: fp32 logits written, soft-maxed, read back (forward), their gradient (backward).
-    if (op.phase != Phase::kW) {
-      elementwise_bytes += op.logits * 4.0 * (backward ? 2.0 : 3.0);
-      kernels += 3;
+    // The stack's head where the op ends it, and one for each multi-token-prediction layer.
+    const int64_t heads = (end == stack_end(*a) ? 1 : 0) + mtp_layers_in(*a, op.first_layer, end);
+    for (int64_t i = 0; i < heads; ++i) {
+      add_gemm({tokens, static_cast<double>(a->vocab) / tp, static_cast<double>(a->hidden)});
+      // The loss: fp32 logits written, soft-maxed, read back (forward), their gradient
+      // (backward).
+      if (op.phase != Phase::kW) kernels += 3;
     }
+    if (op.phase != Phase::kW) elementwise_bytes += op.logits * 4.0 * (backward ? 2.0 : 3.0);
   }
+  // A multi-token-prediction layer's projection of its concatenated inputs.
+  if (const auto& a = module.transformer; a && op.layers > 0)
+    for (int64_t i = mtp_layers_in(*a, op.first_layer, end); i > 0; --i)
+      add_gemm({tokens, static_cast<double>(a->hidden) / tp, 2.0 * static_cast<double>(a->hidden)});
   if (const auto& a = module.transformer; a && (op.flags & kOpFrontEnd) != 0) {
     // The embedding's gather (forward) and its gradient's scatter (weight phase).
     if (op.phase != Phase::kB) elementwise_bytes += tokens * static_cast<double>(a->hidden) * bpv;

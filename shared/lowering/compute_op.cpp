@@ -38,7 +38,8 @@ Op Lowering::compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t
   const auto [layer_begin, layer_end] = range;
   const int64_t layers = layer_end - layer_begin;
   const bool first_chunk = layer_begin == 0;
-  const bool last_chunk = !spec.transformer || layer_end == spec.transformer->layers;
+  // The chunk that ends the stack, its multi-token-prediction layers (if any) included.
+  const bool last_chunk = !spec.transformer || layer_end == stack_end(*spec.transformer);
 
   Op op;
   op.kind = OpKind::kCompute;
@@ -101,10 +102,19 @@ Op Lowering::compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t
     // layer stack, Hugging Face's gradient checkpointing): the head, its loss and the front end
     // keep their forward activations and are not run again.
     const bool recomputed = phase == Phase::kR;
-    if (last_chunk && a.vocab > 0 && !recomputed) {
+    // Multi-token-prediction layers project their inputs back to the hidden width; each ends in
+    // the output head and loss, as the stack does (heads).
+    const int64_t mtp = mtp_layers_in(a, layer_begin, layer_end);
+    linear += static_cast<double>(mtp) * 2.0 * static_cast<double>(mtp_projection_parameters(a)) *
+              tokens_local / tp_shard;
+    weights += static_cast<double>(mtp) * mtp_extra_parameters(a, tp);
+    const double heads =
+        a.vocab > 0 && !recomputed ? static_cast<double>((last_chunk ? 1 : 0) + mtp) : 0.0;
+    if (heads > 0) {
       op.flags |= kOpHead;
-      if (phase != Phase::kW) op.logits = tokens_local * static_cast<double>(a.vocab) / tp_shard;
-      linear += 2.0 * static_cast<double>(a.hidden * a.vocab) * tokens_local / tp_shard;
+      if (phase != Phase::kW)
+        op.logits = heads * tokens_local * static_cast<double>(a.vocab) / tp_shard;
+      linear += heads * 2.0 * static_cast<double>(a.hidden * a.vocab) * tokens_local / tp_shard;
       // A tied head multiplies with the input side's embedding.
       if (a.tied_embeddings) weights += static_cast<double>(a.hidden * a.vocab) / tp_shard;
     }
@@ -115,6 +125,7 @@ Op Lowering::compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t
       // Patch / conv front end, counted per encoder token.
       ModuleSpec front = spec;
       front.transformer->layers = 0;
+      front.transformer->mtp_layers = 0;
       front.transformer->vocab = 0;
       linear += forward_flops_per_token(front, 0) * tokens_local / tp_shard;
       weights += input_side_parameters(front, tp);
@@ -149,10 +160,12 @@ Op Lowering::compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t
         op.nested.push_back({CollectiveKind::kAllReduce, Purpose::kTp, g, 1,
                              static_cast<double>(work.text_tokens) / static_cast<double>(l.cp) *
                                  static_cast<double>(a.hidden) * dtype});
-      if (last_chunk && phase == Phase::kF)
-        op.nested.push_back({CollectiveKind::kAllReduce, Purpose::kTp, g, 3, tokens_local * 4.0});
-      if (last_chunk && phase == Phase::kB)
-        op.nested.push_back({CollectiveKind::kAllReduce, Purpose::kTp, g, 1, act});
+      const auto losses = static_cast<int32_t>(heads);
+      if (losses > 0 && phase == Phase::kF)
+        op.nested.push_back(
+            {CollectiveKind::kAllReduce, Purpose::kTp, g, 3 * losses, tokens_local * 4.0});
+      if (losses > 0 && phase == Phase::kB)
+        op.nested.push_back({CollectiveKind::kAllReduce, Purpose::kTp, g, losses, act});
     }
     if (phase != Phase::kW && l.cp > 1 && layers > 0 && !replicated_over_cp) {
       // K/V of the whole sequence gathered per layer (ring exchange has the same volume);

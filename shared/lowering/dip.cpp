@@ -134,7 +134,8 @@ void Lowering::lower_dip() {
   }
   for (const ModuleInfo& m : modules_)
     if (m.index == llm_ || dip_encoder(m))
-      for (const auto& [a, b] : m.chunk_layers) out_.dip_layers[m.index].push_back(b - a);
+      for (const auto& [a, b] : m.chunk_layers)  // the stack's layers (no MTP layers)
+        out_.dip_layers[m.index].push_back(std::min(b, m.spec->transformer->layers) - a);
   char line[200];
   std::snprintf(line, sizeof line,
                 "dip: %zu encoder segment(s) on the LLM's %lld stages; %lld sub-micro-batches "

@@ -35,15 +35,19 @@ using LayerRange = std::pair<int64_t, int64_t>;  // layers [first, end) of a mod
 
 // Parameters of a module's layers [a, b) on one of `tp` tensor-parallel ranks (routed experts
 // over `ep`, their matrices over `etp`: tp where 0), with the input side (embedding, patch or audio
-// front end) when a is 0 and the output side (final norm, output head) when b is the last layer; a
-// projector whole.
+// front end) when a is 0 and the output side (final norm, output head) when b ends the stack; a
+// projector whole. Multi-token-prediction layers embed the tokens ahead: a range holding them
+// without the stack's first layer holds a copy of the vocabulary embedding too (Megatron-LM's last
+// pipeline stage).
 inline double range_parameters(const ModuleSpec& spec, int64_t a, int64_t b, int64_t tp,
                                int64_t ep = 1, int64_t etp = 0) {
   double params = 0;
   if (const auto& t = spec.transformer) {
     params += stack_parameters(*t, a, b, tp, ep, etp);
     if (a == 0) params += input_side_parameters(spec, tp);
-    if (b == t->layers) params += output_side_parameters(spec, tp);
+    if (b == stack_end(*t)) params += output_side_parameters(spec, tp);
+    if (a > 0 && mtp_layers_in(*t, a, b) > 0)
+      params += static_cast<double>(t->vocab * t->hidden) / static_cast<double>(tp);
   }
   if (spec.projector) params += projector_parameters(*spec.projector, tp);
   return params;

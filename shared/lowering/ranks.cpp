@@ -52,6 +52,9 @@ void Lowering::place(const std::vector<PlacedModule>& placed) {
       m.chunk_layers.emplace_back(begin, begin + n);
       begin += n;
     }
+    // Multi-token-prediction layers run after the stack's last layer, in its chunk.
+    if (m.spec->transformer && !m.chunk_layers.empty())
+      m.chunk_layers.back().second += m.spec->transformer->mtp_layers;
   }
   grids_.resize(model_.modules.size());
   grid_index_.resize(model_.modules.size());

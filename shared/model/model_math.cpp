@@ -185,14 +185,26 @@ double stack_parameters(const TransformerArch& a, int64_t first, int64_t end, in
       a, first, end, [&](const TransformerArch& x) { return layer_parameters(x, tp, ep, etp); });
   // The gated layers are the stack's last ones (Mllama's global layers follow its local ones):
   // two gates each.
+  const int64_t stack = std::min(end, a.layers);  // the range's end without its MTP layers
   const int64_t gated_from = a.layers - a.gated_layers;
-  n += 2.0 * static_cast<double>(std::max<int64_t>(0, end - std::max(first, gated_from)));
+  n += 2.0 * static_cast<double>(std::max<int64_t>(0, stack - std::max(first, gated_from)));
   // A cross-attention layer adds norms over its queries and keys and two gates (Mllama); they
   // are spread evenly over the stack, so a slice of it holds its share.
   const double cross = static_cast<double>(a.cross_attention_layers) *
                        static_cast<double>(2 * norm_parameters(a.norm, a.head_dim) + 2);
-  if (a.layers > 0) n += cross * static_cast<double>(end - first) / static_cast<double>(a.layers);
+  if (a.layers > 0 && stack > first)
+    n += cross * static_cast<double>(stack - first) / static_cast<double>(a.layers);
+  n += static_cast<double>(mtp_layers_in(a, first, end)) * mtp_extra_parameters(a, tp);
   return n;
+}
+
+int64_t mtp_projection_parameters(const TransformerArch& a) {
+  return 2 * a.hidden * a.hidden;
+}
+
+double mtp_extra_parameters(const TransformerArch& a, int64_t tp) {
+  return static_cast<double>(mtp_projection_parameters(a)) / static_cast<double>(tp) +
+         static_cast<double>(3 * norm_parameters(a.norm, a.hidden));
 }
 
 int64_t attention_matmul_parameters(const TransformerArch& a) {
@@ -336,7 +348,7 @@ int64_t projector_parameters(const ProjectorArch& p) {
 
 int64_t module_parameters(const ModuleSpec& m) {
   int64_t n = embedding_parameters(m);
-  if (m.transformer) n += whole(stack_parameters(*m.transformer, 0, m.transformer->layers, 1));
+  if (m.transformer) n += whole(stack_parameters(*m.transformer, 0, stack_end(*m.transformer), 1));
   if (m.projector) n += projector_parameters(*m.projector);
   return n;
 }
@@ -401,10 +413,16 @@ double forward_flops_per_token(const ModuleSpec& m, double attended_tokens) {
   double flops = 0;
   if (m.transformer) {
     const TransformerArch& a = *m.transformer;
-    flops += sum_over_layers(a, 0, a.layers, [&](const TransformerArch& x) {
+    // The layers, multi-token-prediction layers included, each of those with its projection.
+    flops += sum_over_layers(a, 0, stack_end(a), [&](const TransformerArch& x) {
       return layer_forward_flops_per_token(x, attended_tokens);
     });
-    if (a.vocab > 0) flops += 2.0 * static_cast<double>(a.hidden * a.vocab);  // output head
+    flops +=
+        static_cast<double>(a.mtp_layers) * 2.0 * static_cast<double>(mtp_projection_parameters(a));
+    // The output head, once more for each multi-token-prediction layer.
+    if (a.vocab > 0)
+      flops +=
+          static_cast<double>(1 + a.mtp_layers) * 2.0 * static_cast<double>(a.hidden * a.vocab);
     if (m.patching) {
       const Patching& p = *m.patching;
       flops += 2.0 * static_cast<double>(p.in_channels * p.patch_size * p.patch_size *

@@ -48,7 +48,8 @@ double kv_replica_parameters(const TransformerArch& arch, int64_t tp);
 // replicas rather than all data-parallel ones.
 double expert_layer_parameters(const TransformerArch& arch, int64_t tp, int64_t ep);
 // Layers [first, end) of the stack: their layer_parameters() and, where the model has them, the
-// gates of gated layers and the extra norms and gates of cross-attention layers.
+// gates of gated layers and the extra norms and gates of cross-attention layers; the
+// multi-token-prediction layers among them (from `layers` on) with their mtp_extra_parameters().
 double stack_parameters(const TransformerArch& arch, int64_t first, int64_t end, int64_t tp,
                         int64_t ep = 1, int64_t etp = 0);
 // A value head's width: v_head_dim, which defaults to head_dim.
@@ -86,6 +87,13 @@ enum RecomputeModule : uint32_t {
 // (mlp), an MoE layer's router, top-k experts and shared expert (moe), its shared expert alone
 // (shared_experts). Per token, as active_layer_matmul_parameters() counts them.
 int64_t selective_recomputed_matmul_parameters(const TransformerArch& arch, uint32_t modules);
+// What a multi-token-prediction layer (TransformerArch::mtp_layers) has beyond its transformer
+// layer: the projection of its normed hidden state and embedding, concatenated, back to the hidden
+// width (2·hidden x hidden, no bias: mtp_projection_parameters) and three norms (one on each input,
+// one before the head), on one of `tp` ranks (the projection split over them, column-parallel).
+// Its embedding and output head are the model's own.
+int64_t mtp_projection_parameters(const TransformerArch& arch);
+double mtp_extra_parameters(const TransformerArch& arch, int64_t tp);
 // Everything outside the layer stack: the input side and the output side.
 int64_t embedding_parameters(const ModuleSpec& module);
 // Before the first layer: vocabulary embedding, position embeddings, patch or audio front end,
@@ -131,7 +139,8 @@ TransformerArch pad_heads(const TransformerArch& arch, int64_t tp);
 
 // --- FLOPs ------------------------------------------------------------------------------
 // Forward FLOPs for one token of `module` (multiply-add = 2 FLOPs) when each query attends to
-// `attended_tokens` keys on average. Conventions: Megatron/Korthikanti count the full s
+// `attended_tokens` keys on average, its multi-token-prediction layers (each with its projection
+// and its output head) included. Conventions: Megatron/Korthikanti count the full s
 // (attended = sequence length); a causal kernel that skips masked tiles does about s/2.
 // Projectors count per output token; encoders include the patch/conv front end per token.
 double forward_flops_per_token(const ModuleSpec& module, double attended_tokens);

@@ -12,13 +12,16 @@ namespace {
 
 // Megatron-LM's pipeline layout string: stages separated by '|', 'E' the embedding, 't' a
 // transformer layer, 'L' the loss; virtual stages of a rank follow the physical ones in order.
-std::string pipeline_layout(const std::vector<int64_t>& stage_layers) {
+// Megatron-LM's pipeline layout: E the embedding, t a layer, m a multi-token-prediction layer, L
+// the loss, | between virtual stages.
+std::string pipeline_layout(const std::vector<int64_t>& stage_layers, int64_t mtp_layers) {
   std::string s;
   for (std::size_t i = 0; i < stage_layers.size(); ++i) {
     if (i > 0) s += "|";
     if (i == 0) s += "E";
     s += std::string(static_cast<std::size_t>(stage_layers[i]), 't');
-    if (i + 1 == stage_layers.size()) s += "L";
+    if (i + 1 == stage_layers.size())
+      s += std::string(static_cast<std::size_t>(mtp_layers), 'm') + "L";
   }
   return s;
 }
@@ -86,6 +89,7 @@ MegatronExport megatron_export(const Scenario& scenario, const ParallelPlan& pla
 
   // --- The model's shape ----------------------------------------------------------------
   field("num_layers", a.layers);
+  if (a.mtp_layers > 0) field("mtp_num_layers", a.mtp_layers);
   field("hidden_size", a.hidden);
   field("ffn_hidden_size", a.ffn);
   field("num_attention_heads", a.heads);
@@ -213,7 +217,7 @@ MegatronExport megatron_export(const Scenario& scenario, const ParallelPlan& pla
     tc["virtual_pipeline_model_parallel_size"] = l.vpp;
   }
   if (!l.stage_layers.empty() && l.stage_layers != even_stage_layers(a.layers, l.pp * l.vpp)) {
-    field("pipeline_model_parallel_layout", pipeline_layout(l.stage_layers));
+    field("pipeline_model_parallel_layout", pipeline_layout(l.stage_layers, a.mtp_layers));
   }
   if (plan.sequence_parallel && l.tp > 1) field("sequence_parallel", true);
   if (l.cp > 1 && plan.cp_split != CpSplit::kZigzag)

@@ -40,6 +40,7 @@ std::string arch_summary(const ModuleSpec& m) {
         out << " in " << moe << " of " << a.layers;
     }
     if (a.cross_attention_layers > 0) out << " xattn" << a.cross_attention_layers;
+    if (a.mtp_layers > 0) out << " +" << a.mtp_layers << " MTP";
   }
   if (m.projector) {
     const ProjectorArch& p = *m.projector;

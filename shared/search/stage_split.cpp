@@ -306,14 +306,25 @@ ChainCosts chain_costs(const ModelSpec& model, std::size_t module, const Paralle
   // Front end (patches, mel frames) on the first stage; the head and loss on the last.
   ModuleSpec front = spec;
   front.transformer->layers = 0;
+  front.transformer->mtp_layers = 0;
   front.transformer->vocab = 0;
   c.first_extra = price.seconds(module, tokens * forward_flops_per_token(front, 0), 0, 0, 0, 0,
                                 tokens, 0, /*whole_op=*/false, /*checkpointed=*/false);
-  if (a.vocab > 0)
-    c.last_extra = price.seconds(module, tokens * 2.0 * static_cast<double>(a.hidden * a.vocab), 0,
-                                 0, 1, price.activation_bytes(tokens, a.hidden), tokens,
-                                 tokens * static_cast<double>(a.vocab), /*whole_op=*/false,
+  if (a.vocab > 0) {
+    // The head and loss, once more for each multi-token-prediction layer, which follows the
+    // stack's last layer with its projection.
+    const double heads = static_cast<double>(1 + a.mtp_layers);
+    c.last_extra = price.seconds(module,
+                                 tokens * (heads * 2.0 * static_cast<double>(a.hidden * a.vocab) +
+                                           static_cast<double>(a.mtp_layers) * 2.0 *
+                                               static_cast<double>(mtp_projection_parameters(a))),
+                                 0, 0, static_cast<int32_t>(1 + a.mtp_layers),
+                                 price.activation_bytes(tokens, a.hidden), tokens,
+                                 heads * tokens * static_cast<double>(a.vocab), /*whole_op=*/false,
                                  /*checkpointed=*/false);
+    for (int64_t l = a.layers; l < stack_end(a); ++l)
+      c.last_extra += layer_seconds(price, module, a, l, tokens, w.attended);
+  }
   // A homogeneous plan runs every other module on the LLM's first stage, on the LLM's grid —
   // sharded over its TP, whole on every CP rank, as lower() runs them (compute_op.cpp) — and
   // under DIP as segments of their own, spread over every stage.

@@ -796,11 +796,13 @@ ModuleSpec deepseek_llm(const Reader& text) {
       a.router_group_top_k = group_top_k;
     }
   }
+  // DeepSeek-V3's multi-token-prediction modules (its checkpoint holds their weights).
+  a.mtp_layers = text.get("num_nextn_predict_layers", 0);
+  if (a.mtp_layers < 0) text.error("num_nextn_predict_layers", "must be 0 or more");
   // Routing details without parameters; the inert head switches (the LM head is always built,
   // untied unless tie_word_embeddings).
   text.known({"n_group", "topk_group", "norm_topk_prob", "routed_scaling_factor", "scoring_func",
-              "aux_loss_alpha", "seq_aux", "ep_size", "lm_head", "rm_head", "rope_scaling",
-              "num_nextn_predict_layers"});
+              "aux_loss_alpha", "seq_aux", "ep_size", "lm_head", "rm_head", "rope_scaling"});
   return llm;
 }
 

@@ -11,14 +11,16 @@ namespace tessera {
 
 bool moe_layer(const TransformerArch& a, int64_t layer) {
   if (a.experts == 0 || layer < a.dense_layers) return false;
-  return (layer - a.dense_layers + 1) % a.moe_every == 0;
+  return layer >= a.layers || (layer - a.dense_layers + 1) % a.moe_every == 0;
 }
 
 int64_t moe_layers(const TransformerArch& a, int64_t first, int64_t end) {
   if (a.experts == 0) return 0;
-  // MoE layers in [0, n): every moe_every-th of those past the dense ones.
-  auto below = [&](int64_t n) { return std::max<int64_t>(0, n - a.dense_layers) / a.moe_every; };
-  return std::max<int64_t>(0, below(end) - below(first));
+  // MoE layers of the stack in [0, n): every moe_every-th of those past the dense ones.
+  auto below = [&](int64_t n) {
+    return std::max<int64_t>(0, std::min(n, a.layers) - a.dense_layers) / a.moe_every;
+  };
+  return std::max<int64_t>(0, below(end) - below(first)) + mtp_layers_in(a, first, end);
 }
 
 const EnumTable<ModuleRole> kModuleRoles = {{"encoder", ModuleRole::kEncoder},
@@ -98,6 +100,7 @@ TransformerArch read_transformer(ObjectReader& r) {
   count(r, "experts", a.experts, kMaxExperts);
   count(r, "top_k", a.top_k, kMaxExperts);
   positive(r, "moe_ffn", a.moe_ffn, false, kMaxFfn);
+  count(r, "mtp_layers", a.mtp_layers, kMaxLayers);
   positive(r, "shared_expert_ffn", a.shared_expert_ffn, false, kMaxFfn);
   if (r.optional("capacity_factor", a.capacity_factor) &&
       (!(a.capacity_factor == 0 || a.capacity_factor >= 1) || a.capacity_factor > 1024))
@@ -143,6 +146,8 @@ TransformerArch read_transformer(ObjectReader& r) {
     if (a.v_head_dim != a.head_dim)
       r.error("v_head_dim", "differs from head_dim without kv_lora_rank");
   }
+  if (a.mtp_layers > 0 && a.vocab == 0)
+    r.error("mtp_layers", "given without vocab (a multi-token-prediction layer predicts tokens)");
   if (a.router_bias && a.experts == 0) r.error("router_bias", "given without experts");
   if ((a.router_groups > 0) != (a.router_group_top_k > 0)) {
     r.error(a.router_groups > 0 ? "router_group_top_k" : "router_groups",
@@ -367,6 +372,7 @@ Json to_json(const TransformerArch& a) {
     }
     if (a.moe_every > 1) j["moe_every"] = a.moe_every;
   }
+  if (a.mtp_layers > 0) j["mtp_layers"] = a.mtp_layers;
   if (a.cross_attention_layers > 0) j["cross_attention_layers"] = a.cross_attention_layers;
   if (a.gated_layers > 0) j["gated_layers"] = a.gated_layers;
   if (a.extra_embeddings > 0) j["extra_embeddings"] = a.extra_embeddings;

@@ -83,6 +83,14 @@ struct TransformerArch {
   // (Llama 4 Maverick's interleave_moe_layer_step: 2 puts experts in layers 1, 3, 5, ...).
   int64_t dense_layers = 0;
   int64_t moe_every = 1;
+  // Multi-token prediction (DeepSeek-V3's MTP modules; Megatron-LM's mtp_num_layers): after the
+  // stack, `mtp_layers` more layers, each predicting one token further ahead. Layer `layers + i`
+  // takes the hidden states the layer before it made and the embeddings of the tokens i + 1 ahead,
+  // each normed, concatenated and projected back to `hidden` (a 2·hidden x hidden matrix), and
+  // ends in a norm and the model's output head and loss. An MTP layer has experts where the stack
+  // has any. They run with the stack's last pipeline chunk, after its layers (Megatron-LM's
+  // pipeline layout "...tmL"). 0: none.
+  int64_t mtp_layers = 0;
   // Of `layers`, how many attend to media through cross-attention (Mllama). When > 0, media
   // tokens do not enter this module's sequence.
   int64_t cross_attention_layers = 0;
@@ -96,8 +104,17 @@ struct TransformerArch {
   bool operator==(const TransformerArch&) const = default;
 };
 
+// The layers of a stack with its multi-token-prediction layers after them: [0, stack_end).
+inline int64_t stack_end(const TransformerArch& arch) {
+  return arch.layers + arch.mtp_layers;
+}
+// How many of layers [first, end) are multi-token-prediction layers (those from `layers` on).
+inline int64_t mtp_layers_in(const TransformerArch& arch, int64_t first, int64_t end) {
+  return end > arch.layers ? end - (first > arch.layers ? first : arch.layers) : 0;
+}
 // Whether layer `layer` of a stack has experts: every layer of an MoE stack but its first
-// dense_layers and, after them, all but every moe_every-th.
+// dense_layers and, after them, all but every moe_every-th; every multi-token-prediction layer of
+// an MoE stack.
 bool moe_layer(const TransformerArch& arch, int64_t layer);
 // How many of layers [first, end) have experts.
 int64_t moe_layers(const TransformerArch& arch, int64_t first, int64_t end);

@@ -656,6 +656,13 @@ TEST_CASE(
   CHECK(dropping.code == 2);
   CHECK(dropping.output.find("token dropping (capacity_factor) is not in the executor") !=
         std::string::npos);
+  // And multi-token prediction.
+  const std::string mtp = edited_scenario(
+      moe, [](Json& s) { s["model"]["modules"][2]["transformer"]["mtp_layers"] = 1; }, "moe-mtp");
+  const Run predicting = run(mtp + " --steps 1 --out " + fresh_dir("moe-mtp-run").string());
+  CHECK(predicting.code == 2);
+  CHECK(predicting.output.find("llm: multi-token-prediction layers (mtp_layers) are not in the "
+                               "executor yet") != std::string::npos);
 }
 
 TEST_CASE(

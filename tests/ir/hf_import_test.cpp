@@ -304,6 +304,14 @@ TEST_CASE("DeepSeek's node-limited routing: n_group and topk_group become router
   const TransformerArch& llm = *module(*m, "llm").transformer;
   CHECK(llm.router_groups == 8);
   CHECK(llm.router_group_top_k == 4);
+  // num_nextn_predict_layers: DeepSeek-V3's multi-token-prediction modules, none in VL2's config.
+  CHECK(module(import("deepseek-vl2.json"), "llm").transformer->mtp_layers == 0);
+  config["language_config"]["num_nextn_predict_layers"] = 1;
+  Diagnostics mtp;
+  const auto with_mtp = import_hf_config(config, "c.json", {}, mtp);
+  REQUIRE(with_mtp.has_value());
+  CHECK(module(*with_mtp, "llm").transformer->mtp_layers == 1);
+  config["language_config"].erase("num_nextn_predict_layers");
   // Greedy routing ignores the groups.
   config["language_config"]["topk_method"] = "greedy";
   Diagnostics greedy;
