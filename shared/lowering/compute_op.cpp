@@ -142,7 +142,14 @@ Op Lowering::compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t
       const int32_t g = tp_group(layout_owner, x);
       if (plan_.sequence_parallel) {
         const auto calls = static_cast<int32_t>(2 * layers - ungathered);
-        op.nested.push_back({CollectiveKind::kAllGather, Purpose::kTp, g, calls, act});
+        // FP8 GEMMs (Transformer Engine, torchao) cast the column-parallel matrices' inputs before
+        // gathering them: the forward's all-gathers (and its recomputation's) carry a byte a
+        // value, blockwise scaling an fp32 scale per 128 more. The backward's (the row-parallel
+        // outputs' gradients) stay 16-bit.
+        const bool fp8_inputs = (op.flags & kOpFp8) != 0 && phase != Phase::kB;
+        const double block_scales = (op.flags & kOpFp8BlockScaling) != 0 ? 4.0 / 128.0 : 0.0;
+        op.nested.push_back({CollectiveKind::kAllGather, Purpose::kTp, g, calls,
+                             fp8_inputs ? act / dtype * (1.0 + block_scales) : act});
         // Per-op checkpointing keeps the reduce-scatters' outputs.
         if (!per_op_recompute)
           op.nested.push_back({CollectiveKind::kReduceScatter, Purpose::kTp, g, calls, act});

@@ -1482,6 +1482,37 @@ TEST_CASE(
   CHECK(read_plan(to_json(c.plan), "p", "", diag) == c.plan);
 }
 
+TEST_CASE("fp8: the forward's sequence-parallel all-gathers carry the linears' FP8 inputs") {
+  Case plain =
+      make(kVlm, kUniformText,
+           R"({"placement": "homogeneous", "layout": {"tp": 2}, "sequence_parallel": true})");
+  plain.cluster.device.peak_flops[DType::kFp8] = 2e14;
+  Case fp8 = plain, blocks = plain;
+  fp8.plan.fp8 = Fp8Recipe::kDelayed;
+  blocks.plan.fp8 = Fp8Recipe::kBlockwise;
+  const Program p = lowered(plain), q = lowered(fp8), b = lowered(blocks);
+  const auto gathered = [](const Op& op) {
+    double bytes = 0;
+    for (const NestedCollective& n : op.nested)
+      if (n.purpose == Purpose::kTp && n.kind == CollectiveKind::kAllGather) bytes += n.bytes;
+    return bytes;
+  };
+  int checked = 0;
+  for (std::size_t r = 0; r < p.ranks.size(); ++r)
+    for (std::size_t i = 0; i < p.ranks[r].size(); ++i) {
+      const Op& op = q.ranks[r][i];
+      if (op.kind != OpKind::kCompute || gathered(p.ranks[r][i]) == 0) continue;
+      // A byte a value instead of two in the forward, an fp32 scale per 128 more with block
+      // scaling; the backward's gathers of output gradients stay 16-bit.
+      const bool forward = (op.flags & kOpFp8) != 0 && op.phase != Phase::kB;
+      CHECK(gathered(op) == doctest::Approx(gathered(p.ranks[r][i]) * (forward ? 0.5 : 1.0)));
+      CHECK(gathered(b.ranks[r][i]) ==
+            doctest::Approx(gathered(p.ranks[r][i]) * (forward ? 0.5 * (1 + 4.0 / 128) : 1.0)));
+      checked += forward ? 1 : 0;
+    }
+  CHECK(checked > 0);
+}
+
 TEST_CASE("fp8: layer GEMMs flagged, FP8 weight copies in memory, FP8 parameter gathers") {
   // A VLM on two replicas with the distributed optimizer: the ViT's and the LLM's layers run
   // FP8 GEMMs, the projector does not.
