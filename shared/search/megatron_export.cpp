@@ -195,6 +195,11 @@ MegatronExport megatron_export(const Scenario& scenario, const ParallelPlan& pla
       e.notes.push_back(
           "plan.moe_a2a_overlap: Megatron-LM overlaps the expert all-to-alls only between virtual "
           "pipeline stages (pp > 1 needs vpp > 1); exported without it");
+    } else if (plan.moe_a2a_overlap && a.mtp_layers > 0 && (l.pp == 1 || a.mtp_layers > 1)) {
+      e.notes.push_back(
+          "plan.moe_a2a_overlap: Megatron-LM overlaps the expert all-to-alls beside "
+          "multi-token prediction only with one MTP layer and a pipeline (pp > 1); exported "
+          "without it");
     } else if (plan.moe_a2a_overlap) {
       field("overlap_moe_expert_parallel_comm", true);
     }

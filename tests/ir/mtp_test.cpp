@@ -182,4 +182,23 @@ TEST_CASE("the stage split prices the MTP layer with the last stage; the export 
   const std::string layout = e.config["transformer_config"]["pipeline_model_parallel_layout"];
   CHECK(layout.starts_with("Etttt|tttt|"));
   CHECK(layout.ends_with("|tttt|tmL"));
+  // Megatron-LM overlaps the expert all-to-alls beside one MTP layer in a pipeline, not more.
+  ParallelPlan overlapped = *s.plan;
+  overlapped.moe_a2a_overlap = true;
+  CHECK(megatron_export(s, overlapped)
+            .config["transformer_config"]
+            .value("overlap_moe_expert_parallel_comm", false));
+  Scenario two = s;
+  llm_arch(two).mtp_layers = 2;
+  const MegatronExport refused = megatron_export(two, overlapped);
+  CHECK(!refused.config["transformer_config"].contains("overlap_moe_expert_parallel_comm"));
+  CHECK(refused.config["transformer_config"]["pipeline_model_parallel_layout"]
+            .get<std::string>()
+            .ends_with("|tmmL"));
+  bool said = false;
+  for (const std::string& note : refused.notes)
+    said = said || note.starts_with(
+                       "plan.moe_a2a_overlap: Megatron-LM overlaps the expert "
+                       "all-to-alls beside multi-token prediction");
+  CHECK(said);
 }
