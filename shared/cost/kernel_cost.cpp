@@ -229,6 +229,28 @@ double kernel_compute_s(const ModuleSpec& module, const Op& op, const DeviceSpec
           passes * bpv * hidden_share * tokens * moe * (2.0 * (k + 1.0) + (sorted ? 4.0 * k : 0.0));
       kernels += passes * moe * (sorted ? 4.0 : 2.0);
     }
+    if (moe > 0 && !pytorch) {
+      // Megatron-LM's MoE layer (Transformer Engine) launches more than the four GEMMs counted
+      // above: the router's GEMM and its fused score and top-k (forward; their gradients in the
+      // backward; the router's weight gradient), and for each of the routed experts' two matrices
+      // one cuBLAS GEMM per local expert (GroupedLinear's multi-stream backend), where the count
+      // above has one. Recomputing the MoE layer whole runs the experts' forward GEMMs again.
+      const double local =
+          std::max(1.0, static_cast<double>(a->experts) / std::max<double>(1, op.ep));
+      const double per_expert = 2.0 * (local - 1.0);
+      switch (op.phase) {
+        case Phase::kF:
+        case Phase::kR:
+          kernels += moe * (2.0 + per_expert);
+          break;
+        case Phase::kB:
+          kernels += moe * (2.0 + per_expert * ((op.flags & kOpMoeRecompute) != 0 ? 2.0 : 1.0));
+          break;
+        case Phase::kW:
+          kernels += moe * (1.0 + per_expert);
+          break;
+      }
+    }
     if (op.phase == Phase::kB) {
       // Selective recomputation's submodules, forward again before the backward (fused
       // kernels; their matrices are in op.flops): the two norms, the latent attention's rotary,

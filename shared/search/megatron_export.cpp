@@ -11,9 +11,8 @@ namespace tessera {
 namespace {
 
 // Megatron-LM's pipeline layout string: stages separated by '|', 'E' the embedding, 't' a
-// transformer layer, 'L' the loss; virtual stages of a rank follow the physical ones in order.
-// Megatron-LM's pipeline layout: E the embedding, t a layer, m a multi-token-prediction layer, L
-// the loss, | between virtual stages.
+// transformer layer, 'm' a multi-token-prediction layer, 'L' the loss; virtual stages of a rank
+// follow the physical ones in order.
 std::string pipeline_layout(const std::vector<int64_t>& stage_layers, int64_t mtp_layers) {
   std::string s;
   for (std::size_t i = 0; i < stage_layers.size(); ++i) {

@@ -501,7 +501,45 @@ TEST_CASE("kernel cost: an MoE layer permutes its tokens around the experts") {
   const double shared = static_cast<double>(a.shared_expert_ffn);
   CHECK(kernel_compute_s(llm, b, device, peak, 2, tuning) - backward ==
         doctest::Approx(2 * (2 * (k + 1) * h + 3 * (routed + shared)) * 4096 / bandwidth +
-                        (2 + 2 * 3 + 3) * tuning.launch_s));
+                        (2 + 2 * 3 + 3 + 2 * 3) * tuning.launch_s));
+}
+
+TEST_CASE("kernel cost: Megatron-LM's MoE layer launches its router and a GEMM per local expert") {
+  const std::optional<Scenario> s = published("nvidia-deepseek-v3-h100-1024");
+  const ModuleSpec& llm = s->model.modules[0];
+  const DeviceSpec& device = s->cluster.device;
+  const double peak = peak_flops(s->cluster, DType::kBf16);
+  // The kernels an op launches: its price's change per second of launch.
+  const auto launches = [&](const Op& op) {
+    KernelTuning none, slow;
+    none.launch_s = 0;
+    slow.launch_s = 1e-3;
+    return std::round((kernel_compute_s(llm, op, device, peak, 2, slow) -
+                       kernel_compute_s(llm, op, device, peak, 2, none)) /
+                      1e-3);
+  };
+  Op op = forward_layer(4096, 1, 4096.0 * 4097 / 2, 1e12);
+  op.first_layer = 3;  // the first MoE layer
+  op.flags = kOpDeepEpDispatch;
+  op.ep = 256;  // one expert a rank
+  // A layer's 13 (4 GEMMs, attention, 8 element-wise), the permutation's 2, the router's 2.
+  CHECK(launches(op) == 17);
+  Op eager = op;
+  eager.flags |= kOpPytorchKernels;
+  CHECK(launches(eager) < 17);
+  // Four experts a rank: each of the experts' two GEMMs launched four times, in every phase.
+  for (const Phase phase : {Phase::kF, Phase::kB, Phase::kW}) {
+    Op one = op, four = op;
+    one.phase = four.phase = phase;
+    four.ep = 64;
+    CHECK(launches(four) - launches(one) == 6);
+  }
+  Op b = op;
+  b.phase = Phase::kB;
+  Op w = op;
+  w.phase = Phase::kW;
+  CHECK(launches(w) == 4 + 1);  // the layer's 4 weight-gradient GEMMs, the router's
+  CHECK(launches(b) == 2 * 13 + 2 + 2);
 }
 
 TEST_CASE("kernel cost: FP8 GEMMs at the FP8 rate, their inputs quantized; attention unchanged") {
