@@ -353,7 +353,7 @@ double kernel_compute_s(const ModuleSpec& module, const Op& op, const DeviceSpec
     if (op.phase != Phase::kW) elementwise_bytes += op.logits * 4.0 * (backward ? 2.0 : 3.0);
   }
   // A multi-token-prediction layer's projection of its concatenated inputs.
-  if (const auto& a = module.transformer; a && op.layers > 0)
+  if (const auto& a = module.transformer)
     for (int64_t i = mtp_layers_in(*a, op.first_layer, end); i > 0; --i)
       add_gemm({tokens, static_cast<double>(a->hidden) / tp, 2.0 * static_cast<double>(a->hidden)});
   if (const auto& a = module.transformer; a && (op.flags & kOpFrontEnd) != 0) {

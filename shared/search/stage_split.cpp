@@ -314,14 +314,14 @@ ChainCosts chain_costs(const ModelSpec& model, std::size_t module, const Paralle
     // The head and loss, once more for each multi-token-prediction layer, which follows the
     // stack's last layer with its projection.
     const double heads = static_cast<double>(1 + a.mtp_layers);
-    c.last_extra = price.seconds(module,
-                                 tokens * (heads * 2.0 * static_cast<double>(a.hidden * a.vocab) +
-                                           static_cast<double>(a.mtp_layers) * 2.0 *
-                                               static_cast<double>(mtp_projection_parameters(a))),
-                                 0, 0, static_cast<int32_t>(1 + a.mtp_layers),
-                                 price.activation_bytes(tokens, a.hidden), tokens,
-                                 heads * tokens * static_cast<double>(a.vocab), /*whole_op=*/false,
-                                 /*checkpointed=*/false);
+    c.last_extra =
+        price.seconds(module,
+                      tokens * (heads * 2.0 * static_cast<double>(a.hidden * a.vocab) +
+                                static_cast<double>(a.mtp_layers) * 2.0 *
+                                    static_cast<double>(mtp_projection_parameters(a))),
+                      0, 0, static_cast<int32_t>(heads), price.activation_bytes(tokens, a.hidden),
+                      tokens, heads * tokens * static_cast<double>(a.vocab), /*whole_op=*/false,
+                      /*checkpointed=*/false);
     for (int64_t l = a.layers; l < stack_end(a); ++l)
       c.last_extra += layer_seconds(price, module, a, l, tokens, w.attended);
   }
