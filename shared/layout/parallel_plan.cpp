@@ -673,16 +673,17 @@ void validate_plan(const ParallelPlan& plan, const ModelSpec& model, const Workl
         "pads micro-batches of whole samples; context parallelism splits one packed sequence "
         "(cp=" +
             std::to_string(llm_place->layout.cp) + ")");
-  if (plan.overlap_grad_reduce && plan.placement == Placement::kColocated)
-    top("overlap_grad_reduce",
-        "the colocated lowering reduces gradients after the whole backward; overlap is lowered "
-        "for homogeneous and non_colocated pipelines");
   if (plan.overlap_param_gather && !plan.distributed_optimizer)
     top("overlap_param_gather",
         "needs distributed_optimizer (it overlaps the all-gather of the parameters each rank's "
         "optimizer slice updated)");
   else if (plan.overlap_param_gather && !plan.overlap_grad_reduce)
     top("overlap_param_gather", "needs overlap_grad_reduce (it gathers that option's buckets)");
+  else if (plan.overlap_param_gather &&
+           (plan.placement == Placement::kColocated || plan.schedule == Schedule::kDip))
+    top("overlap_param_gather",
+        "is lowered for homogeneous and non_colocated pipelines outside schedule dip (the "
+        "colocated and DIP lowerings gather the parameters after the optimizer step)");
   if (plan.fp8 != Fp8Recipe::kNone) {
     if (model.dtype != DType::kBf16 && model.dtype != DType::kFp16)
       top("fp8", "quantizes a 16-bit model's GEMMs; the model's dtype is " +
@@ -712,10 +713,6 @@ void validate_plan(const ParallelPlan& plan, const ModelSpec& model, const Workl
           "LLM micro-batch on each replica, so the replicas' per-unit gathers and reductions "
           "would not line up");
   }
-  if (plan.overlap_grad_reduce && plan.schedule == Schedule::kDip)
-    top("overlap_grad_reduce",
-        "schedule dip reduces gradients after the whole backward; overlap is lowered for the "
-        "other homogeneous schedules and non_colocated pipelines");
 }
 
 }  // namespace tessera

@@ -17,6 +17,9 @@ struct Lowering::ColocatedRank {
   std::vector<int> regrouped;  // outputs regrouped in place (no LLM pipeline)
   std::map<std::pair<int32_t, int32_t>, int32_t> forward_done;  // (mb, chunk) -> LLM F op
   std::map<std::pair<int32_t, int>, int32_t> suffix_forward;    // (mb, generator) -> F op
+  // overlap_grad_reduce: chunk -> the micro-batch of its last backward, during which the LLM's
+  // gradients are reduced bucket by bucket
+  std::map<int32_t, int32_t> last_backward;
 };
 
 void Lowering::lower_colocated() {
@@ -46,24 +49,34 @@ void Lowering::lower_colocated() {
     // Phase 2: the LLM pipeline over detached encoder outputs.
     const bool has_backward =
         llm.flow.backward() || (c.y.p == llm.layout.pp - 1 && suffix_backward);
-    for (const ScheduleItem& item : order_for(llm, c.y.p, has_backward))
+    const std::vector<ScheduleItem> order = order_for(llm, c.y.p, has_backward);
+    if (reduces_in_buckets(llm, c.y))
+      for (const ScheduleItem& item : order)
+        if (item.backward) c.last_backward[item.chunk] = item.microbatch;
+    for (const ScheduleItem& item : order)
       if (item.backward)
         colocated_llm_backward(c, item, suffix);
       else
         colocated_llm_forward(c, item, suffix);
     // Phase 3: encoder-output gradients regrouped to every rank, one encoder backward for the
-    // whole batch, then one gradient reduction for all modules.
+    // whole batch (its gradients reduced bucket by bucket during it under overlap_grad_reduce),
+    // then the reduction of all the rest.
     std::vector<int32_t> deps = colocated_output_gradients(c);
     for (auto it = encoders.rbegin(); it != encoders.rend(); ++it) {
       const ModuleInfo& m = modules_[static_cast<std::size_t>(*it)];
       if (!m.flow.backward()) continue;
-      const ModuleInfo& grid = m.host >= 0 ? modules_[static_cast<std::size_t>(m.host)] : m;
-      const auto& samples = samples_of(*it, grid.coord(rank).d, -1);
-      for (const Phase phase : backward_phases(m)) {
-        Op op = compute(m, rank, 0, -1, phase, samples);
-        op.deps = deps;
-        op.deps.push_back(c.encoder_forward[*it]);
-        deps = {emit(rank, op)};
+      const Coord x = grid_of(m).coord(rank);
+      const auto& samples = samples_of(*it, x.d, -1);
+      if (reduces_in_buckets(m, x)) {
+        deps.push_back(c.encoder_forward[*it]);
+        deps = {backward_in_buckets(rank, m, 0, -1, 0, samples, deps)};
+      } else {
+        for (const Phase phase : backward_phases(m)) {
+          Op op = compute(m, rank, 0, -1, phase, samples);
+          op.deps = deps;
+          op.deps.push_back(c.encoder_forward[*it]);
+          deps = {emit(rank, op)};
+        }
       }
       release(rank, deps.front(), c.encoder_forward, *it);
     }
@@ -225,7 +238,11 @@ void Lowering::colocated_llm_backward(ColocatedRank& c, const ScheduleItem& item
       release(c.rank, last, c.suffix_forward, std::make_pair(s.mb, *it));
     }
   if (llm.flow.backward()) {
-    backward(llm, s.k);
+    const auto bucketed = c.last_backward.find(item.chunk);
+    if (bucketed != c.last_backward.end() && bucketed->second == s.mb)
+      last = backward_in_buckets(c.rank, llm, s.k, s.mb, 0, *s.samples, deps);
+    else
+      backward(llm, s.k);
     release(c.rank, last, c.forward_done, std::make_pair(s.mb, item.chunk));
   }
   // --- input's gradient: to the encoder leaders, or to the previous virtual stage

@@ -79,6 +79,9 @@ struct Lowering::DipWalk {
   // (segment, chunk, mb, sub) -> the forward's last compute op
   std::map<std::tuple<int32_t, int32_t, int32_t, int32_t>, int32_t> forward_done;
   std::map<std::tuple<int32_t, int32_t, int32_t, int>, int32_t> forward_of;  // + module
+  // overlap_grad_reduce: (module, virtual stage) -> the (mb, sub) of its last backward here,
+  // during which its gradients are reduced bucket by bucket
+  std::map<std::pair<int, int64_t>, std::pair<int32_t, int32_t>> last_backward;
   const DipStep* step = nullptr;
   Op about;
   std::vector<int32_t> deps;
@@ -107,6 +110,13 @@ void Lowering::lower_dip() {
         w.t = t;
         w.d = d;
         w.stage = stage;
+        for (const DipStep& step : orders.stages[static_cast<std::size_t>(stage)])
+          if (step.backward)
+            w.last_backward[step.segment < 0
+                                ? std::pair<int, int64_t>{llm_, step.chunk * P + stage}
+                                : std::pair<int, int64_t>{
+                                      segments[static_cast<std::size_t>(step.segment)].encoder,
+                                      stage}] = {step.microbatch, step.sub};
         for (const DipStep& step : orders.stages[static_cast<std::size_t>(stage)]) {
           w.step = &step;
           w.about = Op{};
@@ -309,7 +319,14 @@ void Lowering::dip_run(DipWalk& w, const ModuleInfo& m, int32_t k, Phase phase,
 void Lowering::dip_run_back(DipWalk& w, const ModuleInfo& m, int32_t k,
                             std::span<const Sample* const> samples) {
   if (!m.flow.backward()) return;
-  for (const Phase phase : backward_phases(m)) dip_run(w, m, k, phase, samples);
+  const auto last = w.last_backward.find({m.index, k});
+  if (last != w.last_backward.end() && reduces_in_buckets(m, grid_of(m).coord(w.rank)) &&
+      last->second == std::make_pair(w.step->microbatch, w.step->sub)) {
+    w.last = backward_in_buckets(w.rank, m, k, w.step->microbatch, w.step->sub, samples, w.deps);
+    w.deps = {w.last};
+  } else {
+    for (const Phase phase : backward_phases(m)) dip_run(w, m, k, phase, samples);
+  }
   const int64_t P = modules_[static_cast<std::size_t>(llm_)].layout.pp;
   const int16_t chunk = m.index == llm_ ? static_cast<int16_t>(k / P) : 0;
   release(w.rank, w.last, w.forward_of,

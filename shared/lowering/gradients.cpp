@@ -104,6 +104,54 @@ std::vector<LayerRange> Lowering::gradient_buckets(const ModuleInfo& m, LayerRan
   return pieces;
 }
 
+bool Lowering::reduces_in_buckets(const ModuleInfo& m, const Coord& x) {
+  return plan_.overlap_grad_reduce && m.flow.trainable && m.spec->transformer &&
+         p_.groups[static_cast<std::size_t>(dpcp_group(grid_of(m), x))].size() > 1;
+}
+
+void Lowering::reduce_bucket(int64_t rank, const ModuleInfo& m, const Coord& xm, int64_t k_chunk,
+                             const LayerRange& piece, uint32_t flags, int32_t mb, int32_t after) {
+  Op c = collective_op(
+      plan_.distributed_optimizer ? CollectiveKind::kReduceScatter : CollectiveKind::kAllReduce,
+      Purpose::kDp, Phase::kF, m.index, dpcp_group(grid_of(m), xm), 0);
+  c.stage = static_cast<int16_t>(xm.p);
+  c.chunk = chunk_of(m, k_chunk);
+  c.microbatch = mb;
+  c.first_layer = static_cast<int32_t>(piece.first);
+  c.layers = static_cast<int32_t>(piece.second - piece.first);
+  c.flags |= flags;
+  // The sum of replicated key/value gradients waits for the piece, then this.
+  c.deps = {after};
+  c.deps = {sum_kv_replicas(rank, m, xm, bucket_kv_bytes(m, piece.first, piece.second), c)};
+  const double value = gradient_value_bytes();
+  for (int32_t id :
+       emit_dp_collectives(rank, c, m, xm, bucket_bytes(m, piece.first, piece.second, value),
+                           bucket_expert_bytes(m, piece.first, piece.second, value)))
+    bucket_reductions_[rank][m.index].push_back(id);
+}
+
+int32_t Lowering::backward_in_buckets(int64_t rank, const ModuleInfo& m, int64_t k_chunk,
+                                      int32_t mb, int32_t sub, std::span<const Sample* const> s,
+                                      std::vector<int32_t> deps) {
+  const Coord xm = grid_of(m).coord(rank);
+  int32_t last = -1;
+  auto run = [&](Phase phase, const LayerRange* piece) {
+    Op op = compute(m, rank, static_cast<int32_t>(k_chunk), mb, phase, s, piece);
+    op.sub_microbatch = sub;
+    if (piece != nullptr) op.flags |= kOpGradientBucket;
+    op.deps = deps;
+    last = emit(rank, op);
+    deps = {last};
+  };
+  if (recomputes(m)) run(Phase::kR, nullptr);
+  for (const LayerRange& piece : gradient_buckets(m, k_chunk)) {
+    run(Phase::kB, &piece);
+    run(Phase::kW, &piece);
+    reduce_bucket(rank, m, xm, k_chunk, piece, kOpGradientBucket, -1, last);
+  }
+  return last;
+}
+
 void Lowering::gradient_reduction(int64_t rank, const std::vector<int>& module_list) {
   account_memory(rank, module_list);
   // Every gradient is reduced before any optimizer step: the step clips by the norm of all

@@ -471,6 +471,21 @@ class Lowering {
   int32_t prefetched_gather(int64_t rank, const ModuleInfo& m, const Coord& x, int64_t k_chunk,
                             int32_t mb, const std::vector<LayerRange>& units, std::size_t u,
                             Phase phase, std::vector<int32_t>& gathers);
+  // overlap_grad_reduce: whether rank x reduces m's gradients bucket by bucket during its
+  // backward (m trains, has layers and more than one replica of them).
+  bool reduces_in_buckets(const ModuleInfo& m, const Coord& x);
+  // The reduction of one bucket's gradients (layers `piece` of m's virtual stage k_chunk) over
+  // rank xm's replicas of m, after op `after` (the piece's weight gradients); `mb`: the micro-batch
+  // it belongs to (-1: the step's). Recorded in bucket_reductions_.
+  void reduce_bucket(int64_t rank, const ModuleInfo& m, const Coord& xm, int64_t k_chunk,
+                     const LayerRange& piece, uint32_t flags, int32_t mb, int32_t after);
+  // m's backward of virtual stage k_chunk for micro-batch mb (sub-micro-batch sub) after `deps`,
+  // bucket by bucket, each bucket's gradients reduced once its weight gradients are done (the
+  // colocated and DIP lowerings; recomputation runs first, for the whole chunk). Returns the last
+  // compute op.
+  int32_t backward_in_buckets(int64_t rank, const ModuleInfo& m, int64_t k_chunk, int32_t mb,
+                              int32_t sub, std::span<const Sample* const> s,
+                              std::vector<int32_t> deps);
   // overlap_grad_reduce: the bucket reductions each rank emitted, per module; those modules get
   // no reduction after the backward.
   std::map<int64_t, std::map<int, std::vector<int32_t>>> bucket_reductions_;

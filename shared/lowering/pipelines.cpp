@@ -48,8 +48,7 @@ void Lowering::walk_stage(const Pipeline& pipe, int64_t rank) {
   const std::vector<ScheduleItem> order = order_for(owner, w.x.p, has_backward);
   // overlap_grad_reduce: the owner's gradients of each chunk are bucketed and reduced during the
   // chunk's last backward (gradients accumulate locally before it).
-  w.overlap = plan_.overlap_grad_reduce && owner.flow.trainable && owner.spec->transformer &&
-              p_.groups[static_cast<std::size_t>(dpcp_group(owner, w.x))].size() > 1;
+  w.overlap = reduces_in_buckets(owner, w.x);
   if (w.overlap)
     for (const ScheduleItem& item : order)
       if (item.backward) w.last_backward[item.chunk] = item.microbatch;
@@ -310,23 +309,8 @@ void Lowering::backward_module(const Pipeline& pipe, StageWalk& w, const ModuleI
     piece_op(Phase::kB);
     if (m.flow.trainable) piece_op(Phase::kW);
     if (!bucketed || !m.flow.trainable) continue;
-    Op c = collective_op(
-        plan_.distributed_optimizer ? CollectiveKind::kReduceScatter : CollectiveKind::kAllReduce,
-        Purpose::kDp, Phase::kF, m.index, dpcp_group(grid_of(m), xm), 0);
-    c.stage = static_cast<int16_t>(xm.p);
-    c.chunk = chunk_of(m, k_chunk);
-    c.first_layer = static_cast<int32_t>(piece.first);
-    c.layers = static_cast<int32_t>(piece.second - piece.first);
-    c.flags |= flags;
-    if (full) c.microbatch = at_mb;  // one reduce-scatter of the unit per micro-batch
-    // The sum of replicated key/value gradients waits for the piece, then this.
-    c.deps = {w.last};
-    c.deps = {sum_kv_replicas(w.rank, m, xm, bucket_kv_bytes(m, piece.first, piece.second), c)};
-    const double value = gradient_value_bytes();
-    for (int32_t id :
-         emit_dp_collectives(w.rank, c, m, xm, bucket_bytes(m, piece.first, piece.second, value),
-                             bucket_expert_bytes(m, piece.first, piece.second, value)))
-      bucket_reductions_[w.rank][m.index].push_back(id);
+    // Fully sharded: one reduce-scatter of the unit per micro-batch.
+    reduce_bucket(w.rank, m, xm, k_chunk, piece, flags, full ? at_mb : -1, w.last);
   }
   release(w.rank, w.last, w.forward_of, std::make_tuple(at_mb, item.chunk, m.index));
 }

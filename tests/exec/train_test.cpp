@@ -1496,6 +1496,40 @@ TEST_CASE(
   CHECK(run.at("iterations").at(2).contains("dip"));
 }
 
+TEST_CASE("overlap_grad_reduce in colocated and DIP plans: bucket reductions, losses agree") {
+  // The variable tiny VLM with its ViT trained: the ViT's gradients are reduced bucket by bucket
+  // during its own backward, the LLM's during each chunk's last backward; a bucket reduced twice
+  // or not at all would show in the gradient norm. 0.1 MB buckets: one or two layers each.
+  const std::string trainable = edited_scenario(
+      std::string(TESSERA_SOURCE_DIR) + "/scenarios/cpu-tiny-variable.json",
+      [](Json& s) {
+        for (Json& m : s["model"]["modules"]) m["frozen"] = false;
+      },
+      "overlap-trainable");
+  const std::string colocated = raw_plan(
+      R"({"placement": "colocated", "schedule": "three_phase", "micro_batch_size": 1,
+          "modules": {"vision": {"dp": 4}, "llm": {"pp": 2, "dp": 2}},
+          "overlap_grad_reduce": true, "distributed_optimizer": true, "grad_bucket_mb": 0.1})",
+      "overlap-colocated");
+  const std::string dip = raw_plan(
+      R"({"placement": "homogeneous", "layout": {"pp": 2, "dp": 2}, "micro_batch_size": 2,
+          "schedule": "dip", "overlap_grad_reduce": true, "grad_bucket_mb": 0.1})",
+      "overlap-dip");
+  check_plans_agree(trainable, "overlap-trainable-1",
+                    {{colocated, "overlap-colocated-run"}, {dip, "overlap-dip-run"}});
+  // The reductions run where the Program puts them: inside the backward, for both modules.
+  for (const auto& [plan, name] :
+       {std::pair{colocated, "overlap-colocated-run"}, std::pair{dip, "overlap-dip-run"}}) {
+    CAPTURE(name);
+    check_trace_is_program(out_dir(name), trainable, plan);
+    for (const char* module : {"vision", "llm"})
+      CHECK(rank0_events(name, [&](const std::string& n) {
+              return n.starts_with("gloo:dp:") &&
+                     n.find(":" + std::string(module) + ".s0.L") != std::string::npos;
+            }) > 0);
+  }
+}
+
 TEST_CASE("messages in the order their receivers take them: plans agree with tags ignored") {
   // TESSERA_P2P_IN_ORDER=1 sends every message with one tag, so that Gloo matches a pair's
   // messages in order, as NCCL does. The placements whose Programs send some pair's messages in

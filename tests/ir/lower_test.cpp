@@ -1255,14 +1255,85 @@ TEST_CASE("overlap_grad_reduce: the last backward of each chunk in bucket pieces
   }
   // With a costly reduction, hiding it behind the backward shortens the step.
   CHECK(step_on_slow_network(c, p) < step_on_slow_network(c, q));
-  // Colocated plans and schedule dip reduce after the whole backward: refused, not ignored.
+}
+
+TEST_CASE("overlap_grad_reduce in colocated and DIP plans: every trainable module in buckets") {
+  // The VLM with its ViT trained: the ViT's gradients are reduced during its own backward (once
+  // for the whole batch in a colocated plan, on each stage's last encoder piece under DIP), the
+  // LLM's during each chunk's last backward.
+  std::string model = kVlm;
+  model.replace(model.find(R"("frozen": true)"), 14, R"("frozen": false)");
+  const char* images = R"({"global_batch": 8, "max_seq_len": 1024, "seed": 3, "samples": {
+    "text_tokens": {"dist": "uniform", "min": 32, "max": 300},
+    "image": {"count": {"dist": "choice", "values": [1, 2]}, "width": 64, "height": 64}}})";
+  for (const std::string plan :
+       {R"({"placement": "colocated", "schedule": "three_phase", "num_micro_batches": 4,
+            "modules": {"vision": {"dp": 4}, "llm": {"pp": 2, "dp": 2}})",
+        R"({"placement": "homogeneous", "schedule": "dip", "layout": {"pp": 2, "vpp": 2, "dp": 2},
+            "num_micro_batches": 4)"}) {
+    CAPTURE(plan);
+    const Case c =
+        make(model.c_str(), images,
+             (plan + R"(, "overlap_grad_reduce": true, "grad_bucket_mb": 0.3})").c_str());
+    const Case plain = make(model.c_str(), images, (plan + "}").c_str());
+    const Program p = lowered(c), q = lowered(plain);
+    REQUIRE(p.ranks.size() == q.ranks.size());
+    for (std::size_t r = 0; r < p.ranks.size(); ++r) {
+      INFO("rank " << r);
+      const auto& ops = p.ranks[r];
+      auto totals = [](const std::vector<Op>& list) {
+        double flops = 0, reduced = 0;
+        for (const Op& op : list) {
+          if (op.kind == OpKind::kCompute) flops += op.flops;
+          if (op.kind == OpKind::kCollective && op.purpose == Purpose::kDp)
+            reduced += op.message_bytes;
+        }
+        return std::pair{flops, reduced};
+      };
+      // The pieces do the same work, and the buckets hold every gradient once.
+      const auto [flops, reduced] = totals(ops);
+      const auto [plain_flops, plain_reduced] = totals(q.ranks[r]);
+      CHECK(flops == doctest::Approx(plain_flops).epsilon(1e-12));
+      CHECK(reduced == doctest::Approx(plain_reduced).epsilon(1e-12));
+      int32_t norm = -1;
+      std::map<std::string, int> buckets;  // module -> its bucket reductions
+      std::vector<int32_t> bucket_ops;
+      for (std::size_t i = 0; i < ops.size(); ++i) {
+        const Op& op = ops[i];
+        if (op.kind == OpKind::kCollective && op.purpose == Purpose::kNorm)
+          norm = static_cast<int32_t>(i);
+        if (op.kind != OpKind::kCollective || (op.flags & kOpGradientBucket) == 0) continue;
+        // Each waits for the weight gradients of its own layers, just before it.
+        REQUIRE(op.deps.size() == 1);
+        const Op& w = ops[static_cast<std::size_t>(op.deps[0])];
+        CHECK(w.phase == Phase::kW);
+        CHECK((w.flags & kOpGradientBucket) != 0);
+        CHECK(w.module == op.module);
+        CHECK(w.first_layer == op.first_layer);
+        CHECK(w.layers == op.layers);
+        ++buckets[c.model.modules[static_cast<std::size_t>(op.module)].name];
+        bucket_ops.push_back(static_cast<int32_t>(i));
+      }
+      // One layer a bucket: the LLM's 4 layers a stage, the ViT's 4 (colocated: all on every
+      // rank) or 2 a stage (DIP).
+      CHECK(buckets["llm"] == 4);
+      CHECK(buckets["vision"] == (c.plan.schedule == Schedule::kDip ? 2 : 4));
+      // The global norm waits for every bucket; nothing of theirs is reduced after it.
+      REQUIRE(norm >= 0);
+      const auto& deps = ops[static_cast<std::size_t>(norm)].deps;
+      for (int32_t b : bucket_ops) CHECK(std::find(deps.begin(), deps.end(), b) != deps.end());
+    }
+    CHECK(step_on_slow_network(c, p) < step_on_slow_network(c, q));
+  }
+  // The parameter gathers these lowerings run after the optimizer step: overlapping them with
+  // the next forward is refused, not ignored.
+  Case co = make(model.c_str(), kUniformText,
+                 R"({"placement": "colocated", "modules": {"vision": {"dp": 2}, "llm": {"dp": 2}},
+                     "distributed_optimizer": true, "overlap_grad_reduce": true})");
+  co.plan.overlap_param_gather = true;
   Diagnostics diag;
-  Case co =
-      make(kVlm, kUniformText,
-           R"({"placement": "colocated", "modules": {"vision": {"dp": 2}, "llm": {"dp": 2}}})");
-  co.plan.overlap_grad_reduce = true;
   validate_plan(co.plan, co.model, co.workload, co.cluster, "p", "", diag);
-  CHECK(diag.format().find("overlap_grad_reduce") != std::string::npos);
+  CHECK(diag.format().find("overlap_param_gather") != std::string::npos);
 }
 
 TEST_CASE("overlap_param_gather: the step begins with bucket gathers, the first forwards wait") {
@@ -1603,7 +1674,9 @@ TEST_CASE("fp8: layer GEMMs flagged, FP8 weight copies in memory, FP8 parameter 
   for (std::size_t r = 0; r < b.ranks.size(); ++r)
     for (std::size_t i = 0; i < b.ranks[r].size(); ++i) {
       const Op& op = b.ranks[r][i];
-      CHECK(op.flags == (q.ranks[r][i].flags | ((op.flags & kOpFp8) ? kOpFp8BlockScaling : 0)));
+      CHECK(op.flags ==
+            (q.ranks[r][i].flags |
+             ((op.flags & kOpFp8) != 0 ? static_cast<uint32_t>(kOpFp8BlockScaling) : 0u)));
       CHECK(op.flops == q.ranks[r][i].flops);
     }
   CHECK(read_plan(to_json(block.plan), "p", "", diag) == block.plan);
