@@ -679,11 +679,6 @@ void validate_plan(const ParallelPlan& plan, const ModelSpec& model, const Workl
         "optimizer slice updated)");
   else if (plan.overlap_param_gather && !plan.overlap_grad_reduce)
     top("overlap_param_gather", "needs overlap_grad_reduce (it gathers that option's buckets)");
-  else if (plan.overlap_param_gather &&
-           (plan.placement == Placement::kColocated || plan.schedule == Schedule::kDip))
-    top("overlap_param_gather",
-        "is lowered for homogeneous and non_colocated pipelines outside schedule dip (the "
-        "colocated and DIP lowerings gather the parameters after the optimizer step)");
   if (plan.fp8 != Fp8Recipe::kNone) {
     if (model.dtype != DType::kBf16 && model.dtype != DType::kFp16)
       top("fp8", "quantizes a 16-bit model's GEMMs; the model's dtype is " +

@@ -20,6 +20,10 @@ struct Lowering::ColocatedRank {
   // overlap_grad_reduce: chunk -> the micro-batch of its last backward, during which the LLM's
   // gradients are reduced bucket by bucket
   std::map<int32_t, int32_t> last_backward;
+  // overlap_param_gather: module -> its gathered buckets (an encoder's), and chunk -> the LLM's
+  // with the micro-batch of the chunk's first forward, which runs in those pieces
+  std::map<int, std::vector<std::pair<LayerRange, int32_t>>> encoder_gathers;
+  std::map<int32_t, std::pair<int32_t, std::vector<std::pair<LayerRange, int32_t>>>> llm_gathers;
 };
 
 void Lowering::lower_colocated() {
@@ -44,15 +48,30 @@ void Lowering::lower_colocated() {
     ColocatedRank c;
     c.rank = rank;
     c.y = llm.coord(rank);
-    // Phase 1: every encoder's forward over its whole local batch, then the boundary regroup.
-    for (int i : encoders) colocated_encoder_forward(c, i);
-    // Phase 2: the LLM pipeline over detached encoder outputs.
     const bool has_backward =
         llm.flow.backward() || (c.y.p == llm.layout.pp - 1 && suffix_backward);
     const std::vector<ScheduleItem> order = order_for(llm, c.y.p, has_backward);
     if (reduces_in_buckets(llm, c.y))
       for (const ScheduleItem& item : order)
         if (item.backward) c.last_backward[item.chunk] = item.microbatch;
+    // overlap_param_gather: the step begins with the gathers of what the last step updated, in
+    // the order the forwards need them.
+    if (plan_.overlap_param_gather) {
+      for (int i : encoders) {
+        const ModuleInfo& m = modules_[static_cast<std::size_t>(i)];
+        const Coord x = grid_of(m).coord(rank);
+        if (reduces_in_buckets(m, x)) c.encoder_gathers[i] = gather_buckets_at_start(rank, m, x, 0);
+      }
+      if (reduces_in_buckets(llm, c.y))
+        for (const ScheduleItem& item : order)
+          if (!item.backward && c.llm_gathers.count(item.chunk) == 0)
+            c.llm_gathers[item.chunk] = {
+                item.microbatch,
+                gather_buckets_at_start(rank, llm, c.y, item.chunk * llm.layout.pp + c.y.p)};
+    }
+    // Phase 1: every encoder's forward over its whole local batch, then the boundary regroup.
+    for (int i : encoders) colocated_encoder_forward(c, i);
+    // Phase 2: the LLM pipeline over detached encoder outputs.
     for (const ScheduleItem& item : order)
       if (item.backward)
         colocated_llm_backward(c, item, suffix);
@@ -93,13 +112,21 @@ void Lowering::colocated_encoder_forward(ColocatedRank& c, int i) {
   const int grid_index = m.host >= 0 ? m.host : i;
   const ModuleInfo& grid = modules_[static_cast<std::size_t>(grid_index)];
   const Coord x = grid.coord(c.rank);
-  Op f = compute(m, c.rank, 0, -1, Phase::kF, samples_of(i, x.d, -1));
+  std::vector<int32_t> inputs;
   for (const std::string& in : m.spec->inputs) {
     const auto it =
         c.encoder_forward.find(static_cast<int>(find_module(model_, in) - model_.modules.data()));
-    if (it != c.encoder_forward.end()) f.deps.push_back(it->second);
+    if (it != c.encoder_forward.end()) inputs.push_back(it->second);
   }
-  c.encoder_forward[i] = emit(c.rank, f);
+  const auto& samples = samples_of(i, x.d, -1);
+  if (const auto gathered = c.encoder_gathers.find(i); gathered != c.encoder_gathers.end()) {
+    c.encoder_forward[i] =
+        forward_in_pieces(c.rank, m, 0, -1, 0, samples, inputs, gathered->second);
+  } else {
+    Op f = compute(m, c.rank, 0, -1, Phase::kF, samples);
+    f.deps = inputs;
+    c.encoder_forward[i] = emit(c.rank, f);
+  }
   // Outputs feeding the LLM cross the boundary.
   if (std::find(llm.spec->inputs.begin(), llm.spec->inputs.end(), m.spec->name) ==
       llm.spec->inputs.end())
@@ -187,10 +214,17 @@ void Lowering::colocated_llm_forward(ColocatedRank& c, const ScheduleItem& item,
                       llm.rank({c.y.t, c.y.c, c.y.d, (s.k - 1) % pp}), llm, c.y, s.act_bytes,
                       MessageTag::stage(llm_, s.k - 1, false, s.mb).packed())));
   }
-  // --- compute: the LLM's chunk, then the generators in its last stage
-  Op f = compute(llm, c.rank, static_cast<int32_t>(s.k), s.mb, Phase::kF, *s.samples);
-  f.deps = deps;
-  int32_t done = emit(c.rank, f);
+  // --- compute: the LLM's chunk (its first forward in its gathered pieces), then the
+  // generators in its last stage
+  int32_t done = -1;
+  const auto gathered = c.llm_gathers.find(item.chunk);
+  if (gathered != c.llm_gathers.end() && gathered->second.first == s.mb) {
+    done = forward_in_pieces(c.rank, llm, s.k, s.mb, 0, *s.samples, deps, gathered->second.second);
+  } else {
+    Op f = compute(llm, c.rank, static_cast<int32_t>(s.k), s.mb, Phase::kF, *s.samples);
+    f.deps = deps;
+    done = emit(c.rank, f);
+  }
   c.forward_done[{s.mb, item.chunk}] = done;
   if (s.k == llm.chunks() - 1)
     for (int i : suffix) {

@@ -82,6 +82,11 @@ struct Lowering::DipWalk {
   // overlap_grad_reduce: (module, virtual stage) -> the (mb, sub) of its last backward here,
   // during which its gradients are reduced bucket by bucket
   std::map<std::pair<int, int64_t>, std::pair<int32_t, int32_t>> last_backward;
+  // overlap_param_gather: (module, virtual stage) -> the (mb, sub) of its first forward here,
+  // which runs in the pieces gathered at the step's start, with those pieces' gathers
+  std::map<std::pair<int, int64_t>,
+           std::pair<std::pair<int32_t, int32_t>, std::vector<std::pair<LayerRange, int32_t>>>>
+      param_gathers;
   const DipStep* step = nullptr;
   Op about;
   std::vector<int32_t> deps;
@@ -110,13 +115,27 @@ void Lowering::lower_dip() {
         w.t = t;
         w.d = d;
         w.stage = stage;
-        for (const DipStep& step : orders.stages[static_cast<std::size_t>(stage)])
-          if (step.backward)
-            w.last_backward[step.segment < 0
-                                ? std::pair<int, int64_t>{llm_, step.chunk * P + stage}
-                                : std::pair<int, int64_t>{
-                                      segments[static_cast<std::size_t>(step.segment)].encoder,
-                                      stage}] = {step.microbatch, step.sub};
+        const auto& steps = orders.stages[static_cast<std::size_t>(stage)];
+        // A step's module and virtual stage (an encoder's: the stage).
+        auto whose = [&](const DipStep& step) {
+          return step.segment < 0
+                     ? std::pair<int, int64_t>{llm_, step.chunk * P + stage}
+                     : std::pair<int, int64_t>{
+                           segments[static_cast<std::size_t>(step.segment)].encoder, stage};
+        };
+        for (const DipStep& step : steps)
+          if (step.backward) w.last_backward[whose(step)] = {step.microbatch, step.sub};
+        // overlap_param_gather: the step begins with the gathers of what the last step updated,
+        // in the order the forwards need them.
+        if (plan_.overlap_param_gather)
+          for (const DipStep& step : steps) {
+            const auto key = whose(step);
+            const ModuleInfo& m = modules_[static_cast<std::size_t>(key.first)];
+            const Coord x = grid_of(m).coord(w.rank);
+            if (!step.backward && w.param_gathers.count(key) == 0 && reduces_in_buckets(m, x))
+              w.param_gathers[key] = {{step.microbatch, step.sub},
+                                      gather_buckets_at_start(w.rank, m, x, key.second)};
+          }
         for (const DipStep& step : orders.stages[static_cast<std::size_t>(stage)]) {
           w.step = &step;
           w.about = Op{};
@@ -307,13 +326,19 @@ std::span<const Sample* const> Lowering::dip_piece(const DipSegment& g, int64_t 
 void Lowering::dip_run(DipWalk& w, const ModuleInfo& m, int32_t k, Phase phase,
                        std::span<const Sample* const> samples) {
   if (phase != Phase::kF && !m.flow.backward()) return;
-  Op op = compute(m, w.rank, k, w.step->microbatch, phase, samples);
-  op.sub_microbatch = w.step->sub;
-  op.deps = w.deps;
-  w.last = emit(w.rank, op);
+  const std::pair<int32_t, int32_t> at{w.step->microbatch, w.step->sub};
+  const auto gathered = w.param_gathers.find({m.index, k});
+  if (phase == Phase::kF && gathered != w.param_gathers.end() && gathered->second.first == at) {
+    w.last = forward_in_pieces(w.rank, m, k, at.first, at.second, samples, w.deps,
+                               gathered->second.second);
+  } else {
+    Op op = compute(m, w.rank, k, at.first, phase, samples);
+    op.sub_microbatch = at.second;
+    op.deps = w.deps;
+    w.last = emit(w.rank, op);
+  }
   w.deps = {w.last};
-  if (phase == Phase::kF)
-    w.forward_of[{w.step->microbatch, w.step->sub, op.chunk, m.index}] = w.last;
+  if (phase == Phase::kF) w.forward_of[{at.first, at.second, chunk_of(m, k), m.index}] = w.last;
 }
 
 void Lowering::dip_run_back(DipWalk& w, const ModuleInfo& m, int32_t k,

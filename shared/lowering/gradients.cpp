@@ -152,6 +152,53 @@ int32_t Lowering::backward_in_buckets(int64_t rank, const ModuleInfo& m, int64_t
   return last;
 }
 
+std::vector<std::pair<LayerRange, int32_t>> Lowering::gather_buckets_at_start(int64_t rank,
+                                                                              const ModuleInfo& m,
+                                                                              const Coord& x,
+                                                                              int64_t k_chunk) {
+  std::vector<std::pair<LayerRange, int32_t>> out;
+  const std::vector<LayerRange> pieces = gradient_buckets(m, k_chunk);
+  for (auto piece = pieces.rbegin(); piece != pieces.rend(); ++piece) {
+    Op g = collective_op(CollectiveKind::kAllGather, Purpose::kDp, Phase::kF, m.index,
+                         dpcp_group(grid_of(m), x), 0);
+    g.stage = static_cast<int16_t>(x.p);
+    g.chunk = chunk_of(m, k_chunk);
+    g.first_layer = static_cast<int32_t>(piece->first);
+    g.layers = static_cast<int32_t>(piece->second - piece->first);
+    g.flags |= kOpGradientBucket;
+    const double value = gathered_value_bytes(m, piece->first, piece->second);
+    // The piece's forward waits for the last gather (the others precede it).
+    out.emplace_back(*piece, emit_dp_collectives(
+                                 rank, g, m, x, bucket_bytes(m, piece->first, piece->second, value),
+                                 bucket_expert_bytes(m, piece->first, piece->second, value))
+                                 .back());
+  }
+  gathered_at_start_[rank].insert(m.index);
+  return out;
+}
+
+int32_t Lowering::forward_in_pieces(int64_t rank, const ModuleInfo& m, int64_t k_chunk, int32_t mb,
+                                    int32_t sub, std::span<const Sample* const> s,
+                                    std::vector<int32_t> deps,
+                                    const std::vector<std::pair<LayerRange, int32_t>>& gathered) {
+  auto& ops = p_.ranks[static_cast<std::size_t>(rank)];
+  double stash = 0;
+  int32_t last = -1;
+  for (const auto& [piece, gather] : gathered) {
+    Op op = compute(m, rank, static_cast<int32_t>(k_chunk), mb, Phase::kF, s, &piece);
+    op.sub_microbatch = sub;
+    op.flags |= kOpGradientBucket;
+    op.deps = deps;
+    op.deps.push_back(gather);
+    stash += op.stash_bytes;
+    op.stash_bytes = 0;
+    last = emit(rank, op);
+    deps = {last};
+  }
+  if (last >= 0) ops[static_cast<std::size_t>(last)].stash_bytes = stash;
+  return last;
+}
+
 void Lowering::gradient_reduction(int64_t rank, const std::vector<int>& module_list) {
   account_memory(rank, module_list);
   // Every gradient is reduced before any optimizer step: the step clips by the norm of all

@@ -486,6 +486,22 @@ class Lowering {
   int32_t backward_in_buckets(int64_t rank, const ModuleInfo& m, int64_t k_chunk, int32_t mb,
                               int32_t sub, std::span<const Sample* const> s,
                               std::vector<int32_t> deps);
+  // overlap_param_gather: the all-gathers of the parameters of m's virtual stage k_chunk that
+  // the previous step's optimizer updated, emitted now (the step's start), one per gradient
+  // bucket, bottom up as the forward needs them; returns each bucket's layers with its gather.
+  // m's parameters are then not gathered after this step's optimizer step.
+  std::vector<std::pair<LayerRange, int32_t>> gather_buckets_at_start(int64_t rank,
+                                                                      const ModuleInfo& m,
+                                                                      const Coord& x,
+                                                                      int64_t k_chunk);
+  // m's forward of virtual stage k_chunk for micro-batch mb (sub-micro-batch sub) after `deps`,
+  // in the pieces of `gathered`, each after its own gather; the activations the pieces stash
+  // are the last one's, kept and freed as one (the colocated and DIP lowerings). Returns the last
+  // op.
+  int32_t forward_in_pieces(int64_t rank, const ModuleInfo& m, int64_t k_chunk, int32_t mb,
+                            int32_t sub, std::span<const Sample* const> s,
+                            std::vector<int32_t> deps,
+                            const std::vector<std::pair<LayerRange, int32_t>>& gathered);
   // overlap_grad_reduce: the bucket reductions each rank emitted, per module; those modules get
   // no reduction after the backward.
   std::map<int64_t, std::map<int, std::vector<int32_t>>> bucket_reductions_;

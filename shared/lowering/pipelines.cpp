@@ -325,27 +325,9 @@ void Lowering::gather_parameters_first(const Pipeline& pipe, StageWalk& w,
   for (const ScheduleItem& item : order) {
     if (item.backward || w.first_forward.count(item.chunk) > 0) continue;
     w.first_forward[item.chunk] = item.microbatch;
-    const std::vector<LayerRange> pieces =
-        gradient_buckets(owner, item.chunk * owner.layout.pp + w.x.p);
-    for (auto piece = pieces.rbegin(); piece != pieces.rend(); ++piece) {
-      Op g = collective_op(CollectiveKind::kAllGather, Purpose::kDp, Phase::kF, pipe.owner,
-                           dpcp_group(owner, w.x), 0);
-      g.stage = static_cast<int16_t>(w.x.p);
-      g.chunk = static_cast<int16_t>(item.chunk);
-      g.first_layer = static_cast<int32_t>(piece->first);
-      g.layers = static_cast<int32_t>(piece->second - piece->first);
-      g.flags |= kOpGradientBucket;
-      const double value = gathered_value_bytes(owner, piece->first, piece->second);
-      // The piece's forward waits for the last gather (the others precede it).
-      w.param_gathers[item.chunk].emplace_back(
-          *piece,
-          emit_dp_collectives(w.rank, g, owner, w.x,
-                              bucket_bytes(owner, piece->first, piece->second, value),
-                              bucket_expert_bytes(owner, piece->first, piece->second, value))
-              .back());
-    }
+    w.param_gathers[item.chunk] =
+        gather_buckets_at_start(w.rank, owner, w.x, item.chunk * owner.layout.pp + w.x.p);
   }
-  gathered_at_start_[w.rank].insert(pipe.owner);
 }
 
 // --- boundary messages -----------------------------------------------------------------------

@@ -1496,7 +1496,7 @@ TEST_CASE(
   CHECK(run.at("iterations").at(2).contains("dip"));
 }
 
-TEST_CASE("overlap_grad_reduce in colocated and DIP plans: bucket reductions, losses agree") {
+TEST_CASE("overlapped reduction and parameter gathers in colocated and DIP plans: losses agree") {
   // The variable tiny VLM with its ViT trained: the ViT's gradients are reduced bucket by bucket
   // during its own backward, the LLM's during each chunk's last backward; a bucket reduced twice
   // or not at all would show in the gradient norm. 0.1 MB buckets: one or two layers each.
@@ -1509,24 +1509,42 @@ TEST_CASE("overlap_grad_reduce in colocated and DIP plans: bucket reductions, lo
   const std::string colocated = raw_plan(
       R"({"placement": "colocated", "schedule": "three_phase", "micro_batch_size": 1,
           "modules": {"vision": {"dp": 4}, "llm": {"pp": 2, "dp": 2}},
-          "overlap_grad_reduce": true, "distributed_optimizer": true, "grad_bucket_mb": 0.1})",
+          "overlap_grad_reduce": true, "distributed_optimizer": true, "grad_bucket_mb": 0.1,
+          "overlap_param_gather": true})",
       "overlap-colocated");
   const std::string dip = raw_plan(
       R"({"placement": "homogeneous", "layout": {"pp": 2, "dp": 2}, "micro_batch_size": 2,
           "schedule": "dip", "overlap_grad_reduce": true, "grad_bucket_mb": 0.1})",
       "overlap-dip");
+  const std::string dip_gather = raw_plan(
+      R"({"placement": "homogeneous", "layout": {"pp": 2, "dp": 2}, "micro_batch_size": 2,
+          "schedule": "dip", "overlap_grad_reduce": true, "grad_bucket_mb": 0.1,
+          "distributed_optimizer": true, "overlap_param_gather": true})",
+      "overlap-dip-gather");
+  // Three steps: a parameter gathered at the wrong time would train on stale weights.
   check_plans_agree(trainable, "overlap-trainable-1",
-                    {{colocated, "overlap-colocated-run"}, {dip, "overlap-dip-run"}});
-  // The reductions run where the Program puts them: inside the backward, for both modules.
-  for (const auto& [plan, name] :
-       {std::pair{colocated, "overlap-colocated-run"}, std::pair{dip, "overlap-dip-run"}}) {
+                    {{colocated, "overlap-colocated-run"},
+                     {dip, "overlap-dip-run"},
+                     {dip_gather, "overlap-dip-gather-run"}});
+  // The collectives run where the Program puts them: bucket by bucket for both modules, the
+  // reductions inside the backward and (overlap_param_gather) the gathers before the forwards.
+  for (const auto& [plan, name, gathers] :
+       {std::tuple{colocated, std::string("overlap-colocated-run"), true},
+        std::tuple{dip, std::string("overlap-dip-run"), false},
+        std::tuple{dip_gather, std::string("overlap-dip-gather-run"), true}}) {
     CAPTURE(name);
     check_trace_is_program(out_dir(name), trainable, plan);
-    for (const char* module : {"vision", "llm"})
-      CHECK(rank0_events(name, [&](const std::string& n) {
-              return n.starts_with("gloo:dp:") &&
-                     n.find(":" + std::string(module) + ".s0.L") != std::string::npos;
-            }) > 0);
+    for (const std::string module : {"vision", "llm"}) {
+      CAPTURE(module);
+      const auto buckets = [&](const std::string& kind) {
+        return rank0_events(name, [&](const std::string& n) {
+          return n.starts_with("gloo:dp:") && n.find(kind) != std::string::npos &&
+                 n.find(":" + module + ".s0.L") != std::string::npos;
+        });
+      };
+      CHECK(buckets("reduce") > 0);
+      CHECK((buckets("allgather") > 0) == gathers);
+    }
   }
 }
 
