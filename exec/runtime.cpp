@@ -56,10 +56,13 @@ Worker::Worker(const Scenario& s, const ParallelPlan& plan, Groups& groups,
     for (const Op& op : ops)
       if (op.kind == OpKind::kCompute)
         stages[op.module] = std::max<int64_t>(stages[op.module], op.stage + 1);
-  // Each (module, chunk) here holds the layers the Program gives its stage.
+  // Each (module, chunk) here holds the layers the Program gives its stage: those it computes,
+  // and those whose gradients it reduces without computing them this iteration (under DIP, a
+  // replica whose batch has no media for an encoder still takes part in its reduction).
   std::map<std::pair<int, int>, const ChunkLayers*> held;
   for (const Op& op : p.ranks[static_cast<std::size_t>(rank_)])
-    if (op.kind == OpKind::kCompute)
+    if (op.kind == OpKind::kCompute ||
+        (op.kind == OpKind::kCollective && op.purpose == Purpose::kDp))
       held.try_emplace({op.module, op.chunk}, find_chunk_layers(p, op.module, op.stage, op.chunk));
   for (const auto& [key, layers] : held) {
     const ModuleSpec& spec = model.modules[static_cast<std::size_t>(key.first)];

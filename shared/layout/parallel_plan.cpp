@@ -699,9 +699,10 @@ void validate_plan(const ParallelPlan& plan, const ModelSpec& model, const Workl
       top("fully_sharded",
           "gathers each unit's parameters before it runs; overlap_param_gather (a gather after "
           "the optimizer step) does not apply");
-    if (plan.placement == Placement::kColocated || plan.schedule == Schedule::kDip)
+    if (plan.schedule == Schedule::kDip)
       top("fully_sharded",
-          "is lowered for homogeneous and non_colocated pipelines outside schedule dip");
+          "with schedule dip, each replica orders its steps and cuts its media by its own batch, "
+          "so the replicas' per-unit gathers and reductions would not line up");
     if (plan.microbatching == MicrobatchPolicy::kEntrain)
       top("fully_sharded",
           "with microbatching entrain, an encoder micro-batch's backward comes after a different "

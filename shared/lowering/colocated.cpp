@@ -86,7 +86,10 @@ void Lowering::lower_colocated() {
       if (!m.flow.backward()) continue;
       const Coord x = grid_of(m).coord(rank);
       const auto& samples = samples_of(*it, x.d, -1);
-      if (reduces_in_buckets(m, x)) {
+      if (sharded(m, x)) {
+        deps.push_back(c.encoder_forward[*it]);
+        deps = {backward_units(rank, m, 0, -1, 0, samples, deps)};
+      } else if (reduces_in_buckets(m, x)) {
         deps.push_back(c.encoder_forward[*it]);
         deps = {backward_in_buckets(rank, m, 0, -1, 0, samples, deps)};
       } else {
@@ -119,7 +122,9 @@ void Lowering::colocated_encoder_forward(ColocatedRank& c, int i) {
     if (it != c.encoder_forward.end()) inputs.push_back(it->second);
   }
   const auto& samples = samples_of(i, x.d, -1);
-  if (const auto gathered = c.encoder_gathers.find(i); gathered != c.encoder_gathers.end()) {
+  if (sharded(m, x)) {
+    c.encoder_forward[i] = forward_units(c.rank, m, 0, -1, 0, samples, inputs);
+  } else if (const auto gathered = c.encoder_gathers.find(i); gathered != c.encoder_gathers.end()) {
     c.encoder_forward[i] =
         forward_in_pieces(c.rank, m, 0, -1, 0, samples, inputs, gathered->second);
   } else {
@@ -218,7 +223,9 @@ void Lowering::colocated_llm_forward(ColocatedRank& c, const ScheduleItem& item,
   // generators in its last stage
   int32_t done = -1;
   const auto gathered = c.llm_gathers.find(item.chunk);
-  if (gathered != c.llm_gathers.end() && gathered->second.first == s.mb) {
+  if (sharded(llm, c.y)) {
+    done = forward_units(c.rank, llm, s.k, s.mb, 0, *s.samples, deps);
+  } else if (gathered != c.llm_gathers.end() && gathered->second.first == s.mb) {
     done = forward_in_pieces(c.rank, llm, s.k, s.mb, 0, *s.samples, deps, gathered->second.second);
   } else {
     Op f = compute(llm, c.rank, static_cast<int32_t>(s.k), s.mb, Phase::kF, *s.samples);
@@ -228,9 +235,14 @@ void Lowering::colocated_llm_forward(ColocatedRank& c, const ScheduleItem& item,
   c.forward_done[{s.mb, item.chunk}] = done;
   if (s.k == llm.chunks() - 1)
     for (int i : suffix) {
-      Op g = compute(modules_[static_cast<std::size_t>(i)], c.rank, 0, s.mb, Phase::kF, *s.samples);
-      g.deps = {done};
-      done = emit(c.rank, g);
+      const ModuleInfo& m = modules_[static_cast<std::size_t>(i)];
+      if (sharded(m, grid_of(m).coord(c.rank))) {
+        done = forward_units(c.rank, m, 0, s.mb, 0, *s.samples, {done});
+      } else {
+        Op g = compute(m, c.rank, 0, s.mb, Phase::kF, *s.samples);
+        g.deps = {done};
+        done = emit(c.rank, g);
+      }
       c.suffix_forward[{s.mb, i}] = done;
     }
   // --- output: to the next virtual stage
@@ -259,6 +271,11 @@ void Lowering::colocated_llm_backward(ColocatedRank& c, const ScheduleItem& item
   // --- compute, in reverse: the generators in the last stage, then the LLM's chunk
   int32_t last = -1;
   auto backward = [&](const ModuleInfo& m, int64_t k_chunk) {
+    if (sharded(m, grid_of(m).coord(c.rank))) {
+      last = backward_units(c.rank, m, k_chunk, s.mb, 0, *s.samples, deps);
+      deps = {last};
+      return;
+    }
     for (const Phase phase : backward_phases(m)) {
       Op op = compute(m, c.rank, static_cast<int32_t>(k_chunk), s.mb, phase, *s.samples);
       op.deps = deps;
@@ -273,7 +290,7 @@ void Lowering::colocated_llm_backward(ColocatedRank& c, const ScheduleItem& item
     }
   if (llm.flow.backward()) {
     const auto bucketed = c.last_backward.find(item.chunk);
-    if (bucketed != c.last_backward.end() && bucketed->second == s.mb)
+    if (!sharded(llm, c.y) && bucketed != c.last_backward.end() && bucketed->second == s.mb)
       last = backward_in_buckets(c.rank, llm, s.k, s.mb, 0, *s.samples, deps);
     else
       backward(llm, s.k);

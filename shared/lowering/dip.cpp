@@ -82,6 +82,13 @@ struct Lowering::DipWalk {
   // overlap_grad_reduce: (module, virtual stage) -> the (mb, sub) of its last backward here,
   // during which its gradients are reduced bucket by bucket
   std::map<std::pair<int, int64_t>, std::pair<int32_t, int32_t>> last_backward;
+  // overlap_grad_reduce: the (module, virtual stage) keys whose buckets this rank reduces, in
+  // the order every replica of its stage reduces them (their collectives share one group); the
+  // next one due; those whose last backward has run, with their buckets' layers and the
+  // weight-gradient ops the reductions wait for
+  std::vector<std::pair<int, int64_t>> reduce_order;
+  std::size_t reduce_next = 0;
+  std::map<std::pair<int, int64_t>, std::vector<std::pair<LayerRange, int32_t>>> ready;
   // overlap_param_gather: (module, virtual stage) -> the (mb, sub) of its first forward here,
   // which runs in the pieces gathered at the step's start, with those pieces' gathers
   std::map<std::pair<int, int64_t>,
@@ -104,9 +111,44 @@ void Lowering::lower_dip() {
         pieces += static_cast<int64_t>(mb.size());
         media_microbatches += mb.empty() ? 0 : 1;
       }
+  // Each replica's stage orders, from its own micro-batches' estimated work.
+  std::vector<DipOrders> replica_orders;
+  for (int64_t d = 0; d < llm.layout.dp; ++d)
+    replica_orders.push_back(dip_orders(dip_pipeline(segments, d), dip_));
+  using Key = std::pair<int, int64_t>;  // a module and its virtual stage (an encoder's: the stage)
+  auto whose = [&](const DipStep& step, int64_t stage) {
+    return step.segment < 0 ? Key{llm_, step.chunk * P + stage}
+                            : Key{segments[static_cast<std::size_t>(step.segment)].encoder, stage};
+  };
+  // The replicas order their steps apart, but their data-parallel collectives on a stage share
+  // one group: every replica takes the keys in one order, where replica 0 first runs their
+  // forward (the parameter gathers) or last runs their backward (the reductions); keys it lacks
+  // after, by key.
+  auto collective_order = [&](int64_t stage, bool backward) {
+    std::map<Key, std::size_t> position;
+    const auto& first = replica_orders.front().stages[static_cast<std::size_t>(stage)];
+    for (std::size_t i = 0; i < first.size(); ++i)
+      if (first[i].backward == backward) {
+        if (backward)
+          position[whose(first[i], stage)] = i;
+        else
+          position.emplace(whose(first[i], stage), i);
+      }
+    std::set<Key> keys;
+    for (const DipOrders& o : replica_orders)
+      for (const DipStep& step : o.stages[static_cast<std::size_t>(stage)])
+        if (step.backward == backward) keys.insert(whose(step, stage));
+    std::vector<Key> out(keys.begin(), keys.end());
+    const auto at = [&](const Key& k) {
+      const auto it = position.find(k);
+      return it != position.end() ? it->second : first.size();
+    };
+    std::stable_sort(out.begin(), out.end(),
+                     [&](const Key& a, const Key& b) { return at(a) < at(b); });
+    return out;
+  };
   for (int64_t d = 0; d < llm.layout.dp; ++d) {
-    // The replica's stage orders, from its own micro-batches' estimated work.
-    const DipOrders orders = dip_orders(dip_pipeline(segments, d), dip_);
+    const DipOrders& orders = replica_orders[static_cast<std::size_t>(d)];
     for (int64_t stage = 0; stage < P; ++stage)
       for (int64_t t = 0; t < llm.layout.tp; ++t) {
         DipWalk w;
@@ -116,25 +158,29 @@ void Lowering::lower_dip() {
         w.d = d;
         w.stage = stage;
         const auto& steps = orders.stages[static_cast<std::size_t>(stage)];
-        // A step's module and virtual stage (an encoder's: the stage).
-        auto whose = [&](const DipStep& step) {
-          return step.segment < 0
-                     ? std::pair<int, int64_t>{llm_, step.chunk * P + stage}
-                     : std::pair<int, int64_t>{
-                           segments[static_cast<std::size_t>(step.segment)].encoder, stage};
+        auto bucketed = [&](const Key& key) {
+          const ModuleInfo& m = modules_[static_cast<std::size_t>(key.first)];
+          return reduces_in_buckets(m, grid_of(m).coord(w.rank));
         };
-        for (const DipStep& step : steps)
-          if (step.backward) w.last_backward[whose(step)] = {step.microbatch, step.sub};
+        std::map<Key, std::pair<int32_t, int32_t>> first_forward;
+        for (const DipStep& step : steps) {
+          if (step.backward) w.last_backward[whose(step, stage)] = {step.microbatch, step.sub};
+          if (!step.backward)
+            first_forward.emplace(whose(step, stage), std::pair{step.microbatch, step.sub});
+        }
+        for (const Key& key : collective_order(stage, true))
+          if (bucketed(key)) w.reduce_order.push_back(key);
         // overlap_param_gather: the step begins with the gathers of what the last step updated,
-        // in the order the forwards need them.
+        // in the order the forwards need them (a module this replica does not run here is
+        // gathered all the same, for the others).
         if (plan_.overlap_param_gather)
-          for (const DipStep& step : steps) {
-            const auto key = whose(step);
+          for (const Key& key : collective_order(stage, false)) {
+            if (!bucketed(key)) continue;
             const ModuleInfo& m = modules_[static_cast<std::size_t>(key.first)];
-            const Coord x = grid_of(m).coord(w.rank);
-            if (!step.backward && w.param_gathers.count(key) == 0 && reduces_in_buckets(m, x))
-              w.param_gathers[key] = {{step.microbatch, step.sub},
-                                      gather_buckets_at_start(w.rank, m, x, key.second)};
+            const auto f = first_forward.find(key);
+            w.param_gathers[key] = {
+                f != first_forward.end() ? f->second : std::pair<int32_t, int32_t>{-1, -1},
+                gather_buckets_at_start(w.rank, m, grid_of(m).coord(w.rank), key.second)};
           }
         for (const DipStep& step : orders.stages[static_cast<std::size_t>(stage)]) {
           w.step = &step;
@@ -149,6 +195,8 @@ void Lowering::lower_dip() {
           else
             dip_encoder_step(w);
         }
+        // What no backward here reduced (a module without media in this replica's batch).
+        dip_reduce_ready(w, true);
         // Encoder outputs wait on the first stage (the list-scheduling run's estimate).
         if (stage == 0)
           p_.memory[static_cast<std::size_t>(w.rank)].boundary_bytes += orders.peak_waiting_bytes;
@@ -347,8 +395,12 @@ void Lowering::dip_run_back(DipWalk& w, const ModuleInfo& m, int32_t k,
   const auto last = w.last_backward.find({m.index, k});
   if (last != w.last_backward.end() && reduces_in_buckets(m, grid_of(m).coord(w.rank)) &&
       last->second == std::make_pair(w.step->microbatch, w.step->sub)) {
-    w.last = backward_in_buckets(w.rank, m, k, w.step->microbatch, w.step->sub, samples, w.deps);
+    std::vector<std::pair<LayerRange, int32_t>> buckets;
+    w.last = backward_in_buckets(w.rank, m, k, w.step->microbatch, w.step->sub, samples, w.deps,
+                                 &buckets);
     w.deps = {w.last};
+    w.ready[{m.index, k}] = std::move(buckets);
+    dip_reduce_ready(w, false);
   } else {
     for (const Phase phase : backward_phases(m)) dip_run(w, m, k, phase, samples);
   }
@@ -356,6 +408,25 @@ void Lowering::dip_run_back(DipWalk& w, const ModuleInfo& m, int32_t k,
   const int16_t chunk = m.index == llm_ ? static_cast<int16_t>(k / P) : 0;
   release(w.rank, w.last, w.forward_of,
           std::make_tuple(w.step->microbatch, w.step->sub, chunk, m.index));
+}
+
+void Lowering::dip_reduce_ready(DipWalk& w, bool all) {
+  for (; w.reduce_next < w.reduce_order.size(); ++w.reduce_next) {
+    const auto& [module, k] = w.reduce_order[w.reduce_next];
+    const ModuleInfo& m = modules_[static_cast<std::size_t>(module)];
+    const Coord x = grid_of(m).coord(w.rank);
+    const auto ready = w.ready.find(w.reduce_order[w.reduce_next]);
+    if (ready != w.ready.end()) {
+      for (const auto& [piece, after] : ready->second)
+        reduce_bucket(w.rank, m, x, k, piece, kOpGradientBucket, -1, after);
+    } else if (all) {
+      const int32_t after = last_compute(w.rank);
+      for (const LayerRange& piece : gradient_buckets(m, k))
+        reduce_bucket(w.rank, m, x, k, piece, kOpGradientBucket, -1, after);
+    } else {
+      return;
+    }
+  }
 }
 
 // A message to or from the rank of `stage` in this rank's TP position: a send after the last

@@ -121,8 +121,11 @@ void Lowering::reduce_bucket(int64_t rank, const ModuleInfo& m, const Coord& xm,
   c.layers = static_cast<int32_t>(piece.second - piece.first);
   c.flags |= flags;
   // The sum of replicated key/value gradients waits for the piece, then this.
-  c.deps = {after};
-  c.deps = {sum_kv_replicas(rank, m, xm, bucket_kv_bytes(m, piece.first, piece.second), c)};
+  if (after >= 0) c.deps = {after};
+  const int32_t dep =
+      sum_kv_replicas(rank, m, xm, bucket_kv_bytes(m, piece.first, piece.second), c);
+  c.deps.clear();
+  if (dep >= 0) c.deps = {dep};
   const double value = gradient_value_bytes();
   for (int32_t id :
        emit_dp_collectives(rank, c, m, xm, bucket_bytes(m, piece.first, piece.second, value),
@@ -132,7 +135,8 @@ void Lowering::reduce_bucket(int64_t rank, const ModuleInfo& m, const Coord& xm,
 
 int32_t Lowering::backward_in_buckets(int64_t rank, const ModuleInfo& m, int64_t k_chunk,
                                       int32_t mb, int32_t sub, std::span<const Sample* const> s,
-                                      std::vector<int32_t> deps) {
+                                      std::vector<int32_t> deps,
+                                      std::vector<std::pair<LayerRange, int32_t>>* deferred) {
   const Coord xm = grid_of(m).coord(rank);
   int32_t last = -1;
   auto run = [&](Phase phase, const LayerRange* piece) {
@@ -147,7 +151,10 @@ int32_t Lowering::backward_in_buckets(int64_t rank, const ModuleInfo& m, int64_t
   for (const LayerRange& piece : gradient_buckets(m, k_chunk)) {
     run(Phase::kB, &piece);
     run(Phase::kW, &piece);
-    reduce_bucket(rank, m, xm, k_chunk, piece, kOpGradientBucket, -1, last);
+    if (deferred != nullptr)
+      deferred->emplace_back(piece, last);
+    else
+      reduce_bucket(rank, m, xm, k_chunk, piece, kOpGradientBucket, -1, last);
   }
   return last;
 }
@@ -180,22 +187,79 @@ std::vector<std::pair<LayerRange, int32_t>> Lowering::gather_buckets_at_start(in
 int32_t Lowering::forward_in_pieces(int64_t rank, const ModuleInfo& m, int64_t k_chunk, int32_t mb,
                                     int32_t sub, std::span<const Sample* const> s,
                                     std::vector<int32_t> deps,
-                                    const std::vector<std::pair<LayerRange, int32_t>>& gathered) {
-  auto& ops = p_.ranks[static_cast<std::size_t>(rank)];
+                                    const std::vector<LayerRange>& pieces,
+                                    const std::function<int32_t(std::size_t)>& gather) {
   double stash = 0;
   int32_t last = -1;
-  for (const auto& [piece, gather] : gathered) {
-    Op op = compute(m, rank, static_cast<int32_t>(k_chunk), mb, Phase::kF, s, &piece);
+  for (std::size_t u = 0; u < pieces.size(); ++u) {
+    const int32_t gathered = gather(u);
+    Op op = compute(m, rank, static_cast<int32_t>(k_chunk), mb, Phase::kF, s, &pieces[u]);
     op.sub_microbatch = sub;
     op.flags |= kOpGradientBucket;
     op.deps = deps;
-    op.deps.push_back(gather);
+    op.deps.push_back(gathered);
     stash += op.stash_bytes;
     op.stash_bytes = 0;
     last = emit(rank, op);
     deps = {last};
   }
-  if (last >= 0) ops[static_cast<std::size_t>(last)].stash_bytes = stash;
+  if (last >= 0)
+    p_.ranks[static_cast<std::size_t>(rank)][static_cast<std::size_t>(last)].stash_bytes = stash;
+  return last;
+}
+
+int32_t Lowering::forward_in_pieces(int64_t rank, const ModuleInfo& m, int64_t k_chunk, int32_t mb,
+                                    int32_t sub, std::span<const Sample* const> s,
+                                    std::vector<int32_t> deps,
+                                    const std::vector<std::pair<LayerRange, int32_t>>& gathered) {
+  std::vector<LayerRange> pieces;
+  for (const auto& [piece, gather] : gathered) pieces.push_back(piece);
+  return forward_in_pieces(rank, m, k_chunk, mb, sub, s, std::move(deps), pieces,
+                           [&](std::size_t u) { return gathered[u].second; });
+}
+
+int32_t Lowering::forward_units(int64_t rank, const ModuleInfo& m, int64_t k_chunk, int32_t mb,
+                                int32_t sub, std::span<const Sample* const> s,
+                                std::vector<int32_t> deps) {
+  const Coord xm = grid_of(m).coord(rank);
+  std::vector<LayerRange> units =
+      sharded_units(m, m.chunk_layers[static_cast<std::size_t>(k_chunk)]);
+  std::reverse(units.begin(), units.end());
+  std::vector<int32_t> gathers;
+  return forward_in_pieces(
+      rank, m, k_chunk, mb, sub, s, std::move(deps), units, [&](std::size_t u) {
+        return prefetched_gather(rank, m, xm, k_chunk, mb, units, u, Phase::kF, gathers);
+      });
+}
+
+int32_t Lowering::backward_units(int64_t rank, const ModuleInfo& m, int64_t k_chunk, int32_t mb,
+                                 int32_t sub, std::span<const Sample* const> s,
+                                 std::vector<int32_t> deps) {
+  const Coord xm = grid_of(m).coord(rank);
+  const std::vector<LayerRange> units =
+      sharded_units(m, m.chunk_layers[static_cast<std::size_t>(k_chunk)]);
+  const uint32_t flags = kOpGradientBucket | kOpFullySharded;
+  std::vector<int32_t> gathers;
+  int32_t last = -1;
+  for (std::size_t u = 0; u < units.size(); ++u) {
+    const LayerRange& unit = units[u];
+    auto run = [&](Phase phase) {
+      Op op = compute(m, rank, static_cast<int32_t>(k_chunk), mb, phase, s, &unit);
+      op.sub_microbatch = sub;
+      op.flags |= flags;
+      op.deps = deps;
+      last = emit(rank, op);
+      deps = {last};
+    };
+    deps.push_back(prefetched_gather(rank, m, xm, k_chunk, mb, units, u, Phase::kB, gathers));
+    if (recomputes(m) && unit.first < recompute_end(m, static_cast<int32_t>(k_chunk)))
+      run(Phase::kR);
+    run(Phase::kB);
+    if (!m.flow.trainable) continue;
+    run(Phase::kW);
+    // One reduce-scatter of the unit per micro-batch.
+    reduce_bucket(rank, m, xm, k_chunk, unit, flags, mb, last);
+  }
   return last;
 }
 

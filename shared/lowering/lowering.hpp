@@ -395,11 +395,7 @@ class Lowering {
   };
   StageItem stage_item(const ModuleInfo& owner, const Coord& x, const ScheduleItem& item);
   void forward_op(StageWalk& w, const ModuleInfo& m, int64_t k_chunk, const ScheduleItem& item,
-                  std::span<const Sample* const> s, const LayerRange* piece = nullptr,
-                  int32_t gather = -1);
-  void forward_pieces(StageWalk& w, const ModuleInfo& m, int64_t k_chunk, const ScheduleItem& item,
-                      std::span<const Sample* const> s, const std::vector<LayerRange>& pieces,
-                      const std::function<int32_t(std::size_t)>& gather);
+                  std::span<const Sample* const> s);
   void forward_module(StageWalk& w, const ModuleInfo& m, int64_t k_chunk, const ScheduleItem& item,
                       std::span<const Sample* const> s);
   void backward_module(const Pipeline& pipe, StageWalk& w, const ModuleInfo& m, int64_t k_chunk,
@@ -433,6 +429,9 @@ class Lowering {
   double dip_activation_bytes(const ModuleInfo& m, std::span<const Sample* const> samples);
   void dip_run(DipWalk& w, const ModuleInfo& m, int32_t k, Phase phase,
                std::span<const Sample* const> samples);
+  // overlap_grad_reduce: emits the bucket reductions due in w.reduce_order whose backward has
+  // run, stopping at the first that has not (all: emitting those too, after the last compute).
+  void dip_reduce_ready(DipWalk& w, bool all);
   void dip_run_back(DipWalk& w, const ModuleInfo& m, int32_t k,
                     std::span<const Sample* const> samples);
   void dip_message(DipWalk& w, OpKind kind, Phase phase, int64_t stage, double bytes, int64_t tag,
@@ -482,10 +481,12 @@ class Lowering {
   // m's backward of virtual stage k_chunk for micro-batch mb (sub-micro-batch sub) after `deps`,
   // bucket by bucket, each bucket's gradients reduced once its weight gradients are done (the
   // colocated and DIP lowerings; recomputation runs first, for the whole chunk). Returns the last
-  // compute op.
+  // compute op. With `deferred`, the reductions are left to the caller: each bucket's layers
+  // with the weight-gradient op its reduction waits for.
   int32_t backward_in_buckets(int64_t rank, const ModuleInfo& m, int64_t k_chunk, int32_t mb,
                               int32_t sub, std::span<const Sample* const> s,
-                              std::vector<int32_t> deps);
+                              std::vector<int32_t> deps,
+                              std::vector<std::pair<LayerRange, int32_t>>* deferred = nullptr);
   // overlap_param_gather: the all-gathers of the parameters of m's virtual stage k_chunk that
   // the previous step's optimizer updated, emitted now (the step's start), one per gradient
   // bucket, bottom up as the forward needs them; returns each bucket's layers with its gather.
@@ -495,13 +496,26 @@ class Lowering {
                                                                       const Coord& x,
                                                                       int64_t k_chunk);
   // m's forward of virtual stage k_chunk for micro-batch mb (sub-micro-batch sub) after `deps`,
-  // in the pieces of `gathered`, each after its own gather; the activations the pieces stash
-  // are the last one's, kept and freed as one (the colocated and DIP lowerings). Returns the last
-  // op.
+  // piece by piece in the order given, each piece after the gather `gather(u)` gives it (which
+  // may emit it); the activations the pieces stash are the last one's, kept and freed as one.
+  // Returns the last op.
+  int32_t forward_in_pieces(int64_t rank, const ModuleInfo& m, int64_t k_chunk, int32_t mb,
+                            int32_t sub, std::span<const Sample* const> s,
+                            std::vector<int32_t> deps, const std::vector<LayerRange>& pieces,
+                            const std::function<int32_t(std::size_t)>& gather);
+  // The same in the pieces gather_buckets_at_start gave.
   int32_t forward_in_pieces(int64_t rank, const ModuleInfo& m, int64_t k_chunk, int32_t mb,
                             int32_t sub, std::span<const Sample* const> s,
                             std::vector<int32_t> deps,
                             const std::vector<std::pair<LayerRange, int32_t>>& gathered);
+  // fully_sharded: m's forward (backward) of virtual stage k_chunk for micro-batch mb
+  // (sub-micro-batch sub) after `deps`, unit by unit, each unit's weights gathered first and the
+  // next unit's while it runs (FSDP2's prefetch); in the backward each unit recomputed where m
+  // recomputes, differentiated, and its gradients reduce-scattered. Return the last compute op.
+  int32_t forward_units(int64_t rank, const ModuleInfo& m, int64_t k_chunk, int32_t mb, int32_t sub,
+                        std::span<const Sample* const> s, std::vector<int32_t> deps);
+  int32_t backward_units(int64_t rank, const ModuleInfo& m, int64_t k_chunk, int32_t mb,
+                         int32_t sub, std::span<const Sample* const> s, std::vector<int32_t> deps);
   // overlap_grad_reduce: the bucket reductions each rank emitted, per module; those modules get
   // no reduction after the backward.
   std::map<int64_t, std::map<int, std::vector<int32_t>>> bucket_reductions_;

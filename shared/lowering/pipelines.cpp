@@ -88,11 +88,11 @@ void Lowering::stage_forward(const Pipeline& pipe, StageWalk& w, const ScheduleI
     for (int i : pipe.prefix)
       forward_module(w, modules_[static_cast<std::size_t>(i)], 0, item, samples_of(i, w.x.d, s.mb));
   if (!w.param_gathers.empty() && w.first_forward.at(item.chunk) == s.mb) {
-    const auto& pieces = w.param_gathers.at(item.chunk);  // each after its own bucket's gather
-    std::vector<LayerRange> ranges;
-    for (const auto& [piece, gather] : pieces) ranges.push_back(piece);
-    forward_pieces(w, owner, s.k, item, *s.samples, ranges,
-                   [&](std::size_t u) { return pieces[u].second; });
+    // Each piece after its own bucket's gather.
+    w.last = forward_in_pieces(w.rank, owner, s.k, s.mb, 0, *s.samples, w.deps,
+                               w.param_gathers.at(item.chunk));
+    w.deps = {w.last};
+    w.forward_of[{s.mb, item.chunk, owner.index}] = w.last;
   } else {
     forward_module(w, owner, s.k, item, *s.samples);
   }
@@ -221,97 +221,43 @@ Lowering::StageItem Lowering::stage_item(const ModuleInfo& owner, const Coord& x
 // --- compute ---------------------------------------------------------------------------------
 
 void Lowering::forward_op(StageWalk& w, const ModuleInfo& m, int64_t k_chunk,
-                          const ScheduleItem& item, std::span<const Sample* const> s,
-                          const LayerRange* piece, int32_t gather) {
-  Op op = compute(m, w.rank, static_cast<int32_t>(k_chunk), item.microbatch, Phase::kF, s, piece);
+                          const ScheduleItem& item, std::span<const Sample* const> s) {
+  Op op = compute(m, w.rank, static_cast<int32_t>(k_chunk), item.microbatch, Phase::kF, s);
   op.deps = w.deps;
-  if (gather >= 0) {
-    op.deps.push_back(gather);
-    op.flags |= kOpGradientBucket;
-  }
   w.last = emit(w.rank, op);
   w.deps = {w.last};
   w.forward_of[{item.microbatch, item.chunk, m.index}] = w.last;
 }
 
-// Piece by piece, bottom up, each piece after its gather (`gather(u)` gives it, and may emit
-// it); the activations the pieces stash are the whole forward's, kept (and freed by the
-// backward) as one, from the last piece on.
-void Lowering::forward_pieces(StageWalk& w, const ModuleInfo& m, int64_t k_chunk,
-                              const ScheduleItem& item, std::span<const Sample* const> s,
-                              const std::vector<LayerRange>& pieces,
-                              const std::function<int32_t(std::size_t)>& gather) {
-  auto& ops = p_.ranks[static_cast<std::size_t>(w.rank)];
-  double stash = 0;
-  for (std::size_t u = 0; u < pieces.size(); ++u) {
-    forward_op(w, m, k_chunk, item, s, &pieces[u], gather(u));
-    stash += ops[static_cast<std::size_t>(w.last)].stash_bytes;
-    ops[static_cast<std::size_t>(w.last)].stash_bytes = 0;
-  }
-  ops[static_cast<std::size_t>(w.last)].stash_bytes = stash;
-}
-
-// fully_sharded: every unit's weights gathered before it runs, and the next unit's while it
-// runs (FSDP2's prefetch: that gather waits for the compute before).
+// fully_sharded: unit by unit, each unit's weights gathered first (forward_units).
 void Lowering::forward_module(StageWalk& w, const ModuleInfo& m, int64_t k_chunk,
                               const ScheduleItem& item, std::span<const Sample* const> s) {
-  const Coord xm = grid_of(m).coord(w.rank);
-  if (!sharded(m, xm)) return forward_op(w, m, k_chunk, item, s);
-  std::vector<LayerRange> units =
-      sharded_units(m, m.chunk_layers[static_cast<std::size_t>(k_chunk)]);
-  std::reverse(units.begin(), units.end());
-  std::vector<int32_t> gathers;
-  forward_pieces(w, m, k_chunk, item, s, units, [&](std::size_t u) {
-    return prefetched_gather(w.rank, m, xm, k_chunk, item.microbatch, units, u, Phase::kF, gathers);
-  });
+  if (!sharded(m, grid_of(m).coord(w.rank))) return forward_op(w, m, k_chunk, item, s);
+  w.last = forward_units(w.rank, m, k_chunk, item.microbatch, 0, s, w.deps);
+  w.deps = {w.last};
+  w.forward_of[{item.microbatch, item.chunk, m.index}] = w.last;
 }
 
 void Lowering::backward_module(const Pipeline& pipe, StageWalk& w, const ModuleInfo& m,
                                int64_t k_chunk, const ScheduleItem& item,
                                std::span<const Sample* const> s, int32_t at_mb) {
   if (!m.flow.backward()) return;
-  const Coord xm = grid_of(m).coord(w.rank);
-  // fully_sharded: unit by unit, each unit's weights gathered first (the next unit's while it
-  // runs), recomputed and differentiated, its gradients reduce-scattered.
-  const bool full = sharded(m, xm);
-  if (recomputes(m) && !full) {
-    Op r = compute(m, w.rank, static_cast<int32_t>(k_chunk), at_mb, Phase::kR, s);
-    r.deps = w.deps;
-    w.last = emit(w.rank, r);
-    w.deps = {w.last};
-  }
-  // The whole chunk at once, or (its gradients reduced during this backward) piece by piece,
-  // each bucket's reduction starting once its weight gradients are done.
-  const bool bucketed =
-      full || (w.overlap && m.index == pipe.owner && w.last_backward.at(item.chunk) == at_mb);
-  const LayerRange layers = m.chunk_layers[static_cast<std::size_t>(k_chunk)];
-  const std::vector<LayerRange> pieces = full       ? sharded_units(m, layers)
-                                         : bucketed ? gradient_buckets(m, k_chunk)
-                                                    : std::vector<LayerRange>{layers};
-  std::vector<int32_t> gathers;
-  const auto flags = (bucketed ? static_cast<uint32_t>(kOpGradientBucket) : 0u) |
-                     (full ? static_cast<uint32_t>(kOpFullySharded) : 0u);
-  for (std::size_t u = 0; u < pieces.size(); ++u) {
-    const LayerRange& piece = pieces[u];
-    auto piece_op = [&](Phase phase) {
-      Op op = compute(m, w.rank, static_cast<int32_t>(k_chunk), at_mb, phase, s, &piece);
-      op.flags |= flags;
+  if (sharded(m, grid_of(m).coord(w.rank))) {
+    w.last = backward_units(w.rank, m, k_chunk, at_mb, 0, s, w.deps);
+  } else if (w.overlap && m.index == pipe.owner && w.last_backward.at(item.chunk) == at_mb) {
+    // Its gradients reduced during this backward, bucket by bucket.
+    w.last = backward_in_buckets(w.rank, m, k_chunk, at_mb, 0, s, w.deps);
+  } else {
+    const LayerRange layers = m.chunk_layers[static_cast<std::size_t>(k_chunk)];
+    for (const Phase phase : backward_phases(m)) {
+      Op op = compute(m, w.rank, static_cast<int32_t>(k_chunk), at_mb, phase, s,
+                      phase == Phase::kR ? nullptr : &layers);
       op.deps = w.deps;
       w.last = emit(w.rank, op);
       w.deps = {w.last};
-    };
-    if (full) {
-      w.deps.push_back(
-          prefetched_gather(w.rank, m, xm, k_chunk, at_mb, pieces, u, Phase::kB, gathers));
-      if (recomputes(m) && piece.first < recompute_end(m, static_cast<int32_t>(k_chunk)))
-        piece_op(Phase::kR);
     }
-    piece_op(Phase::kB);
-    if (m.flow.trainable) piece_op(Phase::kW);
-    if (!bucketed || !m.flow.trainable) continue;
-    // Fully sharded: one reduce-scatter of the unit per micro-batch.
-    reduce_bucket(w.rank, m, xm, k_chunk, piece, flags, full ? at_mb : -1, w.last);
   }
+  w.deps = {w.last};
   release(w.rank, w.last, w.forward_of, std::make_tuple(at_mb, item.chunk, m.index));
 }
 

@@ -232,7 +232,7 @@ Enumeration enumerate_plans(const Scenario& s, const SearchSpace& space, int64_t
           base_options(p, c);
           consider(p);
         }
-      } else if (placement == Placement::kColocated && !encoders.empty() && !c.fully_sharded) {
+      } else if (placement == Placement::kColocated && !encoders.empty()) {
         // Every encoder on all devices with its own TP (and DP = the rest); the LLM grid c.
         for (int64_t tp_e : space.tp)
           for (int64_t cp_e : space.encoder_cp) {

@@ -1496,7 +1496,8 @@ TEST_CASE(
   CHECK(run.at("iterations").at(2).contains("dip"));
 }
 
-TEST_CASE("overlapped reduction and parameter gathers in colocated and DIP plans: losses agree") {
+TEST_CASE(
+    "overlapped and fully sharded data parallelism in colocated and DIP plans: losses agree") {
   // The variable tiny VLM with its ViT trained: the ViT's gradients are reduced bucket by bucket
   // during its own backward, the LLM's during each chunk's last backward; a bucket reduced twice
   // or not at all would show in the gradient norm. 0.1 MB buckets: one or two layers each.
@@ -1521,11 +1522,47 @@ TEST_CASE("overlapped reduction and parameter gathers in colocated and DIP plans
           "schedule": "dip", "overlap_grad_reduce": true, "grad_bucket_mb": 0.1,
           "distributed_optimizer": true, "overlap_param_gather": true})",
       "overlap-dip-gather");
+  // Fully sharded, colocated: each unit gathered for every use, the ViT's for its one forward
+  // and one backward of the whole batch.
+  const std::string colocated_fsdp = raw_plan(
+      R"({"placement": "colocated", "schedule": "three_phase", "micro_batch_size": 1,
+          "modules": {"vision": {"dp": 4}, "llm": {"pp": 2, "dp": 2}},
+          "distributed_optimizer": true, "fully_sharded": true, "grad_bucket_mb": 0.1})",
+      "fsdp-colocated");
   // Three steps: a parameter gathered at the wrong time would train on stale weights.
   check_plans_agree(trainable, "overlap-trainable-1",
                     {{colocated, "overlap-colocated-run"},
                      {dip, "overlap-dip-run"},
-                     {dip_gather, "overlap-dip-gather-run"}});
+                     {dip_gather, "overlap-dip-gather-run"},
+                     {colocated_fsdp, "fsdp-colocated-run"}});
+  // A frozen ViT is sharded too: gathered for its forward, with nothing to reduce.
+  check_plans_agree(std::string(TESSERA_SOURCE_DIR) + "/scenarios/cpu-tiny-variable.json",
+                    "fsdp-frozen-1", {{colocated_fsdp, "fsdp-colocated-frozen-run"}});
+  // Images rare: the replicas order their steps apart (seed 8: one stage's replicas end their
+  // backward with different modules; seed 1: one replica has no image at all), yet every replica
+  // of a stage takes its buckets' collectives in one order, or Gloo would mismatch them; and a
+  // replica without images still holds the ViT and takes part in its reduction (without the
+  // overlap too: it used to skip it, and the other replica waited for ever).
+  const std::string dip_plain = raw_plan(
+      R"({"placement": "homogeneous", "layout": {"pp": 2, "dp": 2}, "micro_batch_size": 2,
+          "schedule": "dip"})",
+      "overlap-dip-plain");
+  for (const int seed : {1, 8}) {
+    const std::string sparse = edited_scenario(
+        std::string(TESSERA_SOURCE_DIR) + "/scenarios/cpu-tiny-variable.json",
+        [&](Json& s) {
+          for (Json& m : s["model"]["modules"]) m["frozen"] = false;
+          s["workload"]["seed"] = seed;
+          Json values = Json::array();
+          for (int i = 0; i < 12; ++i) values.push_back(0);
+          values.push_back(1);
+          s["workload"]["samples"]["image"]["count"] = Json{{"dist", "choice"}, {"values", values}};
+        },
+        "overlap-sparse-" + std::to_string(seed));
+    check_plans_agree(sparse, "overlap-sparse-1-" + std::to_string(seed),
+                      {{dip_gather, "overlap-sparse-dip-" + std::to_string(seed)},
+                       {dip_plain, "overlap-sparse-plain-" + std::to_string(seed)}});
+  }
   // The collectives run where the Program puts them: bucket by bucket for both modules, the
   // reductions inside the backward and (overlap_param_gather) the gathers before the forwards.
   for (const auto& [plan, name, gathers] :

@@ -162,6 +162,59 @@ TEST_CASE("dip lowering: what it does not lower yet is refused by name") {
             .error.find("cp > 1") != std::string::npos);
 }
 
+TEST_CASE("dip with overlapped reduction and gathers: replicas order apart, collectives alike") {
+  // The ViT trained, images rare (some replica's batch may have none): each replica orders its
+  // steps by its own batch, so a module's last backward comes at different points, yet the
+  // data-parallel collectives of a stage share one group and must come in one order.
+  Scenario s = variable("dip", 2, 2);
+  for (ModuleSpec& m : s.model.modules) m.frozen = false;
+  s.plan->layout.dp = 2;
+  s.plan->overlap_grad_reduce = true;
+  s.plan->distributed_optimizer = true;
+  s.plan->overlap_param_gather = true;
+  s.plan->grad_bucket_mb = 0.1;
+  REQUIRE(s.workload.sources.size() == 1);
+  REQUIRE(s.workload.sources[0].image.has_value());
+  Distribution& count = s.workload.sources[0].image->count;
+  count.kind = DistKind::kChoice;
+  count.values.assign(12, 0.0);
+  count.values.push_back(1);
+  int diverged = 0;
+  for (uint64_t seed = 1; seed <= 8; ++seed) {
+    CAPTURE(seed);
+    s.workload.seed = seed;
+    const Lowered l =
+        lower(s.model, s.cluster, resolve_stage_split(*s.plan, s.model, s.workload, s.cluster),
+              s.workload, draw_batch(s.workload, 0));
+    REQUIRE(l.error.empty());
+    const auto problems = check_program(l.program);
+    INFO((problems.empty() ? std::string() : problems.front()));
+    CHECK(problems.empty());
+    // Per rank: the modules in the order their bucketed backward pieces run, and the
+    // data-parallel collectives in order.
+    std::vector<std::vector<std::pair<int16_t, int16_t>>> backward(l.program.ranks.size());
+    std::vector<std::vector<std::tuple<int16_t, int16_t, int32_t, int>>> collectives(
+        l.program.ranks.size());
+    for (std::size_t r = 0; r < l.program.ranks.size(); ++r)
+      for (const Op& op : l.program.ranks[r]) {
+        if (op.kind == OpKind::kCompute && op.phase == Phase::kW &&
+            (op.flags & kOpGradientBucket) != 0 &&
+            (backward[r].empty() || backward[r].back() != std::pair{op.module, op.chunk}))
+          backward[r].emplace_back(op.module, op.chunk);
+        if (op.kind == OpKind::kCollective && op.purpose == Purpose::kDp)
+          collectives[r].emplace_back(op.module, op.chunk, op.first_layer,
+                                      static_cast<int>(op.collective));
+      }
+    // Ranks 2s and 2s + 1 are stage s of replicas 0 and 1.
+    for (std::size_t r = 0; r + 1 < l.program.ranks.size(); r += 2) {
+      CHECK(collectives[r] == collectives[r + 1]);
+      diverged += backward[r] != backward[r + 1] ? 1 : 0;
+    }
+  }
+  // Some batch did order the replicas' backward apart.
+  CHECK(diverged > 0);
+}
+
 TEST_CASE("dip search: never worse than its start, and an unchanged batch is answered from cache") {
   const Scenario s = variable("dip", 4);
   const CostModel cost(s.cluster, s.model.dtype, default_cost_params(s.cluster), s.model);

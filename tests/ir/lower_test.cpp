@@ -1257,6 +1257,73 @@ TEST_CASE("overlap_grad_reduce: the last backward of each chunk in bucket pieces
   CHECK(step_on_slow_network(c, p) < step_on_slow_network(c, q));
 }
 
+TEST_CASE("fully_sharded in a colocated plan: every use of a unit gathered, every module") {
+  // The VLM with its ViT trained, in 0.3 MB units (one layer each). A colocated encoder runs once
+  // for the whole batch: its units are gathered for that forward and that backward and reduced
+  // once; the LLM's for each micro-batch's forward and backward, and reduced each time.
+  std::string model = kVlm;
+  model.replace(model.find(R"("frozen": true)"), 14, R"("frozen": false)");
+  const char* images = R"({"global_batch": 8, "max_seq_len": 1024, "seed": 3, "samples": {
+    "text_tokens": {"dist": "uniform", "min": 32, "max": 300},
+    "image": {"count": {"dist": "choice", "values": [1, 2]}, "width": 64, "height": 64}}})";
+  const std::string base =
+      R"({"placement": "colocated", "schedule": "three_phase", "num_micro_batches": 4,
+          "modules": {"vision": {"dp": 4}, "llm": {"pp": 2, "dp": 2}},
+          "distributed_optimizer": true, "grad_bucket_mb": 0.3)";
+  const Case c = make(model.c_str(), images, (base + R"(, "fully_sharded": true})").c_str());
+  const Case plain = make(model.c_str(), images, (base + "}").c_str());
+  const Program p = lowered(c), q = lowered(plain);
+  REQUIRE(p.ranks.size() == q.ranks.size());
+  for (std::size_t r = 0; r < p.ranks.size(); ++r) {
+    INFO("rank " << r);
+    const auto& ops = p.ranks[r];
+    double flops = 0, plain_flops = 0;
+    for (const Op& op : ops)
+      if (op.kind == OpKind::kCompute) flops += op.flops;
+    for (const Op& op : q.ranks[r])
+      if (op.kind == OpKind::kCompute) plain_flops += op.flops;
+    CHECK(flops == doctest::Approx(plain_flops).epsilon(1e-12));
+    // module -> its units' gathers and reduce-scatters; no whole-module collective after the
+    // backward
+    std::map<std::string, std::array<int, 2>> units;
+    for (std::size_t i = 0; i < ops.size(); ++i) {
+      const Op& op = ops[i];
+      if (op.kind == OpKind::kCollective && op.purpose == Purpose::kDp) {
+        CHECK((op.flags & kOpFullySharded) != 0);
+        ++units[c.model.modules[static_cast<std::size_t>(op.module)].name]
+               [op.collective == CollectiveKind::kAllGather ? 0 : 1];
+      }
+      // Every unit's compute waits for its own gather.
+      if (op.kind == OpKind::kCompute && (op.flags & kOpGradientBucket) != 0 &&
+          op.phase != Phase::kW) {
+        const bool waits = std::any_of(op.deps.begin(), op.deps.end(), [&](int32_t d) {
+          const Op& g = ops[static_cast<std::size_t>(d)];
+          return g.kind == OpKind::kCollective && g.collective == CollectiveKind::kAllGather &&
+                 g.module == op.module && g.first_layer == op.first_layer;
+        });
+        CHECK(waits);
+      }
+    }
+    // The ViT's 4 units: gathered for the forward and the backward, reduced once.
+    CHECK(units["vision"] == std::array<int, 2>{8, 4});
+    // The LLM's 4 units a stage, each used by 4 micro-batches forward and backward.
+    CHECK(units["llm"] == std::array<int, 2>{32, 16});
+    // The projector is one unit.
+    CHECK(units["proj"] == std::array<int, 2>{2, 1});
+    CHECK(p.memory[r].weight_bytes < q.memory[r].weight_bytes);
+  }
+  const CostModel cost(c.cluster, c.model.dtype, CostParams{}, c.model);
+  CHECK(evaluate(p, cost).error.empty());
+  // Under DIP each replica orders its own steps and cuts its own media: refused, naming the key.
+  Case dip = make(model.c_str(), images,
+                  R"({"placement": "homogeneous", "schedule": "dip", "layout": {"pp": 2, "dp": 2},
+                      "distributed_optimizer": true})");
+  dip.plan.fully_sharded = true;
+  Diagnostics diag;
+  validate_plan(dip.plan, dip.model, dip.workload, dip.cluster, "p", "", diag);
+  CHECK(diag.format().find("fully_sharded") != std::string::npos);
+}
+
 TEST_CASE("overlapped reduction and parameter gathers in colocated and DIP plans, bucket-wise") {
   // The VLM with its ViT trained: the ViT's gradients are reduced during its own backward (once
   // for the whole batch in a colocated plan, on each stage's last encoder piece under DIP), the
@@ -1578,9 +1645,9 @@ TEST_CASE(
   }
   // With a costly all-gather, gathering every micro-batch costs more than once a step.
   CHECK(step_on_slow_network(c, p) > step_on_slow_network(plain, q));
-  // Refused without the distributed optimizer, with overlap_param_gather, in a colocated plan
-  // and with Entrain's micro-batching, naming the key; the key survives a round trip.
-  for (int variant = 0; variant < 4; ++variant) {
+  // Refused without the distributed optimizer, with overlap_param_gather and with Entrain's
+  // micro-batching, naming the key; the key survives a round trip.
+  for (int variant = 0; variant < 3; ++variant) {
     INFO(variant);
     Case off = c;
     if (variant == 0) off.plan.distributed_optimizer = false;
@@ -1588,13 +1655,7 @@ TEST_CASE(
       off.plan.overlap_grad_reduce = true;
       off.plan.overlap_param_gather = true;
     }
-    if (variant == 2) {
-      off = make(kVlm, kUniformText,
-                 R"({"placement": "colocated", "modules": {"vision": {"dp": 2}, "llm": {"dp": 2}},
-                     "distributed_optimizer": true})");
-      off.plan.fully_sharded = true;
-    }
-    if (variant == 3) off.plan.microbatching = MicrobatchPolicy::kEntrain;
+    if (variant == 2) off.plan.microbatching = MicrobatchPolicy::kEntrain;
     Diagnostics diag;
     validate_plan(off.plan, off.model, off.workload, off.cluster, "p", "", diag);
     CHECK(diag.format().find("fully_sharded") != std::string::npos);
