@@ -95,6 +95,16 @@ Program lowered(const Case& c, int64_t iteration = 0) {
 const char* kUniformText =
     R"({"global_batch": 16, "max_seq_len": 512, "samples": {"text_tokens": 256}})";
 
+// kVlm with its ViT trained, and eight samples of one or two images each.
+std::string vlm_with_trained_vit() {
+  std::string model = kVlm;
+  model.replace(model.find(R"("frozen": true)"), 14, R"("frozen": false)");
+  return model;
+}
+const char* kOneOrTwoImages = R"({"global_batch": 8, "max_seq_len": 1024, "seed": 3, "samples": {
+    "text_tokens": {"dist": "uniform", "min": 32, "max": 300},
+    "image": {"count": {"dist": "choice", "values": [1, 2]}, "width": 64, "height": 64}}})";
+
 // The evaluated step of `p` on the case's cluster with its devices linked at 2 GB/s, where
 // communication costs enough for hiding it to show.
 double step_on_slow_network(const Case& c, const Program& p) {
@@ -1261,11 +1271,8 @@ TEST_CASE("fully_sharded in a colocated plan: every use of a unit gathered, ever
   // The VLM with its ViT trained, in 0.3 MB units (one layer each). A colocated encoder runs once
   // for the whole batch: its units are gathered for that forward and that backward and reduced
   // once; the LLM's for each micro-batch's forward and backward, and reduced each time.
-  std::string model = kVlm;
-  model.replace(model.find(R"("frozen": true)"), 14, R"("frozen": false)");
-  const char* images = R"({"global_batch": 8, "max_seq_len": 1024, "seed": 3, "samples": {
-    "text_tokens": {"dist": "uniform", "min": 32, "max": 300},
-    "image": {"count": {"dist": "choice", "values": [1, 2]}, "width": 64, "height": 64}}})";
+  const std::string model = vlm_with_trained_vit();
+  const char* images = kOneOrTwoImages;
   const std::string base =
       R"({"placement": "colocated", "schedule": "three_phase", "num_micro_batches": 4,
           "modules": {"vision": {"dp": 4}, "llm": {"pp": 2, "dp": 2}},
@@ -1328,11 +1335,8 @@ TEST_CASE("overlapped reduction and parameter gathers in colocated and DIP plans
   // The VLM with its ViT trained: the ViT's gradients are reduced during its own backward (once
   // for the whole batch in a colocated plan, on each stage's last encoder piece under DIP), the
   // LLM's during each chunk's last backward.
-  std::string model = kVlm;
-  model.replace(model.find(R"("frozen": true)"), 14, R"("frozen": false)");
-  const char* images = R"({"global_batch": 8, "max_seq_len": 1024, "seed": 3, "samples": {
-    "text_tokens": {"dist": "uniform", "min": 32, "max": 300},
-    "image": {"count": {"dist": "choice", "values": [1, 2]}, "width": 64, "height": 64}}})";
+  const std::string model = vlm_with_trained_vit();
+  const char* images = kOneOrTwoImages;
   for (const std::string plan :
        {R"({"placement": "colocated", "schedule": "three_phase", "num_micro_batches": 4,
             "modules": {"vision": {"dp": 4}, "llm": {"pp": 2, "dp": 2}})",
