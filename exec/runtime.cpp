@@ -64,18 +64,7 @@ Worker::Worker(const Scenario& s, const ParallelPlan& plan, Groups& groups,
     if (op.kind == OpKind::kCompute ||
         (op.kind == OpKind::kCollective && op.purpose == Purpose::kDp))
       held.try_emplace({op.module, op.chunk}, find_chunk_layers(p, op.module, op.stage, op.chunk));
-  for (const auto& [key, layers] : held) {
-    const ModuleSpec& spec = model.modules[static_cast<std::size_t>(key.first)];
-    const ModulePlace& place = (*places_)[key.first];
-    TESSERA_CHECK(place.here() && layers != nullptr, "rank " + std::to_string(rank_) + " runs " +
-                                                         spec.name +
-                                                         " but has no group or layers for it");
-    stages_[key] = std::make_unique<Stage>(
-        spec, layers->first_layer, layers->end_layer, options.seed, *place.tp, place.ep,
-        plan.indivisible_heads == IndivisibleHeads::kPad, place.tp_replicas);
-  }
-  if (plan.recompute == Recompute::kSelective && (plan.recompute_modules & kRecomputeCoreAttn))
-    for (auto& [key, st] : stages_) st->recompute_attention_cores();
+  for (const auto& [key, layers] : held) hold_stage(key.first, key.second, layers);
   dip_ = plan.schedule == Schedule::kDip;
   if (dip_) dip_prefetch_ = std::make_unique<DipPrefetcher>(s, plan, options.dataset);
   boundary_.set_linked(plan.placement == Placement::kNonColocated ||
@@ -96,6 +85,20 @@ Worker::Worker(const Scenario& s, const ParallelPlan& plan, Groups& groups,
   settings.clip = options.clip;
   settings.distributed = plan.distributed_optimizer;
   optimizers_ = std::make_unique<Optimizers>(stages_, p, rank_, std::move(copies), settings);
+}
+
+void Worker::hold_stage(int module, int chunk, const ChunkLayers* layers) {
+  const ModuleSpec& spec = scenario_.model.modules[static_cast<std::size_t>(module)];
+  const ModulePlace& place = (*places_)[module];
+  TESSERA_CHECK(place.here() && layers != nullptr, "rank " + std::to_string(rank_) + " runs " +
+                                                       spec.name +
+                                                       " but has no group or layers for it");
+  auto& st = stages_[{module, chunk}];
+  st = std::make_unique<Stage>(
+      spec, layers->first_layer, layers->end_layer, options_.seed, *place.tp, place.ep,
+      plan_.indivisible_heads == IndivisibleHeads::kPad, place.tp_replicas);
+  if (plan_.recompute == Recompute::kSelective && (plan_.recompute_modules & kRecomputeCoreAttn))
+    st->recompute_attention_cores();
 }
 
 std::vector<int32_t> Worker::samples_for(int module, int mb) const {
@@ -178,6 +181,15 @@ StepResult Worker::step(int64_t iteration) {
   result.program = std::move(lowered.program);
   const Program& p = result.program;
   program_ = &p;
+  // A frozen module this rank first runs now (under DIP, a replica whose earlier batches had no
+  // media for its encoder) is built now: its weights are the initial ones on every rank. A
+  // trainable one was built at the start, as the first Program reduces its gradients here.
+  for (const Op& op : p.ranks[static_cast<std::size_t>(rank_)])
+    if (op.kind == OpKind::kCompute && stages_.count({op.module, op.chunk}) == 0) {
+      TESSERA_CHECK(model.modules[static_cast<std::size_t>(op.module)].frozen,
+                    op_name(p, op) + ": a trainable module's stage this rank did not build");
+      hold_stage(op.module, op.chunk, find_chunk_layers(p, op.module, op.stage, op.chunk));
+    }
   result.llm_tokens = p.llm_tokens;
   result.samples = batch_.batch.samples;
   // The lowering's micro-batches (Entrain: the encoders level 1, the LLM level 2).

@@ -102,6 +102,8 @@ class Worker {
   };
 
   Stage& stage(int module, int chunk) { return find_stage(stages_, module, chunk, rank_); }
+  // Builds the stage of (module, chunk) holding `layers`, from the run's seed.
+  void hold_stage(int module, int chunk, const ChunkLayers* layers);
   std::vector<int32_t> samples_for(int module, int mb) const;
   // encoder_data_parallel media: the items every replica of `module` encodes (assign_media), or
   // null where the module takes whole samples; the rows an item hands on.
