@@ -164,8 +164,9 @@ void Lowering::lower_dip() {
         };
         std::map<Key, std::pair<int32_t, int32_t>> first_forward;
         for (const DipStep& step : steps) {
-          if (step.backward) w.last_backward[whose(step, stage)] = {step.microbatch, step.sub};
-          if (!step.backward)
+          if (step.backward)
+            w.last_backward[whose(step, stage)] = {step.microbatch, step.sub};
+          else
             first_forward.emplace(whose(step, stage), std::pair{step.microbatch, step.sub});
         }
         for (const Key& key : collective_order(stage, true))
@@ -182,7 +183,7 @@ void Lowering::lower_dip() {
                 f != first_forward.end() ? f->second : std::pair<int32_t, int32_t>{-1, -1},
                 gather_buckets_at_start(w.rank, m, grid_of(m).coord(w.rank), key.second)};
           }
-        for (const DipStep& step : orders.stages[static_cast<std::size_t>(stage)]) {
+        for (const DipStep& step : steps) {
           w.step = &step;
           w.about = Op{};
           w.about.stage = static_cast<int16_t>(stage);

@@ -474,8 +474,8 @@ class Lowering {
   // backward (m trains, has layers and more than one replica of them).
   bool reduces_in_buckets(const ModuleInfo& m, const Coord& x);
   // The reduction of one bucket's gradients (layers `piece` of m's virtual stage k_chunk) over
-  // rank xm's replicas of m, after op `after` (the piece's weight gradients); `mb`: the micro-batch
-  // it belongs to (-1: the step's). Recorded in bucket_reductions_.
+  // rank xm's replicas of m, after op `after` (the piece's weight gradients; -1: none); `mb`: the
+  // micro-batch it belongs to (-1: the step's). Recorded in bucket_reductions_.
   void reduce_bucket(int64_t rank, const ModuleInfo& m, const Coord& xm, int64_t k_chunk,
                      const LayerRange& piece, uint32_t flags, int32_t mb, int32_t after);
   // m's backward of virtual stage k_chunk for micro-batch mb (sub-micro-batch sub) after `deps`,
