@@ -396,6 +396,9 @@ class Lowering {
   StageItem stage_item(const ModuleInfo& owner, const Coord& x, const ScheduleItem& item);
   void forward_op(StageWalk& w, const ModuleInfo& m, int64_t k_chunk, const ScheduleItem& item,
                   std::span<const Sample* const> s);
+  // m's forward of `item` ends at op `last`: what the walk's next op waits for, and what m's
+  // backward of the item frees.
+  void forwarded(StageWalk& w, const ScheduleItem& item, const ModuleInfo& m, int32_t last);
   void forward_module(StageWalk& w, const ModuleInfo& m, int64_t k_chunk, const ScheduleItem& item,
                       std::span<const Sample* const> s);
   void backward_module(const Pipeline& pipe, StageWalk& w, const ModuleInfo& m, int64_t k_chunk,

@@ -89,10 +89,9 @@ void Lowering::stage_forward(const Pipeline& pipe, StageWalk& w, const ScheduleI
       forward_module(w, modules_[static_cast<std::size_t>(i)], 0, item, samples_of(i, w.x.d, s.mb));
   if (!w.param_gathers.empty() && w.first_forward.at(item.chunk) == s.mb) {
     // Each piece after its own bucket's gather.
-    w.last = forward_in_pieces(w.rank, owner, s.k, s.mb, 0, *s.samples, w.deps,
-                               w.param_gathers.at(item.chunk));
-    w.deps = {w.last};
-    w.forward_of[{s.mb, item.chunk, owner.index}] = w.last;
+    forwarded(w, item, owner,
+              forward_in_pieces(w.rank, owner, s.k, s.mb, 0, *s.samples, w.deps,
+                                w.param_gathers.at(item.chunk)));
   } else {
     forward_module(w, owner, s.k, item, *s.samples);
   }
@@ -224,18 +223,21 @@ void Lowering::forward_op(StageWalk& w, const ModuleInfo& m, int64_t k_chunk,
                           const ScheduleItem& item, std::span<const Sample* const> s) {
   Op op = compute(m, w.rank, static_cast<int32_t>(k_chunk), item.microbatch, Phase::kF, s);
   op.deps = w.deps;
-  w.last = emit(w.rank, op);
-  w.deps = {w.last};
-  w.forward_of[{item.microbatch, item.chunk, m.index}] = w.last;
+  forwarded(w, item, m, emit(w.rank, op));
+}
+
+void Lowering::forwarded(StageWalk& w, const ScheduleItem& item, const ModuleInfo& m,
+                         int32_t last) {
+  w.last = last;
+  w.deps = {last};
+  w.forward_of[{item.microbatch, item.chunk, m.index}] = last;
 }
 
 // fully_sharded: unit by unit, each unit's weights gathered first (forward_units).
 void Lowering::forward_module(StageWalk& w, const ModuleInfo& m, int64_t k_chunk,
                               const ScheduleItem& item, std::span<const Sample* const> s) {
   if (!sharded(m, grid_of(m).coord(w.rank))) return forward_op(w, m, k_chunk, item, s);
-  w.last = forward_units(w.rank, m, k_chunk, item.microbatch, 0, s, w.deps);
-  w.deps = {w.last};
-  w.forward_of[{item.microbatch, item.chunk, m.index}] = w.last;
+  forwarded(w, item, m, forward_units(w.rank, m, k_chunk, item.microbatch, 0, s, w.deps));
 }
 
 void Lowering::backward_module(const Pipeline& pipe, StageWalk& w, const ModuleInfo& m,
