@@ -166,7 +166,7 @@ std::string executor_plan_support(const ParallelPlan& plan, const ModelSpec& mod
            "(Megatron-LM's layernorm, mla_up_proj, moe_act, mlp, moe, shared_experts)" +
            next;
   if (plan.moe_dispatcher != MoeDispatcher::kAllToAll)
-    return "plan.moe_dispatcher: DeepEP's node-deduplicated dispatch" + next;
+    return "plan.moe_dispatcher: DeepEP's and HybridEP's node-deduplicated dispatch" + next;
   if (plan.moe_fp8_dispatch) return "plan.moe_fp8_dispatch: FP8 expert dispatch" + next;
   if (plan.moe_a2a_overlap)
     return "plan.moe_a2a_overlap: expert all-to-alls beside another micro-batch's compute" + next;

@@ -453,10 +453,13 @@ torch::Tensor Moe::forward(const torch::Tensor& x) const {
                          experts[static_cast<std::size_t>(e)].partial(entered.index_select(0, at)));
   }
   out = reduce_from_group(out, tp);
-  // Combine: the rows come back to their tokens, weighted.
-  const torch::Tensor back = exchange_rows(out, *ep, recv, send);
-  torch::Tensor y = torch::zeros_like(tokens).index_add(
-      0, token_of, back * weights.index_select(0, order).unsqueeze(1));
+  // The rows' router weights travel to the experts in an all-to-all of their own and weight the
+  // experts' outputs there, as Megatron-LM's all-to-all dispatcher sends its probabilities (the
+  // backward returns their gradients the same way); then the combine takes the rows back.
+  const torch::Tensor row_weight =
+      exchange_rows(weights.index_select(0, order).unsqueeze(1), *ep, send, recv);
+  const torch::Tensor back = exchange_rows(out * row_weight, *ep, recv, send);
+  torch::Tensor y = torch::zeros_like(tokens).index_add(0, token_of, back);
   if (has_shared) y = y + shared.forward(tokens);
   return y.view(x.sizes());
 }

@@ -269,8 +269,10 @@ double CostModel::shared_compute_s(const Program& program, const Op& op, double 
     // the compute lasts. Taken off the compute part; the collectives keep their own time.
     const double chunks = static_cast<double>(op.tp);
     hidden = std::min(seconds, nested_s(program, op, Purpose::kTp) * (chunks - 1) / chunks);
-  } else if ((op.flags & kOpTpGradOverlap) != 0 && op.tp > 1) {
-    hidden = std::min(seconds, hidden_input_gradient_s(program, op));
+  } else {
+    if ((op.flags & kOpTpGradOverlap) != 0 && op.tp > 1)
+      hidden = std::min(seconds, hidden_input_gradient_s(program, op));
+    hidden += std::min(seconds - hidden, hidden_regather_s(program, op));
   }
   if ((op.flags & kOpEpCommOverlap) != 0) {
     // The all-to-alls run while other micro-batches compute, as far as their compute lasts:
@@ -308,10 +310,30 @@ double CostModel::hidden_input_gradient_s(const Program& program, const Op& op) 
     if (n.purpose == Purpose::kTp && n.kind == kind && n.count == 2 * op.layers) grad = &n;
   if (grad == nullptr) return 0;
   const double call = collective_s(program, *grad);
-  return column_parallel_wgrad_hidden_s(modules_[static_cast<std::size_t>(op.module)], op,
-                                        cluster_.device, peak_flops(cluster_, dtype_),
-                                        static_cast<double>(dtype_bytes(dtype_)),
-                                        params_.kernel_tuning, call);
+  return column_parallel_hidden_s(modules_[static_cast<std::size_t>(op.module)], op, Phase::kW,
+                                  cluster_.device, peak_flops(cluster_, dtype_),
+                                  static_cast<double>(dtype_bytes(dtype_)), params_.kernel_tuning,
+                                  call);
+}
+
+double CostModel::hidden_regather_s(const Program& program, const Op& op) const {
+  // The lowering nests the second gather after the backward's own all-gathers (those of the
+  // row-parallel outputs' gradients): a B op with two TP all-gathers has it last.
+  if (!cluster_.device.kernels || op.phase != Phase::kB || op.tp <= 1 || op.module < 0 ||
+      static_cast<std::size_t>(op.module) >= modules_.size() || compute_fit(op) != nullptr)
+    return 0;
+  const NestedCollective* regather = nullptr;
+  int gathers = 0;
+  for (const NestedCollective& n : op.nested)
+    if (n.purpose == Purpose::kTp && n.kind == CollectiveKind::kAllGather) {
+      regather = &n;
+      ++gathers;
+    }
+  if (gathers < 2) return 0;
+  return column_parallel_hidden_s(modules_[static_cast<std::size_t>(op.module)], op, Phase::kB,
+                                  cluster_.device, peak_flops(cluster_, dtype_),
+                                  static_cast<double>(dtype_bytes(dtype_)), params_.kernel_tuning,
+                                  collective_s(program, *regather));
 }
 
 namespace {

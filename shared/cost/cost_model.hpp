@@ -152,6 +152,9 @@ class CostModel {
   // Seconds of a B op's input-gradient TP collectives that run beside the weight-gradient GEMMs
   // (kOpTpGradOverlap; kernel-level pricing only, else 0).
   double hidden_input_gradient_s(const Program& program, const Op& op) const;
+  // Seconds of a B op's second gathers of its sequence-parallel inputs (Megatron-LM's, for the
+  // weight gradients) that run beside the input-gradient GEMMs (kernel-level pricing only).
+  double hidden_regather_s(const Program& program, const Op& op) const;
   // Seconds of the op's nested collectives (of `purpose`), each at its own time.
   double nested_s(const Program& program, const Op& op,
                   std::optional<Purpose> purpose = std::nullopt) const;

@@ -238,13 +238,30 @@ double kernel_compute_s(const ModuleSpec& module, const Op& op, const DeviceSpec
       const double local =
           std::max(1.0, static_cast<double>(a->experts) / std::max<double>(1, op.ep));
       const double per_expert = 2.0 * (local - 1.0);
+      const bool rerouted = (op.flags & kOpMoeRecompute) != 0;
+      // And the small kernels around them, forward and backward (Megatron-LM's router and
+      // dispatchers, counted in their code): the load-balancing loss and its bookkeeping (6, 7);
+      // the all-to-all dispatcher's tokens-per-expert counts (6 forward) and its third
+      // concatenation when it sorts by expert (1, 1); HybridEP's probability cast, routing-map
+      // scan and padding (4 forward, 1 backward) and the barrier kernels around each dispatch
+      // and combine (3 each way, each pass); the unfused permutation's sort, index and scatter
+      // kernels where the fused pair has one each (12, 13).
+      const bool hybridep = (op.flags & kOpHybridEpDispatch) != 0;
+      const bool alltoall = (op.flags & kOpDeepEpDispatch) == 0;
+      const bool sorted = alltoall && local > 1;
+      const bool unfused = (op.flags & kOpUnfusedPermute) != 0;
+      const double small_forward = 6.0 + (alltoall ? 6.0 : 0.0) + (sorted ? 1.0 : 0.0) +
+                                   (hybridep ? 10.0 : 0.0) + (unfused ? 12.0 : 0.0);
+      const double small_backward =
+          7.0 + (sorted ? 1.0 : 0.0) + (hybridep ? 7.0 : 0.0) + (unfused ? 13.0 : 0.0);
       switch (op.phase) {
         case Phase::kF:
         case Phase::kR:
-          kernels += moe * (2.0 + per_expert);
+          kernels += moe * (2.0 + per_expert + small_forward);
           break;
         case Phase::kB:
-          kernels += moe * (2.0 + per_expert * ((op.flags & kOpMoeRecompute) != 0 ? 2.0 : 1.0));
+          kernels += moe * (2.0 + per_expert * (rerouted ? 2.0 : 1.0) + small_backward +
+                            (rerouted ? small_forward : 0.0));
           break;
         case Phase::kW:
           kernels += moe * (1.0 + per_expert);
@@ -399,9 +416,9 @@ double kernel_compute_s(const ModuleSpec& module, const Op& op, const DeviceSpec
          kernels * tuning.launch_s;
 }
 
-double column_parallel_wgrad_hidden_s(const ModuleSpec& module, const Op& op,
-                                      const DeviceSpec& device, double peak_flops, double bpv,
-                                      const KernelTuning& tuning, double call_s) {
+double column_parallel_hidden_s(const ModuleSpec& module, const Op& op, Phase gemm,
+                                const DeviceSpec& device, double peak_flops, double bpv,
+                                const KernelTuning& tuning, double call_s) {
   TESSERA_CHECK(device.kernels.has_value());
   TESSERA_CHECK(op.kind == OpKind::kCompute);
   if (!module.transformer || op.layers <= 0) return 0;
@@ -411,7 +428,7 @@ double column_parallel_wgrad_hidden_s(const ModuleSpec& module, const Op& op,
   const std::vector<Gemm> gemms = op_layer_gemms(*module.transformer, op);
   for (std::size_t kind = 0; kind + 3 < gemms.size(); kind += 4)  // shared experts after
     for (const std::size_t column : {kind, kind + 2}) {           // Q/K/V, MLP input
-      const Gemm w = for_phase(gemms[column], Phase::kW);
+      const Gemm w = for_phase(gemms[column], gemm);
       hidden += w.count * std::min(call_s, layer_gemm_s(device, op, peak_flops, w.m, w.n, w.k, bpv,
                                                         scale, w.groups));
     }

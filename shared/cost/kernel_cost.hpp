@@ -46,15 +46,16 @@ double layer_gemm_s(const DeviceSpec& device, const Op& op, double peak_flops, d
 double kernel_compute_s(const ModuleSpec& module, const Op& op, const DeviceSpec& device,
                         double peak_flops, double bytes_per_value, const KernelTuning& tuning);
 
-// Seconds of the weight-gradient GEMMs of an op's column-parallel matrices (Q/K/V and the MLP
-// input, per layer), the GEMMs Megatron-LM runs while that matrix's input-gradient TP collective
-// of `call_s` seconds is in flight (tp_backward_overlap): each hides at most one call. 0 for a
-// module without transformer layers.
+// Seconds of the GEMMs of an op's column-parallel matrices (Q/K/V and the MLP input, per layer)
+// in `gemm` (kB: their input gradients; kW: their weight gradients) that each hide one TP call of
+// `call_s` seconds run beside them: at most one call a GEMM. Megatron-LM runs the input-gradient
+// collective beside the weight-gradient GEMM (tp_backward_overlap) and its sequence-parallel
+// input's second gather beside the input-gradient GEMM. 0 for a module without transformer
+// layers.
 // REQUIRES: device.kernels; op.kind == OpKind::kCompute.
-double column_parallel_wgrad_hidden_s(const ModuleSpec& module, const Op& op,
-                                      const DeviceSpec& device, double peak_flops,
-                                      double bytes_per_value, const KernelTuning& tuning,
-                                      double call_s);
+double column_parallel_hidden_s(const ModuleSpec& module, const Op& op, Phase gemm,
+                                const DeviceSpec& device, double peak_flops, double bytes_per_value,
+                                const KernelTuning& tuning, double call_s);
 
 // Seconds of an optimizer step moving `bytes` (fused multi-tensor Adam: a handful of launches).
 double kernel_optimizer_s(const DeviceSpec& device, double bytes, const KernelTuning& tuning);

@@ -49,7 +49,8 @@ const EnumTable<Fp8Recipe> kFp8Recipes = {{"none", Fp8Recipe::kNone},
                                           {"current", Fp8Recipe::kCurrent},
                                           {"blockwise", Fp8Recipe::kBlockwise}};
 const EnumTable<MoeDispatcher> kMoeDispatchers = {{"alltoall", MoeDispatcher::kAllToAll},
-                                                  {"deepep", MoeDispatcher::kDeepEp}};
+                                                  {"deepep", MoeDispatcher::kDeepEp},
+                                                  {"hybridep", MoeDispatcher::kHybridEp}};
 const EnumTable<Framework> kFrameworks = {{"megatron", Framework::kMegatron},
                                           {"pytorch", Framework::kPytorch}};
 
@@ -196,6 +197,7 @@ ParallelPlan read_plan(const Json& json, const std::string& file, const std::str
     read_enum(*v, file, r.path_of(r.found_name()), p.moe_dispatcher, kMoeDispatchers, diag);
   r.optional("moe_a2a_overlap", p.moe_a2a_overlap);
   r.optional("moe_fp8_dispatch", p.moe_fp8_dispatch);
+  r.optional("moe_permute_fusion", p.moe_permute_fusion);
   r.optional({"grad_reduce_in_fp32", "accumulate_allreduce_grads_in_fp32"}, p.grad_reduce_in_fp32);
   r.optional_enum("indivisible_heads", p.indivisible_heads, kIndivisibleHeads);
   r.optional_enum("encoder_data_parallel", p.encoder_data_parallel, kEncoderDataParallel);
@@ -265,6 +267,7 @@ Json to_json(const ParallelPlan& p) {
     j["moe_dispatcher"] = enum_name(p.moe_dispatcher, kMoeDispatchers);
   if (p.moe_a2a_overlap) j["moe_a2a_overlap"] = true;
   if (p.moe_fp8_dispatch) j["moe_fp8_dispatch"] = true;
+  if (!p.moe_permute_fusion) j["moe_permute_fusion"] = false;
   if (p.overlap_grad_reduce || p.fully_sharded) j["grad_bucket_mb"] = p.grad_bucket_mb;
   if (p.grad_reduce_in_fp32) j["grad_reduce_in_fp32"] = true;
   if (p.indivisible_heads != IndivisibleHeads::kRefuse)

@@ -46,8 +46,9 @@ enum class EncoderDataParallel { kSamples, kMedia };
 // copy of a token's hidden vector for each of its top-k experts (Megatron-LM's all-to-all
 // dispatcher). kDeepEp: one copy for each other node that holds any of its experts, forwarded
 // to the experts' ranks inside that node over NVLink (DeepEP's internode kernels, Megatron-LM's
-// flex dispatcher).
-enum class MoeDispatcher { kAllToAll, kDeepEp };
+// flex dispatcher). kHybridEp: the flex dispatcher's HybridEP backend, moving tokens as DeepEP
+// does but all-gathering every rank's routing map first to plan the transfer.
+enum class MoeDispatcher { kAllToAll, kDeepEp, kHybridEp };
 // FP8 training of the transformer layers' linear GEMMs, as Transformer Engine runs it (E4M3
 // forward, E5M2 gradients): forward, input-gradient and weight-gradient GEMMs in FP8, their
 // inputs quantized first; attention, norms, embeddings, the head and projectors in the model's
@@ -190,6 +191,9 @@ struct ParallelPlan {
   // output gradients) in FP8, one byte a value and an fp32 scale per 128 (DeepSeek-V3's
   // low-precision communication); the combines stay 16-bit. Needs fp8.
   bool moe_fp8_dispatch = false;
+  // Megatron-LM's fused token permutation (moe_permute_fusion, Transformer Engine's kernels);
+  // without it the permutation runs as PyTorch's sort, gather and scatter kernels.
+  bool moe_permute_fusion = true;
   // Data-parallel gradient reductions (and the sums of replicated key/value gradients before
   // them) in fp32, as Megatron-LM reduces a bf16 model's gradients by default
   // (`accumulate_allreduce_grads_in_fp32`, DDP's `grad_reduce_in_fp32`): twice the bytes of a

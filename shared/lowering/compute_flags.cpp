@@ -15,7 +15,9 @@ uint32_t compute_op_flags(const ParallelPlan& plan, Phase phase, int64_t tp, boo
     if (plan.fp8 == Fp8Recipe::kBlockwise) flags |= kOpFp8BlockScaling;
   }
   if (plan.tp_comm_overlap && plan.sequence_parallel && tp > 1) flags |= kOpTpCommOverlap;
-  if (plan.moe_dispatcher == MoeDispatcher::kDeepEp && layers) flags |= kOpDeepEpDispatch;
+  if (plan.moe_dispatcher != MoeDispatcher::kAllToAll && layers) flags |= kOpDeepEpDispatch;
+  if (plan.moe_dispatcher == MoeDispatcher::kHybridEp && layers) flags |= kOpHybridEpDispatch;
+  if (!plan.moe_permute_fusion && layers) flags |= kOpUnfusedPermute;
   if (plan.recompute == Recompute::kSelective && phase == Phase::kB) {
     const std::pair<RecomputeModule, OpFlag> bits[] = {
         {kRecomputeCoreAttn, kOpAttentionRecompute},

@@ -153,6 +153,14 @@ Op Lowering::compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t
         // Per-op checkpointing keeps the reduce-scatters' outputs.
         if (!per_op_recompute)
           op.nested.push_back({CollectiveKind::kReduceScatter, Purpose::kTp, g, calls, act});
+        // Megatron-LM (and Transformer Engine's linears) keeps a column-parallel matrix's input
+        // sharded for the backward and gathers it again there for the weight gradient, beside
+        // the input-gradient GEMM (CostModel::hidden_regather_s); in the dtype the forward
+        // gathered. PyTorch's tensor parallelism keeps the gathered input instead.
+        if (phase == Phase::kB && m.flow.trainable && plan_.framework != Framework::kPytorch)
+          op.nested.push_back(
+              {CollectiveKind::kAllGather, Purpose::kTp, g, calls,
+               (op.flags & kOpFp8) != 0 ? act / dtype * (1.0 + block_scales) : act});
       } else {
         op.nested.push_back(
             {CollectiveKind::kAllReduce, Purpose::kTp, g, static_cast<int32_t>(2 * layers), act});
@@ -202,12 +210,23 @@ Op Lowering::compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t
       op.expert_wait_flops = routed_flops * (busiest - 1.0) * (rerouted ? 2.0 : 1.0);
       const int32_t g = ep_group(layout_owner, x);
       if (plan_.moe_a2a_overlap) op.flags |= kOpEpCommOverlap;
-      // DeepEP's kernels move the tokens (and exchange the counts) themselves.
-      const bool deepep = plan_.moe_dispatcher == MoeDispatcher::kDeepEp;
+      // DeepEP's kernels move the tokens (and exchange the counts) themselves; HybridEP moves
+      // them as DeepEP does (priced at its rate) after all-gathering every rank's routing map,
+      // a byte per token and expert, over NCCL.
+      const bool deepep = plan_.moe_dispatcher != MoeDispatcher::kAllToAll;
+      const bool hybridep = plan_.moe_dispatcher == MoeDispatcher::kHybridEp;
       const Transport transport = deepep ? Transport::kDeepEp : Transport::kNccl;
-      if (phase == Phase::kF || phase == Phase::kR || rerouted)
-        op.nested.push_back({CollectiveKind::kAllToAll, Purpose::kEp, g, static_cast<int32_t>(moe),
-                             static_cast<double>(a.experts) * 8.0, transport});
+      const double sp_share = plan_.sequence_parallel ? tp_shard : 1.0;
+      if (phase == Phase::kF || phase == Phase::kR || rerouted) {
+        if (hybridep)
+          op.nested.push_back(
+              {CollectiveKind::kAllGather, Purpose::kEp, g, static_cast<int32_t>(moe),
+               tokens_local / sp_share * static_cast<double>(a.experts), Transport::kNccl});
+        else
+          op.nested.push_back({CollectiveKind::kAllToAll, Purpose::kEp, g,
+                               static_cast<int32_t>(moe), static_cast<double>(a.experts) * 8.0,
+                               transport});
+      }
       if (phase != Phase::kW) {
         // DeepEP sends a token once to each other node holding any of its experts.
         const double copies =
@@ -227,6 +246,12 @@ Op Lowering::compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t
         op.nested.push_back(
             {CollectiveKind::kAllToAll, Purpose::kEp, g, calls, to_experts, transport});
         op.nested.push_back({CollectiveKind::kAllToAll, Purpose::kEp, g, calls, routed, transport});
+        // The all-to-all dispatcher sends each routed copy's router probability beside it, in
+        // an all-to-all of its own (the backward returns their gradients); DeepEP and HybridEP
+        // carry them with the tokens.
+        if (!deepep)
+          op.nested.push_back({CollectiveKind::kAllToAll, Purpose::kEp, g, calls,
+                               routed / static_cast<double>(a.hidden), transport});
       }
     }
   }

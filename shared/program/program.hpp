@@ -93,12 +93,16 @@ enum OpFlag : uint32_t {
   kOpMlpRecompute = 2097152,
   kOpMoeRecompute = 4194304,
   kOpSharedExpertRecompute = 8388608,
-  kOpDeepEpDispatch = 16777216,   // its MoE layers dispatch through DeepEP (plan.moe_dispatcher),
-                                  // which hands each rank its tokens without a sort by expert
-  kOpExpertsWhole = 33554432,     // its routed experts whole on each TP rank (expert TP 1), each
-                                  // rank's experts taking its own 1/tp of the tokens
-  kOpFp8BlockScaling = 67108864,  // with kOpFp8: a scale per block (plan.fp8 blockwise), its
-                                  // GEMMs at the device's block-scaled FP8 rate
+  kOpDeepEpDispatch = 16777216,     // its MoE layers dispatch through DeepEP (plan.moe_dispatcher),
+                                    // which hands each rank its tokens without a sort by expert
+  kOpExpertsWhole = 33554432,       // its routed experts whole on each TP rank (expert TP 1), each
+                                    // rank's experts taking its own 1/tp of the tokens
+  kOpFp8BlockScaling = 67108864,    // with kOpFp8: a scale per block (plan.fp8 blockwise), its
+                                    // GEMMs at the device's block-scaled FP8 rate
+  kOpHybridEpDispatch = 134217728,  // its MoE layers dispatch through HybridEP (with
+                                    // kOpDeepEpDispatch: its tokens travel as DeepEP's)
+  kOpUnfusedPermute = 268435456,    // its MoE layers permute tokens with PyTorch's kernels
+                                    // (plan.moe_permute_fusion false)
 };
 
 struct Op {

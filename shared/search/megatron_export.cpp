@@ -187,9 +187,12 @@ MegatronExport megatron_export(const Scenario& scenario, const ParallelPlan& pla
       field("moe_router_num_groups", a.router_groups);
       field("moe_router_group_topk", a.router_group_top_k);
     }
-    const bool deepep = plan.moe_dispatcher == MoeDispatcher::kDeepEp;
-    field("moe_token_dispatcher_type", deepep ? "flex" : "alltoall");
-    if (deepep) field("moe_enable_deepep", true);
+    const bool flex = plan.moe_dispatcher != MoeDispatcher::kAllToAll;
+    field("moe_token_dispatcher_type", flex ? "flex" : "alltoall");
+    if (plan.moe_dispatcher == MoeDispatcher::kDeepEp) field("moe_enable_deepep", true);
+    if (plan.moe_dispatcher == MoeDispatcher::kHybridEp)
+      field("moe_flex_dispatcher_backend", "hybridep");
+    field("moe_permute_fusion", plan.moe_permute_fusion);
     if (plan.moe_a2a_overlap && l.pp > 1 && l.vpp == 1) {
       e.notes.push_back(
           "plan.moe_a2a_overlap: Megatron-LM overlaps the expert all-to-alls only between virtual "

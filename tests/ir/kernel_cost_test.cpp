@@ -480,19 +480,20 @@ TEST_CASE("kernel cost: an MoE layer permutes its tokens around the experts") {
   op.ep = 64;          // four experts a rank
   op.flags = kOpDeepEpDispatch;
   const double deepep = kernel_compute_s(llm, op, device, peak, 2, tuning);
-  // The all-to-all dispatcher also sorts the tokens by local expert, and back.
+  // The all-to-all dispatcher also sorts the tokens by local expert, and back (a third
+  // concatenation besides), and counts its tokens per expert (6 kernels).
   Op sorted = op;
   sorted.flags = 0;
   CHECK(kernel_compute_s(llm, sorted, device, peak, 2, tuning) - deepep ==
-        doctest::Approx(2 * 4.0 * k * h * 4096 / bandwidth + 2 * tuning.launch_s));
-  // With one expert a rank there is nothing to sort.
+        doctest::Approx(2 * 4.0 * k * h * 4096 / bandwidth + (2 + 1 + 6) * tuning.launch_s));
+  // With one expert a rank there is nothing to sort; the counts remain.
   sorted.ep = 256;
   Op one = op;
   one.ep = 256;
   CHECK(kernel_compute_s(llm, sorted, device, peak, 2, tuning) ==
-        doctest::Approx(kernel_compute_s(llm, one, device, peak, 2, tuning)));
+        doctest::Approx(kernel_compute_s(llm, one, device, peak, 2, tuning) + 6 * tuning.launch_s));
   // Recomputing the MoE layer whole permutes once more before the backward, beside the
-  // activations of its experts and shared expert.
+  // activations of its experts and shared expert, and computes its load-balancing loss again.
   Op b = op;
   b.phase = Phase::kB;
   const double backward = kernel_compute_s(llm, b, device, peak, 2, tuning);
@@ -501,7 +502,7 @@ TEST_CASE("kernel cost: an MoE layer permutes its tokens around the experts") {
   const double shared = static_cast<double>(a.shared_expert_ffn);
   CHECK(kernel_compute_s(llm, b, device, peak, 2, tuning) - backward ==
         doctest::Approx(2 * (2 * (k + 1) * h + 3 * (routed + shared)) * 4096 / bandwidth +
-                        (2 + 2 * 3 + 3 + 2 * 3) * tuning.launch_s));
+                        (2 + 2 * 3 + 3 + 2 * 3 + 6) * tuning.launch_s));
 }
 
 TEST_CASE("kernel cost: Megatron-LM's MoE layer launches its router and a GEMM per local expert") {
@@ -522,11 +523,12 @@ TEST_CASE("kernel cost: Megatron-LM's MoE layer launches its router and a GEMM p
   op.first_layer = 3;  // the first MoE layer
   op.flags = kOpDeepEpDispatch;
   op.ep = 256;  // one expert a rank
-  // A layer's 13 (4 GEMMs, attention, 8 element-wise), the permutation's 2, the router's 2.
-  CHECK(launches(op) == 17);
+  // A layer's 13 (4 GEMMs, attention, 8 element-wise), the permutation's 2, the router's 2,
+  // its load-balancing loss and bookkeeping 6.
+  CHECK(launches(op) == 23);
   Op eager = op;
   eager.flags |= kOpPytorchKernels;
-  CHECK(launches(eager) < 17);
+  CHECK(launches(eager) < launches(op));
   // Four experts a rank: each of the experts' two GEMMs launched four times, in every phase.
   for (const Phase phase : {Phase::kF, Phase::kB, Phase::kW}) {
     Op one = op, four = op;
@@ -539,7 +541,19 @@ TEST_CASE("kernel cost: Megatron-LM's MoE layer launches its router and a GEMM p
   Op w = op;
   w.phase = Phase::kW;
   CHECK(launches(w) == 4 + 1);  // the layer's 4 weight-gradient GEMMs, the router's
-  CHECK(launches(b) == 2 * 13 + 2 + 2);
+  CHECK(launches(b) == 2 * 13 + 2 + 2 + 7);
+  // HybridEP: its probabilities' cast, routing-map scan and padding, and the barrier kernels
+  // around each dispatch and combine; the permutation unfused: PyTorch's sort, index and
+  // scatter kernels where the fused pair has one each.
+  Op hybrid = op, hybrid_b = b, unfused = op, unfused_b = b;
+  hybrid.flags |= kOpHybridEpDispatch;
+  hybrid_b.flags |= kOpHybridEpDispatch;
+  CHECK(launches(hybrid) - launches(op) == 10);
+  CHECK(launches(hybrid_b) - launches(b) == 7);
+  unfused.flags |= kOpUnfusedPermute;
+  unfused_b.flags |= kOpUnfusedPermute;
+  CHECK(launches(unfused) - launches(op) == 12);
+  CHECK(launches(unfused_b) - launches(b) == 13);
 }
 
 TEST_CASE("kernel cost: FP8 GEMMs at the FP8 rate, their inputs quantized; attention unchanged") {
@@ -653,6 +667,65 @@ TEST_CASE("tp_comm_overlap hides all but one chunk of the TP traffic behind the 
   Diagnostics v;
   validate_plan(bad, s->model, s->workload, s->cluster, "p.json", "plan", v);
   CHECK(v.format().find("tp_comm_overlap: needs sequence_parallel") != std::string::npos);
+}
+
+TEST_CASE("sequence parallelism: Megatron-LM gathers the inputs again in the backward, hidden") {
+  const std::optional<Scenario> s = published("nvidia-gpt3-175b-h100-128");
+  REQUIRE(s->plan->sequence_parallel);
+  const auto program = [&](const ParallelPlan& plan) {
+    const Lowered lowered =
+        lower(s->model, s->cluster, resolve_stage_split(plan, s->model, s->workload, s->cluster),
+              s->workload, draw_batch(s->workload, 0));
+    REQUIRE(lowered.error.empty());
+    return lowered.program;
+  };
+  const auto gathers = [](const Op& op) {
+    std::vector<NestedCollective> out;
+    for (const NestedCollective& n : op.nested)
+      if (n.purpose == Purpose::kTp && n.kind == CollectiveKind::kAllGather) out.push_back(n);
+    return out;
+  };
+  ParallelPlan pytorch = *s->plan;
+  pytorch.framework = Framework::kPytorch;
+  const Program p = program(*s->plan), q = program(pytorch);
+  const CostModel cost(s->cluster, s->model.dtype, default_cost_params(s->cluster), s->model);
+  REQUIRE(p.ranks[0].size() == q.ranks[0].size());
+  int checked = 0;
+  for (std::size_t i = 0; i < p.ranks[0].size(); ++i) {
+    const Op& op = p.ranks[0][i];
+    if (op.kind != OpKind::kCompute || op.layers == 0) continue;
+    const std::vector<NestedCollective> g = gathers(op);
+    // PyTorch's tensor parallelism keeps the gathered input: one gather in every phase.
+    CHECK(gathers(q.ranks[0][i]).size() == (op.phase == Phase::kW ? 0u : 1u));
+    if (op.phase != Phase::kB) {
+      CHECK(g.size() == (op.phase == Phase::kW ? 0u : 1u));
+      CHECK(cost.hidden_regather_s(p, op) == 0);
+      continue;
+    }
+    // The backward: the output gradients' gathers, then the inputs' again, as many and as large.
+    REQUIRE(g.size() == 2);
+    CHECK(g[1].count == g[0].count);
+    CHECK(g[1].bytes == doctest::Approx(g[0].bytes));
+    // Each call hides behind its matrix's input-gradient GEMM: some of it, at most all.
+    const double call = cost.collective_s(p, g[1]);
+    const double hidden = cost.hidden_regather_s(p, op);
+    CHECK(hidden > 0);
+    CHECK(hidden <= g[1].count * call * (1 + 1e-9));
+    // The hidden seconds come off the compute part, less the slowdown of compute beside them.
+    Op single = op;
+    std::size_t last = single.nested.size();
+    for (std::size_t n = 0; n < single.nested.size(); ++n)
+      if (single.nested[n].purpose == Purpose::kTp &&
+          single.nested[n].kind == CollectiveKind::kAllGather)
+        last = n;
+    single.nested.erase(single.nested.begin() + static_cast<std::ptrdiff_t>(last));
+    REQUIRE(gathers(single).size() == 1);
+    CHECK(cost.hidden_regather_s(p, single) == 0);
+    CHECK(cost.compute_only_s(p, single) - cost.compute_only_s(p, op) ==
+          doctest::Approx((2 - kMeasuredOverlapSlowdown) * hidden));
+    ++checked;
+  }
+  CHECK(checked > 0);
 }
 
 TEST_CASE("one layer of the 22B model as Korthikanti et al. 2022 timed it (their Table 4)") {

@@ -1668,7 +1668,7 @@ TEST_CASE(
   CHECK(read_plan(to_json(c.plan), "p", "", diag) == c.plan);
 }
 
-TEST_CASE("fp8: the forward's sequence-parallel all-gathers carry the linears' FP8 inputs") {
+TEST_CASE("fp8: the sequence-parallel all-gathers of the linears' inputs carry them in FP8") {
   Case plain =
       make(kVlm, kUniformText,
            R"({"placement": "homogeneous", "layout": {"tp": 2}, "sequence_parallel": true})");
@@ -1677,26 +1677,37 @@ TEST_CASE("fp8: the forward's sequence-parallel all-gathers carry the linears' F
   fp8.plan.fp8 = Fp8Recipe::kDelayed;
   blocks.plan.fp8 = Fp8Recipe::kBlockwise;
   const Program p = lowered(plain), q = lowered(fp8), b = lowered(blocks);
-  const auto gathered = [](const Op& op) {
-    double bytes = 0;
+  const auto gathers = [](const Op& op) {
+    std::vector<double> bytes;
     for (const NestedCollective& n : op.nested)
-      if (n.purpose == Purpose::kTp && n.kind == CollectiveKind::kAllGather) bytes += n.bytes;
+      if (n.purpose == Purpose::kTp && n.kind == CollectiveKind::kAllGather)
+        bytes.push_back(n.bytes);
     return bytes;
   };
-  int checked = 0;
+  int forward = 0, backward = 0;
   for (std::size_t r = 0; r < p.ranks.size(); ++r)
     for (std::size_t i = 0; i < p.ranks[r].size(); ++i) {
       const Op& op = q.ranks[r][i];
-      if (op.kind != OpKind::kCompute || gathered(p.ranks[r][i]) == 0) continue;
-      // A byte a value instead of two in the forward, an fp32 scale per 128 more with block
-      // scaling; the backward's gathers of output gradients stay 16-bit.
-      const bool forward = (op.flags & kOpFp8) != 0 && op.phase != Phase::kB;
-      CHECK(gathered(op) == doctest::Approx(gathered(p.ranks[r][i]) * (forward ? 0.5 : 1.0)));
-      CHECK(gathered(b.ranks[r][i]) ==
-            doctest::Approx(gathered(p.ranks[r][i]) * (forward ? 0.5 * (1 + 4.0 / 128) : 1.0)));
-      checked += forward ? 1 : 0;
+      const std::vector<double> plain_bytes = gathers(p.ranks[r][i]);
+      if (op.kind != OpKind::kCompute || plain_bytes.empty()) continue;
+      const std::vector<double> fp8_bytes = gathers(op), block_bytes = gathers(b.ranks[r][i]);
+      REQUIRE(fp8_bytes.size() == plain_bytes.size());
+      REQUIRE(block_bytes.size() == plain_bytes.size());
+      // A byte a value instead of two, an fp32 scale per 128 more with block scaling: the
+      // forward's gathers of the inputs and the backward's second gather of them (its first,
+      // of the output gradients, stays 16-bit).
+      const bool fp8_layers = (op.flags & kOpFp8) != 0;
+      for (std::size_t n = 0; n < plain_bytes.size(); ++n) {
+        const bool input = fp8_layers && (op.phase != Phase::kB || n == 1);
+        CHECK(fp8_bytes[n] == doctest::Approx(plain_bytes[n] * (input ? 0.5 : 1.0)));
+        CHECK(block_bytes[n] ==
+              doctest::Approx(plain_bytes[n] * (input ? 0.5 * (1 + 4.0 / 128) : 1.0)));
+      }
+      forward += fp8_layers && op.phase != Phase::kB ? 1 : 0;
+      backward += fp8_layers && op.phase == Phase::kB && plain_bytes.size() == 2 ? 1 : 0;
     }
-  CHECK(checked > 0);
+  CHECK(forward > 0);
+  CHECK(backward > 0);
 }
 
 TEST_CASE("fp8: layer GEMMs flagged, FP8 weight copies in memory, FP8 parameter gathers") {

@@ -19,6 +19,7 @@
 #include "shared/model/expert_load.hpp"
 #include "shared/model/model_math.hpp"
 #include "shared/search/estimate.hpp"
+#include "shared/search/megatron_export.hpp"
 #include "shared/search/memory_bound.hpp"
 #include "shared/search/plan_search.hpp"
 #include "shared/search/stage_split.hpp"
@@ -140,7 +141,8 @@ TEST_CASE("EP splits the routed experts; their gradients are reduced over expert
       }
   CHECK(expert_reductions == 1);  // EP 2's, none for EP 1
   // Each rank exchanges its token counts per expert (forward), dispatches and combines through
-  // all-to-alls of its EP group, per layer; the backward sends the gradients both ways.
+  // all-to-alls of its EP group, with the router weights beside the tokens in one of their own,
+  // per layer; the backward sends the gradients of the last three.
   int dispatched = 0;
   for (const Op& op : two.ranks[1]) {
     if (op.kind != OpKind::kCompute || two.modules[static_cast<std::size_t>(op.module)] != "llm")
@@ -152,7 +154,7 @@ TEST_CASE("EP splits the routed experts; their gradients are reduced over expert
         CHECK(two.groups[static_cast<std::size_t>(n.group)].size() == 2);
         count += n.count;
       }
-    CHECK(count == (op.phase == Phase::kF ? 3 : op.phase == Phase::kB ? 2 : 0) * op.layers);
+    CHECK(count == (op.phase == Phase::kF ? 4 : op.phase == Phase::kB ? 3 : 0) * op.layers);
     ++dispatched;
   }
   CHECK(dispatched > 0);
@@ -365,7 +367,9 @@ TEST_CASE("a dense layer in an MoE stack routes nothing: no all-to-all, no exper
           if (n.purpose == Purpose::kEp) count += n.count;
         const int64_t moe = moe_layers(a, op.first_layer, op.first_layer + op.layers);
         CHECK(moe == (op.first_layer == 2 ? 1 : 0));
-        CHECK(count == (op.phase == Phase::kF ? 3 : op.phase == Phase::kB ? 2 : 0) * moe);
+        // Forward: the counts, the dispatch, the combine and the router weights' all-to-all;
+        // backward: the last three's gradients.
+        CHECK(count == (op.phase == Phase::kF ? 4 : op.phase == Phase::kB ? 3 : 0) * moe);
       }
       // Only the stage with the MoE layer reduces routed experts apart.
       if (op.kind == OpKind::kCollective && (op.flags & kOpRoutedExperts) != 0)
@@ -545,9 +549,10 @@ TEST_CASE("selective recomputation of MoE layers: the experts run again, and rou
     REQUIRE(moe > 0);
     if (op.phase == Phase::kB) {
       ++checked;
-      // The count exchange, dispatch and combine again, then the backward's two.
-      CHECK(ep_calls(before) == 2 * moe);
-      CHECK(ep_calls(op) == 5 * moe);
+      // The count exchange, dispatch, router weights and combine again, then the backward's
+      // three.
+      CHECK(ep_calls(before) == 3 * moe);
+      CHECK(ep_calls(op) == 7 * moe);
       CHECK((op.flags & kOpMoeRecompute) != 0);
       CHECK(op.flops - before.flops ==
             doctest::Approx(
@@ -610,7 +615,8 @@ TEST_CASE("expert TP 1: whole experts on each TP rank, the rank's own tokens thr
     CHECK((before.flags & kOpExpertsWhole) == 0);
     // The same work, dealt by tokens instead of by matrix columns.
     CHECK(op.flops == doctest::Approx(before.flops));
-    // The MLP's all-gather and reduce-scatter over TP are gone from each MoE layer.
+    // The MLP's all-gather and reduce-scatter over TP are gone from each MoE layer (and the
+    // backward's second gather of the MLP's input).
     const auto tp_calls = [&](const Op& o, CollectiveKind kind) {
       int32_t n = 0;
       for (const NestedCollective& c : o.nested)
@@ -620,7 +626,8 @@ TEST_CASE("expert TP 1: whole experts on each TP rank, the rank's own tokens thr
     if (op.phase == Phase::kW) continue;
     const int64_t moe = moe_layers(a, op.first_layer, op.first_layer + op.layers);
     for (const CollectiveKind kind : {CollectiveKind::kAllGather, CollectiveKind::kReduceScatter})
-      CHECK(tp_calls(before, kind) - tp_calls(op, kind) == moe);
+      CHECK(tp_calls(before, kind) - tp_calls(op, kind) ==
+            moe * (op.phase == Phase::kB && kind == CollectiveKind::kAllGather ? 2 : 1));
   }
   CHECK(checked > 0);
   // Its routed experts' gradients reduce over the replicas of one expert shard: tp*dp/ep = 2.
@@ -696,4 +703,86 @@ TEST_CASE("FP8 dispatch: the tokens to their experts in FP8, the combines in 16 
   validate_plan(bad, s->model, s->workload, s->cluster, "s.json", "plan", v);
   CHECK(v.format().find("plan.moe_fp8_dispatch: needs fp8") != std::string::npos);
   CHECK(read_plan(to_json(fp8_dispatch), "", "", diag) == fp8_dispatch);
+}
+
+TEST_CASE("HybridEP all-gathers the routing maps; the all-to-all dispatcher sends the weights") {
+  const std::optional<Scenario> s = deepseek_v3_row();
+  REQUIRE(s.has_value());
+  ParallelPlan alltoall = *s->plan, deepep = *s->plan, hybridep = *s->plan;
+  alltoall.moe_dispatcher = MoeDispatcher::kAllToAll;
+  deepep.moe_dispatcher = MoeDispatcher::kDeepEp;
+  hybridep.moe_dispatcher = MoeDispatcher::kHybridEp;
+  const Program a = lowered(*s, alltoall), d = lowered(*s, deepep), h = lowered(*s, hybridep);
+  const TransformerArch& arch = *s->model.modules[0].transformer;
+  const auto ep = [](const Op& op, CollectiveKind kind) {
+    std::vector<NestedCollective> out;
+    for (const NestedCollective& n : op.nested)
+      if (n.purpose == Purpose::kEp && n.kind == kind) out.push_back(n);
+    return out;
+  };
+  int checked = 0;
+  REQUIRE(d.ranks[0].size() == h.ranks[0].size());
+  for (std::size_t i = 0; i < d.ranks[0].size(); ++i) {
+    const Op& dop = d.ranks[0][i];
+    const Op& hop = h.ranks[0][i];
+    const std::vector<NestedCollective> moved = ep(dop, CollectiveKind::kAllToAll);
+    if (dop.kind != OpKind::kCompute || moved.empty()) continue;
+    ++checked;
+    CHECK((hop.flags & kOpHybridEpDispatch) != 0);
+    CHECK((hop.flags & kOpDeepEpDispatch) != 0);
+    CHECK((dop.flags & kOpHybridEpDispatch) == 0);
+    const std::vector<NestedCollective> hmoved = ep(hop, CollectiveKind::kAllToAll);
+    const std::vector<NestedCollective> maps = ep(hop, CollectiveKind::kAllGather);
+    // A forward routes; so does a backward that recomputes its MoE layers first.
+    const bool routes = dop.phase == Phase::kF || (dop.flags & kOpMoeRecompute) != 0;
+    if (!routes) {
+      CHECK(maps.empty());
+      CHECK(hmoved.size() == moved.size());
+    } else {
+      // DeepEP's forward: the counts, the dispatch, the combine. HybridEP's: the routing map
+      // (a byte per token and expert, each TP rank its own tokens under sequence parallelism)
+      // over NCCL in place of the counts, then the same transfers at DeepEP's rate.
+      if (dop.phase == Phase::kF) REQUIRE(moved.size() == 3);
+      REQUIRE(hmoved.size() == moved.size() - 1);
+      REQUIRE(maps.size() == 1);
+      const double tp = s->plan->sequence_parallel ? static_cast<double>(hop.tp) : 1.0;
+      CHECK(maps[0].bytes == doctest::Approx(static_cast<double>(hop.tokens) / tp *
+                                             static_cast<double>(arch.experts)));
+      CHECK(maps[0].transport == Transport::kNccl);
+      CHECK(maps[0].count == moved[0].count);
+      for (std::size_t n = 0; n < hmoved.size(); ++n) {
+        CHECK(hmoved[n].bytes == doctest::Approx(moved[n + 1].bytes));
+        CHECK(hmoved[n].transport == Transport::kDeepEp);
+      }
+    }
+    // The all-to-all dispatcher sends a router weight (16-bit) beside each routed copy, in an
+    // all-to-all of its own after the combine's; DeepEP and HybridEP carry them with the tokens.
+    const std::vector<NestedCollective> plain = ep(a.ranks[0][i], CollectiveKind::kAllToAll);
+    REQUIRE(plain.size() == moved.size() + 1);
+    CHECK(plain.back().bytes ==
+          doctest::Approx(plain[plain.size() - 2].bytes / static_cast<double>(arch.hidden)));
+  }
+  CHECK(checked > 0);
+  // Read, written back and exported as Megatron-LM's flex dispatcher with its HybridEP backend.
+  Diagnostics diag;
+  CHECK(read_plan(to_json(hybridep), "", "", diag) == hybridep);
+  CHECK(to_json(hybridep)["moe_dispatcher"] == "hybridep");
+  const MegatronExport e = megatron_export(*s, hybridep);
+  REQUIRE(e.refusal.empty());
+  CHECK(e.config["transformer_config"]["moe_token_dispatcher_type"] == "flex");
+  CHECK(e.config["transformer_config"]["moe_flex_dispatcher_backend"] == "hybridep");
+  const auto flag = [](const MegatronExport& x, const std::string& name) {
+    for (const auto& [f, value] : x.arguments)
+      if (f == name) return value;
+    return std::string("(absent)");
+  };
+  CHECK(flag(e, "--moe-flex-dispatcher-backend") == "hybridep");
+  CHECK(flag(e, "--moe-permute-fusion").empty());  // a switch
+  ParallelPlan unfused = hybridep;
+  unfused.moe_permute_fusion = false;
+  const MegatronExport u = megatron_export(*s, unfused);
+  CHECK(flag(u, "--moe-permute-fusion") == "(absent)");
+  CHECK(u.config["transformer_config"]["moe_permute_fusion"] == false);
+  CHECK(read_plan(to_json(unfused), "", "", diag) == unfused);
+  CHECK(to_json(unfused)["moe_permute_fusion"] == false);
 }

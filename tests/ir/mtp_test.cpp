@@ -148,7 +148,7 @@ TEST_CASE("MTP layers run in the stack's last pipeline chunk, each with its head
       if (n.purpose == Purpose::kEp && n.kind == CollectiveKind::kAllToAll) calls += n.count;
     return calls;
   };
-  CHECK(dispatches(f1) == dispatches(f0) + 3);  // counts, dispatch and combine
+  CHECK(dispatches(f1) == dispatches(f0) + 4);  // counts, dispatch, router weights, combine
   // Stage 0 runs as before; the iteration's model FLOPs grow by the MTP work.
   CHECK(first_forward(with, 0, llm).flops == first_forward(without, 0, llm).flops);
   CHECK(with.model_flops > without.model_flops);
