@@ -51,6 +51,14 @@ TRAINING_ARGUMENTS = {
 # Transformer Engine builds only against CUDA and is not installed here; Megatron's checks that
 # gate on its version see the release NVIDIA's PyTorch containers ship.
 megatron.core.utils.get_te_version = lambda: Version("2.8.0")
+# Nor its fused token permutation, which megatron-core imports from it when a config asks for it
+# (moe_permute_fusion): stand-ins that only say the kernels exist, as they do where TE does.
+import megatron.core.transformer.moe.moe_utils as moe_utils  # noqa: E402
+
+for _name in ("fused_permute", "fused_permute_with_probs", "fused_sort_chunks_by_index",
+              "fused_sort_chunks_by_index_with_probs", "fused_unpermute"):
+    if getattr(moe_utils, _name, None) is None:
+        setattr(moe_utils, _name, lambda *args, **kwargs: None)
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
