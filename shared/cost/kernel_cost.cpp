@@ -350,6 +350,10 @@ double kernel_compute_s(const ModuleSpec& module, const Op& op, const DeviceSpec
       elementwise_bytes += g.count * g.groups * g.m * (backward ? g.n : g.k) * per_value;
       kernels += g.count * (current ? 2.0 : 1.0);
     }
+    // Delayed scaling's amax reduction: the amaxes gathered into one buffer before it, the
+    // histories and scales updated after it (one fused kernel).
+    for (const NestedCollective& n : op.nested)
+      if (n.purpose == Purpose::kAmax) kernels += 2.0 * n.count;
   }
   auto add_gemm = [&](const Gemm& g) {
     const Gemm p = for_phase(g, op.phase);

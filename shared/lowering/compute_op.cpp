@@ -166,6 +166,33 @@ Op Lowering::compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t
             {CollectiveKind::kAllReduce, Purpose::kTp, g, static_cast<int32_t>(2 * layers), act});
       }
     }
+    // FP8 delayed scaling: each forward of the layer stack (one autocast region, as Megatron-LM
+    // wraps a chunk) ends by reducing its FP8 GEMMs' current amaxes (inputs and weights) by MAX
+    // over the stage's TP, CP and DP ranks, and the backward the output gradients' likewise; a
+    // recomputation reuses the forward's scales. An fp32 value each. A chunk run in pieces
+    // (gradient buckets, FSDP units) reduces once: after the piece that ends its forward, and
+    // after the one that ends its backward (the piece holding its first layer).
+    const bool delayed =
+        (op.flags & kOpFp8) != 0 && (op.flags & (kOpFp8CurrentScaling | kOpFp8BlockScaling)) == 0;
+    const bool region_ends = phase == Phase::kF   ? layer_end == held.second
+                             : phase == Phase::kB ? layer_begin == held.first
+                                                  : false;
+    if (delayed && layers > 0 && region_ends) {
+      const int32_t g = stage_group(layout_owner, x);
+      if (p_.groups[static_cast<std::size_t>(g)].size() > 1) {
+        // The region's GEMMs: its chunk's every layer, whatever piece of it this op runs.
+        const auto moe = static_cast<double>(moe_layers(a, held.first, held.second));
+        const auto region = static_cast<double>(held.second - held.first);
+        const double local_experts =
+            a.experts > 0 ? std::max(1.0, static_cast<double>(a.experts) /
+                                              static_cast<double>(std::max<int64_t>(1, l.ep)))
+                          : 0.0;
+        const double gemms = 4.0 * (region - moe) +
+                             moe * (2.0 + 2.0 * local_experts + (a.shared_expert_ffn > 0 ? 2 : 0));
+        op.nested.push_back({CollectiveKind::kAllReduce, Purpose::kAmax, g, 1,
+                             gemms * (phase == Phase::kF ? 2.0 : 1.0) * 4.0});
+      }
+    }
     if (a.vocab > 0 && tp > 1) {
       // Vocabulary-parallel embedding and loss: the embedding's partial rows are all-reduced in
       // the forward (its backward is local); the loss all-reduces three fp32 numbers per token

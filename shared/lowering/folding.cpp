@@ -100,11 +100,14 @@ bool Lowering::same_costs(const std::function<Coord(const Coord&)>& to) const {
       if (by < g.first_rank || by >= g.first_rank + g.size) return false;
       const GroupIndex& at = grid_index_[i];
       const std::pair<std::vector<Group> ModuleGroups::*, std::vector<int32_t> GroupIndex::*>
-          kinds[] = {
-              {&ModuleGroups::tp, &GroupIndex::tp},     {&ModuleGroups::cp, &GroupIndex::cp},
-              {&ModuleGroups::tpcp, &GroupIndex::tpcp}, {&ModuleGroups::dpcp, &GroupIndex::dpcp},
-              {&ModuleGroups::ep, &GroupIndex::ep},     {&ModuleGroups::edp, &GroupIndex::edp},
-              {&ModuleGroups::kv, &GroupIndex::kv}};
+          kinds[] = {{&ModuleGroups::tp, &GroupIndex::tp},
+                     {&ModuleGroups::cp, &GroupIndex::cp},
+                     {&ModuleGroups::tpcp, &GroupIndex::tpcp},
+                     {&ModuleGroups::dpcp, &GroupIndex::dpcp},
+                     {&ModuleGroups::ep, &GroupIndex::ep},
+                     {&ModuleGroups::edp, &GroupIndex::edp},
+                     {&ModuleGroups::kv, &GroupIndex::kv},
+                     {&ModuleGroups::stages, &GroupIndex::stage}};
       for (const auto& [groups, index] : kinds) {
         const int32_t a = (at.*index)[static_cast<std::size_t>(r - g.first_rank)];
         const int32_t b = (at.*index)[static_cast<std::size_t>(by - g.first_rank)];

@@ -200,7 +200,7 @@ class Lowering {
   // --- groups --------------------------------------------------------------------------
   int32_t group(RankList members);
   struct GroupIndex {  // per rank of a grid's span, its group's index in each kind's list
-    std::vector<int32_t> tp, cp, tpcp, dpcp, ep, edp, kv;
+    std::vector<int32_t> tp, cp, tpcp, dpcp, ep, edp, kv, stage;
   };
   // A rank's group of one kind in `m`'s grid, as rank_groups() builds it (`m` owns the grid).
   int32_t grid_group(const ModuleInfo& m, const Coord& x, std::vector<Group> ModuleGroups::*kind,
@@ -241,6 +241,11 @@ class Lowering {
   // Key/value heads replicated over TP ranks: their gradients are summed over those ranks.
   int32_t kv_group(const ModuleInfo& m, const Coord& x) {
     return grid_group(m, x, &ModuleGroups::kv, &GroupIndex::kv);
+  }
+  // Every rank of one pipeline stage of the grid (its TP, CP and DP ranks): Megatron-LM's
+  // tensor-and-data-parallel group with CP, over which FP8 delayed scaling reduces its amaxes.
+  int32_t stage_group(const ModuleInfo& m, const Coord& x) {
+    return grid_group(m, x, &ModuleGroups::stages, &GroupIndex::stage);
   }
   // Routed experts' gradients are reduced over the replicas of one expert shard.
   int32_t edp_group(const ModuleInfo& m, const Coord& x) {

@@ -68,6 +68,7 @@ void Lowering::place(const std::vector<PlacedModule>& placed) {
     at.ep = group_index(g.ep, g.first_rank, g.size);
     at.edp = group_index(g.edp, g.first_rank, g.size);
     at.kv = group_index(g.kv, g.first_rank, g.size);
+    at.stage = group_index(g.stages, g.first_rank, g.size);
     grids_[i] = std::move(g);
   }
   p_.world = static_cast<int32_t>(world_size(plan_, model_));

@@ -39,6 +39,8 @@ std::string purpose_name(Purpose purpose) {
       return "pp";
     case Purpose::kNorm:
       return "norm";
+    case Purpose::kAmax:
+      return "amax";
   }
   return "?";
 }

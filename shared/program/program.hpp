@@ -27,7 +27,8 @@ enum class CollectiveKind : uint8_t {
 };
 // kNorm: the all-reduce of the global gradient norm (and the loss) every rank joins before any
 // optimizer step, as global gradient clipping needs.
-enum class Purpose : uint8_t { kTp, kCp, kDp, kEp, kBoundary, kPp, kNorm };
+// kAmax: FP8 delayed scaling's reduction of the current amaxes over a stage's ranks.
+enum class Purpose : uint8_t { kTp, kCp, kDp, kEp, kBoundary, kPp, kNorm, kAmax };
 
 // A collective run `count` times inside a Compute op's layers (TP all-reduces, CP K/V exchange,
 // EP all-to-all): on the critical path of the op.

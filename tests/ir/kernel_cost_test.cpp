@@ -4,8 +4,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "shared/cost/collective_cost.hpp"
@@ -37,6 +39,15 @@ std::optional<Scenario> published(const std::string& row) {
   INFO(diag.format());
   REQUIRE(s.has_value());
   return s;
+}
+
+// The Program of iteration 0 of `s` under `plan`, its stage split resolved.
+Program lowered_program(const Scenario& s, const ParallelPlan& plan) {
+  const Lowered lowered =
+      lower(s.model, s.cluster, resolve_stage_split(plan, s.model, s.workload, s.cluster),
+            s.workload, draw_batch(s.workload, 0));
+  REQUIRE(lowered.error.empty());
+  return lowered.program;
 }
 
 // The forward of one layer of module 0: `tokens` on this rank, matrices split over `tp`.
@@ -672,13 +683,6 @@ TEST_CASE("tp_comm_overlap hides all but one chunk of the TP traffic behind the 
 TEST_CASE("sequence parallelism: Megatron-LM gathers the inputs again in the backward, hidden") {
   const std::optional<Scenario> s = published("nvidia-gpt3-175b-h100-128");
   REQUIRE(s->plan->sequence_parallel);
-  const auto program = [&](const ParallelPlan& plan) {
-    const Lowered lowered =
-        lower(s->model, s->cluster, resolve_stage_split(plan, s->model, s->workload, s->cluster),
-              s->workload, draw_batch(s->workload, 0));
-    REQUIRE(lowered.error.empty());
-    return lowered.program;
-  };
   const auto gathers = [](const Op& op) {
     std::vector<NestedCollective> out;
     for (const NestedCollective& n : op.nested)
@@ -687,7 +691,7 @@ TEST_CASE("sequence parallelism: Megatron-LM gathers the inputs again in the bac
   };
   ParallelPlan pytorch = *s->plan;
   pytorch.framework = Framework::kPytorch;
-  const Program p = program(*s->plan), q = program(pytorch);
+  const Program p = lowered_program(*s, *s->plan), q = lowered_program(*s, pytorch);
   const CostModel cost(s->cluster, s->model.dtype, default_cost_params(s->cluster), s->model);
   REQUIRE(p.ranks[0].size() == q.ranks[0].size());
   int checked = 0;
@@ -726,6 +730,63 @@ TEST_CASE("sequence parallelism: Megatron-LM gathers the inputs again in the bac
     ++checked;
   }
   CHECK(checked > 0);
+}
+
+TEST_CASE(
+    "fp8 delayed scaling: each chunk's forward and backward reduce their amaxes over the stage") {
+  const std::optional<Scenario> s = published("nvidia-gpt3-175b-fp8-h100-128");
+  REQUIRE(s->plan->fp8 == Fp8Recipe::kDelayed);
+  REQUIRE(s->plan->overlap_grad_reduce);  // backwards in bucket pieces: one reduction a chunk
+  const Program p = lowered_program(*s, *s->plan);
+  const ModuleLayout& l = s->plan->layout;
+  const double layer_gemms = 4;  // Q/K/V, output projection, the MLP's two
+  std::map<std::tuple<Phase, int32_t, int16_t>, int> reductions;  // per phase, micro-batch, chunk
+  for (const Op& op : p.ranks[0]) {
+    if (op.kind != OpKind::kCompute) continue;
+    for (const NestedCollective& n : op.nested) {
+      if (n.purpose != Purpose::kAmax) continue;
+      REQUIRE((op.phase == Phase::kF || op.phase == Phase::kB));
+      ++reductions[{op.phase, op.microbatch, op.chunk}];
+      CHECK(n.kind == CollectiveKind::kAllReduce);
+      CHECK(n.count == 1);
+      // The stage's TP, CP and DP ranks, rank 0 among them.
+      const auto& group = p.groups[static_cast<std::size_t>(n.group)];
+      CHECK(static_cast<int64_t>(group.size()) == l.tp * l.cp * l.dp);
+      CHECK(std::find(group.begin(), group.end(), 0) != group.end());
+      // A chunk's every layer's GEMMs: input and weight amaxes forward, output gradients' back.
+      const double chunk_layers = static_cast<double>(s->model.modules[0].transformer->layers) /
+                                  static_cast<double>(l.pp * l.vpp);
+      CHECK(n.bytes ==
+            doctest::Approx(4.0 * layer_gemms * chunk_layers * (op.phase == Phase::kF ? 2 : 1)));
+    }
+  }
+  // One a forward and one a backward of each micro-batch on each of the rank's chunks.
+  REQUIRE(!reductions.empty());
+  CHECK(reductions.size() == static_cast<std::size_t>(2 * s->plan->num_micro_batches * l.vpp));
+  for (const auto& [at, n] : reductions) CHECK(n == 1);
+  // Their cost: the collective's time and two kernels (the amaxes gathered, the scales updated).
+  const CostModel cost(s->cluster, s->model.dtype, default_cost_params(s->cluster), s->model);
+  for (const Op& op : p.ranks[0]) {
+    if (op.kind != OpKind::kCompute || op.phase != Phase::kF || op.nested.empty()) continue;
+    Op none = op;
+    std::erase_if(none.nested,
+                  [](const NestedCollective& n) { return n.purpose == Purpose::kAmax; });
+    if (none.nested.size() == op.nested.size()) continue;
+    const NestedCollective& amax =
+        *std::find_if(op.nested.begin(), op.nested.end(),
+                      [](const NestedCollective& n) { return n.purpose == Purpose::kAmax; });
+    CHECK(cost.compute_s(p, op) - cost.compute_s(p, none) ==
+          doctest::Approx(cost.collective_s(p, amax) + 2 * KernelTuning{}.launch_s));
+    break;
+  }
+  // Current and block scaling take their scales from the tensors themselves: no reduction.
+  for (const Fp8Recipe recipe : {Fp8Recipe::kCurrent, Fp8Recipe::kBlockwise}) {
+    ParallelPlan other = *s->plan;
+    other.fp8 = recipe;
+    const Program q = lowered_program(*s, other);
+    for (const Op& op : q.ranks[0])
+      for (const NestedCollective& n : op.nested) CHECK(n.purpose != Purpose::kAmax);
+  }
 }
 
 TEST_CASE("one layer of the 22B model as Korthikanti et al. 2022 timed it (their Table 4)") {

@@ -298,6 +298,11 @@ TEST_CASE(
           CHECK((op.flags & (kOpFrontEnd | kOpHead)) == 0);
           lowering += cost.compute_s(lowered.program, op);
           fixed += cost.fixed_compute_s(op);
+          // FP8 delayed scaling's amax reduction, once an op (a chunk's), none a layer's.
+          for (const NestedCollective& n : op.nested)
+            if (n.purpose == Purpose::kAmax)
+              fixed += n.count * (cost.collective_s(lowered.program, n) +
+                                  2 * cost.params().kernel_tuning.launch_s);
           ++ops;
         }
     }
