@@ -295,14 +295,17 @@ double CostModel::nested_s(const Program& program, const Op& op,
   return seconds;
 }
 
+bool CostModel::kernel_priced(const Op& op) const {
+  return cluster_.device.kernels && op.module >= 0 &&
+         static_cast<std::size_t>(op.module) < modules_.size() && compute_fit(op) == nullptr;
+}
+
 double CostModel::hidden_input_gradient_s(const Program& program, const Op& op) const {
   // Each column-parallel matrix's input-gradient collective (all-reduce; reduce-scatter under
   // sequence parallelism: the layer stack's 2 per layer) runs beside that matrix's weight-gradient
   // GEMM, hiding as much of it as the GEMM lasts. Only kernel-level pricing knows the GEMM's time;
   // it comes off the compute part, the collective keeps its own time (as for tp_comm_overlap).
-  if (!cluster_.device.kernels || op.module < 0 ||
-      static_cast<std::size_t>(op.module) >= modules_.size() || compute_fit(op) != nullptr)
-    return 0;
+  if (!kernel_priced(op)) return 0;
   const CollectiveKind kind = (op.flags & kOpSequenceParallel) != 0 ? CollectiveKind::kReduceScatter
                                                                     : CollectiveKind::kAllReduce;
   const NestedCollective* grad = nullptr;
@@ -319,9 +322,7 @@ double CostModel::hidden_input_gradient_s(const Program& program, const Op& op) 
 double CostModel::hidden_regather_s(const Program& program, const Op& op) const {
   // The lowering nests the second gather after the backward's own all-gathers (those of the
   // row-parallel outputs' gradients): a B op with two TP all-gathers has it last.
-  if (!cluster_.device.kernels || op.phase != Phase::kB || op.tp <= 1 || op.module < 0 ||
-      static_cast<std::size_t>(op.module) >= modules_.size() || compute_fit(op) != nullptr)
-    return 0;
+  if (op.phase != Phase::kB || op.tp <= 1 || !kernel_priced(op)) return 0;
   const NestedCollective* regather = nullptr;
   int gathers = 0;
   for (const NestedCollective& n : op.nested)

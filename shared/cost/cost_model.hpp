@@ -184,6 +184,9 @@ class CostModel {
   // defaults do). Compute: the op's (role, phase) in the nearest size class; a W with no fit of
   // its own takes its B's. Collectives: the kind and locality at the nearest group size.
   const ComputeFit* compute_fit(const Op& op) const;
+  // Whether `op` is priced kernel by kernel: a device with kernel data, a module of the model,
+  // no calibrated fit of its class. Only then are its GEMMs' times known apart.
+  bool kernel_priced(const Op& op) const;
   const LinkFit* collective_fit(CollectiveKind kind, int64_t n, bool local) const;
   const LinkFit* p2p_fit(bool local) const;
   // The spread of the fit that prices the op, the collective or the message (FitStats::spread);

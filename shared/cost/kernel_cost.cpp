@@ -213,6 +213,14 @@ double kernel_compute_s(const ModuleSpec& module, const Op& op, const DeviceSpec
     const auto moe =
         static_cast<double>(moe_layers(*a, op.first_layer, op.first_layer + op.layers));
     const double dense = layers - moe;
+    // A rank's routed experts; the all-to-all dispatcher sorts what it receives by them (DeepEP
+    // and HybridEP hand the tokens over without that sort); recomputing an MoE layer whole routes
+    // and permutes again before the backward.
+    const double local_experts =
+        std::max(1.0, static_cast<double>(a->experts) / std::max<double>(1, op.ep));
+    const bool alltoall = (op.flags & kOpDeepEpDispatch) == 0;
+    const bool sorted = alltoall && local_experts > 1;
+    const bool rerouted = (op.flags & kOpMoeRecompute) != 0;
     if (moe > 0 && op.phase != Phase::kW) {
       // Token permutation around the routed experts, per MoE layer (Megatron-LM's fused permute
       // and unpermute): each token's hidden vector copied to its top_k expert slots before the
@@ -222,9 +230,7 @@ double kernel_compute_s(const ModuleSpec& module, const Op& op, const DeviceSpec
       // several experts on a rank also sorts the tokens it receives by expert and back (read and
       // written k times, twice); DeepEP hands them over without that sort.
       const double k = static_cast<double>(a->top_k);
-      const double local_experts = static_cast<double>(a->experts) / std::max<double>(1, op.ep);
-      const bool sorted = (op.flags & kOpDeepEpDispatch) == 0 && local_experts > 1;
-      const double passes = op.phase == Phase::kB && (op.flags & kOpMoeRecompute) != 0 ? 2.0 : 1.0;
+      const double passes = op.phase == Phase::kB && rerouted ? 2.0 : 1.0;
       elementwise_bytes +=
           passes * bpv * hidden_share * tokens * moe * (2.0 * (k + 1.0) + (sorted ? 4.0 * k : 0.0));
       kernels += passes * moe * (sorted ? 4.0 : 2.0);
@@ -235,10 +241,7 @@ double kernel_compute_s(const ModuleSpec& module, const Op& op, const DeviceSpec
       // backward; the router's weight gradient), and for each of the routed experts' two matrices
       // one cuBLAS GEMM per local expert (GroupedLinear's multi-stream backend), where the count
       // above has one. Recomputing the MoE layer whole runs the experts' forward GEMMs again.
-      const double local =
-          std::max(1.0, static_cast<double>(a->experts) / std::max<double>(1, op.ep));
-      const double per_expert = 2.0 * (local - 1.0);
-      const bool rerouted = (op.flags & kOpMoeRecompute) != 0;
+      const double per_expert = 2.0 * (local_experts - 1.0);
       // And the small kernels around them, forward and backward (Megatron-LM's router and
       // dispatchers, counted in their code): the load-balancing loss and its bookkeeping (6, 7);
       // the all-to-all dispatcher's tokens-per-expert counts (6 forward) and its third
@@ -247,8 +250,6 @@ double kernel_compute_s(const ModuleSpec& module, const Op& op, const DeviceSpec
       // and combine (3 each way, each pass); the unfused permutation's sort, index and scatter
       // kernels where the fused pair has one each (12, 13).
       const bool hybridep = (op.flags & kOpHybridEpDispatch) != 0;
-      const bool alltoall = (op.flags & kOpDeepEpDispatch) == 0;
-      const bool sorted = alltoall && local > 1;
       const bool unfused = (op.flags & kOpUnfusedPermute) != 0;
       const double small_forward = 6.0 + (alltoall ? 6.0 : 0.0) + (sorted ? 1.0 : 0.0) +
                                    (hybridep ? 10.0 : 0.0) + (unfused ? 12.0 : 0.0);

@@ -262,8 +262,7 @@ Op Lowering::compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t
                          {a.top_k, a.router_groups, a.router_group_top_k})
                    : 1.0;
         const double routed = tokens_local * static_cast<double>(a.top_k * a.hidden) * dtype /
-                              (plan_.sequence_parallel ? tp_shard : 1.0) * std::max(1.0, busiest) *
-                              copies;
+                              sp_share * std::max(1.0, busiest) * copies;
         // Each pass sends tokens to their experts once (the forward's dispatch, the backward's
         // output gradients) and back once; with FP8 dispatch the first carries one byte a
         // value and an fp32 scale per 128.

@@ -766,6 +766,7 @@ TEST_CASE(
   for (const auto& [at, n] : reductions) CHECK(n == 1);
   // Their cost: the collective's time and two kernels (the amaxes gathered, the scales updated).
   const CostModel cost(s->cluster, s->model.dtype, default_cost_params(s->cluster), s->model);
+  bool priced = false;
   for (const Op& op : p.ranks[0]) {
     if (op.kind != OpKind::kCompute || op.phase != Phase::kF || op.nested.empty()) continue;
     Op none = op;
@@ -777,8 +778,10 @@ TEST_CASE(
                       [](const NestedCollective& n) { return n.purpose == Purpose::kAmax; });
     CHECK(cost.compute_s(p, op) - cost.compute_s(p, none) ==
           doctest::Approx(cost.collective_s(p, amax) + 2 * KernelTuning{}.launch_s));
+    priced = true;
     break;
   }
+  CHECK(priced);
   // Current and block scaling take their scales from the tensors themselves: no reduction.
   for (const Fp8Recipe recipe : {Fp8Recipe::kCurrent, Fp8Recipe::kBlockwise}) {
     ParallelPlan other = *s->plan;
