@@ -147,6 +147,13 @@ std::string executor_plan_support(const ParallelPlan& plan, const ModelSpec& mod
       return field + ": " + m.name +
              "'s heads padded to a multiple of TP with grouped-query or latent attention" + next;
     if (replicated_over_tp(plan, model, m)) continue;
+    // The Program of a sequence-parallel plan all-gathers and reduce-scatters where the
+    // executor's layers all-reduce: a run would not be the Program it records against.
+    if (plan.sequence_parallel && tp > 1)
+      return "plan.sequence_parallel: sequence parallelism (" + m.name +
+             "'s activations split over its TP ranks along the sequence between the layers, "
+             "all-gathered and reduce-scattered around them)" +
+             next + "; with sequence_parallel false it runs tensor parallelism with all-reduces";
     if (const std::string why = tp_refusal(pad ? pad_heads(a, tp) : a, m.name, tp); !why.empty())
       return field + ": " + why + next;
     if (m.transformer->qk_norm && tp > 1)

@@ -507,6 +507,13 @@ TEST_CASE(
     CHECK(moe.code == 2);
     CHECK(moe.output.find("plan." + key) != std::string::npos);
   }
+  // Sequence parallelism: its Program gathers and scatters where the layers all-reduce.
+  const Run sp = run(
+      kScenario + " --plan " +
+      raw_plan(R"({"placement": "homogeneous", "layout": {"tp": 2}, "sequence_parallel": true})",
+               "sp-refused"));
+  CHECK(sp.code == 2);
+  CHECK(sp.output.find("plan.sequence_parallel") != std::string::npos);
   const Run partial = run(
       kScenario + " --plan " +
       raw_plan(
