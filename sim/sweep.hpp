@@ -37,7 +37,9 @@ struct SweepOptions {
   std::vector<SetAxis> sets;
   std::vector<int64_t> gpus;          // Default: the search space's, else the cluster's devices
   std::vector<Placement> placements;  // Default: the search space's
-  int64_t top_k = -1;                 // Default: the search space's top_k
+  // Sequence parallelism for plans with TP > 1. Default: the search space's.
+  std::vector<bool> sequence_parallel;
+  int64_t top_k = -1;  // Default: the search space's top_k
   // Plans the second stage refines (SearchSpace::refine.top); -1: the search space's. A sharded
   // run has no second stage: it needs the whole first ranking.
   int64_t refine_top = -1;

@@ -129,6 +129,7 @@ std::vector<ChosenPlan> plan_sweep(const Scenario& base, const SweepOptions& opt
     auto s = std::make_shared<const Scenario>(*at);
     SearchSpace space = s->search.value_or(SearchSpace{});
     if (!options.placements.empty()) space.placements = options.placements;
+    if (!options.sequence_parallel.empty()) space.sequence_parallel = options.sequence_parallel;
     std::vector<int64_t> gpus = options.gpus;
     if (gpus.empty()) gpus = space.gpus;
     if (gpus.empty()) gpus = {std::max<int64_t>(1, device_count(s->cluster))};

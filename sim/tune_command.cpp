@@ -152,8 +152,9 @@ std::pair<double, double> warm_means(const ReplayResult& r) {
 int run_tune(const Args& args, std::ostream& out, std::ostream& err) {
   cxxopts::Options options(
       "tessera tune",
-      "Measures the finalists of a sweep and re-ranks it: sweeps the scenario at one GPU count, "
-      "trains the K best plans the executor runs for a few steps with tessera-train (traces "
+      "Measures the finalists of a sweep and re-ranks it: sweeps the scenario at one GPU count "
+      "(plans without sequence parallelism, which the executor does not run), trains the K best "
+      "plans the executor runs for a few steps with tessera-train (traces "
       "recorded), fits a calibration profile to those runs, sweeps again with it and reports, "
       "per finalist, the predicted step before and after calibration against the measured one "
       "(and a profile fitted without it: the held-out error), then the plan it now recommends, "
@@ -226,6 +227,8 @@ int run_tune(const Args& args, std::ostream& out, std::ostream& err) {
   const auto sweep_once = [&](const fs::path& to, const std::optional<CostParams>& cost) {
     SweepOptions sweep;
     sweep.gpus = {gpus};
+    // Plans the executor runs: it has no sequence parallelism (executor_plan_support).
+    sweep.sequence_parallel = {false};
     // At least the finalists simulated; more where the search space asks for more.
     const int64_t space_top = scenario->search ? scenario->search->top_k : 0;
     sweep.top_k = std::max(top + 2, space_top);
