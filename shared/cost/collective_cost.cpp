@@ -117,8 +117,25 @@ double node_deduplicated_share(const GroupSpan& span, const Routing& routing) {
 }
 
 AllToAllRate all_to_all_rate(const NetworkSpec& net, Transport transport, double ring_efficiency,
-                             double link_latency_s) {
-  if (transport == Transport::kDeepEp)
+                             double link_latency_s, int64_t nodes) {
+  if (transport == Transport::kHybridEp && !net.hybridep_efficiency.empty()) {
+    const auto& curve = net.hybridep_efficiency;
+    const double at = static_cast<double>(std::max<int64_t>(1, nodes));
+    double efficiency = curve.front().second;
+    if (at >= curve.back().first) {
+      efficiency = curve.back().second;
+    } else {
+      for (std::size_t i = 1; i < curve.size(); ++i) {
+        if (at > curve[i].first) continue;
+        const auto [n0, e0] = curve[i - 1];
+        const auto [n1, e1] = curve[i];
+        if (at > n0) efficiency = e0 + (e1 - e0) * std::log2(at / n0) / std::log2(n1 / n0);
+        break;
+      }
+    }
+    return {efficiency, link_latency_s};
+  }
+  if (transport == Transport::kDeepEp || transport == Transport::kHybridEp)
     return {net.deepep_efficiency > 0 ? net.deepep_efficiency : ring_efficiency, link_latency_s};
   return {net.all_to_all_efficiency > 0 ? net.all_to_all_efficiency : ring_efficiency,
           net.all_to_all_latency_s > 0 ? net.all_to_all_latency_s : link_latency_s};
@@ -154,7 +171,7 @@ double nccl_collective_s(const ClusterSpec& cluster, CollectiveKind kind, int64_
     const double leaving = members * share * static_cast<double>(n - span.per_node);
     const double inside = share * (members - 1) / bus;
     const AllToAllRate a2a =
-        all_to_all_rate(cluster.inter_node, transport, nic_efficiency, latency);
+        all_to_all_rate(cluster.inter_node, transport, nic_efficiency, latency, span.nodes);
     return std::max(leaving / rail_at(a2a.efficiency), inside) + a2a.latency_s;
   }
   // The node curve's shape in size, capped at what the NICs carry.

@@ -44,16 +44,17 @@ double expected_nodes_reached(const GroupSpan& span, const Routing& routing);
 // inside one node.
 double node_deduplicated_share(const GroupSpan& span, const Routing& routing);
 
-// How an all-to-all across nodes moves: the fraction of the NICs' line rate, and the fixed
-// seconds of a call. NCCL's: NetworkSpec's all_to_all_efficiency and all_to_all_latency_s;
-// DeepEP's kernels: its deepep_efficiency and the link's latency; each unset one the rings'
-// (`ring_efficiency`, `link_latency_s`).
+// How an all-to-all across `nodes` nodes moves: the fraction of the NICs' line rate, and the
+// fixed seconds of a call. NCCL's: NetworkSpec's all_to_all_efficiency and all_to_all_latency_s;
+// DeepEP's kernels: its deepep_efficiency and the link's latency; HybridEP's: its
+// hybridep_efficiency at `nodes` (else DeepEP's) and the link's latency; each unset one the
+// rings' (`ring_efficiency`, `link_latency_s`).
 struct AllToAllRate {
   double efficiency = 1;
   double latency_s = 0;
 };
 AllToAllRate all_to_all_rate(const NetworkSpec& net, Transport transport, double ring_efficiency,
-                             double link_latency_s);
+                             double link_latency_s, int64_t nodes);
 
 // Seconds of one collective of `bytes` (nccl-tests size) over `n` ranks placed as `span`.
 // `nic_efficiency`: the fraction of a NIC's line rate NCCL's rings move.

@@ -203,7 +203,8 @@ double CostModel::collective_s(CollectiveKind kind, const RankList& group, doubl
   double efficiency = params_.bandwidth_efficiency;
   double latency = latency_steps(kind, n) * link.latency_s;
   if (!local && kind == CollectiveKind::kAllToAll) {
-    const AllToAllRate a2a = all_to_all_rate(cluster_.inter_node, transport, efficiency, latency);
+    const AllToAllRate a2a = all_to_all_rate(cluster_.inter_node, transport, efficiency, latency,
+                                             group_span(cluster_, group).nodes);
     efficiency = a2a.efficiency;
     latency = a2a.latency_s;
   }

@@ -238,11 +238,13 @@ Op Lowering::compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t
       const int32_t g = ep_group(layout_owner, x);
       if (plan_.moe_a2a_overlap) op.flags |= kOpEpCommOverlap;
       // DeepEP's kernels move the tokens (and exchange the counts) themselves; HybridEP moves
-      // them as DeepEP does (priced at its rate) after all-gathering every rank's routing map,
-      // a byte per token and expert, over NCCL.
+      // them as DeepEP does, at its own rate, after all-gathering every rank's routing map, a
+      // byte per token and expert, over NCCL.
       const bool deepep = plan_.moe_dispatcher != MoeDispatcher::kAllToAll;
       const bool hybridep = plan_.moe_dispatcher == MoeDispatcher::kHybridEp;
-      const Transport transport = deepep ? Transport::kDeepEp : Transport::kNccl;
+      const Transport transport = hybridep ? Transport::kHybridEp
+                                  : deepep ? Transport::kDeepEp
+                                           : Transport::kNccl;
       const double sp_share = plan_.sequence_parallel ? tp_shard : 1.0;
       if (phase == Phase::kF || phase == Phase::kR || rerouted) {
         if (hybridep)

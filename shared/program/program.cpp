@@ -310,6 +310,7 @@ Json program_to_json(const Program& p, int32_t rank) {
                               {"count", n.count},
                               {"bytes", n.bytes}});
             if (n.transport == Transport::kDeepEp) nested.back()["transport"] = "deepep";
+            if (n.transport == Transport::kHybridEp) nested.back()["transport"] = "hybridep";
           }
           j["nested"] = nested;
         }

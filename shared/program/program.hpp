@@ -32,10 +32,11 @@ enum class Purpose : uint8_t { kTp, kCp, kDp, kEp, kBoundary, kPp, kNorm, kAmax 
 
 // A collective run `count` times inside a Compute op's layers (TP all-reduces, CP K/V exchange,
 // EP all-to-all): on the critical path of the op.
-// Whose kernels move a collective: NCCL's, or DeepEP's for an expert dispatch or combine
-// (plan.moe_dispatcher deepep), which across nodes move at their own rate
-// (NetworkSpec::deepep_efficiency), not NCCL's all-to-all's (all_to_all_efficiency).
-enum class Transport : uint8_t { kNccl, kDeepEp };
+// Whose kernels move a collective: NCCL's, or DeepEP's or HybridEP's for an expert dispatch or
+// combine (plan.moe_dispatcher deepep, hybridep), which across nodes move at their own rates
+// (NetworkSpec::deepep_efficiency, hybridep_efficiency), not NCCL's all-to-all's
+// (all_to_all_efficiency).
+enum class Transport : uint8_t { kNccl, kDeepEp, kHybridEp };
 
 struct NestedCollective {
   CollectiveKind kind = CollectiveKind::kAllReduce;

@@ -30,7 +30,7 @@ LinkSpec read_link(ObjectReader& parent, std::string_view key, bool required) {
   // read by the caller: topology, oversubscription, nics_per_node, the efficiencies (inter_node);
   // bus_bandwidth (intra_node)
   r.has({"topology", "oversubscription", "nics_per_node", "efficiency", "all_to_all_efficiency",
-         "all_to_all_latency_s", "deepep_efficiency", "bus_bandwidth"});
+         "all_to_all_latency_s", "deepep_efficiency", "hybridep_efficiency", "bus_bandwidth"});
   r.finish();
   return link;
 }
@@ -130,25 +130,44 @@ constexpr const char* kNoKernelsCost =
     "its compute is priced at a flat share of peak, which predicts Megatron-LM's 2021 Table 1 at "
     "10.5% mean error (max 30.4%) where kernel data gives 4.6% (max 10.9%).";
 
-// A bus-bandwidth curve: [[bytes, bytes_per_s], ...] with sizes increasing.
-BusBandwidthCurve read_curve(ObjectReader& r, std::string_view key) {
-  BusBandwidthCurve curve;
+// Points [[x, y], ...] with x increasing, each accepted by `valid`; `shape` says what a point
+// must be ("[bytes > 0, ...]"), `what` names its x ("sizes").
+std::vector<std::pair<double, double>> read_points(ObjectReader& r, std::string_view key,
+                                                   bool (*valid)(double x, double y),
+                                                   const std::string& shape,
+                                                   const std::string& what) {
+  std::vector<std::pair<double, double>> curve;
   std::vector<std::vector<double>> points;
   if (!r.optional(key, points)) return curve;
   for (std::size_t i = 0; i < points.size(); ++i) {
     const std::string at = "[" + std::to_string(i) + "]";
-    if (points[i].size() != 2 || !(points[i][0] > 0) || !(points[i][1] > 0)) {
-      r.error(key, at + ": expected [bytes > 0, bytes_per_s > 0]");
+    if (points[i].size() != 2 || !valid(points[i][0], points[i][1])) {
+      r.error(key, at + ": expected " + shape);
       return {};
     }
     if (i > 0 && !(points[i][0] > points[i - 1][0])) {
-      r.error(key, at + ": sizes must increase");
+      r.error(key, at + ": " + what + " must increase");
       return {};
     }
     curve.emplace_back(points[i][0], points[i][1]);
   }
   if (curve.empty()) r.error(key, "give at least one point");
   return curve;
+}
+
+// A bus-bandwidth curve: [[bytes, bytes_per_s], ...] with sizes increasing.
+BusBandwidthCurve read_curve(ObjectReader& r, std::string_view key) {
+  return read_points(
+      r, key, [](double bytes, double rate) { return bytes > 0 && rate > 0; },
+      "[bytes > 0, bytes_per_s > 0]", "sizes");
+}
+
+// An efficiency by node count: [[nodes >= 1, fraction in (0, 1]], ...] with nodes increasing.
+std::vector<std::pair<double, double>> read_efficiency_by_nodes(ObjectReader& r,
+                                                                std::string_view key) {
+  return read_points(
+      r, key, [](double nodes, double e) { return nodes >= 1 && e > 0 && e <= 1; },
+      "[nodes >= 1, efficiency in (0, 1]]", "node counts");
 }
 
 Json to_json(const BusBandwidthCurve& curve) {
@@ -303,6 +322,7 @@ ClusterSpec read_cluster(const Json& json, const std::string& file, const std::s
           !(c.inter_node.deepep_efficiency > 0 && c.inter_node.deepep_efficiency <= 1))
         nr.error("deepep_efficiency",
                  "must be in (0, 1], got " + std::to_string(c.inter_node.deepep_efficiency));
+      c.inter_node.hybridep_efficiency = read_efficiency_by_nodes(nr, "hybridep_efficiency");
       if (nr.optional("all_to_all_latency_s", c.inter_node.all_to_all_latency_s))
         nr.check_at_least("all_to_all_latency_s", c.inter_node.all_to_all_latency_s, 0.0);
     }
@@ -359,6 +379,8 @@ Json to_json(const ClusterSpec& c) {
       net["all_to_all_latency_s"] = c.inter_node.all_to_all_latency_s;
     if (c.inter_node.deepep_efficiency > 0)
       net["deepep_efficiency"] = c.inter_node.deepep_efficiency;
+    if (!c.inter_node.hybridep_efficiency.empty())
+      net["hybridep_efficiency"] = to_json(c.inter_node.hybridep_efficiency);
     j["inter_node"] = net;
   }
   return j;

@@ -76,6 +76,10 @@ struct NetworkSpec {
   // DeepEP's internode kernels (the deepep expert dispatcher's): the fraction of the line rate
   // they move of the tokens bound for other nodes (0: `efficiency`'s).
   double deepep_efficiency = 0;
+  // HybridEP's (the hybridep dispatcher's), by the nodes its group spans: [nodes, fraction]
+  // points, nodes increasing, interpolated in log2(nodes) and held flat beyond the ends (empty:
+  // deepep_efficiency's).
+  std::vector<std::pair<double, double>> hybridep_efficiency;
   bool operator==(const NetworkSpec&) const = default;
 };
 

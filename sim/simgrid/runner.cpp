@@ -434,7 +434,8 @@ class Run {
     // slowest link of the ring.
     double rate = slowest;
     if (kind == CollectiveKind::kAllToAll && !local) {
-      const AllToAllRate a2a = all_to_all_rate(cluster.inter_node, transport, efficiency, latency);
+      const AllToAllRate a2a = all_to_all_rate(cluster.inter_node, transport, efficiency, latency,
+                                               group_span(cluster, group).nodes);
       rate *= a2a.efficiency / efficiency;
       latency = a2a.latency_s;
     }

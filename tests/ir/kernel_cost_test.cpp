@@ -160,14 +160,40 @@ TEST_CASE("nccl: the measured curve, its latency floor, rails across nodes") {
   CHECK(nccl_collective_s(eight, CollectiveKind::kAllToAll, 64, {8, 8}, bytes, 0.96,
                           Transport::kDeepEp) ==
         doctest::Approx(8 * bytes * 56 / 64 / (8 * 50e9 * 0.87) + eight.inter_node.link.latency_s));
+  // HybridEP's at theirs for the nodes the group spans: measured over 2, 4 and 8 nodes,
+  // interpolated in log2(nodes) between them, held flat beyond.
+  REQUIRE(eight.inter_node.hybridep_efficiency ==
+          std::vector<std::pair<double, double>>{{2, 0.72}, {4, 0.83}, {8, 0.89}});
+  const auto hybridep = [&](int64_t nodes) {
+    return all_to_all_rate(eight.inter_node, Transport::kHybridEp, 0.96, 5e-6, nodes);
+  };
+  CHECK(hybridep(2).efficiency == 0.72);
+  CHECK(hybridep(3).efficiency == doctest::Approx(0.72 + 0.11 * std::log2(1.5)));
+  CHECK(hybridep(8).efficiency == 0.89);
+  CHECK(hybridep(64).efficiency == 0.89);
+  CHECK(hybridep(1).efficiency == 0.72);
+  CHECK(hybridep(4).latency_s == 5e-6);
+  CHECK(nccl_collective_s(eight, CollectiveKind::kAllToAll, 64, {8, 8}, bytes, 0.96,
+                          Transport::kHybridEp) ==
+        doctest::Approx(8 * bytes * 56 / 64 / (8 * 50e9 * 0.89) + eight.inter_node.link.latency_s));
+  CHECK(nccl_collective_s(eight, CollectiveKind::kAllToAll, 16, {2, 8}, bytes, 0.96,
+                          Transport::kHybridEp) ==
+        doctest::Approx(8 * bytes * 8 / 16 / (8 * 50e9 * 0.72) + eight.inter_node.link.latency_s));
   // On a cluster that measures neither, both move at the rings' rate.
   ClusterSpec unmeasured = eight;
   unmeasured.inter_node.all_to_all_efficiency = 0;
   unmeasured.inter_node.all_to_all_latency_s = 0;
   unmeasured.inter_node.deepep_efficiency = 0;
-  CHECK(nccl_collective_s(unmeasured, CollectiveKind::kAllToAll, 64, {8, 8}, bytes, 0.96,
-                          Transport::kDeepEp) ==
+  unmeasured.inter_node.hybridep_efficiency.clear();
+  for (Transport t : {Transport::kDeepEp, Transport::kHybridEp})
+    CHECK(
+        nccl_collective_s(unmeasured, CollectiveKind::kAllToAll, 64, {8, 8}, bytes, 0.96, t) ==
         doctest::Approx(8 * bytes * 56 / 64 / (8 * 50e9 * 0.96) + eight.inter_node.link.latency_s));
+  // HybridEP without rates of its own moves at DeepEP's.
+  ClusterSpec deepep_only = eight;
+  deepep_only.inter_node.hybridep_efficiency.clear();
+  CHECK(all_to_all_rate(deepep_only.inter_node, Transport::kHybridEp, 0.96, 5e-6, 2).efficiency ==
+        0.87);
   CHECK(nccl_collective_s(unmeasured, CollectiveKind::kAllToAll, 64, {8, 8}, bytes, 0.96) ==
         doctest::Approx(8 * bytes * 56 / 64 / (8 * 50e9 * 0.96) + eight.inter_node.link.latency_s));
   // A small all-to-all costs its fixed 77 us; inside one node none of it applies.
@@ -276,6 +302,7 @@ TEST_CASE("clusters: a device file, a base merged over, bad curves named") {
   bad["inter_node"]["all_to_all_efficiency"] = 1.5;
   bad["inter_node"]["all_to_all_latency_s"] = -1;
   bad["inter_node"]["deepep_efficiency"] = 0;
+  bad["inter_node"]["hybridep_efficiency"] = Json::parse("[[2, 0.7], [2, 0.8]]");
   Diagnostics d;
   read_cluster(bad, "c.json", "", d);
   CHECK(d.format().find("c.json: intra_node.bus_bandwidth.allreduce: [1]: sizes must increase") !=
@@ -285,6 +312,14 @@ TEST_CASE("clusters: a device file, a base merged over, bad curves named") {
   CHECK(d.format().find("c.json: inter_node.all_to_all_latency_s:") != std::string::npos);
   CHECK(d.format().find("c.json: inter_node.deepep_efficiency: must be in (0, 1], got 0") !=
         std::string::npos);
+  CHECK(d.format().find("c.json: inter_node.hybridep_efficiency: [1]: node counts must increase") !=
+        std::string::npos);
+  Json over = to_json(dgx);
+  over["inter_node"]["hybridep_efficiency"] = Json::parse("[[2, 1.2]]");
+  Diagnostics o;
+  read_cluster(over, "c.json", "", o);
+  CHECK(o.format().find("c.json: inter_node.hybridep_efficiency: [0]: expected [nodes >= 1, "
+                        "efficiency in (0, 1]]") != std::string::npos);
   Json missing = Json::parse(R"({"base": "nowhere.json", "nodes": 2})");
   Diagnostics m;
   read_cluster(missing, "dir/c.json", "cluster", m);

@@ -545,7 +545,8 @@ TEST_CASE("cost model: ring all-reduce and p2p times") {
   ClusterSpec cl = cluster(8);
   cl.nodes = 2;
   cl.devices_per_node = 4;
-  cl.inter_node = {{2.5e10, 5e-6}, Topology::kFatTree, 1.0};
+  cl.inter_node = NetworkSpec{};
+  cl.inter_node.link = {2.5e10, 5e-6};
   CostParams params;
   params.bandwidth_efficiency = 1;
   const CostModel cost(cl, DType::kBf16, params, ModelSpec{});

@@ -741,7 +741,7 @@ TEST_CASE("HybridEP all-gathers the routing maps; the all-to-all dispatcher send
     } else {
       // DeepEP's forward: the counts, the dispatch, the combine. HybridEP's: the routing map
       // (a byte per token and expert, each TP rank its own tokens under sequence parallelism)
-      // over NCCL in place of the counts, then the same transfers at DeepEP's rate.
+      // over NCCL in place of the counts, then the same transfers at HybridEP's own rate.
       if (dop.phase == Phase::kF) REQUIRE(moved.size() == 3);
       REQUIRE(hmoved.size() == moved.size() - 1);
       REQUIRE(maps.size() == 1);
@@ -752,7 +752,7 @@ TEST_CASE("HybridEP all-gathers the routing maps; the all-to-all dispatcher send
       CHECK(maps[0].count == moved[0].count);
       for (std::size_t n = 0; n < hmoved.size(); ++n) {
         CHECK(hmoved[n].bytes == doctest::Approx(moved[n + 1].bytes));
-        CHECK(hmoved[n].transport == Transport::kDeepEp);
+        CHECK(hmoved[n].transport == Transport::kHybridEp);
       }
     }
     // The all-to-all dispatcher sends a router weight (16-bit) beside each routed copy, in an
