@@ -153,7 +153,9 @@ std::string executor_plan_support(const ParallelPlan& plan, const ModelSpec& mod
       return "plan.sequence_parallel: sequence parallelism (" + m.name +
              "'s activations split over its TP ranks along the sequence between the layers, "
              "all-gathered and reduce-scattered around them)" +
-             next + "; with sequence_parallel false it runs tensor parallelism with all-reduces";
+             next +
+             "; with sequence_parallel false it runs tensor parallelism with all-reduces (--set "
+             "plan.sequence_parallel=false)";
     if (const std::string why = tp_refusal(pad ? pad_heads(a, tp) : a, m.name, tp); !why.empty())
       return field + ": " + why + next;
     if (m.transformer->qk_norm && tp > 1)

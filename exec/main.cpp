@@ -21,6 +21,7 @@
 #include "exec/process_group.hpp"
 #include "exec/train.hpp"
 #include "shared/layout/plan_source.hpp"
+#include "shared/layout/scenario_set.hpp"
 
 namespace {
 
@@ -155,6 +156,10 @@ int train(int argc, char** argv) {
       "rank 0 prints step, loss, step time and tokens/s.");
   options.add_options()("plan", "plan replacing the scenario's: plan.json or results.jsonl#R",
                         cxxopts::value<std::string>())(
+      "set",
+      "change a scenario field first, after --plan: json.path=value (repeatable; e.g. "
+      "plan.sequence_parallel=false)",
+      cxxopts::value<std::vector<std::string>>())(
       "nproc", "workers on this node (default: the plan's ranks / --nnodes)",
       cxxopts::value<int>())("nnodes", "nodes in the job",
                              cxxopts::value<int>()->default_value("1"))(
@@ -210,8 +215,15 @@ int train(int argc, char** argv) {
   TrainJob job;
   job.scenario_file = args["input"].as<std::string>();
   tessera::Diagnostics diag;
-  auto scenario = tessera::load_scenario_with_plan(
-      job.scenario_file, args.count("plan") ? args["plan"].as<std::string>() : "", diag);
+  std::optional<tessera::Json> point = tessera::Json::object();
+  if (args.count("set")) {
+    const auto axes = tessera::parse_set_axes(args["set"].as<std::vector<std::string>>(), diag);
+    point = axes ? tessera::single_set_point(*axes, diag) : std::nullopt;
+  }
+  std::optional<tessera::Scenario> scenario;
+  if (point)
+    scenario = tessera::load_scenario_at(
+        job.scenario_file, args.count("plan") ? args["plan"].as<std::string>() : "", *point, diag);
   if (!scenario) {
     std::cerr << diag.format();
     return 2;

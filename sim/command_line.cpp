@@ -76,15 +76,9 @@ std::optional<cxxopts::ParseResult> parse_with_input(cxxopts::Options& options, 
 std::optional<Scenario> scenario_with_plan(const cxxopts::ParseResult& args,
                                            const std::string& file, Diagnostics& diag) {
   const std::string plan = args.count("plan") ? args["plan"].as<std::string>() : "";
-  if (!args.count("set")) return load_scenario_with_plan(file, plan, diag);
   const std::optional<Json> point = set_point(args, diag);
   if (!point) return std::nullopt;
-  std::optional<Scenario> loaded = load_scenario(file, diag);
-  if (!loaded) return std::nullopt;
-  // --plan first, then --set (which may change the plan too); the result is validated whole.
-  std::optional<Scenario> planned = with_plan(std::move(*loaded), plan, diag, false);
-  if (!planned) return std::nullopt;
-  return scenario_at(*planned, *point, diag);
+  return load_scenario_at(file, plan, *point, diag);
 }
 
 void add_plan_option(cxxopts::Options& options) {
@@ -135,61 +129,15 @@ void add_set_option(cxxopts::Options& options, const char* help) {
 
 std::optional<std::vector<SetAxis>> set_option(const cxxopts::ParseResult& args,
                                                Diagnostics& diag) {
-  std::vector<std::string> texts;
-  if (args.count("set"))
-    for (const std::string& piece : args["set"].as<std::vector<std::string>>()) {
-      // cxxopts splits vector options on commas: a piece without '=' continues the previous one.
-      if (piece.find('=') == std::string::npos && !texts.empty())
-        texts.back() += "," + piece;
-      else
-        texts.push_back(piece);
-    }
-  std::vector<SetAxis> axes;
-  for (const std::string& set : texts) {
-    const std::size_t eq = set.find('=');
-    if (eq == std::string::npos || eq == 0 || eq + 1 == set.size()) {
-      diag.error("--set", "", "needs json.path=v1,v2,..., got '" + set + "'");
-      return std::nullopt;
-    }
-    SetAxis axis{set.substr(0, eq), {}};
-    // Values are separated by commas outside brackets, braces and strings: `[1,2],[4]` is two
-    // lists.
-    std::vector<std::string> values{""};
-    int depth = 0;
-    bool quoted = false;
-    for (const char ch : set.substr(eq + 1)) {
-      if (ch == '"') quoted = !quoted;
-      if (!quoted && (ch == '[' || ch == '{')) ++depth;
-      if (!quoted && (ch == ']' || ch == '}')) --depth;
-      if (ch == ',' && depth == 0 && !quoted)
-        values.emplace_back();
-      else
-        values.back() += ch;
-    }
-    for (const std::string& v : values) {
-      try {
-        axis.values.push_back(Json::parse(v));
-      } catch (const Json::exception&) {
-        axis.values.push_back(Json(v));
-      }
-    }
-    axes.push_back(axis);
-  }
-  return axes;
+  return parse_set_axes(
+      args.count("set") ? args["set"].as<std::vector<std::string>>() : std::vector<std::string>{},
+      diag);
 }
 
 std::optional<Json> set_point(const cxxopts::ParseResult& args, Diagnostics& diag) {
   const std::optional<std::vector<SetAxis>> axes = set_option(args, diag);
   if (!axes) return std::nullopt;
-  Json point = Json::object();
-  for (const SetAxis& axis : *axes) {
-    if (axis.values.size() != 1) {
-      diag.error("--set " + axis.path, "", "one value here, not a list");
-      return std::nullopt;
-    }
-    point[axis.path] = axis.values.front();
-  }
-  return point;
+  return single_set_point(*axes, diag);
 }
 
 }  // namespace tessera::sim

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "shared/layout/scenario.hpp"
+#include "shared/layout/scenario_set.hpp"
 #include "shared/layout/sweep_rows.hpp"
 #include "shared/search/plan_search.hpp"
 #include "shared/search/step_picture.hpp"
@@ -20,18 +21,9 @@
 
 namespace tessera::sim {
 
-// One --set: a JSON path of the (inlined) scenario and the values to try there.
-struct SetAxis {
-  std::string path;
-  std::vector<Json> values;
-};
-
 // The grid of --set values: every combination, as {path: value} objects (one empty point when
 // there are no axes).
 std::vector<Json> grid_points(const std::vector<SetAxis>& axes);
-
-// The scenario at one grid point; problems (a bad path, an invalid value) go to `diag`.
-std::optional<Scenario> scenario_at(const Scenario& scenario, const Json& point, Diagnostics& diag);
 
 struct SweepOptions {
   std::vector<SetAxis> sets;

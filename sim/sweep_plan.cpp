@@ -94,26 +94,6 @@ std::vector<Json> grid_points(const std::vector<SetAxis>& axes) {
   return points;
 }
 
-std::optional<Scenario> scenario_at(const Scenario& s, const Json& point, Diagnostics& diag) {
-  if (point.empty()) return s;
-  Json j = inline_scenario_json(s);
-  for (const auto& item : point.items()) {
-    const std::string problem = set_json_path(j, item.key(), item.value());
-    if (!problem.empty()) {
-      diag.error("--set", item.key(), problem);
-      return std::nullopt;
-    }
-  }
-  Diagnostics local;
-  auto at = read_scenario(j, s.file, local);
-  if (!at) {
-    for (const Diagnostic& d : local.errors())
-      diag.error("--set " + point.dump(), d.path, d.message);
-    return std::nullopt;
-  }
-  return at;
-}
-
 std::vector<ChosenPlan> plan_sweep(const Scenario& base, const SweepOptions& options,
                                    SweepResult& result, const SweepProgress& progress) {
   const auto report = [&](const char* phase, const std::string& what, std::size_t done,

@@ -514,6 +514,22 @@ TEST_CASE(
                "sp-refused"));
   CHECK(sp.code == 2);
   CHECK(sp.output.find("plan.sequence_parallel") != std::string::npos);
+  // The same plan with it set off (--set after --plan) runs, and records the plan it ran.
+  const fs::path off = fresh_dir("sp-off");
+  const Run sp_off = run(
+      kScenario + " --plan " +
+      raw_plan(R"({"placement": "homogeneous", "layout": {"tp": 2}, "sequence_parallel": true})",
+               "sp-on") +
+      " --set plan.sequence_parallel=false --steps 1 --out " + off.string());
+  INFO(sp_off.output);
+  CHECK(sp_off.code == 0);
+  const Json ran = Json::parse(std::ifstream(off / "run.json"));
+  CHECK(ran["plan"]["sequence_parallel"] == false);
+  CHECK(ran["plan"]["layout"]["tp"] == 2);
+  // A malformed --set is refused, naming the option.
+  const Run bad_set = run(kScenario + " --set plan.sequence_parallel --steps 1");
+  CHECK(bad_set.code == 2);
+  CHECK(bad_set.output.find("--set") != std::string::npos);
   const Run partial = run(
       kScenario + " --plan " +
       raw_plan(
