@@ -215,11 +215,9 @@ int train(int argc, char** argv) {
   TrainJob job;
   job.scenario_file = args["input"].as<std::string>();
   tessera::Diagnostics diag;
-  std::optional<tessera::Json> point = tessera::Json::object();
-  if (args.count("set")) {
-    const auto axes = tessera::parse_set_axes(args["set"].as<std::vector<std::string>>(), diag);
-    point = axes ? tessera::single_set_point(*axes, diag) : std::nullopt;
-  }
+  const std::optional<tessera::Json> point = tessera::parse_set_point(
+      args.count("set") ? args["set"].as<std::vector<std::string>>() : std::vector<std::string>{},
+      diag);
   std::optional<tessera::Scenario> scenario;
   if (point)
     scenario = tessera::load_scenario_at(

@@ -127,17 +127,22 @@ void add_set_option(cxxopts::Options& options, const char* help) {
   options.add_options()("set", help, cxxopts::value<std::vector<std::string>>());
 }
 
+namespace {
+
+std::vector<std::string> set_texts(const cxxopts::ParseResult& args) {
+  return args.count("set") ? args["set"].as<std::vector<std::string>>()
+                           : std::vector<std::string>{};
+}
+
+}  // namespace
+
 std::optional<std::vector<SetAxis>> set_option(const cxxopts::ParseResult& args,
                                                Diagnostics& diag) {
-  return parse_set_axes(
-      args.count("set") ? args["set"].as<std::vector<std::string>>() : std::vector<std::string>{},
-      diag);
+  return parse_set_axes(set_texts(args), diag);
 }
 
 std::optional<Json> set_point(const cxxopts::ParseResult& args, Diagnostics& diag) {
-  const std::optional<std::vector<SetAxis>> axes = set_option(args, diag);
-  if (!axes) return std::nullopt;
-  return single_set_point(*axes, diag);
+  return parse_set_point(set_texts(args), diag);
 }
 
 }  // namespace tessera::sim

@@ -40,17 +40,23 @@ GroupSpan group_span(const ClusterSpec& cluster, const RankList& group) {
   return span;
 }
 
+double log_interpolated(const std::vector<std::pair<double, double>>& curve, double x) {
+  TESSERA_CHECK(!curve.empty());
+  if (x <= curve.front().first) return curve.front().second;
+  if (x >= curve.back().first) return curve.back().second;
+  const auto upper = std::upper_bound(curve.begin(), curve.end(), x,
+                                      [](double v, const auto& point) { return v < point.first; });
+  const auto lower = upper - 1;
+  const double f = std::log(x / lower->first) / std::log(upper->first / lower->first);
+  return lower->second + f * (upper->second - lower->second);
+}
+
 double curve_bus_bandwidth(const BusBandwidthCurve& curve, double bytes) {
   TESSERA_CHECK(!curve.empty());
   const auto& [first_bytes, first_bw] = curve.front();
   // Below the first point the time stays the first point's: bandwidth grows with the size.
   if (bytes <= first_bytes) return first_bw * bytes / first_bytes;
-  if (bytes >= curve.back().first) return curve.back().second;
-  const auto upper = std::upper_bound(curve.begin(), curve.end(), bytes,
-                                      [](double b, const auto& point) { return b < point.first; });
-  const auto lower = upper - 1;
-  const double f = std::log(bytes / lower->first) / std::log(upper->first / lower->first);
-  return lower->second + f * (upper->second - lower->second);
+  return log_interpolated(curve, bytes);
 }
 
 namespace {
@@ -118,23 +124,8 @@ double node_deduplicated_share(const GroupSpan& span, const Routing& routing) {
 
 AllToAllRate all_to_all_rate(const NetworkSpec& net, Transport transport, double ring_efficiency,
                              double link_latency_s, int64_t nodes) {
-  if (transport == Transport::kHybridEp && !net.hybridep_efficiency.empty()) {
-    const auto& curve = net.hybridep_efficiency;
-    const double at = static_cast<double>(std::max<int64_t>(1, nodes));
-    double efficiency = curve.front().second;
-    if (at >= curve.back().first) {
-      efficiency = curve.back().second;
-    } else {
-      for (std::size_t i = 1; i < curve.size(); ++i) {
-        if (at > curve[i].first) continue;
-        const auto [n0, e0] = curve[i - 1];
-        const auto [n1, e1] = curve[i];
-        if (at > n0) efficiency = e0 + (e1 - e0) * std::log2(at / n0) / std::log2(n1 / n0);
-        break;
-      }
-    }
-    return {efficiency, link_latency_s};
-  }
+  if (transport == Transport::kHybridEp && !net.hybridep_efficiency.empty())
+    return {log_interpolated(net.hybridep_efficiency, static_cast<double>(nodes)), link_latency_s};
   if (transport == Transport::kDeepEp || transport == Transport::kHybridEp)
     return {net.deepep_efficiency > 0 ? net.deepep_efficiency : ring_efficiency, link_latency_s};
   return {net.all_to_all_efficiency > 0 ? net.all_to_all_efficiency : ring_efficiency,

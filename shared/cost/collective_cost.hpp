@@ -23,6 +23,10 @@ GroupSpan group_span(const ClusterSpec& cluster, const RankList& group);
 // Bus bandwidth of `curve` at `bytes` (see BusBandwidthCurve).
 double curve_bus_bandwidth(const BusBandwidthCurve& curve, double bytes);
 
+// The curve's y at `x`: linear in log(x) between the points around it, the end point's beyond
+// either end. REQUIRES: !curve.empty(), x increasing along it.
+double log_interpolated(const std::vector<std::pair<double, double>>& curve, double x);
+
 // How a token's experts are picked: `top_k` of them, with group-limited routing from the
 // `group_top_k` best of `groups` contiguous groups of experts (groups 0: no groups).
 struct Routing {

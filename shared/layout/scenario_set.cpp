@@ -49,9 +49,11 @@ std::optional<std::vector<SetAxis>> parse_set_axes(const std::vector<std::string
   return axes;
 }
 
-std::optional<Json> single_set_point(const std::vector<SetAxis>& axes, Diagnostics& diag) {
+std::optional<Json> parse_set_point(const std::vector<std::string>& pieces, Diagnostics& diag) {
+  const std::optional<std::vector<SetAxis>> axes = parse_set_axes(pieces, diag);
+  if (!axes) return std::nullopt;
   Json point = Json::object();
-  for (const SetAxis& axis : axes) {
+  for (const SetAxis& axis : *axes) {
     if (axis.values.size() != 1) {
       diag.error("--set " + axis.path, "", "one value here, not a list");
       return std::nullopt;

@@ -24,9 +24,9 @@ struct SetAxis {
 std::optional<std::vector<SetAxis>> parse_set_axes(const std::vector<std::string>& pieces,
                                                    Diagnostics& diag);
 
-// The axes as one point {path: value}, for commands that run one scenario: nullopt (recorded in
-// `diag`) where an axis has more than one value.
-std::optional<Json> single_set_point(const std::vector<SetAxis>& axes, Diagnostics& diag);
+// The --set texts as one point {path: value}, for commands that run one scenario: nullopt
+// (recorded in `diag`) where one is malformed or gives more than one value.
+std::optional<Json> parse_set_point(const std::vector<std::string>& pieces, Diagnostics& diag);
 
 // The scenario at one point {path: value}; problems (a bad path, an invalid value) go to `diag`.
 std::optional<Scenario> scenario_at(const Scenario& scenario, const Json& point, Diagnostics& diag);
