@@ -14,6 +14,11 @@ Times, with device events (medians of 5 batches of 10 calls after 3 warm-up call
            4,096 x 3,072), beside one dense product of all the tokens; the same in FP8 with one
            scale per token and per expert column (torch._scaled_grouped_mm) beside one FP8 dense
            product; each checked against the experts' products one by one
+  streams  the same bf16 experts as Transformer Engine's GroupedLinear runs them by default (no
+           NVTE_USE_CUTLASS_GROUPED_GEMM, as in Megatron-LM's and NVIDIA's recipes): one cuBLAS
+           product per expert, dealt in turn to 4 side streams that the current stream waits for
+           (its multi-stream cuBLAS path), at the same shapes and Qwen3-30B-A3B's two expert GEMMs
+           (2,048 x 1,536 gated and 768 x 2,048)
 FILE holds a first JSON line naming the device and torch, then one line per measurement (kind,
 dtype and FP8 scaling, the shape, seconds, TFLOP/s, the check's relative error), written as it is
 taken; `tessera gemms FILE` sets them beside the cost model. A table on the terminal. On the CPU (--device cpu --quick) it is the
@@ -165,7 +170,45 @@ def grouped(device, sizes, shapes, groups, record):
             w0 = w[0].t()
             record("grouped", f"{label}: one dense product of {groups * m} tokens", groups * m, n,
                    k, 1, timed(device, lambda: x @ w0))
+            multi_stream(device, x, w, m, label, record)
             grouped_fp8(device, x, w, offs, m, label, record)
+
+
+# Transformer Engine's compute streams for the experts' products (multi_stream.cpp).
+TE_STREAMS = 4
+
+
+def multi_stream(device, x, w, m, label, record):
+    """The experts' products as Transformer Engine's GroupedLinear launches them without its
+    CUTLASS grouped path: expert i's cuBLAS product on side stream i mod 4, the side streams
+    waiting for the current one first and the current one for all of them last. The CPU has no
+    streams: there they run one after another (the dry run checks the products)."""
+    groups = w.shape[0]
+    xs = [x[i * m:(i + 1) * m] for i in range(groups)]
+    wt = [w[i].t() for i in range(groups)]
+    outs = [None] * groups
+    if device == "cuda":
+        streams = [torch.cuda.Stream() for _ in range(min(TE_STREAMS, groups))]
+
+        def fn():
+            current = torch.cuda.current_stream()
+            for s in streams:
+                s.wait_stream(current)
+            for i in range(groups):
+                with torch.cuda.stream(streams[i % len(streams)]):
+                    outs[i] = xs[i] @ wt[i]
+            for s in streams:
+                current.wait_stream(s)
+    else:
+        def fn():
+            for i in range(groups):
+                outs[i] = xs[i] @ wt[i]
+    fn()
+    if device == "cuda":
+        torch.cuda.synchronize()
+    ref = torch.cat([xs[i].float() @ wt[i].float() for i in range(groups)])
+    record("streams", f"{label}: {groups} experts on {TE_STREAMS} streams, {m} tokens each", m,
+           w.shape[1], w.shape[2], groups, timed(device, fn), rel_error(torch.cat(outs), ref))
 
 
 def grouped_fp8(device, x, w, offs, m, label, record):
@@ -230,7 +273,8 @@ def main():
         grouped(a.device, [16, 64], [(256, 128, "small")], 4, record)
     else:
         grouped(a.device, [64, 128, 256, 512, 1024, 2048, 4096],
-                [(7168, 4096, "DeepSeek-V3 fc1"), (4096, 3072, "Qwen3-235B fc1")], 8, record)
+                [(7168, 4096, "DeepSeek-V3 fc1"), (4096, 3072, "Qwen3-235B fc1"),
+                 (2048, 1536, "Qwen3-30B-A3B fc1"), (768, 2048, "Qwen3-30B-A3B fc2")], 8, record)
     return 0
 
 

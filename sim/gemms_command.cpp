@@ -15,8 +15,9 @@ namespace {
 // The group a row's error is summarised in: one product or several grouped, dtype and FP8
 // scaling (the dense products set beside grouped ones count as dense).
 std::string family(const GemmMeasurement& g) {
-  return std::string(g.groups > 1 ? "grouped" : "dense") + " " +
-         (g.dtype == DType::kFp8 ? "fp8 per " + g.scaling : "bf16");
+  return std::string(g.groups > 1 ? (g.kind == "streams" ? "experts on streams" : "grouped")
+                                  : "dense") +
+         " " + (g.dtype == DType::kFp8 ? "fp8 per " + g.scaling : "bf16");
 }
 
 // The measured rate.

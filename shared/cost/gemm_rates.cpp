@@ -17,8 +17,8 @@ GemmMeasurement read_row(const Json& json, const std::string& file, const std::s
   GemmMeasurement g;
   ObjectReader r(json, file, path, diag);
   if (!r.valid()) return g;
-  if (r.required("kind", g.kind) && g.kind != "dense" && g.kind != "grouped")
-    r.error("kind", "expected \"dense\" or \"grouped\", got \"" + g.kind + "\"");
+  if (r.required("kind", g.kind) && g.kind != "dense" && g.kind != "grouped" && g.kind != "streams")
+    r.error("kind", "expected \"dense\", \"grouped\" or \"streams\", got \"" + g.kind + "\"");
   r.required("what", g.what);
   r.required_enum("dtype", g.dtype, kMeasuredDTypes);
   if (g.dtype == DType::kFp8 && r.required("scaling", g.scaling) && g.scaling != "tensor" &&

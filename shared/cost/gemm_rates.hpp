@@ -16,12 +16,14 @@
 namespace tessera {
 
 struct GemmMeasurement {
-  std::string kind;  // "dense" or "grouped"
+  // "dense", "grouped" (one grouped kernel) or "streams" (one product per group, dealt to
+  // Transformer Engine's side streams)
+  std::string kind;
   std::string what;  // the script's label
   DType dtype = DType::kBf16;
   std::string scaling;  // FP8: "tensor", "row" or "block"
   double m = 0, n = 0, k = 0;
-  double groups = 1;    // products run as one grouped kernel
+  double groups = 1;    // products run together (kind grouped or streams)
   double seconds = 0;   // one call, the median measured
   std::string skipped;  // why the device could not run it (then no seconds)
   int64_t line = 0;     // of the file it was read from
@@ -38,9 +40,10 @@ struct GemmRates {
 std::optional<GemmRates> read_gemm_rates(const std::string& file, Diagnostics& diag);
 
 // The model's seconds for one measured product on `device`: gemm_s at the row's dtype, `groups`
-// products as one grouped kernel; FP8 at the device's FP8 peak and FP8 GEMM efficiency, the
-// block-scaled one for block scales, the per-tensor one for the others (per-row included).
-// REQUIRES: device.kernels, and the device's peak at the row's dtype.
+// products as one grouped kernel (as the model prices a rank's experts, whichever kind ran them);
+// FP8 at the device's FP8 peak and FP8 GEMM efficiency, the block-scaled one for block scales, the
+// per-tensor one for the others (per-row included). REQUIRES: device.kernels, and the device's peak
+// at the row's dtype.
 double predicted_gemm_s(const DeviceSpec& device, const GemmMeasurement& g);
 
 }  // namespace tessera

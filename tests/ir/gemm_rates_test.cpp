@@ -66,6 +66,22 @@ TEST_CASE("gemm rates: a measurement file's problems are named by line and key")
   CHECK(rates->rows.at(0).groups == 8);
   std::remove(file.c_str());
 
+  // Transformer Engine's multi-stream experts are priced as the model prices a rank's experts:
+  // one grouped kernel.
+  std::string streams = row;
+  streams.replace(streams.find("grouped"), 7, "streams");
+  file = write_temp(header + "\n" + streams + "\n");
+  diag = {};
+  rates = read_gemm_rates(file, diag);
+  REQUIRE(rates.has_value());
+  CHECK(rates->rows.at(0).kind == "streams");
+  const auto h200 = read_named_device("NVIDIA H200", diag);
+  REQUIRE(h200.has_value());
+  GemmMeasurement grouped = rates->rows.at(0);
+  grouped.kind = "grouped";
+  CHECK(predicted_gemm_s(*h200, rates->rows.at(0)) == predicted_gemm_s(*h200, grouped));
+  std::remove(file.c_str());
+
   file = write_temp(header + "\n" + row + "\n" +
                     R"({"kind": "sparse", "what": "y", "dtype": "fp8", "m": -1, "n": 1, )"
                     R"("k": 1, "groups": 1, "seconds": 1, "speed": 3})" +
