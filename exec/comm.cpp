@@ -142,6 +142,20 @@ void record_collectives(std::vector<CommRecord>* into) {
   recording = into;
 }
 
+namespace {
+
+// Sums `t` over the group in place, recorded as `as` with t's size: an all-reduce standing for
+// a reduce-scatter where the backend has none.
+void sum_recorded_as(const Comm& comm, torch::Tensor& t, CollectiveKind as) {
+  std::vector<at::Tensor> tensors{to_wire(comm, t)};
+  const double start = start_s();
+  wait_recorded(comm.group->allreduce(tensors, c10d::AllreduceOptions()), as,
+                static_cast<double>(t.numel() * t.element_size()), start);
+  if (!tensors[0].is_same(t)) t.copy_(tensors[0]);
+}
+
+}  // namespace
+
 void all_reduce(const Comm& comm, torch::Tensor& t, c10d::ReduceOp op) {
   if (comm.size() < 2) return;
   std::vector<at::Tensor> tensors{to_wire(comm, t)};
@@ -166,9 +180,14 @@ torch::Tensor all_gather_rows(const Comm& comm, const torch::Tensor& t,
   std::vector<std::vector<at::Tensor>> out(1);
   for (int i = 0; i < comm.size(); ++i) out[0].push_back(torch::empty(shape, options));
   std::vector<at::Tensor> in{padded};
+  // Recorded as the Program sizes an all-gather (NCCL-tests' size): the gathered rows, in the
+  // caller's dtype (Gloo may widen them on the wire).
+  int64_t gathered = 0;
+  for (const int64_t r : rows) gathered += r;
+  const int64_t row_values = t.size(0) > 0 ? t.numel() / t.size(0) : padded.numel() / most;
   const double start = start_s();
   wait_recorded(comm.group->allgather(out, in), CollectiveKind::kAllGather,
-                static_cast<double>(padded.numel() * padded.element_size()), start);
+                static_cast<double>(gathered * row_values * t.element_size()), start);
   std::vector<torch::Tensor> parts;
   for (int i = 0; i < comm.size(); ++i)
     parts.push_back(
@@ -191,9 +210,10 @@ torch::Tensor reduce_scatter(const Comm& comm, const torch::Tensor& t) {
   if (comm.size() < 2) return t.clone();
   const int64_t part = t.numel() / comm.size();
   if (comm.group->getBackendName() == "gloo") {
-    // Gloo (torch 1.13) has no reduce-scatter: all-reduce and keep this member's part.
+    // Gloo (torch 1.13) has no reduce-scatter: all-reduce and keep this member's part (recorded
+    // as the reduce-scatter it stands for).
     torch::Tensor sum = t.clone();
-    all_reduce(comm, sum);
+    sum_recorded_as(comm, sum, CollectiveKind::kReduceScatter);
     return sum.narrow(0, comm.rank * part, part).clone();
   }
   const torch::Tensor w = to_wire(comm, t);
@@ -204,6 +224,26 @@ torch::Tensor reduce_scatter(const Comm& comm, const torch::Tensor& t) {
   wait_recorded(comm.group->reduce_scatter(out, in), CollectiveKind::kReduceScatter,
                 static_cast<double>(t.numel() * t.element_size()), start);
   return out[0].to(t.options());
+}
+
+torch::Tensor reduce_scatter_rows(const Comm& comm, const torch::Tensor& t,
+                                  const std::vector<int64_t>& rows) {
+  if (comm.size() < 2) return t;
+  int64_t begin = 0;
+  for (int i = 0; i < comm.rank; ++i) begin += rows[static_cast<std::size_t>(i)];
+  const int64_t mine = rows[static_cast<std::size_t>(comm.rank)];
+  const bool even = std::all_of(rows.begin(), rows.end(), [&](int64_t r) { return r == mine; });
+  if (comm.group->getBackendName() == "gloo" || !even) {
+    // Gloo has no reduce-scatter, nor does NCCL take uneven parts: all-reduce, keep this
+    // member's rows, recorded as the reduce-scatter it stands for.
+    torch::Tensor sum = t.contiguous().clone();
+    sum_recorded_as(comm, sum, CollectiveKind::kReduceScatter);
+    return sum.narrow(0, begin, mine).clone();
+  }
+  const torch::Tensor flat = t.contiguous().reshape({-1});
+  std::vector<int64_t> shape = t.sizes().vec();
+  shape[0] = mine;
+  return reduce_scatter(comm, flat).view(shape);
 }
 
 torch::Tensor all_to_all_rows(const Comm& comm, const torch::Tensor& t,
@@ -218,7 +258,7 @@ torch::Tensor all_to_all_rows(const Comm& comm, const torch::Tensor& t,
   std::vector<int64_t> out_counts = recv_rows, in_counts = send_rows;
   const double start = start_s();
   wait_recorded(comm.group->alltoall_base(out, in, out_counts, in_counts),
-                CollectiveKind::kAllToAll, static_cast<double>(in.numel() * in.element_size()),
+                CollectiveKind::kAllToAll, static_cast<double>(t.numel() * t.element_size()),
                 start);
   return out.to(t.options());
 }
@@ -268,13 +308,7 @@ struct GatherRows : torch::autograd::Function<GatherRows> {
                            x.contiguous(), rows);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const Comm& comm = comm_of(ctx);
-    const std::vector<int64_t> rows = ctx->saved_data["rows"].toIntVector();
-    torch::Tensor g = grads[0].contiguous().clone();
-    all_reduce(comm, g);
-    int64_t begin = 0;
-    for (int i = 0; i < comm.rank; ++i) begin += rows[static_cast<std::size_t>(i)];
-    return {g.narrow(0, begin, rows[static_cast<std::size_t>(comm.rank)]).contiguous(),
+    return {reduce_scatter_rows(comm_of(ctx), grads[0], ctx->saved_data["rows"].toIntVector()),
             torch::Tensor(), torch::Tensor()};
   }
 };

@@ -105,6 +105,10 @@ void broadcast(const Comm& comm, torch::Tensor& t, int root = 0);
 // Sums `t` (members' equal-sized tensors, a multiple of the group size long) over the group and
 // returns this member's contiguous 1/size of the sum.
 torch::Tensor reduce_scatter(const Comm& comm, const torch::Tensor& t);
+// Sums `t` (every member's the same shape, sum(rows) rows) over the group and returns this
+// member's rows of the sum: rows[i] for member i, in member order.
+torch::Tensor reduce_scatter_rows(const Comm& comm, const torch::Tensor& t,
+                                  const std::vector<int64_t>& rows);
 
 // Sends rows [Σ send_rows[<i], + send_rows[i]) of `t` to member i and returns the rows received,
 // member by member: recv_rows[i] from member i (what member i sends this one).

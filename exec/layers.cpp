@@ -295,8 +295,13 @@ torch::Tensor Attention::forward(const torch::Tensor& x, const AttentionInputs& 
   }
   if (in.cp != nullptr && in.cp->size() > 1) {
     TESSERA_CHECK(b == 1, "context parallelism needs one packed sequence");
-    kh = gather_rows(kh.squeeze(0), *in.cp, in.cp_rows).unsqueeze(0);
-    vh = gather_rows(vh.squeeze(0), *in.cp, in.cp_rows).unsqueeze(0);
+    // Keys and values together in one gather per layer (its backward one reduce-scatter), as
+    // the Program counts them.
+    const int64_t key_width = kh.size(3);
+    const torch::Tensor kv =
+        gather_rows(torch::cat({kh, vh}, 3).squeeze(0), *in.cp, in.cp_rows).unsqueeze(0);
+    kh = kv.narrow(3, 0, key_width);
+    vh = kv.narrow(3, key_width, kv.size(3) - key_width);
   }
   if (kv_heads != heads) {
     kh = kh.repeat_interleave(heads / kv_heads, 2);

@@ -165,6 +165,9 @@ std::string raw_plan(const std::string& json, const std::string& name) {
   return file.string();
 }
 
+void check_trace_is_program(const fs::path& out, const std::string& scenario,
+                            const std::string& plan);
+
 }  // namespace
 
 TEST_CASE("parallel plans reproduce the single-rank losses (3 steps, fp32, clipping active)") {
@@ -180,6 +183,8 @@ TEST_CASE("parallel plans reproduce the single-rank losses (3 steps, fp32, clipp
        {R"({"tp": 2, "pp": 2}, "pipeline_scatter_gather": false)", "tp2pp2-whole"},
        {R"({"pp": 2, "vpp": 2}, "schedule": "interleaved_1f1b", "num_micro_batches": 8)", "vpp2"},
        {R"({"dp": 2, "tp": 2}, "distributed_optimizer": true)", "zero1"}});
+  // Context parallelism's key/value gathers and their reduce-scatters are the Program's.
+  check_trace_is_program(out_dir("cp2"), kScenario, plan_file(R"({"cp": 2})"));
 }
 
 TEST_CASE("a bf16 model trains in mixed precision: near fp32, never NaN; plans agree in bf16") {
@@ -208,14 +213,19 @@ TEST_CASE("a bf16 model trains in mixed precision: near fp32, never NaN; plans a
   const Json run_json = Json::parse(std::ifstream(out_dir("bf16") / "run.json"));
   CHECK(run_json.at("precision") == "bf16");
   CHECK(run_json.at("device") == "cpu");
-  for (const auto& [layout, name] : std::vector<std::pair<std::string, std::string>>{
-           {R"({"tp": 2})", "bf16-tp2"}, {R"({"pp": 2, "dp": 2})", "bf16-pp2dp2"}}) {
+  for (const auto& [layout, name] :
+       std::vector<std::pair<std::string, std::string>>{{R"({"tp": 2})", "bf16-tp2"},
+                                                        {R"({"pp": 2, "dp": 2})", "bf16-pp2dp2"},
+                                                        {R"({"cp": 2})", "bf16-cp2"}}) {
     const std::vector<double> got = bf16_run(layout, name);
     REQUIRE(got.size() == bf16.size());
     for (std::size_t i = 0; i < got.size(); ++i) {
       INFO(name << " step " << i << ": " << got[i] << " vs one rank's " << bf16[i]);
       CHECK(std::abs(got[i] - bf16[i]) <= 1e-2 * std::abs(bf16[i]));
     }
+    // Collectives are recorded at the Program's sizes, in the model's dtype whatever Gloo
+    // carries on the wire.
+    check_trace_is_program(out_dir(name), bf16_scenario, plan_file(layout));
   }
   // Weights cast at every use instead of through working copies: the same arithmetic, so the same
   // losses and gradient norms to the last bit, on one rank, across pipeline and data ranks, and
@@ -277,9 +287,6 @@ TEST_CASE("two encoders (frozen ViT, trainable Whisper-style audio) feed one LLM
 }
 
 namespace {
-
-void check_trace_is_program(const fs::path& out, const std::string& scenario,
-                            const std::string& plan);
 
 // The highest DIP sub-micro-batch index among the ops (of `module`, or all) of the Programs the
 // plan lowers to for the scenario's first `iterations` batches: 0 when DIP cuts no micro-batch
@@ -1001,7 +1008,9 @@ TEST_CASE("single rank: the Program interpreter gives the plain LibTorch loop's 
 namespace {
 
 // Every rank's executed ops (trace slices with a phase, in time order) are its lowered ops, and
-// each compute op ran as many collectives inside it as the Program's nested collectives say.
+// each compute op ran as many collectives inside it as the Program's nested collectives say,
+// each of a kind and size one of them has (what replay and calibration match them by; an
+// all-to-all's size follows the routing, its kind alone is checked).
 void check_trace_is_program(const fs::path& out, const std::string& scenario,
                             const std::string& plan) {
   Diagnostics diag;
@@ -1017,13 +1026,18 @@ void check_trace_is_program(const fs::path& out, const std::string& scenario,
     const Json trace = Json::parse(in);
     std::vector<std::pair<double, std::string>> executed;
     std::map<std::string, int> nested;  // op id -> collectives run inside it
+    std::map<std::string, std::vector<std::pair<std::string, double>>> slices;  // kind, bytes
     for (const Json& e : trace.at("traceEvents"))
       if (e.value("ph", "") == "X" && e.contains("args") &&
           e["args"]["op_id"].get<std::string>().rfind("it0.", 0) == 0) {  // the first step
-        if (e["args"].contains("phase"))
+        if (e["args"].contains("phase")) {
           executed.emplace_back(e.at("ts").get<double>(), e["args"]["op_id"].get<std::string>());
-        else
+        } else {
           ++nested[e["args"]["op_id"].get<std::string>()];
+          const std::string name = e.at("name").get<std::string>();
+          slices[e["args"]["op_id"].get<std::string>()].emplace_back(
+              name.substr(name.rfind(':') + 1), e["args"].value("bytes", 0.0));
+        }
       }
     std::stable_sort(executed.begin(), executed.end(),
                      [](const auto& a, const auto& b) { return a.first < b.first; });
@@ -1036,6 +1050,15 @@ void check_trace_is_program(const fs::path& out, const std::string& scenario,
       for (const NestedCollective& n : ops[i].nested) expected += n.count;
       INFO(id << " " << op_name(lowered.program, ops[i]));
       CHECK(nested[id] == expected);
+      for (const auto& [kind, bytes] : slices[id]) {
+        bool found = false;
+        for (const NestedCollective& n : ops[i].nested)
+          found |= collective_name(n.kind) == kind &&
+                   (n.kind == CollectiveKind::kAllToAll ||
+                    std::abs(n.bytes - bytes) <= 1e-6 * std::max(1.0, n.bytes));
+        INFO(kind << " of " << bytes << " bytes");
+        CHECK(found);
+      }
     }
   }
 }
