@@ -329,7 +329,148 @@ struct ExchangeRows : torch::autograd::Function<ExchangeRows> {
   }
 };
 
+int64_t first_row(const Comm& comm, const std::vector<int64_t>& rows) {
+  int64_t begin = 0;
+  for (int i = 0; i < comm.rank; ++i) begin += rows[static_cast<std::size_t>(i)];
+  return begin;
+}
+
+struct ScatterRows : torch::autograd::Function<ScatterRows> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, int64_t comm,
+                               std::vector<int64_t> rows) {
+    ctx->saved_data["comm"] = comm;
+    ctx->saved_data["rows"] = rows;
+    const Comm& c = *reinterpret_cast<const Comm*>(static_cast<intptr_t>(comm));
+    return x.narrow(0, first_row(c, rows), rows[static_cast<std::size_t>(c.rank)]).clone();
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    return {
+        all_gather_rows(comm_of(ctx), grads[0].contiguous(), ctx->saved_data["rows"].toIntVector()),
+        torch::Tensor(), torch::Tensor()};
+  }
+};
+
+struct ReduceScatterToRows : torch::autograd::Function<ReduceScatterToRows> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, int64_t comm,
+                               std::vector<int64_t> rows) {
+    ctx->saved_data["comm"] = comm;
+    ctx->saved_data["rows"] = rows;
+    return reduce_scatter_rows(*reinterpret_cast<const Comm*>(static_cast<intptr_t>(comm)), x,
+                               rows);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    return {
+        all_gather_rows(comm_of(ctx), grads[0].contiguous(), ctx->saved_data["rows"].toIntVector()),
+        torch::Tensor(), torch::Tensor()};
+  }
+};
+
+// Up to three linears: `linears` of them, their biases where bit i of `biases` is set (the
+// others, and the unused weights, empty tensors: autograd takes no undefined input).
+struct GatheredLinears : torch::autograd::Function<GatheredLinears> {
+  static variable_list forward(AutogradContext* ctx, const torch::Tensor& x,
+                               const torch::Tensor& w0, const torch::Tensor& w1,
+                               const torch::Tensor& w2, const torch::Tensor& b0,
+                               const torch::Tensor& b1, const torch::Tensor& b2, int64_t comm,
+                               std::vector<int64_t> rows, int64_t linears, int64_t biases) {
+    ctx->saved_data["comm"] = comm;
+    ctx->saved_data["rows"] = rows;
+    ctx->saved_data["linears"] = linears;
+    ctx->saved_data["biases"] = biases;
+    ctx->save_for_backward({x, w0, w1, w2});
+    const torch::Tensor full = all_gather_rows(
+        *reinterpret_cast<const Comm*>(static_cast<intptr_t>(comm)), x.contiguous(), rows);
+    variable_list out;
+    const torch::Tensor* w[] = {&w0, &w1, &w2};
+    const torch::Tensor* b[] = {&b0, &b1, &b2};
+    for (int64_t i = 0; i < linears; ++i) {
+      torch::Tensor y = torch::matmul(full, w[i]->t());
+      out.push_back((biases >> i) & 1 ? y + *b[i] : y);
+    }
+    return out;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const Comm& comm = comm_of(ctx);
+    const std::vector<int64_t> rows = ctx->saved_data["rows"].toIntVector();
+    const variable_list saved = ctx->get_saved_variables();
+    const int64_t has_bias = ctx->saved_data["biases"].toInt();
+    const auto linears = static_cast<std::size_t>(ctx->saved_data["linears"].toInt());
+    // The input gathered again for the weights' gradients (Megatron-LM keeps only its rows).
+    const torch::Tensor full = all_gather_rows(comm, saved[0].contiguous(), rows);
+    const torch::Tensor flat = full.reshape({-1, full.size(-1)});
+    torch::Tensor input_grad;
+    variable_list weight_grads(3), bias_grads(3);
+    for (std::size_t i = 0; i < linears && i < grads.size(); ++i) {
+      const torch::Tensor& w = saved[i + 1];
+      if (!grads[i].defined()) continue;
+      const torch::Tensor g = grads[i].reshape({-1, grads[i].size(-1)});
+      const torch::Tensor gx = torch::matmul(grads[i], w);
+      input_grad = input_grad.defined() ? input_grad + gx : gx;
+      weight_grads[i] = torch::matmul(g.t(), flat);
+      if ((has_bias >> i) & 1) bias_grads[i] = g.sum(0);
+    }
+    if (!input_grad.defined()) input_grad = torch::zeros_like(full);
+    return {reduce_scatter_rows(comm, input_grad, rows),
+            weight_grads[0],
+            weight_grads[1],
+            weight_grads[2],
+            bias_grads[0],
+            bias_grads[1],
+            bias_grads[2],
+            torch::Tensor(),
+            torch::Tensor(),
+            torch::Tensor(),
+            torch::Tensor()};
+  }
+};
+
 }  // namespace
+
+std::vector<int64_t> sequence_rows(int64_t total, int64_t parts) {
+  std::vector<int64_t> rows(static_cast<std::size_t>(parts), total / parts);
+  for (int64_t i = 0; i < total % parts; ++i) ++rows[static_cast<std::size_t>(i)];
+  return rows;
+}
+
+torch::Tensor scatter_rows(const torch::Tensor& x, const Comm& comm,
+                           const std::vector<int64_t>& rows) {
+  if (comm.size() < 2) return x;
+  return ScatterRows::apply(x, handle(comm), rows);
+}
+
+torch::Tensor reduce_scatter_to_rows(const torch::Tensor& x, const Comm& comm,
+                                     const std::vector<int64_t>& rows) {
+  if (comm.size() < 2) return x;
+  return ReduceScatterToRows::apply(x, handle(comm), rows);
+}
+
+std::vector<torch::Tensor> gathered_linears(const torch::Tensor& x, const Comm& comm,
+                                            const std::vector<int64_t>& rows,
+                                            const std::vector<torch::Tensor>& weights,
+                                            const std::vector<torch::Tensor>& biases) {
+  TESSERA_CHECK(!weights.empty() && weights.size() <= 3 && biases.size() == weights.size(),
+                "gathered_linears takes one to three linears");
+  if (comm.size() < 2) {
+    std::vector<torch::Tensor> out;
+    for (std::size_t i = 0; i < weights.size(); ++i) {
+      torch::Tensor y = torch::matmul(x, weights[i].t());
+      out.push_back(biases[i].defined() ? y + biases[i] : y);
+    }
+    return out;
+  }
+  const torch::Tensor none = torch::empty({0}, x.options());
+  std::vector<torch::Tensor> w(3, none), b(3, none);
+  int64_t with_bias = 0;
+  for (std::size_t i = 0; i < weights.size(); ++i) {
+    w[i] = weights[i];
+    if (biases[i].defined()) {
+      b[i] = biases[i];
+      with_bias |= int64_t{1} << i;
+    }
+  }
+  return GatheredLinears::apply(x, w[0], w[1], w[2], b[0], b[1], b[2], handle(comm), rows,
+                                static_cast<int64_t>(weights.size()), with_bias);
+}
 
 torch::Tensor copy_to_group(const torch::Tensor& x, const Comm& comm) {
   if (comm.size() < 2) return x;

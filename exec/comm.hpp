@@ -123,6 +123,26 @@ torch::Tensor reduce_from_group(const torch::Tensor& x, const Comm& comm);
 // rows (a reduce-scatter).
 torch::Tensor gather_rows(const torch::Tensor& x, const Comm& comm,
                           const std::vector<int64_t>& rows);
+// Sequence parallelism (Megatron-LM's), `rows[i]` the tokens member i holds between the layers:
+// this member's rows of x, whole on every member (forward), its gradient all-gathered
+// (backward).
+torch::Tensor scatter_rows(const torch::Tensor& x, const Comm& comm,
+                           const std::vector<int64_t>& rows);
+// reduce_scatter_rows of partial sums (forward), the gradient all-gathered (backward): a
+// row-parallel linear's output, a vocabulary-parallel embedding's.
+torch::Tensor reduce_scatter_to_rows(const torch::Tensor& x, const Comm& comm,
+                                     const std::vector<int64_t>& rows);
+// Column-parallel linears sharing one input held in rows (one to three: Q, K, V; gate, up; the
+// LM head): the input all-gathered once, each output x·wᵢᵀ + bᵢ of every row (forward); in the
+// backward the input gathered again for the weights' gradients and the input's gradient, summed
+// over the linears, reduce-scattered to its rows, as Megatron-LM's linears do. `weights` in the
+// input's dtype, (out, in); `biases` undefined where a linear has none.
+std::vector<torch::Tensor> gathered_linears(const torch::Tensor& x, const Comm& comm,
+                                            const std::vector<int64_t>& rows,
+                                            const std::vector<torch::Tensor>& weights,
+                                            const std::vector<torch::Tensor>& biases);
+// `total` rows dealt to `parts` members, the first total % parts one more.
+std::vector<int64_t> sequence_rows(int64_t total, int64_t parts);
 // all_to_all_rows forward; backward sends each row's gradient back where the row came from.
 torch::Tensor exchange_rows(const torch::Tensor& x, const Comm& comm,
                             const std::vector<int64_t>& send_rows,

@@ -147,15 +147,26 @@ std::string executor_plan_support(const ParallelPlan& plan, const ModelSpec& mod
       return field + ": " + m.name +
              "'s heads padded to a multiple of TP with grouped-query or latent attention" + next;
     if (replicated_over_tp(plan, model, m)) continue;
-    // The Program of a sequence-parallel plan all-gathers and reduce-scatters where the
-    // executor's layers all-reduce: a run would not be the Program it records against.
-    if (plan.sequence_parallel && tp > 1)
-      return "plan.sequence_parallel: sequence parallelism (" + m.name +
-             "'s activations split over its TP ranks along the sequence between the layers, "
-             "all-gathered and reduce-scattered around them)" +
-             next +
-             "; with sequence_parallel false it runs tensor parallelism with all-reduces (--set "
-             "plan.sequence_parallel=false)";
+    // Sequence parallelism (the LLM's layers only: sequence_parallel_for) runs dense and
+    // grouped-query layers; what else it would split is refused by name (with
+    // sequence_parallel false the same TP plan runs).
+    if (sequence_parallel_for(plan, m) && tp > 1) {
+      const std::string sp =
+          "plan.sequence_parallel: sequence parallelism (activations split over the TP ranks "
+          "along the sequence between the layers) ";
+      const std::string instead =
+          next +
+          "; with sequence_parallel false it runs tensor parallelism with all-reduces "
+          "(--set plan.sequence_parallel=false)";
+      if (m.role != ModuleRole::kLlm)
+        return "plan.encoder_sequence_parallel: sequence parallelism of " + m.name +
+               "'s layers (an encoder's)" + next +
+               "; with encoder_sequence_parallel false the LLM's runs (--set "
+               "plan.encoder_sequence_parallel=false)";
+      if (a.experts > 0) return sp + "with " + m.name + "'s MoE layers" + instead;
+      if (a.kv_lora_rank > 0) return sp + "with " + m.name + "'s latent attention" + instead;
+      if (plan.fully_sharded) return sp + "with fully sharded data parallelism" + instead;
+    }
     if (const std::string why = tp_refusal(pad ? pad_heads(a, tp) : a, m.name, tp); !why.empty())
       return field + ": " + why + next;
     if (m.transformer->qk_norm && tp > 1)

@@ -124,7 +124,10 @@ Linear::Linear(ParamSet& ps, const std::string& name, int64_t in, int64_t out, b
                                          : -1,
                      padded);
   const int64_t bias_rows = s == Split::kColumn && padded > out ? padded : out;
+  const std::size_t from = ps.params().size();
   if (with_bias) bias = ps.constant(name + ".bias", {bias_rows}, 0.0, s == Split::kColumn ? 0 : -1);
+  // A row-parallel bias is added to the reduce-scattered rows under sequence parallelism.
+  if (s == Split::kRow) ps.mark_sequence_partial(from);
 }
 
 torch::Tensor Linear::forward(const torch::Tensor& x) const {
@@ -143,14 +146,35 @@ torch::Tensor Linear::forward(const torch::Tensor& x) const {
 }
 
 Norm::Norm(ParamSet& ps, const std::string& name, int64_t hidden, NormKind k) : kind(k) {
+  const std::size_t from = ps.params().size();
   weight = ps.constant(name + ".weight", {hidden}, 1.0);
   if (kind == NormKind::kLayerNorm) bias = ps.constant(name + ".bias", {hidden}, 0.0);
+  ps.mark_sequence_partial(from);
 }
 
 torch::Tensor Linear::forward_entered(const torch::Tensor& x) const {
   TESSERA_CHECK(split == Split::kColumn);
   torch::Tensor y = torch::matmul(x, as(weight, x).t());
   return bias.defined() ? y + as(bias, x) : y;
+}
+
+torch::Tensor Linear::forward_scattered(const torch::Tensor& x,
+                                        const std::vector<int64_t>& rows) const {
+  TESSERA_CHECK(split == Split::kRow);
+  torch::Tensor y = reduce_scatter_to_rows(torch::matmul(x, as(weight, x).t()), *tp, rows);
+  return bias.defined() ? y + as(bias, x) : y;
+}
+
+std::vector<torch::Tensor> gathered(const std::vector<const Linear*>& linears,
+                                    const torch::Tensor& x, const AttentionInputs& in) {
+  std::vector<torch::Tensor> weights, biases;
+  for (const Linear* l : linears) {
+    TESSERA_CHECK(l->split == Split::kColumn && l->tp == in.sp,
+                  "sequence parallelism gathers for column-parallel linears of its TP group");
+    weights.push_back(as(l->weight, x));
+    biases.push_back(l->bias.defined() ? as(l->bias, x) : torch::Tensor());
+  }
+  return gathered_linears(x, *in.sp, in.sp_rows, weights, biases);
 }
 
 torch::Tensor Norm::forward(const torch::Tensor& x) const {
@@ -249,9 +273,20 @@ Attention::Attention(ParamSet& ps, const std::string& name, const TransformerArc
 }
 
 torch::Tensor Attention::forward(const torch::Tensor& x, const AttentionInputs& in) const {
-  const int64_t b = x.size(0), l = x.size(1);
+  // Under sequence parallelism x holds this rank's rows: Q, K and V come from every row.
+  const bool sp = in.sequence_parallel();
+  const int64_t b = x.size(0);
+  int64_t l = x.size(1);
   torch::Tensor qh, kh, vh;
-  if (kv_rank > 0) {
+  if (sp) {
+    TESSERA_CHECK(b == 1 && kv_rank == 0,
+                  "sequence parallelism needs one packed sequence and no latent attention");
+    const std::vector<torch::Tensor> qkv = gathered({&q, &k, &v}, x.squeeze(0), in);
+    l = qkv[0].size(0);
+    qh = qkv[0].view({b, l, heads, head_dim});
+    kh = qkv[1].view({b, l, kv_heads, head_dim});
+    vh = qkv[2].view({b, l, kv_heads, head_dim});
+  } else if (kv_rank > 0) {
     // The latents from the whole input on every rank, normalized, then entered into the TP
     // group: that sums their gradients from every rank's heads, so the whole-on-every-rank
     // weights (down-projections and latent norms) get the same full gradient everywhere.
@@ -333,8 +368,12 @@ torch::Tensor Attention::forward(const torch::Tensor& x, const AttentionInputs& 
     }
     return pieces.size() == 1 ? pieces.front() : torch::cat(pieces, 1);
   };
+  // The output projection: all-reduced, or reduce-scattered to this rank's rows.
+  const auto project = [&](const torch::Tensor& y) {
+    return sp ? o.forward_scattered(y.squeeze(0), in.sp_rows).unsqueeze(0) : o.forward(y);
+  };
   if (in.blocks.empty())
-    return o.forward(core(qh, kh, vh, in.bias).reshape({b, l, heads * value_dim}));
+    return project(core(qh, kh, vh, in.bias).reshape({b, l, heads * value_dim}));
   TESSERA_CHECK(b == 1 && kh.size(1) == l, "attention blocks need one packed sequence");
   std::vector<torch::Tensor> parts;
   int64_t at = 0;
@@ -350,7 +389,7 @@ torch::Tensor Attention::forward(const torch::Tensor& x, const AttentionInputs& 
                         .reshape({1, run.count * run.length, heads * value_dim}));
   }
   TESSERA_CHECK(at == l, "attention blocks must cover the sequence");
-  return o.forward(parts.size() == 1 ? parts.front() : torch::cat(parts, 1));
+  return project(parts.size() == 1 ? parts.front() : torch::cat(parts, 1));
 }
 
 Mlp::Mlp(ParamSet& ps, const std::string& name, const TransformerArch& arch, int64_t width)
@@ -366,6 +405,19 @@ torch::Tensor Mlp::forward(const torch::Tensor& x) const {
   if (gated)
     return down.forward(swiglu(gate.forward_entered(entered), up.forward_entered(entered)));
   return down.forward(torch::gelu(up.forward_entered(entered)));
+}
+
+torch::Tensor Mlp::forward(const torch::Tensor& x, const AttentionInputs& in) const {
+  if (!in.sequence_parallel()) return forward(x);
+  const torch::Tensor rows = x.reshape({-1, x.size(-1)});
+  torch::Tensor inner;
+  if (gated) {
+    const std::vector<torch::Tensor> gate_up = gathered({&gate, &up}, rows, in);
+    inner = swiglu(gate_up[0], gate_up[1]);
+  } else {
+    inner = torch::gelu(gathered({&up}, rows, in)[0]);
+  }
+  return down.forward_scattered(inner, in.sp_rows).view(x.sizes());
 }
 
 torch::Tensor Mlp::partial(const torch::Tensor& entered) const {
@@ -485,8 +537,10 @@ Block::Block(ParamSet& ps, const std::string& name, const TransformerArch& arch,
   }
   if (arch.layer_scale) {
     // InternViT's initial scale (layer_scale_init_value).
+    const std::size_t from = ps.params().size();
     scale1 = ps.constant(name + ".ls1", {arch.hidden}, 0.1);
     scale2 = ps.constant(name + ".ls2", {arch.hidden}, 0.1);
+    ps.mark_sequence_partial(from);
   }
 }
 
@@ -497,7 +551,7 @@ torch::Tensor Block::forward(const torch::Tensor& x, const AttentionInputs& in) 
   if (post) a = post1.forward(a);
   const torch::Tensor h = x + (scaled ? a * as(scale1, a) : a);
   const torch::Tensor normed = norm2.forward(h);
-  torch::Tensor m = routed ? moe.forward(normed) : mlp.forward(normed);
+  torch::Tensor m = routed ? moe.forward(normed) : mlp.forward(normed, in);
   if (post) m = post2.forward(m);
   return h + (scaled ? m * as(scale2, m) : m);
 }
@@ -512,11 +566,16 @@ Embedding::Embedding(ParamSet& ps, const std::string& name, int64_t vocab, int64
 }
 
 torch::Tensor Embedding::forward(const torch::Tensor& ids) const {
+  return reduce_from_group(forward_partial(ids), *tp);
+}
+
+torch::Tensor Embedding::forward_partial(const torch::Tensor& ids) const {
   const int64_t rows = weight.size(0);
   const torch::Tensor outside = (ids < vocab_begin) | (ids >= vocab_begin + rows);
   const torch::Tensor local = (ids - vocab_begin).masked_fill(outside, 0);
-  const torch::Tensor e = weight.index_select(0, local).masked_fill(outside.unsqueeze(1), 0.0);
-  return reduce_from_group(e.to(activation_dtype()), *tp);
+  return weight.index_select(0, local)
+      .masked_fill(outside.unsqueeze(1), 0.0)
+      .to(activation_dtype());
 }
 
 namespace {

@@ -29,6 +29,9 @@ struct Param {
   // A routed expert's: held by one EP rank, its gradient reduced over the expert-data-parallel
   // replicas only.
   bool expert = false;
+  // Whole on every TP rank but applied to the rank's share of the tokens under sequence
+  // parallelism (norms, layer scales, row-parallel biases): its gradient summed over TP.
+  bool sequence_partial = false;
 };
 
 // Creates parameters from the seed (weights.hpp) and keeps the list.
@@ -53,6 +56,14 @@ class ParamSet {
   void mark_experts(std::size_t from) {
     for (std::size_t i = from; i < params_.size(); ++i) params_[i].expert = true;
   }
+  // Sequence parallelism: the layers built from here hold 1/tp of the tokens between them.
+  void set_sequence_parallel(bool on) { sequence_parallel_ = on && tp_.size() > 1; }
+  bool sequence_parallel() const { return sequence_parallel_; }
+  // Under sequence parallelism, marks the parameters added since `from` sequence_partial.
+  void mark_sequence_partial(std::size_t from) {
+    if (!sequence_parallel_) return;
+    for (std::size_t i = from; i < params_.size(); ++i) params_[i].sequence_partial = true;
+  }
   const Comm& tp() const { return tp_; }
   uint64_t seed() const { return seed_; }
 
@@ -62,6 +73,7 @@ class ParamSet {
   bool trainable_;
   const Comm& tp_;
   int64_t replicas_;
+  bool sequence_parallel_ = false;
   std::vector<Param> params_;
 };
 
@@ -78,6 +90,9 @@ struct Linear {
   // column layers sharing one input (Q, K, V; gate, up) then all-reduce its gradient once, as
   // the Program's two TP all-reduces per layer and direction say.
   torch::Tensor forward_entered(const torch::Tensor& x) const;
+  // Row split under sequence parallelism: (rows, in/tp) of every token -> this rank's `rows`
+  // of the output, reduce-scattered (its gradient all-gathered), the bias added to them.
+  torch::Tensor forward_scattered(const torch::Tensor& x, const std::vector<int64_t>& rows) const;
   torch::Tensor weight, bias;  // (out/tp, in) or (out, in/tp)
   Split split = Split::kReplicated;
   const Comm* tp = nullptr;
@@ -121,7 +136,18 @@ struct AttentionInputs {
   mutable std::map<std::pair<int64_t, int>, std::pair<torch::Tensor, torch::Tensor>> rotary_tables;
   const Comm* cp = nullptr;      // gather K/V over this group (context parallel)
   std::vector<int64_t> cp_rows;  // tokens held by each member of `cp`
+  // Sequence parallelism: the layers' inputs and outputs are this TP group's member's rows of
+  // the tokens (sp_rows[i] for member i), gathered before the column-parallel linears and
+  // reduce-scattered after the row-parallel ones. Null: every token on every TP rank.
+  const Comm* sp = nullptr;
+  std::vector<int64_t> sp_rows;
+  bool sequence_parallel() const { return sp != nullptr && sp->size() > 1; }
 };
+
+// Column-parallel linears sharing one input under sequence parallelism: x (rows, in) this TP
+// rank's rows, each output (every row, out/tp).
+std::vector<torch::Tensor> gathered(const std::vector<const Linear*>& linears,
+                                    const torch::Tensor& x, const AttentionInputs& in);
 
 struct Attention {
   Attention() = default;
@@ -148,6 +174,8 @@ struct Mlp {
   // Inner width `width` (the dense MLP's ffn, one expert's moe_ffn, a shared expert's).
   Mlp(ParamSet& ps, const std::string& name, const TransformerArch& arch, int64_t width);
   torch::Tensor forward(const torch::Tensor& x) const;
+  // Under sequence parallelism (in.sequence_parallel()): x (1, rows, H) this rank's rows.
+  torch::Tensor forward(const torch::Tensor& x, const AttentionInputs& in) const;
   // The row-parallel output before its sum over TP, for an input already entered into the TP
   // group (the caller sums several experts' outputs at once). No output bias.
   torch::Tensor partial(const torch::Tensor& entered) const;
@@ -197,6 +225,8 @@ struct Embedding {
   Embedding() = default;
   Embedding(ParamSet& ps, const std::string& name, int64_t vocab, int64_t hidden);
   torch::Tensor forward(const torch::Tensor& ids) const;  // (T) int64 -> (T, hidden)
+  // This TP rank's partial rows (its vocabulary's), before the sum over TP.
+  torch::Tensor forward_partial(const torch::Tensor& ids) const;
   torch::Tensor weight;
   int64_t vocab_begin = 0;
   const Comm* tp = nullptr;

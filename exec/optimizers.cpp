@@ -184,11 +184,12 @@ void Optimizers::reduce(const Program& program, const Op& op, const Comm& comm) 
   }
 }
 
-void Optimizers::sum_kv_replicas(const Op& op, const Comm& comm) {
+void Optimizers::sum_over_tp(const Op& op, const Comm& comm) {
   std::vector<torch::Tensor> grads, flat;
+  const bool kv = (op.flags & kOpKvReplicas) != 0;
   const auto collect = [&](Stage& st, int64_t a, int64_t b) {
     for (Param* p : st.params_of(a, b))
-      if (p->kv_replica && p->tensor.requires_grad()) {
+      if ((kv ? p->kv_replica : p->sequence_partial) && p->tensor.requires_grad()) {
         grads.push_back(p->tensor.mutable_grad());
         flat.push_back(grads.back().reshape({-1}));
       }

@@ -2,7 +2,7 @@
 // the module's trainable parameters here, or the distributed optimizer's slices (ShardedOptimizer;
 // a module's routed experts apart from the rest when EP splits them), never both. Each iteration:
 // the gradients start at zero (start_iteration); the Program's data-parallel collectives reduce
-// them, some in the background (reduce, sum_kv_replicas, gather); once every reduction has landed,
+// them, some in the background (reduce, sum_over_tp, gather); once every reduction has landed,
 // the global gradient norm and the loss are summed over the world (synchronize); then each module
 // steps with the clipping coefficient that norm gives (step).
 #pragma once
@@ -49,8 +49,10 @@ class Optimizers {
   // A data-parallel gradient collective of `program` (an all-reduce or reduce-scatter of a bucket
   // or of the whole module; an all-gather goes to gather) over `comm`.
   void reduce(const Program& program, const Op& op, const Comm& comm);
-  // The gradients of key/value heads replicated over TP ranks, summed over them.
-  void sum_kv_replicas(const Op& op, const Comm& comm);
+  // Gradients partial on each TP rank, summed over `comm`: key/value heads replicated over TP
+  // ranks (kOpKvReplicas), or the weights sequence parallelism applies to each rank's rows
+  // (kOpSequencePartial).
+  void sum_over_tp(const Op& op, const Comm& comm);
   // The distributed optimizer's all-gather `op` of updated parameters; a bucket's in the
   // background (returned: the ops that depend on it wait for it).
   std::vector<PendingCollective> gather(const Program& program, const Op& op, const Comm& comm);

@@ -66,9 +66,10 @@ std::vector<PlainStep> run_plain_loop(const Scenario& s, const TrainOptions& opt
       attention.positions_q = layout.positions;
       const torch::Tensor everything = torch::arange(layout.tokens, on_device(torch::kInt64));
       torch::Tensor h = llm.embed(layout.ids, layout.text_slots, media, layout.media_slots,
-                                  layout.media_rows, everything);
+                                  layout.media_rows, everything, attention);
       h = llm.blocks(h, attention);
-      const torch::Tensor l = llm.loss_sum(h, layout.targets) / static_cast<double>(batch.targets);
+      const torch::Tensor l =
+          llm.loss_sum(h, layout.targets, attention) / static_cast<double>(batch.targets);
       l.backward();
       loss += l.item<double>();
     }

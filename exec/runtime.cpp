@@ -96,7 +96,8 @@ void Worker::hold_stage(int module, int chunk, const ChunkLayers* layers) {
   auto& st = stages_[{module, chunk}];
   st = std::make_unique<Stage>(
       spec, layers->first_layer, layers->end_layer, options_.seed, *place.tp, place.ep,
-      plan_.indivisible_heads == IndivisibleHeads::kPad, place.tp_replicas);
+      plan_.indivisible_heads == IndivisibleHeads::kPad, place.tp_replicas,
+      plan_.sequence_parallel && spec.role == ModuleRole::kLlm && place.tp->size() > 1);
   if (plan_.recompute == Recompute::kSelective && (plan_.recompute_modules & kRecomputeCoreAttn))
     st->recompute_attention_cores();
 }
@@ -156,6 +157,12 @@ const Worker::MicroBatch& Worker::micro_batch(int mb) {
   b.attention.positions_q =
       b.layout.positions.index_select(0, torch::tensor(b.local, torch::kInt64).view({-1}));
   b.attention.cp = cp;
+  // Sequence parallelism: each TP rank holds its rows of this CP rank's tokens between layers.
+  if (const Comm* tp = places_->llm_place().tp;
+      plan_.sequence_parallel && tp != nullptr && tp->size() > 1) {
+    b.attention.sp = tp;
+    b.attention.sp_rows = sequence_rows(static_cast<int64_t>(b.local.size()), tp->size());
+  }
   // Built on the CPU, used on the device.
   move_to_device(b.layout);
   b.attention.positions_q = upload(b.attention.positions_q);
@@ -299,9 +306,13 @@ StepResult Worker::step(int64_t iteration) {
         if (op.phase == Phase::kF) {
           const ModuleSpec& spec = model.modules[static_cast<std::size_t>(op.module)];
           if (spec.role == ModuleRole::kLlm) {
-            t = torch::zeros({static_cast<int64_t>(micro_batch(op.microbatch).local.size()),
-                              spec.transformer->hidden},
-                             activation_options());
+            // This CP rank's tokens; under sequence parallelism this TP rank's rows of them.
+            const MicroBatch& b = micro_batch(op.microbatch);
+            const int64_t rows =
+                b.attention.sequence_parallel()
+                    ? b.attention.sp_rows[static_cast<std::size_t>(b.attention.sp->rank)]
+                    : static_cast<int64_t>(b.local.size());
+            t = torch::zeros({rows, spec.transformer->hidden}, activation_options());
           } else if (spec.role == ModuleRole::kEncoder && spec.modality == Modality::kAudio) {
             // A pipelined audio encoder: its windows' tokens back to back between its stages.
             int64_t tokens = 0;

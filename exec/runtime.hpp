@@ -163,9 +163,6 @@ class Worker {
   void forward(const Op& op);
   void backward(const Op& op, bool weights);
   void recompute(const Op& op);  // R: the layers of a checkpointed forward again
-  // The gradients of key/value heads replicated over TP ranks, summed over them (a bucket's
-  // layers, or the whole module's).
-  void sum_kv_replicas(const Op& op);
   // The gradient the backward of `op`'s stage starts from (its output's).
   torch::Tensor output_gradient(const Op& op, Slot& slot);
   // A collective of the Program's for the gradients and parameters: reductions, the distributed

@@ -10,13 +10,17 @@
 namespace tessera::exec {
 
 Stage::Stage(const ModuleSpec& module, int64_t layer_begin, int64_t layer_end, uint64_t seed,
-             const Comm& tp, const Comm* ep, bool pad_heads, int64_t tp_replicas)
+             const Comm& tp, const Comm* ep, bool pad_heads, int64_t tp_replicas,
+             bool sequence_parallel)
     : module_(module),
       begin_(layer_begin),
       end_(layer_end),
       layers_(module.transformer ? module.transformer->layers : 0),
       params_(seed, !module.frozen, tp, tp_replicas) {
   const std::string& name = module.name;
+  TESSERA_CHECK(!sequence_parallel || module.role == ModuleRole::kLlm,
+                name + ": sequence parallelism runs the LLM's layers only");
+  params_.set_sequence_parallel(sequence_parallel);
   if (module.role == ModuleRole::kProjector) {
     const ProjectorArch& p = *module.projector;
     if (p.input_norm) input_norm_ = Norm(params_, name + ".input_norm", p.in, p.norm);
@@ -253,21 +257,33 @@ torch::Tensor Stage::project(const torch::Tensor& input) const {
 
 torch::Tensor Stage::embed(const torch::Tensor& ids, const torch::Tensor& text_slots,
                            const torch::Tensor& media, const torch::Tensor& media_slots,
-                           const torch::Tensor& media_rows, const torch::Tensor& local) const {
+                           const torch::Tensor& media_rows, const torch::Tensor& local,
+                           const AttentionInputs& in) const {
   const int64_t hidden = module_.transformer->hidden;
   torch::Tensor h = torch::zeros({ids.size(0), hidden}, activation_options());
+  if (in.sequence_parallel() && module_.inputs.empty()) {
+    // Text alone: each rank's partial rows, reduce-scattered to its share.
+    h = h.index_copy(0, text_slots, embedding_.forward_partial(ids.index_select(0, text_slots)));
+    return reduce_scatter_to_rows(h.index_select(0, local), *in.sp, in.sp_rows);
+  }
   h = h.index_copy(0, text_slots, embedding_.forward(ids.index_select(0, text_slots)));
   if (media_slots.size(0) > 0) h = h.index_copy(0, media_slots, media.index_select(0, media_rows));
-  return h.index_select(0, local);
+  h = h.index_select(0, local);
+  // The sequence whole on every TP rank, then each rank's share.
+  return in.sequence_parallel() ? scatter_rows(h, *in.sp, in.sp_rows) : h;
 }
 
 torch::Tensor Stage::blocks(const torch::Tensor& h, const AttentionInputs& in, Cuts* cuts) const {
   return run_blocks(h.unsqueeze(0), in, cuts).squeeze(0);
 }
 
-torch::Tensor Stage::loss_sum(const torch::Tensor& h, const torch::Tensor& targets) const {
-  // The logits in the activations' dtype; the loss computes in fp32 (layers.hpp).
-  const torch::Tensor logits = head_.forward(final_norm_.forward(h));
+torch::Tensor Stage::loss_sum(const torch::Tensor& h, const torch::Tensor& targets,
+                              const AttentionInputs& in) const {
+  // The logits in the activations' dtype; the loss computes in fp32 (layers.hpp). Under
+  // sequence parallelism the head gathers every rank's rows of its input.
+  const torch::Tensor normed = final_norm_.forward(h);
+  const torch::Tensor logits =
+      in.sequence_parallel() ? gathered({&head_}, normed, in)[0] : head_.forward(normed);
   return vocab_parallel_cross_entropy(logits, targets, head_.tp->rank * logits.size(1), *head_.tp)
       .sum();
 }

@@ -40,8 +40,11 @@ class Stage {
   // the plan pads them, indivisible_heads pad), kv heads, FFN width and vocabulary; `ep` (none:
   // every expert here) divides its experts. `tp_replicas`: ranks beyond `tp` holding the same
   // parameters (a module run whole on every TP rank of its grid).
+  // `sequence_parallel`: the LLM's layers under sequence parallelism (its norms' and
+  // row-parallel biases' parameters then sequence_partial).
   Stage(const ModuleSpec& module, int64_t layer_begin, int64_t layer_end, uint64_t seed,
-        const Comm& tp, const Comm* ep = nullptr, bool pad_heads = false, int64_t tp_replicas = 1);
+        const Comm& tp, const Comm* ep = nullptr, bool pad_heads = false, int64_t tp_replicas = 1,
+        bool sequence_parallel = false);
 
   const ModuleSpec& module() const { return module_; }
   bool first() const { return begin_ == 0; }
@@ -69,15 +72,21 @@ class Stage {
   // Projector: (R, in) -> (R, out).
   torch::Tensor project(const torch::Tensor& x) const;
   // LLM, first slice: the sequence (T, H) with text ids embedded at `text_slots` and media rows
-  // `media.index_select(media_rows)` at `media_slots`, then restricted to `local` tokens.
+  // `media.index_select(media_rows)` at `media_slots`, then restricted to `local` tokens, and
+  // under sequence parallelism (in.sequence_parallel()) to this TP rank's rows of them: a
+  // text-only model reduce-scatters its embedding's partial rows, one with media rows
+  // all-reduces the text's, merges and keeps its rows.
   torch::Tensor embed(const torch::Tensor& ids, const torch::Tensor& text_slots,
                       const torch::Tensor& media, const torch::Tensor& media_slots,
-                      const torch::Tensor& media_rows, const torch::Tensor& local) const;
+                      const torch::Tensor& media_rows, const torch::Tensor& local,
+                      const AttentionInputs& in) const;
   // LLM blocks on (T_local, H).
   torch::Tensor blocks(const torch::Tensor& h, const AttentionInputs& in,
                        Cuts* cuts = nullptr) const;
-  // LLM, last slice: summed cross-entropy of (T_local, H) against targets (T_local), -1 ignored.
-  torch::Tensor loss_sum(const torch::Tensor& h, const torch::Tensor& targets) const;
+  // LLM, last slice: summed cross-entropy of (T_local, H) against targets (T_local), -1 ignored;
+  // under sequence parallelism h is this TP rank's rows, gathered for the head.
+  torch::Tensor loss_sum(const torch::Tensor& h, const torch::Tensor& targets,
+                         const AttentionInputs& in) const;
   // Full recomputation: the layers again from each pass `cuts` recorded (cut where cuts.layers
   // say), their outputs into cuts.stack_outputs.
   void rerun(Cuts& cuts) const;

@@ -191,13 +191,13 @@ void Worker::forward(const Op& op) {
         const torch::Tensor media =
             parts.empty() ? torch::zeros({0, hidden}, activation_options()) : torch::cat(parts, 0);
         h = st.embed(b.layout.ids, b.layout.text_slots, media, b.layout.media_slots,
-                     b.layout.media_rows, local);
+                     b.layout.media_rows, local, b.attention);
       } else {
         h = inputs.at(0);
       }
       h = st.blocks(h, b.attention, cuts);
       if (st.last()) {
-        out = st.loss_sum(h, b.layout.targets.index_select(0, local)) /
+        out = st.loss_sum(h, b.layout.targets.index_select(0, local), b.attention) /
               static_cast<double>(batch_.targets);
         if (places_->llm_tp_index() == 0) loss_sum_ += out.detach().to(torch::kFloat64);
       } else {

@@ -11,8 +11,8 @@ namespace tessera::exec {
 void Worker::gradient_collective(const Op& op) {
   if (op.purpose == Purpose::kNorm) return optimizers_->synchronize(loss_sum_, groups_.world());
   const Comm& comm = groups_.get(program_->groups[static_cast<std::size_t>(op.group)]);
-  if (op.purpose == Purpose::kTp && (op.flags & kOpKvReplicas) != 0)
-    return optimizers_->sum_kv_replicas(op, comm);
+  if (op.purpose == Purpose::kTp && (op.flags & (kOpKvReplicas | kOpSequencePartial)) != 0)
+    return optimizers_->sum_over_tp(op, comm);
   TESSERA_CHECK(
       op.purpose == Purpose::kDp,
       op_name(*program_, op) + ": only data-parallel collectives are in the executor so far");

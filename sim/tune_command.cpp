@@ -227,8 +227,12 @@ int run_tune(const Args& args, std::ostream& out, std::ostream& err) {
   const auto sweep_once = [&](const fs::path& to, const std::optional<CostParams>& cost) {
     SweepOptions sweep;
     sweep.gpus = {gpus};
-    // Plans the executor runs: it has no sequence parallelism (executor_plan_support).
-    sweep.sequence_parallel = {false};
+    // Plans the executor runs: its sequence parallelism takes no MoE layers or latent attention
+    // (executor_plan_support).
+    if (const ModuleSpec* llm = find_llm(scenario->model);
+        llm != nullptr && llm->transformer &&
+        (llm->transformer->experts > 0 || llm->transformer->kv_lora_rank > 0))
+      sweep.sequence_parallel = {false};
     // At least the finalists simulated; more where the search space asks for more.
     const int64_t space_top = scenario->search ? scenario->search->top_k : 0;
     sweep.top_k = std::max(top + 2, space_top);

@@ -322,15 +322,19 @@ double CostModel::hidden_input_gradient_s(const Program& program, const Op& op) 
 
 double CostModel::hidden_regather_s(const Program& program, const Op& op) const {
   // The lowering nests the second gather after the backward's own all-gathers (those of the
-  // row-parallel outputs' gradients): a B op with two TP all-gathers has it last.
+  // row-parallel outputs' gradients), as many calls as they: a B op whose last TP all-gather
+  // follows another of its count has it last (the embedding's and the head's gathers under
+  // sequence parallelism come first).
   if (op.phase != Phase::kB || op.tp <= 1 || !kernel_priced(op)) return 0;
   const NestedCollective* regather = nullptr;
+  for (const NestedCollective& n : op.nested)
+    if (n.purpose == Purpose::kTp && n.kind == CollectiveKind::kAllGather) regather = &n;
+  if (regather == nullptr) return 0;
   int gathers = 0;
   for (const NestedCollective& n : op.nested)
-    if (n.purpose == Purpose::kTp && n.kind == CollectiveKind::kAllGather) {
-      regather = &n;
+    if (n.purpose == Purpose::kTp && n.kind == CollectiveKind::kAllGather &&
+        n.count == regather->count)
       ++gathers;
-    }
   if (gathers < 2) return 0;
   return column_parallel_hidden_s(modules_[static_cast<std::size_t>(op.module)], op, Phase::kB,
                                   cluster_.device, peak_flops(cluster_, dtype_),

@@ -177,6 +177,7 @@ ParallelPlan read_plan(const Json& json, const std::string& file, const std::str
     }
   }
   r.optional("sequence_parallel", p.sequence_parallel);
+  r.optional("encoder_sequence_parallel", p.encoder_sequence_parallel);
   r.optional({"distributed_optimizer", "use_distributed_optimizer"}, p.distributed_optimizer);
   r.optional({"flash_attention", "use_flash_attn"}, p.flash_attention);
   r.optional("fused_kernels", p.fused_kernels);
@@ -250,6 +251,7 @@ Json to_json(const ParallelPlan& p) {
     j["recompute_modules"] = modules;
   }
   j["sequence_parallel"] = p.sequence_parallel;
+  if (p.encoder_sequence_parallel) j["encoder_sequence_parallel"] = true;
   j["distributed_optimizer"] = p.distributed_optimizer;
   if (!p.flash_attention) j["flash_attention"] = false;
   if (!p.fused_kernels) j["fused_kernels"] = false;
@@ -304,6 +306,12 @@ bool media_parallel(const ParallelPlan& plan, const ModelSpec& model, const Modu
     return false;
   const ModuleSpec* llm = find_llm(model);
   return llm != nullptr && module_grid(plan, model, module).dp > module_grid(plan, model, *llm).dp;
+}
+
+bool sequence_parallel_for(const ParallelPlan& plan, const ModuleSpec& module) {
+  return plan.sequence_parallel &&
+         (module.role == ModuleRole::kLlm ||
+          (plan.encoder_sequence_parallel && module.role == ModuleRole::kEncoder));
 }
 
 bool replicated_over_tp(const ParallelPlan& plan, const ModelSpec& model,
@@ -642,6 +650,8 @@ void validate_plan(const ParallelPlan& plan, const ModelSpec& model, const Workl
     top("schedule", "interleaved_1f1b needs the LLM to have pp > 1");
   if (plan.sequence_parallel && plan.placement == Placement::kHomogeneous && plan.layout.tp == 1)
     top("sequence_parallel", "needs tp > 1");
+  if (plan.encoder_sequence_parallel && !plan.sequence_parallel)
+    top("encoder_sequence_parallel", "needs sequence_parallel");
   if (plan.recompute_layers > 0 && plan.recompute != Recompute::kFull)
     top("recompute_layers",
         "needs recompute full (it limits which layers full recomputation runs again)");

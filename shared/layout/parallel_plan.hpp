@@ -125,7 +125,10 @@ struct ParallelPlan {
   // Full recomputation of only the first N transformer layers of each pipeline chunk (Megatron-
   // LM's block method, recompute_num_layers); the others keep their activations. 0: every layer.
   int64_t recompute_layers = 0;
+  // Sequence parallelism of the LLM's layers (Megatron-LM's); with encoder_sequence_parallel,
+  // of the encoders' layers too (Megatron-LM's multimodal models keep it off there).
   bool sequence_parallel = false;
+  bool encoder_sequence_parallel = false;
   bool distributed_optimizer = false;
   // Attention through a fused (flash) kernel; false: unfused, the score matrix written to memory
   // and kept for the backward (Megatron before FlashAttention).
@@ -216,6 +219,10 @@ int64_t module_tp(const ParallelPlan& plan, const ModelSpec& model, const Module
 // Whether `module` runs whole on every TP rank (indivisible_heads replicate, heads its TP does
 // not divide).
 bool replicated_over_tp(const ParallelPlan& plan, const ModelSpec& model, const ModuleSpec& module);
+// Whether `module`'s layers run under plan.sequence_parallel: the LLM's, as Megatron-LM's
+// multimodal models keep their vision encoder and projection without it; and the encoders'
+// under plan.encoder_sequence_parallel.
+bool sequence_parallel_for(const ParallelPlan& plan, const ModuleSpec& module);
 // `model` as `plan` runs it: with indivisible_heads pad, every module whose heads its TP does
 // not divide gets zero heads up to a multiple of TP (key/value heads too where they equal the
 // heads); otherwise `model` itself.

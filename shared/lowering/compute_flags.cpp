@@ -3,9 +3,9 @@
 namespace tessera {
 
 uint32_t compute_op_flags(const ParallelPlan& plan, Phase phase, int64_t tp, bool layers,
-                          bool trainable) {
+                          bool trainable, bool sequence_parallel) {
   uint32_t flags = 0;
-  if (plan.sequence_parallel && tp > 1) flags |= kOpSequenceParallel;
+  if (sequence_parallel && tp > 1) flags |= kOpSequenceParallel;
   if (!plan.flash_attention) flags |= kOpUnfusedAttention;
   if (!plan.fused_kernels) flags |= kOpEagerElementwise;
   if (plan.framework == Framework::kPytorch) flags |= kOpPytorchKernels;
@@ -14,7 +14,7 @@ uint32_t compute_op_flags(const ParallelPlan& plan, Phase phase, int64_t tp, boo
     if (plan.fp8 == Fp8Recipe::kCurrent) flags |= kOpFp8CurrentScaling;
     if (plan.fp8 == Fp8Recipe::kBlockwise) flags |= kOpFp8BlockScaling;
   }
-  if (plan.tp_comm_overlap && plan.sequence_parallel && tp > 1) flags |= kOpTpCommOverlap;
+  if (plan.tp_comm_overlap && sequence_parallel && tp > 1) flags |= kOpTpCommOverlap;
   if (plan.moe_dispatcher != MoeDispatcher::kAllToAll && layers) flags |= kOpDeepEpDispatch;
   if (plan.moe_dispatcher == MoeDispatcher::kHybridEp && layers) flags |= kOpHybridEpDispatch;
   if (!plan.moe_permute_fusion && layers) flags |= kOpUnfusedPermute;

@@ -10,10 +10,12 @@
 namespace tessera {
 
 // The flags of a compute op of phase `phase` under `plan`, for a module split over `tp` ranks:
-// `layers`, whether the op holds transformer layers; `trainable`, whether its module trains.
+// `layers`, whether the op holds transformer layers; `trainable`, whether its module trains;
+// `sequence_parallel`, whether its layers run under sequence parallelism
+// (sequence_parallel_for()).
 // The op's contents (kOpHead, kOpFrontEnd) and its place in a schedule (gradient buckets, fully
 // sharded units) are the lowering's to add.
 uint32_t compute_op_flags(const ParallelPlan& plan, Phase phase, int64_t tp, bool layers,
-                          bool trainable);
+                          bool trainable, bool sequence_parallel);
 
 }  // namespace tessera

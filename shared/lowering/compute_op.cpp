@@ -59,7 +59,10 @@ Op Lowering::compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t
   op.tokens = static_cast<int64_t>(tokens_local);
   op.tp = static_cast<int16_t>(tp);
   if (spec.transformer && spec.transformer->experts > 0) op.ep = static_cast<int16_t>(l.ep);
-  op.flags |= compute_op_flags(plan_, phase, tp, spec.transformer && layers > 0, m.flow.trainable);
+  // Sequence parallelism splits the LLM's tokens between its layers only.
+  const bool sequence_parallel = sequence_parallel_for(plan_, spec);
+  op.flags |= compute_op_flags(plan_, phase, tp, spec.transformer && layers > 0, m.flow.trainable,
+                               sequence_parallel);
   const bool per_op_recompute = (op.flags & kOpPerOpRecompute) != 0;
 
   double linear = 0, attention = 0, weights = 0;   // FLOPs of one forward on this rank
@@ -140,7 +143,7 @@ Op Lowering::compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t
         whole_experts && a.shared_expert_ffn == 0 ? moe_layers(a, layer_begin, layer_end) : 0;
     if (phase != Phase::kW && tp > 1) {
       const int32_t g = tp_group(layout_owner, x);
-      if (plan_.sequence_parallel) {
+      if (sequence_parallel) {
         const auto calls = static_cast<int32_t>(2 * layers - ungathered);
         // FP8 GEMMs (Transformer Engine, torchao) cast the column-parallel matrices' inputs before
         // gathering them: the forward's all-gathers (and its recomputation's) carry a byte a
@@ -197,17 +200,41 @@ Op Lowering::compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t
       // Vocabulary-parallel embedding and loss: the embedding's partial rows are all-reduced in
       // the forward (its backward is local); the loss all-reduces three fp32 numbers per token
       // (max logit, sum of exponentials, target logit) and the head's input gradient.
+      // Under sequence parallelism (Megatron-LM's) the layers between hold 1/tp of the tokens:
+      // a text-only model's embedding reduce-scatters its partial rows instead, one whose
+      // sequence takes encoders' rows all-reduces its text rows, merges them and keeps its
+      // share; either way the backward gathers the shares' gradients. The head gathers its
+      // input (forward), reduce-scatters its input gradient and gathers its input again for its
+      // weight gradient (backward), as a column-parallel linear of the layers does. Nested
+      // before the layer stack's collectives, whose second gather stays the op's last.
       const int32_t g = tp_group(layout_owner, x);
+      const bool sp = sequence_parallel;
+      const double text_rows = static_cast<double>(work.text_tokens) / static_cast<double>(l.cp) *
+                               static_cast<double>(a.hidden) * dtype;
+      std::vector<NestedCollective> vocab;
       if (first_chunk && phase == Phase::kF)
-        op.nested.push_back({CollectiveKind::kAllReduce, Purpose::kTp, g, 1,
-                             static_cast<double>(work.text_tokens) / static_cast<double>(l.cp) *
-                                 static_cast<double>(a.hidden) * dtype});
+        vocab.push_back(
+            sp && spec.inputs.empty()
+                ? NestedCollective{CollectiveKind::kReduceScatter, Purpose::kTp, g, 1, text_rows}
+                : NestedCollective{CollectiveKind::kAllReduce, Purpose::kTp, g, 1, text_rows});
+      if (sp && first_chunk && phase == Phase::kB)
+        vocab.push_back({CollectiveKind::kAllGather, Purpose::kTp, g, 1, act});
       const auto losses = static_cast<int32_t>(heads);
-      if (losses > 0 && phase == Phase::kF)
-        op.nested.push_back(
+      if (losses > 0 && phase == Phase::kF) {
+        if (sp) vocab.push_back({CollectiveKind::kAllGather, Purpose::kTp, g, losses, act});
+        vocab.push_back(
             {CollectiveKind::kAllReduce, Purpose::kTp, g, 3 * losses, tokens_local * 4.0});
-      if (losses > 0 && phase == Phase::kB)
-        op.nested.push_back({CollectiveKind::kAllReduce, Purpose::kTp, g, losses, act});
+      }
+      if (losses > 0 && phase == Phase::kB) {
+        if (!sp) {
+          vocab.push_back({CollectiveKind::kAllReduce, Purpose::kTp, g, losses, act});
+        } else {
+          vocab.push_back({CollectiveKind::kReduceScatter, Purpose::kTp, g, losses, act});
+          if (m.flow.trainable && plan_.framework != Framework::kPytorch)
+            vocab.push_back({CollectiveKind::kAllGather, Purpose::kTp, g, losses, act});
+        }
+      }
+      op.nested.insert(op.nested.begin(), vocab.begin(), vocab.end());
     }
     if (phase != Phase::kW && l.cp > 1 && layers > 0 && !replicated_over_cp) {
       // K/V of the whole sequence gathered per layer (ring exchange has the same volume);
@@ -245,7 +272,7 @@ Op Lowering::compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t
       const Transport transport = hybridep ? Transport::kHybridEp
                                   : deepep ? Transport::kDeepEp
                                            : Transport::kNccl;
-      const double sp_share = plan_.sequence_parallel ? tp_shard : 1.0;
+      const double sp_share = sequence_parallel ? tp_shard : 1.0;
       if (phase == Phase::kF || phase == Phase::kR || rerouted) {
         if (hybridep)
           op.nested.push_back(
@@ -319,7 +346,7 @@ Op Lowering::compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t
     if (spec.transformer && layers > 0) {
       ActivationOptions o;
       o.tp = tp;
-      o.sequence_parallel = plan_.sequence_parallel;
+      o.sequence_parallel = sequence_parallel;
       o.flash_attention = plan_.flash_attention || (plan_.recompute == Recompute::kSelective &&
                                                     (plan_.recompute_modules & kRecomputeCoreAttn));
       o.bytes_per_value = dtype_bytes(model_.dtype);
@@ -336,8 +363,7 @@ Op Lowering::compute(const ModuleInfo& m, int64_t rank, int32_t k_chunk, int32_t
                                     : layer_begin;
       const double per_token =
           static_cast<double>(spec.transformer->hidden) * dtype /
-              (plan_.sequence_parallel ? tp_shard : 1.0) *
-              static_cast<double>(kept_from - layer_begin) +
+              (sequence_parallel ? tp_shard : 1.0) * static_cast<double>(kept_from - layer_begin) +
           sum_over_layers(*spec.transformer, kept_from, layer_end,
                           [&](const TransformerArch& layer) {
                             return activation_bytes_per_token_per_layer(layer, seq, o);

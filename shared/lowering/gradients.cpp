@@ -122,8 +122,11 @@ void Lowering::reduce_bucket(int64_t rank, const ModuleInfo& m, const Coord& xm,
   c.flags |= flags;
   // The sum of replicated key/value gradients waits for the piece, then this.
   if (after >= 0) c.deps = {after};
-  const int32_t dep =
-      sum_kv_replicas(rank, m, xm, bucket_kv_bytes(m, piece.first, piece.second), c);
+  int32_t dep = sum_kv_replicas(rank, m, xm, bucket_kv_bytes(m, piece.first, piece.second), c);
+  c.deps.clear();
+  if (dep >= 0) c.deps = {dep};
+  dep = sum_sequence_partial(rank, m, xm,
+                             bucket_sequence_partial_bytes(m, piece.first, piece.second), c);
   c.deps.clear();
   if (dep >= 0) c.deps = {dep};
   const double value = gradient_value_bytes();
@@ -289,12 +292,18 @@ void Lowering::gradient_reduction(int64_t rank, const std::vector<int>& module_l
         reduced.insert(reduced.end(), it->second.begin(), it->second.end());
         continue;
       }
-    double kv_bytes = 0;
-    for (const auto& [a, b] : held_layers(m, x)) kv_bytes += bucket_kv_bytes(m, a, b);
+    double kv_bytes = 0, partial_bytes = 0;
+    for (const auto& [a, b] : held_layers(m, x)) {
+      kv_bytes += bucket_kv_bytes(m, a, b);
+      partial_bytes += bucket_sequence_partial_bytes(m, a, b);
+    }
     Op kv = shape;
     kv.deps.clear();
     if (const int32_t last = last_compute(rank); last >= 0) kv.deps = {last};
-    const int32_t dep = sum_kv_replicas(rank, m, x, kv_bytes, kv);
+    int32_t dep = sum_kv_replicas(rank, m, x, kv_bytes, kv);
+    kv.deps.clear();
+    if (dep >= 0) kv.deps = {dep};
+    dep = sum_sequence_partial(rank, m, x, partial_bytes, kv);
     for (Op c : ops) {
       if (dep >= 0) c.deps = {dep};
       // A group of one has nothing to reduce.

@@ -267,12 +267,14 @@ class Lowering {
   // Whether the TP ranks of `grid`'s stages exchange 1/tp slices (pipeline_scatter_gather):
   // without sequence parallelism each holds the whole activation.
   bool scatters(const ModuleInfo& grid) const {
-    return plan_.pipeline_scatter_gather && !plan_.sequence_parallel && grid.layout.tp > 1;
+    return plan_.pipeline_scatter_gather && !sequence_parallel_for(plan_, *grid.spec) &&
+           grid.layout.tp > 1;
   }
   // Bytes one rank of `grid` sends a neighbouring stage for `tokens` tokens of `width` values:
   // split over context parallelism and, sliced by sequence parallelism or scatter-gather, over TP.
   double stage_message_bytes(const ModuleInfo& grid, int64_t tokens, int64_t width) const {
-    const int64_t tp_split = plan_.sequence_parallel || scatters(grid) ? grid.layout.tp : 1;
+    const int64_t tp_split =
+        sequence_parallel_for(plan_, *grid.spec) || scatters(grid) ? grid.layout.tp : 1;
     return static_cast<double>(tokens * width * dtype_bytes(model_.dtype)) /
            static_cast<double>(grid.layout.cp * tp_split);
   }
@@ -577,6 +579,33 @@ class Lowering {
     shape.group = kv_group(m, x);  // the module's own heads' groups
     shape.message_bytes = bytes;
     shape.flags |= kOpKvReplicas;
+    return emit(rank, std::move(shape));
+  }
+  // The gradients of m's layers [a, b), and of its final norm where b ends the stack, that
+  // sequence parallelism leaves partial on each TP rank (0 without it).
+  double bucket_sequence_partial_bytes(const ModuleInfo& m, int64_t a, int64_t b) const {
+    if (!sequence_parallel_for(plan_, *m.spec) || !m.spec->transformer || split_tp(m) == 1)
+      return 0;
+    const TransformerArch& t = *m.spec->transformer;
+    double n = sum_over_layers(
+        t, a, b, [](const TransformerArch& layer) { return sequence_partial_parameters(layer); });
+    if (b == t.layers && t.final_norm)
+      n += static_cast<double>((t.norm == NormKind::kLayerNorm ? 2 : 1) * t.hidden);
+    return n * gradient_value_bytes();
+  }
+  // The sum over TP ranks of `bytes` of those gradients (kOpSequencePartial), shaped as `shape`
+  // (its stage, and a bucket's layers), after shape.deps and before their data-parallel
+  // reduction, as Megatron-LM sums them before its optimizer; returns its index, or shape's
+  // dependency when there is nothing to sum.
+  int32_t sum_sequence_partial(int64_t rank, const ModuleInfo& m, const Coord& x, double bytes,
+                               Op shape) {
+    const int32_t dep = shape.deps.empty() ? -1 : shape.deps.front();
+    if (bytes <= 0) return dep;
+    shape.purpose = Purpose::kTp;
+    shape.collective = CollectiveKind::kAllReduce;
+    shape.group = tp_group(grid_of(m), x);
+    shape.message_bytes = bytes;
+    shape.flags |= kOpSequencePartial;
     return emit(rank, std::move(shape));
   }
   // Of those, the routed experts' where EP splits them (0 otherwise).

@@ -133,6 +133,18 @@ double kv_replica_parameters(const TransformerArch& a, int64_t tp) {
   return 2.0 * static_cast<double>(a.hidden) * d + (bias ? (a.key_bias ? 2.0 : 1.0) * d : 0.0);
 }
 
+double sequence_partial_parameters(const TransformerArch& a) {
+  const auto h = static_cast<double>(a.hidden);
+  double n = static_cast<double>((a.post_norms ? 4 : 2) * norm_parameters(a.norm, a.hidden));
+  if (a.layer_scale) n += 2 * h;
+  if (a.linear_bias || a.out_bias) n += h;  // the attention output's
+  if (a.experts > 0)
+    n += h * static_cast<double>(a.experts) + (a.router_bias ? static_cast<double>(a.experts) : 0);
+  else if (a.linear_bias || a.mlp_bias)
+    n += h;  // the MLP's down projection's
+  return n;
+}
+
 double expert_layer_parameters(const TransformerArch& a, int64_t tp, int64_t ep) {
   if (a.experts == 0) return 0;
   return static_cast<double>(a.experts / ep) *

@@ -44,6 +44,11 @@ double layer_parameters(const TransformerArch& arch, int64_t tp, int64_t ep = 1,
 // Of those, the key/value head a rank holds when the layer has fewer of them than tp (0
 // otherwise): replicated on tp / kv_heads ranks, whose gradients sum over them.
 double kv_replica_parameters(const TransformerArch& arch, int64_t tp);
+// Of those, the ones every TP rank holds whole that sequence parallelism applies to a rank's
+// share of the tokens, so that each rank's gradient is partial (Megatron-LM sums them over TP
+// before the optimizer): the norms, the layer scales, the row-parallel linears' biases, an MoE
+// layer's router.
+double sequence_partial_parameters(const TransformerArch& arch);
 // Of those, the routed experts' (0 without experts): gradients reduced over expert-data-parallel
 // replicas rather than all data-parallel ones.
 double expert_layer_parameters(const TransformerArch& arch, int64_t tp, int64_t ep);

@@ -79,7 +79,8 @@ std::string op_name(const Program& p, const Op& op) {
                   ? "." + phase_name(op.phase)
                   : "") +
              bucket(op) + ((op.flags & kOpRoutedExperts) != 0 ? ".experts" : "") +
-             ((op.flags & kOpKvReplicas) != 0 ? ".kv" : "");
+             ((op.flags & kOpKvReplicas) != 0 ? ".kv" : "") +
+             ((op.flags & kOpSequencePartial) != 0 ? ".sp" : "");
     case OpKind::kOptimizerStep:
       return "optimizer:" + where(p, op);
   }

@@ -105,6 +105,9 @@ enum OpFlag : uint32_t {
                                     // kOpDeepEpDispatch: its tokens travel as DeepEP's)
   kOpUnfusedPermute = 268435456,    // its MoE layers permute tokens with PyTorch's kernels
                                     // (plan.moe_permute_fusion false)
+  kOpSequencePartial = 536870912,   // a TP all-reduce of the gradients of weights every TP rank
+                                    // holds whole but applies to its 1/tp of the tokens under
+                                    // sequence parallelism (norms, row-parallel biases, routers)
 };
 
 struct Op {

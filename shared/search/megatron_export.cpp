@@ -227,6 +227,10 @@ MegatronExport megatron_export(const Scenario& scenario, const ParallelPlan& pla
     field("pipeline_model_parallel_layout", pipeline_layout(l.stage_layers, a.mtp_layers));
   }
   if (plan.sequence_parallel && l.tp > 1) field("sequence_parallel", true);
+  if (plan.encoder_sequence_parallel)
+    e.notes.push_back(
+        "plan.encoder_sequence_parallel: Megatron-LM's multimodal models run their vision "
+        "encoder and projection without sequence parallelism (the arguments cover the LLM)");
   if (l.cp > 1 && plan.cp_split != CpSplit::kZigzag)
     e.notes.push_back("plan.cp_split " + enum_name(plan.cp_split, kCpSplits) +
                       ": Megatron-LM's context parallelism splits each sequence zigzag (2·cp "

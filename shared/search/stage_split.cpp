@@ -186,8 +186,9 @@ class Pricer {
     op.module = static_cast<int16_t>(m);
     op.phase = ph;
     op.tp = static_cast<int16_t>(program_.world);
-    op.flags = compute_op_flags(plan_, ph, program_.world,
-                                model_.modules[m].transformer && w.layers > 0, flow_[m].trainable);
+    op.flags =
+        compute_op_flags(plan_, ph, program_.world, model_.modules[m].transformer && w.layers > 0,
+                         flow_[m].trainable, sequence_parallel_for(plan_, model_.modules[m]));
     // Routed experts whole on each TP rank (expert TP 1), as the lowering marks them.
     if (const auto& a = model_.modules[m].transformer;
         a && a->experts > 0 && program_.world > 1 && expert_tp(m) < program_.world)

@@ -182,9 +182,40 @@ TEST_CASE("parallel plans reproduce the single-rank losses (3 steps, fp32, clipp
        {R"({"tp": 2, "pp": 2})", "tp2pp2"},
        {R"({"tp": 2, "pp": 2}, "pipeline_scatter_gather": false)", "tp2pp2-whole"},
        {R"({"pp": 2, "vpp": 2}, "schedule": "interleaved_1f1b", "num_micro_batches": 8)", "vpp2"},
-       {R"({"dp": 2, "tp": 2}, "distributed_optimizer": true)", "zero1"}});
-  // Context parallelism's key/value gathers and their reduce-scatters are the Program's.
+       {R"({"dp": 2, "tp": 2}, "distributed_optimizer": true)", "zero1"},
+       // Sequence parallelism: the LLM's layers on each TP rank's rows of the tokens, the
+       // norms' gradients summed over TP.
+       {R"({"tp": 2}, "sequence_parallel": true)", "tp2-sp"},
+       {R"({"tp": 2, "pp": 2}, "sequence_parallel": true)", "tp2pp2-sp"},
+       {R"({"tp": 2, "cp": 2}, "sequence_parallel": true)", "tp2cp2-sp"},
+       {R"({"tp": 2, "dp": 2}, "sequence_parallel": true, "recompute": "full")",
+        "tp2dp2-sp-full"}});
+  // Context parallelism's key/value gathers and their reduce-scatters are the Program's, and so
+  // are sequence parallelism's gathers and scatters, stage messages and gradient sums.
   check_trace_is_program(out_dir("cp2"), kScenario, plan_file(R"({"cp": 2})"));
+  check_trace_is_program(out_dir("tp2-sp"), kScenario,
+                         plan_file(R"({"tp": 2}, "sequence_parallel": true)"));
+  check_trace_is_program(out_dir("tp2pp2-sp"), kScenario,
+                         plan_file(R"({"tp": 2, "pp": 2}, "sequence_parallel": true)"));
+}
+
+TEST_CASE(
+    "sequence parallelism of a text-only LLM: its embedding reduce-scattered; one rank's "
+    "losses") {
+  // No encoder: the embedding's partial rows go straight to each TP rank's share.
+  const std::string text = edited_scenario(
+      kScenario,
+      [](Json& s) {
+        Json llm = s["model"]["modules"][2];
+        llm.erase("inputs");
+        s["model"]["modules"] = Json::array({llm});
+        s["workload"]["samples"].erase("image");
+      },
+      "text-only");
+  const Trained one = train_with(text, plan_file(R"({"tp": 1})"), "text-single");
+  const std::string sp = plan_file(R"({"tp": 2, "pp": 2}, "sequence_parallel": true)");
+  check_parity(train_with(text, sp, "text-tp2pp2-sp"), one);
+  check_trace_is_program(out_dir("text-tp2pp2-sp"), text, sp);
 }
 
 TEST_CASE("a bf16 model trains in mixed precision: near fp32, never NaN; plans agree in bf16") {
@@ -514,17 +545,18 @@ TEST_CASE(
     CHECK(moe.code == 2);
     CHECK(moe.output.find("plan." + key) != std::string::npos);
   }
-  // Sequence parallelism: its Program gathers and scatters where the layers all-reduce.
+  // Sequence parallelism with MoE layers (each TP rank would route its own rows).
   const Run sp = run(
-      kScenario + " --plan " +
+      std::string(TESSERA_SOURCE_DIR) + "/scenarios/cpu-tiny-moe.json --plan " +
       raw_plan(R"({"placement": "homogeneous", "layout": {"tp": 2}, "sequence_parallel": true})",
                "sp-refused"));
   CHECK(sp.code == 2);
-  CHECK(sp.output.find("plan.sequence_parallel") != std::string::npos);
+  CHECK(sp.output.find("plan.sequence_parallel: sequence parallelism") != std::string::npos);
+  CHECK(sp.output.find("MoE layers") != std::string::npos);
   // The same plan with it set off (--set after --plan) runs, and records the plan it ran.
   const fs::path off = fresh_dir("sp-off");
   const Run sp_off = run(
-      kScenario + " --plan " +
+      std::string(TESSERA_SOURCE_DIR) + "/scenarios/cpu-tiny-moe.json --plan " +
       raw_plan(R"({"placement": "homogeneous", "layout": {"tp": 2}, "sequence_parallel": true})",
                "sp-on") +
       " --set plan.sequence_parallel=false --steps 1 --out " + off.string());
@@ -805,7 +837,12 @@ TEST_CASE("video clips through a ViT of 2-frame patches, tokens merged 2x2: plan
       },
       "video-deeper");
   CHECK(most_sub_microbatch(deeper, dip) >= 1);
-  check_plans_agree(deeper, "video-dip-1", {{dip, "video-dip"}}, 2);
+  // The same under the LLM's TP 2 with sequence parallelism.
+  const std::string dip_sp =
+      raw_plan(R"({"placement": "homogeneous", "layout": {"tp": 2, "pp": 2, "vpp": 2},
+      "micro_batch_size": 2, "schedule": "dip", "sequence_parallel": true})",
+               "video-dip-tp2-sp");
+  check_plans_agree(deeper, "video-dip-1", {{dip, "video-dip"}, {dip_sp, "video-dip-tp2-sp"}}, 2);
   check_trace_is_program(out_dir("video-non-colocated"), video, non_colocated);
   // A clip of its own encoder: the same ViT as a video encoder, the samples' images dropped.
   const std::string own = edited_scenario(
@@ -987,6 +1024,14 @@ TEST_CASE("entrain micro-batching: the same losses as arrival order (PP2, everyt
                             name),
                  reference);
   }
+  // The LLM's TP 2 under sequence parallelism, its micro-batches Entrain's.
+  check_parity(train_with(file,
+                          raw_plan(R"({"placement": "non_colocated", "schedule": "graph_1f1b",
+      "micro_batch_size": 2, "microbatching": "entrain", "sequence_parallel": true,
+      "modules": {"vision": {"dp": 2}, "llm": {"tp": 2}}})",
+                                   "entrain-nc-tp2-sp"),
+                          "entrain-nc-tp2-sp"),
+               reference);
 }
 
 TEST_CASE("single rank: the Program interpreter gives the plain LibTorch loop's losses") {

@@ -1678,10 +1678,12 @@ TEST_CASE("fp8: the sequence-parallel all-gathers of the linears' inputs carry t
   fp8.plan.fp8 = Fp8Recipe::kDelayed;
   blocks.plan.fp8 = Fp8Recipe::kBlockwise;
   const Program p = lowered(plain), q = lowered(fp8), b = lowered(blocks);
+  // The layer stack's gathers, two calls a layer (not the embedding's or the head's).
   const auto gathers = [](const Op& op) {
     std::vector<double> bytes;
     for (const NestedCollective& n : op.nested)
-      if (n.purpose == Purpose::kTp && n.kind == CollectiveKind::kAllGather)
+      if (n.purpose == Purpose::kTp && n.kind == CollectiveKind::kAllGather &&
+          n.count == 2 * op.layers)
         bytes.push_back(n.bytes);
     return bytes;
   };
@@ -2251,4 +2253,66 @@ TEST_CASE("media-parallel encoders: an encoder and its projector on different re
     }
   }
   CHECK(pd.model_flops == doctest::Approx(ps.model_flops).epsilon(1e-12));
+}
+
+TEST_CASE("sequence parallelism: the LLM's embedding, head and partial gradients as Megatron-LM") {
+  const auto collectives = [](const Program& p, uint32_t flag, Phase phase) {
+    std::map<std::pair<CollectiveKind, int32_t>, int> out;  // (kind, count) -> ops
+    for (const Op& op : p.ranks[0])
+      if (op.kind == OpKind::kCompute && op.phase == phase && (op.flags & flag) != 0)
+        for (const NestedCollective& n : op.nested)
+          if (n.purpose == Purpose::kTp && n.count == 1) ++out[{n.kind, n.count}];
+    return out;
+  };
+  const char* plan = R"({"placement": "homogeneous", "layout": {"tp": 2, "pp": 2},
+      "sequence_parallel": true})";
+  // Text alone: the embedding's partial rows reduce-scattered, their gradient gathered.
+  const Program text = lowered(make(kTextModel, kUniformText, plan));
+  auto front = collectives(text, kOpFrontEnd, Phase::kF);
+  CHECK(front[{CollectiveKind::kReduceScatter, 1}] > 0);
+  CHECK(front.count({CollectiveKind::kAllReduce, 1}) == 0);
+  CHECK(collectives(text, kOpFrontEnd, Phase::kB)[{CollectiveKind::kAllGather, 1}] > 0);
+  // With an encoder's rows in the sequence: the text's rows all-reduced, then each rank's share.
+  const Case vlm = make(kVlm, kUniformText, plan);
+  const Program merged = lowered(vlm);
+  front = collectives(merged, kOpFrontEnd, Phase::kF);
+  CHECK(front[{CollectiveKind::kAllReduce, 1}] > 0);
+  CHECK(front.count({CollectiveKind::kReduceScatter, 1}) == 0);
+  // The head (on the last stage's first rank, rank 2 of TP 2 x PP 2): its input gathered, its
+  // gradient reduce-scattered and the input gathered again for the weights.
+  Program last = text;
+  std::swap(last.ranks[0], last.ranks[2]);
+  CHECK(collectives(last, kOpHead, Phase::kF)[{CollectiveKind::kAllGather, 1}] > 0);
+  const auto head_back = collectives(last, kOpHead, Phase::kB);
+  CHECK(head_back.at({CollectiveKind::kReduceScatter, 1}) > 0);
+  CHECK(head_back.at({CollectiveKind::kAllGather, 1}) > 0);
+  CHECK(head_back.count({CollectiveKind::kAllReduce, 1}) == 0);
+  // The norms' gradients, partial on each TP rank, summed over it before the data-parallel
+  // reduction: per stage its 4 layers' two RMSNorms (256 values each), the last its final norm.
+  const auto partial = [](const Program& p, std::size_t rank) {
+    double bytes = 0;
+    for (const Op& op : p.ranks[rank])
+      if (op.kind == OpKind::kCollective && (op.flags & kOpSequencePartial) != 0) {
+        CHECK(op.purpose == Purpose::kTp);
+        CHECK(p.groups[static_cast<std::size_t>(op.group)].size() == 2);
+        bytes += op.message_bytes;
+      }
+    return bytes;
+  };
+  const double per_value = static_cast<double>(
+      reduced_gradient_bytes(make(kTextModel, kUniformText, plan).plan, DType::kBf16));
+  CHECK(partial(text, 0) == doctest::Approx(4 * 2 * 256 * per_value));
+  CHECK(partial(text, 2) == doctest::Approx((4 * 2 + 1) * 256 * per_value));
+  // Megatron-LM's multimodal models keep their ViT out of it, unless the plan says so.
+  const auto vit_split = [](const Program& p, int16_t vision) {
+    for (const auto& ops : p.ranks)
+      for (const Op& op : ops)
+        if (op.kind == OpKind::kCompute && op.module == vision && op.layers > 0)
+          return (op.flags & kOpSequenceParallel) != 0;
+    return false;
+  };
+  CHECK_FALSE(vit_split(merged, 0));
+  Case both = vlm;
+  both.plan.encoder_sequence_parallel = true;
+  CHECK(vit_split(lowered(both), 0));
 }
