@@ -572,13 +572,18 @@ class Lowering {
   // nothing to sum.
   int32_t sum_kv_replicas(int64_t rank, const ModuleInfo& m, const Coord& x, double bytes,
                           Op shape) {
-    const int32_t dep = shape.deps.empty() ? -1 : shape.deps.front();
-    if (bytes <= 0) return dep;
+    if (bytes <= 0) return shape.deps.empty() ? -1 : shape.deps.front();
+    // The module's own heads' groups.
+    return sum_over_tp(rank, kv_group(m, x), kOpKvReplicas, bytes, std::move(shape));
+  }
+  // A TP all-reduce of `bytes` (> 0) of partial gradients over `group`, flagged `flag`, shaped
+  // as `shape`; returns its index.
+  int32_t sum_over_tp(int64_t rank, int32_t group, OpFlag flag, double bytes, Op shape) {
     shape.purpose = Purpose::kTp;
     shape.collective = CollectiveKind::kAllReduce;
-    shape.group = kv_group(m, x);  // the module's own heads' groups
+    shape.group = group;
     shape.message_bytes = bytes;
-    shape.flags |= kOpKvReplicas;
+    shape.flags |= flag;
     return emit(rank, std::move(shape));
   }
   // The gradients of m's layers [a, b), and of its final norm where b ends the stack, that
@@ -589,8 +594,7 @@ class Lowering {
     const TransformerArch& t = *m.spec->transformer;
     double n = sum_over_layers(
         t, a, b, [](const TransformerArch& layer) { return sequence_partial_parameters(layer); });
-    if (b == t.layers && t.final_norm)
-      n += static_cast<double>((t.norm == NormKind::kLayerNorm ? 2 : 1) * t.hidden);
+    if (b == t.layers && t.final_norm) n += static_cast<double>(norm_parameters(t.norm, t.hidden));
     return n * gradient_value_bytes();
   }
   // The sum over TP ranks of `bytes` of those gradients (kOpSequencePartial), shaped as `shape`
@@ -599,14 +603,8 @@ class Lowering {
   // dependency when there is nothing to sum.
   int32_t sum_sequence_partial(int64_t rank, const ModuleInfo& m, const Coord& x, double bytes,
                                Op shape) {
-    const int32_t dep = shape.deps.empty() ? -1 : shape.deps.front();
-    if (bytes <= 0) return dep;
-    shape.purpose = Purpose::kTp;
-    shape.collective = CollectiveKind::kAllReduce;
-    shape.group = tp_group(grid_of(m), x);
-    shape.message_bytes = bytes;
-    shape.flags |= kOpSequencePartial;
-    return emit(rank, std::move(shape));
+    if (bytes <= 0) return shape.deps.empty() ? -1 : shape.deps.front();
+    return sum_over_tp(rank, tp_group(grid_of(m), x), kOpSequencePartial, bytes, std::move(shape));
   }
   // Of those, the routed experts' where EP splits them (0 otherwise).
   double bucket_expert_bytes(const ModuleInfo& m, int64_t a, int64_t b, double value_bytes) const {

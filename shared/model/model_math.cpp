@@ -8,11 +8,11 @@
 
 namespace tessera {
 
-namespace {
-
 int64_t norm_parameters(NormKind norm, int64_t width) {
   return norm == NormKind::kLayerNorm ? 2 * width : width;
 }
+
+namespace {
 
 // An MLP of width `ffn` on one of `tp` ranks: the up (and gate) projections split by columns
 // with their biases, the down projection by rows, its bias whole.

@@ -44,6 +44,8 @@ double layer_parameters(const TransformerArch& arch, int64_t tp, int64_t ep = 1,
 // Of those, the key/value head a rank holds when the layer has fewer of them than tp (0
 // otherwise): replicated on tp / kv_heads ranks, whose gradients sum over them.
 double kv_replica_parameters(const TransformerArch& arch, int64_t tp);
+// The weights of one norm over `width` values (a LayerNorm's bias too).
+int64_t norm_parameters(NormKind norm, int64_t width);
 // Of those, the ones every TP rank holds whole that sequence parallelism applies to a rank's
 // share of the tokens, so that each rank's gradient is partial (Megatron-LM sums them over TP
 // before the optimizer): the norms, the layer scales, the row-parallel linears' biases, an MoE
