@@ -154,6 +154,13 @@ void sum_recorded_as(const Comm& comm, torch::Tensor& t, CollectiveKind as) {
   if (!tensors[0].is_same(t)) t.copy_(tensors[0]);
 }
 
+// Where this member's rows start: rows[i] for member i, in member order.
+int64_t first_row(const Comm& comm, const std::vector<int64_t>& rows) {
+  int64_t begin = 0;
+  for (int i = 0; i < comm.rank; ++i) begin += rows[static_cast<std::size_t>(i)];
+  return begin;
+}
+
 }  // namespace
 
 void all_reduce(const Comm& comm, torch::Tensor& t, c10d::ReduceOp op) {
@@ -229,8 +236,6 @@ torch::Tensor reduce_scatter(const Comm& comm, const torch::Tensor& t) {
 torch::Tensor reduce_scatter_rows(const Comm& comm, const torch::Tensor& t,
                                   const std::vector<int64_t>& rows) {
   if (comm.size() < 2) return t;
-  int64_t begin = 0;
-  for (int i = 0; i < comm.rank; ++i) begin += rows[static_cast<std::size_t>(i)];
   const int64_t mine = rows[static_cast<std::size_t>(comm.rank)];
   const bool even = std::all_of(rows.begin(), rows.end(), [&](int64_t r) { return r == mine; });
   if (comm.group->getBackendName() == "gloo" || !even) {
@@ -238,7 +243,7 @@ torch::Tensor reduce_scatter_rows(const Comm& comm, const torch::Tensor& t,
     // member's rows, recorded as the reduce-scatter it stands for.
     torch::Tensor sum = t.contiguous().clone();
     sum_recorded_as(comm, sum, CollectiveKind::kReduceScatter);
-    return sum.narrow(0, begin, mine).clone();
+    return sum.narrow(0, first_row(comm, rows), mine).clone();
   }
   const torch::Tensor flat = t.contiguous().reshape({-1});
   std::vector<int64_t> shape = t.sizes().vec();
@@ -329,10 +334,11 @@ struct ExchangeRows : torch::autograd::Function<ExchangeRows> {
   }
 };
 
-int64_t first_row(const Comm& comm, const std::vector<int64_t>& rows) {
-  int64_t begin = 0;
-  for (int i = 0; i < comm.rank; ++i) begin += rows[static_cast<std::size_t>(i)];
-  return begin;
+// The backward of ScatterRows and ReduceScatterToRows: the rows' gradients all-gathered.
+variable_list gathered_gradient(AutogradContext* ctx, const variable_list& grads) {
+  return {
+      all_gather_rows(comm_of(ctx), grads[0].contiguous(), ctx->saved_data["rows"].toIntVector()),
+      torch::Tensor(), torch::Tensor()};
 }
 
 struct ScatterRows : torch::autograd::Function<ScatterRows> {
@@ -344,9 +350,7 @@ struct ScatterRows : torch::autograd::Function<ScatterRows> {
     return x.narrow(0, first_row(c, rows), rows[static_cast<std::size_t>(c.rank)]).clone();
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    return {
-        all_gather_rows(comm_of(ctx), grads[0].contiguous(), ctx->saved_data["rows"].toIntVector()),
-        torch::Tensor(), torch::Tensor()};
+    return gathered_gradient(ctx, grads);
   }
 };
 
@@ -359,9 +363,7 @@ struct ReduceScatterToRows : torch::autograd::Function<ReduceScatterToRows> {
                                rows);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    return {
-        all_gather_rows(comm_of(ctx), grads[0].contiguous(), ctx->saved_data["rows"].toIntVector()),
-        torch::Tensor(), torch::Tensor()};
+    return gathered_gradient(ctx, grads);
   }
 };
 

@@ -94,10 +94,10 @@ void Worker::hold_stage(int module, int chunk, const ChunkLayers* layers) {
                                                        spec.name +
                                                        " but has no group or layers for it");
   auto& st = stages_[{module, chunk}];
-  st = std::make_unique<Stage>(
-      spec, layers->first_layer, layers->end_layer, options_.seed, *place.tp, place.ep,
-      plan_.indivisible_heads == IndivisibleHeads::kPad, place.tp_replicas,
-      plan_.sequence_parallel && spec.role == ModuleRole::kLlm && place.tp->size() > 1);
+  st = std::make_unique<Stage>(spec, layers->first_layer, layers->end_layer, options_.seed,
+                               *place.tp, place.ep,
+                               plan_.indivisible_heads == IndivisibleHeads::kPad, place.tp_replicas,
+                               sequence_parallel_for(plan_, spec) && place.tp->size() > 1);
   if (plan_.recompute == Recompute::kSelective && (plan_.recompute_modules & kRecomputeCoreAttn))
     st->recompute_attention_cores();
 }
@@ -159,7 +159,9 @@ const Worker::MicroBatch& Worker::micro_batch(int mb) {
   b.attention.cp = cp;
   // Sequence parallelism: each TP rank holds its rows of this CP rank's tokens between layers.
   if (const Comm* tp = places_->llm_place().tp;
-      plan_.sequence_parallel && tp != nullptr && tp->size() > 1) {
+      sequence_parallel_for(plan_,
+                            scenario_.model.modules[static_cast<std::size_t>(places_->llm())]) &&
+      tp != nullptr && tp->size() > 1) {
     b.attention.sp = tp;
     b.attention.sp_rows = sequence_rows(static_cast<int64_t>(b.local.size()), tp->size());
   }
